@@ -1,0 +1,316 @@
+"""Shared fixtures for the real-mount tests.
+
+Environment (scripts/test exports all of these; defaults suit a manual run after
+`scripts/test-env.sh start`):
+  BUCKETFS_BIN                 the binary (default: target/release/bucketfs)
+  BUCKETFS_TEST_S3_ENDPOINT    MinIO (default http://127.0.0.1:9000)
+  BUCKETFS_TEST_GCS_ENDPOINT   fake-gcs-server (default http://127.0.0.1:4443)
+  BUCKETFS_TEST_MNT_ROOT       where mount points are created (default: a temp dir)
+  BUCKETFS_TEST_FILE_ROOT      where file:// "buckets" live (default: a temp dir)
+If the endpoint variables are unset and a server does not answer, its tests are skipped;
+if they are set (as scripts/test does), an unreachable server is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import seed  # noqa: E402
+
+BIN = os.environ.get("BUCKETFS_BIN") or os.path.join(REPO, "target", "release", "bucketfs")
+MNT_ROOT = os.environ.get("BUCKETFS_TEST_MNT_ROOT") or tempfile.mkdtemp(prefix="bucketfs-mnt-")
+os.makedirs(MNT_ROOT, exist_ok=True)
+
+DATA_STORES = ["s3", "gcs", "file"]          # stores we can seed
+ALL_STORES = DATA_STORES + ["mem"]            # mem:// starts empty
+MOUNT_TIMEOUT = 60
+CLI_TIMEOUT = 30
+WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+_live_mounts: set[str] = set()
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _server_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return 200 <= r.status < 300
+    except Exception:
+        return False
+
+
+_store_ok: dict[str, bool] = {}
+
+
+def require_store(store: str) -> None:
+    """Skip (manual run) or fail (scripts/test run) if the store's server is down."""
+    if store in ("file", "mem"):
+        return
+    if store not in _store_ok:
+        if store == "s3":
+            _store_ok[store] = _server_ok(seed.S3_ENDPOINT + "/minio/health/live")
+        else:
+            _store_ok[store] = _server_ok(seed.GCS_ENDPOINT + "/storage/v1/b?project=test")
+    if not _store_ok[store]:
+        var = "BUCKETFS_TEST_S3_ENDPOINT" if store == "s3" else "BUCKETFS_TEST_GCS_ENDPOINT"
+        msg = f"{store} server not reachable (start it with scripts/test-env.sh start)"
+        if os.environ.get(var):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def require_bin() -> str:
+    if not os.path.exists(BIN):
+        pytest.fail(f"bucketfs binary not found at {BIN} (cargo build --release)")
+    return BIN
+
+
+def bucketfs_env(**overrides) -> dict:
+    env = dict(os.environ)
+    for k, v in seed.s3_env().items():
+        env.setdefault(k, v)
+    env.pop("RUST_LOG", None)
+    for k, v in overrides.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def new_bucket_name() -> str:
+    return "bfs-" + uuid.uuid4().hex[:20]
+
+
+def new_mountpoint() -> str:
+    mp = os.path.join(MNT_ROOT, "mp-" + uuid.uuid4().hex[:12])
+    os.makedirs(mp)
+    return mp
+
+
+def run_cli(args, env=None, timeout=CLI_TIMEOUT) -> subprocess.CompletedProcess:
+    """Run the bucketfs binary; fail the test (not hang) if it takes longer than `timeout`."""
+    cmd = [require_bin()] + list(args)
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, env=env or bucketfs_env(), stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s "
+                    f"(stderr so far: {(e.stderr or b'').decode(errors='replace')[-500:]!r})")
+    p.elapsed = time.monotonic() - t0
+    p.err = p.stderr.decode(errors="replace")
+    p.out = p.stdout.decode(errors="replace")
+    return p
+
+
+def store_args(store: str, bucket: str | None = None, prefix: str = "") -> list[str]:
+    if store == "mem":
+        return ["mem://"]
+    return [seed.mount_url(store, bucket, prefix)] + seed.mount_extra_args(store)
+
+
+def mount(args, env=None, timeout=MOUNT_TIMEOUT) -> str:
+    """`bucketfs mount ARGS[0] MP ARGS[1:]` on a fresh mount point; returns MP (asserts success)."""
+    mp = new_mountpoint()
+    argv = ["mount", args[0], mp] + list(args[1:]) if args else ["mount", mp]
+    _live_mounts.add(mp)
+    p = run_cli(argv, env=env, timeout=timeout)
+    if p.returncode != 0:
+        force_unmount(mp)
+        pytest.fail(f"bucketfs {' '.join(argv)} exited {p.returncode}: {p.err.strip()[-2000:]}")
+    return mp
+
+
+def is_mounted(mp: str) -> bool:
+    """Like os.path.ismount, but reads the mount table, so it can't hang on a dead FUSE mount."""
+    mp = os.path.realpath(mp)
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 1 and parts[1].encode().decode("unicode_escape") == mp:
+                return True
+    return False
+
+
+def force_unmount(mp: str) -> None:
+    if is_mounted(mp):
+        subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True, timeout=30)
+    if is_mounted(mp):
+        subprocess.run(["umount", "-l", mp], capture_output=True, timeout=30)
+    _live_mounts.discard(mp)
+
+
+def unmount(mp: str) -> subprocess.CompletedProcess | None:
+    """`bucketfs unmount MP`, falling back to `fusermount3 -u -z`. Never raises."""
+    p = None
+    if is_mounted(mp):
+        try:
+            p = subprocess.run([BIN, "unmount", mp], capture_output=True, timeout=CLI_TIMEOUT,
+                               stdin=subprocess.DEVNULL)
+        except (subprocess.TimeoutExpired, OSError):
+            p = None
+    force_unmount(mp)
+    with contextlib.suppress(OSError):
+        os.rmdir(mp)
+    return p
+
+
+@contextlib.contextmanager
+def mounted(args, env=None):
+    mp = mount(args, env=env)
+    try:
+        yield mp
+    finally:
+        unmount(mp)
+
+
+def daemon_pids(mp: str) -> list[int]:
+    """Live (non-zombie) bucketfs processes whose command line names MP."""
+    pids = []
+    mpb = os.fsencode(mp)
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if cmd and os.path.basename(cmd[0]) == b"bucketfs" and mpb in cmd and state != b"Z":
+            pids.append(int(d))
+    return pids
+
+
+def wait_until(pred, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()
+
+
+def walk_tree(mp: str) -> tuple[set[str], set[str]]:
+    """(files, dirs) relative to mp, via os.walk, with symlinks not followed."""
+    files, dirs = set(), set()
+    for dp, dns, fns in os.walk(mp, onerror=_raise):
+        rel = os.path.relpath(dp, mp)
+        for n in dns:
+            dirs.add(n if rel == "." else f"{rel}/{n}")
+        for n in fns:
+            files.add(n if rel == "." else f"{rel}/{n}")
+    return files, dirs
+
+
+def _raise(e):
+    raise e
+
+
+def implied_dirs(keys) -> set[str]:
+    out = set()
+    for k in keys:
+        parts = k.rstrip("/").split("/")
+        for i in range(1, len(parts) if not k.endswith("/") else len(parts) + 1):
+            out.add("/".join(parts[:i]))
+    return out
+
+
+def upload_all(store: str, bucket: str, data: dict[str, bytes]) -> None:
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda kv: seed.put(store, bucket, kv[0], kv[1]), data.items()))
+
+
+class Bucket:
+    """A fresh bucket on one store, deleted afterwards."""
+
+    def __init__(self, store: str):
+        self.store = store
+        self.name = new_bucket_name()
+        seed.make_bucket(store, self.name)
+
+    def put(self, key: str, data: bytes) -> None:
+        seed.put(self.store, self.name, key, data)
+
+    def put_all(self, data: dict[str, bytes]) -> None:
+        upload_all(self.store, self.name, data)
+
+    def args(self, prefix: str = "") -> list[str]:
+        return store_args(self.store, self.name, prefix)
+
+    def mounted(self, prefix: str = "", extra=(), env=None):
+        return mounted(self.args(prefix) + list(extra), env=env)
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            seed.delete_bucket(self.store, self.name)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session", autouse=True)
+def _cleanup_mounts_at_exit():
+    yield
+    for mp in list(_live_mounts):
+        unmount(mp)
+
+
+@pytest.fixture
+def bin_path() -> str:
+    return require_bin()
+
+
+@pytest.fixture(params=DATA_STORES)
+def data_store(request) -> str:
+    require_store(request.param)
+    require_bin()
+    return request.param
+
+
+@pytest.fixture(params=ALL_STORES)
+def any_store(request) -> str:
+    require_store(request.param)
+    require_bin()
+    return request.param
+
+
+@pytest.fixture
+def bucket(data_store):
+    b = Bucket(data_store)
+    yield b
+    b.cleanup()
+
+
+@pytest.fixture
+def rng(request) -> random.Random:
+    s = random.randrange(1 << 30)
+    print(f"random seed for {request.node.name}: {s}")
+    return random.Random(s)
+
+
+@pytest.fixture
+def s3_bucket():
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    yield b
+    b.cleanup()

@@ -1,0 +1,292 @@
+"""CLI errors and the mount/unmount lifecycle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+import seed
+from conftest import (BIN, CLI_TIMEOUT, Bucket, bucketfs_env, daemon_pids, force_unmount,
+                      is_mounted, mount, mounted, new_mountpoint, require_bin, require_store, run_cli,
+                      store_args, unmount, wait_until)
+
+# --------------------------------------------------------------------------- errors
+
+
+def assert_cli_error(p, words, mp=None):
+    lines = [l for l in p.err.splitlines() if l.strip()]
+    print(f"exit {p.returncode} after {p.elapsed:.1f}s, stderr: {p.err.strip()!r}")
+    assert p.returncode != 0, f"expected failure, got exit 0 (stderr {p.err!r})"
+    assert len(lines) == 1, f"expected a one-line error on stderr, got {len(lines)} lines: {p.err!r}"
+    low = lines[0].lower()
+    assert any(w in low for w in words), f"error {lines[0]!r} mentions none of {words}"
+    assert p.elapsed < CLI_TIMEOUT
+    if mp is not None:
+        assert not is_mounted(mp), "a failed mount left something mounted"
+        assert daemon_pids(mp) == [], "a failed mount left a daemon running"
+
+
+@pytest.fixture
+def mp():
+    m = new_mountpoint()
+    yield m
+    unmount(m)
+
+
+def test_error_unknown_scheme(mp):
+    require_bin()
+    assert_cli_error(run_cli(["mount", "foo://x", mp]), ["scheme", "foo", "unsupported", "unknown"], mp)
+
+
+def test_error_malformed_url(mp):
+    require_bin()
+    assert_cli_error(run_cli(["mount", "s3://", mp]), ["bucket", "url", "invalid", "malformed", "empty"], mp)
+
+
+def test_error_missing_bucket(mp):
+    require_store("s3")
+    p = run_cli(["mount", "s3://no-such-bucket-xyz", mp] + seed.mount_extra_args("s3"))
+    assert_cli_error(p, ["bucket", "not found", "nosuchbucket", "no such", "exist"], mp)
+
+
+def test_error_missing_gcs_bucket(mp):
+    require_store("gcs")
+    p = run_cli(["mount", "gs://no-such-bucket-xyz", mp] + seed.mount_extra_args("gcs"))
+    assert_cli_error(p, ["bucket", "not found", "no such", "exist"], mp)
+
+
+def test_error_wrong_credentials(mp, s3_bucket):
+    s3_bucket.put("f", b"f")
+    p = run_cli(["mount"] + s3_bucket.args()[:1] + [mp] + s3_bucket.args()[1:],
+                env=bucketfs_env(AWS_SECRET_ACCESS_KEY="wrong"))
+    assert_cli_error(p, ["credential", "signature", "access denied", "denied", "forbidden", "auth",
+                         "secret", "permission"], mp)
+
+
+def test_error_unreachable_endpoint(mp):
+    require_bin()
+    p = run_cli(["mount", "s3://some-bucket", mp, "--endpoint", "http://127.0.0.1:1"])
+    assert_cli_error(p, ["connect", "unreachable", "refused", "endpoint", "timed out", "timeout",
+                         "network"], mp)
+
+
+def test_error_unreachable_endpoint_gcs(mp):
+    require_bin()
+    p = run_cli(["mount", "gs://some-bucket", mp, "--endpoint", "http://127.0.0.1:1", "--anonymous"])
+    assert_cli_error(p, ["connect", "unreachable", "refused", "endpoint", "timed out", "timeout",
+                         "network"], mp)
+
+
+def test_error_mountpoint_missing():
+    require_bin()
+    missing = os.path.join(tempfile.gettempdir(), "bucketfs-no-such-dir-" + os.urandom(6).hex())
+    p = run_cli(["mount", "mem://", missing])
+    assert_cli_error(p, ["exist", "no such", "not found", "missing"])
+    assert not os.path.exists(missing), "mount must not create a missing mount point"
+
+
+def test_error_mountpoint_is_file():
+    require_bin()
+    with tempfile.NamedTemporaryFile(prefix="bucketfs-file-mp-") as f:
+        p = run_cli(["mount", "mem://", f.name])
+        assert_cli_error(p, ["directory", "not a dir"], f.name)
+
+
+def test_error_already_mounted():
+    with mounted(["mem://"]) as mp:
+        p = run_cli(["mount", "mem://", mp])
+        assert_cli_error(p, ["already", "mounted", "busy", "in use"])
+        # the first mount is still alive and working
+        assert is_mounted(mp)
+        assert os.listdir(mp) == []
+    assert not is_mounted(mp)
+
+
+def test_error_file_url_missing_dir(mp):
+    require_bin()
+    p = run_cli(["mount", "file:///no/such/bucketfs/dir-" + os.urandom(4).hex(), mp])
+    assert_cli_error(p, ["exist", "no such", "not found", "missing", "directory"], mp)
+
+
+def test_error_unmount_not_mounted(mp):
+    require_bin()
+    p = run_cli(["unmount", mp])
+    assert_cli_error(p, ["not mounted", "not a bucketfs", "no mount", "not a mount", "not found",
+                         "invalid"])
+
+
+# The "no /dev/fuse" error cannot be provoked as root without hiding the device from the
+# whole machine; the CLI has no documented override for the device path, so it is not tested.
+
+
+def test_help_and_usage_errors():
+    require_bin()
+    p = run_cli(["--help"])
+    assert p.returncode == 0 and "mount" in p.out.lower()
+    p = run_cli(["mount"])
+    assert p.returncode != 0 and p.err.strip(), "mount without a mount point must fail with a message"
+    p = run_cli(["frobnicate"])
+    assert p.returncode != 0 and p.err.strip()
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+@pytest.fixture
+def lifecycle_args(any_store):
+    if any_store == "mem":
+        yield ["mem://"], None
+        return
+    b = Bucket(any_store)
+    b.put("ready.txt", b"ready")
+    yield b.args(), b
+    b.cleanup()
+
+
+def test_mount_returns_only_when_ready(lifecycle_args):
+    args, b = lifecycle_args
+    mp = mount(args)
+    try:
+        # no sleeps: the very next syscalls must see a working mount
+        assert os.path.ismount(mp)
+        names = os.listdir(mp)
+        assert names == ([] if b is None else ["ready.txt"])
+        if b is not None:
+            with open(os.path.join(mp, "ready.txt"), "rb") as f:
+                assert f.read() == b"ready"
+        assert len(daemon_pids(mp)) >= 1, "no bucketfs daemon process serves the mount"
+    finally:
+        unmount(mp)
+
+
+def test_unmount_cli_stops_daemon(lifecycle_args):
+    args, _ = lifecycle_args
+    mp = mount(args)
+    try:
+        pids = daemon_pids(mp)
+        assert pids, "no daemon found for the mount"
+        p = run_cli(["unmount", mp])
+        assert p.returncode == 0, f"unmount exited {p.returncode}: {p.err!r}"
+        assert not os.path.ismount(mp)
+        assert wait_until(lambda: not daemon_pids(mp), 15), f"daemon {pids} still running after unmount"
+    finally:
+        unmount(mp)
+
+
+def test_fusermount_unmount(lifecycle_args):
+    args, _ = lifecycle_args
+    mp = mount(args)
+    try:
+        pids = daemon_pids(mp)
+        p = subprocess.run(["fusermount3", "-u", mp], capture_output=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        assert not os.path.ismount(mp)
+        assert wait_until(lambda: not daemon_pids(mp), 15), f"daemon {pids} still running after fusermount3 -u"
+    finally:
+        unmount(mp)
+
+
+def test_unmount_while_file_open_then_retry():
+    """Unmounting a busy mount fails cleanly (or lazily detaches); it never hangs."""
+    with mounted(["mem://"]) as mp:
+        fd = os.open(mp, os.O_RDONLY)
+        try:
+            p = run_cli(["unmount", mp])
+            print(f"unmount of a busy mount: exit {p.returncode}, stderr {p.err.strip()!r}")
+            if p.returncode != 0:
+                assert p.err.strip(), "failed unmount must say why"
+                assert is_mounted(mp)
+        finally:
+            os.close(fd)
+        if is_mounted(mp):
+            p = run_cli(["unmount", mp])
+            assert p.returncode == 0, p.err
+        assert not is_mounted(mp)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("store", ["mem", "s3"])
+def test_foreground_signal_unmounts(sig, store):
+    require_bin()
+    require_store(store)
+    b = None
+    if store == "mem":
+        args = ["mem://"]
+    else:
+        b = Bucket(store)
+        b.put("fg.txt", b"foreground")
+        args = b.args()
+    mp = new_mountpoint()
+    proc = subprocess.Popen([BIN, "mount", args[0], mp] + args[1:] + ["--foreground"],
+                            env=bucketfs_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: is_mounted(mp) or proc.poll() is not None, 60), "foreground mount never appeared"
+        assert proc.poll() is None, f"--foreground exited early ({proc.returncode}): {proc.stderr.read()!r}"
+        assert os.path.ismount(mp)
+        if b is not None:
+            with open(os.path.join(mp, "fg.txt"), "rb") as f:
+                assert f.read() == b"foreground"
+        time.sleep(0.5)
+        assert proc.poll() is None, "--foreground must stay attached while mounted"
+        proc.send_signal(sig)
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"bucketfs --foreground ignored {sig.name} for 30 s")
+        err = proc.stderr.read().decode(errors="replace")
+        assert not is_mounted(mp), f"still mounted after {sig.name}"
+        assert rc == 0, f"exit code {rc} after {sig.name}; stderr {err[-1000:]!r}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        force_unmount(mp)
+        unmount(mp)
+        if b is not None:
+            b.cleanup()
+
+
+def test_s3_endpoint_from_env(s3_bucket):
+    """AWS_ENDPOINT_URL instead of --endpoint."""
+    s3_bucket.put("env.txt", b"via env")
+    env = bucketfs_env(AWS_ENDPOINT_URL=seed.S3_ENDPOINT)
+    with mounted([f"s3://{s3_bucket.name}"], env=env) as mp:
+        with open(os.path.join(mp, "env.txt"), "rb") as f:
+            assert f.read() == b"via env"
+
+
+def test_default_store_without_url(tmp_path):
+    """`bucketfs mount MP` mounts the embedded default store under $HOME/.local/share/bucketfs/default."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = bucketfs_env(HOME=str(home), XDG_DATA_HOME=None)
+    mp = mount([], env=env)
+    try:
+        assert os.path.ismount(mp)
+        os.listdir(mp)
+        assert (home / ".local/share/bucketfs/default").exists(), \
+            "the default store should live under ~/.local/share/bucketfs/default"
+    finally:
+        unmount(mp)
+
+
+def test_two_mounts_side_by_side(s3_bucket):
+    """Two daemons at once; unmounting one leaves the other working."""
+    s3_bucket.put("one.txt", b"1")
+    mp1 = mount(s3_bucket.args())
+    mp2 = mount(["mem://"])
+    try:
+        assert os.listdir(mp1) == ["one.txt"] and os.listdir(mp2) == []
+        assert run_cli(["unmount", mp2]).returncode == 0
+        assert not is_mounted(mp2)
+        with open(os.path.join(mp1, "one.txt"), "rb") as f:
+            assert f.read() == b"1"
+    finally:
+        unmount(mp1)
+        unmount(mp2)

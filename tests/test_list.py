@@ -1,0 +1,209 @@
+"""Listing: directory trees, implicit dirs, markers, stat, weird keys, file/prefix clashes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+
+import seed
+from conftest import implied_dirs, walk_tree
+
+# --------------------------------------------------------------------------- tree
+
+
+def make_tree(rng, n=300) -> dict[str, bytes]:
+    data = {}
+    for i in range(n):
+        depth = rng.randrange(0, 5)
+        parts = [f"d{rng.randrange(4)}" if j == 0 else f"s{j}_{rng.randrange(3)}" for j in range(depth)]
+        parts.append(f"file{i:03d}.{rng.choice(['txt', 'bin', 'dat'])}")
+        data["/".join(parts)] = rng.randbytes(rng.randrange(0, 5000))
+    return data
+
+
+def test_walk_equals_key_set(bucket, rng):
+    data = make_tree(rng)
+    bucket.put_all(data)
+    assert seed.list_keys(bucket.store, bucket.name) == sorted(data)
+    with bucket.mounted() as mp:
+        files, dirs = walk_tree(mp)
+        assert files == set(data), (
+            f"missing {sorted(set(data) - files)[:10]}, extra {sorted(files - set(data))[:10]}")
+        assert dirs == implied_dirs(data)
+        # listdir of every directory equals the direct children implied by the keys
+        for d in sorted(dirs | {""}):
+            pre = d + "/" if d else ""
+            want = {k[len(pre):].split("/", 1)[0] for k in data if k.startswith(pre)}
+            got = os.listdir(os.path.join(mp, d))
+            assert len(got) == len(set(got)), f"duplicate names in {d!r}: {sorted(got)}"
+            assert set(got) == want, f"listdir({d!r})"
+        # spot-check content and sizes of a few files found through the walk
+        for k in sorted(data)[:: 37]:
+            p = os.path.join(mp, k)
+            assert os.stat(p).st_size == len(data[k])
+            with open(p, "rb") as f:
+                assert f.read() == data[k]
+
+
+def test_prefix_mount_shows_only_prefix(bucket, rng):
+    data = {"inside/a.txt": b"A", "inside/sub/b.txt": b"BB", "outside/c.txt": b"C", "insider.txt": b"no"}
+    bucket.put_all(data)
+    with bucket.mounted(prefix="inside") as mp:
+        files, dirs = walk_tree(mp)
+        assert files == {"a.txt", "sub/b.txt"}
+        assert dirs == {"sub"}
+        with open(os.path.join(mp, "sub/b.txt"), "rb") as f:
+            assert f.read() == b"BB"
+
+
+def test_implicit_dirs(bucket):
+    bucket.put_all({"a/b/c.txt": b"c", "top.txt": b"t"})
+    with bucket.mounted() as mp:
+        assert sorted(os.listdir(mp)) == ["a", "top.txt"]
+        assert os.path.isdir(os.path.join(mp, "a"))
+        assert os.listdir(os.path.join(mp, "a")) == ["b"]
+        assert stat.S_ISDIR(os.stat(os.path.join(mp, "a/b")).st_mode)
+        assert os.listdir(os.path.join(mp, "a/b")) == ["c.txt"]
+        assert stat.S_ISREG(os.stat(os.path.join(mp, "a/b/c.txt")).st_mode)
+        # a prefix that does not exist is ENOENT, not an empty dir
+        assert not os.path.exists(os.path.join(mp, "a/nope"))
+        assert not os.path.exists(os.path.join(mp, "nope"))
+
+
+def test_marker_objects_are_empty_dirs(bucket):
+    bucket.put_all({"d/": b"", "e/f/": b"", "g.txt": b"g"})
+    with bucket.mounted() as mp:
+        assert sorted(os.listdir(mp)) == ["d", "e", "g.txt"]
+        assert os.path.isdir(os.path.join(mp, "d"))
+        assert os.listdir(os.path.join(mp, "d")) == []
+        assert os.listdir(os.path.join(mp, "e")) == ["f"]
+        assert os.path.isdir(os.path.join(mp, "e/f"))
+        assert os.listdir(os.path.join(mp, "e/f")) == []
+        files, dirs = walk_tree(mp)
+        assert files == {"g.txt"}, "a marker object must not show up as a file"
+        assert dirs == {"d", "e", "e/f"}
+
+
+def test_marker_plus_children(bucket):
+    """A marker `m/` next to real children `m/x`: one dir `m`, containing only `x`."""
+    bucket.put_all({"m/": b"", "m/x": b"xx"})
+    with bucket.mounted() as mp:
+        assert os.listdir(mp) == ["m"]
+        assert os.listdir(os.path.join(mp, "m")) == ["x"]
+
+
+def test_stat_sizes_and_mtime(bucket, rng):
+    sizes = [0, 1, 4095, 4096, 100_000]
+    t0 = time.time()
+    data = {f"s/f{n}": rng.randbytes(n) for n in sizes}
+    bucket.put_all(data)
+    t1 = time.time()
+    with bucket.mounted() as mp:
+        for k, v in data.items():
+            st = os.stat(os.path.join(mp, k))
+            assert stat.S_ISREG(st.st_mode), k
+            assert st.st_size == len(v), k
+            assert t0 - 5 <= st.st_mtime <= t1 + 5, f"{k}: mtime {st.st_mtime} not near upload {t0}..{t1}"
+            # and it agrees with what the store itself reports
+            assert abs(st.st_mtime - seed.head(bucket.store, bucket.name, k)["mtime"]) <= 2, k
+            assert st.st_nlink >= 1
+        st = os.stat(os.path.join(mp, "s"))
+        assert stat.S_ISDIR(st.st_mode)
+        # lstat agrees with stat for regular files (no symlinks invented)
+        lst = os.lstat(os.path.join(mp, "s/f1"))
+        assert stat.S_ISREG(lst.st_mode) and lst.st_size == 1
+
+
+def test_file_and_prefix_same_name(bucket):
+    """Key `k` and keys under `k/`: the directory wins, the file is shadowed."""
+    if bucket.store == "file":
+        pytest.skip("a plain directory cannot hold both a file and a dir named k")
+    bucket.put_all({"k": b"i am a file", "k/inner.txt": b"inner", "k2": b"plain"})
+    with bucket.mounted() as mp:
+        names = os.listdir(mp)
+        assert sorted(names) == ["k", "k2"], f"k must appear exactly once: {sorted(names)}"
+        assert os.path.isdir(os.path.join(mp, "k"))
+        assert os.listdir(os.path.join(mp, "k")) == ["inner.txt"]
+        with open(os.path.join(mp, "k/inner.txt"), "rb") as f:
+            assert f.read() == b"inner"
+        assert os.path.isfile(os.path.join(mp, "k2"))
+
+
+# --------------------------------------------------------------------------- weird keys
+
+WEIRD = ["x//y", "../evil", "./dot", "a/../b", "long/" + "L" * 300, "/lead", "dots/./mid",
+         "trail/..", "sl/./", "e//"]
+NORMAL = {"x/y": b"real x/y", "dot": b"real dot", "b": b"real b", "long/ok.txt": b"long ok",
+          "a/ok.txt": b"a ok", "normal.txt": b"normal", "dots/ok": b"dots ok"}
+
+
+def _normalize(key: str) -> str:
+    out: list[str] = []
+    for s in key.split("/"):
+        if s in ("", "."):
+            continue
+        if s == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(s)
+    return "/".join(out)
+
+
+def test_weird_keys_never_escape_or_collide(bucket):
+    if bucket.store == "file":
+        pytest.skip("a plain directory cannot hold keys like '../evil' or 'x//y'")
+    bucket.put_all(NORMAL)
+    accepted, rejected = [], []
+    for k in WEIRD:
+        try:
+            bucket.put(k, b"WEIRD:" + k.encode())
+            accepted.append(k)
+        except seed.KeyRejected:
+            rejected.append(k)
+        except Exception as e:  # any other refusal by the server counts as rejected too
+            rejected.append(k)
+            print(f"{bucket.store}: upload of {k!r} failed: {type(e).__name__}: {e}"[:300])
+    print(f"{bucket.store}: weird keys accepted by the server: {accepted}; rejected: {rejected}")
+    stored = set(seed.list_keys(bucket.store, bucket.name))
+    assert set(NORMAL) <= stored
+
+    with bucket.mounted() as mp:
+        real_mp = os.path.realpath(mp)
+        seen_files = {}
+        for dp, dns, fns in os.walk(mp):
+            for n in dns + fns:
+                assert n not in ("", ".", ".."), f"bad name {n!r} in {dp}"
+                assert "/" not in n and "\0" not in n
+                assert len(os.fsencode(n)) <= 255, f"name longer than NAME_MAX in {dp}"
+                p = os.path.join(dp, n)
+                rp = os.path.realpath(p)
+                assert rp == real_mp or rp.startswith(real_mp + "/"), f"{p} resolves outside the mount: {rp}"
+            names = dns + fns
+            assert len(names) == len(set(names)), f"duplicate names in {dp}: {sorted(names)}"
+            for n in fns:
+                rel = os.path.relpath(os.path.join(dp, n), mp)
+                with open(os.path.join(dp, n), "rb") as f:
+                    seen_files[rel] = f.read()
+        # the normal siblings are all there with their own content (weird keys did not win)
+        for k, v in NORMAL.items():
+            assert seen_files.get(k) == v, f"{k!r}: expected the real object, got {seen_files.get(k)!r}"
+        # no weird key shows up under its normalized path ('../evil' as 'evil', 'a/../b' as 'b', ...)
+        for k in accepted:
+            norm = _normalize(k)
+            if norm in NORMAL:
+                continue  # checked above: the real object is what is shown there
+            assert norm not in seen_files, f"weird key {k!r} exposed as normalized path {norm!r}"
+        # whatever weird keys are shown as (if at all), they are not the normalized paths
+        extra = {p: v for p, v in seen_files.items() if p not in NORMAL}
+        for p, v in extra.items():
+            assert v.startswith(b"WEIRD:"), f"unexpected file {p!r}"
+            assert p != _normalize(v[6:].decode()), f"{p!r} is the normalized form of a weird key"
+        print(f"{bucket.store}: weird keys shown as: {sorted(extra)}")
+        # nothing outside the mount was created or is reachable through it
+        assert not os.path.exists(os.path.join(os.path.dirname(mp), "evil"))
+        assert "ok.txt" in os.listdir(os.path.join(mp, "long"))  # a 300-byte sibling must not break listing
+        assert os.path.realpath(os.path.join(mp, "..")) == os.path.dirname(real_mp)

@@ -1,0 +1,175 @@
+"""Reading through the mount: whole files, random preads, concurrent readers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import DATA_STORES, Bucket, mounted, require_bin, require_store
+
+MiB = 1024 * 1024
+SIZES = [0, 1, 4095, 4096, MiB + 7, 20 * MiB + 12345]
+
+
+@pytest.fixture(scope="module", params=DATA_STORES)
+def read_mount(request):
+    """One bucket per store with files of edge-case sizes, mounted once for the module."""
+    store = request.param
+    require_store(store)
+    require_bin()
+    rng = random.Random(4242)
+    data = {f"sizes/f{n}": rng.randbytes(n) for n in SIZES}
+    for i in range(6):
+        data[f"many/m{i}.bin"] = rng.randbytes(rng.randrange(200_000, 3 * MiB))
+    b = Bucket(store)
+    try:
+        b.put_all(data)
+        with b.mounted() as mp:
+            yield store, mp, data
+    finally:
+        b.cleanup()
+
+
+def md5(b: bytes) -> str:
+    return hashlib.md5(b).hexdigest()
+
+
+def md5_file(path: str, chunk: int = 128 * 1024) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_whole_file_md5(read_mount, size):
+    _, mp, data = read_mount
+    key = f"sizes/f{size}"
+    path = os.path.join(mp, key)
+    assert os.path.getsize(path) == size
+    assert md5_file(path) == md5(data[key])
+
+
+def test_whole_file_single_read(read_mount):
+    """One big read() call of a file larger than any plausible read-ahead window."""
+    _, mp, data = read_mount
+    key = f"sizes/f{MiB + 7}"
+    with open(os.path.join(mp, key), "rb", buffering=0) as f:
+        got = b""
+        while len(got) < len(data[key]):
+            chunk = f.read(len(data[key]) + 100)
+            if not chunk:
+                break
+            got += chunk
+        assert f.read(10) == b""
+    assert len(got) == len(data[key])
+    assert got == data[key]
+
+
+def _pread_cases(rng: random.Random, size: int, n: int) -> list[tuple[int, int]]:
+    cases = []
+    for i in range(n):
+        kind = i % 8
+        if kind == 0:      # size 1 anywhere
+            off, ln = rng.randrange(0, size), 1
+        elif kind == 1:    # spanning a 1 MiB boundary
+            b = rng.randrange(1, max(2, size // MiB + 1)) * MiB
+            off = max(0, b - rng.randrange(1, 70_000)) | 1
+            ln = rng.randrange(2, 200_000)
+        elif kind == 2:    # crossing EOF
+            off = max(0, size - rng.randrange(1, 5000)) | 1
+            ln = rng.randrange(5000, 20_000)
+        elif kind == 3:    # entirely past EOF
+            off, ln = size + rng.randrange(0, 10 * MiB) | 1, rng.randrange(1, 70_000)
+        elif kind == 4:    # large read
+            off, ln = rng.randrange(0, size) | 1, rng.randrange(MiB, 3 * MiB)
+        else:              # small odd reads
+            off, ln = rng.randrange(0, size) | 1, rng.randrange(1, 9000) | 1
+        cases.append((off, ln))
+    rng.shuffle(cases)
+    return cases
+
+
+def test_random_pread(read_mount, rng):
+    _, mp, data = read_mount
+    key = f"sizes/f{20 * MiB + 12345}"
+    src = data[key]
+    fd = os.open(os.path.join(mp, key), os.O_RDONLY)
+    try:
+        bad = []
+        for off, ln in _pread_cases(rng, len(src), 200):
+            got = os.pread(fd, ln, off)
+            if got != src[off:off + ln]:
+                bad.append((off, ln, len(got), len(src[off:off + ln])))
+        assert not bad, f"{len(bad)} of 200 preads differ (offset, len, got_len, want_len): {bad[:10]}"
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, MiB + 7])
+def test_pread_small_files(read_mount, rng, size):
+    _, mp, data = read_mount
+    key = f"sizes/f{size}"
+    src = data[key]
+    fd = os.open(os.path.join(mp, key), os.O_RDONLY)
+    try:
+        for off, ln in _pread_cases(rng, len(src), 40) + [(0, size), (size, 1), (size - 1, 1), (0, size + 1)]:
+            assert os.pread(fd, ln, off) == src[off:off + ln], f"pread(len={ln}, off={off})"
+    finally:
+        os.close(fd)
+
+
+def test_empty_file_read(read_mount):
+    _, mp, _ = read_mount
+    with open(os.path.join(mp, "sizes/f0"), "rb") as f:
+        assert f.read() == b""
+    fd = os.open(os.path.join(mp, "sizes/f0"), os.O_RDONLY)
+    try:
+        assert os.pread(fd, 10, 0) == b""
+        assert os.pread(fd, 10, 12345) == b""
+    finally:
+        os.close(fd)
+
+
+def test_concurrent_readers(read_mount):
+    """8 threads: some read different files, some the same 20 MiB file, some share one fd."""
+    _, mp, data = read_mount
+    big = f"sizes/f{20 * MiB + 12345}"
+    others = sorted(k for k in data if k.startswith("many/"))
+    want = {k: md5(v) for k, v in data.items()}
+    shared_fd = os.open(os.path.join(mp, big), os.O_RDONLY)
+    start = threading.Barrier(8)
+
+    def whole(key, chunk):
+        start.wait(timeout=30)
+        return key, md5_file(os.path.join(mp, key), chunk)
+
+    def shared_preads(seed_):
+        start.wait(timeout=30)
+        r = random.Random(seed_)
+        src = data[big]
+        for _ in range(60):
+            off, ln = r.randrange(0, len(src)), r.randrange(1, 300_000)
+            if os.pread(shared_fd, ln, off) != src[off:off + ln]:
+                return big, f"pread mismatch at off={off} len={ln}"
+        return big, want[big]
+
+    jobs = [(whole, (others[0], 65536)), (whole, (others[1], 4096)), (whole, (others[2], 1 << 20)),
+            (whole, (big, 65536)), (whole, (big, 131072)), (whole, (big, 1 << 20)),
+            (shared_preads, (1,)), (shared_preads, (2,))]
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            futs = [ex.submit(fn, *a) for fn, a in jobs]
+            results = [f.result(timeout=300) for f in futs]
+    finally:
+        os.close(shared_fd)
+    for key, got in results:
+        assert got == want[key], f"{key}: {got}"
