@@ -173,7 +173,10 @@ def test_unmount_cli_stops_daemon(lifecycle_args):
         p = run_cli(["unmount", mp])
         assert p.returncode == 0, f"unmount exited {p.returncode}: {p.err!r}"
         assert not os.path.ismount(mp)
+        # docs/SEMANTICS.md: `bucketfs unmount` also waits for the mount's process to exit
+        left = daemon_pids(mp)
         assert wait_until(lambda: not daemon_pids(mp), 15), f"daemon {pids} still running after unmount"
+        assert not left, f"unmount returned before the daemon {left} exited (it did exit later)"
     finally:
         unmount(mp)
 
