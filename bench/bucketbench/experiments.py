@@ -1,0 +1,355 @@
+"""The experiments. Each one measures every metric on one system and returns
+{metric key: record}, where a record is a summary of repeated runs
+({runs, n, min, median, max}), {"na": reason} or {"error": message}.
+
+1  mount time; `find` over 2,000 files in 100 directories, first and again
+2  sequential reads of 1-200 MB (1 GB in full) via dd, first and again, md5
+3  fio (see fiobench.py)
+4  1,000 small files (100 in --quick): create+write 4,107 bytes+close, stat, delete
+5  cp sweep, local -> mount and back, 4 MB doubling to 1 GB (4-64 MB in --quick)
+6  developer workload: git clone of a local C repository, make, stat every file
+7  memory: peak and steady RSS of the filesystem process during 2 and 6
+
+A system marked read-only (bucketfs for now) whose writes fail gets
+"n/a (read-only)" rather than an error.
+"""
+
+import os
+import re
+import shlex
+import sys
+
+from .util import (CmdError, MemSampler, drop_caches, error, log, na, run,
+                   summarize, timed)
+
+RO = "n/a (read-only)"
+MB = 1e6
+
+
+def fresh_mount(ctx, system):
+    """Unmount, clear the system's caches and the page cache, mount again.
+    Returns the mount time in seconds (0 for native)."""
+    system.unmount()
+    system.prepare_fresh()
+    drop_caches()
+    return system.mount()
+
+
+def wpath(system, tag):
+    """A scratch directory for writes, inside the mount."""
+    return os.path.join(system.root, "w-%s-%s" % (system.name, tag))
+
+
+def mkdir(system, path):
+    run(["mkdir", "-p", path], 60)
+
+
+def rmtree(path, timeout=600):
+    try:
+        run(["rm", "-rf", path], timeout)
+    except CmdError as e:
+        log("cleanup of %s failed: %s" % (path, e))
+
+
+def write_failed(system, exc, keys):
+    """Records for all `keys` after a write failure."""
+    if system.read_only:
+        return {k: dict(na(RO), detail=str(exc)[:300]) for k in keys}
+    return {k: error(exc) for k in keys}
+
+
+class Experiment:
+    id = 0
+    title = ""
+    writes = False
+
+    def metrics(self, ctx):
+        """[{key, label, unit, better: 'lower'|'higher'}]"""
+        raise NotImplementedError
+
+    def charts(self, ctx):
+        """[{title, keys, ylabel, log}] - which metrics each chart panel shows."""
+        return []
+
+    def run(self, ctx, system):
+        raise NotImplementedError
+
+
+def M(key, label, unit, better):
+    return {"key": key, "label": label, "unit": unit, "better": better}
+
+
+# ---------------------------------------------------------------- 1
+class MountFind(Experiment):
+    id = 1
+    title = "Mount time and find over 2,000 files in 100 directories"
+
+    def metrics(self, ctx):
+        return [M("mount_s", "mount (s)", "s", "lower"),
+                M("find_first_s", "find, first time (s)", "s", "lower"),
+                M("find_again_s", "find, again (s)", "s", "lower")]
+
+    def charts(self, ctx):
+        return [{"title": "mount and find (s, log scale)",
+                 "keys": ["mount_s", "find_first_s", "find_again_s"], "ylabel": "seconds",
+                 "log": True}]
+
+    def run(self, ctx, system):
+        runs = {"mount_s": [], "find_first_s": [], "find_again_s": []}
+        expected = 2000 + 100 + 1
+        tree = os.path.join(system.root, "tree")
+        for _ in range(ctx.runs(1)):
+            runs["mount_s"].append(fresh_mount(ctx, system))
+            for key in ("find_first_s", "find_again_s"):
+                rc, out, err, dt = run(["find", tree], ctx.timeout(300))
+                n = len(out.splitlines())
+                if n != expected:
+                    raise RuntimeError("find listed %d entries, expected %d" % (n, expected))
+                runs[key].append(dt)
+            system.unmount()
+        res = {k: summarize(v) for k, v in runs.items()}
+        if system.name == "native":
+            res["mount_s"] = na("no mount")
+        return res
+
+
+# ---------------------------------------------------------------- 2
+class Reads(Experiment):
+    id = 2
+    title = "Sequential reads: dd bs=1M piped to md5sum, first time and again"
+
+    def metrics(self, ctx):
+        ms = []
+        for s in ctx.read_sizes:
+            ms.append(M("first_%dM" % s, "%d MB first read (MB/s)" % s, "MB/s", "higher"))
+            ms.append(M("again_%dM" % s, "%d MB read again (MB/s)" % s, "MB/s", "higher"))
+        ms.append(M("checksum_failures", "md5 mismatches (count)", "count", "lower"))
+        return ms
+
+    def charts(self, ctx):
+        return [{"title": "first read (MB/s)", "ylabel": "MB/s", "log": False,
+                 "keys": ["first_%dM" % s for s in ctx.read_sizes]},
+                {"title": "read again (MB/s)", "ylabel": "MB/s", "log": False,
+                 "keys": ["again_%dM" % s for s in ctx.read_sizes]}]
+
+    def _read(self, ctx, path, size_mb, want_md5):
+        """MB/s by dd's own timer (it starts after open), md5 of the same bytes."""
+        cmd = ["bash", "-c", 'set -o pipefail; dd if="$1" bs=1M | md5sum', "bash", path]
+        rc, out, err, dt = run(cmd, ctx.timeout(60 + size_mb / 2), env={"LC_ALL": "C"})
+        m = re.search(r"copied, ([0-9.e+-]+) s", err)
+        secs = float(m.group(1)) if m else dt
+        got = out.split()[0] if out.split() else ""
+        return (size_mb * (1 << 20) / MB) / max(secs, 1e-6), got == want_md5
+
+    def run(self, ctx, system):
+        runs = {}
+        failures = 0
+        with MemSampler(system.pid) as sampler:
+            for _ in range(ctx.runs(2)):
+                fresh_mount(ctx, system)
+                for s in ctx.read_sizes:
+                    rel = "big/f%dM" % s
+                    for phase in ("first", "again"):
+                        mbps, ok = self._read(ctx, os.path.join(system.root, rel), s,
+                                              ctx.manifest[rel])
+                        runs.setdefault("%s_%dM" % (phase, s), []).append(mbps)
+                        if not ok:
+                            failures += 1
+                            log("%s: md5 mismatch on %s (%s)" % (system.name, rel, phase))
+            ctx.memory.setdefault(system.name, {})["2"] = sampler.result()
+        system.unmount()
+        res = {k: summarize(v) for k, v in runs.items()}
+        res["checksum_failures"] = summarize([failures])
+        return res
+
+
+# ---------------------------------------------------------------- 4
+SMALL_SIZE = 4107
+
+
+class SmallFiles(Experiment):
+    id = 4
+    title = "Small files: create+write 4,107 bytes+close, then stat, then delete"
+    writes = True
+
+    def metrics(self, ctx):
+        n = ctx.small_files
+        return [M("create_s", "create %d files (s)" % n, "s", "lower"),
+                M("stat_s", "stat %d files (s)" % n, "s", "lower"),
+                M("delete_s", "delete %d files (s)" % n, "s", "lower")]
+
+    def charts(self, ctx):
+        return [{"title": "%d small files (s, log scale)" % ctx.small_files,
+                 "keys": ["create_s", "stat_s", "delete_s"], "ylabel": "seconds", "log": True}]
+
+    def run(self, ctx, system):
+        helper = os.path.join(os.path.dirname(__file__), "smallfiles.py")
+        runs = {"create_s": [], "stat_s": [], "delete_s": []}
+        fresh_mount(ctx, system)
+        d = wpath(system, "small")
+        try:
+            for _ in range(ctx.runs(1)):
+                try:
+                    mkdir(system, d)
+                    for phase in ("create", "stat", "delete"):
+                        rc, out, err, dt = run(
+                            [sys.executable, helper, phase, d, str(ctx.small_files),
+                             str(SMALL_SIZE)], ctx.timeout(60 + 3 * ctx.small_files))
+                        runs[phase + "_s"].append(float(out.strip().split()[-1]))
+                except CmdError as e:
+                    return write_failed(system, e, runs.keys())
+        finally:
+            rmtree(d)
+            system.unmount()
+        return {k: summarize(v) for k, v in runs.items()}
+
+
+# ---------------------------------------------------------------- 5
+class CopySweep(Experiment):
+    id = 5
+    title = "cp sweep: local disk -> mount and back, ascending then descending sizes"
+    writes = True
+
+    def metrics(self, ctx):
+        ms = []
+        for s in ctx.copy_sizes:
+            ms.append(M("to_%dM" % s, "cp %d MB local -> mount (MB/s)" % s, "MB/s", "higher"))
+        for s in ctx.copy_sizes:
+            ms.append(M("from_%dM" % s, "cp %d MB mount -> local (MB/s)" % s, "MB/s", "higher"))
+        ms.append(M("checksum_failures", "md5 mismatches after round trip", "count", "lower"))
+        return ms
+
+    def charts(self, ctx):
+        return [{"title": "cp local -> mount (MB/s)", "ylabel": "MB/s", "log": False,
+                 "keys": ["to_%dM" % s for s in ctx.copy_sizes]},
+                {"title": "cp mount -> local (MB/s)", "ylabel": "MB/s", "log": False,
+                 "keys": ["from_%dM" % s for s in ctx.copy_sizes]}]
+
+    def run(self, ctx, system):
+        runs = {}
+        failures = 0
+        fresh_mount(ctx, system)
+        d = wpath(system, "copy")
+        back = os.path.join(ctx.workdir, "copy-back")
+        os.makedirs(back, exist_ok=True)
+        order = list(ctx.copy_sizes) + list(reversed(ctx.copy_sizes))
+        try:
+            try:
+                mkdir(system, d)
+            except CmdError as e:
+                return write_failed(system, e, [m["key"] for m in self.metrics(ctx)])
+            for _ in range(ctx.runs(1)):
+                for s in order:
+                    src = ctx.copy_source(s)
+                    dst = os.path.join(d, "c%dM" % s)
+                    tmo = ctx.timeout(60 + s)
+                    try:
+                        dt = timed(["cp", src, dst], tmo)
+                    except CmdError as e:
+                        return write_failed(system, e, [m["key"] for m in self.metrics(ctx)])
+                    runs.setdefault("to_%dM" % s, []).append(s * (1 << 20) / MB / dt)
+                    local = os.path.join(back, "c%dM" % s)
+                    dt = timed(["cp", dst, local], tmo)
+                    runs.setdefault("from_%dM" % s, []).append(s * (1 << 20) / MB / dt)
+                    got = run(["md5sum", local], tmo)[1].split()[0]
+                    if got != ctx.copy_md5[s]:
+                        failures += 1
+                    os.unlink(local)
+                    run(["rm", "-f", dst], tmo)
+        finally:
+            rmtree(d)
+            system.unmount()
+        res = {k: summarize(v) for k, v in runs.items()}
+        res["checksum_failures"] = summarize([failures])
+        return res
+
+
+# ---------------------------------------------------------------- 6
+class DevWorkload(Experiment):
+    id = 6
+    writes = True
+
+    @property
+    def title(self):
+        return "Developer workload: git clone a C project into the mount, make, stat every file"
+
+    def metrics(self, ctx):
+        return [M("clone_s", "git clone (s)", "s", "lower"),
+                M("make_s", "make -j2 %s (s)" % ctx.dev_project, "s", "lower"),
+                M("stat_s", "stat every file (s)", "s", "lower"),
+                M("total_s", "total (s)", "s", "lower")]
+
+    def charts(self, ctx):
+        return [{"title": "developer workload: %s (s)" % ctx.dev_project,
+                 "keys": ["clone_s", "make_s", "stat_s", "total_s"], "ylabel": "seconds",
+                 "log": True}]
+
+    def run(self, ctx, system):
+        repo = ctx.dev_repo()
+        runs = {"clone_s": [], "make_s": [], "stat_s": [], "total_s": []}
+        d = wpath(system, "dev")
+        with MemSampler(system.pid) as sampler:
+            fresh_mount(ctx, system)
+            try:
+                for _ in range(ctx.runs(1)):
+                    rmtree(d)
+                    try:
+                        mkdir(system, d)
+                        dest = os.path.join(d, "src")
+                        t_clone = timed(["git", "clone", "-q", "--no-hardlinks", repo, dest],
+                                        ctx.timeout(600))
+                    except CmdError as e:
+                        return write_failed(system, e, runs.keys())
+                    t_make = timed(["make", "-j2"], ctx.timeout(900), cwd=dest)
+                    rc, out, err, t_stat = run(
+                        "find %s -printf '%%s\\n' | wc -l" % shlex.quote(dest),
+                        ctx.timeout(300), shell=True)
+                    log("%s: dev workload stat saw %s entries" % (system.name, out.strip()))
+                    for k, v in (("clone_s", t_clone), ("make_s", t_make), ("stat_s", t_stat),
+                                 ("total_s", t_clone + t_make + t_stat)):
+                        runs[k].append(v)
+            finally:
+                rmtree(d)
+                ctx.memory.setdefault(system.name, {})["6"] = sampler.result()
+                system.unmount()
+        return {k: summarize(v) for k, v in runs.items()}
+
+
+# ---------------------------------------------------------------- 7
+class Memory(Experiment):
+    id = 7
+    title = "Memory: RSS of the filesystem process during experiments 2 and 6"
+
+    def metrics(self, ctx):
+        return [M("peak_2", "peak RSS during reads, exp 2 (MiB)", "MiB", "lower"),
+                M("steady_2", "median RSS during reads, exp 2 (MiB)", "MiB", "lower"),
+                M("peak_6", "peak RSS during dev workload, exp 6 (MiB)", "MiB", "lower"),
+                M("steady_6", "median RSS during dev workload, exp 6 (MiB)", "MiB", "lower")]
+
+    def charts(self, ctx):
+        return [{"title": "RSS (MiB)", "ylabel": "MiB", "log": False,
+                 "keys": ["peak_2", "steady_2", "peak_6", "steady_6"]}]
+
+    def run(self, ctx, system):
+        if system.name == "native":
+            return {m["key"]: na("no filesystem process") for m in self.metrics(ctx)}
+        res = {}
+        mem = ctx.memory.get(system.name, {})
+        for exp in ("2", "6"):
+            r = mem.get(exp)
+            if exp not in mem:
+                why = (na("experiment %s not run" % exp) if int(exp) not in ctx.experiment_ids
+                       else na("experiment %s failed for this system" % exp))
+                res["peak_" + exp] = res["steady_" + exp] = why
+            elif r is None:
+                res["peak_" + exp] = res["steady_" + exp] = na("no process sampled")
+            else:
+                res["peak_" + exp] = summarize([r["peak_mb"]])
+                res["steady_" + exp] = summarize([r["steady_mb"]])
+        return res
+
+
+def all_experiments():
+    from .fiobench import Fio
+    return {e.id: e for e in (MountFind(), Reads(), Fio(), SmallFiles(), CopySweep(),
+                              DevWorkload(), Memory())}

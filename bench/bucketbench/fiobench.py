@@ -1,0 +1,166 @@
+"""Experiment 3: fio writes and reads through the mount.
+
+Writes go to a scratch directory in the mount (fio creates the files);
+reads use the seeded big/ objects so a read-only mount can be measured too.
+Every job uses the psync engine, group reporting and a runtime cap, and each
+has a timeout. fsync "N" means one fsync at the end (fio --end_fsync=1).
+For each job we record bandwidth (MB/s), IOPS, mean latency and p99
+completion latency (ms). A job that fails on one system is recorded as an
+error for that system and the next job runs.
+"""
+
+import json
+import os
+
+from .experiments import (M, Experiment, error, fresh_mount, mkdir, rmtree, wpath,
+                          write_failed)
+from .util import CmdError, is_mounted, log, run, summarize
+
+
+class Job:
+    def __init__(self, rw, size, bs, jobs=1, fsync="N", src=None):
+        self.rw, self.size, self.bs, self.jobs, self.fsync, self.src = (
+            rw, size, bs, jobs, fsync, src)
+
+    @property
+    def writes(self):
+        return "write" in self.rw
+
+    @property
+    def key(self):
+        k = "%s_%s_%s_j%d" % (self.rw, self.size, self.bs, self.jobs)
+        return k + ("_fsync%s" % self.fsync if self.writes else "")
+
+    @property
+    def label(self):
+        what = {"write": "seq write", "randwrite": "rand write", "read": "seq read",
+                "randread": "rand read"}[self.rw]
+        s = "%s %s bs=%s x%d" % (what, self.size, self.bs, self.jobs)
+        if self.writes:
+            s += " fsync=%s" % self.fsync
+        return s
+
+
+QUICK_JOBS = [
+    Job("write", "64M", "1M"),
+    Job("write", "4M", "16K", fsync="10"),
+    Job("randwrite", "16M", "16K"),
+    Job("write", "16M", "1M", jobs=4),
+    Job("read", "100M", "1M", src=100),
+    Job("randread", "100M", "16K", jobs=4, src=100),
+]
+
+FULL_JOBS = [
+    Job("write", "256K", "16K"),
+    Job("write", "16M", "1M"),
+    Job("write", "256M", "1M"),
+    Job("write", "1G", "1M"),
+    Job("write", "16M", "16K"),
+    Job("write", "16M", "16K", fsync="1"),
+    Job("write", "16M", "16K", fsync="10"),
+    Job("write", "64M", "1M", fsync="10"),
+    Job("write", "64M", "1M", jobs=4),
+    Job("write", "16M", "1M", jobs=16),
+    Job("randwrite", "256K", "16K"),
+    Job("randwrite", "16M", "16K"),
+    Job("randwrite", "256M", "16K"),
+    Job("randwrite", "16M", "16K", jobs=4),
+    Job("randwrite", "16M", "16K", fsync="10"),
+    Job("randwrite", "64M", "1M"),
+    Job("read", "200M", "1M", src=200),
+    Job("read", "200M", "1M", jobs=4, src=200),
+    Job("randread", "200M", "16K", src=200),
+    Job("randread", "200M", "16K", jobs=16, src=200),
+    Job("randread", "200M", "1M", src=200),
+]
+
+FIELDS = [("bw", "MB/s", "higher"), ("iops", "IOPS", "higher"),
+          ("lat_mean", "ms", "lower"), ("lat_p99", "ms", "lower")]
+
+
+def parse_fio(path, writes):
+    with open(path) as f:
+        text = f.read()
+    data = json.loads(text[text.index("{"):])
+    side = data["jobs"][0]["write" if writes else "read"]
+    pct = side.get("clat_ns", {}).get("percentile", {})
+    return {"bw": side["bw_bytes"] / 1e6, "iops": side["iops"],
+            "lat_mean": side["lat_ns"]["mean"] / 1e6,
+            "lat_p99": pct.get("99.000000", 0) / 1e6}
+
+
+class Fio(Experiment):
+    id = 3
+    title = "fio: sequential and random writes (fsync every 1, 10, N) and reads"
+    writes = True
+
+    def jobs(self, ctx):
+        return QUICK_JOBS if ctx.quick else FULL_JOBS
+
+    def metrics(self, ctx):
+        ms = []
+        for j in self.jobs(ctx):
+            for field, unit, better in FIELDS:
+                ms.append(M("%s.%s" % (j.key, field), "%s: %s (%s)" % (j.label, field, unit),
+                            unit, better))
+        return ms
+
+    def charts(self, ctx):
+        js = self.jobs(ctx)
+        return [{"title": "fio bandwidth (MB/s, log scale)", "ylabel": "MB/s", "log": True,
+                 "keys": ["%s.bw" % j.key for j in js]},
+                {"title": "fio p99 latency (ms, log scale)", "ylabel": "ms", "log": True,
+                 "keys": ["%s.lat_p99" % j.key for j in js]}]
+
+    def _cmd(self, ctx, system, job, d, out):
+        cap = 10 if ctx.quick else 60
+        cmd = ["fio", "--name=" + job.rw, "--rw=" + job.rw, "--bs=" + job.bs,
+               "--size=" + job.size, "--numjobs=%d" % job.jobs, "--ioengine=psync",
+               "--group_reporting", "--output-format=json", "--output=" + out,
+               "--runtime=%d" % cap, "--fallocate=none"]
+        if job.writes:
+            cmd.append("--directory=" + d)
+            if job.fsync == "N":
+                cmd.append("--end_fsync=1")
+            else:
+                cmd.append("--fsync=" + job.fsync)
+        else:
+            cmd += ["--filename=" + os.path.join(system.root, "big/f%dM" % job.src),
+                    "--readonly"]
+        return cmd, cap
+
+    def run(self, ctx, system):
+        res = {}
+        out = os.path.join(ctx.workdir, "fio-%s.json" % system.name)
+        d = wpath(system, "fio")
+        fresh_mount(ctx, system)
+        try:
+            for job in self.jobs(ctx):
+                keys = ["%s.%s" % (job.key, f) for f, _, _ in FIELDS]
+                vals = {k: [] for k in keys}
+                try:
+                    for _ in range(ctx.runs(1)):
+                        if job.writes:
+                            rmtree(d)
+                            mkdir(system, d)
+                        else:
+                            fresh_mount(ctx, system)
+                        cmd, cap = self._cmd(ctx, system, job, d, out)
+                        # the runtime cap bounds the I/O; closing/uploading is extra
+                        run(cmd, ctx.timeout(cap + 300))
+                        r = parse_fio(out, job.writes)
+                        for f, _, _ in FIELDS:
+                            vals["%s.%s" % (job.key, f)].append(r[f])
+                    res.update({k: summarize(v) for k, v in vals.items()})
+                except (CmdError, ValueError, KeyError) as e:
+                    log("%s: fio %s failed: %s" % (system.name, job.key, e))
+                    if job.writes:
+                        res.update(write_failed(system, e, keys))
+                    else:
+                        res.update({k: error(e) for k in keys})
+                    if system.name != "native" and not is_mounted(system.mp):
+                        fresh_mount(ctx, system)
+        finally:
+            rmtree(d)
+            system.unmount()
+        return res

@@ -1,0 +1,154 @@
+"""Installs what the benchmark needs, skipping whatever is already there.
+
+* Debian packages: fuse3, s3fs, fio, hyperfine, tree, git, make, gcc.
+* Go binaries at pinned versions (into `go env GOPATH`/bin): MinIO,
+  fake-gcs-server, toxiproxy's `server`, rclone and gcsfuse.
+* C sources for the developer workload, taken from crates that vendor a C
+  library (fetched with cargo, the ordinary client of the crate registry).
+* matplotlib for the charts (pip).
+
+A failed install is reported and the systems that need it are recorded as
+failed later; it never stops the run.
+"""
+
+import glob
+import os
+import shutil
+import tarfile
+
+from .util import CmdError, log, run
+
+APT_PACKAGES = {  # package -> a binary it provides
+    "fuse3": "fusermount3", "s3fs": "s3fs", "fio": "fio",
+    "hyperfine": "hyperfine", "tree": "tree", "git": "git", "make": "make",
+    "gcc": "gcc",
+}
+
+# binary name -> (module@version, needs newer Go toolchain)
+GO_BINARIES = {
+    "minio": ("github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c", None),
+    "fake-gcs-server": ("github.com/fsouza/fake-gcs-server@v1.56.1", None),
+    "server": ("github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0", None),
+    "rclone": ("github.com/rclone/rclone@v1.76.0", "go1.27.2"),
+    "gcsfuse": ("github.com/googlecloudplatform/gcsfuse/v3@v3.13.0", "go1.27.2"),
+}
+
+# crate -> (version, directory in the crate holding the C project)
+C_SOURCES = {
+    "bzip2": ("bzip2-sys", "0.1.13+1.0.8", "bzip2-1.0.8"),
+    "lz4": ("lz4-sys", "1.11.1+lz4-1.10.0", "liblz4"),
+}
+
+
+def gobin():
+    try:
+        out = run(["go", "env", "GOPATH"], 30)[1].strip()
+        return os.path.join(out.split(":")[0], "bin")
+    except (CmdError, OSError):
+        return os.path.expanduser("~/go/bin")
+
+
+def go_binary(name):
+    """Absolute path of an installed Go binary, or None."""
+    p = os.path.join(gobin(), name)
+    return p if os.access(p, os.X_OK) else None
+
+
+def ensure_apt():
+    missing = [p for p, b in APT_PACKAGES.items() if not shutil.which(b)]
+    if not missing:
+        return {}
+    log("apt: installing " + " ".join(missing))
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        run(["apt-get", "install", "-y", "-q"] + missing, 900, env=env)
+    except CmdError:
+        try:
+            run(["apt-get", "update", "-q"], 600, env=env)
+            run(["apt-get", "install", "-y", "-q"] + missing, 900, env=env)
+        except CmdError as e:
+            log("apt install failed: %s" % e)
+            return {p: str(e) for p in missing if not shutil.which(APT_PACKAGES[p])}
+    return {}
+
+
+def ensure_go(names):
+    """Install the wanted Go binaries that are missing, one after another."""
+    failures = {}
+    for name in names:
+        if go_binary(name):
+            continue
+        mod, toolchain = GO_BINARIES[name]
+        env = {"GOTOOLCHAIN": toolchain} if toolchain else None
+        log("go install %s (this can take several minutes on 2 cores)" % mod)
+        try:
+            run(["go", "install", mod], 3600, env=env)
+        except (CmdError, OSError) as e:
+            log("go install %s failed: %s" % (mod, e))
+            failures[name] = str(e)
+    return failures
+
+
+def ensure_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        return None
+    except ImportError:
+        pass
+    import sys
+    log("pip install matplotlib")
+    try:
+        run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], 900)
+    except CmdError as e:
+        return str(e)
+    return None
+
+
+def ensure_c_source(name, dest):
+    """Put the C project `name` (see C_SOURCES) into `dest`; return dest."""
+    if os.path.isdir(dest):
+        return dest
+    crate, version, subdir = C_SOURCES[name]
+    cargo_home = os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo"))
+    pattern = os.path.join(cargo_home, "registry", "cache", "*",
+                           "%s-%s.crate" % (crate, version))
+    found = glob.glob(pattern)
+    if not found:
+        proj = dest + ".fetch"
+        os.makedirs(os.path.join(proj, "src"), exist_ok=True)
+        with open(os.path.join(proj, "Cargo.toml"), "w") as f:
+            f.write('[package]\nname = "bucketbench-fetch"\nversion = "0.0.0"\n'
+                    'edition = "2021"\n[dependencies]\n%s = "=%s"\n' % (crate, version))
+        with open(os.path.join(proj, "src", "lib.rs"), "w") as f:
+            f.write("")
+        log("cargo fetch %s %s" % (crate, version))
+        run(["cargo", "fetch", "--manifest-path", os.path.join(proj, "Cargo.toml")], 600)
+        found = glob.glob(pattern)
+        if not found:
+            raise RuntimeError("crate %s-%s not in the cargo cache after fetch" % (crate, version))
+    tmp = dest + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    with tarfile.open(found[0]) as t:
+        prefix = "%s-%s/%s/" % (crate, version, subdir)
+        members = [m for m in t.getmembers() if m.name.startswith(prefix)]
+        t.extractall(tmp, members=members)
+    os.rename(os.path.join(tmp, "%s-%s" % (crate, version), subdir), dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def ensure_all(systems):
+    """Install everything the selected systems need; returns {what: error}."""
+    failures = {}
+    failures.update(ensure_apt())
+    want = ["minio", "fake-gcs-server", "server"]
+    if any(s.startswith("rclone") for s in systems):
+        want.append("rclone")
+    if "gcsfuse" in systems:
+        want.append("gcsfuse")
+    failures.update(ensure_go(want))
+    err = ensure_matplotlib()
+    if err:
+        failures["matplotlib"] = err
+    return failures

@@ -1,0 +1,252 @@
+"""Turns a results JSON into bench/REPORT.md and one PNG chart per experiment
+(bench/results/<stem>-exp<N>.png).
+
+Each experiment gets a table with one column per system: the median, and
+min-max when there were several runs; "n/a (...)" or "failed" where there is
+no number, with the error messages listed under the table. The last column is
+the ratio of bucketfs's median to the best peer's (native disk and bucketfs
+itself are not peers); it is filled only where bucketfs has a number.
+"""
+
+import json
+import os
+import re
+
+PEER_EXCLUDE = ("native",)
+
+
+def is_bucketfs(name):
+    return name.startswith("bucketfs")
+
+
+def fmt(v):
+    if v is None:
+        return "–"
+    a = abs(v)
+    if a == 0:
+        return "0"
+    if a >= 100:
+        return "%.0f" % v
+    if a >= 10:
+        return "%.1f" % v
+    if a >= 1:
+        return "%.2f" % v
+    if a >= 0.01:
+        return "%.3f" % v
+    return "%.2g" % v
+
+
+def cell(rec):
+    if rec is None:
+        return "–"
+    if "na" in rec:
+        return rec["na"]
+    if "error" in rec:
+        return "failed"
+    s = fmt(rec["median"])
+    if rec.get("n", 1) > 1:
+        s += " (%s–%s)" % (fmt(rec["min"]), fmt(rec["max"]))
+    return s
+
+
+def numeric(rec):
+    return rec is not None and "median" in rec
+
+
+def best_peer(metric, results, systems):
+    best = None
+    for s in systems:
+        if is_bucketfs(s) or s in PEER_EXCLUDE:
+            continue
+        rec = results.get(s, {}).get(metric["key"])
+        if not numeric(rec):
+            continue
+        v = rec["median"]
+        if best is None or (v < best[1] if metric["better"] == "lower" else v > best[1]):
+            best = (s, v)
+    return best
+
+
+def ratio_cells(metric, results, systems):
+    out = []
+    best = best_peer(metric, results, systems)
+    for b in [s for s in systems if is_bucketfs(s)]:
+        rec = results.get(b, {}).get(metric["key"])
+        if not numeric(rec) or best is None or best[1] == 0:
+            out.append("–")
+        else:
+            out.append("%.2f× (vs %s)" % (rec["median"] / best[1], best[0]))
+    return out
+
+
+def short_label(label):
+    return re.sub(r"\s*\([^)]*\)\s*$", "", label)
+
+
+def chart(path, exp, systems):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    specs = exp.get("charts") or []
+    if not specs:
+        return False
+    metrics = {m["key"]: m for m in exp["metrics"]}
+    fig, axes = plt.subplots(len(specs), 1, figsize=(max(8, 1.3 * max(len(s["keys"]) for s in specs)
+                                                        + 2), 4.2 * len(specs)), squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    color_of = {s: colors[i % len(colors)] for i, s in enumerate(systems)}
+    any_data = False
+    for ax, spec in zip(axes[:, 0], specs):
+        keys = [k for k in spec["keys"] if k in metrics]
+
+        def usable(rec):
+            return numeric(rec) and (rec["median"] > 0 or not spec.get("log"))
+        with_data = [s for s in systems
+                     if any(usable(exp["results"].get(s, {}).get(k)) for k in keys)]
+        without = [s for s in systems if s not in with_data]
+        width = 0.8 / max(1, len(with_data))
+        for i, s in enumerate(with_data):
+            xs, ys, lo, hi = [], [], [], []
+            for j, k in enumerate(keys):
+                rec = exp["results"].get(s, {}).get(k)
+                if usable(rec):
+                    xs.append(j - 0.4 + width * (i + 0.5))
+                    ys.append(rec["median"])
+                    lo.append(rec["median"] - rec["min"])
+                    hi.append(rec["max"] - rec["median"])
+            any_data = True
+            ax.bar(xs, ys, width, label=s, color=color_of[s],
+                   yerr=[lo, hi], capsize=2, error_kw={"elinewidth": 0.8})
+        title = spec["title"]
+        if without:
+            title += "\n(no number: %s)" % ", ".join(without)
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([short_label(metrics[k]["label"]) for k in keys],
+                           rotation=20 if len(keys) > 4 else 0, ha="right" if len(keys) > 4
+                           else "center", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(spec.get("ylabel", ""))
+        if spec.get("log"):
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+        if with_data:
+            ax.legend(fontsize=7, ncol=min(4, len(with_data)))
+    fig.suptitle("Experiment %s: %s" % (exp["id"], exp["title"]), fontsize=11)
+    fig.text(0.01, 0.005, "bars: median; whiskers: min–max", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return any_data
+
+
+def headline(doc, systems):
+    """A few key numbers from each experiment that ran."""
+    picks = [("1", "find_first_s"), ("1", "find_again_s"), ("1", "mount_s"),
+             ("2", "first_200M"), ("2", "again_200M"), ("4", "create_s"),
+             ("5", "to_64M"), ("6", "total_s"), ("7", "peak_2")]
+    rows = []
+    for eid, key in picks:
+        exp = doc["experiments"].get(eid)
+        if not exp:
+            continue
+        m = next((m for m in exp["metrics"] if m["key"] == key), None)
+        if not m:
+            continue
+        cells = []
+        for s in systems:
+            rec = exp["results"].get(s, {}).get(key)
+            cells.append(fmt(rec["median"]) if numeric(rec) else ("n/a" if rec and "na" in rec
+                                                                  else "failed" if rec else "–"))
+        rows.append("| %s. %s | %s |" % (eid, m["label"], " | ".join(cells)))
+    if not rows:
+        return []
+    return (["## Headline (medians)", "", "| metric | %s |" % " | ".join(systems),
+             "|---|%s" % ("---|" * len(systems))] + rows + [""])
+
+
+def write_report(json_path, bench_dir):
+    with open(json_path) as f:
+        doc = json.load(f)
+    stem = os.path.splitext(os.path.basename(json_path))[0]
+    results_dir = os.path.dirname(os.path.abspath(json_path))
+    rel_results = os.path.relpath(results_dir, bench_dir)
+    meta = doc["meta"]
+    systems = list(doc["systems"])
+    bfs = [s for s in systems if is_bucketfs(s)]
+    L = ["# bucketfs benchmark report", "",
+         "Generated by `bench/run` from [`%s/%s.json`](%s/%s.json). "
+         "Only numbers measured in that run appear here." % (rel_results, stem, rel_results, stem),
+         ""]
+    mach = meta.get("machine", {})
+    phases = meta.get("phases", {})
+    L += ["## Run", "",
+          "| | |", "|---|---|",
+          "| started (UTC) | %s |" % meta.get("started"),
+          "| profile | **%s**: %s%s |" % (meta.get("profile"), meta.get("latency"),
+                                          ", bandwidth cap %s MB/s" % meta["bandwidth_MBps"]
+                                          if meta.get("bandwidth_MBps") else ""),
+          "| mode | %s (runs per measurement: see each experiment) |" % (
+              "--quick" if meta.get("quick") else "full"),
+          "| command | `bench/run %s` |" % " ".join(meta.get("argv", [])),
+          "| wall time | %s |" % ", ".join("%s %.0fs" % (k[:-2], v) for k, v in phases.items()),
+          "| machine | %s cores (nproc), %s GiB memory, kernel %s, %s, %s |" % (
+              mach.get("nproc"), mach.get("memory_gib"), mach.get("kernel"),
+              mach.get("cpu", "?"), mach.get("os", "?")),
+          "| servers | %s |" % ", ".join("%s (%s)" % (k, v) for k, v in
+                                        (meta.get("server_versions") or {}).items()),
+          ""]
+    if meta.get("install_failures"):
+        L += ["Install failures: " + "; ".join("%s: %s" % kv for kv in
+                                                meta["install_failures"].items()), ""]
+    L += ["## Systems", "", "| system | backend | version | status |", "|---|---|---|---|"]
+    for s, e in doc["systems"].items():
+        status = e["status"]
+        if e.get("errors"):
+            status += ": " + e["errors"][0].replace("|", "\\|").replace("\n", " ")[:300]
+        L.append("| %s | %s | %s | %s |" % (s, e.get("backend"), e.get("version") or "–", status))
+    L += ["", "Peers for the ratio column are every system except native disk (the floor) and "
+          "bucketfs. For times a ratio above 1 means bucketfs is slower; for MB/s and IOPS a "
+          "ratio above 1 means bucketfs is faster.", ""]
+    L += headline(doc, systems)
+    for eid in sorted(doc["experiments"], key=int):
+        exp = doc["experiments"][eid]
+        exp["id"] = eid
+        L += ["## Experiment %s: %s" % (eid, exp["title"]), ""]
+        ns = sorted({r.get("n") for res in exp["results"].values() for r in res.values()
+                     if numeric(r) and r.get("n")})
+        if ns:
+            runs = str(ns[0]) if len(ns) == 1 else "%d–%d" % (ns[0], ns[-1])
+            L += ["Runs per system: %s." % runs, ""]
+        png = "%s-exp%s.png" % (stem, eid)
+        try:
+            if chart(os.path.join(results_dir, png), exp, systems):
+                L += ["![experiment %s](%s/%s)" % (eid, rel_results, png), ""]
+        except Exception as e:  # a chart problem must not lose the tables
+            L += ["(chart failed: %s)" % e, ""]
+        head = ["metric"] + systems + ["%s ÷ best peer" % b for b in bfs]
+        L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for m in exp["metrics"]:
+            row = [m["label"]] + [cell(exp["results"].get(s, {}).get(m["key"])) for s in systems]
+            row += ratio_cells(m, exp["results"], systems)
+            L.append("| " + " | ".join(row) + " |")
+        errs = []
+        for s in systems:
+            msgs = sorted({r["error"] for r in exp["results"].get(s, {}).values() if "error" in r})
+            for msg in msgs[:3]:
+                errs.append("- **%s** failed: `%s`" % (s, msg.replace("`", "'").replace("\n", " ")
+                                                        [:400]))
+            details = sorted({r.get("detail", "") for r in exp["results"].get(s, {}).values()
+                              if "na" in r and r.get("detail")})
+            for d in details[:1]:
+                errs.append("- **%s** n/a because: `%s`" % (s, d.replace("`", "'")
+                                                            .replace("\n", " ")[:300]))
+        if errs:
+            L += [""] + errs
+        secs = exp.get("seconds", {})
+        if secs:
+            L += ["", "Time spent: " + ", ".join("%s %.0fs" % kv for kv in secs.items())]
+        L.append("")
+    md = "\n".join(L)
+    with open(os.path.join(bench_dir, "REPORT.md"), "w") as f:
+        f.write(md)
+    return md

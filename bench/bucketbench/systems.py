@@ -1,0 +1,354 @@
+"""The filesystems under test, each able to mount, report its process and
+version, and unmount.
+
+| name         | what                                   | server        |
+| ------------ | -------------------------------------- | ------------- |
+| native       | a plain directory on local disk        | -             |
+| bucketfs     | target/release/bucketfs, s3:// mount   | MinIO         |
+| bucketfs-gcs | target/release/bucketfs, gs:// mount   | fake-gcs      |
+| s3fs         | s3fs-fuse (Debian)                     | MinIO         |
+| rclone-full  | rclone mount --vfs-cache-mode full     | MinIO         |
+| rclone-off   | rclone mount --vfs-cache-mode off      | MinIO         |
+| gcsfuse      | gcsfuse --implicit-dirs                | fake-gcs      |
+
+Peers run in the foreground under a process we start, so their PID is known
+for RSS sampling; bucketfs may daemonize, in which case its PID is found by the
+mount point in /proc/*/cmdline. Mount time is measured from spawn until the
+mount point is listed in /proc/self/mountinfo and a `stat` of it succeeds.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+
+from . import servers as S
+from .install import go_binary
+from .util import CmdError, is_mounted, log, run, tail
+
+ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-gcs", "s3fs", "rclone-full",
+               "rclone-off", "gcsfuse"]
+DEFAULT_SYSTEMS = ALL_SYSTEMS
+MOUNT_TIMEOUT = 60
+
+
+class MountError(Exception):
+    pass
+
+
+class System:
+    """Base: a filesystem that exposes the bucket's contents at `self.root`."""
+
+    name = "?"
+    backend = "-"
+    read_only = False  # writes are expected to fail (bucketfs for now)
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.mp = os.path.join(ctx.workdir, "mnt", self.name)
+        self.proc = None
+        self.logpath = os.path.join(ctx.workdir, "logs", "%s.log" % self.name)
+        self._pid = None
+
+    @property
+    def root(self):
+        return self.mp
+
+    def available(self):
+        """None if the system can run here, else the reason it cannot."""
+        return None
+
+    def version(self):
+        return None
+
+    def pid(self):
+        return None
+
+    def mount(self):
+        return 0.0
+
+    def unmount(self):
+        pass
+
+    def prepare_fresh(self):
+        """Called before a fresh mount: clear local caches of the system."""
+
+
+class Native(System):
+    name = "native"
+    backend = "local disk"
+
+    @property
+    def root(self):
+        return self.ctx.seed_dir
+
+    def version(self):
+        return "kernel %s" % os.uname().release
+
+
+class FuseSystem(System):
+    """A FUSE filesystem run as a child process in the foreground."""
+
+    env = None
+
+    def command(self):
+        raise NotImplementedError
+
+    def command_binary(self):
+        return self.binary
+
+    def _find_pid(self):
+        """A process whose command line mentions our mount point."""
+        mp = os.path.abspath(self.mp).encode()
+        exe = os.path.basename(self.command_binary()).encode()
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == os.getpid():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if mp in args and os.path.basename(args[0]) == exe:
+                return int(d)
+        return None
+
+    def pid(self):
+        if self.proc and self.proc.poll() is None:
+            return self.proc.pid
+        if self._pid and os.path.exists("/proc/%d" % self._pid):
+            return self._pid
+        self._pid = self._find_pid() if is_mounted(self.mp) else None
+        return self._pid
+
+    def mount(self):
+        if is_mounted(self.mp):
+            self.unmount()
+        os.makedirs(self.mp, exist_ok=True)
+        cmd = self.command()
+        logf = open(self.logpath, "ab")
+        logf.write(("\n=== %s\n" % " ".join(cmd)).encode())
+        logf.flush()
+        env = dict(os.environ)
+        env.update(self.env or {})
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        logf.close()
+        exited_at = None
+        while True:
+            if is_mounted(self.mp):
+                break
+            now = time.monotonic()
+            if self.proc.poll() is not None:
+                if self.proc.returncode != 0:
+                    raise MountError("%s exited with %d before mounting: %s"
+                                     % (self.name, self.proc.returncode, self._log_tail()))
+                exited_at = exited_at or now
+                if now - exited_at > 5:  # daemonized parent, but no mount appeared
+                    raise MountError("%s exited (code 0) without mounting: %s"
+                                     % (self.name, self._log_tail() or "no output"))
+            if now - t0 > MOUNT_TIMEOUT:
+                self._kill()
+                raise MountError("%s did not mount within %ds: %s"
+                                 % (self.name, MOUNT_TIMEOUT, self._log_tail()))
+            time.sleep(0.005)
+        try:
+            run(["stat", self.mp], 30)
+        except CmdError as e:
+            self.unmount()
+            raise MountError("%s mounted but stat of the mount point failed: %s"
+                             % (self.name, e))
+        dt = time.monotonic() - t0
+        self._pid = None
+        return dt
+
+    def _log_tail(self):
+        try:
+            with open(self.logpath, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.logpath) - 600))
+                return tail(f.read().decode("utf-8", "replace"), 500)
+        except OSError:
+            return ""
+
+    def _unmount_cmd(self):
+        return ["fusermount3", "-u", self.mp]
+
+    def unmount(self):
+        pid = self.pid()
+        if is_mounted(self.mp):
+            try:
+                run(self._unmount_cmd(), 60)
+            except (CmdError, OSError) as e:
+                log("%s: unmount failed (%s); lazy unmount" % (self.name, e))
+                try:
+                    run(["fusermount3", "-uz", self.mp], 30)
+                except (CmdError, OSError) as e2:
+                    log("%s: lazy unmount failed too: %s" % (self.name, e2))
+        if self.proc is not None:
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self._kill()
+            self.proc = None
+        elif pid:
+            # a daemon we started that has lost its mount: ask it to stop
+            for _ in range(100):
+                if not os.path.exists("/proc/%d" % pid):
+                    break
+                time.sleep(0.1)
+            else:
+                try:
+                    os.kill(pid, 15)
+                except OSError:
+                    pass
+        self._pid = None
+
+    def _kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": S.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S.SECRET_KEY,
+          "AWS_REGION": S.REGION, "AWS_DEFAULT_REGION": S.REGION}
+
+
+class Bucketfs(FuseSystem):
+    read_only = True
+
+    def __init__(self, ctx, backend):
+        self.backend = "MinIO (S3)" if backend == "s3" else "fake-gcs-server (GCS)"
+        self.scheme = backend
+        self.name = "bucketfs" if backend == "s3" else "bucketfs-gcs"
+        super().__init__(ctx)
+        self.binary = os.path.join(ctx.repo, "target", "release", "bucketfs")
+        self.env = S3_ENV if backend == "s3" else None
+
+    def available(self):
+        if not os.access(self.binary, os.X_OK):
+            return "binary %s not built (cargo build --release)" % self.binary
+        return None
+
+    def version(self):
+        try:
+            out = run([self.binary, "--version"], 10, check=False)[1].strip()
+        except (CmdError, OSError):
+            out = ""
+        rev = ""
+        try:
+            rev = run(["git", "-C", self.ctx.repo, "rev-parse", "--short", "HEAD"], 10)[1].strip()
+        except (CmdError, OSError):
+            pass
+        return (out or "bucketfs") + (" (git %s)" % rev if rev else "")
+
+    def command(self):
+        if self.scheme == "s3":
+            return [self.binary, "mount", "s3://%s" % S.BUCKET, self.mp,
+                    "--endpoint", S.S3_ENDPOINT]
+        return [self.binary, "mount", "gs://%s" % S.BUCKET, self.mp,
+                "--endpoint", S.GCS_ENDPOINT, "--anonymous"]
+
+    def _unmount_cmd(self):
+        return [self.binary, "unmount", self.mp]
+
+
+class S3fs(FuseSystem):
+    name = "s3fs"
+    backend = "MinIO (S3)"
+    binary = "s3fs"
+
+    def available(self):
+        return None if shutil.which("s3fs") else "s3fs not installed"
+
+    def version(self):
+        try:
+            out = run(["s3fs", "--version"], 10, check=False)[1]
+            return out.splitlines()[0].strip()
+        except (CmdError, OSError, IndexError):
+            return None
+
+    def command(self):
+        pw = os.path.join(self.ctx.workdir, "s3fs.passwd")
+        with open(pw, "w") as f:
+            f.write("%s:%s\n" % (S.ACCESS_KEY, S.SECRET_KEY))
+        os.chmod(pw, 0o600)
+        return ["s3fs", S.BUCKET, self.mp, "-f", "-o", "passwd_file=" + pw,
+                "-o", "url=" + S.S3_ENDPOINT, "-o", "use_path_request_style",
+                "-o", "endpoint=" + S.REGION, "-o", "dbglevel=warn"]
+
+
+class Rclone(FuseSystem):
+    backend = "MinIO (S3)"
+
+    def __init__(self, ctx, mode):
+        self.mode = mode
+        self.name = "rclone-" + mode
+        super().__init__(ctx)
+        self.cache_dir = os.path.join(ctx.workdir, "rclone-cache", mode)
+        self.binary = go_binary("rclone") or "rclone"
+
+    def available(self):
+        return None if go_binary("rclone") else "rclone not installed"
+
+    def version(self):
+        try:
+            return run([go_binary("rclone"), "version"], 20)[1].splitlines()[0].strip()
+        except (CmdError, OSError, IndexError):
+            return None
+
+    def prepare_fresh(self):
+        shutil.rmtree(self.cache_dir, ignore_errors=True)
+
+    def command(self):
+        conf = os.path.join(self.ctx.workdir, "rclone.conf")
+        with open(conf, "w") as f:
+            f.write("[minio]\ntype = s3\nprovider = Minio\naccess_key_id = %s\n"
+                    "secret_access_key = %s\nendpoint = %s\nregion = %s\n"
+                    % (S.ACCESS_KEY, S.SECRET_KEY, S.S3_ENDPOINT, S.REGION))
+        os.makedirs(self.cache_dir, exist_ok=True)
+        return [go_binary("rclone"), "mount", "minio:" + S.BUCKET, self.mp,
+                "--config", conf, "--vfs-cache-mode", self.mode,
+                "--cache-dir", self.cache_dir, "--log-level", "NOTICE"]
+
+
+class Gcsfuse(FuseSystem):
+    name = "gcsfuse"
+    backend = "fake-gcs-server (GCS)"
+    binary = "gcsfuse"
+
+    def available(self):
+        return None if go_binary("gcsfuse") else "gcsfuse not installed"
+
+    def version(self):
+        try:
+            out = run([go_binary("gcsfuse"), "--version"], 20, check=False)[1]
+            return out.splitlines()[0].strip()
+        except (CmdError, OSError, IndexError):
+            return None
+
+    def command(self):
+        return [go_binary("gcsfuse"), "--foreground",
+                "--custom-endpoint", S.GCS_ENDPOINT + "/storage/v1/",
+                "--anonymous-access", "--implicit-dirs", S.BUCKET, self.mp]
+
+
+def make_system(ctx, name):
+    if name == "native":
+        return Native(ctx)
+    if name == "bucketfs":
+        return Bucketfs(ctx, "s3")
+    if name == "bucketfs-gcs":
+        return Bucketfs(ctx, "gcs")
+    if name == "s3fs":
+        return S3fs(ctx)
+    if name in ("rclone-full", "rclone-off"):
+        return Rclone(ctx, name.split("-", 1)[1])
+    if name == "gcsfuse":
+        return Gcsfuse(ctx)
+    raise ValueError("unknown system %r (known: %s)" % (name, ", ".join(ALL_SYSTEMS)))

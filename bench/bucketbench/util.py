@@ -1,0 +1,242 @@
+"""Small shared helpers for the benchmark: logging, commands with timeouts,
+statistics, mount detection, page-cache dropping and RSS sampling.
+
+Every external command goes through `run()`, which always has a timeout and
+runs the command in its own process group so that a timeout kills exactly the
+processes this suite started (never anything found by name).
+"""
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+LOG_FILE = None
+
+
+def log(msg):
+    """Print a timestamped line to stderr and to the run's log file."""
+    line = time.strftime("%H:%M:%S ") + msg
+    print(line, file=sys.stderr, flush=True)
+    if LOG_FILE:
+        with open(LOG_FILE, "a") as f:
+            f.write(line + "\n")
+
+
+class CmdError(Exception):
+    """A command failed (non-zero exit) or timed out."""
+
+    def __init__(self, msg, rc=None, out="", err=""):
+        super().__init__(msg)
+        self.rc = rc
+        self.out = out
+        self.err = err
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run(cmd, timeout, cwd=None, env=None, check=True, shell=False, input=None):
+    """Run `cmd` with a hard timeout. Returns (rc, stdout, stderr, seconds).
+
+    On timeout the whole process group is killed and CmdError is raised.
+    With check=True a non-zero exit raises CmdError carrying stderr's tail.
+    """
+    full_env = None
+    if env:
+        full_env = dict(os.environ)
+        full_env.update(env)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=full_env, shell=shell, text=True,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        errors="replace")
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        raise CmdError("timeout after %ss: %s" % (timeout, _short(cmd)))
+    dt = time.monotonic() - t0
+    if check and proc.returncode != 0:
+        raise CmdError("exit %s: %s: %s" % (proc.returncode, _short(cmd), tail(err or out)),
+                       proc.returncode, out, err)
+    return proc.returncode, out, err, dt
+
+
+def timed(cmd, timeout, **kw):
+    """Run a command that must succeed; return its wall time in seconds."""
+    return run(cmd, timeout, **kw)[3]
+
+
+def _short(cmd):
+    s = cmd if isinstance(cmd, str) else " ".join(str(c) for c in cmd)
+    return s if len(s) < 160 else s[:157] + "..."
+
+
+def tail(text, n=400):
+    text = (text or "").strip()
+    return text[-n:]
+
+
+def summarize(runs):
+    """min/median/max of a list of numbers, keeping the raw runs."""
+    runs = [float(r) for r in runs]
+    return {"runs": [round(r, 6) for r in runs], "n": len(runs),
+            "min": min(runs), "median": statistics.median(runs), "max": max(runs)}
+
+
+def na(reason):
+    return {"na": reason}
+
+
+def error(msg):
+    return {"error": str(msg)[:600]}
+
+
+def drop_caches():
+    """Drop the kernel page cache (root only); silently skipped otherwise."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def mounted_paths():
+    """Mount points from /proc/self/mountinfo, without touching the mounts."""
+    res = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            mp = parts[4].encode().decode("unicode_escape")
+            i = parts.index("-")
+            res[mp] = parts[i + 1]
+    return res
+
+
+def is_mounted(path):
+    return os.path.abspath(path) in mounted_paths()
+
+
+def read_status(pid):
+    """VmRSS and VmHWM of a process in MiB, or None if it is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            vals = {}
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    k, v = line.split(":", 1)
+                    vals[k] = int(v.split()[0]) / 1024.0
+            return vals
+    except (OSError, ValueError):
+        return None
+
+
+class MemSampler:
+    """Samples VmRSS/VmHWM of the process returned by `pid_fn` every `interval`
+    seconds in a background thread. `pid_fn` is called at each tick because
+    remounting gives the filesystem a new process."""
+
+    def __init__(self, pid_fn, interval=0.2):
+        self.pid_fn = pid_fn
+        self.interval = interval
+        self.rss = []
+        self.hwm = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            pid = None
+            try:
+                pid = self.pid_fn()
+            except Exception:
+                pid = None
+            if pid:
+                st = read_status(pid)
+                if st and "VmRSS" in st:
+                    self.rss.append(st["VmRSS"])
+                    self.hwm = max(self.hwm, st.get("VmHWM", 0.0), st["VmRSS"])
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def result(self):
+        if not self.rss:
+            return None
+        return {"peak_mb": self.hwm, "steady_mb": statistics.median(self.rss),
+                "samples": len(self.rss)}
+
+
+def machine_info():
+    info = {"nproc": os.cpu_count()}
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        info["memory_gib"] = round(kb / 1024 / 1024, 1)
+    except OSError:
+        pass
+    info["kernel"] = os.uname().release
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    info["os"] = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return info
+
+
+def port_free(port):
+    import socket
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def wait_for(pred, timeout, interval=0.1):
+    """Poll `pred` until it returns truthy or `timeout` seconds pass."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            v = pred()
+            if v:
+                return v
+        except Exception:
+            pass
+        time.sleep(interval)
+    return None
