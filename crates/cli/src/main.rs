@@ -1,0 +1,102 @@
+//! `bucketfs`: mount a bucket as a local directory.
+//!
+//! `main` parses arguments and turns every failure into one line on stderr and exit code 1.
+//! [`mount`] does the pre-flight checks, the daemonizing and the session; [`unmount`] ends one.
+
+mod checks;
+mod mount;
+mod paths;
+mod unmount;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "bucketfs", version, about = "Use a cloud bucket as a local directory")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount a bucket (or the embedded default store) on a directory.
+    Mount(MountArgs),
+    /// Unmount a bucketfs mount, waiting for its process to finish.
+    Unmount {
+        /// The mount point.
+        mountpoint: PathBuf,
+    },
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct MountArgs {
+    /// s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], file:///PATH or mem://. Without it, the
+    /// embedded default store under the user's data directory is mounted.
+    #[arg(value_name = "URL")]
+    first: String,
+    /// The directory to mount on.
+    #[arg(value_name = "MOUNTPOINT")]
+    second: Option<PathBuf>,
+    /// Endpoint for S3-compatible stores (MinIO...) or a GCS emulator. Default: the
+    /// service's own, or AWS_ENDPOINT_URL for S3.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// GCS: send no credentials (public buckets, emulators).
+    #[arg(long)]
+    anonymous: bool,
+    /// S3: the AWS profile to use.
+    #[arg(long)]
+    profile: Option<String>,
+    /// Stay attached to the terminal; SIGINT or SIGTERM unmounts.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Let other users access the mount (FUSE's allow_other). Off unless asked for.
+    #[arg(long)]
+    allow_other: bool,
+    /// Seconds that listings and attributes are trusted before asking the store again.
+    #[arg(long, default_value_t = 1.0)]
+    metadata_ttl: f64,
+    /// Largest sequential prefetch window per open file, in MiB.
+    #[arg(long, default_value_t = 8)]
+    max_prefetch_mib: u64,
+    /// FUSE dispatch threads.
+    #[arg(long, default_value_t = 4)]
+    fuse_threads: usize,
+    /// Seconds to wait for the store to answer at mount before giving up.
+    #[arg(long, default_value_t = 20)]
+    connect_timeout: u64,
+    /// Write logs here (the background process logs to a file under the runtime dir otherwise).
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+    /// More detail in the log (-v debug, -vv trace).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+impl MountArgs {
+    /// (URL, mount point): one positional argument means the embedded default store.
+    fn url_and_mountpoint(&self) -> (Option<String>, PathBuf) {
+        match &self.second {
+            Some(mp) => (Some(self.first.clone()), mp.clone()),
+            None => (None, PathBuf::from(&self.first)),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Command::Mount(args) => mount::run(args),
+        Command::Unmount { mountpoint } => unmount::run(&mountpoint),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("bucketfs: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

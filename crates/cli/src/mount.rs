@@ -1,0 +1,216 @@
+//! `bucketfs mount`: check, connect, mount, and (unless `--foreground`) daemonize.
+//!
+//! Daemonizing: the command re-executes itself with `--foreground` in a new session, its
+//! stdout a pipe. The child does every check, mounts, and then writes `ready` (or
+//! `error: ...`) on that pipe; the parent relays it and exits 0 only once the mount is
+//! ready. No fork after threads exist, so the runtime is never copied mid-flight.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use bucketfs_core::{Fs, FsConfig};
+use bucketfs_fuse::MountSpec;
+use bucketfs_store::location::{self, Location, StoreOptions};
+use bucketfs_store::{Store, StoreErrorKind};
+
+use crate::{checks, paths, MountArgs};
+
+/// Set in the child's environment: report readiness on stdout, then detach it.
+const CHILD_ENV: &str = "BUCKETFS_DAEMON_CHILD";
+
+pub fn run(args: MountArgs) -> Result<(), String> {
+    let (url, mp) = args.url_and_mountpoint();
+    checks::fuse_device()?;
+    let mp = checks::mountpoint(&mp)?;
+    let location = match &url {
+        Some(u) => Location::parse(u).map_err(|e| e.message)?,
+        None => {
+            let dir = paths::default_store();
+            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create the default store {}: {e}", dir.display()))?;
+            Location::File { path: dir }
+        }
+    };
+    if args.foreground {
+        let is_child = std::env::var_os(CHILD_ENV).is_some();
+        return serve(&args, &location, &mp, is_child);
+    }
+    spawn_daemon(&args, &mp)
+}
+
+/// Start the background process and wait until it says the mount is ready.
+fn spawn_daemon(args: &MountArgs, mp: &Path) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the bucketfs executable: {e}"))?;
+    let log = args.log_file.clone().unwrap_or_else(|| paths::log_file(mp));
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| format!("cannot open log file {}: {e}", log.display()))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(std::env::args_os().skip(1)).arg("--foreground").env(CHILD_ENV, "1");
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file);
+    // SAFETY: setsid is async-signal-safe; it detaches the child from our terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start the mount process: {e}"))?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    // The child bounds its own store checks by --connect-timeout; allow for that and more.
+    let wait = Duration::from_secs(args.connect_timeout + 30);
+    match rx.recv_timeout(wait) {
+        Ok(line) if line.trim() == "ready" => Ok(()),
+        Ok(line) if line.starts_with("error: ") => Err(line.trim_start_matches("error: ").trim().to_string()),
+        Ok(_) => {
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            Err(format!("the mount process exited before the mount was ready ({status}); see {}", log.display()))
+        }
+        Err(_) => {
+            let _ = child.kill();
+            Err(format!("the mount was not ready after {}s; see {}", wait.as_secs(), log.display()))
+        }
+    }
+}
+
+fn init_logging(args: &MountArgs) {
+    let level = match args.verbose {
+        0 => "warn,bucketfs=info,bucketfs_core=info,bucketfs_store=info,bucketfs_fuse=info",
+        1 => "info,bucketfs=debug,bucketfs_core=debug,bucketfs_store=debug,bucketfs_fuse=debug",
+        _ => "debug,bucketfs=trace,bucketfs_core=trace,bucketfs_store=trace,bucketfs_fuse=trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BUCKETFS_LOG").unwrap_or_else(|_| level.into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
+    match args.log_file.as_ref().and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok()) {
+        Some(f) => builder.with_writer(std::sync::Mutex::new(f)).init(),
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+}
+
+/// Tell the waiting parent (if any) how the mount went, then detach stdout.
+fn report(is_child: bool, result: &Result<(), String>) {
+    if !is_child {
+        return;
+    }
+    let mut out = std::io::stdout();
+    let _ = match result {
+        Ok(()) => writeln!(out, "ready"),
+        Err(e) => writeln!(out, "error: {e}"),
+    };
+    let _ = out.flush();
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: replaces fd 1 with /dev/null so the parent's pipe sees EOF.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+}
+
+/// Explain a failed store check in words a user can act on.
+fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError) -> String {
+    let url = location.to_url();
+    let endpoint = args.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).unwrap_or_default();
+    let at = if endpoint.is_empty() { String::new() } else { format!(" at {endpoint}") };
+    match e.kind {
+        StoreErrorKind::NotFound => format!("bucket {url} not found{at}: check the name or create the bucket ({})", e.message),
+        StoreErrorKind::PermissionDenied => format!(
+            "access to {url}{at} denied: check credentials (S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --profile; GCS: GOOGLE_APPLICATION_CREDENTIALS or --anonymous)"
+        ),
+        StoreErrorKind::Unavailable => format!("cannot reach the store for {url}{at}: check the endpoint and network ({})", e.message),
+        _ => format!("cannot use {url}{at}: {}", e.message),
+    }
+}
+
+fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Result<(), String> {
+    init_logging(args);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("bucketfs-io")
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let result = prepare(args, location, &rt);
+    let store = match result {
+        Ok(s) => s,
+        Err(e) => {
+            report(is_child, &Err(e.clone()));
+            return Err(e);
+        }
+    };
+    let cfg = FsConfig {
+        uid: unsafe { libc::getuid() },
+        gid: unsafe { libc::getgid() },
+        metadata_ttl: Duration::from_secs_f64(args.metadata_ttl.max(0.0)),
+        max_prefetch: args.max_prefetch_mib.max(1) * 1024 * 1024,
+        ..FsConfig::default()
+    };
+    let fs = Arc::new(Fs::new(store, cfg));
+    let spec = MountSpec { fsname: location.to_url(), allow_other: args.allow_other, threads: args.fuse_threads };
+    let mut session = match bucketfs_fuse::mount(fs, rt.handle().clone(), mp, &spec) {
+        Ok(s) => s,
+        Err(e) => {
+            let msg = format!("cannot mount on {}: {e}", mp.display());
+            report(is_child, &Err(msg.clone()));
+            return Err(msg);
+        }
+    };
+    let mut unmounter = session.unmount_callable();
+    let (done_tx, done_rx) = mpsc::channel::<&'static str>();
+    let session_done = done_tx.clone();
+    let worker = std::thread::spawn(move || {
+        let r = session.run();
+        let _ = session_done.send("session ended");
+        r
+    });
+    rt.spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = done_tx.send("signal");
+    });
+    let _ = std::fs::write(paths::pid_file(mp), std::process::id().to_string());
+    tracing::info!(store = %location.to_url(), mountpoint = %mp.display(), "mounted");
+    report(is_child, &Ok(()));
+    if done_rx.recv() == Ok("signal") {
+        tracing::info!("signal received, unmounting");
+        if let Err(e) = unmounter.unmount() {
+            tracing::warn!("unmount failed ({e}); detaching lazily");
+            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(mp).status();
+        }
+    }
+    let r = worker.join().map_err(|_| "the FUSE session panicked".to_string())?;
+    let _ = std::fs::remove_file(paths::pid_file(mp));
+    rt.shutdown_timeout(Duration::from_secs(5));
+    r.map_err(|e| format!("FUSE session error: {e}"))?;
+    tracing::info!("unmounted");
+    Ok(())
+}
+
+/// Build the store and check, within --connect-timeout, that the bucket answers.
+fn prepare(args: &MountArgs, location: &Location, rt: &tokio::runtime::Runtime) -> Result<Arc<dyn Store>, String> {
+    let opts = StoreOptions {
+        endpoint: args.endpoint.clone(),
+        anonymous: args.anonymous,
+        profile: args.profile.clone(),
+        ..StoreOptions::default()
+    };
+    let store = location::open(location, &opts).map_err(|e| explain(location, args, e))?;
+    let timeout = Duration::from_secs(args.connect_timeout.max(1));
+    rt.block_on(async { tokio::time::timeout(timeout, store.check()).await })
+        .map_err(|_| {
+            format!("the store for {} did not answer within {}s: check the endpoint and network", location.to_url(), timeout.as_secs())
+        })?
+        .map_err(|e| explain(location, args, e))?;
+    Ok(store)
+}

@@ -1,0 +1,53 @@
+//! `bucketfs unmount`: unmount, then wait for the mount's process to finish its work.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::{checks, paths};
+
+/// How long to wait for the mount process to exit after the kernel let go.
+const EXIT_WAIT: Duration = Duration::from_secs(60);
+
+pub fn run(mp: &Path) -> Result<(), String> {
+    let canonical = std::fs::canonicalize(mp).map_err(|e| format!("cannot resolve {}: {e}", mp.display()))?;
+    match checks::mounted_fstype(&canonical) {
+        Some(t) if t.starts_with("fuse") => {}
+        Some(t) => return Err(format!("{} is a {t} mount, not a bucketfs one", canonical.display())),
+        None => return Err(format!("{} is not mounted", canonical.display())),
+    }
+    let pid: Option<i32> =
+        std::fs::read_to_string(paths::pid_file(&canonical)).ok().and_then(|s| s.trim().parse().ok());
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&canonical)
+        .output()
+        .map_err(|e| format!("cannot run fusermount3 (install fuse3): {e}"))?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if why.contains("busy") {
+            return Err(format!(
+                "{} is busy: a process still uses it (find it with: fuser -vm {})",
+                canonical.display(),
+                canonical.display()
+            ));
+        }
+        return Err(format!("cannot unmount {}: {why}", canonical.display()));
+    }
+    if let Some(pid) = pid {
+        let start = Instant::now();
+        while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
+            if start.elapsed() > EXIT_WAIT {
+                return Err(format!("unmounted, but the mount process {pid} is still running after {}s", EXIT_WAIT.as_secs()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .unwrap_or(true)
+}

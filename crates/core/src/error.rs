@@ -1,0 +1,52 @@
+//! The core's errors and the single place where any bucketfs error becomes an errno.
+
+use bucketfs_store::{StoreError, StoreErrorKind};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("file name too long (over 255 bytes)")]
+    NameTooLong,
+    #[error("invalid file name")]
+    InvalidName,
+    #[error("unknown file handle")]
+    BadHandle,
+    #[error("the object changed in the bucket while open: {0}")]
+    Stale(String),
+    #[error("read-only file system")]
+    ReadOnly,
+    #[error("operation not supported")]
+    Unsupported,
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+impl FsError {
+    /// The one error-to-errno map of bucketfs. docs/SEMANTICS.md lists the same table.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::InvalidName => libc::EINVAL,
+            FsError::BadHandle => libc::EBADF,
+            FsError::Stale(_) => libc::ESTALE,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::Unsupported => libc::ENOTSUP,
+            FsError::Store(e) => match e.kind {
+                StoreErrorKind::NotFound => libc::ENOENT,
+                StoreErrorKind::PermissionDenied => libc::EACCES,
+                StoreErrorKind::Changed => libc::ESTALE,
+                StoreErrorKind::Unsupported => libc::ENOTSUP,
+                StoreErrorKind::Unavailable => libc::ETIMEDOUT,
+                StoreErrorKind::RateLimited | StoreErrorKind::Config | StoreErrorKind::Other => libc::EIO,
+            },
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Unit tests of the operations against the in-memory store.
+
+use super::*;
+use bucketfs_store::testing::MemStore;
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+
+async fn fs_with(keys: &[(&str, &[u8])]) -> (Arc<MemStore>, Fs) {
+    let store = Arc::new(MemStore::new());
+    for (k, v) in keys {
+        store.put(k, Bytes::copy_from_slice(v)).await.unwrap();
+    }
+    let fs = Fs::new(store.clone(), FsConfig::default());
+    (store, fs)
+}
+
+async fn names(fs: &Fs, ino: u64) -> Vec<String> {
+    let fh = fs.opendir(ino).await.unwrap();
+    let v = fs.readdir(fh).unwrap().iter().map(|e| e.name.clone()).collect();
+    fs.release(fh);
+    v
+}
+
+#[tokio::test]
+async fn implicit_and_marker_dirs_both_appear() {
+    let (_, fs) = fs_with(&[("a/b/c.txt", b"hi"), ("m/", b""), ("top", b"12345")]).await;
+    assert_eq!(names(&fs, ROOT_INO).await, [".", "..", "a", "m", "top"]);
+    let a = fs.lookup(ROOT_INO, "a").await.unwrap();
+    assert_eq!(a.kind, Kind::Dir);
+    let m = fs.lookup(ROOT_INO, "m").await.unwrap();
+    assert_eq!(m.kind, Kind::Dir);
+    assert_eq!(names(&fs, m.ino).await, [".", ".."]);
+    let top = fs.lookup(ROOT_INO, "top").await.unwrap();
+    assert_eq!((top.kind, top.size), (Kind::File, 5));
+}
+
+#[tokio::test]
+async fn lookup_without_listing_finds_files_dirs_and_markers() {
+    let (_, fs) = fs_with(&[("a/b/c.txt", b"hi"), ("m/", b""), ("top", b"12345")]).await;
+    assert_eq!(fs.lookup(ROOT_INO, "a").await.unwrap().kind, Kind::Dir);
+    assert_eq!(fs.lookup(ROOT_INO, "m").await.unwrap().kind, Kind::Dir);
+    assert_eq!(fs.lookup(ROOT_INO, "top").await.unwrap().kind, Kind::File);
+    assert!(matches!(fs.lookup(ROOT_INO, "nope").await, Err(FsError::NotFound)));
+}
+
+#[tokio::test]
+async fn invalid_keys_are_skipped_and_never_escape() {
+    let (_, fs) = fs_with(&[
+        ("x//y", b"1"),
+        ("../evil", b"1"),
+        ("./dot", b"1"),
+        ("a/../b", b"1"),
+        ("ok", b"1"),
+        (&format!("{}/f", "n".repeat(300)), b"1"),
+    ])
+    .await;
+    // `x/` holds only an empty-segment key, `a/` only a `..` key: they list as empty dirs.
+    assert_eq!(names(&fs, ROOT_INO).await, [".", "..", "a", "ok", "x"]);
+    let x = fs.lookup(ROOT_INO, "x").await.unwrap();
+    assert_eq!(names(&fs, x.ino).await, [".", ".."]);
+    let a = fs.lookup(ROOT_INO, "a").await.unwrap();
+    assert_eq!(names(&fs, a.ino).await, [".", ".."]);
+    assert!(matches!(fs.lookup(ROOT_INO, "..").await, Err(FsError::NotFound)));
+    assert!(matches!(fs.lookup(ROOT_INO, &"n".repeat(300)).await, Err(FsError::NameTooLong)));
+}
+
+#[tokio::test]
+async fn directory_shadows_file_of_same_name() {
+    let (_, fs) = fs_with(&[("k", b"file"), ("k/inner", b"x")]).await;
+    assert_eq!(fs.lookup(ROOT_INO, "k").await.unwrap().kind, Kind::Dir);
+    assert_eq!(names(&fs, ROOT_INO).await, [".", "..", "k"]);
+    let k = fs.lookup(ROOT_INO, "k").await.unwrap();
+    assert_eq!(k.kind, Kind::Dir);
+}
+
+#[tokio::test]
+async fn a_fresh_listing_answers_lookups_without_requests() {
+    let keys: Vec<(String, Vec<u8>)> = (0..50).map(|i| (format!("d/f{i}"), vec![1u8; i])).collect();
+    let refs: Vec<(&str, &[u8])> = keys.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    let (store, fs) = fs_with(&refs).await;
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+    names(&fs, d.ino).await;
+    let before = store.requests.load(Ordering::Relaxed);
+    for i in 0..50 {
+        assert_eq!(fs.lookup(d.ino, &format!("f{i}")).await.unwrap().size, i as u64);
+    }
+    assert!(matches!(fs.lookup(d.ino, "missing").await, Err(FsError::NotFound)));
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "listing cache must answer lookups");
+}
+
+#[tokio::test]
+async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
+    let store = Arc::new(MemStore::new());
+    store.put("f", Bytes::from_static(b"old")).await.unwrap();
+    let cfg = FsConfig { metadata_ttl: Duration::from_millis(50), ..FsConfig::default() };
+    let fs = Fs::new(store.clone(), cfg);
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    store.put("f", Bytes::from_static(b"newer")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(fs.getattr(f.ino).await.unwrap().size, 5);
+    let fh = fs.open(f.ino).await.unwrap();
+    assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"newer");
+    store.delete("f").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(matches!(fs.getattr(f.ino).await, Err(FsError::NotFound)));
+}
+
+#[tokio::test]
+async fn reads_are_exact_at_odd_offsets() {
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    let (_, fs) = fs_with(&[("f", &body)]).await;
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let fh = fs.open(f.ino).await.unwrap();
+    for (off, len) in [(0u64, 1u32), (4095, 4097), (99_999, 10), (100_000, 5), (12_345, 54_321)] {
+        let got = fs.read(fh, off, len).await.unwrap();
+        let end = (off as usize + len as usize).min(body.len());
+        assert_eq!(&got[..], &body[(off as usize).min(end)..end], "off {off} len {len}");
+    }
+    assert!(matches!(fs.read(fh + 100, 0, 1).await, Err(FsError::BadHandle)));
+}
+
+#[tokio::test]
+async fn errno_map_covers_store_errors() {
+    use bucketfs_store::{StoreError, StoreErrorKind as K};
+    let e = |k| FsError::Store(StoreError::new(k, "x")).errno();
+    assert_eq!(e(K::NotFound), libc::ENOENT);
+    assert_eq!(e(K::PermissionDenied), libc::EACCES);
+    assert_eq!(e(K::Changed), libc::ESTALE);
+    assert_eq!(e(K::Unavailable), libc::ETIMEDOUT);
+    assert_eq!(e(K::Other), libc::EIO);
+}

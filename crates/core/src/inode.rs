@@ -1,0 +1,214 @@
+//! The inode table: which inode number stands for which key, and what we last knew of it.
+//!
+//! Invariants (checked in debug builds by the tests):
+//! - The root is inode 1 with key `""`. A directory's key ends with `/`; a file's does not.
+//! - `index` maps (parent, name) to the live inode for that path; an inode replaced by a
+//!   newer one (say a file that became a directory) stays in `nodes` until the kernel forgets
+//!   it, but no longer in `index`.
+//! - `lookups` counts the kernel's references (lookup, create, readdirplus entries); a node
+//!   other than the root is dropped when it reaches zero.
+//!
+//! Locking: the table lives behind one `Mutex` in [`crate::Fs`]; every method here is
+//! synchronous and short, and no store call is made while the lock is held.
+
+use std::collections::HashMap;
+use std::time::{Instant, SystemTime};
+
+use crate::fs::Kind;
+
+pub const ROOT_INO: u64 = 1;
+
+/// What we know of one file or directory.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub ino: u64,
+    pub parent: u64,
+    pub name: String,
+    pub kind: Kind,
+    /// Full key relative to the store root; directories end with `/`, the root is `""`.
+    pub key: String,
+    pub size: u64,
+    pub mtime: SystemTime,
+    /// Object identity: a cached byte is only valid for this (key, etag).
+    pub etag: Option<String>,
+    /// When size/mtime/etag were last confirmed by the store.
+    pub validated: Instant,
+    pub lookups: u64,
+}
+
+/// One child as a listing or lookup reported it, before it has an inode.
+#[derive(Debug, Clone)]
+pub struct ChildMeta {
+    pub name: String,
+    pub kind: Kind,
+    pub size: u64,
+    pub mtime: SystemTime,
+    pub etag: Option<String>,
+}
+
+/// A directory's children as of `at`: the listing cache used by lookup and readdir.
+#[derive(Debug)]
+pub struct Listing {
+    pub at: Instant,
+    pub children: HashMap<String, ChildMeta>,
+}
+
+pub struct InodeTable {
+    nodes: HashMap<u64, Node>,
+    index: HashMap<(u64, String), u64>,
+    listings: HashMap<u64, Listing>,
+    next_ino: u64,
+}
+
+impl InodeTable {
+    pub fn new(root_mtime: SystemTime) -> Self {
+        let root = Node {
+            ino: ROOT_INO,
+            parent: ROOT_INO,
+            name: String::new(),
+            kind: Kind::Dir,
+            key: String::new(),
+            size: 0,
+            mtime: root_mtime,
+            etag: None,
+            validated: Instant::now(),
+            lookups: 1,
+        };
+        Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2 }
+    }
+
+    pub fn get(&self, ino: u64) -> Option<&Node> {
+        self.nodes.get(&ino)
+    }
+
+    pub fn get_mut(&mut self, ino: u64) -> Option<&mut Node> {
+        self.nodes.get_mut(&ino)
+    }
+
+    pub fn child(&self, parent: u64, name: &str) -> Option<&Node> {
+        self.index.get(&(parent, name.to_string())).and_then(|i| self.nodes.get(i))
+    }
+
+    /// Record `meta` as the current state of `name` in `parent` and return its inode.
+    /// Reuses the existing inode when the kind matches, otherwise allocates a new one.
+    pub fn upsert(&mut self, parent: u64, meta: &ChildMeta) -> u64 {
+        let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
+        let key_of = |m: &ChildMeta| match m.kind {
+            Kind::Dir => format!("{parent_key}{}/", m.name),
+            Kind::File => format!("{parent_key}{}", m.name),
+        };
+        if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
+            if let Some(node) = self.nodes.get_mut(&ino) {
+                if node.kind == meta.kind {
+                    node.size = meta.size;
+                    node.mtime = meta.mtime;
+                    node.etag = meta.etag.clone();
+                    node.validated = Instant::now();
+                    return ino;
+                }
+            }
+            self.index.remove(&(parent, meta.name.clone()));
+        }
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.nodes.insert(
+            ino,
+            Node {
+                ino,
+                parent,
+                name: meta.name.clone(),
+                kind: meta.kind,
+                key: key_of(meta),
+                size: meta.size,
+                mtime: meta.mtime,
+                etag: meta.etag.clone(),
+                validated: Instant::now(),
+                lookups: 0,
+            },
+        );
+        self.index.insert((parent, meta.name.clone()), ino);
+        ino
+    }
+
+    /// The kernel took another reference to `ino`.
+    pub fn remember(&mut self, ino: u64) {
+        if let Some(n) = self.nodes.get_mut(&ino) {
+            n.lookups += 1;
+        }
+    }
+
+    /// The kernel dropped `count` references; forget the node when none are left.
+    pub fn forget(&mut self, ino: u64, count: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let Some(n) = self.nodes.get_mut(&ino) else { return };
+        n.lookups = n.lookups.saturating_sub(count);
+        if n.lookups == 0 {
+            let (parent, name) = (n.parent, n.name.clone());
+            self.nodes.remove(&ino);
+            self.listings.remove(&ino);
+            if self.index.get(&(parent, name.clone())) == Some(&ino) {
+                self.index.remove(&(parent, name));
+            }
+        }
+    }
+
+    /// Forget that (parent, name) exists, e.g. after the store says it is gone.
+    pub fn unlink(&mut self, parent: u64, name: &str) {
+        self.index.remove(&(parent, name.to_string()));
+    }
+
+    pub fn listing(&self, dir: u64) -> Option<&Listing> {
+        self.listings.get(&dir)
+    }
+
+    pub fn set_listing(&mut self, dir: u64, listing: Listing) {
+        self.listings.insert(dir, listing);
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(name: &str, kind: Kind) -> ChildMeta {
+        ChildMeta { name: name.into(), kind, size: 3, mtime: SystemTime::UNIX_EPOCH, etag: None }
+    }
+
+    #[test]
+    fn upsert_reuses_inode_and_replaces_on_kind_change() {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        let a = t.upsert(ROOT_INO, &meta("a", Kind::File));
+        assert_eq!(t.upsert(ROOT_INO, &meta("a", Kind::File)), a);
+        assert_eq!(t.get(a).unwrap().key, "a");
+        let d = t.upsert(ROOT_INO, &meta("a", Kind::Dir));
+        assert_ne!(d, a);
+        assert_eq!(t.get(d).unwrap().key, "a/");
+        let f = t.upsert(d, &meta("x", Kind::File));
+        assert_eq!(t.get(f).unwrap().key, "a/x");
+    }
+
+    #[test]
+    fn forget_drops_node_at_zero() {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        let a = t.upsert(ROOT_INO, &meta("a", Kind::File));
+        t.remember(a);
+        t.remember(a);
+        t.forget(a, 1);
+        assert!(t.get(a).is_some());
+        t.forget(a, 1);
+        assert!(t.get(a).is_none());
+        assert!(t.child(ROOT_INO, "a").is_none());
+        t.forget(ROOT_INO, 5);
+        assert!(t.get(ROOT_INO).is_some());
+    }
+}

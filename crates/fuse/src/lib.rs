@@ -1,0 +1,245 @@
+//! The fuser adapter: translate a kernel request, call the core, reply. Nothing else.
+//!
+//! fuser runs several dispatch threads (`n_threads`); each request is handed to the tokio
+//! runtime as its own task and answered from there, so a slow store call never holds a
+//! FUSE thread, and no request waits behind another's network I/O.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bucketfs_core::{Attr, Fs, FsError, Kind};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+};
+use tokio::runtime::Handle;
+
+/// Largest read the kernel may send us, and its readahead: 1 MiB, fuser's upper bound
+/// for a single request, so a sequential reader needs few round trips through FUSE.
+const MAX_IO: u32 = 1024 * 1024;
+
+pub struct FuseAdapter {
+    fs: Arc<Fs>,
+    rt: Handle,
+}
+
+impl FuseAdapter {
+    pub fn new(fs: Arc<Fs>, rt: Handle) -> Self {
+        Self { fs, rt }
+    }
+
+    fn ttl(&self) -> Duration {
+        self.fs.ttl()
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+/// Core attributes to the kernel's; blocks are counted in 512-byte units.
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.mtime,
+        mtime: a.mtime,
+        ctime: a.mtime,
+        crtime: a.mtime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+    }
+}
+
+fn name_str(name: &OsStr) -> Option<String> {
+    name.to_str().map(str::to_string)
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_MAX_PAGES;
+        let have = config.capabilities();
+        let _ = config.add_capabilities(wanted & have);
+        if let Err(max) = config.set_max_readahead(MAX_IO) {
+            let _ = config.set_max_readahead(max);
+        }
+        if let Err(max) = config.set_max_write(MAX_IO) {
+            let _ = config.set_max_write(max);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(name) = name_str(name) else { return reply.error(Errno::ENOENT) };
+        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        self.rt.spawn(async move {
+            match fs.lookup(parent.0, &name).await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        self.rt.spawn(async move {
+            match fs.getattr(ino.0).await {
+                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.open(ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.opendir(ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let entries = match self.fs.readdir(fh.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let entries = match self.fs.readdir(fh.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let ttl = self.ttl();
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            let Some(attr) = self.fs.cached_attr(e.ino) else { continue };
+            if reply.add(INodeNo(e.ino), i as u64 + 1, &e.name, &ttl, &file_attr(&attr), Generation(0)) {
+                break;
+            }
+            // The kernel holds a reference to every entry except `.` and `..`.
+            if e.name != "." && e.name != ".." {
+                self.fs.remember(e.ino);
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(s.blocks, s.bfree, s.bfree, s.files, s.ffree, s.bsize, s.namelen, s.bsize);
+    }
+}
+
+/// How to mount: the options a user controls.
+pub struct MountSpec {
+    /// Shown as the source in the mount table; never contains credentials.
+    pub fsname: String,
+    pub allow_other: bool,
+    pub threads: usize,
+}
+
+pub use fuser::{Session, SessionUnmounter};
+
+/// Mount `fs` on `mountpoint`; the session is not serving until [`Session::run`].
+pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &MountSpec) -> std::io::Result<Session<FuseAdapter>> {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(spec.fsname.clone()),
+        fuser::MountOption::Subtype("bucketfs".into()),
+        fuser::MountOption::RO,
+        fuser::MountOption::NoAtime,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+        fuser::MountOption::DefaultPermissions,
+    ];
+    if spec.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(spec.threads.max(1));
+    config.clone_fd = true;
+    fuser::Session::new(FuseAdapter::new(fs, rt), mountpoint, &config)
+}

@@ -1,0 +1,20 @@
+//! The store layer: the only crate that knows OpenDAL.
+//!
+//! Everything above this crate sees the narrow [`Store`] trait: `head`, ranged `get`, a
+//! listing stream, `put`, `delete`, `copy`, plus a [`Capabilities`] value. Keys are relative
+//! to the mounted bucket prefix, never start with `/`, and directory markers end with `/`.
+//!
+//! - [`opendal_store`] implements the trait over OpenDAL's public `Operator` API.
+//! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
+//! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
+//!   throughput knobs, and a wrapper that fails the Nth call of an operation.
+
+mod error;
+pub mod location;
+pub mod opendal_store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+mod types;
+
+pub use error::{StoreError, StoreErrorKind};
+pub use types::{Capabilities, ListStream, ObjectMeta, Store};

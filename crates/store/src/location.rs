@@ -1,0 +1,197 @@
+//! Store URLs (`s3://`, `gs://`, `file://`, `mem://`) and building a [`Store`] from one.
+//!
+//! Credentials follow each ecosystem's conventions and are never part of the URL:
+//! S3 reads `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+//! `AWS_ENDPOINT_URL` and AWS profiles; GCS reads `GOOGLE_APPLICATION_CREDENTIALS`, or runs
+//! anonymously with `anonymous`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use opendal::layers::{RetryLayer, TimeoutLayer};
+use opendal::{services, Operator};
+
+use crate::opendal_store::OpendalStore;
+use crate::{Store, StoreError, StoreErrorKind};
+
+/// Where the data lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    S3 { bucket: String, prefix: String },
+    Gcs { bucket: String, prefix: String },
+    File { path: PathBuf },
+    Memory,
+}
+
+/// Options that are not part of the URL.
+#[derive(Debug, Clone, Default)]
+pub struct StoreOptions {
+    /// Custom endpoint (MinIO, an emulator, any S3-compatible store).
+    pub endpoint: Option<String>,
+    /// GCS: send no credentials (public buckets, emulators).
+    pub anonymous: bool,
+    /// S3: AWS profile name.
+    pub profile: Option<String>,
+    /// Per-request timeout; retries happen within [`StoreOptions::retries`].
+    pub request_timeout: Option<Duration>,
+    pub retries: Option<usize>,
+}
+
+const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], file:///PATH or mem://";
+
+fn config_err(msg: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, msg)
+}
+
+impl Location {
+    /// Parse a store URL, naming what is wrong and what is expected on failure.
+    pub fn parse(s: &str) -> Result<Self, StoreError> {
+        let Some((scheme, rest)) = s.split_once("://") else {
+            return Err(config_err(format!("{s:?} is not a store URL; expected {SCHEMES}")));
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "s3" | "gs" | "gcs" => {
+                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+                if bucket.is_empty() {
+                    return Err(config_err(format!("{s:?} has no bucket name; expected {SCHEMES}")));
+                }
+                if !valid_bucket(bucket) {
+                    return Err(config_err(format!(
+                        "{bucket:?} is not a valid bucket name (3-222 characters: lowercase letters, digits, '-', '_', '.')"
+                    )));
+                }
+                let prefix = normalize_prefix(prefix)
+                    .ok_or_else(|| config_err(format!("{s:?}: the prefix may not contain '.', '..' or empty segments")))?;
+                let (bucket, prefix) = (bucket.to_string(), prefix);
+                Ok(if scheme == "s3" { Location::S3 { bucket, prefix } } else { Location::Gcs { bucket, prefix } })
+            }
+            "file" => {
+                if !rest.starts_with('/') {
+                    return Err(config_err(format!("{s:?}: a file URL needs an absolute path, like file:///data/bucket")));
+                }
+                Ok(Location::File { path: PathBuf::from(rest) })
+            }
+            "mem" | "memory" => Ok(Location::Memory),
+            other => Err(config_err(format!("unknown scheme {other:?} in {s:?}; expected {SCHEMES}"))),
+        }
+    }
+
+    /// The URL again, for messages and the mount table (never contains credentials).
+    pub fn to_url(&self) -> String {
+        match self {
+            Location::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+            Location::Gcs { bucket, prefix } => format!("gs://{bucket}/{prefix}"),
+            Location::File { path } => format!("file://{}", path.display()),
+            Location::Memory => "mem://".into(),
+        }
+    }
+}
+
+fn valid_bucket(b: &str) -> bool {
+    (3..=222).contains(&b.len())
+        && b.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
+}
+
+/// `a/b` or `/a/b/` becomes `a/b/`; `` stays ``. Rejects `.`/`..`/empty inner segments.
+fn normalize_prefix(p: &str) -> Option<String> {
+    let trimmed = p.trim_matches('/');
+    if trimmed.is_empty() {
+        return Some(String::new());
+    }
+    let ok = trimmed.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+    ok.then(|| format!("{trimmed}/"))
+}
+
+/// Build the store for `loc`. Nothing is contacted yet; call [`Store::check`] for that.
+pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
+    let err = |e: opendal::Error| StoreError::from_opendal("configure", &loc.to_url(), e);
+    let env_endpoint = std::env::var("AWS_ENDPOINT_URL").ok().filter(|s| !s.is_empty());
+    let (op, prefix_dirs) = match loc {
+        Location::S3 { bucket, prefix } => {
+            let endpoint = opts.endpoint.clone().or(env_endpoint);
+            let region = std::env::var("AWS_REGION")
+                .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+                .unwrap_or_else(|_| "us-east-1".into());
+            let mut b = services::S3::default().bucket(bucket).root(&format!("/{prefix}")).region(&region);
+            if let Some(ep) = &endpoint {
+                // A custom endpoint is never EC2: skip the instance-metadata credential probe.
+                b = b.endpoint(ep).disable_ec2_metadata();
+            }
+            if let Some(p) = &opts.profile {
+                b = b.profile(p);
+            }
+            (Operator::new(b).map_err(err)?, true)
+        }
+        Location::Gcs { bucket, prefix } => {
+            let mut b = services::Gcs::default().bucket(bucket).root(&format!("/{prefix}"));
+            if let Some(ep) = &opts.endpoint {
+                b = b.endpoint(ep).disable_vm_metadata();
+            }
+            if opts.anonymous {
+                b = b.skip_signature().disable_vm_metadata().disable_config_load();
+            }
+            (Operator::new(b).map_err(err)?, true)
+        }
+        Location::File { path } => {
+            if !path.is_dir() {
+                return Err(StoreError::not_found(format!(
+                    "{} is not an existing directory; create it or pick another file:// path",
+                    path.display()
+                )));
+            }
+            let root = path.to_string_lossy();
+            (Operator::new(services::Fs::default().root(&root)).map_err(err)?, false)
+        }
+        Location::Memory => (Operator::new(services::Memory::default()).map_err(err)?, true),
+    };
+    // Transient failures (5xx, throttling, resets) retry with jittered exponential backoff;
+    // 3 retries from 200 ms keeps a dead server's failure under ~10 s per call.
+    let op = op
+        .layer(
+            TimeoutLayer::new()
+                .with_timeout(opts.request_timeout.unwrap_or(Duration::from_secs(30)))
+                .with_io_timeout(Duration::from_secs(10)),
+        )
+        .layer(
+            RetryLayer::new()
+                .with_max_times(opts.retries.unwrap_or(3))
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(4))
+                .with_jitter(),
+        );
+    Ok(Arc::new(OpendalStore::new(op, loc.to_url(), prefix_dirs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_supported_urls() {
+        assert_eq!(
+            Location::parse("s3://b-1/x/y").unwrap(),
+            Location::S3 { bucket: "b-1".into(), prefix: "x/y/".into() }
+        );
+        assert_eq!(Location::parse("gs://bkt").unwrap(), Location::Gcs { bucket: "bkt".into(), prefix: "".into() });
+        assert_eq!(Location::parse("file:///tmp/x").unwrap(), Location::File { path: "/tmp/x".into() });
+        assert_eq!(Location::parse("mem://").unwrap(), Location::Memory);
+    }
+
+    #[test]
+    fn rejects_bad_urls_with_a_reason() {
+        for (url, word) in [
+            ("foo://x", "unknown scheme"),
+            ("s3://", "no bucket"),
+            ("s3:///x", "no bucket"),
+            ("just-a-name", "not a store URL"),
+            ("s3://Bad_Bucket!", "not a valid bucket"),
+            ("s3://b-1/a/../b", "prefix"),
+            ("file://relative", "absolute path"),
+        ] {
+            let e = Location::parse(url).unwrap_err();
+            assert_eq!(e.kind, StoreErrorKind::Config, "{url}");
+            assert!(e.message.contains(word), "{url}: {}", e.message);
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! A [`Store`] wrapper that injects an error on the Nth call of a chosen operation.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::{Capabilities, ListStream, ObjectMeta, Store, StoreError, StoreErrorKind};
+
+/// Which operation a fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Head,
+    Get,
+    List,
+    Put,
+    Delete,
+    Copy,
+}
+
+pub struct FailStore {
+    inner: Arc<dyn Store>,
+    op: Op,
+    /// Calls of `op` numbered from 1; calls `fail_from..fail_from+fail_count` fail.
+    fail_from: u64,
+    fail_count: u64,
+    kind: StoreErrorKind,
+    calls: AtomicU64,
+}
+
+impl FailStore {
+    /// Fail calls `n..n+count` (1-based) of `op` with an error of `kind`.
+    pub fn new(inner: Arc<dyn Store>, op: Op, n: u64, count: u64, kind: StoreErrorKind) -> Self {
+        Self { inner, op, fail_from: n, fail_count: count, kind, calls: AtomicU64::new(0) }
+    }
+
+    fn gate(&self, op: Op) -> Result<(), StoreError> {
+        if op != self.op {
+            return Ok(());
+        }
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n >= self.fail_from && n < self.fail_from + self.fail_count {
+            return Err(StoreError::new(self.kind, format!("injected failure on {op:?} call {n}")));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for FailStore {
+    fn describe(&self) -> String {
+        format!("fail({})", self.inner.describe())
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn check(&self) -> Result<(), StoreError> {
+        self.inner.check().await
+    }
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        self.gate(Op::Head)?;
+        self.inner.head(key).await
+    }
+    async fn get_range(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<Bytes, StoreError> {
+        self.gate(Op::Get)?;
+        self.inner.get_range(key, r, m).await
+    }
+    fn list(&self, prefix: &str, recursive: bool) -> ListStream {
+        match self.gate(Op::List) {
+            Ok(()) => self.inner.list(prefix, recursive),
+            Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
+        }
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
+        self.gate(Op::Put)?;
+        self.inner.put(key, data).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.gate(Op::Delete)?;
+        self.inner.delete(key).await
+    }
+    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.gate(Op::Copy)?;
+        self.inner.copy(from, to).await
+    }
+}

@@ -1,0 +1,80 @@
+//! The narrow trait the rest of bucketfs sees, and its value types.
+
+use std::ops::Range;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+use crate::StoreError;
+
+/// One object (or directory prefix) as the store reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// Key relative to the store root. Prefixes (directories) end with `/`.
+    pub key: String,
+    pub size: u64,
+    /// ETag (S3) or generation-derived ETag (GCS); `None` where the store has none (fs, memory).
+    pub etag: Option<String>,
+    pub mtime: Option<SystemTime>,
+}
+
+impl ObjectMeta {
+    pub fn is_prefix(&self) -> bool {
+        self.key.ends_with('/')
+    }
+}
+
+/// What a store can do; the core adapts instead of failing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// `get_range` honours `if_match` (so a changed object is detected mid-read).
+    pub read_if_match: bool,
+    /// Server-side copy exists.
+    pub copy: bool,
+    /// Directories exist only as key prefixes (object stores), not as real entries (fs).
+    pub prefix_dirs: bool,
+}
+
+/// Listing results, streamed page by page underneath so a huge directory is never one buffer.
+pub type ListStream = BoxStream<'static, Result<ObjectMeta, StoreError>>;
+
+/// The operations bucketfs needs from an object store. Implementations must be cheap to
+/// share (`Arc<dyn Store>`) and safe to call concurrently.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A short description for logs and errors, never containing credentials.
+    fn describe(&self) -> String;
+
+    fn capabilities(&self) -> Capabilities;
+
+    /// Verify the bucket exists and the credentials work (one cheap request).
+    async fn check(&self) -> Result<(), StoreError>;
+
+    /// Metadata of one object. `NotFound` if absent.
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
+
+    /// Bytes `range` of `key`. The range is clamped to the object by the caller; a range
+    /// past the end yields fewer bytes. With `if_match`, a changed object gives `Changed`.
+    async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<Bytes, StoreError>;
+
+    /// Entries under `prefix` (which is empty or ends with `/`). Non-recursive: direct
+    /// children, with sub-prefixes reported once each as keys ending in `/`. The prefix
+    /// itself (a directory marker) is not reported.
+    fn list(&self, prefix: &str, recursive: bool) -> ListStream;
+
+    /// Store `data` as `key`, replacing any existing object.
+    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError>;
+
+    /// Delete `key`; deleting a missing key succeeds.
+    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Server-side copy.
+    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError>;
+}

@@ -1,0 +1,127 @@
+//! One conformance suite, run against every store: the in-memory double, OpenDAL's memory
+//! and fs services, MinIO (`BUCKETFS_TEST_S3_ENDPOINT`) and the GCS emulator
+//! (`BUCKETFS_TEST_GCS_ENDPOINT`). Under CI the real servers are required, not skipped.
+
+use std::sync::Arc;
+
+use bucketfs_store::location::{self, Location, StoreOptions};
+use bucketfs_store::testing::MemStore;
+use bucketfs_store::{Store, StoreErrorKind};
+use bytes::Bytes;
+use futures::TryStreamExt;
+
+async fn keys(store: &dyn Store, prefix: &str, recursive: bool) -> Vec<String> {
+    let mut v: Vec<String> =
+        store.list(prefix, recursive).map_ok(|m| m.key).try_collect().await.expect("list");
+    v.sort();
+    v
+}
+
+/// The contract every store must keep.
+async fn conformance(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    s.check().await.expect("check");
+    let body: Bytes = (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>().into();
+    let m = s.put("dir/sub/file.bin", body.clone()).await.expect("put");
+    assert_eq!(m.size, body.len() as u64);
+    s.put("dir/a.txt", Bytes::from_static(b"hello")).await.unwrap();
+    s.put("top.txt", Bytes::new()).await.unwrap();
+
+    // head: size, etag (object stores), mtime.
+    let h = s.head("dir/sub/file.bin").await.unwrap();
+    assert_eq!(h.size, body.len() as u64);
+    // mtime is optional (OpenDAL's memory service has none); where given it must be recent.
+    if let Some(t) = h.mtime {
+        let age = std::time::SystemTime::now().duration_since(t).unwrap_or_default();
+        assert!(age.as_secs() < 3600, "{}: mtime {t:?} is not the upload time", s.describe());
+    }
+    assert_eq!(s.head("nope").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    assert_eq!(s.head("top.txt").await.unwrap().size, 0);
+
+    // Ranged reads: exact bytes, odd offsets, clamped at the end.
+    for (a, b) in [(0u64, 1u64), (1, 4097), (299_990, 300_000), (123_457, 200_001)] {
+        let got = s.get_range("dir/sub/file.bin", a..b, h.etag.as_deref()).await.unwrap();
+        assert_eq!(got, body.slice(a as usize..b as usize), "{}: range {a}..{b}", s.describe());
+    }
+    let last = s.get_range("dir/sub/file.bin", 299_999..300_000, None).await.unwrap();
+    assert_eq!(last, body.slice(299_999..));
+
+    // Listing: direct children with sub-prefixes once; recursive: every object.
+    assert_eq!(keys(s, "dir/", false).await, ["dir/a.txt", "dir/sub/"]);
+    assert_eq!(keys(s, "", false).await, ["dir/", "top.txt"]);
+    let all = keys(s, "", true).await;
+    for k in ["dir/a.txt", "dir/sub/file.bin", "top.txt"] {
+        assert!(all.contains(&k.to_string()), "{}: recursive list misses {k}: {all:?}", s.describe());
+    }
+    let listed: Vec<_> = s.list("dir/", false).try_collect().await.unwrap();
+    let a = listed.iter().find(|m| m.key == "dir/a.txt").unwrap();
+    assert_eq!(a.size, 5, "{}: listing carries sizes", s.describe());
+
+    // An overwrite changes the identity, and If-Match notices.
+    if s.capabilities().read_if_match && h.etag.is_some() {
+        s.put("dir/sub/file.bin", Bytes::from_static(b"changed")).await.unwrap();
+        let e = s.get_range("dir/sub/file.bin", 0..3, h.etag.as_deref()).await.unwrap_err();
+        assert_eq!(e.kind, StoreErrorKind::Changed, "{}: {e}", s.describe());
+    }
+
+    // Copy and delete.
+    s.copy("dir/a.txt", "dir/b.txt").await.unwrap();
+    assert_eq!(&s.get_range("dir/b.txt", 0..5, None).await.unwrap()[..], b"hello");
+    for k in ["dir/a.txt", "dir/b.txt", "dir/sub/file.bin", "top.txt"] {
+        s.delete(k).await.unwrap();
+    }
+    s.delete("never-existed").await.expect("deleting a missing key succeeds");
+    assert_eq!(s.head("dir/a.txt").await.unwrap_err().kind, StoreErrorKind::NotFound);
+}
+
+fn required(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ if std::env::var_os("CI").is_some() => panic!("{var} must be set under CI (scripts/test sets it)"),
+        _ => {
+            eprintln!("skipping: {var} is not set (scripts/test sets it)");
+            None
+        }
+    }
+}
+
+fn unique(name: &str) -> String {
+    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("conf-{name}-{n}")
+}
+
+#[tokio::test]
+async fn memstore_double() {
+    conformance(Arc::new(MemStore::new())).await;
+}
+
+#[tokio::test]
+async fn opendal_memory() {
+    conformance(location::open(&Location::Memory, &StoreOptions::default()).unwrap()).await;
+}
+
+#[tokio::test]
+async fn opendal_fs() {
+    let dir = std::env::temp_dir().join(unique("fs"));
+    std::fs::create_dir_all(&dir).unwrap();
+    conformance(location::open(&Location::File { path: dir.clone() }, &StoreOptions::default()).unwrap()).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn minio() {
+    let Some(endpoint) = required("BUCKETFS_TEST_S3_ENDPOINT") else { return };
+    let bucket = std::env::var("BUCKETFS_TEST_S3_BUCKET").unwrap_or_else(|_| "conformance".into());
+    let opts = StoreOptions { endpoint: Some(endpoint), ..StoreOptions::default() };
+    let loc = Location::S3 { bucket, prefix: format!("{}/", unique("s3")) };
+    conformance(location::open(&loc, &opts).unwrap()).await;
+}
+
+#[tokio::test]
+async fn gcs_emulator() {
+    let Some(endpoint) = required("BUCKETFS_TEST_GCS_ENDPOINT") else { return };
+    let bucket = std::env::var("BUCKETFS_TEST_GCS_BUCKET").unwrap_or_else(|_| "conformance".into());
+    let opts = StoreOptions { endpoint: Some(endpoint), anonymous: true, ..StoreOptions::default() };
+    let loc = Location::Gcs { bucket, prefix: format!("{}/", unique("gcs")) };
+    conformance(location::open(&loc, &opts).unwrap()).await;
+}
