@@ -196,7 +196,13 @@ def daemon_pids(mp: str) -> list[int]:
                 state = f.read().rsplit(b")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if cmd and os.path.basename(cmd[0]) == b"bucketfs" and mpb in cmd and state != b"Z":
+        if not cmd or mpb not in cmd or state == b"Z":
+            continue
+        try:
+            exe = os.readlink(f"/proc/{d}/exe").removesuffix(" (deleted)")
+        except OSError:
+            exe = ""
+        if os.path.basename(cmd[0]).startswith(b"bucketfs") or exe == os.path.realpath(BIN):
             pids.append(int(d))
     return pids
 

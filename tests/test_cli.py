@@ -19,16 +19,27 @@ from conftest import (BIN, CLI_TIMEOUT, Bucket, bucketfs_env, daemon_pids, force
 
 
 def assert_cli_error(p, words, mp=None):
+    """Non-zero exit, exactly one line on stderr, and that line names the problem with one of
+    `words` -- looked for with the command's own arguments (URLs, paths) cut out, so a bucket
+    called "no-such-bucket" does not count as the message saying "bucket"."""
     lines = [l for l in p.err.splitlines() if l.strip()]
     print(f"exit {p.returncode} after {p.elapsed:.1f}s, stderr: {p.err.strip()!r}")
     assert p.returncode != 0, f"expected failure, got exit 0 (stderr {p.err!r})"
     assert len(lines) == 1, f"expected a one-line error on stderr, got {len(lines)} lines: {p.err!r}"
     low = lines[0].lower()
+    for a in sorted(p.args[2:], key=len, reverse=True):   # skip the binary and the subcommand
+        a = os.fsdecode(a).lower()
+        for part in (a.rstrip("/"), a.split("://", 1)[-1].split("/")[0] if "://" in a else ""):
+            if len(part) > 3:
+                low = low.replace(part, " ")
+    if len(lines[0]) > 300:
+        print(f"note: error line is {len(lines[0])} characters long")
     assert any(w in low for w in words), f"error {lines[0]!r} mentions none of {words}"
     assert p.elapsed < CLI_TIMEOUT
     if mp is not None:
         assert not is_mounted(mp), "a failed mount left something mounted"
-        assert daemon_pids(mp) == [], "a failed mount left a daemon running"
+        # the background child may still be exiting for a moment after the parent reported
+        assert wait_until(lambda: not daemon_pids(mp), 5), f"a failed mount left a daemon running: {daemon_pids(mp)}"
 
 
 @pytest.fixture
@@ -40,7 +51,7 @@ def mp():
 
 def test_error_unknown_scheme(mp):
     require_bin()
-    assert_cli_error(run_cli(["mount", "foo://x", mp]), ["scheme", "foo", "unsupported", "unknown"], mp)
+    assert_cli_error(run_cli(["mount", "foo://x", mp]), ["scheme", "unsupported"], mp)
 
 
 def test_error_malformed_url(mp):
@@ -51,13 +62,13 @@ def test_error_malformed_url(mp):
 def test_error_missing_bucket(mp):
     require_store("s3")
     p = run_cli(["mount", "s3://no-such-bucket-xyz", mp] + seed.mount_extra_args("s3"))
-    assert_cli_error(p, ["bucket", "not found", "nosuchbucket", "no such", "exist"], mp)
+    assert_cli_error(p, ["not found", "nosuchbucket", "no such", "exist"], mp)
 
 
 def test_error_missing_gcs_bucket(mp):
     require_store("gcs")
     p = run_cli(["mount", "gs://no-such-bucket-xyz", mp] + seed.mount_extra_args("gcs"))
-    assert_cli_error(p, ["bucket", "not found", "no such", "exist"], mp)
+    assert_cli_error(p, ["not found", "no such", "exist"], mp)
 
 
 def test_error_wrong_credentials(mp, s3_bucket):
@@ -68,18 +79,29 @@ def test_error_wrong_credentials(mp, s3_bucket):
                          "secret", "permission"], mp)
 
 
+def test_error_no_credentials(mp, s3_bucket, tmp_path):
+    """No AWS credentials anywhere: the error says so, and does not blame the network."""
+    env = bucketfs_env(AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None, AWS_SESSION_TOKEN=None,
+                       AWS_PROFILE=None, HOME=str(tmp_path),
+                       AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+                       AWS_CONFIG_FILE=str(tmp_path / "none"))
+    p = run_cli(["mount"] + s3_bucket.args()[:1] + [mp] + s3_bucket.args()[1:], env=env)
+    assert_cli_error(p, ["credential"], mp)
+    low = p.err.lower()
+    assert "cannot reach" not in low and "network" not in low, \
+        f"missing credentials reported as a connectivity problem: {p.err.strip()!r}"
+
+
 def test_error_unreachable_endpoint(mp):
     require_bin()
     p = run_cli(["mount", "s3://some-bucket", mp, "--endpoint", "http://127.0.0.1:1"])
-    assert_cli_error(p, ["connect", "unreachable", "refused", "endpoint", "timed out", "timeout",
-                         "network"], mp)
+    assert_cli_error(p, ["connect", "reach", "refused", "endpoint", "timed out", "timeout", "network"], mp)
 
 
 def test_error_unreachable_endpoint_gcs(mp):
     require_bin()
     p = run_cli(["mount", "gs://some-bucket", mp, "--endpoint", "http://127.0.0.1:1", "--anonymous"])
-    assert_cli_error(p, ["connect", "unreachable", "refused", "endpoint", "timed out", "timeout",
-                         "network"], mp)
+    assert_cli_error(p, ["connect", "reach", "refused", "endpoint", "timed out", "timeout", "network"], mp)
 
 
 def test_error_mountpoint_missing():

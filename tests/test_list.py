@@ -237,3 +237,25 @@ def test_weird_keys_never_escape_or_collide(bucket):
                 os.stat(os.path.join(mp, "long", "L" * 300))
             assert ei.value.errno == errno.ENAMETOOLONG, f"lookup of a 300-byte name: {ei.value}"
         assert os.path.realpath(os.path.join(mp, "..")) == os.path.dirname(real_mp)
+
+
+def test_other_clients_changes_become_visible(bucket):
+    """docs/SEMANTICS.md: listings and attributes are trusted for --metadata-ttl (default 1 s)."""
+    from conftest import wait_until
+    bucket.put_all({"old.txt": b"old", "grow.txt": b"12"})
+    with bucket.mounted() as mp:
+        assert sorted(os.listdir(mp)) == ["grow.txt", "old.txt"]
+        assert os.stat(os.path.join(mp, "grow.txt")).st_size == 2
+        bucket.put("new.txt", b"new!")
+        bucket.put("grow.txt", b"123456")
+        seed.delete(bucket.store, bucket.name, "old.txt")
+        assert wait_until(lambda: sorted(os.listdir(mp)) == ["grow.txt", "new.txt"], 10, 0.25), \
+            f"listing after changes by another client: {sorted(os.listdir(mp))}"
+        assert wait_until(lambda: os.stat(os.path.join(mp, "grow.txt")).st_size == 6, 10, 0.25)
+        with open(os.path.join(mp, "grow.txt"), "rb") as f:
+            assert f.read() == b"123456"
+        with open(os.path.join(mp, "new.txt"), "rb") as f:
+            assert f.read() == b"new!"
+        # the kernel may keep a dentry for up to the TTL after the listing changed
+        assert wait_until(lambda: not os.path.exists(os.path.join(mp, "old.txt")), 10, 0.25), \
+            "a deleted object stays reachable by name"
