@@ -53,6 +53,9 @@ pub struct MountArgs {
     /// Stay attached to the terminal; SIGINT or SIGTERM unmounts.
     #[arg(short, long)]
     foreground: bool,
+    /// Mount read-only: writes fail with EROFS.
+    #[arg(long)]
+    read_only: bool,
     /// Let other users access the mount (FUSE's allow_other). Off unless asked for.
     #[arg(long)]
     allow_other: bool,

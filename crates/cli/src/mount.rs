@@ -72,7 +72,11 @@ fn spawn_daemon(args: &MountArgs, mp: &Path) -> Result<(), String> {
     let wait = Duration::from_secs(args.connect_timeout + 30);
     match rx.recv_timeout(wait) {
         Ok(line) if line.trim() == "ready" => Ok(()),
-        Ok(line) if line.starts_with("error: ") => Err(line.trim_start_matches("error: ").trim().to_string()),
+        Ok(line) if line.starts_with("error: ") => {
+            // The child exits right after reporting; reap it so nothing outlives the command.
+            let _ = child.wait();
+            Err(line.trim_start_matches("error: ").trim().to_string())
+        }
         Ok(_) => {
             let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
             Err(format!("the mount process exited before the mount was ready ({status}); see {}", log.display()))
@@ -122,7 +126,10 @@ fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError)
     let endpoint = args.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).unwrap_or_default();
     let at = if endpoint.is_empty() { String::new() } else { format!(" at {endpoint}") };
     match e.kind {
-        StoreErrorKind::NotFound => format!("bucket {url} not found{at}: check the name or create the bucket ({})", e.message),
+        StoreErrorKind::NotFound => format!("bucket {url} not found{at}: check the name or create the bucket"),
+        StoreErrorKind::PermissionDenied if e.message.contains("credential") => format!(
+            "no credentials found for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE / --profile) for S3, GOOGLE_APPLICATION_CREDENTIALS or --anonymous for GCS"
+        ),
         StoreErrorKind::PermissionDenied => format!(
             "access to {url}{at} denied: check credentials (S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --profile; GCS: GOOGLE_APPLICATION_CREDENTIALS or --anonymous)"
         ),
@@ -154,7 +161,12 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         ..FsConfig::default()
     };
     let fs = Arc::new(Fs::new(store, cfg));
-    let spec = MountSpec { fsname: location.to_url(), allow_other: args.allow_other, threads: args.fuse_threads };
+    let spec = MountSpec {
+        fsname: location.to_url(),
+        allow_other: args.allow_other,
+        threads: args.fuse_threads,
+        read_only: args.read_only,
+    };
     let mut session = match bucketfs_fuse::mount(fs, rt.handle().clone(), mp, &spec) {
         Ok(s) => s,
         Err(e) => {

@@ -220,6 +220,8 @@ pub struct MountSpec {
     pub fsname: String,
     pub allow_other: bool,
     pub threads: usize,
+    /// Writes fail with EROFS. (Until the write path lands, every mount is read-only.)
+    pub read_only: bool,
 }
 
 pub use fuser::{Session, SessionUnmounter};

@@ -42,7 +42,10 @@ impl StoreError {
     /// Translate an OpenDAL error for operation `op` on `key`.
     pub(crate) fn from_opendal(op: &str, key: &str, e: opendal::Error) -> Self {
         use opendal::ErrorKind as K;
+        let full = format!("{e:?}");
         let kind = match e.kind() {
+            _ if full.contains("NoSuchBucket") => StoreErrorKind::NotFound,
+            _ if full.contains("failed to load signing credential") => StoreErrorKind::PermissionDenied,
             K::NotFound => StoreErrorKind::NotFound,
             K::PermissionDenied => StoreErrorKind::PermissionDenied,
             K::ConditionNotMatch => StoreErrorKind::Changed,
@@ -52,7 +55,7 @@ impl StoreError {
             _ if is_unreachable(&e) => StoreErrorKind::Unavailable,
             _ => StoreErrorKind::Other,
         };
-        Self::new(kind, format!("{op} {key:?}: {}", one_line(&e)))
+        Self::new(kind, format!("{op} {key:?}: {}", summary(&e, &full)))
     }
 }
 
@@ -65,10 +68,30 @@ fn is_unreachable(e: &opendal::Error) -> bool {
         .any(|p| text.contains(p))
 }
 
-/// OpenDAL's Display spans several lines with context; a user wants one.
-fn one_line(e: &opendal::Error) -> String {
-    let s = e.to_string();
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+/// OpenDAL's Display carries the whole HTTP response; a user wants one short line: the
+/// error kind, plus the server's own code and message (S3 `code`/`message`, GCS `message`)
+/// or, for transport errors, the innermost cause.
+fn summary(e: &opendal::Error, full: &str) -> String {
+    let quoted = |field: &str| {
+        let start = full.find(&format!("{field}: \""))? + field.len() + 3;
+        let end = full[start..].find('"')? + start;
+        Some(full[start..end].to_string())
+    };
+    let detail = match (quoted("code"), quoted("message")) {
+        (Some(c), Some(m)) => format!("{c}: {m}"),
+        (None, Some(m)) => m,
+        _ => e.to_string().rsplit("=> ").next().unwrap_or_default().to_string(),
+    };
+    let mut line: String = format!("{} ({})", e.kind(), detail.split_whitespace().collect::<Vec<_>>().join(" "));
+    if line.len() > 240 {
+        let mut cut = 240;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
 }
 
 impl fmt::Display for StoreError {

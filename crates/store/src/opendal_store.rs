@@ -16,26 +16,31 @@ use crate::{Capabilities, ListStream, ObjectMeta, Store, StoreError};
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
 
+#[derive(Clone)]
 pub struct OpendalStore {
     op: Operator,
     description: String,
     prefix_dirs: bool,
+    /// GCS: identity is the object generation, checked with `x-goog-if-generation-match`;
+    /// elsewhere it is the ETag, checked with `If-Match`.
+    generation_identity: bool,
 }
 
 impl OpendalStore {
     /// `description` is shown in logs and errors; it must not contain credentials.
     pub fn new(op: Operator, description: String, prefix_dirs: bool) -> Self {
-        Self { op, description, prefix_dirs }
+        let generation_identity = op.info().scheme() == "gcs";
+        Self { op, description, prefix_dirs, generation_identity }
     }
-}
 
-fn meta(key: &str, m: &Metadata) -> ObjectMeta {
-    ObjectMeta {
-        key: key.to_string(),
-        size: if m.is_dir() { 0 } else { m.content_length() },
-        // GCS reports a generation as `version`; its etag changes with it too. Prefer etag.
-        etag: m.etag().map(str::to_string).or_else(|| m.version().map(str::to_string)),
-        mtime: m.last_modified().map(Into::into),
+    fn meta(&self, key: &str, m: &Metadata) -> ObjectMeta {
+        let etag = if self.generation_identity { m.version().or(m.etag()) } else { m.etag().or(m.version()) };
+        ObjectMeta {
+            key: key.to_string(),
+            size: if m.is_dir() { 0 } else { m.content_length() },
+            etag: etag.map(str::to_string),
+            mtime: m.last_modified().map(Into::into),
+        }
     }
 }
 
@@ -85,9 +90,9 @@ impl Store for OpendalStore {
             .map_err(|e| StoreError::from_opendal("head", key, e))?;
         // A real directory (local fs) reports as a prefix, like a marker object would.
         if m.is_dir() && !key.ends_with('/') && !key.is_empty() {
-            return Ok(meta(&format!("{key}/"), &m));
+            return Ok(self.meta(&format!("{key}/"), &m));
         }
-        Ok(meta(key, &m))
+        Ok(self.meta(key, &m))
     }
 
     async fn get_range(
@@ -100,8 +105,10 @@ impl Store for OpendalStore {
             return Ok(Bytes::new());
         }
         let mut req = self.op.read_with(key).range(range);
-        if let Some(tag) = if_match.filter(|_| self.capabilities().read_if_match) {
-            req = req.if_match(tag);
+        match if_match {
+            Some(tag) if self.generation_identity => req = req.if_version_match(tag),
+            Some(tag) if self.capabilities().read_if_match => req = req.if_match(tag),
+            _ => {}
         }
         let buf = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;
         Ok(buf.to_bytes())
@@ -110,6 +117,7 @@ impl Store for OpendalStore {
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
         let op = self.op.clone();
         let prefix = prefix.to_string();
+        let this = self.clone();
         let stream = async move {
             let lister = op
                 .lister_with(od_path(&prefix))
@@ -124,7 +132,7 @@ impl Store for OpendalStore {
                     .try_filter_map(move |entry| {
                         let key = entry.path().trim_start_matches('/').to_string();
                         let keep = key != prefix && !key.is_empty();
-                        let m = meta(&key, entry.metadata());
+                        let m = this.meta(&key, entry.metadata());
                         async move { Ok(keep.then_some(m)) }
                     }),
             )
@@ -138,7 +146,7 @@ impl Store for OpendalStore {
             .write(key, data)
             .await
             .map_err(|e| StoreError::from_opendal("put", key, e))?;
-        let mut out = meta(key, &m);
+        let mut out = self.meta(key, &m);
         if out.etag.is_none() || out.mtime.is_none() {
             // Not every service returns metadata from a write; ask once.
             out = self.head(key).await?;
