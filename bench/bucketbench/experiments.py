@@ -296,11 +296,13 @@ class DevWorkload(Experiment):
                     try:
                         mkdir(system, d)
                         dest = os.path.join(d, "src")
-                        t_clone = timed(["git", "clone", "-q", "--no-hardlinks", repo, dest],
+                        # file:// makes git use its pack protocol, as a remote clone does
+                        t_clone = timed(["git", "clone", "-q", "file://" + repo, dest],
                                         ctx.timeout(600))
                     except CmdError as e:
                         return write_failed(system, e, runs.keys())
-                    t_make = timed(["make", "-j2"], ctx.timeout(900), cwd=dest)
+                    t_make = timed(["make", "-j2"] + ctx.dev_make_targets, ctx.timeout(900),
+                                   cwd=dest)
                     rc, out, err, t_stat = run(
                         "find %s -printf '%%s\\n' | wc -l" % shlex.quote(dest),
                         ctx.timeout(300), shell=True)

@@ -80,7 +80,8 @@ def ratio_cells(metric, results, systems):
 
 
 def short_label(label):
-    return re.sub(r"\s*\([^)]*\)\s*$", "", label)
+    label = re.sub(r"\s*\([^)]*\)\s*$", "", label)
+    return re.sub(r": (bw|iops|lat_mean|lat_p99)$", "", label)
 
 
 def chart(path, exp, systems):
@@ -201,8 +202,11 @@ def write_report(json_path, bench_dir):
     L += ["## Systems", "", "| system | backend | version | status |", "|---|---|---|---|"]
     for s, e in doc["systems"].items():
         status = e["status"]
-        if e.get("errors"):
+        if e.get("errors") and status == "failed":
             status += ": " + e["errors"][0].replace("|", "\\|").replace("\n", " ")[:300]
+        elif e.get("errors"):
+            status += "; failed in experiment(s) %s (details under each)" % ", ".join(
+                sorted({x.split(":")[0].replace("exp ", "") for x in e["errors"]}))
         L.append("| %s | %s | %s | %s |" % (s, e.get("backend"), e.get("version") or "–", status))
     L += ["", "Peers for the ratio column are every system except native disk (the floor) and "
           "bucketfs. For times a ratio above 1 means bucketfs is slower; for MB/s and IOPS a "
@@ -212,8 +216,9 @@ def write_report(json_path, bench_dir):
         exp = doc["experiments"][eid]
         exp["id"] = eid
         L += ["## Experiment %s: %s" % (eid, exp["title"]), ""]
-        ns = sorted({r.get("n") for res in exp["results"].values() for r in res.values()
-                     if numeric(r) and r.get("n")})
+        counted = {m["key"] for m in exp["metrics"] if m["unit"] != "count"}
+        ns = sorted({r.get("n") for res in exp["results"].values() for k, r in res.items()
+                     if k in counted and numeric(r) and r.get("n")})
         if ns:
             runs = str(ns[0]) if len(ns) == 1 else "%d–%d" % (ns[0], ns[-1])
             L += ["Runs per system: %s." % runs, ""]

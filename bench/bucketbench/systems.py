@@ -245,7 +245,8 @@ class Bucketfs(FuseSystem):
             rev = run(["git", "-C", self.ctx.repo, "rev-parse", "--short", "HEAD"], 10)[1].strip()
         except (CmdError, OSError):
             pass
-        return (out or "bucketfs") + (" (git %s)" % rev if rev else "")
+        built = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(self.binary)))
+        return (out or "bucketfs") + (" (repo at git %s, binary built %s)" % (rev, built))
 
     def command(self):
         if self.scheme == "s3":
@@ -297,10 +298,7 @@ class Rclone(FuseSystem):
         return None if go_binary("rclone") else "rclone not installed"
 
     def version(self):
-        try:
-            return run([go_binary("rclone"), "version"], 20)[1].splitlines()[0].strip()
-        except (CmdError, OSError, IndexError):
-            return None
+        return go_version_string("rclone")
 
     def prepare_fresh(self):
         shutil.rmtree(self.cache_dir, ignore_errors=True)
@@ -326,16 +324,17 @@ class Gcsfuse(FuseSystem):
         return None if go_binary("gcsfuse") else "gcsfuse not installed"
 
     def version(self):
-        try:
-            out = run([go_binary("gcsfuse"), "--version"], 20, check=False)[1]
-            return out.splitlines()[0].strip()
-        except (CmdError, OSError, IndexError):
-            return None
+        return go_version_string("gcsfuse")
 
     def command(self):
         return [go_binary("gcsfuse"), "--foreground",
                 "--custom-endpoint", S.GCS_ENDPOINT + "/storage/v1/",
                 "--anonymous-access", "--implicit-dirs", S.BUCKET, self.mp]
+
+
+def go_version_string(binary):
+    """Module path and version the Go binary was built from."""
+    return S.go_module_version(binary)
 
 
 def make_system(ctx, name):

@@ -7,6 +7,7 @@ processes this suite started (never anything found by name).
 """
 
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -70,7 +71,7 @@ def run(cmd, timeout, cwd=None, env=None, check=True, shell=False, input=None):
         raise CmdError("timeout after %ss: %s" % (timeout, _short(cmd)))
     dt = time.monotonic() - t0
     if check and proc.returncode != 0:
-        raise CmdError("exit %s: %s: %s" % (proc.returncode, _short(cmd), tail(err or out)),
+        raise CmdError("exit %s: %s: %s" % (proc.returncode, _short(cmd), gist(err or out)),
                        proc.returncode, out, err)
     return proc.returncode, out, err, dt
 
@@ -83,6 +84,18 @@ def timed(cmd, timeout, **kw):
 def _short(cmd):
     s = cmd if isinstance(cmd, str) else " ".join(str(c) for c in cmd)
     return s if len(s) < 160 else s[:157] + "..."
+
+
+IMPORTANT = re.compile(r"error|fatal|denied|not permitted|no such|read-only|input/output|"
+                       r"not supported|failed|timeout|illegal", re.I)
+
+
+def gist(text, n=400):
+    """The telling part of a failed command's output: its last lines that look
+    like errors (compiler notes and code excerpts are dropped)."""
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    hits = [ln for ln in lines if IMPORTANT.search(ln)]
+    return tail(" / ".join((hits or lines)[-3:]), n)
 
 
 def tail(text, n=400):
