@@ -62,10 +62,19 @@ impl StoreError {
 /// OpenDAL reports transport failures (refused, reset, timeout) as `Unexpected` with a
 /// source chain; we look for the usual phrases so the user gets "unreachable", not noise.
 fn is_unreachable(e: &opendal::Error) -> bool {
-    let text = format!("{e:?}").to_lowercase();
-    ["error sending request", "connection refused", "timed out", "timeout", "dns error", "connect error"]
-        .iter()
-        .any(|p| text.contains(p))
+    // Only the cause chain: the context of an OpenDAL error names layers and URLs that
+    // would match these phrases by accident.
+    let mut causes = Vec::new();
+    let mut src = std::error::Error::source(e);
+    while let Some(c) = src {
+        causes.push(c.to_string().to_lowercase());
+        src = c.source();
+    }
+    let text = causes.join(" ");
+    e.kind() == opendal::ErrorKind::Unexpected && e.to_string().contains("timeout")
+        || ["error sending request", "connection refused", "timed out", "dns error", "connect error", "connection reset"]
+            .iter()
+            .any(|p| text.contains(p))
 }
 
 /// OpenDAL's Display carries the whole HTTP response; a user wants one short line: the

@@ -1,7 +1,8 @@
 //! The store layer: the only crate that knows OpenDAL.
 //!
 //! Everything above this crate sees the narrow [`Store`] trait: `head`, ranged `get`, a
-//! listing stream, `put`, `delete`, `copy`, plus a [`Capabilities`] value. Keys are relative
+//! listing stream, `put`, a streaming multipart `writer`, `delete`, `copy`, `create_dir`,
+//! plus a [`Capabilities`] value. Keys are relative
 //! to the mounted bucket prefix, never start with `/`, and directory markers end with `/`.
 //!
 //! - [`opendal_store`] implements the trait over OpenDAL's public `Operator` API.
@@ -17,4 +18,4 @@ pub mod testing;
 mod types;
 
 pub use error::{StoreError, StoreErrorKind};
-pub use types::{Capabilities, ListStream, ObjectMeta, Store};
+pub use types::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, WriteOptions};

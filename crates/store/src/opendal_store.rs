@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use opendal::{Metadata, Operator};
 
-use crate::{Capabilities, ListStream, ObjectMeta, Store, StoreError};
+use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
 
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
@@ -173,5 +173,60 @@ impl Store for OpendalStore {
             .await
             .map(|_| ())
             .map_err(|e| StoreError::from_opendal("copy", from, e))
+    }
+
+    async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
+        self.op.create_dir(key).await.map_err(|e| StoreError::from_opendal("mkdir", key, e))
+    }
+
+    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        let w = self
+            .op
+            .writer_with(key)
+            .chunk(opts.part_size)
+            .concurrent(opts.concurrency.max(1))
+            .await
+            .map_err(|e| StoreError::from_opendal("upload", key, e))?;
+        Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w) }))
+    }
+}
+
+/// OpenDAL's writer: multipart on S3, resumable upload on GCS, a temp file on fs.
+struct OpendalWriter {
+    store: OpendalStore,
+    key: String,
+    w: Option<opendal::Writer>,
+}
+
+impl OpendalWriter {
+    fn writer(&mut self) -> Result<&mut opendal::Writer, StoreError> {
+        self.w.as_mut().ok_or_else(|| StoreError::new(crate::StoreErrorKind::Other, format!("upload of {} already ended", self.key)))
+    }
+}
+
+#[async_trait]
+impl ObjectWriter for OpendalWriter {
+    async fn write(&mut self, data: Bytes) -> Result<(), StoreError> {
+        let key = self.key.clone();
+        self.writer()?.write(data).await.map_err(|e| StoreError::from_opendal("upload", &key, e))
+    }
+
+    async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
+        let key = self.key.clone();
+        let m = self.writer()?.close().await.map_err(|e| StoreError::from_opendal("upload", &key, e))?;
+        self.w = None;
+        let out = self.store.meta(&key, &m);
+        if out.etag.is_none() || out.mtime.is_none() {
+            return self.store.head(&key).await;
+        }
+        Ok(out)
+    }
+
+    async fn abort(&mut self) -> Result<(), StoreError> {
+        let key = self.key.clone();
+        match self.w.take() {
+            Some(mut w) => w.abort().await.map_err(|e| StoreError::from_opendal("abort upload", &key, e)),
+            None => Ok(()),
+        }
     }
 }

@@ -77,4 +77,38 @@ pub trait Store: Send + Sync + 'static {
 
     /// Server-side copy.
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError>;
+
+    /// Make `key` (ending in `/`) exist as a directory: a marker object on object stores,
+    /// a real directory on a local fs.
+    async fn create_dir(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Stream a new object into `key`. Large objects go up in parts of `opts.part_size`,
+    /// `opts.concurrency` at a time, while the caller is still writing. Nothing is visible
+    /// until `close` succeeds; `abort` leaves no parts behind.
+    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError>;
+}
+
+/// Tuning for [`Store::writer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Bytes per part: S3's minimum part is 5 MiB; 8 MiB keeps 10,000 parts above 78 GiB.
+    pub part_size: usize,
+    /// Parts in flight at once.
+    pub concurrency: usize,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        Self { part_size: 8 * 1024 * 1024, concurrency: 4 }
+    }
+}
+
+/// An upload in progress; see [`Store::writer`].
+#[async_trait]
+pub trait ObjectWriter: Send {
+    async fn write(&mut self, data: Bytes) -> Result<(), StoreError>;
+    /// Finish the upload and return the new object's metadata.
+    async fn close(&mut self) -> Result<ObjectMeta, StoreError>;
+    /// Give up: no object is created and uploaded parts are discarded.
+    async fn abort(&mut self) -> Result<(), StoreError>;
 }

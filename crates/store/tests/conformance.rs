@@ -70,6 +70,29 @@ async fn conformance_with(store: Arc<dyn Store>, enforces_preconditions: bool) {
         assert_eq!(e.kind, StoreErrorKind::Changed, "{}: {e}", s.describe());
     }
 
+    // Streaming upload in parts, visible only at close; abort leaves nothing.
+    let opts = bucketfs_store::WriteOptions { part_size: 5 * 1024 * 1024, concurrency: 2 };
+    let big: Bytes = (0..11 * 1024 * 1024u32).map(|i| (i % 241) as u8).collect::<Vec<_>>().into();
+    let mut w = s.writer("dir/multi.bin", opts).await.unwrap();
+    for chunk in big.chunks(1 << 20) {
+        w.write(Bytes::copy_from_slice(chunk)).await.unwrap();
+    }
+    assert_eq!(s.head("dir/multi.bin").await.unwrap_err().kind, StoreErrorKind::NotFound, "{}", s.describe());
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, big.len() as u64);
+    let mid = 5 * 1024 * 1024 - 3..5 * 1024 * 1024 + 3;
+    assert_eq!(s.get_range("dir/multi.bin", mid.clone(), None).await.unwrap(), big.slice(mid.start as usize..mid.end as usize));
+    let mut w = s.writer("dir/aborted.bin", opts).await.unwrap();
+    w.write(big.slice(0..1000)).await.unwrap();
+    w.abort().await.unwrap();
+    assert_eq!(s.head("dir/aborted.bin").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    s.delete("dir/multi.bin").await.unwrap();
+
+    // Directories: create_dir makes an (empty) directory that lists.
+    s.create_dir("emptydir/").await.unwrap();
+    assert!(keys(s, "", false).await.contains(&"emptydir/".to_string()), "{}", s.describe());
+    s.delete("emptydir/").await.unwrap();
+
     // Copy and delete.
     s.copy("dir/a.txt", "dir/b.txt").await.unwrap();
     assert_eq!(&s.get_range("dir/b.txt", 0..5, None).await.unwrap()[..], b"hello");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::{Capabilities, ListStream, ObjectMeta, Store, StoreError, StoreErrorKind};
+use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
 
 /// Which operation a fault applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +18,10 @@ pub enum Op {
     Put,
     Delete,
     Copy,
+    /// `create_dir`.
+    Mkdir,
+    /// Opening a `writer` (the upload as a whole).
+    Upload,
 }
 
 pub struct FailStore {
@@ -84,5 +88,13 @@ impl Store for FailStore {
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         self.gate(Op::Copy)?;
         self.inner.copy(from, to).await
+    }
+    async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
+        self.gate(Op::Mkdir)?;
+        self.inner.create_dir(key).await
+    }
+    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.gate(Op::Upload)?;
+        self.inner.writer(key, opts).await
     }
 }

@@ -11,13 +11,16 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::{Capabilities, ListStream, ObjectMeta, Store, StoreError};
+use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use std::sync::Arc;
+
+type Objects = BTreeMap<String, (Bytes, String, SystemTime)>;
 
 #[derive(Default)]
 pub struct MemStore {
     /// key -> (data, etag, mtime). One lock; every call holds it only to copy out.
-    objects: Mutex<BTreeMap<String, (Bytes, String, SystemTime)>>,
-    next_etag: AtomicU64,
+    objects: Arc<Mutex<Objects>>,
+    next_etag: Arc<AtomicU64>,
     latency: Duration,
     /// Bytes per second for `get_range`; 0 means unlimited.
     bytes_per_sec: u64,
@@ -130,11 +133,7 @@ impl Store for MemStore {
 
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
         self.request().await;
-        let etag = format!("\"{}\"", self.next_etag.fetch_add(1, Ordering::Relaxed) + 1);
-        let mtime = SystemTime::now();
-        let size = data.len() as u64;
-        self.objects.lock().unwrap().insert(key.into(), (data, etag.clone(), mtime));
-        Ok(ObjectMeta { key: key.into(), size, etag: Some(etag), mtime: Some(mtime) })
+        Ok(store_object(&self.objects, &self.next_etag, key, data))
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -146,5 +145,51 @@ impl Store for MemStore {
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         let (data, _, _) = self.snapshot(from).ok_or_else(|| StoreError::not_found(from))?;
         self.put(to, data).await.map(|_| ())
+    }
+
+    async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
+        self.put(key, Bytes::new()).await.map(|_| ())
+    }
+
+    async fn writer(&self, key: &str, _opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.request().await;
+        Ok(Box::new(MemWriter {
+            objects: self.objects.clone(),
+            next_etag: self.next_etag.clone(),
+            key: key.into(),
+            buf: Vec::new(),
+        }))
+    }
+}
+
+fn store_object(objects: &Mutex<Objects>, next_etag: &AtomicU64, key: &str, data: Bytes) -> ObjectMeta {
+    let etag = format!("\"{}\"", next_etag.fetch_add(1, Ordering::Relaxed) + 1);
+    let mtime = SystemTime::now();
+    let size = data.len() as u64;
+    objects.lock().unwrap().insert(key.into(), (data, etag.clone(), mtime));
+    ObjectMeta { key: key.into(), size, etag: Some(etag), mtime: Some(mtime) }
+}
+
+/// Buffers the upload; the object appears atomically at `close`, as on a real store.
+struct MemWriter {
+    objects: Arc<Mutex<Objects>>,
+    next_etag: Arc<AtomicU64>,
+    key: String,
+    buf: Vec<u8>,
+}
+
+#[async_trait]
+impl ObjectWriter for MemWriter {
+    async fn write(&mut self, data: Bytes) -> Result<(), StoreError> {
+        self.buf.extend_from_slice(&data);
+        Ok(())
+    }
+    async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
+        let data = Bytes::from(std::mem::take(&mut self.buf));
+        Ok(store_object(&self.objects, &self.next_etag, &self.key, data))
+    }
+    async fn abort(&mut self) -> Result<(), StoreError> {
+        self.buf.clear();
+        Ok(())
     }
 }
