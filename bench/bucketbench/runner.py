@@ -109,6 +109,9 @@ def parse_args(argv):
                    help="comma-separated experiment numbers 1-7")
     p.add_argument("--runs", type=int, default=3, help="repeats per measurement (full mode)")
     p.add_argument("--workdir", default="/tmp/bucketbench", help="scratch space (data, mounts)")
+    p.add_argument("--port-offset", type=int, default=0,
+                   help="add this to every port (MinIO 19000/19001, GCS 14443, toxiproxy "
+                   "18474, proxies 29000/24443) when they are taken")
     p.add_argument("--no-install", action="store_true", help="do not install anything")
     p.add_argument("--build", choices=["auto", "always", "never"], default="auto",
                    help="cargo build --release: if the binary is missing (auto), always, never")
@@ -141,6 +144,9 @@ def build_bucketfs(mode):
 
 
 def _on_signal(signum, frame):
+    # ignore repeats so that the cleanup in `finally` is not cut short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     raise SystemExit("stopped by signal %d" % signum)
 
 
@@ -150,6 +156,7 @@ def main(argv=None):
         md = report.write_report(args.report_only, BENCH_DIR)
         print(md)
         return 0
+    S.set_port_offset(args.port_offset)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
     ctx = Context(args)
@@ -181,7 +188,10 @@ def main(argv=None):
                     "quick": args.quick, "runs": 1 if args.quick else args.runs,
                     "argv": sys.argv[1:] if argv is None else argv,
                     "machine": util.machine_info(), "install_failures": install_failures,
-                    "phases": phases},
+                    "phases": phases,
+                    "ports": {"minio": S.MINIO_PORT, "fake-gcs-server": S.GCS_PORT,
+                              "toxiproxy-api": S.TOXI_API_PORT, "s3-proxy": S.S3_PROXY_PORT,
+                              "gcs-proxy": S.GCS_PROXY_PORT}},
            "systems": {}, "experiments": {}}
 
     def save():
@@ -261,9 +271,12 @@ def main(argv=None):
         doc["meta"]["server_versions"] = doc["meta"].get("server_versions") or srv.versions()
         save()
         log("results: %s" % json_path)
-    report.write_report(json_path, BENCH_DIR)
-    log("report: %s (run took %.0fs)" % (os.path.join(BENCH_DIR, "REPORT.md"),
-                                         phases["total_s"]))
+        try:
+            report.write_report(json_path, BENCH_DIR)
+            log("report: %s (run took %.0fs)" % (os.path.join(BENCH_DIR, "REPORT.md"),
+                                                 phases["total_s"]))
+        except Exception as e:
+            log("writing the report failed: %s" % e)
     return 0
 
 

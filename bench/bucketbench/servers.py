@@ -41,6 +41,18 @@ GCS_ENDPOINT = "http://127.0.0.1:%d" % GCS_PROXY_PORT
 TREE_FILES, TREE_DIRS = 2000, 100
 
 
+def set_port_offset(offset):
+    """Shift every port by `offset` (bench/run --port-offset), for when another
+    process already holds the default ones."""
+    global MINIO_PORT, MINIO_CONSOLE_PORT, GCS_PORT, TOXI_API_PORT
+    global S3_PROXY_PORT, GCS_PROXY_PORT, S3_ENDPOINT, GCS_ENDPOINT
+    MINIO_PORT, MINIO_CONSOLE_PORT = 19000 + offset, 19001 + offset
+    GCS_PORT, TOXI_API_PORT = 14443 + offset, 18474 + offset
+    S3_PROXY_PORT, GCS_PROXY_PORT = 29000 + offset, 24443 + offset
+    S3_ENDPOINT = "http://127.0.0.1:%d" % S3_PROXY_PORT
+    GCS_ENDPOINT = "http://127.0.0.1:%d" % GCS_PROXY_PORT
+
+
 def tree_dirs():
     """100 directories up to four levels deep: 5 top, 4 under each, 3 under
     each of those, and 15 at the fourth level."""
@@ -87,8 +99,8 @@ class Servers:
         for port in (MINIO_PORT, MINIO_CONSOLE_PORT, GCS_PORT, TOXI_API_PORT,
                      S3_PROXY_PORT, GCS_PROXY_PORT):
             if not port_free(port):
-                raise RuntimeError("port %d on 127.0.0.1 is already in use; "
-                                   "is another benchmark running?" % port)
+                raise RuntimeError("port %d on 127.0.0.1 is already in use by a process "
+                                   "this run did not start; try --port-offset" % port)
         for b in ("minio", "fake-gcs-server", "server"):
             if not go_binary(b):
                 raise RuntimeError("%s is not installed" % b)

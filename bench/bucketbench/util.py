@@ -69,6 +69,9 @@ def run(cmd, timeout, cwd=None, env=None, check=True, shell=False, input=None):
         except subprocess.TimeoutExpired:
             pass
         raise CmdError("timeout after %ss: %s" % (timeout, _short(cmd)))
+    except BaseException:  # interrupted (signal, Ctrl-C): leave no child behind
+        _kill_group(proc)
+        raise
     dt = time.monotonic() - t0
     if check and proc.returncode != 0:
         raise CmdError("exit %s: %s: %s" % (proc.returncode, _short(cmd), gist(err or out)),
