@@ -65,6 +65,18 @@ pub struct MountArgs {
     /// Largest sequential prefetch window per open file, in MiB.
     #[arg(long, default_value_t = 8)]
     max_prefetch_mib: u64,
+    /// Directory where files being written are staged (default: the user's cache directory).
+    #[arg(long)]
+    staging_dir: Option<PathBuf>,
+    /// Upload part size in MiB (S3 needs at least 5).
+    #[arg(long, default_value_t = 8)]
+    part_size_mib: usize,
+    /// Parts uploaded in parallel per file.
+    #[arg(long, default_value_t = 4)]
+    upload_concurrency: usize,
+    /// A directory rename moves every key below it; past this many keys it fails with EXDEV.
+    #[arg(long, default_value_t = 10_000)]
+    max_rename_keys: usize,
     /// FUSE dispatch threads.
     #[arg(long, default_value_t = 4)]
     fuse_threads: usize,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use bucketfs_core::{Fs, FsConfig};
 use bucketfs_fuse::MountSpec;
 use bucketfs_store::location::{self, Location, StoreOptions};
-use bucketfs_store::{Store, StoreErrorKind};
+use bucketfs_store::{Store, StoreErrorKind, WriteOptions};
 
 use crate::{checks, paths, MountArgs};
 
@@ -158,8 +158,17 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         gid: unsafe { libc::getgid() },
         metadata_ttl: Duration::from_secs_f64(args.metadata_ttl.max(0.0)),
         max_prefetch: args.max_prefetch_mib.max(1) * 1024 * 1024,
+        staging_dir: args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp)),
+        write: WriteOptions {
+            // S3 rejects parts under 5 MiB (except the last).
+            part_size: args.part_size_mib.max(5) * 1024 * 1024,
+            concurrency: args.upload_concurrency.max(1),
+        },
+        max_rename_keys: args.max_rename_keys,
         ..FsConfig::default()
     };
+    std::fs::create_dir_all(&cfg.staging_dir)
+        .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))?;
     let fs = Arc::new(Fs::new(store, cfg));
     let spec = MountSpec {
         fsname: location.to_url(),

@@ -35,3 +35,10 @@ pub fn pid_file(mountpoint: &Path) -> PathBuf {
 pub fn log_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.log", mount_id(mountpoint)))
 }
+
+/// `$XDG_CACHE_HOME/bucketfs/staging/<mount>`, or under `~/.cache`: staged writes survive a
+/// crash of the mount process there.
+pub fn staging_dir(mountpoint: &Path) -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache"));
+    base.join("bucketfs/staging").join(mount_id(mountpoint))
+}

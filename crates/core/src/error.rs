@@ -22,6 +22,16 @@ pub enum FsError {
     ReadOnly,
     #[error("operation not supported")]
     Unsupported,
+    #[error("file exists")]
+    Exists,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("{0}")]
+    CrossDevice(String),
+    #[error("upload failed, data kept locally: {0}")]
+    UploadFailed(String),
+    #[error("local staging failed: {0}")]
+    Local(String),
     #[error("{0}")]
     Store(#[from] StoreError),
 }
@@ -39,6 +49,10 @@ impl FsError {
             FsError::Stale(_) => libc::ESTALE,
             FsError::ReadOnly => libc::EROFS,
             FsError::Unsupported => libc::ENOTSUP,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::CrossDevice(_) => libc::EXDEV,
+            FsError::UploadFailed(_) | FsError::Local(_) => libc::EIO,
             FsError::Store(e) => match e.kind {
                 StoreErrorKind::NotFound => libc::ENOENT,
                 StoreErrorKind::PermissionDenied => libc::EACCES,

@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use bucketfs_store::{ObjectMeta, Store, StoreErrorKind};
-use bytes::Bytes;
+use bucketfs_store::{ObjectMeta, Store, StoreErrorKind, WriteOptions};
 use futures::StreamExt;
 
 use crate::inode::{ChildMeta, InodeTable, Listing, Node};
 use crate::read::FileReader;
+use crate::write::SharedStaged;
 use crate::{names, FsError};
 
 pub use crate::inode::ROOT_INO;
@@ -74,6 +74,13 @@ pub struct FsConfig {
     pub metadata_ttl: Duration,
     /// Largest sequential prefetch window per open file, in bytes.
     pub max_prefetch: u64,
+    /// Where files being written are staged on local disk.
+    pub staging_dir: std::path::PathBuf,
+    /// Part size and parallelism of uploads.
+    pub write: WriteOptions,
+    /// A directory rename moves every key below it; past this many it fails with EXDEV
+    /// (so `mv` falls back to copying) instead of running for minutes.
+    pub max_rename_keys: usize,
 }
 
 impl Default for FsConfig {
@@ -88,21 +95,37 @@ impl Default for FsConfig {
             metadata_ttl: Duration::from_secs(1),
             // 8 MiB: at ~20 ms a round trip this keeps a single stream near 400 MB/s.
             max_prefetch: 8 * 1024 * 1024,
+            staging_dir: std::env::temp_dir().join("bucketfs-staging"),
+            write: WriteOptions::default(),
+            // 10,000 keys: a few minutes of copies at most on a slow link.
+            max_rename_keys: 10_000,
         }
     }
 }
 
-enum Handle {
+pub(crate) enum Handle {
     Dir(Arc<Vec<DirEntry>>),
-    File(Arc<FileReader>),
+    File(Arc<OpenFile>),
+}
+
+/// One open file handle.
+pub(crate) struct OpenFile {
+    pub ino: u64,
+    /// Reads of a file with no staged data; replaced when a local upload changes the object.
+    pub reader: Mutex<Arc<FileReader>>,
+    /// Counted in the staged file's `handles`.
+    pub staged: std::sync::atomic::AtomicBool,
 }
 
 pub struct Fs {
-    store: Arc<dyn Store>,
-    cfg: FsConfig,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) cfg: FsConfig,
     mounted_at: SystemTime,
-    table: Mutex<InodeTable>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    pub(crate) table: Mutex<InodeTable>,
+    pub(crate) handles: Mutex<HashMap<u64, Handle>>,
+    /// Inodes with staged (local) data. Lock order: `staged` before `table` when both are
+    /// needed; neither is held across an await (the per-file tokio mutex is).
+    pub(crate) staged: Mutex<HashMap<u64, SharedStaged>>,
     next_fh: AtomicU64,
 }
 
@@ -115,6 +138,7 @@ impl Fs {
             mounted_at: now,
             table: Mutex::new(InodeTable::new(now)),
             handles: Mutex::new(HashMap::new()),
+            staged: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
         }
     }
@@ -123,28 +147,29 @@ impl Fs {
         self.cfg.metadata_ttl
     }
 
-    fn fresh(&self, at: Instant) -> bool {
+    pub(crate) fn fresh(&self, at: Instant) -> bool {
         at.elapsed() < self.cfg.metadata_ttl
     }
 
-    fn attr(&self, n: &Node) -> Attr {
+    pub(crate) fn attr(&self, n: &Node) -> Attr {
+        let (uid, gid) = n.owner.unwrap_or((self.cfg.uid, self.cfg.gid));
         Attr {
             ino: n.ino,
             kind: n.kind,
             size: n.size,
             mtime: n.mtime,
-            perm: if n.kind == Kind::Dir { self.cfg.dir_mode } else { self.cfg.file_mode },
-            uid: self.cfg.uid,
-            gid: self.cfg.gid,
+            perm: n.perm.unwrap_or(if n.kind == Kind::Dir { self.cfg.dir_mode } else { self.cfg.file_mode }),
+            uid,
+            gid,
             nlink: if n.kind == Kind::Dir { 2 } else { 1 },
         }
     }
 
-    fn node(&self, ino: u64) -> Result<Node, FsError> {
+    pub(crate) fn node(&self, ino: u64) -> Result<Node, FsError> {
         self.table.lock().unwrap().get(ino).cloned().ok_or(FsError::NotFound)
     }
 
-    fn child_meta(&self, name: &str, m: &ObjectMeta, kind: Kind) -> ChildMeta {
+    pub(crate) fn child_meta(&self, name: &str, m: &ObjectMeta, kind: Kind) -> ChildMeta {
         ChildMeta {
             name: name.to_string(),
             kind,
@@ -165,6 +190,16 @@ impl Fs {
             let t = self.table.lock().unwrap();
             t.listing(parent).filter(|l| self.fresh(l.at)).map(|l| l.children.get(name).cloned())
         };
+        let local = {
+            let t = self.table.lock().unwrap();
+            t.child(parent, name).filter(|n| self.is_staged(n.ino)).map(|n| n.ino)
+        };
+        if let Some(ino) = local {
+            // Created or written here and maybe not uploaded yet: the local state is the truth.
+            let mut t = self.table.lock().unwrap();
+            t.remember(ino);
+            return Ok(self.attr(t.get(ino).expect("indexed")));
+        }
         let meta = match cached {
             Some(Some(m)) => m,
             Some(None) => return Err(FsError::NotFound),
@@ -177,7 +212,7 @@ impl Fs {
     }
 
     /// Ask the store whether `name` under `prefix` is a directory, a file, or nothing.
-    async fn probe(&self, prefix: &str, name: &str) -> Result<ChildMeta, FsError> {
+    pub(crate) async fn probe(&self, prefix: &str, name: &str) -> Result<ChildMeta, FsError> {
         let file_key = format!("{prefix}{name}");
         let dir_key = format!("{file_key}/");
         let prefix_dirs = self.store.capabilities().prefix_dirs;
@@ -221,14 +256,15 @@ impl Fs {
 
     pub async fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
         let node = self.node(ino)?;
-        if node.kind == Kind::File && !self.fresh(node.validated) {
+        // Staged files are ours: their size and mtime are the local ones until uploaded.
+        if node.kind == Kind::File && !self.fresh(node.validated) && !self.is_staged(ino) {
             return self.revalidate(&node).await;
         }
         Ok(self.attr(&node))
     }
 
     /// HEAD a file again and record what the store says now.
-    async fn revalidate(&self, node: &Node) -> Result<Attr, FsError> {
+    pub(crate) async fn revalidate(&self, node: &Node) -> Result<Attr, FsError> {
         match self.store.head(&node.key).await {
             Ok(m) if !m.is_prefix() => {
                 let meta = self.child_meta(&node.name, &m, Kind::File);
@@ -250,7 +286,7 @@ impl Fs {
     }
 
     /// Refresh `dir`'s listing from the store if it is older than the TTL.
-    async fn ensure_listing(&self, dir: &Node) -> Result<(), FsError> {
+    pub(crate) async fn ensure_listing(&self, dir: &Node) -> Result<(), FsError> {
         {
             let t = self.table.lock().unwrap();
             if t.listing(dir.ino).is_some_and(|l| self.fresh(l.at)) {
@@ -275,6 +311,10 @@ impl Fs {
                 }
                 None => skipped += 1,
             }
+        }
+        // Files created here and not yet uploaded are part of the directory too.
+        for meta in self.staged_children(dir.ino) {
+            children.entry(meta.name.clone()).or_insert(meta);
         }
         if skipped > 0 {
             tracing::debug!(dir = %dir.key, skipped, "keys that are not valid file names are not shown");
@@ -320,36 +360,14 @@ impl Fs {
         self.table.lock().unwrap().get(ino).map(|n| self.attr(n))
     }
 
-    pub fn release(&self, fh: u64) {
+    pub fn releasedir(&self, fh: u64) {
         self.handles.lock().unwrap().remove(&fh);
     }
 
-    fn insert_handle(&self, h: Handle) -> u64 {
+    pub(crate) fn insert_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().unwrap().insert(fh, h);
         fh
-    }
-
-    /// Open a file for reading; the handle reads the version current at open.
-    pub async fn open(&self, ino: u64) -> Result<u64, FsError> {
-        let mut node = self.node(ino)?;
-        if node.kind == Kind::Dir {
-            return Err(FsError::IsDir);
-        }
-        if !self.fresh(node.validated) {
-            self.revalidate(&node).await?;
-            node = self.node(ino)?;
-        }
-        let reader = FileReader::new(self.store.clone(), node.key, node.etag, node.size, self.cfg.max_prefetch);
-        Ok(self.insert_handle(Handle::File(Arc::new(reader))))
-    }
-
-    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
-        let reader = match self.handles.lock().unwrap().get(&fh) {
-            Some(Handle::File(r)) => r.clone(),
-            _ => return Err(FsError::BadHandle),
-        };
-        reader.read(offset, size).await
     }
 
     pub fn statfs(&self) -> StatFs {
@@ -362,3 +380,7 @@ impl Fs {
 #[cfg(test)]
 #[path = "fs_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "fs_write_tests.rs"]
+mod write_tests;

@@ -17,7 +17,7 @@ async fn fs_with(keys: &[(&str, &[u8])]) -> (Arc<MemStore>, Fs) {
 async fn names(fs: &Fs, ino: u64) -> Vec<String> {
     let fh = fs.opendir(ino).await.unwrap();
     let v = fs.readdir(fh).unwrap().iter().map(|e| e.name.clone()).collect();
-    fs.release(fh);
+    fs.releasedir(fh);
     v
 }
 

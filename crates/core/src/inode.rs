@@ -34,6 +34,9 @@ pub struct Node {
     /// When size/mtime/etag were last confirmed by the store.
     pub validated: Instant,
     pub lookups: u64,
+    /// chmod/chown kept for the life of the inode (see SEMANTICS.md: not persisted).
+    pub perm: Option<u16>,
+    pub owner: Option<(u32, u32)>,
 }
 
 /// One child as a listing or lookup reported it, before it has an inode.
@@ -73,6 +76,8 @@ impl InodeTable {
             etag: None,
             validated: Instant::now(),
             lookups: 1,
+            perm: None,
+            owner: None,
         };
         Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2 }
     }
@@ -124,6 +129,8 @@ impl InodeTable {
                 etag: meta.etag.clone(),
                 validated: Instant::now(),
                 lookups: 0,
+                perm: None,
+                owner: None,
             },
         );
         self.index.insert((parent, meta.name.clone()), ino);
@@ -157,6 +164,62 @@ impl InodeTable {
     /// Forget that (parent, name) exists, e.g. after the store says it is gone.
     pub fn unlink(&mut self, parent: u64, name: &str) {
         self.index.remove(&(parent, name.to_string()));
+    }
+
+    /// Record a child created or changed here in `dir`'s cached listing (if any).
+    pub fn listing_insert(&mut self, dir: u64, meta: ChildMeta) {
+        if let Some(l) = self.listings.get_mut(&dir) {
+            l.children.insert(meta.name.clone(), meta);
+        }
+    }
+
+    /// Drop `name` from `dir`'s cached listing and from the path index.
+    pub fn listing_remove(&mut self, dir: u64, name: &str) {
+        if let Some(l) = self.listings.get_mut(&dir) {
+            l.children.remove(name);
+        }
+        self.unlink(dir, name);
+    }
+
+    /// Forget `dir`'s cached listing so the next readdir asks the store.
+    pub fn invalidate_listing(&mut self, dir: u64) {
+        self.listings.remove(&dir);
+    }
+
+    /// Move `ino` to (`parent`, `name`), rewriting the keys of it and everything below it.
+    pub fn relocate(&mut self, ino: u64, parent: u64, name: &str) {
+        let Some(node) = self.nodes.get(&ino) else { return };
+        let (old_parent, old_name, old_key, kind) = (node.parent, node.name.clone(), node.key.clone(), node.kind);
+        let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
+        let new_key = match kind {
+            Kind::Dir => format!("{parent_key}{name}/"),
+            Kind::File => format!("{parent_key}{name}"),
+        };
+        if self.index.get(&(old_parent, old_name.clone())) == Some(&ino) {
+            self.index.remove(&(old_parent, old_name));
+        }
+        if let Some(old) = self.index.insert((parent, name.to_string()), ino) {
+            if old != ino {
+                // The replaced target stays until the kernel forgets it, unreachable by path.
+                self.listings.remove(&old);
+            }
+        }
+        if kind == Kind::Dir {
+            for n in self.nodes.values_mut() {
+                if n.ino != ino && n.key.starts_with(&old_key) {
+                    n.key = format!("{new_key}{}", &n.key[old_key.len()..]);
+                }
+            }
+        }
+        let node = self.nodes.get_mut(&ino).expect("checked above");
+        node.parent = parent;
+        node.name = name.to_string();
+        node.key = new_key;
+    }
+
+    /// Every node, for scans that are rare (rename of a directory, staged children).
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
     }
 
     pub fn listing(&self, dir: u64) -> Option<&Listing> {

@@ -5,14 +5,18 @@
 //! - [`names`]: which object keys become which file names, and which are never exposed.
 //! - [`inode`]: the inode table (ino <-> key), lookup counts, directory listing cache.
 //! - [`read`]: the per-handle read path with sequential prefetch.
-//! - [`fs`]: the operations themselves.
+//! - [`write`]: staged writes and their upload on flush/fsync/unmount.
+//! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
+//!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`error`]: the core's error enum and the one map from errors to errno.
 
 pub mod error;
 pub mod fs;
+mod fs_write;
 pub mod inode;
 pub mod names;
 pub mod read;
+pub mod write;
 
 pub use error::FsError;
 pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, StatFs, ROOT_INO};

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use bucketfs_core::{Attr, Fs, FsError, Kind};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
 
@@ -23,6 +24,19 @@ const MAX_IO: u32 = 1024 * 1024;
 pub struct FuseAdapter {
     fs: Arc<Fs>,
     rt: Handle,
+}
+
+/// Run `op` on the runtime and answer an empty reply with its result.
+macro_rules! spawn_empty {
+    ($self:ident, $reply:ident, |$fs:ident| $op:expr) => {{
+        let $fs = $self.fs.clone();
+        $self.rt.spawn(async move {
+            match $op.await {
+                Ok(()) => $reply.ok(),
+                Err(e) => $reply.error(errno(&e)),
+            }
+        });
+    }};
 }
 
 impl FuseAdapter {
@@ -115,12 +129,11 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            return reply.error(Errno::EROFS);
-        }
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        let truncate = flags.0 & libc::O_TRUNC != 0;
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.open(ino.0).await {
+            match fs.open(ino.0, write, truncate).await {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -157,8 +170,138 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.release(fh.0);
-        reply.ok();
+        spawn_empty!(self, reply, |fs| fs.release(fh.0))
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let (fs, data) = (self.fs.clone(), data.to_vec());
+        self.rt.spawn(async move {
+            match fs.write(fh.0, offset, &data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        spawn_empty!(self, reply, |fs| fs.flush(fh.0))
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        spawn_empty!(self, reply, |fs| fs.fsync(fh.0))
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok(); // directory changes are applied to the store as they happen
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
+        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        self.rt.spawn(async move {
+            match fs.create(parent.0, &name, flags & libc::O_EXCL != 0).await {
+                Ok((a, fh)) => reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+        let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
+        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        self.rt.spawn(async move {
+            match fs.mkdir(parent.0, &name).await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = name_str(name) else { return reply.error(Errno::ENOENT) };
+        spawn_empty!(self, reply, |fs| fs.unlink(parent.0, &name))
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = name_str(name) else { return reply.error(Errno::ENOENT) };
+        spawn_empty!(self, reply, |fs| fs.rmdir(parent.0, &name))
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (Some(name), Some(newname)) = (name_str(name), name_str(newname)) else { return reply.error(Errno::EINVAL) };
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            return reply.error(Errno::EINVAL); // an atomic swap is impossible on a bucket
+        }
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        spawn_empty!(self, reply, |fs| fs.rename(parent.0, &name, newparent.0, &newname, noreplace))
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let mtime = mtime.map(|t| match t {
+            TimeOrNow::SpecificTime(t) => t,
+            TimeOrNow::Now => std::time::SystemTime::now(),
+        });
+        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        self.rt.spawn(async move {
+            match fs.setattr(ino.0, size, mode, uid, gid, mtime, fh.map(|f| f.0)).await {
+                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn destroy(&mut self) {
+        // Unmount: every staged change goes up before the process exits.
+        let failed = self.rt.block_on(self.fs.sync_all());
+        if !failed.is_empty() {
+            tracing::error!(files = ?failed, "unmounted with uploads still failing; data kept in the staging directory");
+        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -204,7 +347,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
-        self.fs.release(fh.0);
+        self.fs.releasedir(fh.0);
         reply.ok();
     }
 
@@ -220,7 +363,7 @@ pub struct MountSpec {
     pub fsname: String,
     pub allow_other: bool,
     pub threads: usize,
-    /// Writes fail with EROFS. (Until the write path lands, every mount is read-only.)
+    /// Writes fail with EROFS.
     pub read_only: bool,
 }
 
@@ -232,7 +375,7 @@ pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &Mount
     config.mount_options = vec![
         fuser::MountOption::FSName(spec.fsname.clone()),
         fuser::MountOption::Subtype("bucketfs".into()),
-        fuser::MountOption::RO,
+        if spec.read_only { fuser::MountOption::RO } else { fuser::MountOption::RW },
         fuser::MountOption::NoAtime,
         fuser::MountOption::NoDev,
         fuser::MountOption::NoSuid,

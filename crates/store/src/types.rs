@@ -105,7 +105,7 @@ impl Default for WriteOptions {
 
 /// An upload in progress; see [`Store::writer`].
 #[async_trait]
-pub trait ObjectWriter: Send {
+pub trait ObjectWriter: Send + Sync {
     async fn write(&mut self, data: Bytes) -> Result<(), StoreError>;
     /// Finish the upload and return the new object's metadata.
     async fn close(&mut self) -> Result<ObjectMeta, StoreError>;

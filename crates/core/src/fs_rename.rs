@@ -1,0 +1,179 @@
+//! rename, setattr and the unmount-time sync: the namespace changes that move data.
+
+use std::time::SystemTime;
+
+use bucketfs_store::StoreErrorKind;
+use futures::TryStreamExt;
+
+use super::check_new_name;
+use crate::fs::{Attr, Fs, Kind};
+use crate::inode::ChildMeta;
+use crate::FsError;
+
+impl Fs {
+    /// Rename `parent/name` to `newparent/newname`. `noreplace`: fail if the target exists.
+    pub async fn rename(&self, parent: u64, name: &str, newparent: u64, newname: &str, noreplace: bool) -> Result<(), FsError> {
+        check_new_name(newname)?;
+        let src = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
+        if parent == newparent && name == newname {
+            return Ok(());
+        }
+        let target_dir = self.node(newparent)?;
+        if target_dir.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        if src.kind == Kind::Dir && target_dir.key.starts_with(&src.key) {
+            return Err(FsError::InvalidName); // into itself: EINVAL, as on Linux
+        }
+        if let Some(dst) = self.resolve(newparent, newname).await? {
+            if noreplace {
+                return Err(FsError::Exists);
+            }
+            match (src.kind, dst.kind) {
+                (Kind::File, Kind::Dir) => return Err(FsError::IsDir),
+                (Kind::Dir, Kind::File) => return Err(FsError::NotDir),
+                (Kind::Dir, Kind::Dir) if self.has_children(dst.ino, &dst.key).await? => return Err(FsError::NotEmpty),
+                (Kind::Dir, Kind::Dir) => {
+                    let _ = self.store.delete(&dst.key).await;
+                }
+                (Kind::File, Kind::File) => {}
+            }
+        }
+        let new_key = match src.kind {
+            Kind::File => format!("{}{newname}", target_dir.key),
+            Kind::Dir => format!("{}{newname}/", target_dir.key),
+        };
+        match src.kind {
+            Kind::File => self.move_file(&src, &new_key).await?,
+            Kind::Dir => self.move_dir(&src, &new_key).await?,
+        }
+        let mut t = self.table.lock().unwrap();
+        t.listing_remove(parent, name);
+        t.relocate(src.ino, newparent, newname);
+        if let Some(n) = t.get(src.ino) {
+            let meta = ChildMeta { name: newname.to_string(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone() };
+            t.listing_insert(newparent, meta);
+        }
+        Ok(())
+    }
+
+    async fn move_file(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
+        if let Some(staged) = self.staged_of_pub(src.ino) {
+            let mut st = staged.lock().await;
+            if st.dirty && !st.unlinked {
+                // Not in the bucket yet (or changed): upload straight to the new name.
+                st.upload(self.store.as_ref(), new_key, self.cfg.write).await?;
+                drop(st);
+                match self.store.delete(&src.key).await {
+                    Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+                    _ => return Ok(()),
+                }
+            }
+        }
+        self.store.copy(&src.key, new_key).await?;
+        self.store.delete(&src.key).await?;
+        Ok(())
+    }
+
+    /// Move every key below `src` to `new_key`: copies first, then deletes, so a failure
+    /// midway loses nothing (the source is complete until every copy succeeded).
+    async fn move_dir(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
+        // Staged files below the directory go up under their current keys first.
+        let below: Vec<u64> = {
+            let t = self.table.lock().unwrap();
+            t.nodes().filter(|n| n.key.starts_with(&src.key) && n.kind == Kind::File).map(|n| n.ino).collect()
+        };
+        for ino in below {
+            self.upload_pub(ino).await?;
+        }
+        let mut keys = Vec::new();
+        let mut stream = self.store.list(&src.key, true);
+        while let Some(m) = stream.try_next().await? {
+            keys.push(m.key);
+            if keys.len() > self.cfg.max_rename_keys {
+                return Err(FsError::CrossDevice(format!(
+                    "{} holds over {} keys; renaming it would copy each (mv copies instead)",
+                    src.key, self.cfg.max_rename_keys
+                )));
+            }
+        }
+        for k in &keys {
+            self.store.copy(k, &format!("{new_key}{}", &k[src.key.len()..])).await?;
+        }
+        self.store.create_dir(new_key).await?;
+        for k in &keys {
+            self.store.delete(k).await?;
+        }
+        match self.store.delete(&src.key).await {
+            Err(e) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// chmod, chown, utimens, truncate. Size changes are staged (and uploaded at once when
+    /// no handle is given, since no close will follow a truncate(2)).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn setattr(
+        &self,
+        ino: u64,
+        size: Option<u64>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        mtime: Option<SystemTime>,
+        fh: Option<u64>,
+    ) -> Result<Attr, FsError> {
+        let node = self.node(ino)?;
+        if let Some(size) = size {
+            if node.kind == Kind::Dir {
+                return Err(FsError::IsDir);
+            }
+            let temp = match fh.filter(|_| self.is_staged(ino)) {
+                Some(_) => None,
+                None => Some(self.open(ino, true, size == 0).await?),
+            };
+            if let Some(staged) = self.staged_of_pub(ino) {
+                staged.lock().await.truncate(size)?;
+            }
+            self.set_size(ino, size);
+            if let Some(tfh) = temp {
+                self.flush(tfh).await?;
+                self.release(tfh).await?;
+            }
+        }
+        let mut t = self.table.lock().unwrap();
+        let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
+        if let Some(m) = mode {
+            n.perm = Some((m & 0o7777) as u16);
+        }
+        if uid.is_some() || gid.is_some() {
+            let (u, g) = n.owner.unwrap_or((self.cfg.uid, self.cfg.gid));
+            n.owner = Some((uid.unwrap_or(u), gid.unwrap_or(g)));
+        }
+        if let Some(t) = mtime {
+            n.mtime = t;
+        }
+        Ok(self.attr(n))
+    }
+
+    fn set_size(&self, ino: u64, size: u64) {
+        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
+            n.size = size;
+            n.mtime = SystemTime::now();
+        }
+    }
+
+    /// Upload every dirty staged file (unmount). Returns the keys that could not be uploaded.
+    pub async fn sync_all(&self) -> Vec<String> {
+        let inos: Vec<u64> = self.staged.lock().unwrap().keys().copied().collect();
+        let mut failed = Vec::new();
+        for ino in inos {
+            if let Err(e) = self.upload_pub(ino).await {
+                let key = self.node(ino).map(|n| n.key).unwrap_or_default();
+                tracing::error!(%key, "not uploaded at unmount, kept in staging: {e}");
+                failed.push(key);
+            }
+        }
+        failed
+    }
+}

@@ -1,0 +1,347 @@
+//! Opening, reading and writing files, and every change to the namespace.
+//!
+//! Data: see [`crate::write`] (staging, upload on flush/fsync, eager multipart upload).
+//! Namespace changes go to the store first and to the caches only once the store agreed,
+//! so a failed call leaves the mount showing what the bucket holds:
+//! - `create` stages an empty file; the object appears at the first flush (close).
+//! - `mkdir` writes a `dir/` marker, so empty directories persist.
+//! - `unlink` deletes the object; `rmdir` refuses a non-empty directory, then deletes the marker.
+//! - `rename` of a file copies on the server and deletes the source (a staged file is
+//!   uploaded to the new key instead); of a directory, moves every key below it, up to
+//!   `max_rename_keys` (EXDEV beyond, so `mv` copies instead). Neither is atomic: a crash
+//!   midway can leave both names; SEMANTICS.md says so.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use bucketfs_store::StoreErrorKind;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::fs::{Attr, Fs, Handle, Kind, OpenFile};
+use crate::inode::ChildMeta;
+use crate::read::FileReader;
+use crate::write::{SharedStaged, Staged};
+use crate::{names, FsError};
+
+/// Check a name for create/mkdir/rename targets.
+fn check_new_name(name: &str) -> Result<(), FsError> {
+    if name.len() > names::NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if !names::valid_segment(name) || name.contains('/') {
+        return Err(FsError::InvalidName);
+    }
+    Ok(())
+}
+
+impl Fs {
+    pub(crate) fn is_staged(&self, ino: u64) -> bool {
+        self.staged.lock().unwrap().contains_key(&ino)
+    }
+
+    fn staged_of(&self, ino: u64) -> Option<SharedStaged> {
+        self.staged.lock().unwrap().get(&ino).cloned()
+    }
+
+    pub(crate) fn staged_of_pub(&self, ino: u64) -> Option<SharedStaged> {
+        self.staged_of(ino)
+    }
+
+    pub(crate) async fn upload_pub(&self, ino: u64) -> Result<(), FsError> {
+        self.upload_ino(ino).await
+    }
+
+    /// Children of `dir` that exist only locally so far (created, not yet uploaded).
+    pub(crate) fn staged_children(&self, dir: u64) -> Vec<ChildMeta> {
+        let inos: Vec<u64> = self.staged.lock().unwrap().keys().copied().collect();
+        let t = self.table.lock().unwrap();
+        inos.iter()
+            .filter_map(|i| t.get(*i))
+            .filter(|n| n.parent == dir && t.child(dir, &n.name).map(|c| c.ino) == Some(n.ino))
+            .map(|n| ChildMeta { name: n.name.clone(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone() })
+            .collect()
+    }
+
+    /// Resolve (parent, name) without taking a kernel reference.
+    pub(crate) async fn resolve(&self, parent: u64, name: &str) -> Result<Option<crate::inode::Node>, FsError> {
+        if let Some(n) = self.table.lock().unwrap().child(parent, name).cloned() {
+            if self.is_staged(n.ino) || n.kind == Kind::Dir && self.fresh(n.validated) {
+                return Ok(Some(n));
+            }
+        }
+        let dir = self.node(parent)?;
+        let cached = {
+            let t = self.table.lock().unwrap();
+            t.listing(parent).filter(|l| self.fresh(l.at)).map(|l| l.children.get(name).cloned())
+        };
+        let meta = match cached {
+            Some(Some(m)) => m,
+            Some(None) => return Ok(None),
+            None => match self.probe(&dir.key, name).await {
+                Ok(m) => m,
+                Err(FsError::NotFound) => return Ok(None),
+                Err(e) => return Err(e),
+            },
+        };
+        let mut t = self.table.lock().unwrap();
+        let ino = t.upsert(parent, &meta);
+        Ok(t.get(ino).cloned())
+    }
+
+    /// Open a file. `write` stages it (loading its current bytes unless `truncate`).
+    pub async fn open(&self, ino: u64, write: bool, truncate: bool) -> Result<u64, FsError> {
+        let mut node = self.node(ino)?;
+        if node.kind == Kind::Dir {
+            return Err(FsError::IsDir);
+        }
+        if !self.fresh(node.validated) && !self.is_staged(ino) {
+            self.revalidate(&node).await?;
+            node = self.node(ino)?;
+        }
+        let staged = if write || self.is_staged(ino) { Some(self.stage(&node, truncate && write).await?) } else { None };
+        let reader = FileReader::new(self.store.clone(), node.key.clone(), node.etag.clone(), node.size, self.cfg.max_prefetch);
+        let file = OpenFile {
+            ino,
+            reader: Mutex::new(Arc::new(reader)),
+            staged: std::sync::atomic::AtomicBool::new(staged.is_some()),
+        };
+        Ok(self.insert_handle(Handle::File(Arc::new(file))))
+    }
+
+    /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
+    async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
+        let (shared, fresh) = {
+            let mut map = self.staged.lock().unwrap();
+            match map.get(&node.ino) {
+                Some(s) => (s.clone(), false),
+                None => {
+                    std::fs::create_dir_all(&self.cfg.staging_dir).map_err(|e| FsError::Local(e.to_string()))?;
+                    let s = Arc::new(tokio::sync::Mutex::new(Staged::create(&self.cfg.staging_dir, node.ino)?));
+                    map.insert(node.ino, s.clone());
+                    (s, true)
+                }
+            }
+        };
+        let mut st = shared.lock().await;
+        if fresh && !truncate && node.size > 0 {
+            if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.etag.as_deref()).await {
+                drop(st);
+                self.staged.lock().unwrap().remove(&node.ino);
+                return Err(e);
+            }
+        }
+        if truncate && st.size > 0 {
+            st.truncate(0)?;
+            self.set_local_size(node.ino, 0);
+        }
+        st.handles += 1;
+        drop(st);
+        Ok(shared)
+    }
+
+    fn set_local_size(&self, ino: u64, size: u64) {
+        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
+            n.size = size;
+            n.mtime = SystemTime::now();
+        }
+    }
+
+    fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>, FsError> {
+        match self.handles.lock().unwrap().get(&fh) {
+            Some(Handle::File(f)) => Ok(f.clone()),
+            _ => Err(FsError::BadHandle),
+        }
+    }
+
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
+        let file = self.open_file(fh)?;
+        if let Some(staged) = self.staged_of(file.ino) {
+            return staged.lock().await.read(offset, size);
+        }
+        let reader = file.reader.lock().unwrap().clone();
+        reader.read(offset, size).await
+    }
+
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        let file = self.open_file(fh)?;
+        let staged = self.staged_of(file.ino).ok_or(FsError::BadHandle)?;
+        let mut st = staged.lock().await;
+        st.write(offset, data)?;
+        let size = st.size;
+        self.set_local_size(file.ino, size);
+        if size >= self.cfg.write.part_size as u64 {
+            let key = self.node(file.ino)?.key;
+            if let Err(e) = st.eager_feed(self.store.as_ref(), &key, self.cfg.write).await {
+                // Not fatal: the data is staged and goes up whole at close.
+                tracing::debug!(%key, "eager upload stopped: {e}");
+            }
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// Upload `ino`'s staged data if it changed; the durability point of flush and fsync.
+    async fn upload_ino(&self, ino: u64) -> Result<(), FsError> {
+        let Some(staged) = self.staged_of(ino) else { return Ok(()) };
+        let mut st = staged.lock().await;
+        if !st.dirty || st.unlinked {
+            return Ok(());
+        }
+        let node = self.node(ino)?;
+        let meta = st.upload(self.store.as_ref(), &node.key, self.cfg.write).await.map_err(|e| {
+            tracing::warn!(key = %node.key, "upload failed; data kept in staging: {e}");
+            FsError::UploadFailed(e.to_string())
+        })?;
+        let size = st.size;
+        drop(st);
+        let child = {
+            let mut t = self.table.lock().unwrap();
+            let Some(n) = t.get_mut(ino) else { return Ok(()) };
+            n.size = size;
+            n.etag = meta.etag.clone();
+            n.mtime = meta.mtime.unwrap_or_else(SystemTime::now);
+            n.validated = Instant::now();
+            let child = ChildMeta { name: n.name.clone(), kind: Kind::File, size, mtime: n.mtime, etag: n.etag.clone() };
+            let parent = n.parent;
+            t.listing_insert(parent, child.clone());
+            child
+        };
+        // Handles that read through the store must now read the version we just wrote.
+        let fresh = Arc::new(FileReader::new(self.store.clone(), node.key, child.etag, size, self.cfg.max_prefetch));
+        for h in self.handles.lock().unwrap().values() {
+            if let Handle::File(f) = h {
+                if f.ino == ino {
+                    *f.reader.lock().unwrap() = fresh.clone();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// close(2): upload what this file's handles wrote; an error means it is not in the bucket.
+    pub async fn flush(&self, fh: u64) -> Result<(), FsError> {
+        let file = self.open_file(fh)?;
+        self.upload_ino(file.ino).await
+    }
+
+    pub async fn fsync(&self, fh: u64) -> Result<(), FsError> {
+        self.flush(fh).await
+    }
+
+    /// The last close of a handle: upload if still dirty, and drop clean staged data.
+    pub async fn release(&self, fh: u64) -> Result<(), FsError> {
+        let file = match self.handles.lock().unwrap().remove(&fh) {
+            Some(Handle::File(f)) => f,
+            _ => return Ok(()),
+        };
+        let result = self.upload_ino(file.ino).await;
+        if file.staged.load(Ordering::Relaxed) {
+            if let Some(staged) = self.staged_of(file.ino) {
+                let mut st = staged.lock().await;
+                st.handles = st.handles.saturating_sub(1);
+                if st.handles == 0 && (!st.dirty || st.unlinked) {
+                    drop(st);
+                    self.staged.lock().unwrap().remove(&file.ino);
+                }
+            }
+        }
+        result
+    }
+
+    /// Create and open a new, empty file; it reaches the bucket at the first flush.
+    pub async fn create(&self, parent: u64, name: &str, exclusive: bool) -> Result<(Attr, u64), FsError> {
+        check_new_name(name)?;
+        if let Some(existing) = self.resolve(parent, name).await? {
+            if exclusive {
+                return Err(FsError::Exists);
+            }
+            if existing.kind == Kind::Dir {
+                return Err(FsError::IsDir);
+            }
+            let fh = self.open(existing.ino, true, true).await?;
+            self.table.lock().unwrap().remember(existing.ino);
+            return Ok((self.attr(&self.node(existing.ino)?), fh));
+        }
+        let now = SystemTime::now();
+        let meta = ChildMeta { name: name.to_string(), kind: Kind::File, size: 0, mtime: now, etag: None };
+        let ino = {
+            let mut t = self.table.lock().unwrap();
+            let ino = t.upsert(parent, &meta);
+            t.remember(ino);
+            t.listing_insert(parent, meta);
+            ino
+        };
+        let node = self.node(ino)?;
+        let staged = self.stage(&node, true).await?;
+        staged.lock().await.truncate(0)?; // marks it dirty: even an empty file is uploaded
+        let file = OpenFile {
+            ino,
+            reader: Mutex::new(Arc::new(FileReader::new(self.store.clone(), node.key.clone(), None, 0, self.cfg.max_prefetch))),
+            staged: std::sync::atomic::AtomicBool::new(true),
+        };
+        let fh = self.insert_handle(Handle::File(Arc::new(file)));
+        Ok((self.attr(&node), fh))
+    }
+
+    pub async fn mkdir(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
+        check_new_name(name)?;
+        if self.resolve(parent, name).await?.is_some() {
+            return Err(FsError::Exists);
+        }
+        let key = format!("{}{name}/", self.node(parent)?.key);
+        self.store.create_dir(&key).await?;
+        let meta = ChildMeta { name: name.to_string(), kind: Kind::Dir, size: 0, mtime: SystemTime::now(), etag: None };
+        let mut t = self.table.lock().unwrap();
+        let ino = t.upsert(parent, &meta);
+        t.remember(ino);
+        t.listing_insert(parent, meta);
+        Ok(self.attr(t.get(ino).expect("just inserted")))
+    }
+
+    pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {
+        let node = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
+        if node.kind == Kind::Dir {
+            return Err(FsError::IsDir);
+        }
+        self.store.delete(&node.key).await?;
+        if let Some(staged) = self.staged_of(node.ino) {
+            staged.lock().await.unlinked = true;
+        }
+        self.table.lock().unwrap().listing_remove(parent, name);
+        Ok(())
+    }
+
+    /// Whether the directory with key `key` (and inode `ino`) has any child.
+    pub(crate) async fn has_children(&self, ino: u64, key: &str) -> Result<bool, FsError> {
+        if !self.staged_children(ino).is_empty() {
+            return Ok(true);
+        }
+        match self.store.list(key, false).next().await {
+            Some(Ok(_)) => Ok(true),
+            Some(Err(e)) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
+            _ => Ok(false),
+        }
+    }
+
+    pub async fn rmdir(&self, parent: u64, name: &str) -> Result<(), FsError> {
+        let node = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
+        if node.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        if self.has_children(node.ino, &node.key).await? {
+            return Err(FsError::NotEmpty);
+        }
+        match self.store.delete(&node.key).await {
+            Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        let mut t = self.table.lock().unwrap();
+        t.listing_remove(parent, name);
+        t.invalidate_listing(node.ino);
+        Ok(())
+    }
+}
+
+#[path = "fs_rename.rs"]
+mod rename;
