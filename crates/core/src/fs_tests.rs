@@ -98,7 +98,7 @@ async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
     store.put("f", Bytes::from_static(b"newer")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(fs.getattr(f.ino).await.unwrap().size, 5);
-    let fh = fs.open(f.ino).await.unwrap();
+    let fh = fs.open(f.ino, false, false).await.unwrap();
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"newer");
     store.delete("f").await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
@@ -110,7 +110,7 @@ async fn reads_are_exact_at_odd_offsets() {
     let body: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
     let (_, fs) = fs_with(&[("f", &body)]).await;
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
-    let fh = fs.open(f.ino).await.unwrap();
+    let fh = fs.open(f.ino, false, false).await.unwrap();
     for (off, len) in [(0u64, 1u32), (4095, 4097), (99_999, 10), (100_000, 5), (12_345, 54_321)] {
         let got = fs.read(fh, off, len).await.unwrap();
         let end = (off as usize + len as usize).min(body.len());

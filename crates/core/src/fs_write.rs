@@ -132,7 +132,8 @@ impl Fs {
                 return Err(e);
             }
         }
-        if truncate && st.size > 0 {
+        // O_TRUNC of an object with bytes (in the bucket or staged) must upload the empty file.
+        if truncate && (st.size > 0 || fresh && node.size > 0) {
             st.truncate(0)?;
             self.set_local_size(node.ino, 0);
         }

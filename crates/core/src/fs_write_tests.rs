@@ -1,1 +1,295 @@
+//! Write-path tests of the core against the in-memory store: unit cases, then a model test
+//! (proptest) comparing the filesystem with a plain map of byte vectors, with injected
+//! upload failures.
 
+use super::*;
+use std::sync::atomic::Ordering;
+use bucketfs_store::testing::{FailStore, MemStore, Op};
+use bucketfs_store::StoreErrorKind;
+use std::collections::HashMap;
+use bytes::Bytes;
+
+fn cfg() -> FsConfig {
+    let dir = std::env::temp_dir().join(format!("bucketfs-core-test-{}", std::process::id()));
+    FsConfig { staging_dir: dir, ..FsConfig::default() }
+}
+
+async fn object(store: &MemStore, key: &str) -> Option<Vec<u8>> {
+    let m = store.head(key).await.ok()?;
+    Some(store.get_range(key, 0..m.size, None).await.unwrap().to_vec())
+}
+
+#[tokio::test]
+async fn create_write_read_flush_reaches_the_store() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    let (attr, fh) = fs.create(ROOT_INO, "f", false).await.unwrap();
+    let after_create = store.requests.load(Ordering::Relaxed);
+    for i in 0..100u64 {
+        // git writes 4,107 bytes at a time: each is a local positional write.
+        assert_eq!(fs.write(fh, i * 4107, &[i as u8; 4107]).await.unwrap(), 4107);
+    }
+    assert_eq!(store.requests.load(Ordering::Relaxed), after_create, "writes before close must not touch the store");
+    assert_eq!(fs.read(fh, 4107 * 3, 2).await.unwrap()[..], [3, 3]);
+    assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 410_700);
+    assert!(object(&store, "f").await.is_none(), "not visible before close");
+    fs.flush(fh).await.unwrap();
+    let data = object(&store, "f").await.unwrap();
+    assert_eq!(data.len(), 410_700);
+    assert_eq!(data[4107 * 99], 99);
+    fs.release(fh).await.unwrap();
+    assert!(!fs.is_staged(attr.ino), "clean staged data is dropped at the last close");
+}
+
+#[tokio::test]
+async fn an_empty_new_file_is_uploaded_and_listed() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    let (_, fh) = fs.create(ROOT_INO, "empty", false).await.unwrap();
+    let dh = fs.opendir(ROOT_INO).await.unwrap();
+    assert!(fs.readdir(dh).unwrap().iter().any(|e| e.name == "empty"), "listed before upload");
+    fs.release(fh).await.unwrap();
+    assert_eq!(object(&store, "empty").await.unwrap(), Vec::<u8>::new());
+}
+
+#[tokio::test]
+async fn overwrite_in_the_middle_keeps_the_rest() {
+    let store = Arc::new(MemStore::new());
+    store.put("f", Bytes::from_static(b"0123456789")).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg());
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let fh = fs.open(f.ino, true, false).await.unwrap();
+    fs.write(fh, 3, b"ab").await.unwrap();
+    fs.write(fh, 12, b"Z").await.unwrap(); // past the end: a hole of zeros
+    fs.release(fh).await.unwrap();
+    assert_eq!(object(&store, "f").await.unwrap(), b"012ab56789\0\0Z");
+}
+
+#[tokio::test]
+async fn a_reader_opened_before_a_write_sees_the_new_bytes() {
+    let store = Arc::new(MemStore::new());
+    store.put("f", Bytes::from_static(b"old old")).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg());
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let reader = fs.open(f.ino, false, false).await.unwrap();
+    let writer = fs.open(f.ino, true, true).await.unwrap();
+    fs.write(writer, 0, b"new").await.unwrap();
+    assert_eq!(&fs.read(reader, 0, 10).await.unwrap()[..], b"new", "before upload");
+    fs.release(writer).await.unwrap();
+    assert_eq!(&fs.read(reader, 0, 10).await.unwrap()[..], b"new", "after upload");
+}
+
+#[tokio::test]
+async fn a_failed_upload_is_reported_and_retried_never_dropped() {
+    let mem = Arc::new(MemStore::new());
+    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 2, StoreErrorKind::Unavailable));
+    let fs = Fs::new(store, cfg());
+    let (attr, fh) = fs.create(ROOT_INO, "f", false).await.unwrap();
+    fs.write(fh, 0, b"precious").await.unwrap();
+    assert!(matches!(fs.flush(fh).await, Err(FsError::UploadFailed(_))));
+    assert_eq!(FsError::UploadFailed(String::new()).errno(), libc::EIO);
+    assert!(fs.release(fh).await.is_err(), "second attempt fails too");
+    assert!(fs.is_staged(attr.ino), "data kept after failed uploads");
+    assert_eq!(fs.sync_all().await, Vec::<String>::new(), "third attempt (unmount) succeeds");
+    assert_eq!(object(&mem, "f").await.unwrap(), b"precious");
+}
+
+#[tokio::test]
+async fn large_sequential_writes_upload_eagerly_in_parts() {
+    let mem = Arc::new(MemStore::new());
+    let mut c = cfg();
+    c.write = bucketfs_store::WriteOptions { part_size: 64 * 1024, concurrency: 2 };
+    let fs = Fs::new(mem.clone(), c);
+    let (_, fh) = fs.create(ROOT_INO, "big", false).await.unwrap();
+    let chunk = vec![7u8; 10_000];
+    for i in 0..100u64 {
+        fs.write(fh, i * 10_000, &chunk).await.unwrap();
+    }
+    fs.release(fh).await.unwrap();
+    assert_eq!(object(&mem, "big").await.unwrap().len(), 1_000_000);
+}
+
+#[tokio::test]
+async fn namespace_changes() {
+    let store = Arc::new(MemStore::new());
+    store.put("d/a", Bytes::from_static(b"A")).await.unwrap();
+    store.put("d/sub/b", Bytes::from_static(b"B")).await.unwrap();
+    store.put("x", Bytes::from_static(b"X")).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg());
+    // mkdir persists an empty directory as a marker.
+    let m = fs.mkdir(ROOT_INO, "m").await.unwrap();
+    assert_eq!(m.kind, Kind::Dir);
+    assert!(object(&store, "m/").await.is_some());
+    assert!(matches!(fs.mkdir(ROOT_INO, "m").await, Err(FsError::Exists)));
+    // rmdir refuses a non-empty directory.
+    assert!(matches!(fs.rmdir(ROOT_INO, "d").await, Err(FsError::NotEmpty)));
+    fs.rmdir(ROOT_INO, "m").await.unwrap();
+    assert!(object(&store, "m/").await.is_none());
+    // rename a file over another, then a populated directory.
+    fs.rename(ROOT_INO, "x", ROOT_INO, "y", false).await.unwrap();
+    assert_eq!(object(&store, "y").await.unwrap(), b"X");
+    assert!(object(&store, "x").await.is_none());
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+    fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap();
+    assert_eq!(object(&store, "e/a").await.unwrap(), b"A");
+    assert_eq!(object(&store, "e/sub/b").await.unwrap(), b"B");
+    assert!(object(&store, "d/a").await.is_none());
+    assert_eq!(fs.lookup(ROOT_INO, "e").await.unwrap().ino, d.ino, "the inode moves with the name");
+    let sub = fs.lookup(d.ino, "sub").await.unwrap();
+    let b = fs.lookup(sub.ino, "b").await.unwrap();
+    let fh = fs.open(b.ino, false, false).await.unwrap();
+    assert_eq!(&fs.read(fh, 0, 5).await.unwrap()[..], b"B", "children read from their new keys");
+    assert!(matches!(fs.rename(ROOT_INO, "e", d.ino, "inside", false).await, Err(FsError::InvalidName)));
+    assert!(matches!(fs.rename(ROOT_INO, "y", ROOT_INO, "e", true).await, Err(FsError::Exists)));
+    fs.unlink(ROOT_INO, "y").await.unwrap();
+    assert!(matches!(fs.lookup(ROOT_INO, "y").await, Err(FsError::NotFound)));
+    assert!(matches!(fs.unlink(ROOT_INO, "e").await, Err(FsError::IsDir)));
+}
+
+#[tokio::test]
+async fn directory_rename_past_the_bound_is_exdev() {
+    let store = Arc::new(MemStore::new());
+    for i in 0..5 {
+        store.put(&format!("d/{i}"), Bytes::from_static(b"1")).await.unwrap();
+    }
+    let fs = Fs::new(store.clone(), FsConfig { max_rename_keys: 3, ..cfg() });
+    let e = fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap_err();
+    assert_eq!(e.errno(), libc::EXDEV);
+    assert!(object(&store, "d/4").await.is_some(), "nothing moved");
+}
+
+#[tokio::test]
+async fn truncate_by_path_uploads_at_once() {
+    let store = Arc::new(MemStore::new());
+    store.put("f", Bytes::from_static(b"0123456789")).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg());
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    assert_eq!(fs.setattr(f.ino, Some(4), None, None, None, None, None).await.unwrap().size, 4);
+    assert_eq!(object(&store, "f").await.unwrap(), b"0123");
+    let a = fs.setattr(f.ino, None, Some(0o100600), Some(5), None, None, None).await.unwrap();
+    assert_eq!((a.perm, a.uid), (0o600, 5));
+}
+
+// ---- model test ----
+
+#[derive(Debug, Clone)]
+enum Step {
+    Open(usize, bool),
+    Write(usize, u16, u8, u8),
+    Read(usize, u16, u16),
+    Truncate(usize, u16),
+    Close(usize),
+    Unlink(usize),
+    Rename(usize, usize),
+}
+
+const NAMES: [&str; 3] = ["a", "b", "c"];
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0..3usize, any::<bool>()).prop_map(|(n, t)| Step::Open(n, t)),
+        (0..3usize, 0..3000u16, 1..200u8, any::<u8>()).prop_map(|(n, o, l, b)| Step::Write(n, o, l, b)),
+        (0..3usize, 0..3500u16, 0..600u16).prop_map(|(n, o, l)| Step::Read(n, o, l)),
+        (0..3usize, 0..3000u16).prop_map(|(n, s)| Step::Truncate(n, s)),
+        (0..3usize).prop_map(Step::Close),
+        (0..3usize).prop_map(Step::Unlink),
+        (0..3usize, 0..3usize).prop_map(|(a, b)| Step::Rename(a, b)),
+    ]
+}
+
+/// Runs steps against the core and a reference model: a map of names to bytes, plus what
+/// the bucket must hold after each successful close.
+async fn run_model(steps: Vec<Step>, fail_from: u64) {
+    let mem = Arc::new(MemStore::new());
+    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, fail_from, 2, StoreErrorKind::Other));
+    let fs = Fs::new(store, cfg());
+    let mut model: HashMap<&str, Vec<u8>> = HashMap::new();
+    let mut open: HashMap<&str, u64> = HashMap::new();
+    for s in steps {
+        match s {
+            Step::Open(n, trunc) => {
+                let name = NAMES[n];
+                if open.contains_key(name) {
+                    continue;
+                }
+                let fh = match fs.lookup(ROOT_INO, name).await {
+                    Ok(a) => fs.open(a.ino, true, trunc).await.unwrap(),
+                    Err(_) => fs.create(ROOT_INO, name, false).await.unwrap().1,
+                };
+                let content = model.entry(name).or_default();
+                if trunc {
+                    content.clear();
+                }
+                open.insert(name, fh);
+            }
+            Step::Write(n, off, len, byte) => {
+                let Some(&fh) = open.get(NAMES[n]) else { continue };
+                let data = vec![byte; len as usize];
+                fs.write(fh, off as u64, &data).await.unwrap();
+                let m = model.get_mut(NAMES[n]).unwrap();
+                let end = off as usize + data.len();
+                if m.len() < end {
+                    m.resize(end, 0);
+                }
+                m[off as usize..end].copy_from_slice(&data);
+            }
+            Step::Read(n, off, len) => {
+                let Some(&fh) = open.get(NAMES[n]) else { continue };
+                let m = &model[NAMES[n]];
+                let got = fs.read(fh, off as u64, len as u32).await.unwrap();
+                let (a, b) = ((off as usize).min(m.len()), (off as usize + len as usize).min(m.len()));
+                assert_eq!(&got[..], &m[a..b], "read {} at {off}+{len}", NAMES[n]);
+            }
+            Step::Truncate(n, size) => {
+                let Some(&fh) = open.get(NAMES[n]) else { continue };
+                let ino = fs.lookup(ROOT_INO, NAMES[n]).await.unwrap().ino;
+                fs.setattr(ino, Some(size as u64), None, None, None, None, Some(fh)).await.unwrap();
+                model.get_mut(NAMES[n]).unwrap().resize(size as usize, 0);
+            }
+            Step::Close(n) => {
+                let Some(fh) = open.remove(NAMES[n]) else { continue };
+                let ok = fs.flush(fh).await.is_ok() & fs.release(fh).await.is_ok();
+                if ok {
+                    assert_eq!(object(&mem, NAMES[n]).await.as_ref(), Some(&model[NAMES[n]]), "bucket after close");
+                }
+            }
+            Step::Unlink(n) => {
+                if open.contains_key(NAMES[n]) || !model.contains_key(NAMES[n]) {
+                    continue;
+                }
+                fs.unlink(ROOT_INO, NAMES[n]).await.unwrap();
+                model.remove(NAMES[n]);
+                assert!(object(&mem, NAMES[n]).await.is_none());
+            }
+            Step::Rename(a, b) => {
+                let (from, to) = (NAMES[a], NAMES[b]);
+                if a == b || open.contains_key(from) || open.contains_key(to) || !model.contains_key(from) {
+                    continue;
+                }
+                if fs.rename(ROOT_INO, from, ROOT_INO, to, false).await.is_ok() {
+                    let v = model.remove(from).unwrap();
+                    model.insert(to, v);
+                }
+            }
+        }
+    }
+    for (name, fh) in open.drain() {
+        let _ = fs.flush(fh).await;
+        let _ = fs.release(fh).await;
+        let _ = name;
+    }
+    // Whatever failed before, unmount's sync gets everything into the bucket.
+    assert!(fs.sync_all().await.is_empty());
+    for (name, content) in &model {
+        assert_eq!(object(&mem, name).await.as_ref(), Some(content), "bucket at the end: {name}");
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #[test]
+    fn core_matches_the_model(steps in proptest::collection::vec(step(), 1..60), fail_from in 1..30u64) {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run_model(steps, fail_from));
+    }
+}
