@@ -36,7 +36,10 @@ impl Fs {
                 (Kind::Dir, Kind::Dir) => {
                     let _ = self.store.delete(&dst.key).await;
                 }
-                (Kind::File, Kind::File) => {}
+                (Kind::File, Kind::File) => {
+                    // The target is replaced: its staged bytes must never be uploaded later.
+                    self.discard_staged(dst.ino).await;
+                }
             }
         }
         let new_key = match src.kind {

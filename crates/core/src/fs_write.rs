@@ -45,6 +45,18 @@ impl Fs {
         self.staged.lock().unwrap().get(&ino).cloned()
     }
 
+    /// The name is gone (unlink, or replaced by a rename): never upload these bytes; drop
+    /// them now unless a handle still reads them (then at its last close).
+    pub(crate) async fn discard_staged(&self, ino: u64) {
+        let Some(staged) = self.staged_of(ino) else { return };
+        let mut st = staged.lock().await;
+        st.unlinked = true;
+        if st.handles == 0 {
+            drop(st);
+            self.staged.lock().unwrap().remove(&ino);
+        }
+    }
+
     pub(crate) fn staged_of_pub(&self, ino: u64) -> Option<SharedStaged> {
         self.staged_of(ino)
     }
@@ -306,9 +318,7 @@ impl Fs {
             return Err(FsError::IsDir);
         }
         self.store.delete(&node.key).await?;
-        if let Some(staged) = self.staged_of(node.ino) {
-            staged.lock().await.unlinked = true;
-        }
+        self.discard_staged(node.ino).await;
         self.table.lock().unwrap().listing_remove(parent, name);
         Ok(())
     }
