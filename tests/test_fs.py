@@ -48,7 +48,7 @@ def test_statvfs(any_store):
 def test_read_only_mount_refuses_writes(bucket):
     bucket.put_all({"keep.txt": b"keep me", "dir/inner.txt": b"inner"})
     before = seed.list_keys(bucket.store, bucket.name)
-    with bucket.mounted() as mp:
+    with bucket.mounted(extra=["--read-only"]) as mp:
         def create():
             with open(os.path.join(mp, "new.txt"), "w") as f:
                 f.write("nope")
@@ -102,8 +102,8 @@ def test_mem_mount_is_empty():
             os.stat(os.path.join(mp, "a/b/c"))
 
 
-def test_mem_mount_refuses_writes():
-    with mounted(["mem://"]) as mp:
+def test_mem_mount_refuses_writes_when_read_only():
+    with mounted(["mem://", "--read-only"]) as mp:
         _expect_write_error("mem create", lambda: open(os.path.join(mp, "new.txt"), "w"))
         _expect_write_error("mem mkdir", lambda: os.mkdir(os.path.join(mp, "d")))
         assert os.listdir(mp) == []
