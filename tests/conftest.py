@@ -320,3 +320,7 @@ def s3_bucket():
     b = Bucket("s3")
     yield b
     b.cleanup()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long-running real-mount test (git clone, 100 MB); -m 'not slow' skips")
