@@ -113,7 +113,7 @@ class Fio(Experiment):
                  "keys": ["%s.lat_p99" % j.key for j in js]}]
 
     def _cmd(self, ctx, system, job, d, out):
-        cap = 10 if ctx.quick else 60
+        cap = 5 if ctx.quick else 60
         cmd = ["fio", "--name=" + job.rw, "--rw=" + job.rw, "--bs=" + job.bs,
                "--size=" + job.size, "--numjobs=%d" % job.jobs, "--ioengine=psync",
                "--group_reporting", "--output-format=json", "--output=" + out,

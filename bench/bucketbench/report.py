@@ -190,9 +190,10 @@ def write_report(json_path, bench_dir):
               "--quick" if meta.get("quick") else "full"),
           "| command | `bench/run %s` |" % " ".join(meta.get("argv", [])),
           "| wall time | %s |" % ", ".join("%s %.0fs" % (k[:-2], v) for k, v in phases.items()),
-          "| machine | %s cores (nproc), %s GiB memory, kernel %s, %s, %s |" % (
-              mach.get("nproc"), mach.get("memory_gib"), mach.get("kernel"),
-              mach.get("cpu", "?"), mach.get("os", "?")),
+          "| machine | %s cores (nproc), %s GiB memory, kernel %s, %s, %s; load average "
+          "%s at start |" % (mach.get("nproc"), mach.get("memory_gib"), mach.get("kernel"),
+                             mach.get("cpu", "?"), mach.get("os", "?"),
+                             mach.get("loadavg_at_start", "?")),
           "| servers | %s |" % ", ".join("%s (%s)" % (k, v) for k, v in
                                         (meta.get("server_versions") or {}).items()),
           ""]

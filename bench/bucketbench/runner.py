@@ -44,7 +44,7 @@ class Context:
         self.read_sizes = [1, 10, 50, 100, 200] + ([] if args.quick else [1024])
         self.copy_sizes = ([4, 8, 16, 32, 64] if args.quick else
                            [4 << i for i in range(9)])  # 4 MB .. 1 GB
-        self.small_files = 100 if args.quick else 1000
+        self.small_files = 50 if args.quick else 1000
         self.dev_project = "bzip2" if args.quick else "lz4"
         # build only: running what was built needs exec permission, which not
         # every peer gives by default
@@ -86,7 +86,9 @@ class Context:
         src = install.ensure_c_source(self.dev_project,
                                       os.path.join(self.workdir, "csrc-" + self.dev_project))
         shutil.rmtree(repo, ignore_errors=True)
-        shutil.copytree(src, repo)
+        keep = install.C_KEEP.get(self.dev_project)
+        shutil.copytree(src, repo, ignore=(lambda d, names: [n for n in names if n not in keep])
+                        if keep else None)
         g = ["git", "-C", repo, "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
         run(g[:3] + ["init", "-q"], 60)
         run(g + ["add", "-A"], 60)

@@ -41,7 +41,6 @@ class System:
 
     name = "?"
     backend = "-"
-    read_only = False  # writes are expected to fail (bucketfs for now)
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -226,19 +225,25 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": S.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S.SECRET_K
 
 
 class Bucketfs(FuseSystem):
-    read_only = True
+    """bucketfs as its users run it (it daemonizes). The binary is copied to
+    the work directory at the start, so a rebuild during the run does not mix
+    two versions in one set of results."""
 
     def __init__(self, ctx, backend):
         self.backend = "MinIO (S3)" if backend == "s3" else "fake-gcs-server (GCS)"
         self.scheme = backend
         self.name = "bucketfs" if backend == "s3" else "bucketfs-gcs"
         super().__init__(ctx)
-        self.binary = os.path.join(ctx.repo, "target", "release", "bucketfs")
+        self.built = os.path.join(ctx.repo, "target", "release", "bucketfs")
+        self.binary = os.path.join(ctx.workdir, "bin", "bucketfs")
         self.env = S3_ENV if backend == "s3" else None
+        self.snapshot = None
 
     def available(self):
-        if not os.access(self.binary, os.X_OK):
-            return "binary %s not built (cargo build --release)" % self.binary
+        if not os.path.exists(self.binary) or self.snapshot is None:
+            if not os.access(self.built, os.X_OK):
+                return "binary %s not built (cargo build --release)" % self.built
+            self.snapshot = snapshot_binary(self.built, self.binary)
         return None
 
     def version(self):
@@ -251,8 +256,8 @@ class Bucketfs(FuseSystem):
             rev = run(["git", "-C", self.ctx.repo, "rev-parse", "--short", "HEAD"], 10)[1].strip()
         except (CmdError, OSError):
             pass
-        built = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(self.binary)))
-        return (out or "bucketfs") + (" (repo at git %s, binary built %s)" % (rev, built))
+        return (out or "bucketfs") + " (repo at git %s, binary built %s, sha256 %s)" % (
+            rev, self.snapshot["built"], self.snapshot["sha256"][:12])
 
     def command(self):
         if self.scheme == "s3":
@@ -341,6 +346,24 @@ class Gcsfuse(FuseSystem):
                 "--anonymous-access", "--implicit-dirs",
                 "--enable-atomic-rename-object=false", "--log-severity=warning",
                 S.BUCKET, self.mp]
+
+
+_SNAPSHOTS = {}
+
+
+def snapshot_binary(src, dst):
+    """Copy src to dst once per run; returns {built, sha256}."""
+    if dst not in _SNAPSHOTS:
+        import hashlib
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        tmp = dst + ".tmp"
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+        with open(dst, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        _SNAPSHOTS[dst] = {"sha256": digest, "built": time.strftime(
+            "%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(src)))}
+    return _SNAPSHOTS[dst]
 
 
 def go_version_string(binary):

@@ -214,6 +214,10 @@ def machine_info():
         pass
     info["kernel"] = os.uname().release
     try:
+        info["loadavg_at_start"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
