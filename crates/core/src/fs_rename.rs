@@ -100,12 +100,26 @@ impl Fs {
                 )));
             }
         }
-        for k in &keys {
+        // Objects are copied; directory markers (keys ending in `/`, real directories on a
+        // local fs) are created. Then sources go: objects first, markers deepest first.
+        let (markers, objects): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| k.ends_with('/'));
+        self.store.create_dir(new_key).await?;
+        let mut sorted_markers = markers.clone();
+        sorted_markers.sort_by_key(|k| k.len());
+        for k in &sorted_markers {
+            self.store.create_dir(&format!("{new_key}{}", &k[src.key.len()..])).await?;
+        }
+        for k in &objects {
             self.store.copy(k, &format!("{new_key}{}", &k[src.key.len()..])).await?;
         }
-        self.store.create_dir(new_key).await?;
-        for k in &keys {
+        for k in &objects {
             self.store.delete(k).await?;
+        }
+        for k in sorted_markers.iter().rev() {
+            match self.store.delete(k).await {
+                Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
         }
         match self.store.delete(&src.key).await {
             Err(e) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
@@ -155,6 +169,7 @@ impl Fs {
         }
         if let Some(t) = mtime {
             n.mtime = t;
+            n.mtime_set = Some(t);
         }
         Ok(self.attr(n))
     }

@@ -21,7 +21,6 @@ use futures::StreamExt;
 
 use crate::fs::{Attr, Fs, Handle, Kind, OpenFile};
 use crate::inode::ChildMeta;
-use crate::read::FileReader;
 use crate::write::{SharedStaged, Staged};
 use crate::{names, FsError};
 
@@ -113,10 +112,20 @@ impl Fs {
             node = self.node(ino)?;
         }
         let staged = if write || self.is_staged(ino) { Some(self.stage(&node, truncate && write).await?) } else { None };
-        let reader = FileReader::new(self.store.clone(), node.key.clone(), node.etag.clone(), node.size, self.cfg.max_prefetch);
+        // Close-to-open for the kernel's page cache: keep it only if the object is the same
+        // version the kernel cached at the previous open (and nothing is staged).
+        let keep_cache = {
+            let mut t = self.table.lock().unwrap();
+            let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
+            let identity = n.identity();
+            let keep = staged.is_none() && n.kernel_cached.as_deref() == Some(identity.as_str());
+            n.kernel_cached = if staged.is_none() { Some(identity) } else { None };
+            keep
+        };
         let file = OpenFile {
             ino,
-            reader: Mutex::new(Arc::new(reader)),
+            reader: Mutex::new(self.reader_for(&node)),
+            keep_cache,
             staged: std::sync::atomic::AtomicBool::new(staged.is_some()),
         };
         Ok(self.insert_handle(Handle::File(Arc::new(file))))
@@ -221,7 +230,8 @@ impl Fs {
             child
         };
         // Handles that read through the store must now read the version we just wrote.
-        let fresh = Arc::new(FileReader::new(self.store.clone(), node.key, child.etag, size, self.cfg.max_prefetch));
+        let fresh = self.reader_for(&self.node(ino)?);
+        let _ = child;
         for h in self.handles.lock().unwrap().values() {
             if let Handle::File(f) = h {
                 if f.ino == ino {
@@ -263,7 +273,8 @@ impl Fs {
     }
 
     /// Create and open a new, empty file; it reaches the bucket at the first flush.
-    pub async fn create(&self, parent: u64, name: &str, exclusive: bool) -> Result<(Attr, u64), FsError> {
+    /// `mode`: permission bits to show (already masked by the umask), or `None` for the default.
+    pub async fn create(&self, parent: u64, name: &str, exclusive: bool, mode: Option<u16>) -> Result<(Attr, u64), FsError> {
         check_new_name(name)?;
         if let Some(existing) = self.resolve(parent, name).await? {
             if exclusive {
@@ -283,6 +294,9 @@ impl Fs {
             let ino = t.upsert(parent, &meta);
             t.remember(ino);
             t.listing_insert(parent, meta);
+            if let Some(n) = t.get_mut(ino) {
+                n.perm = mode.or(n.perm);
+            }
             ino
         };
         let node = self.node(ino)?;
@@ -290,14 +304,15 @@ impl Fs {
         staged.lock().await.truncate(0)?; // marks it dirty: even an empty file is uploaded
         let file = OpenFile {
             ino,
-            reader: Mutex::new(Arc::new(FileReader::new(self.store.clone(), node.key.clone(), None, 0, self.cfg.max_prefetch))),
+            reader: Mutex::new(self.reader_for(&node)),
+            keep_cache: false,
             staged: std::sync::atomic::AtomicBool::new(true),
         };
         let fh = self.insert_handle(Handle::File(Arc::new(file)));
         Ok((self.attr(&node), fh))
     }
 
-    pub async fn mkdir(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
+    pub async fn mkdir(&self, parent: u64, name: &str, mode: Option<u16>) -> Result<Attr, FsError> {
         check_new_name(name)?;
         if self.resolve(parent, name).await?.is_some() {
             return Err(FsError::Exists);
@@ -309,7 +324,9 @@ impl Fs {
         let ino = t.upsert(parent, &meta);
         t.remember(ino);
         t.listing_insert(parent, meta);
-        Ok(self.attr(t.get(ino).expect("just inserted")))
+        let n = t.get_mut(ino).expect("just inserted");
+        n.perm = mode.or(n.perm);
+        Ok(self.attr(n))
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {

@@ -23,7 +23,7 @@ async fn object(store: &MemStore, key: &str) -> Option<Vec<u8>> {
 async fn create_write_read_flush_reaches_the_store() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());
-    let (attr, fh) = fs.create(ROOT_INO, "f", false).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
     let after_create = store.requests.load(Ordering::Relaxed);
     for i in 0..100u64 {
         // git writes 4,107 bytes at a time: each is a local positional write.
@@ -45,7 +45,7 @@ async fn create_write_read_flush_reaches_the_store() {
 async fn an_empty_new_file_is_uploaded_and_listed() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());
-    let (_, fh) = fs.create(ROOT_INO, "empty", false).await.unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "empty", false, None).await.unwrap();
     let dh = fs.opendir(ROOT_INO).await.unwrap();
     assert!(fs.readdir(dh).unwrap().iter().any(|e| e.name == "empty"), "listed before upload");
     fs.release(fh).await.unwrap();
@@ -84,7 +84,7 @@ async fn a_failed_upload_is_reported_and_retried_never_dropped() {
     let mem = Arc::new(MemStore::new());
     let store = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 2, StoreErrorKind::Unavailable));
     let fs = Fs::new(store, cfg());
-    let (attr, fh) = fs.create(ROOT_INO, "f", false).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
     fs.write(fh, 0, b"precious").await.unwrap();
     assert!(matches!(fs.flush(fh).await, Err(FsError::UploadFailed(_))));
     assert_eq!(FsError::UploadFailed(String::new()).errno(), libc::EIO);
@@ -100,7 +100,7 @@ async fn large_sequential_writes_upload_eagerly_in_parts() {
     let mut c = cfg();
     c.write = bucketfs_store::WriteOptions { part_size: 64 * 1024, concurrency: 2 };
     let fs = Fs::new(mem.clone(), c);
-    let (_, fh) = fs.create(ROOT_INO, "big", false).await.unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "big", false, None).await.unwrap();
     let chunk = vec![7u8; 10_000];
     for i in 0..100u64 {
         fs.write(fh, i * 10_000, &chunk).await.unwrap();
@@ -117,10 +117,10 @@ async fn namespace_changes() {
     store.put("x", Bytes::from_static(b"X")).await.unwrap();
     let fs = Fs::new(store.clone(), cfg());
     // mkdir persists an empty directory as a marker.
-    let m = fs.mkdir(ROOT_INO, "m").await.unwrap();
+    let m = fs.mkdir(ROOT_INO, "m", None).await.unwrap();
     assert_eq!(m.kind, Kind::Dir);
     assert!(object(&store, "m/").await.is_some());
-    assert!(matches!(fs.mkdir(ROOT_INO, "m").await, Err(FsError::Exists)));
+    assert!(matches!(fs.mkdir(ROOT_INO, "m", None).await, Err(FsError::Exists)));
     // rmdir refuses a non-empty directory.
     assert!(matches!(fs.rmdir(ROOT_INO, "d").await, Err(FsError::NotEmpty)));
     fs.rmdir(ROOT_INO, "m").await.unwrap();
@@ -215,7 +215,7 @@ async fn run_model(steps: Vec<Step>, fail_from: u64) {
                 }
                 let fh = match fs.lookup(ROOT_INO, name).await {
                     Ok(a) => fs.open(a.ino, true, trunc).await.unwrap(),
-                    Err(_) => fs.create(ROOT_INO, name, false).await.unwrap().1,
+                    Err(_) => fs.create(ROOT_INO, name, false, None).await.unwrap().1,
                 };
                 let content = model.entry(name).or_default();
                 if trunc {

@@ -37,6 +37,25 @@ pub struct Node {
     /// chmod/chown kept for the life of the inode (see SEMANTICS.md: not persisted).
     pub perm: Option<u16>,
     pub owner: Option<(u32, u32)>,
+    /// Identity of the version whose pages the kernel may still cache (set at open).
+    pub kernel_cached: Option<String>,
+    /// An mtime set by utimens here; shown instead of the object's until the object is
+    /// changed by someone else (not persisted in the bucket; see SEMANTICS.md).
+    pub mtime_set: Option<SystemTime>,
+}
+
+impl Node {
+    /// Names this version of the object for caches: the ETag/generation, or size and mtime
+    /// on stores without one (local fs).
+    pub fn identity(&self) -> String {
+        match &self.etag {
+            Some(e) => e.clone(),
+            None => {
+                let t = self.mtime.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                format!("{}-{}.{}", self.size, t.as_secs(), t.subsec_nanos())
+            }
+        }
+    }
 }
 
 /// One child as a listing or lookup reported it, before it has an inode.
@@ -78,6 +97,8 @@ impl InodeTable {
             lookups: 1,
             perm: None,
             owner: None,
+            kernel_cached: None,
+            mtime_set: None,
         };
         Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2 }
     }
@@ -105,6 +126,9 @@ impl InodeTable {
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.kind == meta.kind {
+                    if node.etag != meta.etag {
+                        node.mtime_set = None;
+                    }
                     node.size = meta.size;
                     node.mtime = meta.mtime;
                     node.etag = meta.etag.clone();
@@ -131,6 +155,8 @@ impl InodeTable {
                 lookups: 0,
                 perm: None,
                 owner: None,
+                kernel_cached: None,
+                mtime_set: None,
             },
         );
         self.index.insert((parent, meta.name.clone()), ino);
@@ -151,7 +177,10 @@ impl InodeTable {
         }
         let Some(n) = self.nodes.get_mut(&ino) else { return };
         n.lookups = n.lookups.saturating_sub(count);
-        if n.lookups == 0 {
+        // A node carrying chmod/chown/utime from here is kept: the kernel forgets inodes
+        // whenever their dentries expire, and those settings must last for the mount.
+        let has_overrides = n.perm.is_some() || n.owner.is_some() || n.mtime_set.is_some();
+        if n.lookups == 0 && !has_overrides {
             let (parent, name) = (n.parent, n.name.clone());
             self.nodes.remove(&ino);
             self.listings.remove(&ino);
@@ -270,6 +299,12 @@ mod tests {
         assert!(t.get(a).is_some());
         t.forget(a, 1);
         assert!(t.get(a).is_none());
+        // chmod'ed nodes outlive the kernel's references: the mode must survive eviction.
+        let b = t.upsert(ROOT_INO, &meta("b", Kind::File));
+        t.remember(b);
+        t.get_mut(b).unwrap().perm = Some(0o600);
+        t.forget(b, 1);
+        assert_eq!(t.child(ROOT_INO, "b").map(|n| n.ino), Some(b));
         assert!(t.child(ROOT_INO, "a").is_none());
         t.forget(ROOT_INO, 5);
         assert!(t.get(ROOT_INO).is_some());

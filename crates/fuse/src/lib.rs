@@ -134,7 +134,10 @@ impl Filesystem for FuseAdapter {
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.open(ino.0, write, truncate).await {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Ok(fh) => {
+                    let keep = if fs.keep_cache(fh) { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                    reply.opened(FileHandle(fh), keep)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -211,26 +214,27 @@ impl Filesystem for FuseAdapter {
         _req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        mode: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
         let (fs, ttl) = (self.fs.clone(), self.ttl());
         self.rt.spawn(async move {
-            match fs.create(parent.0, &name, flags & libc::O_EXCL != 0).await {
+            let perm = Some((mode & !umask & 0o7777) as u16);
+            match fs.create(parent.0, &name, flags & libc::O_EXCL != 0, perm).await {
                 Ok((a, fh)) => reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
             }
         });
     }
 
-    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
         let (fs, ttl) = (self.fs.clone(), self.ttl());
         self.rt.spawn(async move {
-            match fs.mkdir(parent.0, &name).await {
+            match fs.mkdir(parent.0, &name, Some((mode & !umask & 0o7777) as u16)).await {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
             }

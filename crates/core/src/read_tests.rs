@@ -1,0 +1,122 @@
+//! Read path tests against the in-memory store (with latency where timing matters).
+
+use super::*;
+use bucketfs_store::testing::MemStore;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn data(n: usize) -> Bytes {
+    (0..n).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>().into()
+}
+
+fn reader(store: Arc<MemStore>, cache: Arc<ReadCache>, etag: Option<String>, size: u64) -> FileReader {
+    FileReader::new(store, cache, "f".into(), etag.clone(), etag.unwrap_or_default(), size, 16 * BLOCK)
+}
+
+fn cache() -> Arc<ReadCache> {
+    Arc::new(ReadCache::new(256 << 20, 64 << 20))
+}
+
+#[tokio::test]
+async fn sequential_reads_are_exact_and_use_few_requests() {
+    let store = Arc::new(MemStore::new());
+    let body = data(9 * BLOCK as usize + 12345);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let r = reader(store.clone(), cache(), m.etag, body.len() as u64);
+    let mut off = 0u64;
+    while off < body.len() as u64 {
+        let got = r.read(off, 128 * 1024).await.unwrap();
+        assert_eq!(got, body.slice(off as usize..off as usize + got.len()), "at {off}");
+        off += got.len() as u64;
+    }
+    let n = store.requests.load(Ordering::Relaxed);
+    assert!(n <= 11, "{n} requests for 10 blocks read sequentially in 128 KiB pieces");
+}
+
+#[tokio::test]
+async fn random_reads_fetch_exact_ranges() {
+    let store = Arc::new(MemStore::new());
+    let body = data(5 * BLOCK as usize);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let r = reader(store.clone(), cache(), m.etag, body.len() as u64);
+    let before = store.requests.load(Ordering::Relaxed);
+    for (off, len) in [(3 * BLOCK + 17, 100u32), (1_000_003, 17), (4 * BLOCK - 5, 10), (5 * BLOCK - 3, 100)] {
+        let got = r.read(off, len).await.unwrap();
+        let end = (off as usize + len as usize).min(body.len());
+        assert_eq!(got, body.slice(off as usize..end));
+    }
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 4, "one exact GET per random read, no prefetch");
+    assert!(r.read(body.len() as u64 + 1, 10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_second_reader_is_served_from_the_block_cache() {
+    let store = Arc::new(MemStore::new());
+    let body = data(3 * BLOCK as usize);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let c = cache();
+    let r1 = reader(store.clone(), c.clone(), m.etag.clone(), body.len() as u64);
+    let mut off = 0;
+    while off < body.len() as u64 {
+        off += r1.read(off, 1 << 20).await.unwrap().len() as u64;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await; // prefetch tasks settle
+    let before = store.requests.load(Ordering::Relaxed);
+    let r2 = reader(store.clone(), c.clone(), m.etag, body.len() as u64);
+    let mut off = 0;
+    while off < body.len() as u64 {
+        let got = r2.read(off, 1 << 20).await.unwrap();
+        assert_eq!(got, body.slice(off as usize..off as usize + got.len()));
+        off += got.len() as u64;
+    }
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "served from cache");
+}
+
+#[tokio::test]
+async fn a_changed_object_is_stale_and_never_served_from_cache() {
+    let store = Arc::new(MemStore::new());
+    let m = store.put("f", data(1000)).await.unwrap();
+    let c = cache();
+    let r = reader(store.clone(), c.clone(), m.etag.clone(), 1000);
+    assert_eq!(r.read(100, 10).await.unwrap().len(), 10); // random: an exact GET
+    let new = Bytes::from(vec![9u8; 1000]);
+    let m2 = store.put("f", new.clone()).await.unwrap();
+    // The next GET carries the old ETag: the handle fails rather than mix versions.
+    assert!(matches!(r.read(500, 10).await, Err(FsError::Stale(_))));
+    // A new identity never sees the old version's cached block.
+    let r2 = reader(store.clone(), c, m2.etag, 1000);
+    assert_eq!(r2.read(0, 1000).await.unwrap(), new);
+}
+
+#[tokio::test]
+async fn prefetch_overlaps_requests_for_a_faster_sequential_read() {
+    // 20 ms a request: a window of parallel GETs must beat one request per block.
+    let store = Arc::new(MemStore::new().with_latency(Duration::from_millis(20)));
+    let body = data(16 * BLOCK as usize);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let r = reader(store.clone(), cache(), m.etag, body.len() as u64);
+    let t = std::time::Instant::now();
+    let mut off = 0;
+    while off < body.len() as u64 {
+        off += r.read(off, 1 << 20).await.unwrap().len() as u64;
+    }
+    let serial = Duration::from_millis(20 * 16);
+    assert!(t.elapsed() < serial * 2 / 3, "{:?} for 16 blocks: prefetch did not overlap", t.elapsed());
+}
+
+#[tokio::test]
+async fn cache_and_budget_are_bounded() {
+    let store = Arc::new(MemStore::new());
+    let body = data(20 * BLOCK as usize);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let c = Arc::new(ReadCache::new(4 * BLOCK, 4 * BLOCK));
+    let r = reader(store.clone(), c.clone(), m.etag, body.len() as u64);
+    let mut off = 0;
+    while off < body.len() as u64 {
+        let got = r.read(off, 1 << 20).await.unwrap();
+        assert_eq!(got, body.slice(off as usize..off as usize + got.len()));
+        off += got.len() as u64;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(c.cached_bytes() <= 4 * BLOCK, "cache holds {} bytes", c.cached_bytes());
+}
