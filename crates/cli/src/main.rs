@@ -63,8 +63,20 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 1.0)]
     metadata_ttl: f64,
     /// Largest sequential prefetch window per open file, in MiB.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 32)]
     max_prefetch_mib: u64,
+    /// Prefetch in flight across all open files, in MiB.
+    #[arg(long, default_value_t = 64)]
+    prefetch_budget_mib: u64,
+    /// Memory block cache, in MiB.
+    #[arg(long, default_value_t = 64)]
+    memory_cache_mib: u64,
+    /// On-disk block cache (survives remounts), in MiB; 0 turns it off.
+    #[arg(long, default_value_t = 2048)]
+    disk_cache_mib: u64,
+    /// Directory of the on-disk block cache (default: the user's cache directory).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
     /// Directory where files being written are staged (default: the user's cache directory).
     #[arg(long)]
     staging_dir: Option<PathBuf>,

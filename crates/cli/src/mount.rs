@@ -158,6 +158,12 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         gid: unsafe { libc::getgid() },
         metadata_ttl: Duration::from_secs_f64(args.metadata_ttl.max(0.0)),
         max_prefetch: args.max_prefetch_mib.max(1) * 1024 * 1024,
+        prefetch_budget: args.prefetch_budget_mib * 1024 * 1024,
+        cache_bytes: args.memory_cache_mib * 1024 * 1024,
+        disk_cache: (args.disk_cache_mib > 0).then(|| {
+            let id = format!("{} {}", location.to_url(), args.endpoint.clone().unwrap_or_default());
+            (args.cache_dir.clone().unwrap_or_else(|| paths::block_cache_dir(&id)), args.disk_cache_mib * 1024 * 1024)
+        }),
         staging_dir: args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp)),
         write: WriteOptions {
             // S3 rejects parts under 5 MiB (except the last).

@@ -42,3 +42,12 @@ pub fn staging_dir(mountpoint: &Path) -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache"));
     base.join("bucketfs/staging").join(mount_id(mountpoint))
 }
+
+/// `~/.cache/bucketfs/blocks/<store>`: one block cache per store URL (and endpoint).
+pub fn block_cache_dir(store_id: &str) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    store_id.hash(&mut h);
+    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache"));
+    base.join("bucketfs/blocks").join(format!("{:016x}", h.finish()))
+}

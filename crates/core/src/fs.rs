@@ -78,6 +78,8 @@ pub struct FsConfig {
     pub prefetch_budget: u64,
     /// Bytes of object data kept in the memory block cache.
     pub cache_bytes: u64,
+    /// The on-disk block cache: directory and size bound; `None` disables it.
+    pub disk_cache: Option<(std::path::PathBuf, u64)>,
     /// Where files being written are staged on local disk.
     pub staging_dir: std::path::PathBuf,
     /// Part size and parallelism of uploads.
@@ -102,6 +104,7 @@ impl Default for FsConfig {
             // Two readers at full window; with the cache below, RSS stays well under 200 MB.
             prefetch_budget: 64 * 1024 * 1024,
             cache_bytes: 64 * 1024 * 1024,
+            disk_cache: None,
             staging_dir: std::env::temp_dir().join("bucketfs-staging"),
             write: WriteOptions::default(),
             // 10,000 keys: a few minutes of copies at most on a slow link.
@@ -139,6 +142,20 @@ pub struct Fs {
     next_fh: AtomicU64,
 }
 
+fn read_cache(cfg: &FsConfig) -> ReadCache {
+    let cache = ReadCache::new(cfg.cache_bytes, cfg.prefetch_budget);
+    match &cfg.disk_cache {
+        Some((dir, bytes)) => match crate::disk_cache::DiskCache::open(dir, *bytes) {
+            Ok(disk) => cache.with_disk(disk),
+            Err(e) => {
+                tracing::warn!("disk cache {} unusable, continuing without it: {e}", dir.display());
+                cache
+            }
+        },
+        None => cache,
+    }
+}
+
 impl Fs {
     pub fn new(store: Arc<dyn Store>, cfg: FsConfig) -> Self {
         let now = SystemTime::now();
@@ -148,7 +165,7 @@ impl Fs {
             table: Mutex::new(InodeTable::new(now)),
             handles: Mutex::new(HashMap::new()),
             staged: Mutex::new(HashMap::new()),
-            read_cache: Arc::new(ReadCache::new(cfg.cache_bytes, cfg.prefetch_budget)),
+            read_cache: Arc::new(read_cache(&cfg)),
             next_fh: AtomicU64::new(1),
             cfg,
         }

@@ -4,12 +4,14 @@
 //!
 //! - [`names`]: which object keys become which file names, and which are never exposed.
 //! - [`inode`]: the inode table (ino <-> key), lookup counts, directory listing cache.
-//! - [`read`]: the per-handle read path with sequential prefetch.
+//! - [`read`]: the per-handle read path with sequential prefetch and the memory cache;
+//!   [`disk_cache`]: the checksummed on-disk block cache that survives remounts.
 //! - [`write`]: staged writes and their upload on flush/fsync/unmount.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`error`]: the core's error enum and the one map from errors to errno.
 
+pub mod disk_cache;
 pub mod error;
 pub mod fs;
 mod fs_write;

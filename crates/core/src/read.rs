@@ -36,6 +36,7 @@ type BlockKey = (Arc<str>, Arc<str>, u64);
 /// Shared by every handle of a mount: the block cache and the prefetch budget.
 pub struct ReadCache {
     blocks: moka::sync::Cache<BlockKey, Bytes>,
+    disk: Option<Arc<crate::disk_cache::DiskCache>>,
     /// Permits are KiB of prefetch in flight; a prefetch that finds none is skipped.
     budget: Arc<Semaphore>,
 }
@@ -47,7 +48,13 @@ impl ReadCache {
             .weigher(|_k: &BlockKey, v: &Bytes| v.len().try_into().unwrap_or(u32::MAX))
             .max_capacity(cache_bytes)
             .build();
-        Self { blocks, budget: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)) }
+        Self { blocks, disk: None, budget: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)) }
+    }
+
+    /// Add the on-disk cache below the memory cache.
+    pub fn with_disk(mut self, disk: crate::disk_cache::DiskCache) -> Self {
+        self.disk = Some(Arc::new(disk));
+        self
     }
 
     /// Bytes held by the cache now (approximate: moka settles evictions lazily).
@@ -184,9 +191,21 @@ impl FileReader {
         );
         // A task, so the GET proceeds while nobody awaits it (that is what prefetch is).
         let task = tokio::spawn(async move {
+            if let Some(disk) = cache.disk.clone() {
+                let (k, id) = (ck.0.clone(), ck.1.clone());
+                let hit = tokio::task::spawn_blocking(move || disk.get(&k, &id, b)).await.ok().flatten();
+                if let Some(data) = hit.filter(|d| d.len() as u64 == end - start) {
+                    cache.blocks.insert(ck, data.clone());
+                    return Ok(data);
+                }
+            }
             let data = get(store.as_ref(), &key, start, end, etag.as_deref()).await?;
-            cache.blocks.insert(ck, data.clone());
+            cache.blocks.insert(ck.clone(), data.clone());
             drop(permit);
+            if let Some(disk) = cache.disk.clone() {
+                let d = data.clone();
+                tokio::task::spawn_blocking(move || disk.put(&ck.0, &ck.1, b, &d));
+            }
             Ok(data)
         });
         let fut = async move { task.await.unwrap_or_else(|e| Err(FsError::Local(format!("read task: {e}")))) }

@@ -120,3 +120,35 @@ async fn cache_and_budget_are_bounded() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(c.cached_bytes() <= 4 * BLOCK, "cache holds {} bytes", c.cached_bytes());
 }
+
+#[tokio::test]
+async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
+    let store = Arc::new(MemStore::new());
+    let body = data(3 * BLOCK as usize + 5);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("bucketfs-rd-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mk = || Arc::new(ReadCache::new(1 << 30, 64 << 20).with_disk(crate::disk_cache::DiskCache::open(&dir, 1 << 30).unwrap()));
+    let read_all = |r: FileReader| async move {
+        let mut out = Vec::new();
+        while (out.len() as u64) < r.size {
+            out.extend_from_slice(&r.read(out.len() as u64, 1 << 20).await.unwrap());
+        }
+        out
+    };
+    assert_eq!(read_all(reader(store.clone(), mk(), m.etag.clone(), body.len() as u64)).await, body);
+    tokio::time::sleep(Duration::from_millis(100)).await; // disk writes settle
+    // A new memory cache (a remount): every block comes from disk, no GET.
+    let before = store.requests.load(Ordering::Relaxed);
+    assert_eq!(read_all(reader(store.clone(), mk(), m.etag.clone(), body.len() as u64)).await, body);
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "served from the disk cache");
+    // Corrupt every block file: reads are still right, refetched from the store.
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let mut raw = std::fs::read(e.path()).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 0x55;
+        std::fs::write(e.path(), raw).unwrap();
+    }
+    assert_eq!(read_all(reader(store.clone(), mk(), m.etag, body.len() as u64)).await, body);
+    assert!(store.requests.load(Ordering::Relaxed) > before, "corrupted blocks were refetched");
+}
