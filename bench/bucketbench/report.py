@@ -92,8 +92,8 @@ def chart(path, exp, systems):
     if not specs:
         return False
     metrics = {m["key"]: m for m in exp["metrics"]}
-    fig, axes = plt.subplots(len(specs), 1, figsize=(max(8, 1.3 * max(len(s["keys"]) for s in specs)
-                                                        + 2), 4.2 * len(specs)), squeeze=False)
+    width_in = max(8, 1.3 * max(len(s["keys"]) for s in specs) + 2) + 1.5
+    fig, axes = plt.subplots(len(specs), 1, figsize=(width_in, 4.2 * len(specs)), squeeze=False)
     colors = plt.get_cmap("tab10").colors
     color_of = {s: colors[i % len(colors)] for i, s in enumerate(systems)}
     any_data = False
@@ -122,16 +122,17 @@ def chart(path, exp, systems):
         if without:
             title += "\n(no number: %s)" % ", ".join(without)
         ax.set_xticks(range(len(keys)))
-        ax.set_xticklabels([short_label(metrics[k]["label"]) for k in keys],
-                           rotation=20 if len(keys) > 4 else 0, ha="right" if len(keys) > 4
-                           else "center", fontsize=8)
+        labels = [short_label(metrics[k]["label"]) for k in keys]
+        tilt = len(keys) > 4 or max(len(x) for x in labels) > 18
+        ax.set_xticklabels(labels, rotation=20 if tilt else 0, ha="right" if tilt else "center",
+                           fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(spec.get("ylabel", ""))
         if spec.get("log"):
             ax.set_yscale("log")
         ax.grid(axis="y", alpha=0.3)
-        if with_data:
-            ax.legend(fontsize=7, ncol=min(4, len(with_data)))
+        if with_data:  # outside the axes, so it never hides a bar
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("Experiment %s: %s" % (exp["id"], exp["title"]), fontsize=11)
     fig.text(0.01, 0.005, "bars: median; whiskers: min–max", fontsize=7)
     fig.tight_layout()
