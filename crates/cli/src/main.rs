@@ -89,6 +89,16 @@ pub struct MountArgs {
     /// A directory rename moves every key below it; past this many keys it fails with EXDEV.
     #[arg(long, default_value_t = 10_000)]
     max_rename_keys: usize,
+    /// Load the whole tree at mount (one recursive listing) so the first `find`/`ls -R` is
+    /// served from memory; refreshed in the background every --preload-refresh seconds.
+    #[arg(long)]
+    preload_tree: bool,
+    /// Refuse to preload a bucket with more keys than this (memory: ~200 bytes a key).
+    #[arg(long, default_value_t = 1_000_000)]
+    preload_max_entries: usize,
+    /// Seconds between background refreshes of a preloaded tree.
+    #[arg(long, default_value_t = 60)]
+    preload_refresh: u64,
     /// FUSE dispatch threads.
     #[arg(long, default_value_t = 4)]
     fuse_threads: usize,

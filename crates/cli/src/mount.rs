@@ -176,6 +176,9 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     std::fs::create_dir_all(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))?;
     let fs = Arc::new(Fs::new(store, cfg));
+    if args.preload_tree {
+        start_preload(args, &fs, &rt);
+    }
     let spec = MountSpec {
         fsname: location.to_url(),
         allow_other: args.allow_other,
@@ -240,4 +243,26 @@ fn prepare(args: &MountArgs, location: &Location, rt: &tokio::runtime::Runtime) 
         })?
         .map_err(|e| explain(location, args, e))?;
     Ok(store)
+}
+
+/// Load the tree now (the mount is ready only after it), then refresh it in the background.
+/// Listings stay valid for two refresh periods, so one failed refresh changes nothing.
+fn start_preload(args: &MountArgs, fs: &Arc<Fs>, rt: &tokio::runtime::Runtime) {
+    let (max, every) = (args.preload_max_entries, Duration::from_secs(args.preload_refresh.max(1)));
+    match rt.block_on(fs.preload_tree(max, every * 2)) {
+        Ok(n) => tracing::info!(entries = n, "tree loaded at mount"),
+        Err(e) => {
+            tracing::warn!("not preloading: {e}");
+            return;
+        }
+    }
+    let fs = fs.clone();
+    rt.spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(e) = fs.preload_tree(max, every * 2).await {
+                tracing::warn!("tree refresh failed (listing per directory meanwhile): {e}");
+            }
+        }
+    });
 }

@@ -216,7 +216,7 @@ impl Fs {
         }
         let cached = {
             let t = self.table.lock().unwrap();
-            t.listing(parent).filter(|l| self.fresh(l.at)).map(|l| l.children.get(name).cloned())
+            t.listing(parent).filter(|l| l.is_fresh()).map(|l| l.children.get(name).cloned())
         };
         let local = {
             let t = self.table.lock().unwrap();
@@ -320,7 +320,7 @@ impl Fs {
     pub(crate) async fn ensure_listing(&self, dir: &Node) -> Result<(), FsError> {
         {
             let t = self.table.lock().unwrap();
-            if t.listing(dir.ino).is_some_and(|l| self.fresh(l.at)) {
+            if t.listing(dir.ino).is_some_and(|l| l.is_fresh()) {
                 return Ok(());
             }
         }
@@ -351,7 +351,7 @@ impl Fs {
             tracing::debug!(dir = %dir.key, skipped, "keys that are not valid file names are not shown");
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
-        self.table.lock().unwrap().set_listing(dir.ino, Listing { at: started, children });
+        self.table.lock().unwrap().set_listing(dir.ino, Listing { at: started, valid_for: self.cfg.metadata_ttl, children });
         Ok(())
     }
 

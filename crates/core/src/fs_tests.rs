@@ -129,3 +129,30 @@ async fn errno_map_covers_store_errors() {
     assert_eq!(e(K::Unavailable), libc::ETIMEDOUT);
     assert_eq!(e(K::Other), libc::EIO);
 }
+
+#[tokio::test]
+async fn a_preloaded_tree_answers_find_without_requests() {
+    let keys: Vec<(String, Vec<u8>)> =
+        (0..300).map(|i| (format!("d{}/e{}/f{i}", i % 7, i % 3), vec![1u8; i % 10])).collect();
+    let mut refs: Vec<(&str, &[u8])> = keys.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    refs.push(("marker/", b""));
+    refs.push(("x//bad", b"1"));
+    let (store, fs) = fs_with(&refs).await;
+    assert_eq!(fs.preload_tree(10_000, Duration::from_secs(60)).await.unwrap(), 301);
+    let before = store.requests.load(Ordering::Relaxed);
+    // Walk everything, as find does: readdir each directory, look up each entry.
+    let mut stack = vec![ROOT_INO];
+    let mut files = 0;
+    while let Some(dir) = stack.pop() {
+        for e in names(&fs, dir).await.into_iter().filter(|n| n != "." && n != "..") {
+            let a = fs.lookup(dir, &e).await.unwrap();
+            match a.kind {
+                Kind::Dir => stack.push(a.ino),
+                Kind::File => files += 1,
+            }
+        }
+    }
+    assert_eq!(files, 300);
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "a preloaded tree needs no requests");
+    assert!(matches!(fs.preload_tree(10, Duration::from_secs(60)).await, Err(FsError::Local(_))));
+}

@@ -85,7 +85,7 @@ impl Fs {
         let dir = self.node(parent)?;
         let cached = {
             let t = self.table.lock().unwrap();
-            t.listing(parent).filter(|l| self.fresh(l.at)).map(|l| l.children.get(name).cloned())
+            t.listing(parent).filter(|l| l.is_fresh()).map(|l| l.children.get(name).cloned())
         };
         let meta = match cached {
             Some(Some(m)) => m,

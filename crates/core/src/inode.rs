@@ -72,7 +72,16 @@ pub struct ChildMeta {
 #[derive(Debug)]
 pub struct Listing {
     pub at: Instant,
+    /// How long it answers without asking the store: the metadata TTL, or longer for a
+    /// tree loaded at mount and refreshed in the background.
+    pub valid_for: std::time::Duration,
     pub children: HashMap<String, ChildMeta>,
+}
+
+impl Listing {
+    pub fn is_fresh(&self) -> bool {
+        self.at.elapsed() < self.valid_for
+    }
 }
 
 pub struct InodeTable {

@@ -15,6 +15,7 @@ pub mod disk_cache;
 pub mod error;
 pub mod fs;
 mod fs_write;
+mod preload;
 pub mod inode;
 pub mod names;
 pub mod read;
