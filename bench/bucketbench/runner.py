@@ -104,7 +104,8 @@ def parse_args(argv):
     p.add_argument("--profile", choices=["lan", "cloud"], default="lan",
                    help="cloud adds 10 ms latency each way through toxiproxy")
     p.add_argument("--bandwidth", type=float, metavar="MBPS",
-                   help="cap each proxy direction at MBPS megabytes per second")
+                   help="cap each proxied connection at MBPS megabytes per second, "
+                   "each direction (toxiproxy caps per connection, not in total)")
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help="comma-separated, from: " + ",".join(ALL_SYSTEMS))
     p.add_argument("--experiments", default="1,2,3,4,5,6,7",
