@@ -124,11 +124,11 @@ def error(msg):
 def drop_caches():
     """Drop the kernel page cache (root only); silently skipped otherwise."""
     try:
-        os.sync()
+        run(["sync"], 120, check=False)  # in a child: a hung mount cannot stall us
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
         return True
-    except OSError:
+    except (OSError, CmdError):
         return False
 
 
@@ -242,7 +242,7 @@ def port_free(port):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         return True
-    except OSError:
+    except (OSError, CmdError):
         return False
     finally:
         s.close()
