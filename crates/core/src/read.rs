@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use bucketfs_store::{Store, StoreErrorKind};
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::FsError;
 
@@ -83,7 +83,10 @@ struct ReadState {
     next: u64,
     /// Blocks to keep in flight ahead of a sequential reader.
     window: u64,
-    inflight: HashMap<u64, Fetch>,
+    /// Blocks fetched or being fetched for this reader, not yet passed. A prefetched block
+    /// holds its share of the global budget until the reader moves past it, so the budget
+    /// bounds prefetched memory, not just requests in flight.
+    inflight: HashMap<u64, (Fetch, Option<OwnedSemaphorePermit>)>,
 }
 
 impl FileReader {
@@ -170,7 +173,7 @@ impl FileReader {
     /// The fetch of block `b`: already in flight, or started now. A prefetch starts only if
     /// the global budget has room (`None` otherwise, or if the block is cached).
     fn block_fetch(&self, st: &mut ReadState, b: u64, prefetch: bool) -> Option<Fetch> {
-        if let Some(f) = st.inflight.get(&b) {
+        if let Some((f, _)) = st.inflight.get(&b) {
             return Some(f.clone());
         }
         if prefetch && self.cache.blocks.contains_key(&self.block_key(b)) {
@@ -201,7 +204,6 @@ impl FileReader {
             }
             let data = get(store.as_ref(), &key, start, end, etag.as_deref()).await?;
             cache.blocks.insert(ck.clone(), data.clone());
-            drop(permit);
             if let Some(disk) = cache.disk.clone() {
                 let d = data.clone();
                 tokio::task::spawn_blocking(move || disk.put(&ck.0, &ck.1, b, &d));
@@ -211,7 +213,7 @@ impl FileReader {
         let fut = async move { task.await.unwrap_or_else(|e| Err(FsError::Local(format!("read task: {e}")))) }
             .boxed()
             .shared();
-        st.inflight.insert(b, fut.clone());
+        st.inflight.insert(b, (fut.clone(), permit));
         Some(fut)
     }
 
