@@ -24,6 +24,10 @@ use crate::inode::ChildMeta;
 use crate::write::{SharedStaged, Staged};
 use crate::{names, FsError};
 
+/// Files up to this size are copied into the block caches after upload (write-through);
+/// 64 MiB: source trees and build outputs fit, a bulk copy of large files does not churn.
+const WRITE_THROUGH_MAX: u64 = 64 * 1024 * 1024;
+
 /// Check a name for create/mkdir/rename targets.
 fn check_new_name(name: &str) -> Result<(), FsError> {
     if name.len() > names::NAME_MAX {
@@ -216,6 +220,16 @@ impl Fs {
             FsError::UploadFailed(e.to_string())
         })?;
         let size = st.size;
+        // Write-through: what was just uploaded is read back soon (make after a clone, a
+        // test after its build), so small files go into the block caches under the new ETag.
+        let mut blocks = Vec::new();
+        if size <= WRITE_THROUGH_MAX {
+            let mut off = 0;
+            while off < size {
+                blocks.push(st.read(off, crate::read::BLOCK as u32)?);
+                off += crate::read::BLOCK;
+            }
+        }
         drop(st);
         let child = {
             let mut t = self.table.lock().unwrap();
@@ -229,8 +243,13 @@ impl Fs {
             t.listing_insert(parent, child.clone());
             child
         };
+        let now = self.node(ino)?;
+        let identity = now.identity();
+        for (i, data) in blocks.into_iter().enumerate() {
+            self.read_cache.remember(&now.key, &identity, i as u64, data);
+        }
         // Handles that read through the store must now read the version we just wrote.
-        let fresh = self.reader_for(&self.node(ino)?);
+        let fresh = self.reader_for(&now);
         let _ = child;
         for h in self.handles.lock().unwrap().values() {
             if let Handle::File(f) = h {

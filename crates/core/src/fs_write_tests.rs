@@ -42,6 +42,24 @@ async fn create_write_read_flush_reaches_the_store() {
 }
 
 #[tokio::test]
+async fn reading_back_what_was_written_needs_no_request() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    let (attr, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 249) as u8).collect();
+    fs.write(fh, 0, &body).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let before = store.requests.load(Ordering::Relaxed);
+    let fh = fs.open(attr.ino, false, false).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < body.len() {
+        got.extend_from_slice(&fs.read(fh, got.len() as u64, 1 << 20).await.unwrap());
+    }
+    assert_eq!(got, body);
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "write-through cache serves the read-back");
+}
+
+#[tokio::test]
 async fn an_empty_new_file_is_uploaded_and_listed() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());

@@ -57,6 +57,16 @@ impl ReadCache {
         self
     }
 
+    /// Put a block we already have (just uploaded) into both caches under its new identity.
+    pub fn remember(&self, key: &str, identity: &str, block: u64, data: Bytes) {
+        let (k, id): (Arc<str>, Arc<str>) = (key.into(), identity.into());
+        if let Some(disk) = self.disk.clone() {
+            let (k, id, d) = (k.clone(), id.clone(), data.clone());
+            tokio::task::spawn_blocking(move || disk.put(&k, &id, block, &d));
+        }
+        self.blocks.insert((k, id, block), data);
+    }
+
     /// Bytes held by the cache now (approximate: moka settles evictions lazily).
     pub fn cached_bytes(&self) -> u64 {
         self.blocks.run_pending_tasks();
