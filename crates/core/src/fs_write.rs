@@ -223,7 +223,9 @@ impl Fs {
         // Write-through: what was just uploaded is read back soon (make after a clone, a
         // test after its build), so small files go into the block caches under the new ETag.
         let mut blocks = Vec::new();
-        if size <= WRITE_THROUGH_MAX {
+        // Only with the upload's own identity: without it a cached block could be claimed
+        // by another writer's version.
+        if size <= WRITE_THROUGH_MAX && (meta.etag.is_some() || !self.store.capabilities().prefix_dirs) {
             let mut off = 0;
             while off < size {
                 blocks.push(st.read(off, crate::read::BLOCK as u32)?);
@@ -237,7 +239,12 @@ impl Fs {
             n.size = size;
             n.etag = meta.etag.clone();
             n.mtime = meta.mtime.unwrap_or_else(SystemTime::now);
-            n.validated = Instant::now();
+            // No ETag in the response (some stores): ask the store at the next access.
+            n.validated = if meta.etag.is_some() || !self.store.capabilities().prefix_dirs {
+                Instant::now()
+            } else {
+                Instant::now() - self.cfg.metadata_ttl
+            };
             let child = ChildMeta { name: n.name.clone(), kind: Kind::File, size, mtime: n.mtime, etag: n.etag.clone() };
             let parent = n.parent;
             t.listing_insert(parent, child.clone());

@@ -87,7 +87,11 @@ fn name_str(name: &OsStr) -> Option<String> {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+        // ATOMIC_O_TRUNC: O_TRUNC arrives with open, so truncation is staged and uploaded at
+        // close with the new bytes; without it the kernel sends a separate truncate that
+        // would publish an empty object to other readers first.
+        let wanted = InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_READ

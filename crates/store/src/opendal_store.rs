@@ -146,12 +146,9 @@ impl Store for OpendalStore {
             .write(key, data)
             .await
             .map_err(|e| StoreError::from_opendal("put", key, e))?;
-        let mut out = self.meta(key, &m);
-        if out.etag.is_none() || out.mtime.is_none() {
-            // Not every service returns metadata from a write; ask once.
-            out = self.head(key).await?;
-        }
-        Ok(out)
+        // The identity comes from this upload's own response, never from a later HEAD: another
+        // writer may have replaced the object in between (then we would claim their ETag).
+        Ok(self.meta(key, &m))
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -215,11 +212,8 @@ impl ObjectWriter for OpendalWriter {
         let key = self.key.clone();
         let m = self.writer()?.close().await.map_err(|e| StoreError::from_opendal("upload", &key, e))?;
         self.w = None;
-        let out = self.store.meta(&key, &m);
-        if out.etag.is_none() || out.mtime.is_none() {
-            return self.store.head(&key).await;
-        }
-        Ok(out)
+        // As in `put`: the response's own identity, never a later HEAD's.
+        Ok(self.store.meta(&key, &m))
     }
 
     async fn abort(&mut self) -> Result<(), StoreError> {

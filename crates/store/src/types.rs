@@ -69,7 +69,8 @@ pub trait Store: Send + Sync + 'static {
     /// itself (a directory marker) is not reported.
     fn list(&self, prefix: &str, recursive: bool) -> ListStream;
 
-    /// Store `data` as `key`, replacing any existing object.
+    /// Store `data` as `key`, replacing any existing object. The returned `etag` is the
+    /// upload's own (from its response), or `None`; `mtime` may be `None`.
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError>;
 
     /// Delete `key`; deleting a missing key succeeds.
