@@ -6,6 +6,7 @@ version, and unmount.
 | native       | a plain directory on local disk        | -             |
 | bucketfs     | target/release/bucketfs, s3:// mount   | MinIO         |
 | bucketfs-gcs | target/release/bucketfs, gs:// mount   | fake-gcs      |
+| bucketfs-tuned | s3:// with --preload-tree --metadata-ttl 10 | MinIO |
 | s3fs         | s3fs-fuse (Debian)                     | MinIO         |
 | rclone-full  | rclone mount --vfs-cache-mode full     | MinIO         |
 | rclone-off   | rclone mount --vfs-cache-mode off      | MinIO         |
@@ -26,7 +27,7 @@ from . import servers as S
 from .install import go_binary
 from .util import CmdError, is_mounted, log, run, tail
 
-ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-gcs", "s3fs", "rclone-full",
+ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-tuned", "bucketfs-gcs", "s3fs", "rclone-full",
                "rclone-off", "gcsfuse"]
 DEFAULT_SYSTEMS = ALL_SYSTEMS
 MOUNT_TIMEOUT = 60
@@ -229,10 +230,12 @@ class Bucketfs(FuseSystem):
     the work directory at the start, so a rebuild during the run does not mix
     two versions in one set of results."""
 
-    def __init__(self, ctx, backend):
+    def __init__(self, ctx, backend, extra=(), name=None):
         self.backend = "MinIO (S3)" if backend == "s3" else "fake-gcs-server (GCS)"
         self.scheme = backend
-        self.name = "bucketfs" if backend == "s3" else "bucketfs-gcs"
+        self.name = name or ("bucketfs" if backend == "s3" else "bucketfs-gcs")
+        # Options a user can opt into (the tree loaded at mount, a longer metadata TTL).
+        self.extra = list(extra)
         super().__init__(ctx)
         self.built = os.path.join(ctx.repo, "target", "release", "bucketfs")
         self.binary = os.path.join(ctx.workdir, "bin", "bucketfs")
@@ -262,7 +265,7 @@ class Bucketfs(FuseSystem):
     def command(self):
         if self.scheme == "s3":
             return [self.binary, "mount", "s3://%s" % S.BUCKET, self.mp,
-                    "--endpoint", S.S3_ENDPOINT]
+                    "--endpoint", S.S3_ENDPOINT] + self.extra
         return [self.binary, "mount", "gs://%s" % S.BUCKET, self.mp,
                 "--endpoint", S.GCS_ENDPOINT, "--anonymous"]
 
@@ -378,6 +381,8 @@ def make_system(ctx, name):
         return Bucketfs(ctx, "s3")
     if name == "bucketfs-gcs":
         return Bucketfs(ctx, "gcs")
+    if name == "bucketfs-tuned":
+        return Bucketfs(ctx, "s3", ["--preload-tree", "--metadata-ttl", "10"], "bucketfs-tuned")
     if name == "s3fs":
         return S3fs(ctx)
     if name in ("rclone-full", "rclone-off"):
