@@ -150,7 +150,9 @@ impl Fs {
                 None => Some(self.open(ino, true, size == 0).await?),
             };
             if let Some(staged) = self.staged_of_pub(ino) {
-                staged.lock().await.truncate(size)?;
+                let mut st = staged.lock().await;
+                st.set_key(&node.key)?;
+                st.truncate(size)?;
             }
             self.set_size(ino, size);
             if let Some(tfh) = temp {
@@ -179,6 +181,12 @@ impl Fs {
             n.size = size;
             n.mtime = SystemTime::now();
         }
+    }
+
+    /// Upload what an earlier mount left in the staging directory (a crash, or an unmount
+    /// whose uploads kept failing). Returns (uploaded keys, keys still failing).
+    pub async fn recover_staged(&self) -> (Vec<String>, Vec<String>) {
+        crate::write::recover(&self.cfg.staging_dir, self.store.as_ref(), self.cfg.write).await
     }
 
     /// Upload every dirty staged file (unmount). Returns the keys that could not be uploaded.

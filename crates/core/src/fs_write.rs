@@ -159,6 +159,7 @@ impl Fs {
         }
         // O_TRUNC of an object with bytes (in the bucket or staged) must upload the empty file.
         if truncate && (st.size > 0 || fresh && node.size > 0) {
+            st.set_key(&node.key)?;
             st.truncate(0)?;
             self.set_local_size(node.ino, 0);
         }
@@ -194,11 +195,12 @@ impl Fs {
         let file = self.open_file(fh)?;
         let staged = self.staged_of(file.ino).ok_or(FsError::BadHandle)?;
         let mut st = staged.lock().await;
+        let key = self.node(file.ino)?.key;
+        st.set_key(&key)?;
         st.write(offset, data)?;
         let size = st.size;
         self.set_local_size(file.ino, size);
         if size >= self.cfg.write.part_size as u64 {
-            let key = self.node(file.ino)?.key;
             if let Err(e) = st.eager_feed(self.store.as_ref(), &key, self.cfg.write).await {
                 // Not fatal: the data is staged and goes up whole at close.
                 tracing::debug!(%key, "eager upload stopped: {e}");
@@ -327,7 +329,11 @@ impl Fs {
         };
         let node = self.node(ino)?;
         let staged = self.stage(&node, true).await?;
-        staged.lock().await.truncate(0)?; // marks it dirty: even an empty file is uploaded
+        {
+            let mut st = staged.lock().await;
+            st.set_key(&node.key)?;
+            st.truncate(0)?; // marks it dirty: even an empty file is uploaded
+        }
         let file = OpenFile {
             ino,
             reader: Mutex::new(self.reader_for(&node)),

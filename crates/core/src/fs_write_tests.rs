@@ -113,6 +113,31 @@ async fn a_failed_upload_is_reported_and_retried_never_dropped() {
 }
 
 #[tokio::test]
+async fn staged_data_survives_a_crash_and_is_uploaded_by_the_next_mount() {
+    let mem = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    {
+        // Every upload fails; then the process "dies" (the Fs is dropped without unmount).
+        let failing = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(failing, FsConfig { staging_dir: dir.clone(), ..cfg() });
+        let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+        let (_, fh) = fs.create(d.ino, "precious", false, None).await.unwrap();
+        fs.write(fh, 0, b"do not lose me").await.unwrap();
+        assert!(fs.flush(fh).await.is_err());
+        let (_, fh2) = fs.create(ROOT_INO, "clean", false, None).await.unwrap();
+        fs.release(fh2).await.unwrap_err();
+    }
+    assert!(object(&mem, "d/precious").await.is_none());
+    let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let (done, failed) = fs.recover_staged().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(done.contains(&"d/precious".to_string()), "{done:?}");
+    assert_eq!(object(&mem, "d/precious").await.unwrap(), b"do not lose me");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "recovered files are removed");
+}
+
+#[tokio::test]
 async fn large_sequential_writes_upload_eagerly_in_parts() {
     let mem = Arc::new(MemStore::new());
     let mut c = cfg();

@@ -18,6 +18,12 @@
 //!
 //! Invariant: `dirty` is cleared only by an upload that started after the last write
 //! (`write_gen` is unchanged across the upload); `unlinked` files are never uploaded.
+//!
+//! Crash safety: while a staged file is dirty, a sidecar `<file>.key` beside it names the
+//! object key it belongs to. A staged file is deleted only when clean or unlinked, never
+//! while it holds data the bucket lacks; after a crash (or an unmount whose uploads kept
+//! failing) the next mount of the same mount point finds the pairs and uploads them
+//! ([`recover`]).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -40,6 +46,8 @@ pub struct Staged {
     pub unlinked: bool,
     /// Handles open on this inode; the staged file is dropped when the last one closes clean.
     pub handles: usize,
+    /// The key named by the sidecar file, once the file has been dirty.
+    key: Option<String>,
     /// Every write so far landed at the end of the file: eager upload is possible.
     appends_only: bool,
     eager: Option<Eager>,
@@ -56,14 +64,14 @@ struct Eager {
 impl Staged {
     /// A new empty staged file in `dir`.
     pub fn create(dir: &Path, ino: u64) -> Result<Self, FsError> {
-        let path = dir.join(format!("{ino}-{}", unique()));
+        let path = dir.join(format!("{ino}-{}.data", unique()));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .open(&path)
             .map_err(|e| FsError::Local(format!("cannot create staging file {}: {e}", path.display())))?;
-        Ok(Self { file, path, size: 0, dirty: false, write_gen: 0, unlinked: false, handles: 0, appends_only: true, eager: None })
+        Ok(Self { file, path, size: 0, dirty: false, write_gen: 0, unlinked: false, handles: 0, key: None, appends_only: true, eager: None })
     }
 
     /// Fill the staged file with the object's current bytes (open for write without
@@ -82,6 +90,22 @@ impl Staged {
         }
         self.size = size;
         Ok(())
+    }
+
+    /// Record which key these bytes belong to, for recovery after a crash. Called on the
+    /// first change and on rename.
+    pub fn set_key(&mut self, key: &str) -> Result<(), FsError> {
+        if self.key.as_deref() == Some(key) {
+            return Ok(());
+        }
+        let tmp = self.path.with_extension("key.tmp");
+        std::fs::write(&tmp, key).and_then(|_| std::fs::rename(&tmp, self.key_path())).map_err(local)?;
+        self.key = Some(key.to_string());
+        Ok(())
+    }
+
+    fn key_path(&self) -> PathBuf {
+        self.path.with_extension("key")
     }
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), FsError> {
@@ -192,6 +216,8 @@ impl Staged {
         let meta = result?;
         if self.write_gen == gen {
             self.dirty = false;
+            let _ = std::fs::remove_file(self.key_path());
+            self.key = None;
         }
         Ok(meta)
     }
@@ -212,8 +238,62 @@ impl Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         self.eager_abandon();
+        if self.dirty && !self.unlinked {
+            // Data the bucket does not have: leave it (and its sidecar) for recovery.
+            tracing::warn!(path = %self.path.display(), key = ?self.key, "staged data kept for the next mount");
+            return;
+        }
+        let _ = std::fs::remove_file(self.key_path());
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Upload what a crashed (or failed) earlier mount left staged in `dir`; returns the keys
+/// uploaded and the keys that still failed (their files stay for the next try).
+pub async fn recover(dir: &Path, store: &dyn Store, opts: WriteOptions) -> (Vec<String>, Vec<String>) {
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    let Ok(entries) = std::fs::read_dir(dir) else { return (done, failed) };
+    for e in entries.flatten() {
+        let data = e.path();
+        if data.extension().and_then(|x| x.to_str()) != Some("data") {
+            continue;
+        }
+        let key_file = data.with_extension("key");
+        let Ok(key) = std::fs::read_to_string(&key_file) else {
+            let _ = std::fs::remove_file(&data); // never dirty: nothing to recover
+            continue;
+        };
+        let result = async {
+            let file = File::open(&data).map_err(local)?;
+            let size = file.metadata().map_err(local)?.len();
+            let mut w = store.writer(&key, opts).await?;
+            let mut off = 0;
+            while off < size {
+                let n = (opts.part_size as u64).min(size - off) as usize;
+                let mut buf = vec![0u8; n];
+                file.read_exact_at(&mut buf, off).map_err(local)?;
+                if let Err(e) = w.write(buf.into()).await {
+                    let _ = w.abort().await;
+                    return Err(FsError::from(e));
+                }
+                off += n as u64;
+            }
+            w.close().await.map_err(FsError::from)
+        }
+        .await;
+        match result {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&key_file);
+                let _ = std::fs::remove_file(&data);
+                done.push(key);
+            }
+            Err(e) => {
+                tracing::error!(%key, "recovered staged data still cannot be uploaded: {e}");
+                failed.push(key);
+            }
+        }
+    }
+    (done, failed)
 }
 
 /// A staged inode shared by its handles; async because uploads hold it across awaits.
