@@ -223,15 +223,7 @@ impl Staged {
     }
 
     async fn send_range(&self, w: &mut dyn ObjectWriter, from: u64, opts: WriteOptions) -> Result<(), FsError> {
-        let mut off = from;
-        while off < self.size {
-            let n = (opts.part_size as u64).min(self.size - off) as usize;
-            let mut buf = vec![0u8; n];
-            self.file.read_exact_at(&mut buf, off).map_err(local)?;
-            w.write(buf.into()).await?;
-            off += n as u64;
-        }
-        Ok(())
+        send_file(&self.file, from, self.size, w, opts).await
     }
 }
 
@@ -267,16 +259,9 @@ pub async fn recover(dir: &Path, store: &dyn Store, opts: WriteOptions) -> (Vec<
             let file = File::open(&data).map_err(local)?;
             let size = file.metadata().map_err(local)?.len();
             let mut w = store.writer(&key, opts).await?;
-            let mut off = 0;
-            while off < size {
-                let n = (opts.part_size as u64).min(size - off) as usize;
-                let mut buf = vec![0u8; n];
-                file.read_exact_at(&mut buf, off).map_err(local)?;
-                if let Err(e) = w.write(buf.into()).await {
-                    let _ = w.abort().await;
-                    return Err(FsError::from(e));
-                }
-                off += n as u64;
+            if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts).await {
+                let _ = w.abort().await;
+                return Err(e);
             }
             w.close().await.map_err(FsError::from)
         }
@@ -294,6 +279,19 @@ pub async fn recover(dir: &Path, store: &dyn Store, opts: WriteOptions) -> (Vec<
         }
     }
     (done, failed)
+}
+
+/// Feed bytes `from..size` of `file` to `w`, one part (one buffer) at a time.
+async fn send_file(file: &File, from: u64, size: u64, w: &mut dyn ObjectWriter, opts: WriteOptions) -> Result<(), FsError> {
+    let mut off = from;
+    while off < size {
+        let n = (opts.part_size as u64).min(size - off) as usize;
+        let mut buf = vec![0u8; n];
+        file.read_exact_at(&mut buf, off).map_err(local)?;
+        w.write(buf.into()).await?;
+        off += n as u64;
+    }
+    Ok(())
 }
 
 /// A staged inode shared by its handles; async because uploads hold it across awaits.
