@@ -194,6 +194,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         threads: args.fuse_threads,
         read_only: args.read_only,
     };
+    let fs_after = fs.clone();
     let mut session = match bucketfs_fuse::mount(fs, rt.handle().clone(), mp, &spec) {
         Ok(s) => s,
         Err(e) => {
@@ -229,6 +230,15 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         }
     }
     let r = worker.join().map_err(|_| "the FUSE session panicked".to_string())?;
+    // The session's end uploaded what it could; say what is still only on local disk.
+    let pending = rt.block_on(fs_after.pending_keys());
+    let _ = std::fs::remove_file(paths::pending_file(mp));
+    if !pending.is_empty() {
+        let staging = args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp));
+        let note = format!("{}\n{}\n", staging.display(), pending.join("\n"));
+        let _ = std::fs::write(paths::pending_file(mp), note);
+        tracing::error!(files = ?pending, "unmounted with uploads pending; kept in {} for the next mount", staging.display());
+    }
     let _ = std::fs::remove_file(paths::pid_file(mp));
     rt.shutdown_timeout(Duration::from_secs(5));
     r.map_err(|e| format!("FUSE session error: {e}"))?;

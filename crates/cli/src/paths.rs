@@ -32,6 +32,11 @@ pub fn pid_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.pid", mount_id(mountpoint)))
 }
 
+/// Keys a finished mount could not upload (written at exit, read by `bucketfs unmount`).
+pub fn pending_file(mountpoint: &Path) -> PathBuf {
+    runtime_dir().join(format!("{}.pending", mount_id(mountpoint)))
+}
+
 pub fn log_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.log", mount_id(mountpoint)))
 }

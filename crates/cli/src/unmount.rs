@@ -43,6 +43,18 @@ pub fn run(mp: &Path) -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    // Uploads that still failed at the end are kept on local disk, never dropped: say so.
+    if let Ok(note) = std::fs::read_to_string(paths::pending_file(&canonical)) {
+        let mut lines = note.lines();
+        let staging = lines.next().unwrap_or_default().to_string();
+        let keys: Vec<&str> = lines.collect();
+        return Err(format!(
+            "unmounted, but {} file(s) could not be uploaded and are kept in {staging}; mounting {} again uploads them: {}",
+            keys.len(),
+            canonical.display(),
+            keys.join(", ")
+        ));
+    }
     Ok(())
 }
 

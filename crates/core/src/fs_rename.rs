@@ -189,6 +189,20 @@ impl Fs {
         crate::write::recover(&self.cfg.staging_dir, self.store.as_ref(), self.cfg.write).await
     }
 
+    /// Keys whose staged data the bucket does not have yet.
+    pub async fn pending_keys(&self) -> Vec<String> {
+        let staged: Vec<(u64, crate::write::SharedStaged)> =
+            self.staged.lock().unwrap().iter().map(|(i, s)| (*i, s.clone())).collect();
+        let mut keys = Vec::new();
+        for (ino, s) in staged {
+            let st = s.lock().await;
+            if st.dirty && !st.unlinked {
+                keys.push(self.node(ino).map(|n| n.key).unwrap_or_default());
+            }
+        }
+        keys
+    }
+
     /// Upload every dirty staged file (unmount). Returns the keys that could not be uploaded.
     pub async fn sync_all(&self) -> Vec<String> {
         let inos: Vec<u64> = self.staged.lock().unwrap().keys().copied().collect();
