@@ -5,12 +5,14 @@
 //! added once where the operator is built ([`crate::location`]).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use opendal::{Metadata, Operator};
 
+use crate::gcs_compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
 use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
 
 /// Keys per LIST request: S3's and GCS's maximum page size.
@@ -131,7 +133,8 @@ impl Store for OpendalStore {
                     .map_err(move |e| StoreError::from_opendal("list", &p, e))
                     .try_filter_map(move |entry| {
                         let key = entry.path().trim_start_matches('/').to_string();
-                        let keep = key != prefix && !key.is_empty();
+                        // Temporary upload parts (gcs_compose) are never part of a listing.
+                        let keep = key != prefix && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
                         let m = this.meta(&key, entry.metadata());
                         async move { Ok(keep.then_some(m)) }
                     }),
@@ -180,6 +183,12 @@ impl Store for OpendalStore {
     }
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        if self.op.info().scheme() == "gcs" {
+            // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
+            // the JSON API (which emulators have too).
+            let backend = OpendalComposeBackend { op: self.op.clone(), store: self.clone() };
+            return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
+        }
         let w = self
             .op
             .writer_with(key)
