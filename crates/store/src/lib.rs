@@ -20,4 +20,4 @@ pub mod testing;
 mod types;
 
 pub use error::{StoreError, StoreErrorKind};
-pub use types::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, WriteOptions};
+pub use types::{Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions};

@@ -142,6 +142,22 @@ async fn no_parts_left(store_at_parts_prefix: Arc<dyn Store>) {
     assert!(left.is_empty(), "{}: temporary parts left behind: {left:?}", store_at_parts_prefix.describe());
 }
 
+/// The digests a real store reports are the content's: S3's single-PUT ETag is the MD5 in
+/// hex; GCS keeps `md5Hash`. (MD5 of "hello" is 5d41402abc4b2a76b9719d911017c592.)
+async fn digests(s: &dyn Store, want_etag_md5: bool, want_md5: bool) {
+    let hello_md5 = [0x5d, 0x41, 0x40, 0x2a, 0xbc, 0x4b, 0x2a, 0x76, 0xb9, 0x71, 0x9d, 0x91, 0x10, 0x17, 0xc5, 0x92];
+    s.put("digests/hello", Bytes::from_static(b"hello")).await.unwrap();
+    let d = s.head_digests("digests/hello").await.unwrap();
+    assert_eq!(d.meta.size, 5);
+    if want_etag_md5 {
+        assert_eq!(d.etag.as_deref(), Some("5d41402abc4b2a76b9719d911017c592"), "{}", s.describe());
+    }
+    if want_md5 {
+        assert_eq!(d.md5, Some(hello_md5), "{}", s.describe());
+    }
+    s.delete("digests/hello").await.unwrap();
+}
+
 fn required(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(v) if !v.is_empty() => Some(v),
@@ -184,6 +200,7 @@ async fn minio() {
     let prefix = format!("{}/", unique("s3"));
     let loc = Location::S3 { bucket: bucket.clone(), prefix: prefix.clone() };
     conformance(location::open(&loc, &opts).unwrap()).await;
+    digests(location::open(&loc, &opts).unwrap().as_ref(), true, false).await;
     let parts = Location::S3 { bucket, prefix: format!("{prefix}.bucketfs-parts/") };
     no_parts_left(location::open(&parts, &opts).unwrap()).await;
 }
@@ -196,6 +213,7 @@ async fn gcs_emulator() {
     let prefix = format!("{}/", unique("gcs"));
     let loc = Location::Gcs { bucket: bucket.clone(), prefix: prefix.clone() };
     conformance_with(location::open(&loc, &opts).unwrap(), false).await;
+    digests(location::open(&loc, &opts).unwrap().as_ref(), false, true).await;
     let parts = Location::Gcs { bucket, prefix: format!("{prefix}.bucketfs-parts/") };
     no_parts_left(location::open(&parts, &opts).unwrap()).await;
 }
