@@ -14,6 +14,8 @@ mod plan;
 mod progress;
 mod upload;
 mod verify;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::future::Future;
