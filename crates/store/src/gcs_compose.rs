@@ -46,6 +46,8 @@ pub trait ComposeBackend: Send + Sync + 'static {
 /// The real backend: parts and compose through OpenDAL, `put`/`head` through the store.
 pub struct OpendalComposeBackend<S: Store> {
     pub op: Operator,
+    /// For compose requests, which may take long on emulators (they copy the bytes).
+    pub compose_op: Operator,
     pub store: S,
 }
 
@@ -59,7 +61,7 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
             .map_err(|e| StoreError::from_opendal("upload part", key, e))
     }
     async fn compose(&self, sources: &[String], to: &str) -> Result<(), StoreError> {
-        self.op
+        self.compose_op
             .compose(sources.iter().map(String::as_str), to)
             .await
             .map(|_| ())

@@ -26,13 +26,21 @@ pub struct OpendalStore {
     /// GCS: identity is the object generation, checked with `x-goog-if-generation-match`;
     /// elsewhere it is the ETag, checked with `If-Match`.
     generation_identity: bool,
+    /// GCS: the operator for compose requests, with a longer I/O timeout (see `location`).
+    compose_op: Option<Operator>,
 }
 
 impl OpendalStore {
     /// `description` is shown in logs and errors; it must not contain credentials.
     pub fn new(op: Operator, description: String, prefix_dirs: bool) -> Self {
         let generation_identity = op.info().scheme() == "gcs";
-        Self { op, description, prefix_dirs, generation_identity }
+        Self { op, description, prefix_dirs, generation_identity, compose_op: None }
+    }
+
+    /// Use `op` (the same service, other layers) for GCS compose requests.
+    pub fn with_compose_operator(mut self, op: Operator) -> Self {
+        self.compose_op = Some(op);
+        self
     }
 
     fn meta(&self, key: &str, m: &Metadata) -> ObjectMeta {
@@ -186,7 +194,8 @@ impl Store for OpendalStore {
         if self.op.info().scheme() == "gcs" {
             // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
             // the JSON API (which emulators have too).
-            let backend = OpendalComposeBackend { op: self.op.clone(), store: self.clone() };
+            let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
+            let backend = OpendalComposeBackend { op: self.op.clone(), compose_op, store: self.clone() };
             return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
         }
         let w = self

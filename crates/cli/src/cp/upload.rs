@@ -191,10 +191,16 @@ async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d: &Digests) 
     }
 }
 
-/// Part size for `dst`: the slice, but never under S3's 5 MiB minimum there.
+/// Part size for `dst`: the slice, but never under S3's 5 MiB minimum there. On GCS, up
+/// to 64 MiB parts so that files to 2 GiB need a single compose request (32 sources):
+/// emulators copy the bytes at each compose level.
 fn part_size(ctx: &Ctx, dst: &Remote, size: Option<u64>) -> usize {
     let slice = plan::tuning(size, ctx.slice, Some(ctx.parallel)).slice;
-    let part = if dst.kind == Kind::S3 { slice.max(MIN_S3_PART) } else { slice };
+    let part = match (dst.kind, size, ctx.slice) {
+        (Kind::S3, _, _) => slice.max(MIN_S3_PART),
+        (Kind::Gcs, Some(n), None) => slice.max(n.div_ceil(32).div_ceil(plan::MIB) * plan::MIB).min(64 * plan::MIB).max(slice),
+        _ => slice,
+    };
     usize::try_from(part).unwrap_or(usize::MAX)
 }
 
