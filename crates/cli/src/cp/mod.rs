@@ -45,13 +45,13 @@ object and upload again), and after --retries attempts bucketfs exits non-zero.
 --json prints how each copy was verified.";
 
 #[derive(Args, Clone, Debug)]
-#[command(after_long_help = VERIFY_HELP)]
+#[command(after_long_help = VERIFY_HELP, override_usage = "bucketfs cp [OPTIONS] SRC... DST")]
 pub struct CpArgs {
     /// Sources, then the destination. Each is a local path, a store URL
     /// (s3://BUCKET/KEY, gs://BUCKET/KEY, file:///PATH, mem://KEY) or '-' (stdin as the
     /// only source, streamed into an object; stdout as the destination, in order).
     /// Several sources go into a directory or prefix.
-    #[arg(value_name = "SRC... DST", num_args = 2.., required = true)]
+    #[arg(value_name = "PATH", num_args = 2.., required = true)]
     paths: Vec<String>,
     /// Copy directories and prefixes recursively.
     #[arg(short, long)]
