@@ -157,3 +157,41 @@ def test_clear_errors(cp_bucket, tmp):
     p = cp(cp_bucket, str(tmp / "dir"), url(cp_bucket, "d/"), expect_ok=False)
     assert p.returncode != 0 and "use -r" in p.err, p.err
     assert not (tmp / "x").exists()
+
+
+def _interrupt(cmd, after: float):
+    """Run cmd, send SIGINT after `after` seconds; return (returncode, stderr)."""
+    proc = subprocess.Popen(cmd, env=bucketfs_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    time.sleep(after)
+    proc.send_signal(2)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("bucketfs cp did not stop within 60 s of SIGINT")
+    return proc.returncode, err.decode(errors="replace")
+
+
+def test_interrupted_copies_leave_nothing_behind(cp_bucket, tmp):
+    src = tmp / "big.bin"
+    subprocess.run(["head", "-c", str(400 * MIB), "/dev/urandom"], stdout=open(src, "wb"), check=True)
+    # Slow parts (the smallest S3 allows) and few in flight, so the upload is mid-way at 1 s.
+    extra = [*seed.mount_extra_args(cp_bucket.store), "--slice-size", "5M", "--parallel", "2"]
+    rc, err = _interrupt([require_bin(), "cp", str(src), url(cp_bucket, "big.bin"), *extra], after=1.0)
+    if rc == 0:
+        pytest.skip("the upload finished before the signal")
+    assert "interrupted" in err, err
+    # No object, and no parts: GCS temp objects or S3 multipart uploads.
+    assert seed.list_keys(cp_bucket.store, cp_bucket.name) == []
+    if cp_bucket.store == "s3":
+        ups = seed.s3_client().list_multipart_uploads(Bucket=cp_bucket.name).get("Uploads", [])
+        assert ups == [], f"multipart uploads left behind: {ups}"
+    # A download stopped mid-way leaves neither the file nor its temp file.
+    cp(cp_bucket, str(src), url(cp_bucket, "big.bin"), timeout=BIG_TIMEOUT)
+    out = tmp / "dl"
+    out.mkdir()
+    rc, err = _interrupt([require_bin(), "cp", url(cp_bucket, "big.bin"), str(out / "big.bin"), *extra], after=0.5)
+    if rc != 0:
+        assert "interrupted" in err, err
+        assert os.listdir(out) == [], os.listdir(out)

@@ -82,10 +82,8 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
 /// writers (in this process or another) never share one.
 fn upload_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{nanos:x}-{:x}-{n:x}", std::process::id())
 }

@@ -15,7 +15,7 @@ use md5::{Digest, Md5};
 use super::endpoint::Remote;
 use super::plan::{self, slices};
 use super::verify::{self, Check, Expect, SliceSum};
-use super::{retry, Ctx, Report};
+use super::{retry, Ctx, Report, INTERRUPTED};
 use bucketfs_store::{StoreError, StoreErrorKind};
 
 /// How to read one object: its identity, size, ranges and what to verify against.
@@ -55,7 +55,10 @@ async fn fetch(ctx: &Ctx, src: &Remote, range: std::ops::Range<u64>, if_match: O
         async move {
             let data = src.store.get_range(&src.key, range.clone(), if_match).await?;
             if data.len() != want {
-                return Err(StoreError::new(StoreErrorKind::Other, format!("short read at {range:?}: {} bytes", data.len())));
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    format!("short read at {range:?}: {} bytes", data.len()),
+                ));
             }
             Ok(data)
         }
@@ -66,12 +69,19 @@ async fn fetch(ctx: &Ctx, src: &Remote, range: std::ops::Range<u64>, if_match: O
 /// A temp file beside `dst`, so a half-written file never has the final name.
 fn temp_path(dst: &Path) -> PathBuf {
     let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+    let n =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
     dst.with_file_name(format!(".{name}.bucketfs-{:x}-{n:x}", std::process::id()))
 }
 
 /// Fetch `ranges` into `file` in parallel; digests in range order.
-async fn fetch_into(ctx: &Ctx, src: &Remote, p: &ReadPlan, file: &Arc<File>, ranges: Vec<usize>) -> Result<Vec<(usize, SliceSum)>, String> {
+async fn fetch_into(
+    ctx: &Ctx,
+    src: &Remote,
+    p: &ReadPlan,
+    file: &Arc<File>,
+    ranges: Vec<usize>,
+) -> Result<Vec<(usize, SliceSum)>, String> {
     let if_match = p.if_match.as_deref();
     let results: Vec<Result<(usize, SliceSum), String>> = futures::stream::iter(ranges)
         .map(|i| {
@@ -128,7 +138,10 @@ pub async fn to_file(ctx: &Ctx, src: &Remote, dst: &Path) -> Result<Report, Stri
     }
     let p = read_plan(ctx, src).await?;
     let tmp = temp_path(dst);
-    let result = download_verified(ctx, src, &p, &tmp).await;
+    let result = tokio::select! {
+        r = download_verified(ctx, src, &p, &tmp) => r,
+        _ = ctx.cancelled() => Err(INTERRUPTED.to_string()),
+    };
     match result {
         Ok(report) => {
             std::fs::rename(&tmp, dst).map_err(|e| format!("{}: {e}", dst.display()))?;
@@ -150,7 +163,8 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
         }
         let file = Arc::new(File::create(tmp).map_err(|e| format!("{}: {e}", tmp.display()))?);
         file.set_len(p.size).map_err(|e| format!("{}: {e}", tmp.display()))?; // sparse until written
-        let mut sums: Vec<SliceSum> = fetch_into(ctx, src, p, &file, (0..p.ranges.len()).collect()).await?.into_iter().map(|(_, s)| s).collect();
+        let mut sums: Vec<SliceSum> =
+            fetch_into(ctx, src, p, &file, (0..p.ranges.len()).collect()).await?.into_iter().map(|(_, s)| s).collect();
         let whole = match p.expect {
             Expect::WholeMd5(_) => Some(file_md5(tmp.to_path_buf()).await?),
             _ => None,
@@ -176,18 +190,32 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
 
 /// Read everything again and compare crc32c per slice; a slice that differs is fetched
 /// again (a read was corrupted in transit) until two reads agree, within the retry budget.
-async fn reread_and_repair(ctx: &Ctx, src: &Remote, p: &ReadPlan, file: &Arc<File>, sums: &mut [SliceSum]) -> Result<(), String> {
+async fn reread_and_repair(
+    ctx: &Ctx,
+    src: &Remote,
+    p: &ReadPlan,
+    file: &Arc<File>,
+    sums: &mut [SliceSum],
+) -> Result<(), String> {
     let mut bad = verify::reread(ctx, &src.store, &src.key, sums, p.if_match.as_deref()).await?;
     for _ in 0..ctx.retries {
         if bad.is_empty() {
             return Ok(());
         }
-        ctx.progress.println(&format!("bucketfs cp: {}: {} slice(s) differed on re-read; fetching them again", src.url(), bad.len()));
+        ctx.progress.println(&format!(
+            "bucketfs cp: {}: {} slice(s) differed on re-read; fetching them again",
+            src.url(),
+            bad.len()
+        ));
         for (i, s) in fetch_into(ctx, src, p, file, bad.clone()).await? {
             sums[i] = s;
         }
         let again: Vec<SliceSum> = bad.iter().map(|&i| sums[i].clone()).collect();
-        bad = verify::reread(ctx, &src.store, &src.key, &again, p.if_match.as_deref()).await?.into_iter().map(|j| bad[j]).collect();
+        bad = verify::reread(ctx, &src.store, &src.key, &again, p.if_match.as_deref())
+            .await?
+            .into_iter()
+            .map(|j| bad[j])
+            .collect();
     }
     if bad.is_empty() {
         return Ok(());
@@ -209,7 +237,12 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
         .buffered(ctx.parallel);
     let mut sums = Vec::with_capacity(p.ranges.len());
     let mut hasher = want_whole.then(Md5::new);
-    while let Some(item) = stream.next().await {
+    loop {
+        let item = tokio::select! {
+            item = stream.next() => item,
+            _ = ctx.cancelled() => return Err(INTERRUPTED.to_string()),
+        };
+        let Some(item) = item else { break };
         let (range, data) = item?;
         let with_md5 = p.slice_md5;
         let h = hasher.take();
@@ -237,7 +270,11 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
         Check::Reread => {
             let bad = verify::reread(ctx, &src.store, &src.key, &sums, if_match).await?;
             if let Some(&i) = bad.first() {
-                return Err(format!("{}: the bytes written to stdout differ from a second read (at byte {})", src.url(), sums[i].range.start));
+                return Err(format!(
+                    "{}: the bytes written to stdout differ from a second read (at byte {})",
+                    src.url(),
+                    sums[i].range.start
+                ));
             }
             verify::BY_REREAD
         }

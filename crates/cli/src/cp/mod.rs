@@ -12,10 +12,10 @@ mod download;
 mod endpoint;
 mod plan;
 mod progress;
-mod upload;
-mod verify;
 #[cfg(test)]
 mod tests;
+mod upload;
+mod verify;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -101,12 +101,37 @@ pub struct Ctx {
     pub progress: Progress,
     /// First retry delay; doubles per attempt.
     pub backoff_base: Duration,
+    /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
+    cancel: tokio::sync::watch::Sender<bool>,
 }
 
 impl Ctx {
     pub fn new(parallel: usize, slice: Option<u64>, retries: u32, progress: Progress) -> Self {
         // 200 ms, doubling: 4 retries wait 3 s in all, enough for a server to come back.
-        Self { slots: Semaphore::new(parallel), parallel, slice, retries, progress, backoff_base: Duration::from_millis(200) }
+        let cancel = tokio::sync::watch::Sender::new(false);
+        Self {
+            slots: Semaphore::new(parallel),
+            parallel,
+            slice,
+            retries,
+            progress,
+            backoff_base: Duration::from_millis(200),
+            cancel,
+        }
+    }
+
+    pub fn cancel(&self) {
+        self.cancel.send_replace(true);
+    }
+
+    /// Resolves once the copy is cancelled.
+    pub async fn cancelled(&self) {
+        let mut rx = self.cancel.subscribe();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        *self.cancel.borrow()
     }
 
     pub async fn slot(&self) -> SemaphorePermit<'_> {
@@ -121,11 +146,14 @@ impl Ctx {
     /// Delay before retry `attempt` (1-based): doubling, capped at 5 s, with jitter.
     pub fn backoff(&self, attempt: u32) -> Duration {
         let base = self.backoff_base.saturating_mul(1 << attempt.min(5).saturating_sub(1));
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let jitter = base.mul_f64(f64::from(nanos % 1000) / 4000.0); // up to +25%
         (base + jitter).min(Duration::from_secs(5))
     }
 }
+
+pub const INTERRUPTED: &str = "interrupted";
 
 /// Errors that another attempt cannot fix.
 pub fn is_retryable(e: &StoreError) -> bool {
@@ -164,10 +192,15 @@ where
 
 /// One job, start to end.
 async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
+    if ctx.is_cancelled() {
+        return Err(INTERRUPTED.into());
+    }
     match (&job.src, &job.dst) {
         (Src::Remote { remote, .. }, Dst::Local(path)) => download::to_file(ctx, remote, path).await,
         (Src::Remote { remote, .. }, Dst::Stdout) => download::to_stdout(ctx, remote).await,
-        (Src::Local { path, size }, Dst::Remote(r)) => upload::upload(ctx, upload::Source::File(path), Some(*size), r).await,
+        (Src::Local { path, size }, Dst::Remote(r)) => {
+            upload::upload(ctx, upload::Source::File(path), Some(*size), r).await
+        }
         (Src::Stdin, Dst::Remote(r)) => upload::upload(ctx, upload::Source::Stdin, None, r).await,
         _ => Err("unsupported combination of source and destination".into()),
     }
@@ -232,7 +265,27 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         let parallel = args.parallel.unwrap_or_else(plan::default_parallel).max(1);
         let ctx = Ctx::new(parallel, args.slice_size, args.retries, Progress::new(total, !args.quiet));
         let start = Instant::now();
-        let (reports, errors) = run_jobs(&ctx, &jobs).await;
+        // On SIGINT/SIGTERM, cancel and keep waiting: the transfers abort and clean up.
+        let signals = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let term = async {
+                match term.as_mut() {
+                    Some(t) => t.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term => {}
+            }
+            ctx.progress.println("bucketfs cp: interrupted; aborting uploads and removing partial files");
+            ctx.cancel();
+            std::future::pending::<()>().await
+        };
+        let (reports, errors) = tokio::select! {
+            r = run_jobs(&ctx, &jobs) => r,
+            _ = signals => unreachable!("never completes"),
+        };
         ctx.progress.finish();
         if args.json {
             let line = json_summary(&reports, start.elapsed().as_secs_f64());
@@ -241,6 +294,9 @@ pub fn run(args: CpArgs) -> Result<(), String> {
             } else {
                 println!("{line}");
             }
+        }
+        if ctx.is_cancelled() {
+            return Err(format!("{INTERRUPTED}: {} of {} copies finished", reports.len(), jobs.len()));
         }
         match errors.len() {
             0 => Ok(()),

@@ -130,7 +130,9 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, recursive: bool) -> Result<Vec<J
     };
     if many && !into_dir {
         match &dst {
-            Side::Local(p) => return Err(format!("{}: copying several sources needs an existing directory", p.display())),
+            Side::Local(p) => {
+                return Err(format!("{}: copying several sources needs an existing directory", p.display()))
+            }
             Side::Remote(_) | Side::Stdio => {}
         }
     }
@@ -155,7 +157,8 @@ async fn is_prefix(r: &Remote) -> Result<bool, String> {
 
 /// `base` joined with a `/`-separated relative name, on either side.
 fn target(dst: &Side, base_name: Option<&str>, rel: &str, into_dir: bool) -> Result<Dst, String> {
-    let parts: Vec<&str> = base_name.into_iter().filter(|_| into_dir).chain(rel.split('/').filter(|s| !s.is_empty())).collect();
+    let parts: Vec<&str> =
+        base_name.into_iter().filter(|_| into_dir).chain(rel.split('/').filter(|s| !s.is_empty())).collect();
     Ok(match dst {
         Side::Stdio => Dst::Stdout,
         Side::Local(p) => Dst::Local(parts.iter().fold(p.clone(), |acc, s| acc.join(s))),
@@ -217,7 +220,13 @@ fn safe_rel(rel: &str) -> bool {
     !rel.is_empty() && rel.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
 }
 
-async fn expand_remote(r: &Remote, dst: &Side, into_dir: bool, recursive: bool, jobs: &mut Vec<Job>) -> Result<(), String> {
+async fn expand_remote(
+    r: &Remote,
+    dst: &Side,
+    into_dir: bool,
+    recursive: bool,
+    jobs: &mut Vec<Job>,
+) -> Result<(), String> {
     if matches!(dst, Side::Remote(_)) {
         return Err("both sides are store URLs; copy through a local file (store-to-store is not supported yet)".into());
     }

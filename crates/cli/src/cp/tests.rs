@@ -156,7 +156,9 @@ async fn failed_uploads_are_retried() {
     let dir = temp_dir("up-retry");
     let body = data(1000);
     std::fs::write(dir.join("f"), &body).unwrap();
-    upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &remote(failing, Kind::Other, "f")).await.unwrap();
+    upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &remote(failing, Kind::Other, "f"))
+        .await
+        .unwrap();
     assert_eq!(mem.get_range("f", 0..1000, None).await.unwrap(), body);
     // A failure that retrying cannot fix is reported at once.
     let denied: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Upload, 1, 99, StoreErrorKind::PermissionDenied));
@@ -262,7 +264,9 @@ async fn a_digest_mismatch_is_an_error_not_a_success() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "temp file left behind");
     // Upload to a "GCS" that reports a wrong MD5: error, and the bad object is deleted.
     std::fs::write(dir.join("f"), data(100)).unwrap();
-    let e = upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(100), &remote(c, Kind::Gcs, "up")).await.unwrap_err();
+    let e = upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(100), &remote(c, Kind::Gcs, "up"))
+        .await
+        .unwrap_err();
     assert!(e.contains("verification failed"), "{e}");
     assert_eq!(mem.head("up").await.unwrap_err().kind, StoreErrorKind::NotFound);
     std::fs::remove_dir_all(dir).unwrap();

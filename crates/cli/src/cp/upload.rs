@@ -9,7 +9,7 @@ use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use bucketfs_store::{ObjectDigests, ObjectMeta, StoreErrorKind, WriteOptions};
+use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreErrorKind, WriteOptions};
 use bytes::Bytes;
 use md5::{Digest, Md5};
 use tokio::sync::mpsc;
@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, MIN_S3_PART};
 use super::verify::{self, Check, SliceSum};
-use super::{is_retryable, retry, Ctx, Report};
+use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
 
 /// The bytes of one upload.
 pub enum Source<'a> {
@@ -49,7 +49,7 @@ fn spawn_reader(
     src: &Source<'_>,
     part: usize,
     kind: Kind,
-) -> Result<(mpsc::Receiver<Result<(Bytes, SliceSum), String>>, tokio::task::JoinHandle<Option<[u8; 16]>>), String> {
+) -> Result<(Chunks, tokio::task::JoinHandle<Option<[u8; 16]>>), String> {
     let mut input: Box<dyn FnMut(&mut [u8], u64) -> std::io::Result<usize> + Send> = match src {
         Source::File(p) => {
             let f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -110,7 +110,11 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 None => Bytes::new(),
             };
             let _slot = ctx.slot().await;
-            let m = retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone())).await?;
+            let put = retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone()));
+            let m = tokio::select! {
+                m = put => m?,
+                _ = ctx.cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
+            };
             ctx.progress.moved(data.len() as u64);
             m
         }
@@ -118,47 +122,61 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
             // A multipart upload uses the whole request budget.
             let _slots = ctx.slots(ctx.parallel).await;
             let opts = WriteOptions { part_size: part, concurrency: ctx.parallel };
-            let mut w = dst.store.writer(&dst.key, opts).await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
-            let mut next = Some(Ok(a));
-            let mut pending = Some(b);
-            loop {
-                let item = match next.take() {
-                    Some(item) => item,
-                    None => match pending.take() {
-                        Some(b) => Ok(b),
-                        None => match rx.recv().await {
-                            Some(item) => item,
-                            None => break,
-                        },
-                    },
-                };
-                let (data, sum) = match item {
-                    Ok(x) => x,
-                    Err(msg) => {
-                        let _ = w.abort().await;
-                        return Err(Failed { msg, retry: false });
-                    }
-                };
-                let n = data.len() as u64;
-                sums.push(sum);
-                if let Err(e) = w.write(data).await {
-                    let _ = w.abort().await;
-                    return Err(Failed { retry: is_retryable(&e), msg: e.to_string() });
+            let mut w = dst
+                .store
+                .writer(&dst.key, opts)
+                .await
+                .map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
+            // Not a select around `feed`: a writer's `write` dropped mid-way poisons OpenDAL's
+            // retry layer and then `abort` fails; `feed` checks for cancellation between writes.
+            let fed = feed(ctx, w.as_mut(), &mut sums, a, b, &mut rx).await;
+            if let Err(f) = fed {
+                // Stops the parts in flight and deletes those uploaded: no orphans.
+                if let Err(e) = w.abort().await {
+                    ctx.progress.println(&format!("bucketfs cp: {}: aborting the upload: {e}", dst.url()));
                 }
-                ctx.progress.moved(n);
+                return Err(f);
             }
-            match w.close().await {
-                Ok(m) => m,
-                Err(e) => {
-                    let _ = w.abort().await;
-                    return Err(Failed { retry: is_retryable(&e), msg: e.to_string() });
-                }
-            }
+            w.close().await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
         }
         (None, Some(_)) => unreachable!("a second chunk is only read after a first"),
     };
     let whole_md5 = reader.await.map_err(|e| e.to_string())?;
     Ok((meta, Digests { sums, whole_md5 }))
+}
+
+type Chunks = mpsc::Receiver<Result<(Bytes, SliceSum), String>>;
+
+/// Write chunks `a`, `b`, then the rest of `rx` into `w`.
+async fn feed(
+    ctx: &Ctx,
+    w: &mut dyn ObjectWriter,
+    sums: &mut Vec<SliceSum>,
+    a: (Bytes, SliceSum),
+    b: (Bytes, SliceSum),
+    rx: &mut Chunks,
+) -> Result<(), Failed> {
+    let mut first = [a, b].into_iter();
+    loop {
+        let item = match first.next() {
+            Some(x) => Ok(x),
+            // recv is cancel-safe, so waiting for the reader may be interrupted.
+            None => match tokio::select! { r = rx.recv() => r, _ = ctx.cancelled() => None } {
+                Some(item) => item,
+                None if ctx.is_cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
+                None => break,
+            },
+        };
+        let (data, sum) = item.map_err(|msg| Failed { msg, retry: false })?;
+        if ctx.is_cancelled() {
+            return Err(Failed { msg: INTERRUPTED.into(), retry: false });
+        }
+        let n = data.len() as u64;
+        sums.push(sum);
+        w.write(data).await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
+        ctx.progress.moved(n);
+    }
+    Ok(())
 }
 
 /// Compare the new object with what was sent; `Ok(how)` or a mismatch message.
@@ -174,7 +192,9 @@ async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d: &Digests) 
     }
     // S3 returns the ETag with the upload; GCS's MD5 needs a HEAD.
     let digests = match (dst.kind, &meta.etag) {
-        (Kind::S3, Some(etag)) => ObjectDigests { meta: meta.clone(), etag: Some(etag.trim_matches('"').to_string()), md5: None },
+        (Kind::S3, Some(etag)) => {
+            ObjectDigests { meta: meta.clone(), etag: Some(etag.trim_matches('"').to_string()), md5: None }
+        }
         (Kind::Other, _) => ObjectDigests { meta: meta.clone(), etag: None, md5: None },
         _ => retry(ctx, "head", &dst.key, || dst.store.head_digests(&dst.key)).await?,
     };
@@ -185,7 +205,10 @@ async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d: &Digests) 
             let bad = verify::reread(ctx, &dst.store, &dst.key, &d.sums, meta.etag.as_deref()).await?;
             match bad.first() {
                 None => Ok(verify::BY_REREAD),
-                Some(&i) => Err(Failed { msg: format!("crc32c differs on re-read at byte {}", d.sums[i].range.start), retry: true }),
+                Some(&i) => Err(Failed {
+                    msg: format!("crc32c differs on re-read at byte {}", d.sums[i].range.start),
+                    retry: true,
+                }),
             }
         }
     }
@@ -198,7 +221,9 @@ fn part_size(ctx: &Ctx, dst: &Remote, size: Option<u64>) -> usize {
     let slice = plan::tuning(size, ctx.slice, Some(ctx.parallel)).slice;
     let part = match (dst.kind, size, ctx.slice) {
         (Kind::S3, _, _) => slice.max(MIN_S3_PART),
-        (Kind::Gcs, Some(n), None) => slice.max(n.div_ceil(32).div_ceil(plan::MIB) * plan::MIB).min(64 * plan::MIB).max(slice),
+        (Kind::Gcs, Some(n), None) => {
+            slice.max(n.div_ceil(32).div_ceil(plan::MIB) * plan::MIB).min(64 * plan::MIB).max(slice)
+        }
         _ => slice,
     };
     usize::try_from(part).unwrap_or(usize::MAX)
@@ -225,7 +250,8 @@ pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote)
                     // A known-bad object must not stay behind looking like a good copy.
                     if let Err(e) = dst.store.delete(&dst.key).await {
                         if e.kind != StoreErrorKind::NotFound {
-                            ctx.progress.println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
+                            ctx.progress
+                                .println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
                         }
                     }
                     Failed { msg: format!("verification failed: {}", f.msg), retry: f.retry }

@@ -70,7 +70,9 @@ pub fn expect(kind: Kind, d: &ObjectDigests) -> Expect {
     if let Some(md5) = d.md5 {
         return Expect::WholeMd5(md5);
     }
-    let Some(etag) = d.etag.as_deref().filter(|_| kind == Kind::S3) else { return Expect::Reread };
+    let Some(etag) = d.etag.as_deref().filter(|_| kind == Kind::S3) else {
+        return Expect::Reread;
+    };
     let is_hex = |s: &str| s.len() == 32 && s.bytes().all(|c| c.is_ascii_hexdigit());
     if is_hex(etag) {
         let mut md5 = [0u8; 16];
@@ -133,7 +135,13 @@ pub fn check(expect: &Expect, sums: &[SliceSum], whole_md5: Option<[u8; 16]>, gu
 
 /// Read `sums`' ranges of `key` again (in parallel) and return the indices whose crc32c
 /// differs from the recorded one.
-pub async fn reread(ctx: &Ctx, store: &Arc<dyn Store>, key: &str, sums: &[SliceSum], if_match: Option<&str>) -> Result<Vec<usize>, String> {
+pub async fn reread(
+    ctx: &Ctx,
+    store: &Arc<dyn Store>,
+    key: &str,
+    sums: &[SliceSum],
+    if_match: Option<&str>,
+) -> Result<Vec<usize>, String> {
     use futures::StreamExt;
     let results: Vec<Result<Option<usize>, String>> = futures::stream::iter(sums.iter().enumerate())
         .map(|(i, s)| async move {
