@@ -81,6 +81,7 @@ async fn fetch_into(
     p: &ReadPlan,
     file: &Arc<File>,
     ranges: Vec<usize>,
+    md5: Option<&TrailingMd5>,
 ) -> Result<Vec<(usize, SliceSum)>, String> {
     let if_match = p.if_match.as_deref();
     let results: Vec<Result<(usize, SliceSum), String>> = futures::stream::iter(ranges)
@@ -101,6 +102,9 @@ async fn fetch_into(
                 .map_err(|e| e.to_string())?
                 .map_err(|e| format!("write: {e}"))?;
                 ctx.progress.moved(sum.range.end - sum.range.start);
+                if let Some(m) = md5 {
+                    m.landed(sum.range.clone());
+                }
                 Ok((i, sum))
             }
         })
@@ -112,24 +116,56 @@ async fn fetch_into(
     Ok(out)
 }
 
-/// MD5 of a local file (read back from the page cache, off the async threads).
-async fn file_md5(path: PathBuf) -> Result<[u8; 16], String> {
-    tokio::task::spawn_blocking(move || {
-        let mut f = File::open(&path)?;
-        let mut h = Md5::new();
-        let mut buf = vec![0u8; 1 << 20]; // 1 MiB reads from the page cache
-        loop {
-            let n = std::io::Read::read(&mut f, &mut buf)?;
-            if n == 0 {
-                break;
+/// The MD5 of the file while it is being written: slices land out of order, and a thread
+/// hashes the contiguous prefix (read back from the page cache) as it grows, so the digest
+/// is ready moments after the last slice instead of after a second pass.
+struct TrailingMd5 {
+    tx: Option<std::sync::mpsc::Sender<std::ops::Range<u64>>>,
+    handle: std::thread::JoinHandle<std::io::Result<[u8; 16]>>,
+}
+
+impl TrailingMd5 {
+    fn start(file: Arc<File>, size: u64) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<std::ops::Range<u64>>();
+        let handle = std::thread::spawn(move || {
+            let mut h = Md5::new();
+            let mut next = 0u64;
+            let mut landed = std::collections::BTreeMap::new();
+            let mut buf = vec![0u8; 1 << 20]; // 1 MiB reads from the page cache
+            for r in rx {
+                landed.insert(r.start, r.end);
+                while let Some(end) = landed.remove(&next) {
+                    while next < end {
+                        let n = ((end - next) as usize).min(buf.len());
+                        file.read_exact_at(&mut buf[..n], next)?;
+                        h.update(&buf[..n]);
+                        next += n as u64;
+                    }
+                }
             }
-            h.update(&buf[..n]);
+            if next != size {
+                return Err(std::io::Error::other(format!("only {next} of {size} bytes were hashed")));
+            }
+            Ok(h.finalize().into())
+        });
+        Self { tx: Some(tx), handle }
+    }
+
+    fn landed(&self, r: std::ops::Range<u64>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(r);
         }
-        Ok::<_, std::io::Error>(h.finalize().into())
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("re-reading the local copy: {e}"))
+    }
+
+    async fn finish(mut self) -> Result<[u8; 16], String> {
+        self.tx = None; // ends the thread's loop
+        let handle = self.handle;
+        tokio::task::spawn_blocking(move || handle.join())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|_| "the hashing thread panicked".to_string())?
+            .map_err(|e| format!("hashing the local copy: {e}"))
+    }
 }
 
 pub async fn to_file(ctx: &Ctx, src: &Remote, dst: &Path) -> Result<Report, String> {
@@ -161,13 +197,17 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
             ctx.progress.println(&format!("bucketfs cp: {}: {last}; downloading again", src.url()));
             ctx.progress.retrying(p.size);
         }
-        let file = Arc::new(File::create(tmp).map_err(|e| format!("{}: {e}", tmp.display()))?);
+        // Read as well as write: the MD5 thread reads back what landed.
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(tmp);
+        let file = Arc::new(file.map_err(|e| format!("{}: {e}", tmp.display()))?);
         file.set_len(p.size).map_err(|e| format!("{}: {e}", tmp.display()))?; // sparse until written
+        let md5 = matches!(p.expect, Expect::WholeMd5(_)).then(|| TrailingMd5::start(file.clone(), p.size));
+        let all = (0..p.ranges.len()).collect();
         let mut sums: Vec<SliceSum> =
-            fetch_into(ctx, src, p, &file, (0..p.ranges.len()).collect()).await?.into_iter().map(|(_, s)| s).collect();
-        let whole = match p.expect {
-            Expect::WholeMd5(_) => Some(file_md5(tmp.to_path_buf()).await?),
-            _ => None,
+            fetch_into(ctx, src, p, &file, all, md5.as_ref()).await?.into_iter().map(|(_, s)| s).collect();
+        let whole = match md5 {
+            Some(m) => Some(m.finish().await?),
+            None => None,
         };
         let how = match verify::check(&p.expect, &sums, whole, p.guessed) {
             Check::Ok(how) => how,
@@ -207,7 +247,7 @@ async fn reread_and_repair(
             src.url(),
             bad.len()
         ));
-        for (i, s) in fetch_into(ctx, src, p, file, bad.clone()).await? {
+        for (i, s) in fetch_into(ctx, src, p, file, bad.clone(), None).await? {
             sums[i] = s;
         }
         let again: Vec<SliceSum> = bad.iter().map(|&i| sums[i].clone()).collect();
