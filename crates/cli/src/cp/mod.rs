@@ -145,6 +145,8 @@ impl Ctx {
 
     /// Delay before retry `attempt` (1-based): doubling, capped at 5 s, with jitter.
     pub fn backoff(&self, attempt: u32) -> Duration {
+        // Doubling stops at 2^4 (3.2 s from 200 ms); the 5 s cap keeps a copy from stalling
+        // long on a flaky server while the store layer's own retries run underneath.
         let base = self.backoff_base.saturating_mul(1 << attempt.min(5).saturating_sub(1));
         let nanos =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
