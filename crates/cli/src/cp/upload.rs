@@ -45,12 +45,8 @@ impl From<String> for Failed {
 
 /// Read `src` in `part`-byte chunks on a blocking thread: crc32c always, the MD5 of each
 /// part for S3 (its multipart ETag), the MD5 of the whole for GCS (its `md5Hash`).
-fn spawn_reader(
-    src: &Source<'_>,
-    part: usize,
-    kind: Kind,
-) -> Result<(Chunks, tokio::task::JoinHandle<Option<[u8; 16]>>), String> {
-    let mut input: Box<dyn FnMut(&mut [u8], u64) -> std::io::Result<usize> + Send> = match src {
+fn spawn_reader(src: &Source<'_>, part: usize, kind: Kind) -> Result<(Chunks, WholeMd5), String> {
+    let mut input: Box<ReadAt> = match src {
         Source::File(p) => {
             let f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
             Box::new(move |buf: &mut [u8], off: u64| f.read_at(buf, off))
@@ -146,6 +142,10 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
 }
 
 type Chunks = mpsc::Receiver<Result<(Bytes, SliceSum), String>>;
+/// The reader thread, which ends with the whole content's MD5 (when one was computed).
+type WholeMd5 = tokio::task::JoinHandle<Option<[u8; 16]>>;
+/// Read into the buffer at an offset (files) or at the current position (stdin).
+type ReadAt = dyn FnMut(&mut [u8], u64) -> std::io::Result<usize> + Send;
 
 /// Write chunks `a`, `b`, then the rest of `rx` into `w`.
 async fn feed(
