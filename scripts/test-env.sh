@@ -5,6 +5,9 @@
 #   scripts/test-env.sh stop     # kills exactly the processes `start` launched (pid files)
 #   scripts/test-env.sh status
 #
+# Ports can be moved (e.g. when another checkout's servers already hold the defaults):
+#   BUCKETFS_TEST_MINIO_PORT (9000), BUCKETFS_TEST_MINIO_CONSOLE_PORT (9001), BUCKETFS_TEST_GCS_PORT (4443)
+#
 # State, data and logs live under .test-env/ in the repo root (gitignored).
 # Binaries are looked up on PATH, then in $GOBIN, $(go env GOPATH)/bin and $HOME/go/bin.
 set -euo pipefail
@@ -15,10 +18,12 @@ WAIT_SECS="${BUCKETFS_TEST_ENV_WAIT:-60}"
 
 MINIO_USER="bucketfs-test"
 MINIO_PASSWORD="bucketfs-test-secret"
-MINIO_ADDR="127.0.0.1:9000"
-MINIO_CONSOLE="127.0.0.1:9001"
+MINIO_PORT="${BUCKETFS_TEST_MINIO_PORT:-9000}"
+MINIO_CONSOLE_PORT="${BUCKETFS_TEST_MINIO_CONSOLE_PORT:-9001}"
+MINIO_ADDR="127.0.0.1:$MINIO_PORT"
+MINIO_CONSOLE="127.0.0.1:$MINIO_CONSOLE_PORT"
 GCS_HOST="127.0.0.1"
-GCS_PORT="4443"
+GCS_PORT="${BUCKETFS_TEST_GCS_PORT:-4443}"
 
 log() { echo "test-env: $*" >&2; }
 die() { echo "test-env: error: $*" >&2; exit 1; }
@@ -81,8 +86,8 @@ wait_ready() {
 start_minio() {
     if pid_alive minio; then log "minio already running (pid $(cat "$STATE/minio.pid"))"; return 0; fi
     local bin; bin="$(find_bin minio)" || die "minio binary not found (go install github.com/minio/minio@...)"
-    port_open 9000 && die "port 9000 is already in use by a process this script did not start"
-    port_open 9001 && die "port 9001 is already in use by a process this script did not start"
+    port_open "$MINIO_PORT" && die "port $MINIO_PORT is already in use by a process this script did not start"
+    port_open "$MINIO_CONSOLE_PORT" && die "port $MINIO_CONSOLE_PORT is already in use by a process this script did not start"
     rm -rf "$STATE/minio-data"; mkdir -p "$STATE/minio-data"
     MINIO_ROOT_USER="$MINIO_USER" MINIO_ROOT_PASSWORD="$MINIO_PASSWORD" \
     MINIO_BROWSER=off MINIO_UPDATE=off \

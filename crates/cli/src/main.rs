@@ -1,9 +1,11 @@
-//! `bucketfs`: mount a bucket as a local directory.
+//! `bucketfs`: mount a bucket as a local directory, or copy to and from one fast.
 //!
 //! `main` parses arguments and turns every failure into one line on stderr and exit code 1.
 //! [`mount`] does the pre-flight checks, the daemonizing and the session; [`unmount`] ends one.
+//! [`cp`] copies files and objects with parallel ranged reads and parts, verified end to end.
 
 mod checks;
+mod cp;
 mod mount;
 mod paths;
 mod unmount;
@@ -29,6 +31,8 @@ enum Command {
         /// The mount point.
         mountpoint: PathBuf,
     },
+    /// Copy files to and from a bucket: parallel, verified end to end (see --help).
+    Cp(cp::CpArgs),
 }
 
 #[derive(Args, Clone, Debug)]
@@ -128,6 +132,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Command::Mount(args) => mount::run(args),
         Command::Unmount { mountpoint } => unmount::run(&mountpoint),
+        Command::Cp(args) => cp::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,11 +6,13 @@
 //! to the mounted bucket prefix, never start with `/`, and directory markers end with `/`.
 //!
 //! - [`opendal_store`] implements the trait over OpenDAL's public `Operator` API.
+//! - [`gcs_compose`] uploads large GCS objects as parallel parts joined by `compose`.
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
 
 mod error;
+pub mod gcs_compose;
 pub mod location;
 pub mod opendal_store;
 #[cfg(any(test, feature = "testing"))]
@@ -18,4 +20,4 @@ pub mod testing;
 mod types;
 
 pub use error::{StoreError, StoreErrorKind};
-pub use types::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, WriteOptions};
+pub use types::{Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions};

@@ -5,13 +5,15 @@
 //! added once where the operator is built ([`crate::location`]).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use opendal::{Metadata, Operator};
 
-use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use crate::gcs_compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
+use crate::{Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
 
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
@@ -24,13 +26,21 @@ pub struct OpendalStore {
     /// GCS: identity is the object generation, checked with `x-goog-if-generation-match`;
     /// elsewhere it is the ETag, checked with `If-Match`.
     generation_identity: bool,
+    /// GCS: the operator for compose requests, with a longer I/O timeout (see `location`).
+    compose_op: Option<Operator>,
 }
 
 impl OpendalStore {
     /// `description` is shown in logs and errors; it must not contain credentials.
     pub fn new(op: Operator, description: String, prefix_dirs: bool) -> Self {
         let generation_identity = op.info().scheme() == "gcs";
-        Self { op, description, prefix_dirs, generation_identity }
+        Self { op, description, prefix_dirs, generation_identity, compose_op: None }
+    }
+
+    /// Use `op` (the same service, other layers) for GCS compose requests.
+    pub fn with_compose_operator(mut self, op: Operator) -> Self {
+        self.compose_op = Some(op);
+        self
     }
 
     fn meta(&self, key: &str, m: &Metadata) -> ObjectMeta {
@@ -131,7 +141,8 @@ impl Store for OpendalStore {
                     .map_err(move |e| StoreError::from_opendal("list", &p, e))
                     .try_filter_map(move |entry| {
                         let key = entry.path().trim_start_matches('/').to_string();
-                        let keep = key != prefix && !key.is_empty();
+                        // Temporary upload parts (gcs_compose) are never part of a listing.
+                        let keep = key != prefix && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
                         let m = this.meta(&key, entry.metadata());
                         async move { Ok(keep.then_some(m)) }
                     }),
@@ -177,6 +188,13 @@ impl Store for OpendalStore {
     }
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        if self.op.info().scheme() == "gcs" {
+            // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
+            // the JSON API (which emulators have too).
+            let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
+            let backend = OpendalComposeBackend { op: self.op.clone(), compose_op, store: self.clone() };
+            return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
+        }
         let w = self
             .op
             .writer_with(key)
@@ -186,6 +204,52 @@ impl Store for OpendalStore {
             .map_err(|e| StoreError::from_opendal("upload", key, e))?;
         Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w) }))
     }
+
+    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
+        let m = self.op.stat(od_path(key)).await.map_err(|e| StoreError::from_opendal("head", key, e))?;
+        Ok(ObjectDigests {
+            meta: self.meta(key, &m),
+            etag: m.etag().map(|e| e.trim_matches('"').to_string()),
+            md5: m.content_md5().and_then(parse_md5),
+        })
+    }
+}
+
+/// `md5Hash` as GCS reports it (base64 of 16 bytes), or 32 hex digits.
+fn parse_md5(s: &str) -> Option<[u8; 16]> {
+    let s = s.trim().trim_matches('"');
+    let mut out = [0u8; 16];
+    if s.len() == 32 && s.bytes().all(|c| c.is_ascii_hexdigit()) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        return Some(out);
+    }
+    // Base64: 16 bytes are 22 symbols plus "==".
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' | b'-' => Some(62),
+        b'/' | b'_' => Some(63),
+        _ => None,
+    };
+    let sym: Vec<u8> = s.trim_end_matches('=').bytes().map(val).collect::<Option<_>>()?;
+    if sym.len() != 22 {
+        return None;
+    }
+    let mut bits: u32 = 0;
+    let (mut nbits, mut i) = (0, 0);
+    for v in sym {
+        bits = (bits << 6) | u32::from(v);
+        nbits += 6;
+        if nbits >= 8 && i < 16 {
+            nbits -= 8;
+            out[i] = (bits >> nbits) as u8;
+            i += 1;
+        }
+    }
+    (i == 16).then_some(out)
 }
 
 /// OpenDAL's writer: multipart on S3, resumable upload on GCS, a temp file on fs.
@@ -199,6 +263,16 @@ impl OpendalWriter {
     fn writer(&mut self) -> Result<&mut opendal::Writer, StoreError> {
         self.w.as_mut().ok_or_else(|| StoreError::new(crate::StoreErrorKind::Other, format!("upload of {} already ended", self.key)))
     }
+}
+
+#[cfg(test)]
+#[test]
+fn parses_md5_forms() {
+    let want = [0xf8, 0x14, 0x89, 0x37, 0x77, 0xbc, 0xc2, 0x29, 0x5f, 0xff, 0x05, 0xf0, 0x0e, 0x50, 0x8d, 0xa6];
+    assert_eq!(parse_md5("+BSJN3e8wilf/wXwDlCNpg=="), Some(want));
+    assert_eq!(parse_md5("f814893777bcc2295fff05f00e508da6"), Some(want));
+    assert_eq!(parse_md5(""), None);
+    assert_eq!(parse_md5("abc-2"), None);
 }
 
 #[async_trait]

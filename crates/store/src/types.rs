@@ -87,6 +87,24 @@ pub trait Store: Send + Sync + 'static {
     /// `opts.concurrency` at a time, while the caller is still writing. Nothing is visible
     /// until `close` succeeds; `abort` leaves no parts behind.
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError>;
+
+    /// [`Store::head`] plus the content digests the store reports, for end-to-end
+    /// verification. The default reports none.
+    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
+        Ok(ObjectDigests { meta: self.head(key).await?, etag: None, md5: None })
+    }
+}
+
+/// What [`Store::head_digests`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectDigests {
+    pub meta: ObjectMeta,
+    /// The service's raw ETag, quotes removed (S3: the MD5 in hex for a single-request
+    /// upload, `hex(md5(part md5s))-N` for an N-part upload; other forms mean neither).
+    pub etag: Option<String>,
+    /// MD5 of the whole content where the service keeps one (GCS `md5Hash`; GCS has none
+    /// for composed objects).
+    pub md5: Option<[u8; 16]>,
 }
 
 /// Tuning for [`Store::writer`].

@@ -87,6 +87,7 @@ async fn conformance_with(store: Arc<dyn Store>, enforces_preconditions: bool) {
     w.abort().await.unwrap();
     assert_eq!(s.head("dir/aborted.bin").await.unwrap_err().kind, StoreErrorKind::NotFound);
     s.delete("dir/multi.bin").await.unwrap();
+    many_parts(s).await;
 
     // Directories: create_dir makes an (empty) directory that lists.
     s.create_dir("emptydir/").await.unwrap();
@@ -101,6 +102,60 @@ async fn conformance_with(store: Arc<dyn Store>, enforces_preconditions: bool) {
     }
     s.delete("never-existed").await.expect("deleting a missing key succeeds");
     assert_eq!(s.head("dir/a.txt").await.unwrap_err().kind, StoreErrorKind::NotFound);
+}
+
+/// More parts than one GCS compose call takes (32), so GCS composes in a tree; other stores
+/// may merge small parts (S3's minimum part is 5 MiB), but the bytes must come back exact.
+/// Temporary parts never show in a listing, even mid-upload.
+async fn many_parts(s: &dyn Store) {
+    // 64 KiB parts: 1,100 of them (3 compose levels on GCS) in about 70 MB would be slow on
+    // a 2-core CI box; 70 parts (2 levels) in 4.4 MB are enough for the tree.
+    let part = 64 * 1024;
+    let opts = bucketfs_store::WriteOptions { part_size: part, concurrency: 8 };
+    let body: Bytes = (0..(70 * part + 123) as u32).map(|i| (i % 239) as u8).collect::<Vec<_>>().into();
+    let mut w = s.writer("many/parts.bin", opts).await.unwrap();
+    for chunk in body.chunks(100_000) {
+        w.write(body.slice_ref(chunk)).await.unwrap();
+    }
+    let root = keys(s, "", true).await;
+    assert!(root.iter().all(|k| !k.starts_with(".bucketfs-parts")), "{}: temp parts listed: {root:?}", s.describe());
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, body.len() as u64, "{}", s.describe());
+    assert_eq!(s.head("many/parts.bin").await.unwrap().size, body.len() as u64);
+    for r in [0..10, part - 5..part + 5, 32 * part - 1..32 * part + 1, body.len() - 200..body.len()] {
+        let got = s.get_range("many/parts.bin", r.start as u64..r.end as u64, None).await.unwrap();
+        assert_eq!(got, body.slice(r.clone()), "{}: range {r:?}", s.describe());
+    }
+    let all = s.get_range("many/parts.bin", 0..body.len() as u64, None).await.unwrap();
+    assert!(all == body, "{}: whole object differs", s.describe());
+    // Abort after several parts went up: nothing appears.
+    let mut w = s.writer("many/aborted.bin", opts).await.unwrap();
+    w.write(body.slice(0..5 * part + 1)).await.unwrap();
+    w.abort().await.unwrap();
+    assert_eq!(s.head("many/aborted.bin").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    s.delete("many/parts.bin").await.unwrap();
+}
+
+/// On an object store, the hidden parts prefix of a conformance run must be empty at the end.
+async fn no_parts_left(store_at_parts_prefix: Arc<dyn Store>) {
+    let left = keys(store_at_parts_prefix.as_ref(), "", true).await;
+    assert!(left.is_empty(), "{}: temporary parts left behind: {left:?}", store_at_parts_prefix.describe());
+}
+
+/// The digests a real store reports are the content's: S3's single-PUT ETag is the MD5 in
+/// hex; GCS keeps `md5Hash`. (MD5 of "hello" is 5d41402abc4b2a76b9719d911017c592.)
+async fn digests(s: &dyn Store, want_etag_md5: bool, want_md5: bool) {
+    let hello_md5 = [0x5d, 0x41, 0x40, 0x2a, 0xbc, 0x4b, 0x2a, 0x76, 0xb9, 0x71, 0x9d, 0x91, 0x10, 0x17, 0xc5, 0x92];
+    s.put("digests/hello", Bytes::from_static(b"hello")).await.unwrap();
+    let d = s.head_digests("digests/hello").await.unwrap();
+    assert_eq!(d.meta.size, 5);
+    if want_etag_md5 {
+        assert_eq!(d.etag.as_deref(), Some("5d41402abc4b2a76b9719d911017c592"), "{}", s.describe());
+    }
+    if want_md5 {
+        assert_eq!(d.md5, Some(hello_md5), "{}", s.describe());
+    }
+    s.delete("digests/hello").await.unwrap();
 }
 
 fn required(var: &str) -> Option<String> {
@@ -142,8 +197,12 @@ async fn minio() {
     let Some(endpoint) = required("BUCKETFS_TEST_S3_ENDPOINT") else { return };
     let bucket = std::env::var("BUCKETFS_TEST_S3_BUCKET").unwrap_or_else(|_| "conformance".into());
     let opts = StoreOptions { endpoint: Some(endpoint), ..StoreOptions::default() };
-    let loc = Location::S3 { bucket, prefix: format!("{}/", unique("s3")) };
+    let prefix = format!("{}/", unique("s3"));
+    let loc = Location::S3 { bucket: bucket.clone(), prefix: prefix.clone() };
     conformance(location::open(&loc, &opts).unwrap()).await;
+    digests(location::open(&loc, &opts).unwrap().as_ref(), true, false).await;
+    let parts = Location::S3 { bucket, prefix: format!("{prefix}.bucketfs-parts/") };
+    no_parts_left(location::open(&parts, &opts).unwrap()).await;
 }
 
 #[tokio::test]
@@ -151,6 +210,10 @@ async fn gcs_emulator() {
     let Some(endpoint) = required("BUCKETFS_TEST_GCS_ENDPOINT") else { return };
     let bucket = std::env::var("BUCKETFS_TEST_GCS_BUCKET").unwrap_or_else(|_| "conformance".into());
     let opts = StoreOptions { endpoint: Some(endpoint), anonymous: true, ..StoreOptions::default() };
-    let loc = Location::Gcs { bucket, prefix: format!("{}/", unique("gcs")) };
+    let prefix = format!("{}/", unique("gcs"));
+    let loc = Location::Gcs { bucket: bucket.clone(), prefix: prefix.clone() };
     conformance_with(location::open(&loc, &opts).unwrap(), false).await;
+    digests(location::open(&loc, &opts).unwrap().as_ref(), false, true).await;
+    let parts = Location::Gcs { bucket, prefix: format!("{prefix}.bucketfs-parts/") };
+    no_parts_left(location::open(&parts, &opts).unwrap()).await;
 }

@@ -93,6 +93,10 @@ impl Store for FailStore {
         self.gate(Op::Mkdir)?;
         self.inner.create_dir(key).await
     }
+    async fn head_digests(&self, key: &str) -> Result<crate::ObjectDigests, StoreError> {
+        self.gate(Op::Head)?;
+        self.inner.head_digests(key).await
+    }
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.gate(Op::Upload)?;
         self.inner.writer(key, opts).await

@@ -1,0 +1,314 @@
+//! `bucketfs cp SRC... DST`: fast, verified copies between local files and store URLs.
+//!
+//! - [`endpoint`]: parsing each side (`-`, a path, a store URL) and opening stores.
+//! - [`plan`]: slice size and parallelism, slice ranges, one job per file (`-r`).
+//! - [`download`], [`upload`]: the transfers. [`verify`]: end-to-end checks.
+//! - [`progress`]: the terminal bar and byte counters.
+//!
+//! Every request takes a slot from one semaphore of `parallel` slots, so many small files
+//! and one large file share the same bound on requests (and memory) in flight.
+
+mod download;
+mod endpoint;
+mod plan;
+mod progress;
+#[cfg(test)]
+mod tests;
+mod upload;
+mod verify;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bucketfs_store::location::StoreOptions;
+use bucketfs_store::{StoreError, StoreErrorKind};
+use clap::Args;
+use futures::StreamExt;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use endpoint::{Opener, Side};
+use plan::{Dst, Job, Src};
+use progress::Progress;
+
+const VERIFY_HELP: &str = "\
+Verification (always on): bucketfs computes crc32c (and MD5 where the store keeps one) of
+the bytes it reads or writes and compares them with what the store reports:
+  - GCS: the object's MD5 (md5Hash); GCS keeps none for composed (large) uploads.
+  - S3: the ETag, which is the MD5 for single-request uploads and the MD5 of the part MD5s
+    for multipart uploads (for downloads the part size is guessed from the part count).
+  - Anything else (no usable digest, file://, mem://, encrypted S3 objects): the object is
+    read a second time, ranged and in parallel, and the crc32c of every range compared.
+    This re-read costs a second transfer of the data.
+A mismatch is an error: the copy is retried (downloads fetch again, uploads delete the bad
+object and upload again), and after --retries attempts bucketfs exits non-zero.
+--json prints how each copy was verified.";
+
+#[derive(Args, Clone, Debug)]
+#[command(after_long_help = VERIFY_HELP, override_usage = "bucketfs cp [OPTIONS] SRC... DST")]
+pub struct CpArgs {
+    /// Sources, then the destination. Each is a local path, a store URL
+    /// (s3://BUCKET/KEY, gs://BUCKET/KEY, file:///PATH, mem://KEY) or '-' (stdin as the
+    /// only source, streamed into an object; stdout as the destination, in order).
+    /// Several sources go into a directory or prefix.
+    #[arg(value_name = "PATH", num_args = 2.., required = true)]
+    paths: Vec<String>,
+    /// Copy directories and prefixes recursively.
+    #[arg(short, long)]
+    recursive: bool,
+    /// Endpoint for S3-compatible stores (MinIO...) or a GCS emulator.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// GCS: send no credentials (public buckets, emulators).
+    #[arg(long)]
+    anonymous: bool,
+    /// S3: the AWS profile to use.
+    #[arg(long)]
+    profile: Option<String>,
+    /// Bytes per ranged read or upload part (like 8M, 16MiB). Default: 8 MiB up to
+    /// 256 MiB, then 16 MiB (larger past 160 GB); at least 5 MiB for S3 uploads.
+    #[arg(long, value_parser = plan::parse_size)]
+    slice_size: Option<u64>,
+    /// Requests in flight, across all files. Default: 4 per core, between 8 and 16.
+    #[arg(long)]
+    parallel: Option<usize>,
+    /// Attempts after the first, for a failed request and for a failed verification.
+    #[arg(long, default_value_t = 4)]
+    retries: u32,
+    /// Print a JSON summary on stdout (on stderr when the destination is '-').
+    #[arg(long)]
+    json: bool,
+    /// No progress bar even on a terminal.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+/// What one file's copy did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub bytes: u64,
+    pub verified: &'static str,
+    pub crc32c: u32,
+}
+
+/// Shared by every transfer of one `cp`.
+pub struct Ctx {
+    slots: Semaphore,
+    pub parallel: usize,
+    /// The user's `--slice-size`, if given.
+    pub slice: Option<u64>,
+    pub retries: u32,
+    pub progress: Progress,
+    /// First retry delay; doubles per attempt.
+    pub backoff_base: Duration,
+    /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
+    cancel: tokio::sync::watch::Sender<bool>,
+}
+
+impl Ctx {
+    pub fn new(parallel: usize, slice: Option<u64>, retries: u32, progress: Progress) -> Self {
+        // 200 ms, doubling: 4 retries wait 3 s in all, enough for a server to come back.
+        let cancel = tokio::sync::watch::Sender::new(false);
+        Self {
+            slots: Semaphore::new(parallel),
+            parallel,
+            slice,
+            retries,
+            progress,
+            backoff_base: Duration::from_millis(200),
+            cancel,
+        }
+    }
+
+    pub fn cancel(&self) {
+        self.cancel.send_replace(true);
+    }
+
+    /// Resolves once the copy is cancelled.
+    pub async fn cancelled(&self) {
+        let mut rx = self.cancel.subscribe();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        *self.cancel.borrow()
+    }
+
+    pub async fn slot(&self) -> SemaphorePermit<'_> {
+        self.slots.acquire().await.expect("the semaphore is never closed")
+    }
+
+    pub async fn slots(&self, n: usize) -> SemaphorePermit<'_> {
+        let n = u32::try_from(n.min(self.parallel)).unwrap_or(1);
+        self.slots.acquire_many(n).await.expect("the semaphore is never closed")
+    }
+
+    /// Delay before retry `attempt` (1-based): doubling, capped at 5 s, with jitter.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        // Doubling stops at 2^4 (3.2 s from 200 ms); the 5 s cap keeps a copy from stalling
+        // long on a flaky server while the store layer's own retries run underneath.
+        let base = self.backoff_base.saturating_mul(1 << attempt.min(5).saturating_sub(1));
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let jitter = base.mul_f64(f64::from(nanos % 1000) / 4000.0); // up to +25%
+        (base + jitter).min(Duration::from_secs(5))
+    }
+}
+
+pub const INTERRUPTED: &str = "interrupted";
+
+/// Errors that another attempt cannot fix.
+pub fn is_retryable(e: &StoreError) -> bool {
+    !matches!(
+        e.kind,
+        StoreErrorKind::NotFound
+            | StoreErrorKind::PermissionDenied
+            | StoreErrorKind::Changed
+            | StoreErrorKind::Unsupported
+            | StoreErrorKind::Config
+    )
+}
+
+/// Run `op` until it succeeds, fails for good, or `ctx.retries` retries are spent.
+pub async fn retry<T, F, Fut>(ctx: &Ctx, what: &str, key: &str, mut op: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.kind == StoreErrorKind::Changed => {
+                return Err(format!("{key}: the object changed during the copy ({e})"));
+            }
+            Err(e) if attempt < ctx.retries && is_retryable(&e) => {
+                attempt += 1;
+                tracing::debug!("{what} {key}: {e}; retry {attempt}");
+                tokio::time::sleep(ctx.backoff(attempt)).await;
+            }
+            Err(e) => return Err(format!("{what} {key}: {e}")),
+        }
+    }
+}
+
+/// One job, start to end.
+async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
+    if ctx.is_cancelled() {
+        return Err(INTERRUPTED.into());
+    }
+    match (&job.src, &job.dst) {
+        (Src::Remote { remote, .. }, Dst::Local(path)) => download::to_file(ctx, remote, path).await,
+        (Src::Remote { remote, .. }, Dst::Stdout) => download::to_stdout(ctx, remote).await,
+        (Src::Local { path, size }, Dst::Remote(r)) => {
+            upload::upload(ctx, upload::Source::File(path), Some(*size), r).await
+        }
+        (Src::Stdin, Dst::Remote(r)) => upload::upload(ctx, upload::Source::Stdin, None, r).await,
+        _ => Err("unsupported combination of source and destination".into()),
+    }
+}
+
+/// Run all jobs; stdout jobs one after another (order matters), others concurrently.
+pub async fn run_jobs(ctx: &Ctx, jobs: &[Job]) -> (Vec<Report>, Vec<String>) {
+    let ordered = jobs.iter().any(|j| matches!(j.dst, Dst::Stdout));
+    let width = if ordered { 1 } else { ctx.parallel };
+    let results: Vec<Result<Report, String>> =
+        futures::stream::iter(jobs).map(|j| run_job(ctx, j)).buffered(width).collect().await;
+    let mut reports = Vec::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(rep) => reports.push(rep),
+            Err(e) => errors.push(e),
+        }
+    }
+    (reports, errors)
+}
+
+fn json_summary(reports: &[Report], secs: f64) -> String {
+    let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
+    let mut how: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in reports {
+        *how.entry(r.verified).or_default() += 1;
+    }
+    let verified: Vec<String> = how.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    let crc = match reports {
+        [one] => format!(",\"crc32c\":\"{:08x}\"", one.crc32c),
+        _ => String::new(),
+    };
+    let rate = if secs > 0.0 { bytes as f64 / 1e6 / secs } else { 0.0 };
+    format!(
+        "{{\"bytes\":{bytes},\"seconds\":{secs:.3},\"mb_per_s\":{rate:.1},\"files\":{},\"verified\":{{{}}}{crc}}}",
+        reports.len(),
+        verified.join(",")
+    )
+}
+
+pub fn run(args: CpArgs) -> Result<(), String> {
+    let mut paths = args.paths.clone();
+    let dst_arg = paths.pop().ok_or("cp needs a source and a destination")?;
+    let opts = StoreOptions {
+        endpoint: args.endpoint.clone(),
+        anonymous: args.anonymous,
+        profile: args.profile.clone(),
+        ..StoreOptions::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
+    rt.block_on(async move {
+        let mut opener = Opener::new(opts);
+        let srcs = paths.iter().map(|s| opener.side(s)).collect::<Result<Vec<_>, _>>()?;
+        let dst = opener.side(&dst_arg)?;
+        let to_stdout = matches!(dst, Side::Stdio);
+        let jobs = plan::expand(srcs, dst, args.recursive).await?;
+        if jobs.is_empty() {
+            return Err("nothing to copy".to_string());
+        }
+        let total = jobs.iter().map(Job::size).sum::<Option<u64>>();
+        let parallel = args.parallel.unwrap_or_else(plan::default_parallel).max(1);
+        let ctx = Ctx::new(parallel, args.slice_size, args.retries, Progress::new(total, !args.quiet));
+        let start = Instant::now();
+        // On SIGINT/SIGTERM, cancel and keep waiting: the transfers abort and clean up.
+        let signals = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let term = async {
+                match term.as_mut() {
+                    Some(t) => t.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term => {}
+            }
+            ctx.progress.println("bucketfs cp: interrupted; aborting uploads and removing partial files");
+            ctx.cancel();
+            std::future::pending::<()>().await
+        };
+        let (reports, errors) = tokio::select! {
+            r = run_jobs(&ctx, &jobs) => r,
+            _ = signals => unreachable!("never completes"),
+        };
+        ctx.progress.finish();
+        if args.json {
+            let line = json_summary(&reports, start.elapsed().as_secs_f64());
+            if to_stdout {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        }
+        if ctx.is_cancelled() {
+            return Err(format!("{INTERRUPTED}: {} of {} copies finished", reports.len(), jobs.len()));
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.into_iter().next().unwrap_or_default()),
+            n => {
+                for e in &errors {
+                    eprintln!("bucketfs cp: {e}");
+                }
+                Err(format!("{n} of {} copies failed (see above)", jobs.len()))
+            }
+        }
+    })
+}

@@ -1,0 +1,269 @@
+//! What to copy where, and how to cut each transfer: slice size and parallelism from the
+//! file size and the machine, the slice ranges, and expanding `SRC... DST` (with `-r`) into
+//! one job per file.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use futures::TryStreamExt;
+
+use super::endpoint::{Remote, Side};
+use bucketfs_store::StoreErrorKind;
+
+pub const MIB: u64 = 1 << 20;
+/// S3 rejects parts under 5 MiB (all but the last), so uploads to S3 never use less.
+pub const MIN_S3_PART: u64 = 5 * MIB;
+/// S3 allows at most 10,000 parts in one upload.
+pub const MAX_PARTS: u64 = 10_000;
+
+/// How one transfer is cut and how many slices run at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    pub slice: u64,
+    pub parallel: usize,
+}
+
+/// Slice size for an object of `size` bytes (`None`: unknown, as for stdin).
+pub fn default_slice(size: Option<u64>) -> u64 {
+    match size {
+        // Unknown length: 16 MiB parts still reach 160 GB within S3's 10,000 parts.
+        None => 16 * MIB,
+        // Up to 256 MiB: 8 MiB slices give at least 8-way parallelism from 64 MiB up.
+        Some(n) if n <= 256 * MIB => 8 * MIB,
+        // Larger: 16 MiB halves the request count; past 160 GB grow to stay in 10,000 parts.
+        Some(n) => (16 * MIB).max(n.div_ceil(MAX_PARTS).div_ceil(MIB) * MIB),
+    }
+}
+
+/// Requests in flight: 4 per core hides round trips, 8 at least (even on 2 cores the work
+/// is waiting on the network), 16 at most (beyond that a single server gains nothing).
+pub fn default_parallel() -> usize {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    (cores * 4).clamp(8, 16)
+}
+
+/// The tuning for one transfer, with the user's overrides applied.
+pub fn tuning(size: Option<u64>, slice: Option<u64>, parallel: Option<usize>) -> Tuning {
+    let mut s = slice.unwrap_or_else(|| default_slice(size)).max(1);
+    if let Some(n) = size {
+        s = s.max(n.div_ceil(MAX_PARTS)); // never more than 10,000 slices
+    }
+    Tuning { slice: s, parallel: parallel.unwrap_or_else(default_parallel).max(1) }
+}
+
+/// `[0, size)` cut into consecutive ranges of `slice` bytes (the last may be shorter).
+/// Zero bytes give no ranges.
+pub fn slices(size: u64, slice: u64) -> Vec<Range<u64>> {
+    let slice = slice.max(1);
+    (0..size.div_ceil(slice)).map(|i| i * slice..((i + 1) * slice).min(size)).collect()
+}
+
+/// Parse `8M`, `16MiB`, `512k`, `1G` or a byte count.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (like 8M, 16MiB, 1048576)"))?;
+    let mult = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M or G)")),
+    };
+    match n.checked_mul(mult) {
+        Some(v) if v > 0 => Ok(v),
+        _ => Err(format!("{s:?}: the size must be positive and fit in 64 bits")),
+    }
+}
+
+/// Where one file's bytes come from.
+#[derive(Clone)]
+pub enum Src {
+    Local { path: PathBuf, size: u64 },
+    Remote { remote: Remote, size: u64 },
+    Stdin,
+}
+
+/// Where they go.
+#[derive(Clone)]
+pub enum Dst {
+    Local(PathBuf),
+    Remote(Remote),
+    Stdout,
+}
+
+#[derive(Clone)]
+pub struct Job {
+    pub src: Src,
+    pub dst: Dst,
+}
+
+impl Job {
+    pub fn size(&self) -> Option<u64> {
+        match &self.src {
+            Src::Local { size, .. } | Src::Remote { size, .. } => Some(*size),
+            Src::Stdin => None,
+        }
+    }
+}
+
+/// Expand `srcs` into `dst` into one job per file, cp(1)-style: several sources or a
+/// directory/prefix destination put each source under its own name; a single source into
+/// a destination that does not exist as a directory becomes that destination.
+pub async fn expand(srcs: Vec<Side>, dst: Side, recursive: bool) -> Result<Vec<Job>, String> {
+    let many = srcs.len() > 1;
+    if srcs.iter().any(|s| matches!(s, Side::Stdio)) {
+        return match (srcs.as_slice(), &dst) {
+            ([_], Side::Remote(r)) if !r.key.is_empty() && !r.key.ends_with('/') => {
+                Ok(vec![Job { src: Src::Stdin, dst: Dst::Remote(r.clone()) }])
+            }
+            ([_], Side::Remote(r)) => Err(format!("{}: streaming stdin needs an object name, not a prefix", r.url())),
+            ([_], _) => Err("'-' (stdin) can only be copied to an object URL; use shell redirection for files".into()),
+            _ => Err("'-' (stdin) must be the only source".into()),
+        };
+    }
+    let into_dir = match &dst {
+        Side::Stdio => false,
+        Side::Local(p) => p.is_dir() || p.to_string_lossy().ends_with('/'),
+        Side::Remote(r) => r.key.is_empty() || r.key.ends_with('/') || is_prefix(r).await?,
+    };
+    if many && !into_dir {
+        match &dst {
+            Side::Local(p) => {
+                return Err(format!("{}: copying several sources needs an existing directory", p.display()))
+            }
+            Side::Remote(_) | Side::Stdio => {}
+        }
+    }
+    let into_dir = into_dir || many;
+    let mut jobs = Vec::new();
+    for src in srcs {
+        match src {
+            Side::Stdio => unreachable!("handled above"),
+            Side::Local(path) => expand_local(&path, &dst, into_dir, recursive, &mut jobs)?,
+            Side::Remote(r) => expand_remote(&r, &dst, into_dir, recursive, &mut jobs).await?,
+        }
+    }
+    Ok(jobs)
+}
+
+/// True if `key/` holds at least one object (the key names a "directory").
+async fn is_prefix(r: &Remote) -> Result<bool, String> {
+    let prefix = format!("{}/", r.key);
+    let first = r.store.list(&prefix, false).try_next().await.map_err(|e| format!("{}: {e}", r.url()))?;
+    Ok(first.is_some())
+}
+
+/// `base` joined with a `/`-separated relative name, on either side.
+fn target(dst: &Side, base_name: Option<&str>, rel: &str, into_dir: bool) -> Result<Dst, String> {
+    let parts: Vec<&str> =
+        base_name.into_iter().filter(|_| into_dir).chain(rel.split('/').filter(|s| !s.is_empty())).collect();
+    Ok(match dst {
+        Side::Stdio => Dst::Stdout,
+        Side::Local(p) => Dst::Local(parts.iter().fold(p.clone(), |acc, s| acc.join(s))),
+        Side::Remote(r) => {
+            let key = if parts.is_empty() {
+                r.key.clone()
+            } else {
+                let base = if r.key.is_empty() || r.key.ends_with('/') { r.key.clone() } else { format!("{}/", r.key) };
+                format!("{base}{}", parts.join("/"))
+            };
+            if key.is_empty() || key.ends_with('/') {
+                return Err(format!("{}: needs an object name", r.url()));
+            }
+            Dst::Remote(r.with_key(key))
+        }
+    })
+}
+
+fn expand_local(path: &Path, dst: &Side, into_dir: bool, recursive: bool, jobs: &mut Vec<Job>) -> Result<(), String> {
+    if matches!(dst, Side::Local(_)) {
+        return Err("both sides are local paths; use cp(1)".into());
+    }
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    if !meta.is_dir() {
+        let dst = target(dst, name.as_deref(), "", into_dir)?;
+        jobs.push(Job { src: Src::Local { path: path.to_path_buf(), size: meta.len() }, dst });
+        return Ok(());
+    }
+    if !recursive {
+        return Err(format!("{} is a directory (use -r)", path.display()));
+    }
+    if matches!(dst, Side::Stdio) {
+        return Err(format!("{}: a directory cannot go to stdout", path.display()));
+    }
+    let mut stack = vec![(path.to_path_buf(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let child_rel = format!("{rel}{}", e.file_name().to_string_lossy());
+            let ft = e.file_type().map_err(|err| format!("{}: {err}", e.path().display()))?;
+            if ft.is_dir() {
+                stack.push((e.path(), format!("{child_rel}/")));
+            } else if ft.is_file() || (ft.is_symlink() && e.path().is_file()) {
+                let size = std::fs::metadata(e.path()).map_err(|err| format!("{}: {err}", e.path().display()))?.len();
+                let dst = target(dst, name.as_deref(), &child_rel, into_dir)?;
+                jobs.push(Job { src: Src::Local { path: e.path(), size }, dst });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A key's relative part must be safe as a local path: no empty, `.` or `..` segments.
+fn safe_rel(rel: &str) -> bool {
+    !rel.is_empty() && rel.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+}
+
+async fn expand_remote(
+    r: &Remote,
+    dst: &Side,
+    into_dir: bool,
+    recursive: bool,
+    jobs: &mut Vec<Job>,
+) -> Result<(), String> {
+    if matches!(dst, Side::Remote(_)) {
+        return Err("both sides are store URLs; copy through a local file (store-to-store is not supported yet)".into());
+    }
+    let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string);
+    if !r.key.is_empty() && !r.key.ends_with('/') {
+        match r.store.head(&r.key).await {
+            Ok(m) => {
+                let dst = target(dst, name.as_deref(), "", into_dir)?;
+                jobs.push(Job { src: Src::Remote { remote: r.clone(), size: m.size }, dst });
+                return Ok(());
+            }
+            Err(e) if e.kind == StoreErrorKind::NotFound => {
+                if !is_prefix(r).await? {
+                    return Err(format!("{}: no such object or prefix", r.url()));
+                }
+            }
+            Err(e) => return Err(format!("{}: {e}", r.url())),
+        }
+    }
+    if !recursive {
+        return Err(format!("{} is a prefix (use -r)", r.url()));
+    }
+    if matches!(dst, Side::Stdio) {
+        return Err(format!("{}: a prefix cannot go to stdout", r.url()));
+    }
+    let prefix = if r.key.is_empty() || r.key.ends_with('/') { r.key.clone() } else { format!("{}/", r.key) };
+    let mut list = r.store.list(&prefix, true);
+    while let Some(m) = list.try_next().await.map_err(|e| format!("{}: {e}", r.url()))? {
+        if m.is_prefix() {
+            continue; // directory markers: object stores have no empty directories to copy
+        }
+        let rel = m.key.strip_prefix(&prefix).unwrap_or(&m.key);
+        if !safe_rel(rel) {
+            return Err(format!("{}{}: key is not a safe local path; refusing to copy it", r.base, m.key));
+        }
+        let dst = target(dst, name.as_deref(), rel, into_dir)?;
+        jobs.push(Job { src: Src::Remote { remote: r.with_key(m.key.clone()), size: m.size }, dst });
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! Progress: a bar with rate and ETA on a terminal (stderr), nothing otherwise.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+pub struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    /// `total`: bytes expected (`None` for stdin). A bar only when stderr is a terminal.
+    pub fn new(total: Option<u64>, show: bool) -> Self {
+        let bar = (show && std::io::stderr().is_terminal()).then(|| {
+            let bar = match total {
+                Some(n) => ProgressBar::with_draw_target(Some(n), ProgressDrawTarget::stderr()),
+                None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+            };
+            let template = if total.is_some() {
+                "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}"
+            } else {
+                "{spinner} {bytes} {binary_bytes_per_sec} {msg}"
+            };
+            if let Ok(style) = ProgressStyle::with_template(template) {
+                bar.set_style(style);
+            }
+            // Redraw 10 times a second at most, and tick while waiting on the network.
+            bar.enable_steady_tick(Duration::from_millis(100));
+            bar
+        });
+        Self { bar }
+    }
+
+    #[cfg(test)]
+    pub fn quiet() -> Self {
+        Self::new(None, false)
+    }
+
+    /// Payload bytes moved (retried bytes count again: they crossed the wire again).
+    pub fn moved(&self, n: u64) {
+        if let Some(b) = &self.bar {
+            b.inc(n);
+        }
+    }
+
+    /// A retried transfer: its bytes will be counted again.
+    pub fn retrying(&self, n: u64) {
+        if let Some(b) = &self.bar {
+            b.inc_length(n);
+        }
+    }
+
+    /// Bytes read again to verify a copy: shown as a note, not as progress.
+    pub fn verified(&self, n: u64) {
+        if let Some(b) = &self.bar {
+            b.set_message("verifying by re-reading");
+            let _ = n;
+        }
+    }
+
+    /// Print a line without tearing the bar.
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}

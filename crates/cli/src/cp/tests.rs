@@ -1,0 +1,287 @@
+//! Unit tests of `cp` against the in-memory store: slicing math, round trips at the slice
+//! boundaries, injected failures retried to a correct result, and mismatches detected.
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bucketfs_store::testing::{FailStore, MemStore, Op};
+use bucketfs_store::{
+    Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions,
+};
+use bytes::Bytes;
+
+use super::endpoint::{Kind, Remote};
+use super::plan::{self, slices, tuning, MIB};
+use super::progress::Progress;
+use super::verify::{self, Check, Expect, SliceSum};
+use super::{download, upload, Ctx};
+
+/// Slices of 4 KiB keep the tests fast while crossing many slice boundaries.
+const SLICE: u64 = 4096;
+
+fn ctx() -> Ctx {
+    let mut c = Ctx::new(4, Some(SLICE), 3, Progress::quiet());
+    c.backoff_base = Duration::from_millis(1);
+    c
+}
+
+fn remote(store: Arc<dyn Store>, kind: Kind, key: &str) -> Remote {
+    Remote { store, kind, base: "mem://".into(), key: key.into() }
+}
+
+fn data(n: usize) -> Vec<u8> {
+    let mut x: u32 = 0x9e37_79b9;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13; // xorshift: incompressible-looking bytes, reproducible
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let d = std::env::temp_dir().join(format!("bucketfs-cp-test-{name}-{n}"));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn slicing_math() {
+    assert_eq!(slices(0, SLICE), Vec::<Range<u64>>::new());
+    assert_eq!(slices(1, SLICE), vec![0..1]);
+    assert_eq!(slices(SLICE, SLICE), vec![0..SLICE]);
+    assert_eq!(slices(SLICE + 1, SLICE), vec![0..SLICE, SLICE..SLICE + 1]);
+    assert_eq!(slices(3 * SLICE, SLICE).len(), 3);
+    // Never more than S3's 10,000 parts, whatever the user asked for.
+    let t = tuning(Some(100_000 * MIB), Some(MIB), Some(8));
+    assert!(slices(100_000 * MIB, t.slice).len() <= 10_000);
+    assert_eq!(tuning(Some(10 * MIB), None, None).slice, 8 * MIB);
+    assert_eq!(tuning(Some(1 << 30), None, None).slice, 16 * MIB);
+    assert_eq!(tuning(None, None, None).slice, 16 * MIB);
+    let p = plan::default_parallel();
+    assert!((8..=16).contains(&p));
+}
+
+#[test]
+fn sizes_parse() {
+    assert_eq!(plan::parse_size("8M"), Ok(8 * MIB));
+    assert_eq!(plan::parse_size("16MiB"), Ok(16 * MIB));
+    assert_eq!(plan::parse_size("512k"), Ok(512 * 1024));
+    assert_eq!(plan::parse_size("4096"), Ok(4096));
+    assert!(plan::parse_size("0").is_err());
+    assert!(plan::parse_size("8X").is_err());
+}
+
+#[test]
+fn digests_and_checks() {
+    let a = SliceSum::of(0..3, b"abc", true);
+    let b = SliceSum::of(3..6, b"def", true);
+    assert_eq!(verify::combined_crc(&[a.clone(), b.clone()]), crc32c::crc32c(b"abcdef"));
+    // S3's multipart ETag of parts "abc" and "def", as MinIO and S3 compute it.
+    let etag = verify::composite_etag(&[a.clone(), b.clone()]).unwrap();
+    assert!(etag.ends_with("-2"));
+    let d = |etag: &str| ObjectDigests {
+        meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None },
+        etag: Some(etag.into()),
+        md5: None,
+    };
+    let exp = verify::expect(Kind::S3, &d(&etag));
+    assert_eq!(verify::check(&exp, &[a.clone(), b.clone()], None, false), Check::Ok(verify::BY_ETAG));
+    assert!(matches!(verify::check(&exp, &[b.clone(), a.clone()], None, false), Check::Mismatch(_)));
+    // A guessed part size that does not rebuild the ETag is not proof of corruption.
+    assert_eq!(verify::check(&exp, &[b, a], None, true), Check::Reread);
+    // Plain MD5 ETag (hex); other services' ETags mean nothing.
+    let md5_abc = "900150983cd24fb0d6963f7d28e17f72";
+    assert!(matches!(verify::expect(Kind::S3, &d(md5_abc)), Expect::WholeMd5(_)));
+    assert_eq!(verify::expect(Kind::Gcs, &d(md5_abc)), Expect::Reread);
+    assert_eq!(verify::expect(Kind::S3, &d("not-an-md5")), Expect::Reread);
+    assert_eq!(verify::guess_part_size(20 * MIB, 3, 8 * MIB), Some(8 * MIB));
+    assert_eq!(verify::guess_part_size(20 * MIB, 4, 8 * MIB), Some(5 * MIB));
+    assert_eq!(verify::guess_part_size(20 * MIB, 999, 8 * MIB), None);
+}
+
+/// Upload then download through `store`, byte-exact, for sizes around the slice size.
+async fn round_trip(store: Arc<dyn Store>, kind: Kind, n: usize) {
+    let ctx = ctx();
+    let dir = temp_dir("rt");
+    let src = dir.join("src");
+    let body = data(n);
+    std::fs::write(&src, &body).unwrap();
+    let r = remote(store.clone(), kind, &format!("obj-{n}"));
+    let up = upload::upload(&ctx, upload::Source::File(&src), Some(n as u64), &r).await.unwrap();
+    assert_eq!(up.bytes, n as u64);
+    assert_eq!(up.crc32c, crc32c::crc32c(&body), "{n} bytes");
+    let dst = dir.join("sub/dst");
+    let down = download::to_file(&ctx, &r, &dst).await.unwrap();
+    assert_eq!(down.crc32c, up.crc32c);
+    assert!(std::fs::read(&dst).unwrap() == body, "{n} bytes differ after the round trip");
+    // Only the destination is left: no temp files beside it.
+    assert_eq!(std::fs::read_dir(dir.join("sub")).unwrap().count(), 1);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_at_slice_boundaries() {
+    let s = SLICE as usize;
+    for n in [0, 1, s - 1, s, s + 1, 5 * s + 3] {
+        round_trip(Arc::new(MemStore::new()), Kind::Other, n).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_reads_are_retried_to_a_correct_result() {
+    let mem: Arc<dyn Store> = Arc::new(MemStore::new());
+    let body = data(10 * SLICE as usize + 17);
+    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    // Reads 3 and 4 fail (mid-transfer); retries with backoff get the slices anyway.
+    let failing: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Get, 3, 2, StoreErrorKind::Unavailable));
+    let dir = temp_dir("retry");
+    let rep = download::to_file(&ctx(), &remote(failing, Kind::Other, "obj"), &dir.join("out")).await.unwrap();
+    assert_eq!(rep.verified, verify::BY_REREAD);
+    assert!(std::fs::read(dir.join("out")).unwrap() == body);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_uploads_are_retried() {
+    let mem: Arc<dyn Store> = Arc::new(MemStore::new());
+    let failing: Arc<dyn Store> = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 2, StoreErrorKind::Unavailable));
+    let dir = temp_dir("up-retry");
+    let body = data(1000);
+    std::fs::write(dir.join("f"), &body).unwrap();
+    upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &remote(failing, Kind::Other, "f"))
+        .await
+        .unwrap();
+    assert_eq!(mem.get_range("f", 0..1000, None).await.unwrap(), body);
+    // A failure that retrying cannot fix is reported at once.
+    let denied: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Upload, 1, 99, StoreErrorKind::PermissionDenied));
+    let big = data(3 * SLICE as usize);
+    std::fs::write(dir.join("g"), &big).unwrap();
+    let e = upload::upload(&ctx(), upload::Source::File(&dir.join("g")), None, &remote(denied, Kind::Other, "g")).await;
+    assert!(e.unwrap_err().contains("injected"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A store that damages data: reads numbered in `flip_reads` (1-based) come back with one
+/// byte flipped, `flip_puts` stores flipped data, `wrong_md5` reports a bad MD5.
+struct Corrupt {
+    inner: Arc<MemStore>,
+    flip_reads: Vec<u64>,
+    flip_puts: bool,
+    wrong_md5: bool,
+    reads: AtomicU64,
+}
+
+impl Corrupt {
+    fn new(inner: Arc<MemStore>) -> Self {
+        Self { inner, flip_reads: vec![], flip_puts: false, wrong_md5: false, reads: AtomicU64::new(0) }
+    }
+}
+
+fn flip(b: Bytes) -> Bytes {
+    let mut v = b.to_vec();
+    if let Some(x) = v.first_mut() {
+        *x ^= 0x55;
+    }
+    v.into()
+}
+
+#[async_trait]
+impl Store for Corrupt {
+    fn describe(&self) -> String {
+        "corrupt".into()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn check(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        self.inner.head(key).await
+    }
+    async fn get_range(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<Bytes, StoreError> {
+        let n = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+        let b = self.inner.get_range(key, r, m).await?;
+        Ok(if self.flip_reads.contains(&n) { flip(b) } else { b })
+    }
+    fn list(&self, prefix: &str, recursive: bool) -> ListStream {
+        self.inner.list(prefix, recursive)
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
+        self.inner.put(key, if self.flip_puts { flip(data) } else { data }).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.inner.copy(from, to).await
+    }
+    async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.create_dir(key).await
+    }
+    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.inner.writer(key, opts).await
+    }
+    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
+        let meta = self.inner.head(key).await?;
+        Ok(ObjectDigests { meta, etag: None, md5: self.wrong_md5.then_some([7; 16]) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_read_is_caught_by_the_reread_and_fetched_again() {
+    let mem = Arc::new(MemStore::new());
+    let body = data(6 * SLICE as usize);
+    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    let mut c = Corrupt::new(mem);
+    c.flip_reads = vec![2]; // one slice of the first pass comes back damaged
+    let dir = temp_dir("flip");
+    let rep = download::to_file(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), &dir.join("out")).await.unwrap();
+    assert_eq!(rep.verified, verify::BY_REREAD);
+    assert!(std::fs::read(dir.join("out")).unwrap() == body, "the damaged slice was not repaired");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_mismatch_is_an_error_not_a_success() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("obj", Bytes::from(data(3 * SLICE as usize))).await.unwrap();
+    let mut c = Corrupt::new(mem.clone());
+    c.wrong_md5 = true;
+    let c: Arc<dyn Store> = Arc::new(c);
+    let dir = temp_dir("mismatch");
+    let e = download::to_file(&ctx(), &remote(c.clone(), Kind::Gcs, "obj"), &dir.join("out")).await.unwrap_err();
+    assert!(e.contains("verification failed") && e.contains("MD5"), "{e}");
+    assert!(!dir.join("out").exists(), "a download that failed verification must not be left in place");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "temp file left behind");
+    // Upload to a "GCS" that reports a wrong MD5: error, and the bad object is deleted.
+    std::fs::write(dir.join("f"), data(100)).unwrap();
+    let e = upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(100), &remote(c, Kind::Gcs, "up"))
+        .await
+        .unwrap_err();
+    assert!(e.contains("verification failed"), "{e}");
+    assert_eq!(mem.head("up").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_keeps_bad_bytes_fails_the_upload_on_reread() {
+    let mem = Arc::new(MemStore::new());
+    let mut c = Corrupt::new(mem.clone());
+    c.flip_puts = true;
+    let dir = temp_dir("badput");
+    std::fs::write(dir.join("f"), data(1000)).unwrap();
+    let r = remote(Arc::new(c), Kind::Other, "f");
+    let e = upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &r).await.unwrap_err();
+    assert!(e.contains("crc32c differs"), "{e}");
+    assert_eq!(mem.head("f").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,268 @@
+//! Local file or stdin to a store. A reader thread cuts the source into part-sized chunks
+//! and digests them; one chunk goes up with a single `put`, more through `Store::writer`
+//! (S3 multipart, GCS parts + compose), `parallel` parts in flight. Then the object is
+//! verified (see `verify`); a failed or mismatched upload of a file is aborted or deleted
+//! and done again, within the retry budget.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreErrorKind, WriteOptions};
+use bytes::Bytes;
+use md5::{Digest, Md5};
+use tokio::sync::mpsc;
+
+use super::endpoint::{Kind, Remote};
+use super::plan::{self, MIN_S3_PART};
+use super::verify::{self, Check, SliceSum};
+use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
+
+/// The bytes of one upload.
+pub enum Source<'a> {
+    File(&'a Path),
+    Stdin,
+}
+
+/// What the reader computed besides the chunks.
+struct Digests {
+    sums: Vec<SliceSum>,
+    whole_md5: Option<[u8; 16]>,
+}
+
+/// A failure, and whether doing the whole upload again may help.
+struct Failed {
+    msg: String,
+    retry: bool,
+}
+
+impl From<String> for Failed {
+    fn from(msg: String) -> Self {
+        Failed { msg, retry: false }
+    }
+}
+
+/// Read `src` in `part`-byte chunks on a blocking thread: crc32c always, the MD5 of each
+/// part for S3 (its multipart ETag), the MD5 of the whole for GCS (its `md5Hash`).
+fn spawn_reader(src: &Source<'_>, part: usize, kind: Kind) -> Result<(Chunks, WholeMd5), String> {
+    let mut input: Box<ReadAt> = match src {
+        Source::File(p) => {
+            let f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            Box::new(move |buf: &mut [u8], off: u64| f.read_at(buf, off))
+        }
+        Source::Stdin => Box::new(|buf: &mut [u8], _off: u64| std::io::stdin().lock().read(buf)),
+    };
+    // Two chunks read ahead keep the uploads fed without holding much memory.
+    let (tx, rx) = mpsc::channel(2);
+    let handle = tokio::task::spawn_blocking(move || {
+        let mut whole = (kind == Kind::Gcs).then(Md5::new);
+        let mut off = 0u64;
+        loop {
+            let mut buf = vec![0u8; part];
+            let mut n = 0;
+            while n < part {
+                match input(&mut buf[n..], off + n as u64) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(format!("reading the source: {e}")));
+                        return None;
+                    }
+                }
+            }
+            if n == 0 {
+                break;
+            }
+            buf.truncate(n);
+            let sum = SliceSum::of(off..off + n as u64, &buf, kind == Kind::S3);
+            if let Some(h) = whole.as_mut() {
+                h.update(&buf);
+            }
+            off += n as u64;
+            if tx.blocking_send(Ok((Bytes::from(buf), sum))).is_err() || n < part {
+                break;
+            }
+        }
+        whole.map(|h| h.finalize().into())
+    });
+    Ok((rx, handle))
+}
+
+/// Upload once: single `put` for one chunk, the writer for more.
+async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> Result<(ObjectMeta, Digests), Failed> {
+    let (mut rx, reader) = spawn_reader(src, part, dst.kind)?;
+    let mut sums = Vec::new();
+    let first = rx.recv().await.transpose()?;
+    let second = if first.is_some() { rx.recv().await.transpose()? } else { None };
+    let meta = match (first, second) {
+        (first, None) => {
+            let data = match first {
+                Some((data, sum)) => {
+                    sums.push(sum);
+                    data
+                }
+                None => Bytes::new(),
+            };
+            let _slot = ctx.slot().await;
+            let put = retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone()));
+            let m = tokio::select! {
+                m = put => m?,
+                _ = ctx.cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
+            };
+            ctx.progress.moved(data.len() as u64);
+            m
+        }
+        (Some(a), Some(b)) => {
+            // A multipart upload uses the whole request budget.
+            let _slots = ctx.slots(ctx.parallel).await;
+            let opts = WriteOptions { part_size: part, concurrency: ctx.parallel };
+            let mut w = dst
+                .store
+                .writer(&dst.key, opts)
+                .await
+                .map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
+            // Not a select around `feed`: a writer's `write` dropped mid-way poisons OpenDAL's
+            // retry layer and then `abort` fails; `feed` checks for cancellation between writes.
+            let fed = feed(ctx, w.as_mut(), &mut sums, a, b, &mut rx).await;
+            if let Err(f) = fed {
+                // Stops the parts in flight and deletes those uploaded: no orphans.
+                if let Err(e) = w.abort().await {
+                    ctx.progress.println(&format!("bucketfs cp: {}: aborting the upload: {e}", dst.url()));
+                }
+                return Err(f);
+            }
+            w.close().await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
+        }
+        (None, Some(_)) => unreachable!("a second chunk is only read after a first"),
+    };
+    let whole_md5 = reader.await.map_err(|e| e.to_string())?;
+    Ok((meta, Digests { sums, whole_md5 }))
+}
+
+type Chunks = mpsc::Receiver<Result<(Bytes, SliceSum), String>>;
+/// The reader thread, which ends with the whole content's MD5 (when one was computed).
+type WholeMd5 = tokio::task::JoinHandle<Option<[u8; 16]>>;
+/// Read into the buffer at an offset (files) or at the current position (stdin).
+type ReadAt = dyn FnMut(&mut [u8], u64) -> std::io::Result<usize> + Send;
+
+/// Write chunks `a`, `b`, then the rest of `rx` into `w`.
+async fn feed(
+    ctx: &Ctx,
+    w: &mut dyn ObjectWriter,
+    sums: &mut Vec<SliceSum>,
+    a: (Bytes, SliceSum),
+    b: (Bytes, SliceSum),
+    rx: &mut Chunks,
+) -> Result<(), Failed> {
+    let mut first = [a, b].into_iter();
+    loop {
+        let item = match first.next() {
+            Some(x) => Ok(x),
+            // recv is cancel-safe, so waiting for the reader may be interrupted.
+            None => match tokio::select! { r = rx.recv() => r, _ = ctx.cancelled() => None } {
+                Some(item) => item,
+                None if ctx.is_cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
+                None => break,
+            },
+        };
+        let (data, sum) = item.map_err(|msg| Failed { msg, retry: false })?;
+        if ctx.is_cancelled() {
+            return Err(Failed { msg: INTERRUPTED.into(), retry: false });
+        }
+        let n = data.len() as u64;
+        sums.push(sum);
+        w.write(data).await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
+        ctx.progress.moved(n);
+    }
+    Ok(())
+}
+
+/// Compare the new object with what was sent; `Ok(how)` or a mismatch message.
+async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d: &Digests) -> Result<&'static str, Failed> {
+    let whole = d.whole_md5.or(match d.sums.as_slice() {
+        [] => Some(Md5::digest(b"").into()),
+        [one] => one.md5,
+        _ => None,
+    });
+    let size: u64 = d.sums.iter().map(|s| s.range.end - s.range.start).sum();
+    if meta.size != size {
+        return Err(Failed { msg: format!("the store has {} bytes, {size} were sent", meta.size), retry: true });
+    }
+    // S3 returns the ETag with the upload; GCS's MD5 needs a HEAD.
+    let digests = match (dst.kind, &meta.etag) {
+        (Kind::S3, Some(etag)) => {
+            ObjectDigests { meta: meta.clone(), etag: Some(etag.trim_matches('"').to_string()), md5: None }
+        }
+        (Kind::Other, _) => ObjectDigests { meta: meta.clone(), etag: None, md5: None },
+        _ => retry(ctx, "head", &dst.key, || dst.store.head_digests(&dst.key)).await?,
+    };
+    match verify::check(&verify::expect(dst.kind, &digests), &d.sums, whole, false) {
+        Check::Ok(how) => Ok(how),
+        Check::Mismatch(msg) => Err(Failed { msg, retry: true }),
+        Check::Reread => {
+            let bad = verify::reread(ctx, &dst.store, &dst.key, &d.sums, meta.etag.as_deref()).await?;
+            match bad.first() {
+                None => Ok(verify::BY_REREAD),
+                Some(&i) => Err(Failed {
+                    msg: format!("crc32c differs on re-read at byte {}", d.sums[i].range.start),
+                    retry: true,
+                }),
+            }
+        }
+    }
+}
+
+/// Part size for `dst`: the slice, but never under S3's 5 MiB minimum there. On GCS, up
+/// to 64 MiB parts so that files to 2 GiB need a single compose request (32 sources):
+/// emulators copy the bytes at each compose level.
+fn part_size(ctx: &Ctx, dst: &Remote, size: Option<u64>) -> usize {
+    let slice = plan::tuning(size, ctx.slice, Some(ctx.parallel)).slice;
+    let part = match (dst.kind, size, ctx.slice) {
+        (Kind::S3, _, _) => slice.max(MIN_S3_PART),
+        (Kind::Gcs, Some(n), None) => {
+            slice.max(n.div_ceil(32).div_ceil(plan::MIB) * plan::MIB).min(64 * plan::MIB).max(slice)
+        }
+        _ => slice,
+    };
+    usize::try_from(part).unwrap_or(usize::MAX)
+}
+
+/// Upload `src` (of `size` bytes if known) to `dst`, verified; files retry as a whole.
+pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote) -> Result<Report, String> {
+    let part = part_size(ctx, dst, size);
+    let can_retry = matches!(src, Source::File(_));
+    let mut last = String::new();
+    for attempt in 0..=ctx.retries {
+        if attempt > 0 {
+            ctx.progress.println(&format!("bucketfs cp: {}: {last}; uploading again", dst.url()));
+            ctx.progress.retrying(size.unwrap_or(0));
+            tokio::time::sleep(ctx.backoff(attempt)).await;
+        }
+        let failed = match upload_once(ctx, &src, dst, part).await {
+            Ok((meta, d)) => match verify_upload(ctx, dst, &meta, &d).await {
+                Ok(how) => {
+                    let bytes = d.sums.iter().map(|s| s.range.end - s.range.start).sum();
+                    return Ok(Report { bytes, verified: how, crc32c: verify::combined_crc(&d.sums) });
+                }
+                Err(f) => {
+                    // A known-bad object must not stay behind looking like a good copy.
+                    if let Err(e) = dst.store.delete(&dst.key).await {
+                        if e.kind != StoreErrorKind::NotFound {
+                            ctx.progress
+                                .println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
+                        }
+                    }
+                    Failed { msg: format!("verification failed: {}", f.msg), retry: f.retry }
+                }
+            },
+            Err(f) => f,
+        };
+        last = failed.msg;
+        if !failed.retry || !can_retry {
+            return Err(format!("{}: {last}", dst.url()));
+        }
+    }
+    Err(format!("{}: failed after {} attempts: {last}", dst.url(), ctx.retries + 1))
+}
