@@ -6,12 +6,14 @@
 //! to the mounted bucket prefix, never start with `/`, and directory markers end with `/`.
 //!
 //! - [`opendal_store`] implements the trait over OpenDAL's public `Operator` API.
+//! - [`metered`] is a decorator counting requests, errors, bytes and latency (Prometheus).
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
 
 mod error;
 pub mod location;
+pub mod metered;
 pub mod opendal_store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
