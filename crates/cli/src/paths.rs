@@ -32,6 +32,11 @@ pub fn pid_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.pid", mount_id(mountpoint)))
 }
 
+/// The mount process's control socket (`bucketfs status` talks to it).
+pub fn control_socket(mountpoint: &Path) -> PathBuf {
+    runtime_dir().join(format!("{}.sock", mount_id(mountpoint)))
+}
+
 pub fn log_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.log", mount_id(mountpoint)))
 }
