@@ -43,7 +43,7 @@ pub fn start(
 
 async fn read_head(conn: &mut tokio::net::TcpStream) -> Option<String> {
     let mut buf = Vec::with_capacity(512); // a scrape's request head fits
-    let mut chunk = [0u8; 1024];
+    let mut chunk = [0u8; 1024]; // one read of a small request head
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
         let n = conn.read(&mut chunk).await.ok()?;
         if n == 0 || buf.len() + n > MAX_HEAD {
