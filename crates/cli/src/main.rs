@@ -1,15 +1,25 @@
 //! `bucketfs`: mount a bucket as a local directory, or copy to and from one fast.
 //!
 //! `main` parses arguments and turns every failure into one line on stderr and exit code 1.
-//! [`mount`] does the pre-flight checks, the daemonizing and the session; [`unmount`] ends one.
+//! [`mount`] does the pre-flight checks, the daemonizing and the session; [`unmount`] ends one;
+//! [`status`] asks a running mount over its [`control`] socket. Called as
+//! `mount.fuse.bucketfs` (a symlink), the binary is mount(8)'s helper ([`fstab`]).
+//! [`metrics_http`] serves `--metrics-addr`; [`notify`] speaks systemd's readiness protocol.
 //! [`cp`] copies files and objects with parallel ranged reads and parts, verified end to end.
 
 mod checks;
+mod control;
 mod cp;
+mod fstab;
+mod metrics_http;
 mod mount;
+mod notify;
+mod observe;
 mod paths;
+mod status;
 mod unmount;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -33,6 +43,14 @@ enum Command {
     },
     /// Copy files to and from a bucket: parallel, verified end to end (see --help).
     Cp(cp::CpArgs),
+    /// Show what a mount is doing: pending uploads, cache use, store requests since mount.
+    Status {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args, Clone, Debug)]
@@ -109,6 +127,9 @@ pub struct MountArgs {
     /// Seconds to wait for the store to answer at mount before giving up.
     #[arg(long, default_value_t = 20)]
     connect_timeout: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (for example 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
     /// Write logs here (the background process logs to a file under the runtime dir otherwise).
     #[arg(long)]
     log_file: Option<PathBuf>,
@@ -128,11 +149,24 @@ impl MountArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut argv: Vec<OsString> = std::env::args_os().collect();
+    if argv.first().is_some_and(|a| fstab::is_helper(&a.to_string_lossy())) {
+        let lossy: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        match fstab::helper_args(&lossy) {
+            Ok(Some(translated)) => argv = translated.into_iter().map(OsString::from).collect(),
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(msg) => {
+                eprintln!("bucketfs: {msg}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let cli = Cli::parse_from(&argv);
     let result = match cli.cmd {
-        Command::Mount(args) => mount::run(args),
+        Command::Mount(args) => mount::run(args, &argv[1..]),
         Command::Unmount { mountpoint } => unmount::run(&mountpoint),
         Command::Cp(args) => cp::run(args),
+        Command::Status { mountpoint, json } => status::run(&mountpoint, json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

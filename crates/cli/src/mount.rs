@@ -10,19 +10,22 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bucketfs_core::{Fs, FsConfig};
 use bucketfs_fuse::MountSpec;
 use bucketfs_store::location::{self, Location, StoreOptions};
+use bucketfs_store::metered::{MeteredStore, Metrics};
 use bucketfs_store::{Store, StoreErrorKind, WriteOptions};
 
-use crate::{checks, paths, MountArgs};
+use crate::observe::Observed;
+use crate::{checks, control, metrics_http, notify, paths, MountArgs};
 
 /// Set in the child's environment: report readiness on stdout, then detach it.
 const CHILD_ENV: &str = "BUCKETFS_DAEMON_CHILD";
 
-pub fn run(args: MountArgs) -> Result<(), String> {
+/// `argv` are the arguments after the program name, re-used for the background process.
+pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
     let (url, mp) = args.url_and_mountpoint();
     checks::fuse_device()?;
     let mp = checks::mountpoint(&mp)?;
@@ -38,11 +41,11 @@ pub fn run(args: MountArgs) -> Result<(), String> {
         let is_child = std::env::var_os(CHILD_ENV).is_some();
         return serve(&args, &location, &mp, is_child);
     }
-    spawn_daemon(&args, &mp)
+    spawn_daemon(&args, argv, &mp)
 }
 
 /// Start the background process and wait until it says the mount is ready.
-fn spawn_daemon(args: &MountArgs, mp: &Path) -> Result<(), String> {
+fn spawn_daemon(args: &MountArgs, argv: &[std::ffi::OsString], mp: &Path) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the bucketfs executable: {e}"))?;
     let log = args.log_file.clone().unwrap_or_else(|| paths::log_file(mp));
     let log_file = std::fs::OpenOptions::new()
@@ -51,7 +54,7 @@ fn spawn_daemon(args: &MountArgs, mp: &Path) -> Result<(), String> {
         .open(&log)
         .map_err(|e| format!("cannot open log file {}: {e}", log.display()))?;
     let mut cmd = Command::new(exe);
-    cmd.args(std::env::args_os().skip(1)).arg("--foreground").env(CHILD_ENV, "1");
+    cmd.args(argv).arg("--foreground").env(CHILD_ENV, "1");
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file);
     // SAFETY: setsid is async-signal-safe; it detaches the child from our terminal.
     unsafe {
@@ -153,13 +156,16 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             return Err(e);
         }
     };
+    // Counted from here: the mount-time check above is not part of "since mount".
+    let metrics = Metrics::new();
+    let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
     let cfg = FsConfig {
         uid: unsafe { libc::getuid() },
         gid: unsafe { libc::getgid() },
         metadata_ttl: Duration::from_secs_f64(args.metadata_ttl.max(0.0)),
         max_prefetch: args.max_prefetch_mib.max(1) * 1024 * 1024,
         prefetch_budget: args.prefetch_budget_mib * 1024 * 1024,
-        cache_bytes: args.memory_cache_mib * 1024 * 1024,
+        cache_bytes: cfg_memory_cache(args),
         disk_cache: (args.disk_cache_mib > 0).then(|| {
             let id = format!("{} {}", location.to_url(), args.endpoint.clone().unwrap_or_default());
             (args.cache_dir.clone().unwrap_or_else(|| paths::block_cache_dir(&id)), args.disk_cache_mib * 1024 * 1024)
@@ -187,6 +193,27 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     }
     if args.preload_tree {
         start_preload(args, &fs, &rt);
+    }
+    let observed = Arc::new(Observed {
+        fs: fs.clone(),
+        metrics,
+        started: Instant::now(),
+        mountpoint: mp.display().to_string(),
+        store: location.to_url(),
+        endpoint: args.endpoint.as_deref().map(control::redact_endpoint),
+        read_only: args.read_only,
+        memory_cache_limit: cfg_memory_cache(args),
+        disk_cache_limit: args.disk_cache_mib * 1024 * 1024,
+    });
+    if let Some(addr) = &args.metrics_addr {
+        let o = observed.clone();
+        match metrics_http::start(&rt, addr, Arc::new(move || o.render())) {
+            Ok(a) => tracing::info!("metrics at http://{a}/metrics"),
+            Err(e) => {
+                report(is_child, &Err(e.clone()));
+                return Err(e);
+            }
+        }
     }
     let spec = MountSpec {
         fsname: location.to_url(),
@@ -220,9 +247,16 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         let _ = done_tx.send("signal");
     });
     let _ = std::fs::write(paths::pid_file(mp), std::process::id().to_string());
+    let o = observed.clone();
+    let control = control::serve(&rt, &paths::control_socket(mp), Arc::new(move || o.status()))
+        .map_err(|e| tracing::warn!("`bucketfs status` will not work: {e}"))
+        .ok();
     tracing::info!(store = %location.to_url(), mountpoint = %mp.display(), "mounted");
     report(is_child, &Ok(()));
-    if done_rx.recv() == Ok("signal") {
+    notify::notify("READY=1");
+    let why = done_rx.recv();
+    notify::notify("STOPPING=1");
+    if why == Ok("signal") {
         tracing::info!("signal received, unmounting");
         if let Err(e) = unmounter.unmount() {
             tracing::warn!("unmount failed ({e}); detaching lazily");
@@ -240,10 +274,15 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         tracing::error!(files = ?pending, "unmounted with uploads pending; kept in {} for the next mount", staging.display());
     }
     let _ = std::fs::remove_file(paths::pid_file(mp));
+    drop(control);
     rt.shutdown_timeout(Duration::from_secs(5));
     r.map_err(|e| format!("FUSE session error: {e}"))?;
     tracing::info!("unmounted");
     Ok(())
+}
+
+fn cfg_memory_cache(args: &MountArgs) -> u64 {
+    args.memory_cache_mib * 1024 * 1024
 }
 
 /// Build the store and check, within --connect-timeout, that the bucket answers.

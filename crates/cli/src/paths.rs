@@ -37,6 +37,11 @@ pub fn pending_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.pending", mount_id(mountpoint)))
 }
 
+/// The mount process's control socket (`bucketfs status` talks to it).
+pub fn control_socket(mountpoint: &Path) -> PathBuf {
+    runtime_dir().join(format!("{}.sock", mount_id(mountpoint)))
+}
+
 pub fn log_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.log", mount_id(mountpoint)))
 }

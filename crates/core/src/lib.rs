@@ -9,6 +9,7 @@
 //! - [`write`]: staged writes and their upload on flush/fsync/unmount.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
+//! - [`stats`]: read-only figures (pending uploads, cache use) for metrics and status.
 //! - [`error`]: the core's error enum and the one map from errors to errno.
 
 pub mod disk_cache;
@@ -19,7 +20,9 @@ mod preload;
 pub mod inode;
 pub mod names;
 pub mod read;
+pub mod stats;
 pub mod write;
 
 pub use error::FsError;
+pub use stats::CacheStats;
 pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, StatFs, ROOT_INO};

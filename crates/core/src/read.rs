@@ -72,6 +72,11 @@ impl ReadCache {
         self.blocks.run_pending_tasks();
         self.blocks.weighted_size()
     }
+
+    /// Bytes held by the on-disk cache (0 without one).
+    pub fn disk_bytes(&self) -> u64 {
+        self.disk.as_ref().map_or(0, |d| d.used_bytes())
+    }
 }
 
 /// One open file read through the store.

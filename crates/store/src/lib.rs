@@ -7,6 +7,7 @@
 //!
 //! - [`opendal_store`] implements the trait over OpenDAL's public `Operator` API.
 //! - [`gcs_compose`] uploads large GCS objects as parallel parts joined by `compose`.
+//! - [`metered`] is a decorator counting requests, errors, bytes and latency (Prometheus).
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
@@ -14,6 +15,7 @@
 mod error;
 pub mod gcs_compose;
 pub mod location;
+pub mod metered;
 pub mod opendal_store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -1,0 +1,211 @@
+//! The per-mount control socket: a Unix stream socket in the runtime directory (next to the
+//! pid file, named `<mount>.sock`, mode 0600) served by the mount process. A client sends
+//! one line, `status` (human text) or `status json`, and reads the answer until EOF.
+//! The answer never contains credentials: the store URL has none, and the endpoint is
+//! shown without any `user:password@` part.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+
+/// A request line longer than this is refused ("status json" is 11 bytes).
+const MAX_REQUEST: u64 = 256;
+/// A client that sends no request line within this is dropped.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Everything `bucketfs status` shows, at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Status {
+    pub mountpoint: String,
+    pub store: String,
+    pub endpoint: Option<String>,
+    pub pid: u32,
+    pub read_only: bool,
+    pub uptime_secs: u64,
+    pub pending_uploads: u64,
+    pub staged_files: u64,
+    pub memory_cache_bytes: u64,
+    pub memory_cache_limit: u64,
+    pub disk_cache_bytes: u64,
+    pub disk_cache_limit: u64,
+    pub requests: u64,
+    pub errors: u64,
+    pub not_found: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+impl Status {
+    pub fn text(&self) -> String {
+        let endpoint = self.endpoint.as_deref().map(|e| format!(" at {e}")).unwrap_or_default();
+        let ro = if self.read_only { " (read-only)" } else { "" };
+        let disk = if self.disk_cache_limit == 0 {
+            "off".to_string()
+        } else {
+            format!("{} of {}", mib(self.disk_cache_bytes), mib(self.disk_cache_limit))
+        };
+        format!(
+            "mount point:      {}\nstore:            {}{endpoint}{ro}\nprocess:          {}, up {}s\n\
+             pending uploads:  {} ({} staged files)\nmemory cache:     {} of {}\ndisk cache:       {disk}\n\
+             store requests:   {} since mount, {} errors, {} not found\ntransferred:      {} read, {} written\n",
+            self.mountpoint,
+            self.store,
+            self.pid,
+            self.uptime_secs,
+            self.pending_uploads,
+            self.staged_files,
+            mib(self.memory_cache_bytes),
+            mib(self.memory_cache_limit),
+            self.requests,
+            self.errors,
+            self.not_found,
+            mib(self.bytes_read),
+            mib(self.bytes_written),
+        )
+    }
+
+    pub fn json(&self) -> String {
+        let s = |v: &str| json_string(v);
+        let endpoint = self.endpoint.as_deref().map_or("null".to_string(), s);
+        let nums = [
+            ("pid", self.pid as u64),
+            ("uptime_secs", self.uptime_secs),
+            ("pending_uploads", self.pending_uploads),
+            ("staged_files", self.staged_files),
+            ("memory_cache_bytes", self.memory_cache_bytes),
+            ("memory_cache_limit", self.memory_cache_limit),
+            ("disk_cache_bytes", self.disk_cache_bytes),
+            ("disk_cache_limit", self.disk_cache_limit),
+            ("requests", self.requests),
+            ("errors", self.errors),
+            ("not_found", self.not_found),
+            ("bytes_read", self.bytes_read),
+            ("bytes_written", self.bytes_written),
+        ];
+        let mut o = format!(
+            "{{\"mountpoint\":{},\"store\":{},\"endpoint\":{endpoint},\"read_only\":{}",
+            s(&self.mountpoint),
+            s(&self.store),
+            self.read_only
+        );
+        for (k, v) in nums {
+            o.push_str(&format!(",\"{k}\":{v}"));
+        }
+        o.push_str("}\n");
+        o
+    }
+}
+
+/// A JSON string literal (RFC 8259 escaping).
+pub fn json_string(v: &str) -> String {
+    let mut o = String::with_capacity(v.len() + 2);
+    o.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            '\t' => o.push_str("\\t"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// `http://user:secret@host:9000/x` becomes `http://host:9000/x`.
+pub fn redact_endpoint(e: &str) -> String {
+    let Some((scheme, rest)) = e.split_once("://") else { return e.to_string() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => e.to_string(),
+    }
+}
+
+/// Listens on `path` until the process exits; the socket file is removed by [`Server::drop`].
+pub struct Server {
+    path: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Bind `path` (replacing a stale socket of a dead mount) and answer requests in the background.
+pub fn serve(
+    rt: &tokio::runtime::Runtime,
+    path: &Path,
+    status: Arc<dyn Fn() -> Status + Send + Sync>,
+) -> Result<Server, String> {
+    let _ = std::fs::remove_file(path);
+    let listener = {
+        let _guard = rt.enter();
+        UnixListener::bind(path).map_err(|e| format!("cannot create control socket {}: {e}", path.display()))?
+    };
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    rt.spawn(async move {
+        loop {
+            let Ok((conn, _)) = listener.accept().await else { continue };
+            let status = status.clone();
+            tokio::spawn(async move {
+                let (rd, mut wr) = conn.into_split();
+                let mut line = String::new();
+                let mut rd = BufReader::new(tokio::io::AsyncReadExt::take(rd, MAX_REQUEST));
+                if tokio::time::timeout(READ_TIMEOUT, rd.read_line(&mut line)).await.is_err() {
+                    return;
+                }
+                let answer = match line.trim() {
+                    "status" => status().text(),
+                    "status json" => status().json(),
+                    other => format!("error: unknown request {other:?}; expected \"status\" or \"status json\"\n"),
+                };
+                let _ = wr.write_all(answer.as_bytes()).await;
+                let _ = wr.shutdown().await;
+            });
+        }
+    });
+    Ok(Server { path: path.to_path_buf() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_escaped_and_complete() {
+        let st = Status { mountpoint: "/mnt/a \"b\"".into(), store: "s3://b/".into(), pending_uploads: 2, ..Status::default() };
+        let j = st.json();
+        assert!(j.starts_with("{\"mountpoint\":\"/mnt/a \\\"b\\\"\",\"store\":\"s3://b/\",\"endpoint\":null,"), "{j}");
+        assert!(j.contains(",\"pending_uploads\":2,"));
+        assert!(j.trim_end().ends_with('}'));
+        assert_eq!(json_string("a\u{1}\n"), "\"a\\u0001\\n\"");
+    }
+
+    #[test]
+    fn text_names_the_counts() {
+        let st = Status { pending_uploads: 3, requests: 10, errors: 1, ..Status::default() };
+        let t = st.text();
+        assert!(t.contains("pending uploads:  3 "), "{t}");
+        assert!(t.contains("10 since mount, 1 errors"), "{t}");
+        assert!(t.contains("disk cache:       off"), "{t}");
+    }
+
+    #[test]
+    fn endpoint_credentials_are_cut() {
+        assert_eq!(redact_endpoint("http://u:p@host:9000/x@y"), "http://host:9000/x@y");
+        assert_eq!(redact_endpoint("http://127.0.0.1:9000"), "http://127.0.0.1:9000");
+    }
+}

@@ -1,0 +1,61 @@
+//! What a running mount reports about itself: one place that reads the store's [`Metrics`]
+//! and the core's figures, for both the Prometheus endpoint and `bucketfs status`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bucketfs_core::Fs;
+use bucketfs_store::metered::Metrics;
+
+use crate::control::Status;
+
+pub struct Observed {
+    pub fs: Arc<Fs>,
+    pub metrics: Arc<Metrics>,
+    pub started: Instant,
+    pub mountpoint: String,
+    pub store: String,
+    /// Already redacted (no `user:password@`).
+    pub endpoint: Option<String>,
+    pub read_only: bool,
+    pub memory_cache_limit: u64,
+    pub disk_cache_limit: u64,
+}
+
+impl Observed {
+    pub fn status(&self) -> Status {
+        let t = self.metrics.totals();
+        let c = self.fs.cache_stats();
+        Status {
+            mountpoint: self.mountpoint.clone(),
+            store: self.store.clone(),
+            endpoint: self.endpoint.clone(),
+            pid: std::process::id(),
+            read_only: self.read_only,
+            uptime_secs: self.started.elapsed().as_secs(),
+            pending_uploads: self.fs.pending_uploads() as u64,
+            staged_files: self.fs.staged_files() as u64,
+            memory_cache_bytes: c.memory_bytes,
+            memory_cache_limit: self.memory_cache_limit,
+            disk_cache_bytes: c.disk_bytes,
+            disk_cache_limit: self.disk_cache_limit,
+            requests: t.requests,
+            errors: t.errors,
+            not_found: t.not_found,
+            bytes_read: t.bytes_read,
+            bytes_written: t.bytes_written,
+        }
+    }
+
+    /// The Prometheus text: the store's counters plus the core's gauges.
+    pub fn render(&self) -> String {
+        let c = self.fs.cache_stats();
+        self.metrics.render(&[
+            ("bucketfs_pending_uploads", "Staged files with changes not yet uploaded.", self.fs.pending_uploads() as u64),
+            ("bucketfs_staged_files", "Files staged on local disk (open for writing or pending).", self.fs.staged_files() as u64),
+            ("bucketfs_memory_cache_bytes", "Bytes in the memory block cache.", c.memory_bytes),
+            ("bucketfs_disk_cache_bytes", "Bytes in the on-disk block cache.", c.disk_bytes),
+            ("bucketfs_uptime_seconds", "Seconds since the mount started.", self.started.elapsed().as_secs()),
+        ])
+    }
+}
