@@ -263,11 +263,15 @@ class Bucketfs(FuseSystem):
             rev, self.snapshot["built"], self.snapshot["sha256"][:12])
 
     def command(self):
+        # A fresh block cache per system and run: a "first read" must never find blocks
+        # that another system or an earlier run (same bucket URL) left on disk.
+        cache = os.path.join(self.ctx.workdir, "cache-%s-%d" % (self.name, time.time_ns()))
+        common = ["--cache-dir", cache] + self.extra
         if self.scheme == "s3":
             return [self.binary, "mount", "s3://%s" % S.BUCKET, self.mp,
-                    "--endpoint", S.S3_ENDPOINT] + self.extra
+                    "--endpoint", S.S3_ENDPOINT] + common
         return [self.binary, "mount", "gs://%s" % S.BUCKET, self.mp,
-                "--endpoint", S.GCS_ENDPOINT, "--anonymous"]
+                "--endpoint", S.GCS_ENDPOINT, "--anonymous"] + common
 
     def _unmount_cmd(self):
         return [self.binary, "unmount", self.mp]

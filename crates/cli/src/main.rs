@@ -85,13 +85,13 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 1.0)]
     metadata_ttl: f64,
     /// Largest sequential prefetch window per open file, in MiB.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 32)]
     max_prefetch_mib: u64,
     /// Prefetched bytes held (in flight or not yet read) across all open files, in MiB.
-    #[arg(long, default_value_t = 96)]
+    #[arg(long, default_value_t = 64)]
     prefetch_budget_mib: u64,
     /// Memory block cache, in MiB.
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 32)]
     memory_cache_mib: u64,
     /// On-disk block cache (survives remounts), in MiB; 0 turns it off.
     #[arg(long, default_value_t = 2048)]

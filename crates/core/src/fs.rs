@@ -99,13 +99,13 @@ impl Default for FsConfig {
             // One second: fresh enough for another writer's change to show up promptly,
             // long enough that `ls -l` and `find` hit the cache for every entry they stat.
             metadata_ttl: Duration::from_secs(1),
-            // 64 MiB ahead: 32 GETs of 2 MiB in flight reach ~80-90% of a plain parallel
-            // download at 20 ms a request and 100 MB/s a stream (examples/readbench.rs).
-            max_prefetch: 64 * 1024 * 1024,
-            // One reader at full window plus a second at half; budget + memory cache (the
-            // read path's whole memory) stay at 144 MiB, under the 200 MB RSS goal.
-            prefetch_budget: 96 * 1024 * 1024,
-            cache_bytes: 48 * 1024 * 1024,
+            // 32 MiB ahead: 16 GETs of 2 MiB in flight. 64 MiB reaches ~84% of a plain
+            // parallel download in examples/readbench.rs (32 MiB: ~54%) but measured peak RSS
+            // went past 200 MB with the disk cache on; memory wins by default.
+            max_prefetch: 32 * 1024 * 1024,
+            // Two readers at full window.
+            prefetch_budget: 64 * 1024 * 1024,
+            cache_bytes: 32 * 1024 * 1024,
             disk_cache: None,
             staging_dir: std::env::temp_dir().join("bucketfs-staging"),
             write: WriteOptions::default(),

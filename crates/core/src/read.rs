@@ -37,6 +37,9 @@ type BlockKey = (Arc<str>, Arc<str>, u64);
 pub struct ReadCache {
     blocks: moka::sync::Cache<BlockKey, Bytes>,
     disk: Option<Arc<crate::disk_cache::DiskCache>>,
+    /// Blocks waiting to be written to the disk cache; when the disk lags, new blocks are
+    /// not queued (skipped), so the queue never holds more than this many blocks in memory.
+    disk_queue: Arc<Semaphore>,
     /// Permits are KiB of prefetch in flight; a prefetch that finds none is skipped.
     budget: Arc<Semaphore>,
 }
@@ -48,7 +51,13 @@ impl ReadCache {
             .weigher(|_k: &BlockKey, v: &Bytes| v.len().try_into().unwrap_or(u32::MAX))
             .max_capacity(cache_bytes)
             .build();
-        Self { blocks, disk: None, budget: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)) }
+        Self {
+            blocks,
+            disk: None,
+            // 8 blocks (16 MiB): enough to keep a disk busy, small next to the other bounds.
+            disk_queue: Arc::new(Semaphore::new(8)),
+            budget: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)),
+        }
     }
 
     /// Add the on-disk cache below the memory cache.
@@ -60,11 +69,19 @@ impl ReadCache {
     /// Put a block we already have (just uploaded) into both caches under its new identity.
     pub fn remember(&self, key: &str, identity: &str, block: u64, data: Bytes) {
         let (k, id): (Arc<str>, Arc<str>) = (key.into(), identity.into());
-        if let Some(disk) = self.disk.clone() {
-            let (k, id, d) = (k.clone(), id.clone(), data.clone());
-            tokio::task::spawn_blocking(move || disk.put(&k, &id, block, &d));
-        }
+        self.to_disk(&k, &id, block, &data);
         self.blocks.insert((k, id, block), data);
+    }
+
+    /// Queue a block for the disk cache, unless the queue is full (then it is skipped).
+    fn to_disk(&self, key: &Arc<str>, identity: &Arc<str>, block: u64, data: &Bytes) {
+        let Some(disk) = self.disk.clone() else { return };
+        let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return };
+        let (k, id, d) = (key.clone(), identity.clone(), data.clone());
+        tokio::task::spawn_blocking(move || {
+            disk.put(&k, &id, block, &d);
+            drop(permit);
+        });
     }
 
     /// Bytes held by the cache now (approximate: moka settles evictions lazily).
@@ -218,11 +235,8 @@ impl FileReader {
                 }
             }
             let data = get(store.as_ref(), &key, start, end, etag.as_deref()).await?;
-            cache.blocks.insert(ck.clone(), data.clone());
-            if let Some(disk) = cache.disk.clone() {
-                let d = data.clone();
-                tokio::task::spawn_blocking(move || disk.put(&ck.0, &ck.1, b, &d));
-            }
+            cache.to_disk(&ck.0, &ck.1, b, &data);
+            cache.blocks.insert(ck, data.clone());
             Ok(data)
         });
         let fut = async move { task.await.unwrap_or_else(|e| Err(FsError::Local(format!("read task: {e}")))) }
