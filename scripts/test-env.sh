@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Start / stop / report the local object servers the tests run against.
 #
-#   scripts/test-env.sh start    # MinIO on 127.0.0.1:9000 (console :9001), fake-gcs-server on :4443
+#   scripts/test-env.sh start    # MinIO on 127.0.0.1:9000 (console :9001), fake-gcs-server on :4443,
+#                                # toxiproxy (API 127.0.0.1:8474; proxies :29100 -> MinIO, :24100 -> GCS)
 #   scripts/test-env.sh stop     # kills exactly the processes `start` launched (pid files)
 #   scripts/test-env.sh status
 #
+# toxiproxy (fault injection for tests/test_faults.py) is installed with `go install` if
+# missing. Its ports can be moved with BUCKETFS_TEST_TOXI_PORT, BUCKETFS_TEST_TOXI_S3_PORT and
+# BUCKETFS_TEST_TOXI_GCS_PORT (e.g. when another toxiproxy already holds them);
+# BUCKETFS_TEST_TOXIPROXY=0 skips it.
 # Ports can be moved (e.g. when another checkout's servers already hold the defaults):
 #   BUCKETFS_TEST_MINIO_PORT (9000), BUCKETFS_TEST_MINIO_CONSOLE_PORT (9001), BUCKETFS_TEST_GCS_PORT (4443)
 #
@@ -24,6 +29,10 @@ MINIO_ADDR="127.0.0.1:$MINIO_PORT"
 MINIO_CONSOLE="127.0.0.1:$MINIO_CONSOLE_PORT"
 GCS_HOST="127.0.0.1"
 GCS_PORT="${BUCKETFS_TEST_GCS_PORT:-4443}"
+TOXI_PKG="github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0"
+TOXI_PORT="${BUCKETFS_TEST_TOXI_PORT:-8474}"
+TOXI_S3_PORT="${BUCKETFS_TEST_TOXI_S3_PORT:-29100}"
+TOXI_GCS_PORT="${BUCKETFS_TEST_TOXI_GCS_PORT:-24100}"
 
 log() { echo "test-env: $*" >&2; }
 die() { echo "test-env: error: $*" >&2; exit 1; }
@@ -108,6 +117,81 @@ start_gcs() {
     wait_ready fake-gcs-server "http://$GCS_HOST:$GCS_PORT/storage/v1/b?project=test"
 }
 
+# ---------------------------------------------------------------- toxiproxy
+# `go install .../toxiproxy/v2/cmd/server` names its binary `server`; only accept a `server`
+# that says it is toxiproxy.
+find_toxiproxy() {
+    local c dir
+    command -v toxiproxy-server >/dev/null 2>&1 && { command -v toxiproxy-server; return 0; }
+    for dir in "${GOBIN:-}" "$(go env GOPATH 2>/dev/null || true)/bin" "$HOME/go/bin"; do
+        [ -n "$dir" ] || continue
+        for c in toxiproxy-server server; do
+            if [ -x "$dir/$c" ] && "$dir/$c" -version 2>&1 | grep -qi toxiproxy; then echo "$dir/$c"; return 0; fi
+        done
+    done
+    return 1
+}
+
+toxi_alive() {
+    local pidf="$STATE/toxiproxy.pid" pid exe
+    [ -f "$pidf" ] || return 1
+    pid="$(cat "$pidf" 2>/dev/null || true)"
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+    # guard against pid reuse: still the binary we launched
+    exe="$(readlink "/proc/$pid/exe" 2>/dev/null || true)"
+    [ "${exe% (deleted)}" = "$(cat "$STATE/toxiproxy.exe" 2>/dev/null)" ]
+}
+
+start_toxiproxy() {
+    [ "${BUCKETFS_TEST_TOXIPROXY:-1}" = "0" ] && { log "toxiproxy skipped (BUCKETFS_TEST_TOXIPROXY=0)"; return 0; }
+    if toxi_alive; then log "toxiproxy already running (pid $(cat "$STATE/toxiproxy.pid"))"; return 0; fi
+    local bin p pid deadline
+    if ! bin="$(find_toxiproxy)"; then
+        log "go install $TOXI_PKG"
+        GOBIN="${GOBIN:-$HOME/go/bin}" go install "$TOXI_PKG" >"$STATE/go-install-toxiproxy.log" 2>&1 \
+            || { tail -n 20 "$STATE/go-install-toxiproxy.log" >&2; die "go install $TOXI_PKG failed"; }
+        bin="$(find_toxiproxy)" || die "toxiproxy server binary not found after go install"
+    fi
+    for p in "$TOXI_PORT" "$TOXI_S3_PORT" "$TOXI_GCS_PORT"; do
+        port_open "$p" && die "port $p is already in use by a process this script did not start (move it with BUCKETFS_TEST_TOXI_PORT / _S3_PORT / _GCS_PORT)"
+    done
+    printf '[{"name": "minio", "listen": "127.0.0.1:%s", "upstream": "%s", "enabled": true},\n {"name": "gcs", "listen": "127.0.0.1:%s", "upstream": "%s:%s", "enabled": true}]\n' \
+        "$TOXI_S3_PORT" "$MINIO_ADDR" "$TOXI_GCS_PORT" "$GCS_HOST" "$GCS_PORT" >"$STATE/toxiproxy.json"
+    nohup "$bin" -host 127.0.0.1 -port "$TOXI_PORT" -config "$STATE/toxiproxy.json" \
+        >"$STATE/toxiproxy.log" 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$STATE/toxiproxy.pid"
+    readlink -f "$bin" >"$STATE/toxiproxy.exe"
+    deadline=$((SECONDS + WAIT_SECS))
+    while (( SECONDS < deadline )); do
+        if http_ok "http://127.0.0.1:$TOXI_PORT/version" && port_open "$TOXI_S3_PORT" && port_open "$TOXI_GCS_PORT"; then
+            log "toxiproxy ready (api 127.0.0.1:$TOXI_PORT; 127.0.0.1:$TOXI_S3_PORT -> minio, 127.0.0.1:$TOXI_GCS_PORT -> gcs)"
+            return 0
+        fi
+        if ! toxi_alive; then
+            tail -n 20 "$STATE/toxiproxy.log" >&2 || true
+            die "toxiproxy exited during startup; see $STATE/toxiproxy.log"
+        fi
+        sleep 0.3
+    done
+    tail -n 20 "$STATE/toxiproxy.log" >&2 || true
+    die "toxiproxy did not come up within ${WAIT_SECS}s; see $STATE/toxiproxy.log"
+}
+
+stop_toxiproxy() {
+    local pidf="$STATE/toxiproxy.pid" pid i
+    if ! toxi_alive; then rm -f "$pidf" "$STATE/toxiproxy.exe"; return 0; fi
+    pid="$(cat "$pidf")"
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 50); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+    rm -f "$pidf" "$STATE/toxiproxy.exe"
+    log "stopped toxiproxy (pid $pid)"
+}
+
 stop_one() {
     local name="$1" pidf="$STATE/$1.pid" pid i
     if ! pid_alive "$name"; then rm -f "$pidf"; return 0; fi
@@ -135,11 +219,13 @@ case "$cmd" in
     start)
         mkdir -p "$STATE"
         # if one of them fails to come up, do not leave the other one behind
-        trap 'rc=$?; if [ $rc -ne 0 ]; then stop_one minio; stop_one fake-gcs-server; fi' EXIT
+        trap 'rc=$?; if [ $rc -ne 0 ]; then stop_one minio; stop_one fake-gcs-server; stop_toxiproxy; fi' EXIT
         start_gcs
         start_minio
+        start_toxiproxy
         ;;
     stop)
+        stop_toxiproxy
         stop_one minio
         stop_one fake-gcs-server
         ;;
@@ -147,6 +233,10 @@ case "$cmd" in
         rc=0
         status_one minio || rc=1
         status_one fake-gcs-server || rc=1
+        if [ "${BUCKETFS_TEST_TOXIPROXY:-1}" != "0" ]; then
+            if toxi_alive; then echo "toxiproxy: running (pid $(cat "$STATE/toxiproxy.pid")), api 127.0.0.1:$TOXI_PORT, log $STATE/toxiproxy.log"
+            else echo "toxiproxy: stopped"; rc=1; fi
+        fi
         exit $rc
         ;;
     *)

@@ -324,3 +324,173 @@ def s3_bucket():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running real-mount test (git clone, 100 MB); -m 'not slow' skips")
+
+
+# --------------------------------------------------------------------------- fault injection
+# (toxiproxy, bounded calls, daemon memory: used by test_faults.py and test_concurrency.py)
+
+TOXI_API = "http://127.0.0.1:" + os.environ.get("BUCKETFS_TEST_TOXI_PORT", "8474")
+
+
+class Toxiproxy:
+    """A tiny client for toxiproxy's HTTP API (scripts/test-env.sh starts the server)."""
+
+    def __init__(self, api: str = TOXI_API):
+        self.api = api.rstrip("/")
+
+    def req(self, method: str, path: str, body=None):
+        import json
+        data = None if body is None else json.dumps(body).encode()
+        r = urllib.request.Request(self.api + path, data=data, method=method,
+                                   headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(r, timeout=10) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"toxiproxy {method} {path}: HTTP {e.code} {e.read()[:300]!r}") from e
+        return json.loads(raw) if raw.strip() else None
+
+    def ok(self) -> bool:
+        try:
+            self.req("GET", "/proxies")
+            return True
+        except Exception:
+            return False
+
+    def proxy(self, upstream: str) -> "ToxiProxy":
+        """A fresh proxy on a free loopback port to `upstream` (host:port); delete it after."""
+        name = "bfs-" + uuid.uuid4().hex[:12]
+        p = self.req("POST", "/proxies", {"name": name, "listen": "127.0.0.1:0",
+                                          "upstream": upstream, "enabled": True})
+        return ToxiProxy(self, name, p["listen"])
+
+
+class ToxiProxy:
+    def __init__(self, api: Toxiproxy, name: str, listen: str):
+        self.api, self.name, self.listen = api, name, listen
+        self.port = int(listen.rsplit(":", 1)[1])
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def toxic(self, type_: str, stream: str = "downstream", toxicity: float = 1.0, **attrs) -> str:
+        name = f"{type_}-{stream}-{uuid.uuid4().hex[:6]}"
+        self.api.req("POST", f"/proxies/{self.name}/toxics",
+                     {"name": name, "type": type_, "stream": stream, "toxicity": toxicity,
+                      "attributes": attrs})
+        return name
+
+    def remove(self, toxic: str) -> None:
+        self.api.req("DELETE", f"/proxies/{self.name}/toxics/{toxic}")
+
+    def clear(self) -> None:
+        for t in self.api.req("GET", f"/proxies/{self.name}/toxics") or []:
+            self.remove(t["name"])
+
+    def set_enabled(self, on: bool) -> None:
+        """Disabled: the listener is closed and every open connection is cut (server 'down')."""
+        self.api.req("POST", f"/proxies/{self.name}", {"enabled": on})
+
+    def delete(self) -> None:
+        with contextlib.suppress(Exception):
+            self.api.req("DELETE", f"/proxies/{self.name}")
+
+
+@pytest.fixture(scope="session")
+def toxiproxy() -> Toxiproxy:
+    """The toxiproxy API; skipped on a manual run without it, a failure under scripts/test."""
+    t = Toxiproxy()
+    if not t.ok():
+        msg = f"toxiproxy not reachable at {TOXI_API} (scripts/test-env.sh start starts it)"
+        if os.environ.get("BUCKETFS_TEST_S3_ENDPOINT") and os.environ.get("BUCKETFS_TEST_TOXIPROXY", "1") != "0":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return t
+
+
+def upstream_of(store: str) -> str:
+    """host:port of the real server behind a store (what a proxy forwards to)."""
+    url = seed.S3_ENDPOINT if store == "s3" else seed.GCS_ENDPOINT
+    return url.split("://", 1)[1].rstrip("/")
+
+
+class Outcome:
+    """What a bounded call did: `value` or `error` (an exception), and `elapsed` seconds."""
+
+    def __init__(self):
+        self.value = None
+        self.error: BaseException | None = None
+        self.elapsed = 0.0
+        self.hung = False
+
+    @property
+    def errno(self):
+        return getattr(self.error, "errno", None)
+
+    def __repr__(self):
+        if self.hung:
+            return f"<still blocked after {self.elapsed:.0f}s>"
+        what = f"error {self.error!r}" if self.error else "ok"
+        return f"<{what} after {self.elapsed:.1f}s>"
+
+
+def bounded_call(fn, limit: float, what: str) -> Outcome:
+    """Run fn() in a thread; fail the test if it has not returned after `limit` seconds
+    (a hung FUSE request). The thread is a daemon, so a hang cannot block pytest's exit."""
+    import threading
+    out = Outcome()
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            out.value = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            out.error = e
+        out.elapsed = time.monotonic() - t0
+
+    th = threading.Thread(target=run, daemon=True, name=f"bounded:{what}")
+    th.start()
+    th.join(limit)
+    if th.is_alive():
+        pytest.fail(f"{what}: still blocked after {limit:.0f}s (a FUSE call that never returns)")
+    return out
+
+
+def bounded_calls(ops: dict, limit: float) -> dict[str, Outcome]:
+    """Run every fn of {name: fn} at once, each in its own daemon thread; wait at most `limit`
+    seconds in total. An Outcome whose call had not returned by then has `hung` set."""
+    import threading
+    outs = {name: Outcome() for name in ops}
+
+    def run(fn, out):
+        t0 = time.monotonic()
+        try:
+            out.value = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            out.error = e
+        out.elapsed = time.monotonic() - t0
+        out.done = True
+
+    ths = []
+    for name, fn in ops.items():
+        outs[name].done = False
+        th = threading.Thread(target=run, args=(fn, outs[name]), daemon=True, name=f"bounded:{name}")
+        th.start()
+        ths.append(th)
+    deadline = time.monotonic() + limit
+    for th in ths:
+        th.join(max(0.0, deadline - time.monotonic()))
+    for o in outs.values():
+        o.hung = not o.done
+        if o.hung:
+            o.elapsed = limit
+    return outs
+
+
+def daemon_status(pid: int) -> dict[str, int]:
+    """VmRSS / VmHWM (kB) and Threads of a process, from /proc/PID/status."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM", "Threads"):
+                out[k] = int(v.split()[0])
+    return out
