@@ -357,6 +357,7 @@ def _check_rec(buf: bytes) -> tuple[int, int]:
     return tag, gen
 
 
+@pytest.mark.slow
 def test_sixteen_threads_mixed_io(s3b):
     """16 threads for ~40 s on one mount: 10 write/read/overwrite their own files, 3 rewrite one
     shared file (serialized, as writers of one file must be), 3 read the shared file unlocked.

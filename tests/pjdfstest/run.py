@@ -2,7 +2,7 @@
 """Run pjdfstest (the Rust rewrite, `cargo install pjdfstest`) against bucketfs mounts and
 compare the failures with tests/pjdfstest/expected-failures.txt.
 
-    python3 tests/pjdfstest/run.py [--stores s3,file] [--pjdfstest PATH] [--record]
+    python3 tests/pjdfstest/run.py [--stores s3[,file,gcs,mem]] [--pjdfstest PATH] [--record]
 
 For each store it makes a fresh bucket (seed.py), mounts it with bucketfs (--allow-other:
 pjdfstest switches to the unprivileged users of pjdfstest.toml), runs the whole suite in the
@@ -134,12 +134,12 @@ def run_store(store: str, pjd: str, conf: str, timeout: int, keep_output: str | 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stores", default=os.environ.get("BUCKETFS_PJDFSTEST_STORES", "s3,file"))
+    ap.add_argument("--stores", default=os.environ.get("BUCKETFS_PJDFSTEST_STORES", "s3"))
     ap.add_argument("--pjdfstest", default=shutil.which("pjdfstest")
                     or os.path.expanduser("~/.cargo/bin/pjdfstest"))
     ap.add_argument("--config", default=os.path.join(HERE, "pjdfstest.toml"))
     ap.add_argument("--expected", default=os.path.join(HERE, "expected-failures.txt"))
-    ap.add_argument("--timeout", type=int, default=600, help="seconds per store")
+    ap.add_argument("--timeout", type=int, default=420, help="seconds per store")
     ap.add_argument("--record", action="store_true",
                     help="print every failing test as an expected-failures line (reason: the message)")
     ap.add_argument("--output-dir", help="keep pjdfstest's full output here, one file per store")
