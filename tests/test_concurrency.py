@@ -21,7 +21,7 @@ import time
 import pytest
 
 import seed
-from conftest import (MNT_ROOT, bounded_call, daemon_pids, daemon_status, mount, unmount,
+from conftest import (MNT_ROOT, daemon_pids, daemon_status, mount, unmount,
                       wait_until)
 
 MiB = 1024 * 1024
