@@ -120,6 +120,8 @@ def run_store(store: str, pjd: str, conf: str, timeout: int, keep_output: str | 
                                f"(last lines: {out.splitlines()[-3:]})")
     finally:
         unmount(mp)
+        if not is_mounted(mp):
+            shutil.rmtree(work, ignore_errors=True)
         if store != "mem":
             try:
                 seed.delete_bucket(store, bucket)
@@ -128,7 +130,6 @@ def run_store(store: str, pjd: str, conf: str, timeout: int, keep_output: str | 
     if keep_output:
         with open(keep_output, "w") as f:
             f.write(out)
-    shutil.rmtree(work, ignore_errors=True)
     return parse(out), rc, time.monotonic() - t0, out
 
 
