@@ -17,6 +17,7 @@ mod notify;
 mod observe;
 mod paths;
 mod status;
+mod store_args;
 mod unmount;
 
 use std::ffi::OsString;
@@ -62,16 +63,8 @@ pub struct MountArgs {
     /// The directory to mount on.
     #[arg(value_name = "MOUNTPOINT")]
     second: Option<PathBuf>,
-    /// Endpoint for S3-compatible stores (MinIO...) or a GCS emulator. Default: the
-    /// service's own, or AWS_ENDPOINT_URL for S3.
-    #[arg(long)]
-    endpoint: Option<String>,
-    /// GCS: send no credentials (public buckets, emulators).
-    #[arg(long)]
-    anonymous: bool,
-    /// S3: the AWS profile to use.
-    #[arg(long)]
-    profile: Option<String>,
+    #[command(flatten)]
+    store: store_args::StoreArgs,
     /// Stay attached to the terminal; SIGINT or SIGTERM unmounts.
     #[arg(short, long)]
     foreground: bool,

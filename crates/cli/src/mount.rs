@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bucketfs_core::{Fs, FsConfig};
 use bucketfs_fuse::MountSpec;
-use bucketfs_store::location::{self, Location, StoreOptions};
+use bucketfs_store::location::{self, Location};
 use bucketfs_store::metered::{MeteredStore, Metrics};
 use bucketfs_store::{Store, StoreErrorKind, WriteOptions};
 
@@ -126,7 +126,7 @@ fn report(is_child: bool, result: &Result<(), String>) {
 /// Explain a failed store check in words a user can act on.
 fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError) -> String {
     let url = location.to_url();
-    let endpoint = args.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).unwrap_or_default();
+    let endpoint = args.store.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).unwrap_or_default();
     let at = if endpoint.is_empty() { String::new() } else { format!(" at {endpoint}") };
     match e.kind {
         StoreErrorKind::NotFound => format!("bucket {url} not found{at}: check the name or create the bucket"),
@@ -167,7 +167,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         prefetch_budget: args.prefetch_budget_mib * 1024 * 1024,
         cache_bytes: cfg_memory_cache(args),
         disk_cache: (args.disk_cache_mib > 0).then(|| {
-            let id = format!("{} {}", location.to_url(), args.endpoint.clone().unwrap_or_default());
+            let id = format!("{} {}", location.to_url(), args.store.endpoint.clone().unwrap_or_default());
             (args.cache_dir.clone().unwrap_or_else(|| paths::block_cache_dir(&id)), args.disk_cache_mib * 1024 * 1024)
         }),
         staging_dir: args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp)),
@@ -200,7 +200,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         started: Instant::now(),
         mountpoint: mp.display().to_string(),
         store: location.to_url(),
-        endpoint: args.endpoint.as_deref().map(control::redact_endpoint),
+        endpoint: args.store.endpoint.as_deref().map(control::redact_endpoint),
         read_only: args.read_only,
         memory_cache_limit: cfg_memory_cache(args),
         disk_cache_limit: args.disk_cache_mib * 1024 * 1024,
@@ -287,12 +287,7 @@ fn cfg_memory_cache(args: &MountArgs) -> u64 {
 
 /// Build the store and check, within --connect-timeout, that the bucket answers.
 fn prepare(args: &MountArgs, location: &Location, rt: &tokio::runtime::Runtime) -> Result<Arc<dyn Store>, String> {
-    let opts = StoreOptions {
-        endpoint: args.endpoint.clone(),
-        anonymous: args.anonymous,
-        profile: args.profile.clone(),
-        ..StoreOptions::default()
-    };
+    let opts = args.store.options();
     let store = location::open(location, &opts).map_err(|e| explain(location, args, e))?;
     let timeout = Duration::from_secs(args.connect_timeout.max(1));
     rt.block_on(async { tokio::time::timeout(timeout, store.check()).await })

@@ -21,7 +21,6 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use bucketfs_store::location::StoreOptions;
 use bucketfs_store::{StoreError, StoreErrorKind};
 use clap::Args;
 use futures::StreamExt;
@@ -56,15 +55,8 @@ pub struct CpArgs {
     /// Copy directories and prefixes recursively.
     #[arg(short, long)]
     recursive: bool,
-    /// Endpoint for S3-compatible stores (MinIO...) or a GCS emulator.
-    #[arg(long)]
-    endpoint: Option<String>,
-    /// GCS: send no credentials (public buckets, emulators).
-    #[arg(long)]
-    anonymous: bool,
-    /// S3: the AWS profile to use.
-    #[arg(long)]
-    profile: Option<String>,
+    #[command(flatten)]
+    store: crate::store_args::StoreArgs,
     /// Bytes per ranged read or upload part (like 8M, 16MiB). Default: 8 MiB up to
     /// 256 MiB, then 16 MiB (larger past 160 GB); at least 5 MiB for S3 uploads.
     #[arg(long, value_parser = plan::parse_size)]
@@ -247,12 +239,7 @@ fn json_summary(reports: &[Report], secs: f64) -> String {
 pub fn run(args: CpArgs) -> Result<(), String> {
     let mut paths = args.paths.clone();
     let dst_arg = paths.pop().ok_or("cp needs a source and a destination")?;
-    let opts = StoreOptions {
-        endpoint: args.endpoint.clone(),
-        anonymous: args.anonymous,
-        profile: args.profile.clone(),
-        ..StoreOptions::default()
-    };
+    let opts = args.store.options();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(async move {
         let mut opener = Opener::new(opts);
