@@ -30,6 +30,8 @@ pub use crate::inode::ROOT_INO;
 pub enum Kind {
     File,
     Dir,
+    /// A symbolic link (see [`crate::links`]).
+    Symlink,
 }
 
 /// Attributes as the kernel sees them.
@@ -129,6 +131,9 @@ pub(crate) struct OpenFile {
     pub keep_cache: bool,
     /// Counted in the staged file's `handles`.
     pub staged: std::sync::atomic::AtomicBool,
+    /// This handle changed the data (write, truncate, O_TRUNC, create) since its last
+    /// successful upload: its flush must publish. See `Fs::upload_for`.
+    pub wrote: std::sync::atomic::AtomicBool,
 }
 
 pub struct Fs {
@@ -188,7 +193,11 @@ impl Fs {
             kind: n.kind,
             size: n.size,
             mtime: n.mtime_set.unwrap_or(n.mtime),
-            perm: n.perm.unwrap_or(if n.kind == Kind::Dir { self.cfg.dir_mode } else { self.cfg.file_mode }),
+            perm: match n.kind {
+                Kind::Symlink => 0o777, // as on Linux: a link's own mode is never checked
+                Kind::Dir => n.perm.unwrap_or(self.cfg.dir_mode),
+                Kind::File => n.perm.unwrap_or(self.cfg.file_mode),
+            },
             uid,
             gid,
             nlink: if n.kind == Kind::Dir { 2 } else { 1 },
@@ -258,7 +267,9 @@ impl Fs {
             }
             self.store.head(&dir_key).await
         };
-        let (file, child, marker) = tokio::join!(self.store.head(&file_key), first_child, marker);
+        let link_key = format!("{file_key}{}", crate::links::LINK_SUFFIX);
+        let (file, child, marker, link) =
+            tokio::join!(self.store.head(&file_key), first_child, marker, self.store.head(&link_key));
         let dir_meta = ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None };
         if matches!(child, Some(Ok(_))) || marker.is_ok() {
             let mtime = marker.as_ref().ok().and_then(|m| m.mtime);
@@ -267,8 +278,10 @@ impl Fs {
         match file {
             Ok(m) if m.is_prefix() => Ok(self.child_meta(name, &m, Kind::Dir)),
             Ok(m) => Ok(self.child_meta(name, &m, Kind::File)),
-            Err(e) if e.kind == StoreErrorKind::NotFound => match child {
-                Some(Err(e)) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
+            Err(e) if e.kind == StoreErrorKind::NotFound => match (child, link) {
+                (Some(Err(e)), _) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
+                (_, Ok(m)) => Ok(self.child_meta(name, &m, Kind::Symlink)),
+                (_, Err(e)) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
                 _ => Err(FsError::NotFound),
             },
             Err(e) => Err(e.into()),
@@ -337,10 +350,9 @@ impl Fs {
                     children.insert(name.to_string(), self.child_meta(name, &m, Kind::Dir));
                 }
                 Some((name, false)) => {
-                    // A directory shadows a file of the same name (see SEMANTICS.md).
-                    if !children.get(name).is_some_and(|c| c.kind == Kind::Dir) {
-                        children.insert(name.to_string(), self.child_meta(name, &m, Kind::File));
-                    }
+                    // A directory shadows a file, a file a link (see SEMANTICS.md).
+                    let (name, kind) = crate::links::classify(name);
+                    crate::links::merge_child(&mut children, self.child_meta(name, &m, kind));
                 }
                 None => skipped += 1,
             }

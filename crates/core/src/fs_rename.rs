@@ -25,30 +25,38 @@ impl Fs {
         if src.kind == Kind::Dir && target_dir.key.starts_with(&src.key) {
             return Err(FsError::InvalidName); // into itself: EINVAL, as on Linux
         }
+        let mut replaced = None;
         if let Some(dst) = self.resolve(newparent, newname).await? {
             if noreplace {
                 return Err(FsError::Exists);
             }
             match (src.kind, dst.kind) {
-                (Kind::File, Kind::Dir) => return Err(FsError::IsDir),
-                (Kind::Dir, Kind::File) => return Err(FsError::NotDir),
+                (Kind::File | Kind::Symlink, Kind::Dir) => return Err(FsError::IsDir),
+                (Kind::Dir, Kind::File | Kind::Symlink) => return Err(FsError::NotDir),
                 (Kind::Dir, Kind::Dir) if self.has_children(dst.ino, &dst.key).await? => return Err(FsError::NotEmpty),
                 (Kind::Dir, Kind::Dir) => {
                     let _ = self.store.delete(&dst.key).await;
                 }
-                (Kind::File, Kind::File) => {
+                (_, _) => {
                     // The target is replaced: its staged bytes must never be uploaded later.
                     self.discard_staged(dst.ino).await;
+                    if dst.kind != src.kind {
+                        // Another key holds it (a link replaced by a file or back).
+                        replaced = Some(dst.key.clone());
+                    }
                 }
             }
         }
-        let new_key = match src.kind {
-            Kind::File => format!("{}{newname}", target_dir.key),
-            Kind::Dir => format!("{}{newname}/", target_dir.key),
-        };
+        let new_key = crate::inode::key_for(&target_dir.key, newname, src.kind);
         match src.kind {
-            Kind::File => self.move_file(&src, &new_key).await?,
+            Kind::File | Kind::Symlink => self.move_file(&src, &new_key).await?,
             Kind::Dir => self.move_dir(&src, &new_key).await?,
+        }
+        if let Some(key) = replaced {
+            match self.store.delete(&key).await {
+                Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
         }
         let mut t = self.table.lock().unwrap();
         t.listing_remove(parent, name);
@@ -149,6 +157,9 @@ impl Fs {
                 Some(_) => None,
                 None => Some(self.open(ino, true, size == 0).await?),
             };
+            if let Some(h) = temp.or(fh) {
+                self.mark_wrote(h);
+            }
             if let Some(staged) = self.staged_of_pub(ino) {
                 let mut st = staged.lock().await;
                 st.set_key(&node.key)?;

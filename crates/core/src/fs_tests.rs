@@ -148,11 +148,42 @@ async fn a_preloaded_tree_answers_find_without_requests() {
             let a = fs.lookup(dir, &e).await.unwrap();
             match a.kind {
                 Kind::Dir => stack.push(a.ino),
-                Kind::File => files += 1,
+                Kind::File | Kind::Symlink => files += 1,
             }
         }
     }
     assert_eq!(files, 300);
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "a preloaded tree needs no requests");
     assert!(matches!(fs.preload_tree(10, Duration::from_secs(60)).await, Err(FsError::Local(_))));
+}
+
+#[tokio::test]
+async fn symlinks_are_link_objects_that_list_and_move() {
+    // One made by rclone --links, one made here; a file shadows a link of its name.
+    let (store, fs) = fs_with(&[("d/old.rclonelink", b"../t"), ("both", b"file"), ("both.rclonelink", b"x")]).await;
+    let fs2 = Fs::new(store.clone(), FsConfig::default());
+    assert_eq!(names(&fs, ROOT_INO).await, [".", "..", "both", "d"]);
+    assert_eq!(fs.lookup(ROOT_INO, "both").await.unwrap().kind, Kind::File);
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+    assert_eq!(names(&fs, d.ino).await, [".", "..", "old"]);
+    let old = fs.lookup(d.ino, "old").await.unwrap();
+    assert_eq!((old.kind, old.size, old.perm), (Kind::Symlink, 4, 0o777));
+    assert_eq!(&fs.readlink(old.ino).await.unwrap()[..], b"../t");
+
+    let new = fs.symlink(ROOT_INO, "ln", "d/old").await.unwrap();
+    assert_eq!(new.kind, Kind::Symlink);
+    assert_eq!(&store.get_range("ln.rclonelink", 0..5, None).await.unwrap()[..], b"d/old");
+    assert!(matches!(fs.symlink(ROOT_INO, "ln", "x").await, Err(FsError::Exists)));
+    assert!(matches!(fs.symlink(ROOT_INO, "long", &"a".repeat(5000)).await, Err(FsError::NameTooLong)));
+    // Found by lookup alone (a fresh mount, no listing), as a link.
+    let seen = fs2.lookup(ROOT_INO, "ln").await.unwrap();
+    assert_eq!(seen.kind, Kind::Symlink);
+    assert_eq!(&fs2.readlink(seen.ino).await.unwrap()[..], b"d/old");
+
+    fs.rename(ROOT_INO, "ln", d.ino, "moved", false).await.unwrap();
+    assert!(store.head("ln.rclonelink").await.is_err());
+    assert_eq!(&fs.readlink(fs.lookup(d.ino, "moved").await.unwrap().ino).await.unwrap()[..], b"d/old");
+    fs.unlink(d.ino, "moved").await.unwrap();
+    assert!(store.head("d/moved.rclonelink").await.is_err());
+    assert!(matches!(fs.readlink(fs.lookup(ROOT_INO, "both").await.unwrap().ino).await, Err(FsError::InvalidName)));
 }

@@ -29,7 +29,7 @@ use crate::{names, FsError};
 const WRITE_THROUGH_MAX: u64 = 64 * 1024 * 1024;
 
 /// Check a name for create/mkdir/rename targets.
-fn check_new_name(name: &str) -> Result<(), FsError> {
+pub(crate) fn check_new_name(name: &str) -> Result<(), FsError> {
     if name.len() > names::NAME_MAX {
         return Err(FsError::NameTooLong);
     }
@@ -108,8 +108,10 @@ impl Fs {
     /// Open a file. `write` stages it (loading its current bytes unless `truncate`).
     pub async fn open(&self, ino: u64, write: bool, truncate: bool) -> Result<u64, FsError> {
         let mut node = self.node(ino)?;
-        if node.kind == Kind::Dir {
-            return Err(FsError::IsDir);
+        match node.kind {
+            Kind::Dir => return Err(FsError::IsDir),
+            Kind::Symlink => return Err(FsError::InvalidName), // the kernel follows links first
+            Kind::File => {}
         }
         if !self.fresh(node.validated) && !self.is_staged(ino) {
             self.revalidate(&node).await?;
@@ -131,6 +133,7 @@ impl Fs {
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache,
             staged: std::sync::atomic::AtomicBool::new(staged.is_some()),
+            wrote: std::sync::atomic::AtomicBool::new(staged.is_some() && truncate),
         };
         Ok(self.insert_handle(Handle::File(Arc::new(file))))
     }
@@ -158,9 +161,9 @@ impl Fs {
             }
         }
         // O_TRUNC of an object with bytes (in the bucket or staged) must upload the empty file.
-        if truncate && (st.size > 0 || fresh && node.size > 0) {
+        if truncate && (st.len() > 0 || fresh && node.size > 0) {
             st.set_key(&node.key)?;
-            st.truncate(0)?;
+            st.truncate_on_open();
             self.set_local_size(node.ino, 0);
         }
         st.handles += 1;
@@ -185,7 +188,13 @@ impl Fs {
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let file = self.open_file(fh)?;
         if let Some(staged) = self.staged_of(file.ino) {
-            return staged.lock().await.read(offset, size);
+            let st = staged.lock().await;
+            if file.wrote.load(Ordering::Relaxed) {
+                return st.read(offset, size);
+            }
+            if let Some(r) = st.read_old(offset, size) {
+                return r;
+            }
         }
         let reader = file.reader.lock().unwrap().clone();
         reader.read(offset, size).await
@@ -194,6 +203,7 @@ impl Fs {
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let file = self.open_file(fh)?;
         let staged = self.staged_of(file.ino).ok_or(FsError::BadHandle)?;
+        file.wrote.store(true, Ordering::Relaxed);
         let mut st = staged.lock().await;
         let key = self.node(file.ino)?.key;
         st.set_key(&key)?;
@@ -270,23 +280,47 @@ impl Fs {
         Ok(())
     }
 
-    /// close(2): upload what this file's handles wrote; an error means it is not in the bucket.
+    /// Upload on behalf of one handle: if it changed the data since its last upload, or it
+    /// is the only handle on the staged file. Another handle's flush or release must never
+    /// publish bytes a writer is still producing (an `open(O_TRUNC)` that has not written
+    /// yet); that writer's own close publishes them, and the last close publishes whatever
+    /// is left dirty.
+    async fn upload_for(&self, file: &OpenFile) -> Result<(), FsError> {
+        let Some(staged) = self.staged_of(file.ino) else { return Ok(()) };
+        let sole = file.staged.load(Ordering::Relaxed) && staged.lock().await.handles <= 1;
+        if !sole && !file.wrote.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.upload_ino(file.ino).await?;
+        file.wrote.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Mark a handle as having changed the data (a truncate through it).
+    pub(crate) fn mark_wrote(&self, fh: u64) {
+        if let Ok(f) = self.open_file(fh) {
+            f.wrote.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// close(2): upload what this handle wrote; an error means it is not in the bucket.
     pub async fn flush(&self, fh: u64) -> Result<(), FsError> {
         let file = self.open_file(fh)?;
-        self.upload_ino(file.ino).await
+        self.upload_for(&file).await
     }
 
     pub async fn fsync(&self, fh: u64) -> Result<(), FsError> {
         self.flush(fh).await
     }
 
-    /// The last close of a handle: upload if still dirty, and drop clean staged data.
+    /// The last close of a handle: upload if still dirty (and ours to publish), and drop
+    /// clean staged data.
     pub async fn release(&self, fh: u64) -> Result<(), FsError> {
         let file = match self.handles.lock().unwrap().remove(&fh) {
             Some(Handle::File(f)) => f,
             _ => return Ok(()),
         };
-        let result = self.upload_ino(file.ino).await;
+        let result = self.upload_for(&file).await;
         if file.staged.load(Ordering::Relaxed) {
             if let Some(staged) = self.staged_of(file.ino) {
                 let mut st = staged.lock().await;
@@ -339,6 +373,7 @@ impl Fs {
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache: false,
             staged: std::sync::atomic::AtomicBool::new(true),
+            wrote: std::sync::atomic::AtomicBool::new(true),
         };
         let fh = self.insert_handle(Handle::File(Arc::new(file)));
         Ok((self.attr(&node), fh))

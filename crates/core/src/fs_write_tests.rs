@@ -42,6 +42,31 @@ async fn create_write_read_flush_reaches_the_store() {
 }
 
 #[tokio::test]
+async fn a_late_release_never_publishes_the_next_writers_unfinished_rewrite() {
+    // The kernel's RELEASE of a closed handle can arrive after the next open(O_TRUNC).
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    let (attr, a) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    fs.write(a, 0, b"first version").await.unwrap();
+    fs.flush(a).await.unwrap();
+    let b = fs.open(attr.ino, true, true).await.unwrap(); // O_TRUNC: staged file now empty
+    fs.release(a).await.unwrap();
+    assert_eq!(object(&store, "f").await.unwrap(), b"first version", "release of A published B's empty file");
+    fs.write(b, 0, b"second").await.unwrap();
+    fs.flush(b).await.unwrap();
+    assert_eq!(object(&store, "f").await.unwrap(), b"second");
+    // A reader's close does not publish a writer's unfinished bytes either.
+    let w = fs.open(attr.ino, true, true).await.unwrap();
+    let r = fs.open(attr.ino, false, false).await.unwrap();
+    fs.flush(r).await.unwrap();
+    fs.release(r).await.unwrap();
+    assert_eq!(object(&store, "f").await.unwrap(), b"second");
+    fs.write(w, 0, b"third").await.unwrap();
+    fs.release(w).await.unwrap();
+    assert_eq!(object(&store, "f").await.unwrap(), b"third", "the last close publishes");
+}
+
+#[tokio::test]
 async fn reading_back_what_was_written_needs_no_request() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());

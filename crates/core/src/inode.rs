@@ -128,10 +128,7 @@ impl InodeTable {
     /// Reuses the existing inode when the kind matches, otherwise allocates a new one.
     pub fn upsert(&mut self, parent: u64, meta: &ChildMeta) -> u64 {
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
-        let key_of = |m: &ChildMeta| match m.kind {
-            Kind::Dir => format!("{parent_key}{}/", m.name),
-            Kind::File => format!("{parent_key}{}", m.name),
-        };
+        let key_of = |m: &ChildMeta| key_for(&parent_key, &m.name, m.kind);
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.kind == meta.kind {
@@ -229,10 +226,7 @@ impl InodeTable {
         let Some(node) = self.nodes.get(&ino) else { return };
         let (old_parent, old_name, old_key, kind) = (node.parent, node.name.clone(), node.key.clone(), node.kind);
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
-        let new_key = match kind {
-            Kind::Dir => format!("{parent_key}{name}/"),
-            Kind::File => format!("{parent_key}{name}"),
-        };
+        let new_key = key_for(&parent_key, name, kind);
         if self.index.get(&(old_parent, old_name.clone())) == Some(&ino) {
             self.index.remove(&(old_parent, old_name));
         }
@@ -274,6 +268,15 @@ impl InodeTable {
 
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+}
+
+/// The object key of `name` of `kind` in the directory with key `parent_key`.
+pub fn key_for(parent_key: &str, name: &str, kind: Kind) -> String {
+    match kind {
+        Kind::Dir => format!("{parent_key}{name}/"),
+        Kind::File => format!("{parent_key}{name}"),
+        Kind::Symlink => format!("{parent_key}{name}{}", crate::links::LINK_SUFFIX),
     }
 }
 

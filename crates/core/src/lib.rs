@@ -15,9 +15,10 @@
 pub mod disk_cache;
 pub mod error;
 pub mod fs;
-mod fs_write;
+pub(crate) mod fs_write;
 mod preload;
 pub mod inode;
+pub mod links;
 pub mod names;
 pub mod read;
 pub mod stats;

@@ -39,13 +39,11 @@ impl Fs {
                 let meta = if is_dir {
                     self.child_meta(seg, &bucketfs_store::ObjectMeta { key: String::new(), size: 0, etag: None, mtime: None }, Kind::Dir)
                 } else {
-                    self.child_meta(seg, &m, Kind::File)
+                    let (name, kind) = crate::links::classify(seg);
+                    self.child_meta(name, &m, kind)
                 };
-                let children = dirs.entry(parent.clone()).or_default();
-                // A directory shadows a file of the same name (SEMANTICS.md).
-                if is_dir || !children.get(*seg).is_some_and(|c| c.kind == Kind::Dir) {
-                    children.insert(seg.to_string(), meta);
-                }
+                // A directory shadows a file, a file a link (SEMANTICS.md).
+                crate::links::merge_child(dirs.entry(parent.clone()).or_default(), meta);
                 parent = format!("{parent}{seg}/");
                 if is_dir {
                     dirs.entry(parent.clone()).or_default();

@@ -50,6 +50,9 @@ pub struct Staged {
     key: Option<String>,
     /// Every write so far landed at the end of the file: eager upload is possible.
     appends_only: bool,
+    /// An `open(O_TRUNC)` emptied the file, but the old bytes stay until the first change or
+    /// upload ([`Staged::truncate_on_open`]).
+    trunc_pending: bool,
     eager: Option<Eager>,
 }
 
@@ -71,7 +74,7 @@ impl Staged {
             .create_new(true)
             .open(&path)
             .map_err(|e| FsError::Local(format!("cannot create staging file {}: {e}", path.display())))?;
-        Ok(Self { file, path, size: 0, dirty: false, write_gen: 0, unlinked: false, handles: 0, key: None, appends_only: true, eager: None })
+        Ok(Self { file, path, size: 0, dirty: false, write_gen: 0, unlinked: false, handles: 0, key: None, appends_only: true, trunc_pending: false, eager: None })
     }
 
     /// Fill the staged file with the object's current bytes (open for write without
@@ -108,7 +111,45 @@ impl Staged {
         self.path.with_extension("key")
     }
 
+    /// Empty the file for an `open(O_TRUNC)`: the new size is 0 from now on, but the old
+    /// bytes stay readable to handles that were reading them until the first write, truncate
+    /// or upload. Reads the kernel sent before the open completed may still arrive; if they
+    /// found an empty file the kernel would take the short read for EOF and zero-fill pages
+    /// of the old size, and a reader would see bytes nobody wrote.
+    pub fn truncate_on_open(&mut self) {
+        self.eager_abandon();
+        self.appends_only = true;
+        self.trunc_pending = true;
+        self.dirty = true;
+        self.write_gen += 1;
+    }
+
+    /// Apply a pending `truncate_on_open`.
+    fn settle(&mut self) -> Result<(), FsError> {
+        if self.trunc_pending {
+            self.file.set_len(0).map_err(local)?;
+            self.size = 0;
+            self.trunc_pending = false;
+        }
+        Ok(())
+    }
+
+    /// The size writers see (0 while an O_TRUNC is pending).
+    pub fn len(&self) -> u64 {
+        if self.trunc_pending { 0 } else { self.size }
+    }
+
+    /// A read by a handle that did not write: `None` means "read the object in the store"
+    /// (an O_TRUNC is pending on a file whose old bytes were never staged).
+    pub fn read_old(&self, offset: u64, len: u32) -> Option<Result<Bytes, FsError>> {
+        if self.trunc_pending && self.size == 0 {
+            return None;
+        }
+        Some(self.read_raw(offset, len, self.size))
+    }
+
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), FsError> {
+        self.settle()?;
         self.file.write_all_at(data, offset).map_err(local)?;
         let end = offset + data.len() as u64;
         if offset != self.size {
@@ -121,17 +162,23 @@ impl Staged {
         Ok(())
     }
 
+    /// Read as a writer sees the file.
     pub fn read(&self, offset: u64, len: u32) -> Result<Bytes, FsError> {
-        if offset >= self.size {
+        self.read_raw(offset, len, self.len())
+    }
+
+    fn read_raw(&self, offset: u64, len: u32, size: u64) -> Result<Bytes, FsError> {
+        if offset >= size {
             return Ok(Bytes::new());
         }
-        let n = (len as u64).min(self.size - offset) as usize;
+        let n = (len as u64).min(size - offset) as usize;
         let mut buf = vec![0u8; n];
         self.file.read_exact_at(&mut buf, offset).map_err(local)?;
         Ok(buf.into())
     }
 
     pub fn truncate(&mut self, size: u64) -> Result<(), FsError> {
+        self.settle()?;
         self.file.set_len(size).map_err(local)?;
         if size != self.size {
             self.appends_only = size == 0;
@@ -158,6 +205,7 @@ impl Staged {
     /// sequential writer has written a first full part.
     pub async fn eager_feed(&mut self, store: &dyn Store, key: &str, opts: WriteOptions) -> Result<(), FsError> {
         let part = opts.part_size as u64;
+        self.settle()?;
         if self.eager.is_none() {
             if self.size < part || !self.appends_only {
                 return Ok(());
@@ -184,6 +232,7 @@ impl Staged {
 
     /// Upload the staged bytes to `key`; returns the new object's metadata.
     pub async fn upload(&mut self, store: &dyn Store, key: &str, opts: WriteOptions) -> Result<ObjectMeta, FsError> {
+        self.settle()?;
         let gen = self.write_gen;
         let eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
         let result = match eager {

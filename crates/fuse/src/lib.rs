@@ -78,6 +78,7 @@ fn file_type(k: Kind) -> FileType {
     match k {
         Kind::File => FileType::RegularFile,
         Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
     }
 }
 
@@ -95,7 +96,8 @@ impl Filesystem for FuseAdapter {
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_READ
-            | InitFlags::FUSE_MAX_PAGES;
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_CACHE_SYMLINKS;
         let have = config.capabilities();
         let _ = config.add_capabilities(wanted & have);
         if let Err(max) = config.set_max_readahead(MAX_IO) {
@@ -240,6 +242,28 @@ impl Filesystem for FuseAdapter {
         self.rt.spawn(async move {
             match fs.mkdir(parent.0, &name, Some((mode & !umask & 0o7777) as u16)).await {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn symlink(&self, _req: &Request, parent: INodeNo, link_name: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
+        let Some(name) = name_str(link_name) else { return reply.error(Errno::EINVAL) };
+        let Some(target) = target.to_str().map(str::to_string) else { return reply.error(Errno::EINVAL) };
+        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        self.rt.spawn(async move {
+            match fs.symlink(parent.0, &name, &target).await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.readlink(ino.0).await {
+                Ok(target) => reply.data(&target),
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -1,0 +1,117 @@
+//! Symbolic links. A link is a small object named `<name>.rclonelink` whose content is the
+//! target, the convention rclone's `--links` uses, so links made by either tool read as links
+//! in the other, and every store (S3, GCS, a local folder, memory) can hold them. Listings
+//! need no extra request to tell a link from a file.
+
+use std::collections::HashMap;
+
+use crate::fs::Kind;
+use crate::inode::ChildMeta;
+use crate::names;
+
+/// The key suffix that marks a link object.
+pub const LINK_SUFFIX: &str = ".rclonelink";
+
+/// Longest target accepted (Linux's PATH_MAX less the terminating NUL).
+pub const TARGET_MAX: usize = 4095;
+
+/// The link name for a listed file name, if it names a link object.
+pub fn link_name(file_name: &str) -> Option<&str> {
+    file_name.strip_suffix(LINK_SUFFIX).filter(|n| names::valid_segment(n))
+}
+
+/// How a listed (non-directory) name shows: as a link (suffix removed) or a file.
+pub fn classify(file_name: &str) -> (&str, Kind) {
+    match link_name(file_name) {
+        Some(n) => (n, Kind::Symlink),
+        None => (file_name, Kind::File),
+    }
+}
+
+/// Add a child to a listing being built. One name, several objects: a directory shadows a
+/// file, and a file shadows a link (SEMANTICS.md).
+pub fn merge_child(children: &mut HashMap<String, ChildMeta>, meta: ChildMeta) {
+    let rank = |k: Kind| match k {
+        Kind::Dir => 2,
+        Kind::File => 1,
+        Kind::Symlink => 0,
+    };
+    match children.get(&meta.name) {
+        Some(c) if rank(c.kind) >= rank(meta.kind) => {}
+        _ => {
+            children.insert(meta.name.clone(), meta);
+        }
+    }
+}
+
+impl crate::fs::Fs {
+    /// symlink(2): write the link object (`PUT <name>.rclonelink`, content = target).
+    pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<crate::fs::Attr, crate::FsError> {
+        use crate::FsError;
+        crate::fs_write::check_new_name(name)?;
+        if target.is_empty() || target.contains('\0') {
+            return Err(FsError::NotFound); // ENOENT, as Linux answers an empty target
+        }
+        if target.len() > TARGET_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        if self.resolve(parent, name).await?.is_some() {
+            return Err(FsError::Exists);
+        }
+        let key = crate::inode::key_for(&self.node(parent)?.key, name, Kind::Symlink);
+        let meta = self.store.put(&key, bytes::Bytes::copy_from_slice(target.as_bytes())).await?;
+        let child = self.child_meta(name, &meta, Kind::Symlink);
+        let mut t = self.table.lock().unwrap();
+        let ino = t.upsert(parent, &child);
+        t.remember(ino);
+        t.listing_insert(parent, child);
+        if let Some(n) = t.get_mut(ino) {
+            n.size = target.len() as u64; // stores that answer without a size
+        }
+        let n = t.get(ino).expect("just inserted");
+        Ok(self.attr(n))
+    }
+
+    /// readlink(2): the link object's content.
+    pub async fn readlink(&self, ino: u64) -> Result<bytes::Bytes, crate::FsError> {
+        let node = self.node(ino)?;
+        if node.kind != Kind::Symlink {
+            return Err(crate::FsError::InvalidName); // EINVAL: not a link
+        }
+        let meta = self.store.head(&node.key).await?;
+        let size = meta.size.min(TARGET_MAX as u64);
+        Ok(self.store.get_range(&node.key, 0..size, meta.etag.as_deref()).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn m(name: &str, kind: Kind) -> ChildMeta {
+        ChildMeta { name: name.into(), kind, size: 0, mtime: SystemTime::UNIX_EPOCH, etag: None }
+    }
+
+    #[test]
+    fn link_objects_show_without_their_suffix() {
+        assert_eq!(classify("a.rclonelink"), ("a", Kind::Symlink));
+        assert_eq!(classify("a.txt"), ("a.txt", Kind::File));
+        // Nothing left to name, or an invalid name: a plain file.
+        assert_eq!(classify(".rclonelink"), (".rclonelink", Kind::File));
+        assert_eq!(classify("...rclonelink"), ("...rclonelink", Kind::File));
+    }
+
+    #[test]
+    fn directories_shadow_files_shadow_links() {
+        let mut c = HashMap::new();
+        merge_child(&mut c, m("x", Kind::Symlink));
+        merge_child(&mut c, m("x", Kind::File));
+        assert_eq!(c["x"].kind, Kind::File);
+        merge_child(&mut c, m("x", Kind::Symlink));
+        assert_eq!(c["x"].kind, Kind::File);
+        merge_child(&mut c, m("x", Kind::Dir));
+        merge_child(&mut c, m("x", Kind::File));
+        assert_eq!(c["x"].kind, Kind::Dir);
+    }
+}

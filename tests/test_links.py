@@ -1,0 +1,92 @@
+"""Symbolic links on real mounts (issue 3): stored as `<name>.rclonelink` objects whose
+content is the target (rclone's --links convention; SEMANTICS.md, crates/core/src/links.rs)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tarfile
+import io
+
+import pytest
+
+from conftest import DATA_STORES
+from test_write import Target, expect_errno, run
+
+
+@pytest.fixture(params=DATA_STORES)
+def lt(request):
+    t = Target(request.param)
+    yield t
+    t.cleanup()
+
+
+def test_symlinks_persist_and_read_like_rclone_links(lt):
+    lt.put("data/real.txt", b"payload")
+    lt.put("made-by-rclone.rclonelink", b"data/real.txt")
+    with lt.mounted() as mp:
+        # one made elsewhere reads as a link
+        p = os.path.join(mp, "made-by-rclone")
+        assert stat.S_ISLNK(os.lstat(p).st_mode)
+        assert os.readlink(p) == "data/real.txt"
+        with open(p, "rb") as f:
+            assert f.read() == b"payload"
+        # one made here: relative, absolute, dangling, to a directory
+        os.symlink("real.txt", os.path.join(mp, "data", "rel"))
+        os.symlink("/etc/hostname", os.path.join(mp, "abs"))
+        os.symlink("nowhere", os.path.join(mp, "dangling"))
+        os.symlink("data", os.path.join(mp, "dirlink"))
+        with open(os.path.join(mp, "data", "rel"), "rb") as f:
+            assert f.read() == b"payload"
+        assert sorted(os.listdir(os.path.join(mp, "dirlink"))) == ["real.txt", "rel"]
+        expect_errno("open a dangling link", lambda: open(os.path.join(mp, "dangling")), errno.ENOENT)
+        expect_errno("symlink over an existing name",
+                     lambda: os.symlink("x", os.path.join(mp, "abs")), errno.EEXIST)
+        st = os.lstat(os.path.join(mp, "abs"))
+        assert st.st_size == len("/etc/hostname")
+        # rename and unlink act on the link, not on its target
+        os.rename(os.path.join(mp, "data", "rel"), os.path.join(mp, "rel2"))
+        os.unlink(os.path.join(mp, "dirlink"))
+        assert os.path.isdir(os.path.join(mp, "data"))
+    assert lt.get("data/real.txt") == b"payload"
+    assert lt.get("rel2.rclonelink") == b"real.txt"
+    assert lt.get("abs.rclonelink") == b"/etc/hostname"
+    assert not lt.has("dirlink.rclonelink") and not lt.has("data/rel.rclonelink")
+    with lt.mounted() as mp:  # a new mount sees them, listed and looked up
+        entries = {e.name: e.is_symlink() for e in os.scandir(mp)}
+        assert entries["rel2"] and entries["abs"] and entries["dangling"] and not entries["data"]
+        assert os.readlink(os.path.join(mp, "dangling")) == "nowhere"
+
+
+def test_tar_cp_and_git_keep_symlinks(lt, tmp_path):
+    src = tmp_path / "src"
+    (src / "lib").mkdir(parents=True)
+    (src / "lib" / "libx.so.1.2").write_bytes(b"\x7fELF" + b"x" * 5000)
+    os.symlink("libx.so.1.2", src / "lib" / "libx.so.1")
+    os.symlink("libx.so.1", src / "lib" / "libx.so")
+    os.symlink("../lib", src / "up")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        tf.add(src, arcname="t")
+    (tmp_path / "t.tar").write_bytes(buf.getvalue())
+    repo = tmp_path / "repo"
+    run(["git", "init", "-q", str(repo)])
+    (repo / "a").write_text("a\n")
+    os.symlink("a", repo / "link-to-a")
+    run(["git", "-C", str(repo), "add", "."])
+    run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "c"])
+    with lt.mounted() as mp:
+        run(["tar", "-xf", str(tmp_path / "t.tar"), "-C", mp])
+        run(["cp", "-a", str(src), os.path.join(mp, "c")])
+        run(["git", "clone", "-q", str(repo), os.path.join(mp, "g")])
+        for root in ("t", "c"):
+            lib = os.path.join(mp, root, "lib")
+            assert os.readlink(os.path.join(lib, "libx.so")) == "libx.so.1"
+            assert os.readlink(os.path.join(mp, root, "up")) == "../lib"
+            with open(os.path.join(lib, "libx.so"), "rb") as f:
+                assert f.read(4) == b"\x7fELF"
+        assert os.readlink(os.path.join(mp, "g", "link-to-a")) == "a"
+        assert run(["git", "-C", os.path.join(mp, "g"), "status", "--porcelain"]).out == ""
+        run(["git", "-C", os.path.join(mp, "g"), "fsck", "--no-progress"])
+    assert lt.get("t/lib/libx.so.rclonelink") == b"libx.so.1"
