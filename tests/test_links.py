@@ -90,3 +90,32 @@ def test_tar_cp_and_git_keep_symlinks(lt, tmp_path):
         assert run(["git", "-C", os.path.join(mp, "g"), "status", "--porcelain"]).out == ""
         run(["git", "-C", os.path.join(mp, "g"), "fsck", "--no-progress"])
     assert lt.get("t/lib/libx.so.rclonelink") == b"libx.so.1"
+
+
+def test_mode_owner_and_mtime_persist_across_mounts(lt, tmp_path):
+    """chmod/chown/utime (and cp -p, tar -x) are kept as object metadata (SEMANTICS.md)."""
+    when = 1_000_000_000
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tool").write_bytes(b"#!/bin/sh\necho hi\n")
+    os.chmod(src / "tool", 0o750)
+    os.utime(src / "tool", (when, when))
+    with lt.mounted() as mp:
+        f = os.path.join(mp, "f")
+        with open(f, "wb") as fh:
+            fh.write(b"x" * 1000)
+        os.chmod(f, 0o640)
+        os.chown(f, 1234, 5678)
+        os.utime(f, (when + 5, when + 5))
+        run(["cp", "-p", str(src / "tool"), os.path.join(mp, "tool")])
+        run(["tar", "-cf", str(tmp_path / "a.tar"), "-C", str(src), "tool"])
+        os.mkdir(os.path.join(mp, "x"))
+        run(["tar", "-xpf", str(tmp_path / "a.tar"), "-C", os.path.join(mp, "x")])
+    with lt.mounted() as mp:
+        st = os.stat(os.path.join(mp, "f"))
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, int(st.st_mtime)) == (0o640, 1234, 5678, when + 5)
+        for p in ("tool", "x/tool"):
+            st = os.stat(os.path.join(mp, p))
+            assert (stat.S_IMODE(st.st_mode), int(st.st_mtime)) == (0o750, when), p
+        assert run([os.path.join(mp, "tool")]).out == "hi\n"
+    assert lt.get("f") == b"x" * 1000

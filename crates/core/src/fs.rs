@@ -215,6 +215,7 @@ impl Fs {
             size: if kind == Kind::Dir { 0 } else { m.size },
             mtime: m.mtime.unwrap_or(self.mounted_at),
             etag: m.etag.clone(),
+            attrs: None,
         }
     }
 
@@ -269,15 +270,15 @@ impl Fs {
         };
         let link_key = format!("{file_key}{}", crate::links::LINK_SUFFIX);
         let (file, child, marker, link) =
-            tokio::join!(self.store.head(&file_key), first_child, marker, self.store.head(&link_key));
+            tokio::join!(self.store.head_attrs(&file_key), first_child, marker, self.store.head(&link_key));
         let dir_meta = ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None };
         if matches!(child, Some(Ok(_))) || marker.is_ok() {
             let mtime = marker.as_ref().ok().and_then(|m| m.mtime);
             return Ok(self.child_meta(name, &ObjectMeta { mtime, ..dir_meta }, Kind::Dir));
         }
         match file {
-            Ok(m) if m.is_prefix() => Ok(self.child_meta(name, &m, Kind::Dir)),
-            Ok(m) => Ok(self.child_meta(name, &m, Kind::File)),
+            Ok((m, _)) if m.is_prefix() => Ok(self.child_meta(name, &m, Kind::Dir)),
+            Ok((m, attrs)) => Ok(ChildMeta { attrs: Some(attrs), ..self.child_meta(name, &m, Kind::File) }),
             Err(e) if e.kind == StoreErrorKind::NotFound => match (child, link) {
                 (Some(Err(e)), _) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
                 (_, Ok(m)) => Ok(self.child_meta(name, &m, Kind::Symlink)),
@@ -308,18 +309,19 @@ impl Fs {
 
     /// HEAD a file again and record what the store says now.
     pub(crate) async fn revalidate(&self, node: &Node) -> Result<Attr, FsError> {
-        match self.store.head(&node.key).await {
-            Ok(m) if !m.is_prefix() => {
+        match self.store.head_attrs(&node.key).await {
+            Ok((m, attrs)) if !m.is_prefix() => {
                 let meta = self.child_meta(&node.name, &m, Kind::File);
                 let mut t = self.table.lock().unwrap();
                 let cur = t.get_mut(node.ino).ok_or(FsError::NotFound)?;
                 if cur.etag != meta.etag {
-                    cur.mtime_set = None; // changed by someone else: their mtime is the truth
+                    cur.forget_attrs(); // changed by someone else: what it carries is the truth
                 }
                 cur.size = meta.size;
                 cur.mtime = meta.mtime;
                 cur.etag = meta.etag;
                 cur.validated = Instant::now();
+                cur.fill_attrs(&attrs);
                 Ok(self.attr(cur))
             }
             Ok(_) => Err(FsError::NotFound),

@@ -62,7 +62,7 @@ impl Fs {
         t.listing_remove(parent, name);
         t.relocate(src.ino, newparent, newname);
         if let Some(n) = t.get(src.ino) {
-            let meta = ChildMeta { name: newname.to_string(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone() };
+            let meta = ChildMeta { name: newname.to_string(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone(), attrs: None };
             t.listing_insert(newparent, meta);
         }
         Ok(())
@@ -73,7 +73,7 @@ impl Fs {
             let mut st = staged.lock().await;
             if st.dirty && !st.unlinked {
                 // Not in the bucket yet (or changed): upload straight to the new name.
-                st.upload(self.store.as_ref(), new_key, self.cfg.write).await?;
+                st.upload(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
                 match self.store.delete(&src.key).await {
                     Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
@@ -171,8 +171,50 @@ impl Fs {
                 self.release(tfh).await?;
             }
         }
-        let mut t = self.table.lock().unwrap();
-        let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
+        let (before, attr) = {
+            let mut t = self.table.lock().unwrap();
+            let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
+            let before = n.attrs();
+            self.set_attrs(n, mode, uid, gid, mtime);
+            (before, self.attr(n))
+        };
+        let node = self.node(ino)?;
+        if node.kind == Kind::File && node.attrs() != before && self.store.keeps_attrs() {
+            self.persist_attrs(&node, fh).await?;
+        }
+        Ok(attr)
+    }
+
+    /// Keep a file's new mode, owner or mtime in the bucket: with the staged file's upload
+    /// at its close, or (closed files up to 64 MiB) by uploading it again now. Larger closed
+    /// files keep the change for the mount's life only (SEMANTICS.md).
+    async fn persist_attrs(&self, node: &crate::inode::Node, fh: Option<u64>) -> Result<(), FsError> {
+        if let Some(staged) = self.staged_of_pub(node.ino) {
+            let mut st = staged.lock().await;
+            st.set_key(&node.key)?;
+            st.mark_changed();
+            if let Some(h) = fh {
+                self.mark_wrote(h);
+            }
+            return Ok(());
+        }
+        if node.size > super::WRITE_THROUGH_MAX {
+            tracing::debug!(key = %node.key, "mode/owner/mtime of a large closed file kept for this mount only");
+            return Ok(());
+        }
+        let temp = self.open(node.ino, true, false).await?;
+        if let Some(staged) = self.staged_of_pub(node.ino) {
+            let mut st = staged.lock().await;
+            st.set_key(&node.key)?;
+            st.mark_changed();
+        }
+        self.mark_wrote(temp);
+        let flushed = self.flush(temp).await;
+        self.release(temp).await?;
+        flushed
+    }
+
+    fn set_attrs(&self, n: &mut crate::inode::Node, mode: Option<u32>, uid: Option<u32>, gid: Option<u32>, mtime: Option<SystemTime>) {
         if let Some(m) = mode {
             n.perm = Some((m & 0o7777) as u16);
         }
@@ -184,7 +226,6 @@ impl Fs {
             n.mtime = t;
             n.mtime_set = Some(t);
         }
-        Ok(self.attr(n))
     }
 
     fn set_size(&self, ino: u64, size: u64) {

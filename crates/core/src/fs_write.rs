@@ -60,6 +60,12 @@ impl Fs {
         }
     }
 
+    /// What to keep with `node`'s object at upload: its mode, owner and mtime where set here
+    /// (or carried before), on stores that keep them.
+    pub(crate) fn attrs_to_keep(&self, node: &crate::inode::Node) -> bucketfs_store::FileAttrs {
+        if self.store.keeps_attrs() { node.attrs() } else { Default::default() }
+    }
+
     pub(crate) fn staged_of_pub(&self, ino: u64) -> Option<SharedStaged> {
         self.staged_of(ino)
     }
@@ -75,7 +81,7 @@ impl Fs {
         inos.iter()
             .filter_map(|i| t.get(*i))
             .filter(|n| n.parent == dir && t.child(dir, &n.name).map(|c| c.ino) == Some(n.ino))
-            .map(|n| ChildMeta { name: n.name.clone(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone() })
+            .map(|n| ChildMeta { name: n.name.clone(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone(), attrs: None })
             .collect()
     }
 
@@ -205,13 +211,14 @@ impl Fs {
         let staged = self.staged_of(file.ino).ok_or(FsError::BadHandle)?;
         file.wrote.store(true, Ordering::Relaxed);
         let mut st = staged.lock().await;
-        let key = self.node(file.ino)?.key;
+        let node = self.node(file.ino)?;
+        let key = node.key.clone();
         st.set_key(&key)?;
         st.write(offset, data)?;
         let size = st.size;
         self.set_local_size(file.ino, size);
         if size >= self.cfg.write.part_size as u64 {
-            if let Err(e) = st.eager_feed(self.store.as_ref(), &key, self.cfg.write).await {
+            if let Err(e) = st.eager_feed(self.store.as_ref(), &key, self.cfg.write, &self.attrs_to_keep(&node)).await {
                 // Not fatal: the data is staged and goes up whole at close.
                 tracing::debug!(%key, "eager upload stopped: {e}");
             }
@@ -227,7 +234,7 @@ impl Fs {
             return Ok(());
         }
         let node = self.node(ino)?;
-        let meta = st.upload(self.store.as_ref(), &node.key, self.cfg.write).await.map_err(|e| {
+        let meta = st.upload(self.store.as_ref(), &node.key, self.cfg.write, &self.attrs_to_keep(&node)).await.map_err(|e| {
             tracing::warn!(key = %node.key, "upload failed; data kept in staging: {e}");
             FsError::UploadFailed(e.to_string())
         })?;
@@ -257,7 +264,7 @@ impl Fs {
             } else {
                 Instant::now() - self.cfg.metadata_ttl
             };
-            let child = ChildMeta { name: n.name.clone(), kind: Kind::File, size, mtime: n.mtime, etag: n.etag.clone() };
+            let child = ChildMeta { name: n.name.clone(), kind: Kind::File, size, mtime: n.mtime, etag: n.etag.clone(), attrs: None };
             let parent = n.parent;
             t.listing_insert(parent, child.clone());
             child
@@ -350,7 +357,7 @@ impl Fs {
             return Ok((self.attr(&self.node(existing.ino)?), fh));
         }
         let now = SystemTime::now();
-        let meta = ChildMeta { name: name.to_string(), kind: Kind::File, size: 0, mtime: now, etag: None };
+        let meta = ChildMeta { name: name.to_string(), kind: Kind::File, size: 0, mtime: now, etag: None, attrs: None };
         let ino = {
             let mut t = self.table.lock().unwrap();
             let ino = t.upsert(parent, &meta);
@@ -386,7 +393,7 @@ impl Fs {
         }
         let key = format!("{}{name}/", self.node(parent)?.key);
         self.store.create_dir(&key).await?;
-        let meta = ChildMeta { name: name.to_string(), kind: Kind::Dir, size: 0, mtime: SystemTime::now(), etag: None };
+        let meta = ChildMeta { name: name.to_string(), kind: Kind::Dir, size: 0, mtime: SystemTime::now(), etag: None, attrs: None };
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &meta);
         t.remember(ino);

@@ -361,3 +361,28 @@ proptest::proptest! {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run_model(steps, fail_from));
     }
 }
+
+#[tokio::test]
+async fn mode_owner_and_mtime_persist_as_object_metadata() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    let (attr, fh) = fs.create(ROOT_INO, "run.sh", false, Some(0o750)).await.unwrap();
+    fs.write(fh, 0, b"#!/bin/sh\n").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let (_, a) = store.head_attrs("run.sh").await.unwrap();
+    assert_eq!(a.mode, Some(0o100750), "mode given at create goes up with the first upload");
+    // After close: chmod, chown and utime (tar -x, cp -p, rsync -a) upload the file again.
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    fs.setattr(attr.ino, None, Some(0o700), Some(123), Some(456), Some(when), None).await.unwrap();
+    let (_, a) = store.head_attrs("run.sh").await.unwrap();
+    assert_eq!((a.mode, a.uid, a.gid, a.mtime), (Some(0o100700), Some(123), Some(456), Some(when)));
+    assert_eq!(object(&store, "run.sh").await.unwrap(), b"#!/bin/sh\n", "bytes unchanged");
+    // Another mount sees them.
+    let other = Fs::new(store.clone(), cfg());
+    let seen = other.lookup(ROOT_INO, "run.sh").await.unwrap();
+    assert_eq!((seen.perm, seen.uid, seen.gid, seen.mtime), (0o700, 123, 456, when));
+    // Setting the same values again costs nothing.
+    let before = store.requests.load(Ordering::Relaxed);
+    fs.setattr(attr.ino, None, Some(0o700), None, None, None, None).await.unwrap();
+    assert_eq!(store.requests.load(Ordering::Relaxed), before);
+}

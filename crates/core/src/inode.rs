@@ -34,17 +34,49 @@ pub struct Node {
     /// When size/mtime/etag were last confirmed by the store.
     pub validated: Instant,
     pub lookups: u64,
-    /// chmod/chown kept for the life of the inode (see SEMANTICS.md: not persisted).
+    /// chmod/chown set here or carried by the object (SEMANTICS.md: persisted as object
+    /// metadata where the store keeps it).
     pub perm: Option<u16>,
     pub owner: Option<(u32, u32)>,
     /// Identity of the version whose pages the kernel may still cache (set at open).
     pub kernel_cached: Option<String>,
-    /// An mtime set by utimens here; shown instead of the object's until the object is
-    /// changed by someone else (not persisted in the bucket; see SEMANTICS.md).
+    /// An mtime set by utimens here or carried by the object; shown instead of the
+    /// object's Last-Modified until the object is changed by someone else.
     pub mtime_set: Option<SystemTime>,
 }
 
 impl Node {
+    /// The object was replaced by someone else: drop what we knew of its attributes.
+    pub fn forget_attrs(&mut self) {
+        self.perm = None;
+        self.owner = None;
+        self.mtime_set = None;
+    }
+
+    /// Take the attributes the object carries, where none is known here yet.
+    pub fn fill_attrs(&mut self, a: &bucketfs_store::FileAttrs) {
+        if self.perm.is_none() {
+            self.perm = a.mode.map(|m| (m & 0o7777) as u16);
+        }
+        if self.owner.is_none() {
+            self.owner = a.uid.zip(a.gid);
+        }
+        if self.mtime_set.is_none() {
+            self.mtime_set = a.mtime;
+        }
+    }
+
+    /// The attributes to keep with the object at its next upload.
+    pub fn attrs(&self) -> bucketfs_store::FileAttrs {
+        let type_bits = if self.kind == Kind::Dir { 0o040000 } else { 0o100000 };
+        bucketfs_store::FileAttrs {
+            mode: self.perm.map(|p| type_bits | p as u32),
+            uid: self.owner.map(|o| o.0),
+            gid: self.owner.map(|o| o.1),
+            mtime: self.mtime_set,
+        }
+    }
+
     /// Names this version of the object for caches: the ETag/generation, or size and mtime
     /// on stores without one (local fs).
     pub fn identity(&self) -> String {
@@ -66,6 +98,8 @@ pub struct ChildMeta {
     pub size: u64,
     pub mtime: SystemTime,
     pub etag: Option<String>,
+    /// Mode, owner and mtime the object carries (from a HEAD; listings have none).
+    pub attrs: Option<bucketfs_store::FileAttrs>,
 }
 
 /// A directory's children as of `at`: the listing cache used by lookup and readdir.
@@ -133,12 +167,15 @@ impl InodeTable {
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.kind == meta.kind {
                     if node.etag != meta.etag {
-                        node.mtime_set = None;
+                        node.forget_attrs();
                     }
                     node.size = meta.size;
                     node.mtime = meta.mtime;
                     node.etag = meta.etag.clone();
                     node.validated = Instant::now();
+                    if let Some(a) = &meta.attrs {
+                        node.fill_attrs(a);
+                    }
                     return ino;
                 }
             }
@@ -165,6 +202,9 @@ impl InodeTable {
                 mtime_set: None,
             },
         );
+        if let (Some(a), Some(n)) = (&meta.attrs, self.nodes.get_mut(&ino)) {
+            n.fill_attrs(a);
+        }
         self.index.insert((parent, meta.name.clone()), ino);
         ino
     }
@@ -285,7 +325,7 @@ mod tests {
     use super::*;
 
     fn meta(name: &str, kind: Kind) -> ChildMeta {
-        ChildMeta { name: name.into(), kind, size: 3, mtime: SystemTime::UNIX_EPOCH, etag: None }
+        ChildMeta { name: name.into(), kind, size: 3, mtime: SystemTime::UNIX_EPOCH, etag: None, attrs: None }
     }
 
     #[test]

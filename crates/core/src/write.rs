@@ -30,7 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bucketfs_store::{ObjectMeta, ObjectWriter, Store, WriteOptions};
+use bucketfs_store::{FileAttrs, ObjectMeta, ObjectWriter, Store, WriteOptions};
 use bytes::Bytes;
 
 use crate::FsError;
@@ -59,6 +59,8 @@ pub struct Staged {
 /// A multipart upload fed while a sequential writer is still writing.
 struct Eager {
     key: String,
+    /// The attributes the upload was started with (sent when it began).
+    attrs: FileAttrs,
     writer: Box<dyn ObjectWriter>,
     /// Bytes `0..sent` of the staged file are already handed to the writer.
     sent: u64,
@@ -120,6 +122,12 @@ impl Staged {
         self.eager_abandon();
         self.appends_only = true;
         self.trunc_pending = true;
+        self.dirty = true;
+        self.write_gen += 1;
+    }
+
+    /// The bytes are unchanged but what goes with them (mode, owner, mtime) changed: upload again.
+    pub fn mark_changed(&mut self) {
         self.dirty = true;
         self.write_gen += 1;
     }
@@ -203,15 +211,15 @@ impl Staged {
 
     /// Hand every complete part past what was sent to the eager upload, starting one if a
     /// sequential writer has written a first full part.
-    pub async fn eager_feed(&mut self, store: &dyn Store, key: &str, opts: WriteOptions) -> Result<(), FsError> {
+    pub async fn eager_feed(&mut self, store: &dyn Store, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<(), FsError> {
         let part = opts.part_size as u64;
         self.settle()?;
         if self.eager.is_none() {
             if self.size < part || !self.appends_only {
                 return Ok(());
             }
-            let writer = store.writer(key, opts).await?;
-            self.eager = Some(Eager { key: key.to_string(), writer, sent: 0 });
+            let writer = store.writer_with_attrs(key, opts, attrs).await?;
+            self.eager = Some(Eager { key: key.to_string(), attrs: *attrs, writer, sent: 0 });
         }
         let Some(e) = self.eager.as_mut() else { return Ok(()) };
         if e.key != key {
@@ -231,9 +239,13 @@ impl Staged {
     }
 
     /// Upload the staged bytes to `key`; returns the new object's metadata.
-    pub async fn upload(&mut self, store: &dyn Store, key: &str, opts: WriteOptions) -> Result<ObjectMeta, FsError> {
+    /// `attrs` (mode, owner, mtime) go with it where the store keeps them.
+    pub async fn upload(&mut self, store: &dyn Store, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<ObjectMeta, FsError> {
         self.settle()?;
         let gen = self.write_gen;
+        if self.eager.as_ref().is_some_and(|e| e.attrs != *attrs) {
+            self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
+        }
         let eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
         let result = match eager {
             Some(mut e) => {
@@ -249,10 +261,10 @@ impl Staged {
             None if self.size <= opts.part_size as u64 => {
                 // One part or less: a single PUT is one round trip instead of three.
                 let data = self.read(0, self.size as u32)?;
-                store.put(key, data).await.map_err(FsError::from)
+                store.put_with_attrs(key, data, attrs).await.map_err(FsError::from)
             }
             None => {
-                let mut w = store.writer(key, opts).await?;
+                let mut w = store.writer_with_attrs(key, opts, attrs).await?;
                 match self.send_range(w.as_mut(), 0, opts).await {
                     Ok(()) => w.close().await.map_err(FsError::from),
                     Err(err) => {

@@ -13,6 +13,7 @@
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
 
 mod error;
+pub mod attrs;
 pub mod gcs_compose;
 pub mod location;
 pub mod metered;
@@ -21,5 +22,6 @@ pub mod opendal_store;
 pub mod testing;
 mod types;
 
+pub use attrs::FileAttrs;
 pub use error::{StoreError, StoreErrorKind};
 pub use types::{Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions};

@@ -330,6 +330,42 @@ impl Store for MeteredStore {
             }
         }
     }
+
+    async fn head_digests(&self, key: &str) -> Result<crate::ObjectDigests, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.head_digests(key).await;
+        self.done(Op::Head, t, r)
+    }
+
+    fn keeps_attrs(&self) -> bool {
+        self.inner.keeps_attrs()
+    }
+
+    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, crate::FileAttrs), StoreError> {
+        let t = Instant::now();
+        let r = self.inner.head_attrs(key).await;
+        self.done(Op::Head, t, r)
+    }
+
+    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &crate::FileAttrs) -> Result<ObjectMeta, StoreError> {
+        let (t, n) = (Instant::now(), data.len() as u64);
+        let r = self.inner.put_with_attrs(key, data, attrs).await;
+        if r.is_ok() {
+            self.metrics.add_written(n);
+        }
+        self.done(Op::Put, t, r)
+    }
+
+    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &crate::FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        let t = Instant::now();
+        match self.inner.writer_with_attrs(key, opts, attrs).await {
+            Ok(inner) => Ok(Box::new(MeteredWriter { inner, metrics: self.metrics.clone(), start: t, finished: false })),
+            Err(e) => {
+                self.metrics.record(Op::Upload, t, Some(e.kind));
+                Err(e)
+            }
+        }
+    }
 }
 
 /// A listing stream that records one `list` request when it ends or is dropped.

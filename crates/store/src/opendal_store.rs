@@ -13,7 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 use opendal::{Metadata, Operator};
 
 use crate::gcs_compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
-use crate::{Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use crate::{Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
 
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
@@ -200,6 +200,51 @@ impl Store for OpendalStore {
             .writer_with(key)
             .chunk(opts.part_size)
             .concurrent(opts.concurrency.max(1))
+            .await
+            .map_err(|e| StoreError::from_opendal("upload", key, e))?;
+        Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w) }))
+    }
+
+    fn keeps_attrs(&self) -> bool {
+        self.op.info().capability().write_with_user_metadata
+    }
+
+    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, FileAttrs), StoreError> {
+        let m = self.op.stat(od_path(key)).await.map_err(|e| StoreError::from_opendal("head", key, e))?;
+        let attrs = m
+            .user_metadata()
+            .map(|u| FileAttrs::from_metadata(&u.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
+            .unwrap_or_default();
+        if m.is_dir() && !key.ends_with('/') && !key.is_empty() {
+            return Ok((self.meta(&format!("{key}/"), &m), attrs));
+        }
+        Ok((self.meta(key, &m), attrs))
+    }
+
+    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &FileAttrs) -> Result<ObjectMeta, StoreError> {
+        if attrs.is_empty() || !self.keeps_attrs() {
+            return self.put(key, data).await;
+        }
+        let m = self
+            .op
+            .write_with(key, data)
+            .user_metadata(attrs.to_metadata())
+            .await
+            .map_err(|e| StoreError::from_opendal("put", key, e))?;
+        Ok(self.meta(key, &m))
+    }
+
+    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        // GCS goes through parts + compose, which keeps no metadata (SEMANTICS.md).
+        if attrs.is_empty() || !self.keeps_attrs() || self.op.info().scheme() == "gcs" {
+            return self.writer(key, opts).await;
+        }
+        let w = self
+            .op
+            .writer_with(key)
+            .chunk(opts.part_size)
+            .concurrent(opts.concurrency.max(1))
+            .user_metadata(attrs.to_metadata())
             .await
             .map_err(|e| StoreError::from_opendal("upload", key, e))?;
         Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w) }))

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-use crate::StoreError;
+use crate::{FileAttrs, StoreError};
 
 /// One object (or directory prefix) as the store reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +92,27 @@ pub trait Store: Send + Sync + 'static {
     /// verification. The default reports none.
     async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
         Ok(ObjectDigests { meta: self.head(key).await?, etag: None, md5: None })
+    }
+
+    /// Whether uploads keep [`FileAttrs`] and [`Store::head_attrs`] returns them. Wrappers
+    /// must forward this and the three methods below.
+    fn keeps_attrs(&self) -> bool {
+        false
+    }
+
+    /// [`Store::head`] plus the attributes the object carries (empty where none are kept).
+    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, FileAttrs), StoreError> {
+        Ok((self.head(key).await?, FileAttrs::default()))
+    }
+
+    /// [`Store::put`], keeping `attrs` with the object where the store can.
+    async fn put_with_attrs(&self, key: &str, data: Bytes, _attrs: &FileAttrs) -> Result<ObjectMeta, StoreError> {
+        self.put(key, data).await
+    }
+
+    /// [`Store::writer`], keeping `attrs` with the object where the store can.
+    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, _attrs: &FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.writer(key, opts).await
     }
 }
 

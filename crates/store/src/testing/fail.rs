@@ -101,4 +101,19 @@ impl Store for FailStore {
         self.gate(Op::Upload)?;
         self.inner.writer(key, opts).await
     }
+    fn keeps_attrs(&self) -> bool {
+        self.inner.keeps_attrs()
+    }
+    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, crate::FileAttrs), StoreError> {
+        self.gate(Op::Head)?;
+        self.inner.head_attrs(key).await
+    }
+    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &crate::FileAttrs) -> Result<ObjectMeta, StoreError> {
+        self.gate(Op::Put)?;
+        self.inner.put_with_attrs(key, data, attrs).await
+    }
+    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &crate::FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.gate(Op::Upload)?;
+        self.inner.writer_with_attrs(key, opts, attrs).await
+    }
 }

@@ -26,6 +26,8 @@ pub struct MemStore {
     bytes_per_sec: u64,
     /// Count of requests made, for tests that assert "no HEAD per entry" and the like.
     pub requests: AtomicU64,
+    /// Attributes kept with objects (user metadata).
+    attrs: Arc<Mutex<std::collections::HashMap<String, crate::FileAttrs>>>,
 }
 
 impl MemStore {
@@ -133,12 +135,14 @@ impl Store for MemStore {
 
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
         self.request().await;
+        self.attrs.lock().unwrap().remove(key);
         Ok(store_object(&self.objects, &self.next_etag, key, data))
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.request().await;
         self.objects.lock().unwrap().remove(key);
+        self.attrs.lock().unwrap().remove(key);
         Ok(())
     }
 
@@ -149,6 +153,28 @@ impl Store for MemStore {
 
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
         self.put(key, Bytes::new()).await.map(|_| ())
+    }
+
+    fn keeps_attrs(&self) -> bool {
+        true
+    }
+
+    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, crate::FileAttrs), StoreError> {
+        let m = self.head(key).await?;
+        Ok((m, self.attrs.lock().unwrap().get(key).copied().unwrap_or_default()))
+    }
+
+    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &crate::FileAttrs) -> Result<ObjectMeta, StoreError> {
+        let m = self.put(key, data).await?;
+        self.attrs.lock().unwrap().insert(key.to_string(), *attrs);
+        Ok(m)
+    }
+
+    /// (A test double: the attributes are recorded when the writer opens.)
+    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &crate::FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        let w = self.writer(key, opts).await?;
+        self.attrs.lock().unwrap().insert(key.to_string(), *attrs);
+        Ok(w)
     }
 
     async fn writer(&self, key: &str, _opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {

@@ -1,0 +1,78 @@
+//! File attributes kept with an object as user metadata: `mode` (octal, file type bits
+//! included, as rclone writes it), `uid`, `gid` (decimal) and `mtime` (seconds since the
+//! epoch with a fraction, the form rclone's S3 backend writes and s3fs reads). Stores that
+//! have no user metadata keep none ([`crate::Store::keeps_attrs`] is false).
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// What a filesystem wants to keep beside an object's bytes. `None`: not set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileAttrs {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub mtime: Option<SystemTime>,
+}
+
+impl FileAttrs {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The user-metadata map to send with an upload.
+    pub fn to_metadata(&self) -> HashMap<String, String> {
+        let mut m = HashMap::new();
+        if let Some(mode) = self.mode {
+            m.insert("mode".into(), format!("{mode:o}"));
+        }
+        if let Some(uid) = self.uid {
+            m.insert("uid".into(), uid.to_string());
+        }
+        if let Some(gid) = self.gid {
+            m.insert("gid".into(), gid.to_string());
+        }
+        if let Some(t) = self.mtime.and_then(|t| t.duration_since(UNIX_EPOCH).ok()) {
+            m.insert("mtime".into(), format!("{}.{:09}", t.as_secs(), t.subsec_nanos()));
+        }
+        m
+    }
+
+    /// Parse what an object carries; values that do not parse are ignored.
+    pub fn from_metadata(m: &HashMap<String, String>) -> Self {
+        let get = |k: &str| m.iter().find(|(key, _)| key.eq_ignore_ascii_case(k)).map(|(_, v)| v.trim());
+        let mtime = get("mtime").and_then(|v| {
+            let (secs, frac) = v.split_once('.').unwrap_or((v, ""));
+            let secs: u64 = secs.parse().ok()?;
+            let digits: String = frac.chars().take(9).collect();
+            let nanos = if digits.is_empty() { 0 } else { digits.parse::<u32>().ok()? * 10u32.pow(9 - digits.len() as u32) };
+            Some(UNIX_EPOCH + Duration::new(secs, nanos))
+        });
+        Self {
+            mode: get("mode").and_then(|v| u32::from_str_radix(v, 8).ok()).filter(|m| *m <= 0o177777),
+            uid: get("uid").and_then(|v| v.parse().ok()),
+            gid: get("gid").and_then(|v| v.parse().ok()),
+            mtime,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attrs_round_trip_through_metadata() {
+        let a = FileAttrs { mode: Some(0o100755), uid: Some(1000), gid: Some(0), mtime: Some(UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789)) };
+        let m = a.to_metadata();
+        assert_eq!(m["mode"], "100755");
+        assert_eq!(m["mtime"], "1700000000.123456789");
+        assert_eq!(FileAttrs::from_metadata(&m), a);
+        // Integer seconds (s3fs), short fractions, junk.
+        let m = HashMap::from([("Mtime".to_string(), "1700000000.5".to_string()), ("mode".into(), "99".into())]);
+        let b = FileAttrs::from_metadata(&m);
+        assert_eq!(b.mtime, Some(UNIX_EPOCH + Duration::new(1_700_000_000, 500_000_000)));
+        assert_eq!(b.mode, None);
+        assert!(FileAttrs::from_metadata(&HashMap::new()).is_empty());
+    }
+}
