@@ -9,6 +9,7 @@
 5  cp sweep, local -> mount and back, 4 MB doubling to 1 GB (4-64 MB in --quick)
 6  developer workload: git clone of a local C repository, make, stat every file
 7  memory: peak and steady RSS of the filesystem process during 2 and 6
+8  copy tools, 1 GiB up and down, against the link's limit (see cptools.py)
 
 A write that fails with EROFS ("Read-only file system", as on a read-only
 bucketfs mount) is recorded as "n/a (read-only)" rather than an error.
@@ -356,6 +357,7 @@ class Memory(Experiment):
 
 
 def all_experiments():
+    from .cptools import CopyTools
     from .fiobench import Fio
     return {e.id: e for e in (MountFind(), Reads(), Fio(), SmallFiles(), CopySweep(),
-                              DevWorkload(), Memory())}
+                              DevWorkload(), Memory(), CopyTools())}

@@ -1,6 +1,6 @@
 """Installs what the benchmark needs, skipping whatever is already there.
 
-* Debian packages: fuse3, s3fs, fio, hyperfine, tree, git, make, gcc.
+* Debian packages: fuse3, s3fs, fio, hyperfine, tree, git, make, gcc, awscli.
 * Go binaries at pinned versions (into `go env GOPATH`/bin): MinIO,
   fake-gcs-server, toxiproxy's `server`, rclone and gcsfuse.
 * C sources for the developer workload, taken from crates that vendor a C
@@ -22,6 +22,9 @@ APT_PACKAGES = {  # package -> a binary it provides
     "fuse3": "fusermount3", "s3fs": "s3fs", "fio": "fio",
     "hyperfine": "hyperfine", "tree": "tree", "git": "git", "make": "make",
     "gcc": "gcc",
+    # experiment 8 compares with Debian's own awscli (a path: another `aws` on PATH,
+    # from pip or pyenv, does not count)
+    "awscli": "/usr/bin/aws",
 }
 
 # binary name -> (module@version, needs newer Go toolchain)
@@ -149,12 +152,13 @@ def ensure_c_source(name, dest):
     return dest
 
 
-def ensure_all(systems):
-    """Install everything the selected systems need; returns {what: error}."""
+def ensure_all(systems, experiments=()):
+    """Install everything the selected systems and experiments need; returns
+    {what: error}."""
     failures = {}
     failures.update(ensure_apt())
     want = ["minio", "fake-gcs-server", "server"]
-    if any(s.startswith("rclone") for s in systems):
+    if any(s.startswith("rclone") for s in systems) or 8 in experiments:
         want.append("rclone")
     if "gcsfuse" in systems:
         want.append("gcsfuse")

@@ -53,10 +53,10 @@ def numeric(rec):
     return rec is not None and "median" in rec
 
 
-def best_peer(metric, results, systems):
+def best_peer(metric, results, systems, exclude=()):
     best = None
     for s in systems:
-        if is_bucketfs(s) or s in PEER_EXCLUDE:
+        if is_bucketfs(s) or s in PEER_EXCLUDE or s in exclude:
             continue
         rec = results.get(s, {}).get(metric["key"])
         if not numeric(rec):
@@ -67,15 +67,25 @@ def best_peer(metric, results, systems):
     return best
 
 
-def ratio_cells(metric, results, systems):
+def ratio_cells(metric, results, systems, reference=None):
+    """bucketfs ÷ best peer for each bucketfs column, then bucketfs ÷ `reference`
+    (a column that is a limit, not a peer) when there is one."""
     out = []
-    best = best_peer(metric, results, systems)
-    for b in [s for s in systems if is_bucketfs(s)]:
+    best = best_peer(metric, results, systems, (reference,))
+    bfs = [s for s in systems if is_bucketfs(s)]
+    for b in bfs:
         rec = results.get(b, {}).get(metric["key"])
         if not numeric(rec) or best is None or best[1] == 0:
             out.append("–")
         else:
             out.append("%.2f× (vs %s)" % (rec["median"] / best[1], best[0]))
+    for b in bfs if reference else []:
+        rec = results.get(b, {}).get(metric["key"])
+        ref = results.get(reference, {}).get(metric["key"])
+        if not numeric(rec) or not numeric(ref) or ref["median"] == 0:
+            out.append("–")
+        else:
+            out.append("%.0f%%" % (100 * rec["median"] / ref["median"]))
     return out
 
 
@@ -166,7 +176,11 @@ def headline(doc, systems):
              "|---|%s" % ("---|" * len(systems))] + rows + [""])
 
 
-def write_report(json_path, bench_dir):
+def report_name(tag=None):
+    return "REPORT-%s.md" % tag if tag else "REPORT.md"
+
+
+def write_report(json_path, bench_dir, tag=None, return_name=False):
     with open(json_path) as f:
         doc = json.load(f)
     stem = os.path.splitext(os.path.basename(json_path))[0]
@@ -218,6 +232,15 @@ def write_report(json_path, bench_dir):
         exp = doc["experiments"][eid]
         exp["id"] = eid
         L += ["## Experiment %s: %s" % (eid, exp["title"]), ""]
+        # a standalone experiment (8) has its own columns (tools) and maybe a reference
+        cols = list(exp["columns"]) if "columns" in exp else systems
+        ref = exp.get("reference") if "columns" in exp else None
+        for line in exp.get("description", []):
+            L += [line, ""]
+        if "columns" in exp and exp["columns"]:
+            L += ["| tool | version |", "|---|---|"]
+            L += ["| %s | %s |" % (c, (v or "–").replace("|", "\\|").replace("\n", " "))
+                  for c, v in exp["columns"].items()] + [""]
         counted = {m["key"] for m in exp["metrics"] if m["unit"] != "count"}
         ns = sorted({r.get("n") for res in exp["results"].values() for k, r in res.items()
                      if k in counted and numeric(r) and r.get("n")})
@@ -226,18 +249,20 @@ def write_report(json_path, bench_dir):
             L += ["Runs per system: %s." % runs, ""]
         png = "%s-exp%s.png" % (stem, eid)
         try:
-            if chart(os.path.join(results_dir, png), exp, systems):
+            if chart(os.path.join(results_dir, png), exp, cols):
                 L += ["![experiment %s](%s/%s)" % (eid, rel_results, png), ""]
         except Exception as e:  # a chart problem must not lose the tables
             L += ["(chart failed: %s)" % e, ""]
-        head = ["metric"] + systems + ["%s ÷ best peer" % b for b in bfs]
+        cbfs = [c for c in cols if is_bucketfs(c)]
+        head = (["metric"] + cols + ["%s ÷ best peer" % b for b in cbfs]
+                + (["%s ÷ %s" % (b, ref) for b in cbfs] if ref else []))
         L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for m in exp["metrics"]:
-            row = [m["label"]] + [cell(exp["results"].get(s, {}).get(m["key"])) for s in systems]
-            row += ratio_cells(m, exp["results"], systems)
+            row = [m["label"]] + [cell(exp["results"].get(s, {}).get(m["key"])) for s in cols]
+            row += ratio_cells(m, exp["results"], cols, ref)
             L.append("| " + " | ".join(row) + " |")
         errs = []
-        for s in systems:
+        for s in cols:
             msgs = sorted({r["error"] for r in exp["results"].get(s, {}).values() if "error" in r})
             for msg in msgs[:3]:
                 errs.append("- **%s** failed: `%s`" % (s, msg.replace("`", "'").replace("\n", " ")
@@ -254,6 +279,6 @@ def write_report(json_path, bench_dir):
             L += ["", "Time spent: " + ", ".join("%s %.0fs" % kv for kv in secs.items())]
         L.append("")
     md = "\n".join(L)
-    with open(os.path.join(bench_dir, "REPORT.md"), "w") as f:
+    with open(os.path.join(bench_dir, report_name(tag)), "w") as f:
         f.write(md)
-    return md
+    return report_name(tag) if return_name else md

@@ -109,7 +109,8 @@ def parse_args(argv):
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help="comma-separated, from: " + ",".join(ALL_SYSTEMS))
     p.add_argument("--experiments", default="1,2,3,4,5,6,7",
-                   help="comma-separated experiment numbers 1-7")
+                   help="comma-separated experiment numbers 1-8 (8, copy tools, runs only "
+                   "when named)")
     p.add_argument("--runs", type=int, default=3, help="repeats per measurement (full mode)")
     p.add_argument("--workdir", default="/tmp/bucketbench", help="scratch space (data, mounts)")
     p.add_argument("--port-offset", type=int, default=0,
@@ -118,6 +119,8 @@ def parse_args(argv):
     p.add_argument("--no-install", action="store_true", help="do not install anything")
     p.add_argument("--build", choices=["auto", "always", "never"], default="auto",
                    help="cargo build --release: if the binary is missing (auto), always, never")
+    p.add_argument("--tag", help="name this run: results/<date>-<profile>-TAG.json and "
+                   "REPORT-TAG.md, leaving REPORT.md alone (for a run of a few experiments)")
     p.add_argument("--report-only", metavar="JSON", help="only rebuild REPORT.md from a JSON")
     a = p.parse_args(argv)
     a.system_list = [s.strip() for s in a.systems.split(",") if s.strip()]
@@ -128,8 +131,8 @@ def parse_args(argv):
         a.experiment_list = sorted({int(x) for x in a.experiments.split(",") if x.strip()})
     except ValueError:
         p.error("--experiments takes numbers like 1,2,5")
-    if not all(1 <= e <= 7 for e in a.experiment_list):
-        p.error("experiments are numbered 1 to 7")
+    if not all(1 <= e <= 8 for e in a.experiment_list):
+        p.error("experiments are numbered 1 to 8")
     return a
 
 
@@ -156,7 +159,7 @@ def _on_signal(signum, frame):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.report_only:
-        md = report.write_report(args.report_only, BENCH_DIR)
+        md = report.write_report(args.report_only, BENCH_DIR, args.tag)
         print(md)
         return 0
     S.set_port_offset(args.port_offset)
@@ -172,10 +175,11 @@ def main(argv=None):
     install_failures = {}
     if not args.no_install:
         t = time.monotonic()
-        install_failures = install.ensure_all(args.system_list)
+        install_failures = install.ensure_all(args.system_list, args.experiment_list)
         phases["install_s"] = time.monotonic() - t
     build_error = None
-    if "bucketfs" in args.system_list or "bucketfs-gcs" in args.system_list:
+    if ("bucketfs" in args.system_list or "bucketfs-gcs" in args.system_list
+            or 8 in args.experiment_list):
         t = time.monotonic()
         build_error = build_bucketfs(args.build)
         phases["build_s"] = time.monotonic() - t
@@ -183,6 +187,8 @@ def main(argv=None):
     results_dir = os.path.join(BENCH_DIR, "results")
     os.makedirs(results_dir, exist_ok=True)
     stem = "%s-%s" % (started.strftime("%Y-%m-%d"), args.profile)
+    if args.tag:
+        stem += "-" + args.tag
     json_path = os.path.join(results_dir, stem + ".json")
     doc = {"meta": {"started": started.isoformat(timespec="seconds"),
                     "profile": args.profile, "bandwidth_MBps": args.bandwidth,
@@ -202,6 +208,9 @@ def main(argv=None):
             json.dump(doc, f, indent=1, sort_keys=False)
 
     systems = []
+    exps = all_experiments()
+    if all(getattr(exps[e], "standalone", False) for e in args.experiment_list):
+        args.system_list = []  # nothing to mount
     for name in args.system_list:
         sysobj = make_system(ctx, name)
         why = sysobj.available()
@@ -216,7 +225,6 @@ def main(argv=None):
         systems.append(sysobj)
 
     srv = S.Servers(ctx.workdir, args.profile, args.bandwidth)
-    exps = all_experiments()
     ctx.experiment_ids = args.experiment_list
     try:
         t = time.monotonic()
@@ -225,7 +233,8 @@ def main(argv=None):
         phases["seed_data_s"] = time.monotonic() - t
         t = time.monotonic()
         srv.start()
-        prefixes = ["tree"] + (["big/f%dM" % s for s in sizes])
+        mounts = any(not getattr(exps[e], "standalone", False) for e in args.experiment_list)
+        prefixes = (["tree"] if mounts else []) + (["big/f%dM" % s for s in sizes])
         _seed(srv, ctx, prefixes)
         doc["meta"]["toxics"] = srv.apply_profile()
         doc["meta"]["server_versions"] = srv.versions()
@@ -237,6 +246,10 @@ def main(argv=None):
             entry = {"title": exp.title, "metrics": exp.metrics(ctx),
                      "charts": exp.charts(ctx), "results": {}, "seconds": {}}
             doc["experiments"][str(eid)] = entry
+            if getattr(exp, "standalone", False):
+                _run_standalone(exp, entry, ctx, srv, phases, t_exp)
+                save()
+                continue
             for sysobj in systems:
                 st = doc["systems"][sysobj.name]
                 if st["status"] == "failed" and sysobj.available():
@@ -275,12 +288,30 @@ def main(argv=None):
         save()
         log("results: %s" % json_path)
         try:
-            report.write_report(json_path, BENCH_DIR)
-            log("report: %s (run took %.0fs)" % (os.path.join(BENCH_DIR, "REPORT.md"),
+            name = report.write_report(json_path, BENCH_DIR, args.tag, return_name=True)
+            log("report: %s (run took %.0fs)" % (os.path.join(BENCH_DIR, name),
                                                  phases["total_s"]))
         except Exception as e:
             log("writing the report failed: %s" % e)
     return 0
+
+
+def _run_standalone(exp, entry, ctx, srv, phases, t_exp):
+    """An experiment whose columns are its own (experiment 8's tools), run once."""
+    log("experiment %d (standalone)" % exp.id)
+    t = time.monotonic()
+    entry["reference"] = exp.reference
+    entry["description"] = exp.describe(ctx)
+    try:
+        res, versions, notes = exp.run_all(ctx, srv)
+        entry["results"], entry["columns"] = res, versions
+        entry["description"] += notes
+    except (CmdError, RuntimeError, OSError, ValueError, KeyError) as e:
+        log("experiment %d failed: %s" % (exp.id, e))
+        entry["columns"] = {}
+        entry["description"].append("The experiment failed: %s" % e)
+    entry["seconds"] = {"all": round(time.monotonic() - t, 1)}
+    phases["experiments_s"] = time.monotonic() - t_exp
 
 
 def _seed(srv, ctx, prefixes):

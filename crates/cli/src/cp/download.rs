@@ -48,7 +48,7 @@ async fn read_plan(ctx: &Ctx, src: &Remote) -> Result<ReadPlan, String> {
 }
 
 /// One ranged read with retries; a short read counts as a (retried) failure.
-async fn fetch(ctx: &Ctx, src: &Remote, range: std::ops::Range<u64>, if_match: Option<&str>) -> Result<Bytes, String> {
+pub(super) async fn fetch(ctx: &Ctx, src: &Remote, range: std::ops::Range<u64>, if_match: Option<&str>) -> Result<Bytes, String> {
     let want = (range.end - range.start) as usize;
     retry(ctx, "read", &src.key, || {
         let range = range.clone();

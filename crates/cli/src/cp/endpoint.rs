@@ -44,12 +44,15 @@ pub enum Side {
 /// Parses sides, opening each bucket's store once.
 pub struct Opener {
     opts: StoreOptions,
+    /// Per-service endpoints (`--s3-endpoint`, `--gcs-endpoint`), over `opts.endpoint`.
+    s3_endpoint: Option<String>,
+    gcs_endpoint: Option<String>,
     stores: HashMap<String, Arc<dyn Store>>,
 }
 
 impl Opener {
-    pub fn new(opts: StoreOptions) -> Self {
-        Self { opts, stores: HashMap::new() }
+    pub fn new(opts: StoreOptions, s3_endpoint: Option<String>, gcs_endpoint: Option<String>) -> Self {
+        Self { opts, s3_endpoint, gcs_endpoint, stores: HashMap::new() }
     }
 
     pub fn side(&mut self, arg: &str) -> Result<Side, String> {
@@ -81,7 +84,16 @@ impl Opener {
             Some(s) => s.clone(),
             None => {
                 let loc = Location::parse(&bucket_url).map_err(|e| e.to_string())?;
-                let s = location::open(&loc, &self.opts).map_err(|e| e.to_string())?;
+                let mut opts = self.opts.clone();
+                let own = match kind {
+                    Kind::S3 => &self.s3_endpoint,
+                    Kind::Gcs => &self.gcs_endpoint,
+                    Kind::Other => &None,
+                };
+                if let Some(ep) = own {
+                    opts.endpoint = Some(ep.clone());
+                }
+                let s = location::open(&loc, &opts).map_err(|e| e.to_string())?;
                 self.stores.insert(bucket_url.clone(), s.clone());
                 s
             }

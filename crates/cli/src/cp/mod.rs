@@ -2,7 +2,8 @@
 //!
 //! - [`endpoint`]: parsing each side (`-`, a path, a store URL) and opening stores.
 //! - [`plan`]: slice size and parallelism, slice ranges, one job per file (`-r`).
-//! - [`download`], [`upload`]: the transfers. [`verify`]: end-to-end checks.
+//! - [`download`], [`upload`], [`store_to_store`]: the transfers. [`verify`]: end-to-end
+//!   checks.
 //! - [`progress`]: the terminal bar and byte counters.
 //!
 //! Every request takes a slot from one semaphore of `parallel` slots, so many small files
@@ -12,6 +13,7 @@ mod download;
 mod endpoint;
 mod plan;
 mod progress;
+mod store_to_store;
 #[cfg(test)]
 mod tests;
 mod upload;
@@ -57,6 +59,13 @@ pub struct CpArgs {
     recursive: bool,
     #[command(flatten)]
     store: crate::store_args::StoreArgs,
+    /// Endpoint of the s3:// side only (overrides --endpoint): for copies between two
+    /// services, like MinIO to a GCS emulator.
+    #[arg(long, value_name = "URL")]
+    s3_endpoint: Option<String>,
+    /// Endpoint of the gs:// side only (overrides --endpoint).
+    #[arg(long, value_name = "URL")]
+    gcs_endpoint: Option<String>,
     /// Bytes per ranged read or upload part (like 8M, 16MiB). Default: 8 MiB up to
     /// 256 MiB, then 16 MiB (larger past 160 GB); at least 5 MiB for S3 uploads.
     #[arg(long, value_parser = plan::parse_size)]
@@ -195,6 +204,7 @@ async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
         (Src::Local { path, size }, Dst::Remote(r)) => {
             upload::upload(ctx, upload::Source::File(path), Some(*size), r).await
         }
+        (Src::Remote { remote, .. }, Dst::Remote(r)) => store_to_store::copy(ctx, remote, r).await,
         (Src::Stdin, Dst::Remote(r)) => upload::upload(ctx, upload::Source::Stdin, None, r).await,
         _ => Err("unsupported combination of source and destination".into()),
     }
@@ -242,7 +252,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
     let opts = args.store.options();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(async move {
-        let mut opener = Opener::new(opts);
+        let mut opener = Opener::new(opts, args.s3_endpoint.clone(), args.gcs_endpoint.clone());
         let srcs = paths.iter().map(|s| opener.side(s)).collect::<Result<Vec<_>, _>>()?;
         let dst = opener.side(&dst_arg)?;
         let to_stdout = matches!(dst, Side::Stdio);

@@ -227,9 +227,6 @@ async fn expand_remote(
     recursive: bool,
     jobs: &mut Vec<Job>,
 ) -> Result<(), String> {
-    if matches!(dst, Side::Remote(_)) {
-        return Err("both sides are store URLs; copy through a local file (store-to-store is not supported yet)".into());
-    }
     let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string);
     if !r.key.is_empty() && !r.key.ends_with('/') {
         match r.store.head(&r.key).await {
@@ -259,7 +256,7 @@ async fn expand_remote(
             continue; // directory markers: object stores have no empty directories to copy
         }
         let rel = m.key.strip_prefix(&prefix).unwrap_or(&m.key);
-        if !safe_rel(rel) {
+        if matches!(dst, Side::Local(_)) && !safe_rel(rel) {
             return Err(format!("{}{}: key is not a safe local path; refusing to copy it", r.base, m.key));
         }
         let dst = target(dst, name.as_deref(), rel, into_dir)?;

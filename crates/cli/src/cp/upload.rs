@@ -26,15 +26,15 @@ pub enum Source<'a> {
 }
 
 /// What the reader computed besides the chunks.
-struct Digests {
-    sums: Vec<SliceSum>,
-    whole_md5: Option<[u8; 16]>,
+pub(super) struct Digests {
+    pub sums: Vec<SliceSum>,
+    pub whole_md5: Option<[u8; 16]>,
 }
 
 /// A failure, and whether doing the whole upload again may help.
-struct Failed {
-    msg: String,
-    retry: bool,
+pub(super) struct Failed {
+    pub msg: String,
+    pub retry: bool,
 }
 
 impl From<String> for Failed {
@@ -180,7 +180,7 @@ async fn feed(
 }
 
 /// Compare the new object with what was sent; `Ok(how)` or a mismatch message.
-async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d: &Digests) -> Result<&'static str, Failed> {
+pub(super) async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d: &Digests) -> Result<&'static str, Failed> {
     let whole = d.whole_md5.or(match d.sums.as_slice() {
         [] => Some(Md5::digest(b"").into()),
         [one] => one.md5,
@@ -217,7 +217,7 @@ async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d: &Digests) 
 /// Part size for `dst`: the slice, but never under S3's 5 MiB minimum there. On GCS, up
 /// to 64 MiB parts so that files to 2 GiB need a single compose request (32 sources):
 /// emulators copy the bytes at each compose level.
-fn part_size(ctx: &Ctx, dst: &Remote, size: Option<u64>) -> usize {
+pub(super) fn part_size(ctx: &Ctx, dst: &Remote, size: Option<u64>) -> usize {
     let slice = plan::tuning(size, ctx.slice, Some(ctx.parallel)).slice;
     let part = match (dst.kind, size, ctx.slice) {
         (Kind::S3, _, _) => slice.max(MIN_S3_PART),

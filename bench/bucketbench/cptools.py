@@ -1,0 +1,241 @@
+"""Experiment 8: copy tools. A 1 GiB upload (local file -> object) and download
+(object -> local file) with `bucketfs cp`, `rclone copyto` (the engine of
+`rclone copy`, naming the destination file) and `aws s3 cp` (Debian's awscli),
+all against MinIO through the same toxiproxy proxy as the mounts, plus the
+link's limit measured in the same run (see rawlink.py).
+
+Unlike experiments 1-7 this one does not use the mounted systems: it runs once
+and its columns are the tools. Every tool runs with its defaults. Each run
+goes through the tools in a rotated order, so no tool always goes first.
+
+Checks: every upload is read back from MinIO directly (not through the proxy)
+and its MD5 compared with the source's; every download is md5sum'ed. A
+mismatch makes that run a failure. Rates are bytes / wall time of the
+command (process start to exit), in MB/s (10^6 bytes).
+"""
+
+import hashlib
+import os
+import resource
+
+from . import servers as S
+from .install import go_binary
+from .rawlink import Link
+from .systems import S3_ENV, snapshot_binary
+from .util import CmdError, error, log, run, summarize
+
+AWS = "/usr/bin/aws"  # Debian's awscli, not any other `aws` on PATH
+SIZE_MB = 1024  # MiB, from ctx.copy_source
+PREFIX = "cp8"
+SEED_KEY = PREFIX + "/seed"
+LINK_WAYS = (4, 8, 16, 32)
+
+BUCKETFS, RCLONE, AWSCLI, LINK = "bucketfs cp", "rclone copy", "aws s3 cp", "link limit"
+COLUMNS = [BUCKETFS, RCLONE, AWSCLI, LINK]
+
+
+def M(key, label, unit, better):
+    return {"key": key, "label": label, "unit": unit, "better": better}
+
+
+class CopyTools:
+    id = 8
+    title = "cp tools: 1 GiB upload and download, bucketfs cp vs rclone vs aws s3 cp"
+    standalone = True  # runs once; columns are tools, not mounted systems
+    reference = LINK  # ratios "÷ link limit" are taken against this column
+
+    def metrics(self, ctx):
+        return [M("up_MBps", "upload 1 GiB (MB/s)", "MB/s", "higher"),
+                M("down_MBps", "download 1 GiB (MB/s)", "MB/s", "higher"),
+                M("up_cpu_s", "upload: CPU seconds (user+sys) of the tool", "s", "lower"),
+                M("down_cpu_s", "download: CPU seconds (user+sys) of the tool", "s", "lower"),
+                M("checksum_failures", "MD5 mismatches", "count", "lower")]
+
+    def charts(self, ctx):
+        return [{"title": "1 GiB through the proxy (MB/s)", "ylabel": "MB/s", "log": False,
+                 "keys": ["up_MBps", "down_MBps"]}]
+
+    def describe(self, ctx):
+        return describe(ctx)
+
+    # ---- setup -------------------------------------------------------
+    def _tools(self, ctx):
+        """{column: (version or None, why unavailable or None)}."""
+        out = {}
+        built = os.path.join(ctx.repo, "target", "release", "bucketfs")
+        self.bfs = os.path.join(ctx.workdir, "bin", "bucketfs")
+        if os.access(built, os.X_OK):
+            snap = snapshot_binary(built, self.bfs)
+            v = run([self.bfs, "--version"], 10, check=False)[1].strip()
+            out[BUCKETFS] = ("%s (sha256 %s)" % (v, snap["sha256"][:12]), None)
+        else:
+            out[BUCKETFS] = (None, "bucketfs not built")
+        rc = go_binary("rclone")
+        out[RCLONE] = ((S.go_module_version("rclone"), None) if rc
+                       else (None, "rclone not installed"))
+        if os.access(AWS, os.X_OK):
+            r = run([AWS, "--version"], 60, check=False, env=self._aws_env(ctx))
+            out[AWSCLI] = ((r[1] or r[2]).strip(), None)
+        else:
+            out[AWSCLI] = (None, "%s missing (apt-get install awscli)" % AWS)
+        out[LINK] = ("Python http.client, N-way parallel, best N of %s" %
+                     "/".join(map(str, LINK_WAYS)), None)
+        return out
+
+    def _aws_env(self, ctx):
+        env = dict(S3_ENV)
+        # no user config or credentials file may change what is measured
+        env["AWS_CONFIG_FILE"] = os.path.join(ctx.workdir, "aws-config-none")
+        env["AWS_SHARED_CREDENTIALS_FILE"] = env["AWS_CONFIG_FILE"]
+        env["AWS_PAGER"] = ""
+        return env
+
+    def _rclone_conf(self, ctx):
+        conf = os.path.join(ctx.workdir, "rclone-cp.conf")
+        with open(conf, "w") as f:
+            f.write("[minio]\ntype = s3\nprovider = Minio\naccess_key_id = %s\n"
+                    "secret_access_key = %s\nendpoint = %s\nregion = %s\n"
+                    % (S.ACCESS_KEY, S.SECRET_KEY, S.S3_ENDPOINT, S.REGION))
+        return conf
+
+    def _commands(self, ctx, src, dst_file, key):
+        """{column: (upload argv, download argv, env)}."""
+        conf = self._rclone_conf(ctx)
+        url = "s3://%s/%s" % (S.BUCKET, key)
+        return {
+            BUCKETFS: ([self.bfs, "cp", "-q", src, url, "--endpoint", S.S3_ENDPOINT],
+                       [self.bfs, "cp", "-q", "s3://%s/%s" % (S.BUCKET, SEED_KEY), dst_file,
+                        "--endpoint", S.S3_ENDPOINT], S3_ENV),
+            RCLONE: ([go_binary("rclone") or "rclone", "copyto", src,
+                      "minio:%s/%s" % (S.BUCKET, key), "--config", conf],
+                     [go_binary("rclone") or "rclone", "copyto",
+                      "minio:%s/%s" % (S.BUCKET, SEED_KEY), dst_file, "--config", conf], None),
+            AWSCLI: ([AWS, "s3", "cp", "--only-show-errors", src, url,
+                      "--endpoint-url", S.S3_ENDPOINT],
+                     [AWS, "s3", "cp", "--only-show-errors",
+                      "s3://%s/%s" % (S.BUCKET, SEED_KEY), dst_file,
+                      "--endpoint-url", S.S3_ENDPOINT], self._aws_env(ctx)),
+        }
+
+    # ---- checks --------------------------------------------------------
+    def _object_md5(self, s3, key):
+        h = hashlib.md5()
+        body = s3.get_object(Bucket=S.BUCKET, Key=key)["Body"]
+        for chunk in iter(lambda: body.read(1 << 20), b""):
+            h.update(chunk)
+        return h.hexdigest()
+
+    def _timed(self, cmd, timeout, env):
+        """(wall seconds, CPU seconds user+sys) of a command (its children included)."""
+        def cpu():
+            r = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return r.ru_utime + r.ru_stime
+        c0 = cpu()
+        dt = run(cmd, timeout, env=env)[3]
+        return dt, cpu() - c0
+
+    def _file_md5(self, path):
+        return run(["md5sum", path], 300)[1].split()[0]
+
+    # ---- the run -------------------------------------------------------
+    def run_all(self, ctx, servers):
+        """{column: {metric: record}} and {column: version}."""
+        tools = self._tools(ctx)
+        versions = {c: v for c, (v, _) in tools.items()}
+        src = ctx.copy_source(SIZE_MB)
+        want = ctx.copy_md5[SIZE_MB]
+        size = os.path.getsize(src)
+        s3 = servers.s3()  # straight to MinIO, not through the proxy
+        log("exp 8: seeding %s (%d bytes) directly into MinIO" % (SEED_KEY, size))
+        s3.upload_file(src, S.BUCKET, SEED_KEY)
+        dst_file = os.path.join(ctx.workdir, "cp8-download")
+        link = Link(S.S3_ENDPOINT, S.BUCKET, S.ACCESS_KEY, S.SECRET_KEY, S.REGION)
+        rates = {c: {"up_MBps": [], "down_MBps": [], "up_cpu_s": [], "down_cpu_s": []}
+                 for c in COLUMNS}
+        failures = {c: 0 for c in COLUMNS}
+        errors = {c: None for c in COLUMNS}
+        link_ways = {"up": [], "down": []}
+        tool_cols = [c for c in (BUCKETFS, RCLONE, AWSCLI) if tools[c][1] is None]
+        for i in range(ctx.runs(1)):
+            order = tool_cols[i % len(tool_cols):] + tool_cols[:i % len(tool_cols)]
+            for col in order:
+                key = "%s/up-%s-%d" % (PREFIX, col.split()[0], i)
+                up, down, env = self._commands(ctx, src, dst_file, key)[col]
+                try:
+                    dt, cpu_up = self._timed(up, ctx.timeout(900), env)
+                    got = self._object_md5(s3, key)
+                    s3.delete_object(Bucket=S.BUCKET, Key=key)
+                    if got != want:
+                        failures[col] += 1
+                        raise RuntimeError("upload MD5 %s, source %s" % (got, want))
+                    rates[col]["up_MBps"].append(size / 1e6 / dt)
+                    rates[col]["up_cpu_s"].append(cpu_up)
+                    if os.path.exists(dst_file):
+                        os.unlink(dst_file)
+                    dt, cpu_down = self._timed(down, ctx.timeout(900), env)
+                    got = self._file_md5(dst_file)
+                    os.unlink(dst_file)
+                    if got != want:
+                        failures[col] += 1
+                        raise RuntimeError("download MD5 %s, object %s" % (got, want))
+                    rates[col]["down_MBps"].append(size / 1e6 / dt)
+                    rates[col]["down_cpu_s"].append(cpu_down)
+                    log("exp 8 run %d %s: up %.0f, down %.0f MB/s; CPU up %.1f s, down %.1f s" % (
+                        i, col, rates[col]["up_MBps"][-1], rates[col]["down_MBps"][-1],
+                        cpu_up, cpu_down))
+                except (CmdError, RuntimeError, OSError) as e:
+                    log("exp 8 %s failed: %s" % (col, e))
+                    errors[col] = str(e)
+            # the link: every N once per run, the best N counts
+            best = {"up": (0, None), "down": (0, None)}
+            try:
+                for n in LINK_WAYS:
+                    r_up = size / 1e6 / link.upload(src, "%s/link-%d" % (PREFIX, i), n)
+                    r_down = size / 1e6 / link.download(SEED_KEY, size, n)
+                    log("exp 8 run %d link N=%d: up %.0f, down %.0f MB/s" % (i, n, r_up, r_down))
+                    best["up"] = max(best["up"], (r_up, n))
+                    best["down"] = max(best["down"], (r_down, n))
+                rates[LINK]["up_MBps"].append(best["up"][0])
+                rates[LINK]["down_MBps"].append(best["down"][0])
+                link_ways["up"].append(best["up"][1])
+                link_ways["down"].append(best["down"][1])
+            except (RuntimeError, OSError, AssertionError) as e:
+                log("exp 8 link failed: %s" % e)
+                errors[LINK] = str(e)
+        s3.delete_object(Bucket=S.BUCKET, Key=SEED_KEY)
+        results = {}
+        for col in COLUMNS:
+            why = tools[col][1]
+            res = {}
+            for k, runs in rates[col].items():
+                if col == LINK and k.endswith("_cpu_s"):
+                    res[k] = {"na": "not measured (in-process client)"}
+                    continue
+                res[k] = (summarize(runs) if runs else
+                          error(why or errors[col] or "no successful run"))
+            res["checksum_failures"] = (summarize([failures[col]]) if col != LINK
+                                        else {"na": "not checked"})
+            results[col] = res
+        notes = ["The link limit's best N per run: upload %s, download %s." % (
+            link_ways["up"], link_ways["down"])]
+        return results, versions, notes
+
+
+def describe(ctx):
+    """Lines for REPORT.md under experiment 8's title."""
+    return [
+        "Each tool with its defaults; bucketfs cp: `bucketfs cp SRC s3://bench/KEY "
+        "--endpoint PROXY` and back; rclone: `rclone copyto` (what `rclone copy` does for one "
+        "file); aws: `aws s3 cp` from Debian's awscli. All through the toxiproxy S3 proxy "
+        "(the profile's latency applies). Rate = 1,073,741,824 bytes / wall time of the "
+        "command. Uploads are read back from MinIO directly and MD5-compared; downloads are "
+        "md5sum'ed. The download source is one object uploaded with boto3 (8 MiB parts). "
+        "CPU seconds are the tool process's user+sys time (getrusage of children), the "
+        "machine being shared, a tool that needs more CPU also waits longer for it.",
+        "**Link limit**: a minimal client (Python http.client, SigV4, no checksums, bytes "
+        "dropped on arrival) moving the same 1 GiB through the same proxy: download = N "
+        "ranged GETs of the object at once, one connection each; upload = N plain PUTs of "
+        "1/N of the file at once (no multipart bookkeeping). Every N in %s is tried in every "
+        "run; the run's limit is the best N. Ratios `÷ link limit` are bucketfs cp's median "
+        "over the link's median." % ", ".join(map(str, LINK_WAYS)),
+    ]

@@ -1,0 +1,136 @@
+"""The link's limit for experiment 8: how fast a minimal client moves 1 GB
+through the same toxiproxy proxy to MinIO, with no verification and nothing
+else to do.
+
+* download: the object cut into N equal byte ranges, one GET per range, each on
+  its own connection, all at once; the bytes are counted and dropped.
+* upload: the file cut into N equal pieces, each PUT as its own object over its
+  own connection, all at once (plain PUTs: no multipart bookkeeping, no
+  assembly at the end), read from the file in 1 MiB chunks; the objects are
+  deleted afterwards.
+
+Requests are signed with AWS Signature V4 and an unsigned payload (what S3
+clients do over TLS; MinIO accepts it over plain HTTP too). Python's
+http.client releases the GIL in socket calls, so N threads move bytes
+concurrently. The best N of a run is that run's limit.
+"""
+
+import concurrent.futures
+import datetime
+import hashlib
+import hmac
+import http.client
+import os
+import time
+import urllib.parse
+
+CHUNK = 1 << 20
+
+
+def _sign(method, host, path, key, secret, region, extra=None):
+    """Headers of a SigV4-signed S3 request with UNSIGNED-PAYLOAD."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    amzdate = now.strftime("%Y%m%dT%H%M%SZ")
+    day = now.strftime("%Y%m%d")
+    headers = {"host": host, "x-amz-date": amzdate, "x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
+    headers.update({k.lower(): v for k, v in (extra or {}).items()})
+    names = sorted(headers)
+    canonical = "\n".join([method, urllib.parse.quote(path), "",
+                           "".join("%s:%s\n" % (n, headers[n]) for n in names),
+                           ";".join(names), "UNSIGNED-PAYLOAD"])
+    scope = "%s/%s/s3/aws4_request" % (day, region)
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amzdate, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    k = ("AWS4" + secret).encode()
+    for part in (day, region, "s3", "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    sig = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = ("AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, "
+                                "Signature=%s" % (key, scope, ";".join(names), sig))
+    return headers
+
+
+class Link:
+    def __init__(self, endpoint, bucket, key, secret, region):
+        u = urllib.parse.urlparse(endpoint)
+        self.host, self.port = u.hostname, u.port
+        self.hostport = "%s:%d" % (self.host, self.port)
+        self.bucket, self.key, self.secret, self.region = bucket, key, secret, region
+
+    def _request(self, method, obj, extra=None, body=None, length=None):
+        path = "/%s/%s" % (self.bucket, obj)
+        h = _sign(method, self.hostport, path, self.key, self.secret, self.region, extra)
+        if length is not None:
+            h["content-length"] = str(length)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=600)
+        conn.putrequest(method, urllib.parse.quote(path), skip_host=True,
+                        skip_accept_encoding=True)
+        for k, v in h.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        if body is not None:
+            body(conn)
+        resp = conn.getresponse()
+        return conn, resp
+
+    def _get_range(self, obj, start, end):
+        conn, resp = self._request("GET", obj, {"range": "bytes=%d-%d" % (start, end - 1)})
+        if resp.status not in (200, 206):
+            raise RuntimeError("GET %s: HTTP %d %s" % (obj, resp.status, resp.read()[:200]))
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        got = 0
+        while True:
+            n = resp.readinto(view)
+            if not n:
+                break
+            got += n
+        conn.close()
+        if got != end - start:
+            raise RuntimeError("GET %s: %d bytes, expected %d" % (obj, got, end - start))
+        return got
+
+    def _put_piece(self, obj, path, start, end):
+        def body(conn):
+            with open(path, "rb") as f:
+                off = start
+                while off < end:
+                    data = os.pread(f.fileno(), min(CHUNK, end - off), off)
+                    conn.send(data)
+                    off += len(data)
+        conn, resp = self._request("PUT", obj, body=body, length=end - start)
+        out = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise RuntimeError("PUT %s: HTTP %d %s" % (obj, resp.status, out[:200]))
+        return end - start
+
+    def delete(self, obj):
+        conn, resp = self._request("DELETE", obj)
+        resp.read()
+        conn.close()
+
+    def download(self, obj, size, n):
+        """Seconds to GET `size` bytes of `obj` as n parallel ranges."""
+        cuts = [size * i // n for i in range(n + 1)]
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(n) as ex:
+            total = sum(ex.map(lambda i: self._get_range(obj, cuts[i], cuts[i + 1]), range(n)))
+        dt = time.monotonic() - t0
+        assert total == size
+        return dt
+
+    def upload(self, path, prefix, n):
+        """Seconds to PUT the file as n parallel objects prefix.0 .. prefix.(n-1)."""
+        size = os.path.getsize(path)
+        cuts = [size * i // n for i in range(n + 1)]
+        names = ["%s.%d" % (prefix, i) for i in range(n)]
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(n) as ex:
+            total = sum(ex.map(lambda i: self._put_piece(names[i], path, cuts[i], cuts[i + 1]),
+                               range(n)))
+        dt = time.monotonic() - t0
+        assert total == size
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            list(ex.map(self.delete, names))
+        return dt

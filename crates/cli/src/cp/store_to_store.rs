@@ -1,0 +1,361 @@
+//! Store to store (`cp s3://a/k gs://b/k`, or between two buckets, or within one).
+//!
+//! - **Within one bucket** (both sides the same opened store): the store's server-side
+//!   `copy` (S3 CopyObject, GCS copy), no bytes through us; S3 objects over 5 GiB (the
+//!   CopyObject limit) are streamed instead.
+//! - **Otherwise**: parallel ranged reads of the source, pinned to its ETag/generation,
+//!   handed in order to the destination's part writer (S3 multipart, GCS parts + compose).
+//!   At most `parallel` slices are read ahead and `parallel` parts are in flight, so memory
+//!   stays at about 2 × parallel × slice, never the whole object.
+//!
+//! Verification is end to end: what was read is checked against the *source's* digest
+//! (MD5 / ETag, or a re-read of the source) and the destination against what was read (its
+//! MD5 / ETag, or a re-read), as for uploads and downloads (see `verify`). A server-side
+//! copy compares the two objects' digests, or re-reads both. A failure or mismatch deletes
+//! the copy and starts again, within `--retries`.
+
+use std::sync::Arc;
+
+use bucketfs_store::{ObjectMeta, StoreErrorKind, WriteOptions};
+use bytes::Bytes;
+use futures::StreamExt;
+use md5::{Digest, Md5};
+
+use super::download::fetch;
+use super::endpoint::{Kind, Remote};
+use super::plan::{self, slices, MIN_S3_PART};
+use super::upload::{part_size, verify_upload, Digests, Failed};
+use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD};
+use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
+
+/// S3's CopyObject copies at most 5 GiB in one request.
+const S3_COPY_MAX: u64 = 5 << 30;
+
+/// Copy `src` (`size` bytes) to `dst`, verified.
+pub async fn copy(ctx: &Ctx, src: &Remote, dst: &Remote) -> Result<Report, String> {
+    if src.url() == dst.url() {
+        return Err(format!("{}: source and destination are the same object", src.url()));
+    }
+    let d = retry(ctx, "head", &src.key, || src.store.head_digests(&src.key)).await?;
+    let same_store = std::ptr::addr_eq(Arc::as_ptr(&src.store), Arc::as_ptr(&dst.store));
+    let r = if same_store && !(src.kind == Kind::S3 && d.meta.size > S3_COPY_MAX) {
+        server_side(ctx, src, dst, &d).await
+    } else {
+        streamed(ctx, src, dst, &d).await
+    };
+    r.map_err(|e| format!("{} -> {}: {e}", src.url(), dst.url()))
+}
+
+/// How a store-to-store copy was verified, source side then destination side.
+fn how(src: &str, dst: &str) -> &'static str {
+    const HOWS: [&str; 3] = [BY_MD5, BY_ETAG, BY_REREAD];
+    const PAIRS: [[&str; 3]; 3] = [
+        ["md5>md5", "md5>s3-etag", "md5>reread-crc32c"],
+        ["s3-etag>md5", "s3-etag>s3-etag", "s3-etag>reread-crc32c"],
+        ["reread-crc32c>md5", "reread-crc32c>s3-etag", "reread-crc32c>reread-crc32c"],
+    ];
+    let i = HOWS.iter().position(|h| *h == src).unwrap_or(2);
+    let j = HOWS.iter().position(|h| *h == dst).unwrap_or(2);
+    PAIRS[i][j]
+}
+
+// ------------------------------------------------------------------ server side
+
+async fn server_side(
+    ctx: &Ctx,
+    src: &Remote,
+    dst: &Remote,
+    d: &bucketfs_store::ObjectDigests,
+) -> Result<Report, String> {
+    let size = d.meta.size;
+    let mut last = String::new();
+    for attempt in 0..=ctx.retries {
+        if attempt > 0 {
+            ctx.progress.println(&format!("bucketfs cp: {}: {last}; copying again", dst.url()));
+            tokio::time::sleep(ctx.backoff(attempt)).await;
+        }
+        {
+            let _slot = ctx.slot().await;
+            retry(ctx, "copy", &src.key, || src.store.copy(&src.key, &dst.key)).await?;
+        }
+        ctx.progress.moved(size);
+        let got = retry(ctx, "head", &dst.key, || dst.store.head_digests(&dst.key)).await?;
+        match compare_copies(ctx, src, dst, d, &got).await {
+            Ok((how, crc)) => return Ok(Report { bytes: size, verified: how, crc32c: crc }),
+            Err(e) => {
+                last = e;
+                let _ = dst.store.delete(&dst.key).await;
+            }
+        }
+    }
+    Err(format!("verification failed after {} attempts: {last}", ctx.retries + 1))
+}
+
+/// Same size and the same digest, or else the same crc32c of every slice read from both.
+async fn compare_copies(
+    ctx: &Ctx,
+    src: &Remote,
+    dst: &Remote,
+    a: &bucketfs_store::ObjectDigests,
+    b: &bucketfs_store::ObjectDigests,
+) -> Result<(&'static str, u32), String> {
+    if a.meta.size != b.meta.size {
+        return Err(format!("the copy has {} bytes, the source {}", b.meta.size, a.meta.size));
+    }
+    let (ea, eb) = (verify::expect(src.kind, a), verify::expect(dst.kind, b));
+    let same_digest = match (&ea, &eb) {
+        (Expect::WholeMd5(x), Expect::WholeMd5(y)) => x == y,
+        (Expect::Composite { etag: x, .. }, Expect::Composite { etag: y, .. }) => x == y,
+        _ => false,
+    };
+    if same_digest {
+        // The crc32c is not known without reading; 0 stands for "not computed".
+        return Ok((if matches!(ea, Expect::WholeMd5(_)) { "copy:md5" } else { "copy:s3-etag" }, 0));
+    }
+    let ranges = slices(a.meta.size, plan::tuning(Some(a.meta.size), ctx.slice, Some(ctx.parallel)).slice);
+    let sums = read_sums(ctx, src, &ranges, a.meta.etag.as_deref()).await?;
+    let bad = verify::reread(ctx, &dst.store, &dst.key, &sums, b.meta.etag.as_deref()).await?;
+    match bad.first() {
+        None => Ok(("copy:reread-crc32c", verify::combined_crc(&sums))),
+        Some(&i) => Err(format!("crc32c differs from the source at byte {}", sums[i].range.start)),
+    }
+}
+
+/// crc32c of each range of `r`, read in parallel.
+async fn read_sums(
+    ctx: &Ctx,
+    r: &Remote,
+    ranges: &[std::ops::Range<u64>],
+    if_match: Option<&str>,
+) -> Result<Vec<SliceSum>, String> {
+    futures::stream::iter(ranges.iter().cloned())
+        .map(|range| async move {
+            let data = {
+                let _slot = ctx.slot().await;
+                fetch(ctx, r, range.clone(), if_match).await?
+            };
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &data, false))
+                .await
+                .map_err(|e| e.to_string())?;
+            ctx.progress.verified(sum.range.end - sum.range.start);
+            Ok::<_, String>(sum)
+        })
+        .buffered(ctx.parallel)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+// ------------------------------------------------------------------ streamed
+
+/// The slice size: the source's own part size when its ETag is multipart and that size is
+/// usable as the destination's part (then the source's ETag can be rebuilt from what was
+/// read), else the destination's part size.
+fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> (u64, bool) {
+    let ours = part_size(ctx, dst, Some(size)) as u64;
+    if let (Expect::Composite { parts, .. }, None) = (src_expect, ctx.slice) {
+        if let Some(p) = verify::guess_part_size(size, *parts, ours) {
+            if (dst.kind != Kind::S3 || p >= MIN_S3_PART) && p <= 256 * plan::MIB {
+                return (p, true);
+            }
+        }
+    }
+    (ours, false)
+}
+
+async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectDigests) -> Result<Report, String> {
+    let size = d.meta.size;
+    let src_expect = verify::expect(src.kind, d);
+    let (piece, guessed) = piece_size(ctx, dst, size, &src_expect);
+    let if_match = d.meta.etag.clone();
+    let mut last = String::new();
+    for attempt in 0..=ctx.retries {
+        if attempt > 0 {
+            ctx.progress.println(&format!("bucketfs cp: {}: {last}; copying again", dst.url()));
+            ctx.progress.retrying(size);
+            tokio::time::sleep(ctx.backoff(attempt)).await;
+        }
+        let want_whole = matches!(src_expect, Expect::WholeMd5(_)) || dst.kind == Kind::Gcs;
+        let want_parts = matches!(src_expect, Expect::Composite { .. }) || dst.kind == Kind::S3;
+        let once = stream_once(ctx, src, dst, size, piece, if_match.as_deref(), want_parts, want_whole);
+        let failed = match once.await {
+            Ok((meta, digests)) => match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match).await
+            {
+                Ok(how) => {
+                    return Ok(Report { bytes: size, verified: how, crc32c: verify::combined_crc(&digests.sums) });
+                }
+                Err(f) => {
+                    if let Err(e) = dst.store.delete(&dst.key).await {
+                        if e.kind != StoreErrorKind::NotFound {
+                            ctx.progress.println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
+                        }
+                    }
+                    Failed { msg: format!("verification failed: {}", f.msg), retry: f.retry }
+                }
+            },
+            Err(f) => f,
+        };
+        last = failed.msg;
+        if !failed.retry || ctx.is_cancelled() {
+            return Err(last);
+        }
+    }
+    Err(format!("failed after {} attempts: {last}", ctx.retries + 1))
+}
+
+/// The source read against its own digest, then the destination against what was read.
+#[allow(clippy::too_many_arguments)]
+async fn verify_both(
+    ctx: &Ctx,
+    src: &Remote,
+    dst: &Remote,
+    meta: &ObjectMeta,
+    d: &Digests,
+    src_expect: &Expect,
+    guessed: bool,
+    if_match: &Option<String>,
+) -> Result<&'static str, Failed> {
+    let src_how = match verify::check(src_expect, &d.sums, d.whole_md5, guessed) {
+        Check::Ok(how) => how,
+        Check::Mismatch(m) => return Err(Failed { msg: format!("the source read wrong: {m}"), retry: true }),
+        Check::Reread => {
+            let bad = verify::reread(ctx, &src.store, &src.key, &d.sums, if_match.as_deref()).await?;
+            if let Some(&i) = bad.first() {
+                let at = d.sums[i].range.start;
+                return Err(Failed { msg: format!("crc32c of the source differs on re-read at byte {at}"), retry: true });
+            }
+            BY_REREAD
+        }
+    };
+    let dst_how = verify_upload(ctx, dst, meta, d).await?;
+    Ok(how(src_how, dst_how))
+}
+
+/// Read the source in order (`parallel` slices ahead) into the destination. One slice goes
+/// up with one `put`, more through the part writer, which then holds all request slots.
+#[allow(clippy::too_many_arguments)]
+async fn stream_once(
+    ctx: &Ctx,
+    src: &Remote,
+    dst: &Remote,
+    size: u64,
+    piece: u64,
+    if_match: Option<&str>,
+    want_parts: bool,
+    want_whole: bool,
+) -> Result<(ObjectMeta, Digests), Failed> {
+    let ranges = slices(size, piece);
+    let fail = |e: bucketfs_store::StoreError| Failed { retry: is_retryable(&e), msg: e.to_string() };
+    if ranges.len() <= 1 {
+        let data = match ranges.first() {
+            Some(r) => {
+                let _slot = ctx.slot().await;
+                fetch(ctx, src, r.clone(), if_match).await.map_err(read_failed)?
+            }
+            None => Bytes::new(),
+        };
+        let sums = ranges.first().map(|r| SliceSum::of(r.clone(), &data, true)).into_iter().collect();
+        let whole_md5 = want_whole.then(|| Md5::digest(&data).into());
+        let meta = {
+            let _slot = ctx.slot().await;
+            retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone())).await?
+        };
+        ctx.progress.moved(data.len() as u64);
+        return Ok((meta, Digests { sums, whole_md5 }));
+    }
+    let _slots = ctx.slots(ctx.parallel).await;
+    let opts = WriteOptions { part_size: usize::try_from(piece).unwrap_or(usize::MAX), concurrency: ctx.parallel };
+    let mut w = dst.store.writer(&dst.key, opts).await.map_err(fail)?;
+    // Reads run ahead without taking slots: this copy already holds them all.
+    let mut reads = futures::stream::iter(ranges)
+        .map(|range| async move {
+            let data = fetch(ctx, src, range.clone(), if_match).await?;
+            let d = data.clone();
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &d, want_parts))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((data, sum))
+        })
+        .buffered(ctx.parallel);
+    let whole = want_whole.then(WholeMd5::start);
+    let mut sums = Vec::new();
+    let mut result = Ok(());
+    loop {
+        let item = tokio::select! {
+            item = reads.next() => item,
+            _ = ctx.cancelled() => { result = Err(Failed { msg: INTERRUPTED.into(), retry: false }); break }
+        };
+        let Some(item) = item else { break };
+        let (data, sum) = match item {
+            Ok(x) => x,
+            Err(msg) => {
+                result = Err(read_failed(msg));
+                break;
+            }
+        };
+        if let Some(h) = &whole {
+            h.feed(data.clone());
+        }
+        let n = data.len() as u64;
+        sums.push(sum);
+        if let Err(e) = w.write(data).await {
+            result = Err(fail(e));
+            break;
+        }
+        ctx.progress.moved(n);
+    }
+    drop(reads);
+    if let Err(f) = result {
+        if let Err(e) = w.abort().await {
+            ctx.progress.println(&format!("bucketfs cp: {}: aborting the upload: {e}", dst.url()));
+        }
+        return Err(f);
+    }
+    let meta = w.close().await.map_err(fail)?;
+    let whole_md5 = match whole {
+        Some(h) => Some(h.finish().await?),
+        None => None,
+    };
+    Ok((meta, Digests { sums, whole_md5 }))
+}
+
+/// A failed read is worth another attempt of the whole copy unless the source changed
+/// (then its pinned ETag/generation no longer matches and never will).
+fn read_failed(msg: String) -> Failed {
+    let retry = !msg.contains("changed during the copy");
+    Failed { msg, retry }
+}
+
+/// The MD5 of the whole stream on a thread of its own, fed in order.
+struct WholeMd5 {
+    tx: std::sync::mpsc::Sender<Bytes>,
+    handle: std::thread::JoinHandle<[u8; 16]>,
+}
+
+impl WholeMd5 {
+    fn start() -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<Bytes>();
+        let handle = std::thread::spawn(move || {
+            let mut h = Md5::new();
+            for b in rx {
+                h.update(&b);
+            }
+            h.finalize().into()
+        });
+        Self { tx, handle }
+    }
+
+    fn feed(&self, b: Bytes) {
+        let _ = self.tx.send(b);
+    }
+
+    async fn finish(self) -> Result<[u8; 16], Failed> {
+        drop(self.tx);
+        let handle = self.handle;
+        tokio::task::spawn_blocking(move || handle.join())
+            .await
+            .map_err(|e| Failed { msg: e.to_string(), retry: false })?
+            .map_err(|_| Failed { msg: "the hashing thread panicked".into(), retry: false })
+    }
+}
