@@ -24,6 +24,8 @@ CLIENT = {
 }
 FOLDER = "application/vnd.google-apps.folder"
 _lock = threading.Lock()
+# Drive allows two folders of one name: seeding in parallel must not create a path twice.
+_put_lock = threading.Lock()
 _token: list[str] = []
 _buckets: dict[str, str] = {}  # bucket name -> folder id
 
@@ -80,8 +82,8 @@ def children(folder: str) -> list[dict]:
     return out["files"]
 
 
-def child(folder: str, name: str) -> dict | None:
-    hits = [f for f in children(folder) if f["name"] == name]
+def child(folder: str, name: str, folder_only: bool = False) -> dict | None:
+    hits = [f for f in children(folder) if f["name"] == name and (not folder_only or f["mimeType"] == FOLDER)]
     return hits[0] if hits else None
 
 
@@ -105,7 +107,7 @@ def create(name: str, parent: str, data: bytes | None = None, mime: str | None =
 def folder_of(bucket: str, path: str, create_missing: bool = True) -> str | None:
     fid = _buckets[bucket]
     for seg in [s for s in path.split("/") if s]:
-        f = child(fid, seg)
+        f = child(fid, seg, folder_only=True)
         if f is None:
             if not create_missing:
                 return None
@@ -125,16 +127,18 @@ def make_bucket(name: str) -> None:
 
 def put(bucket: str, key: str, data: bytes) -> None:
     if key.endswith("/"):  # a directory marker: a folder
-        folder_of(bucket, key)
+        with _put_lock:
+            folder_of(bucket, key)
         return
     d, n = _split(key)
-    parent = folder_of(bucket, d)
-    old = child(parent, n)
-    if old:
-        st, out = api("PATCH", f"/upload/drive/v3/files/{old['id']}", {"uploadType": "media"}, data)
-        assert st == 200, out
-    else:
-        create(n, parent, data)
+    with _put_lock:
+        parent = folder_of(bucket, d)
+        old = child(parent, n)
+        if not old:
+            create(n, parent, data)
+            return
+    st, out = api("PATCH", f"/upload/drive/v3/files/{old['id']}", {"uploadType": "media"}, data)
+    assert st == 200, out
 
 
 def lookup(bucket: str, key: str) -> dict | None:
@@ -165,7 +169,10 @@ def list_keys(bucket: str, prefix: str = "") -> list[str]:
     out, todo = [], [(_buckets[bucket], "")]
     while todo:
         fid, at = todo.pop()
-        for f in children(fid):
+        kids = children(fid)
+        if not kids and at:
+            out.append(at)  # an empty folder stands for a marker object, as on the file store
+        for f in kids:
             if f["mimeType"] == FOLDER:
                 todo.append((f["id"], f"{at}{f['name']}/"))
             else:

@@ -170,6 +170,7 @@ def make_bucket(store: str, name: str) -> None:
 def put(store: str, bucket: str, key: str, data: bytes) -> None:
     """Upload one object. Raises KeyRejected if the server refuses the key name."""
     if store == "gdrive":
+        _file_path(bucket, key)  # the file store's key rules: Drive paths have no empty or dot segments
         return drive_seed.put(bucket, key, data)
     if store == "s3":
         from botocore.exceptions import ClientError

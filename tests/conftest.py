@@ -38,7 +38,7 @@ BIN = os.environ.get("BUCKETFS_BIN") or os.path.join(REPO, "target", "release", 
 MNT_ROOT = os.environ.get("BUCKETFS_TEST_MNT_ROOT") or tempfile.mkdtemp(prefix="bucketfs-mnt-")
 os.makedirs(MNT_ROOT, exist_ok=True)
 
-DATA_STORES = ["s3", "gcs", "file"]          # stores we can seed
+DATA_STORES = ["s3", "gcs", "file", "gdrive"]  # stores we can seed
 ALL_STORES = DATA_STORES + ["mem"]            # mem:// starts empty
 MOUNT_TIMEOUT = 60
 CLI_TIMEOUT = 30

@@ -120,7 +120,7 @@ fn normalize_prefix(p: &str) -> Option<String> {
 /// Build the store for `loc`. Nothing is contacted yet; call [`Store::check`] for that.
 pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
     if let Location::Gdrive { folder } = loc {
-        let poll = std::env::var("BUCKETFS_GDRIVE_POLL_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(10.0);
+        let poll = std::env::var("BUCKETFS_GDRIVE_POLL_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(1.0);
         return Ok(crate::gdrive::GdriveStore::open(crate::gdrive::DriveConfig {
             folder: folder.clone(),
             endpoint: opts.endpoint.clone(),

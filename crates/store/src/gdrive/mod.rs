@@ -7,7 +7,8 @@
 //! - At the first call the whole tree is listed (every file that is not trashed) and kept
 //!   as a path map ([`tree`]), as GCSF does; `head` and `list` are answered from it.
 //! - It stays fresh through the changes feed, read before a `head`/`list` when the last
-//!   read is older than the poll interval (`BUCKETFS_GDRIVE_POLL_SECS`, default 10 s).
+//!   read is older than the poll interval (`BUCKETFS_GDRIVE_POLL_SECS`, default 1 s, like `--metadata-ttl`):
+//!   an idle mount sends nothing.
 //! - Our own writes update the map at once from the API's answer.
 //! - Reads are ranged `alt=media` downloads; Docs/Sheets/Slides are exported whole
 //!   (Drive's export has no ranges), cached per version, and read-only.
