@@ -211,3 +211,17 @@ def test_unmount_leaves_nothing(folder, tmp_path):
         assert os.listdir(os.path.join(mp, "d1")) == ["g"]
     d1 = [f for f in ds.children(folder) if f["name"] == "d1"]
     assert len(d1) == 1 and [f["name"] for f in ds.children(d1[0]["id"])] == ["g"]
+
+
+def test_cp_to_and_from_drive(folder, tmp_path):
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(20 * 1024 * 1024 + 17))  # more than one 8 MiB part: a resumable upload
+    env = drive_env(tmp_path)
+    p = run_cli(["cp", str(src), f"gdrive://{folder}/x/big.bin", "--endpoint", ds.ENDPOINT], env=env)
+    assert p.returncode == 0, p.err
+    x = [f for f in ds.children(folder) if f["name"] == "x"]
+    assert len(x) == 1 and [f["name"] for f in ds.children(x[0]["id"])] == ["big.bin"]
+    back = tmp_path / "back.bin"
+    p = run_cli(["cp", f"gdrive://{folder}/x/big.bin", str(back), "--endpoint", ds.ENDPOINT], env=env)
+    assert p.returncode == 0, p.err
+    assert back.read_bytes() == src.read_bytes()
