@@ -5,6 +5,7 @@ Stores:
   s3    MinIO via boto3 (path-style), endpoint $BUCKETFS_TEST_S3_ENDPOINT (default http://127.0.0.1:9000)
   gcs   fake-gcs-server via its GCS JSON API over plain HTTP (urllib),
         endpoint $BUCKETFS_TEST_GCS_ENDPOINT (default http://127.0.0.1:4443)
+  gdrive  a folder in the Drive API emulator, through scripts/drive_seed.py
   file  a directory per bucket under $BUCKETFS_TEST_FILE_ROOT (default: a temp dir)
         (keys must be plain relative paths there; weird keys raise KeyRejected)
 
@@ -144,7 +145,11 @@ def _file_path(bucket: str, key: str) -> str:
 
 # --------------------------------------------------------------------------- API
 
+import drive_seed  # noqa: E402  (a Drive v3 client; the "gdrive" store)
+
 def make_bucket(store: str, name: str) -> None:
+    if store == "gdrive":
+        return drive_seed.make_bucket(name)
     if store == "s3":
         c = s3_client()
         try:
@@ -164,6 +169,9 @@ def make_bucket(store: str, name: str) -> None:
 
 def put(store: str, bucket: str, key: str, data: bytes) -> None:
     """Upload one object. Raises KeyRejected if the server refuses the key name."""
+    if store == "gdrive":
+        _file_path(bucket, key)  # the file store's key rules: Drive paths have no empty or dot segments
+        return drive_seed.put(bucket, key, data)
     if store == "s3":
         from botocore.exceptions import ClientError
         try:
@@ -198,6 +206,8 @@ def put(store: str, bucket: str, key: str, data: bytes) -> None:
 
 
 def get(store: str, bucket: str, key: str) -> bytes:
+    if store == "gdrive":
+        return drive_seed.get(bucket, key)
     if store == "s3":
         return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
     if store == "gcs":
@@ -213,6 +223,8 @@ def get(store: str, bucket: str, key: str) -> bytes:
 
 def head(store: str, bucket: str, key: str) -> dict:
     """{'size': int, 'mtime': float (epoch seconds)} as the store reports them."""
+    if store == "gdrive":
+        return drive_seed.head(bucket, key)
     if store == "s3":
         r = s3_client().head_object(Bucket=bucket, Key=key)
         return {"size": r["ContentLength"], "mtime": r["LastModified"].timestamp()}
@@ -230,6 +242,8 @@ def head(store: str, bucket: str, key: str) -> dict:
 
 
 def list_keys(store: str, bucket: str, prefix: str = "") -> list[str]:
+    if store == "gdrive":
+        return drive_seed.list_keys(bucket, prefix)
     keys: list[str] = []
     if store == "s3":
         pag = s3_client().get_paginator("list_objects_v2")
@@ -265,6 +279,8 @@ def list_keys(store: str, bucket: str, prefix: str = "") -> list[str]:
 
 
 def delete(store: str, bucket: str, key: str) -> None:
+    if store == "gdrive":
+        return drive_seed.delete(bucket, key)
     if store == "s3":
         s3_client().delete_object(Bucket=bucket, Key=key)
     elif store == "gcs":
@@ -283,6 +299,8 @@ def delete(store: str, bucket: str, key: str) -> None:
 
 def delete_bucket(store: str, bucket: str) -> None:
     """Delete every object, then the bucket. Best effort on leftovers."""
+    if store == "gdrive":
+        return drive_seed.delete_bucket(bucket)
     if store == "file":
         shutil.rmtree(os.path.join(file_root(), bucket), ignore_errors=True)
         return
@@ -298,6 +316,8 @@ def delete_bucket(store: str, bucket: str) -> None:
 
 def mount_url(store: str, bucket: str, prefix: str = "") -> str:
     """The URL bucketfs mounts for this bucket."""
+    if store == "gdrive":
+        return drive_seed.mount_url(bucket, prefix)
     p = ("/" + prefix.strip("/")) if prefix.strip("/") else ""
     if store == "s3":
         return f"s3://{bucket}{p}"
@@ -314,13 +334,15 @@ def mount_extra_args(store: str) -> list[str]:
         return ["--endpoint", S3_ENDPOINT]
     if store == "gcs":
         return ["--endpoint", GCS_ENDPOINT, "--anonymous"]
+    if store == "gdrive":
+        return ["--endpoint", drive_seed.ENDPOINT]
     return []
 
 
 def s3_env() -> dict:
     """Environment variables for the S3 side (what scripts/test exports)."""
     return {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
-            "AWS_REGION": S3_REGION}
+            "AWS_REGION": S3_REGION, **drive_seed.env()}
 
 
 # --------------------------------------------------------------------------- datasets

@@ -2,7 +2,8 @@
 # Start / stop / report the local object servers the tests run against.
 #
 #   scripts/test-env.sh start    # MinIO on 127.0.0.1:9000 (console :9001), fake-gcs-server on :4443,
-#                                # toxiproxy (API 127.0.0.1:8474; proxies :29100 -> MinIO, :24100 -> GCS)
+#                                # toxiproxy (API 127.0.0.1:8474; proxies :29100 -> MinIO, :24100 -> GCS),
+#                                # the Drive API emulator scripts/drive_emulator.py on :4700
 #   scripts/test-env.sh stop     # kills exactly the processes `start` launched (pid files)
 #   scripts/test-env.sh status
 #
@@ -11,7 +12,8 @@
 # BUCKETFS_TEST_TOXI_GCS_PORT (e.g. when another toxiproxy already holds them);
 # BUCKETFS_TEST_TOXIPROXY=0 skips it.
 # Ports can be moved (e.g. when another checkout's servers already hold the defaults):
-#   BUCKETFS_TEST_MINIO_PORT (9000), BUCKETFS_TEST_MINIO_CONSOLE_PORT (9001), BUCKETFS_TEST_GCS_PORT (4443)
+#   BUCKETFS_TEST_MINIO_PORT (9000), BUCKETFS_TEST_MINIO_CONSOLE_PORT (9001), BUCKETFS_TEST_GCS_PORT (4443),
+#   BUCKETFS_TEST_DRIVE_PORT (4700)
 #
 # State, data and logs live under .test-env/ in the repo root (gitignored).
 # Binaries are looked up on PATH, then in $GOBIN, $(go env GOPATH)/bin and $HOME/go/bin.
@@ -29,6 +31,11 @@ MINIO_ADDR="127.0.0.1:$MINIO_PORT"
 MINIO_CONSOLE="127.0.0.1:$MINIO_CONSOLE_PORT"
 GCS_HOST="127.0.0.1"
 GCS_PORT="${BUCKETFS_TEST_GCS_PORT:-4443}"
+DRIVE_PORT="${BUCKETFS_TEST_DRIVE_PORT:-4700}"
+# The emulator's OAuth client; scripts/test hands the same values to bucketfs.
+DRIVE_CLIENT_ID="${BUCKETFS_GDRIVE_CLIENT_ID:-emu-client}"
+DRIVE_CLIENT_SECRET="${BUCKETFS_GDRIVE_CLIENT_SECRET:-emu-secret}"
+DRIVE_REFRESH_TOKEN="${BUCKETFS_GDRIVE_REFRESH_TOKEN:-emu-refresh}"
 TOXI_PKG="github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0"
 TOXI_PORT="${BUCKETFS_TEST_TOXI_PORT:-8474}"
 TOXI_S3_PORT="${BUCKETFS_TEST_TOXI_S3_PORT:-29100}"
@@ -55,6 +62,8 @@ pid_alive() {
     kill -0 "$pid" 2>/dev/null || return 1
     # guard against pid reuse: the process must still be the binary we launched
     exe="$(readlink "/proc/$pid/exe" 2>/dev/null || true)"
+    # the Drive emulator is a Python script: match its command line instead
+    if [ "$name" = drive-emulator ]; then tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q drive_emulator.py; return; fi
     case "$exe" in
         *"/$name"|*"/$name (deleted)") return 0 ;;
         *) return 1 ;;
@@ -115,6 +124,16 @@ start_gcs() {
         >"$STATE/fake-gcs-server.log" 2>&1 </dev/null &
     echo $! >"$STATE/fake-gcs-server.pid"
     wait_ready fake-gcs-server "http://$GCS_HOST:$GCS_PORT/storage/v1/b?project=test"
+}
+
+start_drive() {
+    if pid_alive drive-emulator; then log "drive emulator already running (pid $(cat "$STATE/drive-emulator.pid"))"; return 0; fi
+    port_open "$DRIVE_PORT" && die "port $DRIVE_PORT is already in use by a process this script did not start (move it with BUCKETFS_TEST_DRIVE_PORT)"
+    nohup python3 "$ROOT/scripts/drive_emulator.py" --port "$DRIVE_PORT" --client-id "$DRIVE_CLIENT_ID" \
+        --client-secret "$DRIVE_CLIENT_SECRET" --refresh-token "$DRIVE_REFRESH_TOKEN" \
+        >"$STATE/drive-emulator.log" 2>&1 </dev/null &
+    echo $! >"$STATE/drive-emulator.pid"
+    wait_ready drive-emulator "http://127.0.0.1:$DRIVE_PORT/_control/stats"
 }
 
 # ---------------------------------------------------------------- toxiproxy
@@ -219,8 +238,9 @@ case "$cmd" in
     start)
         mkdir -p "$STATE"
         # if one of them fails to come up, do not leave the other one behind
-        trap 'rc=$?; if [ $rc -ne 0 ]; then stop_one minio; stop_one fake-gcs-server; stop_toxiproxy; fi' EXIT
+        trap 'rc=$?; if [ $rc -ne 0 ]; then stop_one minio; stop_one fake-gcs-server; stop_one drive-emulator; stop_toxiproxy; fi' EXIT
         start_gcs
+        start_drive
         start_minio
         start_toxiproxy
         ;;
@@ -228,11 +248,13 @@ case "$cmd" in
         stop_toxiproxy
         stop_one minio
         stop_one fake-gcs-server
+        stop_one drive-emulator
         ;;
     status)
         rc=0
         status_one minio || rc=1
         status_one fake-gcs-server || rc=1
+        status_one drive-emulator || rc=1
         if [ "${BUCKETFS_TEST_TOXIPROXY:-1}" != "0" ]; then
             if toxi_alive; then echo "toxiproxy: running (pid $(cat "$STATE/toxiproxy.pid")), api 127.0.0.1:$TOXI_PORT, log $STATE/toxiproxy.log"
             else echo "toxiproxy: stopped"; rc=1; fi

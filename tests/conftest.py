@@ -5,6 +5,7 @@ Environment (scripts/test exports all of these; defaults suit a manual run after
   BUCKETFS_BIN                 the binary (default: target/release/bucketfs)
   BUCKETFS_TEST_S3_ENDPOINT    MinIO (default http://127.0.0.1:9000)
   BUCKETFS_TEST_GCS_ENDPOINT   fake-gcs-server (default http://127.0.0.1:4443)
+  BUCKETFS_TEST_DRIVE_ENDPOINT the Drive API emulator (default http://127.0.0.1:4700)
   BUCKETFS_TEST_MNT_ROOT       where mount points are created (default: a temp dir)
   BUCKETFS_TEST_FILE_ROOT      where file:// "buckets" live (default: a temp dir)
 If the endpoint variables are unset and a server does not answer, its tests are skipped;
@@ -37,7 +38,7 @@ BIN = os.environ.get("BUCKETFS_BIN") or os.path.join(REPO, "target", "release", 
 MNT_ROOT = os.environ.get("BUCKETFS_TEST_MNT_ROOT") or tempfile.mkdtemp(prefix="bucketfs-mnt-")
 os.makedirs(MNT_ROOT, exist_ok=True)
 
-DATA_STORES = ["s3", "gcs", "file"]          # stores we can seed
+DATA_STORES = ["s3", "gcs", "file", "gdrive"]  # stores we can seed
 ALL_STORES = DATA_STORES + ["mem"]            # mem:// starts empty
 MOUNT_TIMEOUT = 60
 CLI_TIMEOUT = 30
@@ -66,10 +67,12 @@ def require_store(store: str) -> None:
     if store not in _store_ok:
         if store == "s3":
             _store_ok[store] = _server_ok(seed.S3_ENDPOINT + "/minio/health/live")
+        elif store == "gdrive":
+            _store_ok[store] = _server_ok(seed.drive_seed.ENDPOINT + "/_control/stats")
         else:
             _store_ok[store] = _server_ok(seed.GCS_ENDPOINT + "/storage/v1/b?project=test")
     if not _store_ok[store]:
-        var = "BUCKETFS_TEST_S3_ENDPOINT" if store == "s3" else "BUCKETFS_TEST_GCS_ENDPOINT"
+        var = {"s3": "BUCKETFS_TEST_S3_ENDPOINT", "gdrive": "BUCKETFS_TEST_DRIVE_ENDPOINT"}.get(store, "BUCKETFS_TEST_GCS_ENDPOINT")
         msg = f"{store} server not reachable (start it with scripts/test-env.sh start)"
         if os.environ.get(var):
             pytest.fail(msg)

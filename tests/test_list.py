@@ -122,6 +122,8 @@ def test_file_and_prefix_same_name(bucket):
     """Key `k` and keys under `k/`: the directory wins, the file is shadowed."""
     if bucket.store == "file":
         pytest.skip("a plain directory cannot hold both a file and a dir named k")
+    if bucket.store == "gdrive":
+        pytest.skip("Drive holds a file and a folder named k side by side; both are shown (test_gdrive.py)")
     bucket.put_all({"k": b"i am a file", "k/inner.txt": b"inner", "k2": b"plain"})
     stored = seed.list_keys(bucket.store, bucket.name)
     if not {"k", "k/inner.txt"} <= set(stored):

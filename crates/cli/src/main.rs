@@ -5,8 +5,10 @@
 //! [`status`] asks a running mount over its [`control`] socket. Called as
 //! `mount.fuse.bucketfs` (a symlink), the binary is mount(8)'s helper ([`fstab`]).
 //! [`metrics_http`] serves `--metrics-addr`; [`notify`] speaks systemd's readiness protocol.
+//! [`auth`] runs the headless Google Drive consent flow.
 //! [`cp`] copies files and objects with parallel ranged reads and parts, verified end to end.
 
+mod auth;
 mod checks;
 mod control;
 mod cp;
@@ -44,6 +46,9 @@ enum Command {
     },
     /// Copy files to and from a bucket: parallel, verified end to end (see --help).
     Cp(cp::CpArgs),
+    /// Authorize access to a store that needs a consent step (Google Drive).
+    #[command(subcommand)]
+    Auth(auth::AuthCommand),
     /// Show what a mount is doing: pending uploads, cache use, store requests since mount.
     Status {
         /// The mount point.
@@ -56,7 +61,7 @@ enum Command {
 
 #[derive(Args, Clone, Debug)]
 pub struct MountArgs {
-    /// s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], file:///PATH or mem://. Without it, the
+    /// s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://. Without it, the
     /// embedded default store under the user's data directory is mounted.
     #[arg(value_name = "URL")]
     first: String,
@@ -159,6 +164,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => mount::run(args, &argv[1..]),
         Command::Unmount { mountpoint } => unmount::run(&mountpoint),
         Command::Cp(args) => cp::run(args),
+        Command::Auth(cmd) => auth::run(cmd),
         Command::Status { mountpoint, json } => status::run(&mountpoint, json),
     };
     match result {

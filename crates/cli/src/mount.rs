@@ -128,6 +128,10 @@ fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError)
     let url = location.to_url();
     let endpoint = args.store.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).unwrap_or_default();
     let at = if endpoint.is_empty() { String::new() } else { format!(" at {endpoint}") };
+    if matches!(location, Location::Gdrive { .. }) {
+        // The Drive client's messages already name the folder, the credentials or the server.
+        return format!("cannot use {url}{at}: {}", e.message);
+    }
     match e.kind {
         StoreErrorKind::NotFound => format!("bucket {url} not found{at}: check the name or create the bucket"),
         StoreErrorKind::PermissionDenied if e.message.contains("credential") => format!(

@@ -1,4 +1,4 @@
-//! The store layer: the only crate that knows OpenDAL.
+//! The store layer: the only crate that knows OpenDAL (and Drive's REST API).
 //!
 //! Everything above this crate sees the narrow [`Store`] trait: `head`, ranged `get`, a
 //! listing stream, `put`, a streaming multipart `writer`, `delete`, `copy`, `create_dir`,
@@ -7,6 +7,7 @@
 //!
 //! - [`opendal_store`] implements the trait over OpenDAL's public `Operator` API.
 //! - [`gcs_compose`] uploads large GCS objects as parallel parts joined by `compose`.
+//! - [`gdrive`] is a small Google Drive v3 client (whole tree in memory, changes feed).
 //! - [`metered`] is a decorator counting requests, errors, bytes and latency (Prometheus).
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
@@ -15,6 +16,7 @@
 mod error;
 pub mod attrs;
 pub mod gcs_compose;
+pub mod gdrive;
 pub mod location;
 pub mod metered;
 pub mod opendal_store;

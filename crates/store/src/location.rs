@@ -1,9 +1,9 @@
-//! Store URLs (`s3://`, `gs://`, `file://`, `mem://`) and building a [`Store`] from one.
+//! Store URLs (`s3://`, `gs://`, `gdrive://`, `file://`, `mem://`) and building a [`Store`] from one.
 //!
 //! Credentials follow each ecosystem's conventions and are never part of the URL:
 //! S3 reads `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
 //! `AWS_ENDPOINT_URL` and AWS profiles; GCS reads `GOOGLE_APPLICATION_CREDENTIALS`, or runs
-//! anonymously with `anonymous`.
+//! anonymously with `anonymous`; Google Drive: see [`crate::gdrive::auth`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +21,8 @@ pub enum Location {
     S3 { bucket: String, prefix: String },
     Gcs { bucket: String, prefix: String },
     File { path: PathBuf },
+    /// A Google Drive folder by ID (`root`: My Drive).
+    Gdrive { folder: String },
     Memory,
 }
 
@@ -36,9 +38,11 @@ pub struct StoreOptions {
     /// Per-request timeout; retries happen within [`StoreOptions::retries`].
     pub request_timeout: Option<Duration>,
     pub retries: Option<usize>,
+    /// Google Drive: hide Docs/Sheets/Slides instead of showing read-only exports.
+    pub gdrive_hide_docs: bool,
 }
 
-const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], file:///PATH or mem://";
+const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
 
 fn config_err(msg: String) -> StoreError {
     StoreError::new(StoreErrorKind::Config, msg)
@@ -72,6 +76,15 @@ impl Location {
                 }
                 Ok(Location::File { path: PathBuf::from(rest) })
             }
+            "gdrive" => {
+                let folder = rest.trim_matches('/');
+                if folder.contains('/') || !folder.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_') {
+                    return Err(config_err(format!(
+                        "{s:?}: expected gdrive:// (My Drive) or gdrive://FOLDER-ID (the ID in the folder's web address)"
+                    )));
+                }
+                Ok(Location::Gdrive { folder: if folder.is_empty() { "root".into() } else { folder.into() } })
+            }
             "mem" | "memory" => Ok(Location::Memory),
             other => Err(config_err(format!("unknown scheme {other:?} in {s:?}; expected {SCHEMES}"))),
         }
@@ -83,6 +96,7 @@ impl Location {
             Location::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
             Location::Gcs { bucket, prefix } => format!("gs://{bucket}/{prefix}"),
             Location::File { path } => format!("file://{}", path.display()),
+            Location::Gdrive { folder } => format!("gdrive://{folder}"),
             Location::Memory => "mem://".into(),
         }
     }
@@ -105,6 +119,17 @@ fn normalize_prefix(p: &str) -> Option<String> {
 
 /// Build the store for `loc`. Nothing is contacted yet; call [`Store::check`] for that.
 pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
+    if let Location::Gdrive { folder } = loc {
+        let poll = std::env::var("BUCKETFS_GDRIVE_POLL_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(1.0);
+        return Ok(crate::gdrive::GdriveStore::open(crate::gdrive::DriveConfig {
+            folder: folder.clone(),
+            endpoint: opts.endpoint.clone(),
+            hide_docs: opts.gdrive_hide_docs,
+            poll: Duration::from_secs_f64(poll.max(0.0)),
+            retries: opts.retries.unwrap_or(5),
+            request_timeout: opts.request_timeout.unwrap_or(Duration::from_secs(30)),
+        })?);
+    }
     let err = |e: opendal::Error| StoreError::from_opendal("configure", &loc.to_url(), e);
     let env_endpoint = std::env::var("AWS_ENDPOINT_URL").ok().filter(|s| !s.is_empty());
     let (op, prefix_dirs) = match loc {
@@ -152,6 +177,7 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             (Operator::new(fs).map_err(err)?, false)
         }
         Location::Memory => (Operator::new(services::Memory::default()).map_err(err)?, true),
+        Location::Gdrive { .. } => unreachable!("handled above"),
     };
     // Transient failures (5xx, throttling, resets) retry with jittered exponential backoff;
     // 3 retries from 200 ms keeps a dead server's failure under ~10 s per call.
@@ -192,6 +218,8 @@ mod tests {
         assert_eq!(Location::parse("gs://bkt").unwrap(), Location::Gcs { bucket: "bkt".into(), prefix: "".into() });
         assert_eq!(Location::parse("file:///tmp/x").unwrap(), Location::File { path: "/tmp/x".into() });
         assert_eq!(Location::parse("mem://").unwrap(), Location::Memory);
+        assert_eq!(Location::parse("gdrive://").unwrap(), Location::Gdrive { folder: "root".into() });
+        assert_eq!(Location::parse("gdrive://1AbC_d-9").unwrap(), Location::Gdrive { folder: "1AbC_d-9".into() });
     }
 
     #[test]
@@ -204,6 +232,7 @@ mod tests {
             ("s3://Bad_Bucket!", "not a valid bucket"),
             ("s3://b-1/a/../b", "prefix"),
             ("file://relative", "absolute path"),
+            ("gdrive://My Folder/x", "FOLDER-ID"),
         ] {
             let e = Location::parse(url).unwrap_err();
             assert_eq!(e.kind, StoreErrorKind::Config, "{url}");

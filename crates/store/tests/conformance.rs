@@ -1,6 +1,7 @@
 //! One conformance suite, run against every store: the in-memory double, OpenDAL's memory
 //! and fs services, MinIO (`BUCKETFS_TEST_S3_ENDPOINT`) and the GCS emulator
-//! (`BUCKETFS_TEST_GCS_ENDPOINT`). Under CI the real servers are required, not skipped.
+//! (`BUCKETFS_TEST_GCS_ENDPOINT`), and our Drive client against the Drive emulator
+//! (`BUCKETFS_TEST_DRIVE_ENDPOINT`). Under CI the servers are required, not skipped.
 
 use std::sync::Arc;
 
@@ -216,4 +217,22 @@ async fn gcs_emulator() {
     digests(location::open(&loc, &opts).unwrap().as_ref(), false, true).await;
     let parts = Location::Gcs { bucket, prefix: format!("{prefix}.bucketfs-parts/") };
     no_parts_left(location::open(&parts, &opts).unwrap()).await;
+}
+
+/// A new folder in the Drive emulator's My Drive (through its test-control API).
+async fn drive_folder(endpoint: &str, name: &str) -> String {
+    let body = serde_json::json!({"name": name, "mimeType": "application/vnd.google-apps.folder"});
+    let r = reqwest::Client::new().post(format!("{endpoint}/_control/seed")).body(body.to_string()).send().await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    v["id"].as_str().expect("seeded folder id").to_string()
+}
+
+#[tokio::test]
+async fn drive_emulator() {
+    let Some(endpoint) = required("BUCKETFS_TEST_DRIVE_ENDPOINT") else { return };
+    let folder = drive_folder(&endpoint, &unique("drive")).await;
+    let opts = StoreOptions { endpoint: Some(endpoint), ..StoreOptions::default() };
+    let loc = Location::Gdrive { folder };
+    conformance(location::open(&loc, &opts).unwrap()).await;
+    digests(location::open(&loc, &opts).unwrap().as_ref(), false, true).await;
 }

@@ -76,6 +76,11 @@ impl Opener {
                 let scheme = if s == "s3" { "s3" } else { "gs" };
                 (kind, format!("{scheme}://{bucket}"), key)
             }
+            // gdrive://FOLDER-ID/path (gdrive:///path: My Drive).
+            "gdrive" => {
+                let (folder, key) = rest.split_once('/').unwrap_or((rest, ""));
+                (Kind::Other, format!("gdrive://{folder}"), key)
+            }
             // Let the URL parser name what is wrong.
             _ => return Err(Location::parse(arg).err().map(|e| e.to_string()).unwrap_or_default()),
         };

@@ -1,0 +1,281 @@
+//! OAuth 2.0 access tokens for Drive: from a refresh token (an installed-app client) or
+//! a service-account key (a JWT signed with RS256), plus the headless consent flow used by
+//! `bucketfs auth gdrive`. Tokens and secrets are never logged or put in error messages.
+//!
+//! Where credentials come from, first match wins:
+//! 1. `BUCKETFS_GDRIVE_CLIENT_ID`, `BUCKETFS_GDRIVE_CLIENT_SECRET`, `BUCKETFS_GDRIVE_REFRESH_TOKEN`;
+//! 2. the token file `BUCKETFS_GDRIVE_TOKEN_FILE`, else `~/.config/bucketfs/gdrive-token.json`
+//!    if it exists (written by `bucketfs auth gdrive`; gcloud's `authorized_user` format);
+//! 3. `GOOGLE_APPLICATION_CREDENTIALS`: a service-account key or an `authorized_user` file.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use rsa::pkcs1v15::SigningKey;
+use rsa::pkcs8::DecodePrivateKey;
+use rsa::sha2::Sha256;
+use rsa::signature::{SignatureEncoding, Signer};
+use serde::Deserialize;
+use tokio::sync::Mutex;
+
+use crate::{StoreError, StoreErrorKind};
+
+pub const SCOPE: &str = "https://www.googleapis.com/auth/drive";
+pub const GOOGLE_TOKEN_URL: &str = "https://oauth2.googleapis.com/token";
+pub const GOOGLE_AUTH_URL: &str = "https://accounts.google.com/o/oauth2/v2/auth";
+/// Where Google sends the browser after consent. Nothing needs to listen there: on a
+/// headless machine the user copies the address (or just its `code`) from the browser.
+pub const REDIRECT_URI: &str = "http://localhost";
+
+/// The credentials an access token is obtained with.
+pub enum Credentials {
+    Refresh { client_id: String, client_secret: String, refresh_token: String },
+    ServiceAccount { email: String, key: Box<rsa::RsaPrivateKey> },
+}
+
+/// The key/token file formats we read (gcloud's `authorized_user`, a service-account key).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct CredentialFile {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub client_id: String,
+    pub client_secret: String,
+    pub refresh_token: String,
+    pub client_email: String,
+    pub private_key: String,
+    pub token_uri: Option<String>,
+}
+
+fn config(msg: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, msg)
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|s| !s.is_empty())
+}
+
+/// The default token file of `bucketfs auth gdrive`.
+pub fn default_token_file() -> Option<PathBuf> {
+    let base = env("XDG_CONFIG_HOME").map(PathBuf::from).or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("bucketfs").join("gdrive-token.json"))
+}
+
+impl Credentials {
+    /// Find credentials as the module docs say; also returns the file's `token_uri`.
+    pub fn from_env() -> Result<(Self, Option<String>), StoreError> {
+        if let (Some(client_id), Some(client_secret), Some(refresh_token)) =
+            (env("BUCKETFS_GDRIVE_CLIENT_ID"), env("BUCKETFS_GDRIVE_CLIENT_SECRET"), env("BUCKETFS_GDRIVE_REFRESH_TOKEN"))
+        {
+            return Ok((Credentials::Refresh { client_id, client_secret, refresh_token }, None));
+        }
+        let token_file = env("BUCKETFS_GDRIVE_TOKEN_FILE").map(PathBuf::from);
+        let candidates = [
+            token_file.clone(),
+            default_token_file().filter(|p| token_file.is_none() && p.exists()),
+            env("GOOGLE_APPLICATION_CREDENTIALS").map(PathBuf::from),
+        ];
+        if let Some(path) = candidates.into_iter().flatten().next() {
+            return Self::from_file(&path);
+        }
+        Err(config(
+            "no Google Drive credentials: run `bucketfs auth gdrive`, or set GOOGLE_APPLICATION_CREDENTIALS to a \
+             service-account key, or BUCKETFS_GDRIVE_CLIENT_ID/_CLIENT_SECRET/_REFRESH_TOKEN"
+                .into(),
+        ))
+    }
+
+    pub fn from_file(path: &std::path::Path) -> Result<(Self, Option<String>), StoreError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| config(format!("cannot read Drive credentials {}: {e}", path.display())))?;
+        let f: CredentialFile = serde_json::from_str(&text)
+            .map_err(|e| config(format!("{} is not a credentials JSON file: {e}", path.display())))?;
+        let creds = match f.kind.as_str() {
+            "service_account" => {
+                let key = rsa::RsaPrivateKey::from_pkcs8_pem(&f.private_key).map_err(|_| {
+                    config(format!("{}: private_key is not a PKCS#8 PEM RSA key", path.display()))
+                })?;
+                Credentials::ServiceAccount { email: f.client_email, key: Box::new(key) }
+            }
+            "authorized_user" | "" if !f.refresh_token.is_empty() => Credentials::Refresh {
+                client_id: f.client_id,
+                client_secret: f.client_secret,
+                refresh_token: f.refresh_token,
+            },
+            other => {
+                return Err(config(format!(
+                    "{}: credentials of type {other:?} are not supported (service_account or authorized_user)",
+                    path.display()
+                )))
+            }
+        };
+        Ok((creds, f.token_uri))
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    access_token: String,
+    #[serde(default)]
+    expires_in: Option<u64>,
+    #[serde(default)]
+    refresh_token: Option<String>,
+}
+
+/// Gets and caches access tokens; refreshes them a minute before they expire.
+pub struct Auth {
+    creds: Credentials,
+    token_url: String,
+    http: reqwest::Client,
+    cached: Mutex<Option<(String, Instant)>>,
+}
+
+impl Auth {
+    pub fn new(creds: Credentials, token_url: String, http: reqwest::Client) -> Self {
+        Self { creds, token_url, http, cached: Mutex::new(None) }
+    }
+
+    /// A valid access token.
+    pub async fn token(&self) -> Result<String, StoreError> {
+        let mut cached = self.cached.lock().await;
+        if let Some((t, until)) = cached.as_ref() {
+            if Instant::now() < *until {
+                return Ok(t.clone());
+            }
+        }
+        let form: Vec<(&str, String)> = match &self.creds {
+            Credentials::Refresh { client_id, client_secret, refresh_token } => vec![
+                ("grant_type", "refresh_token".into()),
+                ("client_id", client_id.clone()),
+                ("client_secret", client_secret.clone()),
+                ("refresh_token", refresh_token.clone()),
+            ],
+            Credentials::ServiceAccount { email, key } => vec![
+                ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer".into()),
+                ("assertion", jwt(email, key, &self.token_url)?),
+            ],
+        };
+        let r = post_form(&self.http, &self.token_url, &form).await?;
+        let life = Duration::from_secs(r.expires_in.unwrap_or(3600).saturating_sub(60).max(1));
+        *cached = Some((r.access_token.clone(), Instant::now() + life));
+        Ok(r.access_token)
+    }
+
+    /// Forget the cached token (the server refused it).
+    pub async fn invalidate(&self) {
+        *self.cached.lock().await = None;
+    }
+}
+
+async fn post_form(http: &reqwest::Client, url: &str, form: &[(&str, String)]) -> Result<TokenResponse, StoreError> {
+    let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(form).finish();
+    let resp = http
+        .post(url)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("token request to {url}: {e}")))?;
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    if !status.is_success() {
+        // The error body names the problem (invalid_grant...) and carries no secret.
+        let detail: String = text.chars().take(300).collect();
+        return Err(StoreError::new(
+            StoreErrorKind::PermissionDenied,
+            format!("token request to {url} refused ({status}): {}", detail.split_whitespace().collect::<Vec<_>>().join(" ")),
+        ));
+    }
+    serde_json::from_str(&text).map_err(|e| StoreError::new(StoreErrorKind::Other, format!("token response from {url}: {e}")))
+}
+
+/// A service-account assertion: a JWT with Drive's scope, signed with the account's key.
+fn jwt(email: &str, key: &rsa::RsaPrivateKey, aud: &str) -> Result<String, StoreError> {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let header = b64.encode(br#"{"alg":"RS256","typ":"JWT"}"#);
+    let claims = serde_json::json!({"iss": email, "scope": SCOPE, "aud": aud, "iat": now, "exp": now + 3600});
+    let unsigned = format!("{header}.{}", b64.encode(claims.to_string()));
+    let signer = SigningKey::<Sha256>::new((*key).clone());
+    let sig = signer
+        .try_sign(unsigned.as_bytes())
+        .map_err(|e| StoreError::new(StoreErrorKind::Config, format!("cannot sign the service-account assertion: {e}")))?;
+    Ok(format!("{unsigned}.{}", b64.encode(sig.to_bytes())))
+}
+
+/// The consent page to open in a browser (on any machine) for the headless flow.
+pub fn consent_url(auth_url: &str, client_id: &str) -> String {
+    let q = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs([
+            ("client_id", client_id),
+            ("redirect_uri", REDIRECT_URI),
+            ("response_type", "code"),
+            ("scope", SCOPE),
+            ("access_type", "offline"),
+            ("prompt", "consent"),
+        ])
+        .finish();
+    format!("{auth_url}?{q}")
+}
+
+/// The code in what the user pasted: the code itself, or the whole redirected address.
+pub fn code_from_paste(pasted: &str) -> Option<String> {
+    let s = pasted.trim();
+    if let Ok(u) = url::Url::parse(s) {
+        return u.query_pairs().find(|(k, _)| k == "code").map(|(_, v)| v.into_owned());
+    }
+    let s = s.strip_prefix("code=").unwrap_or(s);
+    (!s.is_empty() && !s.contains(char::is_whitespace)).then(|| s.to_string())
+}
+
+/// Exchange a consent code for a refresh token (the headless flow's last step).
+pub async fn exchange_code(token_url: &str, client_id: &str, client_secret: &str, code: &str) -> Result<String, StoreError> {
+    let http = reqwest::Client::new();
+    let r = post_form(
+        &http,
+        token_url,
+        &[
+            ("grant_type", "authorization_code".into()),
+            ("client_id", client_id.into()),
+            ("client_secret", client_secret.into()),
+            ("code", code.into()),
+            ("redirect_uri", REDIRECT_URI.into()),
+        ],
+    )
+    .await?;
+    r.refresh_token.ok_or_else(|| {
+        StoreError::new(StoreErrorKind::PermissionDenied, "the token answer has no refresh_token; run the flow again")
+    })
+}
+
+/// Save a refresh token as an `authorized_user` file readable by its owner only (0600).
+pub fn save_token_file(path: &std::path::Path, client_id: &str, client_secret: &str, refresh_token: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let body = serde_json::json!({
+        "type": "authorized_user", "client_id": client_id, "client_secret": client_secret, "refresh_token": refresh_token,
+    });
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    f.write_all(body.to_string().as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pasted_codes() {
+        assert_eq!(code_from_paste(" 4/abc-d \n").as_deref(), Some("4/abc-d"));
+        assert_eq!(code_from_paste("http://localhost/?code=4%2Fxy&scope=drive").as_deref(), Some("4/xy"));
+        assert_eq!(code_from_paste("http://localhost/?error=access_denied"), None);
+        assert_eq!(code_from_paste("two words"), None);
+        assert!(consent_url("http://a/auth", "cid").contains("client_id=cid&redirect_uri=http%3A%2F%2Flocalhost"));
+    }
+}

@@ -1,0 +1,290 @@
+//! A small Drive v3 REST client: the calls the store needs, each with the access token,
+//! retried with jittered exponential backoff on throttling (403 `userRateLimitExceeded` /
+//! `rateLimitExceeded`, 429), 5xx and transport errors, and once with a fresh token on 401.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::Deserialize;
+
+use super::auth::Auth;
+use super::tree::{File, FILE_FIELDS};
+use crate::{StoreError, StoreErrorKind};
+
+/// Google's API host; `--endpoint` replaces it (the tests' emulator).
+pub const GOOGLE_API: &str = "https://www.googleapis.com";
+
+pub struct Client {
+    pub http: reqwest::Client,
+    pub api: String,
+    pub auth: Auth,
+    pub retries: usize,
+}
+
+/// The body of a request, re-sent as is on a retry.
+pub enum Body {
+    None,
+    Json(serde_json::Value),
+    Raw(Bytes, String),
+}
+
+#[derive(Deserialize)]
+struct ApiError {
+    error: ApiErrorBody,
+}
+
+#[derive(Deserialize)]
+struct ApiErrorBody {
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    errors: Vec<ApiErrorItem>,
+}
+
+#[derive(Deserialize)]
+struct ApiErrorItem {
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileList {
+    #[serde(default)]
+    pub files: Vec<File>,
+    pub next_page_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Change {
+    pub file_id: String,
+    #[serde(default)]
+    pub removed: bool,
+    pub file: Option<File>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangeList {
+    #[serde(default)]
+    pub changes: Vec<Change>,
+    pub next_page_token: Option<String>,
+    pub new_start_page_token: Option<String>,
+}
+
+fn backoff(attempt: usize) -> Duration {
+    let base = 200u64 << attempt.min(6);
+    let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos() as u64
+        % (base / 2 + 1);
+    Duration::from_millis((base + jitter).min(8_000))
+}
+
+impl Client {
+    pub fn url(&self, path: &str, query: &[(&str, &str)]) -> String {
+        let mut u = format!("{}{path}", self.api);
+        if !query.is_empty() {
+            u.push('?');
+            u.push_str(&url::form_urlencoded::Serializer::new(String::new()).extend_pairs(query).finish());
+        }
+        u
+    }
+
+    /// Send a request, retrying as the module docs say. `op`/`what` name it in errors.
+    pub async fn send(
+        &self,
+        op: &str,
+        what: &str,
+        method: Method,
+        url: &str,
+        body: &Body,
+        extra: &[(&str, String)],
+    ) -> Result<Response, StoreError> {
+        let mut attempt = 0;
+        let mut reauthed = false;
+        loop {
+            let token = self.auth.token().await?;
+            let mut rb: RequestBuilder = self.http.request(method.clone(), url).bearer_auth(&token);
+            for (k, v) in extra {
+                rb = rb.header(*k, v);
+            }
+            rb = match body {
+                Body::None => rb,
+                Body::Json(v) => rb.header("Content-Type", "application/json").body(v.to_string()),
+                Body::Raw(b, ct) => rb.header("Content-Type", ct).body(b.clone()),
+            };
+            let err = match rb.send().await {
+                Ok(r) if r.status().is_success() || r.status() == StatusCode::PERMANENT_REDIRECT => return Ok(r),
+                Ok(r) => {
+                    let status = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    let (message, reason) = match serde_json::from_str::<ApiError>(&text) {
+                        Ok(e) => (e.error.message, e.error.errors.into_iter().next().map(|i| i.reason).unwrap_or_default()),
+                        Err(_) => (text.chars().take(200).collect(), String::new()),
+                    };
+                    let throttled = status == StatusCode::TOO_MANY_REQUESTS
+                        || (status == StatusCode::FORBIDDEN && reason.contains("ateLimitExceeded"));
+                    let kind = match status {
+                        _ if throttled => StoreErrorKind::RateLimited,
+                        StatusCode::UNAUTHORIZED if !reauthed => {
+                            reauthed = true;
+                            self.auth.invalidate().await;
+                            continue;
+                        }
+                        StatusCode::NOT_FOUND => StoreErrorKind::NotFound,
+                        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => StoreErrorKind::PermissionDenied,
+                        StatusCode::PRECONDITION_FAILED => StoreErrorKind::Changed,
+                        s if s.is_server_error() => StoreErrorKind::Unavailable,
+                        _ => StoreErrorKind::Other,
+                    };
+                    let reason = if reason.is_empty() { String::new() } else { format!("{reason}: ") };
+                    StoreError::new(kind, format!("{op} {what:?}: {status} ({reason}{message})"))
+                }
+                Err(e) => StoreError::new(StoreErrorKind::Unavailable, format!("{op} {what:?}: {e}")),
+            };
+            let transient = matches!(err.kind, StoreErrorKind::RateLimited | StoreErrorKind::Unavailable);
+            if !transient || attempt >= self.retries {
+                return Err(err);
+            }
+            tracing::debug!(op, what, attempt, "drive: retrying after {}", err.message);
+            tokio::time::sleep(backoff(attempt)).await;
+            attempt += 1;
+        }
+    }
+
+    async fn json<T: for<'de> Deserialize<'de>>(op: &str, what: &str, r: Response) -> Result<T, StoreError> {
+        let text = r
+            .text()
+            .await
+            .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("{op} {what:?}: reading the answer: {e}")))?;
+        serde_json::from_str(&text).map_err(|e| StoreError::new(StoreErrorKind::Other, format!("{op} {what:?}: bad answer: {e}")))
+    }
+
+    pub async fn get_file(&self, id: &str) -> Result<File, StoreError> {
+        let url = self.url(&format!("/drive/v3/files/{id}"), &[("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
+        let r = self.send("get", id, Method::GET, &url, &Body::None, &[]).await?;
+        Self::json("get", id, r).await
+    }
+
+    /// Every file that is not trashed, page by page.
+    pub async fn list_all(&self) -> Result<Vec<File>, StoreError> {
+        let fields = format!("nextPageToken,files({FILE_FIELDS})");
+        let (mut out, mut page) = (Vec::new(), None::<String>);
+        loop {
+            let mut q = vec![("q", "trashed=false"), ("pageSize", "1000"), ("fields", fields.as_str())];
+            if let Some(p) = &page {
+                q.push(("pageToken", p));
+            }
+            let r = self.send("list", "", Method::GET, &self.url("/drive/v3/files", &q), &Body::None, &[]).await?;
+            let l: FileList = Self::json("list", "", r).await?;
+            out.extend(l.files);
+            match l.next_page_token {
+                Some(p) => page = Some(p),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    pub async fn start_page_token(&self) -> Result<String, StoreError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct T {
+            start_page_token: String,
+        }
+        let url = self.url("/drive/v3/changes/startPageToken", &[]);
+        let r = self.send("changes", "", Method::GET, &url, &Body::None, &[]).await?;
+        Ok(Self::json::<T>("changes", "", r).await?.start_page_token)
+    }
+
+    /// All changes since `token`, and the token to ask from next time.
+    pub async fn changes(&self, token: &str) -> Result<(Vec<Change>, String), StoreError> {
+        let fields = format!("nextPageToken,newStartPageToken,changes(fileId,removed,file({FILE_FIELDS}))");
+        let (mut out, mut page) = (Vec::new(), token.to_string());
+        loop {
+            let q = [("pageToken", page.as_str()), ("pageSize", "1000"), ("fields", &fields), ("includeRemoved", "true")];
+            let r = self.send("changes", "", Method::GET, &self.url("/drive/v3/changes", &q), &Body::None, &[]).await?;
+            let l: ChangeList = Self::json("changes", "", r).await?;
+            out.extend(l.changes);
+            match (l.next_page_token, l.new_start_page_token) {
+                (Some(p), _) => page = p,
+                (None, Some(n)) => return Ok((out, n)),
+                (None, None) => return Err(StoreError::new(StoreErrorKind::Other, "changes: answer without a page token")),
+            }
+        }
+    }
+
+    /// Bytes `[a, b)` of a file's content.
+    pub async fn download(&self, id: &str, what: &str, a: u64, b: u64) -> Result<Bytes, StoreError> {
+        let url = self.url(&format!("/drive/v3/files/{id}"), &[("alt", "media"), ("supportsAllDrives", "true")]);
+        let range = [("Range", format!("bytes={a}-{}", b - 1))];
+        match self.send("read", what, Method::GET, &url, &Body::None, &range).await {
+            Ok(r) => r.bytes().await.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}"))),
+            // 416: the range starts at or past the end (the file shrank).
+            Err(e) if e.message.contains("416") => Ok(Bytes::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn export(&self, id: &str, what: &str, mime: &str) -> Result<Bytes, StoreError> {
+        let url = self.url(&format!("/drive/v3/files/{id}/export"), &[("mimeType", mime)]);
+        let r = self.send("export", what, Method::GET, &url, &Body::None, &[]).await?;
+        r.bytes().await.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("export {what:?}: {e}")))
+    }
+
+    /// Metadata-only create (folders) or update (rename, trash, move).
+    pub async fn meta(&self, op: &str, what: &str, method: Method, path: &str, query: &[(&str, &str)], body: serde_json::Value) -> Result<File, StoreError> {
+        let mut q = vec![("fields", FILE_FIELDS), ("supportsAllDrives", "true")];
+        q.extend_from_slice(query);
+        let r = self.send(op, what, method, &self.url(path, &q), &Body::Json(body), &[]).await?;
+        Self::json(op, what, r).await
+    }
+
+    /// One-request upload of a small file: new (`id` None, metadata names it) or new content.
+    pub async fn upload_multipart(&self, what: &str, id: Option<&str>, meta: serde_json::Value, data: Bytes) -> Result<File, StoreError> {
+        let boundary = "bucketfs-part-boundary-7c1e4";
+        let mut body = format!("--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
+        body.extend_from_slice(&data);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let (method, path) = upload_target(id);
+        let url = self.url(&path, &[("uploadType", "multipart"), ("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
+        let ct = format!("multipart/related; boundary={boundary}");
+        let r = self.send("write", what, method, &url, &Body::Raw(body.into(), ct), &[]).await?;
+        Self::json("write", what, r).await
+    }
+
+    /// Start a resumable upload; returns the session URL.
+    pub async fn upload_session(&self, what: &str, id: Option<&str>, meta: serde_json::Value) -> Result<String, StoreError> {
+        let (method, path) = upload_target(id);
+        let url = self.url(&path, &[("uploadType", "resumable"), ("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
+        let r = self.send("write", what, method, &url, &Body::Json(meta), &[]).await?;
+        r.headers()
+            .get("Location")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .ok_or_else(|| StoreError::new(StoreErrorKind::Other, format!("write {what:?}: no upload session URL")))
+    }
+
+    /// Send bytes at `offset` of a resumable upload; with `total`, this is the last chunk
+    /// and the new file comes back.
+    pub async fn upload_chunk(&self, what: &str, session: &str, offset: u64, data: Bytes, total: Option<u64>) -> Result<Option<File>, StoreError> {
+        let end = offset + data.len() as u64;
+        let range = match (data.is_empty(), total) {
+            (true, Some(t)) => format!("bytes */{t}"),
+            (_, t) => format!("bytes {offset}-{}/{}", end.saturating_sub(1), t.map_or("*".into(), |t| t.to_string())),
+        };
+        let body = Body::Raw(data, "application/octet-stream".into());
+        let r = self.send("write", what, Method::PUT, session, &body, &[("Content-Range", range)]).await?;
+        if r.status() == StatusCode::PERMANENT_REDIRECT {
+            return Ok(None);
+        }
+        Ok(Some(Self::json("write", what, r).await?))
+    }
+}
+
+fn upload_target(id: Option<&str>) -> (Method, String) {
+    match id {
+        Some(id) => (Method::PATCH, format!("/upload/drive/v3/files/{id}")),
+        None => (Method::POST, "/upload/drive/v3/files".into()),
+    }
+}

@@ -1,0 +1,472 @@
+//! [`Store`] over the Google Drive v3 API (`gdrive://[FOLDER-ID]`).
+//!
+//! OpenDAL's Drive service is path-based and fixed to Google's hosts, so it can show
+//! neither repeated names nor exported Docs, cannot follow the changes feed and cannot
+//! reach an emulator; this is a small client of our own (docs/ARCHITECTURE.md).
+//!
+//! - At the first call the whole tree is listed (every file that is not trashed) and kept
+//!   as a path map ([`tree`]), as GCSF does; `head` and `list` are answered from it.
+//! - It stays fresh through the changes feed, read before a `head`/`list` when the last
+//!   read is older than the poll interval (`BUCKETFS_GDRIVE_POLL_SECS`, default 1 s, like `--metadata-ttl`):
+//!   an idle mount sends nothing.
+//! - Our own writes update the map at once from the API's answer.
+//! - Reads are ranged `alt=media` downloads; Docs/Sheets/Slides are exported whole
+//!   (Drive's export has no ranges), cached per version, and read-only.
+//! - `delete` moves to Drive's trash; `copy` is `files.copy`; writes are one multipart
+//!   request up to one part, else a resumable upload sent part by part.
+
+pub mod auth;
+pub mod client;
+pub mod tree;
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use reqwest::Method;
+use serde_json::json;
+
+use self::auth::{Auth, Credentials};
+use self::client::{Body, Client, GOOGLE_API};
+use self::tree::{drive_name, File, Tree, FOLDER};
+use crate::{Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
+
+/// How a Drive store is set up.
+#[derive(Debug, Clone)]
+pub struct DriveConfig {
+    /// Folder ID to mount; `root` is My Drive.
+    pub folder: String,
+    /// API host (and token/consent host) instead of Google's: the tests' emulator.
+    pub endpoint: Option<String>,
+    /// Hide Google Docs/Sheets/Slides instead of showing their exports.
+    pub hide_docs: bool,
+    pub poll: Duration,
+    pub retries: usize,
+    pub request_timeout: Duration,
+}
+
+struct State {
+    tree: Tree,
+    page_token: String,
+    refreshed: Instant,
+}
+
+/// An exported Google Doc: (file ID, version) and its bytes.
+type Export = ((String, String), Bytes);
+
+pub struct GdriveStore {
+    client: Client,
+    cfg: DriveConfig,
+    state: Mutex<Option<State>>,
+    /// Serialises loads and change reads so one runs at a time.
+    refresh: tokio::sync::Mutex<()>,
+    exports: Mutex<Vec<Export>>,
+    /// Ourselves, for listing streams and writers that outlive a `&self` call.
+    me: Weak<GdriveStore>,
+}
+
+fn err(kind: StoreErrorKind, msg: String) -> StoreError {
+    StoreError::new(kind, msg)
+}
+
+impl GdriveStore {
+    pub fn open(cfg: DriveConfig) -> Result<Arc<Self>, StoreError> {
+        let (creds, file_token_uri) = Credentials::from_env()?;
+        let base = cfg.endpoint.as_deref().map(|e| e.trim_end_matches('/').to_string());
+        let token_url = match &base {
+            Some(b) => format!("{b}/token"),
+            None => file_token_uri.unwrap_or_else(|| auth::GOOGLE_TOKEN_URL.into()),
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(cfg.request_timeout)
+            .build()
+            .map_err(|e| err(StoreErrorKind::Config, format!("cannot build the HTTP client: {e}")))?;
+        let client = Client {
+            auth: Auth::new(creds, token_url, http.clone()),
+            http,
+            api: base.unwrap_or_else(|| GOOGLE_API.into()),
+            retries: cfg.retries,
+        };
+        Ok(Arc::new_cyclic(|me| Self {
+            client,
+            cfg,
+            state: Mutex::new(None),
+            refresh: Default::default(),
+            exports: Default::default(),
+            me: me.clone(),
+        }))
+    }
+
+    /// Load the tree if not yet loaded, else read the changes feed if it is older than the
+    /// poll interval (`force`: whatever its age).
+    async fn fresh(&self, force: bool) -> Result<(), StoreError> {
+        let due = |s: &Option<State>| s.as_ref().is_none_or(|s| force || s.refreshed.elapsed() >= self.cfg.poll);
+        if !due(&self.state.lock().unwrap()) {
+            return Ok(());
+        }
+        let _one = self.refresh.lock().await;
+        let token = match self.state.lock().unwrap().as_ref() {
+            Some(s) if !force && s.refreshed.elapsed() < self.cfg.poll => return Ok(()),
+            Some(s) => Some(s.page_token.clone()),
+            None => None,
+        };
+        let Some(token) = token else {
+            // Take the changes token first so nothing made during the listing is missed.
+            let page_token = self.client.start_page_token().await?;
+            let root = self.client.get_file(&self.cfg.folder).await.map_err(|e| match e.kind {
+                StoreErrorKind::NotFound => StoreError::not_found(format!("Drive folder {:?} not found", self.cfg.folder)),
+                _ => e,
+            })?;
+            if !root.is_folder() {
+                return Err(err(StoreErrorKind::Config, format!("{:?} is a file, not a Drive folder", self.cfg.folder)));
+            }
+            let files = self.client.list_all().await?;
+            let mut tree = Tree::new(root.id, self.cfg.hide_docs);
+            files.into_iter().for_each(|f| tree.upsert(f));
+            tree.rebuild();
+            *self.state.lock().unwrap() = Some(State { tree, page_token, refreshed: Instant::now() });
+            return Ok(());
+        };
+        let (changes, next) = self.client.changes(&token).await?;
+        let mut g = self.state.lock().unwrap();
+        let s = g.as_mut().expect("loaded above");
+        for c in changes {
+            match c.file {
+                Some(f) if !c.removed => s.tree.upsert(f),
+                _ => s.tree.remove(&c.file_id),
+            }
+        }
+        s.tree.rebuild();
+        s.page_token = next;
+        s.refreshed = Instant::now();
+        Ok(())
+    }
+
+    fn with_tree<T>(&self, f: impl FnOnce(&mut Tree) -> T) -> T {
+        let mut g = self.state.lock().unwrap();
+        f(&mut g.as_mut().expect("tree loaded before use").tree)
+    }
+
+    fn lookup(&self, key: &str) -> Option<File> {
+        self.with_tree(|t| t.lookup(key).or_else(|| t.lookup(&format!("{key}/"))).cloned())
+    }
+
+    /// Record a file the API just returned, so our own change is visible at once.
+    fn learn(&self, f: File) {
+        self.with_tree(|t| {
+            t.upsert(f);
+            t.rebuild();
+        });
+    }
+
+    /// The parent folder ID and Drive name for a new `key`; missing parent folders are
+    /// created, as a local filesystem store creates parent directories on write.
+    async fn placement(&self, key: &str) -> Result<(String, String), StoreError> {
+        self.fresh(false).await?;
+        let trimmed = key.trim_end_matches('/');
+        let (dir, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+        let mut parent = self.with_tree(|t| t.root().to_string());
+        let mut at = String::new();
+        for seg in dir.split('/').filter(|s| !s.is_empty()) {
+            at.push_str(seg);
+            at.push('/');
+            parent = match self.lookup(&at) {
+                Some(f) if f.is_folder() => f.id,
+                Some(_) => return Err(err(StoreErrorKind::Other, format!("write {key:?}: {at:?} is a file"))),
+                None => {
+                    let body = json!({"name": drive_name(seg), "mimeType": FOLDER, "parents": [parent]});
+                    let f = self.client.meta("mkdir", &at, Method::POST, "/drive/v3/files", &[], body).await?;
+                    self.learn(f.clone());
+                    f.id
+                }
+            };
+        }
+        Ok((parent, drive_name(name)))
+    }
+
+    fn meta(&self, key: &str, f: &File, size: u64) -> ObjectMeta {
+        let key = if f.is_folder() && !key.ends_with('/') { format!("{key}/") } else { key.to_string() };
+        ObjectMeta { key, size, etag: Some(f.etag()), mtime: f.mtime() }
+    }
+
+    /// A file's size: its own, or its export's for a Google Doc (exported once per version).
+    async fn size_of(&self, key: &str, f: &File) -> Result<u64, StoreError> {
+        match f.export() {
+            Some(_) => Ok(self.exported(key, f).await?.len() as u64),
+            None => Ok(f.size()),
+        }
+    }
+
+    async fn exported(&self, key: &str, f: &File) -> Result<Bytes, StoreError> {
+        let id = (f.id.clone(), f.version.clone().unwrap_or_default());
+        if let Some((_, b)) = self.exports.lock().unwrap().iter().find(|(k, _)| *k == id) {
+            return Ok(b.clone());
+        }
+        let (mime, _) = f.export().expect("a Google Doc");
+        let b = self.client.export(&f.id, key, mime).await?;
+        let mut cache = self.exports.lock().unwrap();
+        cache.retain(|((i, _), _)| *i != f.id);
+        // Keep the last few exports (Drive caps an export at 10 MB).
+        if cache.len() >= 8 {
+            cache.remove(0);
+        }
+        cache.push((id, b.clone()));
+        Ok(b)
+    }
+
+    fn read_only(key: &str) -> StoreError {
+        err(StoreErrorKind::PermissionDenied, format!("write {key:?}: Google Docs, Sheets and Slides are shown as read-only exports"))
+    }
+
+    /// Upload `data` as `key` in one request (new file, or new content of the existing one).
+    async fn put_small(&self, key: &str, data: Bytes) -> Result<File, StoreError> {
+        let f = match self.lookup(key) {
+            Some(f) if f.export().is_some() => return Err(Self::read_only(key)),
+            Some(f) if f.is_folder() => return Err(err(StoreErrorKind::Other, format!("write {key:?}: is a folder"))),
+            Some(f) => self.client.upload_multipart(key, Some(&f.id), json!({}), data).await?,
+            None => {
+                let (parent, name) = self.placement(key).await?;
+                self.client.upload_multipart(key, None, json!({"name": name, "parents": [parent]}), data).await?
+            }
+        };
+        self.learn(f.clone());
+        Ok(f)
+    }
+}
+
+#[async_trait]
+impl Store for GdriveStore {
+    fn describe(&self) -> String {
+        format!("gdrive://{}", self.cfg.folder)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { read_if_match: false, copy: true, prefix_dirs: false }
+    }
+
+    async fn check(&self) -> Result<(), StoreError> {
+        self.fresh(false).await
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        self.fresh(false).await?;
+        if key.is_empty() {
+            return Ok(ObjectMeta { key: String::new(), size: 0, etag: None, mtime: None });
+        }
+        let f = self.lookup(key).ok_or_else(|| StoreError::not_found(format!("head {key:?}: not found")))?;
+        let size = self.size_of(key, &f).await?;
+        Ok(self.meta(key, &f, size))
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>, _if_match: Option<&str>) -> Result<Bytes, StoreError> {
+        self.fresh(false).await?;
+        let f = self.lookup(key).ok_or_else(|| StoreError::not_found(format!("read {key:?}: not found")))?;
+        if f.export().is_some() {
+            let b = self.exported(key, &f).await?;
+            let (a, e) = ((range.start as usize).min(b.len()), (range.end as usize).min(b.len()));
+            return Ok(b.slice(a..e));
+        }
+        if range.start >= range.end || range.start >= f.size() {
+            return Ok(Bytes::new());
+        }
+        self.client.download(&f.id, key, range.start, range.end.min(f.size())).await
+    }
+
+    fn list(&self, prefix: &str, recursive: bool) -> ListStream {
+        let prefix = prefix.to_string();
+        let this = self.clone_handle();
+        Box::pin(async_stream(async move {
+            this.fresh(false).await?;
+            if !prefix.is_empty() && this.with_tree(|t| t.lookup(&prefix).is_none()) {
+                return Ok(Vec::new());
+            }
+            let entries = this.with_tree(|t| t.list(&prefix, recursive));
+            let mut out = Vec::with_capacity(entries.len());
+            for (k, f) in entries {
+                let size = this.size_of(&k, &f).await?;
+                out.push(this.meta(&k, &f, size));
+            }
+            Ok(out)
+        }))
+    }
+
+    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
+        self.fresh(false).await?;
+        let size = data.len() as u64;
+        let f = self.put_small(key, data).await?;
+        Ok(self.meta(key, &f, size))
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.fresh(false).await?;
+        let Some(f) = self.lookup(key) else { return Ok(()) };
+        let trashed = self
+            .client
+            .meta("delete", key, Method::PATCH, &format!("/drive/v3/files/{}", f.id), &[], json!({"trashed": true}))
+            .await;
+        match trashed {
+            Ok(_) | Err(StoreError { kind: StoreErrorKind::NotFound, .. }) => {}
+            Err(e) => return Err(e),
+        }
+        self.with_tree(|t| {
+            t.remove(&f.id);
+            t.rebuild();
+        });
+        Ok(())
+    }
+
+    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.fresh(false).await?;
+        let src = self.lookup(from).ok_or_else(|| StoreError::not_found(format!("copy {from:?}: not found")))?;
+        let old = self.lookup(to);
+        if old.as_ref().is_some_and(|o| o.export().is_some()) {
+            return Err(Self::read_only(to));
+        }
+        let (parent, name) = self.placement(to).await?;
+        let path = format!("/drive/v3/files/{}/copy", src.id);
+        let f = self.client.meta("copy", to, Method::POST, &path, &[], json!({"name": name, "parents": [parent]})).await?;
+        self.learn(f);
+        // Replace semantics: the copy takes the name, the old target goes to the trash.
+        if let Some(o) = old {
+            self.client.meta("copy", to, Method::PATCH, &format!("/drive/v3/files/{}", o.id), &[], json!({"trashed": true})).await?;
+            self.with_tree(|t| {
+                t.remove(&o.id);
+                t.rebuild();
+            });
+        }
+        Ok(())
+    }
+
+    async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
+        self.fresh(false).await?;
+        if key.is_empty() || self.lookup(key).is_some_and(|f| f.is_folder()) {
+            return Ok(());
+        }
+        let (parent, name) = self.placement(key).await?;
+        let f = self
+            .client
+            .meta("mkdir", key, Method::POST, "/drive/v3/files", &[], json!({"name": name, "mimeType": FOLDER, "parents": [parent]}))
+            .await?;
+        self.learn(f);
+        Ok(())
+    }
+
+    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.fresh(false).await?;
+        if self.lookup(key).is_some_and(|f| f.export().is_some()) {
+            return Err(Self::read_only(key));
+        }
+        // Resumable chunks must be multiples of 256 KiB.
+        let part = (opts.part_size.max(256 * 1024) / (256 * 1024)) * 256 * 1024;
+        Ok(Box::new(DriveWriter { store: self.clone_handle(), key: key.to_string(), part, buf: BytesMut::new(), session: None, sent: 0 }))
+    }
+
+    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
+        let meta = self.head(key).await?;
+        let md5 = self.lookup(key).and_then(|f| f.md5_checksum).and_then(|h| {
+            let mut out = [0u8; 16];
+            (h.len() == 32).then_some(())?;
+            for (i, b) in out.iter_mut().enumerate() {
+                *b = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok()?;
+            }
+            Some(out)
+        });
+        Ok(ObjectDigests { meta, etag: None, md5 })
+    }
+}
+
+/// A cheap handle for streams and writers that outlive `&self`.
+#[derive(Clone)]
+struct Handle(Arc<GdriveStore>);
+
+impl std::ops::Deref for Handle {
+    type Target = GdriveStore;
+    fn deref(&self) -> &GdriveStore {
+        &self.0
+    }
+}
+
+impl GdriveStore {
+    fn clone_handle(&self) -> Handle {
+        Handle(self.me.upgrade().expect("a GdriveStore lives in the Arc made by GdriveStore::open"))
+    }
+}
+
+/// A listing computed at once, streamed entry by entry.
+fn async_stream(
+    fut: impl std::future::Future<Output = Result<Vec<ObjectMeta>, StoreError>> + Send + 'static,
+) -> impl futures::Stream<Item = Result<ObjectMeta, StoreError>> + Send {
+    use futures::{StreamExt, TryStreamExt};
+    futures::stream::once(fut)
+        .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
+        .try_flatten()
+        .boxed()
+}
+
+/// Buffers one part; the first full part opens a resumable session, `close` sends the
+/// rest (or everything in one multipart request for a small file).
+struct DriveWriter {
+    store: Handle,
+    key: String,
+    part: usize,
+    buf: BytesMut,
+    session: Option<String>,
+    sent: u64,
+}
+
+impl DriveWriter {
+    async fn open_session(&mut self) -> Result<(), StoreError> {
+        let session = match self.store.lookup(&self.key) {
+            Some(f) => self.store.client.upload_session(&self.key, Some(&f.id), json!({})).await?,
+            None => {
+                let (parent, name) = self.store.placement(&self.key).await?;
+                self.store.client.upload_session(&self.key, None, json!({"name": name, "parents": [parent]})).await?
+            }
+        };
+        self.session = Some(session);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ObjectWriter for DriveWriter {
+    async fn write(&mut self, data: Bytes) -> Result<(), StoreError> {
+        self.buf.extend_from_slice(&data);
+        while self.buf.len() > self.part {
+            if self.session.is_none() {
+                self.open_session().await?;
+            }
+            let chunk = self.buf.split_to(self.part).freeze();
+            let n = chunk.len() as u64;
+            self.store.client.upload_chunk(&self.key, self.session.as_ref().unwrap(), self.sent, chunk, None).await?;
+            self.sent += n;
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
+        let rest = std::mem::take(&mut self.buf).freeze();
+        let total = self.sent + rest.len() as u64;
+        let f = match &self.session {
+            None => self.store.put_small(&self.key, rest).await?,
+            Some(s) => {
+                let f = self.store.client.upload_chunk(&self.key, s, self.sent, rest, Some(total)).await?;
+                let f = f.ok_or_else(|| err(StoreErrorKind::Other, format!("write {:?}: upload not complete", self.key)))?;
+                self.store.learn(f.clone());
+                f
+            }
+        };
+        Ok(self.store.meta(&self.key, &f, total))
+    }
+
+    async fn abort(&mut self) -> Result<(), StoreError> {
+        if let Some(s) = self.session.take() {
+            let _ = self.store.client.send("abort", &self.key, Method::DELETE, &s, &Body::None, &[]).await;
+        }
+        self.buf.clear();
+        Ok(())
+    }
+}

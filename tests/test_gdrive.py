@@ -1,0 +1,227 @@
+"""Google Drive (gdrive://) behaviour on a real mount, against the Drive API emulator
+(scripts/drive_emulator.py, started by scripts/test-env.sh): repeated names, Docs shown as
+read-only exports (or hidden), trash hidden, throttling retried, the changes feed, and the
+three ways to authenticate (refresh token, service-account key, headless consent flow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from conftest import bucketfs_env, mounted, new_mountpoint, require_bin, require_store, run_cli, wait_until
+import drive_seed as ds
+
+DOC = "application/vnd.google-apps.document"
+SHEET = "application/vnd.google-apps.spreadsheet"
+NO_CREDS = {"BUCKETFS_GDRIVE_CLIENT_ID": None, "BUCKETFS_GDRIVE_CLIENT_SECRET": None,
+            "BUCKETFS_GDRIVE_REFRESH_TOKEN": None, "BUCKETFS_GDRIVE_TOKEN_FILE": None,
+            "GOOGLE_APPLICATION_CREDENTIALS": None}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    require_store("gdrive")
+    require_bin()
+    fid = ds.create("t-" + uuid.uuid4().hex[:10], "root")["id"]
+    yield fid
+    ds.api("DELETE", f"/drive/v3/files/{fid}")
+
+
+def args(fid: str, *extra: str) -> list[str]:
+    return [f"gdrive://{fid}", "--endpoint", ds.ENDPOINT, *extra]
+
+
+def drive_env(tmp_path, **overrides) -> dict:
+    # A private staging dir: a refused write stays staged there, not in ~/.cache.
+    return bucketfs_env(**{**ds.env(), "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+                           "XDG_CACHE_HOME": str(tmp_path / "cache"), **overrides})
+
+
+def export_of(fid: str) -> bytes:
+    st, out = ds.api("GET", f"/drive/v3/files/{fid}/export",
+                     {"mimeType": "application/vnd.openxmlformats-officedocument.wordprocessingml.document"}, raw=True)
+    assert st == 200, out
+    return out
+
+
+def test_duplicates_docs_trash_and_folders(folder, tmp_path):
+    first = ds.control("seed", {"name": "a.txt", "parent": folder, "content": "first",
+                                "createdTime": "2024-01-01T00:00:00.000Z"})
+    second = ds.control("seed", {"name": "a.txt", "parent": folder, "content": "second",
+                                 "createdTime": "2024-01-02T00:00:00.000Z"})
+    doc = ds.control("seed", {"name": "Notes", "parent": folder, "content": "PK doc export", "mimeType": DOC})
+    ds.control("seed", {"name": "Budget", "parent": folder, "content": "PK sheet", "mimeType": SHEET})
+    ds.control("seed", {"name": "gone.txt", "parent": folder, "content": "x", "trashed": True})
+    ds.control("seed", {"name": "form", "parent": folder, "mimeType": "application/vnd.google-apps.form"})
+    sub = ds.create("sub", folder)
+    ds.create("x/y.txt", sub["id"], b"slash")
+    with mounted(args(folder), env=drive_env(tmp_path)) as mp:
+        dup = f"a~{second['id'][:8]}.txt"
+        assert sorted(os.listdir(mp)) == sorted(["a.txt", dup, "Notes.docx", "Budget.xlsx", "sub"])
+        assert open(os.path.join(mp, "a.txt"), "rb").read() == b"first"  # the oldest keeps the name
+        assert open(os.path.join(mp, dup), "rb").read() == b"second"
+        assert os.listdir(os.path.join(mp, "sub")) == ["x／y.txt"]
+        assert open(os.path.join(mp, "sub", "x／y.txt"), "rb").read() == b"slash"
+        assert not os.path.exists(os.path.join(mp, "gone.txt"))
+        p = os.path.join(mp, "Notes.docx")
+        assert os.stat(p).st_size == len(b"PK doc export")
+        assert open(p, "rb").read() == b"PK doc export"
+        # Exports are read-only: the write is refused when it is uploaded (at close).
+        with pytest.raises(OSError):
+            with open(p, "wb") as f:
+                f.write(b"overwritten")
+        assert export_of(doc["id"]) == b"PK doc export"
+        # Writing a new file through the mount lands in the same folder on Drive.
+        with open(os.path.join(mp, "sub", "new.bin"), "wb") as f:
+            f.write(b"n" * 1000)
+        got = [f for f in ds.children(sub["id"]) if f["name"] == "new.bin"]
+        assert len(got) == 1 and got[0]["size"] == "1000"
+        assert first["id"] != second["id"]
+
+
+def test_hide_docs_flag(folder, tmp_path):
+    ds.control("seed", {"name": "Notes", "parent": folder, "content": "d", "mimeType": DOC})
+    ds.control("seed", {"name": "plain.txt", "parent": folder, "content": "p"})
+    with mounted(args(folder, "--gdrive-hide-docs"), env=drive_env(tmp_path)) as mp:
+        assert os.listdir(mp) == ["plain.txt"]
+
+
+def test_rate_limits_are_retried(folder, tmp_path):
+    ds.control("seed", {"name": "r.txt", "parent": folder, "content": "read me"})
+    with mounted(args(folder), env=drive_env(tmp_path)) as mp:
+        before = ds.control("stats")["failed_injected"]
+        for status, reason in [(403, "userRateLimitExceeded"), (403, "rateLimitExceeded"), (429, "rateLimitExceeded"),
+                               (503, "backendError")]:
+            ds.control("fail", {"count": 1, "status": status, "reason": reason})
+        with open(os.path.join(mp, "w.txt"), "wb") as f:
+            f.write(b"written through throttling")
+        assert open(os.path.join(mp, "r.txt"), "rb").read() == b"read me"
+        assert ds.control("stats")["failed_injected"] - before == 4
+        assert ds.control("stats")["pending_failures"] == 0
+    w = [f for f in ds.children(folder) if f["name"] == "w.txt"]
+    assert len(w) == 1
+    st, body = ds.api("GET", f"/drive/v3/files/{w[0]['id']}", {"alt": "media"}, raw=True)
+    assert body == b"written through throttling"
+
+
+def test_changes_made_elsewhere_show_up(folder, tmp_path):
+    keep = ds.create("keep.txt", folder, b"v1")
+    old = ds.create("old.txt", folder, b"o")
+    env = drive_env(tmp_path, BUCKETFS_GDRIVE_POLL_SECS="0.5")
+    with mounted(args(folder, "--metadata-ttl", "0.5"), env=env) as mp:
+        assert sorted(os.listdir(mp)) == ["keep.txt", "old.txt"]
+        ds.create("added.txt", folder, b"added elsewhere")
+        ds.api("PATCH", f"/drive/v3/files/{old['id']}", body={"trashed": True})
+        ds.api("PATCH", f"/upload/drive/v3/files/{keep['id']}", {"uploadType": "media"}, b"version two")
+        assert wait_until(lambda: sorted(os.listdir(mp)) == ["added.txt", "keep.txt"], 10), os.listdir(mp)
+        assert open(os.path.join(mp, "added.txt"), "rb").read() == b"added elsewhere"
+        assert wait_until(lambda: open(os.path.join(mp, "keep.txt"), "rb").read() == b"version two", 10)
+
+
+def test_no_credentials_is_one_clear_line(folder, tmp_path):
+    p = run_cli(["mount", f"gdrive://{folder}", new_mountpoint(), "--endpoint", ds.ENDPOINT],
+                env=drive_env(tmp_path, **NO_CREDS))
+    assert p.returncode != 0
+    assert "no Google Drive credentials" in p.err and "bucketfs auth gdrive" in p.err, p.err
+    assert len(p.err.strip().splitlines()) == 1
+
+
+def test_service_account_key(folder, tmp_path):
+    ds.control("seed", {"name": "sa.txt", "parent": folder, "content": "via service account"})
+    key = tmp_path / "key.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key)],
+                   check=True, capture_output=True)
+    modulus = subprocess.run(["openssl", "rsa", "-in", str(key), "-noout", "-modulus"], check=True,
+                             capture_output=True, text=True).stdout.strip().split("=", 1)[1]
+    email = f"sa-{uuid.uuid4().hex[:6]}@test.iam.gserviceaccount.com"
+    sa = tmp_path / "sa.json"
+    sa.write_text(json.dumps({"type": "service_account", "client_email": email, "private_key": key.read_text(),
+                              "token_uri": "https://oauth2.googleapis.com/token"}))
+    env = drive_env(tmp_path, **{**NO_CREDS, "GOOGLE_APPLICATION_CREDENTIALS": str(sa)})
+    # Not registered with the server yet: the signed assertion is refused.
+    p = run_cli(["mount", f"gdrive://{folder}", new_mountpoint(), "--endpoint", ds.ENDPOINT], env=env)
+    assert p.returncode != 0 and "refused" in p.err, p.err
+    ds.control("sa_key", {"email": email, "n": modulus})
+    grants = ds.control("stats")["token_grants"].get("urn:ietf:params:oauth:grant-type:jwt-bearer", 0)
+    with mounted(args(folder), env=env) as mp:
+        assert open(os.path.join(mp, "sa.txt"), "rb").read() == b"via service account"
+    assert ds.control("stats")["token_grants"]["urn:ietf:params:oauth:grant-type:jwt-bearer"] > grants
+
+
+def consent(url: str) -> str:
+    """What a browser on another machine does: open the consent page, end on the redirect."""
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **k):
+            return None
+    try:
+        urllib.request.build_opener(NoRedirect).open(url, timeout=10)
+    except urllib.error.HTTPError as e:
+        assert e.code == 302
+        return e.headers["Location"]
+    raise AssertionError("the consent page did not redirect")
+
+
+def test_headless_auth_flow(folder, tmp_path):
+    ds.control("seed", {"name": "h.txt", "parent": folder, "content": "after consent"})
+    token_file = tmp_path / "cfg" / "bucketfs" / "gdrive-token.json"
+    env = drive_env(tmp_path, **{**NO_CREDS, "BUCKETFS_GDRIVE_CLIENT_ID": ds.CLIENT["client_id"],
+                                 "BUCKETFS_GDRIVE_CLIENT_SECRET": ds.CLIENT["client_secret"]})
+    proc = subprocess.Popen([require_bin(), "auth", "gdrive", "--endpoint", ds.ENDPOINT], env=env,
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        url = ""
+        while not url:
+            line = proc.stderr.readline()
+            assert line, "bucketfs auth gdrive printed no consent address"
+            if line.strip().startswith("http"):
+                url = line.strip()
+        assert "client_id=" in url and "access_type=offline" in url
+        redirected = consent(url)  # http://localhost?code=...: the user pastes the whole address
+        out, err = proc.communicate(redirected + "\n", timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert ds.CLIENT["refresh_token"] not in err and ds.CLIENT["client_secret"] not in err
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    saved = json.loads(token_file.read_text())
+    assert saved["type"] == "authorized_user" and saved["refresh_token"] == ds.CLIENT["refresh_token"]
+    # The saved file is found by default: no other credentials in the environment.
+    with mounted(args(folder), env=drive_env(tmp_path, **NO_CREDS)) as mp:
+        assert open(os.path.join(mp, "h.txt"), "rb").read() == b"after consent"
+    # A wrong code: refused, one line, exit 1.
+    bad = subprocess.run([require_bin(), "auth", "gdrive", "--endpoint", ds.ENDPOINT], env=env, input="4/not-a-code\n",
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "refused" in bad.stderr.strip().splitlines()[-1], bad.stderr
+
+
+def test_unmount_leaves_nothing(folder, tmp_path):
+    with mounted(args(folder), env=drive_env(tmp_path)) as mp:
+        os.makedirs(os.path.join(mp, "d1", "d2"))
+        with open(os.path.join(mp, "d1", "d2", "f"), "wb") as f:
+            f.write(b"x")
+        os.rename(os.path.join(mp, "d1", "d2", "f"), os.path.join(mp, "d1", "g"))
+        os.rmdir(os.path.join(mp, "d1", "d2"))
+        assert os.listdir(os.path.join(mp, "d1")) == ["g"]
+    d1 = [f for f in ds.children(folder) if f["name"] == "d1"]
+    assert len(d1) == 1 and [f["name"] for f in ds.children(d1[0]["id"])] == ["g"]
+
+
+def test_cp_to_and_from_drive(folder, tmp_path):
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(20 * 1024 * 1024 + 17))  # more than one 8 MiB part: a resumable upload
+    env = drive_env(tmp_path)
+    p = run_cli(["cp", str(src), f"gdrive://{folder}/x/big.bin", "--endpoint", ds.ENDPOINT], env=env)
+    assert p.returncode == 0, p.err
+    x = [f for f in ds.children(folder) if f["name"] == "x"]
+    assert len(x) == 1 and [f["name"] for f in ds.children(x[0]["id"])] == ["big.bin"]
+    back = tmp_path / "back.bin"
+    p = run_cli(["cp", f"gdrive://{folder}/x/big.bin", str(back), "--endpoint", ds.ENDPOINT], env=env)
+    assert p.returncode == 0, p.err
+    assert back.read_bytes() == src.read_bytes()
