@@ -146,7 +146,21 @@ impl MountArgs {
     }
 }
 
+/// glibc gives each thread that allocates its own arena and keeps what is freed there; with
+/// tokio workers, blocking threads (disk cache, staging) and 2 MiB blocks moving between
+/// them, that retained memory was most of the peak RSS (reading 1 GiB: 272 MiB with the
+/// disk cache, 152 MiB with two arenas). Two arenas, and big buffers straight from mmap.
+fn tune_malloc() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
+}
+
 fn main() -> ExitCode {
+    tune_malloc();
     let mut argv: Vec<OsString> = std::env::args_os().collect();
     if argv.first().is_some_and(|a| fstab::is_helper(&a.to_string_lossy())) {
         let lossy: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();

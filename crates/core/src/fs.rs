@@ -268,9 +268,13 @@ impl Fs {
             }
             self.store.head(&dir_key).await
         };
-        let link_key = format!("{file_key}{}", crate::links::LINK_SUFFIX);
-        let (file, child, marker, link) =
-            tokio::join!(self.store.head_attrs(&file_key), first_child, marker, self.store.head(&link_key));
+        let link = async {
+            if !crate::links::may_be_link(name) {
+                return Err(bucketfs_store::StoreError::not_found(""));
+            }
+            self.store.head(&format!("{file_key}{}", crate::links::LINK_SUFFIX)).await
+        };
+        let (file, child, marker, link) = tokio::join!(self.store.head_attrs(&file_key), first_child, marker, link);
         let dir_meta = ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None };
         if matches!(child, Some(Ok(_))) || marker.is_ok() {
             let mtime = marker.as_ref().ok().and_then(|m| m.mtime);

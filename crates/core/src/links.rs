@@ -20,6 +20,12 @@ pub fn link_name(file_name: &str) -> Option<&str> {
     file_name.strip_suffix(LINK_SUFFIX).filter(|n| names::valid_segment(n))
 }
 
+/// Whether `name` can be a link: its object's name (with the suffix) must fit NAME_MAX,
+/// which stores such as MinIO enforce per key segment.
+pub fn may_be_link(name: &str) -> bool {
+    name.len() + LINK_SUFFIX.len() <= names::NAME_MAX
+}
+
 /// How a listed (non-directory) name shows: as a link (suffix removed) or a file.
 pub fn classify(file_name: &str) -> (&str, Kind) {
     match link_name(file_name) {
@@ -52,7 +58,7 @@ impl crate::fs::Fs {
         if target.is_empty() || target.contains('\0') {
             return Err(FsError::NotFound); // ENOENT, as Linux answers an empty target
         }
-        if target.len() > TARGET_MAX {
+        if target.len() > TARGET_MAX || !may_be_link(name) {
             return Err(FsError::NameTooLong);
         }
         if self.resolve(parent, name).await?.is_some() {
