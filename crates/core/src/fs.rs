@@ -320,12 +320,13 @@ impl Fs {
 
     /// Refresh `dir`'s listing from the store if it is older than the TTL.
     pub(crate) async fn ensure_listing(&self, dir: &Node) -> Result<(), FsError> {
-        {
+        let since = {
             let t = self.table.lock().unwrap();
             if t.listing(dir.ino).is_some_and(|l| l.is_fresh()) {
                 return Ok(());
             }
-        }
+            t.change_seq()
+        };
         let started = Instant::now();
         let mut children: HashMap<String, ChildMeta> = HashMap::new();
         let mut skipped = 0usize;
@@ -353,7 +354,8 @@ impl Fs {
             tracing::debug!(dir = %dir.key, skipped, "keys that are not valid file names are not shown");
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
-        self.table.lock().unwrap().set_listing(dir.ino, Listing { at: started, valid_for: self.cfg.metadata_ttl, children });
+        let listing = Listing { at: started, valid_for: self.cfg.metadata_ttl, children };
+        self.table.lock().unwrap().set_listing_since(dir.ino, listing, since);
         Ok(())
     }
 

@@ -89,6 +89,11 @@ pub struct InodeTable {
     index: HashMap<(u64, String), u64>,
     listings: HashMap<u64, Listing>,
     next_ino: u64,
+    /// Counts changes to directories' contents recorded here; `changed[dir]` is the count at
+    /// `dir`'s latest. A listing fetched from the store while its directory changed here may
+    /// miss that change, so it is installed stale (see [`InodeTable::set_listing_since`]).
+    change_seq: u64,
+    changed: HashMap<u64, u64>,
 }
 
 impl InodeTable {
@@ -109,7 +114,7 @@ impl InodeTable {
             kernel_cached: None,
             mtime_set: None,
         };
-        Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2 }
+        Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2, change_seq: 0, changed: HashMap::new() }
     }
 
     pub fn get(&self, ino: u64) -> Option<&Node> {
@@ -128,10 +133,7 @@ impl InodeTable {
     /// Reuses the existing inode when the kind matches, otherwise allocates a new one.
     pub fn upsert(&mut self, parent: u64, meta: &ChildMeta) -> u64 {
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
-        let key_of = |m: &ChildMeta| match m.kind {
-            Kind::Dir => format!("{parent_key}{}/", m.name),
-            Kind::File => format!("{parent_key}{}", m.name),
-        };
+        let key_of = |m: &ChildMeta| crate::names::child_key(&parent_key, &m.name, m.kind == Kind::Dir);
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.kind == meta.kind {
@@ -193,6 +195,7 @@ impl InodeTable {
             let (parent, name) = (n.parent, n.name.clone());
             self.nodes.remove(&ino);
             self.listings.remove(&ino);
+            self.changed.remove(&ino);
             if self.index.get(&(parent, name.clone())) == Some(&ino) {
                 self.index.remove(&(parent, name));
             }
@@ -202,10 +205,23 @@ impl InodeTable {
     /// Forget that (parent, name) exists, e.g. after the store says it is gone.
     pub fn unlink(&mut self, parent: u64, name: &str) {
         self.index.remove(&(parent, name.to_string()));
+        self.note_change(parent);
+    }
+
+    fn note_change(&mut self, dir: u64) {
+        self.change_seq += 1;
+        self.changed.insert(dir, self.change_seq);
+    }
+
+    /// The change count now: take it before listing the store, pass it to
+    /// [`InodeTable::set_listing_since`].
+    pub fn change_seq(&self) -> u64 {
+        self.change_seq
     }
 
     /// Record a child created or changed here in `dir`'s cached listing (if any).
     pub fn listing_insert(&mut self, dir: u64, meta: ChildMeta) {
+        self.note_change(dir);
         if let Some(l) = self.listings.get_mut(&dir) {
             l.children.insert(meta.name.clone(), meta);
         }
@@ -213,6 +229,7 @@ impl InodeTable {
 
     /// Drop `name` from `dir`'s cached listing and from the path index.
     pub fn listing_remove(&mut self, dir: u64, name: &str) {
+        self.note_change(dir);
         if let Some(l) = self.listings.get_mut(&dir) {
             l.children.remove(name);
         }
@@ -221,6 +238,7 @@ impl InodeTable {
 
     /// Forget `dir`'s cached listing so the next readdir asks the store.
     pub fn invalidate_listing(&mut self, dir: u64) {
+        self.note_change(dir);
         self.listings.remove(&dir);
     }
 
@@ -229,13 +247,12 @@ impl InodeTable {
         let Some(node) = self.nodes.get(&ino) else { return };
         let (old_parent, old_name, old_key, kind) = (node.parent, node.name.clone(), node.key.clone(), node.kind);
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
-        let new_key = match kind {
-            Kind::Dir => format!("{parent_key}{name}/"),
-            Kind::File => format!("{parent_key}{name}"),
-        };
+        let new_key = crate::names::child_key(&parent_key, name, kind == Kind::Dir);
         if self.index.get(&(old_parent, old_name.clone())) == Some(&ino) {
             self.index.remove(&(old_parent, old_name));
         }
+        self.note_change(old_parent);
+        self.note_change(parent);
         if let Some(old) = self.index.insert((parent, name.to_string()), ino) {
             if old != ino {
                 // The replaced target stays until the kernel forgets it, unreachable by path.
@@ -265,6 +282,18 @@ impl InodeTable {
     }
 
     pub fn set_listing(&mut self, dir: u64, listing: Listing) {
+        self.listings.insert(dir, listing);
+    }
+
+    /// Install a listing fetched from the store after [`InodeTable::change_seq`] was
+    /// `since`. If `dir` changed here meanwhile (a create, mkdir, unlink or rename that the
+    /// listing may or may not include), it is installed already stale: it serves the readdir
+    /// that asked for it, but lookups and the next readdir ask the store again instead of
+    /// trusting it (found by the shuttle model, crates/core/tests/model.rs).
+    pub fn set_listing_since(&mut self, dir: u64, mut listing: Listing, since: u64) {
+        if self.changed.get(&dir).is_some_and(|&c| c > since) {
+            listing.valid_for = std::time::Duration::ZERO;
+        }
         self.listings.insert(dir, listing);
     }
 
