@@ -191,7 +191,11 @@ impl Fs {
             perm: n.perm.unwrap_or(if n.kind == Kind::Dir { self.cfg.dir_mode } else { self.cfg.file_mode }),
             uid,
             gid,
-            nlink: if n.kind == Kind::Dir { 2 } else { 1 },
+            nlink: match (n.linked, n.kind) {
+                (false, _) => 0,
+                (true, Kind::Dir) => 2,
+                (true, Kind::File) => 1,
+            },
         }
     }
 
@@ -215,6 +219,11 @@ impl Fs {
         let dir = self.node(parent)?;
         if dir.kind != Kind::Dir {
             return Err(FsError::NotDir);
+        }
+        // A key the store cannot hold (S3, GCS: 1,024 bytes) cannot exist: ENAMETOOLONG, and
+        // a create or mkdir of it fails so before any request (the kernel looks up first).
+        if self.store.capabilities().max_key_len.is_some_and(|max| dir.key.len() + name.len() > max) {
+            return Err(FsError::NameTooLong);
         }
         let cached = {
             let t = self.table.lock().unwrap();

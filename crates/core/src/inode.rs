@@ -42,6 +42,9 @@ pub struct Node {
     /// An mtime set by utimens here; shown instead of the object's until the object is
     /// changed by someone else (not persisted in the bucket; see SEMANTICS.md).
     pub mtime_set: Option<SystemTime>,
+    /// Whether a path still leads here; false once unlinked, replaced or deleted behind the
+    /// mount while the kernel still holds the inode (it then shows `st_nlink` 0).
+    pub linked: bool,
 }
 
 impl Node {
@@ -113,6 +116,7 @@ impl InodeTable {
             owner: None,
             kernel_cached: None,
             mtime_set: None,
+            linked: true,
         };
         Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2, change_seq: 0, changed: HashMap::new() }
     }
@@ -147,7 +151,7 @@ impl InodeTable {
                     return ino;
                 }
             }
-            self.index.remove(&(parent, meta.name.clone()));
+            self.unlink_path(parent, &meta.name);
         }
         let ino = self.next_ino;
         self.next_ino += 1;
@@ -168,6 +172,7 @@ impl InodeTable {
                 owner: None,
                 kernel_cached: None,
                 mtime_set: None,
+                linked: true,
             },
         );
         self.index.insert((parent, meta.name.clone()), ino);
@@ -204,8 +209,16 @@ impl InodeTable {
 
     /// Forget that (parent, name) exists, e.g. after the store says it is gone.
     pub fn unlink(&mut self, parent: u64, name: &str) {
-        self.index.remove(&(parent, name.to_string()));
+        self.unlink_path(parent, name);
         self.note_change(parent);
+    }
+
+    fn unlink_path(&mut self, parent: u64, name: &str) {
+        if let Some(ino) = self.index.remove(&(parent, name.to_string())) {
+            if let Some(n) = self.nodes.get_mut(&ino) {
+                n.linked = false;
+            }
+        }
     }
 
     fn note_change(&mut self, dir: u64) {
@@ -257,6 +270,9 @@ impl InodeTable {
             if old != ino {
                 // The replaced target stays until the kernel forgets it, unreachable by path.
                 self.listings.remove(&old);
+                if let Some(n) = self.nodes.get_mut(&old) {
+                    n.linked = false;
+                }
             }
         }
         if kind == Kind::Dir {
@@ -270,6 +286,7 @@ impl InodeTable {
         node.parent = parent;
         node.name = name.to_string();
         node.key = new_key;
+        node.linked = true;
     }
 
     /// Every node, for scans that are rare (rename of a directory, staged children).

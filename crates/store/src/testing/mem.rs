@@ -26,6 +26,8 @@ pub struct MemStore {
     bytes_per_sec: u64,
     /// Count of requests made, for tests that assert "no HEAD per entry" and the like.
     pub requests: AtomicU64,
+    /// Reported in [`Capabilities::max_key_len`] (not enforced).
+    max_key_len: Option<usize>,
 }
 
 impl MemStore {
@@ -36,6 +38,12 @@ impl MemStore {
     /// Every request waits `latency` first (a round trip).
     pub fn with_latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
+        self
+    }
+
+    /// Report a key length limit, as S3 and GCS stores do.
+    pub fn with_max_key_len(mut self, bytes: usize) -> Self {
+        self.max_key_len = Some(bytes);
         self
     }
 
@@ -64,7 +72,7 @@ impl Store for MemStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { read_if_match: true, copy: true, prefix_dirs: true }
+        Capabilities { read_if_match: true, copy: true, prefix_dirs: true, max_key_len: self.max_key_len }
     }
 
     async fn check(&self) -> Result<(), StoreError> {
