@@ -96,6 +96,21 @@ def test_marker_plus_children(bucket):
         assert os.listdir(os.path.join(mp, "m")) == ["x"]
 
 
+def test_file_plus_empty_marker_of_the_same_name(bucket):
+    """Key `a` (a file) and a zero-byte marker `a/` with no children: one directory `a`,
+    empty; the file is shadowed (SEMANTICS: Keys, names and directories)."""
+    if bucket.store == "file":
+        pytest.skip("a plain directory cannot hold both a file and a dir named a")
+    bucket.put_all({"a": b"i am a file", "a/": b"", "b": b"b"})
+    stored = seed.list_keys(bucket.store, bucket.name)
+    if not {"a", "a/"} <= set(stored):
+        pytest.skip(f"{bucket.store} server cannot hold both `a` and `a/` (lists {stored})")
+    with bucket.mounted() as mp:
+        assert sorted(os.listdir(mp)) == ["a", "b"], "a must appear exactly once"
+        assert os.path.isdir(os.path.join(mp, "a"))
+        assert os.listdir(os.path.join(mp, "a")) == []
+
+
 def test_stat_sizes_and_mtime(bucket, rng):
     sizes = [0, 1, 4095, 4096, 100_000]
     t0 = time.time()
