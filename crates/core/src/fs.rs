@@ -200,7 +200,11 @@ impl Fs {
             },
             uid,
             gid,
-            nlink: if n.kind == Kind::Dir { 2 } else { 1 },
+            nlink: match (n.linked, n.kind) {
+                (false, _) => 0,
+                (true, Kind::Dir) => 2,
+                (true, Kind::File | Kind::Symlink) => 1,
+            },
         }
     }
 
@@ -225,6 +229,11 @@ impl Fs {
         let dir = self.node(parent)?;
         if dir.kind != Kind::Dir {
             return Err(FsError::NotDir);
+        }
+        // A key the store cannot hold (S3, GCS: 1,024 bytes) cannot exist: ENAMETOOLONG, and
+        // a create or mkdir of it fails so before any request (the kernel looks up first).
+        if self.store.capabilities().max_key_len.is_some_and(|max| dir.key.len() + name.len() > max) {
+            return Err(FsError::NameTooLong);
         }
         let cached = {
             let t = self.table.lock().unwrap();
@@ -339,12 +348,13 @@ impl Fs {
 
     /// Refresh `dir`'s listing from the store if it is older than the TTL.
     pub(crate) async fn ensure_listing(&self, dir: &Node) -> Result<(), FsError> {
-        {
+        let since = {
             let t = self.table.lock().unwrap();
             if t.listing(dir.ino).is_some_and(|l| l.is_fresh()) {
                 return Ok(());
             }
-        }
+            t.change_seq()
+        };
         let started = Instant::now();
         let mut children: HashMap<String, ChildMeta> = HashMap::new();
         let mut skipped = 0usize;
@@ -371,7 +381,8 @@ impl Fs {
             tracing::debug!(dir = %dir.key, skipped, "keys that are not valid file names are not shown");
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
-        self.table.lock().unwrap().set_listing(dir.ino, Listing { at: started, valid_for: self.cfg.metadata_ttl, children });
+        let listing = Listing { at: started, valid_for: self.cfg.metadata_ttl, children };
+        self.table.lock().unwrap().set_listing_since(dir.ino, listing, since);
         Ok(())
     }
 

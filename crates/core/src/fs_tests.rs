@@ -187,3 +187,30 @@ async fn symlinks_are_link_objects_that_list_and_move() {
     assert!(store.head("d/moved.rclonelink").await.is_err());
     assert!(matches!(fs.readlink(fs.lookup(ROOT_INO, "both").await.unwrap().ino).await, Err(FsError::InvalidName)));
 }
+
+#[tokio::test]
+async fn keys_past_the_store_limit_are_name_too_long_without_a_request() {
+    let store = Arc::new(MemStore::new().with_max_key_len(12));
+    store.put("dir/f", Bytes::from_static(b"x")).await.unwrap();
+    let fs = Fs::new(store.clone(), FsConfig::default());
+    let d = fs.lookup(ROOT_INO, "dir").await.unwrap().ino;
+    assert!(fs.lookup(d, "f").await.is_ok());
+    let before = store.requests.load(Ordering::Relaxed);
+    // "dir/" + 9 bytes = 13 > 12: the store could not hold it.
+    assert!(matches!(fs.lookup(d, "123456789").await, Err(FsError::NameTooLong)));
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "no request for an impossible key");
+    // 12 bytes exactly is a possible key: asked, and simply missing.
+    assert!(matches!(fs.lookup(d, "12345678").await, Err(FsError::NotFound)));
+}
+
+#[tokio::test]
+async fn an_unlinked_file_still_held_shows_nlink_0() {
+    let (_, fs) = fs_with(&[("f", b"data"), ("g", b"x")]).await;
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    assert_eq!(f.nlink, 1);
+    let fh = fs.open(f.ino, false, false).await.unwrap();
+    fs.unlink(ROOT_INO, "f").await.unwrap();
+    assert_eq!(fs.getattr(f.ino).await.unwrap().nlink, 0);
+    fs.release(fh).await.unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, "g").await.unwrap().nlink, 1);
+}

@@ -43,6 +43,9 @@ pub struct Node {
     /// An mtime set by utimens here or carried by the object; shown instead of the
     /// object's Last-Modified until the object is changed by someone else.
     pub mtime_set: Option<SystemTime>,
+    /// Whether a path still leads here; false once unlinked, replaced or deleted behind the
+    /// mount while the kernel still holds the inode (it then shows `st_nlink` 0).
+    pub linked: bool,
 }
 
 impl Node {
@@ -123,6 +126,11 @@ pub struct InodeTable {
     index: HashMap<(u64, String), u64>,
     listings: HashMap<u64, Listing>,
     next_ino: u64,
+    /// Counts changes to directories' contents recorded here; `changed[dir]` is the count at
+    /// `dir`'s latest. A listing fetched from the store while its directory changed here may
+    /// miss that change, so it is installed stale (see [`InodeTable::set_listing_since`]).
+    change_seq: u64,
+    changed: HashMap<u64, u64>,
 }
 
 impl InodeTable {
@@ -142,8 +150,9 @@ impl InodeTable {
             owner: None,
             kernel_cached: None,
             mtime_set: None,
+            linked: true,
         };
-        Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2 }
+        Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2, change_seq: 0, changed: HashMap::new() }
     }
 
     pub fn get(&self, ino: u64) -> Option<&Node> {
@@ -179,7 +188,7 @@ impl InodeTable {
                     return ino;
                 }
             }
-            self.index.remove(&(parent, meta.name.clone()));
+            self.unlink_path(parent, &meta.name);
         }
         let ino = self.next_ino;
         self.next_ino += 1;
@@ -200,6 +209,7 @@ impl InodeTable {
                 owner: None,
                 kernel_cached: None,
                 mtime_set: None,
+                linked: true,
             },
         );
         if let (Some(a), Some(n)) = (&meta.attrs, self.nodes.get_mut(&ino)) {
@@ -230,6 +240,7 @@ impl InodeTable {
             let (parent, name) = (n.parent, n.name.clone());
             self.nodes.remove(&ino);
             self.listings.remove(&ino);
+            self.changed.remove(&ino);
             if self.index.get(&(parent, name.clone())) == Some(&ino) {
                 self.index.remove(&(parent, name));
             }
@@ -238,11 +249,32 @@ impl InodeTable {
 
     /// Forget that (parent, name) exists, e.g. after the store says it is gone.
     pub fn unlink(&mut self, parent: u64, name: &str) {
-        self.index.remove(&(parent, name.to_string()));
+        self.unlink_path(parent, name);
+        self.note_change(parent);
+    }
+
+    fn unlink_path(&mut self, parent: u64, name: &str) {
+        if let Some(ino) = self.index.remove(&(parent, name.to_string())) {
+            if let Some(n) = self.nodes.get_mut(&ino) {
+                n.linked = false;
+            }
+        }
+    }
+
+    fn note_change(&mut self, dir: u64) {
+        self.change_seq += 1;
+        self.changed.insert(dir, self.change_seq);
+    }
+
+    /// The change count now: take it before listing the store, pass it to
+    /// [`InodeTable::set_listing_since`].
+    pub fn change_seq(&self) -> u64 {
+        self.change_seq
     }
 
     /// Record a child created or changed here in `dir`'s cached listing (if any).
     pub fn listing_insert(&mut self, dir: u64, meta: ChildMeta) {
+        self.note_change(dir);
         if let Some(l) = self.listings.get_mut(&dir) {
             l.children.insert(meta.name.clone(), meta);
         }
@@ -250,6 +282,7 @@ impl InodeTable {
 
     /// Drop `name` from `dir`'s cached listing and from the path index.
     pub fn listing_remove(&mut self, dir: u64, name: &str) {
+        self.note_change(dir);
         if let Some(l) = self.listings.get_mut(&dir) {
             l.children.remove(name);
         }
@@ -258,6 +291,7 @@ impl InodeTable {
 
     /// Forget `dir`'s cached listing so the next readdir asks the store.
     pub fn invalidate_listing(&mut self, dir: u64) {
+        self.note_change(dir);
         self.listings.remove(&dir);
     }
 
@@ -270,10 +304,15 @@ impl InodeTable {
         if self.index.get(&(old_parent, old_name.clone())) == Some(&ino) {
             self.index.remove(&(old_parent, old_name));
         }
+        self.note_change(old_parent);
+        self.note_change(parent);
         if let Some(old) = self.index.insert((parent, name.to_string()), ino) {
             if old != ino {
                 // The replaced target stays until the kernel forgets it, unreachable by path.
                 self.listings.remove(&old);
+                if let Some(n) = self.nodes.get_mut(&old) {
+                    n.linked = false;
+                }
             }
         }
         if kind == Kind::Dir {
@@ -287,6 +326,7 @@ impl InodeTable {
         node.parent = parent;
         node.name = name.to_string();
         node.key = new_key;
+        node.linked = true;
     }
 
     /// Every node, for scans that are rare (rename of a directory, staged children).
@@ -299,6 +339,18 @@ impl InodeTable {
     }
 
     pub fn set_listing(&mut self, dir: u64, listing: Listing) {
+        self.listings.insert(dir, listing);
+    }
+
+    /// Install a listing fetched from the store after [`InodeTable::change_seq`] was
+    /// `since`. If `dir` changed here meanwhile (a create, mkdir, unlink or rename that the
+    /// listing may or may not include), it is installed already stale: it serves the readdir
+    /// that asked for it, but lookups and the next readdir ask the store again instead of
+    /// trusting it (found by the shuttle model, crates/core/tests/model.rs).
+    pub fn set_listing_since(&mut self, dir: u64, mut listing: Listing, since: u64) {
+        if self.changed.get(&dir).is_some_and(|&c| c > since) {
+            listing.valid_for = std::time::Duration::ZERO;
+        }
         self.listings.insert(dir, listing);
     }
 

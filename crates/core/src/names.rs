@@ -24,6 +24,19 @@ pub fn child_name<'a>(prefix: &str, key: &'a str) -> Option<(&'a str, bool)> {
     (valid_segment(name) && !name.contains('/')).then_some((name, is_dir))
 }
 
+/// The key of child `name` in the directory whose key is `parent_key` (`""` or ending in
+/// `/`): the inverse of [`child_name`], so `child_name(p, &child_key(p, n, d)) == Some((n, d))`
+/// for every valid `n` (checked by the `names` fuzz target).
+pub fn child_key(parent_key: &str, name: &str, is_dir: bool) -> String {
+    let mut k = String::with_capacity(parent_key.len() + name.len() + 1);
+    k.push_str(parent_key);
+    k.push_str(name);
+    if is_dir {
+        k.push('/');
+    }
+    k
+}
+
 /// Check a name the kernel asked about; errors match what a local filesystem would say.
 pub fn check_lookup_name(name: &str) -> Result<(), crate::FsError> {
     if name.len() > NAME_MAX {

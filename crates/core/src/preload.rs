@@ -17,6 +17,7 @@ impl Fs {
     /// Load every key into the listing cache; returns the number of entries loaded.
     pub async fn preload_tree(&self, max_entries: usize, valid_for: Duration) -> Result<usize, FsError> {
         let started = Instant::now();
+        let since = self.table.lock().unwrap().change_seq();
         // Directory key -> its children. The root is "".
         let mut dirs: HashMap<String, HashMap<String, ChildMeta>> = HashMap::from([(String::new(), HashMap::new())]);
         let mut count = 0usize;
@@ -64,7 +65,7 @@ impl Fs {
                     inos.insert(format!("{key}{name}/"), child);
                 }
             }
-            t.set_listing(ino, Listing { at: started, valid_for, children });
+            t.set_listing_since(ino, Listing { at: started, valid_for, children }, since);
         }
         tracing::info!(entries = count, ms = started.elapsed().as_millis() as u64, "tree preloaded");
         Ok(count)

@@ -54,7 +54,8 @@ impl Location {
         let Some((scheme, rest)) = s.split_once("://") else {
             return Err(config_err(format!("{s:?} is not a store URL; expected {SCHEMES}")));
         };
-        match scheme.to_ascii_lowercase().as_str() {
+        let scheme = scheme.to_ascii_lowercase();
+        match scheme.as_str() {
             "s3" | "gs" | "gcs" => {
                 let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
                 if bucket.is_empty() {
@@ -220,6 +221,13 @@ mod tests {
         assert_eq!(Location::parse("mem://").unwrap(), Location::Memory);
         assert_eq!(Location::parse("gdrive://").unwrap(), Location::Gdrive { folder: "root".into() });
         assert_eq!(Location::parse("gdrive://1AbC_d-9").unwrap(), Location::Gdrive { folder: "1AbC_d-9".into() });
+    }
+
+    /// Found by the `url` fuzz target: `S3://b` was taken for a GCS bucket.
+    #[test]
+    fn scheme_case_does_not_change_the_store() {
+        assert_eq!(Location::parse("S3://b-1/p").unwrap(), Location::S3 { bucket: "b-1".into(), prefix: "p/".into() });
+        assert_eq!(Location::parse("GS://b-1").unwrap(), Location::Gcs { bucket: "b-1".into(), prefix: "".into() });
     }
 
     #[test]

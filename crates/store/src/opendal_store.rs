@@ -28,13 +28,21 @@ pub struct OpendalStore {
     generation_identity: bool,
     /// GCS: the operator for compose requests, with a longer I/O timeout (see `location`).
     compose_op: Option<Operator>,
+    /// S3 and GCS: 1,024 bytes per object name, less the root prefix.
+    max_key_len: Option<usize>,
 }
+
+/// Longest object name S3 and GCS accept, in bytes.
+const OBJECT_KEY_MAX: usize = 1024;
 
 impl OpendalStore {
     /// `description` is shown in logs and errors; it must not contain credentials.
     pub fn new(op: Operator, description: String, prefix_dirs: bool) -> Self {
-        let generation_identity = op.info().scheme() == "gcs";
-        Self { op, description, prefix_dirs, generation_identity, compose_op: None }
+        let info = op.info();
+        let generation_identity = info.scheme() == "gcs";
+        let max_key_len = (info.scheme() == "s3" || info.scheme() == "gcs")
+            .then(|| OBJECT_KEY_MAX.saturating_sub(info.root().trim_start_matches('/').len()));
+        Self { op, description, prefix_dirs, generation_identity, compose_op: None, max_key_len }
     }
 
     /// Use `op` (the same service, other layers) for GCS compose requests.
@@ -74,6 +82,7 @@ impl Store for OpendalStore {
             read_if_match: cap.read_with_if_match,
             copy: cap.copy,
             prefix_dirs: self.prefix_dirs,
+            max_key_len: self.max_key_len,
         }
     }
 

@@ -35,6 +35,9 @@ pub struct Capabilities {
     pub copy: bool,
     /// Directories exist only as key prefixes (object stores), not as real entries (fs).
     pub prefix_dirs: bool,
+    /// Longest key, in bytes, relative to the store root (the mount's prefix already taken
+    /// off); `None` for no limit. S3 and GCS allow 1,024 bytes for the whole object name.
+    pub max_key_len: Option<usize>,
 }
 
 /// Listing results, streamed page by page underneath so a huge directory is never one buffer.

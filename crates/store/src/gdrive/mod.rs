@@ -244,7 +244,7 @@ impl Store for GdriveStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { read_if_match: false, copy: true, prefix_dirs: false }
+        Capabilities { read_if_match: false, copy: true, prefix_dirs: false, max_key_len: None }
     }
 
     async fn check(&self) -> Result<(), StoreError> {

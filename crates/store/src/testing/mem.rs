@@ -28,6 +28,8 @@ pub struct MemStore {
     pub requests: AtomicU64,
     /// Attributes kept with objects (user metadata).
     attrs: Arc<Mutex<std::collections::HashMap<String, crate::FileAttrs>>>,
+    /// Reported in [`Capabilities::max_key_len`] (not enforced).
+    max_key_len: Option<usize>,
 }
 
 impl MemStore {
@@ -38,6 +40,12 @@ impl MemStore {
     /// Every request waits `latency` first (a round trip).
     pub fn with_latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
+        self
+    }
+
+    /// Report a key length limit, as S3 and GCS stores do.
+    pub fn with_max_key_len(mut self, bytes: usize) -> Self {
+        self.max_key_len = Some(bytes);
         self
     }
 
@@ -66,7 +74,7 @@ impl Store for MemStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { read_if_match: true, copy: true, prefix_dirs: true }
+        Capabilities { read_if_match: true, copy: true, prefix_dirs: true, max_key_len: self.max_key_len }
     }
 
     async fn check(&self) -> Result<(), StoreError> {
@@ -126,7 +134,9 @@ impl Store for MemStore {
         let latency = self.latency;
         self.requests.fetch_add(1, Ordering::Relaxed);
         futures::stream::once(async move {
-            tokio::time::sleep(latency).await;
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
             futures::stream::iter(out.into_iter().map(Ok))
         })
         .flatten()
