@@ -137,6 +137,42 @@ def test_bucket_changed_mid_listing(bucket):
         assert sorted(os.listdir(d)) == sorted(k[2:] for k in want)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["file", pytest.param("s3", marks=pytest.mark.skipif(
+    not os.environ.get("BUCKETFS_TEST_100K_S3"),
+    reason="seeding 100,000 MinIO objects takes ~9 min here; set BUCKETFS_TEST_100K_S3=1"))])
+def test_100k_keys_in_one_directory(store):
+    """100,000 keys under one prefix (S3 lists them in pages of 1,000): `ls` shows each
+    exactly once, and a lookup in the listed directory works."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import Bucket
+
+    n = 100_000
+    b = Bucket(store)
+    try:
+        keys = [f"big/k{i:06d}" for i in range(n)]
+        if store == "file":
+            os.makedirs(os.path.join(seed.file_root(), b.name, "big"))
+            for k in keys:
+                open(os.path.join(seed.file_root(), b.name, k), "wb").close()
+        else:
+            c = seed.s3_client()
+            with ThreadPoolExecutor(32) as ex:
+                list(ex.map(lambda k: c.put_object(Bucket=b.name, Key=k, Body=b""), keys))
+        with b.mounted() as mp:
+            names = os.listdir(os.path.join(mp, "big"))
+            assert len(names) == n
+            assert sorted(names) == [k[4:] for k in keys]
+            assert os.stat(os.path.join(mp, "big", "k054321")).st_size == 0
+    finally:
+        if store == "file":
+            import shutil
+
+            shutil.rmtree(os.path.join(seed.file_root(), b.name), ignore_errors=True)
+        b.cleanup()
+
+
 def test_stat_sizes_and_mtime(bucket, rng):
     sizes = [0, 1, 4095, 4096, 100_000]
     t0 = time.time()
