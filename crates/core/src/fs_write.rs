@@ -55,7 +55,7 @@ impl Fs {
         let mut st = staged.lock().await;
         st.unlinked = true;
         if st.handles == 0 {
-            drop(st);
+            // Removed under the staged lock: `stage` re-checks the map after taking it.
             self.staged.lock().unwrap().remove(&ino);
         }
     }
@@ -146,6 +146,16 @@ impl Fs {
 
     /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
     async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
+        loop {
+            if let Some(s) = self.stage_once(node, truncate).await? {
+                return Ok(s);
+            }
+        }
+    }
+
+    /// One try of [`Fs::stage`]; `None` if the staged file was dropped (its last handle
+    /// closed) between finding it and locking it: then try again.
+    async fn stage_once(&self, node: &crate::inode::Node, truncate: bool) -> Result<Option<SharedStaged>, FsError> {
         let (shared, fresh) = {
             let mut map = self.staged.lock().unwrap();
             match map.get(&node.ino) {
@@ -159,10 +169,13 @@ impl Fs {
             }
         };
         let mut st = shared.lock().await;
+        if !fresh && !self.staged.lock().unwrap().get(&node.ino).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
+            return Ok(None);
+        }
         if fresh && !truncate && node.size > 0 {
             if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.etag.as_deref()).await {
-                drop(st);
                 self.staged.lock().unwrap().remove(&node.ino);
+                drop(st);
                 return Err(e);
             }
         }
@@ -174,7 +187,7 @@ impl Fs {
         }
         st.handles += 1;
         drop(st);
-        Ok(shared)
+        Ok(Some(shared))
     }
 
     fn set_local_size(&self, ino: u64, size: u64) {
@@ -333,7 +346,7 @@ impl Fs {
                 let mut st = staged.lock().await;
                 st.handles = st.handles.saturating_sub(1);
                 if st.handles == 0 && (!st.dirty || st.unlinked) {
-                    drop(st);
+                    // Under the staged lock: an open racing this re-checks the map (`stage`).
                     self.staged.lock().unwrap().remove(&file.ino);
                 }
             }

@@ -176,7 +176,12 @@ impl InodeTable {
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.kind == meta.kind {
                     if node.etag != meta.etag {
-                        node.forget_attrs();
+                        // A file replaced by someone else carries its own attributes; a
+                        // directory's (kept here only) stay.
+                        match node.kind {
+                            Kind::File => node.forget_attrs(),
+                            _ => node.mtime_set = None,
+                        }
                     }
                     node.size = meta.size;
                     node.mtime = meta.mtime;
