@@ -77,9 +77,18 @@ def api(method: str, path: str, query: dict | None = None, body=None, headers: d
 
 
 def children(folder: str) -> list[dict]:
-    st, out = api("GET", "/drive/v3/files", {"q": f"'{folder}' in parents and trashed=false", "pageSize": "1000"})
-    assert st == 200, out
-    return out["files"]
+    """Every child, page after page (a folder may hold more than one page of 1,000)."""
+    files, page = [], None
+    while True:
+        q = {"q": f"'{folder}' in parents and trashed=false", "pageSize": "1000"}
+        if page:
+            q["pageToken"] = page
+        st, out = api("GET", "/drive/v3/files", q)
+        assert st == 200, out
+        files += out["files"]
+        page = out.get("nextPageToken")
+        if not page:
+            return files
 
 
 def child(folder: str, name: str, folder_only: bool = False) -> dict | None:
