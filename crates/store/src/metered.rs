@@ -257,6 +257,27 @@ impl MeteredStore {
     }
 }
 
+impl MeteredStore {
+    /// Record a finished put of `n` bytes.
+    fn put_done(&self, t: Instant, n: u64, r: Result<ObjectMeta, StoreError>) -> Result<ObjectMeta, StoreError> {
+        if r.is_ok() {
+            self.metrics.add_written(n);
+        }
+        self.done(Op::Put, t, r)
+    }
+
+    /// Wrap an opened writer so its upload is recorded when it closes or aborts.
+    fn metered_writer(&self, t: Instant, r: Result<Box<dyn ObjectWriter>, StoreError>) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        match r {
+            Ok(inner) => Ok(Box::new(MeteredWriter { inner, metrics: self.metrics.clone(), start: t, finished: false })),
+            Err(e) => {
+                self.metrics.record(Op::Upload, t, Some(e.kind));
+                Err(e)
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Store for MeteredStore {
     fn describe(&self) -> String {
@@ -296,10 +317,7 @@ impl Store for MeteredStore {
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
         let (t, n) = (Instant::now(), data.len() as u64);
         let r = self.inner.put(key, data).await;
-        if r.is_ok() {
-            self.metrics.add_written(n);
-        }
-        self.done(Op::Put, t, r)
+        self.put_done(t, n, r)
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -322,13 +340,8 @@ impl Store for MeteredStore {
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         let t = Instant::now();
-        match self.inner.writer(key, opts).await {
-            Ok(inner) => Ok(Box::new(MeteredWriter { inner, metrics: self.metrics.clone(), start: t, finished: false })),
-            Err(e) => {
-                self.metrics.record(Op::Upload, t, Some(e.kind));
-                Err(e)
-            }
-        }
+        let r = self.inner.writer(key, opts).await;
+        self.metered_writer(t, r)
     }
 
     async fn head_digests(&self, key: &str) -> Result<crate::ObjectDigests, StoreError> {
@@ -350,21 +363,13 @@ impl Store for MeteredStore {
     async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &crate::FileAttrs) -> Result<ObjectMeta, StoreError> {
         let (t, n) = (Instant::now(), data.len() as u64);
         let r = self.inner.put_with_attrs(key, data, attrs).await;
-        if r.is_ok() {
-            self.metrics.add_written(n);
-        }
-        self.done(Op::Put, t, r)
+        self.put_done(t, n, r)
     }
 
     async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &crate::FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
         let t = Instant::now();
-        match self.inner.writer_with_attrs(key, opts, attrs).await {
-            Ok(inner) => Ok(Box::new(MeteredWriter { inner, metrics: self.metrics.clone(), start: t, finished: false })),
-            Err(e) => {
-                self.metrics.record(Op::Upload, t, Some(e.kind));
-                Err(e)
-            }
-        }
+        let r = self.inner.writer_with_attrs(key, opts, attrs).await;
+        self.metered_writer(t, r)
     }
 }
 

@@ -102,16 +102,7 @@ impl Store for OpendalStore {
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        let m = self
-            .op
-            .stat(od_path(key))
-            .await
-            .map_err(|e| StoreError::from_opendal("head", key, e))?;
-        // A real directory (local fs) reports as a prefix, like a marker object would.
-        if m.is_dir() && !key.ends_with('/') && !key.is_empty() {
-            return Ok(self.meta(&format!("{key}/"), &m));
-        }
-        Ok(self.meta(key, &m))
+        Ok(self.head_attrs(key).await?.0)
     }
 
     async fn get_range(
@@ -161,14 +152,7 @@ impl Store for OpendalStore {
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        let m = self
-            .op
-            .write(key, data)
-            .await
-            .map_err(|e| StoreError::from_opendal("put", key, e))?;
-        // The identity comes from this upload's own response, never from a later HEAD: another
-        // writer may have replaced the object in between (then we would claim their ETag).
-        Ok(self.meta(key, &m))
+        self.put_with_attrs(key, data, &FileAttrs::default()).await
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -197,21 +181,7 @@ impl Store for OpendalStore {
     }
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        if self.op.info().scheme() == "gcs" {
-            // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
-            // the JSON API (which emulators have too).
-            let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
-            let backend = OpendalComposeBackend { op: self.op.clone(), compose_op, store: self.clone() };
-            return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
-        }
-        let w = self
-            .op
-            .writer_with(key)
-            .chunk(opts.part_size)
-            .concurrent(opts.concurrency.max(1))
-            .await
-            .map_err(|e| StoreError::from_opendal("upload", key, e))?;
-        Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w) }))
+        self.writer_with_attrs(key, opts, &FileAttrs::default()).await
     }
 
     fn keeps_attrs(&self) -> bool {
@@ -224,6 +194,7 @@ impl Store for OpendalStore {
             .user_metadata()
             .map(|u| FileAttrs::from_metadata(&u.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
             .unwrap_or_default();
+        // A real directory (local fs) reports as a prefix, like a marker object would.
         if m.is_dir() && !key.ends_with('/') && !key.is_empty() {
             return Ok((self.meta(&format!("{key}/"), &m), attrs));
         }
@@ -231,31 +202,29 @@ impl Store for OpendalStore {
     }
 
     async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &FileAttrs) -> Result<ObjectMeta, StoreError> {
-        if attrs.is_empty() || !self.keeps_attrs() {
-            return self.put(key, data).await;
+        let mut req = self.op.write_with(key, data);
+        if !attrs.is_empty() && self.keeps_attrs() {
+            req = req.user_metadata(attrs.to_metadata());
         }
-        let m = self
-            .op
-            .write_with(key, data)
-            .user_metadata(attrs.to_metadata())
-            .await
-            .map_err(|e| StoreError::from_opendal("put", key, e))?;
+        let m = req.await.map_err(|e| StoreError::from_opendal("put", key, e))?;
+        // The identity comes from this upload's own response, never from a later HEAD: another
+        // writer may have replaced the object in between (then we would claim their ETag).
         Ok(self.meta(key, &m))
     }
 
     async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        // GCS goes through parts + compose, which keeps no metadata (SEMANTICS.md).
-        if attrs.is_empty() || !self.keeps_attrs() || self.op.info().scheme() == "gcs" {
-            return self.writer(key, opts).await;
+        if self.op.info().scheme() == "gcs" {
+            // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
+            // the JSON API (which emulators have too). Compose keeps no metadata (SEMANTICS.md).
+            let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
+            let backend = OpendalComposeBackend { op: self.op.clone(), compose_op, store: self.clone() };
+            return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
         }
-        let w = self
-            .op
-            .writer_with(key)
-            .chunk(opts.part_size)
-            .concurrent(opts.concurrency.max(1))
-            .user_metadata(attrs.to_metadata())
-            .await
-            .map_err(|e| StoreError::from_opendal("upload", key, e))?;
+        let mut req = self.op.writer_with(key).chunk(opts.part_size).concurrent(opts.concurrency.max(1));
+        if !attrs.is_empty() && self.keeps_attrs() {
+            req = req.user_metadata(attrs.to_metadata());
+        }
+        let w = req.await.map_err(|e| StoreError::from_opendal("upload", key, e))?;
         Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w) }))
     }
 
