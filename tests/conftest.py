@@ -37,6 +37,9 @@ import seed  # noqa: E402
 BIN = os.environ.get("BUCKETFS_BIN") or os.path.join(REPO, "target", "release", "bucketfs")
 MNT_ROOT = os.environ.get("BUCKETFS_TEST_MNT_ROOT") or tempfile.mkdtemp(prefix="bucketfs-mnt-")
 os.makedirs(MNT_ROOT, exist_ok=True)
+# Block caches and staging of the mounts under test live here, not in ~/.cache (each mount's
+# disk cache may grow to 2 GiB; hundreds of mounts filled the disk once). Removed at exit.
+CACHE_HOME = tempfile.mkdtemp(prefix="bucketfs-test-cache-")
 
 DATA_STORES = ["s3", "gcs", "file", "gdrive"]  # stores we can seed
 ALL_STORES = DATA_STORES + ["mem"]            # mem:// starts empty
@@ -87,6 +90,7 @@ def require_bin() -> str:
 
 def bucketfs_env(**overrides) -> dict:
     env = dict(os.environ)
+    env["XDG_CACHE_HOME"] = CACHE_HOME
     for k, v in seed.s3_env().items():
         env.setdefault(k, v)
     env.pop("RUST_LOG", None)
@@ -281,6 +285,7 @@ def _cleanup_mounts_at_exit():
     yield
     for mp in list(_live_mounts):
         unmount(mp)
+    shutil.rmtree(CACHE_HOME, ignore_errors=True)
 
 
 @pytest.fixture

@@ -336,10 +336,13 @@ def test_same_mount_reader_racing_rewrites_never_sees_zeros(s3b):
                 near = [rec(h, size_of(h)) for h in range(max(0, g - 50), g + 51)]
                 for i in range(0, len(got), 4096):
                     page = got[i:i + 4096]
-                    if any(v[i:i + 4096] == page for v in near):
+                    # The last page of a read may be partial (a read during a write sees
+                    # the prefix written so far): compare only the bytes it has.
+                    if any(v[i:i + len(page)] == page for v in near):
                         continue
-                    words_ok = all(any(v[j:j + 8] == page[j - i:j - i + 8] for v in near)
-                                   for j in range(i, i + len(page), 8))
+                    words_ok = all(any(v[j:j + len(w)] == w for v in near)
+                                   for j in range(i, i + len(page), 8)
+                                   for w in [page[j - i:j - i + 8]])
                     if not words_ok:
                         zero = not any(page)
                         bad.append(f"{len(got)}-byte read, page {i // 4096} ({'all zero' if zero else 'unknown bytes'}), header gen={g}")

@@ -123,7 +123,15 @@ impl Fs {
             self.revalidate(&node).await?;
             node = self.node(ino)?;
         }
-        let staged = if write || self.is_staged(ino) { Some(self.stage(&node, truncate && write).await?) } else { None };
+        let staged = if write || self.is_staged(ino) {
+            Some(self.stage(&node, truncate && write).await?)
+        } else if let Some(now) = self.unstaged_node(ino)? {
+            // Read through the store: with a snapshot that belongs to one upload.
+            node = now;
+            None
+        } else {
+            Some(self.stage(&node, false).await?) // a writer staged it meanwhile
+        };
         // Close-to-open for the kernel's page cache: keep it only if the object is the same
         // version the kernel cached at the previous open (and nothing is staged).
         let keep_cache = {
@@ -144,6 +152,20 @@ impl Fs {
         Ok(self.insert_handle(Handle::File(Arc::new(file))))
     }
 
+    /// `ino`'s node if no staged file exists, checked and read under one table lock. A node
+    /// read before that check may be from the middle of another handle's O_TRUNC-write-close
+    /// cycle (size 0 or the new size, with the old ETag): a reader built on it returns short
+    /// reads the kernel fills with zeros. `None`: staged now, read the staged file.
+    fn unstaged_node(&self, ino: u64) -> Result<Option<crate::inode::Node>, FsError> {
+        // Lock order table -> staged map, as elsewhere. Staging inserts into the map before it
+        // changes the node's size, and an upload updates the node before the map entry goes.
+        let t = self.table.lock().unwrap();
+        if self.is_staged(ino) {
+            return Ok(None);
+        }
+        t.get(ino).cloned().map(Some).ok_or(FsError::NotFound)
+    }
+
     /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
     async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
         loop {
@@ -156,22 +178,32 @@ impl Fs {
     /// One try of [`Fs::stage`]; `None` if the staged file was dropped (its last handle
     /// closed) between finding it and locking it: then try again.
     async fn stage_once(&self, node: &crate::inode::Node, truncate: bool) -> Result<Option<SharedStaged>, FsError> {
-        let (shared, fresh) = {
+        // A new staged file is locked before it is published in the map, so no other open
+        // sees it half-filled (an O_TRUNC open would otherwise have its empty file filled).
+        let (shared, guard) = {
             let mut map = self.staged.lock().unwrap();
             match map.get(&node.ino) {
-                Some(s) => (s.clone(), false),
+                Some(s) => (s.clone(), None),
                 None => {
                     std::fs::create_dir_all(&self.cfg.staging_dir).map_err(|e| FsError::Local(e.to_string()))?;
                     let s = Arc::new(tokio::sync::Mutex::new(Staged::create(&self.cfg.staging_dir, node.ino)?));
+                    let g = s.clone().try_lock_owned().expect("a new mutex is free");
                     map.insert(node.ino, s.clone());
-                    (s, true)
+                    (s, Some(g))
                 }
             }
         };
-        let mut st = shared.lock().await;
+        let fresh = guard.is_some();
+        let mut st = match guard {
+            Some(g) => g,
+            None => shared.clone().lock_owned().await,
+        };
         if !fresh && !self.staged.lock().unwrap().get(&node.ino).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
             return Ok(None);
         }
+        // The node as of now: with our entry in the map no other open changes it, and the
+        // caller's copy may predate a whole write-close cycle of another handle.
+        let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
         if fresh && !truncate && node.size > 0 {
             if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.etag.as_deref()).await {
                 self.staged.lock().unwrap().remove(&node.ino);
@@ -182,7 +214,7 @@ impl Fs {
         // O_TRUNC of an object with bytes (in the bucket or staged) must upload the empty file.
         if truncate && (st.len() > 0 || fresh && node.size > 0) {
             st.set_key(&node.key)?;
-            st.truncate_on_open();
+            st.truncate_on_open(fresh.then(|| self.reader_for(node)));
             self.set_local_size(node.ino, 0);
         }
         st.handles += 1;
@@ -211,8 +243,13 @@ impl Fs {
             if file.wrote.load(Ordering::Relaxed) {
                 return st.read(offset, size);
             }
-            if let Some(r) = st.read_old(offset, size) {
-                return r;
+            match st.read_old(offset, size) {
+                Ok(r) => return r,
+                Err(Some(old)) => {
+                    drop(st);
+                    return old.read(offset, size).await;
+                }
+                Err(None) => {}
             }
         }
         let reader = file.reader.lock().unwrap().clone();
@@ -264,8 +301,10 @@ impl Fs {
                 off += crate::read::BLOCK;
             }
         }
-        drop(st);
-        let child = {
+        // The node, caches and readers are updated before the staged lock is released: two
+        // uploads of one file (a flush, then the next open's flush) must publish their
+        // versions in order, or the node would go back to the older ETag for its whole TTL.
+        {
             let mut t = self.table.lock().unwrap();
             let Some(n) = t.get_mut(ino) else { return Ok(()) };
             n.size = size;
@@ -279,9 +318,8 @@ impl Fs {
             };
             let child = ChildMeta { name: n.name.clone(), kind: Kind::File, size, mtime: n.mtime, etag: n.etag.clone(), attrs: None };
             let parent = n.parent;
-            t.listing_insert(parent, child.clone());
-            child
-        };
+            t.listing_insert(parent, child);
+        }
         let now = self.node(ino)?;
         let identity = now.identity();
         for (i, data) in blocks.into_iter().enumerate() {
@@ -289,7 +327,6 @@ impl Fs {
         }
         // Handles that read through the store must now read the version we just wrote.
         let fresh = self.reader_for(&now);
-        let _ = child;
         for h in self.handles.lock().unwrap().values() {
             if let Handle::File(f) = h {
                 if f.ino == ino {
@@ -297,6 +334,7 @@ impl Fs {
                 }
             }
         }
+        drop(st);
         Ok(())
     }
 

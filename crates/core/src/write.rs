@@ -53,6 +53,8 @@ pub struct Staged {
     /// An `open(O_TRUNC)` emptied the file, but the old bytes stay until the first change or
     /// upload ([`Staged::truncate_on_open`]).
     trunc_pending: bool,
+    /// While an O_TRUNC is pending on bytes never staged: a reader of the version it hides.
+    old: Option<Arc<crate::read::FileReader>>,
     eager: Option<Eager>,
 }
 
@@ -76,7 +78,7 @@ impl Staged {
             .create_new(true)
             .open(&path)
             .map_err(|e| FsError::Local(format!("cannot create staging file {}: {e}", path.display())))?;
-        Ok(Self { file, path, size: 0, dirty: false, write_gen: 0, unlinked: false, handles: 0, key: None, appends_only: true, trunc_pending: false, eager: None })
+        Ok(Self { file, path, size: 0, dirty: false, write_gen: 0, unlinked: false, handles: 0, key: None, appends_only: true, trunc_pending: false, old: None, eager: None })
     }
 
     /// Fill the staged file with the object's current bytes (open for write without
@@ -117,11 +119,13 @@ impl Staged {
     /// bytes stay readable to handles that were reading them until the first write, truncate
     /// or upload. Reads the kernel sent before the open completed may still arrive; if they
     /// found an empty file the kernel would take the short read for EOF and zero-fill pages
-    /// of the old size, and a reader would see bytes nobody wrote.
-    pub fn truncate_on_open(&mut self) {
+    /// of the old size, and a reader would see bytes nobody wrote. `old` reads the hidden
+    /// version when its bytes were never staged.
+    pub fn truncate_on_open(&mut self, old: Option<Arc<crate::read::FileReader>>) {
         self.eager_abandon();
         self.appends_only = true;
         self.trunc_pending = true;
+        self.old = if self.size == 0 { old } else { None };
         self.dirty = true;
         self.write_gen += 1;
     }
@@ -138,6 +142,7 @@ impl Staged {
             self.file.set_len(0).map_err(local)?;
             self.size = 0;
             self.trunc_pending = false;
+            self.old = None;
         }
         Ok(())
     }
@@ -147,13 +152,13 @@ impl Staged {
         if self.trunc_pending { 0 } else { self.size }
     }
 
-    /// A read by a handle that did not write: `None` means "read the object in the store"
-    /// (an O_TRUNC is pending on a file whose old bytes were never staged).
-    pub fn read_old(&self, offset: u64, len: u32) -> Option<Result<Bytes, FsError>> {
+    /// A read by a handle that did not write: `Err(reader)` means "read the hidden version
+    /// through this reader" (an O_TRUNC is pending on a file whose old bytes were never staged).
+    pub fn read_old(&self, offset: u64, len: u32) -> Result<Result<Bytes, FsError>, Option<Arc<crate::read::FileReader>>> {
         if self.trunc_pending && self.size == 0 {
-            return None;
+            return Err(self.old.clone());
         }
-        Some(self.read_raw(offset, len, self.size))
+        Ok(self.read_raw(offset, len, self.size))
     }
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), FsError> {
