@@ -103,6 +103,7 @@ class Drive:
             f = {"id": fid, "name": meta.get("name") or "Untitled", "mimeType": mime, "parents": parents,
                  "trashed": bool(meta.get("trashed")), "createdTime": t, "modifiedTime": meta.get("modifiedTime") or t,
                  "version": "1"}
+            set_properties(f, meta)
             self.files[fid] = f
             if mime != FOLDER:
                 self.set_content(f, data or b"")
@@ -131,6 +132,16 @@ class ApiError(Exception):
     def __init__(self, status, reason, message):
         super().__init__(message)
         self.status, self.reason, self.message = status, reason, message
+
+
+def set_properties(f: dict, meta: dict):
+    """Drive's `properties`: keys in a create or update are merged in; a null value removes one."""
+    for k, v in (meta.get("properties") or {}).items():
+        props = f.setdefault("properties", {})
+        if v is None:
+            props.pop(k, None)
+        else:
+            props[k] = str(v)
 
 
 def match_query(f: dict, q: str) -> bool:
@@ -364,6 +375,7 @@ class Handler(BaseHTTPRequestHandler):
             f["name"] = meta["name"]
         if "trashed" in meta:
             f["trashed"] = bool(meta["trashed"])
+        set_properties(f, meta)
         for p in filter(None, qs.get("removeParents", "").split(",")):
             f["parents"] = [x for x in f["parents"] if x != d.resolve(p)]
         for p in filter(None, qs.get("addParents", "").split(",")):
@@ -448,6 +460,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(403, "fileNotWritable", "Docs Editors files cannot take binary content here.")
             if "name" in meta:
                 f["name"] = meta["name"]
+            set_properties(f, meta)
             d.set_content(f, content)
             d.touch(f)
             return f

@@ -50,6 +50,8 @@ pub struct OpendalComposeBackend<S: Store> {
     /// For compose requests, which may take long on emulators (they copy the bytes).
     pub compose_op: Operator,
     pub store: S,
+    /// Kept with an object of one part (a compose request here carries no metadata).
+    pub attrs: crate::FileAttrs,
 }
 
 #[async_trait]
@@ -78,7 +80,7 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
         self.op.delete(key).await.map_err(|e| StoreError::from_opendal("delete part", key, e))
     }
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.store.put(key, data).await
+        self.store.put_with_attrs(key, data, &self.attrs).await
     }
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         self.store.head(key).await

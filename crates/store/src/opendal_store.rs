@@ -215,9 +215,10 @@ impl Store for OpendalStore {
     async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
         if self.op.info().scheme() == "gcs" {
             // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
-            // the JSON API (which emulators have too). Compose keeps no metadata (SEMANTICS.md).
+            // the JSON API (which emulators have too). Compose keeps no metadata, so only a
+            // one-part object keeps `attrs` (SEMANTICS.md).
             let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
-            let backend = OpendalComposeBackend { op: self.op.clone(), compose_op, store: self.clone() };
+            let backend = OpendalComposeBackend { op: self.op.clone(), compose_op, store: self.clone(), attrs: *attrs };
             return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
         }
         let mut req = self.op.writer_with(key).chunk(opts.part_size).concurrent(opts.concurrency.max(1));

@@ -103,6 +103,27 @@ async fn conformance_with(store: Arc<dyn Store>, enforces_preconditions: bool) {
     }
     s.delete("never-existed").await.expect("deleting a missing key succeeds");
     assert_eq!(s.head("dir/a.txt").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    if s.keeps_attrs() {
+        file_attrs(s, opts).await;
+    }
+}
+
+/// Attributes sent with a put or a streamed upload come back from `head_attrs`, replaced
+/// by the next upload's.
+async fn file_attrs(s: &dyn Store, opts: bucketfs_store::WriteOptions) {
+    use bucketfs_store::FileAttrs;
+    use std::time::{Duration, UNIX_EPOCH};
+    let a = FileAttrs { mode: Some(0o100750), uid: Some(1234), gid: Some(5678), mtime: Some(UNIX_EPOCH + Duration::new(1_000_000_005, 250_000_000)) };
+    s.put_with_attrs("attrs/put.bin", Bytes::from_static(b"abc"), &a).await.unwrap();
+    let (m, got) = s.head_attrs("attrs/put.bin").await.unwrap();
+    assert_eq!((m.size, got), (3, a), "{}: put_with_attrs", s.describe());
+    let b = FileAttrs { mode: Some(0o100600), ..a };
+    let mut w = s.writer_with_attrs("attrs/put.bin", opts, &b).await.unwrap();
+    w.write(Bytes::from_static(b"abcdef")).await.unwrap();
+    w.close().await.unwrap();
+    let (m, got) = s.head_attrs("attrs/put.bin").await.unwrap();
+    assert_eq!((m.size, got), (6, b), "{}: writer_with_attrs", s.describe());
+    s.delete("attrs/put.bin").await.unwrap();
 }
 
 /// More parts than one GCS compose call takes (32), so GCS composes in a tree; other stores

@@ -31,7 +31,7 @@ use serde_json::json;
 use self::auth::{Auth, Credentials};
 use self::client::{Body, Client, GOOGLE_API};
 use self::tree::{drive_name, File, Tree, FOLDER};
-use crate::{Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
+use crate::{Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
 
 /// How a Drive store is set up.
 #[derive(Debug, Clone)]
@@ -222,14 +222,14 @@ impl GdriveStore {
     }
 
     /// Upload `data` as `key` in one request (new file, or new content of the existing one).
-    async fn put_small(&self, key: &str, data: Bytes) -> Result<File, StoreError> {
+    async fn put_small(&self, key: &str, data: Bytes, attrs: &FileAttrs) -> Result<File, StoreError> {
         let f = match self.lookup(key) {
             Some(f) if f.export().is_some() => return Err(Self::read_only(key)),
             Some(f) if f.is_folder() => return Err(err(StoreErrorKind::Other, format!("write {key:?}: is a folder"))),
-            Some(f) => self.client.upload_multipart(key, Some(&f.id), json!({}), data).await?,
+            Some(f) => self.client.upload_multipart(key, Some(&f.id), upload_meta(None, attrs), data).await?,
             None => {
-                let (parent, name) = self.placement(key).await?;
-                self.client.upload_multipart(key, None, json!({"name": name, "parents": [parent]}), data).await?
+                let placed = self.placement(key).await?;
+                self.client.upload_multipart(key, None, upload_meta(Some(placed), attrs), data).await?
             }
         };
         self.learn(f.clone());
@@ -294,10 +294,7 @@ impl Store for GdriveStore {
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.fresh(false).await?;
-        let size = data.len() as u64;
-        let f = self.put_small(key, data).await?;
-        Ok(self.meta(key, &f, size))
+        self.put_with_attrs(key, data, &FileAttrs::default()).await
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -355,13 +352,34 @@ impl Store for GdriveStore {
     }
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.writer_with_attrs(key, opts, &FileAttrs::default()).await
+    }
+
+    fn keeps_attrs(&self) -> bool {
+        true
+    }
+
+    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, FileAttrs), StoreError> {
+        let meta = self.head(key).await?;
+        let attrs = self.lookup(key).map(|f| FileAttrs::from_metadata(&f.properties)).unwrap_or_default();
+        Ok((meta, attrs))
+    }
+
+    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &FileAttrs) -> Result<ObjectMeta, StoreError> {
+        self.fresh(false).await?;
+        let size = data.len() as u64;
+        let f = self.put_small(key, data, attrs).await?;
+        Ok(self.meta(key, &f, size))
+    }
+
+    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.fresh(false).await?;
         if self.lookup(key).is_some_and(|f| f.export().is_some()) {
             return Err(Self::read_only(key));
         }
         // Resumable chunks must be multiples of 256 KiB.
         let part = (opts.part_size.max(256 * 1024) / (256 * 1024)) * 256 * 1024;
-        Ok(Box::new(DriveWriter { store: self.clone_handle(), key: key.to_string(), part, buf: BytesMut::new(), session: None, sent: 0 }))
+        Ok(Box::new(DriveWriter { store: self.clone_handle(), key: key.to_string(), part, buf: BytesMut::new(), session: None, sent: 0, attrs: *attrs }))
     }
 
     async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
@@ -376,6 +394,19 @@ impl Store for GdriveStore {
         });
         Ok(ObjectDigests { meta, etag: None, md5 })
     }
+}
+
+/// The metadata part of an upload: name and parent for a new file, and the attributes as
+/// `properties` (a key missing from `attrs` stays as it was on an existing file).
+fn upload_meta(placed: Option<(String, String)>, attrs: &FileAttrs) -> serde_json::Value {
+    let mut m = match placed {
+        Some((parent, name)) => json!({"name": name, "parents": [parent]}),
+        None => json!({}),
+    };
+    if !attrs.is_empty() {
+        m["properties"] = json!(attrs.to_metadata());
+    }
+    m
 }
 
 /// A cheap handle for streams and writers that outlive `&self`.
@@ -415,15 +446,16 @@ struct DriveWriter {
     buf: BytesMut,
     session: Option<String>,
     sent: u64,
+    attrs: FileAttrs,
 }
 
 impl DriveWriter {
     async fn open_session(&mut self) -> Result<(), StoreError> {
         let session = match self.store.lookup(&self.key) {
-            Some(f) => self.store.client.upload_session(&self.key, Some(&f.id), json!({})).await?,
+            Some(f) => self.store.client.upload_session(&self.key, Some(&f.id), upload_meta(None, &self.attrs)).await?,
             None => {
-                let (parent, name) = self.store.placement(&self.key).await?;
-                self.store.client.upload_session(&self.key, None, json!({"name": name, "parents": [parent]})).await?
+                let placed = self.store.placement(&self.key).await?;
+                self.store.client.upload_session(&self.key, None, upload_meta(Some(placed), &self.attrs)).await?
             }
         };
         self.session = Some(session);
@@ -451,7 +483,7 @@ impl ObjectWriter for DriveWriter {
         let rest = std::mem::take(&mut self.buf).freeze();
         let total = self.sent + rest.len() as u64;
         let f = match &self.session {
-            None => self.store.put_small(&self.key, rest).await?,
+            None => self.store.put_small(&self.key, rest, &self.attrs).await?,
             Some(s) => {
                 let f = self.store.client.upload_chunk(&self.key, s, self.sent, rest, Some(total)).await?;
                 let f = f.ok_or_else(|| err(StoreErrorKind::Other, format!("write {:?}: upload not complete", self.key)))?;

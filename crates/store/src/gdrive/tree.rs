@@ -53,10 +53,13 @@ pub struct File {
     pub created_time: Option<String>,
     pub version: Option<String>,
     pub trashed: bool,
+    /// Public key-value pairs; bucketfs keeps file attributes here (`mode`, `uid`, `gid`,
+    /// `mtime`: the names of [`crate::FileAttrs`]).
+    pub properties: HashMap<String, String>,
 }
 
 /// The `fields` selector matching [`File`].
-pub const FILE_FIELDS: &str = "id,name,mimeType,parents,size,md5Checksum,modifiedTime,createdTime,version,trashed";
+pub const FILE_FIELDS: &str = "id,name,mimeType,parents,size,md5Checksum,modifiedTime,createdTime,version,trashed,properties";
 
 impl File {
     pub fn is_folder(&self) -> bool {
