@@ -642,16 +642,9 @@ def test_bucket_changed_behind_the_mount_mid_listing(fresh_bucket):
         _s3_empty_bucket(b.name)
 
 
-GCS_NO_PRECONDITION = pytest.mark.xfail(
-    strict=True, reason="fake-gcs-server ignores ifGenerationMatch / x-goog-if-generation-match on "
-    "media downloads, and bucketfs does not check the x-goog-generation of what it got back: the "
-    "handle reads the new generation's bytes (or EIO past its end)")
-
-
 @pytest.mark.parametrize("store,change", [
     ("s3", "truncated"), ("s3", "replaced-same-size"), ("s3", "deleted"),
-    pytest.param("gcs", "truncated", marks=GCS_NO_PRECONDITION),
-    pytest.param("gcs", "replaced-same-size", marks=GCS_NO_PRECONDITION),
+    ("gcs", "truncated"), ("gcs", "replaced-same-size"),
     ("gcs", "deleted"),
 ])
 def test_object_changed_behind_an_open_handle(store, change, fresh_bucket, rng):

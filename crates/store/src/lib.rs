@@ -16,6 +16,7 @@
 mod error;
 pub mod attrs;
 pub mod gcs_compose;
+mod gcs_generation;
 pub mod gdrive;
 pub mod location;
 pub mod metered;

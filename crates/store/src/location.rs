@@ -157,7 +157,10 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             if opts.anonymous {
                 b = b.skip_signature().disable_vm_metadata().disable_config_load();
             }
-            (Operator::new(b).map_err(err)?, true)
+            let op = Operator::new(b).map_err(err)?;
+            let check = crate::gcs_generation::GenerationCheck { inner: op.context().http_transport().clone() };
+            let ctx = op.context().with_http_transport(opendal::HttpTransporter::new(check));
+            (op.with_context(ctx), true)
         }
         Location::File { path } => {
             if !path.is_dir() {
