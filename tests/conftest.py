@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -86,6 +86,33 @@ def require_bin() -> str:
     if not os.path.exists(BIN):
         pytest.fail(f"bucketfs binary not found at {BIN} (cargo build --release)")
     return BIN
+
+
+MiB = 1024 * 1024
+
+
+def md5(b: bytes) -> str:
+    return hashlib.md5(b).hexdigest()
+
+
+def md5_file(path: str) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(MiB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_file(path: str, data: bytes, chunk: int = MiB) -> None:
+    """open/write in `chunk`s/close; close's error (the upload) propagates."""
+    with open(path, "wb") as f:
+        for i in range(0, len(data), chunk):
+            f.write(data[i:i + chunk])
 
 
 def bucketfs_env(**overrides) -> dict:

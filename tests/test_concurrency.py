@@ -21,10 +21,8 @@ import time
 import pytest
 
 import seed
-from conftest import (MNT_ROOT, daemon_pids, daemon_status, mount, unmount,
-                      wait_until)
-
-MiB = 1024 * 1024
+from conftest import (MNT_ROOT, MiB, daemon_pids, daemon_status, mount, read_file, unmount,
+                      wait_until, write_file)
 HANG_LIMIT = 200
 # Peak RSS the daemon may reach under the 16-thread load, from its defaults: 48 MiB memory
 # cache + 96 MiB prefetch budget + 11 files uploading at once x 4 parts x 8 MiB = 496 MiB,
@@ -33,16 +31,6 @@ HANG_LIMIT = 200
 RSS_LIMIT_MIB = 768
 # a mount must show another client's change within the TTL (1 s); allow 1.5 s of slack
 CONVERGE_S = 2.5
-
-
-@pytest.fixture
-def s3b():
-    from conftest import Bucket, require_bin, require_store
-    require_store("s3")
-    require_bin()
-    b = Bucket("s3")
-    yield b
-    b.cleanup()
 
 
 @contextlib.contextmanager
@@ -72,10 +60,6 @@ def log_problems(log: str, n: int = 30) -> str:
     return "".join(lines[-n:])
 
 
-def md5(b: bytes) -> str:
-    return hashlib.md5(b).hexdigest()
-
-
 def pattern(tag: int, size: int) -> bytes:
     """A large pattern whose every 4 KiB block names its writer (`tag`) and position, so
     a mix of two patterns, a shifted block or a hole shows up."""
@@ -98,24 +82,13 @@ def block_tags(buf: bytes) -> set[int]:
     return tags
 
 
-def read_all(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def write_all(path: str, data: bytes, chunk: int = MiB) -> None:
-    with open(path, "wb") as f:
-        for i in range(0, len(data), chunk):
-            f.write(data[i:i + chunk])
-
-
 # --------------------------------------------------------------------------- two writers
 
-def test_two_mounts_same_key_last_close_wins(s3b):
+def test_two_mounts_same_key_last_close_wins(s3_bucket):
     """Two mounts write the same key; the one that closes last wins, whole-object."""
     size = 20 * MiB + 12345
     a, b_ = pattern(0xA, size), pattern(0xB, size)
-    with s3_mount(s3b.name) as (m1, _, _), s3_mount(s3b.name) as (m2, _, _):
+    with s3_mount(s3_bucket.name) as (m1, _, _), s3_mount(s3_bucket.name) as (m2, _, _):
         for first, second, want in (((m1, a), (m2, b_), b_), ((m2, b_), (m1, a), a)):
             f1 = open(os.path.join(first[0], "k.bin"), "wb")
             f2 = open(os.path.join(second[0], "k.bin"), "wb")
@@ -125,19 +98,19 @@ def test_two_mounts_same_key_last_close_wins(s3b):
             f1.close()
             time.sleep(0.2)
             f2.close()
-            held = seed.get("s3", s3b.name, "k.bin")
+            held = seed.get("s3", s3_bucket.name, "k.bin")
             assert len(held) == size and block_tags(held) == block_tags(want), \
                 f"bucket holds tags {block_tags(held)} after the later close wrote {block_tags(want)}"
             assert held == want
 
 
-def test_two_mounts_racing_reader_never_sees_a_mix(s3b):
+def test_two_mounts_racing_reader_never_sees_a_mix(s3_bucket):
     """Two mounts replace the same 20 MiB key with distinct patterns again and again while a
     third mount reads it: every complete read is exactly one pattern (or ESTALE), and the
     final object is exactly one of the two."""
     size = 20 * MiB
     pats = {0xA: pattern(0xA, size), 0xB: pattern(0xB, size), 0xC: pattern(0xC, size)}
-    s3b.put("k.bin", pats[0xC])
+    s3_bucket.put("k.bin", pats[0xC])
     stop = threading.Event()
     errors: list[str] = []
     reads = {"whole": 0, "estale": 0, "partial": 0}
@@ -145,7 +118,7 @@ def test_two_mounts_racing_reader_never_sees_a_mix(s3b):
     def writer(mp, tag, rounds):
         try:
             for _ in range(rounds):
-                write_all(os.path.join(mp, "k.bin"), pats[tag])
+                write_file(os.path.join(mp, "k.bin"), pats[tag])
         except Exception as e:  # noqa: BLE001
             errors.append(f"writer {tag:x}: {e!r}")
 
@@ -158,7 +131,7 @@ def test_two_mounts_racing_reader_never_sees_a_mix(s3b):
     def reader(mp):
         while not stop.is_set():
             try:
-                got = read_all(os.path.join(mp, "k.bin"))
+                got = read_file(os.path.join(mp, "k.bin"))
             except OSError as e:
                 if e.errno == errno.ESTALE:
                     reads["estale"] += 1
@@ -180,8 +153,8 @@ def test_two_mounts_racing_reader_never_sees_a_mix(s3b):
                 return
             reads["whole"] += 1
 
-    with s3_mount(s3b.name) as (m1, _, _), s3_mount(s3b.name) as (m2, _, _), \
-            s3_mount(s3b.name, ["--metadata-ttl", "0"]) as (m3, _, _):
+    with s3_mount(s3_bucket.name) as (m1, _, _), s3_mount(s3_bucket.name) as (m2, _, _), \
+            s3_mount(s3_bucket.name, ["--metadata-ttl", "0"]) as (m3, _, _):
         ths = [threading.Thread(target=writer, args=(m1, 0xA, 4), daemon=True),
                threading.Thread(target=writer, args=(m2, 0xB, 4), daemon=True)]
         rd = threading.Thread(target=reader, args=(m3,), daemon=True)
@@ -196,14 +169,14 @@ def test_two_mounts_racing_reader_never_sees_a_mix(s3b):
         assert not rd.is_alive(), "the reader is stuck"
         print(f"reader: {reads['whole']} whole reads, {reads['estale']} ESTALE, {reads['partial']} empty/partial")
         assert not errors, errors
-        held = seed.get("s3", s3b.name, "k.bin")
+        held = seed.get("s3", s3_bucket.name, "k.bin")
         assert held in (pats[0xA], pats[0xB]), f"final object has writers {block_tags(held)}"
         # every mount converges on the bucket's object once the TTL (1 s) has passed
         t_end = time.monotonic()
         for name, mp in (("writer A's mount", m1), ("writer B's mount", m2), ("reader's mount", m3)):
             stale_for = None
             while True:
-                got = read_all(os.path.join(mp, "k.bin"))
+                got = read_file(os.path.join(mp, "k.bin"))
                 waited = time.monotonic() - t_end
                 if got == held:
                     break
@@ -219,32 +192,32 @@ def test_two_mounts_racing_reader_never_sees_a_mix(s3b):
                  f"{stale_for:.1f}s after the last close (TTL 1 s)")
 
 
-def test_open_trunc_keeps_the_old_object_until_close(s3b):
+def test_open_trunc_keeps_the_old_object_until_close(s3_bucket):
     """SEMANTICS: O_TRUNC is staged; the object changes at close. Another client must keep
     seeing the old object while a writer holds the file open with O_TRUNC."""
-    s3b.put("k.txt", b"old content")
-    with s3_mount(s3b.name) as (mp, _, _):
+    s3_bucket.put("k.txt", b"old content")
+    with s3_mount(s3_bucket.name) as (mp, _, _):
         f = open(os.path.join(mp, "k.txt"), "wb")  # O_WRONLY|O_CREAT|O_TRUNC
         try:
             f.write(b"new")
             f.flush()
-            during = seed.get("s3", s3b.name, "k.txt")
+            during = seed.get("s3", s3_bucket.name, "k.txt")
         finally:
             f.close()
-        assert seed.get("s3", s3b.name, "k.txt") == b"new"
+        assert seed.get("s3", s3_bucket.name, "k.txt") == b"new"
         assert during == b"old content", \
             f"while open(O_TRUNC) was in progress the bucket held {during!r}, not the old object"
 
 
-def test_rewrite_loop_never_publishes_a_partial_object(s3b):
+def test_rewrite_loop_never_publishes_a_partial_object(s3_bucket):
     """One thread of one mount rewrites a key (open O_TRUNC, one write, close) in a loop while
     an independent client HEADs it: the bucket must only ever hold a complete version (close
     publishes whole objects; SEMANTICS: O_TRUNC is staged). The kernel sends RELEASE without
     waiting for it, so it races the next OPEN."""
     sizes_written = (100_000, 4 * MiB, 20 * MiB)
-    s3b.put("k.bin", b"C" * 100)
+    s3_bucket.put("k.bin", b"C" * 100)
     complete = {100} | set(sizes_written)
-    with s3_mount(s3b.name) as (mp, _, _):
+    with s3_mount(s3_bucket.name) as (mp, _, _):
         path = os.path.join(mp, "k.bin")
         bad: list[str] = []
         errs: list[str] = []
@@ -254,7 +227,7 @@ def test_rewrite_loop_never_publishes_a_partial_object(s3b):
         def poll():
             cl = seed.s3_client()
             while not stop.is_set():
-                n = cl.head_object(Bucket=s3b.name, Key="k.bin")["ContentLength"]
+                n = cl.head_object(Bucket=s3_bucket.name, Key="k.bin")["ContentLength"]
                 polls[0] += 1
                 if n not in complete:
                     bad.append(f"the bucket held a {n}-byte object")
@@ -291,7 +264,7 @@ def test_rewrite_loop_never_publishes_a_partial_object(s3b):
         assert not bad, bad[:3]
 
 
-def test_same_mount_reader_racing_rewrites_never_sees_zeros(s3b):
+def test_same_mount_reader_racing_rewrites_never_sees_zeros(s3_bucket):
     """One thread rewrites a file (O_TRUNC, one write, close) in a loop; three threads of the
     same mount read it whole. A whole-file read is several read(2) calls, so (as on a local
     disk, where this test also sees it) it may join pages of consecutive versions; but every
@@ -304,9 +277,9 @@ def test_same_mount_reader_racing_rewrites_never_sees_zeros(s3b):
         body = random.Random(g).randbytes(n)
         return struct.pack("<QQQ", 7, g, n) + hashlib.md5(body).digest() + body
 
-    with s3_mount(s3b.name) as (mp, _, _):
+    with s3_mount(s3_bucket.name) as (mp, _, _):
         path = os.path.join(mp, "f.bin")
-        write_all(path, rec(0, 1000))
+        write_file(path, rec(0, 1000))
         stop = threading.Event()
         bad: list[str] = []
         nreads = [0]
@@ -315,11 +288,11 @@ def test_same_mount_reader_racing_rewrites_never_sees_zeros(s3b):
             g = 0
             while not stop.is_set():
                 g += 1
-                write_all(path, rec(g, size_of(g)))
+                write_file(path, rec(g, size_of(g)))
 
         def r():
             while not stop.is_set():
-                got = read_all(path)
+                got = read_file(path)
                 nreads[0] += 1
                 if len(got) < 24:
                     continue
@@ -377,14 +350,14 @@ def _check_rec(buf: bytes) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_sixteen_threads_mixed_io(s3b):
+def test_sixteen_threads_mixed_io(s3_bucket):
     """16 threads for ~40 s on one mount: 10 write/read/overwrite their own files, 3 rewrite one
     shared file (serialized, as writers of one file must be), 3 read the shared file unlocked.
     No errno except ESTALE for shared-file readers; every read checks its checksum; at the end
     the mount and the bucket agree byte for byte, nothing is left staged, and the daemon's peak
     RSS stays under RSS_LIMIT_MIB."""
     duration = 40
-    with s3_mount(s3b.name) as (mp, staging, _):
+    with s3_mount(s3_bucket.name) as (mp, staging, _):
         pids = daemon_pids(mp)
         assert len(pids) == 1, pids
         pid = pids[0]
@@ -395,7 +368,7 @@ def test_sixteen_threads_mixed_io(s3b):
         shared = os.path.join(mp, "shared.bin")
         shared_lock = threading.Lock()
         last_shared = {"data": _rec(999, 0, 1000)}
-        write_all(shared, last_shared["data"])
+        write_file(shared, last_shared["data"])
         counts = {"own": 0, "shared_w": 0, "shared_r": 0, "estale": 0, "torn": 0}
         torn_example: list[str] = []
         peak = {"rss": 0}
@@ -410,8 +383,8 @@ def test_sixteen_threads_mixed_io(s3b):
                     gen += 1
                     size = rng.choice([0, 1, 4096, 100_000, 1_500_000, 9 * MiB]) if gen % 7 else 17 * MiB
                     data = _rec(i, gen, size)
-                    write_all(path, data)
-                    got = read_all(path)
+                    write_file(path, data)
+                    got = read_file(path)
                     assert got == data, f"{name} gen {gen}: read-back differs"
                     if size > 100 and gen % 3 == 0:
                         # overwrite a slice in place (read-modify-write of the object)
@@ -423,7 +396,7 @@ def test_sixteen_threads_mixed_io(s3b):
                         finally:
                             os.close(fd)
                         data = data[:off] + patch + data[off + 50:]
-                        assert read_all(path) == data, f"{name}: after in-place overwrite"
+                        assert read_file(path) == data, f"{name}: after in-place overwrite"
                     expected[name] = data
                     counts["own"] += 1
             except Exception as e:  # noqa: BLE001
@@ -437,7 +410,7 @@ def test_sixteen_threads_mixed_io(s3b):
                     gen += 1
                     data = _rec(100 + i, gen, rng.choice([10_000, 700_000, 3 * MiB]))
                     with shared_lock:
-                        write_all(shared, data)
+                        write_file(shared, data)
                         last_shared["data"] = data
                     counts["shared_w"] += 1
                     time.sleep(0.05)
@@ -448,7 +421,7 @@ def test_sixteen_threads_mixed_io(s3b):
             try:
                 while not stop.is_set():
                     try:
-                        got = read_all(shared)
+                        got = read_file(shared)
                     except OSError as e:
                         if e.errno == errno.ESTALE:
                             counts["estale"] += 1
@@ -502,11 +475,11 @@ def test_sixteen_threads_mixed_io(s3b):
 
         # the final state: the bucket holds exactly what the mount shows
         expected["shared.bin"] = last_shared["data"]
-        keys = set(seed.list_keys("s3", s3b.name)) - {"own/"}
+        keys = set(seed.list_keys("s3", s3_bucket.name)) - {"own/"}
         assert keys == set(expected), f"bucket keys differ: {sorted(keys ^ set(expected))}"
         for k, v in expected.items():
-            assert seed.get("s3", s3b.name, k) == v, f"{k}: bucket bytes differ from the last write"
-            assert read_all(os.path.join(mp, k)) == v, f"{k}: mount bytes differ"
+            assert seed.get("s3", s3_bucket.name, k) == v, f"{k}: bucket bytes differ from the last write"
+            assert read_file(os.path.join(mp, k)) == v, f"{k}: mount bytes differ"
         _check_rec(expected["shared.bin"])
         # every handle is closed and clean: nothing should stay staged
         assert wait_until(lambda: not any(fs for _, _, fs in os.walk(staging)), 10), \
@@ -530,13 +503,13 @@ NS_ALLOWED = {
 }
 
 
-def test_parallel_namespace_ops_one_directory(s3b):
+def test_parallel_namespace_ops_one_directory(s3_bucket):
     """8 threads create, mkdir, rename, unlink and rmdir names from a small pool in one
     directory for ~20 s. Only documented errnos; afterwards the mount's view of the directory
     equals what the bucket holds, and every file's content is one whole record."""
     duration = 20
     pool = [f"n{i}" for i in range(12)]
-    with s3_mount(s3b.name) as (mp, _, _):
+    with s3_mount(s3_bucket.name) as (mp, _, _):
         d = os.path.join(mp, "ns")
         os.mkdir(d)
         stop = threading.Event()
@@ -583,7 +556,7 @@ def test_parallel_namespace_ops_one_directory(s3b):
                     op("listdir", lambda: os.listdir(d))
                 else:
                     def rd():
-                        got = read_all(pa)
+                        got = read_file(pa)
                         if len(got) >= 40:
                             _check_rec(got)
                         elif got:
@@ -606,7 +579,7 @@ def test_parallel_namespace_ops_one_directory(s3b):
 
         # settle: attributes and listings expire after the TTL (1 s)
         time.sleep(1.5)
-        keys = seed.list_keys("s3", s3b.name, "ns/")
+        keys = seed.list_keys("s3", s3_bucket.name, "ns/")
         b_files = {k[3:] for k in keys if not k.endswith("/") and "/" not in k[3:]}
         b_dirs = {k[3:].split("/")[0] for k in keys if k != "ns/" and (k.endswith("/") or "/" in k[3:])}
         m_files, m_dirs = set(), set()
@@ -616,7 +589,7 @@ def test_parallel_namespace_ops_one_directory(s3b):
         assert m_files == b_files - b_dirs, f"files: mount {sorted(m_files)} bucket {sorted(b_files)}"
         assert m_dirs == b_dirs, f"dirs: mount {sorted(m_dirs)} bucket {sorted(b_dirs)}"
         for n in m_files:
-            _check_rec(read_all(os.path.join(d, n)))
-            assert read_all(os.path.join(d, n)) == seed.get("s3", s3b.name, f"ns/{n}")
+            _check_rec(read_file(os.path.join(d, n)))
+            assert read_file(os.path.join(d, n)) == seed.get("s3", s3_bucket.name, f"ns/{n}")
         for n in m_dirs:
             assert os.listdir(os.path.join(d, n)) == []

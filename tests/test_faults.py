@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import shutil
 import signal
@@ -24,10 +23,8 @@ import time
 import pytest
 
 import seed
-from conftest import (MNT_ROOT, bounded_call, bounded_calls, daemon_pids, mount, run_cli, unmount,
-                      upstream_of, wait_until)
-
-MiB = 1024 * 1024
+from conftest import (MNT_ROOT, MiB, bounded_call, bounded_calls, daemon_pids, md5, mount, read_file, run_cli,
+                      unmount, upstream_of, wait_until, write_file)
 # No FUSE call may take longer than this while the server is down or black-holed
 # (SEMANTICS: 30 s per request, 3 retries with backoff up to 4 s).
 CALL_BOUND = 120
@@ -101,22 +98,6 @@ def in_bucket(store, bucket, key):
         return seed.get(store, bucket, key)
     except Exception:
         return None
-
-
-def md5(b: bytes) -> str:
-    return hashlib.md5(b).hexdigest()
-
-
-def read_file(path: str, chunk: int = MiB) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def write_file(path: str, data: bytes, chunk: int = MiB) -> None:
-    """open/write/close; close's error (the upload) propagates."""
-    with open(path, "wb") as f:
-        for i in range(0, len(data), chunk):
-            f.write(data[i:i + chunk])
 
 
 def read_staged(path: str):

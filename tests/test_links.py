@@ -12,7 +12,7 @@ import io
 import pytest
 
 from conftest import DATA_STORES
-from test_write import Target, expect_errno, run
+from writekit import Target, expect_errno, run
 
 
 @pytest.fixture(params=DATA_STORES)

@@ -58,14 +58,39 @@ impl Fs {
                 _ => {}
             }
         }
-        let mut t = self.table.lock().unwrap();
-        t.listing_remove(parent, name);
-        t.relocate(src.ino, newparent, newname);
-        if let Some(n) = t.get(src.ino) {
-            let meta = ChildMeta { name: newname.to_string(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone(), attrs: None };
-            t.listing_insert(newparent, meta);
+        {
+            let mut t = self.table.lock().unwrap();
+            t.listing_remove(parent, name);
+            t.relocate(src.ino, newparent, newname);
+            if let Some(n) = t.get(src.ino) {
+                let meta = ChildMeta { name: newname.to_string(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone(), attrs: None };
+                t.listing_insert(newparent, meta);
+            }
+            // Moved objects are new objects (a new GCS generation; on S3 a new ETag for a
+            // multipart source): a read pinned to the old identity would fail with ESTALE.
+            if src.kind == Kind::Dir {
+                let stale = std::time::Instant::now().checked_sub(self.cfg.metadata_ttl).unwrap_or_else(std::time::Instant::now);
+                t.expire_below(&new_key, stale);
+            }
+        }
+        if src.kind == Kind::File {
+            self.learn_moved(src.ino).await;
         }
         Ok(())
+    }
+
+    /// The identity of a file just moved (HEAD of its new key), for the node and for the
+    /// readers of handles open on it (the bytes are the same). A failure leaves the node
+    /// to be revalidated at its next open.
+    async fn learn_moved(&self, ino: u64) {
+        let Ok(node) = self.node(ino) else { return };
+        if let Err(e) = self.revalidate(&node).await {
+            tracing::debug!(key = %node.key, "identity after rename unknown: {e}");
+            return;
+        }
+        let Ok(now) = self.node(ino) else { return };
+        let fresh = self.reader_for(&now);
+        self.replace_readers(ino, &fresh);
     }
 
     async fn move_file(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {

@@ -327,15 +327,20 @@ impl Fs {
         }
         // Handles that read through the store must now read the version we just wrote.
         let fresh = self.reader_for(&now);
+        self.replace_readers(ino, &fresh);
+        drop(st);
+        Ok(())
+    }
+
+    /// Point the handles open on `ino` that read through the store at `reader`.
+    pub(crate) fn replace_readers(&self, ino: u64, reader: &Arc<crate::read::FileReader>) {
         for h in self.handles.lock().unwrap().values() {
             if let Handle::File(f) = h {
                 if f.ino == ino {
-                    *f.reader.lock().unwrap() = fresh.clone();
+                    *f.reader.lock().unwrap() = reader.clone();
                 }
             }
         }
-        drop(st);
-        Ok(())
     }
 
     /// Upload on behalf of one handle: if it changed the data since its last upload, or it

@@ -301,6 +301,14 @@ impl InodeTable {
     }
 
     /// Move `ino` to (`parent`, `name`), rewriting the keys of it and everything below it.
+    /// Mark every node whose key starts with `prefix` as last validated `at` (so that the
+    /// next open asks the store).
+    pub fn expire_below(&mut self, prefix: &str, at: std::time::Instant) {
+        for n in self.nodes.values_mut().filter(|n| n.key.starts_with(prefix)) {
+            n.validated = at;
+        }
+    }
+
     pub fn relocate(&mut self, ino: u64, parent: u64, name: &str) {
         let Some(node) = self.nodes.get(&ino) else { return };
         let (old_parent, old_name, old_key, kind) = (node.parent, node.name.clone(), node.key.clone(), node.kind);

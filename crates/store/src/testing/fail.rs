@@ -9,20 +9,9 @@ use bytes::Bytes;
 
 use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
 
-/// Which operation a fault applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    Head,
-    Get,
-    List,
-    Put,
-    Delete,
-    Copy,
-    /// `create_dir`.
-    Mkdir,
-    /// Opening a `writer` (the upload as a whole).
-    Upload,
-}
+/// Which operation a fault applies to: the operations the metered store counts
+/// (`CreateDir` is `create_dir`, `Upload` opening a `writer`, the upload as a whole).
+pub use crate::metered::Op;
 
 pub struct FailStore {
     inner: Arc<dyn Store>,
@@ -90,7 +79,7 @@ impl Store for FailStore {
         self.inner.copy(from, to).await
     }
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
-        self.gate(Op::Mkdir)?;
+        self.gate(Op::CreateDir)?;
         self.inner.create_dir(key).await
     }
     async fn head_digests(&self, key: &str) -> Result<crate::ObjectDigests, StoreError> {
