@@ -89,6 +89,12 @@ impl Fs {
             return;
         }
         let Ok(now) = self.node(ino) else { return };
+        {
+            // The listing too: a lookup served from it would bring the old identity back.
+            let mut t = self.table.lock().unwrap();
+            let meta = ChildMeta { name: now.name.clone(), kind: now.kind, size: now.size, mtime: now.mtime, etag: now.etag.clone(), attrs: None };
+            t.listing_insert(now.parent, meta);
+        }
         let fresh = self.reader_for(&now);
         self.replace_readers(ino, &fresh);
     }

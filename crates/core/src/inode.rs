@@ -301,11 +301,19 @@ impl InodeTable {
     }
 
     /// Move `ino` to (`parent`, `name`), rewriting the keys of it and everything below it.
-    /// Mark every node whose key starts with `prefix` as last validated `at` (so that the
-    /// next open asks the store).
+    /// Mark every node whose key starts with `prefix` as last validated `at` and drop the
+    /// listings of the directories there (entries carry identities), so that the next
+    /// lookup or open asks the store.
     pub fn expire_below(&mut self, prefix: &str, at: std::time::Instant) {
+        let mut dirs = Vec::new();
         for n in self.nodes.values_mut().filter(|n| n.key.starts_with(prefix)) {
             n.validated = at;
+            if n.kind == Kind::Dir {
+                dirs.push(n.ino);
+            }
+        }
+        for d in dirs {
+            self.listings.remove(&d);
         }
     }
 
