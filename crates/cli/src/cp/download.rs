@@ -74,46 +74,208 @@ fn temp_path(dst: &Path) -> PathBuf {
     dst.with_file_name(format!(".{name}.bucketfs-{:x}-{n:x}", std::process::id()))
 }
 
-/// Fetch `ranges` into `file` in parallel; digests in range order.
+/// Consecutive slices `p.ranges[group]` read with one streaming request.
+type Group = std::ops::Range<usize>;
+
+/// Longest request of a download: long enough that a request's round trip and slow start
+/// are a small part of it, short enough that a retry redoes little and the last requests
+/// of a file do not leave the link idle.
+const GROUP_MAX: u64 = 64 * plan::MIB;
+
+/// Cut `n` slices of `slice` bytes into groups for about two requests per slot.
+fn groups(n: usize, slice: u64, size: u64, parallel: usize) -> Vec<Group> {
+    let want = (size / (2 * parallel.max(1) as u64)).clamp(slice, GROUP_MAX.max(slice));
+    let per = (want / slice.max(1)).max(1) as usize;
+    (0..n).step_by(per).map(|i| i..(i + per).min(n)).collect()
+}
+
+/// Bytes gathered before one positional write: fewer system calls than one per chunk.
+const WRITE_BUF: usize = 1 << 20;
+/// Offset, length and address alignment of an `O_DIRECT` write.
+const ALIGN: usize = 4096;
+
+/// The temp file being filled. Where the file system allows it, aligned writes go through
+/// a second descriptor opened with `O_DIRECT`: they skip the copy into the page cache,
+/// which costs about as much CPU as hashing (much more in a VM that returns freed memory
+/// to its host). Unaligned writes (a file's tail) and file systems that refuse it use the
+/// page cache.
+struct Target {
+    file: Arc<File>,
+    direct: Option<File>,
+}
+
+impl Target {
+    fn open(path: &Path, direct: bool) -> std::io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Read as well as write: the MD5 thread reads back what landed.
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let direct = direct
+            .then(|| std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).ok())
+            .flatten();
+        Ok(Self { file: Arc::new(file), direct })
+    }
+
+    fn write_at(&self, data: &[u8], at: u64) -> std::io::Result<()> {
+        let aligned = at % ALIGN as u64 == 0 && data.len() % ALIGN == 0 && data.as_ptr() as usize % ALIGN == 0;
+        if let Some(d) = self.direct.as_ref().filter(|_| aligned) {
+            match d.write_all_at(data, at) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {} // not after all: buffered
+                r => return r,
+            }
+        }
+        self.file.write_all_at(data, at)
+    }
+}
+
+/// A write buffer whose start is `ALIGN`-aligned (for `O_DIRECT`).
+struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new() -> Self {
+        let raw = vec![0u8; WRITE_BUF + ALIGN];
+        let start = raw.as_ptr().align_offset(ALIGN);
+        Self { raw, start, len: 0 }
+    }
+
+    fn space(&self) -> usize {
+        WRITE_BUF - self.len
+    }
+
+    fn push(&mut self, b: &[u8]) {
+        let at = self.start + self.len;
+        self.raw[at..at + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+/// Fetch `groups` into `file`, `parallel` requests at once; digests in slice order.
 async fn fetch_into(
     ctx: &Ctx,
     src: &Remote,
     p: &ReadPlan,
-    file: &Arc<File>,
-    ranges: Vec<usize>,
+    file: &Target,
+    groups: Vec<Group>,
     md5: Option<&TrailingMd5>,
 ) -> Result<Vec<(usize, SliceSum)>, String> {
-    let if_match = p.if_match.as_deref();
-    let results: Vec<Result<(usize, SliceSum), String>> = futures::stream::iter(ranges)
-        .map(|i| {
-            let range = p.ranges[i].clone();
-            let file = file.clone();
-            async move {
-                let data = {
-                    let _slot = ctx.slot().await;
-                    fetch(ctx, src, range.clone(), if_match).await?
-                };
-                let with_md5 = p.slice_md5;
-                let sum = tokio::task::spawn_blocking(move || {
-                    file.write_all_at(&data, range.start)?;
-                    Ok::<_, std::io::Error>(SliceSum::of(range, &data, with_md5))
-                })
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("write: {e}"))?;
-                ctx.progress.moved(sum.range.end - sum.range.start);
-                if let Some(m) = md5 {
-                    m.landed(sum.range.clone());
-                }
-                Ok((i, sum))
-            }
+    let results: Vec<Result<Vec<(usize, SliceSum)>, String>> = futures::stream::iter(groups)
+        .map(|g| async move {
+            let _slot = ctx.slot().await;
+            fetch_group(ctx, src, p, file, g, md5).await
         })
         .buffer_unordered(ctx.parallel)
         .collect()
         .await;
-    let mut out = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::with_capacity(p.ranges.len());
+    for r in results {
+        out.extend(r?);
+    }
     out.sort_by_key(|(i, _)| *i);
     Ok(out)
+}
+
+/// One group with retries: a failed request is resumed at its first unfinished slice.
+async fn fetch_group(
+    ctx: &Ctx,
+    src: &Remote,
+    p: &ReadPlan,
+    file: &Target,
+    group: Group,
+    md5: Option<&TrailingMd5>,
+) -> Result<Vec<(usize, SliceSum)>, String> {
+    let mut done = Vec::with_capacity(group.len());
+    let mut attempt = 0;
+    loop {
+        let next = group.start + done.len();
+        if next == group.end {
+            return Ok(done);
+        }
+        match stream_slices(ctx, src, p, file, next..group.end, &mut done, md5).await {
+            Ok(()) => {}
+            Err(Failure::Store(e)) => super::again(ctx, "read", &src.key, &mut attempt, e).await?,
+            Err(Failure::Local(e)) => return Err(e),
+        }
+    }
+}
+
+enum Failure {
+    /// The request failed or was cut short: may be retried.
+    Store(StoreError),
+    /// Writing the local file failed: final.
+    Local(String),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+/// One request for slices `todo`: each chunk is hashed (crc32c, and MD5 per slice when
+/// the ETag needs it) as it arrives and written at its offset; a finished slice's digests
+/// go to `done`. On error, `done` holds the slices that completed.
+async fn stream_slices(
+    ctx: &Ctx,
+    src: &Remote,
+    p: &ReadPlan,
+    file: &Target,
+    todo: Group,
+    done: &mut Vec<(usize, SliceSum)>,
+    md5: Option<&TrailingMd5>,
+) -> Result<(), Failure> {
+    let (start, end) = (p.ranges[todo.start].start, p.ranges[todo.end - 1].end);
+    let mut body = src.store.get_range_stream(&src.key, start..end, p.if_match.as_deref()).await?;
+    let mut i = todo.start;
+    let mut pos = start;
+    let mut crc = 0u32;
+    let mut hasher = p.slice_md5.then(Md5::new);
+    let mut buf = AlignedBuf::new();
+    let flush = |buf: &mut AlignedBuf, at: u64| -> Result<(), Failure> {
+        file.write_at(buf.bytes(), at - buf.len as u64).map_err(|e| Failure::Local(format!("write: {e}")))?;
+        buf.len = 0;
+        Ok(())
+    };
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk?;
+        while !chunk.is_empty() {
+            let Some(range) = p.ranges.get(i).filter(|_| i < todo.end) else {
+                let msg = format!("read past {end} in {:?}", start..end);
+                return Err(StoreError::new(StoreErrorKind::Other, msg).into());
+            };
+            let piece = chunk.split_to(chunk.len().min((range.end - pos) as usize).min(buf.space()));
+            crc = crc32c::crc32c_append(crc, &piece);
+            if let Some(h) = hasher.as_mut() {
+                h.update(&piece);
+            }
+            buf.push(&piece);
+            pos += piece.len() as u64;
+            if buf.space() == 0 || pos == range.end {
+                flush(&mut buf, pos)?;
+            }
+            if pos == range.end {
+                let md5_of = hasher.as_mut().map(|h| h.finalize_reset().into());
+                done.push((i, SliceSum { range: range.clone(), crc, md5: md5_of }));
+                ctx.progress.moved(range.end - range.start);
+                if let Some(m) = md5 {
+                    m.landed(range.clone());
+                }
+                crc = 0;
+                i += 1;
+            }
+        }
+    }
+    if pos != end {
+        let msg = format!("short read at {:?}: {} bytes", start..end, pos - start);
+        return Err(StoreError::new(StoreErrorKind::Other, msg).into());
+    }
+    Ok(())
 }
 
 /// The MD5 of the file while it is being written: slices land out of order, and a thread
@@ -197,12 +359,12 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
             ctx.progress.println(&format!("bucketfs cp: {}: {last}; downloading again", src.url()));
             ctx.progress.retrying(p.size);
         }
-        // Read as well as write: the MD5 thread reads back what landed.
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(tmp);
-        let file = Arc::new(file.map_err(|e| format!("{}: {e}", tmp.display()))?);
-        file.set_len(p.size).map_err(|e| format!("{}: {e}", tmp.display()))?; // sparse until written
-        let md5 = matches!(p.expect, Expect::WholeMd5(_)).then(|| TrailingMd5::start(file.clone(), p.size));
-        let all = (0..p.ranges.len()).collect();
+        // The whole-file MD5 reads back what landed, best from the page cache: no O_DIRECT.
+        let whole_md5 = matches!(p.expect, Expect::WholeMd5(_));
+        let file = Target::open(tmp, !whole_md5).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        file.file.set_len(p.size).map_err(|e| format!("{}: {e}", tmp.display()))?; // sparse until written
+        let md5 = whole_md5.then(|| TrailingMd5::start(file.file.clone(), p.size));
+        let all = groups(p.ranges.len(), p.ranges.first().map_or(1, |r| r.end - r.start), p.size, ctx.parallel);
         let mut sums: Vec<SliceSum> =
             fetch_into(ctx, src, p, &file, all, md5.as_ref()).await?.into_iter().map(|(_, s)| s).collect();
         let whole = match md5 {
@@ -234,7 +396,7 @@ async fn reread_and_repair(
     ctx: &Ctx,
     src: &Remote,
     p: &ReadPlan,
-    file: &Arc<File>,
+    file: &Target,
     sums: &mut [SliceSum],
 ) -> Result<(), String> {
     let mut bad = verify::reread(ctx, &src.store, &src.key, sums, p.if_match.as_deref()).await?;
@@ -247,7 +409,7 @@ async fn reread_and_repair(
             src.url(),
             bad.len()
         ));
-        for (i, s) in fetch_into(ctx, src, p, file, bad.clone(), None).await? {
+        for (i, s) in fetch_into(ctx, src, p, file, bad.iter().map(|&i| i..i + 1).collect(), None).await? {
             sums[i] = s;
         }
         let again: Vec<SliceSum> = bad.iter().map(|&i| sums[i].clone()).collect();
