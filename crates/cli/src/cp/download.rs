@@ -161,7 +161,7 @@ async fn fetch_into(
     ctx: &Ctx,
     src: &Remote,
     p: &ReadPlan,
-    file: &Target,
+    file: &Arc<Target>,
     groups: Vec<Group>,
     md5: Option<&TrailingMd5>,
 ) -> Result<Vec<(usize, SliceSum)>, String> {
@@ -186,7 +186,7 @@ async fn fetch_group(
     ctx: &Ctx,
     src: &Remote,
     p: &ReadPlan,
-    file: &Target,
+    file: &Arc<Target>,
     group: Group,
     md5: Option<&TrailingMd5>,
 ) -> Result<Vec<(usize, SliceSum)>, String> {
@@ -218,30 +218,93 @@ impl From<StoreError> for Failure {
     }
 }
 
-/// One request for slices `todo`: each chunk is hashed (crc32c, and MD5 per slice when
-/// the ETag needs it) as it arrives and written at its offset; a finished slice's digests
-/// go to `done`. On error, `done` holds the slices that completed.
+/// Digests of the slice being received.
+struct Running {
+    crc: u32,
+    md5: Option<Md5>,
+}
+
+/// A filled buffer handed to a blocking thread: hashed into `run`, written at `at`; `last`
+/// (index and range) when it ends a slice, whose digests are then in `sum`. Comes back
+/// empty, to be filled again.
+struct Job {
+    buf: AlignedBuf,
+    run: Running,
+    sum: Option<(usize, SliceSum)>,
+}
+
+impl Job {
+    fn work(mut self, file: &Target, at: u64, last: Option<(usize, std::ops::Range<u64>)>) -> std::io::Result<Self> {
+        let b = self.buf.bytes();
+        self.run.crc = crc32c::crc32c_append(self.run.crc, b);
+        if let Some(h) = self.run.md5.as_mut() {
+            h.update(b);
+        }
+        file.write_at(b, at)?;
+        self.buf.len = 0;
+        if let Some((i, range)) = last {
+            let md5 = self.run.md5.as_mut().map(|h| h.finalize_reset().into());
+            self.sum = Some((i, SliceSum { range, crc: self.run.crc, md5 }));
+            self.run.crc = 0;
+        }
+        Ok(self)
+    }
+}
+
+type Busy = tokio::task::JoinHandle<std::io::Result<Job>>;
+
+/// One request for slices `todo`. The body is gathered into 1 MiB aligned buffers; each
+/// full buffer is hashed (crc32c, and the MD5 of its part when the ETag needs it) and
+/// written at its offset on a blocking thread while the next one fills, so hashing and
+/// writing run on both cores and overlap the network. A finished slice's digests go to
+/// `done`; on error, `done` holds the slices that completed.
 async fn stream_slices(
     ctx: &Ctx,
     src: &Remote,
     p: &ReadPlan,
-    file: &Target,
+    file: &Arc<Target>,
     todo: Group,
     done: &mut Vec<(usize, SliceSum)>,
     md5: Option<&TrailingMd5>,
+) -> Result<(), Failure> {
+    let mut busy: Option<Busy> = None;
+    let spare = Job { buf: AlignedBuf::new(), run: Running { crc: 0, md5: p.slice_md5.then(Md5::new) }, sum: None };
+    let result = receive(src, p, file, todo, &mut busy, spare, &mut |j| settle(ctx, j, done, md5)).await;
+    if let Some(b) = busy.take() {
+        let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
+        settle(ctx, job.map_err(|e| Failure::Local(format!("write: {e}")))?, done, md5);
+    }
+    result
+}
+
+/// Record the slice a finished job completed; the job's buffer is free again.
+fn settle(ctx: &Ctx, mut job: Job, done: &mut Vec<(usize, SliceSum)>, md5: Option<&TrailingMd5>) -> Job {
+    if let Some((i, sum)) = job.sum.take() {
+        ctx.progress.moved(sum.range.end - sum.range.start);
+        if let Some(m) = md5 {
+            m.landed(sum.range.clone());
+        }
+        done.push((i, sum));
+    }
+    job
+}
+
+/// The receiving loop of [`stream_slices`]; `busy` is the job in flight, if any.
+async fn receive(
+    src: &Remote,
+    p: &ReadPlan,
+    file: &Arc<Target>,
+    todo: Group,
+    busy: &mut Option<Busy>,
+    spare: Job,
+    settle: &mut (dyn FnMut(Job) -> Job + Send),
 ) -> Result<(), Failure> {
     let (start, end) = (p.ranges[todo.start].start, p.ranges[todo.end - 1].end);
     let mut body = src.store.get_range_stream(&src.key, start..end, p.if_match.as_deref()).await?;
     let mut i = todo.start;
     let mut pos = start;
-    let mut crc = 0u32;
-    let mut hasher = p.slice_md5.then(Md5::new);
-    let mut buf = AlignedBuf::new();
-    let flush = |buf: &mut AlignedBuf, at: u64| -> Result<(), Failure> {
-        file.write_at(buf.bytes(), at - buf.len as u64).map_err(|e| Failure::Local(format!("write: {e}")))?;
-        buf.len = 0;
-        Ok(())
-    };
+    let mut fill = AlignedBuf::new();
+    let mut spare = Some(spare);
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk?;
         while !chunk.is_empty() {
@@ -249,24 +312,28 @@ async fn stream_slices(
                 let msg = format!("read past {end} in {:?}", start..end);
                 return Err(StoreError::new(StoreErrorKind::Other, msg).into());
             };
-            let piece = chunk.split_to(chunk.len().min((range.end - pos) as usize).min(buf.space()));
-            crc = crc32c::crc32c_append(crc, &piece);
-            if let Some(h) = hasher.as_mut() {
-                h.update(&piece);
-            }
-            buf.push(&piece);
+            let piece = chunk.split_to(chunk.len().min((range.end - pos) as usize).min(fill.space()));
+            fill.push(&piece);
             pos += piece.len() as u64;
-            if buf.space() == 0 || pos == range.end {
-                flush(&mut buf, pos)?;
+            let last = pos == range.end;
+            if fill.space() == 0 || last {
+                // The previous buffer's job is done before this one starts: a slice's
+                // digests are updated in order.
+                let mut job = match (busy.take(), spare.take()) {
+                    (Some(b), _) => {
+                        let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
+                        settle(job.map_err(|e| Failure::Local(format!("write: {e}")))?)
+                    }
+                    (None, Some(job)) => job,
+                    (None, None) => unreachable!("a job is either busy or spare"),
+                };
+                std::mem::swap(&mut job.buf, &mut fill);
+                let at = pos - job.buf.len as u64;
+                let last = last.then(|| (i, range.clone()));
+                let target = file.clone();
+                *busy = Some(tokio::task::spawn_blocking(move || job.work(&target, at, last)));
             }
-            if pos == range.end {
-                let md5_of = hasher.as_mut().map(|h| h.finalize_reset().into());
-                done.push((i, SliceSum { range: range.clone(), crc, md5: md5_of }));
-                ctx.progress.moved(range.end - range.start);
-                if let Some(m) = md5 {
-                    m.landed(range.clone());
-                }
-                crc = 0;
+            if last {
                 i += 1;
             }
         }
@@ -361,7 +428,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
         }
         // The whole-file MD5 reads back what landed, best from the page cache: no O_DIRECT.
         let whole_md5 = matches!(p.expect, Expect::WholeMd5(_));
-        let file = Target::open(tmp, !whole_md5).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let file = Arc::new(Target::open(tmp, !whole_md5).map_err(|e| format!("{}: {e}", tmp.display()))?);
         file.file.set_len(p.size).map_err(|e| format!("{}: {e}", tmp.display()))?; // sparse until written
         let md5 = whole_md5.then(|| TrailingMd5::start(file.file.clone(), p.size));
         let all = groups(p.ranges.len(), p.ranges.first().map_or(1, |r| r.end - r.start), p.size, ctx.parallel);
@@ -396,7 +463,7 @@ async fn reread_and_repair(
     ctx: &Ctx,
     src: &Remote,
     p: &ReadPlan,
-    file: &Target,
+    file: &Arc<Target>,
     sums: &mut [SliceSum],
 ) -> Result<(), String> {
     let mut bad = verify::reread(ctx, &src.store, &src.key, sums, p.if_match.as_deref()).await?;
