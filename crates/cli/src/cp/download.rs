@@ -116,7 +116,9 @@ impl Target {
     }
 
     fn write_at(&self, data: &[u8], at: u64) -> std::io::Result<()> {
-        let aligned = at % ALIGN as u64 == 0 && data.len() % ALIGN == 0 && data.as_ptr() as usize % ALIGN == 0;
+        let aligned = at.is_multiple_of(ALIGN as u64)
+            && data.len().is_multiple_of(ALIGN)
+            && (data.as_ptr() as usize).is_multiple_of(ALIGN);
         if let Some(d) = self.direct.as_ref().filter(|_| aligned) {
             match d.write_all_at(data, at) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {} // not after all: buffered
