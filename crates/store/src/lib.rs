@@ -27,4 +27,4 @@ mod types;
 
 pub use attrs::FileAttrs;
 pub use error::{StoreError, StoreErrorKind};
-pub use types::{Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions};
+pub use types::{ByteStream, Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions};

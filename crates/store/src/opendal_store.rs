@@ -13,7 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 use opendal::{Metadata, Operator};
 
 use crate::gcs_compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
-use crate::{Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use crate::{ByteStream, Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
 
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
@@ -122,6 +122,32 @@ impl Store for OpendalStore {
         }
         let buf = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;
         Ok(buf.to_bytes())
+    }
+
+    async fn get_range_stream(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<ByteStream, StoreError> {
+        if range.start >= range.end {
+            return Ok(Box::pin(futures::stream::empty()));
+        }
+        let mut req = self.op.reader_with(key);
+        match if_match {
+            Some(tag) if self.generation_identity => req = req.if_version_match(tag),
+            Some(tag) if self.capabilities().read_if_match => req = req.if_match(tag),
+            _ => {}
+        }
+        let reader = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;
+        // No chunk option: one streaming request for the whole range.
+        let stream = reader.into_stream(range).await.map_err(|e| StoreError::from_opendal("get", key, e))?;
+        let key = key.to_string();
+        Ok(stream
+            .map_err(move |e| StoreError::from_opendal("get", &key, e))
+            .map_ok(|buf| futures::stream::iter(Iterator::map(buf, Ok)))
+            .try_flatten()
+            .boxed())
     }
 
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {

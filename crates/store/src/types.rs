@@ -43,6 +43,9 @@ pub struct Capabilities {
 /// Listing results, streamed page by page underneath so a huge directory is never one buffer.
 pub type ListStream = BoxStream<'static, Result<ObjectMeta, StoreError>>;
 
+/// An object's bytes as they arrive (one HTTP body's chunks, for S3 and GCS).
+pub type ByteStream = BoxStream<'static, Result<Bytes, StoreError>>;
+
 /// The operations bucketfs needs from an object store. Implementations must be cheap to
 /// share (`Arc<dyn Store>`) and safe to call concurrently.
 #[async_trait]
@@ -66,6 +69,19 @@ pub trait Store: Send + Sync + 'static {
         range: Range<u64>,
         if_match: Option<&str>,
     ) -> Result<Bytes, StoreError>;
+
+    /// [`Store::get_range`] as a stream of chunks as they arrive (one request), so a large
+    /// range can be consumed without holding it in memory. The default reads the whole range
+    /// with `get_range` and yields it as one chunk. The caller checks the total length.
+    async fn get_range_stream(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<ByteStream, StoreError> {
+        let data = self.get_range(key, range, if_match).await?;
+        Ok(Box::pin(futures::stream::once(async move { Ok(data) })))
+    }
 
     /// Entries under `prefix` (which is empty or ends with `/`). Non-recursive: direct
     /// children, with sub-prefixes reported once each as keys ending in `/`. The prefix

@@ -74,46 +74,277 @@ fn temp_path(dst: &Path) -> PathBuf {
     dst.with_file_name(format!(".{name}.bucketfs-{:x}-{n:x}", std::process::id()))
 }
 
-/// Fetch `ranges` into `file` in parallel; digests in range order.
+/// Consecutive slices `p.ranges[group]` read with one streaming request.
+type Group = std::ops::Range<usize>;
+
+/// Longest request of a download: long enough that a request's round trip and slow start
+/// are a small part of it, short enough that a retry redoes little and the last requests
+/// of a file do not leave the link idle.
+const GROUP_MAX: u64 = 64 * plan::MIB;
+
+/// Cut `n` slices of `slice` bytes into groups for about two requests per slot.
+fn groups(n: usize, slice: u64, size: u64, parallel: usize) -> Vec<Group> {
+    let want = (size / (2 * parallel.max(1) as u64)).clamp(slice, GROUP_MAX.max(slice));
+    let per = (want / slice.max(1)).max(1) as usize;
+    (0..n).step_by(per).map(|i| i..(i + per).min(n)).collect()
+}
+
+/// Bytes gathered before one positional write: fewer system calls than one per chunk.
+const WRITE_BUF: usize = 1 << 20;
+/// Offset, length and address alignment of an `O_DIRECT` write.
+const ALIGN: usize = 4096;
+
+/// The temp file being filled. Where the file system allows it, aligned writes go through
+/// a second descriptor opened with `O_DIRECT`: they skip the copy into the page cache,
+/// which costs about as much CPU as hashing (much more in a VM that returns freed memory
+/// to its host). Unaligned writes (a file's tail) and file systems that refuse it use the
+/// page cache.
+struct Target {
+    file: Arc<File>,
+    direct: Option<File>,
+}
+
+impl Target {
+    fn open(path: &Path, direct: bool) -> std::io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Read as well as write: the MD5 thread reads back what landed.
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let direct = direct
+            .then(|| std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).ok())
+            .flatten();
+        Ok(Self { file: Arc::new(file), direct })
+    }
+
+    fn write_at(&self, data: &[u8], at: u64) -> std::io::Result<()> {
+        let aligned = at.is_multiple_of(ALIGN as u64)
+            && data.len().is_multiple_of(ALIGN)
+            && (data.as_ptr() as usize).is_multiple_of(ALIGN);
+        if let Some(d) = self.direct.as_ref().filter(|_| aligned) {
+            match d.write_all_at(data, at) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {} // not after all: buffered
+                r => return r,
+            }
+        }
+        self.file.write_all_at(data, at)
+    }
+}
+
+/// A write buffer whose start is `ALIGN`-aligned (for `O_DIRECT`).
+struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new() -> Self {
+        let raw = vec![0u8; WRITE_BUF + ALIGN];
+        let start = raw.as_ptr().align_offset(ALIGN);
+        Self { raw, start, len: 0 }
+    }
+
+    fn space(&self) -> usize {
+        WRITE_BUF - self.len
+    }
+
+    fn push(&mut self, b: &[u8]) {
+        let at = self.start + self.len;
+        self.raw[at..at + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+/// Fetch `groups` into `file`, `parallel` requests at once; digests in slice order.
 async fn fetch_into(
     ctx: &Ctx,
     src: &Remote,
     p: &ReadPlan,
-    file: &Arc<File>,
-    ranges: Vec<usize>,
+    file: &Arc<Target>,
+    groups: Vec<Group>,
     md5: Option<&TrailingMd5>,
 ) -> Result<Vec<(usize, SliceSum)>, String> {
-    let if_match = p.if_match.as_deref();
-    let results: Vec<Result<(usize, SliceSum), String>> = futures::stream::iter(ranges)
-        .map(|i| {
-            let range = p.ranges[i].clone();
-            let file = file.clone();
-            async move {
-                let data = {
-                    let _slot = ctx.slot().await;
-                    fetch(ctx, src, range.clone(), if_match).await?
-                };
-                let with_md5 = p.slice_md5;
-                let sum = tokio::task::spawn_blocking(move || {
-                    file.write_all_at(&data, range.start)?;
-                    Ok::<_, std::io::Error>(SliceSum::of(range, &data, with_md5))
-                })
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("write: {e}"))?;
-                ctx.progress.moved(sum.range.end - sum.range.start);
-                if let Some(m) = md5 {
-                    m.landed(sum.range.clone());
-                }
-                Ok((i, sum))
-            }
+    let results: Vec<Result<Vec<(usize, SliceSum)>, String>> = futures::stream::iter(groups)
+        .map(|g| async move {
+            let _slot = ctx.slot().await;
+            fetch_group(ctx, src, p, file, g, md5).await
         })
         .buffer_unordered(ctx.parallel)
         .collect()
         .await;
-    let mut out = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::with_capacity(p.ranges.len());
+    for r in results {
+        out.extend(r?);
+    }
     out.sort_by_key(|(i, _)| *i);
     Ok(out)
+}
+
+/// One group with retries: a failed request is resumed at its first unfinished slice.
+async fn fetch_group(
+    ctx: &Ctx,
+    src: &Remote,
+    p: &ReadPlan,
+    file: &Arc<Target>,
+    group: Group,
+    md5: Option<&TrailingMd5>,
+) -> Result<Vec<(usize, SliceSum)>, String> {
+    let mut done = Vec::with_capacity(group.len());
+    let mut attempt = 0;
+    loop {
+        let next = group.start + done.len();
+        if next == group.end {
+            return Ok(done);
+        }
+        match stream_slices(ctx, src, p, file, next..group.end, &mut done, md5).await {
+            Ok(()) => {}
+            Err(Failure::Store(e)) => super::again(ctx, "read", &src.key, &mut attempt, e).await?,
+            Err(Failure::Local(e)) => return Err(e),
+        }
+    }
+}
+
+enum Failure {
+    /// The request failed or was cut short: may be retried.
+    Store(StoreError),
+    /// Writing the local file failed: final.
+    Local(String),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+/// Digests of the slice being received.
+struct Running {
+    crc: u32,
+    md5: Option<Md5>,
+}
+
+/// A filled buffer handed to a blocking thread: hashed into `run`, written at `at`; `last`
+/// (index and range) when it ends a slice, whose digests are then in `sum`. Comes back
+/// empty, to be filled again.
+struct Job {
+    buf: AlignedBuf,
+    run: Running,
+    sum: Option<(usize, SliceSum)>,
+}
+
+impl Job {
+    fn work(mut self, file: &Target, at: u64, last: Option<(usize, std::ops::Range<u64>)>) -> std::io::Result<Self> {
+        let b = self.buf.bytes();
+        self.run.crc = crc32c::crc32c_append(self.run.crc, b);
+        if let Some(h) = self.run.md5.as_mut() {
+            h.update(b);
+        }
+        file.write_at(b, at)?;
+        self.buf.len = 0;
+        if let Some((i, range)) = last {
+            let md5 = self.run.md5.as_mut().map(|h| h.finalize_reset().into());
+            self.sum = Some((i, SliceSum { range, crc: self.run.crc, md5 }));
+            self.run.crc = 0;
+        }
+        Ok(self)
+    }
+}
+
+type Busy = tokio::task::JoinHandle<std::io::Result<Job>>;
+
+/// One request for slices `todo`. The body is gathered into 1 MiB aligned buffers; each
+/// full buffer is hashed (crc32c, and the MD5 of its part when the ETag needs it) and
+/// written at its offset on a blocking thread while the next one fills, so hashing and
+/// writing run on both cores and overlap the network. A finished slice's digests go to
+/// `done`; on error, `done` holds the slices that completed.
+async fn stream_slices(
+    ctx: &Ctx,
+    src: &Remote,
+    p: &ReadPlan,
+    file: &Arc<Target>,
+    todo: Group,
+    done: &mut Vec<(usize, SliceSum)>,
+    md5: Option<&TrailingMd5>,
+) -> Result<(), Failure> {
+    let mut busy: Option<Busy> = None;
+    let spare = Job { buf: AlignedBuf::new(), run: Running { crc: 0, md5: p.slice_md5.then(Md5::new) }, sum: None };
+    let result = receive(src, p, file, todo, &mut busy, spare, &mut |j| settle(ctx, j, done, md5)).await;
+    if let Some(b) = busy.take() {
+        let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
+        settle(ctx, job.map_err(|e| Failure::Local(format!("write: {e}")))?, done, md5);
+    }
+    result
+}
+
+/// Record the slice a finished job completed; the job's buffer is free again.
+fn settle(ctx: &Ctx, mut job: Job, done: &mut Vec<(usize, SliceSum)>, md5: Option<&TrailingMd5>) -> Job {
+    if let Some((i, sum)) = job.sum.take() {
+        ctx.progress.moved(sum.range.end - sum.range.start);
+        if let Some(m) = md5 {
+            m.landed(sum.range.clone());
+        }
+        done.push((i, sum));
+    }
+    job
+}
+
+/// The receiving loop of [`stream_slices`]; `busy` is the job in flight, if any.
+async fn receive(
+    src: &Remote,
+    p: &ReadPlan,
+    file: &Arc<Target>,
+    todo: Group,
+    busy: &mut Option<Busy>,
+    spare: Job,
+    settle: &mut (dyn FnMut(Job) -> Job + Send),
+) -> Result<(), Failure> {
+    let (start, end) = (p.ranges[todo.start].start, p.ranges[todo.end - 1].end);
+    let mut body = src.store.get_range_stream(&src.key, start..end, p.if_match.as_deref()).await?;
+    let mut i = todo.start;
+    let mut pos = start;
+    let mut fill = AlignedBuf::new();
+    let mut spare = Some(spare);
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk?;
+        while !chunk.is_empty() {
+            let Some(range) = p.ranges.get(i).filter(|_| i < todo.end) else {
+                let msg = format!("read past {end} in {:?}", start..end);
+                return Err(StoreError::new(StoreErrorKind::Other, msg).into());
+            };
+            let piece = chunk.split_to(chunk.len().min((range.end - pos) as usize).min(fill.space()));
+            fill.push(&piece);
+            pos += piece.len() as u64;
+            let last = pos == range.end;
+            if fill.space() == 0 || last {
+                // The previous buffer's job is done before this one starts: a slice's
+                // digests are updated in order.
+                let mut job = match (busy.take(), spare.take()) {
+                    (Some(b), _) => {
+                        let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
+                        settle(job.map_err(|e| Failure::Local(format!("write: {e}")))?)
+                    }
+                    (None, Some(job)) => job,
+                    (None, None) => unreachable!("a job is either busy or spare"),
+                };
+                std::mem::swap(&mut job.buf, &mut fill);
+                let at = pos - job.buf.len as u64;
+                let last = last.then(|| (i, range.clone()));
+                let target = file.clone();
+                *busy = Some(tokio::task::spawn_blocking(move || job.work(&target, at, last)));
+            }
+            if last {
+                i += 1;
+            }
+        }
+    }
+    if pos != end {
+        let msg = format!("short read at {:?}: {} bytes", start..end, pos - start);
+        return Err(StoreError::new(StoreErrorKind::Other, msg).into());
+    }
+    Ok(())
 }
 
 /// The MD5 of the file while it is being written: slices land out of order, and a thread
@@ -197,12 +428,12 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
             ctx.progress.println(&format!("bucketfs cp: {}: {last}; downloading again", src.url()));
             ctx.progress.retrying(p.size);
         }
-        // Read as well as write: the MD5 thread reads back what landed.
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(tmp);
-        let file = Arc::new(file.map_err(|e| format!("{}: {e}", tmp.display()))?);
-        file.set_len(p.size).map_err(|e| format!("{}: {e}", tmp.display()))?; // sparse until written
-        let md5 = matches!(p.expect, Expect::WholeMd5(_)).then(|| TrailingMd5::start(file.clone(), p.size));
-        let all = (0..p.ranges.len()).collect();
+        // The whole-file MD5 reads back what landed, best from the page cache: no O_DIRECT.
+        let whole_md5 = matches!(p.expect, Expect::WholeMd5(_));
+        let file = Arc::new(Target::open(tmp, !whole_md5).map_err(|e| format!("{}: {e}", tmp.display()))?);
+        file.file.set_len(p.size).map_err(|e| format!("{}: {e}", tmp.display()))?; // sparse until written
+        let md5 = whole_md5.then(|| TrailingMd5::start(file.file.clone(), p.size));
+        let all = groups(p.ranges.len(), p.ranges.first().map_or(1, |r| r.end - r.start), p.size, ctx.parallel);
         let mut sums: Vec<SliceSum> =
             fetch_into(ctx, src, p, &file, all, md5.as_ref()).await?.into_iter().map(|(_, s)| s).collect();
         let whole = match md5 {
@@ -234,7 +465,7 @@ async fn reread_and_repair(
     ctx: &Ctx,
     src: &Remote,
     p: &ReadPlan,
-    file: &Arc<File>,
+    file: &Arc<Target>,
     sums: &mut [SliceSum],
 ) -> Result<(), String> {
     let mut bad = verify::reread(ctx, &src.store, &src.key, sums, p.if_match.as_deref()).await?;
@@ -247,7 +478,7 @@ async fn reread_and_repair(
             src.url(),
             bad.len()
         ));
-        for (i, s) in fetch_into(ctx, src, p, file, bad.clone(), None).await? {
+        for (i, s) in fetch_into(ctx, src, p, file, bad.iter().map(|&i| i..i + 1).collect(), None).await? {
             sums[i] = s;
         }
         let again: Vec<SliceSum> = bad.iter().map(|&i| sums[i].clone()).collect();

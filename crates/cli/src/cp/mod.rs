@@ -180,17 +180,24 @@ where
     loop {
         match op().await {
             Ok(v) => return Ok(v),
-            Err(e) if e.kind == StoreErrorKind::Changed => {
-                return Err(format!("{key}: the object changed during the copy ({e})"));
-            }
-            Err(e) if attempt < ctx.retries && is_retryable(&e) => {
-                attempt += 1;
-                tracing::debug!("{what} {key}: {e}; retry {attempt}");
-                tokio::time::sleep(ctx.backoff(attempt)).await;
-            }
-            Err(e) => return Err(format!("{what} {key}: {e}")),
+            Err(e) => again(ctx, what, key, &mut attempt, e).await?,
         }
     }
+}
+
+/// After failure `e`: wait and return `Ok` if another attempt may help (counting it in
+/// `attempt`), else the error to give up with.
+pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: StoreError) -> Result<(), String> {
+    if e.kind == StoreErrorKind::Changed {
+        return Err(format!("{key}: the object changed during the copy ({e})"));
+    }
+    if *attempt >= ctx.retries || !is_retryable(&e) {
+        return Err(format!("{what} {key}: {e}"));
+    }
+    *attempt += 1;
+    tracing::debug!("{what} {key}: {e}; retry {attempt}");
+    tokio::time::sleep(ctx.backoff(*attempt)).await;
+    Ok(())
 }
 
 /// One job, start to end.

@@ -6,7 +6,6 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreErrorKind, WriteOptions};
@@ -43,15 +42,14 @@ impl From<String> for Failed {
     }
 }
 
-/// Read `src` in `part`-byte chunks on a blocking thread: crc32c always, the MD5 of each
-/// part for S3 (its multipart ETag), the MD5 of the whole for GCS (its `md5Hash`).
+/// Read `src` in `part`-byte chunks on a blocking thread. Each part's digests (crc32c
+/// always, its MD5 for S3's multipart ETag) are computed on a blocking task of their own,
+/// while the part is being sent, so hashing spreads over the cores; GCS's whole-content MD5
+/// (its `md5Hash`) needs the bytes in order and is computed by the reader itself.
 fn spawn_reader(src: &Source<'_>, part: usize, kind: Kind) -> Result<(Chunks, WholeMd5), String> {
-    let mut input: Box<ReadAt> = match src {
-        Source::File(p) => {
-            let f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            Box::new(move |buf: &mut [u8], off: u64| f.read_at(buf, off))
-        }
-        Source::Stdin => Box::new(|buf: &mut [u8], _off: u64| std::io::stdin().lock().read(buf)),
+    let mut input: Box<dyn Read + Send> = match src {
+        Source::File(p) => Box::new(File::open(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        Source::Stdin => Box::new(std::io::stdin()),
     };
     // Two chunks read ahead keep the uploads fed without holding much memory.
     let (tx, rx) = mpsc::channel(2);
@@ -59,35 +57,43 @@ fn spawn_reader(src: &Source<'_>, part: usize, kind: Kind) -> Result<(Chunks, Wh
         let mut whole = (kind == Kind::Gcs).then(Md5::new);
         let mut off = 0u64;
         loop {
-            let mut buf = vec![0u8; part];
-            let mut n = 0;
-            while n < part {
-                match input(&mut buf[n..], off + n as u64) {
-                    Ok(0) => break,
-                    Ok(k) => n += k,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(format!("reading the source: {e}")));
-                        return None;
-                    }
-                }
+            // read_to_end fills spare capacity: no zero-filling of the buffer first.
+            let mut buf = Vec::with_capacity(part);
+            if let Err(e) = input.by_ref().take(part as u64).read_to_end(&mut buf) {
+                let _ = tx.blocking_send(Err(format!("reading the source: {e}")));
+                return None;
             }
+            let n = buf.len();
             if n == 0 {
                 break;
             }
-            buf.truncate(n);
-            let sum = SliceSum::of(off..off + n as u64, &buf, kind == Kind::S3);
             if let Some(h) = whole.as_mut() {
                 h.update(&buf);
             }
+            let data = Bytes::from(buf);
+            let range = off..off + n as u64;
+            let hashed = data.clone();
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &hashed, kind == Kind::S3));
             off += n as u64;
-            if tx.blocking_send(Ok((Bytes::from(buf), sum))).is_err() || n < part {
+            if tx.blocking_send(Ok((data, sum))).is_err() || n < part {
                 break;
             }
         }
         whole.map(|h| h.finalize().into())
     });
     Ok((rx, handle))
+}
+
+/// A part's digests, being computed.
+type PendingSum = tokio::task::JoinHandle<SliceSum>;
+
+/// Wait for the parts' digests, in order.
+async fn sums_of(pending: Vec<PendingSum>) -> Result<Vec<SliceSum>, Failed> {
+    let mut sums = Vec::with_capacity(pending.len());
+    for p in pending {
+        sums.push(p.await.map_err(|e| Failed { msg: format!("hashing a part: {e}"), retry: false })?);
+    }
+    Ok(sums)
 }
 
 /// Upload once: single `put` for one chunk, the writer for more.
@@ -138,22 +144,20 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
         (None, Some(_)) => unreachable!("a second chunk is only read after a first"),
     };
     let whole_md5 = reader.await.map_err(|e| e.to_string())?;
-    Ok((meta, Digests { sums, whole_md5 }))
+    Ok((meta, Digests { sums: sums_of(sums).await?, whole_md5 }))
 }
 
-type Chunks = mpsc::Receiver<Result<(Bytes, SliceSum), String>>;
+type Chunks = mpsc::Receiver<Result<(Bytes, PendingSum), String>>;
 /// The reader thread, which ends with the whole content's MD5 (when one was computed).
 type WholeMd5 = tokio::task::JoinHandle<Option<[u8; 16]>>;
-/// Read into the buffer at an offset (files) or at the current position (stdin).
-type ReadAt = dyn FnMut(&mut [u8], u64) -> std::io::Result<usize> + Send;
 
 /// Write chunks `a`, `b`, then the rest of `rx` into `w`.
 async fn feed(
     ctx: &Ctx,
     w: &mut dyn ObjectWriter,
-    sums: &mut Vec<SliceSum>,
-    a: (Bytes, SliceSum),
-    b: (Bytes, SliceSum),
+    sums: &mut Vec<PendingSum>,
+    a: (Bytes, PendingSum),
+    b: (Bytes, PendingSum),
     rx: &mut Chunks,
 ) -> Result<(), Failed> {
     let mut first = [a, b].into_iter();
