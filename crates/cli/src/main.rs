@@ -88,6 +88,11 @@ pub struct MountArgs {
     /// Prefetched bytes held (in flight or not yet read) across all open files, in MiB.
     #[arg(long, default_value_t = 64)]
     prefetch_budget_mib: u64,
+    /// Kernel readahead for the mount, in KiB (its read_ahead_kb; the kernel's default is
+    /// 128). Sequential reads reach bucketfs in requests of this size, up to 1024. Needs
+    /// root; others keep the default. 0 leaves it alone.
+    #[arg(long, default_value_t = 1024)]
+    read_ahead_kib: u32,
     /// Memory block cache, in MiB.
     #[arg(long, default_value_t = 32)]
     memory_cache_mib: u64,
@@ -149,13 +154,16 @@ impl MountArgs {
 /// glibc gives each thread that allocates its own arena and keeps what is freed there; with
 /// tokio workers, blocking threads (disk cache, staging) and 2 MiB blocks moving between
 /// them, that retained memory was most of the peak RSS (reading 1 GiB: 272 MiB with the
-/// disk cache, 152 MiB with two arenas). Two arenas, and big buffers straight from mmap.
+/// disk cache, 152 MiB with two arenas). Two arenas. The mmap threshold is fixed above the
+/// 2 MiB block size: a block from mmap costs 512 page faults and a munmap each time (a
+/// third of the CPU of a cold read), one from the heap reuses freed blocks (reading 1 GiB:
+/// 3.2 instead of 4.9 CPU seconds, peak RSS 162 instead of 110 MiB).
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; called before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 * 1024 * 1024);
     }
 }
 
