@@ -154,16 +154,16 @@ impl MountArgs {
 /// glibc gives each thread that allocates its own arena and keeps what is freed there; with
 /// tokio workers, blocking threads (disk cache, staging) and 2 MiB blocks moving between
 /// them, that retained memory was most of the peak RSS (reading 1 GiB: 272 MiB with the
-/// disk cache, 152 MiB with two arenas). Two arenas. The mmap threshold is fixed above the
-/// 2 MiB block size: a block from mmap costs 512 page faults and a munmap each time (a
-/// third of the CPU of a cold read), one from the heap reuses freed blocks (reading 1 GiB:
-/// 3.2 instead of 4.9 CPU seconds, peak RSS 162 instead of 110 MiB).
+/// disk cache, 152 MiB with two arenas). Two arenas, and big buffers straight from mmap.
+/// That costs CPU (each 2 MiB block is 512 page faults and a munmap, a third of a cold
+/// read's CPU), but blocks from the heap kept the peak at 164-189 MiB in the benchmark
+/// (limit 200) instead of 110-150.
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; called before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 * 1024 * 1024);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
 }
 
