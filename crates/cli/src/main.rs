@@ -88,6 +88,11 @@ pub struct MountArgs {
     /// Prefetched bytes held (in flight or not yet read) across all open files, in MiB.
     #[arg(long, default_value_t = 64)]
     prefetch_budget_mib: u64,
+    /// Kernel readahead for the mount, in KiB (its read_ahead_kb; the kernel's default is
+    /// 128). Sequential reads reach bucketfs in requests of this size, up to 1024. Needs
+    /// root; others keep the default. 0 leaves it alone.
+    #[arg(long, default_value_t = 1024)]
+    read_ahead_kib: u32,
     /// Memory block cache, in MiB.
     #[arg(long, default_value_t = 32)]
     memory_cache_mib: u64,
@@ -150,6 +155,9 @@ impl MountArgs {
 /// tokio workers, blocking threads (disk cache, staging) and 2 MiB blocks moving between
 /// them, that retained memory was most of the peak RSS (reading 1 GiB: 272 MiB with the
 /// disk cache, 152 MiB with two arenas). Two arenas, and big buffers straight from mmap.
+/// That costs CPU (each 2 MiB block is 512 page faults and a munmap, a third of a cold
+/// read's CPU), but blocks from the heap kept the peak at 164-189 MiB in the benchmark
+/// (limit 200) instead of 110-150.
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; called before any other thread exists.

@@ -234,6 +234,12 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             return Err(msg);
         }
     };
+    if args.read_ahead_kib > 0 {
+        match bucketfs_fuse::set_read_ahead(mp, args.read_ahead_kib) {
+            Ok(old) => tracing::debug!(old, new = args.read_ahead_kib, "kernel readahead set (KiB)"),
+            Err(e) => tracing::info!("kernel readahead left at its default ({e}; raising it needs root)"),
+        }
+    }
     let mut unmounter = session.unmount_callable();
     let (done_tx, done_rx) = mpsc::channel::<&'static str>();
     let session_done = done_tx.clone();

@@ -1,7 +1,7 @@
 //! The read path: exact ranges for random reads, a growing window of parallel ranged GETs
 //! ahead of sequential readers, and a shared block cache bounded in bytes.
 //!
-//! Objects are read in blocks of [`BLOCK`] bytes. Each handle remembers where its last read
+//! Objects are read in blocks of [`BLOCK`] bytes. Each handle remembers where its reads
 //! ended. A read that starts there (or inside blocks already fetched for it) is sequential:
 //! it takes its blocks from the cache or from fetches in flight, and then makes sure the
 //! next `window` blocks are being fetched in the background, each by its own ranged GET, so
@@ -10,6 +10,11 @@
 //! anywhere else is random: unless every block it needs is cached, it fetches exactly the
 //! bytes asked for, and the window starts over. Prefetch never blocks a reader: it only
 //! starts when the global prefetch budget (bytes in flight across all handles) has room.
+//!
+//! The kernel sends a sequential reader's readahead as several requests at once, and they
+//! reach us out of order (many FUSE threads, many tasks). So once a window is open, a read
+//! starting within [`REORDER`] bytes of the end of the furthest read is still sequential; a
+//! reader with no window open (random) must start exactly where it left off.
 //!
 //! Cached blocks are keyed by (key, identity, block index), where the identity is the ETag
 //! or generation seen at open (or size and mtime on stores without one), so bytes of a
@@ -29,6 +34,10 @@ use crate::FsError;
 /// Block size: 2 MiB per GET amortizes a ~20 ms round trip while keeping a random
 /// reader's over-fetch (when it hits a cached neighbour) small.
 pub const BLOCK: u64 = 2 * 1024 * 1024;
+
+/// How far an open window's reads may arrive out of order: a few of the kernel's largest
+/// requests (1 MiB) either side of the end of the furthest read.
+pub const REORDER: u64 = 4 * 1024 * 1024;
 
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, FsError>>>;
 type BlockKey = (Arc<str>, Arc<str>, u64);
@@ -111,7 +120,8 @@ pub struct FileReader {
 
 #[derive(Default)]
 struct ReadState {
-    /// Where the last read ended: a read starting here is sequential.
+    /// Where the furthest sequential read ended (where the last read ended after a random
+    /// one): a read starting here is sequential, or near here while a window is open.
     next: u64,
     /// Blocks to keep in flight ahead of a sequential reader.
     window: u64,
@@ -154,8 +164,10 @@ impl FileReader {
         let cached: Vec<Option<Bytes>> = (first..=last).map(|b| self.cache.blocks.get(&self.block_key(b))).collect();
         let fetches = {
             let mut st = self.state.lock().unwrap();
-            let sequential = offset == st.next || st.inflight.contains_key(&first);
-            st.next = end;
+            let near = st.window > 0 && offset.abs_diff(st.next) <= REORDER;
+            let sequential = offset == st.next || near || st.inflight.contains_key(&first);
+            tracing::trace!(key = %self.key, offset, len, sequential, next = st.next, window = st.window, "read");
+            st.next = if sequential { st.next.max(end) } else { end };
             if !sequential && cached.iter().any(Option::is_none) {
                 st.window = 0;
                 st.inflight.clear();
@@ -172,7 +184,9 @@ impl FileReader {
                             break;
                         }
                     }
-                    st.inflight.retain(|b, _| *b >= first);
+                    // Blocks a late (reordered) request may still need stay in flight.
+                    let keep = st.next.saturating_sub(REORDER) / BLOCK;
+                    st.inflight.retain(|b, _| *b >= first.min(keep));
                 }
                 Some(needed)
             }
@@ -181,7 +195,7 @@ impl FileReader {
             // Random access: exactly the bytes asked for, nothing cached or prefetched.
             return self.fetch(offset, end).await;
         };
-        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        let mut parts = Vec::with_capacity(needed.len());
         for (i, block) in needed.into_iter().enumerate() {
             let b = first + i as u64;
             let data = match block {
@@ -193,8 +207,15 @@ impl FileReader {
             if stop > data.len() {
                 return Err(FsError::Stale(format!("{} is shorter than when it was opened", self.key)));
             }
-            out.extend_from_slice(&data[start..stop]);
+            parts.push(data.slice(start..stop));
         }
+        // Inside one block (the usual case: blocks are larger than any kernel request) the
+        // reply is a view of the cached block; across blocks the parts are joined once.
+        if parts.len() == 1 {
+            return Ok(parts.pop().expect("one part"));
+        }
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        parts.iter().for_each(|p| out.extend_from_slice(p));
         Ok(out.freeze())
     }
 

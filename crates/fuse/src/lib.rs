@@ -399,7 +399,10 @@ pub struct MountSpec {
     pub read_only: bool,
 }
 
+mod readahead;
+
 pub use fuser::{Session, SessionUnmounter};
+pub use readahead::set_read_ahead;
 
 /// Mount `fs` on `mountpoint`; the session is not serving until [`Session::run`].
 pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &MountSpec) -> std::io::Result<Session<FuseAdapter>> {
