@@ -7,7 +7,6 @@ use futures::TryStreamExt;
 
 use super::check_new_name;
 use crate::fs::{Attr, Fs, Kind};
-use crate::inode::ChildMeta;
 use crate::FsError;
 
 impl Fs {
@@ -62,10 +61,7 @@ impl Fs {
             let mut t = self.table.lock().unwrap();
             t.listing_remove(parent, name);
             t.relocate(src.ino, newparent, newname);
-            if let Some(n) = t.get(src.ino) {
-                let meta = ChildMeta { name: newname.to_string(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone(), attrs: None };
-                t.listing_insert(newparent, meta);
-            }
+            t.relist(src.ino);
             // Moved objects are new objects (a new GCS generation; on S3 a new ETag for a
             // multipart source): a read pinned to the old identity would fail with ESTALE.
             if src.kind == Kind::Dir {
@@ -88,13 +84,9 @@ impl Fs {
             tracing::debug!(key = %node.key, "identity after rename unknown: {e}");
             return;
         }
+        // The listing too: a lookup served from it would bring the old identity back.
+        self.table.lock().unwrap().relist(ino);
         let Ok(now) = self.node(ino) else { return };
-        {
-            // The listing too: a lookup served from it would bring the old identity back.
-            let mut t = self.table.lock().unwrap();
-            let meta = ChildMeta { name: now.name.clone(), kind: now.kind, size: now.size, mtime: now.mtime, etag: now.etag.clone(), attrs: None };
-            t.listing_insert(now.parent, meta);
-        }
         let fresh = self.reader_for(&now);
         self.replace_readers(ino, &fresh);
     }

@@ -81,7 +81,7 @@ impl Fs {
         inos.iter()
             .filter_map(|i| t.get(*i))
             .filter(|n| n.parent == dir && t.child(dir, &n.name).map(|c| c.ino) == Some(n.ino))
-            .map(|n| ChildMeta { name: n.name.clone(), kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag.clone(), attrs: None })
+            .map(|n| n.entry())
             .collect()
     }
 
@@ -316,9 +316,7 @@ impl Fs {
             } else {
                 Instant::now() - self.cfg.metadata_ttl
             };
-            let child = ChildMeta { name: n.name.clone(), kind: Kind::File, size, mtime: n.mtime, etag: n.etag.clone(), attrs: None };
-            let parent = n.parent;
-            t.listing_insert(parent, child);
+            t.relist(ino);
         }
         let now = self.node(ino)?;
         let identity = now.identity();

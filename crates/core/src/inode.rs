@@ -49,6 +49,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// This node as an entry of its parent's listing.
+    pub fn entry(&self) -> ChildMeta {
+        ChildMeta { name: self.name.clone(), kind: self.kind, size: self.size, mtime: self.mtime, etag: self.etag.clone(), attrs: None }
+    }
+
     /// The object was replaced by someone else: drop what we knew of its attributes.
     pub fn forget_attrs(&mut self) {
         self.perm = None;
@@ -278,6 +283,14 @@ impl InodeTable {
     }
 
     /// Record a child created or changed here in `dir`'s cached listing (if any).
+    /// Put `ino`'s current size and identity into its parent's cached listing.
+    pub fn relist(&mut self, ino: u64) {
+        if let Some(n) = self.nodes.get(&ino) {
+            let (parent, entry) = (n.parent, n.entry());
+            self.listing_insert(parent, entry);
+        }
+    }
+
     pub fn listing_insert(&mut self, dir: u64, meta: ChildMeta) {
         self.note_change(dir);
         if let Some(l) = self.listings.get_mut(&dir) {
