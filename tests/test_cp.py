@@ -289,6 +289,24 @@ def test_store_to_store_recursive_prefix(s3_and_gcs):
         assert seed.get(b.store, b.name, k) == v
 
 
+def run_through_outage(px, args):
+    """`bucketfs ARGS` through proxy `px` slowed to 20 ms each way and 10 MB/s per
+    connection (so it takes several seconds), with the server gone for a second at 1.5 s:
+    every connection cut, new ones refused. Returns (still running at the outage, process,
+    stdout, stderr)."""
+    px.toxic("latency", "downstream", latency=20)
+    px.toxic("bandwidth", "downstream", rate=10_000)
+    proc = subprocess.Popen([require_bin(), *args], env=bucketfs_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    mid = proc.poll() is None
+    px.set_enabled(False)
+    time.sleep(1.0)
+    px.set_enabled(True)
+    out, err = proc.communicate(timeout=300)
+    return mid, proc, out, err
+
+
 def test_store_to_store_outage_mid_transfer_is_retried(s3_and_gcs, toxiproxy):
     """The source's server goes away (every connection cut, new ones refused) for a second
     in the middle of a copy: the requests are retried and the copy is complete and right."""
@@ -298,19 +316,9 @@ def test_store_to_store_outage_mid_transfer_is_retried(s3_and_gcs, toxiproxy):
     a.put("big", data)
     px = toxiproxy.proxy(upstream_of("s3"))
     try:
-        # 20 ms each way and 2 requests in flight: the copy takes several seconds
-        px.toxic("latency", "downstream", latency=20)
-        px.toxic("bandwidth", "downstream", rate=10_000)  # 10 MB/s per connection
-        cmd = [require_bin(), "cp", url(a, "big"), url(b, "big"), "--s3-endpoint", px.endpoint,
-               "--gcs-endpoint", seed.GCS_ENDPOINT, "--anonymous", "--parallel", "2", "--json"]
-        proc = subprocess.Popen(cmd, env=bucketfs_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        time.sleep(1.5)
-        mid = proc.poll() is None
-        px.set_enabled(False)
-        time.sleep(1.0)
-        px.set_enabled(True)
-        out, err = proc.communicate(timeout=300)
+        mid, proc, out, err = run_through_outage(px, [
+            "cp", url(a, "big"), url(b, "big"), "--s3-endpoint", px.endpoint,
+            "--gcs-endpoint", seed.GCS_ENDPOINT, "--anonymous", "--parallel", "2", "--json"])
     finally:
         px.delete()
     assert mid, "the copy finished before the outage; nothing was tested"
@@ -333,17 +341,8 @@ def test_download_outage_mid_transfer_is_resumed(tmp, toxiproxy):
     px = toxiproxy.proxy(upstream_of("s3"))
     out = tmp / "big"
     try:
-        px.toxic("latency", "downstream", latency=20)
-        px.toxic("bandwidth", "downstream", rate=10_000)  # 10 MB/s per connection
-        cmd = [require_bin(), "cp", url(b, "big"), str(out), "--endpoint", px.endpoint, "--parallel", "2", "--json"]
-        proc = subprocess.Popen(cmd, env=bucketfs_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        time.sleep(1.5)
-        mid = proc.poll() is None
-        px.set_enabled(False)
-        time.sleep(1.0)
-        px.set_enabled(True)
-        stdout, err = proc.communicate(timeout=300)
+        mid, proc, stdout, err = run_through_outage(
+            px, ["cp", url(b, "big"), str(out), "--endpoint", px.endpoint, "--parallel", "2", "--json"])
     finally:
         px.delete()
         b.cleanup()
