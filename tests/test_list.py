@@ -280,7 +280,14 @@ def test_weird_keys_never_escape_or_collide(bucket):
     print(f"{bucket.store}: weird keys accepted by the server: {accepted}; rejected: {rejected}")
     assert set(NORMAL) <= stored
 
-    with bucket.mounted() as mp:
+    # Each way a directory gets listed: per directory, with list-ahead (the default: one
+    # recursive page with each listing), and the whole tree at mount.
+    for extra in (["--list-ahead-keys", "0"], [], ["--preload-tree"]):
+        _check_weird_mount(bucket, accepted, extra)
+
+
+def _check_weird_mount(bucket, accepted, extra):
+    with bucket.mounted(extra=extra) as mp:
         real_mp = os.path.realpath(mp)
         seen_files = {}
         for dp, dns, fns in os.walk(mp):

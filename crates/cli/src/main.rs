@@ -114,6 +114,11 @@ pub struct MountArgs {
     /// A directory rename moves every key below it; past this many keys it fails with EXDEV.
     #[arg(long, default_value_t = 10_000)]
     max_rename_keys: usize,
+    /// Listing a directory also asks for one page of the recursive listing below it; if the
+    /// whole subtree holds at most this many keys, every directory in it is listed at once
+    /// (a `find` of a small tree costs one round trip, not one per directory). 0 turns it off.
+    #[arg(long, default_value_t = 999)]
+    list_ahead_keys: usize,
     /// Load the whole tree at mount (one recursive listing) so the first `find`/`ls -R` is
     /// served from memory; refreshed in the background every --preload-refresh seconds.
     #[arg(long)]

@@ -181,6 +181,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             concurrency: args.upload_concurrency.max(1),
         },
         max_rename_keys: args.max_rename_keys,
+        list_ahead_keys: args.list_ahead_keys,
         ..FsConfig::default()
     };
     std::fs::create_dir_all(&cfg.staging_dir)

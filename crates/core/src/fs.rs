@@ -89,6 +89,9 @@ pub struct FsConfig {
     /// A directory rename moves every key below it; past this many it fails with EXDEV
     /// (so `mv` falls back to copying) instead of running for minutes.
     pub max_rename_keys: usize,
+    /// List-ahead: a directory listing also asks for one page of the recursive listing below
+    /// it, used when it holds at most this many keys; 0 turns it off.
+    pub list_ahead_keys: usize,
 }
 
 impl Default for FsConfig {
@@ -113,6 +116,9 @@ impl Default for FsConfig {
             write: WriteOptions::default(),
             // 10,000 keys: a few minutes of copies at most on a slow link.
             max_rename_keys: 10_000,
+            // One page of S3's LIST (1,000 keys) less one: a subtree is known not to fit when
+            // the page's last key arrives, before the store would ask for the next page.
+            list_ahead_keys: 999,
         }
     }
 }
@@ -346,16 +352,49 @@ impl Fs {
         }
     }
 
-    /// Refresh `dir`'s listing from the store if it is older than the TTL.
+    /// Refresh `dir`'s listing from the store if it is older than the TTL. On a first visit
+    /// (or where the subtree fit last time) one page of a recursive listing is asked for at
+    /// the same time; if it holds the whole subtree, every directory below is listed too.
     pub(crate) async fn ensure_listing(&self, dir: &Node) -> Result<(), FsError> {
-        let since = {
+        let (since, ahead) = {
             let t = self.table.lock().unwrap();
-            if t.listing(dir.ino).is_some_and(|l| l.is_fresh()) {
+            let listing = t.listing(dir.ino);
+            if listing.is_some_and(|l| l.is_fresh()) {
                 return Ok(());
             }
-            t.change_seq()
+            (t.change_seq(), self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree))
         };
         let started = Instant::now();
+        let subtree = async {
+            match ahead {
+                true => self.list_subtree(&dir.key, self.cfg.list_ahead_keys).await,
+                false => Ok(None),
+            }
+        };
+        let (own, subtree) = tokio::join!(self.list_children(dir), subtree);
+        let template = Listing { at: started, valid_for: self.cfg.metadata_ttl, children: HashMap::new(), subtree: false };
+        let mut children = own?;
+        match subtree {
+            Ok(Some((mut dirs, _))) => {
+                dirs.insert(String::new(), children);
+                self.install_subtree(&dir.key, dir.ino, dirs, Listing { subtree: true, ..template }, since);
+                return Ok(());
+            }
+            Ok(None) => {}
+            // Its own listing decides; the look-ahead is only a shortcut.
+            Err(e) => tracing::debug!(dir = %dir.key, "recursive listing failed: {e}"),
+        }
+        // Files created here and not yet uploaded are part of the directory too.
+        for meta in self.staged_children(dir.ino) {
+            children.entry(meta.name.clone()).or_insert(meta);
+        }
+        tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
+        self.table.lock().unwrap().set_listing_since(dir.ino, Listing { children, ..template }, since);
+        Ok(())
+    }
+
+    /// `dir`'s children from one delimited LIST sequence.
+    pub(crate) async fn list_children(&self, dir: &Node) -> Result<HashMap<String, ChildMeta>, FsError> {
         let mut children: HashMap<String, ChildMeta> = HashMap::new();
         let mut skipped = 0usize;
         let mut stream = self.store.list(&dir.key, false);
@@ -373,17 +412,10 @@ impl Fs {
                 None => skipped += 1,
             }
         }
-        // Files created here and not yet uploaded are part of the directory too.
-        for meta in self.staged_children(dir.ino) {
-            children.entry(meta.name.clone()).or_insert(meta);
-        }
         if skipped > 0 {
             tracing::debug!(dir = %dir.key, skipped, "keys that are not valid file names are not shown");
         }
-        tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
-        let listing = Listing { at: started, valid_for: self.cfg.metadata_ttl, children };
-        self.table.lock().unwrap().set_listing_since(dir.ino, listing, since);
-        Ok(())
+        Ok(children)
     }
 
     /// Snapshot a directory for one readdir sequence; offsets index into the snapshot.

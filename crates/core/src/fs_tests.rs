@@ -140,21 +140,71 @@ async fn a_preloaded_tree_answers_find_without_requests() {
     let (store, fs) = fs_with(&refs).await;
     assert_eq!(fs.preload_tree(10_000, Duration::from_secs(60)).await.unwrap(), 301);
     let before = store.requests.load(Ordering::Relaxed);
-    // Walk everything, as find does: readdir each directory, look up each entry.
-    let mut stack = vec![ROOT_INO];
-    let mut files = 0;
+    assert_eq!(find(&fs).await, (300, 30));
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "a preloaded tree needs no requests");
+    assert!(matches!(fs.preload_tree(10, Duration::from_secs(60)).await, Err(FsError::Local(_))));
+}
+
+/// Walk everything as find does (readdir each directory, look up each entry): (files, dirs).
+async fn find(fs: &Fs) -> (usize, usize) {
+    let (mut stack, mut files, mut dirs) = (vec![ROOT_INO], 0, 0);
     while let Some(dir) = stack.pop() {
-        for e in names(&fs, dir).await.into_iter().filter(|n| n != "." && n != "..") {
+        for e in names(fs, dir).await.into_iter().filter(|n| n != "." && n != "..") {
             let a = fs.lookup(dir, &e).await.unwrap();
             match a.kind {
-                Kind::Dir => stack.push(a.ino),
+                Kind::Dir => {
+                    dirs += 1;
+                    stack.push(a.ino)
+                }
                 Kind::File | Kind::Symlink => files += 1,
             }
         }
     }
-    assert_eq!(files, 300);
-    assert_eq!(store.requests.load(Ordering::Relaxed), before, "a preloaded tree needs no requests");
-    assert!(matches!(fs.preload_tree(10, Duration::from_secs(60)).await, Err(FsError::Local(_))));
+    (files, dirs)
+}
+
+/// 5 top directories with 4 below each, 3 files in each of those and one at the top.
+fn small_tree() -> Vec<(String, Vec<u8>)> {
+    let mut keys: Vec<(String, Vec<u8>)> = vec![("top".into(), b"t".to_vec())];
+    for a in 0..5 {
+        for b in 0..4 {
+            keys.extend((0..3).map(|i| (format!("d{a}/e{b}/f{i}"), vec![1u8; i + 1])));
+        }
+    }
+    keys
+}
+
+#[tokio::test]
+async fn list_ahead_lists_a_small_subtree_with_its_parent() {
+    let keys = small_tree();
+    let refs: Vec<(&str, &[u8])> = keys.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    let (store, fs) = fs_with(&refs).await;
+    let before = store.requests.load(Ordering::Relaxed);
+    assert_eq!(find(&fs).await, (61, 25));
+    // The root's own listing and one recursive listing, at the same time; nothing else.
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2);
+    let d3 = fs.lookup(ROOT_INO, "d3").await.unwrap();
+    let e1 = fs.lookup(d3.ino, "e1").await.unwrap();
+    assert_eq!(names(&fs, e1.ino).await, [".", "..", "f0", "f1", "f2"]);
+    assert_eq!(fs.lookup(e1.ino, "f2").await.unwrap().size, 3);
+}
+
+#[tokio::test]
+async fn a_subtree_over_the_list_ahead_bound_is_listed_per_directory() {
+    let keys = small_tree();
+    let store = Arc::new(MemStore::new());
+    for (k, v) in &keys {
+        store.put(k, Bytes::copy_from_slice(v)).await.unwrap();
+    }
+    // The root's subtree (61 keys) does not fit; each top directory's (12 keys) does.
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
+    let before = store.requests.load(Ordering::Relaxed);
+    assert_eq!(find(&fs).await, (61, 25));
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 5 * 2);
+    let off = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..FsConfig::default() });
+    let before = store.requests.load(Ordering::Relaxed);
+    assert_eq!(find(&off).await, (61, 25));
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 26, "one listing per directory");
 }
 
 #[tokio::test]

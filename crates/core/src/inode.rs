@@ -111,13 +111,16 @@ pub struct ChildMeta {
 }
 
 /// A directory's children as of `at`: the listing cache used by lookup and readdir.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Listing {
     pub at: Instant,
     /// How long it answers without asking the store: the metadata TTL, or longer for a
     /// tree loaded at mount and refreshed in the background.
     pub valid_for: std::time::Duration,
     pub children: HashMap<String, ChildMeta>,
+    /// It came from a recursive listing of a subtree that fit in one page: listing the
+    /// subtree again is worth a try when it goes stale (see `Fs::ensure_listing`).
+    pub subtree: bool,
 }
 
 impl Listing {

@@ -1,8 +1,13 @@
-//! Loading the whole tree at mount (`--preload-tree`), GCSF's approach: one recursive LIST
-//! (paged by the store, 1,000 keys a request) fills the listing of every directory, so a
-//! first `find` or `ls -R` makes no further requests. Bounded by `max_entries`: a bigger
-//! bucket is refused with a message (listing per directory still works). The listings stay
-//! valid for `valid_for`; the mount refreshes them in the background before then.
+//! Listing a whole subtree with one recursive LIST instead of one LIST per directory.
+//!
+//! Two users:
+//! - `--preload-tree` (GCSF's approach): the whole bucket at mount, bounded by
+//!   `max_entries` (a bigger bucket is refused with a message; listing per directory still
+//!   works), kept valid for `valid_for` and refreshed in the background by the mount.
+//! - List-ahead: when a directory is listed, one page of a recursive listing of it is asked
+//!   for at the same time as its own listing (see `Fs::ensure_listing`). If the page holds
+//!   the whole subtree, every directory below gets its listing from it, so a `find` or
+//!   `ls -R` of a small tree costs one round trip per big directory, not one per directory.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -13,32 +18,52 @@ use crate::fs::{Fs, Kind};
 use crate::inode::{ChildMeta, Listing, ROOT_INO};
 use crate::{names, FsError};
 
+/// Directory key (relative to the listed root, "" for the root) -> its children.
+pub(crate) type Subtree = HashMap<String, HashMap<String, ChildMeta>>;
+
 impl Fs {
     /// Load every key into the listing cache; returns the number of entries loaded.
     pub async fn preload_tree(&self, max_entries: usize, valid_for: Duration) -> Result<usize, FsError> {
         let started = Instant::now();
         let since = self.table.lock().unwrap().change_seq();
-        // Directory key -> its children. The root is "".
-        let mut dirs: HashMap<String, HashMap<String, ChildMeta>> = HashMap::from([(String::new(), HashMap::new())]);
-        let mut count = 0usize;
-        let mut stream = self.store.list("", true);
+        let root = self.node(ROOT_INO)?;
+        let (own, subtree) = tokio::join!(self.list_children(&root), self.list_subtree("", max_entries));
+        let Some((mut dirs, count)) = subtree? else {
+            return Err(FsError::Local(format!(
+                "the bucket holds over {max_entries} keys; not preloading the tree (directories are listed as they are opened)"
+            )));
+        };
+        dirs.insert(String::new(), own?);
+        self.install_subtree("", ROOT_INO, dirs, Listing { at: started, valid_for, children: HashMap::new(), subtree: false }, since);
+        tracing::info!(entries = count, ms = started.elapsed().as_millis() as u64, "tree preloaded");
+        Ok(count)
+    }
+
+    /// Every directory at or below `root` (a directory key) with its children, from one
+    /// recursive listing; `None` once more than `max_entries` keys were seen (the listing
+    /// stops there: the store is not asked for the next page).
+    pub(crate) async fn list_subtree(&self, root: &str, max_entries: usize) -> Result<Option<(Subtree, usize)>, FsError> {
+        let mut dirs: Subtree = HashMap::from([(String::new(), HashMap::new())]);
+        let (mut seen, mut count) = (0usize, 0usize);
+        let mut stream = self.store.list(root, true);
         while let Some(m) = stream.try_next().await? {
-            let segments: Vec<&str> = m.key.trim_end_matches('/').split('/').collect();
-            if !segments.iter().all(|s| names::valid_segment(s)) {
-                continue; // never exposed (see names.rs)
+            seen += 1;
+            if seen > max_entries {
+                return Ok(None);
             }
-            count += 1;
-            if count > max_entries {
-                return Err(FsError::Local(format!(
-                    "the bucket holds over {max_entries} keys; not preloading the tree (directories are listed as they are opened)"
-                )));
-            }
+            let Some(rel) = m.key.strip_prefix(root).filter(|r| !r.is_empty()) else { continue };
+            let segments: Vec<&str> = rel.trim_end_matches('/').split('/').collect();
+            // A key with a segment that is not a valid file name is never exposed (see
+            // names.rs); the directories above that segment still show, as a delimited
+            // listing shows them.
+            let valid = segments.iter().take_while(|s| names::valid_segment(s)).count();
+            count += usize::from(valid == segments.len());
             let mut parent = String::new();
-            for (i, seg) in segments.iter().enumerate() {
-                let last = i + 1 == segments.len();
-                let is_dir = !last || m.key.ends_with('/');
+            for (i, seg) in segments[..valid].iter().enumerate() {
+                let is_dir = i + 1 < segments.len() || rel.ends_with('/');
                 let meta = if is_dir {
-                    self.child_meta(seg, &bucketfs_store::ObjectMeta { key: String::new(), size: 0, etag: None, mtime: None }, Kind::Dir)
+                    let dir = bucketfs_store::ObjectMeta { key: String::new(), size: 0, etag: None, mtime: None };
+                    self.child_meta(seg, &dir, Kind::Dir)
                 } else {
                     let (name, kind) = crate::links::classify(seg);
                     self.child_meta(name, &m, kind)
@@ -51,23 +76,34 @@ impl Fs {
                 }
             }
         }
-        // Install parents before children, so each directory has an inode when listed.
+        Ok(Some((dirs, count)))
+    }
+
+    /// Install the listing of `root` (inode `root_ino`) and of every directory below it,
+    /// each with `template`'s time and validity. The root's entry must be its own delimited
+    /// listing: a recursive listing through OpenDAL shows a key with a leading '/' (GCS
+    /// allows "/lead") as "lead", and only directories the root's own listing has are
+    /// installed. Files written here and not yet uploaded stay part of their directories.
+    pub(crate) fn install_subtree(&self, root: &str, root_ino: u64, mut dirs: Subtree, template: Listing, since: u64) {
+        // Parents before children, so each directory has an inode when listed.
         let mut keys: Vec<String> = dirs.keys().cloned().collect();
         keys.sort_by_key(|k| k.matches('/').count());
-        let mut t = self.table.lock().unwrap();
-        let mut inos: HashMap<String, u64> = HashMap::from([(String::new(), ROOT_INO)]);
+        let mut inos: HashMap<String, u64> = HashMap::from([(String::new(), root_ino)]);
         for key in keys {
             let Some(&ino) = inos.get(&key) else { continue };
-            let children = dirs.remove(&key).unwrap_or_default();
+            let mut children = dirs.remove(&key).unwrap_or_default();
+            for meta in self.staged_children(ino) {
+                children.entry(meta.name.clone()).or_insert(meta);
+            }
+            let mut t = self.table.lock().unwrap();
             for (name, meta) in &children {
                 if meta.kind == Kind::Dir {
-                    let child = t.upsert(ino, meta);
-                    inos.insert(format!("{key}{name}/"), child);
+                    inos.insert(format!("{key}{name}/"), t.upsert(ino, meta));
                 }
             }
-            t.set_listing_since(ino, Listing { at: started, valid_for, children }, since);
+            let listing = Listing { children, ..template.clone() };
+            t.set_listing_since(ino, listing, since);
         }
-        tracing::info!(entries = count, ms = started.elapsed().as_millis() as u64, "tree preloaded");
-        Ok(count)
+        tracing::debug!(root, dirs = inos.len(), "subtree listed");
     }
 }
