@@ -63,7 +63,7 @@ pub struct ReadCache {
     /// Permits are KiB of prefetch in flight; a prefetch that finds none is skipped.
     budget: Arc<Semaphore>,
     /// Buffers blocks are fetched into; see [`ReadCache::new`] for its bound.
-    pool: BlockPool,
+    pub(crate) pool: BlockPool,
 }
 
 impl ReadCache {
