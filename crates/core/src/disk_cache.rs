@@ -146,7 +146,7 @@ impl DiskCache {
 
     /// `Ok(None)`: the file is there but is not an intact block of this format.
     fn read_block(&self, path: &Path, size: usize, pool: &BlockPool) -> std::io::Result<Option<Bytes>> {
-        if size < ALIGN || size % ALIGN != 0 || size > pool.size() {
+        if size < ALIGN || !size.is_multiple_of(ALIGN) || size > pool.size() {
             return Ok(None);
         }
         let mut buf = pool.take();
