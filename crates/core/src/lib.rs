@@ -5,13 +5,15 @@
 //! - [`names`]: which object keys become which file names, and which are never exposed.
 //! - [`inode`]: the inode table (ino <-> key), lookup counts, directory listing cache.
 //! - [`read`]: the per-handle read path with sequential prefetch and the memory cache;
-//!   [`disk_cache`]: the checksummed on-disk block cache that survives remounts.
+//!   [`disk_cache`]: the checksummed on-disk block cache that survives remounts;
+//!   [`block_pool`]: the bounded pool of aligned buffers blocks are read into.
 //! - [`write`]: staged writes and their upload on flush/fsync/unmount.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`stats`]: read-only figures (pending uploads, cache use) for metrics and status.
 //! - [`error`]: the core's error enum and the one map from errors to errno.
 
+pub mod block_pool;
 pub mod disk_cache;
 pub mod error;
 pub mod fs;

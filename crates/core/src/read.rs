@@ -20,6 +20,11 @@
 //! or generation seen at open (or size and mtime on stores without one), so bytes of a
 //! changed object are never served. Every GET also carries the ETag (`If-Match`), so a
 //! change mid-read fails with ESTALE instead of mixing versions.
+//!
+//! A block is streamed from the store (or read from the disk cache) straight into a
+//! buffer of the shared [`BlockPool`], zero-padded to a page; the memory cache, the reply
+//! and the disk-cache writer all hold views of that one buffer, which goes back to the
+//! pool when the last view drops.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,8 +32,10 @@ use std::sync::{Arc, Mutex};
 use bucketfs_store::{Store, StoreErrorKind};
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::TryStreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::block_pool::{round_up, BlockPool, ALIGN};
 use crate::FsError;
 
 /// Block size: 2 MiB per GET amortizes a ~20 ms round trip while keeping a random
@@ -38,6 +45,10 @@ pub const BLOCK: u64 = 2 * 1024 * 1024;
 /// How far an open window's reads may arrive out of order: a few of the kernel's largest
 /// requests (1 MiB) either side of the end of the furthest read.
 pub const REORDER: u64 = 4 * 1024 * 1024;
+
+/// Blocks queued for the disk cache at most: enough to keep a disk busy, small next to the
+/// other bounds (16 MiB).
+const DISK_QUEUE: usize = 8;
 
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, FsError>>>;
 type BlockKey = (Arc<str>, Arc<str>, u64);
@@ -51,11 +62,19 @@ pub struct ReadCache {
     disk_queue: Arc<Semaphore>,
     /// Permits are KiB of prefetch in flight; a prefetch that finds none is skipped.
     budget: Arc<Semaphore>,
+    /// Buffers blocks are fetched into; see [`ReadCache::new`] for its bound.
+    pub(crate) pool: BlockPool,
 }
 
 impl ReadCache {
     /// `cache_bytes` bounds the cached blocks; `prefetch_bytes` the bytes being prefetched.
+    ///
+    /// The buffer pool holds at most as many blocks as those bounds and the disk queue
+    /// allow to be alive at once, plus a few for demand reads: `(cache_bytes +
+    /// prefetch_bytes) / BLOCK + DISK_QUEUE + 4` (60 blocks, 120 MiB, with the defaults).
+    /// Blocks past that are plain allocations, freed when dropped.
     pub fn new(cache_bytes: u64, prefetch_bytes: u64) -> Self {
+        let pool_max = ((cache_bytes + prefetch_bytes) / BLOCK) as usize + DISK_QUEUE + 4;
         let blocks = moka::sync::Cache::builder()
             .weigher(|_k: &BlockKey, v: &Bytes| v.len().try_into().unwrap_or(u32::MAX))
             .max_capacity(cache_bytes)
@@ -63,9 +82,10 @@ impl ReadCache {
         Self {
             blocks,
             disk: None,
-            // 8 blocks (16 MiB): enough to keep a disk busy, small next to the other bounds.
-            disk_queue: Arc::new(Semaphore::new(8)),
+            disk_queue: Arc::new(Semaphore::new(DISK_QUEUE)),
             budget: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)),
+            // Room for a whole block file (block and trailer page) read with O_DIRECT.
+            pool: BlockPool::new(BLOCK as usize + ALIGN, pool_max),
         }
     }
 
@@ -78,19 +98,27 @@ impl ReadCache {
     /// Put a block we already have (just uploaded) into both caches under its new identity.
     pub fn remember(&self, key: &str, identity: &str, block: u64, data: Bytes) {
         let (k, id): (Arc<str>, Arc<str>) = (key.into(), identity.into());
-        self.to_disk(&k, &id, block, &data);
-        self.blocks.insert((k, id, block), data);
+        self.to_disk(&k, &id, block, data.clone(), data.len());
+        self.insert((k, id, block), data);
     }
 
-    /// Queue a block for the disk cache, unless the queue is full (then it is skipped).
-    fn to_disk(&self, key: &Arc<str>, identity: &Arc<str>, block: u64, data: &Bytes) {
+    /// Queue the first `len` bytes of `padded` for the disk cache, unless the queue is full
+    /// (then it is skipped). See [`crate::disk_cache::DiskCache::put`] for `padded`.
+    fn to_disk(&self, key: &Arc<str>, identity: &Arc<str>, block: u64, padded: Bytes, len: usize) {
         let Some(disk) = self.disk.clone() else { return };
         let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return };
-        let (k, id, d) = (key.clone(), identity.clone(), data.clone());
+        let (k, id) = (key.clone(), identity.clone());
         tokio::task::spawn_blocking(move || {
-            disk.put(&k, &id, block, &d);
+            disk.put(&k, &id, block, &padded, len);
             drop(permit);
         });
+    }
+
+    /// Cache a block, and settle evictions now: moka applies them lazily, in batches of
+    /// many writes, and with 2 MiB blocks that lag held far more than the bound (peak RSS).
+    fn insert(&self, key: BlockKey, data: Bytes) {
+        self.blocks.insert(key, data);
+        self.blocks.run_pending_tasks();
     }
 
     /// Bytes held by the cache now (approximate: moka settles evictions lazily).
@@ -249,15 +277,19 @@ impl FileReader {
         let task = tokio::spawn(async move {
             if let Some(disk) = cache.disk.clone() {
                 let (k, id) = (ck.0.clone(), ck.1.clone());
-                let hit = tokio::task::spawn_blocking(move || disk.get(&k, &id, b)).await.ok().flatten();
+                let pool = cache.pool.clone();
+                let hit = tokio::task::spawn_blocking(move || disk.get(&k, &id, b, &pool)).await.ok().flatten();
                 if let Some(data) = hit.filter(|d| d.len() as u64 == end - start) {
-                    cache.blocks.insert(ck, data.clone());
+                    cache.insert(ck, data.clone());
                     return Ok(data);
                 }
             }
-            let data = get(store.as_ref(), &key, start, end, etag.as_deref()).await?;
-            cache.to_disk(&ck.0, &ck.1, b, &data);
-            cache.blocks.insert(ck, data.clone());
+            let (padded, n) = get_block(store.as_ref(), &cache.pool, &key, start, end, etag.as_deref()).await?;
+            let data = padded.slice(..n);
+            if n as u64 == end - start {
+                cache.to_disk(&ck.0, &ck.1, b, padded, data.len());
+            }
+            cache.insert(ck, data.clone());
             Ok(data)
         });
         let fut = async move { task.await.unwrap_or_else(|e| Err(FsError::Local(format!("read task: {e}")))) }
@@ -276,11 +308,41 @@ impl FileReader {
     }
 }
 
-async fn get(store: &dyn Store, key: &str, start: u64, end: u64, etag: Option<&str>) -> Result<Bytes, FsError> {
-    store.get_range(key, start..end, etag).await.map_err(|e| match e.kind {
+/// Bytes `start..end` streamed into a pooled buffer: how many arrived (fewer if the object
+/// ended early), and a view of them zero-padded to a multiple of a page.
+async fn get_block(
+    store: &dyn Store,
+    pool: &BlockPool,
+    key: &str,
+    start: u64,
+    end: u64,
+    etag: Option<&str>,
+) -> Result<(Bytes, usize), FsError> {
+    let want = (end - start) as usize;
+    let mut buf = pool.take();
+    let space = &mut buf.space()[..round_up(want)];
+    let mut body = store.get_range_stream(key, start..end, etag).await.map_err(store_err)?;
+    let mut n = 0;
+    while let Some(chunk) = body.try_next().await.map_err(store_err)? {
+        if chunk.len() > want - n {
+            return Err(FsError::Stale(format!("{key}: the store sent more bytes than asked for")));
+        }
+        space[n..n + chunk.len()].copy_from_slice(&chunk);
+        n += chunk.len();
+    }
+    space[n..round_up(n)].fill(0);
+    Ok((buf.into_bytes(round_up(n)), n))
+}
+
+fn store_err(e: bucketfs_store::StoreError) -> FsError {
+    match e.kind {
         StoreErrorKind::Changed | StoreErrorKind::NotFound => FsError::Stale(e.message),
         _ => FsError::Store(e),
-    })
+    }
+}
+
+async fn get(store: &dyn Store, key: &str, start: u64, end: u64, etag: Option<&str>) -> Result<Bytes, FsError> {
+    store.get_range(key, start..end, etag).await.map_err(store_err)
 }
 
 #[cfg(test)]

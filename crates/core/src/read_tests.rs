@@ -166,10 +166,28 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
     // Corrupt every block file: reads are still right, refetched from the store.
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         let mut raw = std::fs::read(e.path()).unwrap();
-        let last = raw.len() - 1;
-        raw[last] ^= 0x55;
+        raw[1] ^= 0x55; // a byte of the block's data
         std::fs::write(e.path(), raw).unwrap();
     }
     assert_eq!(read_all(reader(store.clone(), mk(), m.etag, body.len() as u64)).await, body);
     assert!(store.requests.load(Ordering::Relaxed) > before, "corrupted blocks were refetched");
+}
+
+#[tokio::test]
+async fn blocks_reuse_pooled_buffers_within_the_bound() {
+    let store = Arc::new(MemStore::new());
+    let body = data(40 * BLOCK as usize);
+    let m = store.put("f", body.clone()).await.unwrap();
+    // Cache 4 blocks, prefetch 4: the pool's bound is 4 + 4 + DISK_QUEUE + 4 = 20 buffers.
+    let c = Arc::new(ReadCache::new(4 * BLOCK, 4 * BLOCK));
+    let r = reader(store.clone(), c.clone(), m.etag, body.len() as u64);
+    let mut off = 0;
+    while off < body.len() as u64 {
+        let got = r.read(off, 1 << 20).await.unwrap();
+        assert_eq!(got, body.slice(off as usize..off as usize + got.len()));
+        off += got.len() as u64;
+    }
+    assert!(c.pool.pooled() <= 20, "40 blocks read through {} pooled buffers", c.pool.pooled());
+    drop(r);
+    assert!(c.pool.free() > 0, "buffers no longer viewed are back in the pool");
 }

@@ -20,9 +20,9 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, StreamExt, TryStreamExt};
 
-use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
+use crate::{ByteStream, Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
 
 /// The operations counted, in the order of [`Op::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -306,6 +306,16 @@ impl Store for MeteredStore {
         if let Ok(b) = &r {
             self.metrics.add_read(b.len() as u64);
         }
+        self.done(Op::Get, t, r)
+    }
+
+    /// Forwarded, so the inner store streams (the default would gather the whole range).
+    /// The request is timed to its response headers; bytes are counted as they arrive.
+    async fn get_range_stream(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<ByteStream, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.get_range_stream(key, range, if_match).await;
+        let metrics = self.metrics.clone();
+        let r = r.map(|s| s.inspect_ok(move |b| metrics.add_read(b.len() as u64)).boxed());
         self.done(Op::Get, t, r)
     }
 

@@ -95,3 +95,13 @@ fn seconds_are_exact_decimals() {
     assert_eq!(seconds(10_000_000), "10");
     assert_eq!(seconds(1), "0.000001");
 }
+
+#[tokio::test]
+async fn a_streamed_get_counts_one_request_and_its_bytes() {
+    let (s, m) = metered();
+    s.put("a", Bytes::from_static(b"hello world")).await.unwrap();
+    let body: Vec<Bytes> = s.get_range_stream("a", 2..9, None).await.unwrap().try_collect().await.unwrap();
+    assert_eq!(body.concat(), b"llo wor");
+    assert_eq!(m.requests(Op::Get), 1);
+    assert_eq!(m.totals().bytes_read, 7);
+}

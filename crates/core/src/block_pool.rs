@@ -1,0 +1,160 @@
+//! A bounded pool of page-aligned block buffers, reused across fetches.
+//!
+//! Every block the read path fetches from the store or reads from the disk cache lands in
+//! one of these buffers. A fresh 2 MiB allocation costs 512 page faults and zeroing, and
+//! freeing it hands the pages back (malloc serves buffers this big with mmap); a pooled
+//! buffer pays that once. Buffers are page-aligned and one page longer than a block, so
+//! the disk cache can write a block and read a block file (data and trailer) with `O_DIRECT`.
+//!
+//! Bound: at most `max` buffers ever belong to the pool, in use or free. When all of them
+//! are in use, [`BlockPool::take`] hands out a fresh unpooled buffer that is freed when
+//! dropped, so the pool adds at most `max` buffers of memory and never blocks a reader.
+//! The read path sizes `max` from its own bounds (memory cache + prefetch budget + disk
+//! queue, see [`crate::read::ReadCache::new`]), so in steady state every live block is a
+//! pooled one. A buffer goes back to the pool when the last [`Bytes`] view of it drops.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// Alignment (address, length and file offset) of `O_DIRECT` I/O.
+pub const ALIGN: usize = 4096;
+
+/// `n` rounded up to a multiple of [`ALIGN`].
+pub fn round_up(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Shared handle to the pool.
+#[derive(Clone)]
+pub struct BlockPool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    free: Mutex<Vec<Vec<u8>>>,
+    /// Buffers created for the pool so far (never more than `max`).
+    created: AtomicUsize,
+    max: usize,
+    /// Usable bytes per buffer (after alignment).
+    size: usize,
+}
+
+impl BlockPool {
+    /// A pool of at most `max` buffers of `size` usable bytes each.
+    pub fn new(size: usize, max: usize) -> Self {
+        let inner = Inner { free: Mutex::new(Vec::new()), created: AtomicUsize::new(0), max, size };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// A buffer of [`BlockPool::size`] bytes (contents unspecified): a free pooled one, a
+    /// new pooled one while fewer than `max` exist, or else an unpooled one.
+    pub fn take(&self) -> BlockBuf {
+        let reused = self.inner.free.lock().unwrap().pop();
+        let (raw, pooled) = match reused {
+            Some(raw) => (raw, true),
+            None => {
+                let pooled = self
+                    .inner
+                    .created
+                    .fetch_update(Relaxed, Relaxed, |n| (n < self.inner.max).then_some(n + 1))
+                    .is_ok();
+                (vec![0u8; self.inner.size + ALIGN], pooled)
+            }
+        };
+        let start = raw.as_ptr().align_offset(ALIGN);
+        BlockBuf { raw, start, len: 0, pool: pooled.then(|| self.inner.clone()) }
+    }
+
+    /// Usable bytes per buffer.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// Buffers the pool holds (free and in use).
+    pub fn pooled(&self) -> usize {
+        self.inner.created.load(Relaxed)
+    }
+
+    /// Free buffers waiting to be reused.
+    pub fn free(&self) -> usize {
+        self.inner.free.lock().unwrap().len()
+    }
+}
+
+/// One aligned buffer; back to its pool (if it has one) when dropped.
+pub struct BlockBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+    pool: Option<Arc<Inner>>,
+}
+
+impl BlockBuf {
+    /// The whole usable buffer, page-aligned, to be filled.
+    pub fn space(&mut self) -> &mut [u8] {
+        let size = self.raw.len() - ALIGN;
+        &mut self.raw[self.start..self.start + size]
+    }
+
+    /// Freeze the first `len` bytes into a [`Bytes`] (no copy); the buffer returns to the
+    /// pool when the last view of it drops.
+    pub fn into_bytes(mut self, len: usize) -> Bytes {
+        assert!(len <= self.raw.len() - ALIGN, "block buffer overrun");
+        self.len = len;
+        Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for BlockBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl Drop for BlockBuf {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.free.lock().unwrap().push(std::mem::take(&mut self.raw));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_reused() {
+        let pool = BlockPool::new(8192, 2);
+        let mut b = pool.take();
+        assert_eq!(b.space().len(), 8192);
+        assert_eq!(b.space().as_ptr() as usize % ALIGN, 0, "page-aligned");
+        b.space()[..3].copy_from_slice(b"abc");
+        let addr = b.space().as_ptr() as usize;
+        let bytes = b.into_bytes(3);
+        let view = bytes.slice(1..3);
+        drop(bytes);
+        assert_eq!(&view[..], b"bc");
+        assert_eq!(pool.free(), 0, "a live view keeps the buffer");
+        drop(view);
+        assert_eq!(pool.free(), 1, "the last view returns it");
+        let mut again = pool.take();
+        assert_eq!(again.space().as_ptr() as usize, addr, "the same buffer is reused");
+        assert_eq!(pool.pooled(), 1);
+    }
+
+    #[test]
+    fn pool_never_holds_more_than_its_bound() {
+        let pool = BlockPool::new(4096, 3);
+        let held: Vec<BlockBuf> = (0..10).map(|_| pool.take()).collect();
+        assert_eq!(pool.pooled(), 3, "past the bound buffers are unpooled");
+        drop(held);
+        assert_eq!(pool.free(), 3, "only pooled buffers are kept");
+        let again: Vec<BlockBuf> = (0..5).map(|_| pool.take()).collect();
+        assert_eq!((pool.pooled(), pool.free()), (3, 0));
+        drop(again);
+        assert_eq!(pool.free(), 3);
+    }
+}
