@@ -5,6 +5,7 @@ Objects are checked with an independent client (boto3 / the GCS JSON API, via se
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -76,6 +77,39 @@ def test_round_trip_at_slice_boundaries(cp_bucket, tmp, size):
     # A single-request object carries its MD5 on both services: no re-read was needed.
     if size <= SLICE:
         assert "reread-crc32c" not in summary(down)["verified"], summary(down)
+
+
+def test_s3_uploads_are_checked_by_the_server_crc32c(tmp):
+    """S3 uploads carry each request's crc32c, which MinIO checks: the object keeps the
+    checksum (the whole object's crc32c for one request, COMPOSITE over the parts for a
+    multipart upload), and it is the crc32c bucketfs computed. --s3-md5 goes back to the ETag."""
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    try:
+        s3 = seed.s3_client()
+        data = os.urandom(MIB + 7)
+        src = tmp / "one.bin"
+        src.write_bytes(data)
+        s = summary(cp(b, str(src), url(b, "one.bin")))
+        assert s["verified"] == {"s3-crc32c": 1}, s
+        h = s3.head_object(Bucket=b.name, Key="one.bin", ChecksumMode="ENABLED")
+        ours = base64.b64encode(bytes.fromhex(s["crc32c"])).decode()
+        assert h.get("ChecksumCRC32C") == ours, (h.get("ChecksumCRC32C"), ours)
+
+        big = tmp / "three.bin"
+        big.write_bytes(os.urandom(2 * SLICE + 3))
+        s = summary(cp(b, str(big), url(b, "three.bin")))
+        assert s["verified"] == {"s3-crc32c": 1}, s
+        h = s3.head_object(Bucket=b.name, Key="three.bin", ChecksumMode="ENABLED")
+        assert h.get("ChecksumType") == "COMPOSITE" and h.get("ChecksumCRC32C", "").endswith("-3"), h
+
+        s = summary(cp(b, str(big), url(b, "md5.bin"), "--s3-md5"))
+        assert s["verified"] == {"s3-etag": 1}, s
+        assert "ChecksumCRC32C" not in s3.head_object(Bucket=b.name, Key="md5.bin", ChecksumMode="ENABLED")
+        assert seed.get("s3", b.name, "md5.bin") == big.read_bytes()
+    finally:
+        b.cleanup()
 
 
 def test_one_gigabyte_round_trip(cp_bucket, tmp):

@@ -25,7 +25,7 @@ use super::download::fetch;
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, slices, MIN_S3_PART};
 use super::upload::{part_size, verify_upload, Digests, Failed};
-use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD};
+use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD, BY_S3_CRC32C};
 use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
 
 /// S3's CopyObject copies at most 5 GiB in one request.
@@ -48,11 +48,12 @@ pub async fn copy(ctx: &Ctx, src: &Remote, dst: &Remote) -> Result<Report, Strin
 
 /// How a store-to-store copy was verified, source side then destination side.
 fn how(src: &str, dst: &str) -> &'static str {
-    const HOWS: [&str; 3] = [BY_MD5, BY_ETAG, BY_REREAD];
-    const PAIRS: [[&str; 3]; 3] = [
-        ["md5>md5", "md5>s3-etag", "md5>reread-crc32c"],
-        ["s3-etag>md5", "s3-etag>s3-etag", "s3-etag>reread-crc32c"],
-        ["reread-crc32c>md5", "reread-crc32c>s3-etag", "reread-crc32c>reread-crc32c"],
+    const HOWS: [&str; 4] = [BY_MD5, BY_ETAG, BY_REREAD, BY_S3_CRC32C];
+    const PAIRS: [[&str; 4]; 4] = [
+        ["md5>md5", "md5>s3-etag", "md5>reread-crc32c", "md5>s3-crc32c"],
+        ["s3-etag>md5", "s3-etag>s3-etag", "s3-etag>reread-crc32c", "s3-etag>s3-crc32c"],
+        ["reread-crc32c>md5", "reread-crc32c>s3-etag", "reread-crc32c>reread-crc32c", "reread-crc32c>s3-crc32c"],
+        ["s3-crc32c>md5", "s3-crc32c>s3-etag", "s3-crc32c>reread-crc32c", "s3-crc32c>s3-crc32c"],
     ];
     let i = HOWS.iter().position(|h| *h == src).unwrap_or(2);
     let j = HOWS.iter().position(|h| *h == dst).unwrap_or(2);
@@ -177,7 +178,7 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
             tokio::time::sleep(ctx.backoff(attempt)).await;
         }
         let want_whole = matches!(src_expect, Expect::WholeMd5(_)) || dst.kind == Kind::Gcs;
-        let want_parts = matches!(src_expect, Expect::Composite { .. }) || dst.kind == Kind::S3;
+        let want_parts = matches!(src_expect, Expect::Composite { .. }) || (dst.kind == Kind::S3 && !dst.crc_confirmed);
         let once = stream_once(ctx, src, dst, size, piece, if_match.as_deref(), want_parts, want_whole);
         let failed = match once.await {
             Ok((meta, digests)) => match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match).await

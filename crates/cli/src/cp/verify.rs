@@ -103,6 +103,8 @@ pub fn guess_part_size(size: u64, parts: u64, ours: u64) -> Option<u64> {
 pub const BY_MD5: &str = "md5";
 pub const BY_ETAG: &str = "s3-etag";
 pub const BY_REREAD: &str = "reread-crc32c";
+/// An S3 upload whose every request's crc32c the server checked and confirmed.
+pub const BY_S3_CRC32C: &str = "s3-crc32c";
 
 /// The outcome of comparing with the store's digests.
 #[derive(Debug, PartialEq, Eq)]
