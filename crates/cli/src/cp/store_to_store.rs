@@ -21,7 +21,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use md5::{Digest, Md5};
 
-use super::download::fetch;
+use super::download::{fetch, fetch_chunks};
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, slices, MIN_S3_PART};
 use super::upload::{part_size, verify_upload, Digests, Failed};
@@ -271,9 +271,9 @@ async fn stream_once(
     // Reads run ahead without taking slots: this copy already holds them all.
     let mut reads = futures::stream::iter(ranges)
         .map(|range| async move {
-            let data = fetch(ctx, src, range.clone(), if_match).await?;
+            let data = fetch_chunks(ctx, src, range.clone(), if_match).await?;
             let d = data.clone();
-            let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &d, want_parts))
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts))
                 .await
                 .map_err(|e| e.to_string())?;
             Ok::<_, String>((data, sum))
@@ -296,12 +296,18 @@ async fn stream_once(
             }
         };
         if let Some(h) = &whole {
-            h.feed(data.clone());
+            data.iter().for_each(|c| h.feed(c.clone()));
         }
-        let n = data.len() as u64;
+        let n = sum.range.end - sum.range.start;
         sums.push(sum);
-        if let Err(e) = w.write(data).await {
-            result = Err(fail(e));
+        // The response's chunks as they came: the writer gathers them into parts.
+        for c in data {
+            if let Err(e) = w.write(c).await {
+                result = Err(fail(e));
+                break;
+            }
+        }
+        if result.is_err() {
             break;
         }
         ctx.progress.moved(n);
