@@ -112,6 +112,80 @@ def test_s3_uploads_are_checked_by_the_server_crc32c(tmp):
         b.cleanup()
 
 
+class _NoChecksumEcho:
+    """A reverse proxy to MinIO that drops `x-amz-checksum-crc32c` from every answer: what
+    an S3-compatible store that ignores checksums looks like to bucketfs."""
+
+    def __init__(self, upstream: str):
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                c = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                r = c.getresponse()
+                data = r.read()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("x-amz-checksum-crc32c", "content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                c.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # bucketfs hanging up after a refused upload is expected
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_s3_store_that_does_not_confirm_checksums_needs_s3_md5(tmp):
+    """A store that accepts x-amz-checksum-crc32c without checking it (no echo in its answer)
+    fails the upload with a message naming --s3-md5, leaving no object; with --s3-md5 the
+    same upload is verified by the multipart ETag."""
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    proxy = _NoChecksumEcho(seed.S3_ENDPOINT)
+    try:
+        src = tmp / "f.bin"
+        src.write_bytes(os.urandom(SLICE + 5))
+        args = ["cp", str(src), f"s3://{b.name}/f.bin", "--endpoint", proxy.url, "--json"]
+        p = run_cli(args, timeout=120)
+        assert p.returncode != 0 and "--s3-md5" in p.err, (p.returncode, p.err[-1000:])
+        assert seed.list_keys("s3", b.name) == [], "an unconfirmed upload left an object"
+        assert seed.s3_client().list_multipart_uploads(Bucket=b.name).get("Uploads", []) == []
+        p = run_cli(args + ["--s3-md5"], timeout=120)
+        assert p.returncode == 0, p.err[-1000:]
+        assert summary(p)["verified"] == {"s3-etag": 1}, p.out
+        assert seed.get("s3", b.name, "f.bin") == src.read_bytes()
+    finally:
+        proxy.close()
+        b.cleanup()
+
+
 def test_one_gigabyte_round_trip(cp_bucket, tmp):
     size = 1000 * 1000 * 1000
     src = tmp / "big.bin"

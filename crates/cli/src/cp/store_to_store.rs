@@ -24,7 +24,7 @@ use md5::{Digest, Md5};
 use super::download::{fetch, fetch_chunks};
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, slices, MIN_S3_PART};
-use super::upload::{part_size, verify_upload, Digests, Failed};
+use super::upload::{close_or_abort, part_size, verify_upload, Digests, Failed};
 use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD, BY_S3_CRC32C};
 use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
 
@@ -319,7 +319,7 @@ async fn stream_once(
         }
         return Err(f);
     }
-    let meta = w.close().await.map_err(fail)?;
+    let meta = close_or_abort(ctx, dst, w.as_mut()).await.map_err(fail)?;
     let whole_md5 = match whole {
         Some(h) => Some(h.finish().await?),
         None => None,

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreErrorKind, WriteOptions};
+use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreError, StoreErrorKind, WriteOptions};
 use bytes::Bytes;
 use md5::{Digest, Md5};
 use tokio::sync::mpsc;
@@ -141,12 +141,25 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 }
                 return Err(f);
             }
-            w.close().await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
+            close_or_abort(ctx, dst, w.as_mut()).await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
         }
         (None, Some(_)) => unreachable!("a second chunk is only read after a first"),
     };
     let whole_md5 = reader.await.map_err(|e| e.to_string())?;
     Ok((meta, Digests { sums: sums_of(sums).await?, whole_md5 }))
+}
+
+/// Complete the upload; if that fails (a part's error often only shows here, as parts go
+/// up concurrently), abort it so that no parts stay behind.
+pub(super) async fn close_or_abort(ctx: &Ctx, dst: &Remote, w: &mut dyn ObjectWriter) -> Result<ObjectMeta, StoreError> {
+    let e = match w.close().await {
+        Ok(meta) => return Ok(meta),
+        Err(e) => e,
+    };
+    if let Err(a) = w.abort().await {
+        ctx.progress.println(&format!("bucketfs cp: {}: aborting the upload: {a}", dst.url()));
+    }
+    Err(e)
 }
 
 type Chunks = mpsc::Receiver<Result<(Bytes, PendingSum), String>>;
