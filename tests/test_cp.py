@@ -5,6 +5,7 @@ Objects are checked with an independent client (boto3 / the GCS JSON API, via se
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -76,6 +77,113 @@ def test_round_trip_at_slice_boundaries(cp_bucket, tmp, size):
     # A single-request object carries its MD5 on both services: no re-read was needed.
     if size <= SLICE:
         assert "reread-crc32c" not in summary(down)["verified"], summary(down)
+
+
+def test_s3_uploads_are_checked_by_the_server_crc32c(tmp):
+    """S3 uploads carry each request's crc32c, which MinIO checks: the object keeps the
+    checksum (the whole object's crc32c for one request, COMPOSITE over the parts for a
+    multipart upload), and it is the crc32c bucketfs computed. --s3-md5 goes back to the ETag."""
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    try:
+        s3 = seed.s3_client()
+        data = os.urandom(MIB + 7)
+        src = tmp / "one.bin"
+        src.write_bytes(data)
+        s = summary(cp(b, str(src), url(b, "one.bin")))
+        assert s["verified"] == {"s3-crc32c": 1}, s
+        h = s3.head_object(Bucket=b.name, Key="one.bin", ChecksumMode="ENABLED")
+        ours = base64.b64encode(bytes.fromhex(s["crc32c"])).decode()
+        assert h.get("ChecksumCRC32C") == ours, (h.get("ChecksumCRC32C"), ours)
+
+        big = tmp / "three.bin"
+        big.write_bytes(os.urandom(2 * SLICE + 3))
+        s = summary(cp(b, str(big), url(b, "three.bin")))
+        assert s["verified"] == {"s3-crc32c": 1}, s
+        h = s3.head_object(Bucket=b.name, Key="three.bin", ChecksumMode="ENABLED")
+        assert h.get("ChecksumType") == "COMPOSITE" and h.get("ChecksumCRC32C", "").endswith("-3"), h
+
+        s = summary(cp(b, str(big), url(b, "md5.bin"), "--s3-md5"))
+        assert s["verified"] == {"s3-etag": 1}, s
+        assert "ChecksumCRC32C" not in s3.head_object(Bucket=b.name, Key="md5.bin", ChecksumMode="ENABLED")
+        assert seed.get("s3", b.name, "md5.bin") == big.read_bytes()
+    finally:
+        b.cleanup()
+
+
+class _NoChecksumEcho:
+    """A reverse proxy to MinIO that drops `x-amz-checksum-crc32c` from every answer: what
+    an S3-compatible store that ignores checksums looks like to bucketfs."""
+
+    def __init__(self, upstream: str):
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                c = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                r = c.getresponse()
+                data = r.read()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("x-amz-checksum-crc32c", "content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                c.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # bucketfs hanging up after a refused upload is expected
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_s3_store_that_does_not_confirm_checksums_needs_s3_md5(tmp):
+    """A store that accepts x-amz-checksum-crc32c without checking it (no echo in its answer)
+    fails the upload with a message naming --s3-md5, leaving no object; with --s3-md5 the
+    same upload is verified by the multipart ETag."""
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    proxy = _NoChecksumEcho(seed.S3_ENDPOINT)
+    try:
+        src = tmp / "f.bin"
+        src.write_bytes(os.urandom(SLICE + 5))
+        args = ["cp", str(src), f"s3://{b.name}/f.bin", "--endpoint", proxy.url, "--json"]
+        p = run_cli(args, timeout=120)
+        assert p.returncode != 0 and "--s3-md5" in p.err, (p.returncode, p.err[-1000:])
+        assert seed.list_keys("s3", b.name) == [], "an unconfirmed upload left an object"
+        assert seed.s3_client().list_multipart_uploads(Bucket=b.name).get("Uploads", []) == []
+        p = run_cli(args + ["--s3-md5"], timeout=120)
+        assert p.returncode == 0, p.err[-1000:]
+        assert summary(p)["verified"] == {"s3-etag": 1}, p.out
+        assert seed.get("s3", b.name, "f.bin") == src.read_bytes()
+    finally:
+        proxy.close()
+        b.cleanup()
 
 
 def test_one_gigabyte_round_trip(cp_bucket, tmp):

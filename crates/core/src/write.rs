@@ -152,6 +152,10 @@ impl Staged {
         if self.trunc_pending { 0 } else { self.size }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// A read by a handle that did not write: `Err(reader)` means "read the hidden version
     /// through this reader" (an O_TRUNC is pending on a file whose old bytes were never staged).
     pub fn read_old(&self, offset: u64, len: u32) -> Result<Result<Bytes, FsError>, Option<Arc<crate::read::FileReader>>> {

@@ -9,6 +9,7 @@
 //! - [`gcs_compose`] uploads large GCS objects as parallel parts joined by `compose`.
 //! - [`gdrive`] is a small Google Drive v3 client (whole tree in memory, changes feed).
 //! - [`metered`] is a decorator counting requests, errors, bytes and latency (Prometheus).
+//! - [`s3_checksum`] makes S3 confirm the crc32c of every upload (for `bucketfs cp`).
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
@@ -21,6 +22,7 @@ pub mod gdrive;
 pub mod location;
 pub mod metered;
 pub mod opendal_store;
+pub mod s3_checksum;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod types;

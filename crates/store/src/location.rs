@@ -40,6 +40,11 @@ pub struct StoreOptions {
     pub retries: Option<usize>,
     /// Google Drive: hide Docs/Sheets/Slides instead of showing read-only exports.
     pub gdrive_hide_docs: bool,
+    /// S3: send the crc32c of every upload request's body (`x-amz-checksum-crc32c`, a
+    /// COMPOSITE checksum for multipart uploads) and require the server to confirm it
+    /// ([`crate::s3_checksum`]). `bucketfs cp` turns it on; a store that does not confirm
+    /// fails the upload.
+    pub s3_crc32c: bool,
 }
 
 const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
@@ -147,7 +152,13 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             if let Some(p) = &opts.profile {
                 b = b.profile(p);
             }
-            (Operator::new(b).map_err(err)?, true)
+            if !opts.s3_crc32c {
+                (Operator::new(b).map_err(err)?, true)
+            } else {
+                // OpenDAL then also stops offering `write_can_copy_from` (UploadPartCopy),
+                // which bucketfs does not use.
+                (crate::s3_checksum::confirmed(Operator::new(b.checksum_algorithm("crc32c")).map_err(err)?), true)
+            }
         }
         Location::Gcs { bucket, prefix } => {
             let mut b = services::Gcs::default().bucket(bucket).root(&format!("/{prefix}"));

@@ -7,7 +7,8 @@
 //! (the [`ObjectWriter`] it returns counts its bytes too). Everything lives in atomics in a
 //! shared [`Metrics`] handle: no lock, no allocation on the request path.
 //!
-//! A listing is one request; its latency runs until the stream ends (or is dropped). An
+//! A listing is one request; its latency runs until the stream ends (or is dropped), and
+//! so does a streamed read (`get_range_stream`, one `get` whose bytes count as they pass). An
 //! upload through a writer is one `upload` request, timed from `writer` to `close`.
 
 use std::fmt::Write as _;
@@ -20,7 +21,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::Stream;
 
 use crate::{ByteStream, Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
 
@@ -309,14 +310,12 @@ impl Store for MeteredStore {
         self.done(Op::Get, t, r)
     }
 
-    /// Forwarded, so the inner store streams (the default would gather the whole range).
-    /// The request is timed to its response headers; bytes are counted as they arrive.
     async fn get_range_stream(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<ByteStream, StoreError> {
         let t = Instant::now();
-        let r = self.inner.get_range_stream(key, range, if_match).await;
-        let metrics = self.metrics.clone();
-        let r = r.map(|s| s.inspect_ok(move |b| metrics.add_read(b.len() as u64)).boxed());
-        self.done(Op::Get, t, r)
+        match self.inner.get_range_stream(key, range, if_match).await {
+            Ok(inner) => Ok(Box::pin(MeteredRead { inner, metrics: self.metrics.clone(), start: t, err: None, done: false })),
+            Err(e) => self.done(Op::Get, t, Err(e)),
+        }
     }
 
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
@@ -416,6 +415,46 @@ impl Stream for MeteredList {
 }
 
 impl Drop for MeteredList {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// A streamed read that counts its bytes as they pass and records one `get` request when
+/// it ends or is dropped.
+struct MeteredRead {
+    inner: ByteStream,
+    metrics: Arc<Metrics>,
+    start: Instant,
+    err: Option<StoreErrorKind>,
+    done: bool,
+}
+
+impl MeteredRead {
+    fn finish(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.metrics.record(Op::Get, self.start, self.err);
+        }
+    }
+}
+
+impl Stream for MeteredRead {
+    type Item = Result<Bytes, StoreError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let r = self.inner.as_mut().poll_next(cx);
+        match &r {
+            Poll::Ready(Some(Ok(b))) => self.metrics.add_read(b.len() as u64),
+            Poll::Ready(Some(Err(e))) => self.err = Some(e.kind),
+            Poll::Ready(None) => self.finish(),
+            Poll::Pending => {}
+        }
+        r
+    }
+}
+
+impl Drop for MeteredRead {
     fn drop(&mut self) {
         self.finish();
     }

@@ -66,6 +66,37 @@ pub(super) async fn fetch(ctx: &Ctx, src: &Remote, range: std::ops::Range<u64>, 
     .await
 }
 
+/// [`fetch`] as the chunks the response arrived in (one streamed request): no copy into
+/// one contiguous buffer, for readers that consume the bytes piece by piece.
+pub(super) async fn fetch_chunks(
+    ctx: &Ctx,
+    src: &Remote,
+    range: std::ops::Range<u64>,
+    if_match: Option<&str>,
+) -> Result<Vec<Bytes>, String> {
+    let want = range.end - range.start;
+    retry(ctx, "read", &src.key, || {
+        let range = range.clone();
+        async move {
+            let mut body = src.store.get_range_stream(&src.key, range.clone(), if_match).await?;
+            let (mut chunks, mut got) = (Vec::new(), 0u64);
+            while let Some(c) = body.next().await {
+                let c = c?;
+                got += c.len() as u64;
+                if got > want {
+                    break;
+                }
+                chunks.push(c);
+            }
+            if got != want {
+                return Err(StoreError::new(StoreErrorKind::Other, format!("short read at {range:?}: {got} bytes")));
+            }
+            Ok(chunks)
+        }
+    })
+    .await
+}
+
 /// A temp file beside `dst`, so a half-written file never has the final name.
 fn temp_path(dst: &Path) -> PathBuf {
     let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -503,7 +534,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
     let mut stream = futures::stream::iter(p.ranges.clone())
         .map(|range| async move {
             let _slot = ctx.slot().await;
-            fetch(ctx, src, range.clone(), if_match).await.map(|d| (range, d))
+            fetch_chunks(ctx, src, range.clone(), if_match).await.map(|d| (range, d))
         })
         .buffered(ctx.parallel);
     let mut sums = Vec::with_capacity(p.ranges.len());
@@ -519,13 +550,15 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
         let h = hasher.take();
         let (sum, h) = tokio::task::spawn_blocking(move || {
             let mut out = std::io::stdout().lock();
-            out.write_all(&data)?;
+            for c in &data {
+                out.write_all(c)?;
+            }
             out.flush()?;
             let h = h.map(|mut h| {
-                h.update(&data);
+                data.iter().for_each(|c| h.update(c));
                 h
             });
-            Ok::<_, std::io::Error>((SliceSum::of(range, &data, with_md5), h))
+            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5), h))
         })
         .await
         .map_err(|e| e.to_string())?

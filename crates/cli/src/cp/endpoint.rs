@@ -24,6 +24,9 @@ pub struct Remote {
     /// `s3://bucket/`, for messages.
     pub base: String,
     pub key: String,
+    /// S3 with `StoreOptions::s3_crc32c`: the server confirmed the crc32c of every upload
+    /// request, so an upload that succeeded is verified (no MD5s needed).
+    pub crc_confirmed: bool,
 }
 
 impl Remote {
@@ -104,6 +107,7 @@ impl Opener {
             }
         };
         let base = if bucket_url.ends_with("://") { bucket_url } else { format!("{bucket_url}/") };
-        Ok(Side::Remote(Remote { store, kind, base, key }))
+        let crc_confirmed = kind == Kind::S3 && self.opts.s3_crc32c;
+        Ok(Side::Remote(Remote { store, kind, base, key, crc_confirmed }))
     }
 }

@@ -36,8 +36,12 @@ const VERIFY_HELP: &str = "\
 Verification (always on): bucketfs computes crc32c (and MD5 where the store keeps one) of
 the bytes it reads or writes and compares them with what the store reports:
   - GCS: the object's MD5 (md5Hash); GCS keeps none for composed (large) uploads.
-  - S3: the ETag, which is the MD5 for single-request uploads and the MD5 of the part MD5s
-    for multipart uploads (for downloads the part size is guessed from the part count).
+  - S3 uploads: every request carries the crc32c of its body (x-amz-checksum-crc32c), which
+    the server checks and must confirm in its answer; a multipart object's composite
+    checksum must equal the one of its parts. A store that does not confirm fails the upload:
+    --s3-md5 verifies by the ETag's MD5s instead, as for downloads.
+  - S3 downloads: the ETag, which is the MD5 for single-request uploads and the MD5 of the
+    part MD5s for multipart uploads (the part size is guessed from the part count).
   - Anything else (no usable digest, file://, mem://, encrypted S3 objects): the object is
     read a second time, ranged and in parallel, and the crc32c of every range compared.
     This re-read costs a second transfer of the data.
@@ -73,6 +77,12 @@ pub struct CpArgs {
     /// Requests in flight, across all files. Default: 4 per core, between 8 and 16.
     #[arg(long)]
     parallel: Option<usize>,
+    /// S3 uploads: verify by MD5s (the multipart ETag) instead of asking the server to
+    /// check a crc32c of every request (x-amz-checksum-crc32c). For S3-compatible stores
+    /// that do not support checksums (bucketfs names this flag when a store does not
+    /// confirm them). Costs about half of an upload's CPU time.
+    #[arg(long)]
+    s3_md5: bool,
     /// Attempts after the first, for a failed request and for a failed verification.
     #[arg(long, default_value_t = 4)]
     retries: u32,
@@ -256,7 +266,8 @@ fn json_summary(reports: &[Report], secs: f64) -> String {
 pub fn run(args: CpArgs) -> Result<(), String> {
     let mut paths = args.paths.clone();
     let dst_arg = paths.pop().ok_or("cp needs a source and a destination")?;
-    let opts = args.store.options();
+    let mut opts = args.store.options();
+    opts.s3_crc32c = !args.s3_md5;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(async move {
         let mut opener = Opener::new(opts, args.s3_endpoint.clone(), args.gcs_endpoint.clone());

@@ -21,11 +21,11 @@ use bytes::Bytes;
 use futures::StreamExt;
 use md5::{Digest, Md5};
 
-use super::download::fetch;
+use super::download::{fetch, fetch_chunks};
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, slices, MIN_S3_PART};
-use super::upload::{part_size, verify_upload, Digests, Failed};
-use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD};
+use super::upload::{close_or_abort, part_size, verify_upload, Digests, Failed};
+use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD, BY_S3_CRC32C};
 use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
 
 /// S3's CopyObject copies at most 5 GiB in one request.
@@ -48,11 +48,12 @@ pub async fn copy(ctx: &Ctx, src: &Remote, dst: &Remote) -> Result<Report, Strin
 
 /// How a store-to-store copy was verified, source side then destination side.
 fn how(src: &str, dst: &str) -> &'static str {
-    const HOWS: [&str; 3] = [BY_MD5, BY_ETAG, BY_REREAD];
-    const PAIRS: [[&str; 3]; 3] = [
-        ["md5>md5", "md5>s3-etag", "md5>reread-crc32c"],
-        ["s3-etag>md5", "s3-etag>s3-etag", "s3-etag>reread-crc32c"],
-        ["reread-crc32c>md5", "reread-crc32c>s3-etag", "reread-crc32c>reread-crc32c"],
+    const HOWS: [&str; 4] = [BY_MD5, BY_ETAG, BY_REREAD, BY_S3_CRC32C];
+    const PAIRS: [[&str; 4]; 4] = [
+        ["md5>md5", "md5>s3-etag", "md5>reread-crc32c", "md5>s3-crc32c"],
+        ["s3-etag>md5", "s3-etag>s3-etag", "s3-etag>reread-crc32c", "s3-etag>s3-crc32c"],
+        ["reread-crc32c>md5", "reread-crc32c>s3-etag", "reread-crc32c>reread-crc32c", "reread-crc32c>s3-crc32c"],
+        ["s3-crc32c>md5", "s3-crc32c>s3-etag", "s3-crc32c>reread-crc32c", "s3-crc32c>s3-crc32c"],
     ];
     let i = HOWS.iter().position(|h| *h == src).unwrap_or(2);
     let j = HOWS.iter().position(|h| *h == dst).unwrap_or(2);
@@ -177,7 +178,7 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
             tokio::time::sleep(ctx.backoff(attempt)).await;
         }
         let want_whole = matches!(src_expect, Expect::WholeMd5(_)) || dst.kind == Kind::Gcs;
-        let want_parts = matches!(src_expect, Expect::Composite { .. }) || dst.kind == Kind::S3;
+        let want_parts = matches!(src_expect, Expect::Composite { .. }) || (dst.kind == Kind::S3 && !dst.crc_confirmed);
         let once = stream_once(ctx, src, dst, size, piece, if_match.as_deref(), want_parts, want_whole);
         let failed = match once.await {
             Ok((meta, digests)) => match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match).await
@@ -270,9 +271,9 @@ async fn stream_once(
     // Reads run ahead without taking slots: this copy already holds them all.
     let mut reads = futures::stream::iter(ranges)
         .map(|range| async move {
-            let data = fetch(ctx, src, range.clone(), if_match).await?;
+            let data = fetch_chunks(ctx, src, range.clone(), if_match).await?;
             let d = data.clone();
-            let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &d, want_parts))
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts))
                 .await
                 .map_err(|e| e.to_string())?;
             Ok::<_, String>((data, sum))
@@ -295,12 +296,18 @@ async fn stream_once(
             }
         };
         if let Some(h) = &whole {
-            h.feed(data.clone());
+            data.iter().for_each(|c| h.feed(c.clone()));
         }
-        let n = data.len() as u64;
+        let n = sum.range.end - sum.range.start;
         sums.push(sum);
-        if let Err(e) = w.write(data).await {
-            result = Err(fail(e));
+        // The response's chunks as they came: the writer gathers them into parts.
+        for c in data {
+            if let Err(e) = w.write(c).await {
+                result = Err(fail(e));
+                break;
+            }
+        }
+        if result.is_err() {
             break;
         }
         ctx.progress.moved(n);
@@ -312,7 +319,7 @@ async fn stream_once(
         }
         return Err(f);
     }
-    let meta = w.close().await.map_err(fail)?;
+    let meta = close_or_abort(ctx, dst, w.as_mut()).await.map_err(fail)?;
     let whole_md5 = match whole {
         Some(h) => Some(h.finish().await?),
         None => None,

@@ -31,7 +31,7 @@ fn ctx() -> Ctx {
 }
 
 fn remote(store: Arc<dyn Store>, kind: Kind, key: &str) -> Remote {
-    Remote { store, kind, base: "mem://".into(), key: key.into() }
+    Remote { store, kind, base: "mem://".into(), key: key.into(), crc_confirmed: false }
 }
 
 fn data(n: usize) -> Vec<u8> {

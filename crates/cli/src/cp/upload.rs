@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreErrorKind, WriteOptions};
+use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreError, StoreErrorKind, WriteOptions};
 use bytes::Bytes;
 use md5::{Digest, Md5};
 use tokio::sync::mpsc;
@@ -43,10 +43,12 @@ impl From<String> for Failed {
 }
 
 /// Read `src` in `part`-byte chunks on a blocking thread. Each part's digests (crc32c
-/// always, its MD5 for S3's multipart ETag) are computed on a blocking task of their own,
+/// always, its MD5 for S3's multipart ETag unless the server checks crc32cs) are computed on a blocking task of their own,
 /// while the part is being sent, so hashing spreads over the cores; GCS's whole-content MD5
 /// (its `md5Hash`) needs the bytes in order and is computed by the reader itself.
-fn spawn_reader(src: &Source<'_>, part: usize, kind: Kind) -> Result<(Chunks, WholeMd5), String> {
+fn spawn_reader(src: &Source<'_>, part: usize, dst: &Remote) -> Result<(Chunks, WholeMd5), String> {
+    let kind = dst.kind;
+    let part_md5 = kind == Kind::S3 && !dst.crc_confirmed;
     let mut input: Box<dyn Read + Send> = match src {
         Source::File(p) => Box::new(File::open(p).map_err(|e| format!("{}: {e}", p.display()))?),
         Source::Stdin => Box::new(std::io::stdin()),
@@ -73,7 +75,7 @@ fn spawn_reader(src: &Source<'_>, part: usize, kind: Kind) -> Result<(Chunks, Wh
             let data = Bytes::from(buf);
             let range = off..off + n as u64;
             let hashed = data.clone();
-            let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &hashed, kind == Kind::S3));
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &hashed, part_md5));
             off += n as u64;
             if tx.blocking_send(Ok((data, sum))).is_err() || n < part {
                 break;
@@ -98,7 +100,7 @@ async fn sums_of(pending: Vec<PendingSum>) -> Result<Vec<SliceSum>, Failed> {
 
 /// Upload once: single `put` for one chunk, the writer for more.
 async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> Result<(ObjectMeta, Digests), Failed> {
-    let (mut rx, reader) = spawn_reader(src, part, dst.kind)?;
+    let (mut rx, reader) = spawn_reader(src, part, dst)?;
     let mut sums = Vec::new();
     let first = rx.recv().await.transpose()?;
     let second = if first.is_some() { rx.recv().await.transpose()? } else { None };
@@ -139,12 +141,25 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 }
                 return Err(f);
             }
-            w.close().await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
+            close_or_abort(ctx, dst, w.as_mut()).await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
         }
         (None, Some(_)) => unreachable!("a second chunk is only read after a first"),
     };
     let whole_md5 = reader.await.map_err(|e| e.to_string())?;
     Ok((meta, Digests { sums: sums_of(sums).await?, whole_md5 }))
+}
+
+/// Complete the upload; if that fails (a part's error often only shows here, as parts go
+/// up concurrently), abort it so that no parts stay behind.
+pub(super) async fn close_or_abort(ctx: &Ctx, dst: &Remote, w: &mut dyn ObjectWriter) -> Result<ObjectMeta, StoreError> {
+    let e = match w.close().await {
+        Ok(meta) => return Ok(meta),
+        Err(e) => e,
+    };
+    if let Err(a) = w.abort().await {
+        ctx.progress.println(&format!("bucketfs cp: {}: aborting the upload: {a}", dst.url()));
+    }
+    Err(e)
 }
 
 type Chunks = mpsc::Receiver<Result<(Bytes, PendingSum), String>>;
@@ -193,6 +208,10 @@ pub(super) async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d:
     let size: u64 = d.sums.iter().map(|s| s.range.end - s.range.start).sum();
     if meta.size != size {
         return Err(Failed { msg: format!("the store has {} bytes, {size} were sent", meta.size), retry: true });
+    }
+    if dst.crc_confirmed {
+        // The server checked every request's crc32c and the parts' composite (s3_checksum).
+        return Ok(verify::BY_S3_CRC32C);
     }
     // S3 returns the ETag with the upload; GCS's MD5 needs a HEAD.
     let digests = match (dst.kind, &meta.etag) {

@@ -34,6 +34,17 @@ impl SliceSum {
     pub fn of(range: Range<u64>, data: &[u8], with_md5: bool) -> Self {
         Self { range, crc: crc32c::crc32c(data), md5: with_md5.then(|| Md5::digest(data).into()) }
     }
+
+    /// [`SliceSum::of`] the concatenation of `chunks`.
+    pub fn of_chunks(range: Range<u64>, chunks: &[bytes::Bytes], with_md5: bool) -> Self {
+        let crc = chunks.iter().fold(0, |c, b| crc32c::crc32c_append(c, b));
+        let md5 = with_md5.then(|| {
+            let mut h = Md5::new();
+            chunks.iter().for_each(|b| h.update(b));
+            h.finalize().into()
+        });
+        Self { range, crc, md5 }
+    }
 }
 
 /// The crc32c of the whole content from the per-range ones (in order).
@@ -103,6 +114,8 @@ pub fn guess_part_size(size: u64, parts: u64, ours: u64) -> Option<u64> {
 pub const BY_MD5: &str = "md5";
 pub const BY_ETAG: &str = "s3-etag";
 pub const BY_REREAD: &str = "reread-crc32c";
+/// An S3 upload whose every request's crc32c the server checked and confirmed.
+pub const BY_S3_CRC32C: &str = "s3-crc32c";
 
 /// The outcome of comparing with the store's digests.
 #[derive(Debug, PartialEq, Eq)]
