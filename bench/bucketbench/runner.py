@@ -277,6 +277,12 @@ def main(argv=None):
                 entry["seconds"][sysobj.name] = round(time.monotonic() - t, 1)
                 phases["experiments_s"] = time.monotonic() - t_exp
                 save()
+            if hasattr(exp, "notes"):  # a reference measured once, after every system
+                try:
+                    entry["description"] = exp.notes(ctx, entry["results"])
+                except (CmdError, RuntimeError, OSError, ValueError, KeyError, AssertionError) as e:
+                    entry["description"] = ["The reference measurement failed: %s" % e]
+                save()
     finally:
         for sysobj in systems:
             _safe_unmount(sysobj)

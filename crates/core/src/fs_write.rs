@@ -212,7 +212,7 @@ impl Fs {
             }
         }
         // O_TRUNC of an object with bytes (in the bucket or staged) must upload the empty file.
-        if truncate && (st.len() > 0 || fresh && node.size > 0) {
+        if truncate && (!st.is_empty() || fresh && node.size > 0) {
             st.set_key(&node.key)?;
             st.truncate_on_open(fresh.then(|| self.reader_for(node)));
             self.set_local_size(node.ino, 0);
