@@ -83,7 +83,7 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 1.0)]
     metadata_ttl: f64,
     /// Largest sequential prefetch window per open file, in MiB.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 64)]
     max_prefetch_mib: u64,
     /// Prefetched bytes held (in flight or not yet read) across all open files, in MiB.
     #[arg(long, default_value_t = 64)]
@@ -157,12 +157,10 @@ impl MountArgs {
 }
 
 /// glibc gives each thread that allocates its own arena and keeps what is freed there; with
-/// tokio workers, blocking threads (disk cache, staging) and 2 MiB blocks moving between
-/// them, that retained memory was most of the peak RSS (reading 1 GiB: 272 MiB with the
-/// disk cache, 152 MiB with two arenas). Two arenas, and big buffers straight from mmap.
-/// That costs CPU (each 2 MiB block is 512 page faults and a munmap, a third of a cold
-/// read's CPU), but blocks from the heap kept the peak at 164-189 MiB in the benchmark
-/// (limit 200) instead of 110-150.
+/// tokio workers and blocking threads (disk cache, staging) passing buffers between them,
+/// that retained memory was most of the peak RSS (reading 1 GiB: 272 MiB with the disk
+/// cache, 152 MiB with two arenas). Two arenas, and big buffers straight from mmap. Read
+/// blocks come from core's bounded pool of reused buffers (block_pool.rs), not from here.
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; called before any other thread exists.

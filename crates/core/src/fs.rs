@@ -104,11 +104,12 @@ impl Default for FsConfig {
             // One second: fresh enough for another writer's change to show up promptly,
             // long enough that `ls -l` and `find` hit the cache for every entry they stat.
             metadata_ttl: Duration::from_secs(1),
-            // 32 MiB ahead: 16 GETs of 2 MiB in flight. 64 MiB reaches ~84% of a plain
-            // parallel download in examples/readbench.rs (32 MiB: ~54%) but measured peak RSS
-            // went past 200 MB with the disk cache on; memory wins by default.
-            max_prefetch: 32 * 1024 * 1024,
-            // Two readers at full window.
+            // 64 MiB ahead: 32 GETs of 2 MiB in flight (examples/readbench.rs: ~84% of a plain
+            // parallel download; 32 MiB: ~54%). Blocks come from a bounded pool of reused
+            // buffers, so the peak RSS reading 1 GiB stays ~120 MiB (it was past 200 MB
+            // with fresh allocations per block).
+            max_prefetch: 64 * 1024 * 1024,
+            // One reader at full window, or several sharing it.
             prefetch_budget: 64 * 1024 * 1024,
             cache_bytes: 32 * 1024 * 1024,
             disk_cache: None,
