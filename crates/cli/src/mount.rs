@@ -186,7 +186,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     };
     std::fs::create_dir_all(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))?;
-    let fs = Arc::new(Fs::new(store, cfg));
+    let fs = Fs::shared(store, cfg);
     // Staged data an earlier mount of this mount point could not upload (a crash, or a
     // store that was down at unmount) goes up before anything else.
     let (recovered, still_failing) = rt.block_on(fs.recover_staged());

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use bucketfs_store::{ObjectMeta, Store, StoreErrorKind, WriteOptions};
@@ -154,6 +154,11 @@ pub struct Fs {
     pub(crate) staged: Mutex<HashMap<u64, SharedStaged>>,
     pub(crate) read_cache: Arc<ReadCache>,
     next_fh: AtomicU64,
+    /// This filesystem, for work it starts in the background (listing subdirectories
+    /// ahead); dangling unless it was made by [`Fs::shared`].
+    pub(crate) me: Weak<Fs>,
+    /// Background listings in flight, mount-wide (see `preload.rs`).
+    pub(crate) listing_ahead: Arc<tokio::sync::Semaphore>,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -182,7 +187,14 @@ impl Fs {
             read_cache: Arc::new(read_cache(&cfg)),
             next_fh: AtomicU64::new(1),
             cfg,
+            me: Weak::new(),
+            listing_ahead: Arc::new(tokio::sync::Semaphore::new(crate::preload::LISTINGS_AHEAD)),
         }
+    }
+
+    /// A filesystem that may start background work of its own (what a mount uses).
+    pub fn shared(store: Arc<dyn Store>, cfg: FsConfig) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self { me: me.clone(), ..Self::new(store, cfg) })
     }
 
     pub fn ttl(&self) -> Duration {
@@ -356,7 +368,8 @@ impl Fs {
     /// Refresh `dir`'s listing from the store if it is older than the TTL. On a first visit
     /// (or where the subtree fit last time) one page of a recursive listing is asked for at
     /// the same time; if it holds the whole subtree, every directory below is listed too.
-    pub(crate) async fn ensure_listing(&self, dir: &Node) -> Result<(), FsError> {
+    /// If not, and `ahead`, its subdirectories are listed in the background (preload.rs).
+    pub(crate) async fn ensure_listing(&self, dir: &Node, ahead: bool) -> Result<(), FsError> {
         let (since, ahead) = {
             let t = self.table.lock().unwrap();
             let listing = t.listing(dir.ino);
@@ -391,6 +404,9 @@ impl Fs {
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
         self.table.lock().unwrap().set_listing_since(dir.ino, Listing { children, ..template }, since);
+        if ahead {
+            self.list_subdirs_ahead(dir.ino);
+        }
         Ok(())
     }
 
@@ -425,7 +441,7 @@ impl Fs {
         if dir.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        self.ensure_listing(&dir).await?;
+        self.ensure_listing(&dir, true).await?;
         let entries = {
             let mut t = self.table.lock().unwrap();
             let mut metas: Vec<ChildMeta> =

@@ -264,3 +264,33 @@ async fn an_unlinked_file_still_held_shows_nlink_0() {
     fs.release(fh).await.unwrap();
     assert_eq!(fs.lookup(ROOT_INO, "g").await.unwrap().nlink, 1);
 }
+
+#[tokio::test]
+async fn subdirectories_of_a_big_directory_are_listed_ahead_in_the_background() {
+    let keys = small_tree();
+    let store = Arc::new(MemStore::new());
+    for (k, v) in &keys {
+        store.put(k, Bytes::copy_from_slice(v)).await.unwrap();
+    }
+    // The root's subtree (61 keys) does not fit; each top directory's (12 keys) does.
+    let fs = Fs::shared(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
+    let before = store.requests.load(Ordering::Relaxed);
+    assert_eq!(names(&fs, ROOT_INO).await.len(), 2 + 6);
+    // The five top directories get listed (with their subtrees) without being opened.
+    for _ in 0..200 {
+        if store.requests.load(Ordering::Relaxed) - before == 2 + 5 * 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 5 * 2);
+    assert_eq!(find(&fs).await, (61, 25));
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 5 * 2, "the walk found everything listed");
+    // A plain Fs (no handle to itself) starts nothing in the background.
+    let plain = Fs::new(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
+    let before = store.requests.load(Ordering::Relaxed);
+    names(&plain, ROOT_INO).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2);
+}

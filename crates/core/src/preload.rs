@@ -8,6 +8,10 @@
 //!   for at the same time as its own listing (see `Fs::ensure_listing`). If the page holds
 //!   the whole subtree, every directory below gets its listing from it, so a `find` or
 //!   `ls -R` of a small tree costs one round trip per big directory, not one per directory.
+//!   A directory whose subtree does not fit has its subdirectories (if it has at most
+//!   [`MAX_SUBDIRS_AHEAD`]) listed the same way in the background, a few at a time
+//!   mount-wide, so a walk finds them listed when it gets there. Only a listing asked for
+//!   by `opendir` starts that; background listings start nothing further.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -17,6 +21,13 @@ use futures::TryStreamExt;
 use crate::fs::{Fs, Kind};
 use crate::inode::{ChildMeta, Listing, ROOT_INO};
 use crate::{names, FsError};
+
+/// Background listings in flight at once, mount-wide; more are skipped, not queued.
+pub(crate) const LISTINGS_AHEAD: usize = 8;
+
+/// A directory with more subdirectories than this does not have them listed ahead (an
+/// `ls` of a bucket's root with thousands of prefixes costs nothing extra).
+pub(crate) const MAX_SUBDIRS_AHEAD: usize = 16;
 
 /// Directory key (relative to the listed root, "" for the root) -> its children.
 pub(crate) type Subtree = HashMap<String, HashMap<String, ChildMeta>>;
@@ -77,6 +88,34 @@ impl Fs {
             }
         }
         Ok(Some((dirs, count)))
+    }
+
+    /// List the subdirectories of `dir` that have no fresh listing, in the background.
+    pub(crate) fn list_subdirs_ahead(&self, dir: u64) {
+        let Some(me) = self.me.upgrade() else { return };
+        let subdirs: Vec<crate::inode::Node> = {
+            let mut t = self.table.lock().unwrap();
+            let dirs: Vec<ChildMeta> = match t.listing(dir) {
+                Some(l) => l.children.values().filter(|c| c.kind == Kind::Dir).cloned().collect(),
+                None => return,
+            };
+            if dirs.is_empty() || dirs.len() > MAX_SUBDIRS_AHEAD {
+                return;
+            }
+            let inos: Vec<u64> = dirs.iter().map(|m| t.upsert(dir, m)).collect();
+            let stale = |t: &crate::inode::InodeTable, ino: u64| !t.listing(ino).is_some_and(|l| l.is_fresh());
+            inos.into_iter().filter(|&i| stale(&t, i)).filter_map(|i| t.get(i).cloned()).collect()
+        };
+        for node in subdirs {
+            let Ok(permit) = self.listing_ahead.clone().try_acquire_owned() else { break };
+            let me = me.clone();
+            tokio::spawn(async move {
+                if let Err(e) = me.ensure_listing(&node, false).await {
+                    tracing::debug!(dir = %node.key, "listing ahead failed: {e}");
+                }
+                drop(permit);
+            });
+        }
     }
 
     /// Install the listing of `root` (inode `root_ino`) and of every directory below it,
