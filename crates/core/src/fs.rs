@@ -368,8 +368,9 @@ impl Fs {
     /// Refresh `dir`'s listing from the store if it is older than the TTL. On a first visit
     /// (or where the subtree fit last time) one page of a recursive listing is asked for at
     /// the same time; if it holds the whole subtree, every directory below is listed too.
-    /// If not, and `ahead`, its subdirectories are listed in the background (preload.rs).
-    pub(crate) async fn ensure_listing(&self, dir: &Node, ahead: bool) -> Result<(), FsError> {
+    /// If not, and `subdirs_ahead`, its subdirectories are listed in the background
+    /// (preload.rs).
+    pub(crate) async fn ensure_listing(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
         let (since, ahead) = {
             let t = self.table.lock().unwrap();
             let listing = t.listing(dir.ino);
@@ -404,7 +405,7 @@ impl Fs {
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
         self.table.lock().unwrap().set_listing_since(dir.ino, Listing { children, ..template }, since);
-        if ahead {
+        if subdirs_ahead {
             self.list_subdirs_ahead(dir.ino);
         }
         Ok(())
