@@ -49,8 +49,13 @@ impl FuseAdapter {
     }
 }
 
+/// The kernel's errno for `e`. An EIO tells the user nothing, so what caused it is logged.
 fn errno(e: &FsError) -> Errno {
-    Errno::from_i32(e.errno())
+    let n = e.errno();
+    if n == libc::EIO {
+        tracing::warn!("answering EIO: {e}");
+    }
+    Errno::from_i32(n)
 }
 
 /// Core attributes to the kernel's; blocks are counted in 512-byte units.
