@@ -155,6 +155,9 @@ class Servers:
             logf.close()
             log("stopped %s" % name)
         self.procs = []
+        # The next start wipes it anyway; MinIO's trash of deleted uploads (experiment 8)
+        # reached 23 GB here.
+        shutil.rmtree(os.path.join(self.workdir, "minio-data"), ignore_errors=True)
 
     # ---- buckets and seeding ----------------------------------------
     def s3(self, direct=True):

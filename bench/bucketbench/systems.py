@@ -266,6 +266,7 @@ class Bucketfs(FuseSystem):
         # A fresh block cache per system and run: a "first read" must never find blocks
         # that another system or an earlier run (same bucket URL) left on disk.
         cache = os.path.join(self.ctx.workdir, "cache-%s-%d" % (self.name, time.time_ns()))
+        self.cache = cache
         common = ["--cache-dir", cache] + self.extra
         if self.scheme == "s3":
             return [self.binary, "mount", "s3://%s" % S.BUCKET, self.mp,
@@ -275,6 +276,15 @@ class Bucketfs(FuseSystem):
 
     def _unmount_cmd(self):
         return [self.binary, "unmount", self.mp]
+
+    def unmount(self):
+        """Unmount, then delete the mount's block cache: no later mount uses it (each has
+        its own), and a run's caches filled the disk (1.4 GB each)."""
+        super().unmount()
+        cache = getattr(self, "cache", None)
+        if cache and not is_mounted(self.mp):
+            shutil.rmtree(cache, ignore_errors=True)
+            self.cache = None
 
 
 class S3fs(FuseSystem):
