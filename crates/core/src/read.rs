@@ -4,9 +4,13 @@
 //! Objects are read in blocks of [`BLOCK`] bytes. Each handle remembers where its reads
 //! ended. A read that starts there (or inside blocks already fetched for it) is sequential:
 //! it takes its blocks from the cache or from fetches in flight, and then makes sure the
-//! next `window` blocks are being fetched in the background, each by its own ranged GET, so
-//! several requests are in flight while the reader consumes the current one. The window
-//! starts at one block and doubles on every sequential read up to `max_window`. A read
+//! next `window` blocks are being fetched in the background, so several requests are in
+//! flight while the reader consumes the current one. The window starts at one block and
+//! doubles on every sequential read up to `max_window`. While it is small each block is its
+//! own ranged GET (a short first request: low latency to the first byte); once it holds
+//! [`GROUP`] blocks, one streamed GET covers [`GROUP`] blocks, and each block is handed to
+//! its waiters as soon as its last byte arrives. A GET cut off early refetches only its
+//! unfinished blocks, each on its own. A read
 //! anywhere else is random: unless every block it needs is cached, it fetches exactly the
 //! bytes asked for, and the window starts over. Prefetch never blocks a reader: it only
 //! starts when the global prefetch budget (bytes in flight across all handles) has room.
@@ -26,16 +30,16 @@
 //! and the disk-cache writer all hold views of that one buffer, which goes back to the
 //! pool when the last view drops.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bucketfs_store::{Store, StoreErrorKind};
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::TryStreamExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::block_pool::{round_up, BlockPool, ALIGN};
+use crate::block_pool::{round_up, BlockBuf, BlockPool, ALIGN};
 use crate::FsError;
 
 /// Block size: 2 MiB per GET amortizes a ~20 ms round trip while keeping a random
@@ -45,6 +49,13 @@ pub const BLOCK: u64 = 2 * 1024 * 1024;
 /// How far an open window's reads may arrive out of order: a few of the kernel's largest
 /// requests (1 MiB) either side of the end of the furthest read.
 pub const REORDER: u64 = 4 * 1024 * 1024;
+
+/// Blocks one streamed GET covers once a reader is clearly sequential (8 MiB): a server
+/// spends CPU on every request (and a cloud bills it), so fewer, longer requests leave more
+/// of the machine to moving bytes. Measured on a cold 1 GiB read (10 ms each way): 136
+/// GETs, not 517; bucketfs and the GCS emulator about 10% less CPU; MinIO reading from a
+/// cold disk no less CPU (16 MiB groups cost it about 15% more, so not larger).
+pub const GROUP: u64 = 4;
 
 /// Blocks queued for the disk cache at most: enough to keep a disk busy, small next to the
 /// other bounds (16 MiB).
@@ -204,17 +215,15 @@ impl FileReader {
                 st.window = if sequential { (st.window * 2).clamp(1, self.max_window) } else { st.window };
                 let needed: Vec<Result<Bytes, Fetch>> = (first..=last)
                     .zip(cached)
-                    .map(|(b, c)| c.ok_or_else(|| self.block_fetch(&mut st, b, false).expect("demand fetch")))
+                    .map(|(b, c)| c.ok_or_else(|| self.block_fetch(&mut st, b)))
                     .collect();
                 if sequential {
-                    for b in last + 1..=last + st.window {
-                        if b * BLOCK >= self.size || self.block_fetch(&mut st, b, true).is_none() {
-                            break;
-                        }
-                    }
-                    // Blocks a late (reordered) request may still need stay in flight.
+                    // Blocks a late (reordered) request may still need stay in flight, but
+                    // give their share of the budget back once the reader has passed them.
                     let keep = st.next.saturating_sub(REORDER) / BLOCK;
                     st.inflight.retain(|b, _| *b >= first.min(keep));
+                    st.inflight.iter_mut().filter(|(b, _)| **b < first).for_each(|(_, (_, p))| drop(p.take()));
+                    self.prefetch(&mut st, last + 1);
                 }
                 Some(needed)
             }
@@ -251,52 +260,88 @@ impl FileReader {
         (self.key.clone(), self.identity.clone(), b)
     }
 
-    /// The fetch of block `b`: already in flight, or started now. A prefetch starts only if
-    /// the global budget has room (`None` otherwise, or if the block is cached).
-    fn block_fetch(&self, st: &mut ReadState, b: u64, prefetch: bool) -> Option<Fetch> {
+    /// The fetch of block `b` for a demand read: already in flight, or started now.
+    fn block_fetch(&self, st: &mut ReadState, b: u64) -> Fetch {
         if let Some((f, _)) = st.inflight.get(&b) {
-            return Some(f.clone());
+            return f.clone();
         }
-        if prefetch && self.cache.blocks.contains_key(&self.block_key(b)) {
+        self.start_fetch(st, b, 1, 1, false).expect("a demand fetch always starts");
+        st.inflight[&b].0.clone()
+    }
+
+    /// Make sure the `window` blocks from `from` on are fetched or being fetched. In a small
+    /// window each block is its own GET; once the window holds [`GROUP`] blocks the reader
+    /// is clearly sequential, and blocks are fetched [`GROUP`] at a time by one streamed GET
+    /// (a shorter run waits until the reader frees room for a whole group, unless it ends
+    /// the file). Stops when the prefetch budget has no room.
+    fn prefetch(&self, st: &mut ReadState, from: u64) {
+        let blocks = self.size.div_ceil(BLOCK);
+        let stop = (from + st.window).min(blocks);
+        let grouped = st.window >= GROUP;
+        let starving = !st.inflight.keys().any(|&x| x >= from);
+        let have = |st: &ReadState, b: u64| st.inflight.contains_key(&b) || self.cache.blocks.contains_key(&self.block_key(b));
+        let mut b = from;
+        while b < stop {
+            if have(st, b) {
+                b += 1;
+                continue;
+            }
+            let run = (b..stop).find(|&x| have(st, x)).unwrap_or(stop) - b;
+            let n = if grouped { run.min(GROUP) } else { 1 };
+            if n < GROUP && grouped && b + n < blocks {
+                return;
+            }
+            // A whole group waits for room in the budget, unless this reader has nothing in
+            // flight ahead (other readers hold the budget): then it takes what there is.
+            let min = if starving { 1 } else { n };
+            match self.start_fetch(st, b, n, min, true) {
+                Some(started) if started == n => b += n,
+                _ => return, // the budget is spent
+            }
+        }
+    }
+
+    /// Start fetching blocks `first..first + n` (none of them in flight) with one task, and
+    /// put each block's own fetch in flight: how many started. A prefetch takes each block's
+    /// share of the global budget first and starts the first blocks there is room for, or
+    /// nothing (`None`) if that is fewer than `min`.
+    fn start_fetch(&self, st: &mut ReadState, first: u64, n: u64, min: u64, prefetch: bool) -> Option<u64> {
+        let len = |b: u64| ((b + 1) * BLOCK).min(self.size) - b * BLOCK;
+        let mut permits = Vec::with_capacity(n as usize);
+        for b in first..first + n {
+            permits.push(match prefetch {
+                true => match self.cache.budget.clone().try_acquire_many_owned((len(b) / 1024) as u32) {
+                    Ok(p) => Some(p),
+                    Err(_) => break,
+                },
+                false => None,
+            });
+        }
+        if (permits.len() as u64) < min.max(1) {
             return None;
         }
-        let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(self.size));
-        let permit = if prefetch {
-            Some(self.cache.budget.clone().try_acquire_many_owned(((end - start) / 1024) as u32).ok()?)
-        } else {
-            None
+        let n = permits.len() as u64;
+        let mut run = VecDeque::with_capacity(n as usize);
+        for (b, permit) in (first..first + n).zip(permits) {
+            let (tx, rx) = oneshot::channel();
+            let fut = rx
+                .map(|r| r.unwrap_or_else(|_| Err(FsError::Local("read task ended".into()))))
+                .boxed()
+                .shared();
+            st.inflight.insert(b, (fut, permit));
+            run.push_back((b, tx));
+        }
+        let src = Source {
+            store: self.store.clone(),
+            cache: self.cache.clone(),
+            key: self.key.clone(),
+            identity: self.identity.clone(),
+            etag: self.etag.clone(),
+            size: self.size,
         };
-        let (store, cache, key, etag, ck) = (
-            self.store.clone(),
-            self.cache.clone(),
-            self.key.clone(),
-            self.etag.clone(),
-            self.block_key(b),
-        );
-        // A task, so the GET proceeds while nobody awaits it (that is what prefetch is).
-        let task = tokio::spawn(async move {
-            if let Some(disk) = cache.disk.clone() {
-                let (k, id) = (ck.0.clone(), ck.1.clone());
-                let pool = cache.pool.clone();
-                let hit = tokio::task::spawn_blocking(move || disk.get(&k, &id, b, &pool)).await.ok().flatten();
-                if let Some(data) = hit.filter(|d| d.len() as u64 == end - start) {
-                    cache.insert(ck, data.clone());
-                    return Ok(data);
-                }
-            }
-            let (padded, n) = get_block(store.as_ref(), &cache.pool, &key, start, end, etag.as_deref()).await?;
-            let data = padded.slice(..n);
-            if n as u64 == end - start {
-                cache.to_disk(&ck.0, &ck.1, b, padded, data.len());
-            }
-            cache.insert(ck, data.clone());
-            Ok(data)
-        });
-        let fut = async move { task.await.unwrap_or_else(|e| Err(FsError::Local(format!("read task: {e}")))) }
-            .boxed()
-            .shared();
-        st.inflight.insert(b, (fut.clone(), permit));
-        Some(fut)
+        // A task, so the GETs proceed while nobody awaits them (that is what prefetch is).
+        tokio::spawn(async move { src.fetch_blocks(run).await });
+        Some(n)
     }
 
     async fn fetch(&self, start: u64, end: u64) -> Result<Bytes, FsError> {
@@ -308,30 +353,129 @@ impl FileReader {
     }
 }
 
-/// Bytes `start..end` streamed into a pooled buffer: how many arrived (fewer if the object
-/// ended early), and a view of them zero-padded to a multiple of a page.
-async fn get_block(
-    store: &dyn Store,
-    pool: &BlockPool,
-    key: &str,
-    start: u64,
-    end: u64,
-    etag: Option<&str>,
-) -> Result<(Bytes, usize), FsError> {
-    let want = (end - start) as usize;
-    let mut buf = pool.take();
-    let space = &mut buf.space()[..round_up(want)];
-    let mut body = store.get_range_stream(key, start..end, etag).await.map_err(store_err)?;
-    let mut n = 0;
-    while let Some(chunk) = body.try_next().await.map_err(store_err)? {
-        if chunk.len() > want - n {
-            return Err(FsError::Stale(format!("{key}: the store sent more bytes than asked for")));
-        }
-        space[n..n + chunk.len()].copy_from_slice(&chunk);
-        n += chunk.len();
+/// A block's waiter: resolved with the block when it is complete.
+type Tx = oneshot::Sender<Result<Bytes, FsError>>;
+
+/// What a fetch task needs of its reader.
+struct Source {
+    store: Arc<dyn Store>,
+    cache: Arc<ReadCache>,
+    key: Arc<str>,
+    identity: Arc<str>,
+    etag: Option<String>,
+    size: u64,
+}
+
+impl Source {
+    fn len(&self, b: u64) -> usize {
+        (((b + 1) * BLOCK).min(self.size) - b * BLOCK) as usize
     }
-    space[n..round_up(n)].fill(0);
-    Ok((buf.into_bytes(round_up(n)), n))
+
+    /// Fetch consecutive blocks: those in the disk cache from there, each run of the rest
+    /// with one streamed GET.
+    async fn fetch_blocks(self, mut blocks: VecDeque<(u64, Tx)>) {
+        if let Some(disk) = self.cache.disk.clone() {
+            let mut missing = VecDeque::new();
+            for (b, tx) in blocks {
+                let (disk, k, id, pool) = (disk.clone(), self.key.clone(), self.identity.clone(), self.cache.pool.clone());
+                let hit = tokio::task::spawn_blocking(move || disk.get(&k, &id, b, &pool)).await.ok().flatten();
+                match hit.filter(|d| d.len() == self.len(b)) {
+                    Some(data) => {
+                        self.cache.insert((self.key.clone(), self.identity.clone(), b), data.clone());
+                        let _ = tx.send(Ok(data));
+                    }
+                    None => missing.push_back((b, tx)),
+                }
+            }
+            blocks = missing;
+        }
+        let mut runs: Vec<VecDeque<(u64, Tx)>> = Vec::new();
+        for (b, tx) in blocks {
+            match runs.last_mut() {
+                Some(run) if run.back().is_some_and(|(last, _)| *last + 1 == b) => run.push_back((b, tx)),
+                _ => runs.push(VecDeque::from([(b, tx)])),
+            }
+        }
+        futures::future::join_all(runs.into_iter().map(|run| self.fetch_run(run))).await;
+    }
+
+    /// One streamed GET for a run of consecutive blocks. A run cut off early (an error or
+    /// a short body) refetches its unfinished blocks, each with its own GET, as if they had
+    /// never been grouped; a changed object fails them all.
+    async fn fetch_run(&self, run: VecDeque<(u64, Tx)>) {
+        let grouped = run.len() > 1;
+        let (left, partial, res) = self.stream_run(run).await;
+        if left.is_empty() {
+            return;
+        }
+        if !grouped || matches!(res, Err(FsError::Stale(_))) {
+            return Self::settle(left, partial, res);
+        }
+        let one = |x| async move {
+            let (left, partial, res) = self.stream_run(VecDeque::from([x])).await;
+            Self::settle(left, partial, res);
+        };
+        futures::future::join_all(left.into_iter().map(one)).await;
+    }
+
+    /// Resolve the blocks a fetch did not complete: with its error, or (the stream ended
+    /// early: the object is shorter than opened) with the bytes that arrived.
+    fn settle(left: VecDeque<(u64, Tx)>, mut partial: Option<Bytes>, res: Result<(), FsError>) {
+        for (_, tx) in left {
+            let _ = tx.send(res.clone().map(|()| partial.take().unwrap_or_default()));
+        }
+    }
+
+    /// Stream the run's bytes into one pooled buffer per block, and resolve each block as
+    /// soon as its last byte arrives (so its reader does not wait for the whole run). Returns
+    /// the blocks not completed, the bytes of the first of them that arrived, and how the
+    /// stream ended.
+    async fn stream_run(&self, mut run: VecDeque<(u64, Tx)>) -> (VecDeque<(u64, Tx)>, Option<Bytes>, Result<(), FsError>) {
+        let (Some(&(first, _)), Some(&(last, _))) = (run.front(), run.back()) else {
+            return (run, None, Ok(()));
+        };
+        let range = first * BLOCK..((last + 1) * BLOCK).min(self.size);
+        let (mut buf, mut n) = (None, 0usize);
+        let res = async {
+            let mut body = self.store.get_range_stream(&self.key, range, self.etag.as_deref()).await.map_err(store_err)?;
+            while let Some(mut chunk) = body.try_next().await.map_err(store_err)? {
+                while !chunk.is_empty() {
+                    let Some(&(b, _)) = run.front() else {
+                        return Err(FsError::Stale(format!("{}: the store sent more bytes than asked for", self.key)));
+                    };
+                    let want = self.len(b);
+                    let space: &mut BlockBuf = buf.get_or_insert_with(|| self.cache.pool.take());
+                    let k = chunk.len().min(want - n);
+                    space.space()[n..n + k].copy_from_slice(&chunk[..k]);
+                    chunk.advance(k);
+                    n += k;
+                    if n == want {
+                        let (b, tx) = run.pop_front().expect("a block being filled");
+                        let data = self.complete(b, buf.take().expect("a buffer being filled"), n);
+                        let _ = tx.send(Ok(data));
+                        n = 0;
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        let partial = buf.map(|mut b| {
+            b.space()[n..round_up(n)].fill(0);
+            b.into_bytes(round_up(n)).slice(..n)
+        });
+        (run, partial, res)
+    }
+
+    /// A whole block arrived: zero-pad it to a page, queue it for the disk cache and cache it.
+    fn complete(&self, b: u64, mut buf: BlockBuf, n: usize) -> Bytes {
+        buf.space()[n..round_up(n)].fill(0);
+        let padded = buf.into_bytes(round_up(n));
+        let data = padded.slice(..n);
+        self.cache.to_disk(&self.key, &self.identity, b, padded, n);
+        self.cache.insert((self.key.clone(), self.identity.clone(), b), data.clone());
+        data
+    }
 }
 
 fn store_err(e: bucketfs_store::StoreError) -> FsError {

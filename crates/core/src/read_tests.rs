@@ -4,6 +4,7 @@ use super::*;
 use bucketfs_store::testing::MemStore;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use futures::StreamExt;
 
 fn data(n: usize) -> Bytes {
     (0..n).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>().into()
@@ -190,4 +191,162 @@ async fn blocks_reuse_pooled_buffers_within_the_bound() {
     assert!(c.pool.pooled() <= 20, "40 blocks read through {} pooled buffers", c.pool.pooled());
     drop(r);
     assert!(c.pool.free() > 0, "buffers no longer viewed are back in the pool");
+}
+
+/// A store whose streamed GETs arrive in 256 KiB chunks, `delay` apart, and record their
+/// ranges; the GET covering more than one block whose number is `cut_group` (1-based)
+/// fails after `cut_after` bytes.
+struct Chunked {
+    inner: Arc<MemStore>,
+    delay: Duration,
+    cut_group: u64,
+    cut_after: usize,
+    groups: std::sync::atomic::AtomicU64,
+    ranges: std::sync::Mutex<Vec<std::ops::Range<u64>>>,
+}
+
+impl Chunked {
+    fn new(inner: Arc<MemStore>, delay: Duration) -> Self {
+        Self { inner, delay, cut_group: 0, cut_after: 0, groups: Default::default(), ranges: Default::default() }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Chunked {
+    fn describe(&self) -> String {
+        "chunked".into()
+    }
+    fn capabilities(&self) -> bucketfs_store::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn check(&self) -> Result<(), bucketfs_store::StoreError> {
+        Ok(())
+    }
+    async fn head(&self, key: &str) -> Result<bucketfs_store::ObjectMeta, bucketfs_store::StoreError> {
+        self.inner.head(key).await
+    }
+    async fn get_range(&self, key: &str, r: std::ops::Range<u64>, m: Option<&str>) -> Result<Bytes, bucketfs_store::StoreError> {
+        self.inner.get_range(key, r, m).await
+    }
+    async fn get_range_stream(
+        &self,
+        key: &str,
+        r: std::ops::Range<u64>,
+        m: Option<&str>,
+    ) -> Result<bucketfs_store::ByteStream, bucketfs_store::StoreError> {
+        self.ranges.lock().unwrap().push(r.clone());
+        let grouped = r.end - r.start > BLOCK;
+        let cut = grouped && self.groups.fetch_add(1, Ordering::SeqCst) + 1 == self.cut_group;
+        let data = self.inner.get_range(key, r, m).await?;
+        let (delay, limit) = (self.delay, if cut { self.cut_after } else { data.len() });
+        let chunks: Vec<Bytes> = (0..limit).step_by(256 << 10).map(|i| data.slice(i..(i + (256 << 10)).min(limit))).collect();
+        let mut items: Vec<Result<Bytes, bucketfs_store::StoreError>> = chunks.into_iter().map(Ok).collect();
+        if cut {
+            items.push(Err(bucketfs_store::StoreError::new(StoreErrorKind::Unavailable, "connection reset")));
+        }
+        Ok(futures::stream::iter(items).then(move |c| async move {
+            tokio::time::sleep(delay).await;
+            c
+        })
+        .boxed())
+    }
+    fn list(&self, prefix: &str, recursive: bool) -> bucketfs_store::ListStream {
+        self.inner.list(prefix, recursive)
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<bucketfs_store::ObjectMeta, bucketfs_store::StoreError> {
+        self.inner.put(key, data).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), bucketfs_store::StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn copy(&self, from: &str, to: &str) -> Result<(), bucketfs_store::StoreError> {
+        self.inner.copy(from, to).await
+    }
+    async fn create_dir(&self, key: &str) -> Result<(), bucketfs_store::StoreError> {
+        self.inner.create_dir(key).await
+    }
+    async fn writer(
+        &self,
+        key: &str,
+        opts: bucketfs_store::WriteOptions,
+    ) -> Result<Box<dyn bucketfs_store::ObjectWriter>, bucketfs_store::StoreError> {
+        self.inner.writer(key, opts).await
+    }
+}
+
+async fn read_all(r: &FileReader, piece: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    while (out.len() as u64) < r.size {
+        out.extend_from_slice(&r.read(out.len() as u64, piece).await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_sequential_reader_fetches_whole_groups_of_blocks_per_request() {
+    let store = Arc::new(MemStore::new());
+    let body = data(40 * BLOCK as usize + 777);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let r = FileReader::new(store.clone(), cache(), "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    assert_eq!(read_all(&r, 1 << 20).await, body);
+    let n = store.requests.load(Ordering::Relaxed);
+    // One GET a block until the window holds a group (at most 6), then GROUP blocks a GET,
+    // where a GET per block would be 41.
+    assert!(n <= 6 + 41 / GROUP + 2, "{n} requests for 41 blocks read sequentially");
+}
+
+#[tokio::test]
+async fn a_cut_off_group_refetches_only_its_unfinished_blocks() {
+    let mem = Arc::new(MemStore::new());
+    let body = data(30 * BLOCK as usize);
+    let m = mem.put("f", body.clone()).await.unwrap();
+    let mut store = Chunked::new(mem, Duration::ZERO);
+    (store.cut_group, store.cut_after) = (1, 2 * BLOCK as usize + 1000);
+    let store = Arc::new(store);
+    let r = FileReader::new(store.clone(), cache(), "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    assert_eq!(read_all(&r, 1 << 20).await, body, "the reader never sees the cut");
+    let ranges = store.ranges.lock().unwrap().clone();
+    let at = ranges.iter().position(|r| r.end - r.start > BLOCK).expect("a grouped GET");
+    let cut = ranges[at].clone();
+    assert_eq!(cut.end - cut.start, GROUP * BLOCK);
+    let b0 = cut.start / BLOCK;
+    // The two blocks that arrived whole are never asked for again; each of the rest is.
+    let later: Vec<_> = ranges[at + 1..].iter().filter(|r| r.start < cut.end && r.end > cut.start).cloned().collect();
+    let want: Vec<_> = (b0 + 2..b0 + GROUP).map(|b| b * BLOCK..(b + 1) * BLOCK).collect();
+    let mut got = later.clone();
+    got.sort_by_key(|r| r.start);
+    assert_eq!(got, want, "refetched after the cut");
+}
+
+#[tokio::test]
+async fn a_block_is_handed_over_before_its_group_ends() {
+    // 8 chunks of 5 ms a block: the group takes >= GROUP x 40 ms, its first block 40 ms.
+    let mem = Arc::new(MemStore::new());
+    let body = data(GROUP as usize * BLOCK as usize);
+    let m = mem.put("f", body.clone()).await.unwrap();
+    let store = Arc::new(Chunked::new(mem, Duration::from_millis(5)));
+    let r = FileReader::new(store.clone(), cache(), "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    let (first, last) = {
+        let mut st = r.state.lock().unwrap();
+        r.start_fetch(&mut st, 0, GROUP, 1, false).unwrap();
+        (st.inflight[&0].0.clone(), st.inflight[&(GROUP - 1)].0.clone())
+    };
+    assert_eq!(first.await.unwrap(), body.slice(..BLOCK as usize));
+    assert!(last.clone().now_or_never().is_none(), "the group's last block is still on its way");
+    assert_eq!(last.await.unwrap(), body.slice((GROUP - 1) as usize * BLOCK as usize..));
+    assert_eq!(store.ranges.lock().unwrap().len(), 1, "one GET for the group");
+}
+
+#[tokio::test]
+async fn a_reader_short_of_budget_for_a_whole_group_takes_what_there_is() {
+    // A budget one block short of a group: whole groups never fit, yet the reader (nothing
+    // else in flight ahead of it) still prefetches, several blocks a GET.
+    let store = Arc::new(MemStore::new());
+    let body = data(30 * BLOCK as usize);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let c = Arc::new(ReadCache::new(256 << 20, (GROUP - 1) * BLOCK));
+    let r = FileReader::new(store.clone(), c, "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    assert_eq!(read_all(&r, 1 << 20).await, body);
+    let n = store.requests.load(Ordering::Relaxed);
+    assert!(n <= 6 + 30 / (GROUP - 1) + 2, "{n} requests for 30 blocks");
 }
