@@ -71,7 +71,7 @@ impl Fs {
     }
 
     pub(crate) async fn upload_pub(&self, ino: u64) -> Result<(), FsError> {
-        self.upload_ino(ino).await
+        self.upload_ino(ino, false).await
     }
 
     /// Children of `dir` that exist only locally so far (created, not yet uploaded).
@@ -278,10 +278,11 @@ impl Fs {
     }
 
     /// Upload `ino`'s staged data if it changed; the durability point of flush and fsync.
-    async fn upload_ino(&self, ino: u64) -> Result<(), FsError> {
+    /// `only_if_sole`: only if no other handle has it open, decided under the staged lock.
+    async fn upload_ino(&self, ino: u64, only_if_sole: bool) -> Result<(), FsError> {
         let Some(staged) = self.staged_of(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
-        if !st.dirty || st.unlinked {
+        if !st.dirty || st.unlinked || only_if_sole && st.handles > 1 {
             return Ok(());
         }
         let node = self.node(ino)?;
@@ -347,13 +348,16 @@ impl Fs {
     /// publish bytes a writer is still producing (an `open(O_TRUNC)` that has not written
     /// yet); that writer's own close publishes them, and the last close publishes whatever
     /// is left dirty.
+    ///
+    /// Whether it is the only handle is decided under the staged lock, with the upload: an
+    /// `open(O_TRUNC)` racing the release of the previous handle (the kernel does not wait
+    /// for RELEASE) must not have its pending empty file published by that release.
     async fn upload_for(&self, file: &OpenFile) -> Result<(), FsError> {
-        let Some(staged) = self.staged_of(file.ino) else { return Ok(()) };
-        let sole = file.staged.load(Ordering::Relaxed) && staged.lock().await.handles <= 1;
-        if !sole && !file.wrote.load(Ordering::Relaxed) {
+        let wrote = file.wrote.load(Ordering::Relaxed);
+        if !wrote && !file.staged.load(Ordering::Relaxed) {
             return Ok(());
         }
-        self.upload_ino(file.ino).await?;
+        self.upload_ino(file.ino, !wrote).await?;
         file.wrote.store(false, Ordering::Relaxed);
         Ok(())
     }
