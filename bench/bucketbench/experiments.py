@@ -289,30 +289,6 @@ class CopySweep(Experiment):
         res["checksum_failures"] = summarize([failures])
         return res
 
-    def notes(self, ctx, results):
-        """The cold read's limit: a plain parallel ranged download of the largest object
-        through the same S3 proxy (rawlink.py), best of N = 8, 16, 32, measured once after
-        every system's reads; and bucketfs's first read as a share of it."""
-        from . import servers as S
-        from .rawlink import Link
-        s = max(ctx.read_sizes)
-        rel, size = "big/f%dM" % s, s << 20
-        link = Link(S.S3_ENDPOINT, S.BUCKET, S.ACCESS_KEY, S.SECRET_KEY, S.REGION)
-        rates = {}
-        for n in (8, 16, 32):
-            drop_caches()
-            rates[n] = size / MB / link.download(rel, size, n)
-        best = max(rates, key=rates.get)
-        line = ("**Parallel download reference** (the limit for a first read): %s fetched as N "
-                "ranged GETs at once through the same S3 proxy by a minimal client (Python "
-                "http.client, bytes dropped, no checksum): %s MB/s; best N = %d." % (
-                    rel, ", ".join("N=%d %.1f" % (n, r) for n, r in rates.items()), best))
-        first = (results.get("bucketfs") or {}).get("first_%dM" % s) or {}
-        if "median" in first:
-            line += " bucketfs's first read (median %.1f MB/s) is %.0f%% of it." % (
-                first["median"], 100 * first["median"] / rates[best])
-        return [line]
-
 
 # ---------------------------------------------------------------- 6
 class DevWorkload(Experiment):
