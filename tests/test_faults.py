@@ -323,8 +323,13 @@ def prepare_probes(fm: FaultMount) -> None:
     os.stat(fm.path("p3", "r.bin"))
 
 
+# Mount options for the probes: a long TTL, and no list-ahead (listing the root would list
+# the whole small tree, and no name would be left that needs the server).
+PROBE_MOUNT = ["--metadata-ttl", "60", "--list-ahead-keys", "0"]
+
+
 def probe_ops(fm: FaultMount) -> dict:
-    """Calls that need the server (names the mount has not cached; mount with a long TTL)."""
+    """Calls that need the server (names the mount has not cached; mount with PROBE_MOUNT)."""
     return {
         "stat(unseen file)": lambda: os.stat(fm.path("p1", "x.bin")),
         "listdir(unlisted dir)": lambda: os.listdir(fm.path("p2")),
@@ -356,7 +361,7 @@ def test_server_down_during_upload(store, recovery, proxy_for, fresh_bucket, rng
     data = rng.randbytes(size)
     b.put_all(PROBE_SEED)
     px = proxy_for(store)
-    with fault_mount(store, b.name, px, extra=["--metadata-ttl", "60"]) as fm:
+    with fault_mount(store, b.name, px, extra=PROBE_MOUNT) as fm:
         prepare_probes(fm)
         p = fm.path("up.bin")
         f = open(p, "wb", buffering=0)
@@ -469,7 +474,7 @@ def test_black_hole_calls_are_bounded(proxy_for, fresh_bucket, rng):
     b.put_all(PROBE_SEED)
     data = rng.randbytes(2 * MiB)
     px = proxy_for("s3")
-    with fault_mount("s3", b.name, px, extra=["--metadata-ttl", "60"]) as fm:
+    with fault_mount("s3", b.name, px, extra=PROBE_MOUNT) as fm:
         prepare_probes(fm)
         f = open(fm.path("up.bin"), "wb")
         f.write(data)

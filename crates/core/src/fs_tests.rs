@@ -287,6 +287,12 @@ async fn subdirectories_of_a_big_directory_are_listed_ahead_in_the_background() 
     assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 5 * 2);
     assert_eq!(find(&fs).await, (61, 25));
     assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 5 * 2, "the walk found everything listed");
+    // With list-ahead off, nothing is listed ahead.
+    let off = Fs::shared(store.clone(), FsConfig { list_ahead_keys: 0, ..FsConfig::default() });
+    let before = store.requests.load(Ordering::Relaxed);
+    names(&off, ROOT_INO).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 1);
     // A plain Fs (no handle to itself) starts nothing in the background.
     let plain = Fs::new(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
     let before = store.requests.load(Ordering::Relaxed);

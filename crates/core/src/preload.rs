@@ -92,7 +92,7 @@ impl Fs {
 
     /// List the subdirectories of `dir` that have no fresh listing, in the background.
     pub(crate) fn list_subdirs_ahead(&self, dir: u64) {
-        let Some(me) = self.me.upgrade() else { return };
+        let Some(me) = self.me.upgrade().filter(|_| self.cfg.list_ahead_keys > 0) else { return };
         let subdirs: Vec<crate::inode::Node> = {
             let mut t = self.table.lock().unwrap();
             let dirs: Vec<ChildMeta> = match t.listing(dir) {
