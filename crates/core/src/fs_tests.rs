@@ -6,12 +6,18 @@ use bytes::Bytes;
 use std::sync::atomic::Ordering;
 
 async fn fs_with(keys: &[(&str, &[u8])]) -> (Arc<MemStore>, Fs) {
+    let store = mem_with(keys).await;
+    let fs = Fs::new(store.clone(), FsConfig::default());
+    (store, fs)
+}
+
+/// A memory store holding `keys`.
+async fn mem_with(keys: &[(&str, &[u8])]) -> Arc<MemStore> {
     let store = Arc::new(MemStore::new());
     for (k, v) in keys {
         store.put(k, Bytes::copy_from_slice(v)).await.unwrap();
     }
-    let fs = Fs::new(store.clone(), FsConfig::default());
-    (store, fs)
+    store
 }
 
 async fn names(fs: &Fs, ino: u64) -> Vec<String> {
@@ -76,7 +82,7 @@ async fn directory_shadows_file_of_same_name() {
 #[tokio::test]
 async fn a_fresh_listing_answers_lookups_without_requests() {
     let keys: Vec<(String, Vec<u8>)> = (0..50).map(|i| (format!("d/f{i}"), vec![1u8; i])).collect();
-    let refs: Vec<(&str, &[u8])> = keys.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    let refs = refs(&keys);
     let (store, fs) = fs_with(&refs).await;
     let d = fs.lookup(ROOT_INO, "d").await.unwrap();
     names(&fs, d.ino).await;
@@ -134,7 +140,7 @@ async fn errno_map_covers_store_errors() {
 async fn a_preloaded_tree_answers_find_without_requests() {
     let keys: Vec<(String, Vec<u8>)> =
         (0..300).map(|i| (format!("d{}/e{}/f{i}", i % 7, i % 3), vec![1u8; i % 10])).collect();
-    let mut refs: Vec<(&str, &[u8])> = keys.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    let mut refs = refs(&keys);
     refs.push(("marker/", b""));
     refs.push(("x//bad", b"1"));
     let (store, fs) = fs_with(&refs).await;
@@ -163,6 +169,11 @@ async fn find(fs: &Fs) -> (usize, usize) {
     (files, dirs)
 }
 
+/// Owned keys as `fs_with`/`mem_with` take them.
+fn refs(keys: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
+    keys.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect()
+}
+
 /// 5 top directories with 4 below each, 3 files in each of those and one at the top.
 fn small_tree() -> Vec<(String, Vec<u8>)> {
     let mut keys: Vec<(String, Vec<u8>)> = vec![("top".into(), b"t".to_vec())];
@@ -177,8 +188,7 @@ fn small_tree() -> Vec<(String, Vec<u8>)> {
 #[tokio::test]
 async fn list_ahead_lists_a_small_subtree_with_its_parent() {
     let keys = small_tree();
-    let refs: Vec<(&str, &[u8])> = keys.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
-    let (store, fs) = fs_with(&refs).await;
+    let (store, fs) = fs_with(&refs(&keys)).await;
     let before = store.requests.load(Ordering::Relaxed);
     assert_eq!(find(&fs).await, (61, 25));
     // The root's own listing and one recursive listing, at the same time; nothing else.
@@ -192,10 +202,7 @@ async fn list_ahead_lists_a_small_subtree_with_its_parent() {
 #[tokio::test]
 async fn a_subtree_over_the_list_ahead_bound_is_listed_per_directory() {
     let keys = small_tree();
-    let store = Arc::new(MemStore::new());
-    for (k, v) in &keys {
-        store.put(k, Bytes::copy_from_slice(v)).await.unwrap();
-    }
+    let store = mem_with(&refs(&keys)).await;
     // The root's subtree (61 keys) does not fit; each top directory's (12 keys) does.
     let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
     let before = store.requests.load(Ordering::Relaxed);
@@ -268,10 +275,7 @@ async fn an_unlinked_file_still_held_shows_nlink_0() {
 #[tokio::test]
 async fn subdirectories_of_a_big_directory_are_listed_ahead_in_the_background() {
     let keys = small_tree();
-    let store = Arc::new(MemStore::new());
-    for (k, v) in &keys {
-        store.put(k, Bytes::copy_from_slice(v)).await.unwrap();
-    }
+    let store = mem_with(&refs(&keys)).await;
     // The root's subtree (61 keys) does not fit; each top directory's (12 keys) does.
     let fs = Fs::shared(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
     let before = store.requests.load(Ordering::Relaxed);

@@ -14,6 +14,16 @@ fn reader(store: Arc<MemStore>, cache: Arc<ReadCache>, etag: Option<String>, siz
     FileReader::new(store, cache, "f".into(), etag.clone(), etag.unwrap_or_default(), size, 16 * BLOCK)
 }
 
+/// Read `r` from start to end in `chunk`-byte reads, each equal to `body` at its offset.
+async fn read_checked(r: &FileReader, body: &Bytes, chunk: u32) {
+    let mut off = 0u64;
+    while off < body.len() as u64 {
+        let got = r.read(off, chunk).await.unwrap();
+        assert_eq!(got, body.slice(off as usize..off as usize + got.len()), "at {off}");
+        off += got.len() as u64;
+    }
+}
+
 fn cache() -> Arc<ReadCache> {
     Arc::new(ReadCache::new(256 << 20, 64 << 20))
 }
@@ -24,12 +34,7 @@ async fn sequential_reads_are_exact_and_use_few_requests() {
     let body = data(9 * BLOCK as usize + 12345);
     let m = store.put("f", body.clone()).await.unwrap();
     let r = reader(store.clone(), cache(), m.etag, body.len() as u64);
-    let mut off = 0u64;
-    while off < body.len() as u64 {
-        let got = r.read(off, 128 * 1024).await.unwrap();
-        assert_eq!(got, body.slice(off as usize..off as usize + got.len()), "at {off}");
-        off += got.len() as u64;
-    }
+    read_checked(&r, &body, 128 * 1024).await;
     let n = store.requests.load(Ordering::Relaxed);
     assert!(n <= 11, "{n} requests for 10 blocks read sequentially in 128 KiB pieces");
 }
@@ -85,12 +90,7 @@ async fn a_second_reader_is_served_from_the_block_cache() {
     tokio::time::sleep(Duration::from_millis(20)).await; // prefetch tasks settle
     let before = store.requests.load(Ordering::Relaxed);
     let r2 = reader(store.clone(), c.clone(), m.etag, body.len() as u64);
-    let mut off = 0;
-    while off < body.len() as u64 {
-        let got = r2.read(off, 1 << 20).await.unwrap();
-        assert_eq!(got, body.slice(off as usize..off as usize + got.len()));
-        off += got.len() as u64;
-    }
+    read_checked(&r2, &body, 1 << 20).await;
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "served from cache");
 }
 
@@ -133,12 +133,7 @@ async fn cache_and_budget_are_bounded() {
     let m = store.put("f", body.clone()).await.unwrap();
     let c = Arc::new(ReadCache::new(4 * BLOCK, 4 * BLOCK));
     let r = reader(store.clone(), c.clone(), m.etag, body.len() as u64);
-    let mut off = 0;
-    while off < body.len() as u64 {
-        let got = r.read(off, 1 << 20).await.unwrap();
-        assert_eq!(got, body.slice(off as usize..off as usize + got.len()));
-        off += got.len() as u64;
-    }
+    read_checked(&r, &body, 1 << 20).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(c.cached_bytes() <= 4 * BLOCK, "cache holds {} bytes", c.cached_bytes());
 }
@@ -182,12 +177,7 @@ async fn blocks_reuse_pooled_buffers_within_the_bound() {
     // Cache 4 blocks, prefetch 4: the pool's bound is 4 + 4 + DISK_QUEUE + 4 = 20 buffers.
     let c = Arc::new(ReadCache::new(4 * BLOCK, 4 * BLOCK));
     let r = reader(store.clone(), c.clone(), m.etag, body.len() as u64);
-    let mut off = 0;
-    while off < body.len() as u64 {
-        let got = r.read(off, 1 << 20).await.unwrap();
-        assert_eq!(got, body.slice(off as usize..off as usize + got.len()));
-        off += got.len() as u64;
-    }
+    read_checked(&r, &body, 1 << 20).await;
     assert!(c.pool.pooled() <= 20, "40 blocks read through {} pooled buffers", c.pool.pooled());
     drop(r);
     assert!(c.pool.free() > 0, "buffers no longer viewed are back in the pool");

@@ -18,6 +18,18 @@ use crate::{ByteStream, Capabilities, FileAttrs, ListStream, ObjectDigests, Obje
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
 
+/// A read request (`read_with` or `reader_with`) pinned to `if_match`: to the generation on
+/// stores whose identity is one (GCS), else to the ETag where the store honours If-Match.
+macro_rules! with_precondition {
+    ($store:expr, $req:expr, $if_match:expr) => {
+        match $if_match {
+            Some(tag) if $store.generation_identity => $req.if_version_match(tag),
+            Some(tag) if $store.capabilities().read_if_match => $req.if_match(tag),
+            _ => $req,
+        }
+    };
+}
+
 #[derive(Clone)]
 pub struct OpendalStore {
     op: Operator,
@@ -114,12 +126,7 @@ impl Store for OpendalStore {
         if range.start >= range.end {
             return Ok(Bytes::new());
         }
-        let mut req = self.op.read_with(key).range(range);
-        match if_match {
-            Some(tag) if self.generation_identity => req = req.if_version_match(tag),
-            Some(tag) if self.capabilities().read_if_match => req = req.if_match(tag),
-            _ => {}
-        }
+        let req = with_precondition!(self, self.op.read_with(key).range(range), if_match);
         let buf = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;
         Ok(buf.to_bytes())
     }
@@ -133,12 +140,7 @@ impl Store for OpendalStore {
         if range.start >= range.end {
             return Ok(Box::pin(futures::stream::empty()));
         }
-        let mut req = self.op.reader_with(key);
-        match if_match {
-            Some(tag) if self.generation_identity => req = req.if_version_match(tag),
-            Some(tag) if self.capabilities().read_if_match => req = req.if_match(tag),
-            _ => {}
-        }
+        let req = with_precondition!(self, self.op.reader_with(key), if_match);
         let reader = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;
         // No chunk option: one streaming request for the whole range.
         let stream = reader.into_stream(range).await.map_err(|e| StoreError::from_opendal("get", key, e))?;
