@@ -48,7 +48,7 @@ pub struct Attr {
 }
 
 /// One entry of a directory snapshot, in readdir order (`.` and `..` first).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
     pub ino: u64,
     pub kind: Kind,
@@ -125,7 +125,8 @@ impl Default for FsConfig {
 }
 
 pub(crate) enum Handle {
-    Dir(Arc<Vec<DirEntry>>),
+    /// A directory's snapshot, and whether the kernel may keep its readdir cache.
+    Dir { ino: u64, entries: Arc<Vec<DirEntry>>, keep_cache: bool },
     File(Arc<OpenFile>),
 }
 
@@ -159,6 +160,8 @@ pub struct Fs {
     pub(crate) me: Weak<Fs>,
     /// Background listings in flight, mount-wide (see `preload.rs`).
     pub(crate) listing_ahead: Arc<tokio::sync::Semaphore>,
+    /// What the kernel's readdir cache of each directory was filled from.
+    dir_cache: crate::dir_cache::DirCache,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -189,6 +192,7 @@ impl Fs {
             cfg,
             me: Weak::new(),
             listing_ahead: Arc::new(tokio::sync::Semaphore::new(crate::preload::LISTINGS_AHEAD)),
+            dir_cache: Default::default(),
         }
     }
 
@@ -322,7 +326,11 @@ impl Fs {
     }
 
     pub fn forget(&self, ino: u64, count: u64) {
-        self.table.lock().unwrap().forget(ino, count);
+        let mut t = self.table.lock().unwrap();
+        t.forget(ino, count);
+        if t.get(ino).is_none() {
+            self.dir_cache.forgotten(ino);
+        }
     }
 
     /// The kernel took a reference through a readdirplus entry.
@@ -455,14 +463,15 @@ impl Fs {
                 let child = t.upsert(ino, m);
                 out.push(DirEntry { ino: child, kind: m.kind, name: m.name.clone() });
             }
-            out
+            Arc::new(out)
         };
-        Ok(self.insert_handle(Handle::Dir(Arc::new(entries))))
+        let keep_cache = self.dir_cache.opened(ino, &entries);
+        Ok(self.insert_handle(Handle::Dir { ino, entries, keep_cache }))
     }
 
     pub fn readdir(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>, FsError> {
         match self.handles.lock().unwrap().get(&fh) {
-            Some(Handle::Dir(d)) => Ok(d.clone()),
+            Some(Handle::Dir { entries, .. }) => Ok(entries.clone()),
             _ => Err(FsError::BadHandle),
         }
     }
@@ -472,9 +481,14 @@ impl Fs {
         self.table.lock().unwrap().get(ino).map(|n| self.attr(n))
     }
 
-    /// Whether the kernel may keep cached pages for this handle's file (see `open`).
+    /// Whether the kernel may keep cached pages for this handle's file (see `open`), or
+    /// its cached entries for this handle's directory (see `dir_cache.rs`).
     pub fn keep_cache(&self, fh: u64) -> bool {
-        matches!(self.handles.lock().unwrap().get(&fh), Some(Handle::File(f)) if f.keep_cache)
+        match self.handles.lock().unwrap().get(&fh) {
+            Some(Handle::File(f)) => f.keep_cache,
+            Some(Handle::Dir { keep_cache, .. }) => *keep_cache,
+            None => false,
+        }
     }
 
     pub(crate) fn reader_for(&self, node: &Node) -> Arc<FileReader> {
@@ -490,7 +504,9 @@ impl Fs {
     }
 
     pub fn releasedir(&self, fh: u64) {
-        self.handles.lock().unwrap().remove(&fh);
+        if let Some(Handle::Dir { ino, .. }) = self.handles.lock().unwrap().remove(&fh) {
+            self.dir_cache.released(ino);
+        }
     }
 
     pub(crate) fn insert_handle(&self, h: Handle) -> u64 {

@@ -14,6 +14,7 @@
 //! - [`error`]: the core's error enum and the one map from errors to errno.
 
 pub mod block_pool;
+pub(crate) mod dir_cache;
 pub mod disk_cache;
 pub mod error;
 pub mod fs;

@@ -345,7 +345,15 @@ impl Filesystem for FuseAdapter {
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.opendir(ino.0).await {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Ok(fh) => {
+                    // The kernel caches the entries it reads; it keeps an earlier open's
+                    // cache only while our snapshot is unchanged (core's dir_cache.rs).
+                    let mut flags = FopenFlags::FOPEN_CACHE_DIR;
+                    if fs.keep_cache(fh) {
+                        flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                    }
+                    reply.opened(FileHandle(fh), flags)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
