@@ -1,21 +1,38 @@
-//! The kernel's readdir cache: when the kernel may keep a directory's cached entries.
+//! Directory reads and the kernel's readdir cache.
 //!
-//! Every opendir asks the kernel to cache the entries it reads (FOPEN_CACHE_DIR), so a
-//! directory read again is answered without a readdir round trip. Whether the kernel may
-//! keep what it cached at an earlier open (FOPEN_KEEP_CACHE) is decided here: only when the
-//! snapshot this opendir took equals the one the cache was filled from. Otherwise the
-//! kernel drops its cache and fills it again from this handle's readdirs.
+//! The kernel caches the entries it reads from a directory (FOPEN_CACHE_DIR), so reading a
+//! directory again is answered without a readdir round trip. Two ways to keep that cache
+//! true, chosen by the FUSE adapter at init:
 //!
-//! The kernel fills its cache from whichever handle reads first after the drop. When other
-//! handles of the directory are open at that moment, that may be one of theirs, with an
-//! older snapshot: the cache's content is then unknown and the next opendir drops it too.
-//! The kernel itself drops the cache when the directory changes through it (its iversion)
-//! or its mtime changes.
+//! - **Without opendir** (the kernel offers FUSE_NO_OPENDIR_SUPPORT and the metadata TTL is
+//!   not 0): the kernel sends no opendir or releasedir at all and keeps every directory's
+//!   cache. Readdirs come without a handle ([`Fs::readdir_unopened`]): offset 0 takes a new
+//!   snapshot, later offsets page through it. The kernel drops its cache itself when the
+//!   directory changes through it (its iversion); we drop it when the listing the
+//!   snapshot came from goes stale (the TTL), through [`InvalidateDir`]. A listing fetched
+//!   while this mount changed the directory may miss that change (see `ensure_listing`),
+//!   so it is fetched once more before it is cached: that listing started after every
+//!   change the kernel had seen completed.
+//! - **With opendir** (otherwise): every opendir takes a snapshot and lets the kernel keep
+//!   what an earlier open cached (FOPEN_KEEP_CACHE) only when the two are equal. The kernel
+//!   fills its cache from whichever handle reads first after a drop; when other handles
+//!   of the directory were open then, that may be one of theirs, with an older snapshot,
+//!   so the cache's content is unknown and the next opendir drops it too.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
-use crate::fs::DirEntry;
+use crate::error::FsError;
+use crate::fs::{DirEntry, Fs, Kind};
+use crate::inode::{ChildMeta, Node};
+
+/// Which listing a snapshot came from: when it was fetched, and the directory's latest
+/// change through this mount.
+type Source = (Instant, u64);
+
+/// Drops what the kernel cached of a directory's entries (the FUSE adapter's notifier).
+pub type InvalidateDir = Arc<dyn Fn(u64) + Send + Sync>;
 
 #[derive(Default)]
 struct DirState {
@@ -23,11 +40,16 @@ struct DirState {
     filled_from: Option<Arc<Vec<DirEntry>>>,
     /// Directory handles open now.
     open: usize,
+    /// The snapshot readdirs without a handle page through, and the listing it came from.
+    current: Option<(Arc<Vec<DirEntry>>, Source)>,
+    /// The kernel's cache of it is to be dropped when its listing goes stale.
+    expiry_pending: bool,
 }
 
 #[derive(Default)]
 pub(crate) struct DirCache {
     dirs: Mutex<HashMap<u64, DirState>>,
+    invalidate: OnceLock<InvalidateDir>,
 }
 
 impl DirCache {
@@ -56,6 +78,124 @@ impl DirCache {
         if dirs.get(&ino).is_some_and(|st| st.open == 0) {
             dirs.remove(&ino);
         }
+    }
+
+    fn current(&self, ino: u64) -> Option<(Arc<Vec<DirEntry>>, Source)> {
+        self.dirs.lock().unwrap().get(&ino).and_then(|st| st.current.clone())
+    }
+
+    /// Page through `entries` from now on; true when no drop of the kernel's cache is
+    /// scheduled yet (the caller schedules one).
+    fn set_current(&self, ino: u64, entries: &Arc<Vec<DirEntry>>, source: Source) -> bool {
+        let mut dirs = self.dirs.lock().unwrap();
+        let st = dirs.entry(ino).or_default();
+        st.current = Some((entries.clone(), source));
+        !std::mem::replace(&mut st.expiry_pending, true)
+    }
+
+    /// The listing behind the kernel's cache of `ino` went stale: drop that cache.
+    fn expired(&self, ino: u64) {
+        if let Some(st) = self.dirs.lock().unwrap().get_mut(&ino) {
+            st.expiry_pending = false;
+        }
+        if let Some(invalidate) = self.invalidate.get() {
+            invalidate(ino);
+        }
+    }
+}
+
+impl Fs {
+    /// The kernel may keep directories' entries without opendir ([`Fs::readdir_unopened`]);
+    /// `invalidate` drops them when their listing goes stale. Not with a TTL of 0: every
+    /// read of a directory then lists it again.
+    pub fn cache_dirs_without_opendir(&self, invalidate: InvalidateDir) -> bool {
+        if self.cfg.metadata_ttl.is_zero() {
+            return false;
+        }
+        let _ = self.dir_cache.invalidate.set(invalidate);
+        true
+    }
+
+    /// Whether [`Fs::cache_dirs_without_opendir`] was accepted.
+    pub fn dirs_without_opendir(&self) -> bool {
+        self.dir_cache.invalidate.get().is_some()
+    }
+
+    /// A readdir without opendir. Offset 0 starts a read: it takes a new snapshot unless
+    /// the listing is the one the current snapshot came from (so two readers of a
+    /// directory page through the same one); later offsets page through the current one.
+    pub async fn readdir_unopened(&self, ino: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>, FsError> {
+        let current = self.dir_cache.current(ino);
+        if offset > 0 {
+            if let Some((entries, _)) = current {
+                return Ok(entries);
+            }
+        }
+        let dir = self.listed_dir(ino).await?;
+        let source = {
+            let t = self.table.lock().unwrap();
+            t.listing(ino).map(|l| (l.at, t.changed_at(ino)))
+        };
+        if let (Some((entries, was)), Some(now)) = (&current, source) {
+            if *was == now {
+                return Ok(entries.clone());
+            }
+        }
+        let entries = self.snapshot_of(&dir);
+        if let Some(source) = source {
+            if self.dir_cache.set_current(ino, &entries, source) {
+                self.expire_dir_later(ino);
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Drop the kernel's cache of `ino` when its listing's TTL runs out.
+    fn expire_dir_later(&self, ino: u64) {
+        let until = self.table.lock().unwrap().listing(ino).map(|l| l.at + l.valid_for).unwrap_or_else(Instant::now);
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(until.into()).await;
+            if let Some(fs) = me.upgrade() {
+                fs.dir_cache.expired(ino);
+            }
+        });
+    }
+
+    /// The entries of directory `ino`, sorted by name, `.` and `..` first.
+    pub(crate) async fn dir_snapshot(&self, ino: u64) -> Result<Arc<Vec<DirEntry>>, FsError> {
+        let dir = self.listed_dir(ino).await?;
+        Ok(self.snapshot_of(&dir))
+    }
+
+    /// Directory `ino`, with a listing to take a snapshot from.
+    async fn listed_dir(&self, ino: u64) -> Result<Node, FsError> {
+        let dir = self.node(ino)?;
+        if dir.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        self.ensure_listing(&dir, true).await?;
+        let fresh = || self.table.lock().unwrap().listing(ino).is_some_and(|l| l.is_fresh());
+        if !self.cfg.metadata_ttl.is_zero() && !fresh() {
+            // Fetched while this mount changed the directory (see the module doc).
+            self.ensure_listing(&dir, false).await?;
+        }
+        Ok(dir)
+    }
+
+    fn snapshot_of(&self, dir: &Node) -> Arc<Vec<DirEntry>> {
+        let ino = dir.ino;
+        let mut t = self.table.lock().unwrap();
+        let mut metas: Vec<ChildMeta> = t.listing(ino).map(|l| l.children.values().cloned().collect()).unwrap_or_default();
+        metas.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut out = Vec::with_capacity(metas.len() + 2);
+        out.push(DirEntry { ino, kind: Kind::Dir, name: ".".into() });
+        out.push(DirEntry { ino: dir.parent, kind: Kind::Dir, name: "..".into() });
+        for m in &metas {
+            let child = t.upsert(ino, m);
+            out.push(DirEntry { ino: child, kind: m.kind, name: m.name.clone() });
+        }
+        Arc::new(out)
     }
 }
 
@@ -92,6 +232,43 @@ mod tests {
         assert!(!c.opened(1, &snap(&["a", "b"])), "unknown content is dropped");
         c.released(1);
         assert!(c.opened(1, &snap(&["a", "b"])));
+    }
+
+    #[tokio::test]
+    async fn without_opendir_one_snapshot_is_paged_and_the_kernel_cache_dropped_at_the_ttl() {
+        use bucketfs_store::{testing::MemStore, Store};
+        let store = Arc::new(MemStore::new());
+        store.put("a", bytes::Bytes::from_static(b"1")).await.unwrap();
+        let ttl = std::time::Duration::from_millis(200);
+        let cfg = crate::FsConfig { metadata_ttl: ttl, list_ahead_keys: 0, ..Default::default() };
+        let fs = Fs::shared(store.clone(), cfg);
+        let dropped = Arc::new(Mutex::new(Vec::new()));
+        let d = dropped.clone();
+        assert!(fs.cache_dirs_without_opendir(Arc::new(move |ino| d.lock().unwrap().push(ino))));
+        let names = |e: &[DirEntry]| e.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
+
+        let first = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
+        assert_eq!(names(&first), [".", "..", "a"]);
+        let second = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
+        assert!(Arc::ptr_eq(&first, &second), "readers within the TTL share one snapshot");
+        fs.mkdir(crate::ROOT_INO, "d", None).await.unwrap();
+        let third = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
+        assert_eq!(names(&third), [".", "..", "a", "d"], "a change through the mount is a new snapshot");
+        store.put("b", bytes::Bytes::from_static(b"2")).await.unwrap();
+        tokio::time::sleep(ttl + ttl / 2).await;
+        assert_eq!(*dropped.lock().unwrap(), [crate::ROOT_INO], "dropped when the listing went stale");
+        let later = fs.readdir_unopened(crate::ROOT_INO, 2).await.unwrap();
+        assert!(Arc::ptr_eq(&third, &later), "a later offset pages through the same snapshot");
+        let again = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
+        assert_eq!(names(&again), [".", "..", "a", "b", "d"], "offset 0 lists again");
+    }
+
+    #[test]
+    fn no_kernel_cache_without_opendir_at_a_ttl_of_zero() {
+        let cfg = crate::FsConfig { metadata_ttl: std::time::Duration::ZERO, ..Default::default() };
+        let fs = Fs::shared(Arc::new(bucketfs_store::testing::MemStore::new()), cfg);
+        assert!(!fs.cache_dirs_without_opendir(Arc::new(|_| {})));
+        assert!(!fs.dirs_without_opendir());
     }
 
     #[test]

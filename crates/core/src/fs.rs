@@ -161,7 +161,7 @@ pub struct Fs {
     /// Background listings in flight, mount-wide (see `preload.rs`).
     pub(crate) listing_ahead: Arc<tokio::sync::Semaphore>,
     /// What the kernel's readdir cache of each directory was filled from.
-    dir_cache: crate::dir_cache::DirCache,
+    pub(crate) dir_cache: crate::dir_cache::DirCache,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -446,25 +446,7 @@ impl Fs {
 
     /// Snapshot a directory for one readdir sequence; offsets index into the snapshot.
     pub async fn opendir(&self, ino: u64) -> Result<u64, FsError> {
-        let dir = self.node(ino)?;
-        if dir.kind != Kind::Dir {
-            return Err(FsError::NotDir);
-        }
-        self.ensure_listing(&dir, true).await?;
-        let entries = {
-            let mut t = self.table.lock().unwrap();
-            let mut metas: Vec<ChildMeta> =
-                t.listing(ino).map(|l| l.children.values().cloned().collect()).unwrap_or_default();
-            metas.sort_by(|a, b| a.name.cmp(&b.name));
-            let mut out = Vec::with_capacity(metas.len() + 2);
-            out.push(DirEntry { ino, kind: Kind::Dir, name: ".".into() });
-            out.push(DirEntry { ino: dir.parent, kind: Kind::Dir, name: "..".into() });
-            for m in &metas {
-                let child = t.upsert(ino, m);
-                out.push(DirEntry { ino: child, kind: m.kind, name: m.name.clone() });
-            }
-            Arc::new(out)
-        };
+        let entries = self.dir_snapshot(ino).await?;
         let keep_cache = self.dir_cache.opened(ino, &entries);
         Ok(self.insert_handle(Handle::Dir { ino, entries, keep_cache }))
     }

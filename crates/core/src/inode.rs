@@ -285,6 +285,11 @@ impl InodeTable {
         self.change_seq
     }
 
+    /// The count at `dir`'s latest change recorded here (0: none).
+    pub fn changed_at(&self, dir: u64) -> u64 {
+        self.changed.get(&dir).copied().unwrap_or(0)
+    }
+
     /// Record a child created or changed here in `dir`'s cached listing (if any).
     /// Put `ino`'s current size and identity into its parent's cached listing.
     pub fn relist(&mut self, ino: u64) {

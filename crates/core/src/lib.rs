@@ -14,7 +14,7 @@
 //! - [`error`]: the core's error enum and the one map from errors to errno.
 
 pub mod block_pool;
-pub(crate) mod dir_cache;
+pub mod dir_cache;
 pub mod disk_cache;
 pub mod error;
 pub mod fs;
@@ -27,6 +27,7 @@ pub mod read;
 pub mod stats;
 pub mod write;
 
+pub use dir_cache::InvalidateDir;
 pub use error::FsError;
 pub use stats::CacheStats;
 pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, StatFs, ROOT_INO};

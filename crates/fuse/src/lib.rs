@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bucketfs_core::{Attr, Fs, FsError, Kind};
+use bucketfs_core::{Attr, DirEntry, Fs, FsError, Kind};
 use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -24,6 +24,9 @@ const MAX_IO: u32 = 1024 * 1024;
 pub struct FuseAdapter {
     fs: Arc<Fs>,
     rt: Handle,
+    /// The kernel sends no opendir/releasedir; readdirs come without a handle and the
+    /// kernel keeps directories' entries (core's dir_cache.rs).
+    no_opendir: bool,
 }
 
 /// Run `op` on the runtime and answer an empty reply with its result.
@@ -41,7 +44,7 @@ macro_rules! spawn_empty {
 
 impl FuseAdapter {
     pub fn new(fs: Arc<Fs>, rt: Handle) -> Self {
-        Self { fs, rt }
+        Self { fs, rt, no_opendir: false }
     }
 
     fn ttl(&self) -> Duration {
@@ -87,6 +90,31 @@ fn file_type(k: Kind) -> FileType {
     }
 }
 
+/// Answer a readdir with `entries` from `offset` on (offsets are indices + 1).
+fn fill_dir(entries: &[DirEntry], offset: u64, mut reply: ReplyDirectory) {
+    for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), &e.name) {
+            break;
+        }
+    }
+    reply.ok();
+}
+
+/// Answer a readdirplus with `entries` from `offset` on, with their attributes.
+fn fill_dir_plus(fs: &Fs, entries: &[DirEntry], offset: u64, ttl: Duration, mut reply: ReplyDirectoryPlus) {
+    for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        let Some(attr) = fs.cached_attr(e.ino) else { continue };
+        if reply.add(INodeNo(e.ino), i as u64 + 1, &e.name, &ttl, &file_attr(&attr), Generation(0)) {
+            break;
+        }
+        // The kernel holds a reference to every entry except `.` and `..`.
+        if e.name != "." && e.name != ".." {
+            fs.remember(e.ino);
+        }
+    }
+    reply.ok();
+}
+
 fn name_str(name: &OsStr) -> Option<String> {
     name.to_str().map(str::to_string)
 }
@@ -105,6 +133,9 @@ impl Filesystem for FuseAdapter {
             | InitFlags::FUSE_CACHE_SYMLINKS;
         let have = config.capabilities();
         let _ = config.add_capabilities(wanted & have);
+        if self.fs.dirs_without_opendir() && have.contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT) {
+            self.no_opendir = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT).is_ok();
+        }
         if let Err(max) = config.set_max_readahead(MAX_IO) {
             let _ = config.set_max_readahead(max);
         }
@@ -342,6 +373,10 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_opendir {
+            // Tells the kernel to open directories without us from now on.
+            return reply.error(Errno::ENOSYS);
+        }
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.opendir(ino.0).await {
@@ -359,36 +394,38 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let entries = match self.fs.readdir(fh.0) {
-            Ok(e) => e,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), &e.name) {
-                break;
-            }
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        if self.no_opendir && fh.0 == 0 {
+            let fs = self.fs.clone();
+            self.rt.spawn(async move {
+                match fs.readdir_unopened(ino.0, offset).await {
+                    Ok(entries) => fill_dir(&entries, offset, reply),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            });
+            return;
         }
-        reply.ok();
+        match self.fs.readdir(fh.0) {
+            Ok(entries) => fill_dir(&entries, offset, reply),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
-    fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let entries = match self.fs.readdir(fh.0) {
-            Ok(e) => e,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        let ttl = self.ttl();
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-            let Some(attr) = self.fs.cached_attr(e.ino) else { continue };
-            if reply.add(INodeNo(e.ino), i as u64 + 1, &e.name, &ttl, &file_attr(&attr), Generation(0)) {
-                break;
-            }
-            // The kernel holds a reference to every entry except `.` and `..`.
-            if e.name != "." && e.name != ".." {
-                self.fs.remember(e.ino);
-            }
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        if self.no_opendir && fh.0 == 0 {
+            let (fs, ttl) = (self.fs.clone(), self.ttl());
+            self.rt.spawn(async move {
+                match fs.readdir_unopened(ino.0, offset).await {
+                    Ok(entries) => fill_dir_plus(&fs, &entries, offset, ttl, reply),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            });
+            return;
         }
-        reply.ok();
+        match self.fs.readdir(fh.0) {
+            Ok(entries) => fill_dir_plus(&self.fs, &entries, offset, self.ttl(), reply),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
@@ -434,5 +471,13 @@ pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &Mount
     }
     config.n_threads = Some(spec.threads.max(1));
     config.clone_fd = true;
-    fuser::Session::new(FuseAdapter::new(fs, rt), mountpoint, &config)
+    let session = fuser::Session::new(FuseAdapter::new(fs.clone(), rt), mountpoint, &config)?;
+    let notifier = session.notifier();
+    fs.cache_dirs_without_opendir(Arc::new(move |ino| {
+        // ENOENT: the kernel no longer holds the directory, nor its cache.
+        if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, 0) {
+            tracing::debug!(ino, "dropping the kernel's cache of a directory: {e}");
+        }
+    }));
+    Ok(session)
 }
