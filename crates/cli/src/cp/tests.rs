@@ -92,6 +92,7 @@ fn digests_and_checks() {
         meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None },
         etag: Some(etag.into()),
         md5: None,
+        checksum: None,
     };
     let exp = verify::expect(Kind::S3, &d(&etag));
     assert_eq!(verify::check(&exp, &[a.clone(), b.clone()], None, false), Check::Ok(verify::BY_ETAG));
@@ -233,7 +234,7 @@ impl Store for Corrupt {
     }
     async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
         let meta = self.inner.head(key).await?;
-        Ok(ObjectDigests { meta, etag: None, md5: self.wrong_md5.then_some([7; 16]) })
+        Ok(ObjectDigests { meta, etag: None, md5: self.wrong_md5.then_some([7; 16]), checksum: None })
     }
 }
 
@@ -415,7 +416,7 @@ impl Store for Choppy {
             .into_iter()
             .map(|r| SliceSum::of(r.clone(), &body[r.start as usize..r.end as usize], true))
             .collect();
-        Ok(ObjectDigests { meta, etag: verify::composite_etag(&sums), md5: None })
+        Ok(ObjectDigests { meta, etag: verify::composite_etag(&sums), md5: None, checksum: None })
     }
 }
 
