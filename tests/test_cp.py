@@ -200,8 +200,9 @@ def test_s3_store_that_does_not_confirm_checksums_needs_s3_md5(tmp):
 def test_s3_downloads_are_verified_by_the_object_crc(tmp):
     """Objects boto3 uploaded (with its default crc32 checksum: COMPOSITE for a multipart
     upload, FULL_OBJECT for one request) download verified by that crc32, not by MD5s; one
-    bucketfs uploaded, by its crc32c. A part size the guess gets wrong falls back to the
-    re-read, --s3-md5 to the ETag, and a damaged answer is caught and fetched again."""
+    bucketfs uploaded, by its crc32c. A part size the guess gets wrong (or --slice-size
+    sets) falls back to the re-read, --s3-md5 to the ETag, and a damaged answer is caught
+    and fetched again."""
     import boto3
     from boto3.s3.transfer import TransferConfig
     from botocore.config import Config
@@ -248,6 +249,9 @@ def test_s3_downloads_are_verified_by_the_object_crc(tmp):
         odd = upload("odd.bin", 20 * MIB, 6 * MIB)
         s, got, _ = down("odd.bin")
         assert s["verified"] == {"reread-crc32c": 1} and got == odd, s
+        # --slice-size 7M also cuts it in 3, but not in its parts: re-read, not a failure.
+        s, got, _ = down("multi.bin", "--slice-size", "7M")
+        assert s["verified"] == {"reread-crc32c": 1} and got == multi, s
         s, got, _ = down("multi.bin", "--s3-md5")
         assert s["verified"] == {"s3-etag": 1} and got == multi, s
 

@@ -24,7 +24,8 @@ struct ReadPlan {
     if_match: Option<String>,
     ranges: Vec<std::ops::Range<u64>>,
     expect: Expect,
-    /// The slice size was guessed from a multipart ETag's or COMPOSITE crc's part count.
+    /// The digest is per part (a multipart ETag or COMPOSITE crc): the slices are the
+    /// parts only if the part size was guessed right.
     guessed: bool,
     slice_md5: bool,
     /// Each slice's crc32 too (the object's S3 checksum is a crc32).
@@ -36,15 +37,16 @@ async fn read_plan(ctx: &Ctx, src: &Remote) -> Result<ReadPlan, String> {
     let size = d.meta.size;
     let expect = verify::expect(src.kind, &d);
     let mut tuning = plan::tuning(Some(size), ctx.slice, Some(ctx.parallel));
-    let mut guessed = false;
     if let (Some(parts), None) = (expect.parts(), ctx.slice) {
         // Read in the uploader's parts so the per-slice MD5s or crcs rebuild its digest.
         let ours = plan::tuning(Some(size), None, None).slice.max(plan::MIN_S3_PART);
         if let Some(p) = verify::guess_part_size(size, parts, ours) {
             tuning.slice = p;
-            guessed = true;
         }
     }
+    // A download never knows the uploader's part size, only guesses it (or takes
+    // --slice-size): a per-part digest that does not match is no proof of damage.
+    let guessed = expect.parts().is_some();
     let slice_md5 = matches!(expect, Expect::Composite { .. });
     let slice_crc32 = expect.wants_crc32();
     let ranges = slices(size, tuning.slice);

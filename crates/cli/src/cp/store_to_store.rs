@@ -160,22 +160,25 @@ async fn read_sums(
 /// The slice size: the source's own part size when its ETag or S3 checksum is multipart and
 /// that size is usable as the destination's part (then the source's digest can be rebuilt
 /// from what was read), else the destination's part size.
-fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> (u64, bool) {
+fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> u64 {
     let ours = part_size(ctx, dst, Some(size)) as u64;
     if let (Some(parts), None) = (src_expect.parts(), ctx.slice) {
         if let Some(p) = verify::guess_part_size(size, parts, ours) {
             if (dst.kind != Kind::S3 || p >= MIN_S3_PART) && p <= 256 * plan::MIB {
-                return (p, true);
+                return p;
             }
         }
     }
-    (ours, false)
+    ours
 }
 
 async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectDigests) -> Result<Report, String> {
     let size = d.meta.size;
     let src_expect = verify::expect(src.kind, d);
-    let (piece, guessed) = piece_size(ctx, dst, size, &src_expect);
+    let piece = piece_size(ctx, dst, size, &src_expect);
+    // The source's part size is only ever guessed: a per-part digest that does not match
+    // is no proof that the read was damaged.
+    let guessed = src_expect.parts().is_some();
     let if_match = d.meta.etag.clone();
     let mut last = String::new();
     for attempt in 0..=ctx.retries {
