@@ -112,17 +112,22 @@ def test_s3_uploads_are_checked_by_the_server_crc32c(tmp):
         b.cleanup()
 
 
-class _NoChecksumEcho:
-    """A reverse proxy to MinIO that drops `x-amz-checksum-crc32c` from every answer: what
-    an S3-compatible store that ignores checksums looks like to bucketfs."""
+class _Proxy:
+    """A reverse proxy to MinIO that drops the answer headers named in `drop` (by default
+    `x-amz-checksum-crc32c`: what an S3-compatible store that ignores checksums looks like
+    to bucketfs) and flips one byte of the body of the first `flip_gets` GET answers (what
+    corruption on the way looks like)."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, drop=("x-amz-checksum-crc32c",), flip_gets: int = 0):
         import http.client
         import http.server
         import threading
         from urllib.parse import urlsplit
 
         target = urlsplit(upstream)
+        dropped = {h.lower() for h in drop} | {"content-length", "transfer-encoding", "connection"}
+        flips = [flip_gets]
+        lock = threading.Lock()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -137,11 +142,17 @@ class _NoChecksumEcho:
                 c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
                 r = c.getresponse()
                 data = r.read()
+                if self.command == "GET" and r.status in (200, 206) and data:
+                    with lock:
+                        flip, flips[0] = flips[0] > 0, flips[0] - 1
+                    if flip:
+                        data = bytes([data[0] ^ 0x55]) + data[1:]
                 self.send_response(r.status)
                 for k, v in r.getheaders():
-                    if k.lower() not in ("x-amz-checksum-crc32c", "content-length", "transfer-encoding", "connection"):
+                    if k.lower() not in dropped:
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # A HEAD's answer has no body but the object's length.
+                self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -168,7 +179,7 @@ def test_s3_store_that_does_not_confirm_checksums_needs_s3_md5(tmp):
     require_store("s3")
     require_bin()
     b = Bucket("s3")
-    proxy = _NoChecksumEcho(seed.S3_ENDPOINT)
+    proxy = _Proxy(seed.S3_ENDPOINT)
     try:
         src = tmp / "f.bin"
         src.write_bytes(os.urandom(SLICE + 5))
@@ -183,6 +194,80 @@ def test_s3_store_that_does_not_confirm_checksums_needs_s3_md5(tmp):
         assert seed.get("s3", b.name, "f.bin") == src.read_bytes()
     finally:
         proxy.close()
+        b.cleanup()
+
+
+def test_s3_downloads_are_verified_by_the_object_crc(tmp):
+    """Objects boto3 uploaded (with its default crc32 checksum: COMPOSITE for a multipart
+    upload, FULL_OBJECT for one request) download verified by that crc32, not by MD5s; one
+    bucketfs uploaded, by its crc32c. A part size the guess gets wrong (or --slice-size
+    sets) falls back to the re-read, --s3-md5 to the ETag, and a damaged answer is caught
+    and fetched again."""
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    from botocore.config import Config
+
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    # boto3's defaults (seed's client turns checksums off): uploads carry a crc32.
+    s3 = boto3.client("s3", endpoint_url=seed.S3_ENDPOINT, aws_access_key_id=seed.S3_ACCESS_KEY,
+                      aws_secret_access_key=seed.S3_SECRET_KEY, region_name=seed.S3_REGION,
+                      config=Config(s3={"addressing_style": "path"}))
+    try:
+        def upload(key, size, part):
+            data = os.urandom(size)
+            (tmp / key).write_bytes(data)
+            cfg = TransferConfig(multipart_threshold=part, multipart_chunksize=part)
+            s3.upload_file(str(tmp / key), b.name, key, Config=cfg)
+            return data
+
+        def down(key, *extra, endpoint=None):
+            out = tmp / f"{key}.back"
+            args = ["cp", url(b, key), str(out), "--json", *extra]
+            args += ["--endpoint", endpoint] if endpoint else seed.mount_extra_args("s3")
+            p = run_cli(args, timeout=120)
+            assert p.returncode == 0, p.err[-2000:]
+            return summary(p), out.read_bytes(), p.err
+
+        multi = upload("multi.bin", 20 * MIB + 5, SLICE)
+        h = s3.head_object(Bucket=b.name, Key="multi.bin", ChecksumMode="ENABLED")
+        assert h.get("ChecksumType") == "COMPOSITE" and h.get("ChecksumCRC32", "").endswith("-3"), h
+        s, got, _ = down("multi.bin")
+        assert s["verified"] == {"s3-crc32": 1} and got == multi, s
+        one = upload("one.bin", MIB + 3, SLICE)
+        assert s3.head_object(Bucket=b.name, Key="one.bin", ChecksumMode="ENABLED").get("ChecksumType") == "FULL_OBJECT"
+        s, got, _ = down("one.bin")
+        assert s["verified"] == {"s3-crc32": 1} and got == one, s
+        ours = tmp / "ours.bin"
+        ours.write_bytes(os.urandom(2 * SLICE + 9))
+        cp(b, str(ours), url(b, "ours.bin"))
+        s, got, _ = down("ours.bin")
+        assert s["verified"] == {"s3-crc32c": 1} and got == ours.read_bytes(), s
+
+        # 6 MiB parts: 4 of them, guessed as 5 MiB (the usual size that gives 4): wrong.
+        odd = upload("odd.bin", 20 * MIB, 6 * MIB)
+        s, got, _ = down("odd.bin")
+        assert s["verified"] == {"reread-crc32c": 1} and got == odd, s
+        # --slice-size 7M also cuts it in 3, but not in its parts: re-read, not a failure.
+        s, got, _ = down("multi.bin", "--slice-size", "7M")
+        assert s["verified"] == {"reread-crc32c": 1} and got == multi, s
+        s, got, _ = down("multi.bin", "--s3-md5")
+        assert s["verified"] == {"s3-etag": 1} and got == multi, s
+
+        # One damaged answer: against the whole object's crc32 a mismatch is proof, and the
+        # object is downloaded again; against a COMPOSITE of guessed parts it is not, and the
+        # re-read finds the damaged slice and fetches it again.
+        for key, want, how in [("one.bin", one, "s3-crc32"), ("multi.bin", multi, "reread-crc32c")]:
+            proxy = _Proxy(seed.S3_ENDPOINT, drop=(), flip_gets=1)
+            try:
+                s, got, err = down(key, endpoint=proxy.url)
+            finally:
+                proxy.close()
+            assert s["verified"] == {how: 1} and got == want, (s, err)
+            again = "crc32 " if how == "s3-crc32" else "differed on re-read"
+            assert again in err, err
+    finally:
         b.cleanup()
 
 

@@ -10,6 +10,7 @@
 //! - [`gdrive`] is a small Google Drive v3 client (whole tree in memory, changes feed).
 //! - [`metered`] is a decorator counting requests, errors, bytes and latency (Prometheus).
 //! - [`s3_checksum`] makes S3 confirm the crc32c of every upload (for `bucketfs cp`).
+//! - [`s3_checksum_mode`] asks S3 HEADs for the object's checksum (for `bucketfs cp`).
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
@@ -23,10 +24,11 @@ pub mod location;
 pub mod metered;
 pub mod opendal_store;
 pub mod s3_checksum;
+pub mod s3_checksum_mode;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod types;
 
 pub use attrs::FileAttrs;
 pub use error::{StoreError, StoreErrorKind};
-pub use types::{ByteStream, Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions};
+pub use types::{ByteStream, Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions};

@@ -45,6 +45,10 @@ pub struct StoreOptions {
     /// ([`crate::s3_checksum`]). `bucketfs cp` turns it on; a store that does not confirm
     /// fails the upload.
     pub s3_crc32c: bool,
+    /// S3: ask HEADs made by [`Store::head_digests`] for the object's additional checksum
+    /// (`x-amz-checksum-mode`, signed; [`crate::s3_checksum_mode`]). `bucketfs cp` turns it
+    /// on to verify downloads by crc instead of MD5.
+    pub s3_checksum_mode: bool,
 }
 
 const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
@@ -152,12 +156,19 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             if let Some(p) = &opts.profile {
                 b = b.profile(p);
             }
-            if !opts.s3_crc32c {
-                (Operator::new(b).map_err(err)?, true)
+            let op = if !opts.s3_crc32c {
+                Operator::new(b).map_err(err)?
             } else {
                 // OpenDAL then also stops offering `write_can_copy_from` (UploadPartCopy),
                 // which bucketfs does not use.
-                (crate::s3_checksum::confirmed(Operator::new(b.checksum_algorithm("crc32c")).map_err(err)?), true)
+                crate::s3_checksum::confirmed(Operator::new(b.checksum_algorithm("crc32c")).map_err(err)?)
+            };
+            if !opts.s3_checksum_mode {
+                (op, true)
+            } else {
+                // The same credential configuration as the builder's: a profile, and no
+                // instance-metadata probe with a custom endpoint.
+                (crate::s3_checksum_mode::with_checksum_mode(op, &region, opts.profile.as_deref(), endpoint.is_none()), true)
             }
         }
         Location::Gcs { bucket, prefix } => {

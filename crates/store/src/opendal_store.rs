@@ -258,11 +258,14 @@ impl Store for OpendalStore {
     }
 
     async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
-        let m = self.op.stat(od_path(key)).await.map_err(|e| StoreError::from_opendal("head", key, e))?;
+        // An S3 operator built with `s3_checksum_mode` answers with the object's checksum.
+        let (m, checksum) = crate::s3_checksum_mode::asking(self.op.stat(od_path(key))).await;
+        let m = m.map_err(|e| StoreError::from_opendal("head", key, e))?;
         Ok(ObjectDigests {
             meta: self.meta(key, &m),
             etag: m.etag().map(|e| e.trim_matches('"').to_string()),
             md5: m.content_md5().and_then(parse_md5),
+            checksum,
         })
     }
 }

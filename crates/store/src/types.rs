@@ -110,7 +110,7 @@ pub trait Store: Send + Sync + 'static {
     /// [`Store::head`] plus the content digests the store reports, for end-to-end
     /// verification. The default reports none.
     async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
-        Ok(ObjectDigests { meta: self.head(key).await?, etag: None, md5: None })
+        Ok(ObjectDigests { meta: self.head(key).await?, etag: None, md5: None, checksum: None })
     }
 
     /// Whether uploads keep [`FileAttrs`] and [`Store::head_attrs`] returns them. Wrappers
@@ -145,6 +145,24 @@ pub struct ObjectDigests {
     /// MD5 of the whole content where the service keeps one (GCS `md5Hash`; GCS has none
     /// for composed objects).
     pub md5: Option<[u8; 16]>,
+    /// S3's additional checksum of the object, where the store was asked for it
+    /// (`StoreOptions::s3_checksum_mode`) and keeps one.
+    pub checksum: Option<ObjectChecksum>,
+}
+
+/// An S3 additional checksum as HeadObject reports it with `x-amz-checksum-mode: ENABLED`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectChecksum {
+    /// The algorithm, lowercase as in the header name: `crc32`, `crc32c`, `crc64nvme`,
+    /// `sha1` or `sha256`.
+    pub algorithm: String,
+    /// The digest's bytes (big-endian for the crcs), decoded from the header's base64.
+    pub digest: Vec<u8>,
+    /// `Some(N)` when the value ends in `-N`: a COMPOSITE checksum of an N-part upload,
+    /// the digest of the parts' digests (concatenated in order), not of the content.
+    pub parts: Option<u64>,
+    /// `x-amz-checksum-type` (`COMPOSITE` or `FULL_OBJECT`), where the store sent it.
+    pub kind: Option<String>,
 }
 
 /// Tuning for [`Store::writer`].

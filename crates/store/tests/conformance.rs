@@ -265,6 +265,39 @@ async fn minio_crc32c() {
     conformance(location::open(&loc, &opts).unwrap()).await;
 }
 
+/// `cp`'s store asks HEADs for the object's checksum, with the header signed (MinIO checks
+/// the signature): it reports the crc32c the uploads carried, of the whole object for a
+/// put and COMPOSITE (`-N`, the crc32c of the parts' crc32cs) for a multipart upload. A
+/// store opened without the option reports none.
+#[tokio::test]
+async fn minio_reports_object_checksums() {
+    let Some(endpoint) = required("BUCKETFS_TEST_S3_ENDPOINT") else { return };
+    let bucket = std::env::var("BUCKETFS_TEST_S3_BUCKET").unwrap_or_else(|_| "conformance".into());
+    let opts = StoreOptions { endpoint: Some(endpoint), s3_crc32c: true, s3_checksum_mode: true, ..StoreOptions::default() };
+    let loc = Location::S3 { bucket, prefix: format!("{}/", unique("s3sum")) };
+    let s = location::open(&loc, &opts).unwrap();
+    s.put("one", Bytes::from_static(b"hello")).await.unwrap();
+    let sum = s.head_digests("one").await.unwrap().checksum.expect("a checksum");
+    assert_eq!((sum.algorithm.as_str(), sum.parts), ("crc32c", None));
+    assert_eq!(sum.digest, crc32c::crc32c(b"hello").to_be_bytes());
+
+    let part = 5usize << 20;
+    let data: Vec<u8> = (0..(11u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut w = s.writer("three", bucketfs_store::WriteOptions { part_size: part, concurrency: 2 }).await.unwrap();
+    w.write(Bytes::from(data.clone())).await.unwrap();
+    w.close().await.unwrap();
+    let sum = s.head_digests("three").await.unwrap().checksum.expect("a checksum");
+    let parts: Vec<u8> = data.chunks(part).flat_map(|c| crc32c::crc32c(c).to_be_bytes()).collect();
+    assert_eq!((sum.algorithm.as_str(), sum.parts, sum.kind.as_deref()), ("crc32c", Some(3), Some("COMPOSITE")));
+    assert_eq!(sum.digest, crc32c::crc32c(&parts).to_be_bytes());
+
+    let plain = StoreOptions { s3_checksum_mode: false, ..opts };
+    let d = location::open(&loc, &plain).unwrap().head_digests("one").await.unwrap();
+    assert_eq!(d.checksum, None, "asked only with s3_checksum_mode");
+    s.delete("one").await.unwrap();
+    s.delete("three").await.unwrap();
+}
+
 /// Flips one byte of the body of the next `left` upload requests that carry a crc32c,
 /// after OpenDAL computed it: what corruption on the way to the server looks like.
 struct Corrupt {

@@ -24,9 +24,12 @@ struct ReadPlan {
     if_match: Option<String>,
     ranges: Vec<std::ops::Range<u64>>,
     expect: Expect,
-    /// The slice size was guessed from a multipart ETag's part count.
+    /// The digest is per part (a multipart ETag or COMPOSITE crc): the slices are the
+    /// parts only if the part size was guessed right.
     guessed: bool,
     slice_md5: bool,
+    /// Each slice's crc32 too (the object's S3 checksum is a crc32).
+    slice_crc32: bool,
 }
 
 async fn read_plan(ctx: &Ctx, src: &Remote) -> Result<ReadPlan, String> {
@@ -34,17 +37,20 @@ async fn read_plan(ctx: &Ctx, src: &Remote) -> Result<ReadPlan, String> {
     let size = d.meta.size;
     let expect = verify::expect(src.kind, &d);
     let mut tuning = plan::tuning(Some(size), ctx.slice, Some(ctx.parallel));
-    let mut guessed = false;
-    if let (Expect::Composite { parts, .. }, None) = (&expect, ctx.slice) {
-        // Read in the uploader's parts so the per-slice MD5s rebuild the ETag.
+    if let (Some(parts), None) = (expect.parts(), ctx.slice) {
+        // Read in the uploader's parts so the per-slice MD5s or crcs rebuild its digest.
         let ours = plan::tuning(Some(size), None, None).slice.max(plan::MIN_S3_PART);
-        if let Some(p) = verify::guess_part_size(size, *parts, ours) {
+        if let Some(p) = verify::guess_part_size(size, parts, ours) {
             tuning.slice = p;
-            guessed = true;
         }
     }
+    // A download never knows the uploader's part size, only guesses it (or takes
+    // --slice-size): a per-part digest that does not match is no proof of damage.
+    let guessed = expect.parts().is_some();
     let slice_md5 = matches!(expect, Expect::Composite { .. });
-    Ok(ReadPlan { size, if_match: d.meta.etag, ranges: slices(size, tuning.slice), expect, guessed, slice_md5 })
+    let slice_crc32 = expect.wants_crc32();
+    let ranges = slices(size, tuning.slice);
+    Ok(ReadPlan { size, if_match: d.meta.etag, ranges, expect, guessed, slice_md5, slice_crc32 })
 }
 
 /// One ranged read with retries; a short read counts as a (retried) failure.
@@ -255,6 +261,7 @@ impl From<StoreError> for Failure {
 struct Running {
     crc: u32,
     md5: Option<Md5>,
+    crc32: Option<crc32fast::Hasher>,
 }
 
 /// A filled buffer handed to a blocking thread: hashed into `run`, written at `at`; `last`
@@ -273,11 +280,15 @@ impl Job {
         if let Some(h) = self.run.md5.as_mut() {
             h.update(b);
         }
+        if let Some(h) = self.run.crc32.as_mut() {
+            h.update(b);
+        }
         file.write_at(b, at)?;
         self.buf.len = 0;
         if let Some((i, range)) = last {
             let md5 = self.run.md5.as_mut().map(|h| h.finalize_reset().into());
-            self.sum = Some((i, SliceSum { range, crc: self.run.crc, md5 }));
+            let crc32 = self.run.crc32.as_mut().map(|h| std::mem::take(h).finalize());
+            self.sum = Some((i, SliceSum { range, crc: self.run.crc, md5, crc32 }));
             self.run.crc = 0;
         }
         Ok(self)
@@ -301,7 +312,8 @@ async fn stream_slices(
     md5: Option<&TrailingMd5>,
 ) -> Result<(), Failure> {
     let mut busy: Option<Busy> = None;
-    let spare = Job { buf: AlignedBuf::new(), run: Running { crc: 0, md5: p.slice_md5.then(Md5::new) }, sum: None };
+    let run = Running { crc: 0, md5: p.slice_md5.then(Md5::new), crc32: p.slice_crc32.then(crc32fast::Hasher::new) };
+    let spare = Job { buf: AlignedBuf::new(), run, sum: None };
     let result = receive(src, p, file, todo, &mut busy, spare, &mut |j| settle(ctx, j, done, md5)).await;
     if let Some(b) = busy.take() {
         let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
@@ -546,7 +558,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
         };
         let Some(item) = item else { break };
         let (range, data) = item?;
-        let with_md5 = p.slice_md5;
+        let (with_md5, with_crc32) = (p.slice_md5, p.slice_crc32);
         let h = hasher.take();
         let (sum, h) = tokio::task::spawn_blocking(move || {
             let mut out = std::io::stdout().lock();
@@ -558,7 +570,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
                 data.iter().for_each(|c| h.update(c));
                 h
             });
-            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5), h))
+            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5).with_crc32(&data, with_crc32), h))
         })
         .await
         .map_err(|e| e.to_string())?

@@ -40,8 +40,11 @@ the bytes it reads or writes and compares them with what the store reports:
     the server checks and must confirm in its answer; a multipart object's composite
     checksum must equal the one of its parts. A store that does not confirm fails the upload:
     --s3-md5 verifies by the ETag's MD5s instead, as for downloads.
-  - S3 downloads: the ETag, which is the MD5 for single-request uploads and the MD5 of the
-    part MD5s for multipart uploads (the part size is guessed from the part count).
+  - S3 downloads: the object's crc32c or crc32 checksum where it has one (bucketfs cp,
+    boto3 and the aws cli upload with one), asked for with x-amz-checksum-mode: of the whole
+    object, or for a multipart upload the crc of its parts' crcs (the part size is guessed
+    from the part count). Else the ETag, which is the MD5 for single-request uploads and the
+    MD5 of the part MD5s for multipart uploads (the part size guessed likewise).
   - Anything else (no usable digest, file://, mem://, encrypted S3 objects): the object is
     read a second time, ranged and in parallel, and the crc32c of every range compared.
     This re-read costs a second transfer of the data.
@@ -77,10 +80,11 @@ pub struct CpArgs {
     /// Requests in flight, across all files. Default: 4 per core, between 8 and 16.
     #[arg(long)]
     parallel: Option<usize>,
-    /// S3 uploads: verify by MD5s (the multipart ETag) instead of asking the server to
-    /// check a crc32c of every request (x-amz-checksum-crc32c). For S3-compatible stores
-    /// that do not support checksums (bucketfs names this flag when a store does not
-    /// confirm them). Costs about half of an upload's CPU time.
+    /// S3: verify by MD5s (the ETag) instead of checksums: uploads do not ask the server to
+    /// check a crc32c of every request (x-amz-checksum-crc32c), downloads do not ask for the
+    /// object's checksum (x-amz-checksum-mode). For S3-compatible stores that do not support
+    /// checksums (bucketfs names this flag when a store does not confirm them). Costs about
+    /// half of an upload's or a download's CPU time.
     #[arg(long)]
     s3_md5: bool,
     /// Attempts after the first, for a failed request and for a failed verification.
@@ -268,6 +272,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
     let dst_arg = paths.pop().ok_or("cp needs a source and a destination")?;
     let mut opts = args.store.options();
     opts.s3_crc32c = !args.s3_md5;
+    opts.s3_checksum_mode = !args.s3_md5;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(async move {
         let mut opener = Opener::new(opts, args.s3_endpoint.clone(), args.gcs_endpoint.clone());

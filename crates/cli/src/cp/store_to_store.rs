@@ -25,7 +25,7 @@ use super::download::{fetch, fetch_chunks};
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, slices, MIN_S3_PART};
 use super::upload::{close_or_abort, part_size, verify_upload, Digests, Failed};
-use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD, BY_S3_CRC32C};
+use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD, BY_S3_CRC32, BY_S3_CRC32C};
 use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
 
 /// S3's CopyObject copies at most 5 GiB in one request.
@@ -48,12 +48,19 @@ pub async fn copy(ctx: &Ctx, src: &Remote, dst: &Remote) -> Result<Report, Strin
 
 /// How a store-to-store copy was verified, source side then destination side.
 fn how(src: &str, dst: &str) -> &'static str {
-    const HOWS: [&str; 4] = [BY_MD5, BY_ETAG, BY_REREAD, BY_S3_CRC32C];
-    const PAIRS: [[&str; 4]; 4] = [
-        ["md5>md5", "md5>s3-etag", "md5>reread-crc32c", "md5>s3-crc32c"],
-        ["s3-etag>md5", "s3-etag>s3-etag", "s3-etag>reread-crc32c", "s3-etag>s3-crc32c"],
-        ["reread-crc32c>md5", "reread-crc32c>s3-etag", "reread-crc32c>reread-crc32c", "reread-crc32c>s3-crc32c"],
-        ["s3-crc32c>md5", "s3-crc32c>s3-etag", "s3-crc32c>reread-crc32c", "s3-crc32c>s3-crc32c"],
+    const HOWS: [&str; 5] = [BY_MD5, BY_ETAG, BY_REREAD, BY_S3_CRC32C, BY_S3_CRC32];
+    const PAIRS: [[&str; 5]; 5] = [
+        ["md5>md5", "md5>s3-etag", "md5>reread-crc32c", "md5>s3-crc32c", "md5>s3-crc32"],
+        ["s3-etag>md5", "s3-etag>s3-etag", "s3-etag>reread-crc32c", "s3-etag>s3-crc32c", "s3-etag>s3-crc32"],
+        [
+            "reread-crc32c>md5",
+            "reread-crc32c>s3-etag",
+            "reread-crc32c>reread-crc32c",
+            "reread-crc32c>s3-crc32c",
+            "reread-crc32c>s3-crc32",
+        ],
+        ["s3-crc32c>md5", "s3-crc32c>s3-etag", "s3-crc32c>reread-crc32c", "s3-crc32c>s3-crc32c", "s3-crc32c>s3-crc32"],
+        ["s3-crc32>md5", "s3-crc32>s3-etag", "s3-crc32>reread-crc32c", "s3-crc32>s3-crc32c", "s3-crc32>s3-crc32"],
     ];
     let i = HOWS.iter().position(|h| *h == src).unwrap_or(2);
     let j = HOWS.iter().position(|h| *h == dst).unwrap_or(2);
@@ -150,25 +157,28 @@ async fn read_sums(
 
 // ------------------------------------------------------------------ streamed
 
-/// The slice size: the source's own part size when its ETag is multipart and that size is
-/// usable as the destination's part (then the source's ETag can be rebuilt from what was
-/// read), else the destination's part size.
-fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> (u64, bool) {
+/// The slice size: the source's own part size when its ETag or S3 checksum is multipart and
+/// that size is usable as the destination's part (then the source's digest can be rebuilt
+/// from what was read), else the destination's part size.
+fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> u64 {
     let ours = part_size(ctx, dst, Some(size)) as u64;
-    if let (Expect::Composite { parts, .. }, None) = (src_expect, ctx.slice) {
-        if let Some(p) = verify::guess_part_size(size, *parts, ours) {
+    if let (Some(parts), None) = (src_expect.parts(), ctx.slice) {
+        if let Some(p) = verify::guess_part_size(size, parts, ours) {
             if (dst.kind != Kind::S3 || p >= MIN_S3_PART) && p <= 256 * plan::MIB {
-                return (p, true);
+                return p;
             }
         }
     }
-    (ours, false)
+    ours
 }
 
 async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectDigests) -> Result<Report, String> {
     let size = d.meta.size;
     let src_expect = verify::expect(src.kind, d);
-    let (piece, guessed) = piece_size(ctx, dst, size, &src_expect);
+    let piece = piece_size(ctx, dst, size, &src_expect);
+    // The source's part size is only ever guessed: a per-part digest that does not match
+    // is no proof that the read was damaged.
+    let guessed = src_expect.parts().is_some();
     let if_match = d.meta.etag.clone();
     let mut last = String::new();
     for attempt in 0..=ctx.retries {
@@ -179,7 +189,8 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
         }
         let want_whole = matches!(src_expect, Expect::WholeMd5(_)) || dst.kind == Kind::Gcs;
         let want_parts = matches!(src_expect, Expect::Composite { .. }) || (dst.kind == Kind::S3 && !dst.crc_confirmed);
-        let once = stream_once(ctx, src, dst, size, piece, if_match.as_deref(), want_parts, want_whole);
+        let want = Want { parts: want_parts, whole: want_whole, crc32: src_expect.wants_crc32() };
+        let once = stream_once(ctx, src, dst, size, piece, if_match.as_deref(), want);
         let failed = match once.await {
             Ok((meta, digests)) => match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match).await
             {
@@ -233,9 +244,17 @@ async fn verify_both(
     Ok(how(src_how, dst_how))
 }
 
+/// The digests [`stream_once`] computes of what it reads: each slice's MD5 (`parts`) and
+/// crc32 (`crc32`, besides its crc32c), and the whole content's MD5 (`whole`).
+#[derive(Clone, Copy)]
+struct Want {
+    parts: bool,
+    whole: bool,
+    crc32: bool,
+}
+
 /// Read the source in order (`parallel` slices ahead) into the destination. One slice goes
 /// up with one `put`, more through the part writer, which then holds all request slots.
-#[allow(clippy::too_many_arguments)]
 async fn stream_once(
     ctx: &Ctx,
     src: &Remote,
@@ -243,9 +262,9 @@ async fn stream_once(
     size: u64,
     piece: u64,
     if_match: Option<&str>,
-    want_parts: bool,
-    want_whole: bool,
+    want: Want,
 ) -> Result<(ObjectMeta, Digests), Failed> {
+    let Want { parts: want_parts, whole: want_whole, crc32: want_crc32 } = want;
     let ranges = slices(size, piece);
     let fail = |e: bucketfs_store::StoreError| Failed { retry: is_retryable(&e), msg: e.to_string() };
     if ranges.len() <= 1 {
@@ -256,7 +275,11 @@ async fn stream_once(
             }
             None => Bytes::new(),
         };
-        let sums = ranges.first().map(|r| SliceSum::of(r.clone(), &data, true)).into_iter().collect();
+        let sums = ranges
+            .first()
+            .map(|r| SliceSum::of(r.clone(), &data, true).with_crc32(std::slice::from_ref(&data), want_crc32))
+            .into_iter()
+            .collect();
         let whole_md5 = want_whole.then(|| Md5::digest(&data).into());
         let meta = {
             let _slot = ctx.slot().await;
@@ -273,7 +296,7 @@ async fn stream_once(
         .map(|range| async move {
             let data = fetch_chunks(ctx, src, range.clone(), if_match).await?;
             let d = data.clone();
-            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts))
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts).with_crc32(&d, want_crc32))
                 .await
                 .map_err(|e| e.to_string())?;
             Ok::<_, String>((data, sum))

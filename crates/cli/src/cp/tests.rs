@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{
-    Capabilities, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions,
+    Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions,
 };
 use bytes::Bytes;
 
@@ -92,6 +92,7 @@ fn digests_and_checks() {
         meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None },
         etag: Some(etag.into()),
         md5: None,
+        checksum: None,
     };
     let exp = verify::expect(Kind::S3, &d(&etag));
     assert_eq!(verify::check(&exp, &[a.clone(), b.clone()], None, false), Check::Ok(verify::BY_ETAG));
@@ -106,6 +107,55 @@ fn digests_and_checks() {
     assert_eq!(verify::guess_part_size(20 * MIB, 3, 8 * MIB), Some(8 * MIB));
     assert_eq!(verify::guess_part_size(20 * MIB, 4, 8 * MIB), Some(5 * MIB));
     assert_eq!(verify::guess_part_size(20 * MIB, 999, 8 * MIB), None);
+}
+
+#[test]
+fn s3_crc_checksums_are_checked_before_md5s() {
+    let (abc, def) = (Bytes::from_static(b"abc"), Bytes::from_static(b"def"));
+    let a = SliceSum::of(0..3, &abc, false).with_crc32(std::slice::from_ref(&abc), true);
+    let b = SliceSum::of(3..6, &def, false).with_crc32(std::slice::from_ref(&def), true);
+    let d = |sum: Option<ObjectChecksum>| ObjectDigests {
+        meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None },
+        etag: Some(verify::composite_etag(&[SliceSum::of(0..3, b"abc", true), SliceSum::of(3..6, b"def", true)]).unwrap()),
+        md5: None,
+        checksum: sum,
+    };
+    let check = |sum: ObjectChecksum, sums: &[SliceSum], guessed: bool| {
+        verify::check(&verify::expect(Kind::S3, &d(Some(sum))), sums, None, guessed)
+    };
+    let ab = [a.clone(), b.clone()];
+    // Whole object (FULL_OBJECT): the per-slice crcs combined.
+    assert_eq!(check(s3_checksum("crc32c", b"abcdef", None), &ab, false), Check::Ok(verify::BY_S3_CRC32C));
+    assert_eq!(check(s3_checksum("crc32", b"abcdef", None), &ab, false), Check::Ok(verify::BY_S3_CRC32));
+    assert!(matches!(check(s3_checksum("crc32", b"abcdeF", None), &ab, false), Check::Mismatch(m) if m.contains("crc32")));
+    // COMPOSITE of two 3-byte parts: the crc of the parts' crcs, in order.
+    for algo in ["crc32", "crc32c"] {
+        let sum = s3_checksum(algo, b"abcdef", Some(3));
+        assert!(matches!(check(sum.clone(), &ab, false), Check::Ok(_)), "{algo}");
+        let ba = [b.clone(), a.clone()];
+        assert!(matches!(check(sum.clone(), &ba, false), Check::Mismatch(_)), "{algo}");
+        // A guessed part size that does not rebuild it is not proof; nor slices that are not the parts.
+        assert_eq!(check(sum.clone(), &ba, true), Check::Reread, "{algo}");
+        assert_eq!(check(sum, &[SliceSum::of(0..6, b"abcdef", false)], false), Check::Reread, "{algo}");
+    }
+    // crc32 needs each slice's crc32: without it, re-read rather than guess.
+    let no_crc32 = [SliceSum::of(0..3, b"abc", false), SliceSum::of(3..6, b"def", false)];
+    assert_eq!(check(s3_checksum("crc32", b"abcdef", None), &no_crc32, false), Check::Reread);
+    // Algorithms cp does not check, and a COMPOSITE without its part count, fall back to the ETag.
+    let other = |algorithm: &str, parts, kind: &str| ObjectChecksum {
+        algorithm: algorithm.into(),
+        digest: vec![1; 8],
+        parts,
+        kind: Some(kind.into()),
+    };
+    for sum in [other("crc64nvme", None, "FULL_OBJECT"), other("sha256", Some(2), "COMPOSITE")] {
+        assert!(matches!(verify::expect(Kind::S3, &d(Some(sum))), Expect::Composite { parts: 2, .. }));
+    }
+    let mut bare = s3_checksum("crc32c", b"abcdef", Some(3));
+    bare.parts = None;
+    assert!(matches!(verify::expect(Kind::S3, &d(Some(bare))), Expect::Composite { .. }));
+    // A checksum is an S3 one: elsewhere it is not looked at.
+    assert_eq!(verify::expect(Kind::Other, &d(Some(s3_checksum("crc32c", b"abcdef", None)))), Expect::Reread);
 }
 
 /// Upload then download through `store`, byte-exact, for sizes around the slice size.
@@ -171,19 +221,35 @@ async fn failed_uploads_are_retried() {
 }
 
 /// A store that damages data: reads numbered in `flip_reads` (1-based) come back with one
-/// byte flipped, `flip_puts` stores flipped data, `wrong_md5` reports a bad MD5.
+/// byte flipped, `flip_puts` stores flipped data, `wrong_md5` reports a bad MD5,
+/// `checksum` is reported as the object's S3 checksum.
 struct Corrupt {
     inner: Arc<MemStore>,
     flip_reads: Vec<u64>,
     flip_puts: bool,
     wrong_md5: bool,
+    checksum: Option<ObjectChecksum>,
     reads: AtomicU64,
 }
 
 impl Corrupt {
     fn new(inner: Arc<MemStore>) -> Self {
-        Self { inner, flip_reads: vec![], flip_puts: false, wrong_md5: false, reads: AtomicU64::new(0) }
+        Self { inner, flip_reads: vec![], flip_puts: false, wrong_md5: false, checksum: None, reads: AtomicU64::new(0) }
     }
+}
+
+/// The S3 checksum of `body` as S3 computes it: `algorithm` of the whole body, or with
+/// `part` the COMPOSITE of its parts' crcs.
+fn s3_checksum(algorithm: &str, body: &[u8], part: Option<usize>) -> ObjectChecksum {
+    let crc = |d: &[u8]| if algorithm == "crc32" { crc32fast::hash(d) } else { crc32c::crc32c(d) };
+    let (digest, parts, kind) = match part {
+        None => (crc(body), None, "FULL_OBJECT"),
+        Some(p) => {
+            let joined: Vec<u8> = body.chunks(p).flat_map(|c| crc(c).to_be_bytes()).collect();
+            (crc(&joined), Some(body.len().div_ceil(p) as u64), "COMPOSITE")
+        }
+    };
+    ObjectChecksum { algorithm: algorithm.into(), digest: digest.to_be_bytes().to_vec(), parts, kind: Some(kind.into()) }
 }
 
 fn flip(b: Bytes) -> Bytes {
@@ -233,7 +299,7 @@ impl Store for Corrupt {
     }
     async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
         let meta = self.inner.head(key).await?;
-        Ok(ObjectDigests { meta, etag: None, md5: self.wrong_md5.then_some([7; 16]) })
+        Ok(ObjectDigests { meta, etag: None, md5: self.wrong_md5.then_some([7; 16]), checksum: self.checksum.clone() })
     }
 }
 
@@ -248,6 +314,63 @@ async fn a_corrupted_read_is_caught_by_the_reread_and_fetched_again() {
     let rep = download::to_file(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), &dir.join("out")).await.unwrap();
     assert_eq!(rep.verified, verify::BY_REREAD);
     assert!(std::fs::read(dir.join("out")).unwrap() == body, "the damaged slice was not repaired");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Downloads of an object with an S3 crc checksum are verified by it. A damaged read is
+/// a mismatch against a whole-object crc, so the object is downloaded again; against a
+/// COMPOSITE of guessed parts it is no proof, so the re-read finds and repairs it. A
+/// checksum whose parts are not the slices, or of another algorithm, falls back to the
+/// re-read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_are_verified_by_the_s3_crc_checksum() {
+    let mem = Arc::new(MemStore::new());
+    let body = data(6 * SLICE as usize + 100);
+    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    let dir = temp_dir("crc");
+    let get = |sum: ObjectChecksum, flip_reads: Vec<u64>| {
+        let mut c = Corrupt::new(mem.clone());
+        c.checksum = Some(sum);
+        c.flip_reads = flip_reads;
+        let c = Arc::new(c);
+        let dst = dir.join("out");
+        async move {
+            let r = download::to_file(&ctx(), &remote(c.clone(), Kind::S3, "obj"), &dst).await;
+            (r, c.reads.load(Ordering::SeqCst))
+        }
+    };
+    let slices = 7;
+    let part = Some(SLICE as usize);
+    for (sum, how) in [
+        (s3_checksum("crc32", &body, part), verify::BY_S3_CRC32),
+        (s3_checksum("crc32c", &body, part), verify::BY_S3_CRC32C),
+        (s3_checksum("crc32", &body, None), verify::BY_S3_CRC32),
+        (s3_checksum("crc32c", &body, None), verify::BY_S3_CRC32C),
+    ] {
+        let (r, reads) = get(sum.clone(), vec![]).await;
+        assert_eq!(r.unwrap().verified, how);
+        assert!(std::fs::read(dir.join("out")).unwrap() == body);
+        assert!(reads <= slices, "no re-read: {reads} reads");
+        let (r, reads) = get(sum.clone(), vec![2]).await;
+        let once = if sum.parts.is_some() { verify::BY_REREAD } else { how };
+        assert_eq!(r.unwrap().verified, once, "{sum:?}");
+        assert!(std::fs::read(dir.join("out")).unwrap() == body, "the damaged read was kept");
+        assert!(reads >= 2 * slices, "read again or re-read: {reads} reads");
+        if sum.parts.is_none() {
+            // Damaged every time: an error, and nothing left behind.
+            let (r, _) = get(sum, (1..1000).collect()).await;
+            let e = r.unwrap_err();
+            assert!(e.contains("verification failed") && e.contains("crc32"), "{e}");
+            let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert_eq!(left, vec!["out"], "temp file left behind");
+        }
+    }
+    // Parts that are not the slices (2 slices each) or sha256: verified by re-reading.
+    for sum in [s3_checksum("crc32", &body, Some(2 * SLICE as usize)), ObjectChecksum { algorithm: "sha256".into(), ..s3_checksum("crc32", &body, None) }] {
+        let (r, reads) = get(sum, vec![]).await;
+        assert_eq!(r.unwrap().verified, verify::BY_REREAD);
+        assert!(reads > slices, "{reads} reads");
+    }
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -415,7 +538,7 @@ impl Store for Choppy {
             .into_iter()
             .map(|r| SliceSum::of(r.clone(), &body[r.start as usize..r.end as usize], true))
             .collect();
-        Ok(ObjectDigests { meta, etag: verify::composite_etag(&sums), md5: None })
+        Ok(ObjectDigests { meta, etag: verify::composite_etag(&sums), md5: None, checksum: None })
     }
 }
 

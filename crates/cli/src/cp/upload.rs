@@ -216,9 +216,9 @@ pub(super) async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d:
     // S3 returns the ETag with the upload; GCS's MD5 needs a HEAD.
     let digests = match (dst.kind, &meta.etag) {
         (Kind::S3, Some(etag)) => {
-            ObjectDigests { meta: meta.clone(), etag: Some(etag.trim_matches('"').to_string()), md5: None }
+            ObjectDigests { meta: meta.clone(), etag: Some(etag.trim_matches('"').to_string()), md5: None, checksum: None }
         }
-        (Kind::Other, _) => ObjectDigests { meta: meta.clone(), etag: None, md5: None },
+        (Kind::Other, _) => ObjectDigests { meta: meta.clone(), etag: None, md5: None, checksum: None },
         _ => retry(ctx, "head", &dst.key, || dst.store.head_digests(&dst.key)).await?,
     };
     match verify::check(&verify::expect(dst.kind, &digests), &d.sums, whole, false) {

@@ -1,6 +1,15 @@
 //! End-to-end verification: digests of what was read or written, compared with what the
 //! store reports, or else with a second, independent read of the object.
 //!
+//! - S3 keeps an additional checksum for objects uploaded with one (boto3 and the aws cli
+//!   send crc32 by default, `bucketfs cp` crc32c), which HEAD reports when asked
+//!   (`x-amz-checksum-mode`, see the store's `s3_checksum_mode`). A crc32c or crc32 is
+//!   checked first, as the cheapest: FULL_OBJECT, the crc of the whole content (the
+//!   per-slice crcs combined); COMPOSITE `-N`, the crc of the N parts' big-endian crcs, so
+//!   the slices must be the parts (the part size is guessed as for the multipart ETag
+//!   below; a wrong guess is not an error, it falls back to re-reading). crc32c is computed
+//!   for every slice anyway; crc32 is added only for a crc32 checksum. Other algorithms
+//!   (crc64nvme, sha1, sha256) go on to the digests below.
 //! - GCS keeps an MD5 (`md5Hash`) for objects uploaded in one request (and the emulator
 //!   for composed ones too): compare the MD5 of the whole content.
 //! - S3's ETag is the MD5 of the content for a single-request upload, and
@@ -15,7 +24,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use bucketfs_store::ObjectDigests;
+use bucketfs_store::{ObjectChecksum, ObjectDigests};
 use md5::{Digest, Md5};
 
 use super::endpoint::Kind;
@@ -26,13 +35,26 @@ use bucketfs_store::Store;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceSum {
     pub range: Range<u64>,
+    /// crc32c, always.
     pub crc: u32,
     pub md5: Option<[u8; 16]>,
+    /// crc32 (IEEE), where the object's S3 checksum is one.
+    pub crc32: Option<u32>,
 }
 
 impl SliceSum {
     pub fn of(range: Range<u64>, data: &[u8], with_md5: bool) -> Self {
-        Self { range, crc: crc32c::crc32c(data), md5: with_md5.then(|| Md5::digest(data).into()) }
+        Self { range, crc: crc32c::crc32c(data), md5: with_md5.then(|| Md5::digest(data).into()), crc32: None }
+    }
+
+    /// This sum with the crc32 of `chunks` (its content) added when `with` is set.
+    pub fn with_crc32(mut self, chunks: &[bytes::Bytes], with: bool) -> Self {
+        if with {
+            let mut h = crc32fast::Hasher::new();
+            chunks.iter().for_each(|c| h.update(c));
+            self.crc32 = Some(h.finalize());
+        }
+        self
     }
 
     /// [`SliceSum::of`] the concatenation of `chunks`.
@@ -43,13 +65,22 @@ impl SliceSum {
             chunks.iter().for_each(|b| h.update(b));
             h.finalize().into()
         });
-        Self { range, crc, md5 }
+        Self { range, crc, md5, crc32: None }
     }
 }
 
 /// The crc32c of the whole content from the per-range ones (in order).
 pub fn combined_crc(sums: &[SliceSum]) -> u32 {
     sums.iter().fold(0, |acc, s| crc32c::crc32c_combine(acc, s.crc, (s.range.end - s.range.start) as usize))
+}
+
+/// The crc32 of the whole content from the per-range ones, if every range has one.
+fn combined_crc32(sums: &[SliceSum]) -> Option<u32> {
+    let mut whole = crc32fast::Hasher::new();
+    for s in sums {
+        whole.combine(&crc32fast::Hasher::new_with_initial_len(s.crc32?, s.range.end - s.range.start));
+    }
+    Some(whole.finalize())
 }
 
 /// S3's multipart ETag for these parts, if every part has its MD5.
@@ -65,10 +96,44 @@ pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The two crcs of S3's additional checksums that `cp` checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crc {
+    Crc32,
+    Crc32c,
+}
+
+impl Crc {
+    fn of(self, data: &[u8]) -> u32 {
+        match self {
+            Crc::Crc32 => crc32fast::hash(data),
+            Crc::Crc32c => crc32c::crc32c(data),
+        }
+    }
+
+    /// The slice's crc of this kind, if it was computed.
+    fn of_slice(self, s: &SliceSum) -> Option<u32> {
+        match self {
+            Crc::Crc32 => s.crc32,
+            Crc::Crc32c => Some(s.crc),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Crc::Crc32 => "crc32",
+            Crc::Crc32c => "crc32c",
+        }
+    }
+}
+
 /// What a store's digests let us check, decided before reading so that the right
 /// digests get computed on the way.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expect {
+    /// S3's checksum of the object: the crc of the whole content, or with `parts` the
+    /// COMPOSITE crc of that many parts' crcs.
+    Crc { algo: Crc, crc: u32, parts: Option<u64> },
     /// The MD5 of the whole content.
     WholeMd5([u8; 16]),
     /// An S3 multipart ETag `hex-N`.
@@ -77,7 +142,40 @@ pub enum Expect {
     Reread,
 }
 
+impl Expect {
+    /// The number of parts whose size has to be guessed, for a multipart ETag or COMPOSITE crc.
+    pub fn parts(&self) -> Option<u64> {
+        match self {
+            Expect::Composite { parts, .. } | Expect::Crc { parts: Some(parts), .. } => Some(*parts),
+            _ => None,
+        }
+    }
+
+    /// Whether each slice needs its crc32 (IEEE).
+    pub fn wants_crc32(&self) -> bool {
+        matches!(self, Expect::Crc { algo: Crc::Crc32, .. })
+    }
+}
+
+/// The S3 checksum `cp` can check, if the object has one.
+fn crc_expect(c: &ObjectChecksum) -> Option<Expect> {
+    let algo = match c.algorithm.as_str() {
+        "crc32" => Crc::Crc32,
+        "crc32c" => Crc::Crc32c,
+        _ => return None,
+    };
+    let crc = u32::from_be_bytes(c.digest.as_slice().try_into().ok()?);
+    // Without `-N` a COMPOSITE value's parts are unknown: not something to check against.
+    if c.parts.is_none() && c.kind.as_deref() == Some("COMPOSITE") {
+        return None;
+    }
+    Some(Expect::Crc { algo, crc, parts: c.parts })
+}
+
 pub fn expect(kind: Kind, d: &ObjectDigests) -> Expect {
+    if let Some(e) = d.checksum.as_ref().filter(|_| kind == Kind::S3).and_then(crc_expect) {
+        return e;
+    }
     if let Some(md5) = d.md5 {
         return Expect::WholeMd5(md5);
     }
@@ -114,8 +212,11 @@ pub fn guess_part_size(size: u64, parts: u64, ours: u64) -> Option<u64> {
 pub const BY_MD5: &str = "md5";
 pub const BY_ETAG: &str = "s3-etag";
 pub const BY_REREAD: &str = "reread-crc32c";
-/// An S3 upload whose every request's crc32c the server checked and confirmed.
+/// An S3 upload whose every request's crc32c the server checked and confirmed, or a
+/// download that matched the object's S3 crc32c checksum.
 pub const BY_S3_CRC32C: &str = "s3-crc32c";
+/// A download that matched the object's S3 crc32 checksum.
+pub const BY_S3_CRC32: &str = "s3-crc32";
 
 /// The outcome of comparing with the store's digests.
 #[derive(Debug, PartialEq, Eq)]
@@ -142,6 +243,25 @@ pub fn check(expect: &Expect, sums: &[SliceSum], whole_md5: Option<[u8; 16]>, gu
             Some(got) => Check::Mismatch(format!("multipart ETag {got} but the store has {etag}")),
             None => Check::Reread,
         },
+        Expect::Crc { algo, crc, parts } => {
+            let got = match parts {
+                None if *algo == Crc::Crc32c => Some(combined_crc(sums)),
+                None => combined_crc32(sums),
+                // COMPOSITE: the slices must be the parts.
+                Some(n) if sums.len() as u64 != *n => None,
+                Some(_) => {
+                    let parts: Option<Vec<u8>> =
+                        sums.iter().map(|s| algo.of_slice(s).map(u32::to_be_bytes)).collect::<Option<Vec<_>>>().map(|v| v.concat());
+                    parts.map(|p| algo.of(&p))
+                }
+            };
+            match got {
+                Some(got) if got == *crc => Check::Ok(if *algo == Crc::Crc32 { BY_S3_CRC32 } else { BY_S3_CRC32C }),
+                Some(_) if guessed && parts.is_some() => Check::Reread,
+                Some(got) => Check::Mismatch(format!("{} {got:08x} but the store has {crc:08x}", algo.name())),
+                None => Check::Reread,
+            }
+        }
         Expect::Reread => Check::Reread,
     }
 }

@@ -392,7 +392,7 @@ impl Store for GdriveStore {
             }
             Some(out)
         });
-        Ok(ObjectDigests { meta, etag: None, md5 })
+        Ok(ObjectDigests { meta, etag: None, md5, checksum: None })
     }
 }
 
