@@ -181,7 +181,7 @@ def _block_files(cache: str, want: int, timeout: float = 10.0) -> list[str]:
     """The disk cache's block files once there are `want` of them (writes are asynchronous)."""
     deadline = time.monotonic() + timeout
     while True:
-        files = sorted(glob.glob(os.path.join(cache, "*.b2")))
+        files = sorted(glob.glob(os.path.join(cache, "*.b3")))
         if len(files) >= want or time.monotonic() > deadline:
             return files
         time.sleep(0.1)

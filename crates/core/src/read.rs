@@ -109,18 +109,20 @@ impl ReadCache {
     /// Put a block we already have (just uploaded) into both caches under its new identity.
     pub fn remember(&self, key: &str, identity: &str, block: u64, data: Bytes) {
         let (k, id): (Arc<str>, Arc<str>) = (key.into(), identity.into());
-        self.to_disk(&k, &id, block, data.clone(), data.len());
+        self.to_disk(&k, &id, block, data.clone(), data.len(), None);
         self.insert((k, id, block), data);
     }
 
     /// Queue the first `len` bytes of `padded` for the disk cache, unless the queue is full
-    /// (then it is skipped). See [`crate::disk_cache::DiskCache::put`] for `padded`.
-    fn to_disk(&self, key: &Arc<str>, identity: &Arc<str>, block: u64, padded: Bytes, len: usize) {
+    /// (then it is skipped). `crc`: their CRC32C if the caller has it (else computed there).
+    /// See [`crate::disk_cache::DiskCache::put`] for `padded`.
+    fn to_disk(&self, key: &Arc<str>, identity: &Arc<str>, block: u64, padded: Bytes, len: usize, crc: Option<u32>) {
         let Some(disk) = self.disk.clone() else { return };
         let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return };
         let (k, id) = (key.clone(), identity.clone());
         tokio::task::spawn_blocking(move || {
-            disk.put(&k, &id, block, &padded, len);
+            let crc = crc.unwrap_or_else(|| crc32c::crc32c(&padded[..len]));
+            disk.put(&k, &id, block, &padded, len, crc);
             drop(permit);
         });
     }
@@ -436,6 +438,9 @@ impl Source {
         };
         let range = first * BLOCK..((last + 1) * BLOCK).min(self.size);
         let (mut buf, mut n) = (None, 0usize);
+        // The CRC32C the disk cache stores, computed on each piece just after it is copied
+        // (still in the CPU's cache), instead of reading the whole block again later.
+        let (checksum, mut crc) = (self.cache.disk.is_some(), 0u32);
         let res = async {
             let mut body = self.store.get_range_stream(&self.key, range, self.etag.as_deref()).await.map_err(store_err)?;
             while let Some(mut chunk) = body.try_next().await.map_err(store_err)? {
@@ -446,14 +451,17 @@ impl Source {
                     let want = self.len(b);
                     let space: &mut BlockBuf = buf.get_or_insert_with(|| self.cache.pool.take());
                     let k = chunk.len().min(want - n);
-                    space.space()[n..n + k].copy_from_slice(&chunk[..k]);
+                    let piece = &mut space.space()[n..n + k];
+                    piece.copy_from_slice(&chunk[..k]);
+                    if checksum {
+                        crc = crc32c::crc32c_append(crc, piece);
+                    }
                     chunk.advance(k);
                     n += k;
                     if n == want {
                         let (b, tx) = run.pop_front().expect("a block being filled");
-                        let data = self.complete(b, buf.take().expect("a buffer being filled"), n);
-                        let _ = tx.send(Ok(data));
-                        n = 0;
+                        self.complete(b, tx, buf.take().expect("a buffer being filled"), n, crc);
+                        (n, crc) = (0, 0);
                     }
                 }
             }
@@ -467,14 +475,15 @@ impl Source {
         (run, partial, res)
     }
 
-    /// A whole block arrived: zero-pad it to a page, queue it for the disk cache and cache it.
-    fn complete(&self, b: u64, mut buf: BlockBuf, n: usize) -> Bytes {
+    /// A whole block arrived (its CRC32C is `crc`): zero-pad it to a page, hand it to its
+    /// waiters, then queue it for the disk cache and cache it.
+    fn complete(&self, b: u64, tx: Tx, mut buf: BlockBuf, n: usize, crc: u32) {
         buf.space()[n..round_up(n)].fill(0);
         let padded = buf.into_bytes(round_up(n));
         let data = padded.slice(..n);
-        self.cache.to_disk(&self.key, &self.identity, b, padded, n);
-        self.cache.insert((self.key.clone(), self.identity.clone(), b), data.clone());
-        data
+        let _ = tx.send(Ok(data.clone()));
+        self.cache.to_disk(&self.key, &self.identity, b, padded, n, Some(crc));
+        self.cache.insert((self.key.clone(), self.identity.clone(), b), data);
     }
 }
 

@@ -191,13 +191,15 @@ struct Chunked {
     delay: Duration,
     cut_group: u64,
     cut_after: usize,
+    /// Bytes a piece of the body (256 KiB unless changed).
+    chunk: usize,
     groups: std::sync::atomic::AtomicU64,
     ranges: std::sync::Mutex<Vec<std::ops::Range<u64>>>,
 }
 
 impl Chunked {
     fn new(inner: Arc<MemStore>, delay: Duration) -> Self {
-        Self { inner, delay, cut_group: 0, cut_after: 0, groups: Default::default(), ranges: Default::default() }
+        Self { inner, delay, cut_group: 0, cut_after: 0, chunk: 256 << 10, groups: Default::default(), ranges: Default::default() }
     }
 }
 
@@ -228,8 +230,8 @@ impl Store for Chunked {
         let grouped = r.end - r.start > BLOCK;
         let cut = grouped && self.groups.fetch_add(1, Ordering::SeqCst) + 1 == self.cut_group;
         let data = self.inner.get_range(key, r, m).await?;
-        let (delay, limit) = (self.delay, if cut { self.cut_after } else { data.len() });
-        let chunks: Vec<Bytes> = (0..limit).step_by(256 << 10).map(|i| data.slice(i..(i + (256 << 10)).min(limit))).collect();
+        let (delay, limit, size) = (self.delay, if cut { self.cut_after } else { data.len() }, self.chunk);
+        let chunks: Vec<Bytes> = (0..limit).step_by(size).map(|i| data.slice(i..(i + size).min(limit))).collect();
         let mut items: Vec<Result<Bytes, bucketfs_store::StoreError>> = chunks.into_iter().map(Ok).collect();
         if cut {
             items.push(Err(bucketfs_store::StoreError::new(StoreErrorKind::Unavailable, "connection reset")));
@@ -339,4 +341,30 @@ async fn a_reader_short_of_budget_for_a_whole_group_takes_what_there_is() {
     assert_eq!(read_all(&r, 1 << 20).await, body);
     let n = store.requests.load(Ordering::Relaxed);
     assert!(n <= 6 + 30 / (GROUP - 1) + 2, "{n} requests for 30 blocks");
+}
+
+#[tokio::test]
+async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk() {
+    // 100,000-byte pieces: blocks begin and end mid-piece, so each block's CRC32C is summed
+    // over pieces cut at its edges as they stream in. A wrong sum would make every disk read
+    // a miss (a refetch), which the second reader would show as GETs.
+    let mem = Arc::new(MemStore::new());
+    let body = data(5 * BLOCK as usize + 777); // 6 blocks: fewer than the disk queue holds
+    let m = mem.put("f", body.clone()).await.unwrap();
+    let mut store = Chunked::new(mem, Duration::ZERO);
+    store.chunk = 100_000;
+    let store = Arc::new(store);
+    let dir = std::env::temp_dir().join(format!("bucketfs-rd-pieces-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mk = || Arc::new(ReadCache::new(256 << 20, 64 << 20).with_disk(crate::disk_cache::DiskCache::open(&dir, 1 << 30).unwrap()));
+    let open = |c| FileReader::new(store.clone(), c, "f".into(), m.etag.clone(), m.etag.clone().unwrap(), body.len() as u64, 32 * BLOCK);
+    assert_eq!(read_all(&open(mk()), 1 << 20).await, body);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(&dir).unwrap().count() < 6 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await; // disk writes are asynchronous
+    }
+    let before = store.ranges.lock().unwrap().len();
+    assert_eq!(read_all(&open(mk()), 1 << 20).await, body);
+    assert_eq!(store.ranges.lock().unwrap().len(), before, "every block came from the disk cache");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
