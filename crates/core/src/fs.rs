@@ -162,6 +162,8 @@ pub struct Fs {
     pub(crate) listing_ahead: Arc<tokio::sync::Semaphore>,
     /// What the kernel's readdir cache of each directory was filled from.
     pub(crate) dir_cache: crate::dir_cache::DirCache,
+    /// Per directory, held while its listing is fetched (see `ensure_listing`).
+    listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -193,6 +195,7 @@ impl Fs {
             me: Weak::new(),
             listing_ahead: Arc::new(tokio::sync::Semaphore::new(crate::preload::LISTINGS_AHEAD)),
             dir_cache: Default::default(),
+            listing_flights: Mutex::new(HashMap::new()),
         }
     }
 
@@ -330,6 +333,7 @@ impl Fs {
         t.forget(ino, count);
         if t.get(ino).is_none() {
             self.dir_cache.forgotten(ino);
+            self.listing_flights.lock().unwrap().remove(&ino);
         }
     }
 
@@ -379,6 +383,13 @@ impl Fs {
     /// If not, and `subdirs_ahead`, its subdirectories are listed in the background
     /// (preload.rs).
     pub(crate) async fn ensure_listing(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
+        if self.table.lock().unwrap().listing(dir.ino).is_some_and(|l| l.is_fresh()) {
+            return Ok(());
+        }
+        // One listing of a directory at a time: a walk and the listing ahead often ask for
+        // the same one together; the second finds it fresh when the first is done.
+        let flight = self.listing_flights.lock().unwrap().entry(dir.ino).or_default().clone();
+        let _one = flight.lock().await;
         let (since, ahead) = {
             let t = self.table.lock().unwrap();
             let listing = t.listing(dir.ino);

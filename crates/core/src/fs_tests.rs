@@ -215,6 +215,20 @@ async fn a_subtree_over_the_list_ahead_bound_is_listed_per_directory() {
 }
 
 #[tokio::test]
+async fn a_directory_asked_for_twice_at_once_is_listed_once() {
+    let store = Arc::new(MemStore::new().with_latency(std::time::Duration::from_millis(50)));
+    store.put("d/f", Bytes::from_static(b"1")).await.unwrap();
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..FsConfig::default() });
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+    let node = fs.node(d.ino).unwrap();
+    let before = store.requests.load(Ordering::Relaxed);
+    let (a, b) = tokio::join!(fs.ensure_listing(&node, false), fs.ensure_listing(&node, false));
+    a.unwrap();
+    b.unwrap();
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 1, "the second waits for the first");
+}
+
+#[tokio::test]
 async fn symlinks_are_link_objects_that_list_and_move() {
     // One made by rclone --links, one made here; a file shadows a link of its name.
     let (store, fs) = fs_with(&[("d/old.rclonelink", b"../t"), ("both", b"file"), ("both.rclonelink", b"x")]).await;
