@@ -343,12 +343,24 @@ impl Fs {
     }
 
     pub async fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
-        let node = self.node(ino)?;
+        match self.getattr_now(ino) {
+            Some(answer) => answer,
+            None => self.revalidate(&self.node(ino)?).await,
+        }
+    }
+
+    /// `getattr` when it needs no request to the store (None when it does), so the FUSE
+    /// thread can answer at once: directories, links, and files within the TTL.
+    pub fn getattr_now(&self, ino: u64) -> Option<Result<Attr, FsError>> {
+        let node = match self.node(ino) {
+            Ok(node) => node,
+            Err(e) => return Some(Err(e)),
+        };
         // Staged files are ours: their size and mtime are the local ones until uploaded.
         if node.kind == Kind::File && !self.fresh(node.validated) && !self.is_staged(ino) {
-            return self.revalidate(&node).await;
+            return None;
         }
-        Ok(self.attr(&node))
+        Some(Ok(self.attr(&node)))
     }
 
     /// HEAD a file again and record what the store says now.

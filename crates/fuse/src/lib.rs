@@ -161,6 +161,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some(answer) = self.fs.getattr_now(ino.0) {
+            return match answer {
+                Ok(a) => reply.attr(&self.ttl(), &file_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
         let (fs, ttl) = (self.fs.clone(), self.ttl());
         self.rt.spawn(async move {
             match fs.getattr(ino.0).await {
@@ -471,13 +477,18 @@ pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &Mount
     }
     config.n_threads = Some(spec.threads.max(1));
     config.clone_fd = true;
-    let session = fuser::Session::new(FuseAdapter::new(fs.clone(), rt), mountpoint, &config)?;
-    let notifier = session.notifier();
+    // The session's notifier exists only once the session does, and the session answers
+    // the kernel's INIT (which must know whether directories go without opendir) as it
+    // is made: so the invalidator is handed over first and the notifier put in it after.
+    let notifier: Arc<std::sync::OnceLock<fuser::Notifier>> = Arc::default();
+    let slot = notifier.clone();
     fs.cache_dirs_without_opendir(Arc::new(move |ino| {
         // ENOENT: the kernel no longer holds the directory, nor its cache.
-        if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, 0) {
+        if let Some(Err(e)) = slot.get().map(|n| n.inval_inode(INodeNo(ino), 0, 0)) {
             tracing::debug!(ino, "dropping the kernel's cache of a directory: {e}");
         }
     }));
+    let session = fuser::Session::new(FuseAdapter::new(fs, rt), mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
     Ok(session)
 }
