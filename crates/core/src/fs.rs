@@ -405,36 +405,53 @@ impl Fs {
         let (since, ahead) = {
             let t = self.table.lock().unwrap();
             let listing = t.listing(dir.ino);
-            if listing.is_some_and(|l| l.is_fresh()) {
-                return Ok(());
+            match listing.is_some_and(|l| l.is_fresh()) {
+                true => (None, false),
+                false => (Some(t.change_seq()), self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree)),
             }
-            (t.change_seq(), self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree))
+        };
+        let Some(since) = since else {
+            // Listed meanwhile by another caller (often the listing ahead, which does not
+            // go further down): this one still asks for the next level ahead.
+            if subdirs_ahead {
+                self.list_subdirs_ahead(dir.ino);
+            }
+            return Ok(());
         };
         let started = Instant::now();
         let subtree = async {
             match ahead {
-                true => self.list_subtree(&dir.key, self.cfg.list_ahead_keys).await,
+                true => self.list_subtree(&dir.key, self.cfg.list_ahead_keys).await.map(Some),
                 false => Ok(None),
             }
         };
         let (own, subtree) = tokio::join!(self.list_children(dir), subtree);
         let template = Listing { at: started, valid_for: self.cfg.metadata_ttl, children: HashMap::new(), subtree: false };
         let mut children = own?;
-        match subtree {
-            Ok(Some((mut dirs, _))) => {
-                dirs.insert(String::new(), children);
-                self.install_subtree(&dir.key, dir.ino, dirs, Listing { subtree: true, ..template }, since);
+        let part = match subtree {
+            Ok(Some(mut seen)) if seen.whole => {
+                seen.dirs.insert(String::new(), children);
+                self.install_subtree(&dir.key, dir.ino, seen.dirs, Listing { subtree: true, ..template }, since, &seen.incomplete);
                 return Ok(());
             }
-            Ok(None) => {}
+            Ok(part) => part,
             // Its own listing decides; the look-ahead is only a shortcut.
-            Err(e) => tracing::debug!(dir = %dir.key, "recursive listing failed: {e}"),
-        }
+            Err(e) => {
+                tracing::debug!(dir = %dir.key, "recursive listing failed: {e}");
+                None
+            }
+        };
         // Files created here and not yet uploaded are part of the directory too.
         for meta in self.staged_children(dir.ino) {
             children.entry(meta.name.clone()).or_insert(meta);
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
+        if let Some(mut seen) = part.filter(|p| p.dirs.len() > p.incomplete.len()) {
+            // The directories the page held whole are listed from it (the root's own
+            // listing only leads to them: it is in `incomplete`).
+            seen.dirs.insert(String::new(), children.clone());
+            self.install_subtree(&dir.key, dir.ino, seen.dirs, Listing { subtree: true, ..template.clone() }, since, &seen.incomplete);
+        }
         self.table.lock().unwrap().set_listing_since(dir.ino, Listing { children, ..template }, since);
         if subdirs_ahead {
             self.list_subdirs_ahead(dir.ino);

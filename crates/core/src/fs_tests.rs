@@ -203,11 +203,19 @@ async fn list_ahead_lists_a_small_subtree_with_its_parent() {
 async fn a_subtree_over_the_list_ahead_bound_is_listed_per_directory() {
     let keys = small_tree();
     let store = mem_with(&refs(&keys)).await;
-    // The root's subtree (61 keys) does not fit; each top directory's (12 keys) does.
+    // The root's subtree (61 keys) does not fit; each top directory's (12 keys) does. The
+    // root's page of 20 keys holds d0 whole (its 12 keys come first), so d0 and the 4
+    // directories below it are listed from it; d1-d4 are listed with their subtrees.
     let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
     let before = store.requests.load(Ordering::Relaxed);
     assert_eq!(find(&fs).await, (61, 25));
-    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 5 * 2);
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 4 * 2);
+    let d0 = fs.lookup(ROOT_INO, "d0").await.unwrap();
+    let e3 = fs.lookup(d0.ino, "e3").await.unwrap();
+    assert_eq!(names(&fs, e3.ino).await, [".", "..", "f0", "f1", "f2"], "a directory the page held whole");
+    let d1 = fs.lookup(ROOT_INO, "d1").await.unwrap();
+    let e3 = fs.lookup(d1.ino, "e3").await.unwrap();
+    assert_eq!(names(&fs, e3.ino).await, [".", "..", "f0", "f1", "f2"], "one past the page");
     let off = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..FsConfig::default() });
     let before = store.requests.load(Ordering::Relaxed);
     assert_eq!(find(&off).await, (61, 25));
@@ -294,17 +302,18 @@ async fn subdirectories_of_a_big_directory_are_listed_ahead_in_the_background() 
     let fs = Fs::shared(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
     let before = store.requests.load(Ordering::Relaxed);
     assert_eq!(names(&fs, ROOT_INO).await.len(), 2 + 6);
-    // The five top directories get listed (with their subtrees) without being opened.
+    // d0 comes whole in the root's page; d1-d4 get listed (with their subtrees) without
+    // being opened.
     for _ in 0..200 {
-        if store.requests.load(Ordering::Relaxed) - before == 2 + 5 * 2 {
+        if store.requests.load(Ordering::Relaxed) - before == 2 + 4 * 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 5 * 2);
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 4 * 2);
     assert_eq!(find(&fs).await, (61, 25));
-    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 5 * 2, "the walk found everything listed");
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 4 * 2, "the walk found everything listed");
     // With list-ahead off, nothing is listed ahead.
     let off = Fs::shared(store.clone(), FsConfig { list_ahead_keys: 0, ..FsConfig::default() });
     let before = store.requests.load(Ordering::Relaxed);

@@ -8,12 +8,14 @@
 //!   for at the same time as its own listing (see `Fs::ensure_listing`). If the page holds
 //!   the whole subtree, every directory below gets its listing from it, so a `find` or
 //!   `ls -R` of a small tree costs one round trip per big directory, not one per directory.
+//!   If it does not, the directories the page held whole get theirs from it all the same
+//!   (see [`Seen::incomplete`]).
 //!   A directory whose subtree does not fit has its subdirectories (if it has at most
 //!   [`MAX_SUBDIRS_AHEAD`]) listed the same way in the background, a few at a time
 //!   mount-wide, so a walk finds them listed when it gets there. Only a listing asked for
 //!   by `opendir` starts that; background listings start nothing further.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
@@ -32,6 +34,22 @@ pub(crate) const MAX_SUBDIRS_AHEAD: usize = 16;
 /// Directory key (relative to the listed root, "" for the root) -> its children.
 pub(crate) type Subtree = HashMap<String, HashMap<String, ChildMeta>>;
 
+/// What one page of a recursive listing showed.
+pub(crate) struct Seen {
+    pub dirs: Subtree,
+    /// Keys that are valid paths.
+    pub count: usize,
+    /// The page held the whole subtree.
+    pub whole: bool,
+    /// Directories in `dirs` whose children the page did not hold whole (their listing is
+    /// not installed): when `whole`, none; otherwise the root and every directory that
+    /// the first key past the page lies in. The others were whole: an object store lists
+    /// keys in byte order, so all of a directory's keys come before any key after them.
+    /// Stores whose listings are not in that order (`prefix_dirs` false), or a page whose
+    /// keys were not, mark all.
+    pub incomplete: HashSet<String>,
+}
+
 impl Fs {
     /// Load every key into the listing cache; returns the number of entries loaded.
     pub async fn preload_tree(&self, max_entries: usize, valid_for: Duration) -> Result<usize, FsError> {
@@ -39,29 +57,40 @@ impl Fs {
         let since = self.table.lock().unwrap().change_seq();
         let root = self.node(ROOT_INO)?;
         let (own, subtree) = tokio::join!(self.list_children(&root), self.list_subtree("", max_entries));
-        let Some((mut dirs, count)) = subtree? else {
+        let Seen { mut dirs, count, whole: true, .. } = subtree? else {
             return Err(FsError::Local(format!(
                 "the bucket holds over {max_entries} keys; not preloading the tree (directories are listed as they are opened)"
             )));
         };
         dirs.insert(String::new(), own?);
-        self.install_subtree("", ROOT_INO, dirs, Listing { at: started, valid_for, children: HashMap::new(), subtree: false }, since);
+        let template = Listing { at: started, valid_for, children: HashMap::new(), subtree: false };
+        self.install_subtree("", ROOT_INO, dirs, template, since, &HashSet::new());
         tracing::info!(entries = count, ms = started.elapsed().as_millis() as u64, "tree preloaded");
         Ok(count)
     }
 
     /// Every directory at or below `root` (a directory key) with its children, from one
-    /// recursive listing; `None` once more than `max_entries` keys were seen (the listing
-    /// stops there: the store is not asked for the next page).
-    pub(crate) async fn list_subtree(&self, root: &str, max_entries: usize) -> Result<Option<(Subtree, usize)>, FsError> {
+    /// recursive listing of at most `max_entries` keys (the listing stops at the next
+    /// one: the store is not asked for the next page). See [`Seen`].
+    pub(crate) async fn list_subtree(&self, root: &str, max_entries: usize) -> Result<Seen, FsError> {
         let mut dirs: Subtree = HashMap::from([(String::new(), HashMap::new())]);
         let (mut seen, mut count) = (0usize, 0usize);
+        // Whether the keys came in byte order (GCS's "/lead" shown as "lead" does not).
+        let mut in_order = self.store.capabilities().prefix_dirs;
+        let mut last = String::new();
         let mut stream = self.store.list(root, true);
         while let Some(m) = stream.try_next().await? {
             seen += 1;
+            in_order &= m.key >= last;
             if seen > max_entries {
-                return Ok(None);
+                let rest = m.key.strip_prefix(root).unwrap_or_default();
+                let incomplete = match in_order {
+                    true => dirs.keys().filter(|d| rest.starts_with(d.as_str())).cloned().collect(),
+                    false => dirs.keys().cloned().collect(),
+                };
+                return Ok(Seen { dirs, count, whole: false, incomplete });
             }
+            last.clone_from(&m.key);
             let Some(rel) = m.key.strip_prefix(root).filter(|r| !r.is_empty()) else { continue };
             let segments: Vec<&str> = rel.trim_end_matches('/').split('/').collect();
             // A key with a segment that is not a valid file name is never exposed (see
@@ -87,7 +116,7 @@ impl Fs {
                 }
             }
         }
-        Ok(Some((dirs, count)))
+        Ok(Seen { dirs, count, whole: true, incomplete: HashSet::new() })
     }
 
     /// List the subdirectories of `dir` that have no fresh listing, in the background.
@@ -123,7 +152,8 @@ impl Fs {
     /// listing: a recursive listing through OpenDAL shows a key with a leading '/' (GCS
     /// allows "/lead") as "lead", and only directories the root's own listing has are
     /// installed. Files written here and not yet uploaded stay part of their directories.
-    pub(crate) fn install_subtree(&self, root: &str, root_ino: u64, mut dirs: Subtree, template: Listing, since: u64) {
+    /// Directories in `incomplete` only lead to the ones below them: no listing of theirs.
+    pub(crate) fn install_subtree(&self, root: &str, root_ino: u64, mut dirs: Subtree, template: Listing, since: u64, incomplete: &HashSet<String>) {
         // Parents before children, so each directory has an inode when listed.
         let mut keys: Vec<String> = dirs.keys().cloned().collect();
         keys.sort_by_key(|k| k.matches('/').count());
@@ -140,9 +170,10 @@ impl Fs {
                     inos.insert(format!("{key}{name}/"), t.upsert(ino, meta));
                 }
             }
-            let listing = Listing { children, ..template.clone() };
-            t.set_listing_since(ino, listing, since);
+            if !incomplete.contains(&key) {
+                t.set_listing_since(ino, Listing { children, ..template.clone() }, since);
+            }
         }
-        tracing::debug!(root, dirs = inos.len(), "subtree listed");
+        tracing::debug!(root, dirs = inos.len() - incomplete.len(), "subtree listed");
     }
 }
