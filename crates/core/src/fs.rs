@@ -407,7 +407,10 @@ impl Fs {
             let listing = t.listing(dir.ino);
             match listing.is_some_and(|l| l.is_fresh()) {
                 true => (None, false),
-                false => (Some(t.change_seq()), self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree)),
+                false => {
+                    let ahead = self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree) && !t.is_big_subtree(dir.ino);
+                    (Some(t.change_seq()), ahead)
+                }
             }
         };
         let Some(since) = since else {
@@ -446,11 +449,15 @@ impl Fs {
             children.entry(meta.name.clone()).or_insert(meta);
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
-        if let Some(mut seen) = part.filter(|p| p.dirs.len() > p.incomplete.len()) {
+        if let Some(mut seen) = part.filter(|p| p.dirs.len() > p.incomplete.len() || !p.too_big.is_empty()) {
             // The directories the page held whole are listed from it (the root's own
             // listing only leads to them: it is in `incomplete`).
             seen.dirs.insert(String::new(), children.clone());
-            self.install_subtree(&dir.key, dir.ino, seen.dirs, Listing { subtree: true, ..template.clone() }, since, &seen.incomplete);
+            let inos = self.install_subtree(&dir.key, dir.ino, seen.dirs, Listing { subtree: true, ..template.clone() }, since, &seen.incomplete);
+            let mut t = self.table.lock().unwrap();
+            for ino in seen.too_big.iter().filter_map(|d| inos.get(d)) {
+                t.mark_big_subtree(*ino);
+            }
         }
         self.table.lock().unwrap().set_listing_since(dir.ino, Listing { children, ..template }, since);
         if subdirs_ahead {

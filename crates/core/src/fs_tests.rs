@@ -295,6 +295,18 @@ async fn an_unlinked_file_still_held_shows_nlink_0() {
 }
 
 #[tokio::test]
+async fn a_directory_a_whole_page_lay_in_is_listed_without_a_recursive_page() {
+    let keys: Vec<(String, Vec<u8>)> = small_tree().into_iter().map(|(k, v)| (format!("t/{k}"), v)).collect();
+    let store = mem_with(&refs(&keys)).await;
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 20, ..FsConfig::default() });
+    let before = store.requests.load(Ordering::Relaxed);
+    assert_eq!(find(&fs).await, (61, 26));
+    // The root: its own listing and a page of 20 keys, all in t/ (so t/ is bigger than a
+    // page) and holding t/d0 whole. t/: its own listing only. t/d1-d4: two each.
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2 + 1 + 4 * 2);
+}
+
+#[tokio::test]
 async fn subdirectories_of_a_big_directory_are_listed_ahead_in_the_background() {
     let keys = small_tree();
     let store = mem_with(&refs(&keys)).await;

@@ -139,6 +139,9 @@ pub struct InodeTable {
     /// miss that change, so it is installed stale (see [`InodeTable::set_listing_since`]).
     change_seq: u64,
     changed: HashMap<u64, u64>,
+    /// Directories whose subtree a recursive page showed to be too big for one page: no
+    /// recursive page is asked for with their listings (see `preload.rs`).
+    big_subtrees: std::collections::HashSet<u64>,
 }
 
 impl InodeTable {
@@ -160,7 +163,7 @@ impl InodeTable {
             mtime_set: None,
             linked: true,
         };
-        Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2, change_seq: 0, changed: HashMap::new() }
+        Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2, change_seq: 0, changed: HashMap::new(), big_subtrees: Default::default() }
     }
 
     pub fn get(&self, ino: u64) -> Option<&Node> {
@@ -253,6 +256,7 @@ impl InodeTable {
             let (parent, name) = (n.parent, n.name.clone());
             self.nodes.remove(&ino);
             self.listings.remove(&ino);
+            self.big_subtrees.remove(&ino);
             self.changed.remove(&ino);
             if self.index.get(&(parent, name.clone())) == Some(&ino) {
                 self.index.remove(&(parent, name));
@@ -283,6 +287,15 @@ impl InodeTable {
     /// [`InodeTable::set_listing_since`].
     pub fn change_seq(&self) -> u64 {
         self.change_seq
+    }
+
+    /// A recursive page showed `dir`'s subtree to be bigger than a page.
+    pub fn mark_big_subtree(&mut self, dir: u64) {
+        self.big_subtrees.insert(dir);
+    }
+
+    pub fn is_big_subtree(&self, dir: u64) -> bool {
+        self.big_subtrees.contains(&dir)
     }
 
     /// The count at `dir`'s latest change recorded here (0: none).

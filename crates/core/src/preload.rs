@@ -48,6 +48,9 @@ pub(crate) struct Seen {
     /// Stores whose listings are not in that order (`prefix_dirs` false), or a page whose
     /// keys were not, mark all.
     pub incomplete: HashSet<String>,
+    /// Directories below the root that the whole page lay in: their subtrees are bigger
+    /// than a page, so listing them asks for no recursive page.
+    pub too_big: HashSet<String>,
 }
 
 impl Fs {
@@ -77,18 +80,26 @@ impl Fs {
         let (mut seen, mut count) = (0usize, 0usize);
         // Whether the keys came in byte order (GCS's "/lead" shown as "lead" does not).
         let mut in_order = self.store.capabilities().prefix_dirs;
-        let mut last = String::new();
+        let (mut first, mut last) = (None, String::new());
         let mut stream = self.store.list(root, true);
         while let Some(m) = stream.try_next().await? {
             seen += 1;
             in_order &= m.key >= last;
             if seen > max_entries {
                 let rest = m.key.strip_prefix(root).unwrap_or_default();
-                let incomplete = match in_order {
-                    true => dirs.keys().filter(|d| rest.starts_with(d.as_str())).cloned().collect(),
-                    false => dirs.keys().cloned().collect(),
+                let first = first.as_deref().and_then(|k: &str| k.strip_prefix(root)).unwrap_or_default();
+                let (incomplete, too_big) = match in_order {
+                    true => {
+                        let incomplete: HashSet<String> = dirs.keys().filter(|d| rest.starts_with(d.as_str())).cloned().collect();
+                        let big = incomplete.iter().filter(|d| !d.is_empty() && first.starts_with(d.as_str())).cloned().collect();
+                        (incomplete, big)
+                    }
+                    false => (dirs.keys().cloned().collect(), HashSet::new()),
                 };
-                return Ok(Seen { dirs, count, whole: false, incomplete });
+                return Ok(Seen { dirs, count, whole: false, incomplete, too_big });
+            }
+            if first.is_none() {
+                first = Some(m.key.clone());
             }
             last.clone_from(&m.key);
             let Some(rel) = m.key.strip_prefix(root).filter(|r| !r.is_empty()) else { continue };
@@ -116,7 +127,7 @@ impl Fs {
                 }
             }
         }
-        Ok(Seen { dirs, count, whole: true, incomplete: HashSet::new() })
+        Ok(Seen { dirs, count, whole: true, incomplete: HashSet::new(), too_big: HashSet::new() })
     }
 
     /// List the subdirectories of `dir` that have no fresh listing, in the background.
@@ -153,7 +164,16 @@ impl Fs {
     /// allows "/lead") as "lead", and only directories the root's own listing has are
     /// installed. Files written here and not yet uploaded stay part of their directories.
     /// Directories in `incomplete` only lead to the ones below them: no listing of theirs.
-    pub(crate) fn install_subtree(&self, root: &str, root_ino: u64, mut dirs: Subtree, template: Listing, since: u64, incomplete: &HashSet<String>) {
+    /// Returns the inode of every directory it reached, by key relative to `root`.
+    pub(crate) fn install_subtree(
+        &self,
+        root: &str,
+        root_ino: u64,
+        mut dirs: Subtree,
+        template: Listing,
+        since: u64,
+        incomplete: &HashSet<String>,
+    ) -> HashMap<String, u64> {
         // Parents before children, so each directory has an inode when listed.
         let mut keys: Vec<String> = dirs.keys().cloned().collect();
         keys.sort_by_key(|k| k.matches('/').count());
@@ -175,5 +195,6 @@ impl Fs {
             }
         }
         tracing::debug!(root, dirs = inos.len() - incomplete.len(), "subtree listed");
+        inos
     }
 }
