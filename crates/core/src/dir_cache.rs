@@ -175,8 +175,7 @@ impl Fs {
             return Err(FsError::NotDir);
         }
         self.ensure_listing(&dir, true).await?;
-        let fresh = || self.table.lock().unwrap().listing(ino).is_some_and(|l| l.is_fresh());
-        if !self.cfg.metadata_ttl.is_zero() && !fresh() {
+        if !self.cfg.metadata_ttl.is_zero() && !self.table.lock().unwrap().listing_fresh(ino) {
             // Fetched while this mount changed the directory (see the module doc).
             self.ensure_listing(&dir, false).await?;
         }

@@ -395,31 +395,26 @@ impl Fs {
     /// If not, and `subdirs_ahead`, its subdirectories are listed in the background
     /// (preload.rs).
     pub(crate) async fn ensure_listing(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
-        if self.table.lock().unwrap().listing(dir.ino).is_some_and(|l| l.is_fresh()) {
+        if self.table.lock().unwrap().listing_fresh(dir.ino) {
             return Ok(());
         }
         // One listing of a directory at a time: a walk and the listing ahead often ask for
         // the same one together; the second finds it fresh when the first is done.
         let flight = self.listing_flights.lock().unwrap().entry(dir.ino).or_default().clone();
         let _one = flight.lock().await;
-        let (since, ahead) = {
-            let t = self.table.lock().unwrap();
-            let listing = t.listing(dir.ino);
-            match listing.is_some_and(|l| l.is_fresh()) {
-                true => (None, false),
-                false => {
-                    let ahead = self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree) && !t.is_big_subtree(dir.ino);
-                    (Some(t.change_seq()), ahead)
-                }
-            }
-        };
-        let Some(since) = since else {
+        if self.table.lock().unwrap().listing_fresh(dir.ino) {
             // Listed meanwhile by another caller (often the listing ahead, which does not
             // go further down): this one still asks for the next level ahead.
             if subdirs_ahead {
                 self.list_subdirs_ahead(dir.ino);
             }
             return Ok(());
+        }
+        let (since, ahead) = {
+            let t = self.table.lock().unwrap();
+            let listing = t.listing(dir.ino);
+            let ahead = self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree) && !t.is_big_subtree(dir.ino);
+            (t.change_seq(), ahead)
         };
         let started = Instant::now();
         let subtree = async {

@@ -393,6 +393,11 @@ impl InodeTable {
         self.listings.get(&dir)
     }
 
+    /// `dir` has a listing within its TTL.
+    pub fn listing_fresh(&self, dir: u64) -> bool {
+        self.listing(dir).is_some_and(|l| l.is_fresh())
+    }
+
     pub fn set_listing(&mut self, dir: u64, listing: Listing) {
         self.listings.insert(dir, listing);
     }

@@ -143,8 +143,7 @@ impl Fs {
                 return;
             }
             let inos: Vec<u64> = dirs.iter().map(|m| t.upsert(dir, m)).collect();
-            let stale = |t: &crate::inode::InodeTable, ino: u64| !t.listing(ino).is_some_and(|l| l.is_fresh());
-            inos.into_iter().filter(|&i| stale(&t, i)).filter_map(|i| t.get(i).cloned()).collect()
+            inos.into_iter().filter(|&i| !t.listing_fresh(i)).filter_map(|i| t.get(i).cloned()).collect()
         };
         for node in subdirs {
             let Ok(permit) = self.listing_ahead.clone().try_acquire_owned() else { break };
