@@ -46,6 +46,11 @@ use crate::FsError;
 /// reader's over-fetch (when it hits a cached neighbour) small.
 pub const BLOCK: u64 = 2 * 1024 * 1024;
 
+/// Bytes of block `b` of an object of `size` bytes (the last one may be short).
+fn block_len(size: u64, b: u64) -> u64 {
+    ((b + 1) * BLOCK).min(size) - b * BLOCK
+}
+
 /// How far an open window's reads may arrive out of order: a few of the kernel's largest
 /// requests (1 MiB) either side of the end of the furthest read.
 pub const REORDER: u64 = 4 * 1024 * 1024;
@@ -308,11 +313,10 @@ impl FileReader {
     /// share of the global budget first and starts the first blocks there is room for, or
     /// nothing (`None`) if that is fewer than `min`.
     fn start_fetch(&self, st: &mut ReadState, first: u64, n: u64, min: u64, prefetch: bool) -> Option<u64> {
-        let len = |b: u64| ((b + 1) * BLOCK).min(self.size) - b * BLOCK;
         let mut permits = Vec::with_capacity(n as usize);
         for b in first..first + n {
             permits.push(match prefetch {
-                true => match self.cache.budget.clone().try_acquire_many_owned((len(b) / 1024) as u32) {
+                true => match self.cache.budget.clone().try_acquire_many_owned((block_len(self.size, b) / 1024) as u32) {
                     Ok(p) => Some(p),
                     Err(_) => break,
                 },
@@ -370,7 +374,7 @@ struct Source {
 
 impl Source {
     fn len(&self, b: u64) -> usize {
-        (((b + 1) * BLOCK).min(self.size) - b * BLOCK) as usize
+        block_len(self.size, b) as usize
     }
 
     /// Fetch consecutive blocks: those in the disk cache from there, each run of the rest
