@@ -497,7 +497,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
                 }
             },
         };
-        return Ok(Report { bytes: p.size, verified: how, crc32c: verify::combined_crc(&sums) });
+        return Ok(Report { bytes: p.size, verified: how.into(), crc32c: verify::combined_crc(&sums) });
     }
     Err(format!("{}: verification failed after {} attempts: {last}", src.url(), ctx.retries + 1))
 }
@@ -595,5 +595,5 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
             verify::BY_REREAD
         }
     };
-    Ok(Report { bytes: p.size, verified: how, crc32c: verify::combined_crc(&sums) })
+    Ok(Report { bytes: p.size, verified: how.into(), crc32c: verify::combined_crc(&sums) })
 }

@@ -102,7 +102,8 @@ pub struct CpArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     pub bytes: u64,
-    pub verified: &'static str,
+    /// How it was verified (the `BY_*` names of verify.rs; `SRC>DST` for store to store).
+    pub verified: std::borrow::Cow<'static, str>,
     pub crc32c: u32,
 }
 
@@ -252,7 +253,7 @@ fn json_summary(reports: &[Report], secs: f64) -> String {
     let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
     let mut how: BTreeMap<&str, usize> = BTreeMap::new();
     for r in reports {
-        *how.entry(r.verified).or_default() += 1;
+        *how.entry(&r.verified).or_default() += 1;
     }
     let verified: Vec<String> = how.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     let crc = match reports {

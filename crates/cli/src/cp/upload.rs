@@ -267,7 +267,7 @@ pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote)
             Ok((meta, d)) => match verify_upload(ctx, dst, &meta, &d).await {
                 Ok(how) => {
                     let bytes = d.sums.iter().map(|s| s.range.end - s.range.start).sum();
-                    return Ok(Report { bytes, verified: how, crc32c: verify::combined_crc(&d.sums) });
+                    return Ok(Report { bytes, verified: how.into(), crc32c: verify::combined_crc(&d.sums) });
                 }
                 Err(f) => {
                     // A known-bad object must not stay behind looking like a good copy.
