@@ -115,6 +115,34 @@ class MountFind(Experiment):
             res["mount_s"] = na("no mount")
         return res
 
+    def notes(self, ctx, results):
+        """The first find's floor on S3: the tree's keys listed by a minimal client
+        (rawlink.py) through the same S3 proxy after the page cache is dropped, as MinIO
+        is before each first find: one recursive listing, and a walk of delimited
+        listings 8 at a time; best of 3 each, measured once after every system."""
+        from . import servers as S
+        from .rawlink import Link
+        link = Link(S.S3_ENDPOINT, S.BUCKET, S.ACCESS_KEY, S.SECRET_KEY, S.REGION)
+        best = {}
+        for name, f in (("one recursive listing", lambda: link.list_recursive("tree/")),
+                        ("delimited walk, 8 at a time", lambda: link.list_walk("tree/", 8))):
+            for _ in range(3):
+                drop_caches()
+                dt, n = f()
+                if n != 2000:
+                    return ["S3 listing reference failed: %d keys listed, expected 2000" % n]
+                best[name] = min(best.get(name, dt), dt)
+        floor = min(best.values())
+        line = ("**S3 listing reference** (the floor for a first find on MinIO): the tree's "
+                "2,000 keys listed through the same S3 proxy by a minimal client (Python "
+                "http.client) after the page cache is dropped, best of 3: %s." % "; ".join(
+                    "%s %.3f s" % kv for kv in best.items()))
+        first = (results.get("bucketfs") or {}).get("find_first_s") or {}
+        if "median" in first:
+            line += " bucketfs's first find on S3 (median %.3f s) is %.2fx that floor." % (
+                first["median"], first["median"] / floor)
+        return [line]
+
 
 # ---------------------------------------------------------------- 2
 class Reads(Experiment):

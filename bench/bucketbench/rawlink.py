@@ -1,6 +1,7 @@
 """The link's limit for experiment 8: how fast a minimal client moves 1 GB
 through the same toxiproxy proxy to MinIO, with no verification and nothing
-else to do.
+else to do. Also the server's limit for experiment 1: how fast the same client
+lists a prefix's keys.
 
 * download: the object cut into N equal byte ranges, one GET per range, each on
   its own connection, all at once; the bytes are counted and dropped.
@@ -23,19 +24,21 @@ import http.client
 import os
 import time
 import urllib.parse
+from xml.etree import ElementTree
 
 CHUNK = 1 << 20
 
 
-def _sign(method, host, path, key, secret, region, extra=None):
-    """Headers of a SigV4-signed S3 request with UNSIGNED-PAYLOAD."""
+def _sign(method, host, path, key, secret, region, extra=None, query=""):
+    """Headers of a SigV4-signed S3 request with UNSIGNED-PAYLOAD; `query` is the
+    canonical (sorted, encoded) query string."""
     now = datetime.datetime.now(datetime.timezone.utc)
     amzdate = now.strftime("%Y%m%dT%H%M%SZ")
     day = now.strftime("%Y%m%d")
     headers = {"host": host, "x-amz-date": amzdate, "x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
     headers.update({k.lower(): v for k, v in (extra or {}).items()})
     names = sorted(headers)
-    canonical = "\n".join([method, urllib.parse.quote(path), "",
+    canonical = "\n".join([method, urllib.parse.quote(path), query,
                            "".join("%s:%s\n" % (n, headers[n]) for n in names),
                            ";".join(names), "UNSIGNED-PAYLOAD"])
     scope = "%s/%s/s3/aws4_request" % (day, region)
@@ -72,6 +75,67 @@ class Link:
             body(conn)
         resp = conn.getresponse()
         return conn, resp
+
+    def list_page(self, prefix, delimiter=None, token=None):
+        """One ListObjectsV2 page (up to 1,000 keys): (keys, common prefixes, next token)."""
+        params = {"list-type": "2", "prefix": prefix, "max-keys": "1000"}
+        if delimiter:
+            params["delimiter"] = delimiter
+        if token:
+            params["continuation-token"] = token
+        query = "&".join("%s=%s" % (urllib.parse.quote(k, safe="-_.~"),
+                                    urllib.parse.quote(v, safe="-_.~"))
+                         for k, v in sorted(params.items()))
+        path = "/%s" % self.bucket
+        h = _sign("GET", self.hostport, path, self.key, self.secret, self.region, query=query)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=600)
+        conn.request("GET", "%s?%s" % (path, query), headers=h)
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise RuntimeError("LIST %s: HTTP %d %s" % (prefix, resp.status, body[:200]))
+        root = ElementTree.fromstring(body)
+        ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+        keys = [e.text for e in root.iter(ns + "Key")]
+        prefixes = [e.text for c in root.iter(ns + "CommonPrefixes") for e in c.iter(ns + "Prefix")]
+        nxt = root.find(ns + "NextContinuationToken")
+        return keys, prefixes, (nxt.text if nxt is not None else None)
+
+    def list_recursive(self, prefix):
+        """Seconds to list every key under `prefix` page by page; and the key count."""
+        t0, n, token = time.monotonic(), 0, None
+        while True:
+            keys, _, token = self.list_page(prefix, None, token)
+            n += len(keys)
+            if not token:
+                return time.monotonic() - t0, n
+
+    def list_walk(self, prefix, n):
+        """Seconds to list every directory under `prefix` with delimited listings, n at a
+        time, each directory's listing started as soon as its parent's is done (the
+        fastest walk a client that lists per directory can make); and the key count."""
+        t0, keys = time.monotonic(), 0
+
+        def one(p):
+            got, subs, token = [], [], None
+            while True:
+                k, s, token = self.list_page(p, "/", token)
+                got += k
+                subs += s
+                if not token:
+                    return len(got), subs
+
+        with concurrent.futures.ThreadPoolExecutor(n) as ex:
+            pending = {ex.submit(one, prefix)}
+            while pending:
+                done, pending = concurrent.futures.wait(
+                    pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for f in done:
+                    k, subs = f.result()
+                    keys += k
+                    pending |= {ex.submit(one, s) for s in subs}
+        return time.monotonic() - t0, keys
 
     def _get_range(self, obj, start, end):
         conn, resp = self._request("GET", obj, {"range": "bytes=%d-%d" % (start, end - 1)})
