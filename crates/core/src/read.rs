@@ -249,14 +249,10 @@ impl FileReader {
         let needed = match fetches {
             Ok(needed) => needed,
             // Random access: from the disk cache if it holds every block the memory cache
-            // lacks, else exactly the bytes asked for; nothing prefetched. A read past this
-            // version's end (the kernel knows a newer size: the object changed) goes to the
-            // store, whose If-Match answers ESTALE if so, rather than a short reply.
+            // lacks, else exactly the bytes asked for; nothing prefetched.
             Err(cached) => {
-                if offset + len as u64 <= self.size {
-                    if let Some(blocks) = self.blocks_on_disk(first, cached).await {
-                        return self.assemble(blocks, offset, end);
-                    }
+                if let Some(blocks) = self.blocks_on_disk(first, cached).await {
+                    return self.assemble(blocks, offset, end);
                 }
                 return self.fetch(offset, end).await;
             }

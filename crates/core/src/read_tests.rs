@@ -207,18 +207,12 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     }
     let r = open(mk());
     let before = store.requests.load(Ordering::Relaxed);
-    let reads = [(3 * BLOCK + 17, 4096u32), (1_000_003, 17), (2 * BLOCK - 5, 10), (4 * BLOCK, 9), (3 * BLOCK + 9000, 4096)];
+    let reads = [(3 * BLOCK + 17, 4096u32), (1_000_003, 17), (2 * BLOCK - 5, 10), (4 * BLOCK, 100), (3 * BLOCK + 9000, 4096)];
     for (off, len) in reads {
         let end = (off as usize + len as usize).min(body.len());
         assert_eq!(r.read(off, len).await.unwrap(), body.slice(off as usize..end), "at {off}");
     }
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "every random read came from the disk cache");
-    // A read past this version's end (the kernel saw a newer, longer object) asks the store,
-    // whose If-Match says whether the object changed, instead of answering short from disk.
-    let r = open(mk());
-    assert_eq!(r.read(4 * BLOCK, 100).await.unwrap(), body.slice(4 * BLOCK as usize..));
-    assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a read past the end: one exact GET");
-    let before = before + 1;
     // A block the disk cache does not hold (deleted behind it) is fetched exactly, as before.
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         std::fs::remove_file(e.path()).unwrap();
