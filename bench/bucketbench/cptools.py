@@ -20,7 +20,7 @@ import resource
 
 from . import servers as S
 from .install import go_binary
-from .rawlink import Link
+from .rawlink import bench_link
 from .systems import S3_ENV, snapshot_binary
 from .util import CmdError, error, log, run, summarize
 
@@ -149,7 +149,7 @@ class CopyTools:
         log("exp 8: seeding %s (%d bytes) directly into MinIO" % (SEED_KEY, size))
         s3.upload_file(src, S.BUCKET, SEED_KEY)
         dst_file = os.path.join(ctx.workdir, "cp8-download")
-        link = Link(S.S3_ENDPOINT, S.BUCKET, S.ACCESS_KEY, S.SECRET_KEY, S.REGION)
+        link = bench_link()
         rates = {c: {"up_MBps": [], "down_MBps": [], "up_cpu_s": [], "down_cpu_s": []}
                  for c in COLUMNS}
         failures = {c: 0 for c in COLUMNS}

@@ -120,9 +120,8 @@ class MountFind(Experiment):
         (rawlink.py) through the same S3 proxy after the page cache is dropped, as MinIO
         is before each first find: one recursive listing, and a walk of delimited
         listings 8 at a time; best of 3 each, measured once after every system."""
-        from . import servers as S
-        from .rawlink import Link
-        link = Link(S.S3_ENDPOINT, S.BUCKET, S.ACCESS_KEY, S.SECRET_KEY, S.REGION)
+        from .rawlink import bench_link
+        link = bench_link()
         best = {}
         for name, f in (("one recursive listing", lambda: link.list_recursive("tree/")),
                         ("delimited walk, 8 at a time", lambda: link.list_walk("tree/", 8))):
@@ -201,11 +200,10 @@ class Reads(Experiment):
         """The cold read's limit: a plain parallel ranged download of the largest object
         through the same S3 proxy (rawlink.py), best of N = 8, 16, 32, measured once after
         every system's reads; and bucketfs's first read as a share of it."""
-        from . import servers as S
-        from .rawlink import Link
+        from .rawlink import bench_link
         s = max(ctx.read_sizes)
         rel, size = "big/f%dM" % s, s << 20
-        link = Link(S.S3_ENDPOINT, S.BUCKET, S.ACCESS_KEY, S.SECRET_KEY, S.REGION)
+        link = bench_link()
         rates = {}
         for n in (8, 16, 32):
             drop_caches()

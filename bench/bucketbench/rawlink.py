@@ -60,14 +60,16 @@ class Link:
         self.hostport = "%s:%d" % (self.host, self.port)
         self.bucket, self.key, self.secret, self.region = bucket, key, secret, region
 
-    def _request(self, method, obj, extra=None, body=None, length=None):
-        path = "/%s/%s" % (self.bucket, obj)
-        h = _sign(method, self.hostport, path, self.key, self.secret, self.region, extra)
+    def _request(self, method, obj, extra=None, body=None, length=None, query=""):
+        """Send a signed request for `obj` (None: the bucket itself) with the canonical
+        `query` string; returns (connection, response)."""
+        path = "/%s/%s" % (self.bucket, obj) if obj is not None else "/%s" % self.bucket
+        h = _sign(method, self.hostport, path, self.key, self.secret, self.region, extra, query)
         if length is not None:
             h["content-length"] = str(length)
         conn = http.client.HTTPConnection(self.host, self.port, timeout=600)
-        conn.putrequest(method, urllib.parse.quote(path), skip_host=True,
-                        skip_accept_encoding=True)
+        target = urllib.parse.quote(path) + ("?" + query if query else "")
+        conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
         for k, v in h.items():
             conn.putheader(k, v)
         conn.endheaders()
@@ -86,11 +88,7 @@ class Link:
         query = "&".join("%s=%s" % (urllib.parse.quote(k, safe="-_.~"),
                                     urllib.parse.quote(v, safe="-_.~"))
                          for k, v in sorted(params.items()))
-        path = "/%s" % self.bucket
-        h = _sign("GET", self.hostport, path, self.key, self.secret, self.region, query=query)
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=600)
-        conn.request("GET", "%s?%s" % (path, query), headers=h)
-        resp = conn.getresponse()
+        conn, resp = self._request("GET", None, query=query)
         body = resp.read()
         conn.close()
         if resp.status != 200:
@@ -118,13 +116,13 @@ class Link:
         t0, keys = time.monotonic(), 0
 
         def one(p):
-            got, subs, token = [], [], None
+            count, subs, token = 0, [], None
             while True:
                 k, s, token = self.list_page(p, "/", token)
-                got += k
+                count += len(k)
                 subs += s
                 if not token:
-                    return len(got), subs
+                    return count, subs
 
         with concurrent.futures.ThreadPoolExecutor(n) as ex:
             pending = {ex.submit(one, prefix)}
@@ -198,3 +196,9 @@ class Link:
         with concurrent.futures.ThreadPoolExecutor(8) as ex:
             list(ex.map(self.delete, names))
         return dt
+
+
+def bench_link():
+    """A Link through the bench's own S3 proxy, to its bucket, with its keys."""
+    from . import servers as S
+    return Link(S.S3_ENDPOINT, S.BUCKET, S.ACCESS_KEY, S.SECRET_KEY, S.REGION)
