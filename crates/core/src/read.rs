@@ -5,8 +5,9 @@
 //! ended. A read that starts there (or inside blocks already fetched for it) is sequential:
 //! it takes its blocks from the cache or from fetches in flight, and then makes sure the
 //! next `window` blocks are being fetched in the background, so several requests are in
-//! flight while the reader consumes the current one. The window starts at one block and
-//! doubles on every sequential read up to `max_window`. While it is small each block is its
+//! flight while the reader consumes the current one. The window starts at one block (at
+//! [`GROUP`] blocks for a reader whose requests are [`STREAMING_READ`] bytes) and doubles
+//! on every sequential read up to `max_window`. While it is small each block is its
 //! own ranged GET (a short first request: low latency to the first byte); once it holds
 //! [`GROUP`] blocks, one streamed GET covers [`GROUP`] blocks, and each block is handed to
 //! its waiters as soon as its last byte arrives. A GET cut off early refetches only its
@@ -61,6 +62,12 @@ pub const REORDER: u64 = 4 * 1024 * 1024;
 /// GETs, not 517; bucketfs and the GCS emulator about 10% less CPU; MinIO reading from a
 /// cold disk no less CPU (16 MiB groups cost it about 15% more, so not larger).
 pub const GROUP: u64 = 4;
+
+/// A sequential read this large is the kernel's largest request (its readahead at full
+/// size, or `dd bs=1M`): a streaming reader. Its window opens at [`GROUP`] blocks at once
+/// instead of growing from one, so a 10 MB file takes one round trip, not three. Small
+/// first reads (`head`, `file`) still start from one block.
+pub const STREAMING_READ: u32 = 1024 * 1024;
 
 /// Blocks queued for the disk cache at most: enough to keep a disk busy, small next to the
 /// other bounds (16 MiB).
@@ -219,7 +226,10 @@ impl FileReader {
                 st.inflight.clear();
                 None
             } else {
-                st.window = if sequential { (st.window * 2).clamp(1, self.max_window) } else { st.window };
+                if sequential {
+                    let open = if len >= STREAMING_READ { GROUP } else { 1 };
+                    st.window = (st.window * 2).max(open).clamp(1, self.max_window);
+                }
                 let needed: Vec<Result<Bytes, Fetch>> = (first..=last)
                     .zip(cached)
                     .map(|(b, c)| c.ok_or_else(|| self.block_fetch(&mut st, b)))

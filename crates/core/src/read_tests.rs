@@ -40,6 +40,24 @@ async fn sequential_reads_are_exact_and_use_few_requests() {
 }
 
 #[tokio::test]
+async fn a_streaming_reader_gets_a_small_file_in_two_requests() {
+    // 1 MiB reads (the kernel's largest): block 0 and one grouped GET for blocks 1-4 at
+    // the first read, instead of a window growing from one block (4 GETs, 3 round trips).
+    let store = Arc::new(MemStore::new());
+    let body = data(5 * BLOCK as usize - 3);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let before = store.requests.load(Ordering::Relaxed);
+    read_checked(&reader(store.clone(), cache(), m.etag.clone(), body.len() as u64), &body, STREAMING_READ).await;
+    assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2, "GETs for 5 blocks read in 1 MiB pieces");
+    // A small first read (head, file) still starts with one block.
+    let before = store.requests.load(Ordering::Relaxed);
+    let r = reader(store.clone(), cache(), m.etag, body.len() as u64);
+    assert_eq!(r.read(0, 4096).await.unwrap(), body.slice(..4096));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(store.requests.load(Ordering::Relaxed) - before <= 2, "a 4 KiB read prefetched more than a block ahead");
+}
+
+#[tokio::test]
 async fn reordered_sequential_reads_keep_the_window() {
     // The kernel's concurrent readahead requests arrive out of order: each pair swapped, so
     // every late read is in a block the reader already moved past. No memory cache (a full
