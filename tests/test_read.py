@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import DATA_STORES, Bucket, mounted, require_bin, require_store
+from conftest import DATA_STORES, Bucket, mounted, require_bin, require_store, run_cli
 
 MiB = 1024 * 1024
 SIZES = [0, 1, 4095, 4096, MiB + 7, 20 * MiB + 12345]
@@ -185,6 +185,36 @@ def _block_files(cache: str, want: int, timeout: float = 10.0) -> list[str]:
         if len(files) >= want or time.monotonic() > deadline:
             return files
         time.sleep(0.1)
+
+
+def test_random_reads_after_a_remount_come_from_the_disk_cache(bucket, tmp_path):
+    """A file read once is in --cache-dir. On a new mount (an empty memory cache, no page
+    cache) random preads of it, as when the kernel has dropped some of its pages, make no
+    store request: every block comes from the disk cache, with the right bytes."""
+    import json
+    data = random.Random(78).randbytes(7 * MiB + 5)  # four blocks, the last one short
+    bucket.put_all({"r.bin": data})
+    cache = str(tmp_path / "cache")
+    with bucket.mounted(extra=["--cache-dir", cache]) as mp:
+        assert md5_file(os.path.join(mp, "r.bin")) == md5(data)
+        whole = 3 * (2 * MiB + 4096) + (MiB + 4096 + 4096)  # each block's data and trailer page
+        deadline = time.monotonic() + 10
+        while sum(os.path.getsize(p) for p in _block_files(cache, 4)) < whole:
+            assert time.monotonic() < deadline, "the disk cache did not write the file's blocks"
+            time.sleep(0.1)
+    rng = random.Random(5)
+    with bucket.mounted(extra=["--cache-dir", cache]) as mp:
+        fd = os.open(os.path.join(mp, "r.bin"), os.O_RDONLY)
+        try:
+            before = json.loads(run_cli(["status", "--json", mp]).out)["requests"]
+            for _ in range(20):
+                n = rng.choice([1, 4096, 65536])
+                off = rng.randrange(len(data) - n + 1)  # within the file (see SEMANTICS.md)
+                assert os.pread(fd, n, off) == data[off:off + n], off
+            after = json.loads(run_cli(["status", "--json", mp]).out)["requests"]
+        finally:
+            os.close(fd)
+    assert after == before, f"{after - before} store requests for random reads of cached blocks"
 
 
 def test_disk_cache_serves_a_remount_and_refetches_corrupted_blocks(bucket, tmp_path):

@@ -196,6 +196,11 @@ impl DiskCache {
         }
     }
 
+    /// Whether the block is in the index (no I/O; [`DiskCache::get`] still checks it).
+    pub fn contains(&self, key: &str, identity: &str, block: u64) -> bool {
+        self.index.contains_key(&Self::name(key, identity, block))
+    }
+
     /// The block if it is cached and intact, read into a buffer from `pool`. Blocking file
     /// I/O: call from a blocking context.
     pub fn get(&self, key: &str, identity: &str, block: u64, pool: &BlockPool) -> Option<Bytes> {

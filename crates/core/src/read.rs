@@ -12,9 +12,10 @@
 //! [`GROUP`] blocks, one streamed GET covers [`GROUP`] blocks, and each block is handed to
 //! its waiters as soon as its last byte arrives. A GET cut off early refetches only its
 //! unfinished blocks, each on its own. A read
-//! anywhere else is random: unless every block it needs is cached, it fetches exactly the
-//! bytes asked for, and the window starts over. Prefetch never blocks a reader: it only
-//! starts when the global prefetch budget (bytes in flight across all handles) has room.
+//! anywhere else is random: unless every block it needs is cached (in memory or on disk),
+//! it fetches exactly the bytes asked for, and the window starts over. Prefetch never
+//! blocks a reader: it only starts when the global prefetch budget (bytes in flight across
+//! all handles) has room.
 //!
 //! The kernel sends a sequential reader's readahead as several requests at once, and they
 //! reach us out of order (many FUSE threads, many tasks). So once a window is open, a read
@@ -224,7 +225,7 @@ impl FileReader {
             if !sequential && cached.iter().any(Option::is_none) {
                 st.window = 0;
                 st.inflight.clear();
-                None
+                Err(cached)
             } else {
                 if sequential {
                     let open = if len >= STREAMING_READ { GROUP } else { 1 };
@@ -242,20 +243,40 @@ impl FileReader {
                     st.inflight.iter_mut().filter(|(b, _)| **b < first).for_each(|(_, (_, p))| drop(p.take()));
                     self.prefetch(&mut st, last + 1);
                 }
-                Some(needed)
+                Ok(needed)
             }
         };
-        let Some(needed) = fetches else {
-            // Random access: exactly the bytes asked for, nothing cached or prefetched.
-            return self.fetch(offset, end).await;
+        let needed = match fetches {
+            Ok(needed) => needed,
+            // Random access: from the disk cache if it holds every block the memory cache
+            // lacks, else exactly the bytes asked for; nothing prefetched. A read past this
+            // version's end (the kernel knows a newer size: the object changed) goes to the
+            // store, whose If-Match answers ESTALE if so, rather than a short reply.
+            Err(cached) => {
+                if offset + len as u64 <= self.size {
+                    if let Some(blocks) = self.blocks_on_disk(first, cached).await {
+                        return self.assemble(blocks, offset, end);
+                    }
+                }
+                return self.fetch(offset, end).await;
+            }
         };
-        let mut parts = Vec::with_capacity(needed.len());
-        for (i, block) in needed.into_iter().enumerate() {
-            let b = first + i as u64;
-            let data = match block {
+        let mut blocks = Vec::with_capacity(needed.len());
+        for block in needed {
+            blocks.push(match block {
                 Ok(d) => d,
                 Err(f) => f.await?,
-            };
+            });
+        }
+        self.assemble(blocks, offset, end)
+    }
+
+    /// The bytes `offset..end` out of whole `blocks`, the first of which holds `offset`.
+    fn assemble(&self, blocks: Vec<Bytes>, offset: u64, end: u64) -> Result<Bytes, FsError> {
+        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+        let mut parts = Vec::with_capacity(blocks.len());
+        for (i, data) in blocks.into_iter().enumerate() {
+            let b = first + i as u64;
             let start = if b == first { (offset - b * BLOCK) as usize } else { 0 };
             let stop = if b == last { (end - b * BLOCK) as usize } else { data.len() };
             if stop > data.len() {
@@ -358,6 +379,38 @@ impl FileReader {
         // A task, so the GETs proceed while nobody awaits them (that is what prefetch is).
         tokio::spawn(async move { src.fetch_blocks(run).await });
         Some(n)
+    }
+
+    /// Blocks `first..` (as many as `cached` has entries; `None` where the memory cache
+    /// lacks one) with the missing ones read from the disk cache, which the memory cache
+    /// then holds; `None` unless the disk cache had every one intact. A random read of a
+    /// file read before (pages the kernel dropped, a new mount) costs a local block read,
+    /// not a GET. One blocking task for all.
+    async fn blocks_on_disk(&self, first: u64, cached: Vec<Option<Bytes>>) -> Option<Vec<Bytes>> {
+        let disk = self.cache.disk.clone()?;
+        let (key, id, pool, size) = (self.key.clone(), self.identity.clone(), self.cache.pool.clone(), self.size);
+        let want: Vec<u64> = (first..).zip(&cached).filter(|(_, c)| c.is_none()).map(|(b, _)| b).collect();
+        if !want.iter().all(|&b| disk.contains(&key, &id, b)) {
+            return None;
+        }
+        let read = tokio::task::spawn_blocking(move || {
+            want.into_iter()
+                .map(|b| disk.get(&key, &id, b, &pool).filter(|d| d.len() as u64 == block_len(size, b)).map(|d| (b, d)))
+                .collect::<Option<Vec<(u64, Bytes)>>>()
+        });
+        let mut read = read.await.ok()??.into_iter();
+        let mut blocks = Vec::with_capacity(cached.len());
+        for c in cached {
+            blocks.push(match c {
+                Some(d) => d,
+                None => {
+                    let (b, d) = read.next()?;
+                    self.cache.insert(self.block_key(b), d.clone());
+                    d
+                }
+            });
+        }
+        Some(blocks)
     }
 
     async fn fetch(&self, start: u64, end: u64) -> Result<Bytes, FsError> {

@@ -188,6 +188,48 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
 }
 
 #[tokio::test]
+async fn random_reads_of_blocks_on_disk_make_no_request() {
+    // Pages the kernel dropped, or a new mount: a random read whose blocks the disk cache
+    // holds is served from there (one local block read, then the memory cache), not GET.
+    let store = Arc::new(MemStore::new());
+    let body = data(4 * BLOCK as usize + 9);
+    let m = store.put("f", body.clone()).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("bucketfs-rd-random-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mk = || Arc::new(ReadCache::new(256 << 20, 64 << 20).with_disk(crate::disk_cache::DiskCache::open(&dir, 1 << 30).unwrap()));
+    let open = |c| reader(store.clone(), c, m.etag.clone(), body.len() as u64);
+    let first = mk();
+    read_checked(&open(first.clone()), &body, 1 << 20).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let whole = 4 * (BLOCK + 4096) + 8192; // four blocks and a short one, each with its trailer page
+    while first.disk_bytes() < whole && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await; // disk writes are asynchronous
+    }
+    let r = open(mk());
+    let before = store.requests.load(Ordering::Relaxed);
+    let reads = [(3 * BLOCK + 17, 4096u32), (1_000_003, 17), (2 * BLOCK - 5, 10), (4 * BLOCK, 9), (3 * BLOCK + 9000, 4096)];
+    for (off, len) in reads {
+        let end = (off as usize + len as usize).min(body.len());
+        assert_eq!(r.read(off, len).await.unwrap(), body.slice(off as usize..end), "at {off}");
+    }
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "every random read came from the disk cache");
+    // A read past this version's end (the kernel saw a newer, longer object) asks the store,
+    // whose If-Match says whether the object changed, instead of answering short from disk.
+    let r = open(mk());
+    assert_eq!(r.read(4 * BLOCK, 100).await.unwrap(), body.slice(4 * BLOCK as usize..));
+    assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a read past the end: one exact GET");
+    let before = before + 1;
+    // A block the disk cache does not hold (deleted behind it) is fetched exactly, as before.
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        std::fs::remove_file(e.path()).unwrap();
+    }
+    let r = open(mk());
+    assert_eq!(r.read(BLOCK + 1, 10).await.unwrap(), body.slice(BLOCK as usize + 1..BLOCK as usize + 11));
+    assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a block gone from disk: one exact GET");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
 async fn blocks_reuse_pooled_buffers_within_the_bound() {
     let store = Arc::new(MemStore::new());
     let body = data(40 * BLOCK as usize);
