@@ -28,6 +28,18 @@ fn cache() -> Arc<ReadCache> {
     Arc::new(ReadCache::new(256 << 20, 64 << 20))
 }
 
+/// An empty directory for a disk cache, `name` and this process's id in its name.
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("bucketfs-rd-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// What a new mount starts with: an empty [`cache`] over the disk cache in `dir`.
+fn cache_on_disk(dir: &std::path::Path) -> Arc<ReadCache> {
+    Arc::new(ReadCache::new(256 << 20, 64 << 20).with_disk(crate::disk_cache::DiskCache::open(dir, 1 << 30).unwrap()))
+}
+
 #[tokio::test]
 async fn sequential_reads_are_exact_and_use_few_requests() {
     let store = Arc::new(MemStore::new());
@@ -161,21 +173,13 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
     let store = Arc::new(MemStore::new());
     let body = data(3 * BLOCK as usize + 5);
     let m = store.put("f", body.clone()).await.unwrap();
-    let dir = std::env::temp_dir().join(format!("bucketfs-rd-disk-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mk = || Arc::new(ReadCache::new(1 << 30, 64 << 20).with_disk(crate::disk_cache::DiskCache::open(&dir, 1 << 30).unwrap()));
-    let read_all = |r: FileReader| async move {
-        let mut out = Vec::new();
-        while (out.len() as u64) < r.size {
-            out.extend_from_slice(&r.read(out.len() as u64, 1 << 20).await.unwrap());
-        }
-        out
-    };
-    assert_eq!(read_all(reader(store.clone(), mk(), m.etag.clone(), body.len() as u64)).await, body);
+    let dir = fresh_dir("disk");
+    let open = || reader(store.clone(), cache_on_disk(&dir), m.etag.clone(), body.len() as u64);
+    assert_eq!(read_all(&open(), 1 << 20).await, body);
     tokio::time::sleep(Duration::from_millis(100)).await; // disk writes settle
     // A new memory cache (a remount): every block comes from disk, no GET.
     let before = store.requests.load(Ordering::Relaxed);
-    assert_eq!(read_all(reader(store.clone(), mk(), m.etag.clone(), body.len() as u64)).await, body);
+    assert_eq!(read_all(&open(), 1 << 20).await, body);
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "served from the disk cache");
     // Corrupt every block file: reads are still right, refetched from the store.
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
@@ -183,7 +187,7 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
         raw[1] ^= 0x55; // a byte of the block's data
         std::fs::write(e.path(), raw).unwrap();
     }
-    assert_eq!(read_all(reader(store.clone(), mk(), m.etag, body.len() as u64)).await, body);
+    assert_eq!(read_all(&open(), 1 << 20).await, body);
     assert!(store.requests.load(Ordering::Relaxed) > before, "corrupted blocks were refetched");
 }
 
@@ -194,18 +198,16 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     let store = Arc::new(MemStore::new());
     let body = data(4 * BLOCK as usize + 9);
     let m = store.put("f", body.clone()).await.unwrap();
-    let dir = std::env::temp_dir().join(format!("bucketfs-rd-random-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mk = || Arc::new(ReadCache::new(256 << 20, 64 << 20).with_disk(crate::disk_cache::DiskCache::open(&dir, 1 << 30).unwrap()));
+    let dir = fresh_dir("random");
     let open = |c| reader(store.clone(), c, m.etag.clone(), body.len() as u64);
-    let first = mk();
+    let first = cache_on_disk(&dir);
     read_checked(&open(first.clone()), &body, 1 << 20).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let whole = 4 * (BLOCK + 4096) + 8192; // four blocks and a short one, each with its trailer page
     while first.disk_bytes() < whole && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await; // disk writes are asynchronous
     }
-    let r = open(mk());
+    let r = open(cache_on_disk(&dir));
     let before = store.requests.load(Ordering::Relaxed);
     let reads = [(3 * BLOCK + 17, 4096u32), (1_000_003, 17), (2 * BLOCK - 5, 10), (4 * BLOCK, 9), (3 * BLOCK + 9000, 4096)];
     for (off, len) in reads {
@@ -215,7 +217,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "every random read came from the disk cache");
     // A read past this version's end (the kernel saw a newer, longer object) asks the store,
     // whose If-Match says whether the object changed, instead of answering short from disk.
-    let r = open(mk());
+    let r = open(cache_on_disk(&dir));
     assert_eq!(r.read(4 * BLOCK, 100).await.unwrap(), body.slice(4 * BLOCK as usize..));
     assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a read past the end: one exact GET");
     let before = before + 1;
@@ -223,7 +225,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         std::fs::remove_file(e.path()).unwrap();
     }
-    let r = open(mk());
+    let r = open(cache_on_disk(&dir));
     assert_eq!(r.read(BLOCK + 1, 10).await.unwrap(), body.slice(BLOCK as usize + 1..BLOCK as usize + 11));
     assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a block gone from disk: one exact GET");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -414,17 +416,15 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     let mut store = Chunked::new(mem, Duration::ZERO);
     store.chunk = 100_000;
     let store = Arc::new(store);
-    let dir = std::env::temp_dir().join(format!("bucketfs-rd-pieces-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mk = || Arc::new(ReadCache::new(256 << 20, 64 << 20).with_disk(crate::disk_cache::DiskCache::open(&dir, 1 << 30).unwrap()));
+    let dir = fresh_dir("pieces");
     let open = |c| FileReader::new(store.clone(), c, "f".into(), m.etag.clone(), m.etag.clone().unwrap(), body.len() as u64, 32 * BLOCK);
-    assert_eq!(read_all(&open(mk()), 1 << 20).await, body);
+    assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::fs::read_dir(&dir).unwrap().count() < 6 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await; // disk writes are asynchronous
     }
     let before = store.ranges.lock().unwrap().len();
-    assert_eq!(read_all(&open(mk()), 1 << 20).await, body);
+    assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.ranges.lock().unwrap().len(), before, "every block came from the disk cache");
     std::fs::remove_dir_all(&dir).unwrap();
 }
