@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import random
 import threading
@@ -191,7 +192,6 @@ def test_random_reads_after_a_remount_come_from_the_disk_cache(bucket, tmp_path)
     """A file read once is in --cache-dir. On a new mount (an empty memory cache, no page
     cache) random preads of it, as when the kernel has dropped some of its pages, make no
     store request: every block comes from the disk cache, with the right bytes."""
-    import json
     data = random.Random(78).randbytes(7 * MiB + 5)  # four blocks, the last one short
     bucket.put_all({"r.bin": data})
     cache = str(tmp_path / "cache")
