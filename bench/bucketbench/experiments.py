@@ -4,7 +4,8 @@
 
 1  mount time; `find` over 2,000 files in 100 directories, first and again
 2  sequential reads of 1-200 MB (1 GB in full) via dd to /dev/null, first and again;
-   the md5 of each checked by an untimed read after it
+   the md5 of each checked by an untimed read after it; the largest file then fetched
+   by a minimal parallel client through the system's own store's proxy (its link)
 3  fio (see fiobench.py)
 4  1,000 small files (50 in --quick): create+write 4,107 bytes+close, stat, delete
 5  cp sweep, local -> mount and back, 4 MB doubling to 1 GB (4-64 MB in --quick)
@@ -153,6 +154,10 @@ class Reads(Experiment):
         for s in ctx.read_sizes:
             ms.append(M("first_%dM" % s, "%d MB first read (MB/s)" % s, "MB/s", "higher"))
             ms.append(M("again_%dM" % s, "%d MB read again (MB/s)" % s, "MB/s", "higher"))
+        s = max(ctx.read_sizes)
+        ms.append(M("link_%dM" % s, "%d MB parallel ranged download after it, same store (MB/s)"
+                    % s, "MB/s", "higher"))
+        ms.append(M("share_%dM" % s, "%d MB first read ÷ that download (%%)" % s, "%", "higher"))
         ms.append(M("checksum_failures", "md5 mismatches (count)", "count", "lower"))
         return ms
 
@@ -190,11 +195,36 @@ class Reads(Experiment):
                         if not ok:
                             failures += 1
                             log("%s: md5 mismatch on %s (%s)" % (system.name, rel, phase))
+                self._paired_link(ctx, system, runs)
             ctx.memory.setdefault(system.name, {})["2"] = sampler.result()
         system.unmount()
         res = {k: summarize(v) for k, v in runs.items()}
         res["checksum_failures"] = summarize([failures])
         return res
+
+    def _paired_link(self, ctx, system, runs):
+        """The largest file fetched by a minimal client as parallel ranged GETs (best of
+        N = 16, 32) through the proxy of the system's own store, right after the
+        system's reads of it, with the page cache dropped as before its first read; and
+        the first read as a share of it. One run's machine for both: on these shared
+        machines the link's rate drifts by 2x between runs minutes apart."""
+        from .rawlink import bench_gcs_link, bench_link
+        link = {"S3": bench_link, "GCS": bench_gcs_link}.get(
+            next((k for k in ("S3", "GCS") if "(%s)" % k in system.backend), None))
+        if link is None:
+            return
+        s = max(ctx.read_sizes)
+        rel, size = "big/f%dM" % s, s << 20
+        rate = 0.0
+        try:
+            for n in (16, 32):
+                drop_caches()
+                rate = max(rate, size / MB / link().download(rel, size, n))
+        except (RuntimeError, OSError, AssertionError) as e:
+            log("%s: the paired link download failed: %s" % (system.name, e))
+            return
+        runs.setdefault("link_%dM" % s, []).append(rate)
+        runs.setdefault("share_%dM" % s, []).append(100 * runs["first_%dM" % s][-1] / rate)
 
     def notes(self, ctx, results):
         """The cold read's limit: a plain parallel ranged download of the largest object
@@ -217,6 +247,16 @@ class Reads(Experiment):
         if "median" in first:
             line += " bucketfs's first read (median %.1f MB/s) is %.0f%% of it." % (
                 first["median"], 100 * first["median"] / rates[best])
+        shares = ["%s %.0f%% (runs %s)" % (name, r["share_%dM" % s]["median"], ", ".join(
+                      "%.0f%%" % v for v in r["share_%dM" % s].get("runs", [])))
+                  for name, r in results.items() if "median" in (r.get("share_%dM" % s) or {})]
+        if shares:
+            line2 = ("**Paired with the link** (rows \"after it, same store\"): after each "
+                     "run's reads, %s was fetched the same way through the proxy of the "
+                     "system's own store (S3 or GCS), best of N = 16, 32, page cache dropped "
+                     "first; each first read as a share of the download that followed it, "
+                     "median: %s." % (rel, "; ".join(shares)))
+            return [line, line2]
         return [line]
 
 

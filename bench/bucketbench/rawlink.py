@@ -1,7 +1,9 @@
 """The link's limit for experiment 8: how fast a minimal client moves 1 GB
 through the same toxiproxy proxy to MinIO, with no verification and nothing
 else to do. Also the server's limit for experiment 1: how fast the same client
-lists a prefix's keys.
+lists a prefix's keys. And of experiment 2: the same download through the GCS
+proxy (`GcsLink`), so a mount's first read of the largest file is compared with
+the link of its own store, measured right after it.
 
 * download: the object cut into N equal byte ranges, one GET per range, each on
   its own connection, all at once; the bytes are counted and dropped.
@@ -137,20 +139,7 @@ class Link:
 
     def _get_range(self, obj, start, end):
         conn, resp = self._request("GET", obj, {"range": "bytes=%d-%d" % (start, end - 1)})
-        if resp.status not in (200, 206):
-            raise RuntimeError("GET %s: HTTP %d %s" % (obj, resp.status, resp.read()[:200]))
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        got = 0
-        while True:
-            n = resp.readinto(view)
-            if not n:
-                break
-            got += n
-        conn.close()
-        if got != end - start:
-            raise RuntimeError("GET %s: %d bytes, expected %d" % (obj, got, end - start))
-        return got
+        return _drain(conn, resp, obj, end - start)
 
     def _put_piece(self, obj, path, start, end):
         def body(conn):
@@ -174,13 +163,7 @@ class Link:
 
     def download(self, obj, size, n):
         """Seconds to GET `size` bytes of `obj` as n parallel ranges."""
-        cuts = [size * i // n for i in range(n + 1)]
-        t0 = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(n) as ex:
-            total = sum(ex.map(lambda i: self._get_range(obj, cuts[i], cuts[i + 1]), range(n)))
-        dt = time.monotonic() - t0
-        assert total == size
-        return dt
+        return _parallel_ranges(self._get_range, obj, size, n)
 
     def upload(self, path, prefix, n):
         """Seconds to PUT the file as n parallel objects prefix.0 .. prefix.(n-1)."""
@@ -198,7 +181,62 @@ class Link:
         return dt
 
 
+def _drain(conn, resp, obj, want):
+    """Read a ranged GET's body into one reused buffer (the bytes are dropped); the
+    byte count must be `want`."""
+    if resp.status not in (200, 206):
+        raise RuntimeError("GET %s: HTTP %d %s" % (obj, resp.status, resp.read()[:200]))
+    view = memoryview(bytearray(CHUNK))
+    got = 0
+    while True:
+        n = resp.readinto(view)
+        if not n:
+            break
+        got += n
+    conn.close()
+    if got != want:
+        raise RuntimeError("GET %s: %d bytes, expected %d" % (obj, got, want))
+    return got
+
+
+def _parallel_ranges(get_range, obj, size, n):
+    """Seconds to fetch `size` bytes of `obj` as n equal ranges at once."""
+    cuts = [size * i // n for i in range(n + 1)]
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        total = sum(ex.map(lambda i: get_range(obj, cuts[i], cuts[i + 1]), range(n)))
+    dt = time.monotonic() - t0
+    assert total == size
+    return dt
+
+
+class GcsLink:
+    """The same parallel ranged download through the GCS proxy: the JSON API's media
+    download (`alt=media`) with a Range header, unauthenticated (fake-gcs-server)."""
+
+    def __init__(self, endpoint, bucket):
+        u = urllib.parse.urlparse(endpoint)
+        self.host, self.port, self.bucket = u.hostname, u.port, bucket
+
+    def _get_range(self, obj, start, end):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=300)
+        conn.request("GET", "/download/storage/v1/b/%s/o/%s?alt=media" % (
+            self.bucket, urllib.parse.quote(obj, safe="")),
+            headers={"range": "bytes=%d-%d" % (start, end - 1)})
+        return _drain(conn, conn.getresponse(), obj, end - start)
+
+    def download(self, obj, size, n):
+        """Seconds to GET `size` bytes of `obj` as n parallel ranges."""
+        return _parallel_ranges(self._get_range, obj, size, n)
+
+
 def bench_link():
     """A Link through the bench's own S3 proxy, to its bucket, with its keys."""
     from . import servers as S
     return Link(S.S3_ENDPOINT, S.BUCKET, S.ACCESS_KEY, S.SECRET_KEY, S.REGION)
+
+
+def bench_gcs_link():
+    """A GcsLink through the bench's own GCS proxy, to its bucket."""
+    from . import servers as S
+    return GcsLink(S.GCS_ENDPOINT, S.BUCKET)
