@@ -209,17 +209,16 @@ class Reads(Experiment):
         the first read as a share of it. One run's machine for both: on these shared
         machines the link's rate drifts by 2x between runs minutes apart."""
         from .rawlink import bench_gcs_link, bench_link
-        link = {"S3": bench_link, "GCS": bench_gcs_link}.get(
-            next((k for k in ("S3", "GCS") if "(%s)" % k in system.backend), None))
-        if link is None:
+        if system.store is None:
             return
+        link = {"s3": bench_link, "gcs": bench_gcs_link}[system.store]()
         s = max(ctx.read_sizes)
         rel, size = "big/f%dM" % s, s << 20
         rate = 0.0
         try:
             for n in (16, 32):
                 drop_caches()
-                rate = max(rate, size / MB / link().download(rel, size, n))
+                rate = max(rate, size / MB / link.download(rel, size, n))
         except (RuntimeError, OSError, AssertionError) as e:
             log("%s: the paired link download failed: %s" % (system.name, e))
             return

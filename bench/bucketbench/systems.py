@@ -37,11 +37,19 @@ class MountError(Exception):
     pass
 
 
+BACKENDS = {"s3": "MinIO (S3)", "gcs": "fake-gcs-server (GCS)", None: "local disk"}
+
+
 class System:
     """Base: a filesystem that exposes the bucket's contents at `self.root`."""
 
     name = "?"
-    backend = "-"
+    # The store it reads: "s3" (MinIO), "gcs" (fake-gcs-server), or None (the local disk).
+    store = None
+
+    @property
+    def backend(self):
+        return BACKENDS[self.store]
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -76,7 +84,6 @@ class System:
 
 class Native(System):
     name = "native"
-    backend = "local disk"
 
     @property
     def root(self):
@@ -231,8 +238,7 @@ class Bucketfs(FuseSystem):
     two versions in one set of results."""
 
     def __init__(self, ctx, backend, extra=(), name=None):
-        self.backend = "MinIO (S3)" if backend == "s3" else "fake-gcs-server (GCS)"
-        self.scheme = backend
+        self.store = backend
         self.name = name or ("bucketfs" if backend == "s3" else "bucketfs-gcs")
         # Options a user can opt into (the tree loaded at mount, a longer metadata TTL).
         self.extra = list(extra)
@@ -268,7 +274,7 @@ class Bucketfs(FuseSystem):
         cache = os.path.join(self.ctx.workdir, "cache-%s-%d" % (self.name, time.time_ns()))
         self.cache = cache
         common = ["--cache-dir", cache] + self.extra
-        if self.scheme == "s3":
+        if self.store == "s3":
             return [self.binary, "mount", "s3://%s" % S.BUCKET, self.mp,
                     "--endpoint", S.S3_ENDPOINT] + common
         return [self.binary, "mount", "gs://%s" % S.BUCKET, self.mp,
@@ -289,7 +295,7 @@ class Bucketfs(FuseSystem):
 
 class S3fs(FuseSystem):
     name = "s3fs"
-    backend = "MinIO (S3)"
+    store = "s3"
     binary = "s3fs"
 
     def available(self):
@@ -313,7 +319,7 @@ class S3fs(FuseSystem):
 
 
 class Rclone(FuseSystem):
-    backend = "MinIO (S3)"
+    store = "s3"
 
     def __init__(self, ctx, mode):
         self.mode = mode
@@ -345,7 +351,7 @@ class Rclone(FuseSystem):
 
 class Gcsfuse(FuseSystem):
     name = "gcsfuse"
-    backend = "fake-gcs-server (GCS)"
+    store = "gcs"
     binary = "gcsfuse"
 
     def available(self):
