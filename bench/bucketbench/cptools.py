@@ -16,13 +16,12 @@ command (process start to exit), in MB/s (10^6 bytes).
 
 import hashlib
 import os
-import resource
 
 from . import servers as S
 from .install import go_binary
 from .rawlink import bench_link
 from .systems import S3_ENV, snapshot_binary
-from .util import CmdError, error, log, run, summarize
+from .util import CmdError, CpuMeter, error, log, run, summarize
 
 AWS = "/usr/bin/aws"  # Debian's awscli, not any other `aws` on PATH
 SIZE_MB = 1024  # MiB, from ctx.copy_source
@@ -49,6 +48,8 @@ class CopyTools:
                 M("down_MBps", "download 1 GiB (MB/s)", "MB/s", "higher"),
                 M("up_cpu_s", "upload: CPU seconds (user+sys) of the tool", "s", "lower"),
                 M("down_cpu_s", "download: CPU seconds (user+sys) of the tool", "s", "lower"),
+                M("up_busy", "upload: machine CPU busy (% of all cores)", "%", "higher"),
+                M("down_busy", "download: machine CPU busy (% of all cores)", "%", "higher"),
                 M("checksum_failures", "MD5 mismatches", "count", "lower")]
 
     def charts(self, ctx):
@@ -126,13 +127,11 @@ class CopyTools:
         return h.hexdigest()
 
     def _timed(self, cmd, timeout, env):
-        """(wall seconds, CPU seconds user+sys) of a command (its children included)."""
-        def cpu():
-            r = resource.getrusage(resource.RUSAGE_CHILDREN)
-            return r.ru_utime + r.ru_stime
-        c0 = cpu()
-        dt = run(cmd, timeout, env=env)[3]
-        return dt, cpu() - c0
+        """(wall seconds, CPU seconds user+sys of the command and its children, the
+        machine's busy %% of all cores meanwhile)."""
+        with CpuMeter() as m:
+            dt = run(cmd, timeout, env=env)[3]
+        return dt, m.result["children_s"], 100 * m.result["busy"]
 
     def _file_md5(self, path):
         return run(["md5sum", path], 300)[1].split()[0]
@@ -150,8 +149,8 @@ class CopyTools:
         s3.upload_file(src, S.BUCKET, SEED_KEY)
         dst_file = os.path.join(ctx.workdir, "cp8-download")
         link = bench_link()
-        rates = {c: {"up_MBps": [], "down_MBps": [], "up_cpu_s": [], "down_cpu_s": []}
-                 for c in COLUMNS}
+        rates = {c: {"up_MBps": [], "down_MBps": [], "up_cpu_s": [], "down_cpu_s": [],
+                     "up_busy": [], "down_busy": []} for c in COLUMNS}
         failures = {c: 0 for c in COLUMNS}
         errors = {c: None for c in COLUMNS}
         link_ways = {"up": [], "down": []}
@@ -162,7 +161,7 @@ class CopyTools:
                 key = "%s/up-%s-%d" % (PREFIX, col.split()[0], i)
                 up, down, env = self._commands(ctx, src, dst_file, key)[col]
                 try:
-                    dt, cpu_up = self._timed(up, ctx.timeout(900), env)
+                    dt, cpu_up, busy_up = self._timed(up, ctx.timeout(900), env)
                     got = self._object_md5(s3, key)
                     s3.delete_object(Bucket=S.BUCKET, Key=key)
                     if got != want:
@@ -170,9 +169,10 @@ class CopyTools:
                         raise RuntimeError("upload MD5 %s, source %s" % (got, want))
                     rates[col]["up_MBps"].append(size / 1e6 / dt)
                     rates[col]["up_cpu_s"].append(cpu_up)
+                    rates[col]["up_busy"].append(busy_up)
                     if os.path.exists(dst_file):
                         os.unlink(dst_file)
-                    dt, cpu_down = self._timed(down, ctx.timeout(900), env)
+                    dt, cpu_down, busy_down = self._timed(down, ctx.timeout(900), env)
                     got = self._file_md5(dst_file)
                     os.unlink(dst_file)
                     if got != want:
@@ -180,25 +180,32 @@ class CopyTools:
                         raise RuntimeError("download MD5 %s, object %s" % (got, want))
                     rates[col]["down_MBps"].append(size / 1e6 / dt)
                     rates[col]["down_cpu_s"].append(cpu_down)
+                    rates[col]["down_busy"].append(busy_down)
                     log("exp 8 run %d %s: up %.0f, down %.0f MB/s; CPU up %.1f s, down %.1f s" % (
                         i, col, rates[col]["up_MBps"][-1], rates[col]["down_MBps"][-1],
                         cpu_up, cpu_down))
                 except (CmdError, RuntimeError, OSError) as e:
                     log("exp 8 %s failed: %s" % (col, e))
                     errors[col] = str(e)
-            # the link: every N once per run, the best N counts
-            best = {"up": (0, None), "down": (0, None)}
+            # the link: every N once per run, the best N counts (with its client's CPU,
+            # this process's threads, and the machine's busy share)
+            best = {"up": (0, None, None), "down": (0, None, None)}
             try:
                 for n in LINK_WAYS:
-                    r_up = size / 1e6 / link.upload(src, "%s/link-%d" % (PREFIX, i), n)
-                    r_down = size / 1e6 / link.download(SEED_KEY, size, n)
+                    with CpuMeter() as mu:
+                        r_up = size / 1e6 / link.upload(src, "%s/link-%d" % (PREFIX, i), n)
+                    with CpuMeter() as md:
+                        r_down = size / 1e6 / link.download(SEED_KEY, size, n)
                     log("exp 8 run %d link N=%d: up %.0f, down %.0f MB/s" % (i, n, r_up, r_down))
-                    best["up"] = max(best["up"], (r_up, n))
-                    best["down"] = max(best["down"], (r_down, n))
-                rates[LINK]["up_MBps"].append(best["up"][0])
-                rates[LINK]["down_MBps"].append(best["down"][0])
-                link_ways["up"].append(best["up"][1])
-                link_ways["down"].append(best["down"][1])
+                    for way, r, m in (("up", r_up, mu), ("down", r_down, md)):
+                        if r > best[way][0]:
+                            best[way] = (r, n, m.result)
+                for way in ("up", "down"):
+                    r, n, m = best[way]
+                    rates[LINK][way + "_MBps"].append(r)
+                    rates[LINK][way + "_cpu_s"].append(m["self_s"])
+                    rates[LINK][way + "_busy"].append(100 * m["busy"])
+                    link_ways[way].append(n)
             except (RuntimeError, OSError, AssertionError) as e:
                 log("exp 8 link failed: %s" % e)
                 errors[LINK] = str(e)
@@ -208,9 +215,6 @@ class CopyTools:
             why = tools[col][1]
             res = {}
             for k, runs in rates[col].items():
-                if col == LINK and k.endswith("_cpu_s"):
-                    res[k] = {"na": "not measured (in-process client)"}
-                    continue
                 res[k] = (summarize(runs) if runs else
                           error(why or errors[col] or "no successful run"))
             res["checksum_failures"] = (summarize([failures[col]]) if col != LINK
@@ -231,7 +235,11 @@ def describe(ctx):
         "command. Uploads are read back from MinIO directly and MD5-compared; downloads are "
         "md5sum'ed. The download source is one object uploaded with boto3 (8 MiB parts). "
         "CPU seconds are the tool process's user+sys time (getrusage of children), the "
-        "machine being shared, a tool that needs more CPU also waits longer for it.",
+        "machine being shared, a tool that needs more CPU also waits longer for it; the "
+        "link's are its client's threads (getrusage of the harness, which does nothing else "
+        "meanwhile). Busy is the machine's busy share of all cores meanwhile (/proc/stat): "
+        "near 100%, the proxy, MinIO and the tool are sharing every core, and a tool that "
+        "spends less CPU per byte leaves more of the machine to moving bytes.",
         "**Link limit**: a minimal client (Python http.client, SigV4, no checksums, bytes "
         "dropped on arrival) moving the same 1 GiB through the same proxy: download = N "
         "ranged GETs of the object at once, one connection each; upload = N plain PUTs of "

@@ -22,11 +22,12 @@ import re
 import shlex
 import sys
 
-from .util import (CmdError, MemSampler, drop_caches, error, log, na, run,
-                   summarize, timed)
+from .util import (CmdError, CpuMeter, MemSampler, drop_caches, error, log, na,
+                   pids_by_comm, run, summarize, timed)
 
 RO = "n/a (read-only)"
 MB = 1e6
+GB = 1e9
 
 
 def fresh_mount(ctx, system):
@@ -36,6 +37,30 @@ def fresh_mount(ctx, system):
     system.prepare_fresh()
     drop_caches()
     return system.mount()
+
+
+def cpu_groups(fs_pid):
+    """The process groups a read's CPU is split into: the file system (if it has a
+    process), the latency proxy (toxiproxy's binary is `server`) and the store's server."""
+    groups = {"proxy": pids_by_comm({"server"}),
+              "server": pids_by_comm({"minio", "fake-gcs-server"})}
+    if fs_pid:
+        groups["fs"] = [fs_pid]
+    return groups
+
+
+def record_cpu(runs, suffix, res, nbytes, roles):
+    """Append one measured block's CPU to `runs`: busy_SUFFIX (%% of all cores),
+    cpu_SUFFIX (machine CPU s per GB moved) and cpu_ROLE_SUFFIX for the proxy, the server
+    and each of `roles` (row name -> CpuMeter field)."""
+    if not res:
+        return
+    per = GB / nbytes
+    runs.setdefault("busy_" + suffix, []).append(100 * res["busy"])
+    runs.setdefault("cpu_" + suffix, []).append(res["machine_s"] * per)
+    for role, field in dict(roles, proxy="proxy", server="server").items():
+        if field + "_s" in res:
+            runs.setdefault("cpu_%s_%s" % (role, suffix), []).append(res[field + "_s"] * per)
 
 
 def wpath(system, tag):
@@ -158,6 +183,16 @@ class Reads(Experiment):
         ms.append(M("link_%dM" % s, "%d MB parallel ranged download after it, same store (MB/s)"
                     % s, "MB/s", "higher"))
         ms.append(M("share_%dM" % s, "%d MB first read ÷ that download (%%)" % s, "%", "higher"))
+        ms.append(M("busy_first_%dM" % s, "%d MB first read: machine CPU busy (%% of all cores)"
+                    % s, "%", "higher"))
+        ms.append(M("cpu_first_%dM" % s, "%d MB first read: machine CPU s per GB" % s, "s/GB",
+                    "lower"))
+        ms.append(M("cpu_fs_first_%dM" % s, "%d MB first read: of which the file system "
+                    "process (CPU s per GB)" % s, "s/GB", "lower"))
+        ms.append(M("busy_link_%dM" % s, "%d MB download after it: machine CPU busy (%% of all "
+                    "cores)" % s, "%", "higher"))
+        ms.append(M("cpu_link_%dM" % s, "%d MB download after it: machine CPU s per GB" % s,
+                    "s/GB", "lower"))
         ms.append(M("checksum_failures", "md5 mismatches (count)", "count", "lower"))
         return ms
 
@@ -167,13 +202,15 @@ class Reads(Experiment):
                 {"title": "read again (MB/s)", "ylabel": "MB/s", "log": False,
                  "keys": ["again_%dM" % s for s in ctx.read_sizes]}]
 
-    def _read(self, ctx, path, size_mb, want_md5):
+    def _read(self, ctx, path, size_mb, want_md5, meter=None):
         """MB/s of `dd bs=1M of=/dev/null` by dd's own timer (it starts after open), then
         the md5 of the file read once more, untimed. md5sum runs at about 400-500 MB/s
         on this machine's cores, so in the timed pipe it capped every system's rate; the
-        second read is served by whatever the timed read left in the mount's caches."""
-        rc, out, err, dt = run(["dd", "if=" + path, "bs=1M", "of=/dev/null"],
-                               ctx.timeout(60 + size_mb / 2), env={"LC_ALL": "C"})
+        second read is served by whatever the timed read left in the mount's caches.
+        `meter` (a CpuMeter), if given, measures the dd alone."""
+        with meter or CpuMeter():
+            rc, out, err, dt = run(["dd", "if=" + path, "bs=1M", "of=/dev/null"],
+                                   ctx.timeout(60 + size_mb / 2), env={"LC_ALL": "C"})
         m = re.search(r"copied, ([0-9.e+-]+) s", err)
         secs = float(m.group(1)) if m else dt
         out = run(["md5sum", path], ctx.timeout(60 + size_mb / 2))[1]
@@ -189,9 +226,15 @@ class Reads(Experiment):
                 for s in ctx.read_sizes:
                     rel = "big/f%dM" % s
                     for phase in ("first", "again"):
+                        meter = None
+                        if phase == "first" and s == max(ctx.read_sizes):
+                            meter = CpuMeter(cpu_groups(system.pid()))
                         mbps, ok = self._read(ctx, os.path.join(system.root, rel), s,
-                                              ctx.manifest[rel])
+                                              ctx.manifest[rel], meter)
                         runs.setdefault("%s_%dM" % (phase, s), []).append(mbps)
+                        if meter:
+                            record_cpu(runs, "first_%dM" % s, meter.result, s << 20,
+                                       {"fs": "fs", "reader": "children"})
                         if not ok:
                             failures += 1
                             log("%s: md5 mismatch on %s (%s)" % (system.name, rel, phase))
@@ -214,15 +257,19 @@ class Reads(Experiment):
         link = {"s3": bench_link, "gcs": bench_gcs_link}[system.store]()
         s = max(ctx.read_sizes)
         rel, size = "big/f%dM" % s, s << 20
-        rate = 0.0
+        rate, cpu = 0.0, None
         try:
             for n in (16, 32):
                 drop_caches()
-                rate = max(rate, size / MB / link.download(rel, size, n))
+                with CpuMeter(cpu_groups(None)) as meter:
+                    r = size / MB / link.download(rel, size, n)
+                if r > rate:
+                    rate, cpu = r, meter.result
         except (RuntimeError, OSError, AssertionError) as e:
             log("%s: the paired link download failed: %s" % (system.name, e))
             return
         runs.setdefault("link_%dM" % s, []).append(rate)
+        record_cpu(runs, "link_%dM" % s, cpu, size, {"client": "self"})
         runs.setdefault("share_%dM" % s, []).append(100 * runs["first_%dM" % s][-1] / rate)
 
     def notes(self, ctx, results):
@@ -255,8 +302,47 @@ class Reads(Experiment):
                      "system's own store (S3 or GCS), best of N = 16, 32, page cache dropped "
                      "first; each first read as a share of the download that followed it, "
                      "median: %s." % (rel, "; ".join(shares)))
-            return [line, line2]
-        return [line]
+            return [line, line2] + self._cpu_notes(ctx, results)
+        return [line] + self._cpu_notes(ctx, results)
+
+    def _cpu_notes(self, ctx, results):
+        """Where each system's first read of the largest file spent the machine's CPU, and
+        where its paired download did: the cold read's rate is bounded by the cores over
+        that cost once the machine is busy."""
+        s = max(ctx.read_sizes)
+        cores = os.cpu_count() or 1
+
+        def med(r, key):
+            rec = r.get(key) or {}
+            return rec.get("median")
+
+        def split(r, suffix, roles):
+            total = med(r, "cpu_" + suffix)
+            parts = [(role, med(r, "cpu_%s_%s" % (role, suffix))) for role in roles]
+            parts = [(k, v) for k, v in parts if v is not None]
+            other = total - sum(v for _, v in parts)
+            return "%.2f (%s, other %.2f; busy %.0f%%, bound %.0f MB/s)" % (
+                total, ", ".join("%s %.2f" % kv for kv in parts), max(0.0, other),
+                med(r, "busy_" + suffix) or 0, cores / total * 1000)
+
+        rows = []
+        for name, r in results.items():
+            if med(r, "cpu_first_%dM" % s) is None:
+                continue
+            row = "%s: first read %s" % (name, split(r, "first_%dM" % s,
+                                                     ("fs", "reader", "proxy", "server")))
+            if med(r, "cpu_link_%dM" % s) is not None:
+                row += "; the download after it %s" % split(r, "link_%dM" % s,
+                                                            ("client", "proxy", "server"))
+            rows.append(row)
+        if not rows:
+            return []
+        return ["**Where the CPU went** (medians, machine CPU seconds per GB of the %d MB file, "
+                "split by process: fs = the file system's process, reader = dd, client = the "
+                "download's in-process client, proxy = toxiproxy, server = MinIO or the GCS "
+                "emulator, other = the kernel's threads and the rest; bound = %d cores ÷ that "
+                "cost, the most the rate can be once every core is busy): %s." % (
+                    s, cores, "; ".join(rows))]
 
 
 # ---------------------------------------------------------------- 4

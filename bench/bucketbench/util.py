@@ -1,5 +1,5 @@
 """Small shared helpers for the benchmark: logging, commands with timeouts,
-statistics, mount detection, page-cache dropping and RSS sampling.
+statistics, mount detection, page-cache dropping, RSS sampling and CPU accounting.
 
 Every external command goes through `run()`, which always has a timeout and
 runs the command in its own process group so that a timeout kills exactly the
@@ -160,6 +160,79 @@ def read_status(pid):
             return vals
     except (OSError, ValueError):
         return None
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_jiffies():
+    """(busy, all) jiffies of every core since boot, from /proc/stat's first line
+    (idle and iowait are not busy)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def proc_cpu(pid):
+    """user+system CPU seconds of a process so far, or None if it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pids_by_comm(names):
+    """pids of the running processes whose command name is one of `names`."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/comm" % d) as f:
+                    if f.read().strip() in names:
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+class CpuMeter:
+    """Where the machine's CPU went while a block ran: the machine's busy fraction and
+    busy seconds (all cores, /proc/stat), and the CPU seconds of each named group of
+    processes (`groups`: name -> pids), of this process's own threads ("self") and of
+    the children it waited for ("children": getrusage). On a machine whose cores are
+    all busy, a rate is bounded by cores / (CPU seconds per byte moved)."""
+
+    def __init__(self, groups=None):
+        self.groups = {k: list(v) for k, v in (groups or {}).items()}
+        self.result = None
+
+    def _snap(self):
+        import resource
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return {"t": time.monotonic(), "machine": _machine_jiffies(),
+                "children": kids.ru_utime + kids.ru_stime, "self": me.ru_utime + me.ru_stime,
+                "groups": {k: {p: proc_cpu(p) for p in v} for k, v in self.groups.items()}}
+
+    def __enter__(self):
+        self._start = self._snap()
+        return self
+
+    def __exit__(self, *exc):
+        a, b = self._start, self._snap()
+        (busy0, all0), (busy1, all1) = a["machine"], b["machine"]
+        cores = os.cpu_count() or 1
+        res = {"wall_s": b["t"] - a["t"], "cores": cores,
+               "busy": (busy1 - busy0) / max(1, all1 - all0),
+               "machine_s": (busy1 - busy0) / _TICK,
+               "children_s": b["children"] - a["children"], "self_s": b["self"] - a["self"]}
+        for k, pids in self.groups.items():
+            res[k + "_s"] = sum(b["groups"][k][p] - a["groups"][k][p] for p in pids
+                                if a["groups"][k][p] is not None
+                                and b["groups"][k][p] is not None)
+        self.result = res
 
 
 class MemSampler:
