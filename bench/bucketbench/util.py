@@ -8,6 +8,7 @@ processes this suite started (never anything found by name).
 
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -209,10 +210,9 @@ class CpuMeter:
         self.result = None
 
     def _snap(self):
-        import resource
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         me = resource.getrusage(resource.RUSAGE_SELF)
-        return {"t": time.monotonic(), "machine": _machine_jiffies(),
+        return {"machine": _machine_jiffies(),
                 "children": kids.ru_utime + kids.ru_stime, "self": me.ru_utime + me.ru_stime,
                 "groups": {k: {p: proc_cpu(p) for p in v} for k, v in self.groups.items()}}
 
@@ -223,9 +223,7 @@ class CpuMeter:
     def __exit__(self, *exc):
         a, b = self._start, self._snap()
         (busy0, all0), (busy1, all1) = a["machine"], b["machine"]
-        cores = os.cpu_count() or 1
-        res = {"wall_s": b["t"] - a["t"], "cores": cores,
-               "busy": (busy1 - busy0) / max(1, all1 - all0),
+        res = {"busy": (busy1 - busy0) / max(1, all1 - all0),
                "machine_s": (busy1 - busy0) / _TICK,
                "children_s": b["children"] - a["children"], "self_s": b["self"] - a["self"]}
         for k, pids in self.groups.items():
