@@ -30,6 +30,8 @@ struct ReadPlan {
     slice_md5: bool,
     /// Each slice's crc32 too (the object's S3 checksum is a crc32).
     slice_crc32: bool,
+    /// Each slice's crc32c: but for a crc32-verified download with no summary to report it.
+    slice_crc32c: bool,
 }
 
 async fn read_plan(ctx: &Ctx, src: &Remote) -> Result<ReadPlan, String> {
@@ -49,8 +51,9 @@ async fn read_plan(ctx: &Ctx, src: &Remote) -> Result<ReadPlan, String> {
     let guessed = expect.parts().is_some();
     let slice_md5 = matches!(expect, Expect::Composite { .. });
     let slice_crc32 = expect.wants_crc32();
+    let slice_crc32c = ctx.summary || !slice_crc32;
     let ranges = slices(size, tuning.slice);
-    Ok(ReadPlan { size, if_match: d.meta.etag, ranges, expect, guessed, slice_md5, slice_crc32 })
+    Ok(ReadPlan { size, if_match: d.meta.etag, ranges, expect, guessed, slice_md5, slice_crc32, slice_crc32c })
 }
 
 /// One ranged read with retries; a short read counts as a (retried) failure.
@@ -259,7 +262,7 @@ impl From<StoreError> for Failure {
 
 /// Digests of the slice being received.
 struct Running {
-    crc: u32,
+    crc: Option<u32>,
     md5: Option<Md5>,
     crc32: Option<crc32fast::Hasher>,
 }
@@ -276,7 +279,9 @@ struct Job {
 impl Job {
     fn work(mut self, file: &Target, at: u64, last: Option<(usize, std::ops::Range<u64>)>) -> std::io::Result<Self> {
         let b = self.buf.bytes();
-        self.run.crc = crc32c::crc32c_append(self.run.crc, b);
+        if let Some(c) = self.run.crc.as_mut() {
+            *c = crc32c::crc32c_append(*c, b);
+        }
         if let Some(h) = self.run.md5.as_mut() {
             h.update(b);
         }
@@ -289,7 +294,7 @@ impl Job {
             let md5 = self.run.md5.as_mut().map(|h| h.finalize_reset().into());
             let crc32 = self.run.crc32.as_mut().map(|h| std::mem::take(h).finalize());
             self.sum = Some((i, SliceSum { range, crc: self.run.crc, md5, crc32 }));
-            self.run.crc = 0;
+            self.run.crc = self.run.crc.map(|_| 0);
         }
         Ok(self)
     }
@@ -298,7 +303,7 @@ impl Job {
 type Busy = tokio::task::JoinHandle<std::io::Result<Job>>;
 
 /// One request for slices `todo`. The body is gathered into 1 MiB aligned buffers; each
-/// full buffer is hashed (crc32c, and the MD5 of its part when the ETag needs it) and
+/// full buffer is hashed (as the plan says: crc32c, crc32, the MD5 of its part) and
 /// written at its offset on a blocking thread while the next one fills, so hashing and
 /// writing run on both cores and overlap the network. A finished slice's digests go to
 /// `done`; on error, `done` holds the slices that completed.
@@ -312,7 +317,7 @@ async fn stream_slices(
     md5: Option<&TrailingMd5>,
 ) -> Result<(), Failure> {
     let mut busy: Option<Busy> = None;
-    let run = Running { crc: 0, md5: p.slice_md5.then(Md5::new), crc32: p.slice_crc32.then(crc32fast::Hasher::new) };
+    let run = Running { crc: p.slice_crc32c.then_some(0), md5: p.slice_md5.then(Md5::new), crc32: p.slice_crc32.then(crc32fast::Hasher::new) };
     let spare = Job { buf: AlignedBuf::new(), run, sum: None };
     let result = receive(src, p, file, todo, &mut busy, spare, &mut |j| settle(ctx, j, done, md5)).await;
     if let Some(b) = busy.take() {
@@ -502,7 +507,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
     Err(format!("{}: verification failed after {} attempts: {last}", src.url(), ctx.retries + 1))
 }
 
-/// Read everything again and compare crc32c per slice; a slice that differs is fetched
+/// Read everything again and compare crc32c (or crc32) per slice; a slice that differs is fetched
 /// again (a read was corrupted in transit) until two reads agree, within the retry budget.
 async fn reread_and_repair(
     ctx: &Ctx,
@@ -534,7 +539,7 @@ async fn reread_and_repair(
     if bad.is_empty() {
         return Ok(());
     }
-    Err(format!("crc32c of {} slice(s) differs between reads (first at byte {})", bad.len(), sums[bad[0]].range.start))
+    Err(format!("the crc of {} slice(s) differs between reads (first at byte {})", bad.len(), sums[bad[0]].range.start))
 }
 
 /// Write the object to stdout in order. Reads run `parallel` ahead; the reordering window

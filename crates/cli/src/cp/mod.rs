@@ -104,7 +104,9 @@ pub struct Report {
     pub bytes: u64,
     /// How it was verified (the `BY_*` names of verify.rs; `SRC>DST` for store to store).
     pub verified: std::borrow::Cow<'static, str>,
-    pub crc32c: u32,
+    /// The content's crc32c, where it was computed (see `SliceSum::crc`); `--json` prints
+    /// 0 for none.
+    pub crc32c: Option<u32>,
 }
 
 /// Shared by every transfer of one `cp`.
@@ -115,6 +117,8 @@ pub struct Ctx {
     pub slice: Option<u64>,
     pub retries: u32,
     pub progress: Progress,
+    /// A `--json` summary is asked for: every download computes the crc32c it reports.
+    pub summary: bool,
     /// First retry delay; doubles per attempt.
     pub backoff_base: Duration,
     /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
@@ -131,6 +135,7 @@ impl Ctx {
             slice,
             retries,
             progress,
+            summary: false,
             backoff_base: Duration::from_millis(200),
             cancel,
         }
@@ -257,7 +262,7 @@ fn json_summary(reports: &[Report], secs: f64) -> String {
     }
     let verified: Vec<String> = how.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     let crc = match reports {
-        [one] => format!(",\"crc32c\":\"{:08x}\"", one.crc32c),
+        [one] => format!(",\"crc32c\":\"{:08x}\"", one.crc32c.unwrap_or(0)),
         _ => String::new(),
     };
     let rate = if secs > 0.0 { bytes as f64 / 1e6 / secs } else { 0.0 };
@@ -286,7 +291,8 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         }
         let total = jobs.iter().map(Job::size).sum::<Option<u64>>();
         let parallel = args.parallel.unwrap_or_else(plan::default_parallel).max(1);
-        let ctx = Ctx::new(parallel, args.slice_size, args.retries, Progress::new(total, !args.quiet));
+        let mut ctx = Ctx::new(parallel, args.slice_size, args.retries, Progress::new(total, !args.quiet));
+        ctx.summary = args.json;
         let start = Instant::now();
         // On SIGINT/SIGTERM, cancel and keep waiting: the transfers abort and clean up.
         let signals = async {

@@ -93,7 +93,7 @@ async fn compare_copies(
     dst: &Remote,
     a: &bucketfs_store::ObjectDigests,
     b: &bucketfs_store::ObjectDigests,
-) -> Result<(&'static str, u32), String> {
+) -> Result<(&'static str, Option<u32>), String> {
     if a.meta.size != b.meta.size {
         return Err(format!("the copy has {} bytes, the source {}", b.meta.size, a.meta.size));
     }
@@ -104,8 +104,8 @@ async fn compare_copies(
         _ => false,
     };
     if same_digest {
-        // The crc32c is not known without reading; 0 stands for "not computed".
-        return Ok((if matches!(ea, Expect::WholeMd5(_)) { "copy:md5" } else { "copy:s3-etag" }, 0));
+        // The crc32c is not known without reading.
+        return Ok((if matches!(ea, Expect::WholeMd5(_)) { "copy:md5" } else { "copy:s3-etag" }, None));
     }
     let ranges = slices(a.meta.size, plan::tuning(Some(a.meta.size), ctx.slice, Some(ctx.parallel)).slice);
     let sums = read_sums(ctx, src, &ranges, a.meta.etag.as_deref()).await?;

@@ -84,7 +84,7 @@ fn sizes_parse() {
 fn digests_and_checks() {
     let a = SliceSum::of(0..3, b"abc", true);
     let b = SliceSum::of(3..6, b"def", true);
-    assert_eq!(verify::combined_crc(&[a.clone(), b.clone()]), crc32c::crc32c(b"abcdef"));
+    assert_eq!(verify::combined_crc(&[a.clone(), b.clone()]), Some(crc32c::crc32c(b"abcdef")));
     // S3's multipart ETag of parts "abc" and "def", as MinIO and S3 compute it.
     let etag = verify::composite_etag(&[a.clone(), b.clone()]).unwrap();
     assert!(etag.ends_with("-2"));
@@ -168,7 +168,7 @@ async fn round_trip(store: Arc<dyn Store>, kind: Kind, n: usize) {
     let r = remote(store.clone(), kind, &format!("obj-{n}"));
     let up = upload::upload(&ctx, upload::Source::File(&src), Some(n as u64), &r).await.unwrap();
     assert_eq!(up.bytes, n as u64);
-    assert_eq!(up.crc32c, crc32c::crc32c(&body), "{n} bytes");
+    assert_eq!(up.crc32c, Some(crc32c::crc32c(&body)), "{n} bytes");
     let dst = dir.join("sub/dst");
     let down = download::to_file(&ctx, &r, &dst).await.unwrap();
     assert_eq!(down.crc32c, up.crc32c);
@@ -348,7 +348,11 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
         (s3_checksum("crc32c", &body, None), verify::BY_S3_CRC32C),
     ] {
         let (r, reads) = get(sum.clone(), vec![]).await;
-        assert_eq!(r.unwrap().verified, how);
+        let rep = r.unwrap();
+        assert_eq!(rep.verified, how);
+        // A crc32 verifies without the crc32c, which only a --json summary would report.
+        let crc32c = (how == verify::BY_S3_CRC32C).then(|| crc32c::crc32c(&body));
+        assert_eq!(rep.crc32c, crc32c, "{sum:?}");
         assert!(std::fs::read(dir.join("out")).unwrap() == body);
         assert!(reads <= slices, "no re-read: {reads} reads");
         let (r, reads) = get(sum.clone(), vec![2]).await;
@@ -371,6 +375,13 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
         assert_eq!(r.unwrap().verified, verify::BY_REREAD);
         assert!(reads > slices, "{reads} reads");
     }
+    // With a summary to report, a crc32-verified download computes the crc32c too.
+    let mut c = Corrupt::new(mem.clone());
+    c.checksum = Some(s3_checksum("crc32", &body, part));
+    let mut with_summary = ctx();
+    with_summary.summary = true;
+    let rep = download::to_file(&with_summary, &remote(Arc::new(c), Kind::S3, "obj"), &dir.join("out")).await.unwrap();
+    assert_eq!((rep.verified.as_ref(), rep.crc32c), (verify::BY_S3_CRC32, Some(crc32c::crc32c(&body))));
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -426,7 +437,7 @@ async fn store_to_store_streams_at_slice_boundaries_and_retries_failures() {
             .await
             .unwrap();
         assert_eq!(rep.bytes, n as u64);
-        assert_eq!(rep.crc32c, crc32c::crc32c(&body));
+        assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
         assert_eq!(rep.verified, "reread-crc32c>reread-crc32c", "both sides re-read (mem keeps no digest)");
         assert!(b.get_range("copy", 0..n as u64, None).await.unwrap() == body, "{n} bytes differ");
     }
@@ -443,7 +454,7 @@ async fn store_to_store_catches_a_corrupted_source_read_and_copies_again() {
     let rep = store_to_store::copy(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), &remote(b.clone(), Kind::Other, "k"))
         .await
         .unwrap();
-    assert_eq!(rep.crc32c, crc32c::crc32c(&body));
+    assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
     assert!(b.get_range("k", 0..body.len() as u64, None).await.unwrap() == body, "the damaged copy was kept");
 }
 
@@ -456,7 +467,7 @@ async fn store_to_store_within_one_store_is_server_side() {
         .await
         .unwrap();
     assert_eq!(rep.verified, "copy:reread-crc32c");
-    assert_eq!(rep.crc32c, crc32c::crc32c(&body));
+    assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
     assert!(a.get_range("b", 0..body.len() as u64, None).await.unwrap() == body);
     let e = store_to_store::copy(&ctx(), &remote(a.clone(), Kind::Other, "obj"), &remote(a, Kind::Other, "obj"))
         .await
