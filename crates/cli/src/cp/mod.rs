@@ -34,7 +34,8 @@ use progress::Progress;
 
 const VERIFY_HELP: &str = "\
 Verification (always on): bucketfs computes crc32c (and MD5 where the store keeps one) of
-the bytes it reads or writes and compares them with what the store reports:
+the bytes it reads or writes and compares them with what the store reports (a download
+checked by the object's S3 crc32 computes that instead, and the crc32c only for --json):
   - GCS: the object's MD5 (md5Hash); GCS keeps none for composed (large) uploads.
   - S3 uploads: every request carries the crc32c of its body (x-amz-checksum-crc32c), which
     the server checks and must confirm in its answer; a multipart object's composite
