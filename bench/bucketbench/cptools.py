@@ -16,6 +16,7 @@ command (process start to exit), in MB/s (10^6 bytes).
 
 import hashlib
 import os
+import statistics
 
 from . import servers as S
 from .install import go_binary
@@ -257,10 +258,9 @@ def _paired_note(bfs, link):
         a, b = bfs[way + "_MBps"], link[way + "_MBps"]
         if len(a) != len(b) or not a:
             return None  # a failed run broke the pairing; the medians still stand
-        ratios = sorted(x / y for x, y in zip(a, b))
+        ratios = [x / y for x, y in zip(a, b)]
         parts.append("%sload %s, median %.0f%%" % (
-            way, ", ".join("%.0f%%" % (100 * r) for r in (x / y for x, y in zip(a, b))),
-            100 * ratios[len(ratios) // 2]))
+            way, ", ".join("%.0f%%" % (100 * r) for r in ratios), 100 * statistics.median(ratios)))
     return "bucketfs cp ÷ the link measured right after it, run by run: %s." % "; ".join(parts)
 
 
