@@ -297,14 +297,14 @@ class Reads(Experiment):
         shares = ["%s %.0f%% (runs %s)" % (name, r["share_%dM" % s]["median"], ", ".join(
                       "%.0f%%" % v for v in r["share_%dM" % s].get("runs", [])))
                   for name, r in results.items() if "median" in (r.get("share_%dM" % s) or {})]
+        out = [line]
         if shares:
-            line2 = ("**Paired with the link** (rows \"after it, same store\"): after each "
-                     "run's reads, %s was fetched the same way through the proxy of the "
-                     "system's own store (S3 or GCS), best of N = 16, 32, page cache dropped "
-                     "first; each first read as a share of the download that followed it, "
-                     "median: %s." % (rel, "; ".join(shares)))
-            return [line, line2] + self._cpu_notes(ctx, results)
-        return [line] + self._cpu_notes(ctx, results)
+            out.append("**Paired with the link** (rows \"after it, same store\"): after each "
+                       "run's reads, %s was fetched the same way through the proxy of the "
+                       "system's own store (S3 or GCS), best of N = 16, 32, page cache dropped "
+                       "first; each first read as a share of the download that followed it, "
+                       "median: %s." % (rel, "; ".join(shares)))
+        return out + self._cpu_notes(ctx, results)
 
     def _cpu_notes(self, ctx, results):
         """Where each system's first read of the largest file spent the machine's CPU, and
