@@ -352,6 +352,24 @@ def test_clear_errors(cp_bucket, tmp):
     assert not (tmp / "x").exists()
 
 
+def test_a_download_that_does_not_fit_fails_first_and_leaves_nothing(cp_bucket, tmp):
+    """The local file's blocks are allocated before any byte is fetched: a disk too small is
+    an error up front that says so, and no temp file stays behind."""
+    src = tmp / "src.bin"
+    src.write_bytes(os.urandom(SLICE + 1))
+    cp(cp_bucket, str(src), url(cp_bucket, "big.bin"))
+    small = tmp / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        p = cp(cp_bucket, url(cp_bucket, "big.bin"), str(small / "big.bin"), expect_ok=False)
+        assert p.returncode != 0 and "no space" in p.err, p.err
+        assert os.listdir(small) == [], os.listdir(small)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
 def _interrupt(cmd, after: float):
     """Run cmd, send SIGINT after `after` seconds; return (returncode, stderr)."""
     proc = subprocess.Popen(cmd, env=bucketfs_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

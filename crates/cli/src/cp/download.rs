@@ -139,13 +139,13 @@ const ALIGN: usize = 4096;
 /// which costs about as much CPU as hashing (much more in a VM that returns freed memory
 /// to its host). Unaligned writes (a file's tail) and file systems that refuse it use the
 /// page cache.
-struct Target {
+pub(super) struct Target {
     file: Arc<File>,
     direct: Option<File>,
 }
 
 impl Target {
-    fn open(path: &Path, direct: bool) -> std::io::Result<Self> {
+    pub(super) fn open(path: &Path, direct: bool) -> std::io::Result<Self> {
         use std::os::unix::fs::OpenOptionsExt;
         // Read as well as write: the MD5 thread reads back what landed.
         let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
@@ -153,6 +153,27 @@ impl Target {
             .then(|| std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).ok())
             .flatten();
         Ok(Self { file: Arc::new(file), direct })
+    }
+
+    /// Give the file its size and, where the file system can, allocate its blocks now:
+    /// a disk too small fails here, before any byte is fetched, and `O_DIRECT` writes into
+    /// allocated blocks run side by side (ext4 serializes direct writes that must allocate).
+    pub(super) fn reserve(&self, size: u64) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        self.file.set_len(size)?;
+        if size == 0 {
+            return Ok(());
+        }
+        // SAFETY: a plain system call on a descriptor this struct owns.
+        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, size as libc::off_t) };
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            _ if r == 0 => Ok(()),
+            Some(libc::ENOSPC) => Err(std::io::Error::other(format!(
+                "no space for {size} bytes on this file system; free some space or copy elsewhere"
+            ))),
+            _ => Ok(()), // not supported here (e.g. some network file systems): stays sparse
+        }
     }
 
     fn write_at(&self, data: &[u8], at: u64) -> std::io::Result<()> {
@@ -479,7 +500,8 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
         // The whole-file MD5 reads back what landed, best from the page cache: no O_DIRECT.
         let whole_md5 = matches!(p.expect, Expect::WholeMd5(_));
         let file = Arc::new(Target::open(tmp, !whole_md5).map_err(|e| format!("{}: {e}", tmp.display()))?);
-        file.file.set_len(p.size).map_err(|e| format!("{}: {e}", tmp.display()))?; // sparse until written
+        let dir = tmp.parent().unwrap_or(tmp);
+        file.reserve(p.size).map_err(|e| format!("{}: {e}", dir.display()))?;
         let md5 = whole_md5.then(|| TrailingMd5::start(file.file.clone(), p.size));
         let all = groups(p.ranges.len(), p.ranges.first().map_or(1, |r| r.end - r.start), p.size, ctx.parallel);
         let mut sums: Vec<SliceSum> =

@@ -178,6 +178,18 @@ async fn round_trip(store: Arc<dyn Store>, kind: Kind, n: usize) {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+#[test]
+fn a_download_target_is_sized_and_allocated_before_the_first_byte() {
+    use std::os::unix::fs::MetadataExt;
+    let path = temp_dir("reserve").join("f");
+    let size = 3 * MIB + 5;
+    download::Target::open(&path, true).unwrap().reserve(size).unwrap();
+    let m = std::fs::metadata(&path).unwrap();
+    assert_eq!(m.len(), size);
+    // Allocated, not sparse: the test directory's file system (ext4, tmpfs) has fallocate.
+    assert!(m.blocks() * 512 >= size, "{} blocks for {size} bytes", m.blocks());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_at_slice_boundaries() {
     let s = SLICE as usize;
