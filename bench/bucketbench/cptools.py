@@ -2,7 +2,8 @@
 (object -> local file) with `bucketfs cp`, `rclone copyto` (the engine of
 `rclone copy`, naming the destination file) and `aws s3 cp` (Debian's awscli),
 all against MinIO through the same toxiproxy proxy as the mounts, plus the
-link's limit measured in the same run (see rawlink.py).
+link's limit measured in the same run, and the floor of a download to a file:
+the link's client writing what it receives into the file (see rawlink.py).
 
 Unlike experiments 1-7 this one does not use the mounted systems: it runs once
 and its columns are the tools. Every tool runs with its defaults. Each run
@@ -31,7 +32,8 @@ SEED_KEY = PREFIX + "/seed"
 LINK_WAYS = (4, 8, 16, 32)
 
 BUCKETFS, RCLONE, AWSCLI, LINK = "bucketfs cp", "rclone copy", "aws s3 cp", "link limit"
-COLUMNS = [BUCKETFS, RCLONE, AWSCLI, LINK]
+LINK_FILE = "link to file"
+COLUMNS = [BUCKETFS, RCLONE, AWSCLI, LINK, LINK_FILE]
 
 
 def M(key, label, unit, better):
@@ -42,7 +44,7 @@ class CopyTools:
     id = 8
     title = "cp tools: 1 GiB upload and download, bucketfs cp vs rclone vs aws s3 cp"
     standalone = True  # runs once; columns are tools, not mounted systems
-    reference = LINK  # ratios "÷ link limit" are taken against this column
+    reference = (LINK, LINK_FILE)  # limits, not peers: a ratio column against each
 
     def metrics(self, ctx):
         return [M("up_MBps", "upload 1 GiB (MB/s)", "MB/s", "higher"),
@@ -82,6 +84,8 @@ class CopyTools:
             out[AWSCLI] = (None, "%s missing (apt-get install awscli)" % AWS)
         out[LINK] = ("Python http.client, N-way parallel, N the best of %s" %
                      "/".join(map(str, LINK_WAYS)), None)
+        out[LINK_FILE] = ("the link's client and download N, writing the file in place "
+                          "(O_DIRECT, blocks allocated first)", None)
         return out
 
     def _aws_env(self, ctx):
@@ -196,6 +200,11 @@ class CopyTools:
                     except (RuntimeError, OSError, AssertionError) as e:
                         log("exp 8 link failed: %s" % e)
                         errors[LINK] = str(e)
+                    try:
+                        self._link_to_file(link, size, dst_file, want, i, ways, rates[LINK_FILE])
+                    except (RuntimeError, OSError, AssertionError) as e:
+                        log("exp 8 link to file failed: %s" % e)
+                        errors[LINK_FILE] = str(e)
         s3.delete_object(Bucket=S.BUCKET, Key=SEED_KEY)
         results = {}
         for col in COLUMNS:
@@ -203,11 +212,13 @@ class CopyTools:
             res = {}
             for k, runs in rates[col].items():
                 res[k] = (summarize(runs) if runs else
-                          error(why or errors[col] or "no successful run"))
+                          {"na": "a download only"} if col == LINK_FILE and k.startswith("up_")
+                          else error(why or errors[col] or "no successful run"))
             res["checksum_failures"] = (summarize([failures[col]]) if col != LINK
                                         else {"na": "not checked"})
             results[col] = res
-        notes = [self._calibration_note(ways), _paired_note(rates[BUCKETFS], rates[LINK])]
+        notes = [self._calibration_note(ways), _paired_note(rates[BUCKETFS], rates[LINK]),
+                 _paired_note(rates[BUCKETFS], rates[LINK_FILE], ("down",), LINK_FILE)]
         return results, versions, [n for n in notes if n]
 
     # ---- the link --------------------------------------------------------
@@ -241,6 +252,20 @@ class CopyTools:
             into[way + "_cpu_s"].append(m.result["self_s"])
             into[way + "_busy"].append(100 * m.result["busy"])
 
+    def _link_to_file(self, link, size, dst_file, want, i, ways, into):
+        """The link's download at its N again, into `dst_file` (then md5sum'ed): the
+        floor of a download that lands on this machine's disk."""
+        with CpuMeter() as m:
+            r = size / 1e6 / link.download_to_file(SEED_KEY, size, ways["down"][0], dst_file)
+        got = self._file_md5(dst_file)
+        os.unlink(dst_file)
+        if got != want:
+            raise RuntimeError("link to file: MD5 %s, object %s" % (got, want))
+        log("exp 8 run %d link to file: down %.0f MB/s" % (i, r))
+        into["down_MBps"].append(r)
+        into["down_cpu_s"].append(m.result["self_s"])
+        into["down_busy"].append(100 * m.result["busy"])
+
     @staticmethod
     def _calibration_note(ways):
         def one(way):
@@ -251,17 +276,17 @@ class CopyTools:
             one("up"), one("down"))
 
 
-def _paired_note(bfs, link):
-    """bucketfs cp ÷ the link measured right after it, run by run."""
+def _paired_note(bfs, link, ways=("up", "down"), what="the link"):
+    """bucketfs cp ÷ `what` measured right after it, run by run."""
     parts = []
-    for way in ("up", "down"):
+    for way in ways:
         a, b = bfs[way + "_MBps"], link[way + "_MBps"]
         if len(a) != len(b) or not a:
             return None  # a failed run broke the pairing; the medians still stand
         ratios = [x / y for x, y in zip(a, b)]
         parts.append("%sload %s, median %.0f%%" % (
             way, ", ".join("%.0f%%" % (100 * r) for r in ratios), 100 * statistics.median(ratios)))
-    return "bucketfs cp ÷ the link measured right after it, run by run: %s." % "; ".join(parts)
+    return "bucketfs cp ÷ %s measured right after it, run by run: %s." % (what, "; ".join(parts))
 
 
 def describe(ctx):
@@ -287,4 +312,9 @@ def describe(ctx):
         "once each way at that N right after bucketfs cp, so each pair sees the same "
         "machine. Ratios `÷ link limit` are bucketfs cp's median over the link's median; the "
         "notes also give the ratio run by run." % ", ".join(map(str, LINK_WAYS)),
+        "**Link to file**: the same client and download N, but each range is read into "
+        "page-aligned 1 MiB buffers and written in place with O_DIRECT into a file whose "
+        "blocks were allocated first (no hashing), then md5sum'ed; measured right after the "
+        "link in every run. It is the floor of a download that lands on this disk, which here "
+        "is the same virtual disk MinIO reads from.",
     ]

@@ -67,11 +67,11 @@ def best_peer(metric, results, systems, exclude=()):
     return best
 
 
-def ratio_cells(metric, results, systems, reference=None):
-    """bucketfs ÷ best peer for each bucketfs column, then bucketfs ÷ `reference`
-    (a column that is a limit, not a peer) when there is one."""
+def ratio_cells(metric, results, systems, references=()):
+    """bucketfs ÷ best peer for each bucketfs column, then bucketfs ÷ each of
+    `references` (columns that are limits, not peers)."""
     out = []
-    best = best_peer(metric, results, systems, (reference,))
+    best = best_peer(metric, results, systems, tuple(references))
     bfs = [s for s in systems if is_bucketfs(s)]
     for b in bfs:
         rec = results.get(b, {}).get(metric["key"])
@@ -79,7 +79,7 @@ def ratio_cells(metric, results, systems, reference=None):
             out.append("–")
         else:
             out.append("%.2f× (vs %s)" % (rec["median"] / best[1], best[0]))
-    for b in bfs if reference else []:
+    for reference, b in ((r, b) for r in references for b in bfs):
         rec = results.get(b, {}).get(metric["key"])
         ref = results.get(reference, {}).get(metric["key"])
         if not numeric(rec) or not numeric(ref) or ref["median"] == 0:
@@ -232,9 +232,11 @@ def write_report(json_path, bench_dir, tag=None, return_name=False):
         exp = doc["experiments"][eid]
         exp["id"] = eid
         L += ["## Experiment %s: %s" % (eid, exp["title"]), ""]
-        # a standalone experiment (8) has its own columns (tools) and maybe a reference
+        # a standalone experiment (8) has its own columns (tools) and maybe references
+        # (limits, not peers: one name, or a list in results from 2026-11-24 on)
         cols = list(exp["columns"]) if "columns" in exp else systems
         ref = exp.get("reference") if "columns" in exp else None
+        refs = [ref] if isinstance(ref, str) else list(ref or [])
         for line in exp.get("description", []):
             L += [line, ""]
         if "columns" in exp and exp["columns"]:
@@ -255,11 +257,11 @@ def write_report(json_path, bench_dir, tag=None, return_name=False):
             L += ["(chart failed: %s)" % e, ""]
         cbfs = [c for c in cols if is_bucketfs(c)]
         head = (["metric"] + cols + ["%s ÷ best peer" % b for b in cbfs]
-                + (["%s ÷ %s" % (b, ref) for b in cbfs] if ref else []))
+                + ["%s ÷ %s" % (b, r) for r in refs for b in cbfs])
         L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for m in exp["metrics"]:
             row = [m["label"]] + [cell(exp["results"].get(s, {}).get(m["key"])) for s in cols]
-            row += ratio_cells(m, exp["results"], cols, ref)
+            row += ratio_cells(m, exp["results"], cols, refs)
             L.append("| " + " | ".join(row) + " |")
         errs = []
         for s in cols:
