@@ -280,7 +280,11 @@ pub fn run(args: CpArgs) -> Result<(), String> {
     let mut opts = args.store.options();
     opts.s3_crc32c = !args.s3_md5;
     opts.s3_checksum_mode = !args.s3_md5;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
+    // One thread drives every request; hashing and writing run on the blocking pool. The
+    // multi-thread scheduler's hand-offs between workers cost about a fifth of a
+    // download's CPU (0.59-0.76 against 0.45-0.57 s per GiB by hand), which on a small
+    // machine is the rate.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(async move {
         let mut opener = Opener::new(opts, args.s3_endpoint.clone(), args.gcs_endpoint.clone());
         let srcs = paths.iter().map(|s| opener.side(s)).collect::<Result<Vec<_>, _>>()?;
