@@ -607,7 +607,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
         };
         let Some(item) = item else { break };
         let (range, data) = item?;
-        let (with_md5, with_crc32) = (p.slice_md5, p.slice_crc32);
+        let (with_md5, with_crc32, with_crc32c) = (p.slice_md5, p.slice_crc32, p.slice_crc32c);
         let h = hasher.take();
         let (sum, h) = tokio::task::spawn_blocking(move || {
             let mut out = std::io::stdout().lock();
@@ -619,7 +619,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
                 data.iter().for_each(|c| h.update(c));
                 h
             });
-            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5).with_crc32(&data, with_crc32), h))
+            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5, with_crc32c).with_crc32(&data, with_crc32), h))
         })
         .await
         .map_err(|e| e.to_string())?

@@ -283,7 +283,7 @@ async fn stream_once(
         .map(|range| async move {
             let data = fetch_chunks(ctx, src, range.clone(), if_match).await?;
             let d = data.clone();
-            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts).with_crc32(&d, want_crc32))
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts, true).with_crc32(&d, want_crc32))
                 .await
                 .map_err(|e| e.to_string())?;
             Ok::<_, String>((data, sum))

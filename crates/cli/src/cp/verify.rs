@@ -60,15 +60,15 @@ impl SliceSum {
         self
     }
 
-    /// [`SliceSum::of`] the concatenation of `chunks`.
-    pub fn of_chunks(range: Range<u64>, chunks: &[bytes::Bytes], with_md5: bool) -> Self {
-        let crc = chunks.iter().fold(0, |c, b| crc32c::crc32c_append(c, b));
+    /// [`SliceSum::of`] the concatenation of `chunks`; its crc32c only `with_crc32c`.
+    pub fn of_chunks(range: Range<u64>, chunks: &[bytes::Bytes], with_md5: bool, with_crc32c: bool) -> Self {
+        let crc = with_crc32c.then(|| chunks.iter().fold(0, |c, b| crc32c::crc32c_append(c, b)));
         let md5 = with_md5.then(|| {
             let mut h = Md5::new();
             chunks.iter().for_each(|b| h.update(b));
             h.finalize().into()
         });
-        Self { range, crc: Some(crc), md5, crc32: None }
+        Self { range, crc, md5, crc32: None }
     }
 
     /// Whether `data` (this range read again) differs from what was recorded: by crc32c,
