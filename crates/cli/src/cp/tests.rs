@@ -191,6 +191,10 @@ fn write_buffers_are_aligned_and_hold_what_was_pushed() {
     b.push(&vec![1u8; b.space()]);
     assert_eq!(b.space(), 0);
     assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.push(b"x"))).is_err(), "overflow is refused");
+    // A dropped buffer is kept for the next request, and comes back empty.
+    drop(b);
+    let again = download::AlignedBuf::new();
+    assert!(again.bytes().is_empty() && again.space() == download::WRITE_BUF);
 }
 
 #[test]
