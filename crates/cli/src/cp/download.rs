@@ -16,7 +16,7 @@ use super::endpoint::Remote;
 use super::plan::{self, slices};
 use super::verify::{self, Check, Expect, SliceSum};
 use super::{retry, Ctx, Report, INTERRUPTED};
-use bucketfs_store::{StoreError, StoreErrorKind};
+use bucketfs_store::{ObjectDigests, StoreError, StoreErrorKind};
 
 /// How to read one object: its identity, size, ranges and what to verify against.
 struct ReadPlan {
@@ -34,8 +34,16 @@ struct ReadPlan {
     slice_crc32c: bool,
 }
 
-async fn read_plan(ctx: &Ctx, src: &Remote) -> Result<ReadPlan, String> {
-    let d = retry(ctx, "head", &src.key, || src.store.head_digests(&src.key)).await?;
+/// Ask the store for what `head` does not already say: the object's size, identity and digests.
+pub(super) async fn head(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) -> Result<ObjectDigests, String> {
+    match head {
+        Some(d) => Ok(d.clone()),
+        None => retry(ctx, "head", &src.key, || src.store.head_digests(&src.key)).await,
+    }
+}
+
+async fn read_plan(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) -> Result<ReadPlan, String> {
+    let d = self::head(ctx, src, head).await?;
     let size = d.meta.size;
     let expect = verify::expect(src.kind, &d);
     let mut tuning = plan::tuning(Some(size), ctx.slice, Some(ctx.parallel));
@@ -506,11 +514,11 @@ impl TrailingMd5 {
     }
 }
 
-pub async fn to_file(ctx: &Ctx, src: &Remote, dst: &Path) -> Result<Report, String> {
+pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>, dst: &Path) -> Result<Report, String> {
     if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
-    let p = read_plan(ctx, src).await?;
+    let p = read_plan(ctx, src, head).await?;
     let tmp = temp_path(dst);
     let result = tokio::select! {
         r = download_verified(ctx, src, &p, &tmp) => r,
@@ -604,8 +612,8 @@ async fn reread_and_repair(
 
 /// Write the object to stdout in order. Reads run `parallel` ahead; the reordering window
 /// is those slices. A mismatch found afterwards can only be reported (the bytes are out).
-pub async fn to_stdout(ctx: &Ctx, src: &Remote) -> Result<Report, String> {
-    let p = read_plan(ctx, src).await?;
+pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) -> Result<Report, String> {
+    let p = read_plan(ctx, src, head).await?;
     let want_whole = matches!(p.expect, Expect::WholeMd5(_));
     let if_match = p.if_match.as_deref();
     let mut stream = futures::stream::iter(p.ranges.clone())

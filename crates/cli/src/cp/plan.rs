@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use futures::TryStreamExt;
 
 use super::endpoint::{Remote, Side};
-use bucketfs_store::StoreErrorKind;
+use bucketfs_store::{ObjectDigests, StoreErrorKind};
 
 pub const MIB: u64 = 1 << 20;
 /// S3 rejects parts under 5 MiB (all but the last), so uploads to S3 never use less.
@@ -81,7 +81,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[derive(Clone)]
 pub enum Src {
     Local { path: PathBuf, size: u64 },
-    Remote { remote: Remote, size: u64 },
+    /// `head`: what the HEAD that found a single object said (a listing gives none), so the
+    /// copy does not ask again.
+    Remote { remote: Remote, size: u64, head: Option<Box<ObjectDigests>> },
     Stdin,
 }
 
@@ -229,10 +231,10 @@ async fn expand_remote(
 ) -> Result<(), String> {
     let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string);
     if !r.key.is_empty() && !r.key.ends_with('/') {
-        match r.store.head(&r.key).await {
-            Ok(m) => {
+        match r.store.head_digests(&r.key).await {
+            Ok(d) => {
                 let dst = target(dst, name.as_deref(), "", into_dir)?;
-                jobs.push(Job { src: Src::Remote { remote: r.clone(), size: m.size }, dst });
+                jobs.push(Job { src: Src::Remote { remote: r.clone(), size: d.meta.size, head: Some(Box::new(d)) }, dst });
                 return Ok(());
             }
             Err(e) if e.kind == StoreErrorKind::NotFound => {
@@ -260,7 +262,7 @@ async fn expand_remote(
             return Err(format!("{}{}: key is not a safe local path; refusing to copy it", r.base, m.key));
         }
         let dst = target(dst, name.as_deref(), rel, into_dir)?;
-        jobs.push(Job { src: Src::Remote { remote: r.with_key(m.key.clone()), size: m.size }, dst });
+        jobs.push(Job { src: Src::Remote { remote: r.with_key(m.key.clone()), size: m.size, head: None }, dst });
     }
     Ok(())
 }

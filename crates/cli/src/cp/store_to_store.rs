@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use bucketfs_store::{ObjectMeta, StoreErrorKind, WriteOptions};
+use bucketfs_store::{ObjectDigests, ObjectMeta, StoreErrorKind, WriteOptions};
 use bytes::Bytes;
 use futures::StreamExt;
 use md5::{Digest, Md5};
@@ -32,11 +32,11 @@ use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
 const S3_COPY_MAX: u64 = 5 << 30;
 
 /// Copy `src` (`size` bytes) to `dst`, verified.
-pub async fn copy(ctx: &Ctx, src: &Remote, dst: &Remote) -> Result<Report, String> {
+pub async fn copy(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>, dst: &Remote) -> Result<Report, String> {
     if src.url() == dst.url() {
         return Err(format!("{}: source and destination are the same object", src.url()));
     }
-    let d = retry(ctx, "head", &src.key, || src.store.head_digests(&src.key)).await?;
+    let d = super::download::head(ctx, src, head).await?;
     let same_store = std::ptr::addr_eq(Arc::as_ptr(&src.store), Arc::as_ptr(&dst.store));
     let r = if same_store && !(src.kind == Kind::S3 && d.meta.size > S3_COPY_MAX) {
         server_side(ctx, src, dst, &d).await

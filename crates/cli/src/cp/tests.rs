@@ -15,7 +15,7 @@ use bucketfs_store::{
 };
 use bytes::Bytes;
 
-use super::endpoint::{Kind, Remote};
+use super::endpoint::{Kind, Remote, Side};
 use super::plan::{self, slices, tuning, MIB};
 use super::progress::Progress;
 use super::verify::{self, Check, Expect, SliceSum};
@@ -170,12 +170,28 @@ async fn round_trip(store: Arc<dyn Store>, kind: Kind, n: usize) {
     assert_eq!(up.bytes, n as u64);
     assert_eq!(up.crc32c, Some(crc32c::crc32c(&body)), "{n} bytes");
     let dst = dir.join("sub/dst");
-    let down = download::to_file(&ctx, &r, &dst).await.unwrap();
+    let down = download::to_file(&ctx, &r, None, &dst).await.unwrap();
     assert_eq!(down.crc32c, up.crc32c);
     assert!(std::fs::read(&dst).unwrap() == body, "{n} bytes differ after the round trip");
     // Only the destination is left: no temp files beside it.
     assert_eq!(std::fs::read_dir(dir.join("sub")).unwrap().count(), 1);
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_single_object_is_asked_for_once() {
+    // Every HEAD after the first fails: the copy must use what expansion learned.
+    let mem = Arc::new(MemStore::new());
+    let body = data(3 * SLICE as usize + 5);
+    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    let once: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Head, 2, u64::MAX / 2, StoreErrorKind::Other));
+    let dir = temp_dir("once");
+    let src = Side::Remote(remote(once, Kind::Other, "obj"));
+    let jobs = plan::expand(vec![src], Side::Local(dir.join("out")), false).await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    let rep = super::run_job(&ctx(), &jobs[0]).await.unwrap();
+    assert_eq!(rep.bytes, body.len() as u64);
+    assert!(std::fs::read(dir.join("out")).unwrap() == body);
 }
 
 #[test]
@@ -225,7 +241,7 @@ async fn failed_reads_are_retried_to_a_correct_result() {
     // Reads 3 and 4 fail (mid-transfer); retries with backoff get the slices anyway.
     let failing: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Get, 3, 2, StoreErrorKind::Unavailable));
     let dir = temp_dir("retry");
-    let rep = download::to_file(&ctx(), &remote(failing, Kind::Other, "obj"), &dir.join("out")).await.unwrap();
+    let rep = download::to_file(&ctx(), &remote(failing, Kind::Other, "obj"), None, &dir.join("out")).await.unwrap();
     assert_eq!(rep.verified, verify::BY_REREAD);
     assert!(std::fs::read(dir.join("out")).unwrap() == body);
     std::fs::remove_dir_all(dir).unwrap();
@@ -342,7 +358,7 @@ async fn a_corrupted_read_is_caught_by_the_reread_and_fetched_again() {
     let mut c = Corrupt::new(mem);
     c.flip_reads = vec![2]; // one slice of the first pass comes back damaged
     let dir = temp_dir("flip");
-    let rep = download::to_file(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), &dir.join("out")).await.unwrap();
+    let rep = download::to_file(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), None, &dir.join("out")).await.unwrap();
     assert_eq!(rep.verified, verify::BY_REREAD);
     assert!(std::fs::read(dir.join("out")).unwrap() == body, "the damaged slice was not repaired");
     std::fs::remove_dir_all(dir).unwrap();
@@ -366,7 +382,7 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
         let c = Arc::new(c);
         let dst = dir.join("out");
         async move {
-            let r = download::to_file(&ctx(), &remote(c.clone(), Kind::S3, "obj"), &dst).await;
+            let r = download::to_file(&ctx(), &remote(c.clone(), Kind::S3, "obj"), None, &dst).await;
             (r, c.reads.load(Ordering::SeqCst))
         }
     };
@@ -411,7 +427,7 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
     c.checksum = Some(s3_checksum("crc32", &body, part));
     let mut with_summary = ctx();
     with_summary.summary = true;
-    let rep = download::to_file(&with_summary, &remote(Arc::new(c), Kind::S3, "obj"), &dir.join("out")).await.unwrap();
+    let rep = download::to_file(&with_summary, &remote(Arc::new(c), Kind::S3, "obj"), None, &dir.join("out")).await.unwrap();
     assert_eq!((rep.verified.as_ref(), rep.crc32c), (verify::BY_S3_CRC32, Some(crc32c::crc32c(&body))));
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -424,7 +440,7 @@ async fn a_digest_mismatch_is_an_error_not_a_success() {
     c.wrong_md5 = true;
     let c: Arc<dyn Store> = Arc::new(c);
     let dir = temp_dir("mismatch");
-    let e = download::to_file(&ctx(), &remote(c.clone(), Kind::Gcs, "obj"), &dir.join("out")).await.unwrap_err();
+    let e = download::to_file(&ctx(), &remote(c.clone(), Kind::Gcs, "obj"), None, &dir.join("out")).await.unwrap_err();
     assert!(e.contains("verification failed") && e.contains("MD5"), "{e}");
     assert!(!dir.join("out").exists(), "a download that failed verification must not be left in place");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "temp file left behind");
@@ -464,7 +480,7 @@ async fn store_to_store_streams_at_slice_boundaries_and_retries_failures() {
         // cannot be opened (the whole copy is done again).
         let src: Arc<dyn Store> = Arc::new(FailStore::new(a.clone(), Op::Get, 3, 2, StoreErrorKind::Unavailable));
         let dst: Arc<dyn Store> = Arc::new(FailStore::new(b.clone(), Op::Upload, 1, 1, StoreErrorKind::Unavailable));
-        let rep = store_to_store::copy(&ctx(), &remote(src, Kind::Other, "obj"), &remote(dst, Kind::Other, "copy"))
+        let rep = store_to_store::copy(&ctx(), &remote(src, Kind::Other, "obj"), None, &remote(dst, Kind::Other, "copy"))
             .await
             .unwrap();
         assert_eq!(rep.bytes, n as u64);
@@ -482,7 +498,7 @@ async fn store_to_store_catches_a_corrupted_source_read_and_copies_again() {
     let mut c = Corrupt::new(a);
     c.flip_reads = vec![2]; // one slice of the first pass comes back damaged
     let b = Arc::new(MemStore::new());
-    let rep = store_to_store::copy(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), &remote(b.clone(), Kind::Other, "k"))
+    let rep = store_to_store::copy(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), None, &remote(b.clone(), Kind::Other, "k"))
         .await
         .unwrap();
     assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
@@ -494,13 +510,13 @@ async fn store_to_store_within_one_store_is_server_side() {
     let a: Arc<dyn Store> = Arc::new(MemStore::new());
     let body = data(3 * SLICE as usize + 1);
     a.put("obj", Bytes::from(body.clone())).await.unwrap();
-    let rep = store_to_store::copy(&ctx(), &remote(a.clone(), Kind::Other, "obj"), &remote(a.clone(), Kind::Other, "b"))
+    let rep = store_to_store::copy(&ctx(), &remote(a.clone(), Kind::Other, "obj"), None, &remote(a.clone(), Kind::Other, "b"))
         .await
         .unwrap();
     assert_eq!(rep.verified, "copy:reread-crc32c");
     assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
     assert!(a.get_range("b", 0..body.len() as u64, None).await.unwrap() == body);
-    let e = store_to_store::copy(&ctx(), &remote(a.clone(), Kind::Other, "obj"), &remote(a, Kind::Other, "obj"))
+    let e = store_to_store::copy(&ctx(), &remote(a.clone(), Kind::Other, "obj"), None, &remote(a, Kind::Other, "obj"))
         .await
         .unwrap_err();
     assert!(e.contains("same object"), "{e}");
@@ -593,7 +609,7 @@ async fn a_download_cut_off_mid_request_resumes_at_its_first_unfinished_slice() 
     let c = Arc::new(Choppy { inner: mem, cut: vec![1, 3], streams: AtomicU64::new(0), asked: Default::default() });
     let dir = temp_dir("choppy");
     let store: Arc<dyn Store> = c.clone();
-    let rep = download::to_file(&ctx(), &remote(store, Kind::S3, "obj"), &dir.join("out")).await.unwrap();
+    let rep = download::to_file(&ctx(), &remote(store, Kind::S3, "obj"), None, &dir.join("out")).await.unwrap();
     // Verified by the ETag rebuilt from per-slice MD5s hashed chunk by chunk.
     assert_eq!(rep.verified, verify::BY_ETAG);
     assert!(std::fs::read(dir.join("out")).unwrap() == body);
