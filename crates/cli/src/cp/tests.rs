@@ -195,6 +195,20 @@ async fn a_single_object_is_asked_for_once() {
 }
 
 #[test]
+fn part_buffers_are_kept_and_come_back_empty() {
+    let mut v = upload::part_buf(MIB as usize);
+    assert!(v.is_empty() && v.capacity() >= MIB as usize);
+    v.extend_from_slice(&[5u8; 1000]);
+    let b = Bytes::from_owner(upload::PartBuf(v));
+    let shared = b.clone();
+    drop(b);
+    assert_eq!(&shared[..], &[5u8; 1000][..], "a part stays whole while the store holds it");
+    drop(shared); // the last reference: the buffer goes back for the next part
+    let again = upload::part_buf(2 * MIB as usize);
+    assert!(again.is_empty() && again.capacity() >= 2 * MIB as usize);
+}
+
+#[test]
 fn write_buffers_are_aligned_and_hold_what_was_pushed() {
     let mut b = download::AlignedBuf::new();
     assert!((b.bytes().as_ptr() as usize).is_multiple_of(download::WRITE_BUF));
