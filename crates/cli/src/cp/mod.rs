@@ -118,7 +118,8 @@ pub struct Ctx {
     pub slice: Option<u64>,
     pub retries: u32,
     pub progress: Progress,
-    /// A `--json` summary is asked for: every download computes the crc32c it reports.
+    /// A `--json` summary reports this copy's crc32c (it does for a single file only): a
+    /// download computes it even where the object's crc32 is what verifies it.
     pub summary: bool,
     /// First retry delay; doubles per attempt.
     pub backoff_base: Duration,
@@ -297,7 +298,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         let total = jobs.iter().map(Job::size).sum::<Option<u64>>();
         let parallel = args.parallel.unwrap_or_else(plan::default_parallel).max(1);
         let mut ctx = Ctx::new(parallel, args.slice_size, args.retries, Progress::new(total, !args.quiet));
-        ctx.summary = args.json;
+        ctx.summary = args.json && jobs.len() == 1;
         let start = Instant::now();
         // On SIGINT/SIGTERM, cancel and keep waiting: the transfers abort and clean up.
         let signals = async {
