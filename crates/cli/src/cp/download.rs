@@ -178,8 +178,8 @@ impl Target {
         let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
             _ if r == 0 => Ok(()),
-            Some(libc::ENOSPC) => Err(std::io::Error::other(format!(
-                "no space for {size} bytes on this file system; free some space or copy elsewhere"
+            Some(libc::ENOSPC | libc::EDQUOT) => Err(std::io::Error::other(format!(
+                "no space for {size} bytes here ({e}); free some space or copy elsewhere"
             ))),
             _ => Ok(()), // not supported here (e.g. some network file systems): stays sparse
         }
@@ -514,6 +514,20 @@ impl TrailingMd5 {
     }
 }
 
+/// [`Target::open`] and [`Target::reserve`] on a blocking thread (allocating can take a
+/// while: tmpfs clears the pages, NFS asks its server).
+async fn open_reserved(tmp: &Path, direct: bool, size: u64) -> Result<Target, String> {
+    let tmp = tmp.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let file = Target::open(&tmp, direct).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let dir = tmp.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        file.reserve(size).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(file)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
 pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>, dst: &Path) -> Result<Report, String> {
     if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
@@ -545,9 +559,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
         }
         // The whole-file MD5 reads back what landed, best from the page cache: no O_DIRECT.
         let whole_md5 = matches!(p.expect, Expect::WholeMd5(_));
-        let file = Arc::new(Target::open(tmp, !whole_md5).map_err(|e| format!("{}: {e}", tmp.display()))?);
-        let dir = tmp.parent().unwrap_or(tmp);
-        file.reserve(p.size).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let file = Arc::new(open_reserved(tmp, !whole_md5, p.size).await?);
         let md5 = whole_md5.then(|| TrailingMd5::start(file.file.clone(), p.size));
         let all = groups(p.ranges.len(), p.ranges.first().map_or(1, |r| r.end - r.start), p.size, ctx.parallel);
         let mut sums: Vec<SliceSum> =

@@ -256,7 +256,8 @@ pub async fn run_jobs(ctx: &Ctx, jobs: &[Job]) -> (Vec<Report>, Vec<String>) {
     (reports, errors)
 }
 
-fn json_summary(reports: &[Report], secs: f64) -> String {
+/// The `--json` line; `single`: one file was asked for (only then is a crc32c reported).
+fn json_summary(reports: &[Report], secs: f64, single: bool) -> String {
     let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
     let mut how: BTreeMap<&str, usize> = BTreeMap::new();
     for r in reports {
@@ -264,7 +265,7 @@ fn json_summary(reports: &[Report], secs: f64) -> String {
     }
     let verified: Vec<String> = how.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     let crc = match reports {
-        [one] => format!(",\"crc32c\":\"{:08x}\"", one.crc32c.unwrap_or(0)),
+        [one] if single => format!(",\"crc32c\":\"{:08x}\"", one.crc32c.unwrap_or(0)),
         _ => String::new(),
     };
     let rate = if secs > 0.0 { bytes as f64 / 1e6 / secs } else { 0.0 };
@@ -323,7 +324,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         };
         ctx.progress.finish();
         if args.json {
-            let line = json_summary(&reports, start.elapsed().as_secs_f64());
+            let line = json_summary(&reports, start.elapsed().as_secs_f64(), ctx.summary);
             if to_stdout {
                 eprintln!("{line}");
             } else {

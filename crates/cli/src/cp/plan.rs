@@ -147,6 +147,14 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, recursive: bool) -> Result<Vec<J
             Side::Remote(r) => expand_remote(&r, &dst, into_dir, recursive, &mut jobs).await?,
         }
     }
+    if jobs.len() > 1 {
+        // A later job may start minutes from now: it asks for the object again then.
+        for j in &mut jobs {
+            if let Src::Remote { head, .. } = &mut j.src {
+                *head = None;
+            }
+        }
+    }
     Ok(jobs)
 }
 

@@ -262,12 +262,17 @@ async fn stream_once(
             }
             None => Bytes::new(),
         };
-        let sums = ranges
-            .first()
-            .map(|r| SliceSum::of(r.clone(), &data, true).with_crc32(std::slice::from_ref(&data), want_crc32))
-            .into_iter()
-            .collect();
-        let whole_md5 = want_whole.then(|| Md5::digest(&data).into());
+        // Hashing up to a slice (or a large --slice-size) would stall the runtime thread.
+        let (d, first) = (data.clone(), ranges.first().cloned());
+        let (sums, whole_md5) = tokio::task::spawn_blocking(move || {
+            let sums: Vec<SliceSum> = first
+                .map(|r| SliceSum::of(r, &d, true).with_crc32(std::slice::from_ref(&d), want_crc32))
+                .into_iter()
+                .collect();
+            (sums, want_whole.then(|| Md5::digest(&d).into()))
+        })
+        .await
+        .map_err(|e| Failed { msg: format!("hashing: {e}"), retry: false })?;
         let meta = {
             let _slot = ctx.slot().await;
             retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone())).await?
