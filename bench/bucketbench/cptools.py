@@ -201,7 +201,8 @@ class CopyTools:
                         log("exp 8 link failed: %s" % e)
                         errors[LINK] = str(e)
                     try:
-                        self._link_to_file(link, size, dst_file, want, i, ways, rates[LINK_FILE])
+                        self._link_to_file(link, size, dst_file, want, i, ways, rates[LINK_FILE],
+                                           failures)
                     except (RuntimeError, OSError, AssertionError) as e:
                         log("exp 8 link to file failed: %s" % e)
                         errors[LINK_FILE] = str(e)
@@ -252,7 +253,7 @@ class CopyTools:
             into[way + "_cpu_s"].append(m.result["self_s"])
             into[way + "_busy"].append(100 * m.result["busy"])
 
-    def _link_to_file(self, link, size, dst_file, want, i, ways, into):
+    def _link_to_file(self, link, size, dst_file, want, i, ways, into, failures):
         """The link's download at its N again, into `dst_file` (then md5sum'ed): the
         floor of a download that lands on this machine's disk."""
         with CpuMeter() as m:
@@ -260,6 +261,7 @@ class CopyTools:
         got = self._file_md5(dst_file)
         os.unlink(dst_file)
         if got != want:
+            failures[LINK_FILE] += 1
             raise RuntimeError("link to file: MD5 %s, object %s" % (got, want))
         log("exp 8 run %d link to file: down %.0f MB/s" % (i, r))
         into["down_MBps"].append(r)

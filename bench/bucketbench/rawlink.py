@@ -205,30 +205,34 @@ class Link:
 def _drain(conn, resp, obj, want, path=None, at=0):
     """Read a ranged GET's body into one reused buffer; the byte count must be `want`.
     The bytes are dropped, or with `path` written at `at` onwards with O_DIRECT (each
-    1 MiB filled before its write; the buffer is mmap'ed, so page-aligned)."""
+    1 MiB filled before its write; the buffer is mmap'ed, so page-aligned, and freed by
+    the garbage collector: closing it could fail while an error's traceback holds a
+    slice of it)."""
     if resp.status not in (200, 206):
         raise RuntimeError("GET %s: HTTP %d %s" % (obj, resp.status, resp.read()[:200]))
-    buf = mmap.mmap(-1, CHUNK)
-    view = memoryview(buf)
-    fd = os.open(path, os.O_WRONLY | os.O_DIRECT) if path else None
-    got = fill = 0
-    try:
+    if path is None:
+        view = memoryview(bytearray(CHUNK))
+        got = 0
         while True:
-            n = resp.readinto(view[fill:] if fd is not None else view)
-            if n and fd is None:
-                got += n
-                continue
-            fill += n
-            if fill == CHUNK or (not n and fill):
-                _write_at(path, fd, view[:fill], at + got)
-                got, fill = got + fill, 0
+            n = resp.readinto(view)
             if not n:
                 break
-    finally:
-        if fd is not None:
+            got += n
+    else:
+        view = memoryview(mmap.mmap(-1, CHUNK))
+        fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+        got = fill = 0
+        try:
+            while True:
+                n = resp.readinto(view[fill:])
+                fill += n
+                if fill == CHUNK or (not n and fill):
+                    _write_at(path, fd, view[:fill], at + got)
+                    got, fill = got + fill, 0
+                if not n:
+                    break
+        finally:
             os.close(fd)
-        view.release()
-        buf.close()
     conn.close()
     if got != want:
         raise RuntimeError("GET %s: %d bytes, expected %d" % (obj, got, want))
@@ -239,13 +243,15 @@ def _write_at(path, direct_fd, data, at):
     """pwrite through the O_DIRECT descriptor, or for an unaligned piece (a range's
     tail) through a plain one."""
     if at % 4096 == 0 and len(data) % 4096 == 0:
-        os.pwrite(direct_fd, data, at)
-        return
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.pwrite(fd, data, at)
-    finally:
-        os.close(fd)
+        n = os.pwrite(direct_fd, data, at)
+    else:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            n = os.pwrite(fd, data, at)
+        finally:
+            os.close(fd)
+    if n != len(data):
+        raise OSError("short write at %d: %d of %d bytes" % (at, n, len(data)))
 
 
 def _parallel_ranges(get_range, obj, size, n):
