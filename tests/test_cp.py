@@ -370,11 +370,18 @@ def test_a_download_that_does_not_fit_fails_first_and_leaves_nothing(cp_bucket, 
         subprocess.run(["umount", str(small)], check=True)
 
 
-def _interrupt(cmd, after: float):
-    """Run cmd, send SIGINT after `after` seconds; return (returncode, stderr)."""
+def _interrupt(cmd, ready):
+    """Run cmd and send SIGINT as soon as `ready()` says the copy is under way; return
+    (returncode, stderr), or None if the copy ended before it was seen under way."""
     proc = subprocess.Popen(cmd, env=bucketfs_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
-    time.sleep(after)
+    deadline = time.monotonic() + 60
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.communicate()
+            return None
+        time.sleep(0.005)
     proc.send_signal(2)
     try:
         _, err = proc.communicate(timeout=60)
@@ -384,15 +391,29 @@ def _interrupt(cmd, after: float):
     return proc.returncode, err.decode(errors="replace")
 
 
+def _parts_landed(b: Bucket) -> bool:
+    """Whether an upload to `b` has sent a part: an S3 multipart upload with a part, or a
+    GCS part object (the final object is composed from them)."""
+    if b.store == "s3":
+        s3 = seed.s3_client()
+        for u in s3.list_multipart_uploads(Bucket=b.name).get("Uploads", []):
+            if s3.list_parts(Bucket=b.name, Key=u["Key"], UploadId=u["UploadId"]).get("Parts"):
+                return True
+        return False
+    return any(k != "big.bin" for k in seed.list_keys(b.store, b.name))
+
+
 def test_interrupted_copies_leave_nothing_behind(cp_bucket, tmp):
     src = tmp / "big.bin"
     subprocess.run(["head", "-c", str(400 * MIB), "/dev/urandom"], stdout=open(src, "wb"), check=True)
-    # Slow parts (the smallest S3 allows) and few in flight, so the upload is mid-way at 1 s.
+    # Small parts (the smallest S3 allows), few in flight: the signal comes after the first.
     extra = [*seed.mount_extra_args(cp_bucket.store), "--slice-size", "5M", "--parallel", "2"]
-    rc, err = _interrupt([require_bin(), "cp", str(src), url(cp_bucket, "big.bin"), *extra], after=1.0)
-    if rc == 0:
-        pytest.skip("the upload finished before the signal")
-    assert "interrupted" in err, err
+    got = _interrupt([require_bin(), "cp", str(src), url(cp_bucket, "big.bin"), *extra],
+                     lambda: _parts_landed(cp_bucket))
+    if got is None:
+        pytest.skip("the upload finished before a part was seen")
+    rc, err = got
+    assert rc != 0 and "interrupted" in err, (rc, err)
     # No parts (GCS temp objects or S3 multipart uploads), and no object, unless the signal
     # came after the commit point (the final compose or complete request was already sent):
     # then the object is whole, never partial.
@@ -409,9 +430,10 @@ def test_interrupted_copies_leave_nothing_behind(cp_bucket, tmp):
     cp(cp_bucket, str(src), url(cp_bucket, "big.bin"), timeout=BIG_TIMEOUT)
     out = tmp / "dl"
     out.mkdir()
-    rc, err = _interrupt([require_bin(), "cp", url(cp_bucket, "big.bin"), str(out / "big.bin"), *extra], after=0.5)
-    if rc != 0:
-        assert "interrupted" in err, err
+    got = _interrupt([require_bin(), "cp", url(cp_bucket, "big.bin"), str(out / "big.bin"), *extra],
+                     lambda: bool(os.listdir(out)))
+    if got is not None and got[0] != 0:
+        assert "interrupted" in got[1], got[1]
         assert os.listdir(out) == [], os.listdir(out)
 
 
