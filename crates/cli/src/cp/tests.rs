@@ -195,17 +195,25 @@ async fn a_single_object_is_asked_for_once() {
 }
 
 #[test]
-fn part_buffers_are_kept_and_come_back_empty() {
-    let mut v = upload::part_buf(MIB as usize);
-    assert!(v.is_empty() && v.capacity() >= MIB as usize);
-    v.extend_from_slice(&[5u8; 1000]);
-    let b = Bytes::from_owner(upload::PartBuf(v));
-    let shared = b.clone();
-    drop(b);
-    assert_eq!(&shared[..], &[5u8; 1000][..], "a part stays whole while the store holds it");
-    drop(shared); // the last reference: the buffer goes back for the next part
-    let again = upload::part_buf(2 * MIB as usize);
-    assert!(again.is_empty() && again.capacity() >= 2 * MIB as usize);
+fn a_part_is_read_until_full_or_the_end() {
+    // A reader that returns a few bytes at a time (like a pipe): a part is still filled.
+    struct Trickle(Vec<u8>, usize);
+    impl std::io::Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(3).min(self.0.len() - self.1);
+            buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+            self.1 += n;
+            Ok(n)
+        }
+    }
+    let body = data(10);
+    let mut input = Trickle(body.clone(), 0);
+    let mut part = [0u8; 8];
+    assert_eq!(upload::fill(&mut input, &mut part).unwrap(), 8);
+    assert_eq!(&part[..], &body[..8]);
+    assert_eq!(upload::fill(&mut input, &mut part).unwrap(), 2, "the input's end");
+    assert_eq!(&part[..2], &body[8..]);
+    assert_eq!(upload::fill(&mut input, &mut part).unwrap(), 0);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
+use bucketfs_core::block_pool::BlockPool;
 use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreError, StoreErrorKind, WriteOptions};
 use bytes::Bytes;
 use md5::{Digest, Md5};
@@ -46,7 +47,10 @@ impl From<String> for Failed {
 /// always, its MD5 for S3's multipart ETag unless the server checks crc32cs) are computed on a blocking task of their own,
 /// while the part is being sent, so hashing spreads over the cores; GCS's whole-content MD5
 /// (its `md5Hash`) needs the bytes in order and is computed by the reader itself.
-fn spawn_reader(src: &Source<'_>, part: usize, dst: &Remote) -> Result<(Chunks, WholeMd5), String> {
+/// Parts are read into buffers of a [`BlockPool`] of `keep` buffers (about those in flight,
+/// read ahead and being hashed): a fresh 8-16 MiB buffer per part cost a page fault and a
+/// cleared page per 4 KiB, about a fifth of an upload's CPU.
+fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Result<(Chunks, WholeMd5), String> {
     let kind = dst.kind;
     let part_md5 = kind == Kind::S3 && !dst.crc_confirmed;
     let mut input: Box<dyn Read + Send> = match src {
@@ -55,24 +59,26 @@ fn spawn_reader(src: &Source<'_>, part: usize, dst: &Remote) -> Result<(Chunks, 
     };
     // Two chunks read ahead keep the uploads fed without holding much memory.
     let (tx, rx) = mpsc::channel(2);
+    let pool = BlockPool::new(part, keep);
     let handle = tokio::task::spawn_blocking(move || {
         let mut whole = (kind == Kind::Gcs).then(Md5::new);
         let mut off = 0u64;
         loop {
-            // read_to_end fills spare capacity: no zero-filling of the buffer first.
-            let mut buf = part_buf(part);
-            if let Err(e) = input.by_ref().take(part as u64).read_to_end(&mut buf) {
-                let _ = tx.blocking_send(Err(format!("reading the source: {e}")));
-                return None;
-            }
-            let n = buf.len();
+            let mut buf = pool.take();
+            let n = match fill(input.as_mut(), &mut buf.space()[..part]) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(format!("reading the source: {e}")));
+                    return None;
+                }
+            };
             if n == 0 {
                 break;
             }
+            let data = buf.into_bytes(n);
             if let Some(h) = whole.as_mut() {
-                h.update(&buf);
+                h.update(&data);
             }
-            let data = Bytes::from_owner(PartBuf(buf));
             let range = off..off + n as u64;
             let hashed = data.clone();
             let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &hashed, part_md5));
@@ -86,38 +92,18 @@ fn spawn_reader(src: &Source<'_>, part: usize, dst: &Remote) -> Result<(Chunks, 
     Ok((rx, handle))
 }
 
-/// Part buffers kept for the next parts: a fresh buffer of 8-16 MiB costs a page fault and
-/// a cleared page per 4 KiB, a fifth of an upload's CPU. Holds at most the most parts ever
-/// in memory at once (those in flight, read ahead and being hashed), up to `SPARE_PARTS_MAX`.
-static SPARE_PARTS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-const SPARE_PARTS_MAX: usize = 24;
-
-/// An empty buffer for `part` bytes, a kept one where there is one.
-pub(super) fn part_buf(part: usize) -> Vec<u8> {
-    let mut v = SPARE_PARTS.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
-    v.reserve(part);
-    v
-}
-
-/// A part's bytes, handed to the store as [`Bytes`]; back to [`SPARE_PARTS`] when the
-/// last reference is dropped.
-pub(super) struct PartBuf(pub(super) Vec<u8>);
-
-impl AsRef<[u8]> for PartBuf {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl Drop for PartBuf {
-    fn drop(&mut self) {
-        let mut spare = SPARE_PARTS.lock().unwrap_or_else(|e| e.into_inner());
-        if spare.len() < SPARE_PARTS_MAX {
-            let mut v = std::mem::take(&mut self.0);
-            v.clear();
-            spare.push(v);
+/// Read into `buf` until it is full or the input ends; the bytes read.
+pub(super) fn fill(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
+    Ok(n)
 }
 
 /// A part's digests, being computed.
@@ -134,7 +120,7 @@ async fn sums_of(pending: Vec<PendingSum>) -> Result<Vec<SliceSum>, Failed> {
 
 /// Upload once: single `put` for one chunk, the writer for more.
 async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> Result<(ObjectMeta, Digests), Failed> {
-    let (mut rx, reader) = spawn_reader(src, part, dst)?;
+    let (mut rx, reader) = spawn_reader(src, part, ctx.parallel + 4, dst)?;
     let mut sums = Vec::new();
     let first = rx.recv().await.transpose()?;
     let second = if first.is_some() { rx.recv().await.transpose()? } else { None };
