@@ -244,9 +244,11 @@ impl ComposeWriter {
         Ok(meta)
     }
 
-    /// Stop in-flight work and delete every temporary object this upload may have made.
+    /// Let in-flight work end, then delete every temporary object this upload may have made.
+    /// In-flight requests are waited for, not cancelled: a part whose request was already
+    /// sent can still be stored by the server after the client lets go, and would then
+    /// outlive a delete made before it (an orphan part after an interrupted `cp`).
     async fn cleanup(&mut self) {
-        self.inflight.abort_all();
         while self.inflight.join_next().await.is_some() {}
         let keys: Vec<String> = self.parts.drain(..).chain(self.intermediates.drain(..)).collect();
         delete_all(self.backend.clone(), keys, self.concurrency).await;
