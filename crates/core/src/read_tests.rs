@@ -35,6 +35,18 @@ fn fresh_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// Wait (up to 10 s) until the disk cache under `c` holds `blocks` blocks of `len` bytes, each
+/// file a trailer page longer: disk writes are asynchronous, and a block's file exists before
+/// its bytes are written, so only the cache's own count (kept once a write is whole) tells.
+async fn disk_holds(c: &ReadCache, len: u64) {
+    let whole = (0..len.div_ceil(BLOCK)).map(|b| round_up(block_len(len, b) as usize) as u64 + 4096).sum::<u64>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c.disk_bytes() < whole && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(c.disk_bytes(), whole, "every block reached the disk cache");
+}
+
 /// What a new mount starts with: an empty [`cache`] over the disk cache in `dir`.
 fn cache_on_disk(dir: &std::path::Path) -> Arc<ReadCache> {
     Arc::new(ReadCache::new(256 << 20, 64 << 20).with_disk(crate::disk_cache::DiskCache::open(dir, 1 << 30).unwrap()))
@@ -174,12 +186,13 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
     let body = data(3 * BLOCK as usize + 5);
     let m = store.put("f", body.clone()).await.unwrap();
     let dir = fresh_dir("disk");
-    let open = || reader(store.clone(), cache_on_disk(&dir), m.etag.clone(), body.len() as u64);
-    assert_eq!(read_all(&open(), 1 << 20).await, body);
-    tokio::time::sleep(Duration::from_millis(100)).await; // disk writes settle
+    let open = |c| reader(store.clone(), c, m.etag.clone(), body.len() as u64);
+    let first = cache_on_disk(&dir);
+    assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
+    disk_holds(&first, body.len() as u64).await;
     // A new memory cache (a remount): every block comes from disk, no GET.
     let before = store.requests.load(Ordering::Relaxed);
-    assert_eq!(read_all(&open(), 1 << 20).await, body);
+    assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "served from the disk cache");
     // Corrupt every block file: reads are still right, refetched from the store.
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
@@ -187,7 +200,7 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
         raw[1] ^= 0x55; // a byte of the block's data
         std::fs::write(e.path(), raw).unwrap();
     }
-    assert_eq!(read_all(&open(), 1 << 20).await, body);
+    assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert!(store.requests.load(Ordering::Relaxed) > before, "corrupted blocks were refetched");
 }
 
@@ -202,11 +215,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     let open = |c| reader(store.clone(), c, m.etag.clone(), body.len() as u64);
     let first = cache_on_disk(&dir);
     read_checked(&open(first.clone()), &body, 1 << 20).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let whole = 4 * (BLOCK + 4096) + 8192; // four blocks and a short one, each with its trailer page
-    while first.disk_bytes() < whole && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await; // disk writes are asynchronous
-    }
+    disk_holds(&first, body.len() as u64).await;
     let r = open(cache_on_disk(&dir));
     let before = store.requests.load(Ordering::Relaxed);
     let reads = [(3 * BLOCK + 17, 4096u32), (1_000_003, 17), (2 * BLOCK - 5, 10), (4 * BLOCK, 9), (3 * BLOCK + 9000, 4096)];
@@ -418,11 +427,9 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     let store = Arc::new(store);
     let dir = fresh_dir("pieces");
     let open = |c| FileReader::new(store.clone(), c, "f".into(), m.etag.clone(), m.etag.clone().unwrap(), body.len() as u64, 32 * BLOCK);
-    assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(&dir).unwrap().count() < 6 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await; // disk writes are asynchronous
-    }
+    let first = cache_on_disk(&dir);
+    assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
+    disk_holds(&first, body.len() as u64).await;
     let before = store.ranges.lock().unwrap().len();
     assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.ranges.lock().unwrap().len(), before, "every block came from the disk cache");
