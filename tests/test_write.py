@@ -13,8 +13,14 @@ The contract (crates/core/src/write.rs, fs_write.rs, fs_rename.rs):
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import shutil
+import subprocess
+import time
+
+import pytest
 
 import seed
 from conftest import MiB, daemon_pids, is_mounted, md5, mount, read_file, run_cli, unmount, wait_until
@@ -265,6 +271,34 @@ def test_truncate_and_extend(tgt, rng):
             assert read_file(os.path.join(mp, "otrunc.bin")) == b"replaced"
             assert os.stat(os.path.join(mp, "otrunc-empty.bin")).st_size == 0
             assert md5(read_file(os.path.join(mp, "ft.bin"))) == md5(model)
+
+
+def test_read_only_o_trunc_empties_a_file_but_spares_a_running_program(tgt):
+    """open(O_RDONLY|O_TRUNC) empties a file, as on Linux. A running program's file fails
+    with ETXTBSY and stays whole, and the program keeps running: the kernel checks that only
+    after asking us, having already dropped the file's pages (fuse/src/running.rs)."""
+    with open(shutil.which("sleep"), "rb") as f:
+        prog = f.read()
+    with tgt.mounted() as mp:
+        p = os.path.join(mp, "prog")
+        write_path(p, prog)
+        os.chmod(p, 0o755)
+        proc = subprocess.Popen([p, "30"])
+        try:
+            with pytest.raises(OSError) as e:
+                os.close(os.open(p, os.O_RDONLY | os.O_TRUNC))
+            assert e.value.errno == errno.ETXTBSY
+            time.sleep(0.3)
+            assert proc.poll() is None, f"the running program ended: {proc.returncode}"
+        finally:
+            proc.kill()
+            proc.wait()
+        assert os.stat(p).st_size == len(prog)
+        assert md5(read_file(p)) == md5(prog)
+        os.close(os.open(p, os.O_RDONLY | os.O_TRUNC))
+        assert os.stat(p).st_size == 0
+        if tgt.persistent:
+            assert tgt.get("prog") == b"", "the emptied file reached the bucket at close"
 
 
 def test_append_and_overwrite_middle(tgt, rng):

@@ -111,7 +111,9 @@ impl Fs {
         Ok(t.get(ino).cloned())
     }
 
-    /// Open a file. `write` stages it (loading its current bytes unless `truncate`).
+    /// Open a file. `write` stages it (loading its current bytes unless `truncate`). A
+    /// read-only `truncate` (`O_RDONLY|O_TRUNC`) empties the file as Linux does: the kernel
+    /// checked write permission, and the adapter refused it if the file is being executed.
     pub async fn open(&self, ino: u64, write: bool, truncate: bool) -> Result<u64, FsError> {
         let mut node = self.node(ino)?;
         match node.kind {
@@ -123,8 +125,8 @@ impl Fs {
             self.revalidate(&node).await?;
             node = self.node(ino)?;
         }
-        let staged = if write || self.is_staged(ino) {
-            Some(self.stage(&node, truncate && write).await?)
+        let staged = if write || truncate || self.is_staged(ino) {
+            Some(self.stage(&node, truncate).await?)
         } else if let Some(now) = self.unstaged_node(ino)? {
             // Read through the store: with a snapshot that belongs to one upload.
             node = now;

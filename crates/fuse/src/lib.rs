@@ -27,6 +27,8 @@ pub struct FuseAdapter {
     /// The kernel sends no opendir/releasedir; readdirs come without a handle and the
     /// kernel keeps directories' entries (core's dir_cache.rs).
     no_opendir: bool,
+    /// Where the file system is mounted (absolute, canonical).
+    mountpoint: Arc<std::path::Path>,
 }
 
 /// Run `op` on the runtime and answer an empty reply with its result.
@@ -43,8 +45,8 @@ macro_rules! spawn_empty {
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<Fs>, rt: Handle) -> Self {
-        Self { fs, rt, no_opendir: false }
+    pub fn new(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path) -> Self {
+        Self { fs, rt, no_opendir: false, mountpoint: mountpoint.into() }
     }
 
     fn ttl(&self) -> Duration {
@@ -180,7 +182,17 @@ impl Filesystem for FuseAdapter {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let fs = self.fs.clone();
+        let mountpoint = self.mountpoint.clone();
         self.rt.spawn(async move {
+            // The kernel checks ETXTBSY for this one only after our open (running.rs).
+            if truncate && !write {
+                let running = tokio::task::spawn_blocking(move || running::is_running(&mountpoint, ino.0));
+                let running = running.await.unwrap_or(false);
+                tracing::debug!(ino = ino.0, running, "open(O_RDONLY|O_TRUNC)");
+                if running {
+                    return reply.error(Errno::ETXTBSY);
+                }
+            }
             match fs.open(ino.0, write, truncate).await {
                 Ok(fh) => {
                     let keep = if fs.keep_cache(fh) { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
@@ -456,6 +468,7 @@ pub struct MountSpec {
 }
 
 mod readahead;
+mod running;
 
 pub use fuser::{Session, SessionUnmounter};
 pub use readahead::set_read_ahead;
@@ -488,7 +501,7 @@ pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &Mount
             tracing::debug!(ino, "dropping the kernel's cache of a directory: {e}");
         }
     }));
-    let session = fuser::Session::new(FuseAdapter::new(fs, rt), mountpoint, &config)?;
+    let session = fuser::Session::new(FuseAdapter::new(fs, rt, mountpoint), mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
     Ok(session)
 }

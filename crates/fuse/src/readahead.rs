@@ -21,7 +21,7 @@ pub fn set_read_ahead(mountpoint: &Path, kib: u32) -> io::Result<u32> {
 }
 
 /// The `major:minor` of the last mount on `mountpoint` in a mountinfo table.
-fn device_of(mountinfo: &str, mountpoint: &str) -> Option<String> {
+pub(crate) fn device_of(mountinfo: &str, mountpoint: &str) -> Option<String> {
     mountinfo
         .lines()
         .filter_map(|l| {
