@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use bucketfs_core::{Attr, DirEntry, Fs, FsError, Kind};
 use fuser::{
-    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
     TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
@@ -454,6 +454,13 @@ impl Filesystem for FuseAdapter {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let s = self.fs.statfs();
         reply.statfs(s.blocks, s.bfree, s.bfree, s.files, s.ffree, s.bsize, s.namelen, s.bsize);
+    }
+
+    /// No ioctls: ENOTTY, as a regular file answers a terminal's (`isatty`, which many
+    /// programs call on every file they open), without fuser's warning in the log for each.
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: IoctlFlags, _cmd: u32, _in: &[u8], _out: u32, reply: ReplyIoctl) {
+        reply.error(Errno::ENOTTY);
     }
 }
 
