@@ -327,41 +327,54 @@ impl From<StoreError> for Failure {
     }
 }
 
-/// Digests of the slice being received.
-struct Running {
+/// The crcs of the slice being received, updated on each piece as it arrives, while it is
+/// still in cache from the socket read.
+struct Crcs {
     crc: Option<u32>,
-    md5: Option<Md5>,
     crc32: Option<crc32fast::Hasher>,
 }
 
-/// A filled buffer handed to a blocking thread: hashed into `run`, written at `at`; `last`
-/// (index and range) when it ends a slice, whose digests are then in `sum`. Comes back
-/// empty, to be filled again.
+impl Crcs {
+    fn update(&mut self, b: &[u8]) {
+        if let Some(c) = self.crc.as_mut() {
+            *c = crc32c::crc32c_append(*c, b);
+        }
+        if let Some(h) = self.crc32.as_mut() {
+            h.update(b);
+        }
+    }
+
+    /// The finished slice's (crc32c, crc32); starts the next slice.
+    fn take(&mut self) -> (Option<u32>, Option<u32>) {
+        let crc = self.crc;
+        self.crc = crc.map(|_| 0);
+        (crc, self.crc32.as_mut().map(|h| std::mem::take(h).finalize()))
+    }
+}
+
+/// A slice's last buffer: its index, range and crcs.
+type SliceEnd = (usize, std::ops::Range<u64>, (Option<u32>, Option<u32>));
+
+/// A filled buffer handed to a blocking thread: written at `at`, hashed into `md5` (the
+/// MD5 of its part, when the plan wants one); when it ends a slice, the slice's digests
+/// are then in `sum`. Comes back empty, to be filled again.
 struct Job {
     buf: AlignedBuf,
-    run: Running,
+    md5: Option<Md5>,
     sum: Option<(usize, SliceSum)>,
 }
 
 impl Job {
-    fn work(mut self, file: &Target, at: u64, last: Option<(usize, std::ops::Range<u64>)>) -> std::io::Result<Self> {
+    fn work(mut self, file: &Target, at: u64, last: Option<SliceEnd>) -> std::io::Result<Self> {
         let b = self.buf.bytes();
-        if let Some(c) = self.run.crc.as_mut() {
-            *c = crc32c::crc32c_append(*c, b);
-        }
-        if let Some(h) = self.run.md5.as_mut() {
-            h.update(b);
-        }
-        if let Some(h) = self.run.crc32.as_mut() {
+        if let Some(h) = self.md5.as_mut() {
             h.update(b);
         }
         file.write_at(b, at)?;
         self.buf.len = 0;
-        if let Some((i, range)) = last {
-            let md5 = self.run.md5.as_mut().map(|h| h.finalize_reset().into());
-            let crc32 = self.run.crc32.as_mut().map(|h| std::mem::take(h).finalize());
-            self.sum = Some((i, SliceSum { range, crc: self.run.crc, md5, crc32 }));
-            self.run.crc = self.run.crc.map(|_| 0);
+        if let Some((i, range, (crc, crc32))) = last {
+            let md5 = self.md5.as_mut().map(|h| h.finalize_reset().into());
+            self.sum = Some((i, SliceSum { range, crc, md5, crc32 }));
         }
         Ok(self)
     }
@@ -369,10 +382,10 @@ impl Job {
 
 type Busy = tokio::task::JoinHandle<std::io::Result<Job>>;
 
-/// One request for slices `todo`. The body is gathered into 2 MiB aligned buffers; each
-/// full buffer is hashed (as the plan says: crc32c, crc32, the MD5 of its part) and
-/// written at its offset on a blocking thread while the next one fills, so hashing and
-/// writing run on both cores and overlap the network. A finished slice's digests go to
+/// One request for slices `todo`. The body is gathered into 2 MiB aligned buffers, its
+/// crcs (as the plan says: crc32c, crc32) summed on the way; each full buffer is written
+/// at its offset (and hashed into its part's MD5, when the plan wants one) on a blocking
+/// thread while the next one fills, so writing runs on both cores and overlaps the network. A finished slice's digests go to
 /// `done`; on error, `done` holds the slices that completed.
 async fn stream_slices(
     ctx: &Ctx,
@@ -384,8 +397,7 @@ async fn stream_slices(
     md5: Option<&TrailingMd5>,
 ) -> Result<(), Failure> {
     let mut busy: Option<Busy> = None;
-    let run = Running { crc: p.slice_crc32c.then_some(0), md5: p.slice_md5.then(Md5::new), crc32: p.slice_crc32.then(crc32fast::Hasher::new) };
-    let spare = Job { buf: AlignedBuf::new(), run, sum: None };
+    let spare = Job { buf: AlignedBuf::new(), md5: p.slice_md5.then(Md5::new), sum: None };
     let result = receive(src, p, file, todo, &mut busy, spare, &mut |j| settle(ctx, j, done, md5)).await;
     if let Some(b) = busy.take() {
         let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
@@ -421,6 +433,7 @@ async fn receive(
     let mut i = todo.start;
     let mut pos = start;
     let mut fill = AlignedBuf::new();
+    let mut crcs = Crcs { crc: p.slice_crc32c.then_some(0), crc32: p.slice_crc32.then(crc32fast::Hasher::new) };
     let mut spare = Some(spare);
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk?;
@@ -430,6 +443,7 @@ async fn receive(
                 return Err(StoreError::new(StoreErrorKind::Other, msg).into());
             };
             let piece = chunk.split_to(chunk.len().min((range.end - pos) as usize).min(fill.space()));
+            crcs.update(&piece);
             fill.push(&piece);
             pos += piece.len() as u64;
             let last = pos == range.end;
@@ -446,7 +460,7 @@ async fn receive(
                 };
                 std::mem::swap(&mut job.buf, &mut fill);
                 let at = pos - job.buf.len as u64;
-                let last = last.then(|| (i, range.clone()));
+                let last = last.then(|| (i, range.clone(), crcs.take()));
                 let target = file.clone();
                 *busy = Some(tokio::task::spawn_blocking(move || job.work(&target, at, last)));
             }
