@@ -142,6 +142,9 @@ pub(crate) struct OpenFile {
     /// This handle changed the data (write, truncate, O_TRUNC, create) since its last
     /// successful upload: its flush must publish. See `Fs::upload_for`.
     pub wrote: std::sync::atomic::AtomicBool,
+    /// Opened `O_RDONLY|O_TRUNC`: the file is emptied at this handle's first flush (see
+    /// `Fs::open`).
+    pub truncate_at_flush: std::sync::atomic::AtomicBool,
 }
 
 pub struct Fs {

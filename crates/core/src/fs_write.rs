@@ -111,9 +111,13 @@ impl Fs {
         Ok(t.get(ino).cloned())
     }
 
-    /// Open a file. `write` stages it (loading its current bytes unless `truncate`). A
-    /// read-only `truncate` (`O_RDONLY|O_TRUNC`) empties the file as Linux does: the kernel
-    /// checked write permission, and the adapter refused it if the file is being executed.
+    /// Open a file. `write` stages it (loading its current bytes unless `truncate`).
+    ///
+    /// A read-only `truncate` (`O_RDONLY|O_TRUNC`) empties the file as Linux does, but at
+    /// the handle's first flush (close or fsync), not now: the kernel checks ETXTBSY for
+    /// this open only after we answer, and a refused open is released without a flush, so
+    /// the file must stay whole until then. (The adapter refuses it first where it can
+    /// tell the file is running: fuse/src/running.rs.)
     pub async fn open(&self, ino: u64, write: bool, truncate: bool) -> Result<u64, FsError> {
         let mut node = self.node(ino)?;
         match node.kind {
@@ -125,8 +129,8 @@ impl Fs {
             self.revalidate(&node).await?;
             node = self.node(ino)?;
         }
-        let staged = if write || truncate || self.is_staged(ino) {
-            Some(self.stage(&node, truncate).await?)
+        let staged = if write || self.is_staged(ino) {
+            Some(self.stage(&node, truncate && write).await?)
         } else if let Some(now) = self.unstaged_node(ino)? {
             // Read through the store: with a snapshot that belongs to one upload.
             node = now;
@@ -136,21 +140,22 @@ impl Fs {
         };
         // Close-to-open for the kernel's page cache: keep it only if the object is the same
         // version the kernel cached at the previous open (and nothing is staged).
-        let keep_cache = {
-            let mut t = self.table.lock().unwrap();
-            let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
+        // (A node gone meanwhile keeps nothing; no early return, which would leave the
+        // staged file's handle count raised with no handle to lower it.)
+        let keep_cache = self.table.lock().unwrap().get_mut(ino).is_some_and(|n| {
             let identity = n.identity();
             let keep = staged.is_none() && n.kernel_cached.as_deref() == Some(identity.as_str());
             n.kernel_cached = if staged.is_none() { Some(identity) } else { None };
             keep
-        };
+        });
         tracing::debug!(ino, keep_cache, staged = staged.is_some(), "open");
         let file = OpenFile {
             ino,
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache,
             staged: std::sync::atomic::AtomicBool::new(staged.is_some()),
-            wrote: std::sync::atomic::AtomicBool::new(staged.is_some() && truncate),
+            wrote: std::sync::atomic::AtomicBool::new(staged.is_some() && truncate && write),
+            truncate_at_flush: std::sync::atomic::AtomicBool::new(truncate && !write),
         };
         Ok(self.insert_handle(Handle::File(Arc::new(file))))
     }
@@ -374,6 +379,10 @@ impl Fs {
     /// close(2): upload what this handle wrote; an error means it is not in the bucket.
     pub async fn flush(&self, fh: u64) -> Result<(), FsError> {
         let file = self.open_file(fh)?;
+        if file.truncate_at_flush.swap(false, Ordering::Relaxed) {
+            // A truncate by path: emptied and uploaded at once (boxed: setattr flushes too).
+            Box::pin(self.setattr(file.ino, Some(0), None, None, None, None, None)).await?;
+        }
         self.upload_for(&file).await
     }
 
@@ -442,6 +451,7 @@ impl Fs {
             keep_cache: false,
             staged: std::sync::atomic::AtomicBool::new(true),
             wrote: std::sync::atomic::AtomicBool::new(true),
+            truncate_at_flush: std::sync::atomic::AtomicBool::new(false),
         };
         let fh = self.insert_handle(Handle::File(Arc::new(file)));
         Ok((self.attr(&node), fh))

@@ -42,6 +42,27 @@ async fn create_write_read_flush_reaches_the_store() {
 }
 
 #[tokio::test]
+async fn a_read_only_o_trunc_empties_the_file_at_its_flush_and_never_without_one() {
+    // The kernel may refuse an O_RDONLY|O_TRUNC open after we answered it (ETXTBSY, a
+    // running program): it then sends RELEASE without FLUSH, and the file must stay whole.
+    let store = Arc::new(MemStore::new());
+    store.put("f", Bytes::from_static(b"a program")).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg());
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let refused = fs.open(f.ino, false, true).await.unwrap();
+    fs.release(refused).await.unwrap();
+    assert_eq!(object(&store, "f").await.unwrap(), b"a program", "a refused open emptied the file");
+    assert_eq!(fs.getattr(f.ino).await.unwrap().size, 9);
+    let fh = fs.open(f.ino, false, true).await.unwrap();
+    fs.flush(fh).await.unwrap();
+    assert_eq!(object(&store, "f").await.unwrap(), b"", "emptied at close, as on Linux");
+    assert_eq!(fs.getattr(f.ino).await.unwrap().size, 0);
+    fs.flush(fh).await.unwrap(); // a second close (a dup'ed descriptor) changes nothing
+    fs.release(fh).await.unwrap();
+    assert!(!fs.is_staged(f.ino));
+}
+
+#[tokio::test]
 async fn a_late_release_never_publishes_the_next_writers_unfinished_rewrite() {
     // The kernel's RELEASE of a closed handle can arrive after the next open(O_TRUNC).
     let store = Arc::new(MemStore::new());

@@ -27,8 +27,8 @@ pub struct FuseAdapter {
     /// The kernel sends no opendir/releasedir; readdirs come without a handle and the
     /// kernel keeps directories' entries (core's dir_cache.rs).
     no_opendir: bool,
-    /// Where the file system is mounted (absolute, canonical).
-    mountpoint: Arc<std::path::Path>,
+    /// The mount's device (major, minor), set once mounted; `None` if it was not found.
+    device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>,
 }
 
 /// Run `op` on the runtime and answer an empty reply with its result.
@@ -45,8 +45,8 @@ macro_rules! spawn_empty {
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path) -> Self {
-        Self { fs, rt, no_opendir: false, mountpoint: mountpoint.into() }
+    pub fn new(fs: Arc<Fs>, rt: Handle, device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>) -> Self {
+        Self { fs, rt, no_opendir: false, device }
     }
 
     fn ttl(&self) -> Duration {
@@ -182,11 +182,11 @@ impl Filesystem for FuseAdapter {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let fs = self.fs.clone();
-        let mountpoint = self.mountpoint.clone();
+        let device = self.device.get().copied().flatten();
         self.rt.spawn(async move {
             // The kernel checks ETXTBSY for this one only after our open (running.rs).
-            if truncate && !write {
-                let running = tokio::task::spawn_blocking(move || running::is_running(&mountpoint, ino.0));
+            if let (true, false, Some(dev)) = (truncate, write, device) {
+                let running = tokio::task::spawn_blocking(move || running::is_running(dev, ino.0));
                 let running = running.await.unwrap_or(false);
                 tracing::debug!(ino = ino.0, running, "open(O_RDONLY|O_TRUNC)");
                 if running {
@@ -508,7 +508,13 @@ pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &Mount
             tracing::debug!(ino, "dropping the kernel's cache of a directory: {e}");
         }
     }));
-    let session = fuser::Session::new(FuseAdapter::new(fs, rt, mountpoint), mountpoint, &config)?;
+    let device: Arc<std::sync::OnceLock<Option<(u32, u32)>>> = Arc::default();
+    let session = fuser::Session::new(FuseAdapter::new(fs, rt, device.clone()), mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
+    let dev = running::mount_device(mountpoint);
+    if dev.is_none() {
+        tracing::warn!("{} not found in /proc/self/mountinfo: open(O_RDONLY|O_TRUNC) cannot tell a running program", mountpoint.display());
+    }
+    let _ = device.set(dev);
     Ok(session)
 }
