@@ -26,6 +26,21 @@ pub fn round_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
+/// Read from `input` into `buf` until it is full or the input ends (`read_exact` fails
+/// there instead); the bytes read. Fills a block from a file or a part from a pipe.
+pub fn read_full(input: &mut dyn std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 /// Shared handle to the pool.
 #[derive(Clone)]
 pub struct BlockPool {
@@ -124,6 +139,28 @@ impl Drop for BlockBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_buffer_is_read_until_full_or_the_end() {
+        // A reader that returns a few bytes at a time (like a pipe): the buffer is still filled.
+        struct Trickle(Vec<u8>, usize);
+        impl std::io::Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(3).min(self.0.len() - self.1);
+                buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+                self.1 += n;
+                Ok(n)
+            }
+        }
+        let body: Vec<u8> = (0..10).collect();
+        let mut input = Trickle(body.clone(), 0);
+        let mut part = [0u8; 8];
+        assert_eq!(read_full(&mut input, &mut part).unwrap(), 8);
+        assert_eq!(&part[..], &body[..8]);
+        assert_eq!(read_full(&mut input, &mut part).unwrap(), 2, "the input's end");
+        assert_eq!(&part[..2], &body[8..]);
+        assert_eq!(read_full(&mut input, &mut part).unwrap(), 0);
+    }
 
     #[test]
     fn buffers_are_aligned_and_reused() {

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::block_pool::{round_up, BlockPool, ALIGN};
+use crate::block_pool::{read_full, round_up, BlockPool, ALIGN};
 
 /// Extension of block files in the current format.
 const EXT: &str = ".b3";
@@ -230,10 +230,10 @@ impl DiskCache {
         }
         let mut buf = pool.take();
         let (f, direct) = self.open_file(path, false, false)?;
-        let n = match read_full(&f, &mut buf.space()[..size]) {
+        let n = match read_full(&mut &f, &mut buf.space()[..size]) {
             Err(e) if direct && is_einval(&e) => {
                 self.no_direct(&e);
-                read_full(&File::open(path)?, &mut buf.space()[..size])?
+                read_full(&mut File::open(path)?, &mut buf.space()[..size])?
             }
             r => r?,
         };
@@ -310,19 +310,6 @@ impl DiskCache {
     }
 }
 
-/// Read until `buf` is full or the file ends; the bytes read.
-fn read_full(f: &File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read_at(&mut buf[n..], n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
 
 #[cfg(test)]
 #[path = "disk_cache_tests.rs"]

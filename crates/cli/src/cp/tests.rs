@@ -195,28 +195,6 @@ async fn a_single_object_is_asked_for_once() {
 }
 
 #[test]
-fn a_part_is_read_until_full_or_the_end() {
-    // A reader that returns a few bytes at a time (like a pipe): a part is still filled.
-    struct Trickle(Vec<u8>, usize);
-    impl std::io::Read for Trickle {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            let n = buf.len().min(3).min(self.0.len() - self.1);
-            buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
-            self.1 += n;
-            Ok(n)
-        }
-    }
-    let body = data(10);
-    let mut input = Trickle(body.clone(), 0);
-    let mut part = [0u8; 8];
-    assert_eq!(upload::fill(&mut input, &mut part).unwrap(), 8);
-    assert_eq!(&part[..], &body[..8]);
-    assert_eq!(upload::fill(&mut input, &mut part).unwrap(), 2, "the input's end");
-    assert_eq!(&part[..2], &body[8..]);
-    assert_eq!(upload::fill(&mut input, &mut part).unwrap(), 0);
-}
-
-#[test]
 fn write_buffers_are_aligned_and_hold_what_was_pushed() {
     let mut b = download::AlignedBuf::new();
     assert!((b.bytes().as_ptr() as usize).is_multiple_of(download::WRITE_BUF));

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use bucketfs_core::block_pool::BlockPool;
+use bucketfs_core::block_pool::{read_full, BlockPool};
 use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreError, StoreErrorKind, WriteOptions};
 use bytes::Bytes;
 use md5::{Digest, Md5};
@@ -65,7 +65,7 @@ fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Res
         let mut off = 0u64;
         loop {
             let mut buf = pool.take();
-            let n = match fill(input.as_mut(), &mut buf.space()[..part]) {
+            let n = match read_full(input.as_mut(), &mut buf.space()[..part]) {
                 Ok(n) => n,
                 Err(e) => {
                     let _ = tx.blocking_send(Err(format!("reading the source: {e}")));
@@ -90,20 +90,6 @@ fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Res
         whole.map(|h| h.finalize().into())
     });
     Ok((rx, handle))
-}
-
-/// Read into `buf` until it is full or the input ends; the bytes read.
-pub(super) fn fill(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match input.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// A part's digests, being computed.
