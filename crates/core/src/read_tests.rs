@@ -35,9 +35,10 @@ fn fresh_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// Wait (up to 10 s) until the disk cache under `c` holds `blocks` blocks of `len` bytes, each
-/// file a trailer page longer: disk writes are asynchronous, and a block's file exists before
-/// its bytes are written, so only the cache's own count (kept once a write is whole) tells.
+/// Wait (up to 10 s) until the disk cache under `c` holds every block of a `len`-byte file,
+/// each block file a trailer page longer: disk writes are asynchronous, and a block's file
+/// exists before its bytes are written, so only the cache's own count (kept once a write is
+/// whole) tells.
 async fn disk_holds(c: &ReadCache, len: u64) {
     let whole = (0..len.div_ceil(BLOCK)).map(|b| round_up(block_len(len, b) as usize) as u64 + 4096).sum::<u64>();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

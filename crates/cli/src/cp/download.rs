@@ -385,8 +385,9 @@ type Busy = tokio::task::JoinHandle<std::io::Result<Job>>;
 /// One request for slices `todo`. The body is gathered into 2 MiB aligned buffers, its
 /// crcs (as the plan says: crc32c, crc32) summed on the way; each full buffer is written
 /// at its offset (and hashed into its part's MD5, when the plan wants one) on a blocking
-/// thread while the next one fills, so writing runs on both cores and overlaps the network. A finished slice's digests go to
-/// `done`; on error, `done` holds the slices that completed.
+/// thread while the next one fills, so writing runs on both cores and overlaps the
+/// network. A finished slice's digests go to `done`; on error, `done` holds the slices
+/// that completed.
 async fn stream_slices(
     ctx: &Ctx,
     src: &Remote,
