@@ -15,6 +15,7 @@ use md5::{Digest, Md5};
 use super::endpoint::Remote;
 use super::plan::{self, slices};
 use super::verify::{self, Check, Expect, SliceSum};
+use super::work::{Group, Work};
 use super::{retry, Ctx, Report, INTERRUPTED};
 use bucketfs_store::{ObjectDigests, StoreError, StoreErrorKind};
 
@@ -122,18 +123,15 @@ fn temp_path(dst: &Path) -> PathBuf {
     dst.with_file_name(format!(".{name}.bucketfs-{:x}-{n:x}", std::process::id()))
 }
 
-/// Consecutive slices `p.ranges[group]` read with one streaming request.
-type Group = std::ops::Range<usize>;
+/// Longest request of a download. Idle slots take over the tail of a slow request (see
+/// [`Work`]) and a failed one resumes at its first unfinished slice, so a long request
+/// costs nothing; the bound only hedges against servers that limit a request's duration.
+const GROUP_MAX: u64 = 1024 * plan::MIB;
 
-/// Longest request of a download: long enough that a request's round trip and slow start
-/// are a small part of it, short enough that a retry redoes little and the last requests
-/// of a file do not leave the link idle.
-const GROUP_MAX: u64 = 64 * plan::MIB;
-
-/// Cut `n` slices of `slice` bytes into groups for about two requests per slot.
-fn groups(n: usize, slice: u64, size: u64, parallel: usize) -> Vec<Group> {
-    let want = (size / (2 * parallel.max(1) as u64)).clamp(slice, GROUP_MAX.max(slice));
-    let per = (want / slice.max(1)).max(1) as usize;
+/// Cut `n` slices of `slice` bytes into groups, one per slot (up to `GROUP_MAX` each):
+/// each slot pays a request's round trip and slow start once.
+fn groups(n: usize, slice: u64, parallel: usize) -> Vec<Group> {
+    let per = n.div_ceil(parallel.max(1)).min((GROUP_MAX / slice.max(1)).max(1) as usize).max(1);
     (0..n).step_by(per).map(|i| i..(i + per).min(n)).collect()
 }
 
@@ -265,7 +263,18 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Fetch `groups` into `file`, `parallel` requests at once; digests in slice order.
+/// One download's parts, shared by its request slots.
+struct Fetch<'a> {
+    ctx: &'a Ctx,
+    src: &'a Remote,
+    p: &'a ReadPlan,
+    file: &'a Arc<Target>,
+    md5: Option<&'a TrailingMd5>,
+    work: Work,
+}
+
+/// Fetch `groups` into `file`, `parallel` slots sharing them (see [`Work`]); digests in
+/// slice order.
 async fn fetch_into(
     ctx: &Ctx,
     src: &Remote,
@@ -274,12 +283,19 @@ async fn fetch_into(
     groups: Vec<Group>,
     md5: Option<&TrailingMd5>,
 ) -> Result<Vec<(usize, SliceSum)>, String> {
-    let results: Vec<Result<Vec<(usize, SliceSum)>, String>> = futures::stream::iter(groups)
-        .map(|g| async move {
-            let _slot = ctx.slot().await;
-            fetch_group(ctx, src, p, file, g, md5).await
+    let f = &Fetch { ctx, src, p, file, md5, work: Work::new(groups, ctx.parallel) };
+    let results: Vec<Result<Vec<(usize, SliceSum)>, String>> = futures::stream::iter(0..f.work.slots())
+        .map(|slot| async move {
+            let mut done = Vec::new();
+            loop {
+                let _permit = ctx.slot().await;
+                let Some(g) = f.work.take(slot) else { return Ok(done) };
+                let r = fetch_group(f, slot, g.start, &mut done).await;
+                f.work.idle(slot);
+                r?;
+            }
         })
-        .buffer_unordered(ctx.parallel)
+        .buffer_unordered(f.work.slots())
         .collect()
         .await;
     let mut out = Vec::with_capacity(p.ranges.len());
@@ -290,25 +306,20 @@ async fn fetch_into(
     Ok(out)
 }
 
-/// One group with retries: a failed request is resumed at its first unfinished slice.
-async fn fetch_group(
-    ctx: &Ctx,
-    src: &Remote,
-    p: &ReadPlan,
-    file: &Arc<Target>,
-    group: Group,
-    md5: Option<&TrailingMd5>,
-) -> Result<Vec<(usize, SliceSum)>, String> {
-    let mut done = Vec::with_capacity(group.len());
+/// `slot`'s group from slice `start` to its end (which another slot may lower meanwhile),
+/// with retries: a failed request is resumed at its first unfinished slice. Finished slices
+/// are added to `done`.
+async fn fetch_group(f: &Fetch<'_>, slot: usize, start: usize, done: &mut Vec<(usize, SliceSum)>) -> Result<(), String> {
+    let base = done.len();
     let mut attempt = 0;
     loop {
-        let next = group.start + done.len();
-        if next == group.end {
-            return Ok(done);
+        let (next, end) = (start + done.len() - base, f.work.end(slot));
+        if next >= end {
+            return Ok(());
         }
-        match stream_slices(ctx, src, p, file, next..group.end, &mut done, md5).await {
+        match stream_slices(f, slot, next..end, done).await {
             Ok(()) => {}
-            Err(Failure::Store(e)) => super::again(ctx, "read", &src.key, &mut attempt, e).await?,
+            Err(Failure::Store(e)) => super::again(f.ctx, "read", &f.src.key, &mut attempt, e).await?,
             Err(Failure::Local(e)) => return Err(e),
         }
     }
@@ -388,30 +399,22 @@ type Busy = tokio::task::JoinHandle<std::io::Result<Job>>;
 /// thread while the next one fills, so writing runs on both cores and overlaps the
 /// network. A finished slice's digests go to `done`; on error, `done` holds the slices
 /// that completed.
-async fn stream_slices(
-    ctx: &Ctx,
-    src: &Remote,
-    p: &ReadPlan,
-    file: &Arc<Target>,
-    todo: Group,
-    done: &mut Vec<(usize, SliceSum)>,
-    md5: Option<&TrailingMd5>,
-) -> Result<(), Failure> {
+async fn stream_slices(f: &Fetch<'_>, slot: usize, todo: Group, done: &mut Vec<(usize, SliceSum)>) -> Result<(), Failure> {
     let mut busy: Option<Busy> = None;
-    let spare = Job { buf: AlignedBuf::new(), md5: p.slice_md5.then(Md5::new), sum: None };
-    let result = receive(src, p, file, todo, &mut busy, spare, &mut |j| settle(ctx, j, done, md5)).await;
+    let spare = Job { buf: AlignedBuf::new(), md5: f.p.slice_md5.then(Md5::new), sum: None };
+    let result = receive(f, slot, todo, &mut busy, spare, &mut |j| settle(f, j, done)).await;
     if let Some(b) = busy.take() {
         let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
-        settle(ctx, job.map_err(|e| Failure::Local(format!("write: {e}")))?, done, md5);
+        settle(f, job.map_err(|e| Failure::Local(format!("write: {e}")))?, done);
     }
     result
 }
 
 /// Record the slice a finished job completed; the job's buffer is free again.
-fn settle(ctx: &Ctx, mut job: Job, done: &mut Vec<(usize, SliceSum)>, md5: Option<&TrailingMd5>) -> Job {
+fn settle(f: &Fetch<'_>, mut job: Job, done: &mut Vec<(usize, SliceSum)>) -> Job {
     if let Some((i, sum)) = job.sum.take() {
-        ctx.progress.moved(sum.range.end - sum.range.start);
-        if let Some(m) = md5 {
+        f.ctx.progress.moved(sum.range.end - sum.range.start);
+        if let Some(m) = f.md5 {
             m.landed(sum.range.clone());
         }
         done.push((i, sum));
@@ -419,16 +422,17 @@ fn settle(ctx: &Ctx, mut job: Job, done: &mut Vec<(usize, SliceSum)>, md5: Optio
     job
 }
 
-/// The receiving loop of [`stream_slices`]; `busy` is the job in flight, if any.
+/// The receiving loop of [`stream_slices`]; `busy` is the job in flight, if any. Stops
+/// early, dropping the rest of the body, when another slot took the group's tail.
 async fn receive(
-    src: &Remote,
-    p: &ReadPlan,
-    file: &Arc<Target>,
+    f: &Fetch<'_>,
+    slot: usize,
     todo: Group,
     busy: &mut Option<Busy>,
     spare: Job,
     settle: &mut (dyn FnMut(Job) -> Job + Send),
 ) -> Result<(), Failure> {
+    let (src, p) = (f.src, f.p);
     let (start, end) = (p.ranges[todo.start].start, p.ranges[todo.end - 1].end);
     let mut body = src.store.get_range_stream(&src.key, start..end, p.if_match.as_deref()).await?;
     let mut i = todo.start;
@@ -462,11 +466,14 @@ async fn receive(
                 std::mem::swap(&mut job.buf, &mut fill);
                 let at = pos - job.buf.len as u64;
                 let last = last.then(|| (i, range.clone(), crcs.take()));
-                let target = file.clone();
+                let target = f.file.clone();
                 *busy = Some(tokio::task::spawn_blocking(move || job.work(&target, at, last)));
             }
             if last {
                 i += 1;
+                if i >= f.work.received(slot, i - 1) {
+                    return Ok(()); // the end, or another slot has the rest
+                }
             }
         }
     }
@@ -576,7 +583,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
         let whole_md5 = matches!(p.expect, Expect::WholeMd5(_));
         let file = Arc::new(open_reserved(tmp, !whole_md5, p.size).await?);
         let md5 = whole_md5.then(|| TrailingMd5::start(file.file.clone(), p.size));
-        let all = groups(p.ranges.len(), p.ranges.first().map_or(1, |r| r.end - r.start), p.size, ctx.parallel);
+        let all = groups(p.ranges.len(), p.ranges.first().map_or(1, |r| r.end - r.start), ctx.parallel);
         let mut sums: Vec<SliceSum> =
             fetch_into(ctx, src, p, &file, all, md5.as_ref()).await?.into_iter().map(|(_, s)| s).collect();
         let whole = match md5 {

@@ -2,6 +2,7 @@
 //!
 //! - [`endpoint`]: parsing each side (`-`, a path, a store URL) and opening stores.
 //! - [`plan`]: slice size and parallelism, slice ranges, one job per file (`-r`).
+//! - [`work`]: a download's slices shared by its request slots.
 //! - [`download`], [`upload`], [`store_to_store`]: the transfers. [`verify`]: end-to-end
 //!   checks.
 //! - [`progress`]: the terminal bar and byte counters.
@@ -18,6 +19,7 @@ mod store_to_store;
 mod tests;
 mod upload;
 mod verify;
+mod work;
 
 use std::collections::BTreeMap;
 use std::future::Future;
