@@ -15,7 +15,7 @@ use md5::{Digest, Md5};
 use super::endpoint::Remote;
 use super::plan::{self, slices};
 use super::verify::{self, Check, Expect, SliceSum};
-use super::work::{Group, Work};
+use super::work::{groups, Group, Work};
 use super::{retry, Ctx, Report, INTERRUPTED};
 use bucketfs_store::{ObjectDigests, StoreError, StoreErrorKind};
 
@@ -121,18 +121,6 @@ fn temp_path(dst: &Path) -> PathBuf {
     let n =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
     dst.with_file_name(format!(".{name}.bucketfs-{:x}-{n:x}", std::process::id()))
-}
-
-/// Longest request of a download. Idle slots take over the tail of a slow request (see
-/// [`Work`]) and a failed one resumes at its first unfinished slice, so a long request
-/// costs nothing; the bound only hedges against servers that limit a request's duration.
-const GROUP_MAX: u64 = 1024 * plan::MIB;
-
-/// Cut `n` slices of `slice` bytes into groups, one per slot (up to `GROUP_MAX` each):
-/// each slot pays a request's round trip and slow start once.
-fn groups(n: usize, slice: u64, parallel: usize) -> Vec<Group> {
-    let per = n.div_ceil(parallel.max(1)).min((GROUP_MAX / slice.max(1)).max(1) as usize).max(1);
-    (0..n).step_by(per).map(|i| i..(i + per).min(n)).collect()
 }
 
 /// Bytes gathered before one positional write: fewer system calls than one per chunk.
@@ -292,6 +280,9 @@ async fn fetch_into(
                 let Some(g) = f.work.take(slot) else { return Ok(done) };
                 let r = fetch_group(f, slot, g.start, &mut done).await;
                 f.work.idle(slot);
+                if r.is_err() {
+                    f.work.abort(); // the download fails: the other slots stop too
+                }
                 r?;
             }
         })
