@@ -186,7 +186,12 @@ mod tests {
 
     #[test]
     fn json_is_escaped_and_complete() {
-        let st = Status { mountpoint: "/mnt/a \"b\"".into(), store: "s3://b/".into(), pending_uploads: 2, ..Status::default() };
+        let st = Status {
+            mountpoint: "/mnt/a \"b\"".into(),
+            store: "s3://b/".into(),
+            pending_uploads: 2,
+            ..Status::default()
+        };
         let j = st.json();
         assert!(j.starts_with("{\"mountpoint\":\"/mnt/a \\\"b\\\"\",\"store\":\"s3://b/\",\"endpoint\":null,"), "{j}");
         assert!(j.contains(",\"pending_uploads\":2,"));

@@ -92,9 +92,11 @@ mod tests {
 
     #[test]
     fn accepts_mount8_flags_and_joined_options() {
-        let got = helper_args(&args("mount.bucketfs mem:// /m -n -s -v -oro,x-systemd.automount,disk_cache_mib=0 -o comment=x"))
-            .unwrap()
-            .unwrap();
+        let got = helper_args(&args(
+            "mount.bucketfs mem:// /m -n -s -v -oro,x-systemd.automount,disk_cache_mib=0 -o comment=x",
+        ))
+        .unwrap()
+        .unwrap();
         assert_eq!(got.join(" "), "bucketfs mount mem:// /m --read-only --disk-cache-mib 0");
         assert_eq!(helper_args(&args("mount.fuse.bucketfs mem:// /m -f -o rw")).unwrap(), None);
     }

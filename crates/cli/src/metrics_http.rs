@@ -19,9 +19,7 @@ pub fn start(
     addr: &str,
     render: Arc<dyn Fn() -> String + Send + Sync>,
 ) -> Result<std::net::SocketAddr, String> {
-    let listener = rt
-        .block_on(TcpListener::bind(addr))
-        .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+    let listener = rt.block_on(TcpListener::bind(addr)).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     rt.spawn(async move {
         loop {

@@ -33,7 +33,8 @@ pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
         Some(u) => Location::parse(u).map_err(|e| e.message)?,
         None => {
             let dir = paths::default_store();
-            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create the default store {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create the default store {}: {e}", dir.display()))?;
             Location::File { path: dir }
         }
     };
@@ -303,7 +304,11 @@ fn prepare(args: &MountArgs, location: &Location, rt: &tokio::runtime::Runtime) 
     let timeout = Duration::from_secs(args.connect_timeout.max(1));
     rt.block_on(async { tokio::time::timeout(timeout, store.check()).await })
         .map_err(|_| {
-            format!("the store for {} did not answer within {}s: check the endpoint and network", location.to_url(), timeout.as_secs())
+            format!(
+                "the store for {} did not answer within {}s: check the endpoint and network",
+                location.to_url(),
+                timeout.as_secs()
+            )
         })?
         .map_err(|e| explain(location, args, e))?;
     Ok(store)

@@ -51,8 +51,16 @@ impl Observed {
     pub fn render(&self) -> String {
         let c = self.fs.cache_stats();
         self.metrics.render(&[
-            ("bucketfs_pending_uploads", "Staged files with changes not yet uploaded.", self.fs.pending_uploads() as u64),
-            ("bucketfs_staged_files", "Files staged on local disk (open for writing or pending).", self.fs.staged_files() as u64),
+            (
+                "bucketfs_pending_uploads",
+                "Staged files with changes not yet uploaded.",
+                self.fs.pending_uploads() as u64,
+            ),
+            (
+                "bucketfs_staged_files",
+                "Files staged on local disk (open for writing or pending).",
+                self.fs.staged_files() as u64,
+            ),
             ("bucketfs_memory_cache_bytes", "Bytes in the memory block cache.", c.memory_bytes),
             ("bucketfs_disk_cache_bytes", "Bytes in the on-disk block cache.", c.disk_bytes),
             ("bucketfs_uptime_seconds", "Seconds since the mount started.", self.started.elapsed().as_secs()),

@@ -8,9 +8,7 @@ fn home() -> PathBuf {
 
 /// `$XDG_DATA_HOME/bucketfs/default`, or `~/.local/share/bucketfs/default`.
 pub fn default_store() -> PathBuf {
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| home().join(".local/share"));
+    let base = std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".local/share"));
     base.join("bucketfs/default")
 }
 

@@ -38,7 +38,10 @@ pub fn run(mp: &Path) -> Result<(), String> {
         let start = Instant::now();
         while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
             if start.elapsed() > EXIT_WAIT {
-                return Err(format!("unmounted, but the mount process {pid} is still running after {}s", EXIT_WAIT.as_secs()));
+                return Err(format!(
+                    "unmounted, but the mount process {pid} is still running after {}s",
+                    EXIT_WAIT.as_secs()
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }

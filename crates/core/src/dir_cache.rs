@@ -185,7 +185,8 @@ impl Fs {
     fn snapshot_of(&self, dir: &Node) -> Arc<Vec<DirEntry>> {
         let ino = dir.ino;
         let mut t = self.table.lock().unwrap();
-        let mut metas: Vec<ChildMeta> = t.listing(ino).map(|l| l.children.values().cloned().collect()).unwrap_or_default();
+        let mut metas: Vec<ChildMeta> =
+            t.listing(ino).map(|l| l.children.values().cloned().collect()).unwrap_or_default();
         metas.sort_by(|a, b| a.name.cmp(&b.name));
         let mut out = Vec::with_capacity(metas.len() + 2);
         out.push(DirEntry { ino, kind: Kind::Dir, name: ".".into() });
@@ -204,7 +205,13 @@ mod tests {
     use crate::fs::Kind;
 
     fn snap(names: &[&str]) -> Arc<Vec<DirEntry>> {
-        Arc::new(names.iter().enumerate().map(|(i, n)| DirEntry { ino: i as u64 + 2, kind: Kind::File, name: n.to_string() }).collect())
+        Arc::new(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| DirEntry { ino: i as u64 + 2, kind: Kind::File, name: n.to_string() })
+                .collect(),
+        )
     }
 
     #[test]

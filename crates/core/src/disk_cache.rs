@@ -127,7 +127,12 @@ impl DiskCache {
     pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let spare_max = SPARE_MAX.min(max_bytes / 16);
-        let spares = Arc::new(Spares { dir: dir.to_path_buf(), files: Mutex::default(), max: spare_max, seq: AtomicU64::new(0) });
+        let spares = Arc::new(Spares {
+            dir: dir.to_path_buf(),
+            files: Mutex::default(),
+            max: spare_max,
+            seq: AtomicU64::new(0),
+        });
         let evict_dir = dir.to_path_buf();
         let on_evict = spares.clone();
         let index = moka::sync::Cache::builder()
@@ -275,7 +280,11 @@ impl DiskCache {
                     r => return r,
                 }
             }
-            let f = std::fs::OpenOptions::new().write(true).create(spare.is_none()).truncate(spare.is_none()).open(target)?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(spare.is_none())
+                .truncate(spare.is_none())
+                .open(target)?;
             f.write_all_at(&padded[..len], 0)?;
             f.write_all_at(&[0; ALIGN][..data_end - len], len as u64)?; // a spare's old bytes
             f.write_all_at(tail.space(), data_end as u64)
@@ -309,7 +318,6 @@ impl DiskCache {
         self.dir.join(Self::name(key, identity, block))
     }
 }
-
 
 #[cfg(test)]
 #[path = "disk_cache_tests.rs"]

@@ -126,7 +126,11 @@ impl Default for FsConfig {
 
 pub(crate) enum Handle {
     /// A directory's snapshot, and whether the kernel may keep its readdir cache.
-    Dir { ino: u64, entries: Arc<Vec<DirEntry>>, keep_cache: bool },
+    Dir {
+        ino: u64,
+        entries: Arc<Vec<DirEntry>>,
+        keep_cache: bool,
+    },
     File(Arc<OpenFile>),
 }
 
@@ -427,12 +431,20 @@ impl Fs {
             }
         };
         let (own, subtree) = tokio::join!(self.list_children(dir), subtree);
-        let template = Listing { at: started, valid_for: self.cfg.metadata_ttl, children: HashMap::new(), subtree: false };
+        let template =
+            Listing { at: started, valid_for: self.cfg.metadata_ttl, children: HashMap::new(), subtree: false };
         let mut children = own?;
         let part = match subtree {
             Ok(Some(mut seen)) if seen.whole => {
                 seen.dirs.insert(String::new(), children);
-                self.install_subtree(&dir.key, dir.ino, seen.dirs, Listing { subtree: true, ..template }, since, &seen.incomplete);
+                self.install_subtree(
+                    &dir.key,
+                    dir.ino,
+                    seen.dirs,
+                    Listing { subtree: true, ..template },
+                    since,
+                    &seen.incomplete,
+                );
                 return Ok(());
             }
             Ok(part) => part,
@@ -451,7 +463,14 @@ impl Fs {
             // The directories the page held whole are listed from it (the root's own
             // listing only leads to them: it is in `incomplete`).
             seen.dirs.insert(String::new(), children.clone());
-            let inos = self.install_subtree(&dir.key, dir.ino, seen.dirs, Listing { subtree: true, ..template.clone() }, since, &seen.incomplete);
+            let inos = self.install_subtree(
+                &dir.key,
+                dir.ino,
+                seen.dirs,
+                Listing { subtree: true, ..template.clone() },
+                since,
+                &seen.incomplete,
+            );
             let mut t = self.table.lock().unwrap();
             for ino in seen.too_big.iter().filter_map(|d| inos.get(d)) {
                 t.mark_big_subtree(*ino);

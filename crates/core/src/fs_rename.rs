@@ -11,7 +11,14 @@ use crate::FsError;
 
 impl Fs {
     /// Rename `parent/name` to `newparent/newname`. `noreplace`: fail if the target exists.
-    pub async fn rename(&self, parent: u64, name: &str, newparent: u64, newname: &str, noreplace: bool) -> Result<(), FsError> {
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        noreplace: bool,
+    ) -> Result<(), FsError> {
         check_new_name(newname)?;
         let src = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
         if parent == newparent && name == newname {
@@ -65,7 +72,9 @@ impl Fs {
             // Moved objects are new objects (a new GCS generation; on S3 a new ETag for a
             // multipart source): a read pinned to the old identity would fail with ESTALE.
             if src.kind == Kind::Dir {
-                let stale = std::time::Instant::now().checked_sub(self.cfg.metadata_ttl).unwrap_or_else(std::time::Instant::now);
+                let stale = std::time::Instant::now()
+                    .checked_sub(self.cfg.metadata_ttl)
+                    .unwrap_or_else(std::time::Instant::now);
                 t.expire_below(&new_key, stale);
             }
         }
@@ -237,7 +246,14 @@ impl Fs {
         flushed
     }
 
-    fn set_attrs(&self, n: &mut crate::inode::Node, mode: Option<u32>, uid: Option<u32>, gid: Option<u32>, mtime: Option<SystemTime>) {
+    fn set_attrs(
+        &self,
+        n: &mut crate::inode::Node,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        mtime: Option<SystemTime>,
+    ) {
         if let Some(m) = mode {
             n.perm = Some((m & 0o7777) as u16);
         }

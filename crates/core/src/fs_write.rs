@@ -63,7 +63,11 @@ impl Fs {
     /// What to keep with `node`'s object at upload: its mode, owner and mtime where set here
     /// (or carried before), on stores that keep them.
     pub(crate) fn attrs_to_keep(&self, node: &crate::inode::Node) -> bucketfs_store::FileAttrs {
-        if self.store.keeps_attrs() { node.attrs() } else { Default::default() }
+        if self.store.keeps_attrs() {
+            node.attrs()
+        } else {
+            Default::default()
+        }
     }
 
     pub(crate) fn staged_of_pub(&self, ino: u64) -> Option<SharedStaged> {
@@ -293,10 +297,13 @@ impl Fs {
             return Ok(());
         }
         let node = self.node(ino)?;
-        let meta = st.upload(self.store.as_ref(), &node.key, self.cfg.write, &self.attrs_to_keep(&node)).await.map_err(|e| {
-            tracing::warn!(key = %node.key, "upload failed; data kept in staging: {e}");
-            FsError::UploadFailed(e.to_string())
-        })?;
+        let meta = st
+            .upload(self.store.as_ref(), &node.key, self.cfg.write, &self.attrs_to_keep(&node))
+            .await
+            .map_err(|e| {
+                tracing::warn!(key = %node.key, "upload failed; data kept in staging: {e}");
+                FsError::UploadFailed(e.to_string())
+            })?;
         let size = st.size;
         // Write-through: what was just uploaded is read back soon (make after a clone, a
         // test after its build), so small files go into the block caches under the new ETag.
@@ -413,7 +420,13 @@ impl Fs {
 
     /// Create and open a new, empty file; it reaches the bucket at the first flush.
     /// `mode`: permission bits to show (already masked by the umask), or `None` for the default.
-    pub async fn create(&self, parent: u64, name: &str, exclusive: bool, mode: Option<u16>) -> Result<(Attr, u64), FsError> {
+    pub async fn create(
+        &self,
+        parent: u64,
+        name: &str,
+        exclusive: bool,
+        mode: Option<u16>,
+    ) -> Result<(Attr, u64), FsError> {
         check_new_name(name)?;
         if let Some(existing) = self.resolve(parent, name).await? {
             if exclusive {
@@ -464,7 +477,14 @@ impl Fs {
         }
         let key = format!("{}{name}/", self.node(parent)?.key);
         self.store.create_dir(&key).await?;
-        let meta = ChildMeta { name: name.to_string(), kind: Kind::Dir, size: 0, mtime: SystemTime::now(), etag: None, attrs: None };
+        let meta = ChildMeta {
+            name: name.to_string(),
+            kind: Kind::Dir,
+            size: 0,
+            mtime: SystemTime::now(),
+            etag: None,
+            attrs: None,
+        };
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &meta);
         t.remember(ino);

@@ -3,11 +3,11 @@
 //! upload failures.
 
 use super::*;
-use std::sync::atomic::Ordering;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::StoreErrorKind;
-use std::collections::HashMap;
 use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 fn cfg() -> FsConfig {
     let dir = std::env::temp_dir().join(format!("bucketfs-core-test-{}", std::process::id()));

@@ -51,7 +51,14 @@ pub struct Node {
 impl Node {
     /// This node as an entry of its parent's listing.
     pub fn entry(&self) -> ChildMeta {
-        ChildMeta { name: self.name.clone(), kind: self.kind, size: self.size, mtime: self.mtime, etag: self.etag.clone(), attrs: None }
+        ChildMeta {
+            name: self.name.clone(),
+            kind: self.kind,
+            size: self.size,
+            mtime: self.mtime,
+            etag: self.etag.clone(),
+            attrs: None,
+        }
     }
 
     /// The object was replaced by someone else: drop what we knew of its attributes.
@@ -163,7 +170,15 @@ impl InodeTable {
             mtime_set: None,
             linked: true,
         };
-        Self { nodes: HashMap::from([(ROOT_INO, root)]), index: HashMap::new(), listings: HashMap::new(), next_ino: 2, change_seq: 0, changed: HashMap::new(), big_subtrees: Default::default() }
+        Self {
+            nodes: HashMap::from([(ROOT_INO, root)]),
+            index: HashMap::new(),
+            listings: HashMap::new(),
+            next_ino: 2,
+            change_seq: 0,
+            changed: HashMap::new(),
+            big_subtrees: Default::default(),
+        }
     }
 
     pub fn get(&self, ino: u64) -> Option<&Node> {

@@ -19,15 +19,15 @@ pub mod disk_cache;
 pub mod error;
 pub mod fs;
 pub(crate) mod fs_write;
-mod preload;
 pub mod inode;
 pub mod links;
 pub mod names;
+mod preload;
 pub mod read;
 pub mod stats;
 pub mod write;
 
 pub use dir_cache::InvalidateDir;
 pub use error::FsError;
-pub use stats::CacheStats;
 pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, StatFs, ROOT_INO};
+pub use stats::CacheStats;

@@ -90,8 +90,13 @@ impl Fs {
                 let first = first.as_deref().and_then(|k: &str| k.strip_prefix(root)).unwrap_or_default();
                 let (incomplete, too_big) = match in_order {
                     true => {
-                        let incomplete: HashSet<String> = dirs.keys().filter(|d| rest.starts_with(d.as_str())).cloned().collect();
-                        let big = incomplete.iter().filter(|d| !d.is_empty() && first.starts_with(d.as_str())).cloned().collect();
+                        let incomplete: HashSet<String> =
+                            dirs.keys().filter(|d| rest.starts_with(d.as_str())).cloned().collect();
+                        let big = incomplete
+                            .iter()
+                            .filter(|d| !d.is_empty() && first.starts_with(d.as_str()))
+                            .cloned()
+                            .collect();
                         (incomplete, big)
                     }
                     false => (dirs.keys().cloned().collect(), HashSet::new()),

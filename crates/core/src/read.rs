@@ -231,10 +231,8 @@ impl FileReader {
                     let open = if len >= STREAMING_READ { GROUP } else { 1 };
                     st.window = (st.window * 2).max(open).clamp(1, self.max_window);
                 }
-                let needed: Vec<Result<Bytes, Fetch>> = (first..=last)
-                    .zip(cached)
-                    .map(|(b, c)| c.ok_or_else(|| self.block_fetch(&mut st, b)))
-                    .collect();
+                let needed: Vec<Result<Bytes, Fetch>> =
+                    (first..=last).zip(cached).map(|(b, c)| c.ok_or_else(|| self.block_fetch(&mut st, b))).collect();
                 if sequential {
                     // Blocks a late (reordered) request may still need stay in flight, but
                     // give their share of the budget back once the reader has passed them.
@@ -317,7 +315,8 @@ impl FileReader {
         let stop = (from + st.window).min(blocks);
         let grouped = st.window >= GROUP;
         let starving = !st.inflight.keys().any(|&x| x >= from);
-        let have = |st: &ReadState, b: u64| st.inflight.contains_key(&b) || self.cache.blocks.contains_key(&self.block_key(b));
+        let have =
+            |st: &ReadState, b: u64| st.inflight.contains_key(&b) || self.cache.blocks.contains_key(&self.block_key(b));
         let mut b = from;
         while b < stop {
             if have(st, b) {
@@ -347,7 +346,8 @@ impl FileReader {
         let mut permits = Vec::with_capacity(n as usize);
         for b in first..first + n {
             permits.push(match prefetch {
-                true => match self.cache.budget.clone().try_acquire_many_owned((block_len(self.size, b) / 1024) as u32) {
+                true => match self.cache.budget.clone().try_acquire_many_owned((block_len(self.size, b) / 1024) as u32)
+                {
                     Ok(p) => Some(p),
                     Err(_) => break,
                 },
@@ -361,10 +361,7 @@ impl FileReader {
         let mut run = VecDeque::with_capacity(n as usize);
         for (b, permit) in (first..first + n).zip(permits) {
             let (tx, rx) = oneshot::channel();
-            let fut = rx
-                .map(|r| r.unwrap_or_else(|_| Err(FsError::Local("read task ended".into()))))
-                .boxed()
-                .shared();
+            let fut = rx.map(|r| r.unwrap_or_else(|_| Err(FsError::Local("read task ended".into())))).boxed().shared();
             st.inflight.insert(b, (fut, permit));
             run.push_back((b, tx));
         }
@@ -446,7 +443,8 @@ impl Source {
         if let Some(disk) = self.cache.disk.clone() {
             let mut missing = VecDeque::new();
             for (b, tx) in blocks {
-                let (disk, k, id, pool) = (disk.clone(), self.key.clone(), self.identity.clone(), self.cache.pool.clone());
+                let (disk, k, id, pool) =
+                    (disk.clone(), self.key.clone(), self.identity.clone(), self.cache.pool.clone());
                 let hit = tokio::task::spawn_blocking(move || disk.get(&k, &id, b, &pool)).await.ok().flatten();
                 match hit.filter(|d| d.len() == self.len(b)) {
                     Some(data) => {
@@ -499,7 +497,10 @@ impl Source {
     /// soon as its last byte arrives (so its reader does not wait for the whole run). Returns
     /// the blocks not completed, the bytes of the first of them that arrived, and how the
     /// stream ended.
-    async fn stream_run(&self, mut run: VecDeque<(u64, Tx)>) -> (VecDeque<(u64, Tx)>, Option<Bytes>, Result<(), FsError>) {
+    async fn stream_run(
+        &self,
+        mut run: VecDeque<(u64, Tx)>,
+    ) -> (VecDeque<(u64, Tx)>, Option<Bytes>, Result<(), FsError>) {
         let (Some(&(first, _)), Some(&(last, _))) = (run.front(), run.back()) else {
             return (run, None, Ok(()));
         };
@@ -509,7 +510,8 @@ impl Source {
         // (still in the CPU's cache), instead of reading the whole block again later.
         let (checksum, mut crc) = (self.cache.disk.is_some(), 0u32);
         let res = async {
-            let mut body = self.store.get_range_stream(&self.key, range, self.etag.as_deref()).await.map_err(store_err)?;
+            let mut body =
+                self.store.get_range_stream(&self.key, range, self.etag.as_deref()).await.map_err(store_err)?;
             while let Some(mut chunk) = body.try_next().await.map_err(store_err)? {
                 while !chunk.is_empty() {
                     let Some(&(b, _)) = run.front() else {

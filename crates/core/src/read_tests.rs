@@ -2,9 +2,9 @@
 
 use super::*;
 use bucketfs_store::testing::MemStore;
+use futures::StreamExt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use futures::StreamExt;
 
 fn data(n: usize) -> Bytes {
     (0..n).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>().into()
@@ -219,7 +219,8 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     disk_holds(&first, body.len() as u64).await;
     let r = open(cache_on_disk(&dir));
     let before = store.requests.load(Ordering::Relaxed);
-    let reads = [(3 * BLOCK + 17, 4096u32), (1_000_003, 17), (2 * BLOCK - 5, 10), (4 * BLOCK, 9), (3 * BLOCK + 9000, 4096)];
+    let reads =
+        [(3 * BLOCK + 17, 4096u32), (1_000_003, 17), (2 * BLOCK - 5, 10), (4 * BLOCK, 9), (3 * BLOCK + 9000, 4096)];
     for (off, len) in reads {
         let end = (off as usize + len as usize).min(body.len());
         assert_eq!(r.read(off, len).await.unwrap(), body.slice(off as usize..end), "at {off}");
@@ -271,7 +272,15 @@ struct Chunked {
 
 impl Chunked {
     fn new(inner: Arc<MemStore>, delay: Duration) -> Self {
-        Self { inner, delay, cut_group: 0, cut_after: 0, chunk: 256 << 10, groups: Default::default(), ranges: Default::default() }
+        Self {
+            inner,
+            delay,
+            cut_group: 0,
+            cut_after: 0,
+            chunk: 256 << 10,
+            groups: Default::default(),
+            ranges: Default::default(),
+        }
     }
 }
 
@@ -289,7 +298,12 @@ impl Store for Chunked {
     async fn head(&self, key: &str) -> Result<bucketfs_store::ObjectMeta, bucketfs_store::StoreError> {
         self.inner.head(key).await
     }
-    async fn get_range(&self, key: &str, r: std::ops::Range<u64>, m: Option<&str>) -> Result<Bytes, bucketfs_store::StoreError> {
+    async fn get_range(
+        &self,
+        key: &str,
+        r: std::ops::Range<u64>,
+        m: Option<&str>,
+    ) -> Result<Bytes, bucketfs_store::StoreError> {
         self.inner.get_range(key, r, m).await
     }
     async fn get_range_stream(
@@ -308,11 +322,12 @@ impl Store for Chunked {
         if cut {
             items.push(Err(bucketfs_store::StoreError::new(StoreErrorKind::Unavailable, "connection reset")));
         }
-        Ok(futures::stream::iter(items).then(move |c| async move {
-            tokio::time::sleep(delay).await;
-            c
-        })
-        .boxed())
+        Ok(futures::stream::iter(items)
+            .then(move |c| async move {
+                tokio::time::sleep(delay).await;
+                c
+            })
+            .boxed())
     }
     fn list(&self, prefix: &str, recursive: bool) -> bucketfs_store::ListStream {
         self.inner.list(prefix, recursive)
@@ -351,7 +366,15 @@ async fn a_sequential_reader_fetches_whole_groups_of_blocks_per_request() {
     let store = Arc::new(MemStore::new());
     let body = data(40 * BLOCK as usize + 777);
     let m = store.put("f", body.clone()).await.unwrap();
-    let r = FileReader::new(store.clone(), cache(), "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    let r = FileReader::new(
+        store.clone(),
+        cache(),
+        "f".into(),
+        m.etag.clone(),
+        m.etag.unwrap(),
+        body.len() as u64,
+        32 * BLOCK,
+    );
     assert_eq!(read_all(&r, 1 << 20).await, body);
     let n = store.requests.load(Ordering::Relaxed);
     // One GET a block until the window holds a group (at most 6), then GROUP blocks a GET,
@@ -367,7 +390,15 @@ async fn a_cut_off_group_refetches_only_its_unfinished_blocks() {
     let mut store = Chunked::new(mem, Duration::ZERO);
     (store.cut_group, store.cut_after) = (1, 2 * BLOCK as usize + 1000);
     let store = Arc::new(store);
-    let r = FileReader::new(store.clone(), cache(), "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    let r = FileReader::new(
+        store.clone(),
+        cache(),
+        "f".into(),
+        m.etag.clone(),
+        m.etag.unwrap(),
+        body.len() as u64,
+        32 * BLOCK,
+    );
     assert_eq!(read_all(&r, 1 << 20).await, body, "the reader never sees the cut");
     let ranges = store.ranges.lock().unwrap().clone();
     let at = ranges.iter().position(|r| r.end - r.start > BLOCK).expect("a grouped GET");
@@ -389,7 +420,15 @@ async fn a_block_is_handed_over_before_its_group_ends() {
     let body = data(GROUP as usize * BLOCK as usize);
     let m = mem.put("f", body.clone()).await.unwrap();
     let store = Arc::new(Chunked::new(mem, Duration::from_millis(5)));
-    let r = FileReader::new(store.clone(), cache(), "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    let r = FileReader::new(
+        store.clone(),
+        cache(),
+        "f".into(),
+        m.etag.clone(),
+        m.etag.unwrap(),
+        body.len() as u64,
+        32 * BLOCK,
+    );
     let (first, last) = {
         let mut st = r.state.lock().unwrap();
         r.start_fetch(&mut st, 0, GROUP, 1, false).unwrap();
@@ -409,7 +448,8 @@ async fn a_reader_short_of_budget_for_a_whole_group_takes_what_there_is() {
     let body = data(30 * BLOCK as usize);
     let m = store.put("f", body.clone()).await.unwrap();
     let c = Arc::new(ReadCache::new(256 << 20, (GROUP - 1) * BLOCK));
-    let r = FileReader::new(store.clone(), c, "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    let r =
+        FileReader::new(store.clone(), c, "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
     assert_eq!(read_all(&r, 1 << 20).await, body);
     let n = store.requests.load(Ordering::Relaxed);
     assert!(n <= 6 + 30 / (GROUP - 1) + 2, "{n} requests for 30 blocks");
@@ -427,7 +467,17 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     store.chunk = 100_000;
     let store = Arc::new(store);
     let dir = fresh_dir("pieces");
-    let open = |c| FileReader::new(store.clone(), c, "f".into(), m.etag.clone(), m.etag.clone().unwrap(), body.len() as u64, 32 * BLOCK);
+    let open = |c| {
+        FileReader::new(
+            store.clone(),
+            c,
+            "f".into(),
+            m.etag.clone(),
+            m.etag.clone().unwrap(),
+            body.len() as u64,
+            32 * BLOCK,
+        )
+    };
     let first = cache_on_disk(&dir);
     assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
     disk_holds(&first, body.len() as u64).await;

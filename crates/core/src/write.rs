@@ -78,12 +78,31 @@ impl Staged {
             .create_new(true)
             .open(&path)
             .map_err(|e| FsError::Local(format!("cannot create staging file {}: {e}", path.display())))?;
-        Ok(Self { file, path, size: 0, dirty: false, write_gen: 0, unlinked: false, handles: 0, key: None, appends_only: true, trunc_pending: false, old: None, eager: None })
+        Ok(Self {
+            file,
+            path,
+            size: 0,
+            dirty: false,
+            write_gen: 0,
+            unlinked: false,
+            handles: 0,
+            key: None,
+            appends_only: true,
+            trunc_pending: false,
+            old: None,
+            eager: None,
+        })
     }
 
     /// Fill the staged file with the object's current bytes (open for write without
     /// O_TRUNC), in ranged reads of one part each, so memory stays at one part.
-    pub async fn fill_from(&mut self, store: &dyn Store, key: &str, size: u64, etag: Option<&str>) -> Result<(), FsError> {
+    pub async fn fill_from(
+        &mut self,
+        store: &dyn Store,
+        key: &str,
+        size: u64,
+        etag: Option<&str>,
+    ) -> Result<(), FsError> {
         const CHUNK: u64 = 8 * 1024 * 1024; // one part: bounded memory, few requests
         let mut off = 0;
         while off < size {
@@ -149,7 +168,11 @@ impl Staged {
 
     /// The size writers see (0 while an O_TRUNC is pending).
     pub fn len(&self) -> u64 {
-        if self.trunc_pending { 0 } else { self.size }
+        if self.trunc_pending {
+            0
+        } else {
+            self.size
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -158,7 +181,11 @@ impl Staged {
 
     /// A read by a handle that did not write: `Err(reader)` means "read the hidden version
     /// through this reader" (an O_TRUNC is pending on a file whose old bytes were never staged).
-    pub fn read_old(&self, offset: u64, len: u32) -> Result<Result<Bytes, FsError>, Option<Arc<crate::read::FileReader>>> {
+    pub fn read_old(
+        &self,
+        offset: u64,
+        len: u32,
+    ) -> Result<Result<Bytes, FsError>, Option<Arc<crate::read::FileReader>>> {
         if self.trunc_pending && self.size == 0 {
             return Err(self.old.clone());
         }
@@ -220,7 +247,13 @@ impl Staged {
 
     /// Hand every complete part past what was sent to the eager upload, starting one if a
     /// sequential writer has written a first full part.
-    pub async fn eager_feed(&mut self, store: &dyn Store, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<(), FsError> {
+    pub async fn eager_feed(
+        &mut self,
+        store: &dyn Store,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &FileAttrs,
+    ) -> Result<(), FsError> {
         let part = opts.part_size as u64;
         self.settle()?;
         if self.eager.is_none() {
@@ -249,7 +282,13 @@ impl Staged {
 
     /// Upload the staged bytes to `key`; returns the new object's metadata.
     /// `attrs` (mode, owner, mtime) go with it where the store keeps them.
-    pub async fn upload(&mut self, store: &dyn Store, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<ObjectMeta, FsError> {
+    pub async fn upload(
+        &mut self,
+        store: &dyn Store,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &FileAttrs,
+    ) -> Result<ObjectMeta, FsError> {
         self.settle()?;
         let gen = self.write_gen;
         if self.eager.as_ref().is_some_and(|e| e.attrs != *attrs) {
@@ -352,7 +391,13 @@ pub async fn recover(dir: &Path, store: &dyn Store, opts: WriteOptions) -> (Vec<
 }
 
 /// Feed bytes `from..size` of `file` to `w`, one part (one buffer) at a time.
-async fn send_file(file: &File, from: u64, size: u64, w: &mut dyn ObjectWriter, opts: WriteOptions) -> Result<(), FsError> {
+async fn send_file(
+    file: &File,
+    from: u64,
+    size: u64,
+    w: &mut dyn ObjectWriter,
+    opts: WriteOptions,
+) -> Result<(), FsError> {
     let mut off = from;
     while off < size {
         let n = (opts.part_size as u64).min(size - off) as usize;

@@ -88,7 +88,8 @@ fn fs_with(keys: &[&str]) -> Arc<Fs> {
     }
     let staging = std::env::temp_dir().join(format!("bucketfs-model-{}", std::process::id()));
     // A long TTL: within one schedule every listing stays fresh, so a stale one is visible.
-    let cfg = FsConfig { staging_dir: staging, metadata_ttl: std::time::Duration::from_secs(3600), ..Default::default() };
+    let cfg =
+        FsConfig { staging_dir: staging, metadata_ttl: std::time::Duration::from_secs(3600), ..Default::default() };
     Arc::new(Fs::new(Arc::new(YieldStore(Arc::new(mem))), cfg))
 }
 
@@ -148,7 +149,10 @@ fn unlink_during_listing_is_not_undone() {
             };
             let _ = lister.await.unwrap();
             remover.await.unwrap().unwrap();
-            assert!(matches!(fs.lookup(d, "a").await, Err(FsError::NotFound)), "unlinked file found after a concurrent ls");
+            assert!(
+                matches!(fs.lookup(d, "a").await, Err(FsError::NotFound)),
+                "unlinked file found after a concurrent ls"
+            );
             assert_eq!(ls(&fs, d).await, vec!["b".to_string()]);
         })
     });

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use bucketfs_core::{Attr, DirEntry, Fs, FsError, Kind};
 use fuser::{
-    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
-    TimeOrNow, WriteFlags,
+    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
 
@@ -343,7 +343,9 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let (Some(name), Some(newname)) = (name_str(name), name_str(newname)) else { return reply.error(Errno::EINVAL) };
+        let (Some(name), Some(newname)) = (name_str(name), name_str(newname)) else {
+            return reply.error(Errno::EINVAL);
+        };
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             return reply.error(Errno::EINVAL); // an atomic swap is impossible on a bucket
         }
@@ -459,7 +461,17 @@ impl Filesystem for FuseAdapter {
     /// No ioctls: ENOTTY, as a regular file answers a terminal's (`isatty`, which many
     /// programs call on every file they open), without fuser's warning in the log for each.
     #[allow(clippy::too_many_arguments)]
-    fn ioctl(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: IoctlFlags, _cmd: u32, _in: &[u8], _out: u32, reply: ReplyIoctl) {
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in: &[u8],
+        _out: u32,
+        reply: ReplyIoctl,
+    ) {
         reply.error(Errno::ENOTTY);
     }
 }
@@ -481,7 +493,12 @@ pub use fuser::{Session, SessionUnmounter};
 pub use readahead::set_read_ahead;
 
 /// Mount `fs` on `mountpoint`; the session is not serving until [`Session::run`].
-pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &MountSpec) -> std::io::Result<Session<FuseAdapter>> {
+pub fn mount(
+    fs: Arc<Fs>,
+    rt: Handle,
+    mountpoint: &std::path::Path,
+    spec: &MountSpec,
+) -> std::io::Result<Session<FuseAdapter>> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(spec.fsname.clone()),
@@ -513,7 +530,10 @@ pub fn mount(fs: Arc<Fs>, rt: Handle, mountpoint: &std::path::Path, spec: &Mount
     let _ = notifier.set(session.notifier());
     let dev = running::mount_device(mountpoint);
     if dev.is_none() {
-        tracing::warn!("{} not found in /proc/self/mountinfo: open(O_RDONLY|O_TRUNC) cannot tell a running program", mountpoint.display());
+        tracing::warn!(
+            "{} not found in /proc/self/mountinfo: open(O_RDONLY|O_TRUNC) cannot tell a running program",
+            mountpoint.display()
+        );
     }
     let _ = device.set(dev);
     Ok(session)

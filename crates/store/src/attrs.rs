@@ -45,7 +45,8 @@ impl FileAttrs {
             let (secs, frac) = v.split_once('.').unwrap_or((v, ""));
             let secs: u64 = secs.parse().ok()?;
             let digits: String = frac.chars().take(9).collect();
-            let nanos = if digits.is_empty() { 0 } else { digits.parse::<u32>().ok()? * 10u32.pow(9 - digits.len() as u32) };
+            let nanos =
+                if digits.is_empty() { 0 } else { digits.parse::<u32>().ok()? * 10u32.pow(9 - digits.len() as u32) };
             Some(UNIX_EPOCH + Duration::new(secs, nanos))
         });
         Self {
@@ -63,7 +64,12 @@ mod tests {
 
     #[test]
     fn attrs_round_trip_through_metadata() {
-        let a = FileAttrs { mode: Some(0o100755), uid: Some(1000), gid: Some(0), mtime: Some(UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789)) };
+        let a = FileAttrs {
+            mode: Some(0o100755),
+            uid: Some(1000),
+            gid: Some(0),
+            mtime: Some(UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789)),
+        };
         let m = a.to_metadata();
         assert_eq!(m["mode"], "100755");
         assert_eq!(m["mtime"], "1700000000.123456789");

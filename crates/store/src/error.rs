@@ -72,9 +72,16 @@ fn is_unreachable(e: &opendal::Error) -> bool {
     }
     let text = causes.join(" ");
     e.kind() == opendal::ErrorKind::Unexpected && e.to_string().contains("timeout")
-        || ["error sending request", "connection refused", "timed out", "dns error", "connect error", "connection reset"]
-            .iter()
-            .any(|p| text.contains(p))
+        || [
+            "error sending request",
+            "connection refused",
+            "timed out",
+            "dns error",
+            "connect error",
+            "connection reset",
+        ]
+        .iter()
+        .any(|p| text.contains(p))
 }
 
 /// OpenDAL's Display carries the whole HTTP response; a user wants one short line: the

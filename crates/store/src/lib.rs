@@ -15,8 +15,8 @@
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
 
-mod error;
 pub mod attrs;
+mod error;
 pub mod gcs_compose;
 mod gcs_generation;
 pub mod gdrive;
@@ -31,4 +31,6 @@ mod types;
 
 pub use attrs::FileAttrs;
 pub use error::{StoreError, StoreErrorKind};
-pub use types::{ByteStream, Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions};
+pub use types::{
+    ByteStream, Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions,
+};

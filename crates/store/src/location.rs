@@ -18,11 +18,21 @@ use crate::{Store, StoreError, StoreErrorKind};
 /// Where the data lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
-    S3 { bucket: String, prefix: String },
-    Gcs { bucket: String, prefix: String },
-    File { path: PathBuf },
+    S3 {
+        bucket: String,
+        prefix: String,
+    },
+    Gcs {
+        bucket: String,
+        prefix: String,
+    },
+    File {
+        path: PathBuf,
+    },
     /// A Google Drive folder by ID (`root`: My Drive).
-    Gdrive { folder: String },
+    Gdrive {
+        folder: String,
+    },
     Memory,
 }
 
@@ -75,20 +85,24 @@ impl Location {
                         "{bucket:?} is not a valid bucket name (3-222 characters: lowercase letters, digits, '-', '_', '.')"
                     )));
                 }
-                let prefix = normalize_prefix(prefix)
-                    .ok_or_else(|| config_err(format!("{s:?}: the prefix may not contain '.', '..' or empty segments")))?;
+                let prefix = normalize_prefix(prefix).ok_or_else(|| {
+                    config_err(format!("{s:?}: the prefix may not contain '.', '..' or empty segments"))
+                })?;
                 let (bucket, prefix) = (bucket.to_string(), prefix);
                 Ok(if scheme == "s3" { Location::S3 { bucket, prefix } } else { Location::Gcs { bucket, prefix } })
             }
             "file" => {
                 if !rest.starts_with('/') {
-                    return Err(config_err(format!("{s:?}: a file URL needs an absolute path, like file:///data/bucket")));
+                    return Err(config_err(format!(
+                        "{s:?}: a file URL needs an absolute path, like file:///data/bucket"
+                    )));
                 }
                 Ok(Location::File { path: PathBuf::from(rest) })
             }
             "gdrive" => {
                 let folder = rest.trim_matches('/');
-                if folder.contains('/') || !folder.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_') {
+                if folder.contains('/') || !folder.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+                {
                     return Err(config_err(format!(
                         "{s:?}: expected gdrive:// (My Drive) or gdrive://FOLDER-ID (the ID in the folder's web address)"
                     )));
@@ -168,7 +182,15 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             } else {
                 // The same credential configuration as the builder's: a profile, and no
                 // instance-metadata probe with a custom endpoint.
-                (crate::s3_checksum_mode::with_checksum_mode(op, &region, opts.profile.as_deref(), endpoint.is_none()), true)
+                (
+                    crate::s3_checksum_mode::with_checksum_mode(
+                        op,
+                        &region,
+                        opts.profile.as_deref(),
+                        endpoint.is_none(),
+                    ),
+                    true,
+                )
             }
         }
         Location::Gcs { bucket, prefix } => {

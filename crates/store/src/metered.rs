@@ -23,7 +23,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
 
-use crate::{ByteStream, Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
+use crate::{
+    ByteStream, Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions,
+};
 
 /// The operations counted, in the order of [`Op::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,17 +42,8 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 9] = [
-        Op::Check,
-        Op::Head,
-        Op::Get,
-        Op::List,
-        Op::Put,
-        Op::Delete,
-        Op::Copy,
-        Op::CreateDir,
-        Op::Upload,
-    ];
+    pub const ALL: [Op; 9] =
+        [Op::Check, Op::Head, Op::Get, Op::List, Op::Put, Op::Delete, Op::Copy, Op::CreateDir, Op::Upload];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -201,7 +194,12 @@ impl Metrics {
             for k in KINDS {
                 let n = self.errors(op, k);
                 if n > 0 {
-                    let _ = writeln!(o, "bucketfs_store_errors_total{{op=\"{}\",kind=\"{}\"}} {n}", op.name(), kind_name(k));
+                    let _ = writeln!(
+                        o,
+                        "bucketfs_store_errors_total{{op=\"{}\",kind=\"{}\"}} {n}",
+                        op.name(),
+                        kind_name(k)
+                    );
                 }
             }
         }
@@ -268,9 +266,15 @@ impl MeteredStore {
     }
 
     /// Wrap an opened writer so its upload is recorded when it closes or aborts.
-    fn metered_writer(&self, t: Instant, r: Result<Box<dyn ObjectWriter>, StoreError>) -> Result<Box<dyn ObjectWriter>, StoreError> {
+    fn metered_writer(
+        &self,
+        t: Instant,
+        r: Result<Box<dyn ObjectWriter>, StoreError>,
+    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
         match r {
-            Ok(inner) => Ok(Box::new(MeteredWriter { inner, metrics: self.metrics.clone(), start: t, finished: false })),
+            Ok(inner) => {
+                Ok(Box::new(MeteredWriter { inner, metrics: self.metrics.clone(), start: t, finished: false }))
+            }
             Err(e) => {
                 self.metrics.record(Op::Upload, t, Some(e.kind));
                 Err(e)
@@ -310,10 +314,17 @@ impl Store for MeteredStore {
         self.done(Op::Get, t, r)
     }
 
-    async fn get_range_stream(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<ByteStream, StoreError> {
+    async fn get_range_stream(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<ByteStream, StoreError> {
         let t = Instant::now();
         match self.inner.get_range_stream(key, range, if_match).await {
-            Ok(inner) => Ok(Box::pin(MeteredRead { inner, metrics: self.metrics.clone(), start: t, err: None, done: false })),
+            Ok(inner) => {
+                Ok(Box::pin(MeteredRead { inner, metrics: self.metrics.clone(), start: t, err: None, done: false }))
+            }
             Err(e) => self.done(Op::Get, t, Err(e)),
         }
     }
@@ -375,7 +386,12 @@ impl Store for MeteredStore {
         self.put_done(t, n, r)
     }
 
-    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &crate::FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+    async fn writer_with_attrs(
+        &self,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &crate::FileAttrs,
+    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
         let t = Instant::now();
         let r = self.inner.writer_with_attrs(key, opts, attrs).await;
         self.metered_writer(t, r)

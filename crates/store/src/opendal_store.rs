@@ -13,7 +13,10 @@ use futures::{StreamExt, TryStreamExt};
 use opendal::{Metadata, Operator};
 
 use crate::gcs_compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
-use crate::{ByteStream, Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use crate::{
+    ByteStream, Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError,
+    WriteOptions,
+};
 
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
@@ -101,12 +104,8 @@ impl Store for OpendalStore {
     async fn check(&self) -> Result<(), StoreError> {
         // One LIST of at most one key: fails with NotFound for a missing bucket and
         // PermissionDenied for bad credentials, and needs no object to exist.
-        let mut lister = self
-            .op
-            .lister_with("/")
-            .limit(1)
-            .await
-            .map_err(|e| StoreError::from_opendal("list", "/", e))?;
+        let mut lister =
+            self.op.lister_with("/").limit(1).await.map_err(|e| StoreError::from_opendal("list", "/", e))?;
         if let Some(r) = lister.next().await {
             r.map_err(|e| StoreError::from_opendal("list", "/", e))?;
         }
@@ -117,12 +116,7 @@ impl Store for OpendalStore {
         Ok(self.head_attrs(key).await?.0)
     }
 
-    async fn get_range(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        if_match: Option<&str>,
-    ) -> Result<Bytes, StoreError> {
+    async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError> {
         if range.start >= range.end {
             return Ok(Bytes::new());
         }
@@ -164,17 +158,15 @@ impl Store for OpendalStore {
                 .await
                 .map_err(|e| StoreError::from_opendal("list", &prefix, e))?;
             let p = prefix.clone();
-            Ok::<_, StoreError>(
-                lister
-                    .map_err(move |e| StoreError::from_opendal("list", &p, e))
-                    .try_filter_map(move |entry| {
-                        let key = entry.path().trim_start_matches('/').to_string();
-                        // Temporary upload parts (gcs_compose) are never part of a listing.
-                        let keep = key != prefix && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
-                        let m = this.meta(&key, entry.metadata());
-                        async move { Ok(keep.then_some(m)) }
-                    }),
-            )
+            Ok::<_, StoreError>(lister.map_err(move |e| StoreError::from_opendal("list", &p, e)).try_filter_map(
+                move |entry| {
+                    let key = entry.path().trim_start_matches('/').to_string();
+                    // Temporary upload parts (gcs_compose) are never part of a listing.
+                    let keep = key != prefix && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
+                    let m = this.meta(&key, entry.metadata());
+                    async move { Ok(keep.then_some(m)) }
+                },
+            ))
         };
         futures::stream::once(stream).try_flatten().boxed()
     }
@@ -184,10 +176,7 @@ impl Store for OpendalStore {
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.op
-            .delete(od_path(key))
-            .await
-            .map_err(|e| StoreError::from_opendal("delete", key, e))
+        self.op.delete(od_path(key)).await.map_err(|e| StoreError::from_opendal("delete", key, e))
     }
 
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
@@ -197,11 +186,7 @@ impl Store for OpendalStore {
             self.put(to, data.to_bytes()).await?;
             return Ok(());
         }
-        self.op
-            .copy(from, to)
-            .await
-            .map(|_| ())
-            .map_err(|e| StoreError::from_opendal("copy", from, e))
+        self.op.copy(from, to).await.map(|_| ()).map_err(|e| StoreError::from_opendal("copy", from, e))
     }
 
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
@@ -240,7 +225,12 @@ impl Store for OpendalStore {
         Ok(self.meta(key, &m))
     }
 
-    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+    async fn writer_with_attrs(
+        &self,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &FileAttrs,
+    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
         if self.op.info().scheme() == "gcs" {
             // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
             // the JSON API (which emulators have too). Compose keeps no metadata, so only a
@@ -316,7 +306,9 @@ struct OpendalWriter {
 
 impl OpendalWriter {
     fn writer(&mut self) -> Result<&mut opendal::Writer, StoreError> {
-        self.w.as_mut().ok_or_else(|| StoreError::new(crate::StoreErrorKind::Other, format!("upload of {} already ended", self.key)))
+        self.w.as_mut().ok_or_else(|| {
+            StoreError::new(crate::StoreErrorKind::Other, format!("upload of {} already ended", self.key))
+        })
     }
 }
 

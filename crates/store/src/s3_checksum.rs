@@ -215,7 +215,8 @@ mod tests {
         assert_eq!(r.body_mut().to_buffer().await.unwrap().to_bytes(), ok.as_bytes(), "body handed on intact");
         let e = fake(200, None, &ok).fetch(complete(&[b, a])).await.err().expect("refused");
         assert!(e.to_string().contains("mismatch"), "{e}");
-        let e = fake(200, None, "<CompleteMultipartUploadResult/>").fetch(complete(&[a, b])).await.err().expect("refused");
+        let e =
+            fake(200, None, "<CompleteMultipartUploadResult/>").fetch(complete(&[a, b])).await.err().expect("refused");
         assert_eq!(e.kind(), ErrorKind::Unsupported);
     }
 }

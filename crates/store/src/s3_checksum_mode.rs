@@ -158,7 +158,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_asked_for_its_checksum_signs_the_header() {
-        let fake = Fake { answer: vec![("x-amz-checksum-crc32", "7VmA/g==-3"), ("x-amz-checksum-type", "COMPOSITE")], ..Default::default() };
+        let fake = Fake {
+            answer: vec![("x-amz-checksum-crc32", "7VmA/g==-3"), ("x-amz-checksum-type", "COMPOSITE")],
+            ..Default::default()
+        };
         let m = mode(&fake);
         let (r, sum) = asking(m.fetch(head(true))).await;
         assert!(r.is_ok());
@@ -194,7 +197,10 @@ mod tests {
         assert!(!fake.got.lock().unwrap().take().unwrap().headers.contains_key(MODE));
         // An unsigned (anonymous) HEAD gets the header and stays unsigned.
         let (_, sum) = asking(m.fetch(head(false))).await;
-        assert_eq!(sum.map(|s| (s.algorithm, s.digest, s.parts, s.kind)), Some(("crc32c".into(), vec![0, 0, 0, 1], None, None)));
+        assert_eq!(
+            sum.map(|s| (s.algorithm, s.digest, s.parts, s.kind)),
+            Some(("crc32c".into(), vec![0, 0, 0, 1], None, None))
+        );
         let got = fake.got.lock().unwrap().take().unwrap();
         assert_eq!(got.headers[MODE], "ENABLED");
         assert!(!got.headers.contains_key("authorization"));
@@ -202,13 +208,18 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_without_a_readable_checksum_gives_none() {
-        for answer in [vec![], vec![("x-amz-checksum-crc32", "not base64!")], vec![("x-amz-checksum-crc32", "AAAAAQ==-x")]] {
+        for answer in
+            [vec![], vec![("x-amz-checksum-crc32", "not base64!")], vec![("x-amz-checksum-crc32", "AAAAAQ==-x")]]
+        {
             let fake = Fake { answer, ..Default::default() };
             let (_, sum) = asking(mode(&fake).fetch(head(true))).await;
             assert_eq!(sum, None);
         }
         // An algorithm cp cannot check is still reported, for the caller to decide.
-        let fake = Fake { answer: vec![("x-amz-checksum-sha256", "AAAA"), ("x-amz-checksum-type", "FULL_OBJECT")], ..Default::default() };
+        let fake = Fake {
+            answer: vec![("x-amz-checksum-sha256", "AAAA"), ("x-amz-checksum-type", "FULL_OBJECT")],
+            ..Default::default()
+        };
         let (_, sum) = asking(mode(&fake).fetch(head(true))).await;
         assert_eq!(sum.map(|s| (s.algorithm, s.parts)), Some(("sha256".into(), None)));
     }

@@ -63,12 +63,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Bytes `range` of `key`. The range is clamped to the object by the caller; a range
     /// past the end yields fewer bytes. With `if_match`, a changed object gives `Changed`.
-    async fn get_range(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        if_match: Option<&str>,
-    ) -> Result<Bytes, StoreError>;
+    async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError>;
 
     /// [`Store::get_range`] as a stream of chunks as they arrive (one request), so a large
     /// range can be consumed without holding it in memory. The default reads the whole range
@@ -130,7 +125,12 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// [`Store::writer`], keeping `attrs` with the object where the store can.
-    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, _attrs: &FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+    async fn writer_with_attrs(
+        &self,
+        key: &str,
+        opts: WriteOptions,
+        _attrs: &FileAttrs,
+    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.writer(key, opts).await
     }
 }

@@ -12,8 +12,7 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 
 async fn keys(store: &dyn Store, prefix: &str, recursive: bool) -> Vec<String> {
-    let mut v: Vec<String> =
-        store.list(prefix, recursive).map_ok(|m| m.key).try_collect().await.expect("list");
+    let mut v: Vec<String> = store.list(prefix, recursive).map_ok(|m| m.key).try_collect().await.expect("list");
     v.sort();
     v
 }
@@ -78,7 +77,10 @@ async fn conformance(store: Arc<dyn Store>) {
     let m = w.close().await.unwrap();
     assert_eq!(m.size, big.len() as u64);
     let mid = 5 * 1024 * 1024 - 3..5 * 1024 * 1024 + 3;
-    assert_eq!(s.get_range("dir/multi.bin", mid.clone(), None).await.unwrap(), big.slice(mid.start as usize..mid.end as usize));
+    assert_eq!(
+        s.get_range("dir/multi.bin", mid.clone(), None).await.unwrap(),
+        big.slice(mid.start as usize..mid.end as usize)
+    );
     let mut w = s.writer("dir/aborted.bin", opts).await.unwrap();
     w.write(big.slice(0..1000)).await.unwrap();
     w.abort().await.unwrap();
@@ -109,7 +111,12 @@ async fn conformance(store: Arc<dyn Store>) {
 async fn file_attrs(s: &dyn Store, opts: bucketfs_store::WriteOptions) {
     use bucketfs_store::FileAttrs;
     use std::time::{Duration, UNIX_EPOCH};
-    let a = FileAttrs { mode: Some(0o100750), uid: Some(1234), gid: Some(5678), mtime: Some(UNIX_EPOCH + Duration::new(1_000_000_005, 250_000_000)) };
+    let a = FileAttrs {
+        mode: Some(0o100750),
+        uid: Some(1234),
+        gid: Some(5678),
+        mtime: Some(UNIX_EPOCH + Duration::new(1_000_000_005, 250_000_000)),
+    };
     s.put_with_attrs("attrs/put.bin", Bytes::from_static(b"abc"), &a).await.unwrap();
     let (m, got) = s.head_attrs("attrs/put.bin").await.unwrap();
     assert_eq!((m.size, got), (3, a), "{}: put_with_attrs", s.describe());
@@ -239,7 +246,8 @@ async fn gcs_emulator() {
 /// A new folder in the Drive emulator's My Drive (through its test-control API).
 async fn drive_folder(endpoint: &str, name: &str) -> String {
     let body = serde_json::json!({"name": name, "mimeType": "application/vnd.google-apps.folder"});
-    let r = reqwest::Client::new().post(format!("{endpoint}/_control/seed")).body(body.to_string()).send().await.unwrap();
+    let r =
+        reqwest::Client::new().post(format!("{endpoint}/_control/seed")).body(body.to_string()).send().await.unwrap();
     let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
     v["id"].as_str().expect("seeded folder id").to_string()
 }
@@ -273,7 +281,8 @@ async fn minio_crc32c() {
 async fn minio_reports_object_checksums() {
     let Some(endpoint) = required("BUCKETFS_TEST_S3_ENDPOINT") else { return };
     let bucket = std::env::var("BUCKETFS_TEST_S3_BUCKET").unwrap_or_else(|_| "conformance".into());
-    let opts = StoreOptions { endpoint: Some(endpoint), s3_crc32c: true, s3_checksum_mode: true, ..StoreOptions::default() };
+    let opts =
+        StoreOptions { endpoint: Some(endpoint), s3_crc32c: true, s3_checksum_mode: true, ..StoreOptions::default() };
     let loc = Location::S3 { bucket, prefix: format!("{}/", unique("s3sum")) };
     let s = location::open(&loc, &opts).unwrap();
     s.put("one", Bytes::from_static(b"hello")).await.unwrap();
@@ -306,7 +315,10 @@ struct Corrupt {
 }
 
 impl opendal::HttpTransport for Corrupt {
-    async fn fetch(&self, mut req: http::Request<opendal::Buffer>) -> opendal::Result<http::Response<opendal::HttpBody>> {
+    async fn fetch(
+        &self,
+        mut req: http::Request<opendal::Buffer>,
+    ) -> opendal::Result<http::Response<opendal::HttpBody>> {
         use std::sync::atomic::Ordering::SeqCst;
         let has_crc = req.headers().contains_key("x-amz-checksum-crc32c") && !req.body().is_empty();
         if has_crc && self.left.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok() {

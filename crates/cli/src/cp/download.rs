@@ -66,7 +66,12 @@ async fn read_plan(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) -> Res
 }
 
 /// One ranged read with retries; a short read counts as a (retried) failure.
-pub(super) async fn fetch(ctx: &Ctx, src: &Remote, range: std::ops::Range<u64>, if_match: Option<&str>) -> Result<Bytes, String> {
+pub(super) async fn fetch(
+    ctx: &Ctx,
+    src: &Remote,
+    range: std::ops::Range<u64>,
+    if_match: Option<&str>,
+) -> Result<Bytes, String> {
     let want = (range.end - range.start) as usize;
     retry(ctx, "read", &src.key, || {
         let range = range.clone();
@@ -300,7 +305,12 @@ async fn fetch_into(
 /// `slot`'s group from slice `start` to its end (which another slot may lower meanwhile),
 /// with retries: a failed request is resumed at its first unfinished slice. Finished slices
 /// are added to `done`.
-async fn fetch_group(f: &Fetch<'_>, slot: usize, start: usize, done: &mut Vec<(usize, SliceSum)>) -> Result<(), String> {
+async fn fetch_group(
+    f: &Fetch<'_>,
+    slot: usize,
+    start: usize,
+    done: &mut Vec<(usize, SliceSum)>,
+) -> Result<(), String> {
     let base = done.len();
     let mut attempt = 0;
     loop {
@@ -390,7 +400,12 @@ type Busy = tokio::task::JoinHandle<std::io::Result<Job>>;
 /// thread while the next one fills, so writing runs on both cores and overlaps the
 /// network. A finished slice's digests go to `done`; on error, `done` holds the slices
 /// that completed.
-async fn stream_slices(f: &Fetch<'_>, slot: usize, todo: Group, done: &mut Vec<(usize, SliceSum)>) -> Result<(), Failure> {
+async fn stream_slices(
+    f: &Fetch<'_>,
+    slot: usize,
+    todo: Group,
+    done: &mut Vec<(usize, SliceSum)>,
+) -> Result<(), Failure> {
     let mut busy: Option<Busy> = None;
     let spare = Job { buf: AlignedBuf::new(), md5: f.p.slice_md5.then(Md5::new), sum: None };
     let result = receive(f, slot, todo, &mut busy, spare, &mut |j| settle(f, j, done)).await;
@@ -668,7 +683,10 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) ->
                 data.iter().for_each(|c| h.update(c));
                 h
             });
-            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5, with_crc32c).with_crc32(&data, with_crc32), h))
+            Ok::<_, std::io::Error>((
+                SliceSum::of_chunks(range, &data, with_md5, with_crc32c).with_crc32(&data, with_crc32),
+                h,
+            ))
         })
         .await
         .map_err(|e| e.to_string())?

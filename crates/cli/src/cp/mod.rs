@@ -230,12 +230,16 @@ async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
         return Err(INTERRUPTED.into());
     }
     match (&job.src, &job.dst) {
-        (Src::Remote { remote, head, .. }, Dst::Local(path)) => download::to_file(ctx, remote, head.as_deref(), path).await,
+        (Src::Remote { remote, head, .. }, Dst::Local(path)) => {
+            download::to_file(ctx, remote, head.as_deref(), path).await
+        }
         (Src::Remote { remote, head, .. }, Dst::Stdout) => download::to_stdout(ctx, remote, head.as_deref()).await,
         (Src::Local { path, size }, Dst::Remote(r)) => {
             upload::upload(ctx, upload::Source::File(path), Some(*size), r).await
         }
-        (Src::Remote { remote, head, .. }, Dst::Remote(r)) => store_to_store::copy(ctx, remote, head.as_deref(), r).await,
+        (Src::Remote { remote, head, .. }, Dst::Remote(r)) => {
+            store_to_store::copy(ctx, remote, head.as_deref(), r).await
+        }
         (Src::Stdin, Dst::Remote(r)) => upload::upload(ctx, upload::Source::Stdin, None, r).await,
         _ => Err("unsupported combination of source and destination".into()),
     }

@@ -80,10 +80,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Where one file's bytes come from.
 #[derive(Clone)]
 pub enum Src {
-    Local { path: PathBuf, size: u64 },
+    Local {
+        path: PathBuf,
+        size: u64,
+    },
     /// `head`: what the HEAD that found a single object said (a listing gives none), so the
     /// copy does not ask again.
-    Remote { remote: Remote, size: u64, head: Option<Box<ObjectDigests>> },
+    Remote {
+        remote: Remote,
+        size: u64,
+        head: Option<Box<ObjectDigests>>,
+    },
     Stdin,
 }
 
@@ -242,7 +249,10 @@ async fn expand_remote(
         match r.store.head_digests(&r.key).await {
             Ok(d) => {
                 let dst = target(dst, name.as_deref(), "", into_dir)?;
-                jobs.push(Job { src: Src::Remote { remote: r.clone(), size: d.meta.size, head: Some(Box::new(d)) }, dst });
+                jobs.push(Job {
+                    src: Src::Remote { remote: r.clone(), size: d.meta.size, head: Some(Box::new(d)) },
+                    dst,
+                });
                 return Ok(());
             }
             Err(e) if e.kind == StoreErrorKind::NotFound => {

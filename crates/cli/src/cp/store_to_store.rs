@@ -179,15 +179,21 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
         let want = Want { parts: want_parts, whole: want_whole, crc32: src_expect.wants_crc32() };
         let once = stream_once(ctx, src, dst, size, piece, if_match.as_deref(), want);
         let failed = match once.await {
-            Ok((meta, digests)) => match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match).await
+            Ok((meta, digests)) => match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match)
+                .await
             {
                 Ok(how) => {
-                    return Ok(Report { bytes: size, verified: how.into(), crc32c: verify::combined_crc(&digests.sums) });
+                    return Ok(Report {
+                        bytes: size,
+                        verified: how.into(),
+                        crc32c: verify::combined_crc(&digests.sums),
+                    });
                 }
                 Err(f) => {
                     if let Err(e) = dst.store.delete(&dst.key).await {
                         if e.kind != StoreErrorKind::NotFound {
-                            ctx.progress.println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
+                            ctx.progress
+                                .println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
                         }
                     }
                     Failed { msg: format!("verification failed: {}", f.msg), retry: f.retry }
@@ -222,7 +228,10 @@ async fn verify_both(
             let bad = verify::reread(ctx, &src.store, &src.key, &d.sums, if_match.as_deref()).await?;
             if let Some(&i) = bad.first() {
                 let at = d.sums[i].range.start;
-                return Err(Failed { msg: format!("crc32c of the source differs on re-read at byte {at}"), retry: true });
+                return Err(Failed {
+                    msg: format!("crc32c of the source differs on re-read at byte {at}"),
+                    retry: true,
+                });
             }
             BY_REREAD
         }
@@ -288,9 +297,11 @@ async fn stream_once(
         .map(|range| async move {
             let data = fetch_chunks(ctx, src, range.clone(), if_match).await?;
             let d = data.clone();
-            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts, true).with_crc32(&d, want_crc32))
-                .await
-                .map_err(|e| e.to_string())?;
+            let sum = tokio::task::spawn_blocking(move || {
+                SliceSum::of_chunks(range, &d, want_parts, true).with_crc32(&d, want_crc32)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
             Ok::<_, String>((data, sum))
         })
         .buffered(ctx.parallel);

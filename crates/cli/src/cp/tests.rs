@@ -11,7 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{
-    Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions,
+    Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError,
+    StoreErrorKind, WriteOptions,
 };
 use bytes::Bytes;
 use futures::StreamExt;
@@ -117,7 +118,9 @@ fn s3_crc_checksums_are_checked_before_md5s() {
     let b = SliceSum::of(3..6, &def, false).with_crc32(std::slice::from_ref(&def), true);
     let d = |sum: Option<ObjectChecksum>| ObjectDigests {
         meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None },
-        etag: Some(verify::composite_etag(&[SliceSum::of(0..3, b"abc", true), SliceSum::of(3..6, b"def", true)]).unwrap()),
+        etag: Some(
+            verify::composite_etag(&[SliceSum::of(0..3, b"abc", true), SliceSum::of(3..6, b"def", true)]).unwrap(),
+        ),
         md5: None,
         checksum: sum,
     };
@@ -128,7 +131,9 @@ fn s3_crc_checksums_are_checked_before_md5s() {
     // Whole object (FULL_OBJECT): the per-slice crcs combined.
     assert_eq!(check(s3_checksum("crc32c", b"abcdef", None), &ab, false), Check::Ok(verify::BY_S3_CRC32C));
     assert_eq!(check(s3_checksum("crc32", b"abcdef", None), &ab, false), Check::Ok(verify::BY_S3_CRC32));
-    assert!(matches!(check(s3_checksum("crc32", b"abcdeF", None), &ab, false), Check::Mismatch(m) if m.contains("crc32")));
+    assert!(
+        matches!(check(s3_checksum("crc32", b"abcdeF", None), &ab, false), Check::Mismatch(m) if m.contains("crc32"))
+    );
     // COMPOSITE of two 3-byte parts: the crc of the parts' crcs, in order.
     for algo in ["crc32", "crc32c"] {
         let sum = s3_checksum(algo, b"abcdef", Some(3));
@@ -284,7 +289,15 @@ struct Corrupt {
 
 impl Corrupt {
     fn new(inner: Arc<MemStore>) -> Self {
-        Self { inner, flip_reads: vec![], flip_puts: false, wrong_md5: false, checksum: None, reads: AtomicU64::new(0), read_bytes: AtomicU64::new(0) }
+        Self {
+            inner,
+            flip_reads: vec![],
+            flip_puts: false,
+            wrong_md5: false,
+            checksum: None,
+            reads: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+        }
     }
 }
 
@@ -299,7 +312,12 @@ fn s3_checksum(algorithm: &str, body: &[u8], part: Option<usize>) -> ObjectCheck
             (crc(&joined), Some(body.len().div_ceil(p) as u64), "COMPOSITE")
         }
     };
-    ObjectChecksum { algorithm: algorithm.into(), digest: digest.to_be_bytes().to_vec(), parts, kind: Some(kind.into()) }
+    ObjectChecksum {
+        algorithm: algorithm.into(),
+        digest: digest.to_be_bytes().to_vec(),
+        parts,
+        kind: Some(kind.into()),
+    }
 }
 
 fn flip(b: Bytes) -> Bytes {
@@ -362,7 +380,8 @@ async fn a_corrupted_read_is_caught_by_the_reread_and_fetched_again() {
     let mut c = Corrupt::new(mem);
     c.flip_reads = vec![2]; // one slice of the first pass comes back damaged
     let dir = temp_dir("flip");
-    let rep = download::to_file(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), None, &dir.join("out")).await.unwrap();
+    let rep =
+        download::to_file(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), None, &dir.join("out")).await.unwrap();
     assert_eq!(rep.verified, verify::BY_REREAD);
     assert!(std::fs::read(dir.join("out")).unwrap() == body, "the damaged slice was not repaired");
     std::fs::remove_dir_all(dir).unwrap();
@@ -421,7 +440,10 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
         }
     }
     // Parts that are not the slices (2 slices each) or sha256: verified by re-reading.
-    for sum in [s3_checksum("crc32", &body, Some(2 * SLICE as usize)), ObjectChecksum { algorithm: "sha256".into(), ..s3_checksum("crc32", &body, None) }] {
+    for sum in [
+        s3_checksum("crc32", &body, Some(2 * SLICE as usize)),
+        ObjectChecksum { algorithm: "sha256".into(), ..s3_checksum("crc32", &body, None) },
+    ] {
         let (r, read) = get(sum, vec![]).await;
         assert_eq!(r.unwrap().verified, verify::BY_REREAD);
         assert!(read >= 2 * len, "{read} bytes read");
@@ -431,7 +453,8 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
     c.checksum = Some(s3_checksum("crc32", &body, part));
     let mut with_summary = ctx();
     with_summary.summary = true;
-    let rep = download::to_file(&with_summary, &remote(Arc::new(c), Kind::S3, "obj"), None, &dir.join("out")).await.unwrap();
+    let rep =
+        download::to_file(&with_summary, &remote(Arc::new(c), Kind::S3, "obj"), None, &dir.join("out")).await.unwrap();
     assert_eq!((rep.verified.as_ref(), rep.crc32c), (verify::BY_S3_CRC32, Some(crc32c::crc32c(&body))));
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -484,9 +507,10 @@ async fn store_to_store_streams_at_slice_boundaries_and_retries_failures() {
         // cannot be opened (the whole copy is done again).
         let src: Arc<dyn Store> = Arc::new(FailStore::new(a.clone(), Op::Get, 3, 2, StoreErrorKind::Unavailable));
         let dst: Arc<dyn Store> = Arc::new(FailStore::new(b.clone(), Op::Upload, 1, 1, StoreErrorKind::Unavailable));
-        let rep = store_to_store::copy(&ctx(), &remote(src, Kind::Other, "obj"), None, &remote(dst, Kind::Other, "copy"))
-            .await
-            .unwrap();
+        let rep =
+            store_to_store::copy(&ctx(), &remote(src, Kind::Other, "obj"), None, &remote(dst, Kind::Other, "copy"))
+                .await
+                .unwrap();
         assert_eq!(rep.bytes, n as u64);
         assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
         assert_eq!(rep.verified, "reread-crc32c>reread-crc32c", "both sides re-read (mem keeps no digest)");
@@ -502,9 +526,14 @@ async fn store_to_store_catches_a_corrupted_source_read_and_copies_again() {
     let mut c = Corrupt::new(a);
     c.flip_reads = vec![2]; // one slice of the first pass comes back damaged
     let b = Arc::new(MemStore::new());
-    let rep = store_to_store::copy(&ctx(), &remote(Arc::new(c), Kind::Other, "obj"), None, &remote(b.clone(), Kind::Other, "k"))
-        .await
-        .unwrap();
+    let rep = store_to_store::copy(
+        &ctx(),
+        &remote(Arc::new(c), Kind::Other, "obj"),
+        None,
+        &remote(b.clone(), Kind::Other, "k"),
+    )
+    .await
+    .unwrap();
     assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
     assert!(b.get_range("k", 0..body.len() as u64, None).await.unwrap() == body, "the damaged copy was kept");
 }
@@ -514,9 +543,14 @@ async fn store_to_store_within_one_store_is_server_side() {
     let a: Arc<dyn Store> = Arc::new(MemStore::new());
     let body = data(3 * SLICE as usize + 1);
     a.put("obj", Bytes::from(body.clone())).await.unwrap();
-    let rep = store_to_store::copy(&ctx(), &remote(a.clone(), Kind::Other, "obj"), None, &remote(a.clone(), Kind::Other, "b"))
-        .await
-        .unwrap();
+    let rep = store_to_store::copy(
+        &ctx(),
+        &remote(a.clone(), Kind::Other, "obj"),
+        None,
+        &remote(a.clone(), Kind::Other, "b"),
+    )
+    .await
+    .unwrap();
     assert_eq!(rep.verified, "copy:reread-crc32c");
     assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
     assert!(a.get_range("b", 0..body.len() as u64, None).await.unwrap() == body);
@@ -622,7 +656,14 @@ async fn a_download_cut_off_mid_request_resumes_at_its_first_unfinished_slice() 
     let size = 40 * SLICE + 5;
     let body = data(size as usize);
     mem.put("obj", Bytes::from(body.clone())).await.unwrap();
-    let c = Arc::new(Choppy { inner: mem, cut: vec![1, 3], slow: vec![], streams: AtomicU64::new(0), served: Default::default(), asked: Default::default() });
+    let c = Arc::new(Choppy {
+        inner: mem,
+        cut: vec![1, 3],
+        slow: vec![],
+        streams: AtomicU64::new(0),
+        served: Default::default(),
+        asked: Default::default(),
+    });
     let dir = temp_dir("choppy");
     let store: Arc<dyn Store> = c.clone();
     let rep = download::to_file(&ctx(), &remote(store, Kind::S3, "obj"), None, &dir.join("out")).await.unwrap();
@@ -659,7 +700,14 @@ async fn idle_slots_take_over_the_tail_of_a_slow_request() {
     let body = data(size as usize);
     mem.put("obj", Bytes::from(body.clone())).await.unwrap();
     // The first request crawls: 5 ms per 1,000 bytes, 0.33 s for its 16 slices alone.
-    let c = Arc::new(Choppy { inner: mem, cut: vec![], slow: vec![1], streams: AtomicU64::new(0), served: Default::default(), asked: Default::default() });
+    let c = Arc::new(Choppy {
+        inner: mem,
+        cut: vec![],
+        slow: vec![1],
+        streams: AtomicU64::new(0),
+        served: Default::default(),
+        asked: Default::default(),
+    });
     let dir = temp_dir("straggler");
     let store: Arc<dyn Store> = c.clone();
     let rep = download::to_file(&ctx(), &remote(store, Kind::S3, "obj"), None, &dir.join("out")).await.unwrap();

@@ -147,7 +147,9 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 }
                 return Err(f);
             }
-            close_or_abort(ctx, dst, w.as_mut()).await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
+            close_or_abort(ctx, dst, w.as_mut())
+                .await
+                .map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
         }
         (None, Some(_)) => unreachable!("a second chunk is only read after a first"),
     };
@@ -157,7 +159,11 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
 
 /// Complete the upload; if that fails (a part's error often only shows here, as parts go
 /// up concurrently), abort it so that no parts stay behind.
-pub(super) async fn close_or_abort(ctx: &Ctx, dst: &Remote, w: &mut dyn ObjectWriter) -> Result<ObjectMeta, StoreError> {
+pub(super) async fn close_or_abort(
+    ctx: &Ctx,
+    dst: &Remote,
+    w: &mut dyn ObjectWriter,
+) -> Result<ObjectMeta, StoreError> {
     let e = match w.close().await {
         Ok(meta) => return Ok(meta),
         Err(e) => e,
@@ -205,7 +211,12 @@ async fn feed(
 }
 
 /// Compare the new object with what was sent; `Ok(how)` or a mismatch message.
-pub(super) async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d: &Digests) -> Result<&'static str, Failed> {
+pub(super) async fn verify_upload(
+    ctx: &Ctx,
+    dst: &Remote,
+    meta: &ObjectMeta,
+    d: &Digests,
+) -> Result<&'static str, Failed> {
     let whole = d.whole_md5.or(match d.sums.as_slice() {
         [] => Some(Md5::digest(b"").into()),
         [one] => one.md5,
@@ -221,9 +232,12 @@ pub(super) async fn verify_upload(ctx: &Ctx, dst: &Remote, meta: &ObjectMeta, d:
     }
     // S3 returns the ETag with the upload; GCS's MD5 needs a HEAD.
     let digests = match (dst.kind, &meta.etag) {
-        (Kind::S3, Some(etag)) => {
-            ObjectDigests { meta: meta.clone(), etag: Some(etag.trim_matches('"').to_string()), md5: None, checksum: None }
-        }
+        (Kind::S3, Some(etag)) => ObjectDigests {
+            meta: meta.clone(),
+            etag: Some(etag.trim_matches('"').to_string()),
+            md5: None,
+            checksum: None,
+        },
         (Kind::Other, _) => ObjectDigests { meta: meta.clone(), etag: None, md5: None, checksum: None },
         _ => retry(ctx, "head", &dst.key, || dst.store.head_digests(&dst.key)).await?,
     };

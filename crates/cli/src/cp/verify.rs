@@ -263,8 +263,11 @@ pub fn check(expect: &Expect, sums: &[SliceSum], whole_md5: Option<[u8; 16]>, gu
                 // COMPOSITE: the slices must be the parts.
                 Some(n) if sums.len() as u64 != *n => None,
                 Some(_) => {
-                    let parts: Option<Vec<u8>> =
-                        sums.iter().map(|s| algo.of_slice(s).map(u32::to_be_bytes)).collect::<Option<Vec<_>>>().map(|v| v.concat());
+                    let parts: Option<Vec<u8>> = sums
+                        .iter()
+                        .map(|s| algo.of_slice(s).map(u32::to_be_bytes))
+                        .collect::<Option<Vec<_>>>()
+                        .map(|v| v.concat());
                     parts.map(|p| algo.of(&p))
                 }
             };

@@ -58,16 +58,19 @@ fn env(name: &str) -> Option<String> {
 
 /// The default token file of `bucketfs auth gdrive`.
 pub fn default_token_file() -> Option<PathBuf> {
-    let base = env("XDG_CONFIG_HOME").map(PathBuf::from).or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    let base =
+        env("XDG_CONFIG_HOME").map(PathBuf::from).or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".config")))?;
     Some(base.join("bucketfs").join("gdrive-token.json"))
 }
 
 impl Credentials {
     /// Find credentials as the module docs say; also returns the file's `token_uri`.
     pub fn from_env() -> Result<(Self, Option<String>), StoreError> {
-        if let (Some(client_id), Some(client_secret), Some(refresh_token)) =
-            (env("BUCKETFS_GDRIVE_CLIENT_ID"), env("BUCKETFS_GDRIVE_CLIENT_SECRET"), env("BUCKETFS_GDRIVE_REFRESH_TOKEN"))
-        {
+        if let (Some(client_id), Some(client_secret), Some(refresh_token)) = (
+            env("BUCKETFS_GDRIVE_CLIENT_ID"),
+            env("BUCKETFS_GDRIVE_CLIENT_SECRET"),
+            env("BUCKETFS_GDRIVE_REFRESH_TOKEN"),
+        ) {
             return Ok((Credentials::Refresh { client_id, client_secret, refresh_token }, None));
         }
         let token_file = env("BUCKETFS_GDRIVE_TOKEN_FILE").map(PathBuf::from);
@@ -93,9 +96,8 @@ impl Credentials {
             .map_err(|e| config(format!("{} is not a credentials JSON file: {e}", path.display())))?;
         let creds = match f.kind.as_str() {
             "service_account" => {
-                let key = rsa::RsaPrivateKey::from_pkcs8_pem(&f.private_key).map_err(|_| {
-                    config(format!("{}: private_key is not a PKCS#8 PEM RSA key", path.display()))
-                })?;
+                let key = rsa::RsaPrivateKey::from_pkcs8_pem(&f.private_key)
+                    .map_err(|_| config(format!("{}: private_key is not a PKCS#8 PEM RSA key", path.display())))?;
                 Credentials::ServiceAccount { email: f.client_email, key: Box::new(key) }
             }
             "authorized_user" | "" if !f.refresh_token.is_empty() => Credentials::Refresh {
@@ -184,10 +186,14 @@ async fn post_form(http: &reqwest::Client, url: &str, form: &[(&str, String)]) -
         let detail: String = text.chars().take(300).collect();
         return Err(StoreError::new(
             StoreErrorKind::PermissionDenied,
-            format!("token request to {url} refused ({status}): {}", detail.split_whitespace().collect::<Vec<_>>().join(" ")),
+            format!(
+                "token request to {url} refused ({status}): {}",
+                detail.split_whitespace().collect::<Vec<_>>().join(" ")
+            ),
         ));
     }
-    serde_json::from_str(&text).map_err(|e| StoreError::new(StoreErrorKind::Other, format!("token response from {url}: {e}")))
+    serde_json::from_str(&text)
+        .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("token response from {url}: {e}")))
 }
 
 /// A service-account assertion: a JWT with Drive's scope, signed with the account's key.
@@ -198,9 +204,9 @@ fn jwt(email: &str, key: &rsa::RsaPrivateKey, aud: &str) -> Result<String, Store
     let claims = serde_json::json!({"iss": email, "scope": SCOPE, "aud": aud, "iat": now, "exp": now + 3600});
     let unsigned = format!("{header}.{}", b64.encode(claims.to_string()));
     let signer = SigningKey::<Sha256>::new((*key).clone());
-    let sig = signer
-        .try_sign(unsigned.as_bytes())
-        .map_err(|e| StoreError::new(StoreErrorKind::Config, format!("cannot sign the service-account assertion: {e}")))?;
+    let sig = signer.try_sign(unsigned.as_bytes()).map_err(|e| {
+        StoreError::new(StoreErrorKind::Config, format!("cannot sign the service-account assertion: {e}"))
+    })?;
     Ok(format!("{unsigned}.{}", b64.encode(sig.to_bytes())))
 }
 
@@ -230,7 +236,12 @@ pub fn code_from_paste(pasted: &str) -> Option<String> {
 }
 
 /// Exchange a consent code for a refresh token (the headless flow's last step).
-pub async fn exchange_code(token_url: &str, client_id: &str, client_secret: &str, code: &str) -> Result<String, StoreError> {
+pub async fn exchange_code(
+    token_url: &str,
+    client_id: &str,
+    client_secret: &str,
+    code: &str,
+) -> Result<String, StoreError> {
     let http = reqwest::Client::new();
     let r = post_form(
         &http,
@@ -250,7 +261,12 @@ pub async fn exchange_code(token_url: &str, client_id: &str, client_secret: &str
 }
 
 /// Save a refresh token as an `authorized_user` file readable by its owner only (0600).
-pub fn save_token_file(path: &std::path::Path, client_id: &str, client_secret: &str, refresh_token: &str) -> std::io::Result<()> {
+pub fn save_token_file(
+    path: &std::path::Path,
+    client_id: &str,
+    client_secret: &str,
+    refresh_token: &str,
+) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {

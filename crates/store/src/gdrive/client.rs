@@ -76,7 +76,8 @@ pub struct ChangeList {
 
 fn backoff(attempt: usize) -> Duration {
     let base = 200u64 << attempt.min(6);
-    let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos() as u64
+    let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos()
+        as u64
         % (base / 2 + 1);
     Duration::from_millis((base + jitter).min(8_000))
 }
@@ -120,7 +121,9 @@ impl Client {
                     let status = r.status();
                     let text = r.text().await.unwrap_or_default();
                     let (message, reason) = match serde_json::from_str::<ApiError>(&text) {
-                        Ok(e) => (e.error.message, e.error.errors.into_iter().next().map(|i| i.reason).unwrap_or_default()),
+                        Ok(e) => {
+                            (e.error.message, e.error.errors.into_iter().next().map(|i| i.reason).unwrap_or_default())
+                        }
                         Err(_) => (text.chars().take(200).collect(), String::new()),
                     };
                     let throttled = status == StatusCode::TOO_MANY_REQUESTS
@@ -154,11 +157,11 @@ impl Client {
     }
 
     async fn json<T: for<'de> Deserialize<'de>>(op: &str, what: &str, r: Response) -> Result<T, StoreError> {
-        let text = r
-            .text()
-            .await
-            .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("{op} {what:?}: reading the answer: {e}")))?;
-        serde_json::from_str(&text).map_err(|e| StoreError::new(StoreErrorKind::Other, format!("{op} {what:?}: bad answer: {e}")))
+        let text = r.text().await.map_err(|e| {
+            StoreError::new(StoreErrorKind::Unavailable, format!("{op} {what:?}: reading the answer: {e}"))
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("{op} {what:?}: bad answer: {e}")))
     }
 
     pub async fn get_file(&self, id: &str) -> Result<File, StoreError> {
@@ -202,14 +205,17 @@ impl Client {
         let fields = format!("nextPageToken,newStartPageToken,changes(fileId,removed,file({FILE_FIELDS}))");
         let (mut out, mut page) = (Vec::new(), token.to_string());
         loop {
-            let q = [("pageToken", page.as_str()), ("pageSize", "1000"), ("fields", &fields), ("includeRemoved", "true")];
+            let q =
+                [("pageToken", page.as_str()), ("pageSize", "1000"), ("fields", &fields), ("includeRemoved", "true")];
             let r = self.send("changes", "", Method::GET, &self.url("/drive/v3/changes", &q), &Body::None, &[]).await?;
             let l: ChangeList = Self::json("changes", "", r).await?;
             out.extend(l.changes);
             match (l.next_page_token, l.new_start_page_token) {
                 (Some(p), _) => page = p,
                 (None, Some(n)) => return Ok((out, n)),
-                (None, None) => return Err(StoreError::new(StoreErrorKind::Other, "changes: answer without a page token")),
+                (None, None) => {
+                    return Err(StoreError::new(StoreErrorKind::Other, "changes: answer without a page token"))
+                }
             }
         }
     }
@@ -219,7 +225,9 @@ impl Client {
         let url = self.url(&format!("/drive/v3/files/{id}"), &[("alt", "media"), ("supportsAllDrives", "true")]);
         let range = [("Range", format!("bytes={a}-{}", b - 1))];
         match self.send("read", what, Method::GET, &url, &Body::None, &range).await {
-            Ok(r) => r.bytes().await.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}"))),
+            Ok(r) => {
+                r.bytes().await.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}")))
+            }
             // 416: the range starts at or past the end (the file shrank).
             Err(e) if e.message.contains("416") => Ok(Bytes::new()),
             Err(e) => Err(e),
@@ -233,7 +241,15 @@ impl Client {
     }
 
     /// Metadata-only create (folders) or update (rename, trash, move).
-    pub async fn meta(&self, op: &str, what: &str, method: Method, path: &str, query: &[(&str, &str)], body: serde_json::Value) -> Result<File, StoreError> {
+    pub async fn meta(
+        &self,
+        op: &str,
+        what: &str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: serde_json::Value,
+    ) -> Result<File, StoreError> {
         let mut q = vec![("fields", FILE_FIELDS), ("supportsAllDrives", "true")];
         q.extend_from_slice(query);
         let r = self.send(op, what, method, &self.url(path, &q), &Body::Json(body), &[]).await?;
@@ -241,22 +257,35 @@ impl Client {
     }
 
     /// One-request upload of a small file: new (`id` None, metadata names it) or new content.
-    pub async fn upload_multipart(&self, what: &str, id: Option<&str>, meta: serde_json::Value, data: Bytes) -> Result<File, StoreError> {
+    pub async fn upload_multipart(
+        &self,
+        what: &str,
+        id: Option<&str>,
+        meta: serde_json::Value,
+        data: Bytes,
+    ) -> Result<File, StoreError> {
         let boundary = "bucketfs-part-boundary-7c1e4";
         let mut body = format!("--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
         body.extend_from_slice(&data);
         body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         let (method, path) = upload_target(id);
-        let url = self.url(&path, &[("uploadType", "multipart"), ("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
+        let url =
+            self.url(&path, &[("uploadType", "multipart"), ("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
         let ct = format!("multipart/related; boundary={boundary}");
         let r = self.send("write", what, method, &url, &Body::Raw(body.into(), ct), &[]).await?;
         Self::json("write", what, r).await
     }
 
     /// Start a resumable upload; returns the session URL.
-    pub async fn upload_session(&self, what: &str, id: Option<&str>, meta: serde_json::Value) -> Result<String, StoreError> {
+    pub async fn upload_session(
+        &self,
+        what: &str,
+        id: Option<&str>,
+        meta: serde_json::Value,
+    ) -> Result<String, StoreError> {
         let (method, path) = upload_target(id);
-        let url = self.url(&path, &[("uploadType", "resumable"), ("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
+        let url =
+            self.url(&path, &[("uploadType", "resumable"), ("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
         let r = self.send("write", what, method, &url, &Body::Json(meta), &[]).await?;
         r.headers()
             .get("Location")
@@ -267,7 +296,14 @@ impl Client {
 
     /// Send bytes at `offset` of a resumable upload; with `total`, this is the last chunk
     /// and the new file comes back.
-    pub async fn upload_chunk(&self, what: &str, session: &str, offset: u64, data: Bytes, total: Option<u64>) -> Result<Option<File>, StoreError> {
+    pub async fn upload_chunk(
+        &self,
+        what: &str,
+        session: &str,
+        offset: u64,
+        data: Bytes,
+        total: Option<u64>,
+    ) -> Result<Option<File>, StoreError> {
         let end = offset + data.len() as u64;
         let range = match (data.is_empty(), total) {
             (true, Some(t)) => format!("bytes */{t}"),

@@ -31,7 +31,10 @@ use serde_json::json;
 use self::auth::{Auth, Credentials};
 use self::client::{Body, Client, GOOGLE_API};
 use self::tree::{drive_name, File, Tree, FOLDER};
-use crate::{Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
+use crate::{
+    Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind,
+    WriteOptions,
+};
 
 /// How a Drive store is set up.
 #[derive(Debug, Clone)]
@@ -117,11 +120,16 @@ impl GdriveStore {
             // Take the changes token first so nothing made during the listing is missed.
             let page_token = self.client.start_page_token().await?;
             let root = self.client.get_file(&self.cfg.folder).await.map_err(|e| match e.kind {
-                StoreErrorKind::NotFound => StoreError::not_found(format!("Drive folder {:?} not found", self.cfg.folder)),
+                StoreErrorKind::NotFound => {
+                    StoreError::not_found(format!("Drive folder {:?} not found", self.cfg.folder))
+                }
                 _ => e,
             })?;
             if !root.is_folder() {
-                return Err(err(StoreErrorKind::Config, format!("{:?} is a file, not a Drive folder", self.cfg.folder)));
+                return Err(err(
+                    StoreErrorKind::Config,
+                    format!("{:?} is a file, not a Drive folder", self.cfg.folder),
+                ));
             }
             let files = self.client.list_all().await?;
             let mut tree = Tree::new(root.id, self.cfg.hide_docs);
@@ -218,7 +226,10 @@ impl GdriveStore {
     }
 
     fn read_only(key: &str) -> StoreError {
-        err(StoreErrorKind::PermissionDenied, format!("write {key:?}: Google Docs, Sheets and Slides are shown as read-only exports"))
+        err(
+            StoreErrorKind::PermissionDenied,
+            format!("write {key:?}: Google Docs, Sheets and Slides are shown as read-only exports"),
+        )
     }
 
     /// Upload `data` as `key` in one request (new file, or new content of the existing one).
@@ -324,11 +335,14 @@ impl Store for GdriveStore {
         }
         let (parent, name) = self.placement(to).await?;
         let path = format!("/drive/v3/files/{}/copy", src.id);
-        let f = self.client.meta("copy", to, Method::POST, &path, &[], json!({"name": name, "parents": [parent]})).await?;
+        let f =
+            self.client.meta("copy", to, Method::POST, &path, &[], json!({"name": name, "parents": [parent]})).await?;
         self.learn(f);
         // Replace semantics: the copy takes the name, the old target goes to the trash.
         if let Some(o) = old {
-            self.client.meta("copy", to, Method::PATCH, &format!("/drive/v3/files/{}", o.id), &[], json!({"trashed": true})).await?;
+            self.client
+                .meta("copy", to, Method::PATCH, &format!("/drive/v3/files/{}", o.id), &[], json!({"trashed": true}))
+                .await?;
             self.with_tree(|t| {
                 t.remove(&o.id);
                 t.rebuild();
@@ -345,7 +359,14 @@ impl Store for GdriveStore {
         let (parent, name) = self.placement(key).await?;
         let f = self
             .client
-            .meta("mkdir", key, Method::POST, "/drive/v3/files", &[], json!({"name": name, "mimeType": FOLDER, "parents": [parent]}))
+            .meta(
+                "mkdir",
+                key,
+                Method::POST,
+                "/drive/v3/files",
+                &[],
+                json!({"name": name, "mimeType": FOLDER, "parents": [parent]}),
+            )
             .await?;
         self.learn(f);
         Ok(())
@@ -372,14 +393,27 @@ impl Store for GdriveStore {
         Ok(self.meta(key, &f, size))
     }
 
-    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+    async fn writer_with_attrs(
+        &self,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &FileAttrs,
+    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.fresh(false).await?;
         if self.lookup(key).is_some_and(|f| f.export().is_some()) {
             return Err(Self::read_only(key));
         }
         // Resumable chunks must be multiples of 256 KiB.
         let part = (opts.part_size.max(256 * 1024) / (256 * 1024)) * 256 * 1024;
-        Ok(Box::new(DriveWriter { store: self.clone_handle(), key: key.to_string(), part, buf: BytesMut::new(), session: None, sent: 0, attrs: *attrs }))
+        Ok(Box::new(DriveWriter {
+            store: self.clone_handle(),
+            key: key.to_string(),
+            part,
+            buf: BytesMut::new(),
+            session: None,
+            sent: 0,
+            attrs: *attrs,
+        }))
     }
 
     async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
@@ -431,10 +465,7 @@ fn async_stream(
     fut: impl std::future::Future<Output = Result<Vec<ObjectMeta>, StoreError>> + Send + 'static,
 ) -> impl futures::Stream<Item = Result<ObjectMeta, StoreError>> + Send {
     use futures::{StreamExt, TryStreamExt};
-    futures::stream::once(fut)
-        .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
-        .try_flatten()
-        .boxed()
+    futures::stream::once(fut).map_ok(|v| futures::stream::iter(v.into_iter().map(Ok))).try_flatten().boxed()
 }
 
 /// Buffers one part; the first full part opens a resumable session, `close` sends the
@@ -486,7 +517,8 @@ impl ObjectWriter for DriveWriter {
             None => self.store.put_small(&self.key, rest, &self.attrs).await?,
             Some(s) => {
                 let f = self.store.client.upload_chunk(&self.key, s, self.sent, rest, Some(total)).await?;
-                let f = f.ok_or_else(|| err(StoreErrorKind::Other, format!("write {:?}: upload not complete", self.key)))?;
+                let f =
+                    f.ok_or_else(|| err(StoreErrorKind::Other, format!("write {:?}: upload not complete", self.key)))?;
                 self.store.learn(f.clone());
                 f
             }

@@ -59,7 +59,8 @@ pub struct File {
 }
 
 /// The `fields` selector matching [`File`].
-pub const FILE_FIELDS: &str = "id,name,mimeType,parents,size,md5Checksum,modifiedTime,createdTime,version,trashed,properties";
+pub const FILE_FIELDS: &str =
+    "id,name,mimeType,parents,size,md5Checksum,modifiedTime,createdTime,version,trashed,properties";
 
 impl File {
     pub fn is_folder(&self) -> bool {

@@ -101,7 +101,12 @@ impl Store for FailStore {
         self.gate(Op::Put)?;
         self.inner.put_with_attrs(key, data, attrs).await
     }
-    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &crate::FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+    async fn writer_with_attrs(
+        &self,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &crate::FileAttrs,
+    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.gate(Op::Upload)?;
         self.inner.writer_with_attrs(key, opts, attrs).await
     }

@@ -88,12 +88,7 @@ impl Store for MemStore {
         Ok(ObjectMeta { key: key.into(), size: data.len() as u64, etag: Some(etag), mtime: Some(mtime) })
     }
 
-    async fn get_range(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        if_match: Option<&str>,
-    ) -> Result<Bytes, StoreError> {
+    async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError> {
         self.request().await;
         let (data, etag, _) = self.snapshot(key).ok_or_else(|| StoreError::not_found(key))?;
         if if_match.is_some_and(|t| t != etag) {
@@ -181,7 +176,12 @@ impl Store for MemStore {
     }
 
     /// (A test double: the attributes are recorded when the writer opens.)
-    async fn writer_with_attrs(&self, key: &str, opts: WriteOptions, attrs: &crate::FileAttrs) -> Result<Box<dyn ObjectWriter>, StoreError> {
+    async fn writer_with_attrs(
+        &self,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &crate::FileAttrs,
+    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
         let w = self.writer(key, opts).await?;
         self.attrs.lock().unwrap().insert(key.to_string(), *attrs);
         Ok(w)
