@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Deserialize;
 
 use super::auth::Auth;
 use super::tree::{File, FILE_FIELDS};
-use crate::{StoreError, StoreErrorKind};
+use crate::{ByteStream, StoreError, StoreErrorKind};
 
 /// Google's API host; `--endpoint` replaces it (the tests' emulator).
 pub const GOOGLE_API: &str = "https://www.googleapis.com";
@@ -230,6 +231,30 @@ impl Client {
             }
             // 416: the range starts at or past the end (the file shrank).
             Err(e) if e.message.contains("416") => Ok(Bytes::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Self::download`] as the chunks of the answer as they arrive: a large range is
+    /// never held whole in memory.
+    pub async fn download_stream(&self, id: &str, what: &str, a: u64, b: u64) -> Result<ByteStream, StoreError> {
+        let url = self.url(&format!("/drive/v3/files/{id}"), &[("alt", "media"), ("supportsAllDrives", "true")]);
+        let range = [("Range", format!("bytes={a}-{}", b - 1))];
+        match self.send("read", what, Method::GET, &url, &Body::None, &range).await {
+            Ok(r) => {
+                let what = what.to_string();
+                Ok(futures::stream::try_unfold(r, move |mut r| {
+                    let what = what.clone();
+                    async move {
+                        match r.chunk().await {
+                            Ok(c) => Ok(c.map(|c| (c, r))),
+                            Err(e) => Err(StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}"))),
+                        }
+                    }
+                })
+                .boxed())
+            }
+            Err(e) if e.message.contains("416") => Ok(futures::stream::empty().boxed()),
             Err(e) => Err(e),
         }
     }
