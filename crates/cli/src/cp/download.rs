@@ -320,6 +320,8 @@ async fn fetch_group(
         }
         match stream_slices(f, slot, next..end, done).await {
             Ok(()) => {}
+            // Aborted by another slot meanwhile: no backoff for a download that has failed.
+            Err(Failure::Store(_)) if f.work.end(slot) == 0 => return Ok(()),
             Err(Failure::Store(e)) => super::again(f.ctx, "read", &f.src.key, &mut attempt, e).await?,
             Err(Failure::Local(e)) => return Err(e),
         }
