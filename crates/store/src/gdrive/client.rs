@@ -75,6 +75,11 @@ pub struct ChangeList {
     pub new_start_page_token: Option<String>,
 }
 
+/// A read's body broke off.
+fn read_failed(what: &str, e: reqwest::Error) -> StoreError {
+    StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}"))
+}
+
 fn backoff(attempt: usize) -> Duration {
     let base = 200u64 << attempt.min(6);
     let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos()
@@ -221,42 +226,36 @@ impl Client {
         }
     }
 
-    /// Bytes `[a, b)` of a file's content.
-    pub async fn download(&self, id: &str, what: &str, a: u64, b: u64) -> Result<Bytes, StoreError> {
+    /// The answer to a GET of bytes `[a, b)` of a file's content; `None` for 416: the range
+    /// starts at or past the end (the file shrank).
+    async fn media(&self, id: &str, what: &str, a: u64, b: u64) -> Result<Option<Response>, StoreError> {
         let url = self.url(&format!("/drive/v3/files/{id}"), &[("alt", "media"), ("supportsAllDrives", "true")]);
         let range = [("Range", format!("bytes={a}-{}", b - 1))];
         match self.send("read", what, Method::GET, &url, &Body::None, &range).await {
-            Ok(r) => {
-                r.bytes().await.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}")))
-            }
-            // 416: the range starts at or past the end (the file shrank).
-            Err(e) if e.message.contains("416") => Ok(Bytes::new()),
+            Ok(r) => Ok(Some(r)),
+            Err(e) if e.message.contains("416") => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Bytes `[a, b)` of a file's content.
+    pub async fn download(&self, id: &str, what: &str, a: u64, b: u64) -> Result<Bytes, StoreError> {
+        match self.media(id, what, a, b).await? {
+            Some(r) => r.bytes().await.map_err(|e| read_failed(what, e)),
+            None => Ok(Bytes::new()),
         }
     }
 
     /// [`Self::download`] as the chunks of the answer as they arrive: a large range is
     /// never held whole in memory.
     pub async fn download_stream(&self, id: &str, what: &str, a: u64, b: u64) -> Result<ByteStream, StoreError> {
-        let url = self.url(&format!("/drive/v3/files/{id}"), &[("alt", "media"), ("supportsAllDrives", "true")]);
-        let range = [("Range", format!("bytes={a}-{}", b - 1))];
-        match self.send("read", what, Method::GET, &url, &Body::None, &range).await {
-            Ok(r) => {
-                let what = what.to_string();
-                Ok(futures::stream::try_unfold(r, move |mut r| {
-                    let what = what.clone();
-                    async move {
-                        match r.chunk().await {
-                            Ok(c) => Ok(c.map(|c| (c, r))),
-                            Err(e) => Err(StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}"))),
-                        }
-                    }
-                })
-                .boxed())
-            }
-            Err(e) if e.message.contains("416") => Ok(futures::stream::empty().boxed()),
-            Err(e) => Err(e),
-        }
+        let Some(r) = self.media(id, what, a, b).await? else { return Ok(futures::stream::empty().boxed()) };
+        let what = what.to_string();
+        Ok(futures::stream::try_unfold(r, move |mut r| {
+            let what = what.clone();
+            async move { Ok(r.chunk().await.map_err(|e| read_failed(&what, e))?.map(|c| (c, r))) }
+        })
+        .boxed())
     }
 
     pub async fn export(&self, id: &str, what: &str, mime: &str) -> Result<Bytes, StoreError> {

@@ -75,7 +75,29 @@ fn err(kind: StoreErrorKind, msg: String) -> StoreError {
     StoreError::new(kind, msg)
 }
 
+/// See [`GdriveStore::ranged`]: bytes at hand, or bytes `[a, b)` of the file with this id.
+enum Ranged {
+    Ready(Bytes),
+    Download(String, u64, u64),
+}
+
 impl GdriveStore {
+    /// Where a ranged read of `key` comes from: bytes at hand (an export, which Drive makes
+    /// whole anyway; an empty range) or a download.
+    async fn ranged(&self, key: &str, range: Range<u64>) -> Result<Ranged, StoreError> {
+        self.fresh(false).await?;
+        let f = self.lookup(key).ok_or_else(|| StoreError::not_found(format!("read {key:?}: not found")))?;
+        if f.export().is_some() {
+            let b = self.exported(key, &f).await?;
+            let (a, e) = ((range.start as usize).min(b.len()), (range.end as usize).min(b.len()));
+            return Ok(Ranged::Ready(b.slice(a..e)));
+        }
+        if range.start >= range.end || range.start >= f.size() {
+            return Ok(Ranged::Ready(Bytes::new()));
+        }
+        Ok(Ranged::Download(f.id.clone(), range.start, range.end.min(f.size())))
+    }
+
     pub fn open(cfg: DriveConfig) -> Result<Arc<Self>, StoreError> {
         let (creds, file_token_uri) = Credentials::from_env()?;
         let base = cfg.endpoint.as_deref().map(|e| e.trim_end_matches('/').to_string());
@@ -274,33 +296,22 @@ impl Store for GdriveStore {
     }
 
     async fn get_range(&self, key: &str, range: Range<u64>, _if_match: Option<&str>) -> Result<Bytes, StoreError> {
-        self.fresh(false).await?;
-        let f = self.lookup(key).ok_or_else(|| StoreError::not_found(format!("read {key:?}: not found")))?;
-        if f.export().is_some() {
-            let b = self.exported(key, &f).await?;
-            let (a, e) = ((range.start as usize).min(b.len()), (range.end as usize).min(b.len()));
-            return Ok(b.slice(a..e));
+        match self.ranged(key, range).await? {
+            Ranged::Ready(b) => Ok(b),
+            Ranged::Download(id, a, b) => self.client.download(&id, key, a, b).await,
         }
-        if range.start >= range.end || range.start >= f.size() {
-            return Ok(Bytes::new());
-        }
-        self.client.download(&f.id, key, range.start, range.end.min(f.size())).await
     }
 
     async fn get_range_stream(
         &self,
         key: &str,
         range: Range<u64>,
-        if_match: Option<&str>,
+        _if_match: Option<&str>,
     ) -> Result<ByteStream, StoreError> {
-        self.fresh(false).await?;
-        let f = self.lookup(key).ok_or_else(|| StoreError::not_found(format!("read {key:?}: not found")))?;
-        if f.export().is_some() || range.start >= range.end || range.start >= f.size() {
-            // An export is made whole by Drive anyway; an empty range needs no request.
-            let b = self.get_range(key, range, if_match).await?;
-            return Ok(futures::stream::once(async move { Ok(b) }).boxed());
+        match self.ranged(key, range).await? {
+            Ranged::Ready(b) => Ok(futures::stream::once(async move { Ok(b) }).boxed()),
+            Ranged::Download(id, a, b) => self.client.download_stream(&id, key, a, b).await,
         }
-        self.client.download_stream(&f.id, key, range.start, range.end.min(f.size())).await
     }
 
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
