@@ -14,7 +14,7 @@ use md5::{Digest, Md5};
 
 use super::endpoint::Remote;
 use super::plan::{self, slices};
-use super::verify::{self, Check, Expect, SliceSum};
+use super::verify::{self, Check, Crcs, Expect, SliceSum};
 use super::work::{groups, Group, Work};
 use super::{retry, Ctx, Report, INTERRUPTED};
 use bucketfs_store::{ObjectDigests, StoreError, StoreErrorKind};
@@ -341,31 +341,6 @@ impl From<StoreError> for Failure {
     }
 }
 
-/// The crcs of the slice being received, updated on each piece as it arrives, while it is
-/// still in cache from the socket read.
-struct Crcs {
-    crc: Option<u32>,
-    crc32: Option<crc32fast::Hasher>,
-}
-
-impl Crcs {
-    fn update(&mut self, b: &[u8]) {
-        if let Some(c) = self.crc.as_mut() {
-            *c = crc32c::crc32c_append(*c, b);
-        }
-        if let Some(h) = self.crc32.as_mut() {
-            h.update(b);
-        }
-    }
-
-    /// The finished slice's (crc32c, crc32); starts the next slice.
-    fn take(&mut self) -> (Option<u32>, Option<u32>) {
-        let crc = self.crc;
-        self.crc = crc.map(|_| 0);
-        (crc, self.crc32.as_mut().map(|h| std::mem::take(h).finalize()))
-    }
-}
-
 /// A slice's last buffer: its index, range and crcs.
 type SliceEnd = (usize, std::ops::Range<u64>, (Option<u32>, Option<u32>));
 
@@ -446,7 +421,8 @@ async fn receive(
     let mut i = todo.start;
     let mut pos = start;
     let mut fill = AlignedBuf::new();
-    let mut crcs = Crcs { crc: p.slice_crc32c.then_some(0), crc32: p.slice_crc32.then(crc32fast::Hasher::new) };
+    // Summed on each piece as it arrives, while it is still in cache from the socket read.
+    let mut crcs = Crcs::new(p.slice_crc32c, p.slice_crc32);
     let mut spare = Some(spare);
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk?;
@@ -685,10 +661,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) ->
                 data.iter().for_each(|c| h.update(c));
                 h
             });
-            Ok::<_, std::io::Error>((
-                SliceSum::of_chunks(range, &data, with_md5, with_crc32c).with_crc32(&data, with_crc32),
-                h,
-            ))
+            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5, with_crc32c, with_crc32), h))
         })
         .await
         .map_err(|e| e.to_string())?

@@ -275,7 +275,7 @@ async fn stream_once(
         let (d, first) = (data.clone(), ranges.first().cloned());
         let (sums, whole_md5) = tokio::task::spawn_blocking(move || {
             let sums: Vec<SliceSum> = first
-                .map(|r| SliceSum::of(r, &d, true).with_crc32(std::slice::from_ref(&d), want_crc32))
+                .map(|r| SliceSum::of_chunks(r, std::slice::from_ref(&d), true, true, want_crc32))
                 .into_iter()
                 .collect();
             (sums, want_whole.then(|| Md5::digest(&d).into()))
@@ -297,11 +297,9 @@ async fn stream_once(
         .map(|range| async move {
             let data = fetch_chunks(ctx, src, range.clone(), if_match).await?;
             let d = data.clone();
-            let sum = tokio::task::spawn_blocking(move || {
-                SliceSum::of_chunks(range, &d, want_parts, true).with_crc32(&d, want_crc32)
-            })
-            .await
-            .map_err(|e| e.to_string())?;
+            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts, true, want_crc32))
+                .await
+                .map_err(|e| e.to_string())?;
             Ok::<_, String>((data, sum))
         })
         .buffered(ctx.parallel);

@@ -114,8 +114,8 @@ fn digests_and_checks() {
 #[test]
 fn s3_crc_checksums_are_checked_before_md5s() {
     let (abc, def) = (Bytes::from_static(b"abc"), Bytes::from_static(b"def"));
-    let a = SliceSum::of(0..3, &abc, false).with_crc32(std::slice::from_ref(&abc), true);
-    let b = SliceSum::of(3..6, &def, false).with_crc32(std::slice::from_ref(&def), true);
+    let a = SliceSum::of_chunks(0..3, std::slice::from_ref(&abc), false, true, true);
+    let b = SliceSum::of_chunks(3..6, std::slice::from_ref(&def), false, true, true);
     let d = |sum: Option<ObjectChecksum>| ObjectDigests {
         meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None },
         etag: Some(

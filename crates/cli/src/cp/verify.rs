@@ -50,25 +50,24 @@ impl SliceSum {
         Self { range, crc: Some(crc32c::crc32c(data)), md5: with_md5.then(|| Md5::digest(data).into()), crc32: None }
     }
 
-    /// This sum with the crc32 of `chunks` (its content) added when `with` is set.
-    pub fn with_crc32(mut self, chunks: &[bytes::Bytes], with: bool) -> Self {
-        if with {
-            let mut h = crc32fast::Hasher::new();
-            chunks.iter().for_each(|c| h.update(c));
-            self.crc32 = Some(h.finalize());
-        }
-        self
-    }
-
-    /// [`SliceSum::of`] the concatenation of `chunks`; its crc32c only `with_crc32c`.
-    pub fn of_chunks(range: Range<u64>, chunks: &[bytes::Bytes], with_md5: bool, with_crc32c: bool) -> Self {
-        let crc = with_crc32c.then(|| chunks.iter().fold(0, |c, b| crc32c::crc32c_append(c, b)));
+    /// The sum of the concatenation of `chunks`: its crc32c only `with_crc32c`, its crc32
+    /// only `with_crc32`.
+    pub fn of_chunks(
+        range: Range<u64>,
+        chunks: &[bytes::Bytes],
+        with_md5: bool,
+        with_crc32c: bool,
+        with_crc32: bool,
+    ) -> Self {
+        let mut crcs = Crcs::new(with_crc32c, with_crc32);
+        chunks.iter().for_each(|b| crcs.update(b));
+        let (crc, crc32) = crcs.take();
         let md5 = with_md5.then(|| {
             let mut h = Md5::new();
             chunks.iter().for_each(|b| h.update(b));
             h.finalize().into()
         });
-        Self { range, crc, md5, crc32: None }
+        Self { range, crc, md5, crc32 }
     }
 
     /// Whether `data` (this range read again) differs from what was recorded: by crc32c,
@@ -79,6 +78,34 @@ impl SliceSum {
             (None, Some(c)) => crc32fast::hash(data) != c,
             (None, None) => true, // nothing to compare with: never taken as equal
         }
+    }
+}
+
+/// A slice's crc32c and crc32, each where wanted, summed piece by piece as its bytes go by.
+pub struct Crcs {
+    crc: Option<u32>,
+    crc32: Option<crc32fast::Hasher>,
+}
+
+impl Crcs {
+    pub fn new(crc32c: bool, crc32: bool) -> Self {
+        Self { crc: crc32c.then_some(0), crc32: crc32.then(crc32fast::Hasher::new) }
+    }
+
+    pub fn update(&mut self, b: &[u8]) {
+        if let Some(c) = self.crc.as_mut() {
+            *c = crc32c::crc32c_append(*c, b);
+        }
+        if let Some(h) = self.crc32.as_mut() {
+            h.update(b);
+        }
+    }
+
+    /// The finished slice's (crc32c, crc32); starts the next slice.
+    pub fn take(&mut self) -> (Option<u32>, Option<u32>) {
+        let crc = self.crc;
+        self.crc = crc.map(|_| 0);
+        (crc, self.crc32.as_mut().map(|h| std::mem::take(h).finalize()))
     }
 }
 
