@@ -11,7 +11,12 @@ fn data(n: usize) -> Bytes {
 }
 
 fn reader(store: Arc<MemStore>, cache: Arc<ReadCache>, etag: Option<String>, size: u64) -> FileReader {
-    FileReader::new(store, cache, "f".into(), etag.clone(), etag.unwrap_or_default(), size, 16 * BLOCK)
+    reader_of(store, cache, etag, size, 16 * BLOCK)
+}
+
+/// A reader of "f" over any store, with a read-ahead window of `window` bytes.
+fn reader_of(store: Arc<dyn Store>, cache: Arc<ReadCache>, etag: Option<String>, size: u64, window: u64) -> FileReader {
+    FileReader::new(store, cache, "f".into(), etag.clone(), etag.unwrap_or_default(), size, window)
 }
 
 /// Read `r` from start to end in `chunk`-byte reads, each equal to `body` at its offset.
@@ -366,15 +371,7 @@ async fn a_sequential_reader_fetches_whole_groups_of_blocks_per_request() {
     let store = Arc::new(MemStore::new());
     let body = data(40 * BLOCK as usize + 777);
     let m = store.put("f", body.clone()).await.unwrap();
-    let r = FileReader::new(
-        store.clone(),
-        cache(),
-        "f".into(),
-        m.etag.clone(),
-        m.etag.unwrap(),
-        body.len() as u64,
-        32 * BLOCK,
-    );
+    let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
     assert_eq!(read_all(&r, 1 << 20).await, body);
     let n = store.requests.load(Ordering::Relaxed);
     // One GET a block until the window holds a group (at most 6), then GROUP blocks a GET,
@@ -390,15 +387,7 @@ async fn a_cut_off_group_refetches_only_its_unfinished_blocks() {
     let mut store = Chunked::new(mem, Duration::ZERO);
     (store.cut_group, store.cut_after) = (1, 2 * BLOCK as usize + 1000);
     let store = Arc::new(store);
-    let r = FileReader::new(
-        store.clone(),
-        cache(),
-        "f".into(),
-        m.etag.clone(),
-        m.etag.unwrap(),
-        body.len() as u64,
-        32 * BLOCK,
-    );
+    let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
     assert_eq!(read_all(&r, 1 << 20).await, body, "the reader never sees the cut");
     let ranges = store.ranges.lock().unwrap().clone();
     let at = ranges.iter().position(|r| r.end - r.start > BLOCK).expect("a grouped GET");
@@ -420,15 +409,7 @@ async fn a_block_is_handed_over_before_its_group_ends() {
     let body = data(GROUP as usize * BLOCK as usize);
     let m = mem.put("f", body.clone()).await.unwrap();
     let store = Arc::new(Chunked::new(mem, Duration::from_millis(5)));
-    let r = FileReader::new(
-        store.clone(),
-        cache(),
-        "f".into(),
-        m.etag.clone(),
-        m.etag.unwrap(),
-        body.len() as u64,
-        32 * BLOCK,
-    );
+    let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
     let (first, last) = {
         let mut st = r.state.lock().unwrap();
         r.start_fetch(&mut st, 0, GROUP, 1, false).unwrap();
@@ -448,8 +429,7 @@ async fn a_reader_short_of_budget_for_a_whole_group_takes_what_there_is() {
     let body = data(30 * BLOCK as usize);
     let m = store.put("f", body.clone()).await.unwrap();
     let c = Arc::new(ReadCache::new(256 << 20, (GROUP - 1) * BLOCK));
-    let r =
-        FileReader::new(store.clone(), c, "f".into(), m.etag.clone(), m.etag.unwrap(), body.len() as u64, 32 * BLOCK);
+    let r = reader_of(store.clone(), c, m.etag.clone(), body.len() as u64, 32 * BLOCK);
     assert_eq!(read_all(&r, 1 << 20).await, body);
     let n = store.requests.load(Ordering::Relaxed);
     assert!(n <= 6 + 30 / (GROUP - 1) + 2, "{n} requests for 30 blocks");
@@ -467,17 +447,7 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     store.chunk = 100_000;
     let store = Arc::new(store);
     let dir = fresh_dir("pieces");
-    let open = |c| {
-        FileReader::new(
-            store.clone(),
-            c,
-            "f".into(),
-            m.etag.clone(),
-            m.etag.clone().unwrap(),
-            body.len() as u64,
-            32 * BLOCK,
-        )
-    };
+    let open = |c| reader_of(store.clone(), c, m.etag.clone(), body.len() as u64, 32 * BLOCK);
     let first = cache_on_disk(&dir);
     assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
     disk_holds(&first, body.len() as u64).await;
