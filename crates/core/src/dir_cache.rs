@@ -192,8 +192,11 @@ impl Fs {
         out.push(DirEntry { ino, kind: Kind::Dir, name: ".".into() });
         out.push(DirEntry { ino: dir.parent, kind: Kind::Dir, name: "..".into() });
         for m in &metas {
+            // A listing entry updates what is known of the child, unless the mount's own
+            // state is newer (`Node::local`): then the node, not the listing, is shown.
             let child = t.upsert(ino, m);
-            out.push(DirEntry { ino: child, kind: m.kind, name: m.name.clone() });
+            let kind = t.get(child).map_or(m.kind, |n| n.kind);
+            out.push(DirEntry { ino: child, kind, name: m.name.clone() });
         }
         Arc::new(out)
     }

@@ -297,7 +297,11 @@ impl Fs {
     pub(crate) async fn probe(&self, prefix: &str, name: &str) -> Result<ChildMeta, FsError> {
         let file_key = format!("{prefix}{name}");
         let dir_key = format!("{file_key}/");
-        let prefix_dirs = self.store.capabilities().prefix_dirs;
+        let caps = self.store.capabilities();
+        // Keys the store would change on the way (see `Capabilities::addressable`) are not
+        // asked for: their answer would be another object's.
+        let prefix_dirs = caps.prefix_dirs && caps.addressable(&dir_key);
+        let file_ok = caps.addressable(&file_key);
         let first_child = async {
             if !prefix_dirs {
                 return None;
@@ -316,7 +320,13 @@ impl Fs {
             }
             self.store.head(&format!("{file_key}{}", crate::links::LINK_SUFFIX)).await
         };
-        let (file, child, marker, link) = tokio::join!(self.store.head_attrs(&file_key), first_child, marker, link);
+        let file = async {
+            match file_ok {
+                true => self.store.head_attrs(&file_key).await,
+                false => Err(bucketfs_store::StoreError::not_found("")),
+            }
+        };
+        let (file, child, marker, link) = tokio::join!(file, first_child, marker, link);
         let dir_meta = ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None };
         if matches!(child, Some(Ok(_))) || marker.is_ok() {
             let mtime = marker.as_ref().ok().and_then(|m| m.mtime);
@@ -364,7 +374,8 @@ impl Fs {
             Err(e) => return Some(Err(e)),
         };
         // Staged files are ours: their size and mtime are the local ones until uploaded.
-        if node.kind == Kind::File && !self.fresh(node.validated) && !self.is_staged(ino) {
+        // A file no longer linked (unlinked while open) has no object left to ask about.
+        if node.kind == Kind::File && node.linked && !self.fresh(node.validated) && !self.is_staged(ino) {
             return None;
         }
         Some(Ok(self.attr(&node)))
@@ -377,11 +388,14 @@ impl Fs {
                 let meta = self.child_meta(&node.name, &m, Kind::File);
                 let mut t = self.table.lock().unwrap();
                 let cur = t.get_mut(node.ino).ok_or(FsError::NotFound)?;
-                if cur.etag != meta.etag {
+                if cur.etag != meta.etag && !cur.local {
                     cur.forget_attrs(); // changed by someone else: what it carries is the truth
                 }
-                cur.size = meta.size;
-                cur.mtime = meta.mtime;
+                if !cur.local {
+                    // Staged here: the size and mtime are the mount's own (see `Node::local`).
+                    cur.size = meta.size;
+                    cur.mtime = meta.mtime;
+                }
                 cur.etag = meta.etag;
                 cur.validated = Instant::now();
                 cur.fill_attrs(&attrs);
@@ -389,8 +403,19 @@ impl Fs {
             }
             Ok(_) => Err(FsError::NotFound),
             Err(e) if e.kind == StoreErrorKind::NotFound => {
-                self.table.lock().unwrap().unlink(node.parent, &node.name);
-                Err(FsError::NotFound)
+                let open = self.has_open_handle(node.ino); // before the table: never both locks
+                let mut t = self.table.lock().unwrap();
+                if t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
+                    t.unlink(node.parent, &node.name);
+                }
+                // Deleted behind the mount while a handle is open: like a file unlinked while
+                // open, it still has attributes (st_nlink 0); reads through the handle fail
+                // with ESTALE. `fstat` must not fail, nor a read the kernel precedes with a
+                // GETATTR (it does, near the end of what it knows of the file).
+                match t.get(node.ino) {
+                    Some(n) if open => Ok(self.attr(n)),
+                    _ => Err(FsError::NotFound),
+                }
             }
             Err(e) => Err(e.into()),
         }
@@ -456,7 +481,7 @@ impl Fs {
         };
         // Files created here and not yet uploaded are part of the directory too.
         for meta in self.staged_children(dir.ino) {
-            children.entry(meta.name.clone()).or_insert(meta);
+            children.insert(meta.name.clone(), meta); // the mount's own state wins
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
         if let Some(mut seen) = part.filter(|p| p.dirs.len() > p.incomplete.len() || !p.too_big.is_empty()) {
@@ -487,10 +512,12 @@ impl Fs {
     pub(crate) async fn list_children(&self, dir: &Node) -> Result<HashMap<String, ChildMeta>, FsError> {
         let mut children: HashMap<String, ChildMeta> = HashMap::new();
         let mut skipped = 0usize;
+        let caps = self.store.capabilities();
         let mut stream = self.store.list(&dir.key, false);
         while let Some(item) = stream.next().await {
             let m = item?;
-            match names::child_name(&dir.key, &m.key) {
+            // A key the store cannot address exactly would read another object's bytes.
+            match names::child_name(&dir.key, &m.key).filter(|_| caps.addressable(&m.key)) {
                 Some((name, true)) => {
                     children.insert(name.to_string(), self.child_meta(name, &m, Kind::Dir));
                 }
@@ -555,6 +582,11 @@ impl Fs {
         }
     }
 
+    /// Whether a file handle is open on `ino`.
+    pub(crate) fn has_open_handle(&self, ino: u64) -> bool {
+        self.handles.lock().unwrap().values().any(|h| matches!(h, Handle::File(f) if f.ino == ino))
+    }
+
     pub(crate) fn insert_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().unwrap().insert(fh, h);
@@ -575,3 +607,7 @@ mod tests;
 #[cfg(test)]
 #[path = "fs_write_tests.rs"]
 mod write_tests;
+
+#[cfg(test)]
+#[path = "integrity_tests.rs"]
+mod integrity_tests;

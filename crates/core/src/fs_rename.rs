@@ -21,6 +21,7 @@ impl Fs {
     ) -> Result<(), FsError> {
         check_new_name(newname)?;
         let src = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
+        self.new_key(newparent, newname, src.kind)?;
         if parent == newparent && name == newname {
             return Ok(());
         }
@@ -78,8 +79,20 @@ impl Fs {
                 t.expire_below(&new_key, stale);
             }
         }
-        if src.kind == Kind::File {
-            self.learn_moved(src.ino).await;
+        match src.kind {
+            Kind::File => self.learn_moved(src.ino).await,
+            Kind::Dir => {
+                // Handles open on files below read the moved objects from now on (their old
+                // keys are gone: a reader left on them was cut short at its cached blocks).
+                let below: Vec<u64> = {
+                    let t = self.table.lock().unwrap();
+                    t.nodes().filter(|n| n.kind == Kind::File && n.key.starts_with(&new_key)).map(|n| n.ino).collect()
+                };
+                for ino in below.into_iter().filter(|&i| self.has_open_handle(i)) {
+                    self.learn_moved(ino).await;
+                }
+            }
+            Kind::Symlink => {}
         }
         Ok(())
     }

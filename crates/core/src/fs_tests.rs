@@ -106,6 +106,8 @@ async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
     assert_eq!(fs.getattr(f.ino).await.unwrap().size, 5);
     let fh = fs.open(f.ino, false, false).await.unwrap();
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"newer");
+    // (While a handle is open a deleted file keeps attributes, st_nlink 0: integrity_tests.)
+    fs.release(fh).await.unwrap();
     store.delete("f").await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert!(matches!(fs.getattr(f.ino).await, Err(FsError::NotFound)));

@@ -40,12 +40,33 @@ pub(crate) fn check_new_name(name: &str) -> Result<(), FsError> {
 }
 
 impl Fs {
+    /// The key a new `name` of `kind` in directory `parent` gets, or why it cannot exist:
+    /// an invalid name (`EINVAL`), or one the store would not keep byte for byte (OpenDAL
+    /// trims whitespace at a key's ends: `"dup "` would overwrite `"dup"`), also `EINVAL`.
+    pub(crate) fn new_key(&self, parent: u64, name: &str, kind: Kind) -> Result<String, FsError> {
+        check_new_name(name)?;
+        let key = crate::inode::key_for(&self.node(parent)?.key, name, kind);
+        if !self.store.capabilities().addressable(&key) {
+            return Err(FsError::InvalidName);
+        }
+        Ok(key)
+    }
+
     pub(crate) fn is_staged(&self, ino: u64) -> bool {
         self.staged.lock().unwrap().contains_key(&ino)
     }
 
     fn staged_of(&self, ino: u64) -> Option<SharedStaged> {
         self.staged.lock().unwrap().get(&ino).cloned()
+    }
+
+    /// Drop `ino`'s staged file from the map (called under that file's lock), and with it
+    /// the node's claim that its attributes are owned here (`Node::local`).
+    fn unstage(&self, ino: u64) {
+        self.staged.lock().unwrap().remove(&ino);
+        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
+            n.local = false;
+        }
     }
 
     /// The name is gone (unlink, or replaced by a rename): never upload these bytes; drop
@@ -56,7 +77,7 @@ impl Fs {
         st.unlinked = true;
         if st.handles == 0 {
             // Removed under the staged lock: `stage` re-checks the map after taking it.
-            self.staged.lock().unwrap().remove(&ino);
+            self.unstage(ino);
         }
     }
 
@@ -205,6 +226,9 @@ impl Fs {
                 }
             }
         };
+        if let Some(n) = self.table.lock().unwrap().get_mut(node.ino) {
+            n.local = true; // from now on no listing or HEAD changes its size (see `unstage`)
+        }
         let fresh = guard.is_some();
         let mut st = match guard {
             Some(g) => g,
@@ -218,7 +242,7 @@ impl Fs {
         let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
         if fresh && !truncate && node.size > 0 {
             if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.etag.as_deref()).await {
-                self.staged.lock().unwrap().remove(&node.ino);
+                self.unstage(node.ino);
                 drop(st);
                 return Err(e);
             }
@@ -411,7 +435,7 @@ impl Fs {
                 st.handles = st.handles.saturating_sub(1);
                 if st.handles == 0 && (!st.dirty || st.unlinked) {
                     // Under the staged lock: an open racing this re-checks the map (`stage`).
-                    self.staged.lock().unwrap().remove(&file.ino);
+                    self.unstage(file.ino);
                 }
             }
         }
@@ -427,7 +451,7 @@ impl Fs {
         exclusive: bool,
         mode: Option<u16>,
     ) -> Result<(Attr, u64), FsError> {
-        check_new_name(name)?;
+        self.new_key(parent, name, Kind::File)?;
         if let Some(existing) = self.resolve(parent, name).await? {
             if exclusive {
                 return Err(FsError::Exists);
@@ -471,11 +495,10 @@ impl Fs {
     }
 
     pub async fn mkdir(&self, parent: u64, name: &str, mode: Option<u16>) -> Result<Attr, FsError> {
-        check_new_name(name)?;
+        let key = self.new_key(parent, name, Kind::Dir)?;
         if self.resolve(parent, name).await?.is_some() {
             return Err(FsError::Exists);
         }
-        let key = format!("{}{name}/", self.node(parent)?.key);
         self.store.create_dir(&key).await?;
         let meta = ChildMeta {
             name: name.to_string(),

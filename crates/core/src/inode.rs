@@ -46,6 +46,12 @@ pub struct Node {
     /// Whether a path still leads here; false once unlinked, replaced or deleted behind the
     /// mount while the kernel still holds the inode (it then shows `st_nlink` 0).
     pub linked: bool,
+    /// The mount owns this file's size, mtime and identity: it has staged bytes (open for
+    /// writing, or written and not yet closed). What a listing or HEAD says of the object
+    /// then is older than what the mount holds, so [`InodeTable::upsert`] never lays it over
+    /// this node (SEMANTICS.md, "The mount's own state wins"). Set and cleared by the staging
+    /// code with the staged map's entry.
+    pub local: bool,
 }
 
 impl Node {
@@ -169,6 +175,7 @@ impl InodeTable {
             kernel_cached: None,
             mtime_set: None,
             linked: true,
+            local: false,
         };
         Self {
             nodes: HashMap::from([(ROOT_INO, root)]),
@@ -200,6 +207,10 @@ impl InodeTable {
         let key_of = |m: &ChildMeta| key_for(&parent_key, &m.name, m.kind);
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
             if let Some(node) = self.nodes.get_mut(&ino) {
+                if node.local {
+                    // Staged here: the store's answer predates what this mount holds.
+                    return ino;
+                }
                 if node.kind == meta.kind {
                     if node.etag != meta.etag {
                         // A file replaced by someone else carries its own attributes; a
@@ -241,6 +252,7 @@ impl InodeTable {
                 kernel_cached: None,
                 mtime_set: None,
                 linked: true,
+                local: false,
             },
         );
         if let (Some(a), Some(n)) = (&meta.attrs, self.nodes.get_mut(&ino)) {
@@ -266,7 +278,8 @@ impl InodeTable {
         n.lookups = n.lookups.saturating_sub(count);
         // A node carrying chmod/chown/utime from here is kept: the kernel forgets inodes
         // whenever their dentries expire, and those settings must last for the mount.
-        let has_overrides = n.perm.is_some() || n.owner.is_some() || n.mtime_set.is_some();
+        // A staged node is kept too: its upload still needs its key.
+        let has_overrides = n.perm.is_some() || n.owner.is_some() || n.mtime_set.is_some() || n.local;
         if n.lookups == 0 && !has_overrides {
             let (parent, name) = (n.parent, n.name.clone());
             self.nodes.remove(&ino);

@@ -54,7 +54,7 @@ impl crate::fs::Fs {
     /// symlink(2): write the link object (`PUT <name>.rclonelink`, content = target).
     pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<crate::fs::Attr, crate::FsError> {
         use crate::FsError;
-        crate::fs_write::check_new_name(name)?;
+        let key = self.new_key(parent, name, Kind::Symlink)?;
         if target.is_empty() || target.contains('\0') {
             return Err(FsError::NotFound); // ENOENT, as Linux answers an empty target
         }
@@ -64,7 +64,6 @@ impl crate::fs::Fs {
         if self.resolve(parent, name).await?.is_some() {
             return Err(FsError::Exists);
         }
-        let key = crate::inode::key_for(&self.node(parent)?.key, name, Kind::Symlink);
         let meta = self.store.put(&key, bytes::Bytes::copy_from_slice(target.as_bytes())).await?;
         let child = self.child_meta(name, &meta, Kind::Symlink);
         let mut t = self.table.lock().unwrap();

@@ -79,7 +79,8 @@ impl Fs {
         let mut dirs: Subtree = HashMap::from([(String::new(), HashMap::new())]);
         let (mut seen, mut count) = (0usize, 0usize);
         // Whether the keys came in byte order (GCS's "/lead" shown as "lead" does not).
-        let mut in_order = self.store.capabilities().prefix_dirs;
+        let caps = self.store.capabilities();
+        let mut in_order = caps.prefix_dirs;
         let (mut first, mut last) = (None, String::new());
         let mut stream = self.store.list(root, true);
         while let Some(m) = stream.try_next().await? {
@@ -108,6 +109,11 @@ impl Fs {
             }
             last.clone_from(&m.key);
             let Some(rel) = m.key.strip_prefix(root).filter(|r| !r.is_empty()) else { continue };
+            if !caps.addressable(&m.key) {
+                // Another object's bytes would be read for it (see `Capabilities::addressable`);
+                // a key with leading whitespace is a whole directory the store cannot reach.
+                continue;
+            }
             let segments: Vec<&str> = rel.trim_end_matches('/').split('/').collect();
             // A key with a segment that is not a valid file name is never exposed (see
             // names.rs); the directories above that segment still show, as a delimited
@@ -186,7 +192,7 @@ impl Fs {
             let Some(&ino) = inos.get(&key) else { continue };
             let mut children = dirs.remove(&key).unwrap_or_default();
             for meta in self.staged_children(ino) {
-                children.entry(meta.name.clone()).or_insert(meta);
+                children.insert(meta.name.clone(), meta); // the mount's own state wins
             }
             let mut t = self.table.lock().unwrap();
             for (name, meta) in &children {

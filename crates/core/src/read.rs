@@ -263,10 +263,24 @@ impl FileReader {
         for block in needed {
             blocks.push(match block {
                 Ok(d) => d,
-                Err(f) => f.await?,
+                Err(f) => match f.await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.drop_failed();
+                        return Err(e);
+                    }
+                },
             });
         }
         self.assemble(blocks, offset, end)
+    }
+
+    /// Forget fetches that ended in an error, so the next read of their blocks asks the
+    /// store again: a failed fetch left in flight answered every later read with the same
+    /// error, and one dropped connection broke the handle for good.
+    fn drop_failed(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.inflight.retain(|_, (f, _)| !matches!(f.peek(), Some(Err(_))));
     }
 
     /// The bytes `offset..end` out of whole `blocks`, the first of which holds `offset`.

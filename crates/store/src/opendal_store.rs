@@ -98,6 +98,8 @@ impl Store for OpendalStore {
             copy: cap.copy,
             prefix_dirs: self.prefix_dirs,
             max_key_len: self.max_key_len,
+            // Every path goes through OpenDAL's normalize_path, which trims it.
+            trims_whitespace: true,
         }
     }
 

@@ -38,6 +38,19 @@ pub struct Capabilities {
     /// Longest key, in bytes, relative to the store root (the mount's prefix already taken
     /// off); `None` for no limit. S3 and GCS allow 1,024 bytes for the whole object name.
     pub max_key_len: Option<usize>,
+    /// The store cannot address a key that starts or ends with whitespace: OpenDAL trims
+    /// leading and trailing whitespace (`char::is_whitespace`) from every path it is given,
+    /// so `"dup "` would read and write `"dup"`. Such keys are never shown or created.
+    pub trims_whitespace: bool,
+}
+
+impl Capabilities {
+    /// Whether `key` (relative to the store root) reaches exactly that object: false for a
+    /// key the store would silently change (see [`Capabilities::trims_whitespace`]).
+    pub fn addressable(&self, key: &str) -> bool {
+        let edge = |c: Option<char>| c.is_some_and(char::is_whitespace);
+        !self.trims_whitespace || !(edge(key.chars().next()) || edge(key.chars().next_back()))
+    }
 }
 
 /// Listing results, streamed page by page underneath so a huge directory is never one buffer.

@@ -278,7 +278,13 @@ impl Store for GdriveStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { read_if_match: false, copy: true, prefix_dirs: false, max_key_len: None }
+        Capabilities {
+            read_if_match: false,
+            copy: true,
+            prefix_dirs: false,
+            max_key_len: None,
+            trims_whitespace: false,
+        }
     }
 
     async fn check(&self) -> Result<(), StoreError> {

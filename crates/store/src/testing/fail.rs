@@ -1,4 +1,7 @@
 //! A [`Store`] wrapper that injects an error on the Nth call of a chosen operation.
+//!
+//! A streamed read (`get_range_stream`) counts as a `Get`; with [`FailStore::mid_stream`] a
+//! failing one first delivers some bytes and then fails, as a connection cut mid-body does.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +10,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions};
+use crate::{
+    ByteStream, Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions,
+};
 
 /// Which operation a fault applies to: the operations the metered store counts
 /// (`CreateDir` is `create_dir`, `Upload` opening a `writer`, the upload as a whole).
@@ -21,12 +26,20 @@ pub struct FailStore {
     fail_count: u64,
     kind: StoreErrorKind,
     calls: AtomicU64,
+    /// A failing streamed read delivers this many bytes before its error (None: fails at once).
+    cut_after: Option<u64>,
 }
 
 impl FailStore {
     /// Fail calls `n..n+count` (1-based) of `op` with an error of `kind`.
     pub fn new(inner: Arc<dyn Store>, op: Op, n: u64, count: u64, kind: StoreErrorKind) -> Self {
-        Self { inner, op, fail_from: n, fail_count: count, kind, calls: AtomicU64::new(0) }
+        Self { inner, op, fail_from: n, fail_count: count, kind, calls: AtomicU64::new(0), cut_after: None }
+    }
+
+    /// A failing streamed read first yields `bytes` bytes of the object, then the error.
+    pub fn mid_stream(mut self, bytes: u64) -> Self {
+        self.cut_after = Some(bytes);
+        self
     }
 
     fn gate(&self, op: Op) -> Result<(), StoreError> {
@@ -59,6 +72,17 @@ impl Store for FailStore {
     async fn get_range(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<Bytes, StoreError> {
         self.gate(Op::Get)?;
         self.inner.get_range(key, r, m).await
+    }
+    async fn get_range_stream(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<ByteStream, StoreError> {
+        use futures::StreamExt;
+        let (err, n) = match (self.gate(Op::Get), self.cut_after) {
+            (Ok(()), _) => return self.inner.get_range_stream(key, r, m).await,
+            (Err(e), None) => return Err(e),
+            (Err(e), Some(n)) => (e, n),
+        };
+        let cut = (r.start + n).min(r.end);
+        let head = self.inner.get_range_stream(key, r.start..cut, m).await?;
+        Ok(Box::pin(head.chain(futures::stream::once(async move { Err(err) }))))
     }
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
         match self.gate(Op::List) {

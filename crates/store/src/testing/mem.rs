@@ -30,6 +30,8 @@ pub struct MemStore {
     attrs: Arc<Mutex<std::collections::HashMap<String, crate::FileAttrs>>>,
     /// Reported in [`Capabilities::max_key_len`] (not enforced).
     max_key_len: Option<usize>,
+    /// Reported in [`Capabilities::trims_whitespace`] (keys are kept exactly).
+    trims_whitespace: bool,
 }
 
 impl MemStore {
@@ -40,6 +42,13 @@ impl MemStore {
     /// Every request waits `latency` first (a round trip).
     pub fn with_latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
+        self
+    }
+
+    /// Report [`Capabilities::trims_whitespace`] as OpenDAL-backed stores do (the keys are
+    /// still kept exactly), so the core's refusal of such names can be tested.
+    pub fn trimming_whitespace(mut self) -> Self {
+        self.trims_whitespace = true;
         self
     }
 
@@ -74,7 +83,13 @@ impl Store for MemStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { read_if_match: true, copy: true, prefix_dirs: true, max_key_len: self.max_key_len }
+        Capabilities {
+            read_if_match: true,
+            copy: true,
+            prefix_dirs: true,
+            max_key_len: self.max_key_len,
+            trims_whitespace: self.trims_whitespace,
+        }
     }
 
     async fn check(&self) -> Result<(), StoreError> {

@@ -1,0 +1,163 @@
+//! Tests for the integrity rules of docs/SEMANTICS.md ("The mount's own state wins", names
+//! kept byte for byte, handles that outlive their name), each one a bug seen on a real
+//! mount before it was fixed. The same cases run through the kernel in tests/test_integrity.py.
+
+use super::*;
+use bucketfs_store::testing::MemStore;
+use bytes::Bytes;
+
+fn cfg(ttl_ms: u64) -> FsConfig {
+    let dir = std::env::temp_dir().join(format!("bucketfs-integrity-test-{}", std::process::id()));
+    FsConfig {
+        staging_dir: dir,
+        metadata_ttl: Duration::from_millis(ttl_ms),
+        cache_bytes: 0,
+        list_ahead_keys: 0,
+        ..FsConfig::default()
+    }
+}
+
+async fn names(fs: &Fs, dir: u64) -> Vec<String> {
+    fs.dir_snapshot(dir).await.unwrap().iter().skip(2).map(|e| e.name.clone()).collect()
+}
+
+#[tokio::test]
+async fn a_listing_never_shrinks_a_file_open_for_writing() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg(1000));
+    let (attr, fh) = fs.create(ROOT_INO, "log", false, None).await.unwrap();
+    fs.write(fh, 0, &[b'A'; 100]).await.unwrap();
+    fs.fsync(fh).await.unwrap(); // the bucket has 100 bytes
+    fs.write(fh, 100, &[b'B'; 1000]).await.unwrap();
+    // The listing says 100 bytes (the uploaded object); the mount holds 1,100.
+    fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
+    assert_eq!(names(&fs, ROOT_INO).await, ["log"]);
+    assert_eq!(fs.cached_attr(attr.ino).unwrap().size, 1100, "readdirplus must show the local size");
+    assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 1100);
+    assert_eq!(fs.read(fh, 0, 4096).await.unwrap().len(), 1100);
+    // An O_APPEND write lands at the size the kernel was told: 1,100.
+    fs.write(fh, 1100, &[b'C'; 10]).await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let m = store.head("log").await.unwrap();
+    assert_eq!(m.size, 1110);
+    let data = store.get_range("log", 0..1110, None).await.unwrap();
+    assert_eq!(&data[1100..], b"CCCCCCCCCC");
+    // Once closed and uploaded, listings are the truth again.
+    store.put("log", Bytes::from_static(b"replaced")).await.unwrap();
+    fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
+    names(&fs, ROOT_INO).await;
+    assert_eq!(fs.cached_attr(attr.ino).unwrap().size, 8);
+}
+
+#[tokio::test]
+async fn a_listing_does_not_undo_a_pwrite_past_another_handles_upload() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg(1000));
+    let (attr, h1) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let h2 = fs.open(attr.ino, true, false).await.unwrap();
+    fs.write(h2, 0, &[1; 21_252]).await.unwrap();
+    fs.flush(h2).await.unwrap();
+    fs.release(h2).await.unwrap();
+    fs.write(h1, 389_979, &[2; 11_192]).await.unwrap();
+    fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
+    names(&fs, ROOT_INO).await;
+    assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 401_171);
+    assert_eq!(fs.read(h1, 0, 500_000).await.unwrap().len(), 401_171);
+    fs.flush(h1).await.unwrap();
+    fs.release(h1).await.unwrap();
+    assert_eq!(store.head("f").await.unwrap().size, 401_171);
+}
+
+#[tokio::test]
+async fn names_a_store_would_trim_are_refused_never_aliased() {
+    let store = Arc::new(MemStore::new().trimming_whitespace());
+    store.put("dup", Bytes::from_static(b"first")).await.unwrap();
+    store.put("dup ", Bytes::from_static(b"other")).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg(1000));
+    for bad in ["dup ", " lead", "tab\t", "nbsp\u{a0}", "ideo\u{3000}", "nl\n"] {
+        assert!(matches!(fs.create(ROOT_INO, bad, false, None).await, Err(FsError::InvalidName)), "{bad:?}");
+        assert!(matches!(fs.lookup(ROOT_INO, bad).await, Err(FsError::NotFound)), "{bad:?} must not alias");
+    }
+    assert!(matches!(fs.mkdir(ROOT_INO, " lead", None).await, Err(FsError::InvalidName)));
+    // Inside a directory, and as a directory's trailing character, the key keeps its bytes.
+    let d = fs.mkdir(ROOT_INO, "dir ", None).await.unwrap();
+    let (_, fh) = fs.create(d.ino, " inner", false, None).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(store.head("dir / inner").await.is_ok());
+    assert_eq!(names(&fs, ROOT_INO).await, ["dir ", "dup"], "\"dup \" is not shown");
+    let f = fs.lookup(ROOT_INO, "dup").await.unwrap();
+    assert!(matches!(fs.rename(ROOT_INO, "dup", ROOT_INO, "dup\t", false).await, Err(FsError::InvalidName)));
+    assert_eq!(fs.getattr(f.ino).await.unwrap().size, 5);
+}
+
+#[tokio::test]
+async fn a_reader_keeps_reading_after_its_parent_directory_is_renamed() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg(1000));
+    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    let (f, fh) = fs.create(d.ino, "f", false, None).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let reader = fs.open(f.ino, false, false).await.unwrap();
+    let writer = fs.open(f.ino, true, false).await.unwrap();
+    let data: Vec<u8> = (0..30_000u32).map(|i| (i % 251) as u8).collect();
+    fs.write(writer, 0, &data).await.unwrap();
+    fs.flush(writer).await.unwrap();
+    fs.release(writer).await.unwrap();
+    fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap();
+    assert!(store.head("d/f").await.is_err());
+    assert_eq!(fs.read(reader, 0, 65_536).await.unwrap()[..], data[..]);
+    assert_eq!(fs.read(reader, 28_672, 4096).await.unwrap()[..], data[28_672..]);
+}
+
+#[tokio::test]
+async fn an_open_file_deleted_or_unlinked_keeps_its_attributes() {
+    let store = Arc::new(MemStore::new());
+    store.put("gone", Bytes::from(vec![7u8; 5000])).await.unwrap();
+    store.put("unl", Bytes::from(vec![8u8; 300])).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg(50));
+    let gone = fs.lookup(ROOT_INO, "gone").await.unwrap();
+    let fh = fs.open(gone.ino, false, false).await.unwrap();
+    let unl = fs.lookup(ROOT_INO, "unl").await.unwrap();
+    let fh2 = fs.open(unl.ino, false, false).await.unwrap();
+    store.delete("gone").await.unwrap();
+    fs.unlink(ROOT_INO, "unl").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let a = fs.getattr(gone.ino).await.expect("fstat of an open file deleted behind the mount");
+    assert_eq!((a.nlink, a.size), (0, 5000));
+    let b = fs.getattr(unl.ino).await.expect("fstat of an open file unlinked here");
+    assert_eq!((b.nlink, b.size), (0, 300));
+    assert!(matches!(fs.read(fh, 0, 100).await, Err(FsError::Stale(_))), "ESTALE, not ENOENT");
+    fs.release(fh).await.unwrap();
+    fs.release(fh2).await.unwrap();
+    assert!(matches!(fs.lookup(ROOT_INO, "gone").await, Err(FsError::NotFound)));
+}
+
+#[tokio::test]
+async fn a_read_cut_mid_stream_never_returns_wrong_bytes() {
+    use bucketfs_store::testing::{FailStore, Op};
+    let mem = Arc::new(MemStore::new());
+    let data: Vec<u8> = (0..12u32 << 20).map(|i| (i % 253) as u8).collect();
+    mem.put("big", Bytes::from(data.clone())).await.unwrap();
+    // The first three GETs deliver 1 MiB and a bit, then the connection "drops".
+    let cut = FailStore::new(mem.clone(), Op::Get, 1, 3, bucketfs_store::StoreErrorKind::Unavailable)
+        .mid_stream((1 << 20) + 17);
+    let fs = Fs::new(Arc::new(cut), cfg(1000));
+    let f = fs.lookup(ROOT_INO, "big").await.unwrap();
+    let fh = fs.open(f.ino, false, false).await.unwrap();
+    let (mut off, mut errors) = (0usize, 0);
+    while off < data.len() {
+        match fs.read(fh, off as u64, 1 << 20).await {
+            Ok(got) => {
+                assert!(!got.is_empty(), "a short read at {off} would look like the end of the file");
+                assert_eq!(got[..], data[off..off + got.len()], "wrong bytes at {off}");
+                off += got.len();
+            }
+            Err(e) => {
+                eprintln!("read at {off}: {e}");
+                errors += 1;
+                assert!(errors < 10, "the reader never recovered");
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+"""Integrity through the kernel: each test is a way the mount once lost or altered bytes
+(issue "Never lose a byte"), and failed before its fix.
+
+- an `ls` while a file is open for writing never changes what the writer holds
+  (docs/SEMANTICS.md tenet 8): appended bytes land at the end, sizes never shrink;
+- a handle keeps reading after its parent directory is renamed;
+- names are kept byte for byte, or refused with EINVAL, never changed (whitespace);
+- an open file deleted or unlinked keeps its attributes (`st_nlink` 0) and reads give ESTALE.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import pytest
+
+from conftest import Bucket, mounted, require_bin, require_store, seed, store_args
+
+TTL = "0.3"  # short, so each test passes the metadata TTL in well under a second
+
+
+@pytest.fixture
+def store_mount(any_store):
+    """A fresh bucket on each store (mem:// starts empty), mounted with a short TTL."""
+    if any_store == "mem":
+        with mounted(store_args("mem") + ["--metadata-ttl", TTL]) as mp:
+            yield any_store, None, mp
+        return
+    b = Bucket(any_store)
+    try:
+        with b.mounted(extra=["--metadata-ttl", TTL]) as mp:
+            yield any_store, b, mp
+    finally:
+        b.cleanup()
+
+
+def test_an_ls_does_not_move_the_next_append(store_mount):
+    _, _, mp = store_mount
+    p = os.path.join(mp, "log.txt")
+    h = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+    try:
+        os.write(h, b"A" * 100)
+        os.fsync(h)  # the bucket now holds 100 bytes
+        os.write(h, b"B" * 1000)
+        assert "log.txt" in os.listdir(mp)  # readdirplus: the listing says 100 bytes
+        assert os.fstat(h).st_size == 1100
+        os.write(h, b"C" * 10)
+    finally:
+        os.close(h)
+    with open(p, "rb") as f:
+        got = f.read()
+    assert got == b"A" * 100 + b"B" * 1000 + b"C" * 10
+
+
+def test_an_ls_does_not_shrink_a_file_open_for_writing(store_mount):
+    _, _, mp = store_mount
+    d = os.path.join(mp, "d")
+    os.mkdir(d)
+    p = os.path.join(d, "f")
+    h1 = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        h2 = os.open(p, os.O_WRONLY | os.O_APPEND)
+        os.write(h2, b"x" * 21_252)
+        os.close(h2)  # uploaded: the bucket holds 21,252 bytes
+        os.pwrite(h1, b"y" * 11_192, 389_979)
+        assert os.fstat(h1).st_size == 401_171
+        os.listdir(d)
+        for _ in range(2):
+            assert os.fstat(h1).st_size == 401_171
+            assert os.stat(p).st_size == 401_171
+            assert len(os.pread(h1, 500_000, 0)) == 401_171
+            time.sleep(float(TTL) * 2)  # and after the TTL, with a new listing
+            os.listdir(d)
+    finally:
+        os.close(h1)
+    with open(p, "rb") as f:
+        got = f.read()
+    assert len(got) == 401_171
+    assert got[:21_252] == b"x" * 21_252 and got[389_979:] == b"y" * 11_192
+
+
+@pytest.mark.parametrize("store", ["file", "s3"])
+def test_a_reader_is_not_cut_short_when_its_parent_is_renamed(store):
+    require_store(store)
+    require_bin()
+    b = Bucket(store)
+    try:
+        with b.mounted(extra=["--memory-cache-mib", "0", "--disk-cache-mib", "0"]) as mp:
+            os.mkdir(os.path.join(mp, "d"))
+            p = os.path.join(mp, "d", "f")
+            open(p, "wb").close()
+            reader = os.open(p, os.O_RDONLY)
+            try:
+                data = bytes(i % 251 for i in range(30_000))
+                with open(p, "ab") as w:
+                    w.write(data)
+                os.rename(os.path.join(mp, "d"), os.path.join(mp, "e"))
+                assert os.pread(reader, 65_536, 0) == data
+                assert os.pread(reader, 4096, 28_672) == data[28_672:]
+            finally:
+                os.close(reader)
+            with open(os.path.join(mp, "e", "f"), "rb") as f:
+                assert f.read() == data
+    finally:
+        b.cleanup()
+
+
+EDGE_NAMES = ["sp ace ", " lead", "tab\t", "nbsp\u00a0", "ideo\u3000", "nl\n"]
+
+
+def test_names_are_kept_byte_for_byte_or_refused(store_mount):
+    store, b, mp = store_mount
+    with open(os.path.join(mp, "dup"), "wb") as f:
+        f.write(b"first")
+    for name in EDGE_NAMES + ["dup "]:
+        p = os.path.join(mp, name)
+        try:
+            with open(p, "wb") as f:
+                f.write(b"second:" + name.encode())
+        except OSError as e:
+            assert e.errno == errno.EINVAL, (name, e)
+            assert name not in os.listdir(mp)
+            continue
+        # Kept: then exactly under its own name, with its own bytes.
+        assert name in os.listdir(mp), name
+        with open(p, "rb") as f:
+            assert f.read() == b"second:" + name.encode()
+    with open(os.path.join(mp, "dup"), "rb") as f:
+        assert f.read() == b"first", "writing 'dup ' changed 'dup'"
+    # Whitespace inside a key is the store's business only: kept byte for byte everywhere.
+    os.mkdir(os.path.join(mp, "dir "))
+    with open(os.path.join(mp, "dir ", " in side"), "wb") as f:
+        f.write(b"inner")
+    assert os.listdir(os.path.join(mp, "dir ")) == [" in side"]
+    if store in ("s3", "gcs", "file"):
+        keys = seed.list_keys(store, b.name)
+        assert {k for k in keys if not k.endswith("/")} == {"dup", "dir / in side"}, keys
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+def test_keys_the_store_cannot_address_are_not_shown(store):
+    """An object 'x ' put by another tool: OpenDAL would read 'x' for it, so it is hidden."""
+    require_store(store)
+    require_bin()
+    b = Bucket(store)
+    try:
+        b.put("x", b"the x object")
+        b.put("x ", b"trailing space")
+        with b.mounted() as mp:
+            assert os.listdir(mp) == ["x"]
+            with pytest.raises(FileNotFoundError):
+                os.stat(os.path.join(mp, "x "))
+            with open(os.path.join(mp, "x"), "rb") as f:
+                assert f.read() == b"the x object"
+    finally:
+        b.cleanup()
+
+
+def test_an_object_deleted_mid_read_gives_estale_not_enoent():
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    try:
+        data = os.urandom(16 << 20)
+        b.put("big", data)
+        with b.mounted(extra=["--metadata-ttl", TTL]) as mp:
+            fd = os.open(os.path.join(mp, "big"), os.O_RDONLY)
+            try:
+                assert os.read(fd, 2 << 20) == data[: 2 << 20]
+                seed.delete("s3", b.name, "big")
+                time.sleep(float(TTL) * 3)
+                got = b""
+                try:
+                    while chunk := os.read(fd, 1 << 20):
+                        got += chunk
+                        assert got == data[2 << 20: (2 << 20) + len(got)], "wrong bytes"
+                    # What was prefetched before the delete may all be served: then whole.
+                    assert len(got) == len(data) - (2 << 20)
+                except OSError as e:
+                    assert e.errno == errno.ESTALE, e
+                # fstat still answers: the file is open (st_nlink 0, as an unlinked file).
+                assert os.fstat(fd).st_nlink == 0
+            finally:
+                os.close(fd)
+    finally:
+        b.cleanup()
+
+
+def test_fstat_of_an_unlinked_open_file_after_the_ttl(store_mount):
+    _, _, mp = store_mount
+    p = os.path.join(mp, "f")
+    with open(p, "wb") as f:
+        f.write(b"z" * 300)
+    ro = os.open(p, os.O_RDONLY)
+    rw = os.open(p, os.O_RDWR)
+    try:
+        os.unlink(p)
+        time.sleep(float(TTL) * 3)
+        for fd in (ro, rw):
+            st = os.fstat(fd)
+            assert (st.st_nlink, st.st_size) == (0, 300)
+        # The writable handle keeps its staged bytes, as on a local disk.
+        os.pwrite(rw, b"w", 300)
+        assert os.pread(rw, 400, 0) == b"z" * 300 + b"w"
+        assert os.fstat(rw).st_size == 301
+    finally:
+        os.close(ro)
+        os.close(rw)
+    assert "f" not in os.listdir(mp)
