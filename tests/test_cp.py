@@ -584,3 +584,147 @@ def test_download_outage_mid_transfer_is_resumed(tmp, toxiproxy):
     assert json.loads(stdout.decode().strip().splitlines()[-1])["bytes"] == len(data)
     assert md5_file(out) == hashlib.md5(data).hexdigest()
     assert [p.name for p in tmp.iterdir()] == ["big"], "temp files left behind"
+
+
+# --------------------------------------------------------------------------- never lose a byte
+# A local source that changes while it is read fails the copy (and leaves no object); what
+# `cp -r` cannot copy is skipped out loud (exit 2), never silently.
+
+def _read_pos(pid: int, path: str) -> int | None:
+    """How far process `pid` has read `path` (the position of its descriptor), or None."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    return next(int(line.split()[1]) for line in f if line.startswith("pos:"))
+        except (OSError, StopIteration):
+            continue
+    return None
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite-in-tree"])
+def test_a_source_changed_during_upload_fails_and_leaves_no_object(cp_bucket, tmp, how):
+    """A 240 MiB file (1 MiB of noise, then a hole: quick to make and read) changed once the
+    upload has read 10 MiB of it and held it 50 ms (past the timestamp granularity): truncated
+    to a third, or (in a `cp -r` tree) rewritten in place, same size, new bytes at both ends.
+    Before: exit 0 and an object with the file's first part, or mixing old and new bytes.
+    Now: a failure naming the file and saying it changed; the upload aborted (no object, no
+    parts). Two 5 MiB parts in flight keep the reader near the upload."""
+    size = 240 * MIB
+    (tmp / "tree").mkdir()
+    src = tmp / "tree" / "big.bin"
+    with open(src, "wb") as f:
+        f.write(os.urandom(MIB))
+        f.truncate(size)
+
+    def change():
+        if how == "truncate":
+            os.truncate(src, size // 3)
+            return
+        with open(src, "r+b") as f:
+            f.write(os.urandom(8 * MIB))
+            f.seek(size - 8 * MIB)
+            f.write(os.urandom(8 * MIB))
+
+    args = ["-r", str(tmp / "tree"), url(cp_bucket, "up/")] if how != "truncate" else [str(src), url(cp_bucket, "k")]
+    proc = subprocess.Popen([require_bin(), "cp", *args, *seed.mount_extra_args(cp_bucket.store), "--slice-size", "5M",
+                             "--parallel", "2"], env=bucketfs_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    opened, deadline = None, time.monotonic() + 60
+    while True:
+        pos = _read_pos(proc.pid, str(src))
+        opened = opened or (pos is not None and time.monotonic())
+        if pos is not None and pos >= 10 * MIB and time.monotonic() - opened >= 0.05:
+            change()
+            break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the copy ended before its source could be changed: {proc.communicate()[1][-1000:]!r}")
+        time.sleep(0.001)
+    err = proc.communicate(timeout=BIG_TIMEOUT)[1].decode(errors="replace")
+    assert proc.returncode != 0, f"a source changed at byte {pos} was copied as a success: {err[-1000:]}"
+    assert "changed during the copy" in err and str(src) in err, err
+    assert seed.list_keys(cp_bucket.store, cp_bucket.name) == [], "a copy of a changing file left an object (or parts)"
+    if cp_bucket.store == "s3":
+        assert seed.s3_client().list_multipart_uploads(Bucket=cp_bucket.name).get("Uploads", []) == []
+
+
+def _special_tree(tmp):
+    """A tree with one of each kind cp -r meets; returns (tree, {path in it: reason word}) of
+    the entries skipped when symlinks are followed."""
+    import socket
+    import stat
+
+    (tmp / "outside").mkdir()
+    (tmp / "outside" / "o.txt").write_bytes(b"outside")
+    tree = tmp / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "empty").mkdir()
+    (tree / "file.txt").write_bytes(b"file")
+    (tree / "sub" / "inner.txt").write_bytes(b"inner")
+    for target, link in [("file.txt", "link_file"), ("sub", "link_dir"), (str(tmp / "outside"), "out"),
+                         ("nowhere", "dangling"), ("..", "sub/loop"), ("self", "self")]:
+        os.symlink(target, tree / link)
+    os.mkfifo(tree / "fifo")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(tree / "sock"))
+    s.close()
+    # sub/loop, and the same link reached through link_dir, lead back to tree; self is ELOOP.
+    skipped = {"dangling": "dangling", "sub/loop": "symlink loop", "link_dir/loop": "symlink loop",
+               "self": "symlink loop", "fifo": "FIFO", "sock": "socket"}
+    try:
+        os.mknod(tree / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        skipped["null"] = "character device"
+    except (PermissionError, AttributeError):
+        pass  # not root: no device in the tree
+    return tree, skipped
+
+
+def test_recursive_copy_says_what_it_skips(cp_bucket, tmp):
+    """cp -r of a tree with symlinks (to a file, a directory, outside the tree, dangling, a
+    loop), a FIFO, a socket, a device and an empty directory: links are followed, the empty
+    directory becomes a marker object, everything else is named on stderr and in --json, and
+    the exit status is 2 (0 with --skip-special). Before: exit 0 and not a word."""
+    tree, skipped = _special_tree(tmp)
+    p = cp(cp_bucket, "-r", str(tree), url(cp_bucket, "up/"), expect_ok=False)
+    assert p.returncode == 2, (p.returncode, p.err[-2000:])
+    want = {"up/tree/file.txt": b"file", "up/tree/sub/inner.txt": b"inner", "up/tree/link_file": b"file",
+            "up/tree/link_dir/inner.txt": b"inner", "up/tree/out/o.txt": b"outside", "up/tree/empty/": b""}
+    assert sorted(seed.list_keys(cp_bucket.store, cp_bucket.name)) == sorted(want)
+    for k, v in want.items():
+        assert seed.get(cp_bucket.store, cp_bucket.name, k) == v, k
+    s = summary(p)
+    got = {os.path.relpath(e["path"], tree): e["reason"] for e in s["skipped"]}
+    assert sorted(got) == sorted(skipped), s
+    for name, word in skipped.items():
+        assert word in got[name] and f"skipped {tree / name}: " in p.err, (name, got[name], p.err)
+    assert s["files"] == 5 and s["dirs"] == 1, s
+
+    # --skip-special: the same messages, exit 0.
+    p = cp(cp_bucket, "-r", str(tree), url(cp_bucket, "ok/"), "--skip-special")
+    assert len(summary(p)["skipped"]) == len(skipped) and f"skipped {tree / 'fifo'}: " in p.err, p.err
+
+    # --no-follow-symlinks: every link is skipped, and said so.
+    p = cp(cp_bucket, "-r", str(tree), url(cp_bucket, "nf/"), "--no-follow-symlinks", expect_ok=False)
+    assert p.returncode == 2, (p.returncode, p.err[-2000:])
+    links = {"link_file", "link_dir", "out", "dangling", "sub/loop", "self"}
+    got = {os.path.relpath(e["path"], tree): e["reason"] for e in summary(p)["skipped"]}
+    assert sorted(got) == sorted(links | (set(skipped) - links - {"link_dir/loop"})), got
+    assert all("symlink" in got[n] for n in links), got
+    assert sorted(seed.list_keys(cp_bucket.store, cp_bucket.name, "nf/")) == \
+        ["nf/tree/empty/", "nf/tree/file.txt", "nf/tree/sub/inner.txt"]
+
+    # Back down: the marker object is an empty local directory again.
+    out = tmp / "back"
+    cp(cp_bucket, "-r", url(cp_bucket, "up/tree"), str(out))
+    assert (out / "empty").is_dir() and os.listdir(out / "empty") == []
+    assert (out / "link_dir" / "inner.txt").read_bytes() == b"inner"
+
+    # A FIFO named as the source is skipped too, not read (before: a wait for a writer).
+    p = cp(cp_bucket, str(tree / "fifo"), url(cp_bucket, "f"), expect_ok=False, timeout=30)
+    assert p.returncode == 2 and f"skipped {tree / 'fifo'}: " in p.err and "FIFO" in p.err, (p.returncode, p.err)
+    assert seed.list_keys(cp_bucket.store, cp_bucket.name, "f") == []

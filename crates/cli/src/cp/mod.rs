@@ -1,10 +1,11 @@
 //! `bucketfs cp SRC... DST`: fast, verified copies between local files and store URLs.
 //!
 //! - [`endpoint`]: parsing each side (`-`, a path, a store URL) and opening stores.
-//! - [`plan`]: slice size and parallelism, slice ranges, one job per file (`-r`).
+//! - [`plan`]: slice size and parallelism, slice ranges, one job per file (`-r`);
+//!   [`walk`]: local trees, symlinks followed, what is skipped and why.
 //! - [`work`]: a download's slices shared by its request slots.
 //! - [`download`], [`upload`], [`store_to_store`]: the transfers. [`verify`]: end-to-end
-//!   checks.
+//!   checks. [`source`]: a local file being uploaded, which must not change while read.
 //! - [`progress`]: the terminal bar and byte counters.
 //!
 //! Every request takes a slot from one semaphore of `parallel` slots, so many small files
@@ -12,17 +13,23 @@
 
 mod download;
 mod endpoint;
+#[cfg(test)]
+mod local_tests;
 mod plan;
 mod progress;
+mod source;
 mod store_to_store;
 #[cfg(test)]
 mod tests;
 mod upload;
 mod verify;
+mod walk;
 mod work;
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::future::Future;
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use bucketfs_store::{StoreError, StoreErrorKind};
@@ -33,8 +40,23 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use endpoint::{Opener, Side};
 use plan::{Dst, Job, Src};
 use progress::Progress;
+use walk::{Skipped, Walk};
 
-const VERIFY_HELP: &str = "\
+const AFTER_HELP: &str = "\
+What -r copies (as aws s3 cp does): regular files; symlinks to files and directories,
+followed (inside the tree or out of it); an empty directory as a marker object DIR/ (a
+marker object downloads as an empty directory). Skipped, each named on stderr as
+'skipped PATH: REASON' and in --json's \"skipped\": FIFOs, sockets and devices (never
+opened), dangling symlinks, symlink loops (a directory link back to a directory that
+contains it), and every symlink with --no-follow-symlinks. A named source is treated the
+same way. Exit status: 0 if everything asked for was copied, 2 if something was skipped
+(0 with --skip-special), 1 if a copy failed.
+
+A local file that changes while it is read (its size, mtime or ctime differ after the last
+read from before the first, it ends early or goes on past its size, or its path names
+another file by then) fails its copy with a message saying it changed, and its upload is
+aborted before it completes: no object claims to be a copy of it. Stdin is not checked.
+
 Verification (always on): bucketfs computes crc32c (and MD5 where the store keeps one) of
 the bytes it reads or writes and compares them with what the store reports (a download
 checked by the object's S3 crc32 computes that instead, and the crc32c only for --json):
@@ -56,7 +78,7 @@ object and upload again), and after --retries attempts bucketfs exits non-zero.
 --json prints how each copy was verified.";
 
 #[derive(Args, Clone, Debug)]
-#[command(after_long_help = VERIFY_HELP, override_usage = "bucketfs cp [OPTIONS] SRC... DST")]
+#[command(after_long_help = AFTER_HELP, override_usage = "bucketfs cp [OPTIONS] SRC... DST")]
 pub struct CpArgs {
     /// Sources, then the destination. Each is a local path, a store URL
     /// (s3://BUCKET/KEY, gs://BUCKET/KEY, file:///PATH, mem://KEY) or '-' (stdin as the
@@ -67,6 +89,15 @@ pub struct CpArgs {
     /// Copy directories and prefixes recursively.
     #[arg(short, long)]
     recursive: bool,
+    /// Skip symlinks (each is named on stderr) instead of copying what they point to, as
+    /// aws s3 cp's --no-follow-symlinks does.
+    #[arg(long)]
+    no_follow_symlinks: bool,
+    /// Exit 0 when paths were skipped (FIFOs, sockets, devices, dangling symlinks, symlink
+    /// loops, symlinks with --no-follow-symlinks). They are named on stderr either way;
+    /// without this flag the exit status is then 2.
+    #[arg(long)]
+    skip_special: bool,
     #[command(flatten)]
     store: crate::store_args::StoreArgs,
     /// Endpoint of the s3:// side only (overrides --endpoint): for copies between two
@@ -241,8 +272,28 @@ async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
             store_to_store::copy(ctx, remote, head.as_deref(), r).await
         }
         (Src::Stdin, Dst::Remote(r)) => upload::upload(ctx, upload::Source::Stdin, None, r).await,
+        (Src::Dir, dst) => make_dir(ctx, dst).await,
         _ => Err("unsupported combination of source and destination".into()),
     }
+}
+
+/// What a directory's [`Report`] says it was verified by: it is counted as a directory, not
+/// a file, in the `--json` summary.
+const DIR: &str = "directory";
+
+/// An empty directory or a directory marker, made at `dst`: a marker object `KEY/`, or a
+/// local directory.
+async fn make_dir(ctx: &Ctx, dst: &Dst) -> Result<Report, String> {
+    match dst {
+        Dst::Remote(r) => {
+            let key = format!("{}/", r.key.trim_end_matches('/'));
+            let _slot = ctx.slot().await;
+            retry(ctx, "mkdir", &key, || r.store.create_dir(&key)).await?;
+        }
+        Dst::Local(p) => std::fs::create_dir_all(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        Dst::Stdout => return Err("a directory cannot go to stdout".into()),
+    }
+    Ok(Report { bytes: 0, verified: DIR.into(), crc32c: None })
 }
 
 /// Run all jobs; stdout jobs one after another (order matters), others concurrently.
@@ -262,26 +313,65 @@ pub async fn run_jobs(ctx: &Ctx, jobs: &[Job]) -> (Vec<Report>, Vec<String>) {
     (reports, errors)
 }
 
+/// `s` as a JSON string (quoted, escaped).
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// The `--json` line; `single`: one file was asked for (only then is a crc32c reported).
-fn json_summary(reports: &[Report], secs: f64, single: bool) -> String {
-    let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
+/// Directories made (markers, empty local directories) are counted in `dirs`, not `files`;
+/// `skipped` lists what was not copied, with why.
+fn json_summary(reports: &[Report], skipped: &[Skipped], secs: f64, single: bool) -> String {
+    let (dirs, files): (Vec<&Report>, Vec<&Report>) = reports.iter().partition(|r| r.verified == DIR);
+    let bytes: u64 = files.iter().map(|r| r.bytes).sum();
     let mut how: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in reports {
+    for r in &files {
         *how.entry(&r.verified).or_default() += 1;
     }
     let verified: Vec<String> = how.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-    let crc = match reports {
+    let crc = match files.as_slice() {
         [one] if single => format!(",\"crc32c\":\"{:08x}\"", one.crc32c.unwrap_or(0)),
         _ => String::new(),
     };
+    let skipped: Vec<String> = skipped
+        .iter()
+        .map(|s| {
+            let path = json_str(&s.path.to_string_lossy());
+            format!("{{\"path\":{path},\"reason\":{}}}", json_str(&s.reason.to_string()))
+        })
+        .collect();
     let rate = if secs > 0.0 { bytes as f64 / 1e6 / secs } else { 0.0 };
     format!(
-        "{{\"bytes\":{bytes},\"seconds\":{secs:.3},\"mb_per_s\":{rate:.1},\"files\":{},\"verified\":{{{}}}{crc}}}",
-        reports.len(),
-        verified.join(",")
+        "{{\"bytes\":{bytes},\"seconds\":{secs:.3},\"mb_per_s\":{rate:.1},\"files\":{},\"dirs\":{},\"verified\":{{{}}}{crc},\"skipped\":[{}]}}",
+        files.len(),
+        dirs.len(),
+        verified.join(","),
+        skipped.join(",")
     )
 }
 
+/// Exit status when everything that was copied was copied but something asked for was
+/// skipped (as `aws s3 cp`'s 2).
+pub const EXIT_SKIPPED: i32 = 2;
+
+/// `bucketfs cp`. Failures are `Err` (exit status 1, from `main`); a copy that skipped
+/// something ends the process with [`EXIT_SKIPPED`] itself, unless `--skip-special`.
 pub fn run(args: CpArgs) -> Result<(), String> {
     let mut paths = args.paths.clone();
     let dst_arg = paths.pop().ok_or("cp needs a source and a destination")?;
@@ -292,14 +382,20 @@ pub fn run(args: CpArgs) -> Result<(), String> {
     // multi-thread scheduler's hand-offs between workers cost about a fifth of a
     // download's CPU (0.59-0.76 against 0.45-0.57 s per GiB by hand), which on a small
     // machine is the rate.
+    let skip_special = args.skip_special;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
-    rt.block_on(async move {
+    let skipped = rt.block_on(async move {
         let mut opener = Opener::new(opts, args.s3_endpoint.clone(), args.gcs_endpoint.clone());
         let srcs = paths.iter().map(|s| opener.side(s)).collect::<Result<Vec<_>, _>>()?;
         let dst = opener.side(&dst_arg)?;
         let to_stdout = matches!(dst, Side::Stdio);
-        let jobs = plan::expand(srcs, dst, args.recursive).await?;
-        if jobs.is_empty() {
+        let walk = Walk { recursive: args.recursive, follow_symlinks: !args.no_follow_symlinks };
+        let walk::Expanded { jobs, skipped } = plan::expand(srcs, dst, walk).await?;
+        // Said before the copy starts (and again, counted, at its end).
+        for s in &skipped {
+            eprintln!("bucketfs cp: {s}");
+        }
+        if jobs.is_empty() && skipped.is_empty() {
             return Err("nothing to copy".to_string());
         }
         let total = jobs.iter().map(Job::size).sum::<Option<u64>>();
@@ -330,7 +426,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         };
         ctx.progress.finish();
         if args.json {
-            let line = json_summary(&reports, start.elapsed().as_secs_f64(), ctx.summary);
+            let line = json_summary(&reports, &skipped, start.elapsed().as_secs_f64(), ctx.summary);
             if to_stdout {
                 eprintln!("{line}");
             } else {
@@ -341,7 +437,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
             return Err(format!("{INTERRUPTED}: {} of {} copies finished", reports.len(), jobs.len()));
         }
         match errors.len() {
-            0 => Ok(()),
+            0 => Ok(skipped.len()),
             1 => Err(errors.into_iter().next().unwrap_or_default()),
             n => {
                 for e in &errors {
@@ -350,5 +446,15 @@ pub fn run(args: CpArgs) -> Result<(), String> {
                 Err(format!("{n} of {} copies failed (see above)", jobs.len()))
             }
         }
-    })
+    })?;
+    drop(rt);
+    if skipped > 0 && !skip_special {
+        // main turns every Err into status 1; a skip is not a failure of what was copied,
+        // and scripts tell the two apart by the status (aws s3 cp's 2), so exit here.
+        let what = if skipped == 1 { "path was" } else { "paths were" };
+        eprintln!("bucketfs: {skipped} {what} skipped (see above); exit status {EXIT_SKIPPED} (--skip-special: 0)");
+        let _ = std::io::stdout().flush();
+        std::process::exit(EXIT_SKIPPED);
+    }
+    Ok(())
 }

@@ -1,13 +1,15 @@
 //! What to copy where, and how to cut each transfer: slice size and parallelism from the
 //! file size and the machine, the slice ranges, and expanding `SRC... DST` (with `-r`) into
-//! one job per file.
+//! one job per file (local sources are walked by [`super::walk`], which also says what it
+//! skips) and per empty directory.
 
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use futures::TryStreamExt;
 
 use super::endpoint::{Remote, Side};
+use super::walk::{self, Expanded, Walk};
 use bucketfs_store::{ObjectDigests, StoreErrorKind};
 
 pub const MIB: u64 = 1 << 20;
@@ -92,6 +94,9 @@ pub enum Src {
         head: Option<Box<ObjectDigests>>,
     },
     Stdin,
+    /// An empty directory (local) or a directory marker object (`dir/`): made at the
+    /// destination, as a marker object or a local directory.
+    Dir,
 }
 
 /// Where they go.
@@ -113,19 +118,22 @@ impl Job {
         match &self.src {
             Src::Local { size, .. } | Src::Remote { size, .. } => Some(*size),
             Src::Stdin => None,
+            Src::Dir => Some(0),
         }
     }
 }
 
 /// Expand `srcs` into `dst` into one job per file, cp(1)-style: several sources or a
 /// directory/prefix destination put each source under its own name; a single source into
-/// a destination that does not exist as a directory becomes that destination.
-pub async fn expand(srcs: Vec<Side>, dst: Side, recursive: bool) -> Result<Vec<Job>, String> {
+/// a destination that does not exist as a directory becomes that destination. Local paths
+/// that are not copied (see [`walk`]) are listed in `skipped`.
+pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, String> {
+    let recursive = walk.recursive;
     let many = srcs.len() > 1;
     if srcs.iter().any(|s| matches!(s, Side::Stdio)) {
         return match (srcs.as_slice(), &dst) {
             ([_], Side::Remote(r)) if !r.key.is_empty() && !r.key.ends_with('/') => {
-                Ok(vec![Job { src: Src::Stdin, dst: Dst::Remote(r.clone()) }])
+                Ok(Expanded { jobs: vec![Job { src: Src::Stdin, dst: Dst::Remote(r.clone()) }], skipped: Vec::new() })
             }
             ([_], Side::Remote(r)) => Err(format!("{}: streaming stdin needs an object name, not a prefix", r.url())),
             ([_], _) => Err("'-' (stdin) can only be copied to an object URL; use shell redirection for files".into()),
@@ -146,23 +154,24 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, recursive: bool) -> Result<Vec<J
         }
     }
     let into_dir = into_dir || many;
-    let mut jobs = Vec::new();
+    let mut out = Expanded::default();
     for src in srcs {
         match src {
             Side::Stdio => unreachable!("handled above"),
-            Side::Local(path) => expand_local(&path, &dst, into_dir, recursive, &mut jobs)?,
-            Side::Remote(r) => expand_remote(&r, &dst, into_dir, recursive, &mut jobs).await?,
+            Side::Local(path) => walk::expand_local(&path, &dst, into_dir, walk, &mut out)?,
+            Side::Remote(r) => expand_remote(&r, &dst, into_dir, recursive, &mut out.jobs).await?,
         }
     }
+    let jobs = &mut out.jobs;
     if jobs.len() > 1 {
         // A later job may start minutes from now: it asks for the object again then.
-        for j in &mut jobs {
+        for j in jobs.iter_mut() {
             if let Src::Remote { head, .. } = &mut j.src {
                 *head = None;
             }
         }
     }
-    Ok(jobs)
+    Ok(out)
 }
 
 /// True if `key/` holds at least one object (the key names a "directory").
@@ -173,7 +182,7 @@ async fn is_prefix(r: &Remote) -> Result<bool, String> {
 }
 
 /// `base` joined with a `/`-separated relative name, on either side.
-fn target(dst: &Side, base_name: Option<&str>, rel: &str, into_dir: bool) -> Result<Dst, String> {
+pub(super) fn target(dst: &Side, base_name: Option<&str>, rel: &str, into_dir: bool) -> Result<Dst, String> {
     let parts: Vec<&str> =
         base_name.into_iter().filter(|_| into_dir).chain(rel.split('/').filter(|s| !s.is_empty())).collect();
     Ok(match dst {
@@ -192,44 +201,6 @@ fn target(dst: &Side, base_name: Option<&str>, rel: &str, into_dir: bool) -> Res
             Dst::Remote(r.with_key(key))
         }
     })
-}
-
-fn expand_local(path: &Path, dst: &Side, into_dir: bool, recursive: bool, jobs: &mut Vec<Job>) -> Result<(), String> {
-    if matches!(dst, Side::Local(_)) {
-        return Err("both sides are local paths; use cp(1)".into());
-    }
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-    if !meta.is_dir() {
-        let dst = target(dst, name.as_deref(), "", into_dir)?;
-        jobs.push(Job { src: Src::Local { path: path.to_path_buf(), size: meta.len() }, dst });
-        return Ok(());
-    }
-    if !recursive {
-        return Err(format!("{} is a directory (use -r)", path.display()));
-    }
-    if matches!(dst, Side::Stdio) {
-        return Err(format!("{}: a directory cannot go to stdout", path.display()));
-    }
-    let mut stack = vec![(path.to_path_buf(), String::new())];
-    while let Some((dir, rel)) = stack.pop() {
-        let mut entries: Vec<_> = std::fs::read_dir(&dir)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let child_rel = format!("{rel}{}", e.file_name().to_string_lossy());
-            let ft = e.file_type().map_err(|err| format!("{}: {err}", e.path().display()))?;
-            if ft.is_dir() {
-                stack.push((e.path(), format!("{child_rel}/")));
-            } else if ft.is_file() || (ft.is_symlink() && e.path().is_file()) {
-                let size = std::fs::metadata(e.path()).map_err(|err| format!("{}: {err}", e.path().display()))?.len();
-                let dst = target(dst, name.as_deref(), &child_rel, into_dir)?;
-                jobs.push(Job { src: Src::Local { path: e.path(), size }, dst });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A key's relative part must be safe as a local path: no empty, `.` or `..` segments.
@@ -271,9 +242,13 @@ async fn expand_remote(
     }
     let prefix = if r.key.is_empty() || r.key.ends_with('/') { r.key.clone() } else { format!("{}/", r.key) };
     let mut list = r.store.list(&prefix, true);
+    // Keys of objects (to tell empty directory markers from markers with objects under them).
+    let mut objects = std::collections::BTreeSet::new();
+    let mut markers = Vec::new();
     while let Some(m) = list.try_next().await.map_err(|e| format!("{}: {e}", r.url()))? {
         if m.is_prefix() {
-            continue; // directory markers: object stores have no empty directories to copy
+            markers.push(m.key);
+            continue;
         }
         let rel = m.key.strip_prefix(&prefix).unwrap_or(&m.key);
         if matches!(dst, Side::Local(_)) && !safe_rel(rel) {
@@ -281,6 +256,20 @@ async fn expand_remote(
         }
         let dst = target(dst, name.as_deref(), rel, into_dir)?;
         jobs.push(Job { src: Src::Remote { remote: r.with_key(m.key.clone()), size: m.size, head: None }, dst });
+        objects.insert(m.key);
+    }
+    // An empty directory marker (`dir/`, what a mount's mkdir makes) is made on the other
+    // side too: an empty local directory, or a marker object. One with objects under it
+    // needs nothing: their copies make the directory.
+    for key in markers {
+        if objects.range(key.clone()..).next().is_some_and(|k| k.starts_with(&key)) {
+            continue;
+        }
+        let rel = key.strip_prefix(&prefix).unwrap_or(&key).trim_end_matches('/');
+        if matches!(dst, Side::Local(_)) && !safe_rel(rel) {
+            return Err(format!("{}{key}: key is not a safe local path; refusing to copy it", r.base));
+        }
+        jobs.push(Job { src: Src::Dir, dst: target(dst, name.as_deref(), rel, into_dir)? });
     }
     Ok(())
 }

@@ -193,7 +193,8 @@ async fn a_single_object_is_asked_for_once() {
     let once: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Head, 2, u64::MAX / 2, StoreErrorKind::Other));
     let dir = temp_dir("once");
     let src = Side::Remote(remote(once, Kind::Other, "obj"));
-    let jobs = plan::expand(vec![src], Side::Local(dir.join("out")), false).await.unwrap();
+    let walk = super::walk::Walk { recursive: false, follow_symlinks: true };
+    let jobs = plan::expand(vec![src], Side::Local(dir.join("out")), walk).await.unwrap().jobs;
     assert_eq!(jobs.len(), 1);
     let rep = super::run_job(&ctx(), &jobs[0]).await.unwrap();
     assert_eq!(rep.bytes, body.len() as u64);

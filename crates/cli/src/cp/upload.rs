@@ -4,8 +4,6 @@
 //! verified (see `verify`); a failed or mismatched upload of a file is aborted or deleted
 //! and done again, within the retry budget.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use bucketfs_core::block_pool::{read_full, BlockPool};
@@ -16,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, MIN_S3_PART};
+use super::source::LocalSource;
 use super::verify::{self, Check, SliceSum};
 use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
 
@@ -50,12 +49,16 @@ impl From<String> for Failed {
 /// Parts are read into buffers of a [`BlockPool`] of `keep` buffers (about those in flight,
 /// read ahead and being hashed): a fresh 8-16 MiB buffer per part cost a page fault and a
 /// cleared page per 4 KiB, about a fifth of an upload's CPU.
+///
+/// A file is read as a [`LocalSource`]: up to the size it had when opened, and checked for
+/// changes after its last read, before that last chunk is handed over. A change is sent
+/// instead of the last chunk, so the upload is aborted before it can be completed.
 fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Result<(Chunks, WholeMd5), String> {
     let kind = dst.kind;
     let part_md5 = kind == Kind::S3 && !dst.crc_confirmed;
-    let mut input: Box<dyn Read + Send> = match src {
-        Source::File(p) => Box::new(File::open(p).map_err(|e| format!("{}: {e}", p.display()))?),
-        Source::Stdin => Box::new(std::io::stdin()),
+    let mut input = match src {
+        Source::File(p) => Input::File(LocalSource::open(p).map_err(|e| e.to_string())?),
+        Source::Stdin => Input::Stdin(std::io::stdin()),
     };
     // Two chunks read ahead keep the uploads fed without holding much memory.
     let (tx, rx) = mpsc::channel(2);
@@ -65,13 +68,30 @@ fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Res
         let mut off = 0u64;
         loop {
             let mut buf = pool.take();
-            let n = match read_full(input.as_mut(), &mut buf.space()[..part]) {
+            let read = match &mut input {
+                Input::File(f) => f.read_into(&mut buf.space()[..part]).map_err(|e| e.to_string()),
+                Input::Stdin(s) => read_full(s, &mut buf.space()[..part]).map_err(|e| format!("reading stdin: {e}")),
+            };
+            let n = match read {
                 Ok(n) => n,
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(format!("reading the source: {e}")));
+                    let _ = tx.blocking_send(Err(e));
                     return None;
                 }
             };
+            let last = match &input {
+                Input::File(f) => f.remaining() == 0,
+                Input::Stdin(_) => n < part,
+            };
+            if last {
+                // After the last read, before the last chunk can complete the upload.
+                if let Input::File(f) = &mut input {
+                    if let Err(e) = f.finish() {
+                        let _ = tx.blocking_send(Err(e.to_string()));
+                        return None;
+                    }
+                }
+            }
             if n == 0 {
                 break;
             }
@@ -83,13 +103,19 @@ fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Res
             let hashed = data.clone();
             let sum = tokio::task::spawn_blocking(move || SliceSum::of(range, &hashed, part_md5));
             off += n as u64;
-            if tx.blocking_send(Ok((data, sum))).is_err() || n < part {
+            if tx.blocking_send(Ok((data, sum))).is_err() || last {
                 break;
             }
         }
         whole.map(|h| h.finalize().into())
     });
     Ok((rx, handle))
+}
+
+/// What the reader reads: a watched file, or stdin (a stream: nothing to watch).
+enum Input {
+    File(LocalSource),
+    Stdin(std::io::Stdin),
 }
 
 /// A part's digests, being computed.

@@ -1,0 +1,266 @@
+//! Unit tests of the local side of `cp`: a source that changes while it is read
+//! ([`super::source`], and the upload that must then leave no object), and what a `-r` walk
+//! copies and skips ([`super::walk`]).
+
+use std::ops::Range;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use bucketfs_store::testing::MemStore;
+use bucketfs_store::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use bytes::Bytes;
+
+use super::endpoint::{Kind, Remote, Side};
+use super::plan::{self, Dst, Src};
+use super::progress::Progress;
+use super::source::{Change, LocalSource, SourceError};
+use super::walk::{SkipReason, Walk};
+use super::{upload, Ctx};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let n = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    let d = std::env::temp_dir().join(format!("bucketfs-cp-local-{name}-{n}"));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn change_of(e: SourceError) -> Change {
+    match e {
+        SourceError::Changed(c) => c.change,
+        SourceError::Io { err, .. } => panic!("an I/O error, not a change: {err}"),
+    }
+}
+
+/// Read all of `s` in 1000-byte reads.
+fn drain(s: &mut LocalSource) -> Result<u64, SourceError> {
+    let mut buf = vec![0u8; 1000];
+    let mut n = 0;
+    while s.remaining() > 0 {
+        n += s.read_into(&mut buf)? as u64;
+    }
+    Ok(n)
+}
+
+#[test]
+fn a_source_that_stays_the_same_is_read_whole() {
+    let d = temp_dir("same");
+    std::fs::write(d.join("f"), vec![7u8; 2500]).unwrap();
+    let mut s = LocalSource::open(&d.join("f")).unwrap();
+    assert_eq!(drain(&mut s).unwrap(), 2500);
+    s.finish().unwrap();
+}
+
+#[test]
+fn every_kind_of_change_is_seen() {
+    let d = temp_dir("changes");
+    let f = d.join("f");
+    let fresh = || {
+        std::fs::write(&f, vec![1u8; 3000]).unwrap();
+        LocalSource::open(&f).unwrap()
+    };
+
+    // Truncated while read: the read that ends early says so.
+    let mut s = fresh();
+    let mut buf = vec![0u8; 1000];
+    s.read_into(&mut buf).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(1500).unwrap();
+    let e = drain(&mut s).unwrap_err();
+    assert_eq!(change_of(e), Change::Truncated { size: 3000, got: 1500, now: Some(1500) });
+
+    // Grew: read up to the size at the start, then the probe finds more.
+    let mut s = fresh();
+    drain(&mut s).unwrap();
+    std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(&f).unwrap(), b"more").unwrap();
+    assert_eq!(change_of(s.finish().unwrap_err()), Change::Grew { size: 3000 });
+
+    // Rewritten in place, same size: a new mtime.
+    let mut s = fresh();
+    drain(&mut s).unwrap();
+    let w = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&w, b"new", 0).unwrap();
+    w.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1000)).unwrap();
+    assert_eq!(change_of(s.finish().unwrap_err()), Change::Modified);
+
+    // Replaced (renamed over) and removed: the path no longer names what was read.
+    let mut s = fresh();
+    drain(&mut s).unwrap();
+    std::fs::write(d.join("g"), vec![1u8; 3000]).unwrap();
+    std::fs::rename(d.join("g"), &f).unwrap();
+    assert_eq!(change_of(s.finish().unwrap_err()), Change::Replaced);
+    let mut s = fresh();
+    drain(&mut s).unwrap();
+    std::fs::remove_file(&f).unwrap();
+    assert_eq!(change_of(s.finish().unwrap_err()), Change::Removed);
+}
+
+/// A memory store that calls `meddle` once, when an upload's writer is opened (by then the
+/// reader has read the first parts and is reading on).
+struct Meddle {
+    inner: Arc<MemStore>,
+    meddle: Box<dyn Fn() + Send + Sync>,
+}
+
+#[async_trait]
+impl Store for Meddle {
+    fn describe(&self) -> String {
+        "meddle".into()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn check(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        self.inner.head(key).await
+    }
+    async fn get_range(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<Bytes, StoreError> {
+        self.inner.get_range(key, r, m).await
+    }
+    fn list(&self, prefix: &str, recursive: bool) -> ListStream {
+        self.inner.list(prefix, recursive)
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
+        self.inner.put(key, data).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.inner.copy(from, to).await
+    }
+    async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.create_dir(key).await
+    }
+    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        (self.meddle)();
+        self.inner.writer(key, opts).await
+    }
+}
+
+async fn upload_while(name: &str, meddle: impl Fn(&Path) + Send + Sync + 'static) -> (String, Arc<MemStore>) {
+    let d = temp_dir(name);
+    let f = d.join("src");
+    std::fs::write(&f, vec![3u8; 64 * 4096]).unwrap();
+    let mem = Arc::new(MemStore::new());
+    let g = f.clone();
+    let store = Arc::new(Meddle { inner: mem.clone(), meddle: Box::new(move || meddle(&g)) });
+    let r = Remote { store, kind: Kind::Other, base: "mem://".into(), key: "obj".into(), crc_confirmed: false };
+    let mut ctx = Ctx::new(4, Some(4096), 3, Progress::quiet());
+    ctx.backoff_base = Duration::from_millis(1);
+    let e = upload::upload(&ctx, upload::Source::File(&f), Some(64 * 4096), &r).await.unwrap_err();
+    (e, mem)
+}
+
+#[tokio::test]
+async fn an_upload_whose_source_changes_fails_and_leaves_no_object() {
+    let truncate = |f: &Path| std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(20 * 4096).unwrap();
+    let (e, mem) = upload_while("trunc", truncate).await;
+    assert!(e.contains("changed during the copy") && e.contains("truncated"), "{e}");
+    assert!(mem.head("obj").await.is_err(), "a truncated source left an object");
+
+    let rewrite = |f: &Path| {
+        let w = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&w, b"new bytes", 0).unwrap();
+        w.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1000)).unwrap();
+    };
+    let (e, mem) = upload_while("rewrite", rewrite).await;
+    assert!(e.contains("changed during the copy") && e.contains("modification time"), "{e}");
+    assert!(mem.head("obj").await.is_err(), "a rewritten source left an object");
+}
+
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+/// (relative destination key, is a marker) of each job, and (path below `tree`, reason) of
+/// each skip.
+type Walked = (Vec<(String, bool)>, Vec<(String, SkipReason)>);
+
+async fn walk(tree: &Path, follow_symlinks: bool) -> Walked {
+    let r = Remote {
+        store: Arc::new(MemStore::new()),
+        kind: Kind::Other,
+        base: "mem://".into(),
+        key: "up/".into(),
+        crc_confirmed: false,
+    };
+    let walk = Walk { recursive: true, follow_symlinks };
+    let out = plan::expand(vec![Side::Local(tree.to_path_buf())], Side::Remote(r), walk).await.unwrap();
+    let mut jobs: Vec<(String, bool)> = out
+        .jobs
+        .iter()
+        .map(|j| match &j.dst {
+            Dst::Remote(r) => (r.key.clone(), matches!(j.src, Src::Dir)),
+            _ => panic!("a remote destination"),
+        })
+        .collect();
+    jobs.sort();
+    let skipped =
+        out.skipped.into_iter().map(|s| (s.path.strip_prefix(tree).unwrap().display().to_string(), s.reason)).collect();
+    (jobs, skipped)
+}
+
+#[tokio::test]
+async fn a_tree_walk_follows_links_makes_markers_and_says_what_it_skips() {
+    let d = temp_dir("walk");
+    let t = d.join("t");
+    std::fs::create_dir_all(t.join("sub")).unwrap();
+    std::fs::create_dir_all(t.join("empty")).unwrap();
+    std::fs::create_dir_all(t.join("only-fifo")).unwrap();
+    std::fs::write(t.join("a"), b"a").unwrap();
+    std::fs::write(t.join("sub/b"), b"b").unwrap();
+    symlink("a", t.join("la")).unwrap();
+    symlink("nowhere", t.join("dangling")).unwrap();
+    symlink("..", t.join("sub/up")).unwrap();
+    mkfifo(&t.join("only-fifo/p"));
+
+    let (jobs, skipped) = walk(&t, true).await;
+    let want: Vec<(String, bool)> =
+        [("up/t/a", false), ("up/t/empty", true), ("up/t/la", false), ("up/t/only-fifo", true), ("up/t/sub/b", false)]
+            .iter()
+            .map(|(k, m)| (k.to_string(), *m))
+            .collect();
+    assert_eq!(jobs, want);
+    assert_eq!(
+        skipped,
+        vec![
+            ("dangling".to_string(), SkipReason::Dangling { target: "nowhere".into() }),
+            ("only-fifo/p".to_string(), SkipReason::Fifo),
+            ("sub/up".to_string(), SkipReason::Loop { ancestor: t.clone() }),
+        ]
+    );
+    assert!(skipped[2].1.to_string().starts_with("symlink loop"), "{}", skipped[2].1);
+
+    let (jobs, skipped) = walk(&t, false).await;
+    assert_eq!(jobs.iter().filter(|(_, m)| !m).count(), 2, "{jobs:?}");
+    let names: Vec<&str> = skipped.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(names, ["dangling", "la", "only-fifo/p", "sub/up"]);
+    assert!(matches!(skipped[1].1, SkipReason::NotFollowed { .. }));
+}
+
+#[tokio::test]
+async fn only_empty_directory_markers_are_made_on_the_other_side() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("p/a/x", Bytes::from_static(b"x")).await.unwrap();
+    mem.create_dir("p/a/").await.unwrap(); // a mount's mkdir, then a file in it
+    mem.create_dir("p/e/").await.unwrap(); // an empty directory
+    let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "p".into(), crc_confirmed: false };
+    let d = temp_dir("markers");
+    let walk = Walk { recursive: true, follow_symlinks: true };
+    let out = plan::expand(vec![Side::Remote(r)], Side::Local(d.join("out")), walk).await.unwrap();
+    let jobs: Vec<(PathBuf, bool)> = out
+        .jobs
+        .iter()
+        .map(|j| match &j.dst {
+            Dst::Local(p) => (p.strip_prefix(&d).unwrap().to_path_buf(), matches!(j.src, Src::Dir)),
+            _ => panic!("a local destination"),
+        })
+        .collect();
+    assert_eq!(jobs, [(PathBuf::from("out/a/x"), false), (PathBuf::from("out/e"), true)]);
+}
