@@ -111,6 +111,9 @@ pub struct MountArgs {
     /// Parts uploaded in parallel per file.
     #[arg(long, default_value_t = 4)]
     upload_concurrency: usize,
+    /// Memory for upload parts across all files, in MiB; a close waits for room when it is in use.
+    #[arg(long, default_value_t = 80)]
+    upload_budget_mib: u64,
     /// A directory rename moves every key below it; past this many keys it fails with EXDEV.
     #[arg(long, default_value_t = 10_000)]
     max_rename_keys: usize,

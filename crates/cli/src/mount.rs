@@ -181,6 +181,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             part_size: args.part_size_mib.max(5) * 1024 * 1024,
             concurrency: args.upload_concurrency.max(1),
         },
+        upload_budget: args.upload_budget_mib.max(1) * 1024 * 1024,
         max_rename_keys: args.max_rename_keys,
         list_ahead_keys: args.list_ahead_keys,
         ..FsConfig::default()

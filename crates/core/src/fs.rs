@@ -86,6 +86,8 @@ pub struct FsConfig {
     pub staging_dir: std::path::PathBuf,
     /// Part size and parallelism of uploads.
     pub write: WriteOptions,
+    /// Bytes of upload parts held in memory across all files (see `part_budget.rs`).
+    pub upload_budget: u64,
     /// A directory rename moves every key below it; past this many it fails with EXDEV
     /// (so `mv` falls back to copying) instead of running for minutes.
     pub max_rename_keys: usize,
@@ -115,6 +117,9 @@ impl Default for FsConfig {
             disk_cache: None,
             staging_dir: std::env::temp_dir().join("bucketfs-staging"),
             write: WriteOptions::default(),
+            // Two uploads at full parallelism (4 parts in flight and one being handed over,
+            // 40 MiB each), one of them eager (see part_budget.rs); more wait their turn.
+            upload_budget: 80 * 1024 * 1024,
             // 10,000 keys: a few minutes of copies at most on a slow link.
             max_rename_keys: 10_000,
             // One page of S3's LIST (1,000 keys) less one: a subtree is known not to fit when
@@ -161,6 +166,8 @@ pub struct Fs {
     /// needed; neither is held across an await (the per-file tokio mutex is).
     pub(crate) staged: Mutex<HashMap<u64, SharedStaged>>,
     pub(crate) read_cache: Arc<ReadCache>,
+    /// Upload part buffers of every file, bounded together.
+    pub(crate) part_budget: crate::part_budget::PartBudget,
     next_fh: AtomicU64,
     /// This filesystem, for work it starts in the background (listing subdirectories
     /// ahead); dangling unless it was made by [`Fs::shared`].
@@ -197,6 +204,7 @@ impl Fs {
             handles: Mutex::new(HashMap::new()),
             staged: Mutex::new(HashMap::new()),
             read_cache: Arc::new(read_cache(&cfg)),
+            part_budget: crate::part_budget::PartBudget::new(cfg.upload_budget),
             next_fh: AtomicU64::new(1),
             cfg,
             me: Weak::new(),

@@ -290,7 +290,7 @@ impl Fs {
     /// Upload what an earlier mount left in the staging directory (a crash, or an unmount
     /// whose uploads kept failing). Returns (uploaded keys, keys still failing).
     pub async fn recover_staged(&self) -> (Vec<String>, Vec<String>) {
-        crate::write::recover(&self.cfg.staging_dir, self.store.as_ref(), self.cfg.write).await
+        crate::write::recover(&self.cfg.staging_dir, self.store.as_ref(), self.cfg.write, &self.part_budget).await
     }
 
     /// Keys whose staged data the bucket does not have yet.

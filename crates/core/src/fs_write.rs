@@ -219,7 +219,11 @@ impl Fs {
                 Some(s) => (s.clone(), None),
                 None => {
                     std::fs::create_dir_all(&self.cfg.staging_dir).map_err(|e| FsError::Local(e.to_string()))?;
-                    let s = Arc::new(tokio::sync::Mutex::new(Staged::create(&self.cfg.staging_dir, node.ino)?));
+                    let s = Arc::new(tokio::sync::Mutex::new(Staged::create(
+                        &self.cfg.staging_dir,
+                        node.ino,
+                        self.part_budget.clone(),
+                    )?));
                     let g = s.clone().try_lock_owned().expect("a new mutex is free");
                     map.insert(node.ino, s.clone());
                     (s, Some(g))

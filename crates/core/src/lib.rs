@@ -7,7 +7,8 @@
 //! - [`read`]: the per-handle read path with sequential prefetch and the memory cache;
 //!   [`disk_cache`]: the checksummed on-disk block cache that survives remounts;
 //!   [`block_pool`]: the bounded pool of aligned buffers blocks are read into.
-//! - [`write`]: staged writes and their upload on flush/fsync/unmount.
+//! - [`write`]: staged writes and their upload on flush/fsync/unmount;
+//!   [`part_budget`]: the mount-wide bound on upload buffers.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`stats`]: read-only figures (pending uploads, cache use) for metrics and status.
@@ -22,6 +23,7 @@ pub(crate) mod fs_write;
 pub mod inode;
 pub mod links;
 pub mod names;
+pub mod part_budget;
 mod preload;
 pub mod read;
 pub mod stats;

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use bucketfs_store::{FileAttrs, ObjectMeta, ObjectWriter, Store, WriteOptions};
 use bytes::Bytes;
 
+use crate::part_budget::PartBudget;
 use crate::FsError;
 
 /// State of one staged inode. Guarded by the `tokio::sync::Mutex` that holds it.
@@ -56,6 +57,8 @@ pub struct Staged {
     /// While an O_TRUNC is pending on bytes never staged: a reader of the version it hides.
     old: Option<Arc<crate::read::FileReader>>,
     eager: Option<Eager>,
+    /// Part buffers are counted against the mount's upload memory bound.
+    budget: PartBudget,
 }
 
 /// A multipart upload fed while a sequential writer is still writing.
@@ -66,11 +69,13 @@ struct Eager {
     writer: Box<dyn ObjectWriter>,
     /// Bytes `0..sent` of the staged file are already handed to the writer.
     sent: u64,
+    /// Its part buffers' room in the mount's upload budget.
+    _share: crate::part_budget::Share,
 }
 
 impl Staged {
     /// A new empty staged file in `dir`.
-    pub fn create(dir: &Path, ino: u64) -> Result<Self, FsError> {
+    pub fn create(dir: &Path, ino: u64, budget: PartBudget) -> Result<Self, FsError> {
         let path = dir.join(format!("{ino}-{}.data", unique()));
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -91,6 +96,7 @@ impl Staged {
             trunc_pending: false,
             old: None,
             eager: None,
+            budget,
         })
     }
 
@@ -107,6 +113,7 @@ impl Staged {
         let mut off = 0;
         while off < size {
             let end = (off + CHUNK).min(size);
+            let _room = self.budget.buffer(end - off).await; // until written out
             let data = store.get_range(key, off..end, etag).await?;
             if data.len() as u64 != end - off {
                 return Err(FsError::Stale(format!("{key} changed while it was being opened")));
@@ -260,8 +267,11 @@ impl Staged {
             if self.size < part || !self.appends_only {
                 return Ok(());
             }
+            // No share free now: the file goes up at close instead (never wait here, with
+            // a writer that may keep the file open for hours: see part_budget.rs).
+            let Some(share) = self.budget.eager(opts) else { return Ok(()) };
             let writer = store.writer_with_attrs(key, opts, attrs).await?;
-            self.eager = Some(Eager { key: key.to_string(), attrs: *attrs, writer, sent: 0 });
+            self.eager = Some(Eager { key: key.to_string(), attrs: *attrs, writer, sent: 0, _share: share });
         }
         let Some(e) = self.eager.as_mut() else { return Ok(()) };
         if e.key != key {
@@ -308,10 +318,12 @@ impl Staged {
             }
             None if self.size <= opts.part_size as u64 => {
                 // One part or less: a single PUT is one round trip instead of three.
+                let _share = self.budget.upload(self.len(), opts).await;
                 let data = self.read(0, self.size as u32)?;
                 store.put_with_attrs(key, data, attrs).await.map_err(FsError::from)
             }
             None => {
+                let _share = self.budget.upload(self.size, opts).await;
                 let mut w = store.writer_with_attrs(key, opts, attrs).await?;
                 match self.send_range(w.as_mut(), 0, opts).await {
                     Ok(()) => w.close().await.map_err(FsError::from),
@@ -351,7 +363,12 @@ impl Drop for Staged {
 
 /// Upload what a crashed (or failed) earlier mount left staged in `dir`; returns the keys
 /// uploaded and the keys that still failed (their files stay for the next try).
-pub async fn recover(dir: &Path, store: &dyn Store, opts: WriteOptions) -> (Vec<String>, Vec<String>) {
+pub async fn recover(
+    dir: &Path,
+    store: &dyn Store,
+    opts: WriteOptions,
+    budget: &PartBudget,
+) -> (Vec<String>, Vec<String>) {
     let (mut done, mut failed) = (Vec::new(), Vec::new());
     let Ok(entries) = std::fs::read_dir(dir) else { return (done, failed) };
     for e in entries.flatten() {
@@ -367,6 +384,7 @@ pub async fn recover(dir: &Path, store: &dyn Store, opts: WriteOptions) -> (Vec<
         let result = async {
             let file = File::open(&data).map_err(local)?;
             let size = file.metadata().map_err(local)?.len();
+            let _share = budget.upload(size, opts).await;
             let mut w = store.writer(&key, opts).await?;
             if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts).await {
                 let _ = w.abort().await;
