@@ -3,10 +3,11 @@
 //! Directories are key prefixes. A directory is listed with one delimited LIST sequence
 //! (the store pages it), never a HEAD per entry, and the result is kept as the directory's
 //! listing for `metadata_ttl`: lookups in a freshly listed directory, positive or negative,
-//! cost no request. A lookup in a directory with no fresh listing asks three things at once
-//! (HEAD `k`, HEAD `k/`, LIST `k/` for one entry), so it costs one round trip; a directory
-//! wins over a file of the same name. File attributes older than the TTL are revalidated
-//! with HEAD on getattr and open.
+//! cost no request. A lookup in a directory with no fresh listing lists the directory again
+//! if it is small (one page), else asks about the name with one LIST of the plain prefix
+//! (object stores) or several requests at once (HEAD `k`, HEAD `k/`, LIST `k/`); a directory
+//! wins over a file of the same name. File attributes older than the TTL are revalidated the
+//! same way: a new listing of a small directory, else a HEAD (see `Fs::find_child`).
 //!
 //! Locking: `table` and `handles` are separate mutexes, never held together and never
 //! across an `.await`.
@@ -25,6 +26,10 @@ use crate::write::SharedStaged;
 use crate::{names, FsError};
 
 pub use crate::inode::ROOT_INO;
+
+/// A directory whose last listing held at most this many entries (one page of an S3 LIST)
+/// is listed again to answer a lookup or a `stat` past the TTL (see `Fs::find_child`).
+const RELIST_MAX: usize = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -276,10 +281,6 @@ impl Fs {
         if self.store.capabilities().max_key_len.is_some_and(|max| dir.key.len() + name.len() > max) {
             return Err(FsError::NameTooLong);
         }
-        let cached = {
-            let t = self.table.lock().unwrap();
-            t.listing(parent).filter(|l| l.is_fresh()).map(|l| l.children.get(name).cloned())
-        };
         let local = {
             let t = self.table.lock().unwrap();
             t.child(parent, name).filter(|n| self.is_staged(n.ino)).map(|n| n.ino)
@@ -290,19 +291,136 @@ impl Fs {
             t.remember(ino);
             return Ok(self.attr(t.get(ino).expect("indexed")));
         }
-        let meta = match cached {
-            Some(Some(m)) => m,
-            Some(None) => return Err(FsError::NotFound),
-            None => self.probe(&dir.key, name).await?,
-        };
+        let meta = self.find_child(&dir, name).await?.ok_or(FsError::NotFound)?;
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &meta);
         t.remember(ino);
         Ok(self.attr(t.get(ino).expect("just inserted")))
     }
 
-    /// Ask the store whether `name` under `prefix` is a directory, a file, or nothing.
+    /// `name` in directory `dir` as the store has it (`None`: absent), from the cheapest
+    /// source: a fresh listing (no request); else, for a small directory listed before, a
+    /// new listing of it (one LIST answers this name and every other lookup and `stat` in
+    /// the directory for the TTL); else a probe of the name.
+    pub(crate) async fn find_child(&self, dir: &Node, name: &str) -> Result<Option<ChildMeta>, FsError> {
+        if let Some(answer) = self.from_listing(dir.ino, name) {
+            return Ok(answer);
+        }
+        if self.relist_worthwhile(dir.ino) {
+            self.ensure_listing(dir, false).await?;
+            // Installed stale (the directory changed here meanwhile): the probe decides.
+            if let Some(answer) = self.from_listing(dir.ino, name) {
+                return Ok(answer);
+            }
+        }
+        match self.probe(&dir.key, name).await {
+            Ok(m) => Ok(Some(m)),
+            Err(FsError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What `dir`'s fresh listing says of `name`; `None` without a fresh listing.
+    fn from_listing(&self, dir: u64, name: &str) -> Option<Option<ChildMeta>> {
+        let t = self.table.lock().unwrap();
+        t.listing(dir).filter(|l| l.is_fresh()).map(|l| l.children.get(name).cloned())
+    }
+
+    /// Whether listing `dir` again beats asking about one name: it was listed before and
+    /// held one page at most. (With a TTL of 0 no listing is ever fresh: never.)
+    fn relist_worthwhile(&self, dir: u64) -> bool {
+        !self.cfg.metadata_ttl.is_zero()
+            && self.table.lock().unwrap().listing(dir).is_some_and(|l| l.children.len() <= RELIST_MAX)
+    }
+
+    /// A file's attributes once their TTL ran out: from a new listing of its directory when
+    /// that is worthwhile (`git status` after the TTL costs one LIST per directory, not a
+    /// HEAD per file), else from a HEAD.
+    pub(crate) async fn refresh(&self, node: &Node) -> Result<Attr, FsError> {
+        if node.linked && self.relist_worthwhile(node.parent) {
+            if let Ok(dir) = self.node(node.parent) {
+                self.ensure_listing(&dir, false).await?;
+                if let Some(Some(m)) = self.from_listing(node.parent, &node.name) {
+                    let mut t = self.table.lock().unwrap();
+                    if m.kind == node.kind && t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
+                        let ino = t.upsert(node.parent, &m);
+                        return Ok(self.attr(t.get(ino).expect("indexed")));
+                    }
+                }
+            }
+        }
+        self.revalidate(node).await
+    }
+
+    /// Ask the store whether `name` under `prefix` is a directory, a file, or nothing: on an
+    /// object store one LIST of the plain prefix `prefix+name` (a HEAD more for a file whose
+    /// mode and owner the store keeps), else [`Fs::probe_each`].
     pub(crate) async fn probe(&self, prefix: &str, name: &str) -> Result<ChildMeta, FsError> {
+        let file_key = format!("{prefix}{name}");
+        let caps = self.store.capabilities();
+        if caps.prefix_dirs && caps.addressable(&file_key) {
+            if let Some(found) = self.probe_by_list(&file_key, name).await? {
+                return found.ok_or(FsError::NotFound);
+            }
+        }
+        self.probe_each(prefix, name).await
+    }
+
+    /// `name` (key `file_key`) from one listing of the plain prefix `file_key`: keys come in
+    /// byte order, so everything that decides (`k`, `k.rclonelink`, `k/`) comes before the
+    /// first key past `k/`. `None` if the store's answer did not settle it.
+    async fn probe_by_list(&self, file_key: &str, name: &str) -> Result<Option<Option<ChildMeta>>, FsError> {
+        let dir_key = format!("{file_key}/");
+        let link_key = format!("{file_key}{}", crate::links::LINK_SUFFIX);
+        let (mut file, mut link, mut dir) = (None, None, false);
+        // Read until the first key past `k/` (or the end): the rest cannot decide.
+        let mut stream = self.store.list(file_key, false);
+        while let Some(m) = stream.next().await {
+            let m = m?;
+            if !m.key.starts_with(file_key) {
+                return Ok(None); // not a prefix listing after all: ask the old way
+            }
+            if m.key.starts_with(&dir_key) {
+                dir = true;
+            }
+            let past = m.key.as_str() >= dir_key.as_str();
+            if m.key == file_key {
+                file = Some(m);
+            } else if m.key == link_key && crate::links::may_be_link(name) {
+                link = Some(m);
+            }
+            if past {
+                break;
+            }
+        }
+        drop(stream);
+        if dir {
+            return Ok(Some(Some(self.child_meta(
+                name,
+                &ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None },
+                Kind::Dir,
+            ))));
+        }
+        if let Some(m) = file {
+            if !self.store.keeps_attrs() {
+                return Ok(Some(Some(self.child_meta(name, &m, Kind::File))));
+            }
+            // The mode, owner and mtime the object carries come only with a HEAD.
+            return match self.store.head_attrs(file_key).await {
+                Ok((m, attrs)) if !m.is_prefix() => {
+                    Ok(Some(Some(ChildMeta { attrs: Some(attrs), ..self.child_meta(name, &m, Kind::File) })))
+                }
+                Ok(_) => Ok(None),
+                Err(e) if e.kind == StoreErrorKind::NotFound => Ok(None), // deleted meanwhile: ask again
+                Err(e) => Err(e.into()),
+            };
+        }
+        Ok(Some(link.map(|m| self.child_meta(name, &m, Kind::Symlink))))
+    }
+
+    /// [`Fs::probe`] by asking about each key at once (HEAD `k`, HEAD `k/`, LIST `k/`, HEAD
+    /// the link): for stores without prefix listings, or when one did not settle it.
+    async fn probe_each(&self, prefix: &str, name: &str) -> Result<ChildMeta, FsError> {
         let file_key = format!("{prefix}{name}");
         let dir_key = format!("{file_key}/");
         let caps = self.store.capabilities();
@@ -370,7 +488,7 @@ impl Fs {
     pub async fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
         match self.getattr_now(ino) {
             Some(answer) => answer,
-            None => self.revalidate(&self.node(ino)?).await,
+            None => self.refresh(&self.node(ino)?).await,
         }
     }
 
@@ -619,3 +737,7 @@ mod write_tests;
 #[cfg(test)]
 #[path = "integrity_tests.rs"]
 mod integrity_tests;
+
+#[cfg(test)]
+#[path = "economy_tests.rs"]
+mod economy_tests;

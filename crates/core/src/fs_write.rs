@@ -118,19 +118,7 @@ impl Fs {
             }
         }
         let dir = self.node(parent)?;
-        let cached = {
-            let t = self.table.lock().unwrap();
-            t.listing(parent).filter(|l| l.is_fresh()).map(|l| l.children.get(name).cloned())
-        };
-        let meta = match cached {
-            Some(Some(m)) => m,
-            Some(None) => return Ok(None),
-            None => match self.probe(&dir.key, name).await {
-                Ok(m) => m,
-                Err(FsError::NotFound) => return Ok(None),
-                Err(e) => return Err(e),
-            },
-        };
+        let Some(meta) = self.find_child(&dir, name).await? else { return Ok(None) };
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &meta);
         Ok(t.get(ino).cloned())
@@ -151,7 +139,7 @@ impl Fs {
             Kind::File => {}
         }
         if !self.fresh(node.validated) && !self.is_staged(ino) {
-            self.revalidate(&node).await?;
+            self.refresh(&node).await?;
             node = self.node(ino)?;
         }
         let staged = if write || self.is_staged(ino) {
@@ -516,6 +504,15 @@ impl Fs {
         let ino = t.upsert(parent, &meta);
         t.remember(ino);
         t.listing_insert(parent, meta);
+        // Made here, so known empty for the TTL: lookups of new names in it (a `git clone`,
+        // `tar -x`) are answered with no request.
+        let empty = crate::inode::Listing {
+            at: Instant::now(),
+            valid_for: self.cfg.metadata_ttl,
+            children: Default::default(),
+            subtree: true,
+        };
+        t.set_listing(ino, empty);
         let n = t.get_mut(ino).expect("just inserted");
         n.perm = mode.or(n.perm);
         Ok(self.attr(n))

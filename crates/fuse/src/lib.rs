@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use bucketfs_core::{Attr, DirEntry, Fs, FsError, Kind};
 use fuser::{
@@ -153,6 +153,22 @@ impl Filesystem for FuseAdapter {
         self.rt.spawn(async move {
             match fs.lookup(parent.0, &name).await {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                // A negative entry (node 0): the kernel caches "no such name" for the TTL,
+                // so a build probing for missing headers asks us once per TTL, not per try.
+                // A create through this mount replaces it at once.
+                Err(FsError::NotFound) if !ttl.is_zero() => {
+                    let none = Attr {
+                        ino: 0,
+                        kind: Kind::File,
+                        size: 0,
+                        mtime: UNIX_EPOCH,
+                        perm: 0,
+                        uid: 0,
+                        gid: 0,
+                        nlink: 0,
+                    };
+                    reply.entry(&ttl, &file_attr(&none), Generation(0))
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -164,7 +164,10 @@ impl Store for OpendalStore {
                 move |entry| {
                     let key = entry.path().trim_start_matches('/').to_string();
                     // Temporary upload parts (gcs_compose) are never part of a listing.
-                    let keep = key != prefix && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
+                    // The directory itself is not its own entry; a plain prefix (`d/name`,
+                    // see `Store::list`) lists its exact key like any other.
+                    let own = key == prefix && prefix.ends_with('/');
+                    let keep = !own && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
                     let m = this.meta(&key, entry.metadata());
                     async move { Ok(keep.then_some(m)) }
                 },

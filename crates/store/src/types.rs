@@ -93,7 +93,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Entries under `prefix` (which is empty or ends with `/`). Non-recursive: direct
     /// children, with sub-prefixes reported once each as keys ending in `/`. The prefix
-    /// itself (a directory marker) is not reported.
+    /// itself (a directory marker) is not reported. On stores with `prefix_dirs`, a plain
+    /// prefix (`d/na`, non-recursive) lists the entries of `d/` whose keys start with it, in
+    /// key order, its exact key included: one request tells a file `d/na`, a directory
+    /// `d/na/` and a link `d/na.rclonelink` apart.
     fn list(&self, prefix: &str, recursive: bool) -> ListStream;
 
     /// Store `data` as `key`, replacing any existing object. The returned `etag` is the

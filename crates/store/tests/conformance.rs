@@ -61,6 +61,17 @@ async fn conformance(store: Arc<dyn Store>) {
     for k in ["dir/a.txt", "dir/sub/file.bin", "top.txt"] {
         assert!(all.contains(&k.to_string()), "{}: recursive list misses {k}: {all:?}", s.describe());
     }
+    // A plain prefix (what a lookup of one name asks on object stores): every key starting
+    // with it, the exact key included, sub-prefixes once.
+    if s.capabilities().prefix_dirs {
+        s.put("dir/a.txt.rclonelink", Bytes::from_static(b"t")).await.unwrap();
+        s.put("dir/su", Bytes::from_static(b"f")).await.unwrap();
+        assert_eq!(keys(s, "dir/a.txt", false).await, ["dir/a.txt", "dir/a.txt.rclonelink"], "{}", s.describe());
+        assert_eq!(keys(s, "dir/su", false).await, ["dir/su", "dir/sub/"], "{}", s.describe());
+        assert!(keys(s, "dir/none", false).await.is_empty(), "{}", s.describe());
+        s.delete("dir/a.txt.rclonelink").await.unwrap();
+        s.delete("dir/su").await.unwrap();
+    }
     let listed: Vec<_> = s.list("dir/", false).try_collect().await.unwrap();
     let a = listed.iter().find(|m| m.key == "dir/a.txt").unwrap();
     assert_eq!(a.size, 5, "{}: listing carries sizes", s.describe());

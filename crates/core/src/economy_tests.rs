@@ -1,0 +1,80 @@
+//! Request economy: what a developer's day on a mount (create, `stat` after the TTL, lookups
+//! of names that do not exist) costs in store requests, counted by the in-memory store.
+
+use super::*;
+use bucketfs_store::testing::MemStore;
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+
+fn cfg(ttl_ms: u64) -> FsConfig {
+    let dir = std::env::temp_dir().join(format!("bucketfs-economy-test-{}", std::process::id()));
+    FsConfig { staging_dir: dir, metadata_ttl: Duration::from_millis(ttl_ms), ..FsConfig::default() }
+}
+
+fn requests(store: &MemStore) -> u64 {
+    store.requests.load(Ordering::Relaxed)
+}
+
+#[tokio::test]
+async fn new_files_in_a_directory_made_here_cost_one_request_each() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg(60_000));
+    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    let before = requests(&store);
+    for i in 0..50 {
+        let name = format!("f{i}");
+        assert!(matches!(fs.lookup(d.ino, &name).await, Err(FsError::NotFound)));
+        let (_, fh) = fs.create(d.ino, &name, false, None).await.unwrap();
+        fs.write(fh, 0, &[1; 4107]).await.unwrap();
+        fs.flush(fh).await.unwrap();
+        fs.release(fh).await.unwrap();
+    }
+    assert_eq!(requests(&store) - before, 50, "one PUT per file and nothing else");
+}
+
+#[tokio::test]
+async fn stat_past_the_ttl_is_one_listing_per_directory() {
+    let store = Arc::new(MemStore::new());
+    for i in 0..200 {
+        store.put(&format!("src/f{i}"), Bytes::from(vec![1; i])).await.unwrap();
+    }
+    let ttl = 100;
+    let fs = Fs::new(store.clone(), cfg(ttl));
+    let d = fs.lookup(ROOT_INO, "src").await.unwrap();
+    fs.dir_snapshot(d.ino).await.unwrap(); // `git status` reads the directories too
+    let mut inos = Vec::new();
+    for i in 0..200 {
+        inos.push(fs.lookup(d.ino, &format!("f{i}")).await.unwrap().ino);
+    }
+    tokio::time::sleep(Duration::from_millis(ttl + 20)).await;
+    store.put("src/f7", Bytes::from_static(b"changed elsewhere")).await.unwrap();
+    let before = requests(&store);
+    for (i, ino) in inos.iter().enumerate() {
+        let size = fs.getattr(*ino).await.unwrap().size;
+        assert_eq!(size, if i == 7 { 17 } else { i as u64 });
+    }
+    // The directory's own listing and at most one page of the recursive one beside it.
+    assert!(requests(&store) - before <= 2, "{} requests for 200 stats", requests(&store) - before);
+    // A name that does not exist in a directory listed now costs nothing.
+    let before = requests(&store);
+    assert!(matches!(fs.lookup(d.ino, "missing.h").await, Err(FsError::NotFound)));
+    assert_eq!(requests(&store), before);
+}
+
+#[tokio::test]
+async fn an_unknown_name_in_a_stale_small_directory_is_one_listing() {
+    let store = Arc::new(MemStore::new());
+    store.put("inc/a.h", Bytes::from_static(b"a")).await.unwrap();
+    let ttl = 100;
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(ttl) });
+    let d = fs.lookup(ROOT_INO, "inc").await.unwrap();
+    fs.dir_snapshot(d.ino).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(ttl + 20)).await;
+    store.put("inc/b.h", Bytes::from_static(b"bb")).await.unwrap();
+    let before = requests(&store);
+    for name in ["x.h", "y.h", "z.h"] {
+        assert!(matches!(fs.lookup(d.ino, name).await, Err(FsError::NotFound)));
+    }
+    assert_eq!(fs.lookup(d.ino, "b.h").await.unwrap().size, 2, "another client's file, seen after the TTL");
+    assert_eq!(requests(&store) - before, 1, "one LIST, not four requests per name");
+}
