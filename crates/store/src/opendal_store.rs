@@ -100,6 +100,9 @@ impl Store for OpendalStore {
             max_key_len: self.max_key_len,
             // Every path goes through OpenDAL's normalize_path, which trims it.
             trims_whitespace: true,
+            // The local folder's lister trims each name it reads (checked by hand: a
+            // directory `a ` lists as `a/`); object stores list keys as stored.
+            trims_segments: !self.prefix_dirs,
         }
     }
 

@@ -42,6 +42,9 @@ pub struct Capabilities {
     /// leading and trailing whitespace (`char::is_whitespace`) from every path it is given,
     /// so `"dup "` would read and write `"dup"`. Such keys are never shown or created.
     pub trims_whitespace: bool,
+    /// Every segment of a listed key comes back trimmed too (OpenDAL's fs service lists a
+    /// directory `a ` as `a/`), so a segment with whitespace at an end is never addressable.
+    pub trims_segments: bool,
 }
 
 impl Capabilities {
@@ -49,7 +52,8 @@ impl Capabilities {
     /// key the store would silently change (see [`Capabilities::trims_whitespace`]).
     pub fn addressable(&self, key: &str) -> bool {
         let edge = |c: Option<char>| c.is_some_and(char::is_whitespace);
-        !self.trims_whitespace || !(edge(key.chars().next()) || edge(key.chars().next_back()))
+        let trimmed = |s: &str| edge(s.chars().next()) || edge(s.chars().next_back());
+        !(self.trims_whitespace && trimmed(key) || self.trims_segments && key.split('/').any(trimmed))
     }
 }
 
@@ -204,4 +208,24 @@ pub trait ObjectWriter: Send + Sync {
     async fn close(&mut self) -> Result<ObjectMeta, StoreError>;
     /// Give up: no object is created and uploaded parts are discarded.
     async fn abort(&mut self) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Capabilities;
+
+    #[test]
+    fn keys_a_store_would_change_are_not_addressable() {
+        let object = Capabilities { trims_whitespace: true, ..Default::default() };
+        let folder = Capabilities { trims_whitespace: true, trims_segments: true, ..Default::default() };
+        for key in ["dup ", " lead", "d/x\t", "\u{3000}a/b"] {
+            assert!(!object.addressable(key) && !folder.addressable(key), "{key:?}");
+        }
+        // Inside a key only the local folder changes names.
+        for key in ["dir /x", "a/ b", "sp ace", "d /"] {
+            assert!(object.addressable(key), "{key:?}");
+        }
+        assert!(!folder.addressable("dir /x") && !folder.addressable("d /") && folder.addressable("sp ace/x"));
+        assert!(Capabilities::default().addressable(" any "), "Drive keeps every name");
+    }
 }

@@ -284,6 +284,7 @@ impl Store for GdriveStore {
             prefix_dirs: false,
             max_key_len: None,
             trims_whitespace: false,
+            trims_segments: false,
         }
     }
 
@@ -371,18 +372,26 @@ impl Store for GdriveStore {
         let path = format!("/drive/v3/files/{}/copy", src.id);
         let f =
             self.client.meta("copy", to, Method::POST, &path, &[], json!({"name": name, "parents": [parent]})).await?;
+        // Replace semantics: the copy takes the name, the old target goes to the trash. The
+        // tree learns the copy only once the old one is gone from it: in between, a listing
+        // showed both, the copy under a name nobody made (`f~1AbCdEfG`; found by the model
+        // test's listers).
+        let trashed = match &old {
+            Some(o) => {
+                let path = format!("/drive/v3/files/{}", o.id);
+                let r = self.client.meta("copy", to, Method::PATCH, &path, &[], json!({"trashed": true})).await;
+                if r.is_ok() {
+                    self.with_tree(|t| {
+                        t.remove(&o.id);
+                        t.rebuild();
+                    });
+                }
+                r.map(|_| ())
+            }
+            None => Ok(()),
+        };
         self.learn(f);
-        // Replace semantics: the copy takes the name, the old target goes to the trash.
-        if let Some(o) = old {
-            self.client
-                .meta("copy", to, Method::PATCH, &format!("/drive/v3/files/{}", o.id), &[], json!({"trashed": true}))
-                .await?;
-            self.with_tree(|t| {
-                t.remove(&o.id);
-                t.rebuild();
-            });
-        }
-        Ok(())
+        trashed
     }
 
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {

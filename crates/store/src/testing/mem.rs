@@ -89,6 +89,7 @@ impl Store for MemStore {
             prefix_dirs: true,
             max_key_len: self.max_key_len,
             trims_whitespace: self.trims_whitespace,
+            trims_segments: false,
         }
     }
 
