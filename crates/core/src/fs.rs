@@ -9,8 +9,14 @@
 //! wins over a file of the same name. File attributes older than the TTL are revalidated the
 //! same way: a new listing of a small directory, else a HEAD (see `Fs::find_child`).
 //!
-//! Locking: `table` and `handles` are separate mutexes, never held together and never
-//! across an `.await`.
+//! Locking, the one order (every comment on these fields agrees with it):
+//! 1. a staged file's own `tokio::sync::Mutex` (held across awaits: an upload);
+//! 2. `table`, then the `staged` map (`Fs::unstaged_node` holds both; nothing takes `table`
+//!    while holding the map);
+//! 3. `handles`, never held with `table` or the map (`Fs::has_open_handle` is asked
+//!    before taking the table).
+//!
+//! The three std mutexes are never held across an `.await`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -167,8 +173,8 @@ pub struct Fs {
     mounted_at: SystemTime,
     pub(crate) table: Mutex<InodeTable>,
     pub(crate) handles: Mutex<HashMap<u64, Handle>>,
-    /// Inodes with staged (local) data. Lock order: `staged` before `table` when both are
-    /// needed; neither is held across an await (the per-file tokio mutex is).
+    /// Inodes with staged (local) data. Lock order (module doc): `table` before `staged`
+    /// when both are needed; neither is held across an await (the per-file tokio mutex is).
     pub(crate) staged: Mutex<HashMap<u64, SharedStaged>>,
     pub(crate) read_cache: Arc<ReadCache>,
     /// Upload part buffers of every file, bounded together.
@@ -303,13 +309,13 @@ impl Fs {
     /// new listing of it (one LIST answers this name and every other lookup and `stat` in
     /// the directory for the TTL); else a probe of the name.
     pub(crate) async fn find_child(&self, dir: &Node, name: &str) -> Result<Option<ChildMeta>, FsError> {
-        if let Some(answer) = self.from_listing(dir.ino, name) {
+        if let Some(answer) = self.listed_child(dir.ino, name) {
             return Ok(answer);
         }
         if self.relist_worthwhile(dir.ino) {
             self.ensure_listing(dir, false).await?;
             // Installed stale (the directory changed here meanwhile): the probe decides.
-            if let Some(answer) = self.from_listing(dir.ino, name) {
+            if let Some(answer) = self.listed_child(dir.ino, name) {
                 return Ok(answer);
             }
         }
@@ -321,7 +327,7 @@ impl Fs {
     }
 
     /// What `dir`'s fresh listing says of `name`; `None` without a fresh listing.
-    fn from_listing(&self, dir: u64, name: &str) -> Option<Option<ChildMeta>> {
+    fn listed_child(&self, dir: u64, name: &str) -> Option<Option<ChildMeta>> {
         let t = self.table.lock().unwrap();
         t.listing(dir).filter(|l| l.is_fresh()).map(|l| l.children.get(name).cloned())
     }
@@ -340,7 +346,7 @@ impl Fs {
         if node.linked && self.relist_worthwhile(node.parent) {
             if let Ok(dir) = self.node(node.parent) {
                 self.ensure_listing(&dir, false).await?;
-                if let Some(Some(m)) = self.from_listing(node.parent, &node.name) {
+                if let Some(Some(m)) = self.listed_child(node.parent, &node.name) {
                     let mut t = self.table.lock().unwrap();
                     if m.kind == node.kind && t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
                         let ino = t.upsert(node.parent, &m);
