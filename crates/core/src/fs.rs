@@ -515,6 +515,10 @@ impl Fs {
 
     /// HEAD a file again and record what the store says now.
     pub(crate) async fn revalidate(&self, node: &Node) -> Result<Attr, FsError> {
+        if let Some(gone) = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked) {
+            // Unlinked or replaced while open: its key names another file now, if any.
+            return Ok(self.attr(gone));
+        }
         match self.store.head_attrs(&node.key).await {
             Ok((m, attrs)) if !m.is_prefix() => {
                 let meta = self.child_meta(&node.name, &m, Kind::File);

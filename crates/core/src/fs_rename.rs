@@ -86,7 +86,12 @@ impl Fs {
                 // keys are gone: a reader left on them was cut short at its cached blocks).
                 let below: Vec<u64> = {
                     let t = self.table.lock().unwrap();
-                    t.nodes().filter(|n| n.kind == Kind::File && n.key.starts_with(&new_key)).map(|n| n.ino).collect()
+                    // Linked ones only: a file replaced earlier (unlinked, still open) keeps
+                    // reading its own version, never the one that took its name.
+                    t.nodes()
+                        .filter(|n| n.kind == Kind::File && n.linked && n.key.starts_with(&new_key))
+                        .map(|n| n.ino)
+                        .collect()
                 };
                 for ino in below.into_iter().filter(|&i| self.has_open_handle(i)) {
                     self.learn_moved(ino).await;

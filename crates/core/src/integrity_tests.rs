@@ -161,3 +161,26 @@ async fn a_read_cut_mid_stream_never_returns_wrong_bytes() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_replaced_file_never_reads_the_file_that_took_its_name() {
+    // Found by the model test (tests/fsmodel.py), shrunk to these steps.
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg(1000));
+    let d0 = fs.mkdir(ROOT_INO, "d0", None).await.unwrap();
+    let (old, fh) = fs.create(d0.ino, "f3", false, None).await.unwrap();
+    fs.write(fh, 0, b"old bytes").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let reader = fs.open(old.ino, false, false).await.unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "f5", false, None).await.unwrap();
+    fs.write(fh, 0, &[9; 1561]).await.unwrap();
+    fs.release(fh).await.unwrap();
+    fs.rename(ROOT_INO, "f5", d0.ino, "f3", false).await.unwrap();
+    fs.rename(ROOT_INO, "d0", ROOT_INO, "d1", false).await.unwrap();
+    let a = fs.getattr(old.ino).await.unwrap();
+    assert_eq!((a.nlink, a.size), (0, 9), "the replaced file's own attributes");
+    match fs.read(reader, 0, 4096).await {
+        Ok(got) => assert_eq!(&got[..], b"old bytes"),
+        Err(e) => assert!(matches!(e, FsError::Stale(_)), "{e}"),
+    }
+}

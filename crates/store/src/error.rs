@@ -49,6 +49,9 @@ impl StoreError {
             K::NotFound => StoreErrorKind::NotFound,
             K::PermissionDenied => StoreErrorKind::PermissionDenied,
             K::ConditionNotMatch => StoreErrorKind::Changed,
+            // Every range asked for lies inside the size the caller knew: a 416 means the
+            // object is shorter now, i.e. another version (a read pinned to it gets ESTALE).
+            K::RangeNotSatisfied => StoreErrorKind::Changed,
             K::RateLimited => StoreErrorKind::RateLimited,
             K::Unsupported => StoreErrorKind::Unsupported,
             K::ConfigInvalid => StoreErrorKind::Config,
