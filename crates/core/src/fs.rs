@@ -52,6 +52,8 @@ pub struct Attr {
     pub kind: Kind,
     pub size: u64,
     pub mtime: SystemTime,
+    /// The last change of the inode: its mtime, or a later chmod/chown/utimens here.
+    pub ctime: SystemTime,
     pub perm: u16,
     pub uid: u32,
     pub gid: u32,
@@ -240,11 +242,13 @@ impl Fs {
 
     pub(crate) fn attr(&self, n: &Node) -> Attr {
         let (uid, gid) = n.owner.unwrap_or((self.cfg.uid, self.cfg.gid));
+        let mtime = n.mtime_set.unwrap_or(n.mtime);
         Attr {
             ino: n.ino,
             kind: n.kind,
             size: n.size,
-            mtime: n.mtime_set.unwrap_or(n.mtime),
+            mtime,
+            ctime: n.ctime.map_or(mtime, |c| c.max(mtime)),
             perm: match n.kind {
                 Kind::Symlink => 0o777, // as on Linux: a link's own mode is never checked
                 Kind::Dir => n.perm.unwrap_or(self.cfg.dir_mode),

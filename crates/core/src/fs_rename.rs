@@ -283,6 +283,9 @@ impl Fs {
             n.mtime = t;
             n.mtime_set = Some(t);
         }
+        if mode.is_some() || uid.is_some() || gid.is_some() || mtime.is_some() {
+            n.ctime = Some(SystemTime::now());
+        }
     }
 
     fn set_size(&self, ino: u64, size: u64) {

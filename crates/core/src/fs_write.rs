@@ -421,14 +421,18 @@ impl Fs {
             _ => return Ok(()),
         };
         let result = self.upload_for(&file).await;
-        if file.staged.load(Ordering::Relaxed) {
-            if let Some(staged) = self.staged_of(file.ino) {
-                let mut st = staged.lock().await;
+        if let Some(staged) = self.staged_of(file.ino) {
+            let mut st = staged.lock().await;
+            if file.staged.load(Ordering::Relaxed) {
                 st.handles = st.handles.saturating_sub(1);
-                if st.handles == 0 && (!st.dirty || st.unlinked) {
-                    // Under the staged lock: an open racing this re-checks the map (`stage`).
-                    self.unstage(file.ino);
-                }
+            }
+            // An unlinked file's bytes exist only here: they stay while any handle is open,
+            // a reader opened before the file was staged included (it reads the staged
+            // bytes, as on a local disk; dropping them cut its reads short: model test).
+            let readers = st.unlinked && self.has_open_handle(file.ino);
+            if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
+                // Under the staged lock: an open racing this re-checks the map (`stage`).
+                self.unstage(file.ino);
             }
         }
         result

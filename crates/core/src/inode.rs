@@ -52,6 +52,9 @@ pub struct Node {
     /// this node (SEMANTICS.md, "The mount's own state wins"). Set and cleared by the staging
     /// code with the staged map's entry.
     pub local: bool,
+    /// When chmod, chown or utimens last changed it here (Linux moves ctime on every
+    /// attribute change); `None`: ctime is shown equal to mtime.
+    pub ctime: Option<SystemTime>,
 }
 
 impl Node {
@@ -176,6 +179,7 @@ impl InodeTable {
             mtime_set: None,
             linked: true,
             local: false,
+            ctime: None,
         };
         Self {
             nodes: HashMap::from([(ROOT_INO, root)]),
@@ -253,6 +257,7 @@ impl InodeTable {
                 mtime_set: None,
                 linked: true,
                 local: false,
+                ctime: None,
             },
         );
         if let (Some(a), Some(n)) = (&meta.attrs, self.nodes.get_mut(&ino)) {

@@ -184,3 +184,23 @@ async fn a_replaced_file_never_reads_the_file_that_took_its_name() {
         Err(e) => assert!(matches!(e, FsError::Stale(_)), "{e}"),
     }
 }
+
+#[tokio::test]
+async fn a_reader_keeps_the_bytes_of_a_file_unlinked_while_it_is_open() {
+    // Found by the model test: the last writer's close dropped the staged bytes of an
+    // unlinked file while a reader opened before it was still reading.
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg(1000));
+    let (f, fh) = fs.create(ROOT_INO, "f2", false, None).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let reader = fs.open(f.ino, false, false).await.unwrap();
+    let writer = fs.open(f.ino, true, true).await.unwrap();
+    let data: Vec<u8> = (0..56_379u32).map(|i| (i % 249) as u8).collect();
+    fs.write(writer, 0, &data).await.unwrap();
+    fs.unlink(ROOT_INO, "f2").await.unwrap();
+    fs.release(writer).await.unwrap();
+    assert_eq!(fs.read(reader, 0, 65_536).await.unwrap()[..], data[..]);
+    fs.release(reader).await.unwrap();
+    assert!(!fs.is_staged(f.ino), "dropped with the last handle");
+    assert!(store.head("f2").await.is_err(), "never uploaded");
+}
