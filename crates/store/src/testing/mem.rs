@@ -32,6 +32,8 @@ pub struct MemStore {
     max_key_len: Option<usize>,
     /// Reported in [`Capabilities::trims_whitespace`] (keys are kept exactly).
     trims_whitespace: bool,
+    /// Report no `read_if_match` and ignore `if_match`, as stores that cannot pin a read do.
+    no_if_match: bool,
 }
 
 impl MemStore {
@@ -49,6 +51,12 @@ impl MemStore {
     /// still kept exactly), so the core's refusal of such names can be tested.
     pub fn trimming_whitespace(mut self) -> Self {
         self.trims_whitespace = true;
+        self
+    }
+
+    /// Report [`Capabilities::read_if_match`] false, as stores that cannot pin a read do.
+    pub fn without_if_match(mut self) -> Self {
+        self.no_if_match = true;
         self
     }
 
@@ -84,7 +92,7 @@ impl Store for MemStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            read_if_match: true,
+            read_if_match: !self.no_if_match,
             copy: true,
             prefix_dirs: true,
             max_key_len: self.max_key_len,
@@ -107,7 +115,7 @@ impl Store for MemStore {
     async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError> {
         self.request().await;
         let (data, etag, _) = self.snapshot(key).ok_or_else(|| StoreError::not_found(key))?;
-        if if_match.is_some_and(|t| t != etag) {
+        if !self.no_if_match && if_match.is_some_and(|t| t != etag) {
             return Err(StoreError::new(crate::StoreErrorKind::Changed, format!("{key} changed")));
         }
         let end = range.end.min(data.len() as u64) as usize;
