@@ -283,8 +283,9 @@ impl Fs {
         // Unlinked or replaced since open, on a store that cannot pin a read to a version
         // (no If-Match: local folder, memory, Drive): its key may hold another file now,
         // whose bytes the reader would return as this one's (model test soak, mem://).
-        let gone = self.table.lock().unwrap().get(file.ino).is_none_or(|n| !n.linked);
-        if gone && !self.store.capabilities().read_if_match {
+        // The capability first: on S3 and GCS this costs no table lock per read.
+        let unpinned = !self.store.capabilities().read_if_match;
+        if unpinned && self.table.lock().unwrap().get(file.ino).is_none_or(|n| !n.linked) {
             return Err(FsError::Stale("the file was removed or replaced since it was opened".into()));
         }
         let reader = file.reader.lock().unwrap().clone();
