@@ -1,6 +1,8 @@
 //! The per-mount control socket: a Unix stream socket in the runtime directory (next to the
 //! pid file, named `<mount>.sock`, mode 0600) served by the mount process. A client sends
-//! one line, `status` (human text) or `status json`, and reads the answer until EOF.
+//! one line, `status` (human text), `status json`, or `sync` (answered once everything
+//! closed so far is uploaded: `ok`, or `error: ` and one line per file that failed), and
+//! reads the answer until EOF.
 //! The answer never contains credentials: the store URL has none, and the endpoint is
 //! shown without any `user:password@` part.
 
@@ -36,6 +38,32 @@ pub struct Status {
     pub not_found: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Write-back mode, and its queue: files and bytes closed but not yet uploaded, the
+    /// oldest one's age, files uploaded since mount, and each failing file (key, attempts, error).
+    pub write_back: bool,
+    pub write_back_files: u64,
+    pub write_back_bytes: u64,
+    pub write_back_oldest_secs: u64,
+    pub write_back_uploaded: u64,
+    pub upload_errors: Vec<(String, u32, String)>,
+}
+
+/// The `sync` request's work: upload everything queued, then the answer line(s).
+pub type SyncFn = Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>> + Send + Sync>;
+
+/// The answer to `sync`: `ok`, or `error: N file(s) not uploaded` and one line per file.
+pub fn sync_answer(failed: &[(String, String)]) -> String {
+    if failed.is_empty() {
+        return "ok\n".to_string();
+    }
+    let mut o = format!(
+        "error: {} file(s) not in the bucket yet (kept staged and retried; run `bucketfs sync` again once the store answers):\n",
+        failed.len()
+    );
+    for (key, e) in failed {
+        o.push_str(&format!("  {key}: {e}\n"));
+    }
+    o
 }
 
 fn mib(b: u64) -> String {
@@ -68,7 +96,25 @@ impl Status {
             self.not_found,
             mib(self.bytes_read),
             mib(self.bytes_written),
-        )
+        ) + &self.write_back_text()
+    }
+
+    fn write_back_text(&self) -> String {
+        if !self.write_back {
+            return "write-back:       off (every close uploads)\n".to_string();
+        }
+        let mut o = format!(
+            "write-back:       {} files ({}) waiting, oldest {}s; {} uploaded since mount; {} failing\n",
+            self.write_back_files,
+            mib(self.write_back_bytes),
+            self.write_back_oldest_secs,
+            self.write_back_uploaded,
+            self.upload_errors.len()
+        );
+        for (key, attempts, e) in &self.upload_errors {
+            o.push_str(&format!("  failing: {key} ({attempts} attempts): {e}\n"));
+        }
+        o
     }
 
     pub fn json(&self) -> String {
@@ -88,6 +134,10 @@ impl Status {
             ("not_found", self.not_found),
             ("bytes_read", self.bytes_read),
             ("bytes_written", self.bytes_written),
+            ("write_back_files", self.write_back_files),
+            ("write_back_bytes", self.write_back_bytes),
+            ("write_back_oldest_secs", self.write_back_oldest_secs),
+            ("write_back_uploaded", self.write_back_uploaded),
         ];
         let mut o = format!(
             "{{\"mountpoint\":{},\"store\":{},\"endpoint\":{endpoint},\"read_only\":{}",
@@ -98,6 +148,12 @@ impl Status {
         for (k, v) in nums {
             o.push_str(&format!(",\"{k}\":{v}"));
         }
+        o.push_str(&format!(",\"write_back\":{},\"upload_errors\":[", self.write_back));
+        for (i, (key, attempts, e)) in self.upload_errors.iter().enumerate() {
+            let sep = if i > 0 { "," } else { "" };
+            o.push_str(&format!("{sep}{{\"key\":{},\"attempts\":{attempts},\"error\":{}}}", s(key), s(e)));
+        }
+        o.push(']');
         o.push_str("}\n");
         o
     }
@@ -148,6 +204,7 @@ pub fn serve(
     rt: &tokio::runtime::Runtime,
     path: &Path,
     status: Arc<dyn Fn() -> Status + Send + Sync>,
+    sync: SyncFn,
 ) -> Result<Server, String> {
     let _ = std::fs::remove_file(path);
     let listener = {
@@ -160,6 +217,7 @@ pub fn serve(
         loop {
             let Ok((conn, _)) = listener.accept().await else { continue };
             let status = status.clone();
+            let sync = sync.clone();
             tokio::spawn(async move {
                 let (rd, mut wr) = conn.into_split();
                 let mut line = String::new();
@@ -170,7 +228,10 @@ pub fn serve(
                 let answer = match line.trim() {
                     "status" => status().text(),
                     "status json" => status().json(),
-                    other => format!("error: unknown request {other:?}; expected \"status\" or \"status json\"\n"),
+                    "sync" => sync().await,
+                    other => {
+                        format!("error: unknown request {other:?}; expected \"status\", \"status json\" or \"sync\"\n")
+                    }
                 };
                 let _ = wr.write_all(answer.as_bytes()).await;
                 let _ = wr.shutdown().await;

@@ -49,6 +49,12 @@ enum Command {
     /// Authorize access to a store that needs a consent step (Google Drive).
     #[command(subcommand)]
     Auth(auth::AuthCommand),
+    /// Wait until everything closed on a mount so far is in the bucket (write-back mode);
+    /// exit 1 naming each file that could not be uploaded and why.
+    Sync {
+        /// The mount point.
+        mountpoint: PathBuf,
+    },
     /// Show what a mount is doing: pending uploads, cache use, store requests since mount.
     Status {
         /// The mount point.
@@ -79,9 +85,10 @@ pub struct MountArgs {
     /// Let other users access the mount (FUSE's allow_other). Off unless asked for.
     #[arg(long)]
     allow_other: bool,
-    /// Seconds that listings and attributes are trusted before asking the store again.
-    #[arg(long, default_value_t = 1.0)]
-    metadata_ttl: f64,
+    /// Seconds that listings and attributes are trusted before asking the store again
+    /// [default: 1, or 60 with --write-back, where this mount is the bucket's main writer].
+    #[arg(long, value_name = "SECS")]
+    metadata_ttl: Option<f64>,
     /// Largest sequential prefetch window per open file, in MiB.
     #[arg(long, default_value_t = 64)]
     max_prefetch_mib: u64,
@@ -114,6 +121,21 @@ pub struct MountArgs {
     /// Memory for upload parts across all files, in MiB; a close waits for room when it is in use.
     #[arg(long, default_value_t = 80)]
     upload_budget_mib: u64,
+    /// Write-back: `close` returns once the file is staged on local disk and uploads run in
+    /// the background (a crash loses nothing closed: the next mount uploads it). `bucketfs
+    /// sync DIR` waits for them. Default: every close waits for its upload.
+    #[arg(long)]
+    write_back: bool,
+    /// Write-back: MiB of closed files waiting for upload above which `close` waits for room.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    write_back_max_mib: u64,
+    /// Write-back: seconds a closed file waits before its upload (a rewrite within it is
+    /// uploaded once).
+    #[arg(long, default_value_t = 2.0, value_name = "SECS")]
+    write_back_delay: f64,
+    /// Write-back: files uploaded in parallel.
+    #[arg(long, default_value_t = 8)]
+    write_back_parallel: usize,
     /// A directory rename moves every key below it; past this many keys it fails with EXDEV.
     #[arg(long, default_value_t = 10_000)]
     max_rename_keys: usize,
@@ -201,6 +223,7 @@ fn main() -> ExitCode {
         Command::Cp(args) => cp::run(args),
         Command::Auth(cmd) => auth::run(cmd),
         Command::Status { mountpoint, json } => status::run(&mountpoint, json),
+        Command::Sync { mountpoint } => status::sync(&mountpoint),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use bucketfs_core::{Fs, FsConfig};
+use bucketfs_core::{Fs, FsConfig, WriteBackConfig};
 use bucketfs_fuse::MountSpec;
 use bucketfs_store::location::{self, Location};
 use bucketfs_store::metered::{MeteredStore, Metrics};
@@ -20,6 +20,11 @@ use bucketfs_store::{Store, StoreErrorKind, WriteOptions};
 
 use crate::observe::Observed;
 use crate::{checks, control, metrics_http, notify, paths, MountArgs};
+
+/// Default `--metadata-ttl` of a `--write-back` mount: it is its bucket's main writer (as
+/// with rclone's full cache, whose directory cache lasts 5 minutes), so what it made and
+/// listed is trusted for a minute; changes from elsewhere show within that.
+const WRITE_BACK_TTL: f64 = 60.0;
 
 /// Set in the child's environment: report readiness on stdout, then detach it.
 const CHILD_ENV: &str = "BUCKETFS_DAEMON_CHILD";
@@ -167,7 +172,9 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let cfg = FsConfig {
         uid: unsafe { libc::getuid() },
         gid: unsafe { libc::getgid() },
-        metadata_ttl: Duration::from_secs_f64(args.metadata_ttl.max(0.0)),
+        metadata_ttl: Duration::from_secs_f64(
+            args.metadata_ttl.unwrap_or(if args.write_back { WRITE_BACK_TTL } else { 1.0 }).max(0.0),
+        ),
         max_prefetch: args.max_prefetch_mib.max(1) * 1024 * 1024,
         prefetch_budget: args.prefetch_budget_mib * 1024 * 1024,
         cache_bytes: cfg_memory_cache(args),
@@ -184,6 +191,11 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         upload_budget: args.upload_budget_mib.max(1) * 1024 * 1024,
         max_rename_keys: args.max_rename_keys,
         list_ahead_keys: args.list_ahead_keys,
+        write_back: args.write_back.then(|| WriteBackConfig {
+            delay: Duration::from_secs_f64(args.write_back_delay.clamp(0.0, 3600.0)),
+            max_bytes: args.write_back_max_mib.max(1) * 1024 * 1024,
+            parallel: args.write_back_parallel.max(1),
+        }),
         ..FsConfig::default()
     };
     std::fs::create_dir_all(&cfg.staging_dir)
@@ -197,6 +209,10 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     }
     if !still_failing.is_empty() {
         tracing::error!(files = ?still_failing, "staged data from an earlier mount still cannot be uploaded; kept");
+    }
+    {
+        let _rt = rt.enter();
+        fs.start_write_back(); // after recovery: nothing of this mount is queued before it
     }
     if args.preload_tree {
         start_preload(args, &fs, &rt);
@@ -261,7 +277,12 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     });
     let _ = std::fs::write(paths::pid_file(mp), std::process::id().to_string());
     let o = observed.clone();
-    let control = control::serve(&rt, &paths::control_socket(mp), Arc::new(move || o.status()))
+    let fs_sync = fs_after.clone();
+    let sync: control::SyncFn = Arc::new(move || {
+        let fs = fs_sync.clone();
+        Box::pin(async move { control::sync_answer(&fs.sync_write_back().await) })
+    });
+    let control = control::serve(&rt, &paths::control_socket(mp), Arc::new(move || o.status()), sync)
         .map_err(|e| tracing::warn!("`bucketfs status` will not work: {e}"))
         .ok();
     tracing::info!(store = %location.to_url(), mountpoint = %mp.display(), "mounted");

@@ -26,6 +26,7 @@ impl Observed {
     pub fn status(&self) -> Status {
         let t = self.metrics.totals();
         let c = self.fs.cache_stats();
+        let wb = self.fs.write_back_status();
         Status {
             mountpoint: self.mountpoint.clone(),
             store: self.store.clone(),
@@ -44,12 +45,19 @@ impl Observed {
             not_found: t.not_found,
             bytes_read: t.bytes_read,
             bytes_written: t.bytes_written,
+            write_back: self.fs.write_back_enabled(),
+            write_back_files: wb.files,
+            write_back_bytes: wb.bytes,
+            write_back_oldest_secs: wb.oldest_secs,
+            write_back_uploaded: wb.uploaded,
+            upload_errors: wb.failing,
         }
     }
 
     /// The Prometheus text: the store's counters plus the core's gauges.
     pub fn render(&self) -> String {
         let c = self.fs.cache_stats();
+        let wb = self.fs.write_back_status();
         self.metrics.render(&[
             (
                 "bucketfs_pending_uploads",
@@ -63,6 +71,15 @@ impl Observed {
             ),
             ("bucketfs_memory_cache_bytes", "Bytes in the memory block cache.", c.memory_bytes),
             ("bucketfs_disk_cache_bytes", "Bytes in the on-disk block cache.", c.disk_bytes),
+            ("bucketfs_write_back_files", "Closed files waiting for their write-back upload.", wb.files),
+            ("bucketfs_write_back_bytes", "Bytes of closed files waiting for their write-back upload.", wb.bytes),
+            ("bucketfs_write_back_oldest_seconds", "Age of the oldest file waiting for upload.", wb.oldest_secs),
+            ("bucketfs_write_back_uploaded", "Write-back uploads done since mount.", wb.uploaded),
+            (
+                "bucketfs_write_back_failing_files",
+                "Files whose last write-back upload failed (retried).",
+                wb.failing.len() as u64,
+            ),
             ("bucketfs_uptime_seconds", "Seconds since the mount started.", self.started.elapsed().as_secs()),
         ])
     }

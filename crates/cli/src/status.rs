@@ -1,5 +1,6 @@
-//! `bucketfs status MOUNTPOINT`: ask a running mount, over its control socket, what it is
-//! doing (pending uploads, cache use, request counts since mount, the store URL).
+//! `bucketfs status MOUNTPOINT` and `bucketfs sync MOUNTPOINT`: ask a running mount, over its
+//! control socket, what it is doing (pending uploads, cache use, request counts since mount,
+//! the store URL), or to upload everything closed so far and say when it is done.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -8,10 +9,28 @@ use std::time::Duration;
 
 use crate::{checks, paths};
 
-/// A mount process answers from memory; more than this means it is stuck.
+/// A mount process answers `status` from memory; more than this means it is stuck.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn run(mp: &Path, json: bool) -> Result<(), String> {
+    let request = if json { "status json" } else { "status" };
+    print!("{}", ask(mp, request, Some(ANSWER_TIMEOUT))?);
+    Ok(())
+}
+
+/// `bucketfs sync`: waits as long as the uploads take (no timeout); an error names the
+/// files still not in the bucket.
+pub fn sync(mp: &Path) -> Result<(), String> {
+    let answer = ask(mp, "sync", None)?;
+    if answer.trim() != "ok" {
+        return Err(format!("unexpected answer from the mount process: {answer}"));
+    }
+    Ok(())
+}
+
+/// Send one request line to the mount process of `mp` and read its answer; an `error: `
+/// answer becomes `Err`.
+fn ask(mp: &Path, request: &str, timeout: Option<Duration>) -> Result<String, String> {
     let canonical = std::fs::canonicalize(mp).map_err(|e| format!("cannot resolve {}: {e}", mp.display()))?;
     match checks::mounted_fstype(&canonical) {
         // fusermount3 may record the type as plain "fuse"; the control socket tells.
@@ -34,14 +53,12 @@ pub fn run(mp: &Path, json: bool) -> Result<(), String> {
             sock.display()
         )
     })?;
-    conn.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
-    let request: &[u8] = if json { b"status json\n" } else { b"status\n" };
-    conn.write_all(request).map_err(|e| format!("cannot ask the mount process: {e}"))?;
+    conn.set_read_timeout(timeout).map_err(|e| e.to_string())?;
+    conn.write_all(format!("{request}\n").as_bytes()).map_err(|e| format!("cannot ask the mount process: {e}"))?;
     let mut answer = String::new();
     conn.read_to_string(&mut answer).map_err(|e| format!("no answer from the mount process: {e}"))?;
     if let Some(e) = answer.strip_prefix("error: ") {
-        return Err(e.trim().to_string());
+        return Err(e.trim_end().to_string());
     }
-    print!("{answer}");
-    Ok(())
+    Ok(answer)
 }

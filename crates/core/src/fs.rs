@@ -107,6 +107,9 @@ pub struct FsConfig {
     /// List-ahead: a directory listing also asks for one page of the recursive listing below
     /// it, used when it holds at most this many keys; 0 turns it off.
     pub list_ahead_keys: usize,
+    /// Write-back mode: `close` returns once staged, uploads follow (see `write_back.rs`);
+    /// `None`: every close uploads before it returns.
+    pub write_back: Option<crate::write_back::WriteBackConfig>,
 }
 
 impl Default for FsConfig {
@@ -138,6 +141,7 @@ impl Default for FsConfig {
             // One page of S3's LIST (1,000 keys) less one: a subtree is known not to fit when
             // the page's last key arrives, before the store would ask for the next page.
             list_ahead_keys: 999,
+            write_back: None,
         }
     }
 }
@@ -191,6 +195,8 @@ pub struct Fs {
     pub(crate) dir_cache: crate::dir_cache::DirCache,
     /// Per directory, held while its listing is fetched (see `ensure_listing`).
     listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    /// Files committed and waiting for upload (write-back mode only).
+    pub(crate) wb: Arc<crate::write_back::Queue>,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -224,6 +230,7 @@ impl Fs {
             listing_ahead: Arc::new(tokio::sync::Semaphore::new(crate::preload::LISTINGS_AHEAD)),
             dir_cache: Default::default(),
             listing_flights: Mutex::new(HashMap::new()),
+            wb: Default::default(),
         }
     }
 
@@ -323,9 +330,19 @@ impl Fs {
                 return Ok(answer);
             }
         }
+        let since = {
+            let t = self.table.lock().unwrap();
+            if t.known_absent(dir.ino, name, self.cfg.metadata_ttl) {
+                return Ok(None);
+            }
+            t.change_seq()
+        };
         match self.probe(&dir.key, name).await {
             Ok(m) => Ok(Some(m)),
-            Err(FsError::NotFound) => Ok(None),
+            Err(FsError::NotFound) => {
+                self.table.lock().unwrap().note_absent(dir.ino, name, since);
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }

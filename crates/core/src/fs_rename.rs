@@ -32,7 +32,9 @@ impl Fs {
         if src.kind == Kind::Dir && target_dir.key.starts_with(&src.key) {
             return Err(FsError::InvalidName); // into itself: EINVAL, as on Linux
         }
-        let mut replaced = None;
+        // Write-back: no upload in flight while names move (write_back.rs).
+        let _gate = if self.write_back() { Some(self.wb.gate.write().await) } else { None };
+        let (mut replaced, mut discard_after) = (None, None);
         if let Some(dst) = self.resolve(newparent, newname).await? {
             if noreplace {
                 return Err(FsError::Exists);
@@ -46,7 +48,13 @@ impl Fs {
                 }
                 (_, _) => {
                     // The target is replaced: its staged bytes must never be uploaded later.
-                    self.discard_staged(dst.ino).await;
+                    // Write-back (nothing uploads meanwhile: the gate): dropped once the
+                    // source holds the name, so a crash in between recovers one of them.
+                    if self.write_back() {
+                        discard_after = Some(dst.ino);
+                    } else {
+                        self.discard_staged(dst.ino).await;
+                    }
                     if dst.kind != src.kind {
                         // Another key holds it (a link replaced by a file or back).
                         replaced = Some(dst.key.clone());
@@ -58,6 +66,10 @@ impl Fs {
         match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key).await?,
             Kind::Dir => self.move_dir(&src, &new_key).await?,
+        }
+        if let Some(dst) = discard_after {
+            self.outrank_staged(src.ino, dst).await;
+            self.discard_staged(dst).await;
         }
         if let Some(key) = replaced {
             match self.store.delete(&key).await {
@@ -79,7 +91,11 @@ impl Fs {
                 t.expire_below(&new_key, stale);
             }
         }
+        if self.write_back() {
+            self.rekey_staged_below(&new_key).await;
+        }
         match src.kind {
+            Kind::File if self.pending_here(src.ino).await => {} // no object to learn from yet
             Kind::File => self.learn_moved(src.ino).await,
             Kind::Dir => {
                 // Handles open on files below read the moved objects from now on (their old
@@ -118,9 +134,57 @@ impl Fs {
         self.replace_readers(ino, &fresh);
     }
 
+    /// Write-back: staged files at or below `key` (just moved there) name their new keys in
+    /// their sidecars, so a crash now recovers them under the new names.
+    async fn rekey_staged_below(&self, key: &str) {
+        let staged: Vec<(u64, crate::write::SharedStaged)> =
+            self.staged.lock().unwrap().iter().map(|(i, s)| (*i, s.clone())).collect();
+        for (ino, s) in staged {
+            let Ok(node) = self.node(ino) else { continue };
+            if node.key == key || node.key.starts_with(key) && key.ends_with('/') {
+                let mut st = s.lock().await;
+                if st.dirty && !st.unlinked && st.key().is_some_and(|k| k != node.key) {
+                    if let Err(e) = st.set_key(&node.key) {
+                        tracing::warn!(key = %node.key, "staged file's new key not recorded: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `winner` took the name of staged `loser`: make recovery prefer it should the mount
+    /// die before `loser` is dropped.
+    async fn outrank_staged(&self, winner: u64, loser: u64) {
+        let (Some(w), Some(l)) = (self.staged_of_pub(winner), self.staged_of_pub(loser)) else { return };
+        let Some(at) = l.lock().await.key_written() else { return };
+        w.lock().await.key_written_after(at);
+    }
+
+    /// A write-back file whose bytes are not in the bucket yet.
+    async fn pending_here(&self, ino: u64) -> bool {
+        match self.staged_of_pub(ino) {
+            Some(s) if self.write_back() => {
+                let st = s.lock().await;
+                st.dirty && !st.unlinked
+            }
+            _ => false,
+        }
+    }
+
     async fn move_file(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
         if let Some(staged) = self.staged_of_pub(src.ino) {
             let mut st = staged.lock().await;
+            if st.dirty && !st.unlinked && self.write_back() {
+                // Not uploaded yet: it goes up under the new name (its queue entry follows
+                // the inode); an older object under the old name goes now.
+                if st.in_store {
+                    match self.store.delete(&src.key).await {
+                        Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+                        _ => st.in_store = false,
+                    }
+                }
+                return st.set_key(new_key);
+            }
             if st.dirty && !st.unlinked {
                 // Not in the bucket yet (or changed): upload straight to the new name.
                 st.upload(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
@@ -317,6 +381,12 @@ impl Fs {
 
     /// Upload every dirty staged file (unmount). Returns the keys that could not be uploaded.
     pub async fn sync_all(&self) -> Vec<String> {
+        if self.write_back() {
+            // The queue first, in parallel; what is left (still open, failing) one by one.
+            for (key, e) in self.sync_write_back().await {
+                tracing::warn!(%key, "write-back upload failing at unmount, trying once more: {e}");
+            }
+        }
         let inos: Vec<u64> = self.staged.lock().unwrap().keys().copied().collect();
         let mut failed = Vec::new();
         for ino in inos {

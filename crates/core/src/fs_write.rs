@@ -75,9 +75,20 @@ impl Fs {
         let Some(staged) = self.staged_of(ino) else { return };
         let mut st = staged.lock().await;
         st.unlinked = true;
+        st.drop_key();
+        self.wb.forget(ino);
         if st.handles == 0 {
             // Removed under the staged lock: `stage` re-checks the map after taking it.
             self.unstage(ino);
+        }
+    }
+
+    /// Whether the bucket may hold an object of `ino` under its key: not for a file created
+    /// here and never uploaded (its unlink or rename needs no request).
+    pub(crate) async fn stored(&self, ino: u64) -> bool {
+        match self.staged_of(ino) {
+            Some(s) => s.lock().await.in_store,
+            None => true,
         }
     }
 
@@ -97,6 +108,19 @@ impl Fs {
 
     pub(crate) async fn upload_pub(&self, ino: u64) -> Result<(), FsError> {
         self.upload_ino(ino, false).await
+    }
+
+    /// [`Fs::unstage`] if `staged` is still `ino`'s staged file: a task that found it earlier
+    /// must not drop a newer one an open made since (write_back.rs).
+    pub(crate) fn unstage_this(&self, ino: u64, staged: &SharedStaged) {
+        let mut map = self.staged.lock().unwrap();
+        if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, staged)) {
+            map.remove(&ino);
+            drop(map);
+            if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
+                n.local = false;
+            }
+        }
     }
 
     /// Children of `dir` that exist only locally so far (created, not yet uploaded).
@@ -142,6 +166,10 @@ impl Fs {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
+        if write {
+            // Write-back: a queued version goes up before it changes again (write_back.rs).
+            self.upload_before_change(ino).await?;
+        }
         let staged = if write || self.is_staged(ino) {
             Some(self.stage(&node, truncate && write).await?)
         } else if let Some(now) = self.unstaged_node(ino)? {
@@ -161,7 +189,7 @@ impl Fs {
             n.kernel_cached = if staged.is_none() { Some(identity) } else { None };
             keep
         });
-        tracing::debug!(ino, keep_cache, staged = staged.is_some(), "open");
+        tracing::debug!(ino, keep_cache, staged = staged.is_some(), write, truncate, "open");
         let file = OpenFile {
             ino,
             reader: Mutex::new(self.reader_for(&node)),
@@ -242,7 +270,7 @@ impl Fs {
         // O_TRUNC of an object with bytes (in the bucket or staged) must upload the empty file.
         if truncate && (!st.is_empty() || fresh && node.size > 0) {
             st.set_key(&node.key)?;
-            st.truncate_on_open(fresh.then(|| self.reader_for(node)));
+            st.truncate_on_open(fresh.then(|| self.reader_for(node)))?;
             self.set_local_size(node.ino, 0);
         }
         st.handles += 1;
@@ -320,6 +348,15 @@ impl Fs {
         if !st.dirty || st.unlinked || only_if_sole && st.handles > 1 {
             return Ok(());
         }
+        // What goes up is a version someone closed: if the upload fails, the next mount
+        // recovers these bytes (write.rs).
+        st.commit()?;
+        self.publish(ino, &mut st).await
+    }
+
+    /// Upload `ino`'s staged bytes (the caller holds its lock and checked they are dirty),
+    /// then show the new version: node, block caches, readers of open handles.
+    pub(crate) async fn publish(&self, ino: u64, st: &mut Staged) -> Result<(), FsError> {
         let node = self.node(ino)?;
         let meta = st
             .upload(self.store.as_ref(), &node.key, self.cfg.write, &self.attrs_to_keep(&node))
@@ -366,7 +403,6 @@ impl Fs {
         // Handles that read through the store must now read the version we just wrote.
         let fresh = self.reader_for(&now);
         self.replace_readers(ino, &fresh);
-        drop(st);
         Ok(())
     }
 
@@ -408,17 +444,26 @@ impl Fs {
     }
 
     /// close(2): upload what this handle wrote; an error means it is not in the bucket.
+    /// In write-back mode: commit it and queue its upload (write_back.rs).
     pub async fn flush(&self, fh: u64) -> Result<(), FsError> {
+        self.flush_as(fh, false).await
+    }
+
+    /// fsync(2): as flush; in write-back mode the bytes reach the local disk instead.
+    pub async fn fsync(&self, fh: u64) -> Result<(), FsError> {
+        self.flush_as(fh, true).await
+    }
+
+    async fn flush_as(&self, fh: u64, durable: bool) -> Result<(), FsError> {
         let file = self.open_file(fh)?;
         if file.truncate_at_flush.swap(false, Ordering::Relaxed) {
             // A truncate by path: emptied and uploaded at once (boxed: setattr flushes too).
             Box::pin(self.setattr(file.ino, Some(0), None, None, None, None, None)).await?;
         }
+        if self.write_back() {
+            return self.commit_for(&file, durable).await;
+        }
         self.upload_for(&file).await
-    }
-
-    pub async fn fsync(&self, fh: u64) -> Result<(), FsError> {
-        self.flush(fh).await
     }
 
     /// The last close of a handle: upload if still dirty (and ours to publish), and drop
@@ -428,7 +473,7 @@ impl Fs {
             Some(Handle::File(f)) => f,
             _ => return Ok(()),
         };
-        let result = self.upload_for(&file).await;
+        let result = if self.write_back() { self.commit_for(&file, false).await } else { self.upload_for(&file).await };
         if let Some(staged) = self.staged_of(file.ino) {
             let mut st = staged.lock().await;
             if file.staged.load(Ordering::Relaxed) {
@@ -485,6 +530,7 @@ impl Fs {
             let mut st = staged.lock().await;
             st.set_key(&node.key)?;
             st.truncate(0)?; // marks it dirty: even an empty file is uploaded
+            st.in_store = false; // a new name: nothing to delete when it goes before upload
         }
         let file = OpenFile {
             ino,
@@ -535,7 +581,11 @@ impl Fs {
         if node.kind == Kind::Dir {
             return Err(FsError::IsDir);
         }
-        self.store.delete(&node.key).await?;
+        // Write-back: no upload of it may be in flight while it goes (write_back.rs).
+        let _gate = if self.write_back() { Some(self.wb.gate.write().await) } else { None };
+        if self.stored(node.ino).await {
+            self.store.delete(&node.key).await?;
+        }
         self.discard_staged(node.ino).await;
         self.table.lock().unwrap().listing_remove(parent, name);
         Ok(())

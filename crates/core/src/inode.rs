@@ -158,7 +158,14 @@ pub struct InodeTable {
     /// Directories whose subtree a recursive page showed to be too big for one page: no
     /// recursive page is asked for with their listings (see `preload.rs`).
     big_subtrees: std::collections::HashSet<u64>,
+    /// Names a probe found absent, and when: within the TTL a second question about the
+    /// same name (the kernel's LOOKUP, then `mkdir`/`create` asking again) costs nothing.
+    /// Any name recorded here through [`InodeTable::upsert`] or a listing change is dropped.
+    absent: HashMap<(u64, String), Instant>,
 }
+
+/// Bound of [`InodeTable`]'s absent names; past it the oldest half is dropped.
+const ABSENT_MAX: usize = 4096;
 
 impl InodeTable {
     pub fn new(root_mtime: SystemTime) -> Self {
@@ -189,7 +196,30 @@ impl InodeTable {
             change_seq: 0,
             changed: HashMap::new(),
             big_subtrees: Default::default(),
+            absent: HashMap::new(),
         }
+    }
+
+    /// A probe begun at change count `since` found `name` absent from `dir`; not recorded if
+    /// `dir` changed here meanwhile (the answer may predate a create).
+    pub fn note_absent(&mut self, dir: u64, name: &str, since: u64) {
+        if self.changed.get(&dir).is_some_and(|&c| c > since) || self.index.contains_key(&(dir, name.to_string())) {
+            return;
+        }
+        if self.absent.len() >= ABSENT_MAX {
+            let mut ages: Vec<Instant> = self.absent.values().copied().collect();
+            ages.sort();
+            let cut = ages[ages.len() / 2];
+            self.absent.retain(|_, at| *at > cut);
+        }
+        self.absent.insert((dir, name.to_string()), Instant::now());
+    }
+
+    /// Whether a probe found `name` absent from `dir` less than `ttl` ago and nothing here
+    /// has made it since.
+    pub fn known_absent(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {
+        let k = (dir, name.to_string());
+        self.absent.get(&k).is_some_and(|at| at.elapsed() < ttl) && !self.index.contains_key(&k)
     }
 
     pub fn get(&self, ino: u64) -> Option<&Node> {
@@ -207,6 +237,7 @@ impl InodeTable {
     /// Record `meta` as the current state of `name` in `parent` and return its inode.
     /// Reuses the existing inode when the kind matches, otherwise allocates a new one.
     pub fn upsert(&mut self, parent: u64, meta: &ChildMeta) -> u64 {
+        self.absent.remove(&(parent, meta.name.clone()));
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
         let key_of = |m: &ChildMeta| key_for(&parent_key, &m.name, m.kind);
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
@@ -347,6 +378,7 @@ impl InodeTable {
 
     pub fn listing_insert(&mut self, dir: u64, meta: ChildMeta) {
         self.note_change(dir);
+        self.absent.remove(&(dir, meta.name.clone()));
         if let Some(l) = self.listings.get_mut(&dir) {
             l.children.insert(meta.name.clone(), meta);
         }
@@ -394,6 +426,7 @@ impl InodeTable {
         }
         self.note_change(old_parent);
         self.note_change(parent);
+        self.absent.remove(&(parent, name.to_string()));
         if let Some(old) = self.index.insert((parent, name.to_string()), ino) {
             if old != ino {
                 // The replaced target stays until the kernel forgets it, unreachable by path.

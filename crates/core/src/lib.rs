@@ -8,7 +8,8 @@
 //!   [`disk_cache`]: the checksummed on-disk block cache that survives remounts;
 //!   [`block_pool`]: the bounded pool of aligned buffers blocks are read into.
 //! - [`write`]: staged writes and their upload on flush/fsync/unmount;
-//!   [`part_budget`]: the mount-wide bound on upload buffers.
+//!   [`part_budget`]: the mount-wide bound on upload buffers; [`write_back`]: the
+//!   background upload queue of `--write-back` mounts.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`stats`]: read-only figures (pending uploads, cache use) for metrics and status.
@@ -28,8 +29,10 @@ mod preload;
 pub mod read;
 pub mod stats;
 pub mod write;
+pub mod write_back;
 
 pub use dir_cache::InvalidateDir;
 pub use error::FsError;
 pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, StatFs, ROOT_INO};
 pub use stats::CacheStats;
+pub use write_back::{WriteBackConfig, WriteBackStatus};

@@ -25,6 +25,7 @@
 //! failing) the next mount of the same mount point finds the pairs and uploads them
 //! ([`recover`]).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,12 @@ pub struct Staged {
     eager: Option<Eager>,
     /// Part buffers are counted against the mount's upload memory bound.
     budget: PartBudget,
+    /// The `<file>.open` marker exists: the bytes changed since the last commit point
+    /// (close or fsync), so after a crash they are not a version anyone closed.
+    open_marked: bool,
+    /// The key may hold an object written from these bytes' inode (it came from the store,
+    /// or was uploaded here): a rename or unlink must delete it there.
+    pub in_store: bool,
 }
 
 /// A multipart upload fed while a sequential writer is still writing.
@@ -97,6 +104,8 @@ impl Staged {
             old: None,
             eager: None,
             budget,
+            open_marked: false,
+            in_store: true,
         })
     }
 
@@ -126,10 +135,14 @@ impl Staged {
     }
 
     /// Record which key these bytes belong to, for recovery after a crash. Called on the
-    /// first change and on rename.
+    /// first change and on rename. The first key comes with the `.open` marker (made
+    /// before it): until a commit point the bytes are no closed version.
     pub fn set_key(&mut self, key: &str) -> Result<(), FsError> {
         if self.key.as_deref() == Some(key) {
             return Ok(());
+        }
+        if self.key.is_none() {
+            self.mark_open()?;
         }
         let tmp = self.path.with_extension("key.tmp");
         std::fs::write(&tmp, key).and_then(|_| std::fs::rename(&tmp, self.key_path())).map_err(local)?;
@@ -137,8 +150,76 @@ impl Staged {
         Ok(())
     }
 
+    /// These bytes will never be uploaded (unlinked, or replaced by a rename): drop the
+    /// sidecar, so crash recovery does not upload them either, even while handles hold them.
+    pub fn drop_key(&mut self) {
+        let _ = std::fs::remove_file(self.key_path());
+        let _ = std::fs::remove_file(self.open_path());
+        self.open_marked = false;
+    }
+
+    /// When the sidecar naming the key was last written.
+    pub fn key_written(&self) -> Option<std::time::SystemTime> {
+        std::fs::metadata(self.key_path()).and_then(|m| m.modified()).ok()
+    }
+
+    /// Make the sidecar count as written after `other` (recovery keeps, of two staged files
+    /// naming one key, the one named last: see [`recover`]); timestamps are coarse.
+    pub fn key_written_after(&self, other: std::time::SystemTime) {
+        let at = std::time::SystemTime::now().max(other + std::time::Duration::from_millis(1));
+        let set = File::options().write(true).open(self.key_path()).and_then(|f| f.set_modified(at));
+        if let Err(e) = set {
+            tracing::warn!(key = ?self.key, "cannot order staged sidecars: {e}");
+        }
+    }
+
     fn key_path(&self) -> PathBuf {
         self.path.with_extension("key")
+    }
+
+    fn open_path(&self) -> PathBuf {
+        self.path.with_extension("open")
+    }
+
+    /// The key the bytes go to, once they have changed (the sidecar's; a rename moves it).
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The bytes are about to change: from now until the next [`Staged::commit`] they are
+    /// not a version a close returned for, and crash recovery must not upload them.
+    fn mark_open(&mut self) -> Result<(), FsError> {
+        if !self.open_marked {
+            std::fs::write(self.open_path(), b"").map_err(local)?;
+            self.open_marked = true;
+        }
+        Ok(())
+    }
+
+    /// A commit point (close, fsync): the bytes as they are now are what a crash recovers.
+    pub fn commit(&mut self) -> Result<(), FsError> {
+        // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
+        self.settle()?;
+        if self.open_marked {
+            std::fs::remove_file(self.open_path()).map_err(local)?;
+            self.open_marked = false;
+        }
+        Ok(())
+    }
+
+    /// Whether the bytes are a committed version (no change since the last commit point).
+    pub fn committed(&self) -> bool {
+        !self.open_marked
+    }
+
+    /// fsync: the staged bytes and their sidecar reach the local disk (survive a machine
+    /// crash), with the directory entries that name them.
+    pub fn sync_local(&self) -> Result<(), FsError> {
+        self.file.sync_data().map_err(local)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(local)?;
+        }
+        Ok(())
     }
 
     /// Empty the file for an `open(O_TRUNC)`: the new size is 0 from now on, but the old
@@ -147,13 +228,15 @@ impl Staged {
     /// found an empty file the kernel would take the short read for EOF and zero-fill pages
     /// of the old size, and a reader would see bytes nobody wrote. `old` reads the hidden
     /// version when its bytes were never staged.
-    pub fn truncate_on_open(&mut self, old: Option<Arc<crate::read::FileReader>>) {
+    pub fn truncate_on_open(&mut self, old: Option<Arc<crate::read::FileReader>>) -> Result<(), FsError> {
+        self.mark_open()?;
         self.eager_abandon();
         self.appends_only = true;
         self.trunc_pending = true;
         self.old = if self.size == 0 { old } else { None };
         self.dirty = true;
         self.write_gen += 1;
+        Ok(())
     }
 
     /// The bytes are unchanged but what goes with them (mode, owner, mtime) changed: upload again.
@@ -200,6 +283,7 @@ impl Staged {
     }
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), FsError> {
+        self.mark_open()?;
         self.settle()?;
         self.file.write_all_at(data, offset).map_err(local)?;
         let end = offset + data.len() as u64;
@@ -229,6 +313,7 @@ impl Staged {
     }
 
     pub fn truncate(&mut self, size: u64) -> Result<(), FsError> {
+        self.mark_open()?;
         self.settle()?;
         self.file.set_len(size).map_err(local)?;
         if size != self.size {
@@ -335,10 +420,15 @@ impl Staged {
             }
         };
         let meta = result?;
+        self.in_store = true;
         if self.write_gen == gen {
             self.dirty = false;
             let _ = std::fs::remove_file(self.key_path());
             self.key = None;
+            if self.open_marked {
+                let _ = std::fs::remove_file(self.open_path());
+                self.open_marked = false;
+            }
         }
         Ok(meta)
     }
@@ -357,6 +447,7 @@ impl Drop for Staged {
             return;
         }
         let _ = std::fs::remove_file(self.key_path());
+        let _ = std::fs::remove_file(self.open_path());
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -371,16 +462,46 @@ pub async fn recover(
 ) -> (Vec<String>, Vec<String>) {
     let (mut done, mut failed) = (Vec::new(), Vec::new());
     let Ok(entries) = std::fs::read_dir(dir) else { return (done, failed) };
+    // key -> (its newest sidecar's mtime, data file)
+    let mut newest: HashMap<String, (std::time::SystemTime, PathBuf)> = HashMap::new();
     for e in entries.flatten() {
         let data = e.path();
         if data.extension().and_then(|x| x.to_str()) != Some("data") {
             continue;
         }
         let key_file = data.with_extension("key");
-        let Ok(key) = std::fs::read_to_string(&key_file) else {
+        let (Ok(key), Ok(meta)) = (std::fs::read_to_string(&key_file), std::fs::metadata(&key_file)) else {
             let _ = std::fs::remove_file(&data); // never dirty: nothing to recover
+            let _ = std::fs::remove_file(data.with_extension("open"));
             continue;
         };
+        let at = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+        // Two staged files name one key only when a crash fell inside a rename over a file
+        // not yet uploaded (the source names the key before the target is dropped): the
+        // one named last is the file that now has the name; the other was replaced.
+        let older = match newest.get(&key) {
+            Some((t, _)) if *t > at => Some(data.clone()),
+            Some(_) => newest.insert(key.clone(), (at, data.clone())).map(|(_, d)| d),
+            None => {
+                newest.insert(key.clone(), (at, data.clone()));
+                None
+            }
+        };
+        if let Some(old) = older {
+            tracing::info!(%key, "staged bytes replaced by a rename before the crash: dropped");
+            for ext in ["data", "key", "open"] {
+                let _ = std::fs::remove_file(old.with_extension(ext));
+            }
+        }
+    }
+    for (key, (_, data)) in newest {
+        let key_file = data.with_extension("key");
+        if data.with_extension("open").exists() {
+            // Changed after its last close or fsync: no version anyone closed, so never
+            // uploaded over what the bucket holds. Kept for the user, and said so.
+            set_aside(dir, &data, &key);
+            continue;
+        }
         let result = async {
             let file = File::open(&data).map_err(local)?;
             let size = file.metadata().map_err(local)?.len();
@@ -406,6 +527,28 @@ pub async fn recover(
         }
     }
     (done, failed)
+}
+
+/// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
+/// named after their key, instead of uploading them: a half-written rewrite must never
+/// replace the version its last close left in the bucket.
+fn set_aside(dir: &Path, data: &Path, key: &str) {
+    let found = dir.join("lost+found");
+    // The key's last name (cut to fit a file name), and the whole key in a sidecar.
+    let base: String = key.rsplit('/').next().unwrap_or("").chars().take(150).collect();
+    let stem = format!("{}-{base}", unique());
+    let to = found.join(&stem);
+    let moved = std::fs::create_dir_all(&found)
+        .and_then(|_| std::fs::write(found.join(format!("{stem}.key")), key))
+        .and_then(|_| std::fs::rename(data, &to));
+    match moved {
+        Ok(()) => {
+            tracing::warn!(%key, kept = %to.display(), "bytes written but never closed before the mount stopped: not uploaded, kept here");
+            let _ = std::fs::remove_file(data.with_extension("key"));
+            let _ = std::fs::remove_file(data.with_extension("open"));
+        }
+        Err(e) => tracing::error!(%key, data = %data.display(), "cannot set aside unclosed staged bytes: {e}"),
+    }
 }
 
 /// Feed bytes `from..size` of `file` to `w`, one part (one buffer) at a time.

@@ -1,0 +1,345 @@
+//! Write-back mode (`--write-back`): `close` returns once the file is staged on local disk;
+//! uploads run in the background.
+//!
+//! A close (or fsync) of a file that changed is a *commit point*: the staged bytes lose their
+//! `.open` marker (see [`crate::write`]), so from then on a crash recovers exactly them, and
+//! the file joins this queue. Workers upload due files, oldest first, in parallel across
+//! files, after `delay` since their last commit (a file rewritten within it goes up once).
+//! A failed upload stays queued and is retried with backoff (1 s doubling to 60 s), forever;
+//! nothing is dropped. Closes wait (back-pressure) while more than `max_bytes` of committed
+//! bytes wait for upload, so local disk use is bounded and a close never fails for room.
+//!
+//! Reopening a queued file for writing uploads the committed version first, so a crash while
+//! it is being rewritten still finds the last closed version in the bucket (the rewrite's
+//! unclosed bytes are set aside by recovery, never uploaded).
+//!
+//! Unlink and rename of a queued file take [`Queue::gate`] exclusively and uploads take it
+//! shared, so a cancel or redirect never races an upload in flight: an unlinked file is never
+//! uploaded, a renamed one goes up under its new name, and no stray object is left behind.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::fs::{Fs, OpenFile};
+use crate::FsError;
+
+/// How write-back behaves; `None` in [`crate::FsConfig::write_back`] means durable at close.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteBackConfig {
+    /// Quiet time after a file's last commit before it is uploaded.
+    pub delay: Duration,
+    /// Committed bytes waiting for upload above which `close` waits for room.
+    pub max_bytes: u64,
+    /// Files uploaded at once.
+    pub parallel: usize,
+}
+
+impl Default for WriteBackConfig {
+    fn default() -> Self {
+        Self { delay: Duration::from_secs(2), max_bytes: 1024 * 1024 * 1024, parallel: 8 }
+    }
+}
+
+/// One queued file.
+struct Entry {
+    key: String,
+    bytes: u64,
+    /// Its oldest commit not yet in the bucket (for "oldest pending" and the order).
+    since: Instant,
+    due: Instant,
+    /// The entry's last commit: an upload that began before it does not end it.
+    seq: u64,
+    in_flight: bool,
+    attempts: u32,
+    last_error: Option<(Instant, String)>,
+}
+
+/// What `bucketfs status` and the metrics show about the queue.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WriteBackStatus {
+    pub files: u64,
+    pub bytes: u64,
+    pub oldest_secs: u64,
+    /// Files whose last upload attempt failed: (key, attempts, error).
+    pub failing: Vec<(String, u32, String)>,
+    pub uploaded: u64,
+}
+
+/// The queue of committed files waiting for upload.
+#[derive(Default)]
+pub(crate) struct Queue {
+    entries: Mutex<HashMap<u64, Entry>>,
+    uploaded: std::sync::atomic::AtomicU64,
+    /// Commit numbers, queue-wide: an upload's end never matches a later entry's commit.
+    commits: std::sync::atomic::AtomicU64,
+    /// Wakes the scheduler: a file was queued, or `sync` wants everything now.
+    work: tokio::sync::Notify,
+    /// Wakes closes waiting for room, and `sync` waiting for uploads.
+    progress: tokio::sync::Notify,
+    /// Held shared by each upload, exclusively by unlink and rename of a staged file.
+    pub gate: tokio::sync::RwLock<()>,
+}
+
+fn backoff(attempts: u32) -> Duration {
+    Duration::from_secs(1u64 << attempts.min(6).saturating_sub(1)).min(Duration::from_secs(60))
+}
+
+impl Queue {
+    fn enqueue(&self, ino: u64, key: String, bytes: u64, delay: Duration) {
+        let now = Instant::now();
+        let mut q = self.entries.lock().unwrap();
+        let e = q.entry(ino).or_insert_with(|| Entry {
+            key: key.clone(),
+            bytes,
+            since: now,
+            due: now,
+            seq: 0,
+            in_flight: false,
+            attempts: 0,
+            last_error: None,
+        });
+        e.key = key;
+        e.bytes = bytes;
+        e.due = now + delay;
+        e.seq = self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        drop(q);
+        self.work.notify_one();
+    }
+
+    fn bytes(&self) -> u64 {
+        self.entries.lock().unwrap().values().map(|e| e.bytes).sum()
+    }
+
+    /// Due files not in flight, oldest first, at most `room`; and when the next one is due.
+    fn take_due(&self, room: usize) -> (Vec<(u64, u64)>, Option<Instant>) {
+        let now = Instant::now();
+        let mut q = self.entries.lock().unwrap();
+        let mut due: Vec<(Instant, u64)> =
+            q.iter().filter(|(_, e)| !e.in_flight && e.due <= now).map(|(i, e)| (e.since, *i)).collect();
+        due.sort();
+        let mut taken = Vec::new();
+        for (_, ino) in due.into_iter().take(room) {
+            let e = q.get_mut(&ino).expect("listed");
+            e.in_flight = true;
+            taken.push((ino, e.seq));
+        }
+        let next = q.values().filter(|e| !e.in_flight).map(|e| e.due).min();
+        (taken, next)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.entries.lock().unwrap().values().filter(|e| e.in_flight).count()
+    }
+
+    /// An upload of `ino` (begun at commit `seq`) ended.
+    fn finished(&self, ino: u64, seq: u64, result: Result<(), FsError>) {
+        let mut q = self.entries.lock().unwrap();
+        if let Some(e) = q.get_mut(&ino) {
+            e.in_flight = false;
+            match result {
+                Ok(()) if e.seq == seq => {
+                    q.remove(&ino);
+                    self.uploaded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(()) => {} // committed again meanwhile: due at its own time
+                Err(err) => {
+                    e.attempts += 1;
+                    e.due = Instant::now() + backoff(e.attempts);
+                    tracing::warn!(key = %e.key, attempts = e.attempts, "write-back upload failed, retrying in {:?}: {err}", backoff(e.attempts));
+                    e.last_error = Some((Instant::now(), err.to_string()));
+                }
+            }
+        }
+        drop(q);
+        self.progress.notify_waiters();
+        self.work.notify_one();
+    }
+
+    pub(crate) fn forget(&self, ino: u64) {
+        self.entries.lock().unwrap().remove(&ino);
+        self.progress.notify_waiters();
+    }
+
+    pub(crate) fn status(&self) -> WriteBackStatus {
+        let q = self.entries.lock().unwrap();
+        WriteBackStatus {
+            files: q.len() as u64,
+            bytes: q.values().map(|e| e.bytes).sum(),
+            oldest_secs: q.values().map(|e| e.since.elapsed().as_secs()).max().unwrap_or(0),
+            failing: q
+                .values()
+                .filter_map(|e| e.last_error.as_ref().map(|(_, m)| (e.key.clone(), e.attempts, m.clone())))
+                .collect(),
+            uploaded: self.uploaded.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+impl Fs {
+    pub(crate) fn write_back(&self) -> bool {
+        self.cfg.write_back.is_some()
+    }
+
+    /// Whether this mount runs in write-back mode.
+    pub fn write_back_enabled(&self) -> bool {
+        self.write_back()
+    }
+
+    /// Start the upload workers of write-back mode (a no-op without it). Needs a runtime.
+    pub fn start_write_back(self: &Arc<Self>) {
+        let Some(cfg) = self.cfg.write_back else { return };
+        let me = Arc::downgrade(self);
+        let queue = self.wb.clone();
+        tokio::spawn(schedule(me, queue, cfg));
+    }
+
+    /// What the write-back queue holds now.
+    pub fn write_back_status(&self) -> WriteBackStatus {
+        self.wb.status()
+    }
+
+    /// A commit point of `file` in write-back mode (close, fsync): if it changed the data
+    /// (or it is the file's only handle and the file is dirty), its bytes become the version
+    /// a crash recovers and the file is queued; `durable` (fsync) also writes them to disk.
+    /// Returns once there is room in the queue.
+    pub(crate) async fn commit_for(&self, file: &OpenFile, durable: bool) -> Result<(), FsError> {
+        use std::sync::atomic::Ordering;
+        let wrote = file.wrote.load(Ordering::Relaxed);
+        if !wrote && !file.staged.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let Some(staged) = self.staged_of_pub(file.ino) else {
+            tracing::debug!(ino = file.ino, "write-back commit point: nothing staged");
+            return Ok(());
+        };
+        let queued = {
+            let mut st = staged.lock().await;
+            let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1);
+            if queue {
+                st.commit()?;
+            }
+            if durable {
+                st.sync_local()?;
+            }
+            tracing::debug!(
+                ino = file.ino,
+                wrote,
+                dirty = st.dirty,
+                handles = st.handles,
+                queue,
+                "write-back commit point"
+            );
+            queue.then(|| (st.len(), self.node(file.ino).map(|n| n.key).unwrap_or_default()))
+        };
+        file.wrote.store(false, Ordering::Relaxed);
+        let Some((bytes, key)) = queued else { return Ok(()) };
+        let cfg = self.cfg.write_back.expect("write-back mode");
+        self.wb.enqueue(file.ino, key, bytes, cfg.delay);
+        // Back-pressure: wait while the queue holds more than its bound (a file larger than
+        // the bound alone goes through: it cannot wait for itself).
+        loop {
+            let notified = self.wb.progress.notified();
+            if self.wb.bytes() <= cfg.max_bytes || self.wb.entries.lock().unwrap().len() <= 1 {
+                return Ok(());
+            }
+            notified.await;
+        }
+    }
+
+    /// Before a queued file is changed again (opened for writing): upload its committed
+    /// version, so a crash during the change still finds it in the bucket.
+    pub(crate) async fn upload_before_change(&self, ino: u64) -> Result<(), FsError> {
+        if !self.write_back() || !self.wb.entries.lock().unwrap().contains_key(&ino) {
+            return Ok(());
+        }
+        let _gate = self.wb.gate.read().await;
+        self.upload_committed(ino).await?;
+        self.wb.forget(ino);
+        Ok(())
+    }
+
+    /// Upload `ino`'s staged bytes if they are a committed version not yet in the bucket,
+    /// and drop the staged copy once clean and unused. Caller holds the gate (shared).
+    async fn upload_committed(&self, ino: u64) -> Result<(), FsError> {
+        let Some(staged) = self.staged_of_pub(ino) else { return Ok(()) };
+        let mut st = staged.lock().await;
+        if st.dirty && !st.unlinked && st.committed() {
+            self.publish(ino, &mut st).await?;
+        }
+        // Not committed: a writer is changing it; its close queues it again.
+        if st.handles == 0 && (!st.dirty || st.unlinked) {
+            self.unstage_this(ino, &staged);
+        }
+        Ok(())
+    }
+
+    /// `bucketfs sync`: upload everything committed so far, now; returns (key, error) of
+    /// each file that could not be uploaded (it stays queued and retried).
+    pub async fn sync_write_back(&self) -> Vec<(String, String)> {
+        let started = Instant::now();
+        let wanted: Vec<u64> = {
+            let mut q = self.wb.entries.lock().unwrap();
+            for e in q.values_mut() {
+                e.due = started; // due now, backoff or not
+            }
+            q.keys().copied().collect()
+        };
+        self.wb.work.notify_one();
+        loop {
+            let notified = self.wb.progress.notified();
+            let mut failed = Vec::new();
+            let mut waiting = false;
+            {
+                let q = self.wb.entries.lock().unwrap();
+                for ino in &wanted {
+                    let Some(e) = q.get(ino) else { continue };
+                    match &e.last_error {
+                        Some((at, msg)) if *at >= started && !e.in_flight => failed.push((e.key.clone(), msg.clone())),
+                        _ => waiting = true,
+                    }
+                }
+            }
+            if !waiting {
+                return failed;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+            self.wb.work.notify_one();
+        }
+    }
+}
+
+/// The scheduler: starts uploads of due files, at most `parallel` at once, until the
+/// filesystem is dropped.
+async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
+    loop {
+        let mut room = cfg.parallel.saturating_sub(queue.in_flight());
+        let (due, next) = queue.take_due(room);
+        room -= due.len();
+        for (ino, seq) in due {
+            let Some(fs) = fs.upgrade() else { return };
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                let result = {
+                    let _gate = queue.gate.read().await;
+                    fs.upload_committed(ino).await
+                };
+                queue.finished(ino, seq, result);
+            });
+        }
+        if fs.strong_count() == 0 {
+            return;
+        }
+        let wait = match next {
+            Some(t) if room > 0 => t.saturating_duration_since(Instant::now()),
+            _ => Duration::from_secs(1), // full: a finished upload wakes us
+        };
+        let _ =
+            tokio::time::timeout(wait.clamp(Duration::from_millis(10), Duration::from_secs(1)), queue.work.notified())
+                .await;
+    }
+}
+
+#[cfg(test)]
+#[path = "write_back_tests.rs"]
+mod tests;

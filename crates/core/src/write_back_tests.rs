@@ -1,0 +1,203 @@
+//! Write-back mode against the in-memory store: close returns before the upload, the queue
+//! drains, rename and unlink of queued files leave no stray object, back-pressure holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bucketfs_store::testing::{FailStore, MemStore, Op};
+use bucketfs_store::{Store, StoreErrorKind};
+
+use crate::fs::{Fs, FsConfig, ROOT_INO};
+use crate::write_back::WriteBackConfig;
+
+fn cfg(dir: &std::path::Path, delay_ms: u64) -> FsConfig {
+    FsConfig {
+        staging_dir: dir.to_path_buf(),
+        write_back: Some(WriteBackConfig { delay: Duration::from_millis(delay_ms), max_bytes: 1 << 30, parallel: 4 }),
+        ..FsConfig::default()
+    }
+}
+
+fn staging(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("bucketfs-wb-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+async fn object(store: &dyn Store, key: &str) -> Option<Vec<u8>> {
+    let len = store.head(key).await.ok()?.size;
+    store.get_range(key, 0..len, None).await.ok().map(|b| b.to_vec())
+}
+
+async fn keys(store: &dyn Store) -> Vec<String> {
+    use futures::StreamExt;
+    let mut out = Vec::new();
+    let mut s = store.list("", true);
+    while let Some(m) = s.next().await {
+        out.push(m.unwrap().key);
+    }
+    out.sort();
+    out
+}
+
+async fn write_file(fs: &Fs, name: &str, data: &[u8]) -> u64 {
+    let (attr, fh) = fs.create(ROOT_INO, name, false, None).await.unwrap();
+    fs.write(fh, 0, data).await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    attr.ino
+}
+
+#[tokio::test]
+async fn close_returns_before_upload_and_the_queue_drains() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("drain");
+    let fs = Fs::shared(mem.clone(), cfg(&dir, 300));
+    fs.start_write_back();
+    write_file(&fs, "a", b"alpha").await;
+    assert!(object(mem.as_ref(), "a").await.is_none(), "uploaded only after the delay");
+    assert_eq!(fs.write_back_status().files, 1);
+    let ino = fs.lookup(ROOT_INO, "a").await.unwrap().ino;
+    let fh = fs.open(ino, false, false).await.unwrap();
+    assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"alpha", "read your writes");
+    fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "a").await.unwrap(), b"alpha");
+    assert_eq!(fs.write_back_status().files, 0);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "staging emptied after upload");
+}
+
+#[tokio::test]
+async fn rename_and_unlink_of_queued_files_leave_no_stray_object() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("rename");
+    let fs = Fs::shared(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    write_file(&fs, "tmp1", b"one").await;
+    write_file(&fs, "gone", b"two").await;
+    fs.rename(ROOT_INO, "tmp1", ROOT_INO, "final", false).await.unwrap();
+    fs.unlink(ROOT_INO, "gone").await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, vec!["final".to_string()]);
+    assert_eq!(object(mem.as_ref(), "final").await.unwrap(), b"one");
+}
+
+#[tokio::test]
+async fn a_file_rewritten_within_the_delay_keeps_its_last_close() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("rewrite");
+    let fs = Fs::shared(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    let ino = write_file(&fs, "f", b"first").await;
+    // Reopened for writing: the closed version goes up first (a crash now must find it).
+    let fh = fs.open(ino, true, true).await.unwrap();
+    assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"first");
+    fs.write(fh, 0, b"second").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"second");
+}
+
+#[tokio::test]
+async fn failing_uploads_stay_queued_and_sync_reports_them() {
+    let mem = Arc::new(MemStore::new());
+    let failing = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 2, StoreErrorKind::Unavailable));
+    let dir = staging("fail");
+    let fs = Fs::shared(failing, cfg(&dir, 0));
+    fs.start_write_back();
+    write_file(&fs, "x", b"keep me").await; // close succeeds: the bytes are staged
+    let failed = fs.sync_write_back().await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, "x");
+    let st = fs.write_back_status();
+    assert_eq!((st.files, st.failing.len()), (1, 1), "{st:?}");
+    // Still failing: sync retries at once (ignoring the backoff) and reports again.
+    assert_eq!(fs.sync_write_back().await.len(), 1);
+    assert_eq!(fs.write_back_status().failing[0].1, 2, "two attempts");
+    // The store recovers (FailStore fails twice): the next sync uploads.
+    let failed = fs.sync_write_back().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(object(mem.as_ref(), "x").await.unwrap(), b"keep me");
+}
+
+#[tokio::test]
+async fn unclosed_bytes_are_set_aside_and_closed_ones_recovered_after_a_crash() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("crash");
+    {
+        let fs = Fs::shared(mem.clone(), cfg(&dir, 60_000));
+        write_file(&fs, "closed", b"closed bytes").await;
+        let (_, fh) = fs.create(ROOT_INO, "open", false, None).await.unwrap();
+        fs.write(fh, 0, b"half").await.unwrap();
+        // The process dies here: no release, no unmount.
+        std::mem::forget(fs);
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert_eq!((done, failed), (vec!["closed".to_string()], vec![]));
+    assert_eq!(object(mem.as_ref(), "closed").await.unwrap(), b"closed bytes");
+    assert!(object(mem.as_ref(), "open").await.is_none(), "never closed: never uploaded");
+    let found: Vec<_> = std::fs::read_dir(dir.join("lost+found")).unwrap().flatten().collect();
+    assert_eq!(found.len(), 2, "the bytes and their key, kept for the user");
+}
+
+#[tokio::test]
+async fn close_waits_for_room_when_the_queue_is_full() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("room");
+    let mut c = cfg(&dir, 200);
+    c.write_back.as_mut().unwrap().max_bytes = 10;
+    let fs = Fs::shared(mem.clone(), c);
+    fs.start_write_back();
+    write_file(&fs, "a", b"0123456789").await;
+    let t = std::time::Instant::now();
+    write_file(&fs, "b", b"0123456789").await; // 20 bytes > 10: waits for "a" to go up
+    assert!(object(mem.as_ref(), "a").await.is_some(), "the second close waited for the first upload");
+    assert!(t.elapsed() >= Duration::from_millis(100), "{:?}", t.elapsed());
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"0123456789");
+}
+
+#[tokio::test]
+async fn a_truncating_rewrite_closed_before_a_crash_is_recovered_empty() {
+    // O_TRUNC keeps the old bytes on disk for readers until it settles; the commit at close
+    // must settle it, or recovery uploads the old bytes over the empty version.
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("trunc");
+    {
+        let fs = Fs::shared(mem.clone(), cfg(&dir, 60_000));
+        fs.start_write_back();
+        let ino = write_file(&fs, "t", b"old bytes").await;
+        assert!(fs.sync_write_back().await.is_empty());
+        let fh = fs.open(ino, true, true).await.unwrap();
+        fs.flush(fh).await.unwrap();
+        fs.release(fh).await.unwrap();
+        std::mem::forget(fs); // dies before the upload
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert_eq!((done, failed), (vec!["t".to_string()], vec![]));
+    assert_eq!(object(mem.as_ref(), "t").await.unwrap(), b"");
+}
+
+#[tokio::test]
+async fn of_two_staged_files_naming_one_key_recovery_uploads_the_one_named_last() {
+    // A crash inside a rename over a pending file leaves both naming the key: the source
+    // (named last, see Fs::rename) holds the name.
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("dup");
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = std::time::SystemTime::now();
+    for (stem, bytes, at) in [("7-a", "replaced", t), ("9-b", "renamed over it", t + Duration::from_millis(1))] {
+        std::fs::write(dir.join(format!("{stem}.data")), bytes).unwrap();
+        std::fs::write(dir.join(format!("{stem}.key")), "f3").unwrap();
+        let f = std::fs::File::options().write(true).open(dir.join(format!("{stem}.key"))).unwrap();
+        f.set_modified(at).unwrap();
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert_eq!((done, failed), (vec!["f3".to_string()], vec![]));
+    assert_eq!(object(mem.as_ref(), "f3").await.unwrap(), b"renamed over it");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the replaced bytes are dropped");
+}

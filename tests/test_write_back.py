@@ -1,0 +1,312 @@
+"""Write-back mode (`bucketfs mount --write-back`) through the kernel, on MinIO.
+
+SEMANTICS.md "Write-back mode": `close` returns once the file is staged on local disk; uploads
+run in the background; a crash loses nothing whose close returned (the next mount uploads it
+before serving); `bucketfs sync` waits for the uploads or names what failed; unlink and rename of
+a pending file leave no stray object; the mount reads its own writes at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+import seed
+from conftest import (Bucket, daemon_pids, force_unmount, mount, read_file, require_bin, require_store, run_cli,
+                      unmount, wait_until)
+
+ROUNDS = int(os.environ.get("BUCKETFS_TEST_CRASH_ROUNDS", "20"))
+
+
+@pytest.fixture
+def s3():
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    yield b
+    b.cleanup()
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wb_args(b: Bucket, staging: str, *extra) -> list[str]:
+    return b.args() + ["--write-back", "--staging-dir", staging] + list(extra)
+
+
+def status(mp: str) -> dict:
+    r = run_cli(["status", mp, "--json"])
+    assert r.returncode == 0, r.err
+    return json.loads(r.out)
+
+
+def bucket_objects(b: Bucket) -> dict[str, bytes]:
+    return {k: seed.get("s3", b.name, k) for k in seed.list_keys("s3", b.name)}
+
+
+def test_close_returns_before_upload_and_sync_waits(s3, tmp_path):
+    """A long delay keeps closed files pending: the mount reads them back and lists them, the
+    bucket does not have them yet, status shows them; `bucketfs sync` uploads them (exit 0)."""
+    mp = mount(wb_args(s3, str(tmp_path), "--write-back-delay", "600"))
+    try:
+        files = {f"d/f{i}.txt": os.urandom(1000 + i * 4107) for i in range(10)}
+        os.mkdir(os.path.join(mp, "d"))
+        for k, v in files.items():
+            with open(os.path.join(mp, k), "wb") as f:
+                f.write(v)
+        for k, v in files.items():
+            assert read_file(os.path.join(mp, k)) == v, f"{k}: read your writes"
+        assert sorted(os.listdir(os.path.join(mp, "d"))) == sorted(k[2:] for k in files)
+        assert not any(k in files for k in seed.list_keys("s3", s3.name)), "uploaded before the delay"
+        st = status(mp)
+        assert st["write_back"] is True
+        assert st["write_back_files"] == len(files), st
+        assert st["write_back_bytes"] == sum(map(len, files.values())), st
+        r = run_cli(["sync", mp], timeout=60)
+        assert r.returncode == 0, r.err
+        got = bucket_objects(s3)
+        for k, v in files.items():
+            assert got.get(k) == v, f"{k} not in the bucket after sync"
+        assert status(mp)["write_back_files"] == 0
+    finally:
+        unmount(mp)
+
+
+def test_rename_and_unlink_of_pending_files_leave_no_stray_object(s3, tmp_path):
+    """The editor's save (write tmp, rename over) and a build's temp files, all before the
+    upload: the bucket ends with exactly the final names and bytes."""
+    mp = mount(wb_args(s3, str(tmp_path), "--write-back-delay", "600"))
+    try:
+        p = lambda n: os.path.join(mp, n)  # noqa: E731
+        with open(p("doc.txt"), "wb") as f:
+            f.write(b"v1")
+        with open(p(".doc.txt.swp"), "wb") as f:
+            f.write(b"v2 longer")
+        os.rename(p(".doc.txt.swp"), p("doc.txt"))
+        with open(p("tmp.o"), "wb") as f:
+            f.write(b"scratch")
+        os.unlink(p("tmp.o"))
+        os.mkdir(p("sub"))
+        with open(p("sub/x"), "wb") as f:
+            f.write(b"in a dir")
+        os.rename(p("sub"), p("moved"))
+        assert read_file(p("doc.txt")) == b"v2 longer"
+        assert read_file(p("moved/x")) == b"in a dir"
+        r = run_cli(["sync", mp], timeout=60)
+        assert r.returncode == 0, r.err
+        got = {k: v for k, v in bucket_objects(s3).items() if not k.endswith("/")}
+        assert got == {"doc.txt": b"v2 longer", "moved/x": b"in a dir"}, got
+    finally:
+        unmount(mp)
+
+
+def test_sync_names_a_failed_upload_and_the_file_arrives_later(s3, tmp_path, toxiproxy):
+    """The store unreachable: close still returns (staged), `sync` exits 1 naming the file,
+    status shows it pending with its error; readers of other files are not blocked. When the
+    store is back, the retried upload brings it in and `sync` exits 0."""
+    from conftest import upstream_of
+    px = toxiproxy.proxy(upstream_of("s3"))
+    try:
+        args = [seed.mount_url("s3", s3.name), "--endpoint", px.endpoint, "--write-back",
+                "--write-back-delay", "0", "--staging-dir", str(tmp_path)]
+        mp = mount(args)
+        try:
+            s3.put("other.bin", b"already there")
+            assert read_file(os.path.join(mp, "other.bin")) == b"already there"
+            os.mkdir(os.path.join(mp, "burst"))  # directories are made in the store at once
+            px.set_enabled(False)
+            burst = {f"burst/{i}.dat": os.urandom(50_000) for i in range(20)}
+            t0 = time.monotonic()
+            for k, v in burst.items():
+                with open(os.path.join(mp, k), "wb") as f:
+                    f.write(v)
+            took = time.monotonic() - t0
+            assert took < 30, f"closes blocked on the unreachable store ({took:.1f}s)"
+            # a cached file reads while the store is down and the backlog grows
+            assert read_file(os.path.join(mp, "other.bin")) == b"already there"
+            r = run_cli(["sync", mp], timeout=400)
+            assert r.returncode == 1, (r.returncode, r.err)
+            assert "burst/" in r.err, r.err
+            st = status(mp)
+            assert st["write_back_files"] == len(burst), st
+            assert st["upload_errors"], st
+            px.set_enabled(True)
+            r = run_cli(["sync", mp], timeout=400)
+            assert r.returncode == 0, r.err
+            got = bucket_objects(s3)
+            for k, v in burst.items():
+                assert got.get(k) == v, f"{k} lost after the outage"
+            assert not [k for k in got if ".bucketfs" in k], got.keys()
+        finally:
+            px.set_enabled(True)
+            unmount(mp)
+    finally:
+        px.delete()
+
+
+def test_requests_are_one_per_file_written(s3, tmp_path):
+    """Goal of the issue: a project unpacked into a new directory (a `git clone`, `tar -x`)
+    costs one request per file written and one per directory made, plus the first lookup of
+    the new top directory (counted by the mount's own metrics)."""
+    port = _free_port()
+    mp = mount(wb_args(s3, str(tmp_path), "--metrics-addr", f"127.0.0.1:{port}"))
+
+    def by_op() -> dict[str, int]:
+        txt = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return {m.group(1): int(float(m.group(2))) for m in
+                re.finditer(r'^bucketfs_store_requests_total\{op="([a-z_]+)"\} (\S+)', txt, re.M)}
+    try:
+        before = by_op()
+        top = os.path.join(mp, "proj")
+        os.mkdir(top)
+        dirs, files = 1, 0
+        for d in range(4):
+            os.mkdir(os.path.join(top, f"d{d}"))
+            dirs += 1
+            for i in range(25):
+                p = os.path.join(top, f"d{d}", f"f{i}.c")
+                assert not os.path.exists(p)
+                with open(p, "wb") as f:
+                    f.write(b"x" * 4107)
+                os.stat(p)
+                files += 1
+        assert run_cli(["sync", mp], timeout=120).returncode == 0
+        after = by_op()
+        delta = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        used = sum(delta.values())
+        print(f"{files} files in {dirs} dirs: {used} store requests {delta}")
+        assert used <= files + dirs + 1, f"{used} requests for {files} files in {dirs} directories: {delta}"
+    finally:
+        unmount(mp)
+
+
+# --------------------------------------------------------------------------- crash
+
+def _writer(mp: str, wid: int, stop: threading.Event, closed: dict, maybe: dict, lock: threading.Lock,
+            rng_seed: int):
+    """Write, rewrite and rename files until the mount dies; record each close that returned
+    in `closed`, and the bytes of a call cut by the kill (its outcome unknown) in `maybe`."""
+    import random
+    rng = random.Random(rng_seed)
+    i = 0
+    while not stop.is_set():
+        i += 1
+        name = f"w{wid}/f{rng.randrange(8)}"
+        data = rng.randbytes(rng.choice([0, 100, 4107, 70_000, 600_000]))
+        try:
+            with open(os.path.join(mp, name), "wb") as f:
+                for off in range(0, len(data), 65536):
+                    f.write(data[off:off + 65536])
+            with lock:
+                closed[name] = data
+            if rng.random() < 0.2:  # an editor's save: write a temp, rename it over a name
+                name = f"w{wid}/.tmp{i}"
+                data = rng.randbytes(3000)
+                with open(os.path.join(mp, name), "wb") as f:
+                    f.write(data)
+                with lock:
+                    closed[name] = data
+                tmp, name = name, f"w{wid}/f{rng.randrange(8)}"
+                try:
+                    os.rename(os.path.join(mp, tmp), os.path.join(mp, name))
+                except OSError:
+                    with lock:
+                        maybe.setdefault(tmp, []).append(None)  # renamed or not
+                    raise
+                with lock:
+                    del closed[tmp]
+                    closed[name] = data
+        except OSError:
+            with lock:
+                maybe.setdefault(name, []).append(data)
+            return  # the daemon is gone
+
+
+def _staging_snapshot(staging: str) -> list:
+    """What the killed mount left staged: (file, bytes, key it names), for failure messages."""
+    out = []
+    for fn in sorted(os.listdir(staging)) if os.path.isdir(staging) else []:
+        p = os.path.join(staging, fn)
+        if fn.endswith(".key"):
+            with open(p, errors="replace") as f:
+                out.append((fn, f.read(), os.stat(p).st_mtime_ns))
+        elif os.path.isfile(p):
+            out.append((fn, os.path.getsize(p)))
+    return out
+
+
+def test_kill_9_loses_nothing_closed(s3, tmp_path, rng):
+    """ROUNDS times: writers closing and renaming files, `kill -9` of the daemon at a random
+    moment, remount on the same staging directory, `bucketfs sync`: every file whose close
+    (or rename) returned is in the bucket with its last bytes; nothing else is there (no
+    object not written through the mount, no temp or part objects)."""
+    staging = str(tmp_path / "staging")
+    closed: dict[str, bytes] = {}
+    maybe: dict[str, list] = {}
+    lock = threading.Lock()
+    args = wb_args(s3, staging, "--write-back-delay", "0.3", "--log-file", str(tmp_path / "bucketfs.log"))
+    mp = mount(args)
+    for w in range(3):
+        os.makedirs(os.path.join(mp, f"w{w}"), exist_ok=True)
+    checked = uncertain = 0
+    try:
+        for rnd in range(ROUNDS):
+            stop = threading.Event()
+            threads = [threading.Thread(target=_writer, args=(mp, w, stop, closed, maybe, lock,
+                                                              rng.randrange(1 << 30)))
+                       for w in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(rng.uniform(0.2, 1.5))
+            pids = daemon_pids(mp)
+            assert pids, f"round {rnd}: no daemon for {mp}"
+            for p in pids:
+                os.kill(p, signal.SIGKILL)
+            stop.set()
+            for t in threads:
+                t.join(60)
+                assert not t.is_alive(), f"round {rnd}: a writer hung on the dead mount"
+            force_unmount(mp)
+            left = _staging_snapshot(staging)
+            os.makedirs(mp, exist_ok=True)
+            r = run_cli(["mount", args[0], mp] + args[1:], timeout=120)
+            assert r.returncode == 0, f"round {rnd}: remount failed: {r.err}"
+            r = run_cli(["sync", mp], timeout=120)
+            assert r.returncode == 0, f"round {rnd}: sync: {r.err}"
+            got = {k: v for k, v in bucket_objects(s3).items() if not k.endswith("/")}
+            bad = []
+            for k in sorted(set(got) | set(closed) | set(maybe)):
+                ok = [closed.get(k)] + maybe.get(k, [])  # None: absent
+                if got.get(k) not in ok:
+                    have = None if k not in got else len(got[k])
+                    bad.append((k, have, [None if v is None else len(v) for v in ok]))
+            assert not bad, f"round {rnd}: (key, bytes in bucket, acceptable) {bad}; staging after the kill: {left}"
+            checked += len(closed)
+            uncertain += sum(got.get(k) != closed.get(k) for k in maybe)
+            for k, v in got.items():  # the mount agrees with the bucket
+                assert read_file(os.path.join(mp, k)) == v, f"round {rnd}: {k} reads wrong through the mount"
+            closed.clear()
+            closed.update(got)
+            maybe.clear()
+        print(f"{ROUNDS} kill -9 rounds, {checked} file checks, {uncertain} calls cut by the kill took effect")
+        lost = os.path.join(staging, "lost+found")
+        if os.path.isdir(lost):
+            print(f"set aside (never uploaded, never closed): {len(os.listdir(lost))} files")
+    finally:
+        unmount(mp)
