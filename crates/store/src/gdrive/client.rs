@@ -1,8 +1,11 @@
 //! A small Drive v3 REST client: the calls the store needs, each with the access token,
-//! retried with jittered exponential backoff on throttling (403 `userRateLimitExceeded` /
-//! `rateLimitExceeded`, 429), 5xx and transport errors, and once with a fresh token on 401.
+//! retried with jittered exponential backoff on 5xx and transport errors (`retries` times),
+//! on throttling (403 `userRateLimitExceeded` / `rateLimitExceeded`, 429) for up to
+//! [`THROTTLE_BUDGET`] (Drive's quotas refill per minute: developers.google.com/drive/api/guides/limits),
+//! and once with a fresh token on 401. Failures are told apart by status and `reason`, never
+//! by the text of a message.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -75,17 +78,30 @@ pub struct ChangeList {
     pub new_start_page_token: Option<String>,
 }
 
+/// How long throttled requests are retried (Drive suggests backing off up to a minute).
+pub const THROTTLE_BUDGET: Duration = Duration::from_secs(64);
+
+/// A request that failed: Drive's status (None: no answer) and first error `reason`, and
+/// the error to report.
+pub struct Failure {
+    pub status: Option<StatusCode>,
+    pub reason: String,
+    pub err: StoreError,
+}
+
 /// A read's body broke off.
 fn read_failed(what: &str, e: reqwest::Error) -> StoreError {
     StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}"))
 }
 
-fn backoff(attempt: usize) -> Duration {
-    let base = 200u64 << attempt.min(6);
+/// The wait before retry `attempt` (from 0): 200 ms doubling, plus up to half again of
+/// jitter, at most `cap_ms`.
+pub fn backoff(attempt: usize, cap_ms: u64) -> Duration {
+    let base = 200u64 << attempt.min(8);
     let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos()
         as u64
         % (base / 2 + 1);
-    Duration::from_millis((base + jitter).min(8_000))
+    Duration::from_millis((base + jitter).min(cap_ms))
 }
 
 impl Client {
@@ -108,10 +124,28 @@ impl Client {
         body: &Body,
         extra: &[(&str, String)],
     ) -> Result<Response, StoreError> {
-        let mut attempt = 0;
+        self.send_full(op, what, method, url, body, extra, &[]).await.map_err(|f| f.err)
+    }
+
+    /// [`Self::send`], also answering `Ok` for the statuses in `accept`, and on failure
+    /// what Drive said (for callers that handle one status or reason).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn send_full(
+        &self,
+        op: &str,
+        what: &str,
+        method: Method,
+        url: &str,
+        body: &Body,
+        extra: &[(&str, String)],
+        accept: &[StatusCode],
+    ) -> Result<Response, Failure> {
+        let (mut attempt, mut throttled_attempt) = (0, 0);
         let mut reauthed = false;
+        let mut throttled_since: Option<Instant> = None;
+        let fail = |err: StoreError| Failure { status: None, reason: String::new(), err };
         loop {
-            let token = self.auth.token().await?;
+            let token = self.auth.token().await.map_err(fail)?;
             let mut rb: RequestBuilder = self.http.request(method.clone(), url).bearer_auth(&token);
             for (k, v) in extra {
                 rb = rb.header(*k, v);
@@ -121,10 +155,21 @@ impl Client {
                 Body::Json(v) => rb.header("Content-Type", "application/json").body(v.to_string()),
                 Body::Raw(b, ct) => rb.header("Content-Type", ct).body(b.clone()),
             };
-            let err = match rb.send().await {
-                Ok(r) if r.status().is_success() || r.status() == StatusCode::PERMANENT_REDIRECT => return Ok(r),
+            let (status, reason, err) = match rb.send().await {
+                Ok(r)
+                    if r.status().is_success()
+                        || r.status() == StatusCode::PERMANENT_REDIRECT
+                        || accept.contains(&r.status()) =>
+                {
+                    return Ok(r)
+                }
                 Ok(r) => {
                     let status = r.status();
+                    let retry_after = r
+                        .headers()
+                        .get("Retry-After")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok());
                     let text = r.text().await.unwrap_or_default();
                     let (message, reason) = match serde_json::from_str::<ApiError>(&text) {
                         Ok(e) => {
@@ -147,17 +192,34 @@ impl Client {
                         s if s.is_server_error() => StoreErrorKind::Unavailable,
                         _ => StoreErrorKind::Other,
                     };
-                    let reason = if reason.is_empty() { String::new() } else { format!("{reason}: ") };
-                    StoreError::new(kind, format!("{op} {what:?}: {status} ({reason}{message})"))
+                    let shown = if reason.is_empty() { String::new() } else { format!("{reason}: ") };
+                    let err = StoreError::new(kind, format!("{op} {what:?}: {status} ({shown}{message})"));
+                    if throttled {
+                        // Throttling lasts as long as the quota is spent: retried for a
+                        // time budget rather than a count, honouring Retry-After.
+                        let since = *throttled_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() < THROTTLE_BUDGET {
+                            let wait = retry_after
+                                .map(|s| Duration::from_secs(s.min(THROTTLE_BUDGET.as_secs())))
+                                .unwrap_or_else(|| backoff(throttled_attempt, 16_000));
+                            tracing::debug!(op, what, throttled_attempt, "drive: throttled, waiting {wait:?}");
+                            tokio::time::sleep(wait).await;
+                            throttled_attempt += 1;
+                            continue;
+                        }
+                    }
+                    (Some(status), reason, err)
                 }
-                Err(e) => StoreError::new(StoreErrorKind::Unavailable, format!("{op} {what:?}: {e}")),
+                Err(e) => {
+                    (None, String::new(), StoreError::new(StoreErrorKind::Unavailable, format!("{op} {what:?}: {e}")))
+                }
             };
-            let transient = matches!(err.kind, StoreErrorKind::RateLimited | StoreErrorKind::Unavailable);
+            let transient = matches!(err.kind, StoreErrorKind::Unavailable);
             if !transient || attempt >= self.retries {
-                return Err(err);
+                return Err(Failure { status, reason, err });
             }
             tracing::debug!(op, what, attempt, "drive: retrying after {}", err.message);
-            tokio::time::sleep(backoff(attempt)).await;
+            tokio::time::sleep(backoff(attempt, 8_000)).await;
             attempt += 1;
         }
     }
@@ -228,13 +290,27 @@ impl Client {
 
     /// The answer to a GET of bytes `[a, b)` of a file's content; `None` for 416: the range
     /// starts at or past the end (the file shrank).
+    /// A file Drive flags as malware or spam answers 403 `cannotDownloadAbusiveFile` unless
+    /// asked with `acknowledgeAbuse=true` (files.get); it is read with that, and a warning.
     async fn media(&self, id: &str, what: &str, a: u64, b: u64) -> Result<Option<Response>, StoreError> {
-        let url = self.url(&format!("/drive/v3/files/{id}"), &[("alt", "media"), ("supportsAllDrives", "true")]);
         let range = [("Range", format!("bytes={a}-{}", b - 1))];
-        match self.send("read", what, Method::GET, &url, &Body::None, &range).await {
-            Ok(r) => Ok(Some(r)),
-            Err(e) if e.message.contains("416") => Ok(None),
-            Err(e) => Err(e),
+        let mut ack = false;
+        loop {
+            let mut q = vec![("alt", "media"), ("supportsAllDrives", "true")];
+            if ack {
+                q.push(("acknowledgeAbuse", "true"));
+            }
+            let url = self.url(&format!("/drive/v3/files/{id}"), &q);
+            let accept = [StatusCode::RANGE_NOT_SATISFIABLE];
+            match self.send_full("read", what, Method::GET, &url, &Body::None, &range, &accept).await {
+                Ok(r) if r.status() == StatusCode::RANGE_NOT_SATISFIABLE => return Ok(None),
+                Ok(r) => return Ok(Some(r)),
+                Err(f) if !ack && f.reason == "cannotDownloadAbusiveFile" => {
+                    tracing::warn!(file = what, "Drive flags this file as malware or spam; reading it anyway");
+                    ack = true;
+                }
+                Err(f) => return Err(f.err),
+            }
         }
     }
 
