@@ -63,7 +63,11 @@ pub struct FileList {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Change {
-    pub file_id: String,
+    /// `file` or `drive`: a change to a shared drive itself carries a `driveId` and no
+    /// `fileId` (developers.google.com/drive/api/reference/rest/v3/changes#Change).
+    #[serde(default)]
+    pub change_type: String,
+    pub file_id: Option<String>,
     #[serde(default)]
     pub removed: bool,
     pub file: Option<File>,
@@ -270,7 +274,7 @@ impl Client {
 
     /// All changes since `token`, and the token to ask from next time.
     pub async fn changes(&self, token: &str) -> Result<(Vec<Change>, String), StoreError> {
-        let fields = format!("nextPageToken,newStartPageToken,changes(fileId,removed,file({FILE_FIELDS}))");
+        let fields = format!("nextPageToken,newStartPageToken,changes(changeType,fileId,removed,file({FILE_FIELDS}))");
         let (mut out, mut page) = (Vec::new(), token.to_string());
         loop {
             let q =

@@ -165,9 +165,12 @@ impl GdriveStore {
         let mut g = self.state.lock().unwrap();
         let s = g.as_mut().expect("loaded above");
         for c in changes {
+            // Changes to a shared drive itself (changeType "drive") name no file: nothing
+            // in the tree changes.
+            let Some(id) = c.file_id.filter(|_| c.change_type != "drive") else { continue };
             match c.file {
                 Some(f) if !c.removed => s.tree.upsert(f),
-                _ => s.tree.remove(&c.file_id),
+                _ => s.tree.remove(&id),
             }
         }
         s.tree.rebuild();
