@@ -549,6 +549,7 @@ class Handler(BaseHTTPRequestHandler):
                 if len(d.content[f["id"]]) > EXPORT_LIMIT:
                     # https://developers.google.com/drive/api/reference/rest/v3/files/export
                     raise ApiError(403, "exportSizeLimitExceeded", "This file is too large to be exported.")
+                d.stats["exports"] = d.stats.get("exports", 0) + 1
                 return self.send(200, body=d.content[f["id"]], headers={"Content-Type": qs["mimeType"]})
             if sub == "/copy":
                 meta = json.loads(data or b"{}")

@@ -338,10 +338,17 @@ impl Client {
         .boxed())
     }
 
-    pub async fn export(&self, id: &str, what: &str, mime: &str) -> Result<Bytes, StoreError> {
-        let url = self.url(&format!("/drive/v3/files/{id}/export"), &[("mimeType", mime)]);
-        let r = self.send("export", what, Method::GET, &url, &Body::None, &[]).await?;
-        r.bytes().await.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("export {what:?}: {e}")))
+    /// A Google Doc's export. Drive refuses exports over 10 MB (403
+    /// `exportSizeLimitExceeded`, files.export); the failure says so.
+    pub async fn export(&self, id: &str, what: &str, mime: &str) -> Result<Bytes, Failure> {
+        let url =
+            self.url(&format!("/drive/v3/files/{id}/export"), &[("mimeType", mime), ("supportsAllDrives", "true")]);
+        let r = self.send_full("export", what, Method::GET, &url, &Body::None, &[], &[]).await?;
+        r.bytes().await.map_err(|e| Failure {
+            status: None,
+            reason: String::new(),
+            err: StoreError::new(StoreErrorKind::Unavailable, format!("export {what:?}: {e}")),
+        })
     }
 
     /// Metadata-only create (folders) or update (rename, trash, move).

@@ -11,7 +11,11 @@
 //!   an idle mount sends nothing.
 //! - Our own writes update the map at once from the API's answer.
 //! - Reads are ranged `alt=media` downloads; Docs/Sheets/Slides are exported whole
-//!   (Drive's export has no ranges), cached per version, and read-only.
+//!   (Drive's export has no ranges), cached per version, and read-only. A Doc's size is its
+//!   export's: learnt once per version (at most [`EXPORTS_AT_ONCE`] at a time when a
+//!   listing meets new ones) and remembered apart from the bytes, so listings do not
+//!   export again. A Doc Drive will not export (over 10 MB) or whose export fails is left
+//!   out of listings, with a warning; the listing itself never fails for it.
 //! - `delete` moves to Drive's trash; `copy` is `files.copy`; writes are one multipart
 //!   request up to one part, else a resumable upload sent part by part.
 
@@ -60,6 +64,12 @@ struct State {
 /// An exported Google Doc: (file ID, version) and its bytes.
 type Export = ((String, String), Bytes);
 
+/// How many Docs a listing exports at once to learn their sizes.
+pub const EXPORTS_AT_ONCE: usize = 4;
+
+/// What an export of one version of a Doc gave: its size, or Drive's lasting refusal.
+type ExportSize = (String, Result<u64, StoreError>);
+
 pub struct GdriveStore {
     client: Client,
     cfg: DriveConfig,
@@ -67,6 +77,10 @@ pub struct GdriveStore {
     /// Serialises loads and change reads so one runs at a time.
     refresh: tokio::sync::Mutex<()>,
     exports: Mutex<Vec<Export>>,
+    /// By file ID: what the export of its current version gave (see the module docs).
+    export_sizes: Mutex<std::collections::HashMap<String, ExportSize>>,
+    /// By file ID: held while it is exported, so concurrent listings export it once.
+    exporting: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Ourselves, for listing streams and writers that outlive a `&self` call.
     me: Weak<GdriveStore>,
 }
@@ -122,6 +136,8 @@ impl GdriveStore {
             state: Mutex::new(None),
             refresh: Default::default(),
             exports: Default::default(),
+            export_sizes: Default::default(),
+            exporting: Default::default(),
             me: me.clone(),
         }))
     }
@@ -228,19 +244,49 @@ impl GdriveStore {
 
     /// A file's size: its own, or its export's for a Google Doc (exported once per version).
     async fn size_of(&self, key: &str, f: &File) -> Result<u64, StoreError> {
-        match f.export() {
-            Some(_) => Ok(self.exported(key, f).await?.len() as u64),
-            None => Ok(f.size()),
+        if f.export().is_none() {
+            return Ok(f.size());
         }
+        let version = f.version.clone().unwrap_or_default();
+        if let Some((v, r)) = self.export_sizes.lock().unwrap().get(&f.id) {
+            if *v == version {
+                return r.clone();
+            }
+        }
+        Ok(self.exported(key, f).await?.len() as u64)
     }
 
     async fn exported(&self, key: &str, f: &File) -> Result<Bytes, StoreError> {
         let id = (f.id.clone(), f.version.clone().unwrap_or_default());
+        let one = self.exporting.lock().unwrap().entry(f.id.clone()).or_default().clone();
+        let _one = one.lock().await;
         if let Some((_, b)) = self.exports.lock().unwrap().iter().find(|(k, _)| *k == id) {
             return Ok(b.clone());
         }
+        if let Some((v, Err(e))) = self.export_sizes.lock().unwrap().get(&f.id) {
+            if *v == id.1 {
+                return Err(e.clone());
+            }
+        }
         let (mime, _) = f.export().expect("a Google Doc");
-        let b = self.client.export(&f.id, key, mime).await?;
+        let b = match self.client.export(&f.id, key, mime).await {
+            Ok(b) => b,
+            Err(e) if e.reason == "exportSizeLimitExceeded" => {
+                let e = err(
+                    StoreErrorKind::PermissionDenied,
+                    format!(
+                        "read {key:?}: Drive does not export Docs, Sheets or Slides over 10 MB; open it in Drive \
+                         ({})",
+                        e.err.message
+                    ),
+                );
+                tracing::warn!(key, "drive: {}", e.message);
+                self.export_sizes.lock().unwrap().insert(f.id.clone(), (id.1, Err(e.clone())));
+                return Err(e);
+            }
+            Err(e) => return Err(e.err),
+        };
+        self.export_sizes.lock().unwrap().insert(f.id.clone(), (id.1.clone(), Ok(b.len() as u64)));
         let mut cache = self.exports.lock().unwrap();
         cache.retain(|((i, _), _)| *i != f.id);
         // Keep the last few exports (Drive caps an export at 10 MB).
@@ -333,12 +379,26 @@ impl Store for GdriveStore {
                 return Ok(Vec::new());
             }
             let entries = this.with_tree(|t| t.list(&prefix, recursive));
-            let mut out = Vec::with_capacity(entries.len());
-            for (k, f) in entries {
-                let size = this.size_of(&k, &f).await?;
-                out.push(this.meta(&k, &f, size));
-            }
-            Ok(out)
+            // A Doc whose size cannot be learnt is left out, never the whole listing.
+            let sized: Vec<Option<ObjectMeta>> = futures::stream::iter(entries)
+                .map(|(k, f)| {
+                    let this = this.clone();
+                    async move {
+                        match this.size_of(&k, &f).await {
+                            Ok(size) => Some(this.meta(&k, &f, size)),
+                            // Refused for good: said once, when it was refused.
+                            Err(e) if e.kind == StoreErrorKind::PermissionDenied => None,
+                            Err(e) => {
+                                tracing::warn!(key = %k, "drive: left out of the listing: {}", e.message);
+                                None
+                            }
+                        }
+                    }
+                })
+                .buffered(EXPORTS_AT_ONCE)
+                .collect()
+                .await;
+            Ok(sized.into_iter().flatten().collect())
         }))
     }
 
