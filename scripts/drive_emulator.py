@@ -8,6 +8,7 @@ It is not Google Drive: it implements the subset bucketfs uses, the way Drive do
   GET    /drive/v3/files/ID/export       Google Docs/Sheets/Slides export (mimeType=)
   POST   /drive/v3/files                 create metadata only (folders)
   POST   /drive/v3/files/ID/copy         copy
+  GET    /drive/v3/files/generateIds     IDs for creates and copies (a used one: 409)
   PATCH  /drive/v3/files/ID              rename, trash, addParents/removeParents
   DELETE /drive/v3/files/ID              permanent delete
   POST   /upload/drive/v3/files          uploadType=media|multipart|resumable
@@ -134,7 +135,11 @@ class Drive:
 
     def create(self, meta: dict, data: bytes | None) -> dict:
         with self.lock:
-            fid = self.new_id()
+            fid = meta.get("id") or self.new_id()
+            if fid in self.files:
+                # https://developers.google.com/drive/api/reference/rest/v3/files/generateIds: an ID
+                # from generateIds may be given in a create or copy; one already used is a 409.
+                raise ApiError(409, "duplicate", "A file already exists with the provided ID.")
             mime = meta.get("mimeType") or "application/octet-stream"
             parents = [self.resolve(p) for p in (meta.get("parents") or [ROOT_ID])]
             for p in parents:
@@ -481,7 +486,8 @@ class Handler(BaseHTTPRequestHandler):
                 d.sa_keys[arg["email"]] = (int(arg["n"], 16), int(arg.get("e", 65537)))
                 return self.send(200, {})
             if op == "stats":
-                return self.send(200, {**d.stats, "pending_failures": len(d.fail)})
+                return self.send(200, {**d.stats, "pending_failures": len(d.fail),
+                                       "pending_short_chunk": d.short_chunk is not None})
         raise ApiError(404, "notFound", f"no control op {op}")
 
     # ------------------------------------------------------------------ the API
@@ -530,6 +536,11 @@ class Handler(BaseHTTPRequestHandler):
             return self.changes(qs)
         if path == "/drive/v3/files" and m == "GET":
             return self.list(qs)
+        if path == "/drive/v3/files/generateIds" and m == "GET":
+            # https://developers.google.com/drive/api/reference/rest/v3/files/generateIds
+            n = max(1, min(int(qs.get("count") or 10), 1000))
+            return self.send(200, {"kind": "drive#generatedIds", "space": qs.get("space", "drive"),
+                                   "ids": [d.new_id() for _ in range(n)]})
         if path == "/drive/v3/files" and m == "POST":
             self.fields(qs) and select(None, self.fields(qs), "file")
             with d.lock:
@@ -554,7 +565,7 @@ class Handler(BaseHTTPRequestHandler):
             if sub == "/copy":
                 meta = json.loads(data or b"{}")
                 g = self.create({"name": meta.get("name", f["name"]), "parents": meta.get("parents", f["parents"]),
-                                 "mimeType": f["mimeType"]}, d.content.get(f["id"], b""), qs)
+                                 "mimeType": f["mimeType"], "id": meta.get("id")}, d.content.get(f["id"], b""), qs)
                 return self.file_out(g, qs)
             if m == "GET" and qs.get("alt") == "media":
                 return self.media(f, qs)

@@ -24,6 +24,8 @@ pub struct Client {
     pub api: String,
     pub auth: Auth,
     pub retries: usize,
+    /// IDs from files.generateIds not used yet.
+    pub ids: std::sync::Mutex<Vec<String>>,
 }
 
 /// The body of a request, re-sent as is on a retry.
@@ -128,11 +130,12 @@ impl Client {
         body: &Body,
         extra: &[(&str, String)],
     ) -> Result<Response, StoreError> {
-        self.send_full(op, what, method, url, body, extra, &[]).await.map_err(|f| f.err)
+        self.send_full(op, what, method, url, body, extra, &[], self.retries).await.map_err(|f| f.err)
     }
 
     /// [`Self::send`], also answering `Ok` for the statuses in `accept`, and on failure
-    /// what Drive said (for callers that handle one status or reason).
+    /// what Drive said (for callers that handle one status or reason); 5xx and transport
+    /// errors are retried `retries` times (0: a caller that must look before it resends).
     #[allow(clippy::too_many_arguments)]
     pub async fn send_full(
         &self,
@@ -143,6 +146,7 @@ impl Client {
         body: &Body,
         extra: &[(&str, String)],
         accept: &[StatusCode],
+        retries: usize,
     ) -> Result<Response, Failure> {
         let (mut attempt, mut throttled_attempt) = (0, 0);
         let mut reauthed = false;
@@ -219,7 +223,7 @@ impl Client {
                 }
             };
             let transient = matches!(err.kind, StoreErrorKind::Unavailable);
-            if !transient || attempt >= self.retries {
+            if !transient || attempt >= retries {
                 return Err(Failure { status, reason, err });
             }
             tracing::debug!(op, what, attempt, "drive: retrying after {}", err.message);
@@ -306,7 +310,7 @@ impl Client {
             }
             let url = self.url(&format!("/drive/v3/files/{id}"), &q);
             let accept = [StatusCode::RANGE_NOT_SATISFIABLE];
-            match self.send_full("read", what, Method::GET, &url, &Body::None, &range, &accept).await {
+            match self.send_full("read", what, Method::GET, &url, &Body::None, &range, &accept, self.retries).await {
                 Ok(r) if r.status() == StatusCode::RANGE_NOT_SATISFIABLE => return Ok(None),
                 Ok(r) => return Ok(Some(r)),
                 Err(f) if !ack && f.reason == "cannotDownloadAbusiveFile" => {
@@ -343,7 +347,7 @@ impl Client {
     pub async fn export(&self, id: &str, what: &str, mime: &str) -> Result<Bytes, Failure> {
         let url =
             self.url(&format!("/drive/v3/files/{id}/export"), &[("mimeType", mime), ("supportsAllDrives", "true")]);
-        let r = self.send_full("export", what, Method::GET, &url, &Body::None, &[], &[]).await?;
+        let r = self.send_full("export", what, Method::GET, &url, &Body::None, &[], &[], self.retries).await?;
         r.bytes().await.map_err(|e| Failure {
             status: None,
             reason: String::new(),
@@ -367,14 +371,74 @@ impl Client {
         Self::json(op, what, r).await
     }
 
-    /// One-request upload of a small file: new (`id` None, metadata names it) or new content.
+    /// A new ID for a create or copy, from a pool filled ten at a time (files.generateIds).
+    async fn new_id(&self) -> Result<String, StoreError> {
+        if let Some(id) = self.ids.lock().unwrap().pop() {
+            return Ok(id);
+        }
+        #[derive(Deserialize)]
+        struct Ids {
+            ids: Vec<String>,
+        }
+        let url = self.url("/drive/v3/files/generateIds", &[("count", "10"), ("space", "drive"), ("type", "files")]);
+        let r = self.send("create", "", Method::GET, &url, &Body::None, &[]).await?;
+        let mut ids = Self::json::<Ids>("create", "", r).await?.ids;
+        let id = ids.pop().ok_or_else(|| StoreError::new(StoreErrorKind::Other, "generateIds gave no ID"))?;
+        self.ids.lock().unwrap().extend(ids);
+        Ok(id)
+    }
+
+    /// A create (`POST /drive/v3/files`) or copy (`.../copy`) made safe to retry: the new
+    /// file is named by a generated ID, so a retry after Drive did the work but the answer
+    /// was lost gets 409, and the file made by the earlier try is the answer, not a duplicate.
+    pub async fn create(
+        &self,
+        op: &str,
+        what: &str,
+        path: &str,
+        mut body: serde_json::Value,
+    ) -> Result<File, StoreError> {
+        let id = self.new_id().await?;
+        body["id"] = serde_json::json!(id);
+        let url = self.url(path, &[("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
+        let sent = self.send_full(op, what, Method::POST, &url, &Body::Json(body), &[], &[], self.retries).await;
+        self.created(op, what, &id, sent).await
+    }
+
+    /// The answer to a create that named its file `id` (see [`Self::create`]).
+    async fn created(
+        &self,
+        op: &str,
+        what: &str,
+        id: &str,
+        sent: Result<Response, Failure>,
+    ) -> Result<File, StoreError> {
+        match sent {
+            Ok(r) => Self::json(op, what, r).await,
+            Err(f) if f.status == Some(StatusCode::CONFLICT) => {
+                tracing::debug!(op, what, "drive: an earlier try made it; not made twice");
+                self.get_file(id).await
+            }
+            Err(f) => Err(f.err),
+        }
+    }
+
+    /// One-request upload of a small file: new (`id` None, metadata names it; made safe to
+    /// retry as [`Self::create`] says) or new content.
     pub async fn upload_multipart(
         &self,
         what: &str,
         id: Option<&str>,
-        meta: serde_json::Value,
+        mut meta: serde_json::Value,
         data: Bytes,
     ) -> Result<File, StoreError> {
+        let new_id = match id {
+            Some(_) => None,
+            None => Some(self.new_id().await?),
+        };
+        if let Some(n) = &new_id {
+            meta["id"] = serde_json::json!(n);
+        }
         let boundary = "bucketfs-part-boundary-7c1e4";
         let mut body = format!("--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
         body.extend_from_slice(&data);
@@ -383,8 +447,12 @@ impl Client {
         let url =
             self.url(&path, &[("uploadType", "multipart"), ("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
         let ct = format!("multipart/related; boundary={boundary}");
-        let r = self.send("write", what, method, &url, &Body::Raw(body.into(), ct), &[]).await?;
-        Self::json("write", what, r).await
+        let sent =
+            self.send_full("write", what, method, &url, &Body::Raw(body.into(), ct), &[], &[], self.retries).await;
+        match new_id {
+            Some(n) => self.created("write", what, &n, sent).await,
+            None => Self::json("write", what, sent.map_err(|f| f.err)?).await,
+        }
     }
 
     /// Start a resumable upload; returns the session URL.
@@ -406,7 +474,9 @@ impl Client {
     }
 
     /// Send bytes at `offset` of a resumable upload; with `total`, this is the last chunk
-    /// and the new file comes back.
+    /// and the new file comes back. Drive may keep less than was sent (a 308's `Range` says
+    /// how much), and after a failure it is asked how much it has before anything is sent
+    /// again; the rest is sent from there (developers.google.com/drive/api/guides/manage-uploads).
     pub async fn upload_chunk(
         &self,
         what: &str,
@@ -416,17 +486,66 @@ impl Client {
         total: Option<u64>,
     ) -> Result<Option<File>, StoreError> {
         let end = offset + data.len() as u64;
-        let range = match (data.is_empty(), total) {
-            (true, Some(t)) => format!("bytes */{t}"),
-            (_, t) => format!("bytes {offset}-{}/{}", end.saturating_sub(1), t.map_or("*".into(), |t| t.to_string())),
-        };
-        let body = Body::Raw(data, "application/octet-stream".into());
-        let r = self.send("write", what, Method::PUT, session, &body, &[("Content-Range", range)]).await?;
-        if r.status() == StatusCode::PERMANENT_REDIRECT {
-            return Ok(None);
+        let (mut at, mut failures, mut stalls) = (offset, 0, 0);
+        loop {
+            let part = data.slice((at - offset) as usize..);
+            let range = match (part.is_empty(), total) {
+                (true, Some(t)) => format!("bytes */{t}"),
+                (_, t) => format!("bytes {at}-{}/{}", end.saturating_sub(1), t.map_or("*".into(), |t| t.to_string())),
+            };
+            let body = Body::Raw(part, "application/octet-stream".into());
+            let header = [("Content-Range", range)];
+            let sent = self.send_full("write", what, Method::PUT, session, &body, &header, &[], 0);
+            let stored = match sent.await {
+                Ok(r) if r.status() == StatusCode::PERMANENT_REDIRECT => stored_bytes(&r),
+                Ok(r) => return Ok(Some(Self::json("write", what, r).await?)),
+                Err(f) if f.err.kind == StoreErrorKind::Unavailable && failures < self.retries => {
+                    tokio::time::sleep(backoff(failures, 8_000)).await;
+                    failures += 1;
+                    // Ask before sending again: the chunk may have arrived.
+                    let status = format!("bytes */{}", total.map_or("*".into(), |t| t.to_string()));
+                    let r = self
+                        .send("write", what, Method::PUT, session, &Body::None, &[("Content-Range", status)])
+                        .await?;
+                    if r.status() != StatusCode::PERMANENT_REDIRECT {
+                        return Ok(Some(Self::json("write", what, r).await?));
+                    }
+                    stored_bytes(&r)
+                }
+                Err(f) => return Err(f.err),
+            };
+            if stored >= end && total.is_none() {
+                return Ok(None);
+            }
+            if stored < offset || stored > end {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    format!("write {what:?}: Drive holds {stored} bytes of an upload at {offset}..{end}"),
+                ));
+            }
+            if stored == at {
+                stalls += 1;
+                if stalls > self.retries {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        format!("write {what:?}: Drive keeps none of the bytes from {at}"),
+                    ));
+                }
+            }
+            tracing::debug!(what, at, stored, "drive: resuming the upload from what Drive holds");
+            at = stored;
         }
-        Ok(Some(Self::json("write", what, r).await?))
     }
+}
+
+/// How many bytes a resumable upload holds, from a 308's `Range: bytes=0-N` (none: 0).
+fn stored_bytes(r: &Response) -> u64 {
+    r.headers()
+        .get("Range")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("bytes=0-"))
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or(0, |n| n + 1)
 }
 
 fn upload_target(id: Option<&str>) -> (Method, String) {

@@ -18,6 +18,9 @@
 //!   out of listings, with a warning; the listing itself never fails for it.
 //! - `delete` moves to Drive's trash; `copy` is `files.copy`; writes are one multipart
 //!   request up to one part, else a resumable upload sent part by part.
+//! - Creates (mkdir, new files, copies) name the new file with an ID from
+//!   `files.generateIds`, so a retry after a lost answer finds it made (409) instead of
+//!   making a duplicate; a resumable upload resumes from what Drive says it holds.
 
 pub mod auth;
 pub mod client;
@@ -129,6 +132,7 @@ impl GdriveStore {
             http,
             api: base.unwrap_or_else(|| GOOGLE_API.into()),
             retries: cfg.retries,
+            ids: Default::default(),
         };
         Ok(Arc::new_cyclic(|me| Self {
             client,
@@ -228,7 +232,7 @@ impl GdriveStore {
                 Some(_) => return Err(err(StoreErrorKind::Other, format!("write {key:?}: {at:?} is a file"))),
                 None => {
                     let body = json!({"name": drive_name(seg), "mimeType": FOLDER, "parents": [parent]});
-                    let f = self.client.meta("mkdir", &at, Method::POST, "/drive/v3/files", &[], body).await?;
+                    let f = self.client.create("mkdir", &at, "/drive/v3/files", body).await?;
                     self.learn(f.clone());
                     f.id
                 }
@@ -433,8 +437,7 @@ impl Store for GdriveStore {
         }
         let (parent, name) = self.placement(to).await?;
         let path = format!("/drive/v3/files/{}/copy", src.id);
-        let f =
-            self.client.meta("copy", to, Method::POST, &path, &[], json!({"name": name, "parents": [parent]})).await?;
+        let f = self.client.create("copy", to, &path, json!({"name": name, "parents": [parent]})).await?;
         // Replace semantics: the copy takes the name, the old target goes to the trash. The
         // tree learns the copy only once the old one is gone from it: in between, a listing
         // showed both, the copy under a name nobody made (`f~1AbCdEfG`; found by the model
@@ -463,17 +466,8 @@ impl Store for GdriveStore {
             return Ok(());
         }
         let (parent, name) = self.placement(key).await?;
-        let f = self
-            .client
-            .meta(
-                "mkdir",
-                key,
-                Method::POST,
-                "/drive/v3/files",
-                &[],
-                json!({"name": name, "mimeType": FOLDER, "parents": [parent]}),
-            )
-            .await?;
+        let body = json!({"name": name, "mimeType": FOLDER, "parents": [parent]});
+        let f = self.client.create("mkdir", key, "/drive/v3/files", body).await?;
         self.learn(f);
         Ok(())
     }
