@@ -84,6 +84,11 @@ pub struct ChangeList {
     pub new_start_page_token: Option<String>,
 }
 
+/// Said with a 403 `storageQuotaExceeded`: most often a service account writing to My Drive.
+const QUOTA_HINT: &str = "; no Drive storage quota left for this account. A service account has none of its own: \
+                          mount a folder in a shared drive it is a member of (gdrive://SHARED-DRIVE-ID), or use a \
+                          user's account (`bucketfs auth gdrive`)";
+
 /// How long throttled requests are retried (Drive suggests backing off up to a minute).
 pub const THROTTLE_BUDGET: Duration = Duration::from_secs(64);
 
@@ -201,7 +206,10 @@ impl Client {
                         _ => StoreErrorKind::Other,
                     };
                     let shown = if reason.is_empty() { String::new() } else { format!("{reason}: ") };
-                    let err = StoreError::new(kind, format!("{op} {what:?}: {status} ({shown}{message})"));
+                    let mut err = StoreError::new(kind, format!("{op} {what:?}: {status} ({shown}{message})"));
+                    if reason == "storageQuotaExceeded" {
+                        err.message.push_str(QUOTA_HINT);
+                    }
                     if throttled {
                         // Throttling lasts as long as the quota is spent: retried for a
                         // time budget rather than a count, honouring Retry-After.
@@ -246,12 +254,18 @@ impl Client {
         Self::json("get", id, r).await
     }
 
-    /// Every file that is not trashed, page by page.
-    pub async fn list_all(&self) -> Result<Vec<File>, StoreError> {
+    /// Every file that is not trashed, page by page: of My Drive (and what is shared with
+    /// the user), or with `drive`, of that shared drive (Drive omits shared-drive items
+    /// unless asked with corpora=drive, driveId and both all-drives flags).
+    pub async fn list_all(&self, drive: Option<&str>) -> Result<Vec<File>, StoreError> {
         let fields = format!("nextPageToken,files({FILE_FIELDS})");
         let (mut out, mut page) = (Vec::new(), None::<String>);
         loop {
             let mut q = vec![("q", "trashed=false"), ("pageSize", "1000"), ("fields", fields.as_str())];
+            if let Some(d) = drive {
+                q.extend([("corpora", "drive"), ("driveId", d)]);
+                q.extend([("includeItemsFromAllDrives", "true"), ("supportsAllDrives", "true")]);
+            }
             if let Some(p) = &page {
                 q.push(("pageToken", p));
             }
@@ -265,24 +279,37 @@ impl Client {
         }
     }
 
-    pub async fn start_page_token(&self) -> Result<String, StoreError> {
+    /// The changes feed's token for now: My Drive's, or a shared drive's.
+    pub async fn start_page_token(&self, drive: Option<&str>) -> Result<String, StoreError> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct T {
             start_page_token: String,
         }
-        let url = self.url("/drive/v3/changes/startPageToken", &[]);
+        let mut q = vec![("supportsAllDrives", "true")];
+        if let Some(d) = drive {
+            q.push(("driveId", d));
+        }
+        let url = self.url("/drive/v3/changes/startPageToken", &q);
         let r = self.send("changes", "", Method::GET, &url, &Body::None, &[]).await?;
         Ok(Self::json::<T>("changes", "", r).await?.start_page_token)
     }
 
-    /// All changes since `token`, and the token to ask from next time.
-    pub async fn changes(&self, token: &str) -> Result<(Vec<Change>, String), StoreError> {
+    /// All changes since `token` (of My Drive, or of the shared drive `drive`), and the
+    /// token to ask from next time.
+    pub async fn changes(&self, token: &str, drive: Option<&str>) -> Result<(Vec<Change>, String), StoreError> {
         let fields = format!("nextPageToken,newStartPageToken,changes(changeType,fileId,removed,file({FILE_FIELDS}))");
         let (mut out, mut page) = (Vec::new(), token.to_string());
         loop {
-            let q =
-                [("pageToken", page.as_str()), ("pageSize", "1000"), ("fields", &fields), ("includeRemoved", "true")];
+            let mut q = vec![
+                ("pageToken", page.as_str()),
+                ("pageSize", "1000"),
+                ("fields", &fields),
+                ("includeRemoved", "true"),
+            ];
+            if let Some(d) = drive {
+                q.extend([("driveId", d), ("includeItemsFromAllDrives", "true"), ("supportsAllDrives", "true")]);
+            }
             let r = self.send("changes", "", Method::GET, &self.url("/drive/v3/changes", &q), &Body::None, &[]).await?;
             let l: ChangeList = Self::json("changes", "", r).await?;
             out.extend(l.changes);

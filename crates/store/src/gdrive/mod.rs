@@ -1,4 +1,6 @@
-//! [`Store`] over the Google Drive v3 API (`gdrive://[FOLDER-ID]`).
+//! [`Store`] over the Google Drive v3 API (`gdrive://[FOLDER-ID]`). A folder in a shared
+//! drive, or a shared drive itself (`gdrive://SHARED-DRIVE-ID`: a drive's ID is its root
+//! folder's), is listed and followed with Drive's shared-drive parameters.
 //!
 //! OpenDAL's Drive service is path-based and fixed to Google's hosts, so it can show
 //! neither repeated names nor exported Docs, cannot follow the changes feed and cannot
@@ -60,6 +62,8 @@ pub struct DriveConfig {
 
 struct State {
     tree: Tree,
+    /// The shared drive mounted in (None: My Drive).
+    drive: Option<String>,
     page_token: String,
     refreshed: Instant,
 }
@@ -156,12 +160,10 @@ impl GdriveStore {
         let _one = self.refresh.lock().await;
         let token = match self.state.lock().unwrap().as_ref() {
             Some(s) if !force && s.refreshed.elapsed() < self.cfg.poll => return Ok(()),
-            Some(s) => Some(s.page_token.clone()),
+            Some(s) => Some((s.page_token.clone(), s.drive.clone())),
             None => None,
         };
-        let Some(token) = token else {
-            // Take the changes token first so nothing made during the listing is missed.
-            let page_token = self.client.start_page_token().await?;
+        let Some((token, drive)) = token else {
             let root = self.client.get_file(&self.cfg.folder).await.map_err(|e| match e.kind {
                 StoreErrorKind::NotFound => {
                     StoreError::not_found(format!("Drive folder {:?} not found", self.cfg.folder))
@@ -174,14 +176,18 @@ impl GdriveStore {
                     format!("{:?} is a file, not a Drive folder", self.cfg.folder),
                 ));
             }
-            let files = self.client.list_all().await?;
+            // In a shared drive (its ID is its root folder's): list and follow that drive.
+            let drive = root.drive_id.clone();
+            // Take the changes token first so nothing made during the listing is missed.
+            let page_token = self.client.start_page_token(drive.as_deref()).await?;
+            let files = self.client.list_all(drive.as_deref()).await?;
             let mut tree = Tree::new(root.id, self.cfg.hide_docs);
             files.into_iter().for_each(|f| tree.upsert(f));
             tree.rebuild();
-            *self.state.lock().unwrap() = Some(State { tree, page_token, refreshed: Instant::now() });
+            *self.state.lock().unwrap() = Some(State { tree, drive, page_token, refreshed: Instant::now() });
             return Ok(());
         };
-        let (changes, next) = self.client.changes(&token).await?;
+        let (changes, next) = self.client.changes(&token, drive.as_deref()).await?;
         let mut g = self.state.lock().unwrap();
         let s = g.as_mut().expect("loaded above");
         for c in changes {
