@@ -89,3 +89,16 @@ def test_refused_refresh_token_says_what_to_do(folder, tmp_path):
     p = run_cli(["mount", f"gdrive://{folder}", new_mountpoint(), "--endpoint", ds.ENDPOINT], env=env)
     assert p.returncode != 0
     assert "invalid_grant" in p.err and "bucketfs auth gdrive" in p.err and "revoked-token" not in p.err, p.err
+
+
+def test_unknown_fields_selector_is_refused_and_the_mount_asks_only_known_ones(folder, tmp_path):
+    # https://developers.google.com/drive/api/guides/fields-parameter: an unknown field is a 400.
+    st, out = ds.api("GET", "/drive/v3/files", {"q": "trashed=false", "fields": "files(id,sizeInBytes)"})
+    assert st == 400 and "sizeInBytes" in out["error"]["message"], out
+    st, out = ds.api("GET", "/drive/v3/files", {"q": f"'{folder}' in parents", "fields": "files(id,name)"})
+    assert st == 200 and all(set(f) <= {"id", "name"} for f in out["files"]), out
+    ds.control("seed", {"name": "f.txt", "parent": folder, "content": "fields ok"})
+    before = ds.control("stats")["requests"]
+    with mounted(args(folder), env=drive_env(tmp_path)) as mp:
+        assert open(os.path.join(mp, "f.txt"), "rb").read() == b"fields ok"
+    assert ds.control("stats")["requests"] > before
