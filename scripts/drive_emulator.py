@@ -711,6 +711,7 @@ class Handler(BaseHTTPRequestHandler):
                         self.visible(p, qs)
                     self.check_quota(meta.get("parents"))
             d.uploads[sid] = {"fid": fid, "meta": meta, "data": bytearray(), "qs": qs}
+            d.stats["upload_sessions"] = d.stats.get("upload_sessions", 0) + 1
             loc = f"http://{self.headers.get('Host')}/upload/drive/v3/files{'/' + fid if fid else ''}?uploadType=resumable&upload_id={sid}"
             return self.send(200, body=b"", headers={"Location": loc})
         if kind == "multipart":

@@ -46,12 +46,15 @@ def test_resumable_upload_resumes_from_what_drive_holds(folder, tmp_path):
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(20 * 1024 * 1024 + 5))  # three 8 MiB parts: a resumable upload
     before = ds.control("stats")["failed_injected"]
+    sessions = ds.control("stats").get("upload_sessions", 0)
     lost_answer("PUT", r"upload_id=")  # the first chunk is stored, its answer is a 503
     ds.control("short_chunk", {"keep": 768 * 1024})  # a later chunk is only partly kept
     p = run_cli(["cp", str(src), f"gdrive://{folder}/big.bin", "--endpoint", ds.ENDPOINT], env=drive_env(tmp_path))
     assert p.returncode == 0, p.err
     assert ds.control("stats")["failed_injected"] - before == 1
     assert not ds.control("stats")["pending_short_chunk"]
+    # Resumed in the one session, not started over.
+    assert ds.control("stats")["upload_sessions"] - sessions == 1
     got = [f for f in ds.children(folder) if f["name"] == "big.bin"]
     assert len(got) == 1 and int(got[0]["size"]) == src.stat().st_size
     st, body = ds.api("GET", f"/drive/v3/files/{got[0]['id']}", {"alt": "media"}, raw=True)

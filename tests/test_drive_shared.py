@@ -70,7 +70,7 @@ def test_service_account_write_to_my_drive_says_use_a_shared_drive(folder, tmp_p
     src.write_bytes(b"from a service account")
     p = run_cli(["cp", str(src), f"gdrive://{folder}/f.txt", "--endpoint", ds.ENDPOINT], env=env)
     assert p.returncode != 0
-    assert "storageQuotaExceeded" in p.err and "shared drive" in p.err, p.err
+    assert "storageQuotaExceeded" in p.err and "gdrive://SHARED-DRIVE-ID" in p.err, p.err
     sd = ds.control("shared_drive", {"name": "SA drive"})["id"]
     p = run_cli(["cp", str(src), f"gdrive://{sd}/f.txt", "--endpoint", ds.ENDPOINT], env=env)
     assert p.returncode == 0, p.err
