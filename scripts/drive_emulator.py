@@ -8,6 +8,7 @@ It is not Google Drive: it implements the subset bucketfs uses, the way Drive do
   GET    /drive/v3/files/ID/export       Google Docs/Sheets/Slides export (mimeType=)
   POST   /drive/v3/files                 create metadata only (folders)
   POST   /drive/v3/files/ID/copy         copy
+  GET    /drive/v3/files/generateIds     IDs for creates and copies (a used one: 409)
   PATCH  /drive/v3/files/ID              rename, trash, addParents/removeParents
   DELETE /drive/v3/files/ID              permanent delete
   POST   /upload/drive/v3/files          uploadType=media|multipart|resumable
@@ -19,10 +20,23 @@ It is not Google Drive: it implements the subset bucketfs uses, the way Drive do
   GET    /o/oauth2/auth                  "consent": redirects to redirect_uri?code=...
 Every API call needs `Authorization: Bearer <token from /token>`.
 
-Test control (no auth): POST /_control/{reset,seed,fail,expire_tokens,sa_key}, GET /_control/stats.
-  seed: {"name", "parent"?, "mimeType"?, "content"?(text), "trashed"?} -> the file resource
-  fail: {"count": N, "status": 403, "reason": "userRateLimitExceeded"} -> next N API calls fail
+Test control (no auth): POST /_control/{reset,seed,fail,expire_tokens,sa_key,throttle,token_fail,
+drive_change,shared_drive,short_chunk}, GET /_control/stats.
+  seed: {"name", "parent"?, "mimeType"?, "content"?(text), "content_size"?(N bytes), "trashed"?,
+         "abusive"?} -> the file resource
+  fail: {"count": N, "status": 403, "reason": "userRateLimitExceeded", "method"?, "path"?(regex on
+         path?query), "after"?} -> the next N matching API calls fail; with "after" the call is
+         done first and only its answer is the error ("do the work, then fail"); {"clear": true}
+         drops the pending ones
+  throttle: {"seconds", "status"?, "reason"?} -> every API call is throttled for that long
+  token_fail: {"count", "status", "error"?} -> the next N token requests fail
+  drive_change: {"driveId"?} -> a changeType "drive" entry in the changes feed
+  shared_drive: {"name"} -> a new shared drive (its ID is its root folder's ID)
+  short_chunk: {"keep": N} -> the next non-final resumable chunk stores only its first N bytes
   sa_key: {"email", "n", "e"} (hex modulus, int exponent) registers a service-account key
+
+Where it follows Drive more strictly than a toy would, the page it follows is named next to the
+code (developers.google.com/drive/api/...).
 
 Usage: drive_emulator.py --port 4700 --client-id ID --client-secret S --refresh-token R
 """
@@ -49,6 +63,23 @@ EXPORTS = {
     "application/vnd.google-apps.presentation": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
 }
 ROOT_ID = "0AROOTFOLDERxxxxxxxxxxxxxxxxxxxx"
+# https://developers.google.com/drive/api/reference/rest/v3/files/export: "the exported content
+# is limited to 10MB"; above it Drive answers 403 exportSizeLimitExceeded.
+EXPORT_LIMIT = 10 * 1024 * 1024
+# The fields a `fields` selector may name (https://developers.google.com/drive/api/guides/fields-parameter:
+# an unknown field is a 400 "Invalid field selection").
+FILE_KEYS = {"kind", "id", "name", "mimeType", "parents", "size", "md5Checksum", "modifiedTime", "createdTime",
+             "version", "trashed", "properties", "appProperties", "driveId", "shortcutDetails", "exportLinks",
+             "capabilities", "owners", "quotaBytesUsed", "headRevisionId", "webViewLink", "description",
+             "starred", "explicitlyTrashed", "ownedByMe", "fileExtension", "fullFileExtension", "originalFilename",
+             "sha1Checksum", "sha256Checksum", "teamDriveId", "spaces"}
+SHAPES = {
+    "file": {k: None for k in FILE_KEYS},
+    "list": {"kind": None, "nextPageToken": None, "incompleteSearch": None, "files": "file"},
+    "change": {"kind": None, "changeType": None, "fileId": None, "removed": None, "time": None, "driveId": None,
+               "file": "file", "drive": None, "teamDriveId": None, "type": None},
+    "changes": {"kind": None, "nextPageToken": None, "newStartPageToken": None, "changes": "change"},
+}
 
 
 def now_rfc3339() -> str:
@@ -68,10 +99,16 @@ class Drive:
         with self.lock:
             self.files: dict[str, dict] = {}
             self.content: dict[str, bytes] = {}
-            self.changes: list[tuple[int, str]] = []  # (change number, file id)
+            self.changes: list[tuple] = []  # (change number, "file"|"drive", id, shared drive id)
             self.next_change = 1
             self.tokens: set[str] = set()
-            self.fail: list[tuple[int, str]] = []
+            self.fail: list[dict] = []
+            self.throttle_until, self.throttle = 0.0, (429, "rateLimitExceeded")
+            self.token_fail: list[tuple[int, str]] = []
+            self.short_chunk: int | None = None
+            self.drives: dict[str, str] = {}  # shared drive id -> name
+            self.token_grant: dict[str, str] = {}
+            self.abusive: set[str] = set()
             self.uploads: dict[str, dict] = {}
             self.codes: set[str] = set()
             self.sa_keys: dict[str, tuple[int, int]] = {}
@@ -84,16 +121,25 @@ class Drive:
     def new_id(self) -> str:
         return "1" + secrets.token_hex(4) + "%08d" % next(self.ids) + "x" * 16
 
-    def record(self, fid: str):
-        self.changes.append((self.next_change, fid))
+    def record(self, fid: str, kind: str = "file"):
+        self.changes.append((self.next_change, kind, fid, self.drive_of(fid) if kind == "file" else fid))
         self.next_change += 1
+
+    def drive_of(self, fid: str) -> str | None:
+        """The shared drive an item is in (None: My Drive)."""
+        f = self.files.get(fid)
+        return f.get("driveId") if f else None
 
     def resolve(self, fid: str) -> str:
         return ROOT_ID if fid == "root" else fid
 
     def create(self, meta: dict, data: bytes | None) -> dict:
         with self.lock:
-            fid = self.new_id()
+            fid = meta.get("id") or self.new_id()
+            if fid in self.files:
+                # https://developers.google.com/drive/api/reference/rest/v3/files/generateIds: an ID
+                # from generateIds may be given in a create or copy; one already used is a 409.
+                raise ApiError(409, "duplicate", "A file already exists with the provided ID.")
             mime = meta.get("mimeType") or "application/octet-stream"
             parents = [self.resolve(p) for p in (meta.get("parents") or [ROOT_ID])]
             for p in parents:
@@ -104,6 +150,8 @@ class Drive:
                  "trashed": bool(meta.get("trashed")), "createdTime": t, "modifiedTime": meta.get("modifiedTime") or t,
                  "version": "1"}
             set_properties(f, meta)
+            if self.drive_of(parents[0]):
+                f["driveId"] = self.drive_of(parents[0])
             self.files[fid] = f
             if mime != FOLDER:
                 self.set_content(f, data or b"")
@@ -167,6 +215,57 @@ def match_query(f: dict, q: str) -> bool:
     return True
 
 
+def parse_fields(sel: str) -> dict:
+    """A `fields` selector as a tree: `a,b(c,d/e)` -> {"a": None, "b": {"c": None, "d": {"e": None}}}."""
+    out: dict = {}
+    depth, start, items = 0, 0, []
+    for i, ch in enumerate(sel + ","):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(sel[start:i].strip())
+            start = i + 1
+    if depth:
+        raise ApiError(400, "invalidParameter", f"Invalid field selection {sel}")
+    for it in filter(None, items):
+        if "(" in it.split("/")[0]:
+            name, inner = it.split("(", 1)
+            out[name.strip()] = parse_fields(inner[:-1])
+        elif "/" in it:
+            name, rest = it.split("/", 1)
+            out.setdefault(name, {}).update(parse_fields(rest))
+        else:
+            out[it] = None
+    return out
+
+
+def select(obj, sel: dict | None, shape: str):
+    """Check a parsed selector against `shape` (400 for a field Drive does not have) and keep
+    only the selected fields, as Drive answers (https://developers.google.com/drive/api/guides/fields-parameter).
+    Without a `fields` parameter this emulator answers whole resources (Drive gives a default subset)."""
+    if sel is None or "*" in sel:
+        return obj
+    kinds = SHAPES[shape]
+    for k, sub in sel.items():
+        if k not in kinds:
+            raise ApiError(400, "invalidParameter", f"Invalid field selection {k}")
+        if sub and kinds[k]:
+            select(None, sub, kinds[k])
+    if obj is None:
+        return None
+    out = {}
+    for k, sub in sel.items():
+        if k not in obj:
+            continue
+        v, inner = obj[k], kinds[k]
+        if sub and inner:
+            v = [select(x, sub, inner) for x in v] if isinstance(v, list) else select(v, sub, inner)
+        out[k] = v
+    return out
+
+
 def parse_multipart(body: bytes, ctype: str) -> tuple[dict, bytes]:
     m = re.search(r'boundary="?([^";]+)"?', ctype)
     if not m:
@@ -215,6 +314,11 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ plumbing
     def send(self, status: int, obj=None, body: bytes | None = None, headers: dict | None = None):
+        after, self.after_fail = getattr(self, "after_fail", None), None
+        if after and status < 400:
+            # "Do the work, then fail": the change is made, the client sees only the error
+            # (a 5xx or a dropped answer after a create: https://developers.google.com/drive/api/guides/handle-errors).
+            return self.error(ApiError(after[0], after[1], "Backend error after the work was done (injected)."))
         if obj is not None:
             body = json.dumps(obj).encode()
             headers = {"Content-Type": "application/json; charset=UTF-8", **(headers or {})}
@@ -228,6 +332,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def error(self, e: ApiError):
+        self.after_fail = None
         self.send(e.status, {"error": {"code": e.status, "message": e.message,
                                        "errors": [{"domain": "usageLimits" if "RateLimit" in e.reason else "global",
                                                    "reason": e.reason, "message": e.message}]}})
@@ -248,15 +353,27 @@ class Handler(BaseHTTPRequestHandler):
                 return self.token(dict(urllib.parse.parse_qsl(data.decode())))
             if path == "/o/oauth2/auth":
                 return self.consent(qs)
+            self.after_fail = None
             with d.lock:
                 d.stats["requests"] += 1
                 auth = self.headers.get("Authorization", "")
                 if not auth.startswith("Bearer ") or auth[7:] not in d.tokens:
                     raise ApiError(401, "authError", "Request had invalid authentication credentials.")
-                if d.fail:
-                    status, reason = d.fail.pop(0)
+                self.grant = d.token_grant.get(auth[7:], "")
+                if time.time() < d.throttle_until:
+                    # https://developers.google.com/drive/api/guides/limits: 403 userRateLimitExceeded
+                    # or 429 rateLimitExceeded until the quota refills; clients back off exponentially.
                     d.stats["failed_injected"] += 1
-                    raise ApiError(status, reason, "Rate limit exceeded (injected by the emulator).")
+                    raise ApiError(d.throttle[0], d.throttle[1], "Rate limit exceeded (throttled by the emulator).")
+                target = path + ("?" + url.query if url.query else "")
+                hit = next((f for f in d.fail if f.get("method", self.command) == self.command
+                            and re.search(f.get("path", ""), target)), None)
+                if hit is not None:
+                    d.fail.remove(hit)
+                    d.stats["failed_injected"] += 1
+                    if not hit.get("after"):
+                        raise ApiError(hit["status"], hit["reason"], "Injected failure (emulator).")
+                    self.after_fail = (hit["status"], hit["reason"])
             return self.api(path, qs, data)
         except ApiError as e:
             return self.error(e)
@@ -265,7 +382,21 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ auth
     def token(self, form: dict):
+        try:
+            return self.token_grant(form)
+        except ApiError as e:
+            # The OAuth endpoint answers RFC 6749 section 5.2 errors, not API errors:
+            # {"error": "invalid_grant", "error_description": ...}
+            # (https://developers.google.com/identity/protocols/oauth2/web-server#exchange-authorization-code).
+            return self.send(e.status, {"error": e.reason, "error_description": e.message})
+
+    def token_grant(self, form: dict):
         d, cfg = self.drive, self.drive.cfg
+        with d.lock:
+            if d.token_fail:
+                status, error = d.token_fail.pop(0)
+                d.stats["token_failures"] = d.stats.get("token_failures", 0) + 1
+                raise ApiError(status, error, "Injected token endpoint failure (emulator).")
         grant = form.get("grant_type", "")
         if grant == "refresh_token":
             if (form.get("client_id"), form.get("client_secret"), form.get("refresh_token")) != \
@@ -286,6 +417,7 @@ class Handler(BaseHTTPRequestHandler):
         tok = "ya29.emu-" + secrets.token_hex(12)
         with d.lock:
             d.tokens.add(tok)
+            d.token_grant[tok] = grant
             d.stats["token_grants"][grant] = d.stats["token_grants"].get(grant, 0) + 1
         self.send(200, {"access_token": tok, "expires_in": 3599, "token_type": "Bearer", **out})
 
@@ -307,10 +439,45 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send(200, {})
             if op == "seed":
                 content = arg.pop("content", "").encode()
+                if "content_size" in arg:
+                    n = arg.pop("content_size")
+                    content = (b"0123456789abcdef" * (n // 16 + 1))[:n]
+                abusive = arg.pop("abusive", False)
                 f = d.create({**arg, "parents": [arg.pop("parent", ROOT_ID)]}, content)
+                if abusive:
+                    d.abusive.add(f["id"])
                 return self.send(200, f)
+            if op == "fail" and arg.get("clear"):
+                d.fail = []
+                return self.send(200, {})
             if op == "fail":
-                d.fail += [(arg.get("status", 403), arg.get("reason", "userRateLimitExceeded"))] * arg.get("count", 1)
+                one = {"status": arg.get("status", 403), "reason": arg.get("reason", "userRateLimitExceeded"),
+                       **{k: arg[k] for k in ("method", "path", "after") if k in arg}}
+                d.fail += [dict(one) for _ in range(arg.get("count", 1))]
+                return self.send(200, {})
+            if op == "throttle":
+                d.throttle_until = time.time() + arg.get("seconds", 10)
+                d.throttle = (arg.get("status", 429), arg.get("reason", "rateLimitExceeded"))
+                return self.send(200, {})
+            if op == "token_fail":
+                d.token_fail += [(arg.get("status", 503), arg.get("error", "temporarily_unavailable"))] * \
+                    arg.get("count", 1)
+                return self.send(200, {})
+            if op == "drive_change":
+                d.record(arg.get("driveId", "0AOTHERDRIVExxxxxxxx"), "drive")
+                return self.send(200, {})
+            if op == "shared_drive":
+                # A shared drive's ID is also its root folder's ID
+                # (https://developers.google.com/drive/api/guides/about-shareddrives).
+                sid = "0A" + secrets.token_hex(8) + "Uk9PVA"
+                t = now_rfc3339()
+                d.drives[sid] = arg.get("name", "Shared")
+                d.files[sid] = {"id": sid, "name": d.drives[sid], "mimeType": FOLDER, "parents": [],
+                                "trashed": False, "createdTime": t, "modifiedTime": t, "version": "1",
+                                "driveId": sid}
+                return self.send(200, d.files[sid])
+            if op == "short_chunk":
+                d.short_chunk = arg.get("keep", 256 * 1024)
                 return self.send(200, {})
             if op == "expire_tokens":
                 d.tokens.clear()
@@ -319,55 +486,105 @@ class Handler(BaseHTTPRequestHandler):
                 d.sa_keys[arg["email"]] = (int(arg["n"], 16), int(arg.get("e", 65537)))
                 return self.send(200, {})
             if op == "stats":
-                return self.send(200, {**d.stats, "pending_failures": len(d.fail)})
+                return self.send(200, {**d.stats, "pending_failures": len(d.fail),
+                                       "pending_short_chunk": d.short_chunk is not None})
         raise ApiError(404, "notFound", f"no control op {op}")
 
     # ------------------------------------------------------------------ the API
+    def fields(self, qs: dict) -> dict | None:
+        return parse_fields(qs["fields"]) if qs.get("fields") else None
+
+    def file_out(self, f: dict, qs: dict):
+        return self.send(200, select(f, self.fields(qs), "file"))
+
+    def visible(self, fid: str, qs: dict) -> dict:
+        """The item, if this request may see it: an item in a shared drive is "not found" to a
+        request without supportsAllDrives=true
+        (https://developers.google.com/drive/api/guides/enable-shareddrives)."""
+        d = self.drive
+        f = d.get(fid)
+        if f.get("driveId") and qs.get("supportsAllDrives") != "true":
+            raise ApiError(404, "notFound", f"File not found: {fid}.")
+        return f
+
+    def check_quota(self, parents: list[str]):
+        """A service account owns no storage: a new file in My Drive is refused
+        (https://developers.google.com/drive/api/guides/about-shareddrives; the answer Drive
+        gives is below)."""
+        d = self.drive
+        if self.grant.endswith("jwt-bearer") and not any(d.drive_of(d.resolve(p)) for p in parents or [ROOT_ID]):
+            raise ApiError(403, "storageQuotaExceeded",
+                           "Service Accounts do not have storage quota. Leverage shared drives "
+                           "(https://developers.google.com/workspace/drive/api/guides/about-shareddrives), "
+                           "or use OAuth delegation (http://support.google.com/a/answer/7281227) instead.")
+
+    def create(self, meta: dict, data: bytes, qs: dict) -> dict:
+        for p in meta.get("parents") or [ROOT_ID]:
+            self.visible(p, qs)
+        if meta.get("mimeType") != FOLDER:
+            self.check_quota(meta.get("parents"))
+        return self.drive.create(meta, data)
+
     def api(self, path: str, qs: dict, data: bytes):
         d, m = self.drive, self.command
         if path == "/drive/v3/changes/startPageToken":
+            if qs.get("driveId") and qs.get("supportsAllDrives") != "true":
+                raise ApiError(403, "teamDrivesParameterRequired",
+                               "The supportsAllDrives parameter must be true when driveId is set.")
             return self.send(200, {"startPageToken": str(d.next_change)})
         if path == "/drive/v3/changes" and m == "GET":
             return self.changes(qs)
         if path == "/drive/v3/files" and m == "GET":
             return self.list(qs)
+        if path == "/drive/v3/files/generateIds" and m == "GET":
+            # https://developers.google.com/drive/api/reference/rest/v3/files/generateIds
+            n = max(1, min(int(qs.get("count") or 10), 1000))
+            return self.send(200, {"kind": "drive#generatedIds", "space": qs.get("space", "drive"),
+                                   "ids": [d.new_id() for _ in range(n)]})
         if path == "/drive/v3/files" and m == "POST":
-            return self.send(200, d.create(json.loads(data or b"{}"), b""))
+            self.fields(qs) and select(None, self.fields(qs), "file")
+            with d.lock:
+                return self.file_out(self.create(json.loads(data or b"{}"), b"", qs), qs)
         if path.startswith("/upload/drive/v3/files"):
             return self.upload(path[len("/upload/drive/v3/files"):].strip("/"), qs, data)
         mm = re.fullmatch(r"/drive/v3/files/([^/]+)(/export|/copy)?", path)
         if not mm:
             raise ApiError(404, "notFound", f"no such API path {path}")
         fid, sub = mm.group(1), mm.group(2)
+        self.fields(qs) and sub != "/export" and select(None, self.fields(qs), "file")
         with d.lock:
-            f = d.get(fid)
+            f = self.visible(fid, qs)
             if sub == "/export":
                 if f["mimeType"] not in EXPORTS or qs.get("mimeType") != EXPORTS[f["mimeType"]]:
                     raise ApiError(400, "badRequest", "Export only supports Docs Editors files (or bad mimeType).")
+                if len(d.content[f["id"]]) > EXPORT_LIMIT:
+                    # https://developers.google.com/drive/api/reference/rest/v3/files/export
+                    raise ApiError(403, "exportSizeLimitExceeded", "This file is too large to be exported.")
+                d.stats["exports"] = d.stats.get("exports", 0) + 1
                 return self.send(200, body=d.content[f["id"]], headers={"Content-Type": qs["mimeType"]})
             if sub == "/copy":
                 meta = json.loads(data or b"{}")
-                g = d.create({"name": meta.get("name", f["name"]), "parents": meta.get("parents", f["parents"]),
-                              "mimeType": f["mimeType"]}, d.content.get(f["id"], b""))
-                return self.send(200, g)
+                g = self.create({"name": meta.get("name", f["name"]), "parents": meta.get("parents", f["parents"]),
+                                 "mimeType": f["mimeType"], "id": meta.get("id")}, d.content.get(f["id"], b""), qs)
+                return self.file_out(g, qs)
             if m == "GET" and qs.get("alt") == "media":
-                return self.media(f)
+                return self.media(f, qs)
             if m == "GET":
-                return self.send(200, f)
+                return self.file_out(f, qs)
             if m == "DELETE":
                 self.delete_tree(f["id"])
                 return self.send(204)
             if m == "PATCH":
-                return self.send(200, self.patch(f, json.loads(data or b"{}"), qs))
+                return self.file_out(self.patch(f, json.loads(data or b"{}"), qs), qs)
         raise ApiError(405, "badRequest", f"{m} {path}")
 
     def delete_tree(self, fid: str):
         d = self.drive
         for c in [c for c in d.files.values() if fid in c["parents"]]:
             self.delete_tree(c["id"])
+        d.record(fid)
         d.files.pop(fid, None)
         d.content.pop(fid, None)
-        d.record(fid)
 
     def patch(self, f: dict, meta: dict, qs: dict) -> dict:
         d = self.drive
@@ -383,9 +600,14 @@ class Handler(BaseHTTPRequestHandler):
         d.touch(f)
         return f
 
-    def media(self, f: dict):
+    def media(self, f: dict, qs: dict):
         if f["mimeType"].startswith(GOOGLE_APPS):
             raise ApiError(403, "fileNotDownloadable", "Only files with binary content can be downloaded. Use Export with Docs Editors files.")
+        if f["id"] in self.drive.abusive and qs.get("acknowledgeAbuse") != "true":
+            # https://developers.google.com/drive/api/reference/rest/v3/files/get (acknowledgeAbuse):
+            # a file flagged as malware or spam downloads only with acknowledgeAbuse=true.
+            raise ApiError(403, "cannotDownloadAbusiveFile",
+                           "This file has been identified as malware or spam and cannot be downloaded.")
         data = self.drive.content[f["id"]]
         rng = self.headers.get("Range")
         m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
@@ -402,24 +624,64 @@ class Handler(BaseHTTPRequestHandler):
         size = max(1, min(int(qs.get("pageSize") or 100), 1000))
         start = int(qs.get("pageToken") or 0)
         q = qs.get("q", "")
+        sel = self.fields(qs)
+        select(None, sel, "list")
+        # https://developers.google.com/drive/api/guides/enable-shareddrives: shared-drive items
+        # are listed only with includeItemsFromAllDrives=true and supportsAllDrives=true, and
+        # corpora=drive (with driveId) lists one shared drive.
+        all_drives = qs.get("includeItemsFromAllDrives") == "true" and qs.get("supportsAllDrives") == "true"
+        corpora, drive_id = qs.get("corpora", "user"), qs.get("driveId")
+        if corpora == "drive" and not (drive_id and all_drives):
+            raise ApiError(400, "invalid", "corpora=drive needs driveId, includeItemsFromAllDrives=true and "
+                                           "supportsAllDrives=true.")
+        if drive_id and corpora != "drive":
+            raise ApiError(400, "invalid", "driveId needs corpora=drive.")
+
+        def seen(f):
+            if corpora == "drive":
+                return f.get("driveId") == drive_id
+            return not f.get("driveId") or (all_drives and corpora == "allDrives")
         with d.lock:
-            hits = [f for f in d.files.values() if f["id"] != ROOT_ID and match_query(f, q)]
+            hits = [f for f in d.files.values() if f["id"] != ROOT_ID and f["id"] not in d.drives
+                    and seen(f) and match_query(f, q)]
         page = hits[start:start + size]
         out = {"kind": "drive#fileList", "files": page}
         if start + size < len(hits):
             out["nextPageToken"] = str(start + size)
-        return self.send(200, out)
+        return self.send(200, select(out, sel, "list"))
 
     def changes(self, qs: dict):
         d = self.drive
         if not qs.get("pageToken"):
             raise ApiError(400, "required", "Required parameter: pageToken")
         start, size = int(qs["pageToken"]), max(1, min(int(qs.get("pageSize") or 100), 1000))
+        sel = self.fields(qs)
+        select(None, sel, "changes")
+        # https://developers.google.com/drive/api/reference/rest/v3/changes/list and
+        # https://developers.google.com/drive/api/guides/enable-shareddrives: with driveId, the
+        # changes of that shared drive (supportsAllDrives/includeItemsFromAllDrives needed);
+        # without, My Drive's, and shared-drive items only with both flags. A change may be
+        # about a shared drive itself: changeType "drive", a driveId and no fileId
+        # (https://developers.google.com/drive/api/reference/rest/v3/changes#Change).
+        all_drives = qs.get("includeItemsFromAllDrives") == "true" and qs.get("supportsAllDrives") == "true"
+        drive_id = qs.get("driveId")
+        if drive_id and not all_drives:
+            raise ApiError(403, "teamDrivesParameterRequired", "driveId needs supportsAllDrives and "
+                                                               "includeItemsFromAllDrives set to true.")
         with d.lock:
-            todo = [(n, fid) for n, fid in d.changes if n >= start]
+            def seen(kind, drv):
+                if drive_id:
+                    return kind == "file" and drv == drive_id
+                return kind == "drive" or not drv or all_drives
+            todo = [(n, kind, fid) for n, kind, fid, drv in d.changes if n >= start and seen(kind, drv)]
             page = todo[:size]
             out = {"kind": "drive#changeList", "changes": []}
-            for n, fid in page:
+            for n, kind, fid in page:
+                if kind == "drive":
+                    out["changes"].append({"kind": "drive#change", "changeType": "drive", "driveId": fid,
+                                           "removed": False, "time": now_rfc3339(),
+                                           "drive": {"id": fid, "name": d.drives.get(fid, "a shared drive")}})
+                    continue
                 f = d.files.get(fid)
                 ch = {"kind": "drive#change", "changeType": "file", "fileId": fid, "removed": f is None,
                       "time": now_rfc3339()}
@@ -430,16 +692,26 @@ class Handler(BaseHTTPRequestHandler):
                 out["nextPageToken"] = str(page[-1][0] + 1)
             else:
                 out["newStartPageToken"] = str(d.next_change)
-        return self.send(200, out)
+        return self.send(200, select(out, sel, "changes"))
 
     def upload(self, fid: str, qs: dict, data: bytes):
         d, m = self.drive, self.command
         kind = qs.get("uploadType", "media")
         if kind == "resumable" and qs.get("upload_id"):
             return self.resumable_chunk(qs["upload_id"], data)
+        self.fields(qs) and select(None, self.fields(qs), "file")
+        if fid:
+            self.visible(fid, qs)
         if kind == "resumable":
             sid = secrets.token_hex(8)
-            d.uploads[sid] = {"fid": fid, "meta": json.loads(data or b"{}"), "data": bytearray()}
+            meta = json.loads(data or b"{}")
+            if not fid:
+                with d.lock:
+                    for p in meta.get("parents") or [ROOT_ID]:
+                        self.visible(p, qs)
+                    self.check_quota(meta.get("parents"))
+            d.uploads[sid] = {"fid": fid, "meta": meta, "data": bytearray(), "qs": qs}
+            d.stats["upload_sessions"] = d.stats.get("upload_sessions", 0) + 1
             loc = f"http://{self.headers.get('Host')}/upload/drive/v3/files{'/' + fid if fid else ''}?uploadType=resumable&upload_id={sid}"
             return self.send(200, body=b"", headers={"Location": loc})
         if kind == "multipart":
@@ -448,13 +720,13 @@ class Handler(BaseHTTPRequestHandler):
             meta, content = {}, data
         else:
             raise ApiError(400, "badRequest", f"uploadType {kind!r}")
-        return self.send(200, self.finish_upload(fid if m == "PATCH" else "", meta, content))
+        return self.file_out(self.finish_upload(fid if m == "PATCH" else "", meta, content, qs), qs)
 
-    def finish_upload(self, fid: str, meta: dict, content: bytes) -> dict:
+    def finish_upload(self, fid: str, meta: dict, content: bytes, qs: dict) -> dict:
         d = self.drive
         with d.lock:
             if not fid:
-                return d.create(meta, content)
+                return self.create(meta, content, qs)
             f = d.get(fid)
             if f["mimeType"].startswith(GOOGLE_APPS):
                 raise ApiError(403, "fileNotWritable", "Docs Editors files cannot take binary content here.")
@@ -473,6 +745,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.command == "DELETE":
             d.uploads.pop(sid, None)
             return self.send(204)
+        if "done" in up:
+            # A finished session answers any further PUT with the file
+            # (https://developers.google.com/drive/api/guides/manage-uploads#resume-upload).
+            return self.file_out(d.get(up["done"]), up["qs"])
         cr = self.headers.get("Content-Range", "")
         m = re.fullmatch(r"bytes (?:(\d+)-(\d+)|\*)/(\d+|\*)", cr)
         if not m:
@@ -482,11 +758,16 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(400, "badRequest", "chunk does not continue the upload")
             if m.group(3) == "*" and len(data) % (256 * 1024):
                 raise ApiError(400, "badRequest", "non-final chunks must be multiples of 256 KiB")
+            if m.group(3) == "*" and d.short_chunk is not None and d.short_chunk < len(data):
+                # Drive may keep less than a chunk: its 308's Range says how much, and the
+                # client resumes from there (https://developers.google.com/drive/api/guides/manage-uploads#resumable).
+                data, d.short_chunk = data[:d.short_chunk], None
             up["data"] += data
         total = m.group(3)
         if total != "*" and int(total) == len(up["data"]):
-            d.uploads.pop(sid, None)
-            return self.send(200, self.finish_upload(up["fid"], up["meta"], bytes(up["data"])))
+            f = self.finish_upload(up["fid"], up["meta"], bytes(up["data"]), up["qs"])
+            up["done"] = f["id"]
+            return self.file_out(f, up["qs"])
         hdr = {"Range": f"bytes=0-{len(up['data']) - 1}"} if up["data"] else {}
         return self.send(308, body=b"", headers=hdr)
 

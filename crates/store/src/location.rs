@@ -104,7 +104,8 @@ impl Location {
                 if folder.contains('/') || !folder.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
                 {
                     return Err(config_err(format!(
-                        "{s:?}: expected gdrive:// (My Drive) or gdrive://FOLDER-ID (the ID in the folder's web address)"
+                        "{s:?}: expected gdrive:// (My Drive), gdrive://FOLDER-ID (the ID in the folder's web address) or \
+                         gdrive://SHARED-DRIVE-ID"
                     )));
                 }
                 Ok(Location::Gdrive { folder: if folder.is_empty() { "root".into() } else { folder.into() } })

@@ -158,7 +158,11 @@ impl Auth {
                 ("assertion", jwt(email, key, &self.token_url)?),
             ],
         };
-        let r = post_form(&self.http, &self.token_url, &form).await?;
+        let hint = match &self.creds {
+            Credentials::Refresh { .. } => Grant::Refresh,
+            Credentials::ServiceAccount { .. } => Grant::ServiceAccount,
+        };
+        let r = post_form(&self.http, &self.token_url, &form, hint).await?;
         let life = Duration::from_secs(r.expires_in.unwrap_or(3600).saturating_sub(60).max(1));
         *cached = Some((r.access_token.clone(), Instant::now() + life));
         Ok(r.access_token)
@@ -170,26 +174,76 @@ impl Auth {
     }
 }
 
-async fn post_form(http: &reqwest::Client, url: &str, form: &[(&str, String)]) -> Result<TokenResponse, StoreError> {
+/// What a token request exchanges, to say what to do when it is refused.
+#[derive(Clone, Copy)]
+enum Grant {
+    Refresh,
+    ServiceAccount,
+    Code,
+}
+
+/// An OAuth error answer (RFC 6749 section 5.2); it carries no secret.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct OauthError {
+    error: String,
+    error_description: String,
+}
+
+/// How many times a token request is tried when the endpoint is down (5xx, no answer).
+const TOKEN_TRIES: usize = 5;
+
+/// POST a token request. 5xx answers and transport errors are retried with backoff; a
+/// refusal (4xx) is one error that says what to do.
+async fn post_form(
+    http: &reqwest::Client,
+    url: &str,
+    form: &[(&str, String)],
+    grant: Grant,
+) -> Result<TokenResponse, StoreError> {
     let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(form).finish();
-    let resp = http
-        .post(url)
-        .header("Content-Type", "application/x-www-form-urlencoded")
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("token request to {url}: {e}")))?;
-    let status = resp.status();
-    let text = resp.text().await.unwrap_or_default();
+    let mut attempt = 0;
+    let (status, text) = loop {
+        let sent = http.post(url).header("Content-Type", "application/x-www-form-urlencoded").body(body.clone()).send();
+        let failed = match sent.await {
+            Ok(r) if !r.status().is_server_error() => break (r.status(), r.text().await.unwrap_or_default()),
+            Ok(r) => format!("{}", r.status()),
+            Err(e) => e.to_string(),
+        };
+        attempt += 1;
+        if attempt >= TOKEN_TRIES {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("token request to {url} failed {attempt} times, last: {failed}"),
+            ));
+        }
+        tracing::debug!(attempt, "drive: token endpoint failed ({failed}), retrying");
+        tokio::time::sleep(super::client::backoff(attempt - 1, 8_000)).await;
+    };
     if !status.is_success() {
-        // The error body names the problem (invalid_grant...) and carries no secret.
-        let detail: String = text.chars().take(300).collect();
+        let e: OauthError = serde_json::from_str(&text).unwrap_or_default();
+        let said = match (e.error.as_str(), e.error_description.as_str()) {
+            ("", _) => text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(300).collect(),
+            (code, "") => code.to_string(),
+            (code, desc) => format!("{code}: {desc}"),
+        };
+        let todo = match (e.error.as_str(), grant) {
+            ("invalid_grant", Grant::Refresh) => {
+                "the refresh token expired or was revoked: run `bucketfs auth gdrive` again for a new one"
+            }
+            ("invalid_grant", Grant::ServiceAccount) => {
+                "the service-account key was refused: check that the key is still active (not deleted in the \
+                 Cloud console) and that this machine's clock is right"
+            }
+            ("invalid_grant", Grant::Code) => "the code was refused: run the flow again and paste the new code",
+            ("invalid_client" | "unauthorized_client", _) => {
+                "the OAuth client ID or secret is wrong: check BUCKETFS_GDRIVE_CLIENT_ID/_CLIENT_SECRET or the token file"
+            }
+            _ => "check the Drive credentials (see `bucketfs auth gdrive`)",
+        };
         return Err(StoreError::new(
             StoreErrorKind::PermissionDenied,
-            format!(
-                "token request to {url} refused ({status}): {}",
-                detail.split_whitespace().collect::<Vec<_>>().join(" ")
-            ),
+            format!("token request to {url} refused ({status}: {said}); {todo}"),
         ));
     }
     serde_json::from_str(&text)
@@ -253,6 +307,7 @@ pub async fn exchange_code(
             ("code", code.into()),
             ("redirect_uri", REDIRECT_URI.into()),
         ],
+        Grant::Code,
     )
     .await?;
     r.refresh_token.ok_or_else(|| {

@@ -1,8 +1,11 @@
 //! A small Drive v3 REST client: the calls the store needs, each with the access token,
-//! retried with jittered exponential backoff on throttling (403 `userRateLimitExceeded` /
-//! `rateLimitExceeded`, 429), 5xx and transport errors, and once with a fresh token on 401.
+//! retried with jittered exponential backoff on 5xx and transport errors (`retries` times),
+//! on throttling (403 `userRateLimitExceeded` / `rateLimitExceeded`, 429) for up to
+//! [`THROTTLE_BUDGET`] (Drive's quotas refill per minute: developers.google.com/drive/api/guides/limits),
+//! and once with a fresh token on 401. Failures are told apart by status and `reason`, never
+//! by the text of a message.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -21,6 +24,8 @@ pub struct Client {
     pub api: String,
     pub auth: Auth,
     pub retries: usize,
+    /// IDs from files.generateIds not used yet.
+    pub ids: std::sync::Mutex<Vec<String>>,
 }
 
 /// The body of a request, re-sent as is on a retry.
@@ -60,7 +65,11 @@ pub struct FileList {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Change {
-    pub file_id: String,
+    /// `file` or `drive`: a change to a shared drive itself carries a `driveId` and no
+    /// `fileId` (developers.google.com/drive/api/reference/rest/v3/changes#Change).
+    #[serde(default)]
+    pub change_type: String,
+    pub file_id: Option<String>,
     #[serde(default)]
     pub removed: bool,
     pub file: Option<File>,
@@ -75,17 +84,35 @@ pub struct ChangeList {
     pub new_start_page_token: Option<String>,
 }
 
+/// Said with a 403 `storageQuotaExceeded`: most often a service account writing to My Drive.
+const QUOTA_HINT: &str = "; no Drive storage quota left for this account. A service account has none of its own: \
+                          mount a folder in a shared drive it is a member of (gdrive://SHARED-DRIVE-ID), or use a \
+                          user's account (`bucketfs auth gdrive`)";
+
+/// How long throttled requests are retried (Drive suggests backing off up to a minute).
+pub const THROTTLE_BUDGET: Duration = Duration::from_secs(64);
+
+/// A request that failed: Drive's status (None: no answer) and first error `reason`, and
+/// the error to report.
+pub struct Failure {
+    pub status: Option<StatusCode>,
+    pub reason: String,
+    pub err: StoreError,
+}
+
 /// A read's body broke off.
 fn read_failed(what: &str, e: reqwest::Error) -> StoreError {
     StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}"))
 }
 
-fn backoff(attempt: usize) -> Duration {
-    let base = 200u64 << attempt.min(6);
+/// The wait before retry `attempt` (from 0): 200 ms doubling, plus up to half again of
+/// jitter, at most `cap_ms`.
+pub fn backoff(attempt: usize, cap_ms: u64) -> Duration {
+    let base = 200u64 << attempt.min(8);
     let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos()
         as u64
         % (base / 2 + 1);
-    Duration::from_millis((base + jitter).min(8_000))
+    Duration::from_millis((base + jitter).min(cap_ms))
 }
 
 impl Client {
@@ -108,10 +135,30 @@ impl Client {
         body: &Body,
         extra: &[(&str, String)],
     ) -> Result<Response, StoreError> {
-        let mut attempt = 0;
+        self.send_full(op, what, method, url, body, extra, &[], self.retries).await.map_err(|f| f.err)
+    }
+
+    /// [`Self::send`], also answering `Ok` for the statuses in `accept`, and on failure
+    /// what Drive said (for callers that handle one status or reason); 5xx and transport
+    /// errors are retried `retries` times (0: a caller that must look before it resends).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn send_full(
+        &self,
+        op: &str,
+        what: &str,
+        method: Method,
+        url: &str,
+        body: &Body,
+        extra: &[(&str, String)],
+        accept: &[StatusCode],
+        retries: usize,
+    ) -> Result<Response, Failure> {
+        let (mut attempt, mut throttled_attempt) = (0, 0);
         let mut reauthed = false;
+        let mut throttled_since: Option<Instant> = None;
+        let fail = |err: StoreError| Failure { status: None, reason: String::new(), err };
         loop {
-            let token = self.auth.token().await?;
+            let token = self.auth.token().await.map_err(fail)?;
             let mut rb: RequestBuilder = self.http.request(method.clone(), url).bearer_auth(&token);
             for (k, v) in extra {
                 rb = rb.header(*k, v);
@@ -121,10 +168,21 @@ impl Client {
                 Body::Json(v) => rb.header("Content-Type", "application/json").body(v.to_string()),
                 Body::Raw(b, ct) => rb.header("Content-Type", ct).body(b.clone()),
             };
-            let err = match rb.send().await {
-                Ok(r) if r.status().is_success() || r.status() == StatusCode::PERMANENT_REDIRECT => return Ok(r),
+            let (status, reason, err) = match rb.send().await {
+                Ok(r)
+                    if r.status().is_success()
+                        || r.status() == StatusCode::PERMANENT_REDIRECT
+                        || accept.contains(&r.status()) =>
+                {
+                    return Ok(r)
+                }
                 Ok(r) => {
                     let status = r.status();
+                    let retry_after = r
+                        .headers()
+                        .get("Retry-After")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok());
                     let text = r.text().await.unwrap_or_default();
                     let (message, reason) = match serde_json::from_str::<ApiError>(&text) {
                         Ok(e) => {
@@ -147,17 +205,37 @@ impl Client {
                         s if s.is_server_error() => StoreErrorKind::Unavailable,
                         _ => StoreErrorKind::Other,
                     };
-                    let reason = if reason.is_empty() { String::new() } else { format!("{reason}: ") };
-                    StoreError::new(kind, format!("{op} {what:?}: {status} ({reason}{message})"))
+                    let shown = if reason.is_empty() { String::new() } else { format!("{reason}: ") };
+                    let mut err = StoreError::new(kind, format!("{op} {what:?}: {status} ({shown}{message})"));
+                    if reason == "storageQuotaExceeded" {
+                        err.message.push_str(QUOTA_HINT);
+                    }
+                    if throttled {
+                        // Throttling lasts as long as the quota is spent: retried for a
+                        // time budget rather than a count, honouring Retry-After.
+                        let since = *throttled_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() < THROTTLE_BUDGET {
+                            let wait = retry_after
+                                .map(|s| Duration::from_secs(s.min(THROTTLE_BUDGET.as_secs())))
+                                .unwrap_or_else(|| backoff(throttled_attempt, 16_000));
+                            tracing::debug!(op, what, throttled_attempt, "drive: throttled, waiting {wait:?}");
+                            tokio::time::sleep(wait).await;
+                            throttled_attempt += 1;
+                            continue;
+                        }
+                    }
+                    (Some(status), reason, err)
                 }
-                Err(e) => StoreError::new(StoreErrorKind::Unavailable, format!("{op} {what:?}: {e}")),
+                Err(e) => {
+                    (None, String::new(), StoreError::new(StoreErrorKind::Unavailable, format!("{op} {what:?}: {e}")))
+                }
             };
-            let transient = matches!(err.kind, StoreErrorKind::RateLimited | StoreErrorKind::Unavailable);
-            if !transient || attempt >= self.retries {
-                return Err(err);
+            let transient = matches!(err.kind, StoreErrorKind::Unavailable);
+            if !transient || attempt >= retries {
+                return Err(Failure { status, reason, err });
             }
             tracing::debug!(op, what, attempt, "drive: retrying after {}", err.message);
-            tokio::time::sleep(backoff(attempt)).await;
+            tokio::time::sleep(backoff(attempt, 8_000)).await;
             attempt += 1;
         }
     }
@@ -176,12 +254,18 @@ impl Client {
         Self::json("get", id, r).await
     }
 
-    /// Every file that is not trashed, page by page.
-    pub async fn list_all(&self) -> Result<Vec<File>, StoreError> {
+    /// Every file that is not trashed, page by page: of My Drive (and what is shared with
+    /// the user), or with `drive`, of that shared drive (Drive omits shared-drive items
+    /// unless asked with corpora=drive, driveId and both all-drives flags).
+    pub async fn list_all(&self, drive: Option<&str>) -> Result<Vec<File>, StoreError> {
         let fields = format!("nextPageToken,files({FILE_FIELDS})");
         let (mut out, mut page) = (Vec::new(), None::<String>);
         loop {
             let mut q = vec![("q", "trashed=false"), ("pageSize", "1000"), ("fields", fields.as_str())];
+            if let Some(d) = drive {
+                q.extend([("corpora", "drive"), ("driveId", d)]);
+                q.extend([("includeItemsFromAllDrives", "true"), ("supportsAllDrives", "true")]);
+            }
             if let Some(p) = &page {
                 q.push(("pageToken", p));
             }
@@ -195,24 +279,37 @@ impl Client {
         }
     }
 
-    pub async fn start_page_token(&self) -> Result<String, StoreError> {
+    /// The changes feed's token for now: My Drive's, or a shared drive's.
+    pub async fn start_page_token(&self, drive: Option<&str>) -> Result<String, StoreError> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct T {
             start_page_token: String,
         }
-        let url = self.url("/drive/v3/changes/startPageToken", &[]);
+        let mut q = vec![("supportsAllDrives", "true")];
+        if let Some(d) = drive {
+            q.push(("driveId", d));
+        }
+        let url = self.url("/drive/v3/changes/startPageToken", &q);
         let r = self.send("changes", "", Method::GET, &url, &Body::None, &[]).await?;
         Ok(Self::json::<T>("changes", "", r).await?.start_page_token)
     }
 
-    /// All changes since `token`, and the token to ask from next time.
-    pub async fn changes(&self, token: &str) -> Result<(Vec<Change>, String), StoreError> {
-        let fields = format!("nextPageToken,newStartPageToken,changes(fileId,removed,file({FILE_FIELDS}))");
+    /// All changes since `token` (of My Drive, or of the shared drive `drive`), and the
+    /// token to ask from next time.
+    pub async fn changes(&self, token: &str, drive: Option<&str>) -> Result<(Vec<Change>, String), StoreError> {
+        let fields = format!("nextPageToken,newStartPageToken,changes(changeType,fileId,removed,file({FILE_FIELDS}))");
         let (mut out, mut page) = (Vec::new(), token.to_string());
         loop {
-            let q =
-                [("pageToken", page.as_str()), ("pageSize", "1000"), ("fields", &fields), ("includeRemoved", "true")];
+            let mut q = vec![
+                ("pageToken", page.as_str()),
+                ("pageSize", "1000"),
+                ("fields", &fields),
+                ("includeRemoved", "true"),
+            ];
+            if let Some(d) = drive {
+                q.extend([("driveId", d), ("includeItemsFromAllDrives", "true"), ("supportsAllDrives", "true")]);
+            }
             let r = self.send("changes", "", Method::GET, &self.url("/drive/v3/changes", &q), &Body::None, &[]).await?;
             let l: ChangeList = Self::json("changes", "", r).await?;
             out.extend(l.changes);
@@ -228,13 +325,27 @@ impl Client {
 
     /// The answer to a GET of bytes `[a, b)` of a file's content; `None` for 416: the range
     /// starts at or past the end (the file shrank).
+    /// A file Drive flags as malware or spam answers 403 `cannotDownloadAbusiveFile` unless
+    /// asked with `acknowledgeAbuse=true` (files.get); it is read with that, and a warning.
     async fn media(&self, id: &str, what: &str, a: u64, b: u64) -> Result<Option<Response>, StoreError> {
-        let url = self.url(&format!("/drive/v3/files/{id}"), &[("alt", "media"), ("supportsAllDrives", "true")]);
         let range = [("Range", format!("bytes={a}-{}", b - 1))];
-        match self.send("read", what, Method::GET, &url, &Body::None, &range).await {
-            Ok(r) => Ok(Some(r)),
-            Err(e) if e.message.contains("416") => Ok(None),
-            Err(e) => Err(e),
+        let mut ack = false;
+        loop {
+            let mut q = vec![("alt", "media"), ("supportsAllDrives", "true")];
+            if ack {
+                q.push(("acknowledgeAbuse", "true"));
+            }
+            let url = self.url(&format!("/drive/v3/files/{id}"), &q);
+            let accept = [StatusCode::RANGE_NOT_SATISFIABLE];
+            match self.send_full("read", what, Method::GET, &url, &Body::None, &range, &accept, self.retries).await {
+                Ok(r) if r.status() == StatusCode::RANGE_NOT_SATISFIABLE => return Ok(None),
+                Ok(r) => return Ok(Some(r)),
+                Err(f) if !ack && f.reason == "cannotDownloadAbusiveFile" => {
+                    tracing::warn!(file = what, "Drive flags this file as malware or spam; reading it anyway");
+                    ack = true;
+                }
+                Err(f) => return Err(f.err),
+            }
         }
     }
 
@@ -258,10 +369,17 @@ impl Client {
         .boxed())
     }
 
-    pub async fn export(&self, id: &str, what: &str, mime: &str) -> Result<Bytes, StoreError> {
-        let url = self.url(&format!("/drive/v3/files/{id}/export"), &[("mimeType", mime)]);
-        let r = self.send("export", what, Method::GET, &url, &Body::None, &[]).await?;
-        r.bytes().await.map_err(|e| StoreError::new(StoreErrorKind::Unavailable, format!("export {what:?}: {e}")))
+    /// A Google Doc's export. Drive refuses exports over 10 MB (403
+    /// `exportSizeLimitExceeded`, files.export); the failure says so.
+    pub async fn export(&self, id: &str, what: &str, mime: &str) -> Result<Bytes, Failure> {
+        let url =
+            self.url(&format!("/drive/v3/files/{id}/export"), &[("mimeType", mime), ("supportsAllDrives", "true")]);
+        let r = self.send_full("export", what, Method::GET, &url, &Body::None, &[], &[], self.retries).await?;
+        r.bytes().await.map_err(|e| Failure {
+            status: None,
+            reason: String::new(),
+            err: StoreError::new(StoreErrorKind::Unavailable, format!("export {what:?}: {e}")),
+        })
     }
 
     /// Metadata-only create (folders) or update (rename, trash, move).
@@ -280,14 +398,74 @@ impl Client {
         Self::json(op, what, r).await
     }
 
-    /// One-request upload of a small file: new (`id` None, metadata names it) or new content.
+    /// A new ID for a create or copy, from a pool filled ten at a time (files.generateIds).
+    async fn new_id(&self) -> Result<String, StoreError> {
+        if let Some(id) = self.ids.lock().unwrap().pop() {
+            return Ok(id);
+        }
+        #[derive(Deserialize)]
+        struct Ids {
+            ids: Vec<String>,
+        }
+        let url = self.url("/drive/v3/files/generateIds", &[("count", "10"), ("space", "drive"), ("type", "files")]);
+        let r = self.send("create", "", Method::GET, &url, &Body::None, &[]).await?;
+        let mut ids = Self::json::<Ids>("create", "", r).await?.ids;
+        let id = ids.pop().ok_or_else(|| StoreError::new(StoreErrorKind::Other, "generateIds gave no ID"))?;
+        self.ids.lock().unwrap().extend(ids);
+        Ok(id)
+    }
+
+    /// A create (`POST /drive/v3/files`) or copy (`.../copy`) made safe to retry: the new
+    /// file is named by a generated ID, so a retry after Drive did the work but the answer
+    /// was lost gets 409, and the file made by the earlier try is the answer, not a duplicate.
+    pub async fn create(
+        &self,
+        op: &str,
+        what: &str,
+        path: &str,
+        mut body: serde_json::Value,
+    ) -> Result<File, StoreError> {
+        let id = self.new_id().await?;
+        body["id"] = serde_json::json!(id);
+        let url = self.url(path, &[("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
+        let sent = self.send_full(op, what, Method::POST, &url, &Body::Json(body), &[], &[], self.retries).await;
+        self.created(op, what, &id, sent).await
+    }
+
+    /// The answer to a create that named its file `id` (see [`Self::create`]).
+    async fn created(
+        &self,
+        op: &str,
+        what: &str,
+        id: &str,
+        sent: Result<Response, Failure>,
+    ) -> Result<File, StoreError> {
+        match sent {
+            Ok(r) => Self::json(op, what, r).await,
+            Err(f) if f.status == Some(StatusCode::CONFLICT) => {
+                tracing::debug!(op, what, "drive: an earlier try made it; not made twice");
+                self.get_file(id).await
+            }
+            Err(f) => Err(f.err),
+        }
+    }
+
+    /// One-request upload of a small file: new (`id` None, metadata names it; made safe to
+    /// retry as [`Self::create`] says) or new content.
     pub async fn upload_multipart(
         &self,
         what: &str,
         id: Option<&str>,
-        meta: serde_json::Value,
+        mut meta: serde_json::Value,
         data: Bytes,
     ) -> Result<File, StoreError> {
+        let new_id = match id {
+            Some(_) => None,
+            None => Some(self.new_id().await?),
+        };
+        if let Some(n) = &new_id {
+            meta["id"] = serde_json::json!(n);
+        }
         let boundary = "bucketfs-part-boundary-7c1e4";
         let mut body = format!("--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
         body.extend_from_slice(&data);
@@ -296,8 +474,12 @@ impl Client {
         let url =
             self.url(&path, &[("uploadType", "multipart"), ("fields", FILE_FIELDS), ("supportsAllDrives", "true")]);
         let ct = format!("multipart/related; boundary={boundary}");
-        let r = self.send("write", what, method, &url, &Body::Raw(body.into(), ct), &[]).await?;
-        Self::json("write", what, r).await
+        let sent =
+            self.send_full("write", what, method, &url, &Body::Raw(body.into(), ct), &[], &[], self.retries).await;
+        match new_id {
+            Some(n) => self.created("write", what, &n, sent).await,
+            None => Self::json("write", what, sent.map_err(|f| f.err)?).await,
+        }
     }
 
     /// Start a resumable upload; returns the session URL.
@@ -319,7 +501,9 @@ impl Client {
     }
 
     /// Send bytes at `offset` of a resumable upload; with `total`, this is the last chunk
-    /// and the new file comes back.
+    /// and the new file comes back. Drive may keep less than was sent (a 308's `Range` says
+    /// how much), and after a failure it is asked how much it has before anything is sent
+    /// again; the rest is sent from there (developers.google.com/drive/api/guides/manage-uploads).
     pub async fn upload_chunk(
         &self,
         what: &str,
@@ -329,17 +513,66 @@ impl Client {
         total: Option<u64>,
     ) -> Result<Option<File>, StoreError> {
         let end = offset + data.len() as u64;
-        let range = match (data.is_empty(), total) {
-            (true, Some(t)) => format!("bytes */{t}"),
-            (_, t) => format!("bytes {offset}-{}/{}", end.saturating_sub(1), t.map_or("*".into(), |t| t.to_string())),
-        };
-        let body = Body::Raw(data, "application/octet-stream".into());
-        let r = self.send("write", what, Method::PUT, session, &body, &[("Content-Range", range)]).await?;
-        if r.status() == StatusCode::PERMANENT_REDIRECT {
-            return Ok(None);
+        let (mut at, mut failures, mut stalls) = (offset, 0, 0);
+        loop {
+            let part = data.slice((at - offset) as usize..);
+            let range = match (part.is_empty(), total) {
+                (true, Some(t)) => format!("bytes */{t}"),
+                (_, t) => format!("bytes {at}-{}/{}", end.saturating_sub(1), t.map_or("*".into(), |t| t.to_string())),
+            };
+            let body = Body::Raw(part, "application/octet-stream".into());
+            let header = [("Content-Range", range)];
+            let sent = self.send_full("write", what, Method::PUT, session, &body, &header, &[], 0);
+            let stored = match sent.await {
+                Ok(r) if r.status() == StatusCode::PERMANENT_REDIRECT => stored_bytes(&r),
+                Ok(r) => return Ok(Some(Self::json("write", what, r).await?)),
+                Err(f) if f.err.kind == StoreErrorKind::Unavailable && failures < self.retries => {
+                    tokio::time::sleep(backoff(failures, 8_000)).await;
+                    failures += 1;
+                    // Ask before sending again: the chunk may have arrived.
+                    let status = format!("bytes */{}", total.map_or("*".into(), |t| t.to_string()));
+                    let r = self
+                        .send("write", what, Method::PUT, session, &Body::None, &[("Content-Range", status)])
+                        .await?;
+                    if r.status() != StatusCode::PERMANENT_REDIRECT {
+                        return Ok(Some(Self::json("write", what, r).await?));
+                    }
+                    stored_bytes(&r)
+                }
+                Err(f) => return Err(f.err),
+            };
+            if stored >= end && total.is_none() {
+                return Ok(None);
+            }
+            if stored < offset || stored > end {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    format!("write {what:?}: Drive holds {stored} bytes of an upload at {offset}..{end}"),
+                ));
+            }
+            if stored == at {
+                stalls += 1;
+                if stalls > self.retries {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        format!("write {what:?}: Drive keeps none of the bytes from {at}"),
+                    ));
+                }
+            }
+            tracing::debug!(what, at, stored, "drive: resuming the upload from what Drive holds");
+            at = stored;
         }
-        Ok(Some(Self::json("write", what, r).await?))
     }
+}
+
+/// How many bytes a resumable upload holds, from a 308's `Range: bytes=0-N` (none: 0).
+fn stored_bytes(r: &Response) -> u64 {
+    r.headers()
+        .get("Range")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("bytes=0-"))
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or(0, |n| n + 1)
 }
 
 fn upload_target(id: Option<&str>) -> (Method, String) {

@@ -1,4 +1,6 @@
-//! [`Store`] over the Google Drive v3 API (`gdrive://[FOLDER-ID]`).
+//! [`Store`] over the Google Drive v3 API (`gdrive://[FOLDER-ID]`). A folder in a shared
+//! drive, or a shared drive itself (`gdrive://SHARED-DRIVE-ID`: a drive's ID is its root
+//! folder's), is listed and followed with Drive's shared-drive parameters.
 //!
 //! OpenDAL's Drive service is path-based and fixed to Google's hosts, so it can show
 //! neither repeated names nor exported Docs, cannot follow the changes feed and cannot
@@ -11,9 +13,16 @@
 //!   an idle mount sends nothing.
 //! - Our own writes update the map at once from the API's answer.
 //! - Reads are ranged `alt=media` downloads; Docs/Sheets/Slides are exported whole
-//!   (Drive's export has no ranges), cached per version, and read-only.
+//!   (Drive's export has no ranges), cached per version, and read-only. A Doc's size is its
+//!   export's: learnt once per version (at most [`EXPORTS_AT_ONCE`] at a time when a
+//!   listing meets new ones) and remembered apart from the bytes, so listings do not
+//!   export again. A Doc Drive will not export (over 10 MB) or whose export fails is left
+//!   out of listings, with a warning; the listing itself never fails for it.
 //! - `delete` moves to Drive's trash; `copy` is `files.copy`; writes are one multipart
 //!   request up to one part, else a resumable upload sent part by part.
+//! - Creates (mkdir, new files, copies) name the new file with an ID from
+//!   `files.generateIds`, so a retry after a lost answer finds it made (409) instead of
+//!   making a duplicate; a resumable upload resumes from what Drive says it holds.
 
 pub mod auth;
 pub mod client;
@@ -53,12 +62,20 @@ pub struct DriveConfig {
 
 struct State {
     tree: Tree,
+    /// The shared drive mounted in (None: My Drive).
+    drive: Option<String>,
     page_token: String,
     refreshed: Instant,
 }
 
 /// An exported Google Doc: (file ID, version) and its bytes.
 type Export = ((String, String), Bytes);
+
+/// How many Docs a listing exports at once to learn their sizes.
+pub const EXPORTS_AT_ONCE: usize = 4;
+
+/// What an export of one version of a Doc gave: its size, or Drive's lasting refusal.
+type ExportSize = (String, Result<u64, StoreError>);
 
 pub struct GdriveStore {
     client: Client,
@@ -67,6 +84,10 @@ pub struct GdriveStore {
     /// Serialises loads and change reads so one runs at a time.
     refresh: tokio::sync::Mutex<()>,
     exports: Mutex<Vec<Export>>,
+    /// By file ID: what the export of its current version gave (see the module docs).
+    export_sizes: Mutex<std::collections::HashMap<String, ExportSize>>,
+    /// By file ID: held while it is exported, so concurrent listings export it once.
+    exporting: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Ourselves, for listing streams and writers that outlive a `&self` call.
     me: Weak<GdriveStore>,
 }
@@ -115,6 +136,7 @@ impl GdriveStore {
             http,
             api: base.unwrap_or_else(|| GOOGLE_API.into()),
             retries: cfg.retries,
+            ids: Default::default(),
         };
         Ok(Arc::new_cyclic(|me| Self {
             client,
@@ -122,6 +144,8 @@ impl GdriveStore {
             state: Mutex::new(None),
             refresh: Default::default(),
             exports: Default::default(),
+            export_sizes: Default::default(),
+            exporting: Default::default(),
             me: me.clone(),
         }))
     }
@@ -136,12 +160,10 @@ impl GdriveStore {
         let _one = self.refresh.lock().await;
         let token = match self.state.lock().unwrap().as_ref() {
             Some(s) if !force && s.refreshed.elapsed() < self.cfg.poll => return Ok(()),
-            Some(s) => Some(s.page_token.clone()),
+            Some(s) => Some((s.page_token.clone(), s.drive.clone())),
             None => None,
         };
-        let Some(token) = token else {
-            // Take the changes token first so nothing made during the listing is missed.
-            let page_token = self.client.start_page_token().await?;
+        let Some((token, drive)) = token else {
             let root = self.client.get_file(&self.cfg.folder).await.map_err(|e| match e.kind {
                 StoreErrorKind::NotFound => {
                     StoreError::not_found(format!("Drive folder {:?} not found", self.cfg.folder))
@@ -154,20 +176,27 @@ impl GdriveStore {
                     format!("{:?} is a file, not a Drive folder", self.cfg.folder),
                 ));
             }
-            let files = self.client.list_all().await?;
+            // In a shared drive (its ID is its root folder's): list and follow that drive.
+            let drive = root.drive_id.clone();
+            // Take the changes token first so nothing made during the listing is missed.
+            let page_token = self.client.start_page_token(drive.as_deref()).await?;
+            let files = self.client.list_all(drive.as_deref()).await?;
             let mut tree = Tree::new(root.id, self.cfg.hide_docs);
             files.into_iter().for_each(|f| tree.upsert(f));
             tree.rebuild();
-            *self.state.lock().unwrap() = Some(State { tree, page_token, refreshed: Instant::now() });
+            *self.state.lock().unwrap() = Some(State { tree, drive, page_token, refreshed: Instant::now() });
             return Ok(());
         };
-        let (changes, next) = self.client.changes(&token).await?;
+        let (changes, next) = self.client.changes(&token, drive.as_deref()).await?;
         let mut g = self.state.lock().unwrap();
         let s = g.as_mut().expect("loaded above");
         for c in changes {
+            // Changes to a shared drive itself (changeType "drive") name no file: nothing
+            // in the tree changes.
+            let Some(id) = c.file_id.filter(|_| c.change_type != "drive") else { continue };
             match c.file {
                 Some(f) if !c.removed => s.tree.upsert(f),
-                _ => s.tree.remove(&c.file_id),
+                _ => s.tree.remove(&id),
             }
         }
         s.tree.rebuild();
@@ -209,7 +238,7 @@ impl GdriveStore {
                 Some(_) => return Err(err(StoreErrorKind::Other, format!("write {key:?}: {at:?} is a file"))),
                 None => {
                     let body = json!({"name": drive_name(seg), "mimeType": FOLDER, "parents": [parent]});
-                    let f = self.client.meta("mkdir", &at, Method::POST, "/drive/v3/files", &[], body).await?;
+                    let f = self.client.create("mkdir", &at, "/drive/v3/files", body).await?;
                     self.learn(f.clone());
                     f.id
                 }
@@ -225,19 +254,49 @@ impl GdriveStore {
 
     /// A file's size: its own, or its export's for a Google Doc (exported once per version).
     async fn size_of(&self, key: &str, f: &File) -> Result<u64, StoreError> {
-        match f.export() {
-            Some(_) => Ok(self.exported(key, f).await?.len() as u64),
-            None => Ok(f.size()),
+        if f.export().is_none() {
+            return Ok(f.size());
         }
+        let version = f.version.clone().unwrap_or_default();
+        if let Some((v, r)) = self.export_sizes.lock().unwrap().get(&f.id) {
+            if *v == version {
+                return r.clone();
+            }
+        }
+        Ok(self.exported(key, f).await?.len() as u64)
     }
 
     async fn exported(&self, key: &str, f: &File) -> Result<Bytes, StoreError> {
         let id = (f.id.clone(), f.version.clone().unwrap_or_default());
+        let one = self.exporting.lock().unwrap().entry(f.id.clone()).or_default().clone();
+        let _one = one.lock().await;
         if let Some((_, b)) = self.exports.lock().unwrap().iter().find(|(k, _)| *k == id) {
             return Ok(b.clone());
         }
+        if let Some((v, Err(e))) = self.export_sizes.lock().unwrap().get(&f.id) {
+            if *v == id.1 {
+                return Err(e.clone());
+            }
+        }
         let (mime, _) = f.export().expect("a Google Doc");
-        let b = self.client.export(&f.id, key, mime).await?;
+        let b = match self.client.export(&f.id, key, mime).await {
+            Ok(b) => b,
+            Err(e) if e.reason == "exportSizeLimitExceeded" => {
+                let e = err(
+                    StoreErrorKind::PermissionDenied,
+                    format!(
+                        "read {key:?}: Drive does not export Docs, Sheets or Slides over 10 MB; open it in Drive \
+                         ({})",
+                        e.err.message
+                    ),
+                );
+                tracing::warn!(key, "drive: {}", e.message);
+                self.export_sizes.lock().unwrap().insert(f.id.clone(), (id.1, Err(e.clone())));
+                return Err(e);
+            }
+            Err(e) => return Err(e.err),
+        };
+        self.export_sizes.lock().unwrap().insert(f.id.clone(), (id.1.clone(), Ok(b.len() as u64)));
         let mut cache = self.exports.lock().unwrap();
         cache.retain(|((i, _), _)| *i != f.id);
         // Keep the last few exports (Drive caps an export at 10 MB).
@@ -330,12 +389,26 @@ impl Store for GdriveStore {
                 return Ok(Vec::new());
             }
             let entries = this.with_tree(|t| t.list(&prefix, recursive));
-            let mut out = Vec::with_capacity(entries.len());
-            for (k, f) in entries {
-                let size = this.size_of(&k, &f).await?;
-                out.push(this.meta(&k, &f, size));
-            }
-            Ok(out)
+            // A Doc whose size cannot be learnt is left out, never the whole listing.
+            let sized: Vec<Option<ObjectMeta>> = futures::stream::iter(entries)
+                .map(|(k, f)| {
+                    let this = this.clone();
+                    async move {
+                        match this.size_of(&k, &f).await {
+                            Ok(size) => Some(this.meta(&k, &f, size)),
+                            // Refused for good: said once, when it was refused.
+                            Err(e) if e.kind == StoreErrorKind::PermissionDenied => None,
+                            Err(e) => {
+                                tracing::warn!(key = %k, "drive: left out of the listing: {}", e.message);
+                                None
+                            }
+                        }
+                    }
+                })
+                .buffered(EXPORTS_AT_ONCE)
+                .collect()
+                .await;
+            Ok(sized.into_iter().flatten().collect())
         }))
     }
 
@@ -370,8 +443,7 @@ impl Store for GdriveStore {
         }
         let (parent, name) = self.placement(to).await?;
         let path = format!("/drive/v3/files/{}/copy", src.id);
-        let f =
-            self.client.meta("copy", to, Method::POST, &path, &[], json!({"name": name, "parents": [parent]})).await?;
+        let f = self.client.create("copy", to, &path, json!({"name": name, "parents": [parent]})).await?;
         // Replace semantics: the copy takes the name, the old target goes to the trash. The
         // tree learns the copy only once the old one is gone from it: in between, a listing
         // showed both, the copy under a name nobody made (`f~1AbCdEfG`; found by the model
@@ -400,17 +472,8 @@ impl Store for GdriveStore {
             return Ok(());
         }
         let (parent, name) = self.placement(key).await?;
-        let f = self
-            .client
-            .meta(
-                "mkdir",
-                key,
-                Method::POST,
-                "/drive/v3/files",
-                &[],
-                json!({"name": name, "mimeType": FOLDER, "parents": [parent]}),
-            )
-            .await?;
+        let body = json!({"name": name, "mimeType": FOLDER, "parents": [parent]});
+        let f = self.client.create("mkdir", key, "/drive/v3/files", body).await?;
         self.learn(f);
         Ok(())
     }

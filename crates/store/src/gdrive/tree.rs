@@ -53,6 +53,8 @@ pub struct File {
     pub created_time: Option<String>,
     pub version: Option<String>,
     pub trashed: bool,
+    /// The shared drive the item is in (None: My Drive).
+    pub drive_id: Option<String>,
     /// Public key-value pairs; bucketfs keeps file attributes here (`mode`, `uid`, `gid`,
     /// `mtime`: the names of [`crate::FileAttrs`]).
     pub properties: HashMap<String, String>,
@@ -60,7 +62,7 @@ pub struct File {
 
 /// The `fields` selector matching [`File`].
 pub const FILE_FIELDS: &str =
-    "id,name,mimeType,parents,size,md5Checksum,modifiedTime,createdTime,version,trashed,properties";
+    "id,name,mimeType,parents,size,md5Checksum,modifiedTime,createdTime,version,trashed,properties,driveId";
 
 impl File {
     pub fn is_folder(&self) -> bool {
