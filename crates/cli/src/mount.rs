@@ -27,6 +27,7 @@ const CHILD_ENV: &str = "BUCKETFS_DAEMON_CHILD";
 /// `argv` are the arguments after the program name, re-used for the background process.
 pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
     let (url, mp) = args.url_and_mountpoint();
+    checks::positionals(url.as_deref(), &mp)?;
     checks::fuse_device()?;
     let mp = checks::mountpoint(&mp)?;
     let location = match &url {
