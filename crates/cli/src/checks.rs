@@ -35,7 +35,9 @@ pub fn mountpoint(mp: &Path) -> Result<PathBuf, String> {
         return Err(format!("mount point {} is not a directory; give an empty directory", mp.display()));
     }
     let canonical = std::fs::canonicalize(mp).map_err(|e| format!("cannot resolve {}: {e}", mp.display()))?;
-    if let Some(fstype) = mounted_fstype(&canonical) {
+    // Under systemd's automount (x-systemd.automount) the mount point is an autofs mount
+    // waiting for this one to be mounted over it.
+    if let Some(fstype) = mounted_fstype(&canonical).filter(|t| t != "autofs") {
         return Err(format!(
             "{} is already a mount point ({fstype}); unmount it first (bucketfs unmount {})",
             canonical.display(),

@@ -28,6 +28,7 @@ const CHILD_ENV: &str = "BUCKETFS_DAEMON_CHILD";
 pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
     let (url, mp) = args.url_and_mountpoint();
     checks::positionals(url.as_deref(), &mp)?;
+    args.access.check(args.allow_other)?;
     checks::fuse_device()?;
     let mp = checks::mountpoint(&mp)?;
     let location = match &url {
@@ -165,9 +166,12 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     // Counted from here: the mount-time check above is not part of "since mount".
     let metrics = Metrics::new();
     let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
+    let ((uid, gid), (file_mode, dir_mode)) = (args.access.owner(), args.access.modes());
     let cfg = FsConfig {
-        uid: unsafe { libc::getuid() },
-        gid: unsafe { libc::getgid() },
+        uid,
+        gid,
+        file_mode,
+        dir_mode,
         metadata_ttl: Duration::from_secs_f64(args.metadata_ttl.max(0.0)),
         max_prefetch: args.max_prefetch_mib.max(1) * 1024 * 1024,
         prefetch_budget: args.prefetch_budget_mib * 1024 * 1024,
@@ -226,6 +230,8 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let spec = MountSpec {
         fsname: location.to_url(),
         allow_other: args.allow_other,
+        allow_root: args.access.allow_root,
+        auto_unmount: args.access.auto_unmount,
         threads: args.fuse_threads,
         read_only: args.read_only,
     };

@@ -1,0 +1,104 @@
+"""Conventions users bring from gcsfuse, mountpoint-s3, s3fs, rclone and the cloud CLIs
+(issue 24): `-o` mount options, ownership and modes, fstab lines, runtime paths, Content-Type,
+cp filters."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+import seed
+from conftest import (Bucket, bucketfs_env, is_mounted, mounted, new_mountpoint, require_bin,
+                      require_store, run_cli, unmount, wait_until)
+from test_ops import mount_helper  # noqa: F401  (fixture: /sbin/mount.fuse.bucketfs)
+
+
+@pytest.fixture(params=["file", "s3", "gcs"])
+def bucket(request):
+    require_store(request.param)
+    require_bin()
+    b = Bucket(request.param)
+    b.put("d/f.txt", b"hello")
+    yield b
+    b.cleanup()
+
+
+def owner_and_mode(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+
+
+# --------------------------------------------------------------------------- -o, uid, modes
+
+def test_dash_o_sets_owner_and_modes(bucket):
+    """`-o uid=,gid=,file_mode=,dir_mode=` (with fstab noise) is what stat shows."""
+    opts = "rw,_netdev,nofail,x-systemd.automount,default_permissions,uid=1234,gid=2345,file_mode=0640,dir_mode=0710"
+    with bucket.mounted(extra=["-o", opts]) as mp:
+        assert owner_and_mode(os.path.join(mp, "d", "f.txt")) == (1234, 2345, 0o640)
+        assert owner_and_mode(os.path.join(mp, "d")) == (1234, 2345, 0o710)
+        assert owner_and_mode(mp) == (1234, 2345, 0o710)
+        with open(os.path.join(mp, "d", "f.txt"), "rb") as f:
+            assert f.read() == b"hello"
+
+
+def test_umask_flag_and_ro_option(bucket):
+    """`--umask 077` (rclone, s3fs) masks the defaults; `-o ro` is read-only."""
+    with bucket.mounted(extra=["--umask", "077", "-o", "ro"]) as mp:
+        uid, gid, mode = owner_and_mode(os.path.join(mp, "d", "f.txt"))
+        assert (uid, gid, mode) == (os.getuid(), os.getgid(), 0o600)
+        assert owner_and_mode(os.path.join(mp, "d"))[2] == 0o700
+        with pytest.raises(OSError):
+            open(os.path.join(mp, "new.txt"), "w").close()
+
+
+def test_bad_mount_options_fail_clearly(tmp_path):
+    require_bin()
+    mp = new_mountpoint()
+    p = run_cli(["mount", "mem://", mp, "-o", "file_mode=0999"])
+    assert p.returncode != 0 and "octal" in p.err, p.err
+    p = run_cli(["mount", "mem://", mp, "-o", "auto_unmount"])
+    assert p.returncode != 0 and "allow_root" in p.err, p.err
+    assert not is_mounted(mp)
+
+
+def test_allow_root_and_auto_unmount(tmp_path):
+    """allow_root with auto_unmount mounts (through fusermount3) and unmounts."""
+    require_bin()
+    with mounted(["mem://", "-o", "allow_root,auto_unmount"]) as mp:
+        with open(os.path.join(mp, "x"), "w") as f:
+            f.write("x")
+        assert os.listdir(mp) == ["x"]
+        assert "allow_other" in open("/proc/self/mounts").read().split(mp, 1)[1].split("\n", 1)[0]
+    assert not is_mounted(mp)
+
+
+def test_fstab_line_with_owner_modes(mount_helper, tmp_path):  # noqa: F811
+    """An fstab line with uid/gid/umask/allow_root/x-systemd options, mounted with
+    `mount -T FILE DIR` and unmounted with umount(8)."""
+    data_dir = os.path.join(seed.file_root(), "fstab-" + os.urandom(4).hex())
+    os.makedirs(os.path.join(data_dir, "sub"))
+    with open(os.path.join(data_dir, "sub", "a.txt"), "w") as f:
+        f.write("from fstab")
+    mp = new_mountpoint()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(
+        f"file://{data_dir} {mp} fuse.bucketfs "
+        "noauto,_netdev,nofail,x-systemd.automount,x-systemd.idle-timeout=60,"
+        "uid=4321,gid=4322,umask=027,allow_root,default_permissions,disk_cache_mib=0 0 0\n")
+    try:
+        p = subprocess.run(["mount", "-T", str(fstab), mp], capture_output=True, timeout=60,
+                           env=bucketfs_env())
+        assert p.returncode == 0, p.stderr.decode()
+        assert is_mounted(mp)
+        assert owner_and_mode(os.path.join(mp, "sub", "a.txt")) == (4321, 4322, 0o640)
+        assert owner_and_mode(os.path.join(mp, "sub")) == (4321, 4322, 0o750)
+        with open(os.path.join(mp, "sub", "a.txt")) as f:
+            assert f.read() == "from fstab"
+        p = subprocess.run(["umount", mp], capture_output=True, timeout=60)
+        assert p.returncode == 0, p.stderr.decode()
+        assert wait_until(lambda: not is_mounted(mp), 10)
+    finally:
+        unmount(mp)
