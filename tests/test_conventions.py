@@ -4,6 +4,8 @@ cp filters."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import stat
 import subprocess
@@ -102,3 +104,57 @@ def test_fstab_line_with_owner_modes(mount_helper, tmp_path):  # noqa: F811
         assert wait_until(lambda: not is_mounted(mp), 10)
     finally:
         unmount(mp)
+
+
+# --------------------------------------------------------------------------- runtime paths
+
+def mount_id(mp: str) -> str:
+    """paths::mount_id: the canonical path, `%` and `/` percent-escaped (one-to-one)."""
+    return os.path.realpath(mp).lstrip("/").replace("%", "%25").replace("/", "%2F")
+
+
+def test_root_runtime_dir_is_private_and_ids_do_not_collide(tmp_path):
+    """Root without XDG_RUNTIME_DIR keeps pid and socket in /run/bucketfs (0700, root's);
+    `.../x_y` and `.../x/y` get distinct pid files; a symlink planted at the pid file's place
+    is replaced, not written through."""
+    require_bin()
+    if os.geteuid() != 0:
+        pytest.skip("the /run/bucketfs case is root's")
+    env = bucketfs_env(XDG_RUNTIME_DIR=None)
+    base = new_mountpoint()
+    mp1, mp2 = os.path.join(base, "x_y"), os.path.join(base, "x", "y")
+    os.makedirs(mp1)
+    os.makedirs(mp2)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    pid1 = os.path.join("/run/bucketfs", mount_id(mp1) + ".pid")
+    pid2 = os.path.join("/run/bucketfs", mount_id(mp2) + ".pid")
+    assert pid1 != pid2
+    os.makedirs("/run/bucketfs", mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pid1)
+    os.symlink(victim, pid1)
+    try:
+        for mp in (mp1, mp2):
+            p = run_cli(["mount", "mem://", mp, "--disk-cache-mib", "0"], env=env)
+            assert p.returncode == 0, p.err
+        st = os.lstat("/run/bucketfs")
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+        assert victim.read_text() == "keep me"
+        pids = []
+        for pidf in (pid1, pid2):
+            assert wait_until(lambda: os.path.isfile(pidf) and not os.path.islink(pidf), 5), pidf
+            assert stat.S_IMODE(os.lstat(pidf).st_mode) == 0o600
+            pids.append(int(open(pidf).read()))
+        assert pids[0] != pids[1]
+        assert os.path.exists(os.path.join("/run/bucketfs", mount_id(mp1) + ".sock"))
+        # `bucketfs status` finds each mount's own socket.
+        with open(os.path.join(mp2, "only-in-2"), "w") as f:
+            f.write("2")
+        for mp in (mp1, mp2):
+            p = run_cli(["status", "--json", mp], env=env)
+            assert p.returncode == 0 and json.loads(p.out)["mountpoint"] == os.path.realpath(mp), p.err
+    finally:
+        for mp in (mp1, mp2):
+            unmount(mp)
+    assert not os.path.lexists(pid1) and not os.path.lexists(pid2)

@@ -29,6 +29,7 @@ pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
     let (url, mp) = args.url_and_mountpoint();
     checks::positionals(url.as_deref(), &mp)?;
     args.access.check(args.allow_other)?;
+    paths::ensure_runtime_dir()?;
     checks::fuse_device()?;
     let mp = checks::mountpoint(&mp)?;
     let location = match &url {
@@ -51,11 +52,11 @@ pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
 fn spawn_daemon(args: &MountArgs, argv: &[std::ffi::OsString], mp: &Path) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the bucketfs executable: {e}"))?;
     let log = args.log_file.clone().unwrap_or_else(|| paths::log_file(mp));
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|e| format!("cannot open log file {}: {e}", log.display()))?;
+    let log_file = match &args.log_file {
+        Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p),
+        None => paths::open_log(&log),
+    }
+    .map_err(|e| format!("cannot open log file {}: {e}", log.display()))?;
     let mut cmd = Command::new(exe);
     cmd.args(argv).arg("--foreground").env(CHILD_ENV, "1");
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file);
@@ -266,7 +267,9 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         }
         let _ = done_tx.send("signal");
     });
-    let _ = std::fs::write(paths::pid_file(mp), std::process::id().to_string());
+    if let Err(e) = paths::write_private(&paths::pid_file(mp), &std::process::id().to_string()) {
+        tracing::warn!("cannot write the pid file: {e}");
+    }
     let o = observed.clone();
     let control = control::serve(&rt, &paths::control_socket(mp), Arc::new(move || o.status()))
         .map_err(|e| tracing::warn!("`bucketfs status` will not work: {e}"))
@@ -290,7 +293,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     if !pending.is_empty() {
         let staging = args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp));
         let note = format!("{}\n{}\n", staging.display(), pending.join("\n"));
-        let _ = std::fs::write(paths::pending_file(mp), note);
+        let _ = paths::write_private(&paths::pending_file(mp), &note);
         tracing::error!(files = ?pending, "unmounted with uploads pending; kept in {} for the next mount", staging.display());
     }
     let _ = std::fs::remove_file(paths::pid_file(mp));
