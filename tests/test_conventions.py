@@ -158,3 +158,59 @@ def test_root_runtime_dir_is_private_and_ids_do_not_collide(tmp_path):
         for mp in (mp1, mp2):
             unmount(mp)
     assert not os.path.lexists(pid1) and not os.path.lexists(pid2)
+
+
+# --------------------------------------------------------------------------- Content-Type
+
+def content_type(store: str, bucket: str, key: str) -> str | None:
+    """The Content-Type the store reports: boto3's head_object, or GCS's JSON API metadata."""
+    if store == "s3":
+        return seed.s3_client().head_object(Bucket=bucket, Key=key).get("ContentType")
+    st, body = seed._gcs_req("GET", f"/storage/v1/b/{seed._q(bucket)}/o/{seed._q(key)}")
+    assert st == 200, body
+    return json.loads(body).get("contentType")
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def cloud(request):
+    require_store(request.param)
+    require_bin()
+    b = Bucket(request.param)
+    yield b
+    b.cleanup()
+
+
+def test_content_type_of_files_written_through_the_mount(cloud):
+    big = os.urandom(11 * 1024 * 1024)   # three 5 MiB parts: S3 multipart, GCS compose
+    with cloud.mounted(extra=["--part-size-mib", "5"]) as mp:
+        for name, data in (("index.html", b"<p>hi</p>"), ("d/data.json", b"{}"), ("big.json", big),
+                           ("notes", b"no extension")):
+            os.makedirs(os.path.dirname(os.path.join(mp, name)), exist_ok=True)
+            with open(os.path.join(mp, name), "wb") as f:
+                f.write(data)
+    assert content_type(cloud.store, cloud.name, "index.html") == "text/html"
+    assert content_type(cloud.store, cloud.name, "d/data.json") == "application/json"
+    assert content_type(cloud.store, cloud.name, "big.json") == "application/json"
+    assert content_type(cloud.store, cloud.name, "notes") in (None, "", "application/octet-stream", "binary/octet-stream")
+
+
+def test_content_type_of_cp_uploads(cloud, tmp_path):
+    src = tmp_path / "site"
+    src.mkdir()
+    (src / "page.html").write_text("<p>x</p>")
+    (src / "style.css").write_text("p{}")
+    extra = seed.mount_extra_args(cloud.store)
+    url = seed.mount_url(cloud.store, cloud.name)
+    p = run_cli(["cp", "-r", str(src), url + "/guess"] + extra)
+    assert p.returncode == 0, p.err
+    keys = seed.list_keys(cloud.store, cloud.name, "guess/")
+    html = next(k for k in keys if k.endswith("page.html"))
+    css = next(k for k in keys if k.endswith("style.css"))
+    assert content_type(cloud.store, cloud.name, html) == "text/html"
+    assert content_type(cloud.store, cloud.name, css) == "text/css"
+    p = run_cli(["cp", str(src / "page.html"), url + "/fixed.html", "--content-type", "text/plain"] + extra)
+    assert p.returncode == 0, p.err
+    assert content_type(cloud.store, cloud.name, "fixed.html") == "text/plain"
+    p = run_cli(["cp", str(src / "page.html"), url + "/off.html", "--no-content-type"] + extra)
+    assert p.returncode == 0, p.err
+    assert content_type(cloud.store, cloud.name, "off.html") in (None, "", "application/octet-stream", "binary/octet-stream")

@@ -1,6 +1,7 @@
 //! The flags that say how to reach a store, shared by `mount` and `cp`.
 
 use bucketfs_store::location::StoreOptions;
+use bucketfs_store::ContentType;
 use clap::Args;
 
 #[derive(Args, Clone, Debug, Default)]
@@ -18,6 +19,13 @@ pub struct StoreArgs {
     /// Google Drive: hide Docs, Sheets and Slides instead of showing read-only exports.
     #[arg(long)]
     pub gdrive_hide_docs: bool,
+    /// Content-Type of every uploaded object (default: guessed from the name's extension,
+    /// as `aws s3 cp` and `gcloud storage cp` do).
+    #[arg(long, value_name = "TYPE", conflicts_with = "no_content_type")]
+    pub content_type: Option<String>,
+    /// Send no Content-Type with uploads (the store then says application/octet-stream).
+    #[arg(long)]
+    pub no_content_type: bool,
 }
 
 impl StoreArgs {
@@ -27,6 +35,11 @@ impl StoreArgs {
             anonymous: self.anonymous,
             profile: self.profile.clone(),
             gdrive_hide_docs: self.gdrive_hide_docs,
+            content_type: match (&self.content_type, self.no_content_type) {
+                (_, true) => ContentType::Off,
+                (Some(t), false) => ContentType::Fixed(t.clone()),
+                (None, false) => ContentType::Guess,
+            },
             ..StoreOptions::default()
         }
     }

@@ -16,6 +16,7 @@
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
 
 pub mod attrs;
+pub mod content_type;
 mod error;
 pub mod gcs_compose;
 mod gcs_generation;
@@ -30,6 +31,7 @@ pub mod testing;
 mod types;
 
 pub use attrs::FileAttrs;
+pub use content_type::ContentType;
 pub use error::{StoreError, StoreErrorKind};
 pub use types::{
     ByteStream, Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions,

@@ -59,6 +59,8 @@ pub struct StoreOptions {
     /// (`x-amz-checksum-mode`, signed; [`crate::s3_checksum_mode`]). `bucketfs cp` turns it
     /// on to verify downloads by crc instead of MD5.
     pub s3_checksum_mode: bool,
+    /// The Content-Type uploads carry (default: guessed from the key's extension).
+    pub content_type: crate::ContentType,
 }
 
 const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
@@ -246,7 +248,8 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     // GCS compose answers only when the object is assembled: instant on GCS, but emulators
     // copy the bytes (fake-gcs-server took over 10 s for 1 GB on 2 cores), so 5 minutes.
     let compose_op = matches!(loc, Location::Gcs { .. }).then(|| layered(op.clone(), Duration::from_secs(300)));
-    let mut store = OpendalStore::new(layered(op, Duration::from_secs(10)), loc.to_url(), prefix_dirs);
+    let mut store = OpendalStore::new(layered(op, Duration::from_secs(10)), loc.to_url(), prefix_dirs)
+        .with_content_type(opts.content_type.clone());
     if let Some(c) = compose_op {
         store = store.with_compose_operator(c);
     }
