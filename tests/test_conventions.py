@@ -214,3 +214,81 @@ def test_content_type_of_cp_uploads(cloud, tmp_path):
     p = run_cli(["cp", str(src / "page.html"), url + "/off.html", "--no-content-type"] + extra)
     assert p.returncode == 0, p.err
     assert content_type(cloud.store, cloud.name, "off.html") in (None, "", "application/octet-stream", "binary/octet-stream")
+
+
+# --------------------------------------------------------------------------- S3 region
+
+@pytest.fixture
+def regional_minio(tmp_path):
+    """A second MinIO, started with MINIO_REGION=eu-west-3, with one bucket holding a.txt."""
+    import shutil
+    import socket
+    import urllib.request
+    exe = shutil.which("minio") or os.path.expanduser("~/go/bin/minio")
+    if not os.path.exists(exe):
+        pytest.skip("no minio binary")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    env = dict(os.environ, MINIO_ROOT_USER=seed.S3_ACCESS_KEY, MINIO_ROOT_PASSWORD=seed.S3_SECRET_KEY,
+               MINIO_REGION="eu-west-3")
+    proc = subprocess.Popen([exe, "server", str(tmp_path / "data"), "--address", f"127.0.0.1:{ports[0]}",
+                             "--console-address", f"127.0.0.1:{ports[1]}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{ports[0]}"
+
+    def live():
+        try:
+            with urllib.request.urlopen(endpoint + "/minio/health/live", timeout=1) as r:
+                return r.status == 200
+        except Exception:
+            return False
+    try:
+        assert wait_until(live, 30), "regional MinIO did not start"
+        import boto3
+        from botocore.config import Config
+        c = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=seed.S3_ACCESS_KEY,
+                         aws_secret_access_key=seed.S3_SECRET_KEY, region_name="eu-west-3",
+                         config=Config(s3={"addressing_style": "path"}))
+        c.create_bucket(Bucket="regional", CreateBucketConfiguration={"LocationConstraint": "eu-west-3"})
+        c.put_object(Bucket="regional", Key="a.txt", Body=b"from eu-west-3")
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_region_flag_and_profile_against_minio_with_a_region(regional_minio, tmp_path):
+    """MinIO started with a region refuses requests signed for us-east-1 (AWS_REGION); with
+    nothing configured the region is detected from the bucket; `--region` beats AWS_REGION,
+    AWS_REGION beats the profile's `region` in the AWS config file, which is read."""
+    require_bin()
+    base = bucketfs_env(AWS_REGION=None, AWS_DEFAULT_REGION=None, AWS_PROFILE=None)
+    base["AWS_CONFIG_FILE"] = str(tmp_path / "none")
+    args = ["cp", "s3://regional/a.txt", "-", "--endpoint", regional_minio]
+    wrong = dict(base, AWS_REGION="us-east-1")
+    p = run_cli(args, env=wrong)
+    assert p.returncode != 0, "us-east-1 signing should be refused by a MinIO in eu-west-3"
+    p = run_cli(args + ["--region", "eu-west-3"], env=wrong)
+    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
+    p = run_cli(args, env=base)   # nothing configured: detected (x-amz-bucket-region)
+    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
+    cfg = tmp_path / "config"
+    cfg.write_text("[default]\nregion = ap-south-1\n[profile paris]\nregion = eu-west-3\n")
+    with_cfg = dict(base, AWS_CONFIG_FILE=str(cfg))
+    p = run_cli(args, env=with_cfg)   # default profile's ap-south-1: read, so not detected
+    assert p.returncode != 0, "the default profile's region should have been used"
+    p = run_cli(args, env=dict(with_cfg, AWS_PROFILE="paris"))
+    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
+    p = run_cli(args, env=dict(with_cfg, AWS_PROFILE="paris", AWS_REGION="us-east-1"))
+    assert p.returncode != 0, "AWS_REGION comes before the profile's region"
+    mp = new_mountpoint()
+    p = run_cli(["mount", "s3://regional", mp, "--endpoint", regional_minio, "--region", "eu-west-3"], env=base)
+    try:
+        assert p.returncode == 0, p.err
+        with open(os.path.join(mp, "a.txt")) as f:
+            assert f.read() == "from eu-west-3"
+    finally:
+        unmount(mp)

@@ -16,6 +16,10 @@ pub struct StoreArgs {
     /// S3: the AWS profile to use.
     #[arg(long)]
     pub profile: Option<String>,
+    /// S3: the bucket's region. Default: AWS_REGION, the profile's region in ~/.aws/config,
+    /// else the region the bucket reports.
+    #[arg(long)]
+    pub region: Option<String>,
     /// Google Drive: hide Docs, Sheets and Slides instead of showing read-only exports.
     #[arg(long)]
     pub gdrive_hide_docs: bool,
@@ -34,6 +38,7 @@ impl StoreArgs {
             endpoint: self.endpoint.clone(),
             anonymous: self.anonymous,
             profile: self.profile.clone(),
+            region: self.region.clone(),
             gdrive_hide_docs: self.gdrive_hide_docs,
             content_type: match (&self.content_type, self.no_content_type) {
                 (_, true) => ContentType::Off,

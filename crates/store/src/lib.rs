@@ -24,6 +24,7 @@ pub mod gdrive;
 pub mod location;
 pub mod metered;
 pub mod opendal_store;
+pub mod region;
 pub mod s3_checksum;
 pub mod s3_checksum_mode;
 #[cfg(any(test, feature = "testing"))]

@@ -1,7 +1,8 @@
 //! Store URLs (`s3://`, `gs://`, `gdrive://`, `file://`, `mem://`) and building a [`Store`] from one.
 //!
 //! Credentials follow each ecosystem's conventions and are never part of the URL:
-//! S3 reads `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+//! S3 reads `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, the region
+//! ([`crate::region`]: `--region`, `AWS_REGION`, the profile's, the bucket's),
 //! `AWS_ENDPOINT_URL` and AWS profiles; GCS reads `GOOGLE_APPLICATION_CREDENTIALS`, or runs
 //! anonymously with `anonymous`; Google Drive: see [`crate::gdrive::auth`].
 
@@ -45,6 +46,8 @@ pub struct StoreOptions {
     pub anonymous: bool,
     /// S3: AWS profile name.
     pub profile: Option<String>,
+    /// S3: the bucket's region; otherwise found as [`crate::region`] says.
+    pub region: Option<String>,
     /// Per-request timeout; retries happen within [`StoreOptions::retries`].
     pub request_timeout: Option<Duration>,
     pub retries: Option<usize>,
@@ -161,9 +164,14 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     let (op, prefix_dirs) = match loc {
         Location::S3 { bucket, prefix } => {
             let endpoint = opts.endpoint.clone().or(env_endpoint);
-            let region = std::env::var("AWS_REGION")
-                .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
-                .unwrap_or_else(|_| "us-east-1".into());
+            let (region, source) = crate::region::resolve(
+                opts.region.as_deref(),
+                opts.profile.as_deref(),
+                |k| std::env::var(k).ok(),
+                crate::region::config_file_text,
+                || crate::region::detect(endpoint.as_deref(), bucket),
+            );
+            tracing::debug!(region = %region, ?source, "S3 region");
             let mut b = services::S3::default().bucket(bucket).root(&format!("/{prefix}")).region(&region);
             if let Some(ep) = &endpoint {
                 // A custom endpoint is never EC2: skip the instance-metadata credential probe.
