@@ -292,3 +292,36 @@ def test_region_flag_and_profile_against_minio_with_a_region(regional_minio, tmp
             assert f.read() == "from eu-west-3"
     finally:
         unmount(mp)
+
+
+# --------------------------------------------------------------------------- logs
+
+def test_cp_logs_its_retries_as_json(tmp_path, toxiproxy):
+    """`bucketfs cp --log-format json` through a store that is down for its first second:
+    the copy succeeds, and stderr holds JSON log lines saying it retried."""
+    import threading
+    from conftest import upstream_of
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    src = tmp_path / "f.txt"
+    src.write_bytes(b"retry me")
+    px = toxiproxy.proxy(upstream_of("s3"))
+    px.set_enabled(False)
+    timer = threading.Timer(1.5, px.set_enabled, args=(True,))
+    timer.start()
+    try:
+        p = run_cli(["cp", str(src), f"s3://{b.name}/f.txt", "--endpoint", px.endpoint,
+                     "--log-format", "json"], env=bucketfs_env(BUCKETFS_LOG=None))
+    finally:
+        timer.cancel()
+        px.delete()
+    try:
+        assert p.returncode == 0, p.err
+        assert seed.get("s3", b.name, "f.txt") == b"retry me"
+        lines = [json.loads(l) for l in p.err.splitlines() if l.startswith("{")]
+        retries = [l for l in lines if "retry" in json.dumps(l).lower()]
+        assert retries, f"no JSON retry line on stderr: {p.err[-2000:]!r}"
+        assert all({"timestamp", "level", "fields"} <= set(l) for l in retries), retries[0]
+    finally:
+        b.cleanup()

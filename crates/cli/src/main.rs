@@ -13,6 +13,7 @@ mod checks;
 mod control;
 mod cp;
 mod fstab;
+mod logging;
 mod metrics_http;
 mod mount;
 mod mount_opts;
@@ -73,6 +74,8 @@ pub struct MountArgs {
     store: store_args::StoreArgs,
     #[command(flatten)]
     access: mount_opts::AccessArgs,
+    #[command(flatten)]
+    log: logging::LogArgs,
     /// Stay attached to the terminal; SIGINT or SIGTERM unmounts.
     #[arg(short, long)]
     foreground: bool,

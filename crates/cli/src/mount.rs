@@ -101,12 +101,7 @@ fn init_logging(args: &MountArgs) {
         1 => "info,bucketfs=debug,bucketfs_core=debug,bucketfs_store=debug,bucketfs_fuse=debug",
         _ => "debug,bucketfs=trace,bucketfs_core=trace,bucketfs_store=trace,bucketfs_fuse=trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BUCKETFS_LOG").unwrap_or_else(|_| level.into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
-    match args.log_file.as_ref().and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok()) {
-        Some(f) => builder.with_writer(std::sync::Mutex::new(f)).init(),
-        None => builder.with_writer(std::io::stderr).init(),
-    }
+    crate::logging::init(level, args.log.log_format, args.log_file.as_deref());
 }
 
 /// Tell the waiting parent (if any) how the mount went, then detach stdout.

@@ -130,6 +130,8 @@ pub struct CpArgs {
     /// No progress bar even on a terminal.
     #[arg(short, long)]
     quiet: bool,
+    #[command(flatten)]
+    log: crate::logging::LogArgs,
 }
 
 /// What one file's copy did.
@@ -250,7 +252,7 @@ pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: Store
         return Err(format!("{what} {key}: {e}"));
     }
     *attempt += 1;
-    tracing::debug!("{what} {key}: {e}; retry {attempt}");
+    tracing::info!("{what} {key}: {e}; retry {attempt} of {}", ctx.retries);
     tokio::time::sleep(ctx.backoff(*attempt)).await;
     Ok(())
 }
@@ -375,6 +377,9 @@ pub const EXIT_SKIPPED: i32 = 2;
 pub fn run(args: CpArgs) -> Result<(), String> {
     let mut paths = args.paths.clone();
     let dst_arg = paths.pop().ok_or("cp needs a source and a destination")?;
+    // Retries and the store's warnings go to stderr (BUCKETFS_LOG changes what is logged).
+    let filter = if args.quiet { "error" } else { "warn,bucketfs=info" };
+    crate::logging::init(filter, args.log.log_format, None);
     let mut opts = args.store.options();
     opts.s3_crc32c = !args.s3_md5;
     opts.s3_checksum_mode = !args.s3_md5;
