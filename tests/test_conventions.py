@@ -325,3 +325,34 @@ def test_cp_logs_its_retries_as_json(tmp_path, toxiproxy):
         assert all({"timestamp", "level", "fields"} <= set(l) for l in retries), retries[0]
     finally:
         b.cleanup()
+
+
+# --------------------------------------------------------------------------- cp filters
+
+def test_cp_exclude_include_and_dry_run(tmp_path):
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    src = tmp_path / "tree"
+    (src / "cache").mkdir(parents=True)
+    for name in ("a.txt", "b.tmp", "c.bin", "cache/d.txt"):
+        (src / name).write_text(name)
+    url = f"s3://{b.name}"
+    extra = ["--endpoint", seed.S3_ENDPOINT]
+    try:
+        p = run_cli(["cp", "-r", str(src), url + "/dry/", "--dry-run", "--exclude", "*.tmp"] + extra)
+        assert p.returncode == 0, p.err
+        lines = p.out.strip().splitlines()
+        assert len(lines) == 3 and all(l.startswith("(dry run) ") and " -> s3://" in l for l in lines), p.out
+        assert not any("b.tmp" in l for l in lines)
+        assert seed.list_keys("s3", b.name) == [], "a dry run copied something"
+        p = run_cli(["cp", "-r", str(src), url + "/ex", "--exclude", "*.tmp", "--exclude", "cache/*"] + extra)
+        assert p.returncode == 0, p.err
+        assert sorted(seed.list_keys("s3", b.name)) == ["ex/a.txt", "ex/c.bin"]
+        p = run_cli(["cp", "-r", str(src), url + "/only", "--exclude", "*", "--include", "*.txt"] + extra)
+        assert p.returncode == 0, p.err
+        assert sorted(seed.list_keys("s3", b.name, "only/")) == ["only/a.txt", "only/cache/d.txt"]
+        p = run_cli(["cp", "-r", str(src), url + "/bad", "--exclude", "a["] + extra)
+        assert p.returncode != 0 and "pattern" in p.err, p.err
+    finally:
+        b.cleanup()
