@@ -162,12 +162,10 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     // Counted from here: the mount-time check above is not part of "since mount".
     let metrics = Metrics::new();
     let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
-    let ((uid, gid), (file_mode, dir_mode)) = (args.access.owner(), args.access.modes());
-    let cfg = FsConfig {
+    let (uid, gid) = args.access.owner();
+    let mut cfg = FsConfig {
         uid,
         gid,
-        file_mode,
-        dir_mode,
         metadata_ttl: Duration::from_secs_f64(args.metadata_ttl.max(0.0)),
         max_prefetch: args.max_prefetch_mib.max(1) * 1024 * 1024,
         prefetch_budget: args.prefetch_budget_mib * 1024 * 1024,
@@ -187,6 +185,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         list_ahead_keys: args.list_ahead_keys,
         ..FsConfig::default()
     };
+    (cfg.file_mode, cfg.dir_mode) = args.access.modes();
     std::fs::create_dir_all(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))?;
     let fs = Fs::shared(store, cfg);
