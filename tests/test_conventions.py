@@ -356,3 +356,34 @@ def test_cp_exclude_include_and_dry_run(tmp_path):
         assert p.returncode != 0 and "pattern" in p.err, p.err
     finally:
         b.cleanup()
+
+
+def test_cp_preserve_keeps_mode_and_mtime(tmp_path):
+    """`cp -P` up: mode and mtime in the object's metadata, shown by a mount; `cp -P` down:
+    set on the local file."""
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    f = tmp_path / "script.sh"
+    f.write_text("#!/bin/sh\n")
+    os.chmod(f, 0o750)
+    os.utime(f, (1_000_000_000.5, 1_000_000_000.5))
+    extra = ["--endpoint", seed.S3_ENDPOINT]
+    try:
+        p = run_cli(["cp", "-P", str(f), f"s3://{b.name}/script.sh"] + extra)
+        assert p.returncode == 0, p.err
+        meta = seed.s3_client().head_object(Bucket=b.name, Key="script.sh")["Metadata"]
+        assert meta.get("mode") == "100750" and meta.get("mtime", "").startswith("1000000000.5"), meta
+        p = run_cli(["cp", str(f), f"s3://{b.name}/plain.sh"] + extra)
+        assert p.returncode == 0, p.err
+        assert "mode" not in seed.s3_client().head_object(Bucket=b.name, Key="plain.sh")["Metadata"]
+        with b.mounted() as mp:
+            st = os.stat(os.path.join(mp, "script.sh"))
+            assert stat.S_IMODE(st.st_mode) == 0o750 and int(st.st_mtime) == 1_000_000_000
+        out = tmp_path / "back.sh"
+        p = run_cli(["cp", "-P", f"s3://{b.name}/script.sh", str(out)] + extra)
+        assert p.returncode == 0, p.err
+        st = os.stat(out)
+        assert stat.S_IMODE(st.st_mode) == 0o750 and abs(st.st_mtime - 1_000_000_000.5) < 0.01
+    finally:
+        b.cleanup()

@@ -17,6 +17,7 @@ mod filter;
 #[cfg(test)]
 mod local_tests;
 mod plan;
+mod preserve;
 mod progress;
 mod source;
 mod store_to_store;
@@ -144,6 +145,11 @@ pub struct CpArgs {
     /// Print what would be copied (SRC -> DST, one a line) and copy nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Keep each file's mode and modification time: uploads store them in the object's
+    /// metadata (the keys a bucketfs mount shows, as rclone and s3fs write them), downloads
+    /// set them from it.
+    #[arg(short = 'P', long)]
+    preserve: bool,
 }
 
 /// What one file's copy did.
@@ -170,6 +176,8 @@ pub struct Ctx {
     pub summary: bool,
     /// First retry delay; doubles per attempt.
     pub backoff_base: Duration,
+    /// `-P`: uploads keep the file's mode and mtime, downloads set the object's.
+    pub preserve: bool,
     /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
     cancel: tokio::sync::watch::Sender<bool>,
 }
@@ -186,6 +194,7 @@ impl Ctx {
             progress,
             summary: false,
             backoff_base: Duration::from_millis(200),
+            preserve: false,
             cancel,
         }
     }
@@ -276,7 +285,11 @@ async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
     }
     match (&job.src, &job.dst) {
         (Src::Remote { remote, head, .. }, Dst::Local(path)) => {
-            download::to_file(ctx, remote, head.as_deref(), path).await
+            let report = download::to_file(ctx, remote, head.as_deref(), path).await?;
+            if ctx.preserve {
+                preserve::apply_to_local(remote, path).await?;
+            }
+            Ok(report)
         }
         (Src::Remote { remote, head, .. }, Dst::Stdout) => download::to_stdout(ctx, remote, head.as_deref()).await,
         (Src::Local { path, size }, Dst::Remote(r)) => {
@@ -427,6 +440,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         let parallel = args.parallel.unwrap_or_else(plan::default_parallel).max(1);
         let mut ctx = Ctx::new(parallel, args.slice_size, args.retries, Progress::new(total, !args.quiet));
         ctx.summary = args.json && jobs.len() == 1;
+        ctx.preserve = args.preserve;
         let start = Instant::now();
         // On SIGINT/SIGTERM, cancel and keep waiting: the transfers abort and clean up.
         let signals = async {
