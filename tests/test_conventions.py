@@ -387,3 +387,32 @@ def test_cp_preserve_keeps_mode_and_mtime(tmp_path):
         assert stat.S_IMODE(st.st_mode) == 0o750 and abs(st.st_mtime - 1_000_000_000.5) < 0.01
     finally:
         b.cleanup()
+
+
+# --------------------------------------------------------------------------- storage class, SSE
+
+def test_storage_class_on_mount_and_cp_uploads(tmp_path):
+    """`--storage-class` reaches the store (MinIO keeps REDUCED_REDUNDANCY); a bad --sse is
+    refused before anything is sent."""
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    f = tmp_path / "f.txt"
+    f.write_text("x")
+    extra = ["--endpoint", seed.S3_ENDPOINT]
+    try:
+        p = run_cli(["cp", str(f), f"s3://{b.name}/cp.txt", "--storage-class", "REDUCED_REDUNDANCY"] + extra)
+        assert p.returncode == 0, p.err
+        with b.mounted(extra=["--storage-class", "REDUCED_REDUNDANCY"]) as mp:
+            with open(os.path.join(mp, "mount.txt"), "w") as out:
+                out.write("y")
+        p = run_cli(["cp", str(f), f"s3://{b.name}/plain.txt"] + extra)
+        assert p.returncode == 0, p.err
+        head = lambda k: seed.s3_client().head_object(Bucket=b.name, Key=k).get("StorageClass")  # noqa: E731
+        assert head("cp.txt") == "REDUCED_REDUNDANCY"
+        assert head("mount.txt") == "REDUCED_REDUNDANCY"
+        assert head("plain.txt") in (None, "STANDARD")
+        p = run_cli(["cp", str(f), f"s3://{b.name}/x.txt", "--sse", "rot13"] + extra)
+        assert p.returncode != 0 and "AES256" in p.err, p.err
+    finally:
+        b.cleanup()

@@ -30,6 +30,15 @@ pub struct StoreArgs {
     /// Send no Content-Type with uploads (the store then says application/octet-stream).
     #[arg(long)]
     pub no_content_type: bool,
+    /// S3 and GCS: storage class of new objects (STANDARD_IA, INTELLIGENT_TIERING, NEARLINE...).
+    #[arg(long, value_name = "CLASS")]
+    pub storage_class: Option<String>,
+    /// S3: server-side encryption of new objects: AES256 (SSE-S3) or aws:kms (SSE-KMS).
+    #[arg(long, value_name = "AES256|aws:kms")]
+    pub sse: Option<String>,
+    /// S3: the KMS key for SSE-KMS (implies --sse aws:kms); without it, AWS's managed key.
+    #[arg(long, value_name = "KEY-ID")]
+    pub sse_kms_key_id: Option<String>,
 }
 
 impl StoreArgs {
@@ -45,6 +54,9 @@ impl StoreArgs {
                 (Some(t), false) => ContentType::Fixed(t.clone()),
                 (None, false) => ContentType::Guess,
             },
+            storage_class: self.storage_class.clone(),
+            sse: self.sse.clone(),
+            sse_kms_key_id: self.sse_kms_key_id.clone(),
             ..StoreOptions::default()
         }
     }

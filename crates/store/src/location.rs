@@ -64,6 +64,12 @@ pub struct StoreOptions {
     pub s3_checksum_mode: bool,
     /// The Content-Type uploads carry (default: guessed from the key's extension).
     pub content_type: crate::ContentType,
+    /// S3 and GCS: the storage class of new objects (`STANDARD_IA`, `NEARLINE`...).
+    pub storage_class: Option<String>,
+    /// S3: server-side encryption of new objects, `AES256` (SSE-S3) or `aws:kms` (SSE-KMS,
+    /// with `sse_kms_key_id` or the AWS-managed key).
+    pub sse: Option<String>,
+    pub sse_kms_key_id: Option<String>,
 }
 
 const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
@@ -180,6 +186,21 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             if let Some(p) = &opts.profile {
                 b = b.profile(p);
             }
+            if let Some(c) = &opts.storage_class {
+                b = b.default_storage_class(c);
+            }
+            b = match (opts.sse.as_deref(), &opts.sse_kms_key_id) {
+                (None, None) => b,
+                (Some("AES256"), None) => b.server_side_encryption_with_s3_key(),
+                (Some("aws:kms") | None, Some(key)) => b.server_side_encryption_with_customer_managed_kms_key(key),
+                (Some("aws:kms"), None) => b.server_side_encryption_with_aws_managed_kms_key(),
+                (Some(other), _) => {
+                    return Err(StoreError::new(
+                        crate::StoreErrorKind::Config,
+                        format!("--sse {other:?}: use AES256 (SSE-S3) or aws:kms (SSE-KMS, with --sse-kms-key-id)"),
+                    ))
+                }
+            };
             let op = if !opts.s3_crc32c {
                 Operator::new(b).map_err(err)?
             } else {
@@ -205,6 +226,9 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
         }
         Location::Gcs { bucket, prefix } => {
             let mut b = services::Gcs::default().bucket(bucket).root(&format!("/{prefix}"));
+            if let Some(c) = &opts.storage_class {
+                b = b.default_storage_class(c);
+            }
             if let Some(ep) = &opts.endpoint {
                 b = b.endpoint(ep).disable_vm_metadata();
             }
