@@ -112,6 +112,17 @@ def test_error_mountpoint_missing():
     assert not os.path.exists(missing), "mount must not create a missing mount point"
 
 
+def test_error_url_without_mountpoint():
+    """`bucketfs mount s3://my-bucket`: the mount point was forgotten; say so, not `mkdir -p s3:`."""
+    require_bin()
+    p = run_cli(["mount", "s3://my-bucket"])
+    assert_cli_error(p, ["mount point is missing"])
+    assert "mkdir" not in p.err and "usage" in p.err.lower(), p.err
+    p = run_cli(["mount", "/mnt", "s3://my-bucket"])
+    assert_cli_error(p, ["comes first"])
+    assert "bucketfs mount s3://my-bucket /mnt" in p.err, p.err
+
+
 def test_error_mountpoint_is_file():
     require_bin()
     with tempfile.NamedTemporaryFile(prefix="bucketfs-file-mp-") as f:

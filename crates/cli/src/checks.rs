@@ -2,6 +2,27 @@
 
 use std::path::{Path, PathBuf};
 
+/// The positional arguments of `bucketfs mount` make sense: a URL alone means the mount
+/// point was forgotten (not a mount point called `s3://...`), and a URL in the mount point's
+/// place means the two were swapped. `url` is `None` when only one argument was given.
+pub fn positionals(url: Option<&str>, mp: &Path) -> Result<(), String> {
+    let mp_text = mp.to_string_lossy();
+    let looks_like_url = |s: &str| s.contains("://") || s == "mem:";
+    match url {
+        None if looks_like_url(&mp_text) => Err(format!(
+            "the mount point is missing: only the store {mp_text} was given \
+             (usage: bucketfs mount URL MOUNTPOINT)"
+        )),
+        Some(u) if looks_like_url(&mp_text) && !looks_like_url(u) => {
+            Err(format!("the URL comes first: bucketfs mount {mp_text} {u} (usage: bucketfs mount URL MOUNTPOINT)"))
+        }
+        Some(_) if looks_like_url(&mp_text) => {
+            Err(format!("{mp_text} is a URL, not a mount point (usage: bucketfs mount URL MOUNTPOINT)"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The mount point must exist, be a directory, and not be mounted already.
 pub fn mountpoint(mp: &Path) -> Result<PathBuf, String> {
     let meta = std::fs::metadata(mp).map_err(|e| match e.kind() {
@@ -14,7 +35,9 @@ pub fn mountpoint(mp: &Path) -> Result<PathBuf, String> {
         return Err(format!("mount point {} is not a directory; give an empty directory", mp.display()));
     }
     let canonical = std::fs::canonicalize(mp).map_err(|e| format!("cannot resolve {}: {e}", mp.display()))?;
-    if let Some(fstype) = mounted_fstype(&canonical) {
+    // Under systemd's automount (x-systemd.automount) the mount point is an autofs mount
+    // waiting for this one to be mounted over it.
+    if let Some(fstype) = mounted_fstype(&canonical).filter(|t| t != "autofs") {
         return Err(format!(
             "{} is already a mount point ({fstype}); unmount it first (bucketfs unmount {})",
             canonical.display(),
@@ -47,5 +70,27 @@ pub fn fuse_device() -> Result<(), String> {
         Ok(())
     } else {
         Err("FUSE is not available: /dev/fuse is missing; load the module (modprobe fuse) and install fuse3".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_alone_is_a_missing_mount_point() {
+        let e = positionals(None, Path::new("s3://my-bucket")).unwrap_err();
+        assert!(e.contains("mount point is missing") && !e.contains("mkdir"), "{e}");
+        assert!(positionals(None, Path::new("gs://b/p")).is_err());
+        // One argument that is a directory: the embedded default store.
+        assert!(positionals(None, Path::new("/mnt/b")).is_ok());
+        assert!(positionals(Some("s3://b"), Path::new("/mnt/b")).is_ok());
+    }
+
+    #[test]
+    fn swapped_arguments_say_which_comes_first() {
+        let e = positionals(Some("/mnt/b"), Path::new("s3://b")).unwrap_err();
+        assert!(e.contains("bucketfs mount s3://b /mnt/b"), "{e}");
+        assert!(positionals(Some("s3://a"), Path::new("s3://b")).is_err());
     }
 }

@@ -2,19 +2,17 @@
 //!
 //! mount(8) runs `/sbin/mount.fuse.bucketfs URL DIR [-n] [-s] [-v] [-o OPTS]`. When the
 //! binary is called by that name (a symlink to it), [`helper_args`] turns the call into
-//! `bucketfs mount URL DIR --flags`: `key=value` becomes `--key value` and `key` becomes
-//! `--key` (underscores turn into dashes, so every `bucketfs mount` flag is an option), `ro`
-//! means `--read-only`, and the generic options mount(8) and systemd use are dropped.
+//! `bucketfs mount URL DIR --flags`, translating the options as `bucketfs mount -o` does
+//! ([`mount_opts::option_flags`]: `uid=1000` becomes `--uid 1000`, `ro` `--read-only`, and
+//! the generic options of mount(8), fstab and systemd are dropped).
+//!
+//! Under `x-systemd.automount` the mount point is already an autofs mount when this runs;
+//! [`crate::checks::mountpoint`] lets bucketfs mount over autofs.
+
+use crate::mount_opts;
 
 /// Names the binary answers to as a mount helper.
 pub const HELPER_NAMES: [&str; 2] = ["mount.fuse.bucketfs", "mount.bucketfs"];
-
-/// Options of mount(8), fstab and systemd that mean nothing to bucketfs (the kernel mount is
-/// always nodev, nosuid, noatime).
-const IGNORED: [&str; 22] = [
-    "rw", "defaults", "auto", "noauto", "_netdev", "user", "users", "nouser", "owner", "group", "nofail", "suid",
-    "nosuid", "dev", "nodev", "exec", "noexec", "async", "sync", "atime", "noatime", "relatime",
-];
 
 /// Is this a call as the mount helper (by `argv[0]`)?
 pub fn is_helper(argv0: &str) -> bool {
@@ -46,25 +44,14 @@ pub fn helper_args(argv: &[String]) -> Result<Option<Vec<String>>, String> {
         return Err(format!("usage: {} URL MOUNTPOINT [-o key=value,...]", HELPER_NAMES[0]));
     };
     let mut out = vec!["bucketfs".to_string(), "mount".to_string(), url.clone(), dir.clone()];
-    for opt in opts.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
-        let (key, value) = match opt.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (opt, None),
-        };
-        if IGNORED.contains(&key) || key.starts_with("x-") || key == "comment" {
-            continue;
+    for list in &opts {
+        for opt in list.split(',') {
+            let key = opt.split_once('=').map_or(opt, |(k, _)| k);
+            if matches!(key, "foreground" | "f" | "help" | "h" | "version" | "V") {
+                return Err(format!("option {key:?} cannot be used from mount(8) or fstab"));
+            }
         }
-        if key == "ro" || key == "read_only" {
-            out.push("--read-only".into());
-            continue;
-        }
-        if matches!(key, "foreground" | "f" | "help" | "h" | "version" | "V") {
-            return Err(format!("option {key:?} cannot be used from mount(8) or fstab"));
-        }
-        out.push(format!("--{}", key.replace('_', "-")));
-        if let Some(v) = value {
-            out.push(v.to_string());
-        }
+        out.extend(mount_opts::option_flags(list)?);
     }
     Ok(Some(out))
 }
@@ -99,6 +86,15 @@ mod tests {
         .unwrap();
         assert_eq!(got.join(" "), "bucketfs mount mem:// /m --read-only --disk-cache-mib 0");
         assert_eq!(helper_args(&args("mount.fuse.bucketfs mem:// /m -f -o rw")).unwrap(), None);
+        let got = helper_args(&args(
+            "mount.fuse.bucketfs s3://b /m -o uid=1000,gid=1000,umask=027,allow_root,auto_unmount,default_permissions,x-systemd.requires=network-online.target",
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            got.join(" "),
+            "bucketfs mount s3://b /m --uid 1000 --gid 1000 --umask 027 --allow-root --auto-unmount"
+        );
     }
 
     #[test]
@@ -107,6 +103,7 @@ mod tests {
         assert!(helper_args(&args("mount.fuse.bucketfs mem:// /m -o foreground")).is_err());
         assert!(helper_args(&args("mount.fuse.bucketfs mem:// /m -o")).is_err());
         assert!(helper_args(&args("mount.fuse.bucketfs mem:// /m -x")).is_err());
+        assert!(helper_args(&args("mount.fuse.bucketfs mem:// /m -o ro,foreground")).is_err());
     }
 
     #[test]

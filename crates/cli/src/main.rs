@@ -13,8 +13,10 @@ mod checks;
 mod control;
 mod cp;
 mod fstab;
+mod logging;
 mod metrics_http;
 mod mount;
+mod mount_opts;
 mod notify;
 mod observe;
 mod paths;
@@ -76,6 +78,10 @@ pub struct MountArgs {
     second: Option<PathBuf>,
     #[command(flatten)]
     store: store_args::StoreArgs,
+    #[command(flatten)]
+    access: mount_opts::AccessArgs,
+    #[command(flatten)]
+    log: logging::LogArgs,
     /// Stay attached to the terminal; SIGINT or SIGTERM unmounts.
     #[arg(short, long)]
     foreground: bool,
@@ -216,6 +222,13 @@ fn main() -> ExitCode {
             }
         }
     }
+    argv = match mount_opts::expand_argv(argv) {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("bucketfs: {msg}");
+            return ExitCode::FAILURE;
+        }
+    };
     let cli = Cli::parse_from(&argv);
     let result = match cli.cmd {
         Command::Mount(args) => mount::run(args, &argv[1..]),

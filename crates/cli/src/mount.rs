@@ -32,6 +32,9 @@ const CHILD_ENV: &str = "BUCKETFS_DAEMON_CHILD";
 /// `argv` are the arguments after the program name, re-used for the background process.
 pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
     let (url, mp) = args.url_and_mountpoint();
+    checks::positionals(url.as_deref(), &mp)?;
+    args.access.check(args.allow_other)?;
+    paths::ensure_runtime_dir()?;
     checks::fuse_device()?;
     let mp = checks::mountpoint(&mp)?;
     let location = match &url {
@@ -54,11 +57,11 @@ pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
 fn spawn_daemon(args: &MountArgs, argv: &[std::ffi::OsString], mp: &Path) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the bucketfs executable: {e}"))?;
     let log = args.log_file.clone().unwrap_or_else(|| paths::log_file(mp));
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|e| format!("cannot open log file {}: {e}", log.display()))?;
+    let log_file = match &args.log_file {
+        Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p),
+        None => paths::open_log(&log),
+    }
+    .map_err(|e| format!("cannot open log file {}: {e}", log.display()))?;
     let mut cmd = Command::new(exe);
     cmd.args(argv).arg("--foreground").env(CHILD_ENV, "1");
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file);
@@ -103,12 +106,7 @@ fn init_logging(args: &MountArgs) {
         1 => "info,bucketfs=debug,bucketfs_core=debug,bucketfs_store=debug,bucketfs_fuse=debug",
         _ => "debug,bucketfs=trace,bucketfs_core=trace,bucketfs_store=trace,bucketfs_fuse=trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BUCKETFS_LOG").unwrap_or_else(|_| level.into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
-    match args.log_file.as_ref().and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok()) {
-        Some(f) => builder.with_writer(std::sync::Mutex::new(f)).init(),
-        None => builder.with_writer(std::io::stderr).init(),
-    }
+    crate::logging::init(level, args.log.log_format, args.log_file.as_deref());
 }
 
 /// Tell the waiting parent (if any) how the mount went, then detach stdout.
@@ -169,9 +167,10 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     // Counted from here: the mount-time check above is not part of "since mount".
     let metrics = Metrics::new();
     let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
-    let cfg = FsConfig {
-        uid: unsafe { libc::getuid() },
-        gid: unsafe { libc::getgid() },
+    let (uid, gid) = args.access.owner();
+    let mut cfg = FsConfig {
+        uid,
+        gid,
         metadata_ttl: Duration::from_secs_f64(
             args.metadata_ttl.unwrap_or(if args.write_back { WRITE_BACK_TTL } else { 1.0 }).max(0.0),
         ),
@@ -198,6 +197,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         }),
         ..FsConfig::default()
     };
+    (cfg.file_mode, cfg.dir_mode) = args.access.modes();
     std::fs::create_dir_all(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))?;
     let fs = Fs::shared(store, cfg);
@@ -241,6 +241,8 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let spec = MountSpec {
         fsname: location.to_url(),
         allow_other: args.allow_other,
+        allow_root: args.access.allow_root,
+        auto_unmount: args.access.auto_unmount,
         threads: args.fuse_threads,
         read_only: args.read_only,
     };
@@ -275,7 +277,9 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         }
         let _ = done_tx.send("signal");
     });
-    let _ = std::fs::write(paths::pid_file(mp), std::process::id().to_string());
+    if let Err(e) = paths::write_private(&paths::pid_file(mp), &std::process::id().to_string()) {
+        tracing::warn!("cannot write the pid file: {e}");
+    }
     let o = observed.clone();
     let fs_sync = fs_after.clone();
     let sync: control::SyncFn = Arc::new(move || {
@@ -304,7 +308,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     if !pending.is_empty() {
         let staging = args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp));
         let note = format!("{}\n{}\n", staging.display(), pending.join("\n"));
-        let _ = std::fs::write(paths::pending_file(mp), note);
+        let _ = paths::write_private(&paths::pending_file(mp), &note);
         tracing::error!(files = ?pending, "unmounted with uploads pending; kept in {} for the next mount", staging.display());
     }
     let _ = std::fs::remove_file(paths::pid_file(mp));

@@ -1,9 +1,35 @@
 //! Where bucketfs keeps its files: the embedded default store and per-mount runtime files.
+//!
+//! Runtime files (pid, log, control socket, the note of uploads left pending) live in one
+//! private directory per user: `$XDG_RUNTIME_DIR/bucketfs`; for root without one (systemd
+//! units, fstab at boot) `/run/bucketfs`; otherwise `/tmp/bucketfs-UID`. [`ensure_runtime_dir`]
+//! creates it 0700 and refuses one that is a symlink or belongs to someone else (in `/tmp`
+//! anyone could have made it first); a group- or world-accessible one of ours is made
+//! private. Files written there are created anew and never through a symlink.
+//!
+//! Each mount point gets a name ([`mount_id`]) that is a one-to-one function of its canonical
+//! path: `%` and `/` are percent-escaped, so `/a_b` and `/a/b` no longer share a staging
+//! directory, socket or pid file (with the old `/` -> `_` scheme they did, and crash
+//! recovery could have uploaded one mount's files into the other's bucket). A staging
+//! directory under the old name is still used when it exists and the new one does not, so
+//! data staged before an upgrade is recovered.
+//!
+//! The block cache directory is named by the 64-bit FNV-1a hash of the store's identity,
+//! fixed by its published constants; the old name came from `DefaultHasher`, whose output
+//! may change with any Rust release (orphaning a 2 GiB cache). An old-named cache is
+//! renamed to the new name when found.
 
+use std::fs::{DirBuilder, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 fn home() -> PathBuf {
     std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"))
+}
+
+fn cache_base() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache"))
 }
 
 /// `$XDG_DATA_HOME/bucketfs/default`, or `~/.local/share/bucketfs/default`.
@@ -12,18 +38,101 @@ pub fn default_store() -> PathBuf {
     base.join("bucketfs/default")
 }
 
-/// Per-user directory for pid and log files of running mounts.
-pub fn runtime_dir() -> PathBuf {
-    let dir = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(|d| PathBuf::from(d).join("bucketfs"))
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("bucketfs-{}", unsafe { libc::getuid() })));
-    let _ = std::fs::create_dir_all(&dir);
-    dir
+fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
 }
 
-/// A file name unique to one mount point: its path with `/` replaced.
-fn mount_id(mountpoint: &Path) -> String {
+/// Per-user directory for the pid, log and socket files of running mounts (not created here:
+/// see [`ensure_runtime_dir`]).
+pub fn runtime_dir() -> PathBuf {
+    runtime_dir_for(std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from), euid())
+}
+
+fn runtime_dir_for(xdg: Option<PathBuf>, uid: u32) -> PathBuf {
+    match xdg {
+        Some(d) if d.is_absolute() => d.join("bucketfs"),
+        _ if uid == 0 => PathBuf::from("/run/bucketfs"),
+        _ => std::env::temp_dir().join(format!("bucketfs-{uid}")),
+    }
+}
+
+/// Create the runtime directory if needed and check it is ours and private.
+pub fn ensure_runtime_dir() -> Result<PathBuf, String> {
+    let dir = runtime_dir();
+    ensure_private_dir(&dir, euid())?;
+    Ok(dir)
+}
+
+/// `dir` exists, is a real directory (not a symlink), belongs to `uid` and is mode 0700.
+fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), String> {
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    match DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create runtime directory {}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot use {}: {e}", dir.display()))?;
+    if !meta.file_type().is_dir() {
+        return Err(format!("runtime directory {} is not a directory (a symlink?); remove it", dir.display()));
+    }
+    if meta.uid() != uid {
+        return Err(format!(
+            "runtime directory {} belongs to uid {}, not to this user ({uid}); remove it",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot make {} private: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Write `contents` to a new file at `path` (0600), replacing what was there. A symlink
+/// at `path` is removed, never followed.
+pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    f.write_all(contents.as_bytes())
+}
+
+/// Open a log file for appending (0600 if created), refusing to follow a symlink.
+pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    OpenOptions::new().create(true).append(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// A file name that is a one-to-one function of a canonical mount point: the path without
+/// its leading `/`, with `%` written `%25` and `/` written `%2F`. Names that would pass
+/// 200 bytes keep a prefix and end in the FNV-1a hash of the whole path.
+pub fn mount_id(mountpoint: &Path) -> String {
+    let raw = mountpoint.to_string_lossy();
+    let escaped = raw.trim_start_matches('/').replace('%', "%25").replace('/', "%2F");
+    if escaped.len() <= 200 {
+        return escaped;
+    }
+    let mut cut = 150;
+    while !escaped.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{:016x}", &escaped[..cut], fnv1a64(raw.as_bytes()))
+}
+
+/// The name used before mount ids were injective (`/` -> `_`); staged data may sit under it.
+fn old_mount_id(mountpoint: &Path) -> String {
     mountpoint.to_string_lossy().trim_start_matches('/').replace('/', "_")
+}
+
+/// 64-bit FNV-1a (offset basis 0xcbf29ce484222325, prime 0x100000001b3): stable across
+/// Rust releases and platforms, unlike `DefaultHasher`.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 pub fn pid_file(mountpoint: &Path) -> PathBuf {
@@ -35,9 +144,15 @@ pub fn pending_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.pending", mount_id(mountpoint)))
 }
 
-/// The mount process's control socket (`bucketfs status` talks to it).
+/// The mount process's control socket (`bucketfs status` talks to it). A socket's path must
+/// fit in 108 bytes (`sun_path`); a longer one is named by the hash of the mount point.
 pub fn control_socket(mountpoint: &Path) -> PathBuf {
-    runtime_dir().join(format!("{}.sock", mount_id(mountpoint)))
+    let dir = runtime_dir();
+    let named = dir.join(format!("{}.sock", mount_id(mountpoint)));
+    if named.as_os_str().len() < 108 {
+        return named;
+    }
+    dir.join(format!("{:016x}.sock", fnv1a64(mountpoint.as_os_str().as_encoded_bytes())))
 }
 
 pub fn log_file(mountpoint: &Path) -> PathBuf {
@@ -45,17 +160,137 @@ pub fn log_file(mountpoint: &Path) -> PathBuf {
 }
 
 /// `$XDG_CACHE_HOME/bucketfs/staging/<mount>`, or under `~/.cache`: staged writes survive a
-/// crash of the mount process there.
+/// crash of the mount process there. An old-style directory is used if only it exists.
 pub fn staging_dir(mountpoint: &Path) -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache"));
-    base.join("bucketfs/staging").join(mount_id(mountpoint))
+    staging_dir_in(&cache_base().join("bucketfs/staging"), mountpoint)
 }
 
-/// `~/.cache/bucketfs/blocks/<store>`: one block cache per store URL (and endpoint).
+fn staging_dir_in(base: &Path, mountpoint: &Path) -> PathBuf {
+    let new = base.join(mount_id(mountpoint));
+    let old = base.join(old_mount_id(mountpoint));
+    if !new.exists() && old.is_dir() {
+        return old;
+    }
+    new
+}
+
+/// `~/.cache/bucketfs/blocks/<hash of the store>`: one block cache per store URL (and
+/// endpoint). A cache under the old `DefaultHasher` name is moved to the new one.
 pub fn block_cache_dir(store_id: &str) -> PathBuf {
+    block_cache_dir_in(&cache_base().join("bucketfs/blocks"), store_id)
+}
+
+fn block_cache_dir_in(base: &Path, store_id: &str) -> PathBuf {
+    let new = base.join(format!("{:016x}", fnv1a64(store_id.as_bytes())));
+    let old = base.join(format!("{:016x}", default_hasher(store_id)));
+    if !new.exists() && old.is_dir() && std::fs::rename(&old, &new).is_err() {
+        return old;
+    }
+    new
+}
+
+/// The old cache name's hash; only to find a cache made by an earlier version.
+fn default_hasher(store_id: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     store_id.hash(&mut h);
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache"));
-    base.join("bucketfs/blocks").join(format!("{:016x}", h.finish()))
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("bucketfs-paths-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn mount_ids_are_one_to_one() {
+        let ids: Vec<String> =
+            ["/a_b", "/a/b", "/a%2Fb", "/a%b", "/mnt/data"].iter().map(|p| mount_id(Path::new(p))).collect();
+        assert_eq!(ids, ["a_b", "a%2Fb", "a%252Fb", "a%25b", "mnt%2Fdata"]);
+        let long_a = format!("/{}", "x".repeat(300));
+        let long_b = format!("/{}y", "x".repeat(299));
+        let (a, b) = (mount_id(Path::new(&long_a)), mount_id(Path::new(&long_b)));
+        assert!(a.len() < 200 && a != b, "{a} {b}");
+        assert!(control_socket(Path::new(&long_a)).as_os_str().len() < 108);
+    }
+
+    #[test]
+    fn root_without_xdg_uses_run() {
+        assert_eq!(runtime_dir_for(None, 0), PathBuf::from("/run/bucketfs"));
+        assert_eq!(runtime_dir_for(Some("/run/user/1000".into()), 1000), PathBuf::from("/run/user/1000/bucketfs"));
+        assert!(runtime_dir_for(None, 1000).ends_with("bucketfs-1000"));
+        // A relative XDG_RUNTIME_DIR is invalid by the spec and ignored.
+        assert_eq!(runtime_dir_for(Some("rel".into()), 0), PathBuf::from("/run/bucketfs"));
+    }
+
+    #[test]
+    fn runtime_dir_is_private_and_ours() {
+        let base = tmp("rt");
+        let dir = base.join("bucketfs");
+        ensure_private_dir(&dir, euid()).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        // Opened up by someone: made private again.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        ensure_private_dir(&dir, euid()).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        // Someone else's: refused.
+        assert!(ensure_private_dir(&dir, euid() + 1).unwrap_err().contains("belongs to uid"));
+        // A symlink to a directory: refused, not followed.
+        let link = base.join("link");
+        symlink(&dir, &link).unwrap();
+        assert!(ensure_private_dir(&link, euid()).unwrap_err().contains("not a directory"));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn private_files_never_follow_a_symlink() {
+        let base = tmp("pid");
+        let target = base.join("target");
+        std::fs::write(&target, "keep").unwrap();
+        let pid = base.join("x.pid");
+        symlink(&target, &pid).unwrap();
+        write_private(&pid, "123").unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&pid).unwrap(), "123");
+        assert!(!std::fs::symlink_metadata(&pid).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::metadata(&pid).unwrap().mode() & 0o777, 0o600);
+        let log = base.join("x.log");
+        symlink(&target, &log).unwrap();
+        assert!(open_log(&log).is_err());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn old_staging_and_cache_names_are_still_found() {
+        let base = tmp("old");
+        let mp = Path::new("/mnt/my_data");
+        assert_eq!(staging_dir_in(&base, mp), base.join("mnt%2Fmy_data"));
+        std::fs::create_dir(base.join("mnt_my_data")).unwrap();
+        assert_eq!(staging_dir_in(&base, mp), base.join("mnt_my_data"));
+        std::fs::create_dir(base.join("mnt%2Fmy_data")).unwrap();
+        assert_eq!(staging_dir_in(&base, mp), base.join("mnt%2Fmy_data"));
+
+        let id = "s3://b http://127.0.0.1:9000";
+        let old = base.join(format!("{:016x}", default_hasher(id)));
+        std::fs::create_dir(&old).unwrap();
+        std::fs::write(old.join("block"), "cached").unwrap();
+        let got = block_cache_dir_in(&base, id);
+        assert_eq!(got, base.join(format!("{:016x}", fnv1a64(id.as_bytes()))));
+        assert_eq!(std::fs::read_to_string(got.join("block")).unwrap(), "cached");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_published_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
+    }
 }

@@ -1,6 +1,7 @@
 //! The flags that say how to reach a store, shared by `mount` and `cp`.
 
 use bucketfs_store::location::StoreOptions;
+use bucketfs_store::ContentType;
 use clap::Args;
 
 #[derive(Args, Clone, Debug, Default)]
@@ -15,9 +16,29 @@ pub struct StoreArgs {
     /// S3: the AWS profile to use.
     #[arg(long)]
     pub profile: Option<String>,
+    /// S3: the bucket's region. Default: AWS_REGION, the profile's region in ~/.aws/config,
+    /// else the region the bucket reports.
+    #[arg(long)]
+    pub region: Option<String>,
     /// Google Drive: hide Docs, Sheets and Slides instead of showing read-only exports.
     #[arg(long)]
     pub gdrive_hide_docs: bool,
+    /// Content-Type of every uploaded object (default: guessed from the name's extension,
+    /// as `aws s3 cp` and `gcloud storage cp` do).
+    #[arg(long, value_name = "TYPE", conflicts_with = "no_content_type")]
+    pub content_type: Option<String>,
+    /// Send no Content-Type with uploads (the store then says application/octet-stream).
+    #[arg(long)]
+    pub no_content_type: bool,
+    /// S3 and GCS: storage class of new objects (STANDARD_IA, INTELLIGENT_TIERING, NEARLINE...).
+    #[arg(long, value_name = "CLASS")]
+    pub storage_class: Option<String>,
+    /// S3: server-side encryption of new objects: AES256 (SSE-S3) or aws:kms (SSE-KMS).
+    #[arg(long, value_name = "AES256|aws:kms")]
+    pub sse: Option<String>,
+    /// S3: the KMS key for SSE-KMS (implies --sse aws:kms); without it, AWS's managed key.
+    #[arg(long, value_name = "KEY-ID")]
+    pub sse_kms_key_id: Option<String>,
 }
 
 impl StoreArgs {
@@ -26,7 +47,16 @@ impl StoreArgs {
             endpoint: self.endpoint.clone(),
             anonymous: self.anonymous,
             profile: self.profile.clone(),
+            region: self.region.clone(),
             gdrive_hide_docs: self.gdrive_hide_docs,
+            content_type: match (&self.content_type, self.no_content_type) {
+                (_, true) => ContentType::Off,
+                (Some(t), false) => ContentType::Fixed(t.clone()),
+                (None, false) => ContentType::Guess,
+            },
+            storage_class: self.storage_class.clone(),
+            sse: self.sse.clone(),
+            sse_kms_key_id: self.sse_kms_key_id.clone(),
             ..StoreOptions::default()
         }
     }

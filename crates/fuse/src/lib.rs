@@ -498,6 +498,10 @@ pub struct MountSpec {
     /// Shown as the source in the mount table; never contains credentials.
     pub fsname: String,
     pub allow_other: bool,
+    /// Root may use the mount too (allow_root); ignored with `allow_other`.
+    pub allow_root: bool,
+    /// fusermount3 unmounts when the process dies (needs `allow_other` or `allow_root`).
+    pub auto_unmount: bool,
     pub threads: usize,
     /// Writes fail with EROFS.
     pub read_only: bool,
@@ -528,6 +532,11 @@ pub fn mount(
     ];
     if spec.allow_other {
         config.acl = fuser::SessionACL::All;
+    } else if spec.allow_root {
+        config.acl = fuser::SessionACL::RootAndOwner;
+    }
+    if spec.auto_unmount {
+        config.mount_options.push(fuser::MountOption::AutoUnmount);
     }
     config.n_threads = Some(spec.threads.max(1));
     config.clone_fd = true;

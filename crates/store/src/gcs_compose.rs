@@ -52,6 +52,8 @@ pub struct OpendalComposeBackend<S: Store> {
     pub store: S,
     /// Kept with an object of one part (a compose request here carries no metadata).
     pub attrs: crate::FileAttrs,
+    /// The Content-Type of the composed object (an object of one part gets it from `store`).
+    pub content_type: Option<String>,
 }
 
 #[async_trait]
@@ -64,11 +66,12 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
             .map_err(|e| StoreError::from_opendal("upload part", key, e))
     }
     async fn compose(&self, sources: &[String], to: &str) -> Result<ObjectMeta, StoreError> {
-        let m = self
-            .compose_op
-            .compose(sources.iter().map(String::as_str), to)
-            .await
-            .map_err(|e| StoreError::from_opendal("compose", to, e))?;
+        let mut req = self.compose_op.compose_with(sources.iter().map(String::as_str), to);
+        // The composed object's Content-Type is the destination's, set here.
+        if let Some(ct) = &self.content_type {
+            req = req.content_type(ct);
+        }
+        let m = req.await.map_err(|e| StoreError::from_opendal("compose", to, e))?;
         Ok(ObjectMeta {
             key: to.to_string(),
             size: m.content_length(),

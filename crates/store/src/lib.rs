@@ -16,6 +16,7 @@
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
 
 pub mod attrs;
+pub mod content_type;
 mod error;
 pub mod gcs_compose;
 mod gcs_generation;
@@ -23,6 +24,7 @@ pub mod gdrive;
 pub mod location;
 pub mod metered;
 pub mod opendal_store;
+pub mod region;
 pub mod s3_checksum;
 pub mod s3_checksum_mode;
 #[cfg(any(test, feature = "testing"))]
@@ -30,6 +32,7 @@ pub mod testing;
 mod types;
 
 pub use attrs::FileAttrs;
+pub use content_type::ContentType;
 pub use error::{StoreError, StoreErrorKind};
 pub use types::{
     ByteStream, Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions,

@@ -1,7 +1,8 @@
 //! Store URLs (`s3://`, `gs://`, `gdrive://`, `file://`, `mem://`) and building a [`Store`] from one.
 //!
 //! Credentials follow each ecosystem's conventions and are never part of the URL:
-//! S3 reads `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+//! S3 reads `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, the region
+//! ([`crate::region`]: `--region`, `AWS_REGION`, the profile's, the bucket's),
 //! `AWS_ENDPOINT_URL` and AWS profiles; GCS reads `GOOGLE_APPLICATION_CREDENTIALS`, or runs
 //! anonymously with `anonymous`; Google Drive: see [`crate::gdrive::auth`].
 
@@ -45,6 +46,8 @@ pub struct StoreOptions {
     pub anonymous: bool,
     /// S3: AWS profile name.
     pub profile: Option<String>,
+    /// S3: the bucket's region; otherwise found as [`crate::region`] says.
+    pub region: Option<String>,
     /// Per-request timeout; retries happen within [`StoreOptions::retries`].
     pub request_timeout: Option<Duration>,
     pub retries: Option<usize>,
@@ -59,6 +62,14 @@ pub struct StoreOptions {
     /// (`x-amz-checksum-mode`, signed; [`crate::s3_checksum_mode`]). `bucketfs cp` turns it
     /// on to verify downloads by crc instead of MD5.
     pub s3_checksum_mode: bool,
+    /// The Content-Type uploads carry (default: guessed from the key's extension).
+    pub content_type: crate::ContentType,
+    /// S3 and GCS: the storage class of new objects (`STANDARD_IA`, `NEARLINE`...).
+    pub storage_class: Option<String>,
+    /// S3: server-side encryption of new objects, `AES256` (SSE-S3) or `aws:kms` (SSE-KMS,
+    /// with `sse_kms_key_id` or the AWS-managed key).
+    pub sse: Option<String>,
+    pub sse_kms_key_id: Option<String>,
 }
 
 const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
@@ -160,9 +171,14 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     let (op, prefix_dirs) = match loc {
         Location::S3 { bucket, prefix } => {
             let endpoint = opts.endpoint.clone().or(env_endpoint);
-            let region = std::env::var("AWS_REGION")
-                .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
-                .unwrap_or_else(|_| "us-east-1".into());
+            let (region, source) = crate::region::resolve(
+                opts.region.as_deref(),
+                opts.profile.as_deref(),
+                |k| std::env::var(k).ok(),
+                crate::region::config_file_text,
+                || crate::region::detect(endpoint.as_deref(), bucket),
+            );
+            tracing::debug!(region = %region, ?source, "S3 region");
             let mut b = services::S3::default().bucket(bucket).root(&format!("/{prefix}")).region(&region);
             if let Some(ep) = &endpoint {
                 // A custom endpoint is never EC2: skip the instance-metadata credential probe.
@@ -171,6 +187,21 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             if let Some(p) = &opts.profile {
                 b = b.profile(p);
             }
+            if let Some(c) = &opts.storage_class {
+                b = b.default_storage_class(c);
+            }
+            b = match (opts.sse.as_deref(), &opts.sse_kms_key_id) {
+                (None, None) => b,
+                (Some("AES256"), None) => b.server_side_encryption_with_s3_key(),
+                (Some("aws:kms") | None, Some(key)) => b.server_side_encryption_with_customer_managed_kms_key(key),
+                (Some("aws:kms"), None) => b.server_side_encryption_with_aws_managed_kms_key(),
+                (Some(other), _) => {
+                    return Err(StoreError::new(
+                        crate::StoreErrorKind::Config,
+                        format!("--sse {other:?}: use AES256 (SSE-S3) or aws:kms (SSE-KMS, with --sse-kms-key-id)"),
+                    ))
+                }
+            };
             let op = if !opts.s3_crc32c {
                 Operator::new(b).map_err(err)?
             } else {
@@ -196,6 +227,9 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
         }
         Location::Gcs { bucket, prefix } => {
             let mut b = services::Gcs::default().bucket(bucket).root(&format!("/{prefix}"));
+            if let Some(c) = &opts.storage_class {
+                b = b.default_storage_class(c);
+            }
             if let Some(ep) = &opts.endpoint {
                 b = b.endpoint(ep).disable_vm_metadata();
             }
@@ -247,7 +281,8 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     // GCS compose answers only when the object is assembled: instant on GCS, but emulators
     // copy the bytes (fake-gcs-server took over 10 s for 1 GB on 2 cores), so 5 minutes.
     let compose_op = matches!(loc, Location::Gcs { .. }).then(|| layered(op.clone(), Duration::from_secs(300)));
-    let mut store = OpendalStore::new(layered(op, Duration::from_secs(10)), loc.to_url(), prefix_dirs);
+    let mut store = OpendalStore::new(layered(op, Duration::from_secs(10)), loc.to_url(), prefix_dirs)
+        .with_content_type(opts.content_type.clone());
     if let Some(c) = compose_op {
         store = store.with_compose_operator(c);
     }

@@ -45,6 +45,8 @@ pub struct OpendalStore {
     compose_op: Option<Operator>,
     /// S3 and GCS: 1,024 bytes per object name, less the root prefix.
     max_key_len: Option<usize>,
+    /// The Content-Type uploads carry, where the service keeps one.
+    content_type: crate::ContentType,
 }
 
 /// Longest object name S3 and GCS accept, in bytes.
@@ -57,7 +59,19 @@ impl OpendalStore {
         let generation_identity = info.scheme() == "gcs";
         let max_key_len = (info.scheme() == "s3" || info.scheme() == "gcs")
             .then(|| OBJECT_KEY_MAX.saturating_sub(info.root().trim_start_matches('/').len()));
-        Self { op, description, prefix_dirs, generation_identity, compose_op: None, max_key_len }
+        let content_type = crate::ContentType::default();
+        Self { op, description, prefix_dirs, generation_identity, compose_op: None, max_key_len, content_type }
+    }
+
+    /// Uploads carry this Content-Type policy (default: guessed from the extension).
+    pub fn with_content_type(mut self, c: crate::ContentType) -> Self {
+        self.content_type = c;
+        self
+    }
+
+    /// The Content-Type for an upload to `key`; none where the service keeps none.
+    pub fn content_type_for(&self, key: &str) -> Option<String> {
+        self.op.info().capability().write_with_content_type.then(|| self.content_type.for_key(key)).flatten()
     }
 
     /// Use `op` (the same service, other layers) for GCS compose requests.
@@ -224,6 +238,9 @@ impl Store for OpendalStore {
 
     async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &FileAttrs) -> Result<ObjectMeta, StoreError> {
         let mut req = self.op.write_with(key, data);
+        if let Some(ct) = self.content_type_for(key) {
+            req = req.content_type(&ct);
+        }
         if !attrs.is_empty() && self.keeps_attrs() {
             req = req.user_metadata(attrs.to_metadata());
         }
@@ -244,10 +261,19 @@ impl Store for OpendalStore {
             // the JSON API (which emulators have too). Compose keeps no metadata, so only a
             // one-part object keeps `attrs` (SEMANTICS.md).
             let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
-            let backend = OpendalComposeBackend { op: self.op.clone(), compose_op, store: self.clone(), attrs: *attrs };
+            let backend = OpendalComposeBackend {
+                op: self.op.clone(),
+                compose_op,
+                store: self.clone(),
+                attrs: *attrs,
+                content_type: self.content_type_for(key),
+            };
             return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
         }
         let mut req = self.op.writer_with(key).chunk(opts.part_size).concurrent(opts.concurrency.max(1));
+        if let Some(ct) = self.content_type_for(key) {
+            req = req.content_type(&ct);
+        }
         if !attrs.is_empty() && self.keeps_attrs() {
             req = req.user_metadata(attrs.to_metadata());
         }

@@ -13,9 +13,11 @@
 
 mod download;
 mod endpoint;
+mod filter;
 #[cfg(test)]
 mod local_tests;
 mod plan;
+mod preserve;
 mod progress;
 mod source;
 mod store_to_store;
@@ -130,6 +132,24 @@ pub struct CpArgs {
     /// No progress bar even on a terminal.
     #[arg(short, long)]
     quiet: bool,
+    #[command(flatten)]
+    log: crate::logging::LogArgs,
+    /// Skip files whose path matches this glob: `*` crosses `/`, and trailing parts of the
+    /// path match too (`*.tmp`, `cache/*`). Repeatable.
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Copy files matching this glob even when an --exclude matches
+    /// (`--exclude '*' --include '*.txt'`). Repeatable.
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
+    /// Print what would be copied (SRC -> DST, one a line) and copy nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Keep each file's mode and modification time: uploads store them in the object's
+    /// metadata (the keys a bucketfs mount shows, as rclone and s3fs write them), downloads
+    /// set them from it.
+    #[arg(short = 'P', long)]
+    preserve: bool,
 }
 
 /// What one file's copy did.
@@ -156,6 +176,8 @@ pub struct Ctx {
     pub summary: bool,
     /// First retry delay; doubles per attempt.
     pub backoff_base: Duration,
+    /// `-P`: uploads keep the file's mode and mtime, downloads set the object's.
+    pub preserve: bool,
     /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
     cancel: tokio::sync::watch::Sender<bool>,
 }
@@ -172,6 +194,7 @@ impl Ctx {
             progress,
             summary: false,
             backoff_base: Duration::from_millis(200),
+            preserve: false,
             cancel,
         }
     }
@@ -250,7 +273,7 @@ pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: Store
         return Err(format!("{what} {key}: {e}"));
     }
     *attempt += 1;
-    tracing::debug!("{what} {key}: {e}; retry {attempt}");
+    tracing::info!("{what} {key}: {e}; retry {attempt} of {}", ctx.retries);
     tokio::time::sleep(ctx.backoff(*attempt)).await;
     Ok(())
 }
@@ -262,7 +285,11 @@ async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
     }
     match (&job.src, &job.dst) {
         (Src::Remote { remote, head, .. }, Dst::Local(path)) => {
-            download::to_file(ctx, remote, head.as_deref(), path).await
+            let report = download::to_file(ctx, remote, head.as_deref(), path).await?;
+            if ctx.preserve {
+                preserve::apply_to_local(remote, path).await?;
+            }
+            Ok(report)
         }
         (Src::Remote { remote, head, .. }, Dst::Stdout) => download::to_stdout(ctx, remote, head.as_deref()).await,
         (Src::Local { path, size }, Dst::Remote(r)) => {
@@ -375,6 +402,9 @@ pub const EXIT_SKIPPED: i32 = 2;
 pub fn run(args: CpArgs) -> Result<(), String> {
     let mut paths = args.paths.clone();
     let dst_arg = paths.pop().ok_or("cp needs a source and a destination")?;
+    // Retries and the store's warnings go to stderr (BUCKETFS_LOG changes what is logged).
+    let filter = if args.quiet { "error" } else { "warn,bucketfs=info" };
+    crate::logging::init(filter, args.log.log_format, None);
     let mut opts = args.store.options();
     opts.s3_crc32c = !args.s3_md5;
     opts.s3_checksum_mode = !args.s3_md5;
@@ -383,6 +413,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
     // download's CPU (0.59-0.76 against 0.45-0.57 s per GiB by hand), which on a small
     // machine is the rate.
     let skip_special = args.skip_special;
+    let filter = filter::Filter::new(&args.exclude, &args.include)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
     let skipped = rt.block_on(async move {
         let mut opener = Opener::new(opts, args.s3_endpoint.clone(), args.gcs_endpoint.clone());
@@ -391,9 +422,16 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         let to_stdout = matches!(dst, Side::Stdio);
         let walk = Walk { recursive: args.recursive, follow_symlinks: !args.no_follow_symlinks };
         let walk::Expanded { jobs, skipped } = plan::expand(srcs, dst, walk).await?;
+        let jobs = filter::apply(jobs, filter.as_ref());
         // Said before the copy starts (and again, counted, at its end).
         for s in &skipped {
             eprintln!("bucketfs cp: {s}");
+        }
+        if args.dry_run {
+            for j in &jobs {
+                println!("(dry run) {}", filter::describe(j));
+            }
+            return Ok(skipped.len());
         }
         if jobs.is_empty() && skipped.is_empty() {
             return Err("nothing to copy".to_string());
@@ -402,6 +440,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         let parallel = args.parallel.unwrap_or_else(plan::default_parallel).max(1);
         let mut ctx = Ctx::new(parallel, args.slice_size, args.retries, Progress::new(total, !args.quiet));
         ctx.summary = args.json && jobs.len() == 1;
+        ctx.preserve = args.preserve;
         let start = Instant::now();
         // On SIGINT/SIGTERM, cancel and keep waiting: the transfers abort and clean up.
         let signals = async {

@@ -132,6 +132,10 @@ async fn sums_of(pending: Vec<PendingSum>) -> Result<Vec<SliceSum>, Failed> {
 
 /// Upload once: single `put` for one chunk, the writer for more.
 async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> Result<(ObjectMeta, Digests), Failed> {
+    let attrs = match src {
+        Source::File(p) if ctx.preserve => super::preserve::local_attrs(p),
+        _ => bucketfs_store::FileAttrs::default(),
+    };
     let (mut rx, reader) = spawn_reader(src, part, ctx.parallel + 4, dst)?;
     let mut sums = Vec::new();
     let first = rx.recv().await.transpose()?;
@@ -146,7 +150,7 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 None => Bytes::new(),
             };
             let _slot = ctx.slot().await;
-            let put = retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone()));
+            let put = retry(ctx, "upload", &dst.key, || dst.store.put_with_attrs(&dst.key, data.clone(), &attrs));
             let m = tokio::select! {
                 m = put => m?,
                 _ = ctx.cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
@@ -160,7 +164,7 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
             let opts = WriteOptions { part_size: part, concurrency: ctx.parallel };
             let mut w = dst
                 .store
-                .writer(&dst.key, opts)
+                .writer_with_attrs(&dst.key, opts, &attrs)
                 .await
                 .map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
             // Not a select around `feed`: a writer's `write` dropped mid-way poisons OpenDAL's

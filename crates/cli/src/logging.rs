@@ -1,0 +1,41 @@
+//! One logger for `mount` and `cp`: text (the default) or one JSON object a line
+//! (`--log-format json`, tracing-subscriber's JSON layer, for journald or a log shipper),
+//! written to stderr or a file. `BUCKETFS_LOG`, in `tracing`'s EnvFilter syntax
+//! (`warn,bucketfs_store=debug`), replaces the default filter that `-v` picks.
+
+use std::path::Path;
+
+use clap::{Args, ValueEnum};
+
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct LogArgs {
+    /// Log lines as text, or as one JSON object each (fields: timestamp, level, fields,
+    /// target). BUCKETFS_LOG (EnvFilter syntax, like warn,bucketfs_store=debug) sets what is
+    /// logged.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT")]
+    pub log_format: LogFormat,
+}
+
+/// Install the process's logger: `default_filter` unless `BUCKETFS_LOG` is set; to `file`
+/// (appended) if given and it opens, else stderr.
+pub fn init(default_filter: &str, format: LogFormat, file: Option<&Path>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BUCKETFS_LOG").unwrap_or_else(|_| default_filter.into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
+    let file = file.and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok());
+    let result = match (format, file) {
+        (LogFormat::Text, Some(f)) => builder.with_writer(std::sync::Mutex::new(f)).try_init(),
+        (LogFormat::Text, None) => builder.with_writer(std::io::stderr).try_init(),
+        (LogFormat::Json, Some(f)) => builder.json().with_writer(std::sync::Mutex::new(f)).try_init(),
+        (LogFormat::Json, None) => builder.json().with_writer(std::io::stderr).try_init(),
+    };
+    if let Err(e) = result {
+        eprintln!("bucketfs: logging not set up: {e}");
+    }
+}

@@ -1,0 +1,418 @@
+"""Conventions users bring from gcsfuse, mountpoint-s3, s3fs, rclone and the cloud CLIs
+(issue 24): `-o` mount options, ownership and modes, fstab lines, runtime paths, Content-Type,
+cp filters."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import subprocess
+
+import pytest
+
+import seed
+from conftest import (Bucket, bucketfs_env, is_mounted, mounted, new_mountpoint, require_bin,
+                      require_store, run_cli, unmount, wait_until)
+from test_ops import mount_helper  # noqa: F401  (fixture: /sbin/mount.fuse.bucketfs)
+
+
+@pytest.fixture(params=["file", "s3", "gcs"])
+def bucket(request):
+    require_store(request.param)
+    require_bin()
+    b = Bucket(request.param)
+    b.put("d/f.txt", b"hello")
+    yield b
+    b.cleanup()
+
+
+def owner_and_mode(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+
+
+# --------------------------------------------------------------------------- -o, uid, modes
+
+def test_dash_o_sets_owner_and_modes(bucket):
+    """`-o uid=,gid=,file_mode=,dir_mode=` (with fstab noise) is what stat shows."""
+    opts = "rw,_netdev,nofail,x-systemd.automount,default_permissions,uid=1234,gid=2345,file_mode=0640,dir_mode=0710"
+    with bucket.mounted(extra=["-o", opts]) as mp:
+        assert owner_and_mode(os.path.join(mp, "d", "f.txt")) == (1234, 2345, 0o640)
+        assert owner_and_mode(os.path.join(mp, "d")) == (1234, 2345, 0o710)
+        assert owner_and_mode(mp) == (1234, 2345, 0o710)
+        with open(os.path.join(mp, "d", "f.txt"), "rb") as f:
+            assert f.read() == b"hello"
+
+
+def test_umask_flag_and_ro_option(bucket):
+    """`--umask 077` (rclone, s3fs) masks the defaults; `-o ro` is read-only."""
+    with bucket.mounted(extra=["--umask", "077", "-o", "ro"]) as mp:
+        uid, gid, mode = owner_and_mode(os.path.join(mp, "d", "f.txt"))
+        assert (uid, gid, mode) == (os.getuid(), os.getgid(), 0o600)
+        assert owner_and_mode(os.path.join(mp, "d"))[2] == 0o700
+        with pytest.raises(OSError):
+            open(os.path.join(mp, "new.txt"), "w").close()
+
+
+def test_bad_mount_options_fail_clearly(tmp_path):
+    require_bin()
+    mp = new_mountpoint()
+    p = run_cli(["mount", "mem://", mp, "-o", "file_mode=0999"])
+    assert p.returncode != 0 and "octal" in p.err, p.err
+    p = run_cli(["mount", "mem://", mp, "-o", "auto_unmount"])
+    assert p.returncode != 0 and "allow_root" in p.err, p.err
+    assert not is_mounted(mp)
+
+
+def test_allow_root_and_auto_unmount(tmp_path):
+    """allow_root with auto_unmount mounts (through fusermount3) and unmounts."""
+    require_bin()
+    with mounted(["mem://", "-o", "allow_root,auto_unmount"]) as mp:
+        with open(os.path.join(mp, "x"), "w") as f:
+            f.write("x")
+        assert os.listdir(mp) == ["x"]
+        assert "allow_other" in open("/proc/self/mounts").read().split(mp, 1)[1].split("\n", 1)[0]
+    assert not is_mounted(mp)
+
+
+def test_fstab_line_with_owner_modes(mount_helper, tmp_path):  # noqa: F811
+    """An fstab line with uid/gid/umask/allow_root/x-systemd options, mounted with
+    `mount -T FILE DIR` and unmounted with umount(8)."""
+    data_dir = os.path.join(seed.file_root(), "fstab-" + os.urandom(4).hex())
+    os.makedirs(os.path.join(data_dir, "sub"))
+    with open(os.path.join(data_dir, "sub", "a.txt"), "w") as f:
+        f.write("from fstab")
+    mp = new_mountpoint()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(
+        f"file://{data_dir} {mp} fuse.bucketfs "
+        "noauto,_netdev,nofail,x-systemd.automount,x-systemd.idle-timeout=60,"
+        "uid=4321,gid=4322,umask=027,allow_root,default_permissions,disk_cache_mib=0 0 0\n")
+    try:
+        p = subprocess.run(["mount", "-T", str(fstab), mp], capture_output=True, timeout=60,
+                           env=bucketfs_env())
+        assert p.returncode == 0, p.stderr.decode()
+        assert is_mounted(mp)
+        assert owner_and_mode(os.path.join(mp, "sub", "a.txt")) == (4321, 4322, 0o640)
+        assert owner_and_mode(os.path.join(mp, "sub")) == (4321, 4322, 0o750)
+        with open(os.path.join(mp, "sub", "a.txt")) as f:
+            assert f.read() == "from fstab"
+        p = subprocess.run(["umount", mp], capture_output=True, timeout=60)
+        assert p.returncode == 0, p.stderr.decode()
+        assert wait_until(lambda: not is_mounted(mp), 10)
+    finally:
+        unmount(mp)
+
+
+# --------------------------------------------------------------------------- runtime paths
+
+def mount_id(mp: str) -> str:
+    """paths::mount_id: the canonical path, `%` and `/` percent-escaped (one-to-one)."""
+    return os.path.realpath(mp).lstrip("/").replace("%", "%25").replace("/", "%2F")
+
+
+def test_root_runtime_dir_is_private_and_ids_do_not_collide(tmp_path):
+    """Root without XDG_RUNTIME_DIR keeps pid and socket in /run/bucketfs (0700, root's);
+    `.../x_y` and `.../x/y` get distinct pid files; a symlink planted at the pid file's place
+    is replaced, not written through."""
+    require_bin()
+    if os.geteuid() != 0:
+        pytest.skip("the /run/bucketfs case is root's")
+    env = bucketfs_env(XDG_RUNTIME_DIR=None)
+    base = new_mountpoint()
+    mp1, mp2 = os.path.join(base, "x_y"), os.path.join(base, "x", "y")
+    os.makedirs(mp1)
+    os.makedirs(mp2)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    pid1 = os.path.join("/run/bucketfs", mount_id(mp1) + ".pid")
+    pid2 = os.path.join("/run/bucketfs", mount_id(mp2) + ".pid")
+    assert pid1 != pid2
+    os.makedirs("/run/bucketfs", mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pid1)
+    os.symlink(victim, pid1)
+    try:
+        for mp in (mp1, mp2):
+            p = run_cli(["mount", "mem://", mp, "--disk-cache-mib", "0"], env=env)
+            assert p.returncode == 0, p.err
+        st = os.lstat("/run/bucketfs")
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+        assert victim.read_text() == "keep me"
+        pids = []
+        for pidf in (pid1, pid2):
+            assert wait_until(lambda: os.path.isfile(pidf) and not os.path.islink(pidf), 5), pidf
+            assert stat.S_IMODE(os.lstat(pidf).st_mode) == 0o600
+            pids.append(int(open(pidf).read()))
+        assert pids[0] != pids[1]
+        assert os.path.exists(os.path.join("/run/bucketfs", mount_id(mp1) + ".sock"))
+        # `bucketfs status` finds each mount's own socket.
+        with open(os.path.join(mp2, "only-in-2"), "w") as f:
+            f.write("2")
+        for mp in (mp1, mp2):
+            p = run_cli(["status", "--json", mp], env=env)
+            assert p.returncode == 0 and json.loads(p.out)["mountpoint"] == os.path.realpath(mp), p.err
+    finally:
+        for mp in (mp1, mp2):
+            unmount(mp)
+    assert not os.path.lexists(pid1) and not os.path.lexists(pid2)
+
+
+# --------------------------------------------------------------------------- Content-Type
+
+def content_type(store: str, bucket: str, key: str) -> str | None:
+    """The Content-Type the store reports: boto3's head_object, or GCS's JSON API metadata."""
+    if store == "s3":
+        return seed.s3_client().head_object(Bucket=bucket, Key=key).get("ContentType")
+    st, body = seed._gcs_req("GET", f"/storage/v1/b/{seed._q(bucket)}/o/{seed._q(key)}")
+    assert st == 200, body
+    return json.loads(body).get("contentType")
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def cloud(request):
+    require_store(request.param)
+    require_bin()
+    b = Bucket(request.param)
+    yield b
+    b.cleanup()
+
+
+def test_content_type_of_files_written_through_the_mount(cloud):
+    big = os.urandom(11 * 1024 * 1024)   # three 5 MiB parts: S3 multipart, GCS compose
+    with cloud.mounted(extra=["--part-size-mib", "5"]) as mp:
+        for name, data in (("index.html", b"<p>hi</p>"), ("d/data.json", b"{}"), ("big.json", big),
+                           ("notes", b"no extension")):
+            os.makedirs(os.path.dirname(os.path.join(mp, name)), exist_ok=True)
+            with open(os.path.join(mp, name), "wb") as f:
+                f.write(data)
+    assert content_type(cloud.store, cloud.name, "index.html") == "text/html"
+    assert content_type(cloud.store, cloud.name, "d/data.json") == "application/json"
+    assert content_type(cloud.store, cloud.name, "big.json") == "application/json"
+    assert content_type(cloud.store, cloud.name, "notes") in (None, "", "application/octet-stream", "binary/octet-stream")
+
+
+def test_content_type_of_cp_uploads(cloud, tmp_path):
+    src = tmp_path / "site"
+    src.mkdir()
+    (src / "page.html").write_text("<p>x</p>")
+    (src / "style.css").write_text("p{}")
+    extra = seed.mount_extra_args(cloud.store)
+    url = seed.mount_url(cloud.store, cloud.name)
+    p = run_cli(["cp", "-r", str(src), url + "/guess"] + extra)
+    assert p.returncode == 0, p.err
+    keys = seed.list_keys(cloud.store, cloud.name, "guess/")
+    html = next(k for k in keys if k.endswith("page.html"))
+    css = next(k for k in keys if k.endswith("style.css"))
+    assert content_type(cloud.store, cloud.name, html) == "text/html"
+    assert content_type(cloud.store, cloud.name, css) == "text/css"
+    p = run_cli(["cp", str(src / "page.html"), url + "/fixed.html", "--content-type", "text/plain"] + extra)
+    assert p.returncode == 0, p.err
+    assert content_type(cloud.store, cloud.name, "fixed.html") == "text/plain"
+    p = run_cli(["cp", str(src / "page.html"), url + "/off.html", "--no-content-type"] + extra)
+    assert p.returncode == 0, p.err
+    assert content_type(cloud.store, cloud.name, "off.html") in (None, "", "application/octet-stream", "binary/octet-stream")
+
+
+# --------------------------------------------------------------------------- S3 region
+
+@pytest.fixture
+def regional_minio(tmp_path):
+    """A second MinIO, started with MINIO_REGION=eu-west-3, with one bucket holding a.txt."""
+    import shutil
+    import socket
+    import urllib.request
+    exe = shutil.which("minio") or os.path.expanduser("~/go/bin/minio")
+    if not os.path.exists(exe):
+        pytest.skip("no minio binary")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    env = dict(os.environ, MINIO_ROOT_USER=seed.S3_ACCESS_KEY, MINIO_ROOT_PASSWORD=seed.S3_SECRET_KEY,
+               MINIO_REGION="eu-west-3")
+    proc = subprocess.Popen([exe, "server", str(tmp_path / "data"), "--address", f"127.0.0.1:{ports[0]}",
+                             "--console-address", f"127.0.0.1:{ports[1]}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{ports[0]}"
+
+    def live():
+        try:
+            with urllib.request.urlopen(endpoint + "/minio/health/live", timeout=1) as r:
+                return r.status == 200
+        except Exception:
+            return False
+    try:
+        assert wait_until(live, 30), "regional MinIO did not start"
+        import boto3
+        from botocore.config import Config
+        c = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=seed.S3_ACCESS_KEY,
+                         aws_secret_access_key=seed.S3_SECRET_KEY, region_name="eu-west-3",
+                         config=Config(s3={"addressing_style": "path"}))
+        c.create_bucket(Bucket="regional", CreateBucketConfiguration={"LocationConstraint": "eu-west-3"})
+        c.put_object(Bucket="regional", Key="a.txt", Body=b"from eu-west-3")
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_region_flag_and_profile_against_minio_with_a_region(regional_minio, tmp_path):
+    """MinIO started with a region refuses requests signed for us-east-1 (AWS_REGION); with
+    nothing configured the region is detected from the bucket; `--region` beats AWS_REGION,
+    AWS_REGION beats the profile's `region` in the AWS config file, which is read."""
+    require_bin()
+    base = bucketfs_env(AWS_REGION=None, AWS_DEFAULT_REGION=None, AWS_PROFILE=None)
+    base["AWS_CONFIG_FILE"] = str(tmp_path / "none")
+    args = ["cp", "s3://regional/a.txt", "-", "--endpoint", regional_minio]
+    wrong = dict(base, AWS_REGION="us-east-1")
+    p = run_cli(args, env=wrong)
+    assert p.returncode != 0, "us-east-1 signing should be refused by a MinIO in eu-west-3"
+    p = run_cli(args + ["--region", "eu-west-3"], env=wrong)
+    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
+    p = run_cli(args, env=base)   # nothing configured: detected (x-amz-bucket-region)
+    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
+    cfg = tmp_path / "config"
+    cfg.write_text("[default]\nregion = ap-south-1\n[profile paris]\nregion = eu-west-3\n")
+    with_cfg = dict(base, AWS_CONFIG_FILE=str(cfg))
+    p = run_cli(args, env=with_cfg)   # default profile's ap-south-1: read, so not detected
+    assert p.returncode != 0, "the default profile's region should have been used"
+    p = run_cli(args, env=dict(with_cfg, AWS_PROFILE="paris"))
+    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
+    p = run_cli(args, env=dict(with_cfg, AWS_PROFILE="paris", AWS_REGION="us-east-1"))
+    assert p.returncode != 0, "AWS_REGION comes before the profile's region"
+    mp = new_mountpoint()
+    p = run_cli(["mount", "s3://regional", mp, "--endpoint", regional_minio, "--region", "eu-west-3"], env=base)
+    try:
+        assert p.returncode == 0, p.err
+        with open(os.path.join(mp, "a.txt")) as f:
+            assert f.read() == "from eu-west-3"
+    finally:
+        unmount(mp)
+
+
+# --------------------------------------------------------------------------- logs
+
+def test_cp_logs_its_retries_as_json(tmp_path, toxiproxy):
+    """`bucketfs cp --log-format json` through a store that is down for its first second:
+    the copy succeeds, and stderr holds JSON log lines saying it retried."""
+    import threading
+    from conftest import upstream_of
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    src = tmp_path / "f.txt"
+    src.write_bytes(b"retry me")
+    px = toxiproxy.proxy(upstream_of("s3"))
+    px.set_enabled(False)
+    timer = threading.Timer(1.5, px.set_enabled, args=(True,))
+    timer.start()
+    try:
+        p = run_cli(["cp", str(src), f"s3://{b.name}/f.txt", "--endpoint", px.endpoint,
+                     "--log-format", "json"], env=bucketfs_env(BUCKETFS_LOG=None))
+    finally:
+        timer.cancel()
+        px.delete()
+    try:
+        assert p.returncode == 0, p.err
+        assert seed.get("s3", b.name, "f.txt") == b"retry me"
+        lines = [json.loads(l) for l in p.err.splitlines() if l.startswith("{")]
+        retries = [l for l in lines if "retry" in json.dumps(l).lower()]
+        assert retries, f"no JSON retry line on stderr: {p.err[-2000:]!r}"
+        assert all({"timestamp", "level", "fields"} <= set(l) for l in retries), retries[0]
+    finally:
+        b.cleanup()
+
+
+# --------------------------------------------------------------------------- cp filters
+
+def test_cp_exclude_include_and_dry_run(tmp_path):
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    src = tmp_path / "tree"
+    (src / "cache").mkdir(parents=True)
+    for name in ("a.txt", "b.tmp", "c.bin", "cache/d.txt"):
+        (src / name).write_text(name)
+    url = f"s3://{b.name}"
+    extra = ["--endpoint", seed.S3_ENDPOINT]
+    try:
+        p = run_cli(["cp", "-r", str(src), url + "/dry/", "--dry-run", "--exclude", "*.tmp"] + extra)
+        assert p.returncode == 0, p.err
+        lines = p.out.strip().splitlines()
+        assert len(lines) == 3 and all(l.startswith("(dry run) ") and " -> s3://" in l for l in lines), p.out
+        assert not any("b.tmp" in l for l in lines)
+        assert seed.list_keys("s3", b.name) == [], "a dry run copied something"
+        p = run_cli(["cp", "-r", str(src), url + "/ex", "--exclude", "*.tmp", "--exclude", "cache/*"] + extra)
+        assert p.returncode == 0, p.err
+        assert sorted(seed.list_keys("s3", b.name)) == ["ex/a.txt", "ex/c.bin"]
+        p = run_cli(["cp", "-r", str(src), url + "/only", "--exclude", "*", "--include", "*.txt"] + extra)
+        assert p.returncode == 0, p.err
+        assert sorted(seed.list_keys("s3", b.name, "only/")) == ["only/a.txt", "only/cache/d.txt"]
+        p = run_cli(["cp", "-r", str(src), url + "/bad", "--exclude", "a["] + extra)
+        assert p.returncode != 0 and "pattern" in p.err, p.err
+    finally:
+        b.cleanup()
+
+
+def test_cp_preserve_keeps_mode_and_mtime(tmp_path):
+    """`cp -P` up: mode and mtime in the object's metadata, shown by a mount; `cp -P` down:
+    set on the local file."""
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    f = tmp_path / "script.sh"
+    f.write_text("#!/bin/sh\n")
+    os.chmod(f, 0o750)
+    os.utime(f, (1_000_000_000.5, 1_000_000_000.5))
+    extra = ["--endpoint", seed.S3_ENDPOINT]
+    try:
+        p = run_cli(["cp", "-P", str(f), f"s3://{b.name}/script.sh"] + extra)
+        assert p.returncode == 0, p.err
+        meta = seed.s3_client().head_object(Bucket=b.name, Key="script.sh")["Metadata"]
+        assert meta.get("mode") == "100750" and meta.get("mtime", "").startswith("1000000000.5"), meta
+        p = run_cli(["cp", str(f), f"s3://{b.name}/plain.sh"] + extra)
+        assert p.returncode == 0, p.err
+        assert "mode" not in seed.s3_client().head_object(Bucket=b.name, Key="plain.sh")["Metadata"]
+        with b.mounted() as mp:
+            st = os.stat(os.path.join(mp, "script.sh"))
+            assert stat.S_IMODE(st.st_mode) == 0o750 and int(st.st_mtime) == 1_000_000_000
+        out = tmp_path / "back.sh"
+        p = run_cli(["cp", "-P", f"s3://{b.name}/script.sh", str(out)] + extra)
+        assert p.returncode == 0, p.err
+        st = os.stat(out)
+        assert stat.S_IMODE(st.st_mode) == 0o750 and abs(st.st_mtime - 1_000_000_000.5) < 0.01
+    finally:
+        b.cleanup()
+
+
+# --------------------------------------------------------------------------- storage class, SSE
+
+def test_storage_class_on_mount_and_cp_uploads(tmp_path):
+    """`--storage-class` reaches the store (MinIO keeps REDUCED_REDUNDANCY); a bad --sse is
+    refused before anything is sent."""
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    f = tmp_path / "f.txt"
+    f.write_text("x")
+    extra = ["--endpoint", seed.S3_ENDPOINT]
+    try:
+        p = run_cli(["cp", str(f), f"s3://{b.name}/cp.txt", "--storage-class", "REDUCED_REDUNDANCY"] + extra)
+        assert p.returncode == 0, p.err
+        with b.mounted(extra=["--storage-class", "REDUCED_REDUNDANCY"]) as mp:
+            with open(os.path.join(mp, "mount.txt"), "w") as out:
+                out.write("y")
+        p = run_cli(["cp", str(f), f"s3://{b.name}/plain.txt"] + extra)
+        assert p.returncode == 0, p.err
+        head = lambda k: seed.s3_client().head_object(Bucket=b.name, Key=k).get("StorageClass")  # noqa: E731
+        assert head("cp.txt") == "REDUCED_REDUNDANCY"
+        assert head("mount.txt") == "REDUCED_REDUNDANCY"
+        assert head("plain.txt") in (None, "STANDARD")
+        p = run_cli(["cp", str(f), f"s3://{b.name}/x.txt", "--sse", "rot13"] + extra)
+        assert p.returncode != 0 and "AES256" in p.err, p.err
+    finally:
+        b.cleanup()
