@@ -178,8 +178,7 @@ def main(argv=None):
         install_failures = install.ensure_all(args.system_list, args.experiment_list)
         phases["install_s"] = time.monotonic() - t
     build_error = None
-    if ("bucketfs" in args.system_list or "bucketfs-gcs" in args.system_list
-            or 8 in args.experiment_list):
+    if any(s.startswith("bucketfs") for s in args.system_list) or 8 in args.experiment_list:
         t = time.monotonic()
         build_error = build_bucketfs(args.build)
         phases["build_s"] = time.monotonic() - t
