@@ -7,6 +7,7 @@
 //! [`metrics_http`] serves `--metrics-addr`; [`notify`] speaks systemd's readiness protocol.
 //! [`auth`] runs the headless Google Drive consent flow.
 //! [`cp`] copies files and objects with parallel ranged reads and parts, verified end to end.
+//! [`manual`] prints the man page and shell completions generated from these definitions.
 
 mod auth;
 mod checks;
@@ -14,6 +15,7 @@ mod control;
 mod cp;
 mod fstab;
 mod logging;
+mod manual;
 mod metrics_http;
 mod mount;
 mod mount_opts;
@@ -28,7 +30,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "bucketfs", version, about = "Use a cloud bucket as a local directory")]
@@ -65,6 +67,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a shell completion script on stdout, e.g.
+    /// `bucketfs completions bash > /etc/bash_completion.d/bucketfs`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout, e.g. `bucketfs man > /usr/local/share/man/man1/bucketfs.1`.
+    Man,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -237,6 +247,8 @@ fn main() -> ExitCode {
         Command::Auth(cmd) => auth::run(cmd),
         Command::Status { mountpoint, json } => status::run(&mountpoint, json),
         Command::Sync { mountpoint } => status::sync(&mountpoint),
+        Command::Completions { shell } => manual::print(&manual::completions(shell, Cli::command())),
+        Command::Man => manual::man(Cli::command()).and_then(|page| manual::print(&page)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,11 +6,13 @@
 //! to the mounted bucket prefix, never start with `/`, and directory markers end with `/`.
 //!
 //! - [`opendal_store`] implements the trait over OpenDAL's public `Operator` API.
-//! - [`gcs_compose`] uploads large GCS objects as parallel parts joined by `compose`.
+//! - [`gcs`] holds what OpenDAL's GCS service lacks: [`gcs::compose`] uploads large GCS
+//!   objects as parallel parts joined by `compose`; a transport wrapper checks generations.
 //! - [`gdrive`] is a small Google Drive v3 client (whole tree in memory, changes feed).
 //! - [`metered`] is a decorator counting requests, errors, bytes and latency (Prometheus).
-//! - [`s3_checksum`] makes S3 confirm the crc32c of every upload (for `bucketfs cp`).
-//! - [`s3_checksum_mode`] asks S3 HEADs for the object's checksum (for `bucketfs cp`).
+//! - [`s3`] holds what OpenDAL's S3 service lacks, for `bucketfs cp`: [`s3::checksum`]
+//!   makes S3 confirm the crc32c of every upload; [`s3::checksum_mode`] asks S3 HEADs for
+//!   the object's checksum.
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
@@ -18,15 +20,13 @@
 pub mod attrs;
 pub mod content_type;
 mod error;
-pub mod gcs_compose;
-mod gcs_generation;
+pub mod gcs;
 pub mod gdrive;
 pub mod location;
 pub mod metered;
 pub mod opendal_store;
 pub mod region;
-pub mod s3_checksum;
-pub mod s3_checksum_mode;
+pub mod s3;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod types;

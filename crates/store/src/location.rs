@@ -55,11 +55,11 @@ pub struct StoreOptions {
     pub gdrive_hide_docs: bool,
     /// S3: send the crc32c of every upload request's body (`x-amz-checksum-crc32c`, a
     /// COMPOSITE checksum for multipart uploads) and require the server to confirm it
-    /// ([`crate::s3_checksum`]). `bucketfs cp` turns it on; a store that does not confirm
+    /// ([`crate::s3::checksum`]). `bucketfs cp` turns it on; a store that does not confirm
     /// fails the upload.
     pub s3_crc32c: bool,
     /// S3: ask HEADs made by [`Store::head_digests`] for the object's additional checksum
-    /// (`x-amz-checksum-mode`, signed; [`crate::s3_checksum_mode`]). `bucketfs cp` turns it
+    /// (`x-amz-checksum-mode`, signed; [`crate::s3::checksum_mode`]). `bucketfs cp` turns it
     /// on to verify downloads by crc instead of MD5.
     pub s3_checksum_mode: bool,
     /// The Content-Type uploads carry (default: guessed from the key's extension).
@@ -207,7 +207,7 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             } else {
                 // OpenDAL then also stops offering `write_can_copy_from` (UploadPartCopy),
                 // which bucketfs does not use.
-                crate::s3_checksum::confirmed(Operator::new(b.checksum_algorithm("crc32c")).map_err(err)?)
+                crate::s3::checksum::confirmed(Operator::new(b.checksum_algorithm("crc32c")).map_err(err)?)
             };
             if !opts.s3_checksum_mode {
                 (op, true)
@@ -215,7 +215,7 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
                 // The same credential configuration as the builder's: a profile, and no
                 // instance-metadata probe with a custom endpoint.
                 (
-                    crate::s3_checksum_mode::with_checksum_mode(
+                    crate::s3::checksum_mode::with_checksum_mode(
                         op,
                         &region,
                         opts.profile.as_deref(),
@@ -237,7 +237,7 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
                 b = b.skip_signature().disable_vm_metadata().disable_config_load();
             }
             let op = Operator::new(b).map_err(err)?;
-            let check = crate::gcs_generation::GenerationCheck { inner: op.context().http_transport().clone() };
+            let check = crate::gcs::generation::GenerationCheck { inner: op.context().http_transport().clone() };
             let ctx = op.context().with_http_transport(opendal::HttpTransporter::new(check));
             (op.with_context(ctx), true)
         }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use opendal::{Metadata, Operator};
 
-use crate::gcs_compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
+use crate::gcs::compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
 use crate::{
     ByteStream, Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError,
     WriteOptions,
@@ -180,7 +180,7 @@ impl Store for OpendalStore {
             Ok::<_, StoreError>(lister.map_err(move |e| StoreError::from_opendal("list", &p, e)).try_filter_map(
                 move |entry| {
                     let key = entry.path().trim_start_matches('/').to_string();
-                    // Temporary upload parts (gcs_compose) are never part of a listing.
+                    // Temporary upload parts (gcs::compose) are never part of a listing.
                     // The directory itself is not its own entry; a plain prefix (`d/name`,
                     // see `Store::list`) lists its exact key like any other.
                     let own = key == prefix && prefix.ends_with('/');
@@ -283,7 +283,7 @@ impl Store for OpendalStore {
 
     async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
         // An S3 operator built with `s3_checksum_mode` answers with the object's checksum.
-        let (m, checksum) = crate::s3_checksum_mode::asking(self.op.stat(od_path(key))).await;
+        let (m, checksum) = crate::s3::checksum_mode::asking(self.op.stat(od_path(key))).await;
         let m = m.map_err(|e| StoreError::from_opendal("head", key, e))?;
         Ok(ObjectDigests {
             meta: self.meta(key, &m),

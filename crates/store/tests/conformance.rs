@@ -19,7 +19,7 @@ async fn keys(store: &dyn Store, prefix: &str, recursive: bool) -> Vec<String> {
 
 /// The contract every store must keep.
 /// Every store, GCS emulator included: fake-gcs-server ignores a download's generation
-/// precondition, but the store checks the generation the answer carries (gcs_generation.rs).
+/// precondition, but the store checks the generation the answer carries (gcs/generation.rs).
 async fn conformance(store: Arc<dyn Store>) {
     let s = store.as_ref();
     s.check().await.expect("check");
@@ -382,7 +382,7 @@ async fn minio_catches_a_corrupted_part() {
         let corrupt = Corrupt { inner: op.context().http_transport().clone(), left };
         let ctx = op.context().with_http_transport(opendal::HttpTransporter::new(corrupt));
         let op = op.with_context(ctx);
-        let op = bucketfs_store::s3_checksum::confirmed(op).layer(opendal::layers::RetryLayer::new().with_max_times(2));
+        let op = bucketfs_store::s3::checksum::confirmed(op).layer(opendal::layers::RetryLayer::new().with_max_times(2));
         bucketfs_store::opendal_store::OpendalStore::new(op, "minio".into(), true)
     };
     let data: Vec<u8> = (0..(11u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();

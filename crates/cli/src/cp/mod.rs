@@ -16,6 +16,7 @@ mod endpoint;
 mod filter;
 #[cfg(test)]
 mod local_tests;
+mod noclobber;
 mod plan;
 mod preserve;
 mod progress;
@@ -150,6 +151,12 @@ pub struct CpArgs {
     /// set them from it.
     #[arg(short = 'P', long)]
     preserve: bool,
+    /// Do not copy onto a destination that already holds the same content: the same size
+    /// and, where both sides have one, the same MD5 (S3 single-part ETag, GCS md5Hash, a
+    /// local file's); with none, the size decides. Each is named on stderr and counted at
+    /// the end (in --json's "verified" as "unchanged-no-clobber"); the exit status is 0.
+    #[arg(short = 'n', long)]
+    no_clobber: bool,
 }
 
 /// What one file's copy did.
@@ -178,6 +185,8 @@ pub struct Ctx {
     pub backoff_base: Duration,
     /// `-P`: uploads keep the file's mode and mtime, downloads set the object's.
     pub preserve: bool,
+    /// `--no-clobber`: a destination with the same content is left as it is.
+    pub no_clobber: bool,
     /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
     cancel: tokio::sync::watch::Sender<bool>,
 }
@@ -195,6 +204,7 @@ impl Ctx {
             summary: false,
             backoff_base: Duration::from_millis(200),
             preserve: false,
+            no_clobber: false,
             cancel,
         }
     }
@@ -282,6 +292,10 @@ pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: Store
 async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
     if ctx.is_cancelled() {
         return Err(INTERRUPTED.into());
+    }
+    if ctx.no_clobber && noclobber::unchanged(ctx, job).await? {
+        ctx.progress.println(&format!("bucketfs cp: unchanged, not copied (--no-clobber): {}", filter::describe(job)));
+        return Ok(Report { bytes: 0, verified: noclobber::UNCHANGED.into(), crc32c: None });
     }
     match (&job.src, &job.dst) {
         (Src::Remote { remote, head, .. }, Dst::Local(path)) => {
@@ -441,6 +455,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
         let mut ctx = Ctx::new(parallel, args.slice_size, args.retries, Progress::new(total, !args.quiet));
         ctx.summary = args.json && jobs.len() == 1;
         ctx.preserve = args.preserve;
+        ctx.no_clobber = args.no_clobber;
         let start = Instant::now();
         // On SIGINT/SIGTERM, cancel and keep waiting: the transfers abort and clean up.
         let signals = async {
@@ -464,6 +479,13 @@ pub fn run(args: CpArgs) -> Result<(), String> {
             _ = signals => unreachable!("never completes"),
         };
         ctx.progress.finish();
+        let unchanged = reports.iter().filter(|r| r.verified == noclobber::UNCHANGED).count();
+        if unchanged > 0 {
+            eprintln!(
+                "bucketfs cp: {unchanged} of {} already at the destination, not copied (--no-clobber)",
+                jobs.len()
+            );
+        }
         if args.json {
             let line = json_summary(&reports, &skipped, start.elapsed().as_secs_f64(), ctx.summary);
             if to_stdout {

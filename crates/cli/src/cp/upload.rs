@@ -257,7 +257,7 @@ pub(super) async fn verify_upload(
         return Err(Failed { msg: format!("the store has {} bytes, {size} were sent", meta.size), retry: true });
     }
     if dst.crc_confirmed {
-        // The server checked every request's crc32c and the parts' composite (s3_checksum).
+        // The server checked every request's crc32c and the parts' composite (store s3::checksum).
         return Ok(verify::BY_S3_CRC32C);
     }
     // S3 returns the ETag with the upload; GCS's MD5 needs a HEAD.

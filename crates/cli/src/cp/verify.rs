@@ -3,7 +3,7 @@
 //!
 //! - S3 keeps an additional checksum for objects uploaded with one (boto3 and the aws cli
 //!   send crc32 by default, `bucketfs cp` crc32c), which HEAD reports when asked
-//!   (`x-amz-checksum-mode`, see the store's `s3_checksum_mode`). A crc32c or crc32 is
+//!   (`x-amz-checksum-mode`, see the store's `s3::checksum_mode`). A crc32c or crc32 is
 //!   checked first, as the cheapest: FULL_OBJECT, the crc of the whole content (the
 //!   per-slice crcs combined); COMPOSITE `-N`, the crc of the N parts' big-endian crcs, so
 //!   the slices must be the parts (the part size is guessed as for the multipart ETag

@@ -321,5 +321,5 @@ impl Drop for ComposeWriter {
 }
 
 #[cfg(test)]
-#[path = "gcs_compose_tests.rs"]
+#[path = "compose_tests.rs"]
 mod tests;

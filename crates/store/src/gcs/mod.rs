@@ -1,0 +1,12 @@
+//! GCS pieces OpenDAL's GCS service lacks; the operator itself is built in
+//! [`crate::location`] and used through [`crate::opendal_store`].
+//!
+//! - [`compose`]: OpenDAL's GCS writer uploads through the XML multipart API, which the GCS
+//!   emulator (fake-gcs-server) does not have; this writer uploads parts as temporary
+//!   objects and joins them with the JSON API's `compose`.
+//! - [`generation`]: OpenDAL leaves `ifGenerationMatch` on a download to the server, and an
+//!   emulator that ignores it returns another generation's bytes; this HTTP transport
+//!   wrapper refuses an answer whose `x-goog-generation` is not the one asked for.
+
+pub mod compose;
+pub(crate) mod generation;
