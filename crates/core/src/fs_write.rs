@@ -331,7 +331,8 @@ impl Fs {
         st.write(offset, data)?;
         let size = st.size;
         self.set_local_size(file.ino, size);
-        if size >= self.cfg.write.part_size as u64 {
+        // Write-back: nothing goes up before the close (the point is a fast write and close).
+        if size >= self.cfg.write.part_size as u64 && !self.write_back() {
             if let Err(e) = st.eager_feed(self.store.as_ref(), &key, self.cfg.write, &self.attrs_to_keep(&node)).await {
                 // Not fatal: the data is staged and goes up whole at close.
                 tracing::debug!(%key, "eager upload stopped: {e}");

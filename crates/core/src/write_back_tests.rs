@@ -201,3 +201,26 @@ async fn of_two_staged_files_naming_one_key_recovery_uploads_the_one_named_last(
     assert_eq!(object(mem.as_ref(), "f3").await.unwrap(), b"renamed over it");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the replaced bytes are dropped");
 }
+
+#[tokio::test]
+async fn a_large_file_sends_nothing_before_its_close_is_due() {
+    // Default mode starts uploading parts while a sequential writer writes; write-back
+    // must not (the writes and the close are what it makes fast).
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("large");
+    let mut c = cfg(&dir, 60_000);
+    c.write.part_size = 64 * 1024;
+    let fs = Fs::shared(mem.clone(), c);
+    fs.start_write_back();
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let (_, fh) = fs.create(ROOT_INO, "big", false, None).await.unwrap(); // one probe of the name
+    let before = mem.requests.load(std::sync::atomic::Ordering::Relaxed);
+    for (i, chunk) in data.chunks(128 * 1024).enumerate() {
+        fs.write(fh, (i * 128 * 1024) as u64, chunk).await.unwrap();
+    }
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(mem.requests.load(std::sync::atomic::Ordering::Relaxed), before, "no request before the upload is due");
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "big").await.unwrap(), data);
+}
