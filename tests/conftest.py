@@ -20,6 +20,7 @@ import hashlib
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,13 @@ def bucketfs_env(**overrides) -> dict:
         else:
             env[k] = v
     return env
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now (for --metrics-addr and the like)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def new_bucket_name() -> str:

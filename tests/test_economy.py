@@ -10,23 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 import urllib.request
 
 import pytest
 
-from conftest import Bucket, require_bin, require_store
+from conftest import Bucket, free_port, require_bin, require_store
 
 TTL = 1.0
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.fixture
@@ -34,7 +25,7 @@ def metered():
     require_store("s3")
     require_bin()
     b = Bucket("s3")
-    port = _free_port()
+    port = free_port()
     try:
         with b.mounted(extra=["--metadata-ttl", str(TTL), "--metrics-addr", f"127.0.0.1:{port}"]) as mp:
             def requests() -> dict[str, int]:

@@ -18,14 +18,8 @@ import urllib.request
 import pytest
 
 import seed
-from conftest import (BIN, Bucket, bucketfs_env, force_unmount, is_mounted, mounted, new_mountpoint,
+from conftest import (BIN, Bucket, bucketfs_env, force_unmount, free_port, is_mounted, mounted, new_mountpoint,
                       require_bin, require_store, run_cli, unmount, wait_until)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -8,42 +8,18 @@ a pending file leave no stray object; the mount reads its own writes at once.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import threading
 import time
 import urllib.request
 
-import pytest
-
 import seed
-from conftest import (Bucket, daemon_pids, force_unmount, mount, read_file, require_bin, require_store, run_cli,
-                      unmount, wait_until)
+from conftest import Bucket, daemon_pids, force_unmount, free_port, mount, read_file, run_cli, unmount
 
 ROUNDS = int(os.environ.get("BUCKETFS_TEST_CRASH_ROUNDS", "20"))
-
-
-@pytest.fixture
-def s3():
-    require_store("s3")
-    require_bin()
-    b = Bucket("s3")
-    yield b
-    b.cleanup()
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wb_args(b: Bucket, staging: str, *extra) -> list[str]:
@@ -60,10 +36,10 @@ def bucket_objects(b: Bucket) -> dict[str, bytes]:
     return {k: seed.get("s3", b.name, k) for k in seed.list_keys("s3", b.name)}
 
 
-def test_close_returns_before_upload_and_sync_waits(s3, tmp_path):
+def test_close_returns_before_upload_and_sync_waits(s3_bucket, tmp_path):
     """A long delay keeps closed files pending: the mount reads them back and lists them, the
     bucket does not have them yet, status shows them; `bucketfs sync` uploads them (exit 0)."""
-    mp = mount(wb_args(s3, str(tmp_path), "--write-back-delay", "600"))
+    mp = mount(wb_args(s3_bucket, str(tmp_path), "--write-back-delay", "600"))
     try:
         files = {f"d/f{i}.txt": os.urandom(1000 + i * 4107) for i in range(10)}
         os.mkdir(os.path.join(mp, "d"))
@@ -73,14 +49,14 @@ def test_close_returns_before_upload_and_sync_waits(s3, tmp_path):
         for k, v in files.items():
             assert read_file(os.path.join(mp, k)) == v, f"{k}: read your writes"
         assert sorted(os.listdir(os.path.join(mp, "d"))) == sorted(k[2:] for k in files)
-        assert not any(k in files for k in seed.list_keys("s3", s3.name)), "uploaded before the delay"
+        assert not any(k in files for k in seed.list_keys("s3", s3_bucket.name)), "uploaded before the delay"
         st = status(mp)
         assert st["write_back"] is True
         assert st["write_back_files"] == len(files), st
         assert st["write_back_bytes"] == sum(map(len, files.values())), st
         r = run_cli(["sync", mp], timeout=60)
         assert r.returncode == 0, r.err
-        got = bucket_objects(s3)
+        got = bucket_objects(s3_bucket)
         for k, v in files.items():
             assert got.get(k) == v, f"{k} not in the bucket after sync"
         assert status(mp)["write_back_files"] == 0
@@ -88,10 +64,10 @@ def test_close_returns_before_upload_and_sync_waits(s3, tmp_path):
         unmount(mp)
 
 
-def test_rename_and_unlink_of_pending_files_leave_no_stray_object(s3, tmp_path):
+def test_rename_and_unlink_of_pending_files_leave_no_stray_object(s3_bucket, tmp_path):
     """The editor's save (write tmp, rename over) and a build's temp files, all before the
     upload: the bucket ends with exactly the final names and bytes."""
-    mp = mount(wb_args(s3, str(tmp_path), "--write-back-delay", "600"))
+    mp = mount(wb_args(s3_bucket, str(tmp_path), "--write-back-delay", "600"))
     try:
         p = lambda n: os.path.join(mp, n)  # noqa: E731
         with open(p("doc.txt"), "wb") as f:
@@ -110,24 +86,24 @@ def test_rename_and_unlink_of_pending_files_leave_no_stray_object(s3, tmp_path):
         assert read_file(p("moved/x")) == b"in a dir"
         r = run_cli(["sync", mp], timeout=60)
         assert r.returncode == 0, r.err
-        got = {k: v for k, v in bucket_objects(s3).items() if not k.endswith("/")}
+        got = {k: v for k, v in bucket_objects(s3_bucket).items() if not k.endswith("/")}
         assert got == {"doc.txt": b"v2 longer", "moved/x": b"in a dir"}, got
     finally:
         unmount(mp)
 
 
-def test_sync_names_a_failed_upload_and_the_file_arrives_later(s3, tmp_path, toxiproxy):
+def test_sync_names_a_failed_upload_and_the_file_arrives_later(s3_bucket, tmp_path, toxiproxy):
     """The store unreachable: close still returns (staged), `sync` exits 1 naming the file,
     status shows it pending with its error; readers of other files are not blocked. When the
     store is back, the retried upload brings it in and `sync` exits 0."""
     from conftest import upstream_of
     px = toxiproxy.proxy(upstream_of("s3"))
     try:
-        args = [seed.mount_url("s3", s3.name), "--endpoint", px.endpoint, "--write-back",
+        args = [seed.mount_url("s3", s3_bucket.name), "--endpoint", px.endpoint, "--write-back",
                 "--write-back-delay", "0", "--staging-dir", str(tmp_path)]
         mp = mount(args)
         try:
-            s3.put("other.bin", b"already there")
+            s3_bucket.put("other.bin", b"already there")
             assert read_file(os.path.join(mp, "other.bin")) == b"already there"
             os.mkdir(os.path.join(mp, "burst"))  # directories are made in the store at once
             px.set_enabled(False)
@@ -149,7 +125,7 @@ def test_sync_names_a_failed_upload_and_the_file_arrives_later(s3, tmp_path, tox
             px.set_enabled(True)
             r = run_cli(["sync", mp], timeout=400)
             assert r.returncode == 0, r.err
-            got = bucket_objects(s3)
+            got = bucket_objects(s3_bucket)
             for k, v in burst.items():
                 assert got.get(k) == v, f"{k} lost after the outage"
             assert not [k for k in got if ".bucketfs" in k], got.keys()
@@ -160,12 +136,12 @@ def test_sync_names_a_failed_upload_and_the_file_arrives_later(s3, tmp_path, tox
         px.delete()
 
 
-def test_requests_are_one_per_file_written(s3, tmp_path):
+def test_requests_are_one_per_file_written(s3_bucket, tmp_path):
     """Goal of the issue: a project unpacked into a new directory (a `git clone`, `tar -x`)
     costs one request per file written and one per directory made, plus the first lookup of
     the new top directory (counted by the mount's own metrics)."""
-    port = _free_port()
-    mp = mount(wb_args(s3, str(tmp_path), "--metrics-addr", f"127.0.0.1:{port}"))
+    port = free_port()
+    mp = mount(wb_args(s3_bucket, str(tmp_path), "--metrics-addr", f"127.0.0.1:{port}"))
 
     def by_op() -> dict[str, int]:
         txt = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -251,7 +227,7 @@ def _staging_snapshot(staging: str) -> list:
     return out
 
 
-def test_kill_9_loses_nothing_closed(s3, tmp_path, rng):
+def test_kill_9_loses_nothing_closed(s3_bucket, tmp_path, rng):
     """ROUNDS times: writers closing and renaming files, `kill -9` of the daemon at a random
     moment, remount on the same staging directory, `bucketfs sync`: every file whose close
     (or rename) returned is in the bucket with its last bytes; nothing else is there (no
@@ -260,7 +236,7 @@ def test_kill_9_loses_nothing_closed(s3, tmp_path, rng):
     closed: dict[str, bytes] = {}
     maybe: dict[str, list] = {}
     lock = threading.Lock()
-    args = wb_args(s3, staging, "--write-back-delay", "0.3", "--log-file", str(tmp_path / "bucketfs.log"))
+    args = wb_args(s3_bucket, staging, "--write-back-delay", "0.3", "--log-file", str(tmp_path / "bucketfs.log"))
     mp = mount(args)
     for w in range(3):
         os.makedirs(os.path.join(mp, f"w{w}"), exist_ok=True)
@@ -289,7 +265,7 @@ def test_kill_9_loses_nothing_closed(s3, tmp_path, rng):
             assert r.returncode == 0, f"round {rnd}: remount failed: {r.err}"
             r = run_cli(["sync", mp], timeout=120)
             assert r.returncode == 0, f"round {rnd}: sync: {r.err}"
-            got = {k: v for k, v in bucket_objects(s3).items() if not k.endswith("/")}
+            got = {k: v for k, v in bucket_objects(s3_bucket).items() if not k.endswith("/")}
             bad = []
             for k in sorted(set(got) | set(closed) | set(maybe)):
                 ok = [closed.get(k)] + maybe.get(k, [])  # None: absent

@@ -45,7 +45,7 @@ impl Observed {
             not_found: t.not_found,
             bytes_read: t.bytes_read,
             bytes_written: t.bytes_written,
-            write_back: self.fs.write_back_enabled(),
+            write_back: self.fs.write_back(),
             write_back_files: wb.files,
             write_back_bytes: wb.bytes,
             write_back_oldest_secs: wb.oldest_secs,

@@ -177,13 +177,9 @@ impl Queue {
 }
 
 impl Fs {
-    pub(crate) fn write_back(&self) -> bool {
-        self.cfg.write_back.is_some()
-    }
-
     /// Whether this mount runs in write-back mode.
-    pub fn write_back_enabled(&self) -> bool {
-        self.write_back()
+    pub fn write_back(&self) -> bool {
+        self.cfg.write_back.is_some()
     }
 
     /// Start the upload workers of write-back mode (a no-op without it). Needs a runtime.
