@@ -163,6 +163,9 @@ pub(crate) struct OpenFile {
     pub reader: Mutex<Arc<FileReader>>,
     /// The kernel may keep its page cache: the object is unchanged since the last open.
     pub keep_cache: bool,
+    /// Opened with the kernel's page cache bypassed: the size the kernel holds may be a
+    /// placeholder (`Node::size_unknown`), so reads must reach us.
+    pub direct: bool,
     /// Counted in the staged file's `handles`.
     pub staged: std::sync::atomic::AtomicBool,
     /// This handle changed the data (write, truncate, O_TRUNC, create) since its last
@@ -283,6 +286,7 @@ impl Fs {
             mtime: m.mtime.unwrap_or(self.mounted_at),
             etag: m.etag.clone(),
             attrs: None,
+            size_unknown: kind == Kind::File && m.size_unknown,
         }
     }
 
@@ -424,7 +428,7 @@ impl Fs {
         if dir {
             return Ok(Some(Some(self.child_meta(
                 name,
-                &ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None },
+                &ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None, size_unknown: false },
                 Kind::Dir,
             ))));
         }
@@ -480,7 +484,7 @@ impl Fs {
             }
         };
         let (file, child, marker, link) = tokio::join!(file, first_child, marker, link);
-        let dir_meta = ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None };
+        let dir_meta = ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None, size_unknown: false };
         if matches!(child, Some(Ok(_))) || marker.is_ok() {
             let mtime = marker.as_ref().ok().and_then(|m| m.mtime);
             return Ok(self.child_meta(name, &ObjectMeta { mtime, ..dir_meta }, Kind::Dir));
@@ -551,6 +555,7 @@ impl Fs {
                 if !cur.local {
                     // Staged here: the size and mtime are the mount's own (see `Node::local`).
                     cur.size = meta.size;
+                    cur.size_unknown = meta.size_unknown;
                     cur.mtime = meta.mtime;
                 }
                 cur.etag = meta.etag;
@@ -719,6 +724,11 @@ impl Fs {
             Some(Handle::Dir { keep_cache, .. }) => *keep_cache,
             None => false,
         }
+    }
+
+    /// Whether file handle `fh` must be opened direct (see `OpenFile::direct`).
+    pub fn direct_io(&self, fh: u64) -> bool {
+        matches!(self.handles.lock().unwrap().get(&fh), Some(Handle::File(f)) if f.direct)
     }
 
     pub(crate) fn reader_for(&self, node: &Node) -> Arc<FileReader> {

@@ -166,6 +166,18 @@ impl Fs {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
+        // A size the listing could not tell (a Drive Doc not exported yet): a HEAD learns it.
+        // The kernel may hold the placeholder size, so this handle is opened direct (reads
+        // come here whatever size the kernel believes). Still unknown: the store refused to
+        // read it, and the open says why.
+        let direct = node.size_unknown && !write && !self.is_staged(ino);
+        if direct {
+            self.revalidate(&node).await?;
+            node = self.node(ino)?;
+            if node.size_unknown {
+                self.store.get_range(&node.key, 0..1, None).await?;
+            }
+        }
         if write {
             // Write-back: a queued version goes up before it changes again (write_back.rs).
             self.upload_before_change(ino).await?;
@@ -194,6 +206,7 @@ impl Fs {
             ino,
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache,
+            direct,
             staged: std::sync::atomic::AtomicBool::new(staged.is_some()),
             wrote: std::sync::atomic::AtomicBool::new(staged.is_some() && truncate && write),
             truncate_at_flush: std::sync::atomic::AtomicBool::new(truncate && !write),
@@ -514,7 +527,15 @@ impl Fs {
             return Ok((self.attr(&self.node(existing.ino)?), fh));
         }
         let now = SystemTime::now();
-        let meta = ChildMeta { name: name.to_string(), kind: Kind::File, size: 0, mtime: now, etag: None, attrs: None };
+        let meta = ChildMeta {
+            name: name.to_string(),
+            kind: Kind::File,
+            size: 0,
+            mtime: now,
+            etag: None,
+            attrs: None,
+            size_unknown: false,
+        };
         let ino = {
             let mut t = self.table.lock().unwrap();
             let ino = t.upsert(parent, &meta);
@@ -537,6 +558,7 @@ impl Fs {
             ino,
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache: false,
+            direct: false,
             staged: std::sync::atomic::AtomicBool::new(true),
             wrote: std::sync::atomic::AtomicBool::new(true),
             truncate_at_flush: std::sync::atomic::AtomicBool::new(false),
@@ -558,6 +580,7 @@ impl Fs {
             mtime: SystemTime::now(),
             etag: None,
             attrs: None,
+            size_unknown: false,
         };
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &meta);

@@ -55,6 +55,9 @@ pub struct Node {
     /// When chmod, chown or utimens last changed it here (Linux moves ctime on every
     /// attribute change); `None`: ctime is shown equal to mtime.
     pub ctime: Option<SystemTime>,
+    /// The store could not tell the size without reading the object: `size` is a
+    /// placeholder until a HEAD answers it (see `Fs::open`, which opens such a file direct).
+    pub size_unknown: bool,
 }
 
 impl Node {
@@ -67,6 +70,7 @@ impl Node {
             mtime: self.mtime,
             etag: self.etag.clone(),
             attrs: None,
+            size_unknown: self.size_unknown,
         }
     }
 
@@ -124,6 +128,9 @@ pub struct ChildMeta {
     pub etag: Option<String>,
     /// Mode, owner and mtime the object carries (from a HEAD; listings have none).
     pub attrs: Option<bucketfs_store::FileAttrs>,
+    /// `size` is a placeholder the store cannot tell without reading (a Drive Doc's export;
+    /// `ObjectMeta::size_unknown`).
+    pub size_unknown: bool,
 }
 
 /// A directory's children as of `at`: the listing cache used by lookup and readdir.
@@ -187,6 +194,7 @@ impl InodeTable {
             linked: true,
             local: false,
             ctime: None,
+            size_unknown: false,
         };
         Self {
             nodes: HashMap::from([(ROOT_INO, root)]),
@@ -256,6 +264,7 @@ impl InodeTable {
                         }
                     }
                     node.size = meta.size;
+                    node.size_unknown = meta.size_unknown;
                     node.mtime = meta.mtime;
                     node.etag = meta.etag.clone();
                     node.validated = Instant::now();
@@ -289,6 +298,7 @@ impl InodeTable {
                 linked: true,
                 local: false,
                 ctime: None,
+                size_unknown: meta.size_unknown,
             },
         );
         if let (Some(a), Some(n)) = (&meta.attrs, self.nodes.get_mut(&ino)) {
@@ -503,7 +513,15 @@ mod tests {
     use super::*;
 
     fn meta(name: &str, kind: Kind) -> ChildMeta {
-        ChildMeta { name: name.into(), kind, size: 3, mtime: SystemTime::UNIX_EPOCH, etag: None, attrs: None }
+        ChildMeta {
+            name: name.into(),
+            kind,
+            size: 3,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: None,
+            attrs: None,
+            size_unknown: false,
+        }
     }
 
     #[test]

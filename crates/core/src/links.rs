@@ -95,7 +95,15 @@ mod tests {
     use std::time::SystemTime;
 
     fn m(name: &str, kind: Kind) -> ChildMeta {
-        ChildMeta { name: name.into(), kind, size: 0, mtime: SystemTime::UNIX_EPOCH, etag: None, attrs: None }
+        ChildMeta {
+            name: name.into(),
+            kind,
+            size: 0,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: None,
+            attrs: None,
+            size_unknown: false,
+        }
     }
 
     #[test]

@@ -124,7 +124,13 @@ impl Fs {
             for (i, seg) in segments[..valid].iter().enumerate() {
                 let is_dir = i + 1 < segments.len() || rel.ends_with('/');
                 let meta = if is_dir {
-                    let dir = bucketfs_store::ObjectMeta { key: String::new(), size: 0, etag: None, mtime: None };
+                    let dir = bucketfs_store::ObjectMeta {
+                        key: String::new(),
+                        size: 0,
+                        etag: None,
+                        mtime: None,
+                        size_unknown: false,
+                    };
                     self.child_meta(seg, &dir, Kind::Dir)
                 } else {
                     let (name, kind) = crate::links::classify(seg);

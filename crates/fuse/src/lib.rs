@@ -29,6 +29,8 @@ pub struct FuseAdapter {
     no_opendir: bool,
     /// The mount's device (major, minor), set once mounted; `None` if it was not found.
     device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>,
+    /// The session's notifier, set once the session exists (see `session`).
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 /// Run `op` on the runtime and answer an empty reply with its result.
@@ -46,7 +48,7 @@ macro_rules! spawn_empty {
 
 impl FuseAdapter {
     pub fn new(fs: Arc<Fs>, rt: Handle, device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>) -> Self {
-        Self { fs, rt, no_opendir: false, device }
+        Self { fs, rt, no_opendir: false, device, notifier: Arc::default() }
     }
 
     fn ttl(&self) -> Duration {
@@ -200,6 +202,7 @@ impl Filesystem for FuseAdapter {
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let fs = self.fs.clone();
         let device = self.device.get().copied().flatten();
+        let notifier = self.notifier.clone();
         self.rt.spawn(async move {
             // The kernel checks ETXTBSY for this one only after our open (running.rs).
             if let (true, false, Some(dev)) = (truncate, write, device) {
@@ -212,8 +215,19 @@ impl Filesystem for FuseAdapter {
             }
             match fs.open(ino.0, write, truncate).await {
                 Ok(fh) => {
-                    let keep = if fs.keep_cache(fh) { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
-                    reply.opened(FileHandle(fh), keep)
+                    let mut flags = if fs.keep_cache(fh) { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                    let direct = fs.direct_io(fh);
+                    if direct {
+                        flags |= FopenFlags::FOPEN_DIRECT_IO;
+                    }
+                    reply.opened(FileHandle(fh), flags);
+                    if direct {
+                        // The open learnt the real size; drop the placeholder the kernel
+                        // holds (an offset below 0: attributes only).
+                        if let Some(Err(e)) = notifier.get().map(|n| n.inval_inode(ino, -1, 0)) {
+                            tracing::debug!(ino = ino.0, "dropping the kernel's attributes: {e}");
+                        }
+                    }
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -552,7 +566,8 @@ pub fn mount(
         }
     }));
     let device: Arc<std::sync::OnceLock<Option<(u32, u32)>>> = Arc::default();
-    let session = fuser::Session::new(FuseAdapter::new(fs, rt, device.clone()), mountpoint, &config)?;
+    let adapter = FuseAdapter { notifier: notifier.clone(), ..FuseAdapter::new(fs, rt, device.clone()) };
+    let session = fuser::Session::new(adapter, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
     let dev = running::mount_device(mountpoint);
     if dev.is_none() {

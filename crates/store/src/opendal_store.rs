@@ -87,6 +87,7 @@ impl OpendalStore {
             size: if m.is_dir() { 0 } else { m.content_length() },
             etag: etag.map(str::to_string),
             mtime: m.last_modified().map(Into::into),
+            size_unknown: false,
         }
     }
 }

@@ -10,7 +10,7 @@ use futures::stream::BoxStream;
 use crate::{FileAttrs, StoreError};
 
 /// One object (or directory prefix) as the store reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ObjectMeta {
     /// Key relative to the store root. Prefixes (directories) end with `/`.
     pub key: String,
@@ -18,6 +18,10 @@ pub struct ObjectMeta {
     /// ETag (S3) or generation-derived ETag (GCS); `None` where the store has none (fs, memory).
     pub etag: Option<String>,
     pub mtime: Option<SystemTime>,
+    /// `size` is a placeholder (0): the store learns the real size only by reading the object
+    /// (a Google Doc's export, which a listing never makes). A `head` of the key answers the
+    /// real size; readers must not stop at `size`.
+    pub size_unknown: bool,
 }
 
 impl ObjectMeta {

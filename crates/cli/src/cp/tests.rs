@@ -91,7 +91,7 @@ fn digests_and_checks() {
     let etag = verify::composite_etag(&[a.clone(), b.clone()]).unwrap();
     assert!(etag.ends_with("-2"));
     let d = |etag: &str| ObjectDigests {
-        meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None },
+        meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None, size_unknown: false },
         etag: Some(etag.into()),
         md5: None,
         checksum: None,
@@ -117,7 +117,7 @@ fn s3_crc_checksums_are_checked_before_md5s() {
     let a = SliceSum::of_chunks(0..3, std::slice::from_ref(&abc), false, true, true);
     let b = SliceSum::of_chunks(3..6, std::slice::from_ref(&def), false, true, true);
     let d = |sum: Option<ObjectChecksum>| ObjectDigests {
-        meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None },
+        meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None, size_unknown: false },
         etag: Some(
             verify::composite_etag(&[SliceSum::of(0..3, b"abc", true), SliceSum::of(3..6, b"def", true)]).unwrap(),
         ),

@@ -77,6 +77,7 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
             size: m.content_length(),
             etag: m.version().or(m.etag()).map(str::to_string),
             mtime: m.last_modified().map(Into::into),
+            size_unknown: false,
         })
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {

@@ -38,7 +38,7 @@ impl ComposeBackend for FakeGcs {
         let size = out.len() as u64;
         objects.insert(to.into(), out.into());
         let etag = Some(format!("gen-{}", self.compose_calls.load(Ordering::SeqCst)));
-        Ok(ObjectMeta { key: to.into(), size, etag, mtime: Some(std::time::SystemTime::now()) })
+        Ok(ObjectMeta { key: to.into(), size, etag, mtime: Some(std::time::SystemTime::now()), size_unknown: false })
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.objects.lock().unwrap().remove(key);
@@ -51,7 +51,7 @@ impl ComposeBackend for FakeGcs {
     }
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         let size = self.objects.lock().unwrap().get(key).ok_or_else(|| StoreError::not_found(key))?.len();
-        Ok(ObjectMeta { key: key.into(), size: size as u64, etag: None, mtime: None })
+        Ok(ObjectMeta { key: key.into(), size: size as u64, etag: None, mtime: None, size_unknown: false })
     }
 }
 

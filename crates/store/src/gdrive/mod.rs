@@ -13,11 +13,12 @@
 //!   an idle mount sends nothing.
 //! - Our own writes update the map at once from the API's answer.
 //! - Reads are ranged `alt=media` downloads; Docs/Sheets/Slides are exported whole
-//!   (Drive's export has no ranges), cached per version, and read-only. A Doc's size is its
-//!   export's: learnt once per version (at most [`EXPORTS_AT_ONCE`] at a time when a
-//!   listing meets new ones) and remembered apart from the bytes, so listings do not
-//!   export again. A Doc Drive will not export (over 10 MB) or whose export fails is left
-//!   out of listings, with a warning; the listing itself never fails for it.
+//!   (Drive's export has no ranges), cached per version, and read-only. A listing never
+//!   exports: a Doc not exported yet is listed with size 0 marked unknown
+//!   ([`ObjectMeta::size_unknown`]), as rclone shows it; its `head` (the mount makes one when
+//!   the Doc is opened) exports it and answers the real size, remembered per version apart
+//!   from the bytes so later listings show it. A Doc Drive will not export (over 10 MB) is
+//!   still listed; reading it fails with a message that says why.
 //! - `delete` moves to Drive's trash; `copy` is `files.copy`; writes are one multipart
 //!   request up to one part, else a resumable upload sent part by part.
 //! - Creates (mkdir, new files, copies) name the new file with an ID from
@@ -70,9 +71,6 @@ struct State {
 
 /// An exported Google Doc: (file ID, version) and its bytes.
 type Export = ((String, String), Bytes);
-
-/// How many Docs a listing exports at once to learn their sizes.
-pub const EXPORTS_AT_ONCE: usize = 4;
 
 /// What an export of one version of a Doc gave: its size, or Drive's lasting refusal.
 type ExportSize = (String, Result<u64, StoreError>);
@@ -249,21 +247,34 @@ impl GdriveStore {
 
     fn meta(&self, key: &str, f: &File, size: u64) -> ObjectMeta {
         let key = if f.is_folder() && !key.ends_with('/') { format!("{key}/") } else { key.to_string() };
-        ObjectMeta { key, size, etag: Some(f.etag()), mtime: f.mtime() }
+        ObjectMeta { key, size, etag: Some(f.etag()), mtime: f.mtime(), size_unknown: false }
     }
 
-    /// A file's size: its own, or its export's for a Google Doc (exported once per version).
-    async fn size_of(&self, key: &str, f: &File) -> Result<u64, StoreError> {
+    /// What a listing says of a file, without a request: a Doc's size is its export's when
+    /// this version was exported already, else unknown (see [`ObjectMeta::size_unknown`]).
+    fn listed_meta(&self, key: &str, f: &File) -> ObjectMeta {
         if f.export().is_none() {
-            return Ok(f.size());
+            return self.meta(key, f, f.size());
         }
         let version = f.version.clone().unwrap_or_default();
-        if let Some((v, r)) = self.export_sizes.lock().unwrap().get(&f.id) {
-            if *v == version {
-                return r.clone();
-            }
+        match self.export_sizes.lock().unwrap().get(&f.id) {
+            Some((v, Ok(size))) if *v == version => self.meta(key, f, *size),
+            _ => ObjectMeta { size_unknown: true, ..self.meta(key, f, 0) },
         }
-        Ok(self.exported(key, f).await?.len() as u64)
+    }
+
+    /// A file's metadata with its real size: a Doc is exported (once per version) to learn
+    /// it. A Doc Drive refuses to export keeps an unknown size; reading it says why.
+    async fn sized_meta(&self, key: &str, f: &File) -> Result<ObjectMeta, StoreError> {
+        let listed = self.listed_meta(key, f);
+        if !listed.size_unknown {
+            return Ok(listed);
+        }
+        match self.exported(key, f).await {
+            Ok(b) => Ok(self.meta(key, f, b.len() as u64)),
+            Err(e) if e.kind == StoreErrorKind::PermissionDenied => Ok(listed),
+            Err(e) => Err(e),
+        }
     }
 
     async fn exported(&self, key: &str, f: &File) -> Result<Bytes, StoreError> {
@@ -354,11 +365,10 @@ impl Store for GdriveStore {
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         self.fresh(false).await?;
         if key.is_empty() {
-            return Ok(ObjectMeta { key: String::new(), size: 0, etag: None, mtime: None });
+            return Ok(ObjectMeta { key: String::new(), size: 0, etag: None, mtime: None, size_unknown: false });
         }
         let f = self.lookup(key).ok_or_else(|| StoreError::not_found(format!("head {key:?}: not found")))?;
-        let size = self.size_of(key, &f).await?;
-        Ok(self.meta(key, &f, size))
+        self.sized_meta(key, &f).await
     }
 
     async fn get_range(&self, key: &str, range: Range<u64>, _if_match: Option<&str>) -> Result<Bytes, StoreError> {
@@ -388,27 +398,10 @@ impl Store for GdriveStore {
             if !prefix.is_empty() && this.with_tree(|t| t.lookup(&prefix).is_none()) {
                 return Ok(Vec::new());
             }
+            // A listing never exports: a Doc not exported yet shows size 0, marked unknown
+            // (its `head`, made when it is opened, exports it and answers the real size).
             let entries = this.with_tree(|t| t.list(&prefix, recursive));
-            // A Doc whose size cannot be learnt is left out, never the whole listing.
-            let sized: Vec<Option<ObjectMeta>> = futures::stream::iter(entries)
-                .map(|(k, f)| {
-                    let this = this.clone();
-                    async move {
-                        match this.size_of(&k, &f).await {
-                            Ok(size) => Some(this.meta(&k, &f, size)),
-                            // Refused for good: said once, when it was refused.
-                            Err(e) if e.kind == StoreErrorKind::PermissionDenied => None,
-                            Err(e) => {
-                                tracing::warn!(key = %k, "drive: left out of the listing: {}", e.message);
-                                None
-                            }
-                        }
-                    }
-                })
-                .buffered(EXPORTS_AT_ONCE)
-                .collect()
-                .await;
-            Ok(sized.into_iter().flatten().collect())
+            Ok(entries.into_iter().map(|(k, f)| this.listed_meta(&k, &f)).collect())
         }))
     }
 

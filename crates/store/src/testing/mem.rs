@@ -109,7 +109,13 @@ impl Store for MemStore {
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         self.request().await;
         let (data, etag, mtime) = self.snapshot(key).ok_or_else(|| StoreError::not_found(key))?;
-        Ok(ObjectMeta { key: key.into(), size: data.len() as u64, etag: Some(etag), mtime: Some(mtime) })
+        Ok(ObjectMeta {
+            key: key.into(),
+            size: data.len() as u64,
+            etag: Some(etag),
+            mtime: Some(mtime),
+            size_unknown: false,
+        })
     }
 
     async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError> {
@@ -139,7 +145,7 @@ impl Store for MemStore {
                 (false, Some(i)) => {
                     let dir = format!("{prefix}{}", &rest[..=i]);
                     if out.last().map(|m| &m.key) != Some(&dir) {
-                        out.push(ObjectMeta { key: dir, size: 0, etag: None, mtime: None });
+                        out.push(ObjectMeta { key: dir, size: 0, etag: None, mtime: None, size_unknown: false });
                     }
                 }
                 _ => out.push(ObjectMeta {
@@ -147,6 +153,7 @@ impl Store for MemStore {
                     size: data.len() as u64,
                     etag: Some(etag.clone()),
                     mtime: Some(*mtime),
+                    size_unknown: false,
                 }),
             }
         }
@@ -227,7 +234,7 @@ fn store_object(objects: &Mutex<Objects>, next_etag: &AtomicU64, key: &str, data
     let mtime = SystemTime::now();
     let size = data.len() as u64;
     objects.lock().unwrap().insert(key.into(), (data, etag.clone(), mtime));
-    ObjectMeta { key: key.into(), size, etag: Some(etag), mtime: Some(mtime) }
+    ObjectMeta { key: key.into(), size, etag: Some(etag), mtime: Some(mtime), size_unknown: false }
 }
 
 /// Buffers the upload; the object appears atomically at `close`, as on a real store.
