@@ -485,6 +485,7 @@ def _run_standalone(exp, entry, ctx, srv, phases, t_exp):
     try:
         res, versions, notes = exp.run_all(ctx, srv)
         entry["results"], entry["columns"] = res, versions
+        entry["requests"] = getattr(exp, "requests", None) or {}
         entry["description"] += notes
     except (CmdError, RuntimeError, OSError, ValueError, KeyError) as e:
         log("experiment %d failed: %s" % (exp.id, e))

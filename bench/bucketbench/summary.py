@@ -151,7 +151,9 @@ def requests_section(doc):
           "is one call) and misses what an unmount sends (write-back's last uploads).", "",
           "Priced at %s, as recorded on %s. The cost is of the requests only (no storage or "
           "transfer)." % (R.PRICE_SOURCE, R.PRICES_DATE), ""]
-    systems = [s for s in doc["systems"] if any(s in x["requests"] for x in exps.values())]
+    names = list(doc["systems"]) + [c for x in exps.values() for c in x.get("columns") or {}]
+    systems = [s for i, s in enumerate(names) if s not in names[:i]
+               and any(s in x["requests"] for x in exps.values())]
     L += ["| experiment | " + " | ".join(systems) + " |", "|---|" + "---|" * len(systems)]
     for eid in sorted(exps, key=int):
         cells = []
