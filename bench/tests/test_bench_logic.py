@@ -154,6 +154,15 @@ class ResumeTest(unittest.TestCase):
                                                     "--threshold": 1}),
                          ["--quick", "--systems", "bucketfs"])
 
+    def test_resume_takes_the_runs_flags_and_later_ones_win(self):
+        flags = {"--resume": 1, "--compare": -1, "--threshold": 1}
+        prior = ["--quick", "--profile", "cloud", "--experiments", "1,4", "--port-offset", "300"]
+        now = ["--resume", "x.json", "--port-offset", "400", "--no-install"]
+        a = runner.parse_args(runner._strip_flags(prior, flags) + runner._strip_flags(now, flags))
+        self.assertEqual((a.quick, a.profile, a.experiment_list, a.port_offset, a.no_install),
+                         (True, "cloud", [1, 4], 400, True))
+        self.assertIsNone(a.resume)
+
     def test_resumed_doc_keeps_cells_and_says_so(self):
         prior = doc_with({("1", "bucketfs", "find_first_s"): 1.0,
                           ("1", "s3fs", "find_first_s"): 5.0})
