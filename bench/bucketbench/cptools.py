@@ -160,13 +160,17 @@ class CopyTools:
         errors = {c: None for c in COLUMNS}
         ways = self._calibrate(link, src, size)
         tool_cols = [c for c in (BUCKETFS, RCLONE, AWSCLI) if tools[c][1] is None]
+        self.requests = {}
+        counter = _ToolRequests(servers)
         for i in range(ctx.runs(1)):
             order = tool_cols[i % len(tool_cols):] + tool_cols[:i % len(tool_cols)]
             for col in order:
                 key = "%s/up-%s-%d" % (PREFIX, col.split()[0], i)
                 up, down, env = self._commands(ctx, src, dst_file, key)[col]
+                count = counter if i == 0 else None  # the first run only: settling takes ~10 s
                 try:
-                    dt, cpu_up, busy_up = self._timed(up, ctx.timeout(900), env)
+                    with _counted(count, col, "up"):
+                        dt, cpu_up, busy_up = self._timed(up, ctx.timeout(900), env)
                     got = self._object_md5(s3, key)
                     s3.delete_object(Bucket=S.BUCKET, Key=key)
                     if got != want:
@@ -177,7 +181,8 @@ class CopyTools:
                     rates[col]["up_busy"].append(busy_up)
                     if os.path.exists(dst_file):
                         os.unlink(dst_file)
-                    dt, cpu_down, busy_down = self._timed(down, ctx.timeout(900), env)
+                    with _counted(count, col, "down"):
+                        dt, cpu_down, busy_down = self._timed(down, ctx.timeout(900), env)
                     got = self._file_md5(dst_file)
                     os.unlink(dst_file)
                     if got != want:
@@ -207,6 +212,7 @@ class CopyTools:
                         log("exp 8 link to file failed: %s" % e)
                         errors[LINK_FILE] = str(e)
         s3.delete_object(Bucket=S.BUCKET, Key=SEED_KEY)
+        self.requests = counter.records()
         results = {}
         for col in COLUMNS:
             why = tools[col][1]
@@ -276,6 +282,60 @@ class CopyTools:
                 "%d: %.0f" % (k, v) for k, v in sorted(t.items())))
         return "The link's N, from one try of each before the runs (MB/s): %s; %s." % (
             one("up"), one("down"))
+
+
+class _ToolRequests:
+    """MinIO's requests of each tool's upload and download in the first run (requests.py):
+    one settled snapshot before and after each command, so the harness's MD5 check and
+    delete between the commands are not counted."""
+
+    def __init__(self, servers):
+        self.minio = servers.request_counter()
+        self.apis = {}  # column -> {api: n}, upload and download together
+        self.failed = None
+
+    def snapshot(self):
+        try:
+            return None if self.failed else self.minio.settle()[0]
+        except (OSError, RuntimeError) as e:
+            self.failed = str(e)
+            return None
+
+    def add(self, col, before):
+        from . import requests as R
+        after = self.snapshot()
+        if before is None or after is None:
+            return
+        got = R.diff(after, before)
+        got[R.MARKER_API] = got.get(R.MARKER_API, 0) - 1  # the second snapshot's marker
+        acc = self.apis.setdefault(col, {})
+        for api, n in got.items():
+            acc[api] = acc.get(api, 0) + n
+
+    def records(self):
+        """{column: record as requests.cell_record makes it}, or {} if counting failed."""
+        from . import requests as R
+        if self.failed:
+            log("exp 8 request counters: %s" % self.failed)
+            return {}
+        return {col: R.cell_record(apis, 0, 1) for col, apis in self.apis.items()}
+
+
+class _counted:
+    """`with _counted(counter or None, column):` adds the block's requests to the column
+    (only when the block succeeds)."""
+
+    def __init__(self, counter, col, way):
+        self.counter, self.col = counter, col
+
+    def __enter__(self):
+        self.before = self.counter.snapshot() if self.counter else None
+        return self
+
+    def __exit__(self, *exc):
+        if self.counter and exc[0] is None:
+            self.counter.add(self.col, self.before)
+        return False
 
 
 def _paired_note(bfs, link, ways=("up", "down"), what="the link"):

@@ -506,6 +506,7 @@ class DevWorkload(Experiment):
 # ---------------------------------------------------------------- 7
 class Memory(Experiment):
     id = 7
+    counts_requests = False  # mounts nothing: its numbers come from 2 and 6
     title = "Memory: RSS of the filesystem process during experiments 2 and 6"
 
     def metrics(self, ctx):

@@ -12,6 +12,7 @@ failed later; it never stops the run.
 """
 
 import glob
+import importlib
 import os
 import shutil
 import tarfile
@@ -102,7 +103,7 @@ def ensure_go(names):
 
 def ensure_matplotlib():
     try:
-        import matplotlib  # noqa: F401
+        importlib.import_module("matplotlib")
         return None
     except ImportError:
         pass

@@ -21,6 +21,7 @@ http.client releases the GIL in socket calls, so N threads move bytes
 concurrently. The best N of a run is that run's limit.
 """
 
+import collections
 import concurrent.futures
 import datetime
 import hashlib
@@ -28,11 +29,28 @@ import hmac
 import http.client
 import mmap
 import os
+import threading
 import time
 import urllib.parse
 from xml.etree import ElementTree
 
 CHUNK = 1 << 20
+
+# Requests this client sent, by MinIO's API name: requests.py takes them out of the counts
+# of the system whose experiment they ran in (experiment 2's paired download).
+SENT = collections.Counter()
+_SENT_LOCK = threading.Lock()
+
+
+def _api_name(method, obj, query):
+    if obj is None:
+        if "list-type=2" in query:
+            return "listobjectsv2"
+        if query.startswith("tagging"):
+            return "getbuckettagging"
+        return "bucket:" + method.lower()
+    return {"GET": "getobject", "PUT": "putobject", "DELETE": "deleteobject",
+            "HEAD": "headobject"}.get(method, method.lower())
 
 
 def _sign(method, host, path, key, secret, region, extra=None, query=""):
@@ -69,6 +87,8 @@ class Link:
     def _request(self, method, obj, extra=None, body=None, length=None, query=""):
         """Send a signed request for `obj` (None: the bucket itself) with the canonical
         `query` string; returns (connection, response)."""
+        with _SENT_LOCK:
+            SENT[_api_name(method, obj, query)] += 1
         path = "/%s/%s" % (self.bucket, obj) if obj is not None else "/%s" % self.bucket
         h = _sign(method, self.hostport, path, self.key, self.secret, self.region, extra, query)
         if length is not None:
@@ -105,6 +125,12 @@ class Link:
         prefixes = [e.text for c in root.iter(ns + "CommonPrefixes") for e in c.iter(ns + "Prefix")]
         nxt = root.find(ns + "NextContinuationToken")
         return keys, prefixes, (nxt.text if nxt is not None else None)
+
+    def marker(self):
+        """One GetBucketTagging (no mount sends it): requests.py's marker request."""
+        conn, resp = self._request("GET", None, query="tagging=")
+        resp.read()
+        conn.close()
 
     def list_recursive(self, prefix):
         """Seconds to list every key under `prefix` page by page; and the key count."""

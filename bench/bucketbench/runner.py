@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -119,10 +118,23 @@ def parse_args(argv):
     p.add_argument("--no-install", action="store_true", help="do not install anything")
     p.add_argument("--build", choices=["auto", "always", "never"], default="auto",
                    help="cargo build --release: if the binary is missing (auto), always, never")
-    p.add_argument("--tag", help="name this run: results/<date>-<profile>-TAG.json and "
-                   "REPORT-TAG.md, leaving REPORT.md alone (for a run of a few experiments)")
-    p.add_argument("--report-only", metavar="JSON", help="only rebuild REPORT.md from a JSON")
+    p.add_argument("--tag", help="name this run: results/<date>-<profile>-TAG.json, its "
+                   "report in the work directory, leaving REPORT.md alone (for a run of a few "
+                   "experiments)")
+    p.add_argument("--report-only", metavar="JSON", nargs="?", const="",
+                   help="only rebuild bench/REPORT.md and README.md's headline from a JSON "
+                   "(default: the newest untagged one in bench/results)")
+    p.add_argument("--resume", metavar="JSON",
+                   help="continue an interrupted run: its flags are taken from the JSON and "
+                   "every (experiment, system) already in it is kept, not run again")
+    p.add_argument("--compare", metavar="JSON", nargs="+",
+                   help="OLD [NEW]: per metric, NEW's change from OLD (NEW defaults to the run "
+                   "this command makes); exit status 2 if a regression passes --threshold")
+    p.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
+                   help="--compare marks a change worse than PCT %% as a regression")
     a = p.parse_args(argv)
+    if a.compare and len(a.compare) > 2:
+        p.error("--compare takes OLD.json and at most one NEW.json")
     a.system_list = [s.strip() for s in a.systems.split(",") if s.strip()]
     for s in a.system_list:
         if s not in ALL_SYSTEMS:
@@ -157,11 +169,26 @@ def _on_signal(signum, frame):
 
 
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.report_only:
-        md = report.write_report(args.report_only, BENCH_DIR, args.tag)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.report_only is not None:
+        path = args.report_only or report.main_json(os.path.join(BENCH_DIR, "results"))
+        md = report.write_report(path, BENCH_DIR)
+        report.update_readme(path, os.path.join(REPO, "README.md"))
         print(md)
         return 0
+    if args.compare and len(args.compare) == 2:
+        return _print_compare(args.compare[0], args.compare[1], args.threshold)
+    prior = None
+    if args.resume:
+        with open(args.resume) as f:
+            prior = json.load(f)
+        # the interrupted run's flags, then any given now (a later flag wins: --port-offset,
+        # --workdir, --no-install ...)
+        flags = {"--resume": 1, "--compare": -1, "--threshold": 1}
+        mine = (args.resume, args.compare, args.threshold)
+        args = parse_args(_strip_flags(prior["meta"]["argv"], flags) + _strip_flags(argv, flags))
+        args.resume, args.compare, args.threshold = mine
     S.set_port_offset(args.port_offset)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
@@ -189,6 +216,8 @@ def main(argv=None):
     if args.tag:
         stem += "-" + args.tag
     json_path = os.path.join(results_dir, stem + ".json")
+    if prior is not None:
+        json_path = os.path.abspath(args.resume)
     doc = {"meta": {"started": started.isoformat(timespec="seconds"),
                     "profile": args.profile, "bandwidth_MBps": args.bandwidth,
                     "latency": "10 ms each direction (toxiproxy)" if args.profile == "cloud"
@@ -202,9 +231,17 @@ def main(argv=None):
                               "gcs-proxy": S.GCS_PROXY_PORT}},
            "systems": {}, "experiments": {}}
 
+    doc["meta"]["commit"] = git_commit()
+    if prior is not None:
+        doc = _resumed_doc(prior, doc, started)
+        ctx.memory = doc.get("memory", {})
+    doc["memory"] = ctx.memory
+
     def save():
-        with open(json_path, "w") as f:
+        tmp = json_path + ".tmp"
+        with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=False)
+        os.replace(tmp, json_path)
 
     systems = []
     exps = all_experiments()
@@ -220,6 +257,11 @@ def main(argv=None):
         if why:
             entry["errors"].append(why)
             log("%s unavailable: %s" % (name, why))
+        old = doc["systems"].get(name)
+        if old:  # resumed: keep what the earlier session saw
+            entry["errors"] = old.get("errors", []) + entry["errors"]
+            if old.get("version") and old.get("version") != entry["version"]:
+                entry["earlier_version"] = old["version"]
         doc["systems"][name] = entry
         systems.append(sysobj)
 
@@ -240,22 +282,36 @@ def main(argv=None):
         phases["servers_s"] = time.monotonic() - t
         save()
         t_exp = time.monotonic()
+        counter = Counting(srv)
         for eid in args.experiment_list:
             exp = exps[eid]
-            entry = {"title": exp.title, "metrics": exp.metrics(ctx),
-                     "charts": exp.charts(ctx), "results": {}, "seconds": {}}
+            entry = doc["experiments"].get(str(eid)) or {}
+            entry.update({"title": exp.title, "metrics": exp.metrics(ctx),
+                          "charts": exp.charts(ctx)})
+            for k in ("results", "seconds", "requests"):
+                entry.setdefault(k, {})
             doc["experiments"][str(eid)] = entry
+            ran = False
             if getattr(exp, "standalone", False):
+                if entry.get("columns"):
+                    log("experiment %d: kept from the interrupted run" % eid)
+                    continue
                 _run_standalone(exp, entry, ctx, srv, phases, t_exp)
+                counter.invalidate()
                 save()
                 continue
             for sysobj in systems:
+                if sysobj.name in entry["results"]:
+                    log("experiment %d on %s: kept from the interrupted run" % (eid, sysobj.name))
+                    continue
+                ran = True
                 st = doc["systems"][sysobj.name]
                 if st["status"] == "failed" and sysobj.available():
                     entry["results"][sysobj.name] = {
                         m["key"]: error("unavailable: " + st["errors"][0]) for m in entry["metrics"]}
                     continue
                 log("experiment %d on %s" % (eid, sysobj.name))
+                counter.start(exp, sysobj)
                 t = time.monotonic()
                 try:
                     res = exp.run(ctx, sysobj)
@@ -272,11 +328,16 @@ def main(argv=None):
                         st["errors"].append("exp %d: %s" % (eid, str(e)[:300]))
                 finally:
                     _safe_unmount(sysobj)
+                rec = counter.finish(exp, sysobj, ctx)
+                if rec:
+                    entry["requests"][sysobj.name] = rec
                 entry["results"][sysobj.name] = res
                 entry["seconds"][sysobj.name] = round(time.monotonic() - t, 1)
                 phases["experiments_s"] = time.monotonic() - t_exp
                 save()
-            if hasattr(exp, "notes"):  # a reference measured once, after every system
+            if hasattr(exp, "notes") and (ran or "description" not in entry):
+                # a reference measured once, after every system
+                counter.invalidate()
                 try:
                     entry["description"] = exp.notes(ctx, entry["results"])
                 except (CmdError, RuntimeError, OSError, ValueError, KeyError, AssertionError) as e:
@@ -286,19 +347,133 @@ def main(argv=None):
         for sysobj in systems:
             _safe_unmount(sysobj)
         srv.stop()
-        phases["total_s"] = time.monotonic() - t_start
+        phases["total_s"] = time.monotonic() - t_start + phases.get("earlier_sessions_s", 0)
         doc["meta"]["finished"] = datetime.datetime.now(
             datetime.timezone.utc).isoformat(timespec="seconds")
         doc["meta"]["server_versions"] = doc["meta"].get("server_versions") or srv.versions()
         save()
         log("results: %s" % json_path)
         try:
-            name = report.write_report(json_path, BENCH_DIR, args.tag, return_name=True)
-            log("report: %s (run took %.0fs)" % (os.path.join(BENCH_DIR, name),
-                                                 phases["total_s"]))
+            if args.tag:  # a partial run: REPORT.md stays the main run's
+                out = os.path.join(ctx.workdir, "REPORT-%s.md" % args.tag)
+                report.write_report(json_path, BENCH_DIR, out)
+            else:
+                out = os.path.join(BENCH_DIR, "REPORT.md")
+                report.write_report(json_path, BENCH_DIR)
+                report.update_readme(json_path, os.path.join(REPO, "README.md"))
+            log("report: %s (run took %.0fs)" % (out, phases["total_s"]))
         except Exception as e:
             log("writing the report failed: %s" % e)
+    if args.compare:
+        return _print_compare(args.compare[0], json_path, args.threshold)
     return 0
+
+
+class Counting:
+    """Store requests of one (experiment, system) cell: MinIO's counters settled before and
+    after it (see requests.py), minus the markers and the harness's own requests; and
+    bucketfs's own counts. A settled snapshot taken after one cell serves as the next
+    cell's start while nothing else has touched MinIO in between."""
+
+    def __init__(self, srv):
+        self.minio = srv.request_counter()
+        self.last = None  # (counters, markers sent since) of the newest settled snapshot
+        self.begin = None
+
+    def invalidate(self):
+        self.last = None
+
+    def wanted(self, exp, sysobj):
+        return getattr(exp, "counts_requests", True) and sysobj.store is not None
+
+    def start(self, exp, sysobj):
+        self.begin = None
+        if not self.wanted(exp, sysobj):
+            return
+        from . import rawlink
+        if hasattr(sysobj, "own_requests"):
+            sysobj.own_requests = {}
+        try:
+            if sysobj.store == "s3" and self.last is None:
+                self.last = self.minio.settle()
+        except (OSError, RuntimeError) as e:
+            log("request counters: %s" % e)
+            self.last = None
+        self.begin = (self.last[0] if self.last and sysobj.store == "s3" else None,
+                      dict(rawlink.SENT), time.monotonic())
+
+    def finish(self, exp, sysobj, ctx):
+        from . import rawlink
+        from . import requests as R
+        if self.begin is None:
+            return None
+        before, sent0, t0 = self.begin
+        own = getattr(sysobj, "own_requests", None)
+        rec = {"runs": ctx.runs(1)}
+        if before is not None:
+            try:
+                self.last = self.minio.settle()
+            except (OSError, RuntimeError) as e:
+                log("request counters: %s" % e)
+                self.last = None
+                return {"error": str(e), "runs": ctx.runs(1)}
+            excluded = R.diff(dict(rawlink.SENT), sent0)
+            excluded.pop(R.MARKER_API, None)  # the markers are taken out on their own
+            rec = R.cell_record(R.diff(self.last[0], before), 1, ctx.runs(1), own or None,
+                                excluded, self.last[1])
+        elif own:
+            rec["bucketfs"] = own
+        else:
+            return None
+        return rec
+
+
+def git_commit():
+    try:
+        return run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], 10)[1].strip()
+    except (CmdError, OSError):
+        return None
+
+
+def _strip_flags(argv, flags):
+    """argv without `flags` ({flag: number of values, -1: all up to the next flag})."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        name = a.split("=", 1)[0]
+        if name in flags:
+            i += 1
+            if "=" not in a:
+                n = flags[name]
+                while i < len(argv) and (n < 0 and not argv[i].startswith("--") or n > 0):
+                    i += 1
+                    n -= 1
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _resumed_doc(prior, fresh, started):
+    """The interrupted run's document, ready to go on: its results kept, this session
+    recorded under meta.resumed, its phases continuing the earlier sessions' time."""
+    meta = prior["meta"]
+    phases = fresh["meta"]["phases"]  # the dict this session keeps filling in
+    phases["earlier_sessions_s"] = meta.get("phases", {}).get("total_s", 0)
+    meta["phases"] = phases
+    kept = sum(len(e.get("results", {})) for e in prior["experiments"].values())
+    meta.setdefault("resumed", []).append({
+        "at": started.isoformat(timespec="seconds"), "commit": fresh["meta"].get("commit"),
+        "kept_cells": kept, "loadavg_at_start": fresh["meta"]["machine"].get("loadavg_at_start")})
+    meta["commit"] = meta.get("commit") or fresh["meta"].get("commit")
+    return prior
+
+
+def _print_compare(old, new, threshold):
+    from .compare import compare_files
+    lines, regressions = compare_files(old, new, threshold)
+    print("\n".join(lines))
+    return 2 if regressions else 0
 
 
 def _run_standalone(exp, entry, ctx, srv, phases, t_exp):
@@ -310,6 +485,7 @@ def _run_standalone(exp, entry, ctx, srv, phases, t_exp):
     try:
         res, versions, notes = exp.run_all(ctx, srv)
         entry["results"], entry["columns"] = res, versions
+        entry["requests"] = getattr(exp, "requests", None) or {}
         entry["description"] += notes
     except (CmdError, RuntimeError, OSError, ValueError, KeyError) as e:
         log("experiment %d failed: %s" % (exp.id, e))

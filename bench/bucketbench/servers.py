@@ -111,7 +111,9 @@ class Servers:
                               "127.0.0.1:%d" % MINIO_PORT, "--console-address",
                               "127.0.0.1:%d" % MINIO_CONSOLE_PORT],
                     env={"MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
-                         "MINIO_BROWSER": "off"})
+                         "MINIO_BROWSER": "off",
+                         # per-API request counters without a token (requests.py)
+                         "MINIO_PROMETHEUS_AUTH_TYPE": "public"})
         self._spawn("fake-gcs-server", [
             go_binary("fake-gcs-server"), "-scheme", "http", "-host", "127.0.0.1",
             "-port", str(GCS_PORT), "-public-host", "127.0.0.1:%d" % GCS_PROXY_PORT,
@@ -158,6 +160,15 @@ class Servers:
         # The next start wipes it anyway; MinIO's trash of deleted uploads (experiment 8)
         # reached 23 GB here.
         shutil.rmtree(os.path.join(self.workdir, "minio-data"), ignore_errors=True)
+
+    def request_counter(self):
+        """MinIO's own per-API request counters (requests.py), read and marked directly,
+        not through the proxy."""
+        from .rawlink import Link
+        from .requests import MinioCounter
+        direct = Link("http://127.0.0.1:%d" % MINIO_PORT, BUCKET, ACCESS_KEY, SECRET_KEY, REGION)
+        return MinioCounter("http://127.0.0.1:%d/minio/v2/metrics/node" % MINIO_PORT,
+                            direct.marker)
 
     # ---- buckets and seeding ----------------------------------------
     def s3(self, direct=True):

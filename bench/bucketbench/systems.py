@@ -248,6 +248,10 @@ class Bucketfs(FuseSystem):
         self.binary = os.path.join(ctx.workdir, "bin", "bucketfs")
         self.env = S3_ENV if backend == "s3" else None
         self.snapshot = None
+        # bucketfs's own store-request counters, summed over the mounts of one experiment
+        # (each mount is a new process whose counters start at 0); read before each unmount
+        self.metrics_url = None
+        self.own_requests = {}
 
     def available(self):
         if not os.path.exists(self.binary) or self.snapshot is None:
@@ -274,7 +278,9 @@ class Bucketfs(FuseSystem):
         # that another system or an earlier run (same bucket URL) left on disk.
         cache = os.path.join(self.ctx.workdir, "cache-%s-%d" % (self.name, time.time_ns()))
         self.cache = cache
-        common = ["--cache-dir", cache] + self.extra
+        port = free_port()
+        self.metrics_url = "http://127.0.0.1:%d/metrics" % port
+        common = ["--cache-dir", cache, "--metrics-addr", "127.0.0.1:%d" % port] + self.extra
         if self.store == "s3":
             return [self.binary, "mount", "s3://%s" % S.BUCKET, self.mp,
                     "--endpoint", S.S3_ENDPOINT] + common
@@ -286,7 +292,15 @@ class Bucketfs(FuseSystem):
 
     def unmount(self):
         """Unmount, then delete the mount's block cache: no later mount uses it (each has
-        its own), and a run's caches filled the disk (1.4 GB each)."""
+        its own), and a run's caches filled the disk (1.4 GB each). Its request counters
+        are read first and added to `own_requests`."""
+        if self.metrics_url and is_mounted(self.mp):
+            from .requests import bucketfs_counts
+            got = bucketfs_counts(self.metrics_url)
+            if got is not None:
+                for op, n in got.items():
+                    self.own_requests[op] = self.own_requests.get(op, 0) + n
+        self.metrics_url = None
         super().unmount()
         cache = getattr(self, "cache", None)
         if cache and not is_mounted(self.mp):
@@ -373,6 +387,13 @@ class Gcsfuse(FuseSystem):
 
 
 _SNAPSHOTS = {}
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def snapshot_binary(src, dst):
