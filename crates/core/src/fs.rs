@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use bucketfs_store::{ObjectMeta, Store, StoreErrorKind, WriteOptions};
+use bucketfs_store::{ObjectMeta, Store, StoreError, StoreErrorKind, WriteOptions};
 use futures::StreamExt;
 
 use crate::inode::{ChildMeta, InodeTable, Listing, Node};
@@ -347,6 +347,17 @@ impl Fs {
                 self.table.lock().unwrap().note_absent(dir.ino, name, since);
                 Ok(None)
             }
+            // Stale if the store is down: what this mount last knew of the name answers.
+            Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => {
+                let t = self.table.lock().unwrap();
+                let known = match t.listing(dir.ino) {
+                    Some(l) => Some(l.children.get(name).cloned()),
+                    None => t.child(dir.ino, name).map(|n| Some(n.entry())),
+                };
+                let Some(answer) = known else { return Err(FsError::Store(e)) };
+                tracing::warn!(dir = %dir.key, name, "store unreachable, answering from what the mount knows: {e}");
+                Ok(answer)
+            }
             Err(e) => Err(e),
         }
     }
@@ -539,6 +550,20 @@ impl Fs {
     }
 
     /// HEAD a file again and record what the store says now.
+    /// Stale if the store is down: `dir`'s last listing (kept current by this mount's own
+    /// changes) answers for another TTL when the store cannot be reached, so lookups,
+    /// creates and `ls` go on through an outage (docs/SEMANTICS.md, "Freshness").
+    fn serve_stale_listing(&self, dir: &Node, e: &StoreError) -> bool {
+        if e.kind != StoreErrorKind::Unavailable {
+            return false;
+        }
+        let mut t = self.table.lock().unwrap();
+        let Some(l) = t.listing(dir.ino).cloned() else { return false };
+        tracing::warn!(dir = %dir.key, age_s = l.at.elapsed().as_secs(), "store unreachable, serving the last listing: {e}");
+        t.set_listing(dir.ino, Listing { at: Instant::now(), ..l });
+        true
+    }
+
     pub(crate) async fn revalidate(&self, node: &Node) -> Result<Attr, FsError> {
         if let Some(gone) = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked) {
             // Unlinked or replaced while open: its key names another file now, if any.
@@ -578,6 +603,14 @@ impl Fs {
                     Some(n) if open => Ok(self.attr(n)),
                     _ => Err(FsError::NotFound),
                 }
+            }
+            // Stale if the store is down, as for listings (`serve_stale_listing`).
+            Err(e) if e.kind == StoreErrorKind::Unavailable => {
+                let mut t = self.table.lock().unwrap();
+                let cur = t.get_mut(node.ino).ok_or(FsError::Store(e.clone()))?;
+                tracing::warn!(key = %node.key, "store unreachable, serving the last attributes: {e}");
+                cur.validated = Instant::now();
+                Ok(self.attr(cur))
             }
             Err(e) => Err(e.into()),
         }
@@ -620,7 +653,11 @@ impl Fs {
         let (own, subtree) = tokio::join!(self.list_children(dir), subtree);
         let template =
             Listing { at: started, valid_for: self.cfg.metadata_ttl, children: HashMap::new(), subtree: false };
-        let mut children = own?;
+        let mut children = match own {
+            Ok(c) => c,
+            Err(FsError::Store(e)) if self.serve_stale_listing(dir, &e) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         let part = match subtree {
             Ok(Some(mut seen)) if seen.whole => {
                 seen.dirs.insert(String::new(), children);
