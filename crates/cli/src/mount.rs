@@ -200,7 +200,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     (cfg.file_mode, cfg.dir_mode) = args.access.modes();
     std::fs::create_dir_all(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))?;
-    let fs = Fs::shared(store, cfg);
+    let fs = Fs::new(store, cfg);
     // Staged data an earlier mount of this mount point could not upload (a crash, or a
     // store that was down at unmount) goes up before anything else.
     let (recovered, still_failing) = rt.block_on(fs.recover_staged());

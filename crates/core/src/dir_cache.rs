@@ -250,7 +250,7 @@ mod tests {
         store.put("a", bytes::Bytes::from_static(b"1")).await.unwrap();
         let ttl = std::time::Duration::from_millis(200);
         let cfg = crate::FsConfig { metadata_ttl: ttl, list_ahead_keys: 0, ..Default::default() };
-        let fs = Fs::shared(store.clone(), cfg);
+        let fs = Fs::new(store.clone(), cfg);
         let dropped = Arc::new(Mutex::new(Vec::new()));
         let d = dropped.clone();
         assert!(fs.cache_dirs_without_opendir(Arc::new(move |ino| d.lock().unwrap().push(ino))));
@@ -275,7 +275,7 @@ mod tests {
     #[test]
     fn no_kernel_cache_without_opendir_at_a_ttl_of_zero() {
         let cfg = crate::FsConfig { metadata_ttl: std::time::Duration::ZERO, ..Default::default() };
-        let fs = Fs::shared(Arc::new(bucketfs_store::testing::MemStore::new()), cfg);
+        let fs = Fs::new(Arc::new(bucketfs_store::testing::MemStore::new()), cfg);
         assert!(!fs.cache_dirs_without_opendir(Arc::new(|_| {})));
         assert!(!fs.dirs_without_opendir());
     }

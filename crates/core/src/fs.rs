@@ -157,6 +157,17 @@ pub(crate) enum Handle {
 }
 
 /// One open file handle.
+/// What a [`Fs::setattr`] changes (`None`: left as it is), and the handle it came through.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetAttr {
+    pub size: Option<u64>,
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub mtime: Option<SystemTime>,
+    pub fh: Option<u64>,
+}
+
 pub(crate) struct OpenFile {
     pub ino: u64,
     /// Reads of a file with no staged data; replaced when a local upload changes the object.
@@ -190,7 +201,7 @@ pub struct Fs {
     pub(crate) part_budget: crate::part_budget::PartBudget,
     next_fh: AtomicU64,
     /// This filesystem, for work it starts in the background (listing subdirectories
-    /// ahead); dangling unless it was made by [`Fs::shared`].
+    /// ahead); dangling only while [`Fs::new`] builds it.
     pub(crate) me: Weak<Fs>,
     /// Background listings in flight, mount-wide (see `preload.rs`).
     pub(crate) listing_ahead: Arc<tokio::sync::Semaphore>,
@@ -217,7 +228,13 @@ fn read_cache(cfg: &FsConfig) -> ReadCache {
 }
 
 impl Fs {
-    pub fn new(store: Arc<dyn Store>, cfg: FsConfig) -> Self {
+    /// A filesystem over `store`. It holds a reference to itself, so it may start
+    /// background work of its own (listing ahead, directory-cache expiry, write-back).
+    pub fn new(store: Arc<dyn Store>, cfg: FsConfig) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self { me: me.clone(), ..Self::build(store, cfg) })
+    }
+
+    fn build(store: Arc<dyn Store>, cfg: FsConfig) -> Self {
         let now = SystemTime::now();
         Self {
             store,
@@ -235,11 +252,6 @@ impl Fs {
             listing_flights: Mutex::new(HashMap::new()),
             wb: Default::default(),
         }
-    }
-
-    /// A filesystem that may start background work of its own (what a mount uses).
-    pub fn shared(store: Arc<dyn Store>, cfg: FsConfig) -> Arc<Self> {
-        Arc::new_cyclic(|me| Self { me: me.clone(), ..Self::new(store, cfg) })
     }
 
     pub fn ttl(&self) -> Duration {

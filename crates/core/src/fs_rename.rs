@@ -6,7 +6,7 @@ use bucketfs_store::StoreErrorKind;
 use futures::TryStreamExt;
 
 use super::check_new_name;
-use crate::fs::{Attr, Fs, Kind};
+use crate::fs::{Attr, Fs, Kind, SetAttr};
 use crate::FsError;
 
 impl Fs {
@@ -251,17 +251,8 @@ impl Fs {
 
     /// chmod, chown, utimens, truncate. Size changes are staged (and uploaded at once when
     /// no handle is given, since no close will follow a truncate(2)).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn setattr(
-        &self,
-        ino: u64,
-        size: Option<u64>,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        mtime: Option<SystemTime>,
-        fh: Option<u64>,
-    ) -> Result<Attr, FsError> {
+    pub async fn setattr(&self, ino: u64, change: SetAttr) -> Result<Attr, FsError> {
+        let SetAttr { size, mode, uid, gid, mtime, fh } = change;
         let node = self.node(ino)?;
         if let Some(size) = size {
             if node.kind == Kind::Dir {

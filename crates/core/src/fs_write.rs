@@ -472,7 +472,7 @@ impl Fs {
         let file = self.open_file(fh)?;
         if file.truncate_at_flush.swap(false, Ordering::Relaxed) {
             // A truncate by path: emptied and uploaded at once (boxed: setattr flushes too).
-            Box::pin(self.setattr(file.ino, Some(0), None, None, None, None, None)).await?;
+            Box::pin(self.setattr(file.ino, crate::SetAttr { size: Some(0), ..Default::default() })).await?;
         }
         if self.write_back() {
             return self.commit_for(&file, durable).await;

@@ -253,9 +253,9 @@ async fn truncate_by_path_uploads_at_once() {
     store.put("f", Bytes::from_static(b"0123456789")).await.unwrap();
     let fs = Fs::new(store.clone(), cfg());
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
-    assert_eq!(fs.setattr(f.ino, Some(4), None, None, None, None, None).await.unwrap().size, 4);
+    assert_eq!(fs.setattr(f.ino, SetAttr { size: Some(4), ..Default::default() }).await.unwrap().size, 4);
     assert_eq!(object(&store, "f").await.unwrap(), b"0123");
-    let a = fs.setattr(f.ino, None, Some(0o100600), Some(5), None, None, None).await.unwrap();
+    let a = fs.setattr(f.ino, SetAttr { mode: Some(0o100600), uid: Some(5), ..Default::default() }).await.unwrap();
     assert_eq!((a.perm, a.uid), (0o600, 5));
 }
 
@@ -333,7 +333,7 @@ async fn run_model(steps: Vec<Step>, fail_from: u64) {
             Step::Truncate(n, size) => {
                 let Some(&fh) = open.get(NAMES[n]) else { continue };
                 let ino = fs.lookup(ROOT_INO, NAMES[n]).await.unwrap().ino;
-                fs.setattr(ino, Some(size as u64), None, None, None, None, Some(fh)).await.unwrap();
+                fs.setattr(ino, SetAttr { size: Some(size as u64), fh: Some(fh), ..Default::default() }).await.unwrap();
                 model.get_mut(NAMES[n]).unwrap().resize(size as usize, 0);
             }
             Step::Close(n) => {
@@ -394,7 +394,12 @@ async fn mode_owner_and_mtime_persist_as_object_metadata() {
     assert_eq!(a.mode, Some(0o100750), "mode given at create goes up with the first upload");
     // After close: chmod, chown and utime (tar -x, cp -p, rsync -a) upload the file again.
     let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
-    fs.setattr(attr.ino, None, Some(0o700), Some(123), Some(456), Some(when), None).await.unwrap();
+    fs.setattr(
+        attr.ino,
+        SetAttr { mode: Some(0o700), uid: Some(123), gid: Some(456), mtime: Some(when), ..Default::default() },
+    )
+    .await
+    .unwrap();
     let (_, a) = store.head_attrs("run.sh").await.unwrap();
     assert_eq!((a.mode, a.uid, a.gid, a.mtime), (Some(0o100700), Some(123), Some(456), Some(when)));
     assert_eq!(object(&store, "run.sh").await.unwrap(), b"#!/bin/sh\n", "bytes unchanged");
@@ -404,6 +409,6 @@ async fn mode_owner_and_mtime_persist_as_object_metadata() {
     assert_eq!((seen.perm, seen.uid, seen.gid, seen.mtime), (0o700, 123, 456, when));
     // Setting the same values again costs nothing.
     let before = store.requests.load(Ordering::Relaxed);
-    fs.setattr(attr.ino, None, Some(0o700), None, None, None, None).await.unwrap();
+    fs.setattr(attr.ino, SetAttr { mode: Some(0o700), ..Default::default() }).await.unwrap();
     assert_eq!(store.requests.load(Ordering::Relaxed), before);
 }

@@ -33,6 +33,6 @@ pub mod write_back;
 
 pub use dir_cache::InvalidateDir;
 pub use error::FsError;
-pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, StatFs, ROOT_INO};
+pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, SetAttr, StatFs, ROOT_INO};
 pub use stats::CacheStats;
 pub use write_back::{WriteBackConfig, WriteBackStatus};

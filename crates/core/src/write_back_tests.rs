@@ -52,7 +52,7 @@ async fn write_file(fs: &Fs, name: &str, data: &[u8]) -> u64 {
 async fn close_returns_before_upload_and_the_queue_drains() {
     let mem = Arc::new(MemStore::new());
     let dir = staging("drain");
-    let fs = Fs::shared(mem.clone(), cfg(&dir, 300));
+    let fs = Fs::new(mem.clone(), cfg(&dir, 300));
     fs.start_write_back();
     write_file(&fs, "a", b"alpha").await;
     assert!(object(mem.as_ref(), "a").await.is_none(), "uploaded only after the delay");
@@ -71,7 +71,7 @@ async fn close_returns_before_upload_and_the_queue_drains() {
 async fn rename_and_unlink_of_queued_files_leave_no_stray_object() {
     let mem = Arc::new(MemStore::new());
     let dir = staging("rename");
-    let fs = Fs::shared(mem.clone(), cfg(&dir, 60_000));
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
     fs.start_write_back();
     write_file(&fs, "tmp1", b"one").await;
     write_file(&fs, "gone", b"two").await;
@@ -86,7 +86,7 @@ async fn rename_and_unlink_of_queued_files_leave_no_stray_object() {
 async fn a_file_rewritten_within_the_delay_keeps_its_last_close() {
     let mem = Arc::new(MemStore::new());
     let dir = staging("rewrite");
-    let fs = Fs::shared(mem.clone(), cfg(&dir, 60_000));
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
     fs.start_write_back();
     let ino = write_file(&fs, "f", b"first").await;
     // Reopened for writing: the closed version goes up first (a crash now must find it).
@@ -104,7 +104,7 @@ async fn failing_uploads_stay_queued_and_sync_reports_them() {
     let mem = Arc::new(MemStore::new());
     let failing = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 2, StoreErrorKind::Unavailable));
     let dir = staging("fail");
-    let fs = Fs::shared(failing, cfg(&dir, 0));
+    let fs = Fs::new(failing, cfg(&dir, 0));
     fs.start_write_back();
     write_file(&fs, "x", b"keep me").await; // close succeeds: the bytes are staged
     let failed = fs.sync_write_back().await;
@@ -126,7 +126,7 @@ async fn unclosed_bytes_are_set_aside_and_closed_ones_recovered_after_a_crash() 
     let mem = Arc::new(MemStore::new());
     let dir = staging("crash");
     {
-        let fs = Fs::shared(mem.clone(), cfg(&dir, 60_000));
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
         write_file(&fs, "closed", b"closed bytes").await;
         let (_, fh) = fs.create(ROOT_INO, "open", false, None).await.unwrap();
         fs.write(fh, 0, b"half").await.unwrap();
@@ -148,7 +148,7 @@ async fn close_waits_for_room_when_the_queue_is_full() {
     let dir = staging("room");
     let mut c = cfg(&dir, 200);
     c.write_back.as_mut().unwrap().max_bytes = 10;
-    let fs = Fs::shared(mem.clone(), c);
+    let fs = Fs::new(mem.clone(), c);
     fs.start_write_back();
     write_file(&fs, "a", b"0123456789").await;
     let t = std::time::Instant::now();
@@ -166,7 +166,7 @@ async fn a_truncating_rewrite_closed_before_a_crash_is_recovered_empty() {
     let mem = Arc::new(MemStore::new());
     let dir = staging("trunc");
     {
-        let fs = Fs::shared(mem.clone(), cfg(&dir, 60_000));
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
         fs.start_write_back();
         let ino = write_file(&fs, "t", b"old bytes").await;
         assert!(fs.sync_write_back().await.is_empty());
@@ -210,7 +210,7 @@ async fn a_large_file_sends_nothing_before_its_close_is_due() {
     let dir = staging("large");
     let mut c = cfg(&dir, 60_000);
     c.write.part_size = 64 * 1024;
-    let fs = Fs::shared(mem.clone(), c);
+    let fs = Fs::new(mem.clone(), c);
     fs.start_write_back();
     let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
     let (_, fh) = fs.create(ROOT_INO, "big", false, None).await.unwrap(); // one probe of the name

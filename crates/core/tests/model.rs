@@ -90,7 +90,7 @@ fn fs_with(keys: &[&str]) -> Arc<Fs> {
     // A long TTL: within one schedule every listing stays fresh, so a stale one is visible.
     let cfg =
         FsConfig { staging_dir: staging, metadata_ttl: std::time::Duration::from_secs(3600), ..Default::default() };
-    Arc::new(Fs::new(Arc::new(YieldStore(Arc::new(mem))), cfg))
+    Fs::new(Arc::new(YieldStore(Arc::new(mem))), cfg)
 }
 
 async fn ls(fs: &Fs, ino: u64) -> Vec<String> {

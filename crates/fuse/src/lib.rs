@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use bucketfs_core::{Attr, DirEntry, Fs, FsError, Kind};
+use bucketfs_core::{Attr, DirEntry, Fs, FsError, Kind, SetAttr};
 use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -408,7 +408,8 @@ impl Filesystem for FuseAdapter {
         });
         let (fs, ttl) = (self.fs.clone(), self.ttl());
         self.rt.spawn(async move {
-            match fs.setattr(ino.0, size, mode, uid, gid, mtime, fh.map(|f| f.0)).await {
+            let change = SetAttr { size, mode, uid, gid, mtime, fh: fh.map(|f| f.0) };
+            match fs.setattr(ino.0, change).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }
