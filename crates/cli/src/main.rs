@@ -173,6 +173,11 @@ pub struct MountArgs {
     /// FUSE dispatch threads.
     #[arg(long, default_value_t = 4)]
     fuse_threads: usize,
+    /// FUSE passthrough: the kernel reads files held whole in the disk cache by itself,
+    /// with no round trip through bucketfs (Linux 6.9 or later, as root; otherwise off,
+    /// and the log says why). `off` sends every read through bucketfs.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    passthrough: String,
     /// Seconds to wait for the store to answer at mount before giving up.
     #[arg(long, default_value_t = 20)]
     connect_timeout: u64,

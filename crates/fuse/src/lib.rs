@@ -29,6 +29,8 @@ pub struct FuseAdapter {
     no_opendir: bool,
     /// The mount's device (major, minor), set once mounted; `None` if it was not found.
     device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>,
+    /// Which opens the kernel serves from local files itself.
+    pt: Arc<passthrough::Passthrough>,
 }
 
 /// Run `op` on the runtime and answer an empty reply with its result.
@@ -45,8 +47,13 @@ macro_rules! spawn_empty {
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<Fs>, rt: Handle, device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>) -> Self {
-        Self { fs, rt, no_opendir: false, device }
+    pub fn new(
+        fs: Arc<Fs>,
+        rt: Handle,
+        device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>,
+        passthrough: bool,
+    ) -> Self {
+        Self { fs, rt, no_opendir: false, device, pt: Arc::new(passthrough::Passthrough::new(passthrough)) }
     }
 
     fn ttl(&self) -> Duration {
@@ -144,6 +151,7 @@ impl Filesystem for FuseAdapter {
         if let Err(max) = config.set_max_write(MAX_IO) {
             let _ = config.set_max_write(max);
         }
+        self.pt.init(&self.fs, config);
         Ok(())
     }
 
@@ -198,7 +206,7 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        let fs = self.fs.clone();
+        let (fs, pt) = (self.fs.clone(), self.pt.clone());
         let device = self.device.get().copied().flatten();
         self.rt.spawn(async move {
             // The kernel checks ETXTBSY for this one only after our open (running.rs).
@@ -210,12 +218,19 @@ impl Filesystem for FuseAdapter {
                     return reply.error(Errno::ETXTBSY);
                 }
             }
+            let counted = match pt.before_open(ino.0, write || truncate).await {
+                Ok(counted) => counted,
+                Err(e) => return reply.error(e),
+            };
             match fs.open(ino.0, write, truncate).await {
                 Ok(fh) => {
                     let keep = if fs.keep_cache(fh) { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
-                    reply.opened(FileHandle(fh), keep)
+                    pt.answer(&fs, ino.0, fh, counted, keep, reply).await
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => {
+                    pt.open_failed(ino.0, counted);
+                    reply.error(errno(&e))
+                }
             }
         });
     }
@@ -250,6 +265,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.pt.released(fh.0);
         spawn_empty!(self, reply, |fs| fs.release(fh.0))
     }
 
@@ -297,11 +313,14 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
-        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        let (fs, ttl, pt) = (self.fs.clone(), self.ttl(), self.pt.clone());
         self.rt.spawn(async move {
             let perm = Some((mode & !umask & 0o7777) as u16);
             match fs.create(parent.0, &name, flags & libc::O_EXCL != 0, perm).await {
-                Ok((a, fh)) => reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty()),
+                Ok((a, fh)) => {
+                    pt.created(a.ino, fh);
+                    reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty())
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -505,8 +524,12 @@ pub struct MountSpec {
     pub threads: usize,
     /// Writes fail with EROFS.
     pub read_only: bool,
+    /// Let the kernel read files whole in the disk cache directly (FUSE passthrough),
+    /// where the kernel and privileges allow.
+    pub passthrough: bool,
 }
 
+mod passthrough;
 mod readahead;
 mod running;
 
@@ -552,7 +575,7 @@ pub fn mount(
         }
     }));
     let device: Arc<std::sync::OnceLock<Option<(u32, u32)>>> = Arc::default();
-    let session = fuser::Session::new(FuseAdapter::new(fs, rt, device.clone()), mountpoint, &config)?;
+    let session = fuser::Session::new(FuseAdapter::new(fs, rt, device.clone(), spec.passthrough), mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
     let dev = running::mount_device(mountpoint);
     if dev.is_none() {
