@@ -84,7 +84,7 @@ impl Passthrough {
     /// At INIT: ask for passthrough if wanted and possible; the log says why not.
     pub fn init(&self, fs: &Fs, config: &mut KernelConfig) {
         if !self.wanted {
-            return tracing::info!("passthrough off (--passthrough off)");
+            return tracing::info!("passthrough off (--passthrough off, the default)");
         }
         let why_not = if !config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH) {
             Some("the kernel does not offer FUSE passthrough (Linux 6.9 or later)")
