@@ -46,6 +46,9 @@ pub struct Status {
     pub write_back_oldest_secs: u64,
     pub write_back_uploaded: u64,
     pub upload_errors: Vec<(String, u32, String)>,
+    /// FUSE passthrough in use, and opens the kernel served from a local file since mount.
+    pub passthrough: bool,
+    pub passthrough_opens: u64,
 }
 
 /// The `sync` request's work: upload everything queued, then the answer line(s).
@@ -97,6 +100,14 @@ impl Status {
             mib(self.bytes_read),
             mib(self.bytes_written),
         ) + &self.write_back_text()
+            + &if self.passthrough {
+                format!(
+                    "passthrough:      on, {} opens served by the kernel from local files\n",
+                    self.passthrough_opens
+                )
+            } else {
+                "passthrough:      off (see the log for why)\n".to_string()
+            }
     }
 
     fn write_back_text(&self) -> String {
@@ -138,6 +149,7 @@ impl Status {
             ("write_back_bytes", self.write_back_bytes),
             ("write_back_oldest_secs", self.write_back_oldest_secs),
             ("write_back_uploaded", self.write_back_uploaded),
+            ("passthrough_opens", self.passthrough_opens),
         ];
         let mut o = format!(
             "{{\"mountpoint\":{},\"store\":{},\"endpoint\":{endpoint},\"read_only\":{}",
@@ -148,6 +160,7 @@ impl Status {
         for (k, v) in nums {
             o.push_str(&format!(",\"{k}\":{v}"));
         }
+        o.push_str(&format!(",\"passthrough\":{}", self.passthrough));
         o.push_str(&format!(",\"write_back\":{},\"upload_errors\":[", self.write_back));
         for (i, (key, attempts, e)) in self.upload_errors.iter().enumerate() {
             let sep = if i > 0 { "," } else { "" };

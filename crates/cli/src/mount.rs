@@ -245,6 +245,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         auto_unmount: args.access.auto_unmount,
         threads: args.fuse_threads,
         read_only: args.read_only,
+        passthrough: args.passthrough,
     };
     let fs_after = fs.clone();
     let mut session = match bucketfs_fuse::mount(fs, rt.handle().clone(), mp, &spec) {

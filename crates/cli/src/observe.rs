@@ -51,6 +51,8 @@ impl Observed {
             write_back_oldest_secs: wb.oldest_secs,
             write_back_uploaded: wb.uploaded,
             upload_errors: wb.failing,
+            passthrough: self.fs.passthrough_on(),
+            passthrough_opens: self.fs.passthrough_opens(),
         }
     }
 
@@ -79,6 +81,11 @@ impl Observed {
                 "bucketfs_write_back_failing_files",
                 "Files whose last write-back upload failed (retried).",
                 wb.failing.len() as u64,
+            ),
+            (
+                "bucketfs_passthrough_opens",
+                "Opens the kernel served from a local file itself.",
+                self.fs.passthrough_opens(),
             ),
             ("bucketfs_uptime_seconds", "Seconds since the mount started.", self.started.elapsed().as_secs()),
         ])

@@ -22,6 +22,9 @@
 //! extent allocation) per block and deletes none. Files left by an earlier mount are
 //! indexed at start-up (spares and files of older formats are deleted there), so the bound
 //! holds across remounts too.
+//!
+//! Beside the blocks, the cache keeps whole-object files for the kernel to read directly
+//! (FUSE passthrough): see [`whole`].
 
 use std::fs::File;
 use std::hash::{Hash, Hasher};
@@ -31,6 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+
+pub use whole::{WholeFile, WholePin};
 
 use crate::block_pool::{read_full, round_up, BlockPool, ALIGN};
 
@@ -55,6 +60,11 @@ pub struct DiskCache {
     spares: Arc<Spares>,
     /// Cleared the first time the file system refuses `O_DIRECT`; plain I/O from then on.
     direct: AtomicBool,
+    /// Whole-object files (index name -> state). Locked only briefly and never while
+    /// calling into `index`, whose eviction listener takes it.
+    whole: whole::WholeMap,
+    /// One build at a time per whole file; a second caller waits for the first.
+    building: Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
 }
 
 /// Evicted block files kept to be written over; their bytes count in the cache's bound.
@@ -135,6 +145,8 @@ impl DiskCache {
         });
         let evict_dir = dir.to_path_buf();
         let on_evict = spares.clone();
+        let whole_map = whole::WholeMap::default();
+        let on_evict_whole = whole_map.clone();
         let index = moka::sync::Cache::builder()
             .weigher(|_k: &String, v: &u32| *v)
             .max_capacity(max_bytes - spare_max)
@@ -145,6 +157,7 @@ impl DiskCache {
                 use moka::notification::RemovalCause;
                 match cause {
                     RemovalCause::Replaced => {} // the same file, written again
+                    _ if name.ends_with(whole::WHOLE_EXT) => whole::evicted(&on_evict_whole, &evict_dir, &name),
                     RemovalCause::Size => on_evict.evicted(&name, size),
                     _ => {
                         let _ = std::fs::remove_file(evict_dir.join(name.as_str()));
@@ -156,6 +169,10 @@ impl DiskCache {
             let name = entry.file_name().to_string_lossy().to_string();
             match entry.metadata() {
                 Ok(m) if name.ends_with(EXT) => index.insert(name, m.len().min(u32::MAX as u64) as u32),
+                Ok(m) if whole::adopt(&whole_map, &name, m.len()).is_some() => {
+                    let (index_name, _) = whole::parse_name(&name).expect("adopted");
+                    index.insert(index_name, m.len() as u32)
+                }
                 _ => {
                     // A spare (maybe half written when the process ended), a temp file of
                     // an older version, or a block of an older format.
@@ -163,7 +180,14 @@ impl DiskCache {
                 }
             }
         }
-        Ok(Self { dir: dir.to_path_buf(), index, spares, direct: AtomicBool::new(true) })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            index,
+            spares,
+            direct: AtomicBool::new(true),
+            whole: whole_map,
+            building: Mutex::default(),
+        })
     }
 
     fn name(key: &str, identity: &str, block: u64) -> String {
@@ -318,6 +342,9 @@ impl DiskCache {
         self.dir.join(Self::name(key, identity, block))
     }
 }
+
+#[path = "disk_cache_whole.rs"]
+pub mod whole;
 
 #[cfg(test)]
 #[path = "disk_cache_tests.rs"]

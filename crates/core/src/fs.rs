@@ -211,6 +211,8 @@ pub struct Fs {
     listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Files committed and waiting for upload (write-back mode only).
     pub(crate) wb: Arc<crate::write_back::Queue>,
+    /// Opens the kernel serves from local files (passthrough.rs).
+    pub(crate) passthrough: crate::passthrough::Counters,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -251,6 +253,7 @@ impl Fs {
             dir_cache: Default::default(),
             listing_flights: Mutex::new(HashMap::new()),
             wb: Default::default(),
+            passthrough: Default::default(),
         }
     }
 

@@ -298,7 +298,7 @@ impl Fs {
         }
     }
 
-    fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>, FsError> {
+    pub(crate) fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>, FsError> {
         match self.handles.lock().unwrap().get(&fh) {
             Some(Handle::File(f)) => Ok(f.clone()),
             _ => Err(FsError::BadHandle),
@@ -488,6 +488,7 @@ impl Fs {
             _ => return Ok(()),
         };
         let result = if self.write_back() { self.commit_for(&file, false).await } else { self.upload_for(&file).await };
+        self.prepare_backing(&file);
         if let Some(staged) = self.staged_of(file.ino) {
             let mut st = staged.lock().await;
             if file.staged.load(Ordering::Relaxed) {

@@ -12,6 +12,8 @@
 //!   background upload queue of `--write-back` mounts.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
+//! - [`passthrough`]: local files holding a whole object version, which the kernel reads
+//!   directly (FUSE passthrough) instead of asking us.
 //! - [`stats`]: read-only figures (pending uploads, cache use) for metrics and status.
 //! - [`error`]: the core's error enum and the one map from errors to errno.
 
@@ -25,6 +27,7 @@ pub mod inode;
 pub mod links;
 pub mod names;
 pub mod part_budget;
+pub mod passthrough;
 mod preload;
 pub mod read;
 pub mod stats;

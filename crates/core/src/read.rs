@@ -157,6 +157,18 @@ impl ReadCache {
     pub fn disk_bytes(&self) -> u64 {
         self.disk.as_ref().map_or(0, |d| d.used_bytes())
     }
+
+    pub(crate) fn disk(&self) -> Option<&Arc<crate::disk_cache::DiskCache>> {
+        self.disk.as_ref()
+    }
+
+    /// Wait (up to `limit`) until no block is queued for the disk cache.
+    pub(crate) async fn disk_settled(&self, limit: std::time::Duration) {
+        let until = tokio::time::Instant::now() + limit;
+        while self.disk_queue.available_permits() < DISK_QUEUE && tokio::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
 }
 
 /// One open file read through the store.
@@ -206,6 +218,11 @@ impl FileReader {
             max_window: (max_window / BLOCK).max(1),
             state: Mutex::default(),
         }
+    }
+
+    /// The version this reader pinned at open (see [`FileReader::new`]).
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// Up to `len` bytes at `offset`; fewer only at the end of the file.

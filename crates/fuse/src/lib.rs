@@ -31,6 +31,8 @@ pub struct FuseAdapter {
     device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>,
     /// The session's notifier, set once the session exists (see `session`).
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// Which opens the kernel serves from local files itself.
+    pt: Arc<passthrough::Passthrough>,
 }
 
 /// Run `op` on the runtime and answer an empty reply with its result.
@@ -47,8 +49,14 @@ macro_rules! spawn_empty {
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<Fs>, rt: Handle, device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>) -> Self {
-        Self { fs, rt, no_opendir: false, device, notifier: Arc::default() }
+    pub fn new(
+        fs: Arc<Fs>,
+        rt: Handle,
+        device: Arc<std::sync::OnceLock<Option<(u32, u32)>>>,
+        passthrough: bool,
+    ) -> Self {
+        let pt = Arc::new(passthrough::Passthrough::new(passthrough));
+        Self { fs, rt, no_opendir: false, device, notifier: Arc::default(), pt }
     }
 
     fn ttl(&self) -> Duration {
@@ -146,6 +154,7 @@ impl Filesystem for FuseAdapter {
         if let Err(max) = config.set_max_write(MAX_IO) {
             let _ = config.set_max_write(max);
         }
+        self.pt.init(&self.fs, config);
         Ok(())
     }
 
@@ -200,7 +209,7 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        let fs = self.fs.clone();
+        let (fs, pt) = (self.fs.clone(), self.pt.clone());
         let device = self.device.get().copied().flatten();
         let notifier = self.notifier.clone();
         self.rt.spawn(async move {
@@ -213,14 +222,18 @@ impl Filesystem for FuseAdapter {
                     return reply.error(Errno::ETXTBSY);
                 }
             }
+            let counted = match pt.before_open(ino.0, write || truncate).await {
+                Ok(counted) => counted,
+                Err(e) => return reply.error(e),
+            };
             match fs.open(ino.0, write, truncate).await {
                 Ok(fh) => {
                     let mut flags = if fs.keep_cache(fh) { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
                     let direct = fs.direct_io(fh);
                     if direct {
-                        flags |= FopenFlags::FOPEN_DIRECT_IO;
+                        flags |= FopenFlags::FOPEN_DIRECT_IO; // never passed through
                     }
-                    reply.opened(FileHandle(fh), flags);
+                    pt.answer(&fs, ino.0, fh, counted, flags, reply).await;
                     if direct {
                         // The open learnt the real size; drop the placeholder the kernel
                         // holds (an offset below 0: attributes only).
@@ -229,7 +242,10 @@ impl Filesystem for FuseAdapter {
                         }
                     }
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => {
+                    pt.open_failed(ino.0, counted);
+                    reply.error(errno(&e))
+                }
             }
         });
     }
@@ -264,6 +280,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.pt.released(fh.0);
         spawn_empty!(self, reply, |fs| fs.release(fh.0))
     }
 
@@ -311,11 +328,14 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
-        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        let (fs, ttl, pt) = (self.fs.clone(), self.ttl(), self.pt.clone());
         self.rt.spawn(async move {
             let perm = Some((mode & !umask & 0o7777) as u16);
             match fs.create(parent.0, &name, flags & libc::O_EXCL != 0, perm).await {
-                Ok((a, fh)) => reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty()),
+                Ok((a, fh)) => {
+                    pt.created(a.ino, fh);
+                    reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty())
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -520,8 +540,12 @@ pub struct MountSpec {
     pub threads: usize,
     /// Writes fail with EROFS.
     pub read_only: bool,
+    /// Let the kernel read files whole in the disk cache directly (FUSE passthrough),
+    /// where the kernel and privileges allow.
+    pub passthrough: bool,
 }
 
+mod passthrough;
 mod readahead;
 mod running;
 
@@ -567,7 +591,7 @@ pub fn mount(
         }
     }));
     let device: Arc<std::sync::OnceLock<Option<(u32, u32)>>> = Arc::default();
-    let adapter = FuseAdapter { notifier: notifier.clone(), ..FuseAdapter::new(fs, rt, device.clone()) };
+    let adapter = FuseAdapter { notifier: notifier.clone(), ..FuseAdapter::new(fs, rt, device.clone(), spec.passthrough) };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
     let dev = running::mount_device(mountpoint);

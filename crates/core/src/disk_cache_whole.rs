@@ -1,0 +1,300 @@
+//! Whole-object files: one object version's bytes, exactly, in one plain file of the disk
+//! cache, for the kernel to read directly (FUSE passthrough: core's passthrough.rs).
+//!
+//! A whole file is built from the version's cached blocks once every one of them is on
+//! disk, each block's CRC32C checked as it is read ([`DiskCache::get`]); it is written under
+//! a temporary name (deleted at the next start-up if the process ends midway) and renamed
+//! into place, so a file under its final name always holds every byte. The name is
+//! `<hash>.<crc>.w`: the hash of (key, identity, `u64::MAX`) in the form block names use,
+//! so a changed object never finds its old file, and the CRC32C of the whole file. That CRC
+//! is checked once per process, before the first use of a file an earlier mount made (one
+//! built by this process was checked block by block), never per read: the kernel reads the
+//! file without us.
+//!
+//! Whole files count in the cache's bound like blocks (the index weighs them by size) and
+//! are evicted least-recently-used, but never become spares (nothing is written over
+//! them). A file in use (pinned: the kernel reads it for an open handle) is deleted only
+//! once its last pin goes; a new build of the same version meanwhile takes its name over.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::{DiskCache, EXT};
+use crate::block_pool::BlockPool;
+use crate::read::BLOCK;
+
+/// Extension of whole-object files (in the index and on disk).
+pub(super) const WHOLE_EXT: &str = ".w";
+
+/// Index name -> state of each whole file.
+pub(super) type WholeMap = Arc<Mutex<HashMap<String, Whole>>>;
+
+pub(super) struct Whole {
+    crc: u32,
+    /// The file's bytes were checked against `crc` by this process.
+    verified: bool,
+    /// Open handles the kernel reads this file for.
+    pins: u32,
+    /// Evicted while pinned: delete at the last unpin.
+    evicted: bool,
+}
+
+/// A whole file opened read-only, pinned against deletion while this lives.
+pub struct WholeFile {
+    pub file: File,
+    pub pin: WholePin,
+}
+
+/// Keeps a whole file on disk while it lives (see the module doc).
+pub struct WholePin {
+    cache: Arc<DiskCache>,
+    name: String,
+}
+
+impl Drop for WholePin {
+    fn drop(&mut self) {
+        let mut m = self.cache.whole.lock().unwrap();
+        let Some(w) = m.get_mut(&self.name) else { return };
+        w.pins = w.pins.saturating_sub(1);
+        if w.pins == 0 && w.evicted {
+            let crc = w.crc;
+            m.remove(&self.name);
+            drop(m);
+            let _ = std::fs::remove_file(self.cache.dir.join(file_name(&self.name, crc)));
+        }
+    }
+}
+
+/// The on-disk name of the whole file indexed as `index_name` with CRC32C `crc`.
+fn file_name(index_name: &str, crc: u32) -> String {
+    format!("{}.{crc:08x}{WHOLE_EXT}", index_name.trim_end_matches(WHOLE_EXT))
+}
+
+/// Index name and CRC32C of an on-disk whole file name.
+pub(super) fn parse_name(file: &str) -> Option<(String, u32)> {
+    let (hash, crc) = file.strip_suffix(WHOLE_EXT)?.split_once('.')?;
+    if hash.len() != 32 || crc.len() != 8 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some((format!("{hash}{WHOLE_EXT}"), u32::from_str_radix(crc, 16).ok()?))
+}
+
+/// At start-up: record a whole file an earlier mount left (unverified); `None` if `file` is
+/// not one (the caller then deletes it).
+pub(super) fn adopt(map: &WholeMap, file: &str, len: u64) -> Option<()> {
+    let (name, crc) = parse_name(file)?;
+    if len == 0 || len > u32::MAX as u64 {
+        return None;
+    }
+    map.lock().unwrap().insert(name, Whole { crc, verified: false, pins: 0, evicted: false });
+    Some(())
+}
+
+/// The index dropped `name` (evicted, or invalidated after a failed check).
+pub(super) fn evicted(map: &WholeMap, dir: &Path, name: &str) {
+    let mut m = map.lock().unwrap();
+    let Some(w) = m.get_mut(name) else { return };
+    if w.pins > 0 {
+        w.evicted = true;
+        return;
+    }
+    let crc = w.crc;
+    m.remove(name);
+    drop(m);
+    let _ = std::fs::remove_file(dir.join(file_name(name, crc)));
+}
+
+/// CRC32C of everything in `f`, read with positioned reads (the file's offset stays at 0).
+fn crc_of(f: &File) -> std::io::Result<u32> {
+    let mut buf = vec![0u8; 1024 * 1024];
+    let (mut crc, mut at) = (0, 0u64);
+    loop {
+        match f.read_at(&mut buf, at)? {
+            0 => return Ok(crc),
+            n => {
+                crc = crc32c::crc32c_append(crc, &buf[..n]);
+                at += n as u64;
+            }
+        }
+    }
+}
+
+impl DiskCache {
+    fn whole_name(key: &str, identity: &str) -> String {
+        let block_style = Self::name(key, identity, u64::MAX);
+        format!("{}{WHOLE_EXT}", block_style.trim_end_matches(EXT))
+    }
+
+    /// Whether every block of the version (`size` bytes) is in the index. No I/O.
+    pub fn has_all_blocks(&self, key: &str, identity: &str, size: u64) -> bool {
+        (0..size.div_ceil(BLOCK)).all(|b| self.contains(key, identity, b))
+    }
+
+    /// Whether the version's whole file exists. No I/O.
+    pub fn has_whole(&self, key: &str, identity: &str) -> bool {
+        self.index.contains_key(&Self::whole_name(key, identity))
+    }
+
+    /// The version's whole file, opened read-only and pinned, if it exists and is intact
+    /// (checked once per process, see the module doc). Blocking file I/O.
+    pub fn whole(self: &Arc<Self>, key: &str, identity: &str, size: u64) -> Option<WholeFile> {
+        let name = Self::whole_name(key, identity);
+        self.index.get(&name)?; // marks it recently used
+        let (crc, verified) = {
+            let m = self.whole.lock().unwrap();
+            let w = m.get(&name)?;
+            (w.crc, w.verified)
+        };
+        let path = self.dir.join(file_name(&name, crc));
+        let fail = |why: &str| {
+            tracing::warn!(%key, "whole-object cache file {why}; dropped");
+            self.index.invalidate(&name);
+            None
+        };
+        let Ok(file) = File::open(&path) else { return fail("cannot be opened") };
+        if file.metadata().map(|m| m.len()).ok() != Some(size) {
+            return fail("has the wrong size");
+        }
+        if !verified {
+            if crc_of(&file).ok() != Some(crc) {
+                return fail("failed its checksum");
+            }
+            if let Some(w) = self.whole.lock().unwrap().get_mut(&name) {
+                w.verified = true;
+            }
+        }
+        self.whole.lock().unwrap().get_mut(&name)?.pins += 1;
+        Some(WholeFile { file, pin: WholePin { cache: self.clone(), name } })
+    }
+
+    /// Build the version's whole file from its cached blocks (every block checked as it is
+    /// read). `false` if a block is missing or damaged, or the disk refused. A build of the
+    /// same file in progress is waited for. Blocking file I/O.
+    pub fn build_whole(&self, key: &str, identity: &str, size: u64, pool: &BlockPool) -> bool {
+        if size == 0 || size > u32::MAX as u64 {
+            return false; // the index weighs entries in u32
+        }
+        let name = Self::whole_name(key, identity);
+        let lock = self.building.lock().unwrap().entry(name.clone()).or_default().clone();
+        let _building = lock.lock().unwrap();
+        if self.index.contains_key(&name) {
+            return true;
+        }
+        let tmp = self.dir.join(format!("{}.tmp", name.trim_end_matches(WHOLE_EXT)));
+        let write = || -> std::io::Result<Option<u32>> {
+            let f = File::create(&tmp)?;
+            let mut crc = 0;
+            for b in 0..size.div_ceil(BLOCK) {
+                let want = ((b + 1) * BLOCK).min(size) - b * BLOCK;
+                let Some(data) = self.get(key, identity, b, pool).filter(|d| d.len() as u64 == want) else {
+                    return Ok(None);
+                };
+                f.write_all_at(&data, b * BLOCK)?;
+                crc = crc32c::crc32c_append(crc, &data);
+            }
+            Ok(Some(crc))
+        };
+        let built = match write() {
+            Ok(Some(crc)) => std::fs::rename(&tmp, self.dir.join(file_name(&name, crc))).map(|()| crc).ok(),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(%key, "whole-object cache file not written: {e}");
+                None
+            }
+        };
+        let Some(crc) = built else {
+            let _ = std::fs::remove_file(&tmp);
+            self.building.lock().unwrap().remove(&name);
+            return false;
+        };
+        {
+            let mut m = self.whole.lock().unwrap();
+            let pins = m.get(&name).map_or(0, |w| w.pins);
+            m.insert(name.clone(), Whole { crc, verified: true, pins, evicted: false });
+        }
+        self.index.insert(name.clone(), size as u32);
+        self.index.run_pending_tasks();
+        self.building.lock().unwrap().remove(&name);
+        tracing::debug!(%key, size, "whole-object cache file built");
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::block_pool::{round_up, ALIGN};
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/test-tmp")
+            .join(format!("bucketfs-whole-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    /// An object of two and a half blocks, its blocks put in `c` under ("k", "e").
+    fn object_in(c: &DiskCache, pool: &BlockPool) -> Vec<u8> {
+        let data: Vec<u8> = (0..BLOCK * 5 / 2).map(|i| (i * 31 % 253) as u8).collect();
+        for (b, chunk) in data.chunks(BLOCK as usize).enumerate() {
+            let mut buf = pool.take();
+            buf.space()[..chunk.len()].copy_from_slice(chunk);
+            buf.space()[chunk.len()..round_up(chunk.len())].fill(0);
+            let padded = buf.into_bytes(round_up(chunk.len()));
+            c.put("k", "e", b as u64, &padded, chunk.len(), crc32c::crc32c(chunk));
+        }
+        data
+    }
+
+    fn read_all(w: &WholeFile) -> Vec<u8> {
+        let mut v = Vec::new();
+        (&w.file).read_to_end(&mut v).unwrap();
+        v
+    }
+
+    #[test]
+    fn built_from_blocks_checked_after_a_remount_and_pinned() {
+        let (d, pool) = (dir("build"), BlockPool::new(BLOCK as usize + ALIGN, 2));
+        let c = Arc::new(DiskCache::open(&d, 64 << 20).unwrap());
+        assert!(!c.build_whole("k", "e", BLOCK * 5 / 2, &pool), "no blocks, no file");
+        let data = object_in(&c, &pool);
+        let size = data.len() as u64;
+        assert!(c.has_all_blocks("k", "e", size) && !c.has_whole("k", "e"));
+        assert!(c.build_whole("k", "e", size, &pool));
+        let w = c.whole("k", "e", size).expect("built");
+        assert!(read_all(&w) == data, "exactly the object's bytes");
+        assert!(c.whole("k", "e2", size).is_none(), "another version never finds it");
+        assert!(c.whole("k", "e", size + 1).is_none(), "a size mismatch is refused");
+
+        // Evicted while pinned: kept until the pin goes.
+        let name = DiskCache::whole_name("k", "e");
+        let crc = c.whole.lock().unwrap()[&name].crc;
+        let path = d.join(file_name(&name, crc));
+        c.index.invalidate(&name);
+        c.index.run_pending_tasks();
+        assert!(path.exists(), "a pinned file stays");
+        drop(w);
+        assert!(!path.exists(), "deleted at the last unpin");
+
+        // Adopted at a remount, checked at first use; a damaged one is dropped.
+        assert!(c.build_whole("k", "e", size, &pool));
+        drop(c);
+        let c = Arc::new(DiskCache::open(&d, 64 << 20).unwrap());
+        assert!(read_all(&c.whole("k", "e", size).expect("adopted")) == data, "adopted, checked, whole");
+        drop(c);
+        let mut raw = std::fs::read(&path).unwrap();
+        raw[BLOCK as usize + 5] ^= 1;
+        std::fs::write(&path, raw).unwrap();
+        let c = Arc::new(DiskCache::open(&d, 64 << 20).unwrap());
+        assert!(c.whole("k", "e", size).is_none(), "the checksum catches a flipped byte");
+        c.index.run_pending_tasks();
+        assert!(!path.exists(), "and the file is deleted");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
