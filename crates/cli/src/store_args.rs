@@ -39,6 +39,13 @@ pub struct StoreArgs {
     /// S3: the KMS key for SSE-KMS (implies --sse aws:kms); without it, AWS's managed key.
     #[arg(long, value_name = "KEY-ID")]
     pub sse_kms_key_id: Option<String>,
+    /// S3: the bucket is requester-pays; requests carry x-amz-request-payer: requester and
+    /// their cost is billed to you.
+    #[arg(long)]
+    pub requester_pays: bool,
+    /// GCS: the project billed for a requester-pays bucket (sent as userProject).
+    #[arg(long, value_name = "PROJECT")]
+    pub billing_project: Option<String>,
 }
 
 impl StoreArgs {
@@ -57,6 +64,8 @@ impl StoreArgs {
             storage_class: self.storage_class.clone(),
             sse: self.sse.clone(),
             sse_kms_key_id: self.sse_kms_key_id.clone(),
+            requester_pays: self.requester_pays,
+            billing_project: self.billing_project.clone(),
             ..StoreOptions::default()
         }
     }

@@ -70,6 +70,11 @@ pub struct StoreOptions {
     /// with `sse_kms_key_id` or the AWS-managed key).
     pub sse: Option<String>,
     pub sse_kms_key_id: Option<String>,
+    /// S3: requester-pays buckets (`x-amz-request-payer: requester` on every request).
+    pub requester_pays: bool,
+    /// GCS: the project billed for requests to a requester-pays bucket
+    /// ([`crate::gcs::user_project`]).
+    pub billing_project: Option<String>,
 }
 
 const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
@@ -153,8 +158,30 @@ fn normalize_prefix(p: &str) -> Option<String> {
     ok.then(|| format!("{trimmed}/"))
 }
 
+/// Google's storage endpoint, OpenDAL's default for GCS.
+const GCS_ENDPOINT: &str = "https://storage.googleapis.com";
+
+/// `--requester-pays` is S3's and `--billing-project` GCS's: refuse either elsewhere rather
+/// than send requests that a requester-pays bucket would refuse anyway.
+fn check_billing(loc: &Location, opts: &StoreOptions) -> Result<(), StoreError> {
+    if opts.requester_pays && !matches!(loc, Location::S3 { .. }) {
+        let hint = if matches!(loc, Location::Gcs { .. }) {
+            "; on GCS, name the project to bill with --billing-project"
+        } else {
+            ""
+        };
+        return Err(config_err(format!("--requester-pays is for s3:// buckets{hint}")));
+    }
+    if opts.billing_project.is_some() && !matches!(loc, Location::Gcs { .. }) {
+        let hint = if matches!(loc, Location::S3 { .. }) { "; on S3, use --requester-pays" } else { "" };
+        return Err(config_err(format!("--billing-project is for gs:// buckets{hint}")));
+    }
+    Ok(())
+}
+
 /// Build the store for `loc`. Nothing is contacted yet; call [`Store::check`] for that.
 pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
+    check_billing(loc, opts)?;
     if let Location::Gdrive { folder } = loc {
         let poll = std::env::var("BUCKETFS_GDRIVE_POLL_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(1.0);
         return Ok(crate::gdrive::GdriveStore::open(crate::gdrive::DriveConfig {
@@ -189,6 +216,9 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             }
             if let Some(c) = &opts.storage_class {
                 b = b.default_storage_class(c);
+            }
+            if opts.requester_pays {
+                b = b.enable_request_payer();
             }
             b = match (opts.sse.as_deref(), &opts.sse_kms_key_id) {
                 (None, None) => b,
@@ -237,7 +267,14 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
                 b = b.skip_signature().disable_vm_metadata().disable_config_load();
             }
             let op = Operator::new(b).map_err(err)?;
-            let check = crate::gcs::generation::GenerationCheck { inner: op.context().http_transport().clone() };
+            let mut transport = op.context().http_transport().clone();
+            if let Some(p) = &opts.billing_project {
+                let endpoint = opts.endpoint.as_deref().unwrap_or(GCS_ENDPOINT);
+                let billed = crate::gcs::user_project::UserProject::new(transport, endpoint, p)
+                    .ok_or_else(|| config_err(format!("--billing-project {p:?} is not a project ID")))?;
+                transport = opendal::HttpTransporter::new(billed);
+            }
+            let check = crate::gcs::generation::GenerationCheck { inner: transport };
             let ctx = op.context().with_http_transport(opendal::HttpTransporter::new(check));
             (op.with_context(ctx), true)
         }
@@ -311,6 +348,20 @@ mod tests {
     fn scheme_case_does_not_change_the_store() {
         assert_eq!(Location::parse("S3://b-1/p").unwrap(), Location::S3 { bucket: "b-1".into(), prefix: "p/".into() });
         assert_eq!(Location::parse("GS://b-1").unwrap(), Location::Gcs { bucket: "b-1".into(), prefix: "".into() });
+    }
+
+    #[test]
+    fn billing_flags_belong_to_their_store() {
+        let s3 = Location::parse("s3://b-1").unwrap();
+        let gs = Location::parse("gs://b-1").unwrap();
+        let rp = StoreOptions { requester_pays: true, ..StoreOptions::default() };
+        let bp = StoreOptions { billing_project: Some("p".into()), ..StoreOptions::default() };
+        assert!(check_billing(&s3, &rp).is_ok() && check_billing(&gs, &bp).is_ok());
+        assert!(check_billing(&gs, &rp).unwrap_err().message.contains("--billing-project"));
+        assert!(check_billing(&s3, &bp).unwrap_err().message.contains("--requester-pays"));
+        assert!(check_billing(&Location::Memory, &bp).is_err());
+        let bad = StoreOptions { billing_project: Some("a\nb".into()), ..StoreOptions::default() };
+        assert!(open(&gs, &bad).err().unwrap().message.contains("not a project ID"));
     }
 
     #[test]
