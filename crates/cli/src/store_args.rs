@@ -23,6 +23,10 @@ pub struct StoreArgs {
     /// Google Drive: hide Docs, Sheets and Slides instead of showing read-only exports.
     #[arg(long)]
     pub gdrive_hide_docs: bool,
+    /// Google Drive: full or readonly (default: what `bucketfs auth gdrive` was granted, else
+    /// full). With readonly the mount is read-only.
+    #[arg(long, value_name = "full|readonly")]
+    pub gdrive_scope: Option<bucketfs_store::gdrive::auth::Scope>,
     /// Content-Type of every uploaded object (default: guessed from the name's extension,
     /// as `aws s3 cp` and `gcloud storage cp` do).
     #[arg(long, value_name = "TYPE", conflicts_with = "no_content_type")]
@@ -56,6 +60,7 @@ impl StoreArgs {
             profile: self.profile.clone(),
             region: self.region.clone(),
             gdrive_hide_docs: self.gdrive_hide_docs,
+            gdrive_scope: self.gdrive_scope,
             content_type: match (&self.content_type, self.no_content_type) {
                 (_, true) => ContentType::Off,
                 (Some(t), false) => ContentType::Fixed(t.clone()),

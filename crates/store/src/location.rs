@@ -53,6 +53,8 @@ pub struct StoreOptions {
     pub retries: Option<usize>,
     /// Google Drive: hide Docs/Sheets/Slides instead of showing read-only exports.
     pub gdrive_hide_docs: bool,
+    /// Google Drive: the access asked for (default: as [`crate::gdrive::auth::effective_scope`] says).
+    pub gdrive_scope: Option<crate::gdrive::auth::Scope>,
     /// S3: send the crc32c of every upload request's body (`x-amz-checksum-crc32c`, a
     /// COMPOSITE checksum for multipart uploads) and require the server to confirm it
     /// ([`crate::s3::checksum`]). `bucketfs cp` turns it on; a store that does not confirm
@@ -188,6 +190,7 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             folder: folder.clone(),
             endpoint: opts.endpoint.clone(),
             hide_docs: opts.gdrive_hide_docs,
+            scope: crate::gdrive::auth::effective_scope(opts.gdrive_scope)?,
             poll: Duration::from_secs_f64(poll.max(0.0)),
             retries: opts.retries.unwrap_or(5),
             request_timeout: opts.request_timeout.unwrap_or(Duration::from_secs(30)),
