@@ -70,9 +70,12 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
+    /// A request's URI and its `x-goog-user-project`.
+    type Sent = (String, Option<String>);
+
     /// Answers 200 and keeps what it was sent.
     #[derive(Clone, Default)]
-    struct Seen(Arc<Mutex<Vec<(String, Option<String>)>>>);
+    struct Seen(Arc<Mutex<Vec<Sent>>>);
     impl HttpTransport for Seen {
         async fn fetch(&self, req: http::Request<Buffer>) -> opendal::Result<http::Response<HttpBody>> {
             let h = req.headers().get(HEADER).map(|v| v.to_str().unwrap().to_string());
@@ -81,7 +84,7 @@ mod tests {
         }
     }
 
-    async fn sent(uri: &str) -> (String, Option<String>) {
+    async fn sent(uri: &str) -> Sent {
         let seen = Seen::default();
         let t = UserProject::new(HttpTransporter::new(seen.clone()), "http://gcs:4443/", "my-proj").unwrap();
         t.fetch(http::Request::get(uri).body(Buffer::new()).unwrap()).await.unwrap();
