@@ -50,6 +50,11 @@ pub struct StoreArgs {
     /// GCS: the project billed for a requester-pays bucket (sent as userProject).
     #[arg(long, value_name = "PROJECT")]
     pub billing_project: Option<String>,
+    /// GCS: how files of several parts go up: xml (multipart, Google's recommendation),
+    /// compose (temporary part objects joined by compose; emulators), or auto (xml on
+    /// Google's endpoints, compose on a custom --endpoint).
+    #[arg(long, value_name = "auto|xml|compose", default_value = "auto")]
+    pub gcs_upload: bucketfs_store::location::GcsUpload,
 }
 
 impl StoreArgs {
@@ -71,6 +76,7 @@ impl StoreArgs {
             sse_kms_key_id: self.sse_kms_key_id.clone(),
             requester_pays: self.requester_pays,
             billing_project: self.billing_project.clone(),
+            gcs_upload: self.gcs_upload,
             ..StoreOptions::default()
         }
     }

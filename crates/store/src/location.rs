@@ -77,6 +77,56 @@ pub struct StoreOptions {
     /// GCS: the project billed for requests to a requester-pays bucket
     /// ([`crate::gcs::user_project`]).
     pub billing_project: Option<String>,
+    /// GCS: how files of several parts are uploaded ([`gcs_uses_compose`]).
+    pub gcs_upload: GcsUpload,
+}
+
+/// GCS: how a file of several parts is uploaded (`--gcs-upload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GcsUpload {
+    /// XML multipart on Google's own endpoints, compose anywhere else.
+    #[default]
+    Auto,
+    /// OpenDAL's GCS writer: the XML API's multipart upload, as Google recommends for
+    /// parallel uploads. Needs no delete permission, leaves no temporary objects, and has
+    /// no early-deletion fees for parts in other storage classes.
+    Xml,
+    /// Parts as temporary objects joined by the JSON API's compose ([`crate::gcs::compose`]):
+    /// for emulators (fake-gcs-server) and GCS-compatible stores without XML multipart.
+    Compose,
+}
+
+impl std::str::FromStr for GcsUpload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(GcsUpload::Auto),
+            "xml" | "multipart" => Ok(GcsUpload::Xml),
+            "compose" => Ok(GcsUpload::Compose),
+            _ => Err(format!("{s:?}: use auto, xml or compose")),
+        }
+    }
+}
+
+/// Whether a GCS store at `endpoint` (None: Google's) uploads parts by compose. `Auto`
+/// picks XML multipart only for Google's own hosts (`*.googleapis.com` over https): an
+/// emulator or other custom endpoint may lack the XML API, and compose needs only JSON.
+pub fn gcs_uses_compose(choice: GcsUpload, endpoint: Option<&str>) -> bool {
+    match choice {
+        GcsUpload::Xml => false,
+        GcsUpload::Compose => true,
+        GcsUpload::Auto => endpoint.is_some_and(|e| !is_google_endpoint(e)),
+    }
+}
+
+fn is_google_endpoint(endpoint: &str) -> bool {
+    url::Url::parse(endpoint).ok().is_some_and(|u| {
+        u.scheme() == "https"
+            && u.host_str().is_some_and(|h| {
+                let h = h.to_ascii_lowercase();
+                h == "storage.googleapis.com" || (h.starts_with("storage") && h.ends_with(".googleapis.com"))
+            })
+    })
 }
 
 const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
@@ -320,7 +370,9 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     };
     // GCS compose answers only when the object is assembled: instant on GCS, but emulators
     // copy the bytes (fake-gcs-server took over 10 s for 1 GB on 2 cores), so 5 minutes.
-    let compose_op = matches!(loc, Location::Gcs { .. }).then(|| layered(op.clone(), Duration::from_secs(300)));
+    let compose = matches!(loc, Location::Gcs { .. }) && gcs_uses_compose(opts.gcs_upload, opts.endpoint.as_deref());
+    tracing::debug!(compose, "GCS uploads of several parts: compose, else XML multipart");
+    let compose_op = compose.then(|| layered(op.clone(), Duration::from_secs(300)));
     let mut store = OpendalStore::new(layered(op, Duration::from_secs(10)), loc.to_url(), prefix_dirs)
         .with_content_type(opts.content_type.clone());
     if let Some(c) = compose_op {
@@ -351,6 +403,20 @@ mod tests {
     fn scheme_case_does_not_change_the_store() {
         assert_eq!(Location::parse("S3://b-1/p").unwrap(), Location::S3 { bucket: "b-1".into(), prefix: "p/".into() });
         assert_eq!(Location::parse("GS://b-1").unwrap(), Location::Gcs { bucket: "b-1".into(), prefix: "".into() });
+    }
+
+    #[test]
+    fn gcs_upload_method() {
+        use GcsUpload::*;
+        assert!(!gcs_uses_compose(Auto, None), "Google's default endpoint: XML multipart");
+        assert!(!gcs_uses_compose(Auto, Some("https://storage.googleapis.com")));
+        assert!(!gcs_uses_compose(Auto, Some("https://storage.europe-west3.rep.googleapis.com/")));
+        assert!(gcs_uses_compose(Auto, Some("http://127.0.0.1:4443")), "an emulator: compose");
+        assert!(gcs_uses_compose(Auto, Some("http://storage.googleapis.com")), "plain http is no Google endpoint");
+        assert!(gcs_uses_compose(Auto, Some("https://storage.googleapis.com.evil.example")));
+        assert!(gcs_uses_compose(Compose, None) && !gcs_uses_compose(Xml, Some("http://127.0.0.1:4443")));
+        assert_eq!("xml".parse::<GcsUpload>(), Ok(Xml));
+        assert!("json".parse::<GcsUpload>().is_err());
     }
 
     #[test]
