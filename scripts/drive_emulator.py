@@ -17,7 +17,9 @@ It is not Google Drive: it implements the subset bucketfs uses, the way Drive do
   GET    /drive/v3/changes/startPageToken, GET /drive/v3/changes
   POST   /token                          refresh_token, authorization_code and JWT-bearer
                                          (RS256 signature checked) grants
-  GET    /o/oauth2/auth                  "consent": redirects to redirect_uri?code=...
+  GET    /o/oauth2/auth                  "consent": redirects to redirect_uri?code=...&state=...;
+                                         PKCE (code_challenge, S256 or plain) is checked at /token;
+                                         scope drive.readonly gives tokens that may only read
 Every API call needs `Authorization: Bearer <token from /token>`.
 
 Test control (no auth): POST /_control/{reset,seed,fail,expire_tokens,sa_key,throttle,token_fail,
@@ -110,7 +112,9 @@ class Drive:
             self.token_grant: dict[str, str] = {}
             self.abusive: set[str] = set()
             self.uploads: dict[str, dict] = {}
-            self.codes: set[str] = set()
+            self.codes: dict[str, dict] = {}  # code -> its consent's PKCE challenge and scope
+            self.refresh_scopes: dict[str, str] = {}  # refresh tokens issued by consents, besides cfg's
+            self.token_scope: dict[str, str] = {}
             self.sa_keys: dict[str, tuple[int, int]] = {}
             self.stats = {"requests": 0, "failed_injected": 0, "token_grants": {}}
             self.ids = itertools.count(1)
@@ -282,6 +286,27 @@ def parse_multipart(body: bytes, ctype: str) -> tuple[dict, bytes]:
     return json.loads(out[0] or b"{}"), out[1]
 
 
+SCOPE_FULL = "https://www.googleapis.com/auth/drive"
+SCOPE_READONLY = "https://www.googleapis.com/auth/drive.readonly"
+
+
+def check_pkce(asked: dict, verifier: str | None):
+    """The code exchange of a consent that sent a PKCE challenge must carry the verifier it was
+    made from (RFC 7636 section 4.6; Google: developers.google.com/identity/protocols/oauth2/
+    native-app#exchange-authorization-code, which sends `code_verifier` with the code and answers
+    `invalid_grant` when it does not match)."""
+    if not asked.get("challenge"):
+        return
+    if not verifier:
+        raise ApiError(400, "invalid_grant", "Missing code verifier.")
+    if asked["method"] == "S256":
+        made = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    else:
+        made = verifier
+    if not secrets.compare_digest(made, asked["challenge"]):
+        raise ApiError(400, "invalid_grant", "Invalid code verifier.")
+
+
 def verify_rs256(jwt: str, keys: dict) -> dict:
     try:
         h, p, s = jwt.split(".")
@@ -360,6 +385,10 @@ class Handler(BaseHTTPRequestHandler):
                 if not auth.startswith("Bearer ") or auth[7:] not in d.tokens:
                     raise ApiError(401, "authError", "Request had invalid authentication credentials.")
                 self.grant = d.token_grant.get(auth[7:], "")
+                if d.token_scope.get(auth[7:]) == SCOPE_READONLY and self.command not in ("GET", "HEAD"):
+                    # https://developers.google.com/drive/api/guides/api-specific-auth: drive.readonly
+                    # "view and download"; a change is refused as Google does (403).
+                    raise ApiError(403, "insufficientPermissions", "Request had insufficient authentication scopes.")
                 if time.time() < d.throttle_until:
                     # https://developers.google.com/drive/api/guides/limits: 403 userRateLimitExceeded
                     # or 429 rateLimitExceeded until the quota refills; clients back off exponentially.
@@ -398,19 +427,30 @@ class Handler(BaseHTTPRequestHandler):
                 d.stats["token_failures"] = d.stats.get("token_failures", 0) + 1
                 raise ApiError(status, error, "Injected token endpoint failure (emulator).")
         grant = form.get("grant_type", "")
+        scope = SCOPE_FULL
         if grant == "refresh_token":
-            if (form.get("client_id"), form.get("client_secret"), form.get("refresh_token")) != \
-                    (cfg.client_id, cfg.client_secret, cfg.refresh_token):
+            refresh = form.get("refresh_token")
+            scope = SCOPE_FULL if refresh == cfg.refresh_token else d.refresh_scopes.get(refresh)
+            if (form.get("client_id"), form.get("client_secret")) != (cfg.client_id, cfg.client_secret) or not scope:
                 raise ApiError(400, "invalid_grant", "Bad client or refresh token.")
             out = {}
         elif grant == "authorization_code":
+            with d.lock:
+                asked = d.codes.pop(form.get("code", ""), None)  # a code is good for one exchange
             if (form.get("client_id"), form.get("client_secret")) != (cfg.client_id, cfg.client_secret) \
-                    or form.get("code") not in d.codes:
+                    or asked is None:
                 raise ApiError(400, "invalid_grant", "Bad client or code.")
-            d.codes.discard(form["code"])
-            out = {"refresh_token": cfg.refresh_token}
+            check_pkce(asked, form.get("code_verifier"))
+            scope = asked["scope"]
+            refresh = cfg.refresh_token
+            if scope != SCOPE_FULL:
+                refresh = "emu-refresh-ro-" + secrets.token_hex(8)
+                with d.lock:
+                    d.refresh_scopes[refresh] = scope
+            out = {"refresh_token": refresh, "scope": scope}
         elif grant == "urn:ietf:params:oauth:grant-type:jwt-bearer":
-            verify_rs256(form.get("assertion", ""), d.sa_keys)
+            claims = verify_rs256(form.get("assertion", ""), d.sa_keys)
+            scope = SCOPE_FULL if SCOPE_FULL in claims.get("scope", "").split() else SCOPE_READONLY
             out = {}
         else:
             raise ApiError(400, "unsupported_grant_type", f"grant_type {grant!r}")
@@ -418,16 +458,29 @@ class Handler(BaseHTTPRequestHandler):
         with d.lock:
             d.tokens.add(tok)
             d.token_grant[tok] = grant
+            d.token_scope[tok] = scope
             d.stats["token_grants"][grant] = d.stats["token_grants"].get(grant, 0) + 1
         self.send(200, {"access_token": tok, "expires_in": 3599, "token_type": "Bearer", **out})
 
     def consent(self, qs: dict):
         if qs.get("client_id") != self.drive.cfg.client_id or qs.get("response_type") != "code":
             raise ApiError(400, "invalid_request", "unknown client_id or response_type")
+        scopes = qs.get("scope", SCOPE_FULL).split()
+        scope = SCOPE_FULL if SCOPE_FULL in scopes else SCOPE_READONLY if SCOPE_READONLY in scopes else None
+        if scope is None:
+            raise ApiError(400, "invalid_scope", "no Drive scope asked for")
+        # https://developers.google.com/identity/protocols/oauth2/native-app#step1-code-verifier:
+        # code_challenge_method is S256 or plain (the default when a challenge comes without one).
+        method = qs.get("code_challenge_method", "plain" if qs.get("code_challenge") else None)
+        if method not in (None, "S256", "plain"):
+            raise ApiError(400, "invalid_request", f"code_challenge_method {method!r}")
         code = "4/emu-" + secrets.token_hex(8)
-        self.drive.codes.add(code)
+        with self.drive.lock:
+            self.drive.codes[code] = {"challenge": qs.get("code_challenge"), "method": method, "scope": scope}
+        # The answer carries the request's state back (native-app#handlingresponse).
+        back = {"code": code, "scope": scope, **({"state": qs["state"]} if "state" in qs else {})}
         sep = "&" if "?" in qs.get("redirect_uri", "") else "?"
-        self.send(302, headers={"Location": f"{qs.get('redirect_uri')}{sep}code={code}&scope=drive"})
+        self.send(302, headers={"Location": f"{qs.get('redirect_uri')}{sep}{urllib.parse.urlencode(back)}"})
 
     # ------------------------------------------------------------------ control
     def control(self, op: str, data: bytes):

@@ -29,6 +29,12 @@ MINIO_PORT="${BUCKETFS_TEST_MINIO_PORT:-9000}"
 MINIO_CONSOLE_PORT="${BUCKETFS_TEST_MINIO_CONSOLE_PORT:-9001}"
 MINIO_ADDR="127.0.0.1:$MINIO_PORT"
 MINIO_CONSOLE="127.0.0.1:$MINIO_CONSOLE_PORT"
+# A static KMS key (name:base64 of 32 bytes) so MinIO does SSE-S3 and SSE-KMS (key ID
+# bucketfs-test-key) for tests/test_sse.py. A fixed, public test key: nothing is secret here.
+# Objects are encrypted only when a request asks (no auto-encryption), so other tests see
+# plain objects as before.
+MINIO_KMS_KEY_NAME="bucketfs-test-key"
+MINIO_KMS_KEY="$MINIO_KMS_KEY_NAME:YnVja2V0ZnMtdGVzdC1vbmx5LWttcy1rZXktMzJieXQ="
 GCS_HOST="127.0.0.1"
 GCS_PORT="${BUCKETFS_TEST_GCS_PORT:-4443}"
 DRIVE_PORT="${BUCKETFS_TEST_DRIVE_PORT:-4700}"
@@ -108,7 +114,7 @@ start_minio() {
     port_open "$MINIO_CONSOLE_PORT" && die "port $MINIO_CONSOLE_PORT is already in use by a process this script did not start"
     rm -rf "$STATE/minio-data"; mkdir -p "$STATE/minio-data"
     MINIO_ROOT_USER="$MINIO_USER" MINIO_ROOT_PASSWORD="$MINIO_PASSWORD" \
-    MINIO_BROWSER=off MINIO_UPDATE=off \
+    MINIO_BROWSER=off MINIO_UPDATE=off MINIO_KMS_SECRET_KEY="$MINIO_KMS_KEY" \
         nohup "$bin" server "$STATE/minio-data" --address "$MINIO_ADDR" --console-address "$MINIO_CONSOLE" \
         >"$STATE/minio.log" 2>&1 </dev/null &
     echo $! >"$STATE/minio.pid"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -13,7 +14,7 @@ import pytest
 import seed
 from conftest import (BIN, CLI_TIMEOUT, Bucket, bucketfs_env, daemon_pids, force_unmount,
                       is_mounted, mount, mounted, new_mountpoint, require_bin, require_store, run_cli,
-                      store_args, unmount, wait_until)
+                      unmount, wait_until)
 
 # --------------------------------------------------------------------------- errors
 
@@ -165,6 +166,29 @@ def test_help_and_usage_errors():
     assert p.returncode != 0 and p.err.strip(), "mount without a mount point must fail with a message"
     p = run_cli(["frobnicate"])
     assert p.returncode != 0 and p.err.strip()
+
+
+
+def test_man_pages_one_per_subcommand(tmp_path):
+    """`bucketfs man --dir DIR` writes bucketfs.1 and bucketfs-SUBCOMMAND.1 pages that man(1)
+    renders with that subcommand's own options; `bucketfs man cp` prints one of them."""
+    require_bin()
+    d = tmp_path / "man1"
+    p = run_cli(["man", "--dir", str(d)])
+    assert p.returncode == 0, p.err
+    listed = sorted(os.path.basename(x) for x in p.out.split())
+    assert listed == sorted(os.listdir(d)), (listed, os.listdir(d))
+    for want in ("bucketfs.1", "bucketfs-mount.1", "bucketfs-cp.1", "bucketfs-unmount.1", "bucketfs-auth-gdrive.1"):
+        assert want in listed, listed
+    one = run_cli(["man", "cp"])
+    assert one.returncode == 0 and one.out == (d / "bucketfs-cp.1").read_text()
+    if shutil.which("man"):
+        env = {**os.environ, "MANWIDTH": "100", "MANPAGER": "cat", "PAGER": "cat"}
+        text = subprocess.run(["man", "-l", str(d / "bucketfs-mount.1")], capture_output=True, text=True,
+                              env=env, timeout=60).stdout
+        assert "bucketfs-mount" in text and "--read-only" in text and "--parallel" not in text, text[:2000]
+    p = run_cli(["man", "frobnicate"])
+    assert p.returncode != 0 and "mount" in p.err, p.err
 
 
 # --------------------------------------------------------------------------- lifecycle

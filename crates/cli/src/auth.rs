@@ -3,7 +3,9 @@
 //! It prints the consent address; the user opens it in a browser on any machine, allows
 //! access, and pastes back the code (or the whole address the browser ends on, which
 //! carries it). The code is exchanged for a refresh token, saved as an `authorized_user`
-//! file readable by its owner only, where `gdrive://` mounts find it.
+//! file readable by its owner only, where `gdrive://` mounts find it. The request carries a
+//! PKCE challenge and a random `state` ([`auth::Consent`]); `--gdrive-scope readonly` asks
+//! for Drive's read-only scope, which the file records so mounts with it are read-only.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -31,6 +33,10 @@ pub struct GdriveArgs {
     /// Consent and token server instead of Google's (a Drive emulator).
     #[arg(long)]
     endpoint: Option<String>,
+    /// What to allow: full (read and write, Drive's `drive` scope) or readonly
+    /// (`drive.readonly`; mounts using this token are then read-only).
+    #[arg(long, value_name = "full|readonly", default_value = "full")]
+    gdrive_scope: auth::Scope,
 }
 
 pub fn run(cmd: AuthCommand) -> Result<(), String> {
@@ -39,25 +45,25 @@ pub fn run(cmd: AuthCommand) -> Result<(), String> {
     let base = a.endpoint.as_deref().map(|e| e.trim_end_matches('/'));
     let auth_url = base.map_or(auth::GOOGLE_AUTH_URL.to_string(), |b| format!("{b}/o/oauth2/auth"));
     let token_url = base.map_or(auth::GOOGLE_TOKEN_URL.to_string(), |b| format!("{b}/token"));
+    let consent = auth::Consent::new(&auth_url, &a.client_id, a.gdrive_scope).map_err(|e| e.message)?;
     let mut err = std::io::stderr();
     let _ = writeln!(
         err,
         "Open this address in a browser (on any machine) and allow access:\n\n  {}\n\n\
          The browser then goes to an address on localhost that may not load: paste that whole\n\
          address (or just its code) here and press Enter.",
-        auth::consent_url(&auth_url, &a.client_id)
+        consent.url
     );
     let _ = write!(err, "Code: ");
     let _ = err.flush();
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).map_err(|e| format!("reading the code: {e}"))?;
-    let code = auth::code_from_paste(&line)
-        .ok_or("no authorization code in what was pasted: paste the code, or the address that contains `code=`")?;
+    let code = consent.code_from_paste(&line)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let refresh = rt
-        .block_on(auth::exchange_code(&token_url, &a.client_id, &a.client_secret, &code))
+        .block_on(auth::exchange_code(&token_url, &a.client_id, &a.client_secret, &code, &consent.verifier))
         .map_err(|e| e.to_string())?;
-    auth::save_token_file(&path, &a.client_id, &a.client_secret, &refresh)
+    auth::save_token_file(&path, &a.client_id, &a.client_secret, &refresh, a.gdrive_scope)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let _ = writeln!(err, "Saved Google Drive credentials to {} (readable by you only).", path.display());
     Ok(())

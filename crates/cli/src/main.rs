@@ -73,8 +73,17 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) on stdout, e.g. `bucketfs man > /usr/local/share/man/man1/bucketfs.1`.
-    Man,
+    /// Print the man page (roff) on stdout, e.g. `bucketfs man > /usr/local/share/man/man1/bucketfs.1`,
+    /// or one page per subcommand with --dir (bucketfs.1, bucketfs-mount.1, bucketfs-cp.1...).
+    Man {
+        /// Print only this subcommand's page (bucketfs-SUBCOMMAND.1), e.g. `bucketfs man cp`.
+        #[arg(value_name = "SUBCOMMAND", conflicts_with = "dir")]
+        subcommand: Option<String>,
+        /// Write bucketfs.1 and one bucketfs-SUBCOMMAND.1 per subcommand into DIR (created if
+        /// missing), e.g. --dir /usr/local/share/man/man1.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Args, Clone, Debug)]
@@ -255,7 +264,15 @@ fn main() -> ExitCode {
         Command::Status { mountpoint, json } => status::run(&mountpoint, json),
         Command::Sync { mountpoint } => status::sync(&mountpoint),
         Command::Completions { shell } => manual::print(&manual::completions(shell, Cli::command())),
-        Command::Man => manual::man(Cli::command()).and_then(|page| manual::print(&page)),
+        Command::Man { subcommand: None, dir: None } => manual::man(Cli::command()).and_then(|p| manual::print(&p)),
+        Command::Man { subcommand: Some(sub), .. } => {
+            manual::subcommand_page(Cli::command(), &sub).and_then(|p| manual::print(&p))
+        }
+        Command::Man { dir: Some(dir), .. } => manual::write_pages(Cli::command(), &dir).map(|written| {
+            for p in written {
+                println!("{}", p.display());
+            }
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -30,7 +30,7 @@ const WRITE_BACK_TTL: f64 = 60.0;
 const CHILD_ENV: &str = "BUCKETFS_DAEMON_CHILD";
 
 /// `argv` are the arguments after the program name, re-used for the background process.
-pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
+pub fn run(mut args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
     let (url, mp) = args.url_and_mountpoint();
     checks::positionals(url.as_deref(), &mp)?;
     args.access.check(args.allow_other)?;
@@ -46,6 +46,18 @@ pub fn run(args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), String> {
             Location::File { path: dir }
         }
     };
+    if matches!(location, Location::Gdrive { .. }) {
+        let scope = bucketfs_store::gdrive::auth::effective_scope(args.store.gdrive_scope).map_err(|e| e.message)?;
+        if scope == bucketfs_store::gdrive::auth::Scope::ReadOnly && !args.read_only {
+            // Drive would refuse every change with 403; the kernel refuses them sooner, with EROFS.
+            eprintln!(
+                "bucketfs: Google Drive access is read-only (scope drive.readonly): mounting read-only, so \
+                 writes fail with \"Read-only file system\". For writes, run `bucketfs auth gdrive \
+                 --gdrive-scope full`."
+            );
+            args.read_only = true;
+        }
+    }
     if args.foreground {
         let is_child = std::env::var_os(CHILD_ENV).is_some();
         return serve(&args, &location, &mp, is_child);

@@ -23,6 +23,10 @@ pub struct StoreArgs {
     /// Google Drive: hide Docs, Sheets and Slides instead of showing read-only exports.
     #[arg(long)]
     pub gdrive_hide_docs: bool,
+    /// Google Drive: full or readonly (default: what `bucketfs auth gdrive` was granted, else
+    /// full). With readonly the mount is read-only.
+    #[arg(long, value_name = "full|readonly")]
+    pub gdrive_scope: Option<bucketfs_store::gdrive::auth::Scope>,
     /// Content-Type of every uploaded object (default: guessed from the name's extension,
     /// as `aws s3 cp` and `gcloud storage cp` do).
     #[arg(long, value_name = "TYPE", conflicts_with = "no_content_type")]
@@ -39,6 +43,18 @@ pub struct StoreArgs {
     /// S3: the KMS key for SSE-KMS (implies --sse aws:kms); without it, AWS's managed key.
     #[arg(long, value_name = "KEY-ID")]
     pub sse_kms_key_id: Option<String>,
+    /// S3: the bucket is requester-pays; requests carry x-amz-request-payer: requester and
+    /// their cost is billed to you.
+    #[arg(long)]
+    pub requester_pays: bool,
+    /// GCS: the project billed for a requester-pays bucket (sent as userProject).
+    #[arg(long, value_name = "PROJECT")]
+    pub billing_project: Option<String>,
+    /// GCS: how files of several parts go up: xml (multipart, Google's recommendation),
+    /// compose (temporary part objects joined by compose; emulators), or auto (xml on
+    /// Google's endpoints, compose on a custom --endpoint).
+    #[arg(long, value_name = "auto|xml|compose", default_value = "auto")]
+    pub gcs_upload: bucketfs_store::location::GcsUpload,
 }
 
 impl StoreArgs {
@@ -49,6 +65,7 @@ impl StoreArgs {
             profile: self.profile.clone(),
             region: self.region.clone(),
             gdrive_hide_docs: self.gdrive_hide_docs,
+            gdrive_scope: self.gdrive_scope,
             content_type: match (&self.content_type, self.no_content_type) {
                 (_, true) => ContentType::Off,
                 (Some(t), false) => ContentType::Fixed(t.clone()),
@@ -57,6 +74,9 @@ impl StoreArgs {
             storage_class: self.storage_class.clone(),
             sse: self.sse.clone(),
             sse_kms_key_id: self.sse_kms_key_id.clone(),
+            requester_pays: self.requester_pays,
+            billing_project: self.billing_project.clone(),
+            gcs_upload: self.gcs_upload,
             ..StoreOptions::default()
         }
     }

@@ -53,6 +53,8 @@ pub struct StoreOptions {
     pub retries: Option<usize>,
     /// Google Drive: hide Docs/Sheets/Slides instead of showing read-only exports.
     pub gdrive_hide_docs: bool,
+    /// Google Drive: the access asked for (default: as [`crate::gdrive::auth::effective_scope`] says).
+    pub gdrive_scope: Option<crate::gdrive::auth::Scope>,
     /// S3: send the crc32c of every upload request's body (`x-amz-checksum-crc32c`, a
     /// COMPOSITE checksum for multipart uploads) and require the server to confirm it
     /// ([`crate::s3::checksum`]). `bucketfs cp` turns it on; a store that does not confirm
@@ -70,6 +72,61 @@ pub struct StoreOptions {
     /// with `sse_kms_key_id` or the AWS-managed key).
     pub sse: Option<String>,
     pub sse_kms_key_id: Option<String>,
+    /// S3: requester-pays buckets (`x-amz-request-payer: requester` on every request).
+    pub requester_pays: bool,
+    /// GCS: the project billed for requests to a requester-pays bucket
+    /// ([`crate::gcs::user_project`]).
+    pub billing_project: Option<String>,
+    /// GCS: how files of several parts are uploaded ([`gcs_uses_compose`]).
+    pub gcs_upload: GcsUpload,
+}
+
+/// GCS: how a file of several parts is uploaded (`--gcs-upload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GcsUpload {
+    /// XML multipart on Google's own endpoints, compose anywhere else.
+    #[default]
+    Auto,
+    /// OpenDAL's GCS writer: the XML API's multipart upload, as Google recommends for
+    /// parallel uploads. Needs no delete permission, leaves no temporary objects, and has
+    /// no early-deletion fees for parts in other storage classes.
+    Xml,
+    /// Parts as temporary objects joined by the JSON API's compose ([`crate::gcs::compose`]):
+    /// for emulators (fake-gcs-server) and GCS-compatible stores without XML multipart.
+    Compose,
+}
+
+impl std::str::FromStr for GcsUpload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(GcsUpload::Auto),
+            "xml" | "multipart" => Ok(GcsUpload::Xml),
+            "compose" => Ok(GcsUpload::Compose),
+            _ => Err(format!("{s:?}: use auto, xml or compose")),
+        }
+    }
+}
+
+/// Whether a GCS store at `endpoint` (None: Google's) uploads parts by compose. `Auto`
+/// picks XML multipart only for Google's own hosts (`*.googleapis.com` over https): an
+/// emulator or other custom endpoint may lack the XML API, and compose needs only JSON.
+pub fn gcs_uses_compose(choice: GcsUpload, endpoint: Option<&str>) -> bool {
+    match choice {
+        GcsUpload::Xml => false,
+        GcsUpload::Compose => true,
+        GcsUpload::Auto => endpoint.is_some_and(|e| !is_google_endpoint(e)),
+    }
+}
+
+fn is_google_endpoint(endpoint: &str) -> bool {
+    url::Url::parse(endpoint).ok().is_some_and(|u| {
+        u.scheme() == "https"
+            && u.host_str().is_some_and(|h| {
+                let h = h.to_ascii_lowercase();
+                h == "storage.googleapis.com" || (h.starts_with("storage") && h.ends_with(".googleapis.com"))
+            })
+    })
 }
 
 const SCHEMES: &str = "s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], gdrive://[FOLDER-ID], file:///PATH or mem://";
@@ -153,14 +210,37 @@ fn normalize_prefix(p: &str) -> Option<String> {
     ok.then(|| format!("{trimmed}/"))
 }
 
+/// Google's storage endpoint, OpenDAL's default for GCS.
+const GCS_ENDPOINT: &str = "https://storage.googleapis.com";
+
+/// `--requester-pays` is S3's and `--billing-project` GCS's: refuse either elsewhere rather
+/// than send requests that a requester-pays bucket would refuse anyway.
+fn check_billing(loc: &Location, opts: &StoreOptions) -> Result<(), StoreError> {
+    if opts.requester_pays && !matches!(loc, Location::S3 { .. }) {
+        let hint = if matches!(loc, Location::Gcs { .. }) {
+            "; on GCS, name the project to bill with --billing-project"
+        } else {
+            ""
+        };
+        return Err(config_err(format!("--requester-pays is for s3:// buckets{hint}")));
+    }
+    if opts.billing_project.is_some() && !matches!(loc, Location::Gcs { .. }) {
+        let hint = if matches!(loc, Location::S3 { .. }) { "; on S3, use --requester-pays" } else { "" };
+        return Err(config_err(format!("--billing-project is for gs:// buckets{hint}")));
+    }
+    Ok(())
+}
+
 /// Build the store for `loc`. Nothing is contacted yet; call [`Store::check`] for that.
 pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
+    check_billing(loc, opts)?;
     if let Location::Gdrive { folder } = loc {
         let poll = std::env::var("BUCKETFS_GDRIVE_POLL_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(1.0);
         return Ok(crate::gdrive::GdriveStore::open(crate::gdrive::DriveConfig {
             folder: folder.clone(),
             endpoint: opts.endpoint.clone(),
             hide_docs: opts.gdrive_hide_docs,
+            scope: crate::gdrive::auth::effective_scope(opts.gdrive_scope)?,
             poll: Duration::from_secs_f64(poll.max(0.0)),
             retries: opts.retries.unwrap_or(5),
             request_timeout: opts.request_timeout.unwrap_or(Duration::from_secs(30)),
@@ -189,6 +269,9 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             }
             if let Some(c) = &opts.storage_class {
                 b = b.default_storage_class(c);
+            }
+            if opts.requester_pays {
+                b = b.enable_request_payer();
             }
             b = match (opts.sse.as_deref(), &opts.sse_kms_key_id) {
                 (None, None) => b,
@@ -237,7 +320,14 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
                 b = b.skip_signature().disable_vm_metadata().disable_config_load();
             }
             let op = Operator::new(b).map_err(err)?;
-            let check = crate::gcs::generation::GenerationCheck { inner: op.context().http_transport().clone() };
+            let mut transport = op.context().http_transport().clone();
+            if let Some(p) = &opts.billing_project {
+                let endpoint = opts.endpoint.as_deref().unwrap_or(GCS_ENDPOINT);
+                let billed = crate::gcs::user_project::UserProject::new(transport, endpoint, p)
+                    .ok_or_else(|| config_err(format!("--billing-project {p:?} is not a project ID")))?;
+                transport = opendal::HttpTransporter::new(billed);
+            }
+            let check = crate::gcs::generation::GenerationCheck { inner: transport };
             let ctx = op.context().with_http_transport(opendal::HttpTransporter::new(check));
             (op.with_context(ctx), true)
         }
@@ -280,7 +370,9 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     };
     // GCS compose answers only when the object is assembled: instant on GCS, but emulators
     // copy the bytes (fake-gcs-server took over 10 s for 1 GB on 2 cores), so 5 minutes.
-    let compose_op = matches!(loc, Location::Gcs { .. }).then(|| layered(op.clone(), Duration::from_secs(300)));
+    let compose = matches!(loc, Location::Gcs { .. }) && gcs_uses_compose(opts.gcs_upload, opts.endpoint.as_deref());
+    tracing::debug!(compose, "GCS uploads of several parts: compose, else XML multipart");
+    let compose_op = compose.then(|| layered(op.clone(), Duration::from_secs(300)));
     let mut store = OpendalStore::new(layered(op, Duration::from_secs(10)), loc.to_url(), prefix_dirs)
         .with_content_type(opts.content_type.clone());
     if let Some(c) = compose_op {
@@ -311,6 +403,34 @@ mod tests {
     fn scheme_case_does_not_change_the_store() {
         assert_eq!(Location::parse("S3://b-1/p").unwrap(), Location::S3 { bucket: "b-1".into(), prefix: "p/".into() });
         assert_eq!(Location::parse("GS://b-1").unwrap(), Location::Gcs { bucket: "b-1".into(), prefix: "".into() });
+    }
+
+    #[test]
+    fn gcs_upload_method() {
+        use GcsUpload::*;
+        assert!(!gcs_uses_compose(Auto, None), "Google's default endpoint: XML multipart");
+        assert!(!gcs_uses_compose(Auto, Some("https://storage.googleapis.com")));
+        assert!(!gcs_uses_compose(Auto, Some("https://storage.europe-west3.rep.googleapis.com/")));
+        assert!(gcs_uses_compose(Auto, Some("http://127.0.0.1:4443")), "an emulator: compose");
+        assert!(gcs_uses_compose(Auto, Some("http://storage.googleapis.com")), "plain http is no Google endpoint");
+        assert!(gcs_uses_compose(Auto, Some("https://storage.googleapis.com.evil.example")));
+        assert!(gcs_uses_compose(Compose, None) && !gcs_uses_compose(Xml, Some("http://127.0.0.1:4443")));
+        assert_eq!("xml".parse::<GcsUpload>(), Ok(Xml));
+        assert!("json".parse::<GcsUpload>().is_err());
+    }
+
+    #[test]
+    fn billing_flags_belong_to_their_store() {
+        let s3 = Location::parse("s3://b-1").unwrap();
+        let gs = Location::parse("gs://b-1").unwrap();
+        let rp = StoreOptions { requester_pays: true, ..StoreOptions::default() };
+        let bp = StoreOptions { billing_project: Some("p".into()), ..StoreOptions::default() };
+        assert!(check_billing(&s3, &rp).is_ok() && check_billing(&gs, &bp).is_ok());
+        assert!(check_billing(&gs, &rp).unwrap_err().message.contains("--billing-project"));
+        assert!(check_billing(&s3, &bp).unwrap_err().message.contains("--requester-pays"));
+        assert!(check_billing(&Location::Memory, &bp).is_err());
+        let bad = StoreOptions { billing_project: Some("a\nb".into()), ..StoreOptions::default() };
+        assert!(open(&gs, &bad).err().unwrap().message.contains("not a project ID"));
     }
 
     #[test]

@@ -257,11 +257,11 @@ impl Store for OpendalStore {
         opts: WriteOptions,
         attrs: &FileAttrs,
     ) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        if self.op.info().scheme() == "gcs" {
+        if let Some(compose_op) = self.compose_op.clone().filter(|_| self.op.info().scheme() == "gcs") {
             // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
-            // the JSON API (which emulators have too). Compose keeps no metadata, so only a
-            // one-part object keeps `attrs` (SEMANTICS.md).
-            let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
+            // the JSON API (which emulators have too), and `location` sets a compose
+            // operator only for those (`--gcs-upload`). Compose keeps no metadata, so only
+            // a one-part object keeps `attrs` (SEMANTICS.md).
             let backend = OpendalComposeBackend {
                 op: self.op.clone(),
                 compose_op,

@@ -7,6 +7,9 @@
 //! - [`generation`]: OpenDAL leaves `ifGenerationMatch` on a download to the server, and an
 //!   emulator that ignores it returns another generation's bytes; this HTTP transport
 //!   wrapper refuses an answer whose `x-goog-generation` is not the one asked for.
+//! - [`user_project`]: the billing project of `--billing-project` (requester-pays buckets),
+//!   which OpenDAL's GCS builder has no option for.
 
 pub mod compose;
 pub(crate) mod generation;
+pub(crate) mod user_project;

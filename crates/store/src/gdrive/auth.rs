@@ -22,11 +22,52 @@ use tokio::sync::Mutex;
 use crate::{StoreError, StoreErrorKind};
 
 pub const SCOPE: &str = "https://www.googleapis.com/auth/drive";
+pub const SCOPE_READONLY: &str = "https://www.googleapis.com/auth/drive.readonly";
 pub const GOOGLE_TOKEN_URL: &str = "https://oauth2.googleapis.com/token";
 pub const GOOGLE_AUTH_URL: &str = "https://accounts.google.com/o/oauth2/v2/auth";
 /// Where Google sends the browser after consent. Nothing needs to listen there: on a
 /// headless machine the user copies the address (or just its `code`) from the browser.
 pub const REDIRECT_URI: &str = "http://localhost";
+
+/// What a consent grants (`--gdrive-scope`): all of Drive, or reading only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    #[default]
+    Full,
+    ReadOnly,
+}
+
+impl Scope {
+    pub fn url(self) -> &'static str {
+        match self {
+            Scope::Full => SCOPE,
+            Scope::ReadOnly => SCOPE_READONLY,
+        }
+    }
+
+    /// The scope a space-separated list grants (a token file's `scope`), if it names Drive's.
+    pub fn from_granted(list: &str) -> Option<Scope> {
+        let has = |s: &str| list.split_whitespace().any(|x| x == s);
+        if has(SCOPE) {
+            Some(Scope::Full)
+        } else if has(SCOPE_READONLY) {
+            Some(Scope::ReadOnly)
+        } else {
+            None
+        }
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "full" | "drive" => Ok(Scope::Full),
+            "readonly" | "read-only" | "drive.readonly" => Ok(Scope::ReadOnly),
+            _ => Err(format!("{s:?}: use full (read and write) or readonly")),
+        }
+    }
+}
 
 /// The credentials an access token is obtained with.
 pub enum Credentials {
@@ -46,6 +87,8 @@ pub struct CredentialFile {
     pub client_email: String,
     pub private_key: String,
     pub token_uri: Option<String>,
+    /// What the consent granted (`bucketfs auth gdrive` writes it; gcloud's files have none).
+    pub scope: String,
 }
 
 fn config(msg: String) -> StoreError {
@@ -63,23 +106,57 @@ pub fn default_token_file() -> Option<PathBuf> {
     Some(base.join("bucketfs").join("gdrive-token.json"))
 }
 
+/// The credentials file used when the environment holds no refresh token (see the module docs).
+fn credential_file() -> Option<PathBuf> {
+    let token_file = env("BUCKETFS_GDRIVE_TOKEN_FILE").map(PathBuf::from);
+    let candidates = [
+        token_file.clone(),
+        default_token_file().filter(|p| token_file.is_none() && p.exists()),
+        env("GOOGLE_APPLICATION_CREDENTIALS").map(PathBuf::from),
+    ];
+    candidates.into_iter().flatten().next()
+}
+
+fn env_refresh_token() -> Option<(String, String, String)> {
+    Some((
+        env("BUCKETFS_GDRIVE_CLIENT_ID")?,
+        env("BUCKETFS_GDRIVE_CLIENT_SECRET")?,
+        env("BUCKETFS_GDRIVE_REFRESH_TOKEN")?,
+    ))
+}
+
+/// The scope the credentials in use were granted, when their file says
+/// (`bucketfs auth gdrive` records it).
+pub fn saved_scope() -> Option<Scope> {
+    if env_refresh_token().is_some() {
+        return None;
+    }
+    let text = std::fs::read_to_string(credential_file()?).ok()?;
+    Scope::from_granted(&serde_json::from_str::<CredentialFile>(&text).ok()?.scope)
+}
+
+/// The scope a mount works with: `--gdrive-scope`, else what the token file records, else
+/// full. Asking for full access with a token granted read-only access is refused here, not
+/// at the first write.
+pub fn effective_scope(flag: Option<Scope>) -> Result<Scope, StoreError> {
+    match (flag, saved_scope()) {
+        (Some(Scope::Full), Some(Scope::ReadOnly)) => Err(config(
+            "--gdrive-scope full, but the saved Google Drive token was granted read-only access: run \
+             `bucketfs auth gdrive --gdrive-scope full` again, or mount with --gdrive-scope readonly"
+                .into(),
+        )),
+        (Some(s), _) | (None, Some(s)) => Ok(s),
+        (None, None) => Ok(Scope::Full),
+    }
+}
+
 impl Credentials {
     /// Find credentials as the module docs say; also returns the file's `token_uri`.
     pub fn from_env() -> Result<(Self, Option<String>), StoreError> {
-        if let (Some(client_id), Some(client_secret), Some(refresh_token)) = (
-            env("BUCKETFS_GDRIVE_CLIENT_ID"),
-            env("BUCKETFS_GDRIVE_CLIENT_SECRET"),
-            env("BUCKETFS_GDRIVE_REFRESH_TOKEN"),
-        ) {
+        if let Some((client_id, client_secret, refresh_token)) = env_refresh_token() {
             return Ok((Credentials::Refresh { client_id, client_secret, refresh_token }, None));
         }
-        let token_file = env("BUCKETFS_GDRIVE_TOKEN_FILE").map(PathBuf::from);
-        let candidates = [
-            token_file.clone(),
-            default_token_file().filter(|p| token_file.is_none() && p.exists()),
-            env("GOOGLE_APPLICATION_CREDENTIALS").map(PathBuf::from),
-        ];
-        if let Some(path) = candidates.into_iter().flatten().next() {
+        if let Some(path) = credential_file() {
             return Self::from_file(&path);
         }
         Err(config(
@@ -131,11 +208,17 @@ pub struct Auth {
     token_url: String,
     http: reqwest::Client,
     cached: Mutex<Option<(String, Instant)>>,
+    /// The scope a service account asks for (a refresh token has the one it was granted).
+    scope: Scope,
 }
 
 impl Auth {
     pub fn new(creds: Credentials, token_url: String, http: reqwest::Client) -> Self {
-        Self { creds, token_url, http, cached: Mutex::new(None) }
+        Self { creds, token_url, http, cached: Mutex::new(None), scope: Scope::Full }
+    }
+
+    pub fn with_scope(self, scope: Scope) -> Self {
+        Self { scope, ..self }
     }
 
     /// A valid access token.
@@ -155,7 +238,7 @@ impl Auth {
             ],
             Credentials::ServiceAccount { email, key } => vec![
                 ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer".into()),
-                ("assertion", jwt(email, key, &self.token_url)?),
+                ("assertion", jwt(email, key, &self.token_url, self.scope)?),
             ],
         };
         let hint = match &self.creds {
@@ -251,11 +334,11 @@ async fn post_form(
 }
 
 /// A service-account assertion: a JWT with Drive's scope, signed with the account's key.
-fn jwt(email: &str, key: &rsa::RsaPrivateKey, aud: &str) -> Result<String, StoreError> {
+fn jwt(email: &str, key: &rsa::RsaPrivateKey, aud: &str, scope: Scope) -> Result<String, StoreError> {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
     let header = b64.encode(br#"{"alg":"RS256","typ":"JWT"}"#);
-    let claims = serde_json::json!({"iss": email, "scope": SCOPE, "aud": aud, "iat": now, "exp": now + 3600});
+    let claims = serde_json::json!({"iss": email, "scope": scope.url(), "aud": aud, "iat": now, "exp": now + 3600});
     let unsigned = format!("{header}.{}", b64.encode(claims.to_string()));
     let signer = SigningKey::<Sha256>::new((*key).clone());
     let sig = signer.try_sign(unsigned.as_bytes()).map_err(|e| {
@@ -264,29 +347,87 @@ fn jwt(email: &str, key: &rsa::RsaPrivateKey, aud: &str) -> Result<String, Store
     Ok(format!("{unsigned}.{}", b64.encode(sig.to_bytes())))
 }
 
+/// One consent request of the headless flow: the address to open, and the secrets that
+/// tie its answer to this run.
+///
+/// It follows Google's "OAuth 2.0 for Mobile & Desktop Apps"
+/// (developers.google.com/identity/protocols/oauth2/native-app): PKCE (RFC 7636) with
+/// `code_challenge_method=S256`, so a code intercepted on its way back (the redirect goes to
+/// an address on localhost that anything may listen on) cannot be exchanged without
+/// [`Consent::verifier`], which never leaves this process; and a random `state`, which
+/// Google returns with the code, so an address from another request is refused.
+pub struct Consent {
+    pub url: String,
+    /// The PKCE code verifier: 43 characters of base64url (32 random bytes), sent only
+    /// with the code exchange.
+    pub verifier: String,
+    pub state: String,
+}
+
+impl Consent {
+    pub fn new(auth_url: &str, client_id: &str, scope: Scope) -> Result<Self, StoreError> {
+        let (verifier, state) = (random_token()?, random_token()?);
+        let url = consent_url(auth_url, client_id, scope, &pkce_challenge(&verifier), &state);
+        Ok(Consent { url, verifier, state })
+    }
+
+    /// The code in what the user pasted: the code itself, or the whole redirected address,
+    /// whose `state` must be this request's. A bare code cannot be checked that way; PKCE
+    /// still binds it to this run.
+    pub fn code_from_paste(&self, pasted: &str) -> Result<String, String> {
+        let s = pasted.trim();
+        if let Ok(u) = url::Url::parse(s) {
+            let get = |k: &str| u.query_pairs().find(|(n, _)| n == k).map(|(_, v)| v.into_owned());
+            if let Some(e) = get("error") {
+                return Err(format!("consent was not given ({e}); run `bucketfs auth gdrive` again"));
+            }
+            let code = get("code").ok_or("no authorization code in the pasted address (no `code=`)")?;
+            if get("state").as_deref() != Some(self.state.as_str()) {
+                return Err("the pasted address does not answer this consent request (its state differs): \
+                            open the address printed above and paste where it leads"
+                    .into());
+            }
+            return Ok(code);
+        }
+        let s = s.strip_prefix("code=").unwrap_or(s);
+        if s.is_empty() || s.contains(char::is_whitespace) {
+            return Err(
+                "no authorization code in what was pasted: paste the code, or the address that contains `code=`".into(),
+            );
+        }
+        Ok(s.to_string())
+    }
+}
+
+/// 32 random bytes from the OS, base64url without padding (43 characters).
+fn random_token() -> Result<String, StoreError> {
+    let mut b = [0u8; 32];
+    getrandom::getrandom(&mut b).map_err(|e| config(format!("no randomness from the OS: {e}")))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b))
+}
+
+/// RFC 7636 S256: base64url(SHA-256(verifier)), no padding.
+pub fn pkce_challenge(verifier: &str) -> String {
+    use rsa::sha2::Digest;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()))
+}
+
 /// The consent page to open in a browser (on any machine) for the headless flow.
-pub fn consent_url(auth_url: &str, client_id: &str) -> String {
+fn consent_url(auth_url: &str, client_id: &str, scope: Scope, challenge: &str, state: &str) -> String {
     let q = url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs([
             ("client_id", client_id),
             ("redirect_uri", REDIRECT_URI),
             ("response_type", "code"),
-            ("scope", SCOPE),
+            ("scope", scope.url()),
             ("access_type", "offline"),
             ("prompt", "consent"),
+            ("code_challenge", challenge),
+            ("code_challenge_method", "S256"),
+            ("state", state),
         ])
         .finish();
     format!("{auth_url}?{q}")
-}
-
-/// The code in what the user pasted: the code itself, or the whole redirected address.
-pub fn code_from_paste(pasted: &str) -> Option<String> {
-    let s = pasted.trim();
-    if let Ok(u) = url::Url::parse(s) {
-        return u.query_pairs().find(|(k, _)| k == "code").map(|(_, v)| v.into_owned());
-    }
-    let s = s.strip_prefix("code=").unwrap_or(s);
-    (!s.is_empty() && !s.contains(char::is_whitespace)).then(|| s.to_string())
 }
 
 /// Exchange a consent code for a refresh token (the headless flow's last step).
@@ -295,6 +436,7 @@ pub async fn exchange_code(
     client_id: &str,
     client_secret: &str,
     code: &str,
+    verifier: &str,
 ) -> Result<String, StoreError> {
     let http = reqwest::Client::new();
     let r = post_form(
@@ -306,6 +448,7 @@ pub async fn exchange_code(
             ("client_secret", client_secret.into()),
             ("code", code.into()),
             ("redirect_uri", REDIRECT_URI.into()),
+            ("code_verifier", verifier.into()),
         ],
         Grant::Code,
     )
@@ -321,6 +464,7 @@ pub fn save_token_file(
     client_id: &str,
     client_secret: &str,
     refresh_token: &str,
+    scope: Scope,
 ) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -329,6 +473,7 @@ pub fn save_token_file(
     }
     let body = serde_json::json!({
         "type": "authorized_user", "client_id": client_id, "client_secret": client_secret, "refresh_token": refresh_token,
+        "scope": scope.url(),
     });
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
@@ -342,11 +487,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pasted_codes() {
-        assert_eq!(code_from_paste(" 4/abc-d \n").as_deref(), Some("4/abc-d"));
-        assert_eq!(code_from_paste("http://localhost/?code=4%2Fxy&scope=drive").as_deref(), Some("4/xy"));
-        assert_eq!(code_from_paste("http://localhost/?error=access_denied"), None);
-        assert_eq!(code_from_paste("two words"), None);
-        assert!(consent_url("http://a/auth", "cid").contains("client_id=cid&redirect_uri=http%3A%2F%2Flocalhost"));
+    fn pasted_codes_and_state() {
+        let c = Consent::new("http://a/auth", "cid", Scope::Full).unwrap();
+        let st = &c.state;
+        assert_eq!(c.code_from_paste(" 4/abc-d \n").as_deref(), Ok("4/abc-d"));
+        assert_eq!(c.code_from_paste(&format!("http://localhost/?code=4%2Fxy&state={st}")).as_deref(), Ok("4/xy"));
+        assert!(c.code_from_paste("http://localhost/?code=4%2Fxy&state=other").unwrap_err().contains("state"));
+        assert!(c.code_from_paste("http://localhost/?code=4%2Fxy").unwrap_err().contains("state"));
+        assert!(c.code_from_paste("http://localhost/?error=access_denied").unwrap_err().contains("access_denied"));
+        assert!(c.code_from_paste("two words").is_err());
+    }
+
+    #[test]
+    fn consent_carries_pkce_state_and_scope() {
+        let a = Consent::new("http://a/auth", "cid", Scope::ReadOnly).unwrap();
+        let b = Consent::new("http://a/auth", "cid", Scope::ReadOnly).unwrap();
+        assert_ne!((&a.verifier, &a.state), (&b.verifier, &b.state), "fresh secrets per request");
+        assert_eq!(a.verifier.len(), 43, "RFC 7636: 43 to 128 characters");
+        let q: std::collections::HashMap<String, String> =
+            url::Url::parse(&a.url).unwrap().query_pairs().map(|(k, v)| (k.into(), v.into())).collect();
+        assert_eq!(q["code_challenge"], pkce_challenge(&a.verifier));
+        assert_eq!(q["code_challenge_method"], "S256");
+        assert_eq!(q["state"], a.state);
+        assert_eq!(q["scope"], SCOPE_READONLY);
+        assert_eq!(q["redirect_uri"], "http://localhost");
+        assert!(!a.url.contains(&a.verifier));
+    }
+
+    /// RFC 7636 appendix B's example.
+    #[test]
+    fn s256_challenge_matches_the_rfc() {
+        assert_eq!(
+            pkce_challenge("dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
+            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+        );
+    }
+
+    #[test]
+    fn scopes() {
+        assert_eq!("readonly".parse::<Scope>(), Ok(Scope::ReadOnly));
+        assert_eq!("full".parse::<Scope>(), Ok(Scope::Full));
+        assert!("write".parse::<Scope>().is_err());
+        assert_eq!(Scope::from_granted(&format!("openid {SCOPE_READONLY}")), Some(Scope::ReadOnly));
+        assert_eq!(Scope::from_granted(&format!("{SCOPE_READONLY} {SCOPE}")), Some(Scope::Full));
+        assert_eq!(Scope::from_granted(""), None);
     }
 }

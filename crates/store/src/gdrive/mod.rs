@@ -56,6 +56,8 @@ pub struct DriveConfig {
     pub endpoint: Option<String>,
     /// Hide Google Docs/Sheets/Slides instead of showing their exports.
     pub hide_docs: bool,
+    /// What a service account asks for (a refresh token has what it was granted).
+    pub scope: auth::Scope,
     pub poll: Duration,
     pub retries: usize,
     pub request_timeout: Duration,
@@ -130,7 +132,7 @@ impl GdriveStore {
             .build()
             .map_err(|e| err(StoreErrorKind::Config, format!("cannot build the HTTP client: {e}")))?;
         let client = Client {
-            auth: Auth::new(creds, token_url, http.clone()),
+            auth: Auth::new(creds, token_url, http.clone()).with_scope(cfg.scope),
             http,
             api: base.unwrap_or_else(|| GOOGLE_API.into()),
             retries: cfg.retries,
