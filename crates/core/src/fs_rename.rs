@@ -293,7 +293,7 @@ impl Fs {
             (before, self.attr(n))
         };
         let node = self.node(ino)?;
-        if node.kind == Kind::File && node.attrs() != before && self.store.keeps_attrs() {
+        if node.kind == Kind::File && node.attrs() != before && self.store.capabilities().keeps_attrs {
             self.persist_attrs(&node, fh).await?;
         }
         Ok(attr)

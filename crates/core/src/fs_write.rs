@@ -95,7 +95,7 @@ impl Fs {
     /// What to keep with `node`'s object at upload: its mode, owner and mtime where set here
     /// (or carried before), on stores that keep them.
     pub(crate) fn attrs_to_keep(&self, node: &crate::inode::Node) -> bucketfs_store::FileAttrs {
-        if self.store.keeps_attrs() {
+        if self.store.capabilities().keeps_attrs {
             node.attrs()
         } else {
             Default::default()

@@ -31,7 +31,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bucketfs_store::{FileAttrs, ObjectMeta, ObjectWriter, Store, WriteOptions};
+use bucketfs_store::{FileAttrs, GetOpts, ObjectMeta, ObjectWriter, PutOpts, Store, StoreExt, WriteOptions};
 use bytes::Bytes;
 
 use crate::part_budget::PartBudget;
@@ -123,7 +123,7 @@ impl Staged {
         while off < size {
             let end = (off + CHUNK).min(size);
             let _room = self.budget.buffer(end - off).await; // until written out
-            let data = store.get_range(key, off..end, etag).await?;
+            let data = store.get_range(key, off..end, GetOpts { if_match: etag }).await?;
             if data.len() as u64 != end - off {
                 return Err(FsError::Stale(format!("{key} changed while it was being opened")));
             }
@@ -355,7 +355,7 @@ impl Staged {
             // No share free now: the file goes up at close instead (never wait here, with
             // a writer that may keep the file open for hours: see part_budget.rs).
             let Some(share) = self.budget.eager(opts) else { return Ok(()) };
-            let writer = store.writer_with_attrs(key, opts, attrs).await?;
+            let writer = store.writer(key, WriteOptions { put: PutOpts { attrs: *attrs }, ..opts }).await?;
             self.eager = Some(Eager { key: key.to_string(), attrs: *attrs, writer, sent: 0, _share: share });
         }
         let Some(e) = self.eager.as_mut() else { return Ok(()) };
@@ -405,11 +405,11 @@ impl Staged {
                 // One part or less: a single PUT is one round trip instead of three.
                 let _share = self.budget.upload(self.len(), opts).await;
                 let data = self.read(0, self.size as u32)?;
-                store.put_with_attrs(key, data, attrs).await.map_err(FsError::from)
+                store.put(key, data, PutOpts { attrs: *attrs }).await.map_err(FsError::from)
             }
             None => {
                 let _share = self.budget.upload(self.size, opts).await;
-                let mut w = store.writer_with_attrs(key, opts, attrs).await?;
+                let mut w = store.writer(key, WriteOptions { put: PutOpts { attrs: *attrs }, ..opts }).await?;
                 match self.send_range(w.as_mut(), 0, opts).await {
                     Ok(()) => w.close().await.map_err(FsError::from),
                     Err(err) => {
