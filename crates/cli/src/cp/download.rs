@@ -76,7 +76,7 @@ pub(super) async fn fetch(
     retry(ctx, "read", &src.key, || {
         let range = range.clone();
         async move {
-            let data = src.store.get_range(&src.key, range.clone(), GetOpts { if_match: if_match }).await?;
+            let data = src.store.get_range(&src.key, range.clone(), GetOpts { if_match }).await?;
             if data.len() != want {
                 return Err(StoreError::new(
                     StoreErrorKind::Other,
@@ -101,7 +101,7 @@ pub(super) async fn fetch_chunks(
     retry(ctx, "read", &src.key, || {
         let range = range.clone();
         async move {
-            let mut body = src.store.get(&src.key, range.clone(), GetOpts { if_match: if_match }).await?;
+            let mut body = src.store.get(&src.key, range.clone(), GetOpts { if_match }).await?;
             let (mut chunks, mut got) = (Vec::new(), 0u64);
             while let Some(c) = body.next().await {
                 let c = c?;

@@ -322,10 +322,8 @@ pub async fn reread(
     let results: Vec<Result<Option<usize>, String>> = futures::stream::iter(sums.iter().enumerate())
         .map(|(i, s)| async move {
             let _slot = ctx.slot().await;
-            let data = retry(ctx, "verify read", key, || {
-                store.get_range(key, s.range.clone(), GetOpts { if_match: if_match })
-            })
-            .await?;
+            let data =
+                retry(ctx, "verify read", key, || store.get_range(key, s.range.clone(), GetOpts { if_match })).await?;
             let sum = s.clone();
             let differs = tokio::task::spawn_blocking(move || sum.differs(&data)).await.map_err(|e| e.to_string())?;
             ctx.progress.verified(s.range.end - s.range.start);
