@@ -158,6 +158,32 @@ async fn a_failed_upload_is_reported_and_retried_never_dropped() {
     assert_eq!(object(&mem, "f").await.unwrap(), b"precious");
 }
 
+/// O_EXCL create, then another writer makes the object before our close: the close fails
+/// with EEXIST, their object is untouched, and our bytes stay readable here (staged); a
+/// rename then puts them under another name.
+#[tokio::test]
+async fn an_exclusive_create_never_replaces_an_object_made_meanwhile() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    let (attr, fh) = fs.create(ROOT_INO, "lock", true, None).await.unwrap();
+    fs.write(fh, 0, b"ours").await.unwrap();
+    store.put("lock", Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
+    let e = fs.flush(fh).await.unwrap_err();
+    assert_eq!(e.errno(), libc::EEXIST, "{e}");
+    assert_eq!(object(&store, "lock").await.unwrap(), b"theirs", "their object untouched");
+    assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"ours", "our bytes kept");
+    assert_eq!(fs.release(fh).await.unwrap_err().errno(), libc::EEXIST, "still not replaced");
+    assert!(fs.is_staged(attr.ino), "data kept after the refused upload");
+    fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.unwrap();
+    assert_eq!(object(&store, "lock.mine").await.unwrap(), b"ours");
+    assert_eq!(object(&store, "lock").await.unwrap(), b"theirs");
+    // Without O_EXCL (or when nobody raced) the create goes up as before.
+    let (_, fh) = fs.create(ROOT_INO, "free", true, None).await.unwrap();
+    fs.write(fh, 0, b"x").await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(object(&store, "free").await.unwrap(), b"x");
+}
+
 #[tokio::test]
 async fn staged_data_survives_a_crash_and_is_uploaded_by_the_next_mount() {
     let mem = Arc::new(MemStore::new());

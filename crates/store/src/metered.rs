@@ -61,10 +61,11 @@ impl Op {
     }
 }
 
-const KINDS: [StoreErrorKind; 8] = [
+const KINDS: [StoreErrorKind; 9] = [
     StoreErrorKind::NotFound,
     StoreErrorKind::PermissionDenied,
     StoreErrorKind::Changed,
+    StoreErrorKind::Exists,
     StoreErrorKind::RateLimited,
     StoreErrorKind::Unsupported,
     StoreErrorKind::Config,
@@ -77,6 +78,7 @@ fn kind_name(k: StoreErrorKind) -> &'static str {
         StoreErrorKind::NotFound => "not_found",
         StoreErrorKind::PermissionDenied => "permission_denied",
         StoreErrorKind::Changed => "changed",
+        StoreErrorKind::Exists => "exists",
         StoreErrorKind::RateLimited => "rate_limited",
         StoreErrorKind::Unsupported => "unsupported",
         StoreErrorKind::Config => "config",

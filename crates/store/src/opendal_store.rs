@@ -217,7 +217,11 @@ impl Store for OpendalStore {
         if !opts.attrs.is_empty() && self.keeps_attrs() {
             req = req.user_metadata(opts.attrs.to_metadata());
         }
-        let m = req.await.map_err(|e| StoreError::from_opendal("put", key, e))?;
+        if opts.if_not_exists {
+            req = req.if_not_exists(true);
+        }
+        let created = |e| StoreError::from_opendal("put", key, e).if_created(opts.if_not_exists);
+        let m = req.await.map_err(created)?;
         // The identity comes from this upload's own response, never from a later HEAD: another
         // writer may have replaced the object in between (then we would claim their ETag).
         Ok(self.meta(key, &m))
@@ -263,8 +267,14 @@ impl Store for OpendalStore {
         if !opts.put.attrs.is_empty() && self.keeps_attrs() {
             req = req.user_metadata(opts.put.attrs.to_metadata());
         }
-        let w = req.await.map_err(|e| StoreError::from_opendal("upload", key, e))?;
-        Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w) }))
+        // S3: `If-None-Match: *` on the single PUT or on CompleteMultipartUpload.
+        if opts.put.if_not_exists {
+            req = req.if_not_exists(true);
+        }
+        let created = |e| StoreError::from_opendal("upload", key, e).if_created(opts.put.if_not_exists);
+        let w = req.await.map_err(created)?;
+        let if_not_exists = opts.put.if_not_exists;
+        Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w), if_not_exists }))
     }
 }
 
@@ -310,6 +320,8 @@ struct OpendalWriter {
     store: OpendalStore,
     key: String,
     w: Option<opendal::Writer>,
+    /// Created with `PutOpts::if_not_exists`: a failed precondition means the key is taken.
+    if_not_exists: bool,
 }
 
 impl OpendalWriter {
@@ -333,13 +345,16 @@ fn parses_md5_forms() {
 #[async_trait]
 impl ObjectWriter for OpendalWriter {
     async fn write(&mut self, data: Bytes) -> Result<(), StoreError> {
-        let key = self.key.clone();
-        self.writer()?.write(data).await.map_err(|e| StoreError::from_opendal("upload", &key, e))
+        let (key, created) = (self.key.clone(), self.if_not_exists);
+        let r = self.writer()?.write(data).await;
+        r.map_err(|e| StoreError::from_opendal("upload", &key, e).if_created(created))
     }
 
     async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
         let key = self.key.clone();
-        let m = self.writer()?.close().await.map_err(|e| StoreError::from_opendal("upload", &key, e))?;
+        let created = self.if_not_exists;
+        let close = self.writer()?.close().await;
+        let m = close.map_err(|e| StoreError::from_opendal("upload", &key, e).if_created(created))?;
         self.w = None;
         // As in `put`: the response's own identity, never a later HEAD's.
         Ok(self.store.meta(&key, &m))

@@ -171,6 +171,11 @@ pub struct GetOpts<'a> {
 pub struct PutOpts {
     /// Kept with the object where the store can ([`Capabilities::keeps_attrs`]).
     pub attrs: FileAttrs,
+    /// Create only: if the key holds an object when the upload completes, fail with
+    /// [`crate::StoreErrorKind::Exists`] and leave it untouched (S3 `If-None-Match: *`, GCS
+    /// `ifGenerationMatch=0` on the upload or the final compose; a local folder and Drive
+    /// check when the upload starts; the memory store at completion).
+    pub if_not_exists: bool,
 }
 
 /// What [`Store::head`] returns.

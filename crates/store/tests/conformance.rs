@@ -134,11 +134,14 @@ async fn file_attrs(s: &dyn Store, opts: bucketfs_store::WriteOptions) {
         gid: Some(5678),
         mtime: Some(UNIX_EPOCH + Duration::new(1_000_000_005, 250_000_000)),
     };
-    s.put("attrs/put.bin", Bytes::from_static(b"abc"), PutOpts { attrs: a }).await.unwrap();
+    s.put("attrs/put.bin", Bytes::from_static(b"abc"), PutOpts { attrs: a, ..Default::default() }).await.unwrap();
     let h = s.head("attrs/put.bin", HeadOpts::default()).await.unwrap();
     assert_eq!((h.meta.size, h.attrs), (3, a), "{}: put with attrs", s.describe());
     let b = FileAttrs { mode: Some(0o100600), ..a };
-    let mut w = s.writer("attrs/put.bin", WriteOptions { put: PutOpts { attrs: b }, ..opts }).await.unwrap();
+    let mut w = s
+        .writer("attrs/put.bin", WriteOptions { put: PutOpts { attrs: b, ..Default::default() }, ..opts })
+        .await
+        .unwrap();
     w.write(Bytes::from_static(b"abcdef")).await.unwrap();
     w.close().await.unwrap();
     let h = s.head("attrs/put.bin", HeadOpts::default()).await.unwrap();

@@ -152,7 +152,9 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 None => Bytes::new(),
             };
             let _slot = ctx.slot().await;
-            let put = retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone(), PutOpts { attrs }));
+            let put = retry(ctx, "upload", &dst.key, || {
+                dst.store.put(&dst.key, data.clone(), PutOpts { attrs, ..Default::default() })
+            });
             let m = tokio::select! {
                 m = put => m?,
                 _ = ctx.cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
@@ -163,7 +165,11 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
         (Some(a), Some(b)) => {
             // A multipart upload uses the whole request budget.
             let _slots = ctx.slots(ctx.parallel).await;
-            let opts = WriteOptions { part_size: part, concurrency: ctx.parallel, put: PutOpts { attrs } };
+            let opts = WriteOptions {
+                part_size: part,
+                concurrency: ctx.parallel,
+                put: PutOpts { attrs, ..Default::default() },
+            };
             let mut w = dst
                 .store
                 .writer(&dst.key, opts)

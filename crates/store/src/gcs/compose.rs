@@ -72,7 +72,12 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
         if let Some(ct) = &self.content_type {
             req = req.content_type(ct);
         }
-        let m = req.await.map_err(|e| StoreError::from_opendal("compose", to, e))?;
+        // Create only: `ifGenerationMatch=0` on the final compose (not on intermediates).
+        let created = self.put.if_not_exists && !to.starts_with(PARTS_PREFIX);
+        if created {
+            req = req.if_not_exists(true);
+        }
+        let m = req.await.map_err(|e| StoreError::from_opendal("compose", to, e).if_created(created))?;
         Ok(ObjectMeta {
             key: to.to_string(),
             size: m.content_length(),

@@ -172,7 +172,7 @@ impl Store for MemStore {
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.request().await;
-        Ok(store_object(&self.objects, &self.attrs, &self.next_etag, key, data, opts))
+        store_object(&self.objects, &self.attrs, &self.next_etag, key, data, opts)
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -212,16 +212,21 @@ fn store_object(
     key: &str,
     data: Bytes,
     opts: PutOpts,
-) -> ObjectMeta {
+) -> Result<ObjectMeta, StoreError> {
     let etag = format!("\"{}\"", next_etag.fetch_add(1, Ordering::Relaxed) + 1);
     let mtime = SystemTime::now();
     let size = data.len() as u64;
-    objects.lock().unwrap().insert(key.into(), (data, etag.clone(), mtime));
+    let mut objects = objects.lock().unwrap();
+    if opts.if_not_exists && objects.contains_key(key) {
+        return Err(StoreError::new(crate::StoreErrorKind::Exists, format!("put {key:?}: already exists")));
+    }
+    objects.insert(key.into(), (data, etag.clone(), mtime));
+    drop(objects);
     match opts.attrs.is_empty() {
         true => attrs.lock().unwrap().remove(key),
         false => attrs.lock().unwrap().insert(key.into(), opts.attrs),
     };
-    ObjectMeta { key: key.into(), size, etag: Some(etag), mtime: Some(mtime) }
+    Ok(ObjectMeta { key: key.into(), size, etag: Some(etag), mtime: Some(mtime) })
 }
 
 /// Buffers the upload; the object appears atomically at `close`, as on a real store.
@@ -242,7 +247,7 @@ impl ObjectWriter for MemWriter {
     }
     async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
         let data = Bytes::from(std::mem::take(&mut self.buf));
-        Ok(store_object(&self.objects, &self.attrs, &self.next_etag, &self.key, data, self.opts))
+        store_object(&self.objects, &self.attrs, &self.next_etag, &self.key, data, self.opts)
     }
     async fn abort(&mut self) -> Result<(), StoreError> {
         self.buf.clear();
