@@ -198,6 +198,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             // S3 rejects parts under 5 MiB (except the last).
             part_size: args.part_size_mib.max(5) * 1024 * 1024,
             concurrency: args.upload_concurrency.max(1),
+            put: Default::default(),
         },
         upload_budget: args.upload_budget_mib.max(1) * 1024 * 1024,
         max_rename_keys: args.max_rename_keys,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bucketfs_core::read::{FileReader, ReadCache};
 use bucketfs_store::testing::MemStore;
-use bucketfs_store::Store;
+use bucketfs_store::{GetOpts, PutOpts, Store, StoreExt};
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -22,7 +22,7 @@ async fn main() {
     let mbps = *args.get(2).unwrap_or(&100);
     let store = Arc::new(MemStore::new().with_latency(latency).with_throughput(mbps * 1_000_000));
     let size = mib * 1024 * 1024;
-    let m = store.put("obj", Bytes::from(vec![7u8; size as usize])).await.unwrap();
+    let m = store.put("obj", Bytes::from(vec![7u8; size as usize]), PutOpts::default()).await.unwrap();
     println!("object {mib} MiB, {} ms a request, {mbps} MB/s per request", latency.as_millis());
 
     // The ceiling: 16 parallel ranged GETs of 8 MiB, as a downloader would do.
@@ -32,7 +32,7 @@ async fn main() {
     let total: usize = futures::stream::iter(ranges)
         .map(|r| {
             let s = store.clone();
-            async move { s.get_range("obj", r, None).await.unwrap().len() }
+            async move { s.get_range("obj", r, GetOpts::default()).await.unwrap().len() }
         })
         .buffer_unordered(16)
         .fold(0, |a, n| async move { a + n })

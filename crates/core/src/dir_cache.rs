@@ -245,9 +245,9 @@ mod tests {
 
     #[tokio::test]
     async fn without_opendir_one_snapshot_is_paged_and_the_kernel_cache_dropped_at_the_ttl() {
-        use bucketfs_store::{testing::MemStore, Store};
+        use bucketfs_store::{testing::MemStore, PutOpts, Store};
         let store = Arc::new(MemStore::new());
-        store.put("a", bytes::Bytes::from_static(b"1")).await.unwrap();
+        store.put("a", bytes::Bytes::from_static(b"1"), PutOpts::default()).await.unwrap();
         let ttl = std::time::Duration::from_millis(200);
         let cfg = crate::FsConfig { metadata_ttl: ttl, list_ahead_keys: 0, ..Default::default() };
         let fs = Fs::new(store.clone(), cfg);
@@ -263,7 +263,7 @@ mod tests {
         fs.mkdir(crate::ROOT_INO, "d", None).await.unwrap();
         let third = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
         assert_eq!(names(&third), [".", "..", "a", "d"], "a change through the mount is a new snapshot");
-        store.put("b", bytes::Bytes::from_static(b"2")).await.unwrap();
+        store.put("b", bytes::Bytes::from_static(b"2"), PutOpts::default()).await.unwrap();
         tokio::time::sleep(ttl + ttl / 2).await;
         assert_eq!(*dropped.lock().unwrap(), [crate::ROOT_INO], "dropped when the listing went stale");
         let later = fs.readdir_unopened(crate::ROOT_INO, 2).await.unwrap();

@@ -3,6 +3,7 @@
 
 use super::*;
 use bucketfs_store::testing::MemStore;
+use bucketfs_store::PutOpts;
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 
@@ -36,7 +37,7 @@ async fn new_files_in_a_directory_made_here_cost_one_request_each() {
 async fn stat_past_the_ttl_is_one_listing_per_directory() {
     let store = Arc::new(MemStore::new());
     for i in 0..200 {
-        store.put(&format!("src/f{i}"), Bytes::from(vec![1; i])).await.unwrap();
+        store.put(&format!("src/f{i}"), Bytes::from(vec![1; i]), PutOpts::default()).await.unwrap();
     }
     let ttl = 100;
     let fs = Fs::new(store.clone(), cfg(ttl));
@@ -47,7 +48,7 @@ async fn stat_past_the_ttl_is_one_listing_per_directory() {
         inos.push(fs.lookup(d.ino, &format!("f{i}")).await.unwrap().ino);
     }
     tokio::time::sleep(Duration::from_millis(ttl + 20)).await;
-    store.put("src/f7", Bytes::from_static(b"changed elsewhere")).await.unwrap();
+    store.put("src/f7", Bytes::from_static(b"changed elsewhere"), PutOpts::default()).await.unwrap();
     let before = requests(&store);
     for (i, ino) in inos.iter().enumerate() {
         let size = fs.getattr(*ino).await.unwrap().size;
@@ -64,13 +65,13 @@ async fn stat_past_the_ttl_is_one_listing_per_directory() {
 #[tokio::test]
 async fn an_unknown_name_in_a_stale_small_directory_is_one_listing() {
     let store = Arc::new(MemStore::new());
-    store.put("inc/a.h", Bytes::from_static(b"a")).await.unwrap();
+    store.put("inc/a.h", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
     let ttl = 100;
     let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(ttl) });
     let d = fs.lookup(ROOT_INO, "inc").await.unwrap();
     fs.dir_snapshot(d.ino).await.unwrap();
     tokio::time::sleep(Duration::from_millis(ttl + 20)).await;
-    store.put("inc/b.h", Bytes::from_static(b"bb")).await.unwrap();
+    store.put("inc/b.h", Bytes::from_static(b"bb"), PutOpts::default()).await.unwrap();
     let before = requests(&store);
     for name in ["x.h", "y.h", "z.h"] {
         assert!(matches!(fs.lookup(d.ino, name).await, Err(FsError::NotFound)));

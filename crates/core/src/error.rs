@@ -57,6 +57,7 @@ impl FsError {
                 StoreErrorKind::NotFound => libc::ENOENT,
                 StoreErrorKind::PermissionDenied => libc::EACCES,
                 StoreErrorKind::Changed => libc::ESTALE,
+                StoreErrorKind::Exists => libc::EEXIST,
                 StoreErrorKind::Unsupported => libc::ENOTSUP,
                 StoreErrorKind::Unavailable => libc::ETIMEDOUT,
                 StoreErrorKind::RateLimited | StoreErrorKind::Config | StoreErrorKind::Other => libc::EIO,

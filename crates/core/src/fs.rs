@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use bucketfs_store::{ObjectMeta, Store, StoreError, StoreErrorKind, WriteOptions};
+use bucketfs_store::{HeadOpts, ObjectHead, ObjectMeta, Store, StoreError, StoreErrorKind, StoreExt, WriteOptions};
 use futures::StreamExt;
 
 use crate::inode::{ChildMeta, InodeTable, Listing, Node};
@@ -459,12 +459,12 @@ impl Fs {
             ))));
         }
         if let Some(m) = file {
-            if !self.store.keeps_attrs() {
+            if !self.store.capabilities().keeps_attrs {
                 return Ok(Some(Some(self.child_meta(name, &m, Kind::File))));
             }
             // The mode, owner and mtime the object carries come only with a HEAD.
-            return match self.store.head_attrs(file_key).await {
-                Ok((m, attrs)) if !m.is_prefix() => {
+            return match self.store.head(file_key, HeadOpts::default()).await {
+                Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
                     Ok(Some(Some(ChildMeta { attrs: Some(attrs), ..self.child_meta(name, &m, Kind::File) })))
                 }
                 Ok(_) => Ok(None),
@@ -495,17 +495,17 @@ impl Fs {
             if !prefix_dirs {
                 return Err(bucketfs_store::StoreError::not_found(""));
             }
-            self.store.head(&dir_key).await
+            self.store.stat(&dir_key).await
         };
         let link = async {
             if !crate::links::may_be_link(name) {
                 return Err(bucketfs_store::StoreError::not_found(""));
             }
-            self.store.head(&format!("{file_key}{}", crate::links::LINK_SUFFIX)).await
+            self.store.stat(&format!("{file_key}{}", crate::links::LINK_SUFFIX)).await
         };
         let file = async {
             match file_ok {
-                true => self.store.head_attrs(&file_key).await,
+                true => self.store.head(&file_key, HeadOpts::default()).await,
                 false => Err(bucketfs_store::StoreError::not_found("")),
             }
         };
@@ -516,8 +516,10 @@ impl Fs {
             return Ok(self.child_meta(name, &ObjectMeta { mtime, ..dir_meta }, Kind::Dir));
         }
         match file {
-            Ok((m, _)) if m.is_prefix() => Ok(self.child_meta(name, &m, Kind::Dir)),
-            Ok((m, attrs)) => Ok(ChildMeta { attrs: Some(attrs), ..self.child_meta(name, &m, Kind::File) }),
+            Ok(ObjectHead { meta: m, .. }) if m.is_prefix() => Ok(self.child_meta(name, &m, Kind::Dir)),
+            Ok(ObjectHead { meta: m, attrs, .. }) => {
+                Ok(ChildMeta { attrs: Some(attrs), ..self.child_meta(name, &m, Kind::File) })
+            }
             Err(e) if e.kind == StoreErrorKind::NotFound => match (child, link) {
                 (Some(Err(e)), _) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
                 (_, Ok(m)) => Ok(self.child_meta(name, &m, Kind::Symlink)),
@@ -584,8 +586,8 @@ impl Fs {
             // Unlinked or replaced while open: its key names another file now, if any.
             return Ok(self.attr(gone));
         }
-        match self.store.head_attrs(&node.key).await {
-            Ok((m, attrs)) if !m.is_prefix() => {
+        match self.store.head(&node.key, HeadOpts::default()).await {
+            Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
                 let meta = self.child_meta(&node.name, &m, Kind::File);
                 let mut t = self.table.lock().unwrap();
                 let cur = t.get_mut(node.ino).ok_or(FsError::NotFound)?;

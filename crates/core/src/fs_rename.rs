@@ -183,12 +183,20 @@ impl Fs {
                         _ => st.in_store = false,
                     }
                 }
+                st.create_only = false; // a rename replaces its target
                 return st.set_key(new_key);
             }
             if st.dirty && !st.unlinked {
-                // Not in the bucket yet (or changed): upload straight to the new name.
+                // Not in the bucket yet (or changed): upload straight to the new name, which
+                // a rename replaces (an O_EXCL create was about the old name).
+                st.create_only = false;
+                // The old key holds another writer's object if ours never went up there.
+                let old_is_ours = st.in_store;
                 st.upload(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
+                if !old_is_ours {
+                    return Ok(());
+                }
                 match self.store.delete(&src.key).await {
                     Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
                     _ => return Ok(()),
@@ -284,7 +292,7 @@ impl Fs {
             (before, self.attr(n))
         };
         let node = self.node(ino)?;
-        if node.kind == Kind::File && node.attrs() != before && self.store.keeps_attrs() {
+        if node.kind == Kind::File && node.attrs() != before && self.store.capabilities().keeps_attrs {
             self.persist_attrs(&node, fh).await?;
         }
         Ok(attr)

@@ -2,6 +2,7 @@
 
 use super::*;
 use bucketfs_store::testing::MemStore;
+use bucketfs_store::{GetOpts, PutOpts};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 
@@ -15,7 +16,7 @@ async fn fs_with(keys: &[(&str, &[u8])]) -> (Arc<MemStore>, Arc<Fs>) {
 async fn mem_with(keys: &[(&str, &[u8])]) -> Arc<MemStore> {
     let store = Arc::new(MemStore::new());
     for (k, v) in keys {
-        store.put(k, Bytes::copy_from_slice(v)).await.unwrap();
+        store.put(k, Bytes::copy_from_slice(v), PutOpts::default()).await.unwrap();
     }
     store
 }
@@ -97,11 +98,11 @@ async fn a_fresh_listing_answers_lookups_without_requests() {
 #[tokio::test]
 async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
     let store = Arc::new(MemStore::new());
-    store.put("f", Bytes::from_static(b"old")).await.unwrap();
+    store.put("f", Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
     let cfg = FsConfig { metadata_ttl: Duration::from_millis(50), ..FsConfig::default() };
     let fs = Fs::new(store.clone(), cfg);
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
-    store.put("f", Bytes::from_static(b"newer")).await.unwrap();
+    store.put("f", Bytes::from_static(b"newer"), PutOpts::default()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(fs.getattr(f.ino).await.unwrap().size, 5);
     let fh = fs.open(f.ino, false, false).await.unwrap();
@@ -227,7 +228,7 @@ async fn a_subtree_over_the_list_ahead_bound_is_listed_per_directory() {
 #[tokio::test]
 async fn a_directory_asked_for_twice_at_once_is_listed_once() {
     let store = Arc::new(MemStore::new().with_latency(std::time::Duration::from_millis(50)));
-    store.put("d/f", Bytes::from_static(b"1")).await.unwrap();
+    store.put("d/f", Bytes::from_static(b"1"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..FsConfig::default() });
     let d = fs.lookup(ROOT_INO, "d").await.unwrap();
     let node = fs.node(d.ino).unwrap();
@@ -253,7 +254,7 @@ async fn symlinks_are_link_objects_that_list_and_move() {
 
     let new = fs.symlink(ROOT_INO, "ln", "d/old").await.unwrap();
     assert_eq!(new.kind, Kind::Symlink);
-    assert_eq!(&store.get_range("ln.rclonelink", 0..5, None).await.unwrap()[..], b"d/old");
+    assert_eq!(&store.get_range("ln.rclonelink", 0..5, GetOpts::default()).await.unwrap()[..], b"d/old");
     assert!(matches!(fs.symlink(ROOT_INO, "ln", "x").await, Err(FsError::Exists)));
     assert!(matches!(fs.symlink(ROOT_INO, "long", &"a".repeat(5000)).await, Err(FsError::NameTooLong)));
     // Found by lookup alone (a fresh mount, no listing), as a link.
@@ -262,17 +263,17 @@ async fn symlinks_are_link_objects_that_list_and_move() {
     assert_eq!(&fs2.readlink(seen.ino).await.unwrap()[..], b"d/old");
 
     fs.rename(ROOT_INO, "ln", d.ino, "moved", false).await.unwrap();
-    assert!(store.head("ln.rclonelink").await.is_err());
+    assert!(store.stat("ln.rclonelink").await.is_err());
     assert_eq!(&fs.readlink(fs.lookup(d.ino, "moved").await.unwrap().ino).await.unwrap()[..], b"d/old");
     fs.unlink(d.ino, "moved").await.unwrap();
-    assert!(store.head("d/moved.rclonelink").await.is_err());
+    assert!(store.stat("d/moved.rclonelink").await.is_err());
     assert!(matches!(fs.readlink(fs.lookup(ROOT_INO, "both").await.unwrap().ino).await, Err(FsError::InvalidName)));
 }
 
 #[tokio::test]
 async fn keys_past_the_store_limit_are_name_too_long_without_a_request() {
     let store = Arc::new(MemStore::new().with_max_key_len(12));
-    store.put("dir/f", Bytes::from_static(b"x")).await.unwrap();
+    store.put("dir/f", Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), FsConfig::default());
     let d = fs.lookup(ROOT_INO, "dir").await.unwrap().ino;
     assert!(fs.lookup(d, "f").await.is_ok());

@@ -95,7 +95,7 @@ impl Fs {
     /// What to keep with `node`'s object at upload: its mode, owner and mtime where set here
     /// (or carried before), on stores that keep them.
     pub(crate) fn attrs_to_keep(&self, node: &crate::inode::Node) -> bucketfs_store::FileAttrs {
-        if self.store.keeps_attrs() {
+        if self.store.capabilities().keeps_attrs {
             node.attrs()
         } else {
             Default::default()
@@ -175,7 +175,8 @@ impl Fs {
             self.revalidate(&node).await?;
             node = self.node(ino)?;
             if node.size_unknown {
-                self.store.get_range(&node.key, 0..1, None).await?;
+                drop(self.store.get(&node.key, 0..1, Default::default()).await?);
+                // its error says why
             }
         }
         if write {
@@ -375,9 +376,15 @@ impl Fs {
         let meta = st
             .upload(self.store.as_ref(), &node.key, self.cfg.write, &self.attrs_to_keep(&node))
             .await
-            .map_err(|e| {
-                tracing::warn!(key = %node.key, "upload failed; data kept in staging: {e}");
-                FsError::UploadFailed(e.to_string())
+            .map_err(|e| match e {
+                FsError::Store(e) if e.kind == bucketfs_store::StoreErrorKind::Exists => {
+                    tracing::error!(key = %node.key, "created with O_EXCL, but another writer made this object first: not replaced; the bytes stay staged ({e})");
+                    FsError::Exists
+                }
+                e => {
+                    tracing::warn!(key = %node.key, "upload failed; data kept in staging: {e}");
+                    FsError::UploadFailed(e.to_string())
+                }
             })?;
         let size = st.size;
         // Write-through: what was just uploaded is read back soon (make after a clone, a
@@ -554,6 +561,7 @@ impl Fs {
             st.set_key(&node.key)?;
             st.truncate(0)?; // marks it dirty: even an empty file is uploaded
             st.in_store = false; // a new name: nothing to delete when it goes before upload
+            st.create_only = exclusive; // O_EXCL: never replace an object made meanwhile
         }
         let file = OpenFile {
             ino,

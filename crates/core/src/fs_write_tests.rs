@@ -4,7 +4,7 @@
 
 use super::*;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
-use bucketfs_store::StoreErrorKind;
+use bucketfs_store::{GetOpts, HeadOpts, PutOpts, StoreErrorKind};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -15,8 +15,8 @@ fn cfg() -> FsConfig {
 }
 
 async fn object(store: &MemStore, key: &str) -> Option<Vec<u8>> {
-    let m = store.head(key).await.ok()?;
-    Some(store.get_range(key, 0..m.size, None).await.unwrap().to_vec())
+    let m = store.stat(key).await.ok()?;
+    Some(store.get_range(key, 0..m.size, GetOpts::default()).await.unwrap().to_vec())
 }
 
 #[tokio::test]
@@ -46,7 +46,7 @@ async fn a_read_only_o_trunc_empties_the_file_at_its_flush_and_never_without_one
     // The kernel may refuse an O_RDONLY|O_TRUNC open after we answered it (ETXTBSY, a
     // running program): it then sends RELEASE without FLUSH, and the file must stay whole.
     let store = Arc::new(MemStore::new());
-    store.put("f", Bytes::from_static(b"a program")).await.unwrap();
+    store.put("f", Bytes::from_static(b"a program"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), cfg());
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
     let refused = fs.open(f.ino, false, true).await.unwrap();
@@ -119,7 +119,7 @@ async fn an_empty_new_file_is_uploaded_and_listed() {
 #[tokio::test]
 async fn overwrite_in_the_middle_keeps_the_rest() {
     let store = Arc::new(MemStore::new());
-    store.put("f", Bytes::from_static(b"0123456789")).await.unwrap();
+    store.put("f", Bytes::from_static(b"0123456789"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), cfg());
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
     let fh = fs.open(f.ino, true, false).await.unwrap();
@@ -132,7 +132,7 @@ async fn overwrite_in_the_middle_keeps_the_rest() {
 #[tokio::test]
 async fn a_reader_opened_before_a_write_sees_the_new_bytes() {
     let store = Arc::new(MemStore::new());
-    store.put("f", Bytes::from_static(b"old old")).await.unwrap();
+    store.put("f", Bytes::from_static(b"old old"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), cfg());
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
     let reader = fs.open(f.ino, false, false).await.unwrap();
@@ -156,6 +156,32 @@ async fn a_failed_upload_is_reported_and_retried_never_dropped() {
     assert!(fs.is_staged(attr.ino), "data kept after failed uploads");
     assert_eq!(fs.sync_all().await, Vec::<String>::new(), "third attempt (unmount) succeeds");
     assert_eq!(object(&mem, "f").await.unwrap(), b"precious");
+}
+
+/// O_EXCL create, then another writer makes the object before our close: the close fails
+/// with EEXIST, their object is untouched, and our bytes stay readable here (staged); a
+/// rename then puts them under another name.
+#[tokio::test]
+async fn an_exclusive_create_never_replaces_an_object_made_meanwhile() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    let (attr, fh) = fs.create(ROOT_INO, "lock", true, None).await.unwrap();
+    fs.write(fh, 0, b"ours").await.unwrap();
+    store.put("lock", Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
+    let e = fs.flush(fh).await.unwrap_err();
+    assert_eq!(e.errno(), libc::EEXIST, "{e}");
+    assert_eq!(object(&store, "lock").await.unwrap(), b"theirs", "their object untouched");
+    assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"ours", "our bytes kept");
+    assert_eq!(fs.release(fh).await.unwrap_err().errno(), libc::EEXIST, "still not replaced");
+    assert!(fs.is_staged(attr.ino), "data kept after the refused upload");
+    fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.unwrap();
+    assert_eq!(object(&store, "lock.mine").await.unwrap(), b"ours");
+    assert_eq!(object(&store, "lock").await.unwrap(), b"theirs");
+    // Without O_EXCL (or when nobody raced) the create goes up as before.
+    let (_, fh) = fs.create(ROOT_INO, "free", true, None).await.unwrap();
+    fs.write(fh, 0, b"x").await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(object(&store, "free").await.unwrap(), b"x");
 }
 
 #[tokio::test]
@@ -187,7 +213,7 @@ async fn staged_data_survives_a_crash_and_is_uploaded_by_the_next_mount() {
 async fn large_sequential_writes_upload_eagerly_in_parts() {
     let mem = Arc::new(MemStore::new());
     let mut c = cfg();
-    c.write = bucketfs_store::WriteOptions { part_size: 64 * 1024, concurrency: 2 };
+    c.write = bucketfs_store::WriteOptions { part_size: 64 * 1024, concurrency: 2, ..Default::default() };
     let fs = Fs::new(mem.clone(), c);
     let (_, fh) = fs.create(ROOT_INO, "big", false, None).await.unwrap();
     let chunk = vec![7u8; 10_000];
@@ -201,9 +227,9 @@ async fn large_sequential_writes_upload_eagerly_in_parts() {
 #[tokio::test]
 async fn namespace_changes() {
     let store = Arc::new(MemStore::new());
-    store.put("d/a", Bytes::from_static(b"A")).await.unwrap();
-    store.put("d/sub/b", Bytes::from_static(b"B")).await.unwrap();
-    store.put("x", Bytes::from_static(b"X")).await.unwrap();
+    store.put("d/a", Bytes::from_static(b"A"), PutOpts::default()).await.unwrap();
+    store.put("d/sub/b", Bytes::from_static(b"B"), PutOpts::default()).await.unwrap();
+    store.put("x", Bytes::from_static(b"X"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), cfg());
     // mkdir persists an empty directory as a marker.
     let m = fs.mkdir(ROOT_INO, "m", None).await.unwrap();
@@ -239,7 +265,7 @@ async fn namespace_changes() {
 async fn directory_rename_past_the_bound_is_exdev() {
     let store = Arc::new(MemStore::new());
     for i in 0..5 {
-        store.put(&format!("d/{i}"), Bytes::from_static(b"1")).await.unwrap();
+        store.put(&format!("d/{i}"), Bytes::from_static(b"1"), PutOpts::default()).await.unwrap();
     }
     let fs = Fs::new(store.clone(), FsConfig { max_rename_keys: 3, ..cfg() });
     let e = fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap_err();
@@ -250,7 +276,7 @@ async fn directory_rename_past_the_bound_is_exdev() {
 #[tokio::test]
 async fn truncate_by_path_uploads_at_once() {
     let store = Arc::new(MemStore::new());
-    store.put("f", Bytes::from_static(b"0123456789")).await.unwrap();
+    store.put("f", Bytes::from_static(b"0123456789"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), cfg());
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
     assert_eq!(fs.setattr(f.ino, SetAttr { size: Some(4), ..Default::default() }).await.unwrap().size, 4);
@@ -390,7 +416,7 @@ async fn mode_owner_and_mtime_persist_as_object_metadata() {
     let (attr, fh) = fs.create(ROOT_INO, "run.sh", false, Some(0o750)).await.unwrap();
     fs.write(fh, 0, b"#!/bin/sh\n").await.unwrap();
     fs.release(fh).await.unwrap();
-    let (_, a) = store.head_attrs("run.sh").await.unwrap();
+    let a = store.head("run.sh", HeadOpts::default()).await.unwrap().attrs;
     assert_eq!(a.mode, Some(0o100750), "mode given at create goes up with the first upload");
     // After close: chmod, chown and utime (tar -x, cp -p, rsync -a) upload the file again.
     let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
@@ -400,7 +426,7 @@ async fn mode_owner_and_mtime_persist_as_object_metadata() {
     )
     .await
     .unwrap();
-    let (_, a) = store.head_attrs("run.sh").await.unwrap();
+    let a = store.head("run.sh", HeadOpts::default()).await.unwrap().attrs;
     assert_eq!((a.mode, a.uid, a.gid, a.mtime), (Some(0o100700), Some(123), Some(456), Some(when)));
     assert_eq!(object(&store, "run.sh").await.unwrap(), b"#!/bin/sh\n", "bytes unchanged");
     // Another mount sees them.

@@ -4,6 +4,7 @@
 
 use super::*;
 use bucketfs_store::testing::MemStore;
+use bucketfs_store::{GetOpts, PutOpts};
 use bytes::Bytes;
 
 fn cfg(ttl_ms: u64) -> FsConfig {
@@ -39,12 +40,12 @@ async fn a_listing_never_shrinks_a_file_open_for_writing() {
     fs.write(fh, 1100, &[b'C'; 10]).await.unwrap();
     fs.flush(fh).await.unwrap();
     fs.release(fh).await.unwrap();
-    let m = store.head("log").await.unwrap();
+    let m = store.stat("log").await.unwrap();
     assert_eq!(m.size, 1110);
-    let data = store.get_range("log", 0..1110, None).await.unwrap();
+    let data = store.get_range("log", 0..1110, GetOpts::default()).await.unwrap();
     assert_eq!(&data[1100..], b"CCCCCCCCCC");
     // Once closed and uploaded, listings are the truth again.
-    store.put("log", Bytes::from_static(b"replaced")).await.unwrap();
+    store.put("log", Bytes::from_static(b"replaced"), PutOpts::default()).await.unwrap();
     fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
     names(&fs, ROOT_INO).await;
     assert_eq!(fs.cached_attr(attr.ino).unwrap().size, 8);
@@ -66,14 +67,14 @@ async fn a_listing_does_not_undo_a_pwrite_past_another_handles_upload() {
     assert_eq!(fs.read(h1, 0, 500_000).await.unwrap().len(), 401_171);
     fs.flush(h1).await.unwrap();
     fs.release(h1).await.unwrap();
-    assert_eq!(store.head("f").await.unwrap().size, 401_171);
+    assert_eq!(store.stat("f").await.unwrap().size, 401_171);
 }
 
 #[tokio::test]
 async fn names_a_store_would_trim_are_refused_never_aliased() {
     let store = Arc::new(MemStore::new().trimming_whitespace());
-    store.put("dup", Bytes::from_static(b"first")).await.unwrap();
-    store.put("dup ", Bytes::from_static(b"other")).await.unwrap();
+    store.put("dup", Bytes::from_static(b"first"), PutOpts::default()).await.unwrap();
+    store.put("dup ", Bytes::from_static(b"other"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), cfg(1000));
     for bad in ["dup ", " lead", "tab\t", "nbsp\u{a0}", "ideo\u{3000}", "nl\n"] {
         assert!(matches!(fs.create(ROOT_INO, bad, false, None).await, Err(FsError::InvalidName)), "{bad:?}");
@@ -84,7 +85,7 @@ async fn names_a_store_would_trim_are_refused_never_aliased() {
     let d = fs.mkdir(ROOT_INO, "dir ", None).await.unwrap();
     let (_, fh) = fs.create(d.ino, " inner", false, None).await.unwrap();
     fs.release(fh).await.unwrap();
-    assert!(store.head("dir / inner").await.is_ok());
+    assert!(store.stat("dir / inner").await.is_ok());
     assert_eq!(names(&fs, ROOT_INO).await, ["dir ", "dup"], "\"dup \" is not shown");
     let f = fs.lookup(ROOT_INO, "dup").await.unwrap();
     assert!(matches!(fs.rename(ROOT_INO, "dup", ROOT_INO, "dup\t", false).await, Err(FsError::InvalidName)));
@@ -105,7 +106,7 @@ async fn a_reader_keeps_reading_after_its_parent_directory_is_renamed() {
     fs.flush(writer).await.unwrap();
     fs.release(writer).await.unwrap();
     fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap();
-    assert!(store.head("d/f").await.is_err());
+    assert!(store.stat("d/f").await.is_err());
     assert_eq!(fs.read(reader, 0, 65_536).await.unwrap()[..], data[..]);
     assert_eq!(fs.read(reader, 28_672, 4096).await.unwrap()[..], data[28_672..]);
 }
@@ -113,8 +114,8 @@ async fn a_reader_keeps_reading_after_its_parent_directory_is_renamed() {
 #[tokio::test]
 async fn an_open_file_deleted_or_unlinked_keeps_its_attributes() {
     let store = Arc::new(MemStore::new());
-    store.put("gone", Bytes::from(vec![7u8; 5000])).await.unwrap();
-    store.put("unl", Bytes::from(vec![8u8; 300])).await.unwrap();
+    store.put("gone", Bytes::from(vec![7u8; 5000]), PutOpts::default()).await.unwrap();
+    store.put("unl", Bytes::from(vec![8u8; 300]), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), cfg(50));
     let gone = fs.lookup(ROOT_INO, "gone").await.unwrap();
     let fh = fs.open(gone.ino, false, false).await.unwrap();
@@ -138,7 +139,7 @@ async fn a_read_cut_mid_stream_never_returns_wrong_bytes() {
     use bucketfs_store::testing::{FailStore, Op};
     let mem = Arc::new(MemStore::new());
     let data: Vec<u8> = (0..12u32 << 20).map(|i| (i % 253) as u8).collect();
-    mem.put("big", Bytes::from(data.clone())).await.unwrap();
+    mem.put("big", Bytes::from(data.clone()), PutOpts::default()).await.unwrap();
     // The first three GETs deliver 1 MiB and a bit, then the connection "drops".
     let cut = FailStore::new(mem.clone(), Op::Get, 1, 3, bucketfs_store::StoreErrorKind::Unavailable)
         .mid_stream((1 << 20) + 17);
@@ -202,7 +203,7 @@ async fn a_reader_keeps_the_bytes_of_a_file_unlinked_while_it_is_open() {
     assert_eq!(fs.read(reader, 0, 65_536).await.unwrap()[..], data[..]);
     fs.release(reader).await.unwrap();
     assert!(!fs.is_staged(f.ino), "dropped with the last handle");
-    assert!(store.head("f2").await.is_err(), "never uploaded");
+    assert!(store.stat("f2").await.is_err(), "never uploaded");
 }
 
 #[tokio::test]
@@ -210,8 +211,8 @@ async fn without_if_match_a_replaced_file_is_stale_not_another_files_bytes() {
     // A store that cannot pin reads (the local folder, memory, Drive): found by the soak on
     // mem://, where the handle read the file that had taken its name.
     let store = Arc::new(MemStore::new().without_if_match());
-    store.put("f", Bytes::from_static(b"old version")).await.unwrap();
-    store.put("g", Bytes::from_static(b"NEW VERSION")).await.unwrap();
+    store.put("f", Bytes::from_static(b"old version"), PutOpts::default()).await.unwrap();
+    store.put("g", Bytes::from_static(b"NEW VERSION"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), FsConfig { cache_bytes: 0, ..cfg(1000) });
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
     let fh = fs.open(f.ino, false, false).await.unwrap();

@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 
+use bucketfs_store::{GetOpts, PutOpts, StoreExt};
+
 use crate::fs::Kind;
 use crate::inode::ChildMeta;
 use crate::names;
@@ -64,7 +66,7 @@ impl crate::fs::Fs {
         if self.resolve(parent, name).await?.is_some() {
             return Err(FsError::Exists);
         }
-        let meta = self.store.put(&key, bytes::Bytes::copy_from_slice(target.as_bytes())).await?;
+        let meta = self.store.put(&key, bytes::Bytes::copy_from_slice(target.as_bytes()), PutOpts::default()).await?;
         let child = self.child_meta(name, &meta, Kind::Symlink);
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &child);
@@ -83,9 +85,9 @@ impl crate::fs::Fs {
         if node.kind != Kind::Symlink {
             return Err(crate::FsError::InvalidName); // EINVAL: not a link
         }
-        let meta = self.store.head(&node.key).await?;
+        let meta = self.store.stat(&node.key).await?;
         let size = meta.size.min(TARGET_MAX as u64);
-        Ok(self.store.get_range(&node.key, 0..size, meta.etag.as_deref()).await?)
+        Ok(self.store.get_range(&node.key, 0..size, GetOpts { if_match: meta.etag.as_deref() }).await?)
     }
 }
 

@@ -91,7 +91,7 @@ mod tests {
 
     #[tokio::test]
     async fn eager_uploads_never_take_more_than_half_and_closes_always_get_theirs() {
-        let opts = WriteOptions { part_size: 8 << 20, concurrency: 4 };
+        let opts = WriteOptions { part_size: 8 << 20, concurrency: 4, ..Default::default() };
         let b = PartBudget::new(80 * MIB);
         let e1 = b.eager(opts).expect("room for one eager upload (40 MiB)");
         assert!(b.eager(opts).is_none(), "eager uploads are held to half the budget");

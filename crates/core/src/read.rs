@@ -35,7 +35,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use bucketfs_store::{Store, StoreErrorKind};
+use bucketfs_store::{GetOpts, Store, StoreErrorKind, StoreExt};
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::TryStreamExt;
@@ -541,8 +541,11 @@ impl Source {
         // (still in the CPU's cache), instead of reading the whole block again later.
         let (checksum, mut crc) = (self.cache.disk.is_some(), 0u32);
         let res = async {
-            let mut body =
-                self.store.get_range_stream(&self.key, range, self.etag.as_deref()).await.map_err(store_err)?;
+            let mut body = self
+                .store
+                .get(&self.key, range, GetOpts { if_match: self.etag.as_deref() })
+                .await
+                .map_err(store_err)?;
             while let Some(mut chunk) = body.try_next().await.map_err(store_err)? {
                 while !chunk.is_empty() {
                     let Some(&(b, _)) = run.front() else {
@@ -595,7 +598,7 @@ fn store_err(e: bucketfs_store::StoreError) -> FsError {
 }
 
 async fn get(store: &dyn Store, key: &str, start: u64, end: u64, etag: Option<&str>) -> Result<Bytes, FsError> {
-    store.get_range(key, start..end, etag).await.map_err(store_err)
+    store.get_range(key, start..end, GetOpts { if_match: etag }).await.map_err(store_err)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use super::*;
 use bucketfs_store::testing::MemStore;
+use bucketfs_store::PutOpts;
 use futures::StreamExt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -62,7 +63,7 @@ fn cache_on_disk(dir: &std::path::Path) -> Arc<ReadCache> {
 async fn sequential_reads_are_exact_and_use_few_requests() {
     let store = Arc::new(MemStore::new());
     let body = data(9 * BLOCK as usize + 12345);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let r = reader(store.clone(), cache(), m.etag, body.len() as u64);
     read_checked(&r, &body, 128 * 1024).await;
     let n = store.requests.load(Ordering::Relaxed);
@@ -75,7 +76,7 @@ async fn a_streaming_reader_gets_a_small_file_in_two_requests() {
     // the first read, instead of a window growing from one block (4 GETs, 3 round trips).
     let store = Arc::new(MemStore::new());
     let body = data(5 * BLOCK as usize - 3);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let before = store.requests.load(Ordering::Relaxed);
     read_checked(&reader(store.clone(), cache(), m.etag.clone(), body.len() as u64), &body, STREAMING_READ).await;
     assert_eq!(store.requests.load(Ordering::Relaxed) - before, 2, "GETs for 5 blocks read in 1 MiB pieces");
@@ -94,7 +95,7 @@ async fn reordered_sequential_reads_keep_the_window() {
     // one may not admit the block either): the block must still be held for the late read.
     let store = Arc::new(MemStore::new().with_latency(Duration::from_millis(2)));
     let body = data(12 * BLOCK as usize);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let r = reader(store.clone(), Arc::new(ReadCache::new(0, 64 << 20)), m.etag, body.len() as u64);
     let req = 1u64 << 20;
     let check = |off: u64, got: Bytes| assert_eq!(got, body.slice(off as usize..(off + req) as usize), "at {off}");
@@ -112,7 +113,7 @@ async fn reordered_sequential_reads_keep_the_window() {
 async fn random_reads_fetch_exact_ranges() {
     let store = Arc::new(MemStore::new());
     let body = data(5 * BLOCK as usize);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let r = reader(store.clone(), cache(), m.etag, body.len() as u64);
     let before = store.requests.load(Ordering::Relaxed);
     for (off, len) in [(3 * BLOCK + 17, 100u32), (1_000_003, 17), (4 * BLOCK - 5, 10), (5 * BLOCK - 3, 100)] {
@@ -128,7 +129,7 @@ async fn random_reads_fetch_exact_ranges() {
 async fn a_second_reader_is_served_from_the_block_cache() {
     let store = Arc::new(MemStore::new());
     let body = data(3 * BLOCK as usize);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let c = cache();
     let r1 = reader(store.clone(), c.clone(), m.etag.clone(), body.len() as u64);
     let mut off = 0;
@@ -145,12 +146,12 @@ async fn a_second_reader_is_served_from_the_block_cache() {
 #[tokio::test]
 async fn a_changed_object_is_stale_and_never_served_from_cache() {
     let store = Arc::new(MemStore::new());
-    let m = store.put("f", data(1000)).await.unwrap();
+    let m = store.put("f", data(1000), PutOpts::default()).await.unwrap();
     let c = cache();
     let r = reader(store.clone(), c.clone(), m.etag.clone(), 1000);
     assert_eq!(r.read(100, 10).await.unwrap().len(), 10); // random: an exact GET
     let new = Bytes::from(vec![9u8; 1000]);
-    let m2 = store.put("f", new.clone()).await.unwrap();
+    let m2 = store.put("f", new.clone(), PutOpts::default()).await.unwrap();
     // The next GET carries the old ETag: the handle fails rather than mix versions.
     assert!(matches!(r.read(500, 10).await, Err(FsError::Stale(_))));
     // A new identity never sees the old version's cached block.
@@ -163,7 +164,7 @@ async fn prefetch_overlaps_requests_for_a_faster_sequential_read() {
     // 20 ms a request: a window of parallel GETs must beat one request per block.
     let store = Arc::new(MemStore::new().with_latency(Duration::from_millis(20)));
     let body = data(16 * BLOCK as usize);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let r = reader(store.clone(), cache(), m.etag, body.len() as u64);
     let t = std::time::Instant::now();
     let mut off = 0;
@@ -178,7 +179,7 @@ async fn prefetch_overlaps_requests_for_a_faster_sequential_read() {
 async fn cache_and_budget_are_bounded() {
     let store = Arc::new(MemStore::new());
     let body = data(20 * BLOCK as usize);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let c = Arc::new(ReadCache::new(4 * BLOCK, 4 * BLOCK));
     let r = reader(store.clone(), c.clone(), m.etag, body.len() as u64);
     read_checked(&r, &body, 1 << 20).await;
@@ -190,7 +191,7 @@ async fn cache_and_budget_are_bounded() {
 async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
     let store = Arc::new(MemStore::new());
     let body = data(3 * BLOCK as usize + 5);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let dir = fresh_dir("disk");
     let open = |c| reader(store.clone(), c, m.etag.clone(), body.len() as u64);
     let first = cache_on_disk(&dir);
@@ -216,7 +217,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     // holds is served from there (one local block read, then the memory cache), not GET.
     let store = Arc::new(MemStore::new());
     let body = data(4 * BLOCK as usize + 9);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let dir = fresh_dir("random");
     let open = |c| reader(store.clone(), c, m.etag.clone(), body.len() as u64);
     let first = cache_on_disk(&dir);
@@ -251,7 +252,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
 async fn blocks_reuse_pooled_buffers_within_the_bound() {
     let store = Arc::new(MemStore::new());
     let body = data(40 * BLOCK as usize);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     // Cache 4 blocks, prefetch 4: the pool's bound is 4 + 4 + DISK_QUEUE + 4 = 20 buffers.
     let c = Arc::new(ReadCache::new(4 * BLOCK, 4 * BLOCK));
     let r = reader(store.clone(), c.clone(), m.etag, body.len() as u64);
@@ -300,27 +301,23 @@ impl Store for Chunked {
     async fn check(&self) -> Result<(), bucketfs_store::StoreError> {
         Ok(())
     }
-    async fn head(&self, key: &str) -> Result<bucketfs_store::ObjectMeta, bucketfs_store::StoreError> {
-        self.inner.head(key).await
+    async fn head(
+        &self,
+        key: &str,
+        opts: bucketfs_store::HeadOpts,
+    ) -> Result<bucketfs_store::ObjectHead, bucketfs_store::StoreError> {
+        self.inner.head(key, opts).await
     }
-    async fn get_range(
+    async fn get(
         &self,
         key: &str,
         r: std::ops::Range<u64>,
-        m: Option<&str>,
-    ) -> Result<Bytes, bucketfs_store::StoreError> {
-        self.inner.get_range(key, r, m).await
-    }
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        r: std::ops::Range<u64>,
-        m: Option<&str>,
+        opts: GetOpts<'_>,
     ) -> Result<bucketfs_store::ByteStream, bucketfs_store::StoreError> {
         self.ranges.lock().unwrap().push(r.clone());
         let grouped = r.end - r.start > BLOCK;
         let cut = grouped && self.groups.fetch_add(1, Ordering::SeqCst) + 1 == self.cut_group;
-        let data = self.inner.get_range(key, r, m).await?;
+        let data = self.inner.get_range(key, r, opts).await?;
         let (delay, limit, size) = (self.delay, if cut { self.cut_after } else { data.len() }, self.chunk);
         let chunks: Vec<Bytes> = (0..limit).step_by(size).map(|i| data.slice(i..(i + size).min(limit))).collect();
         let mut items: Vec<Result<Bytes, bucketfs_store::StoreError>> = chunks.into_iter().map(Ok).collect();
@@ -337,8 +334,13 @@ impl Store for Chunked {
     fn list(&self, prefix: &str, recursive: bool) -> bucketfs_store::ListStream {
         self.inner.list(prefix, recursive)
     }
-    async fn put(&self, key: &str, data: Bytes) -> Result<bucketfs_store::ObjectMeta, bucketfs_store::StoreError> {
-        self.inner.put(key, data).await
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        opts: PutOpts,
+    ) -> Result<bucketfs_store::ObjectMeta, bucketfs_store::StoreError> {
+        self.inner.put(key, data, opts).await
     }
     async fn delete(&self, key: &str) -> Result<(), bucketfs_store::StoreError> {
         self.inner.delete(key).await
@@ -370,7 +372,7 @@ async fn read_all(r: &FileReader, piece: u32) -> Vec<u8> {
 async fn a_sequential_reader_fetches_whole_groups_of_blocks_per_request() {
     let store = Arc::new(MemStore::new());
     let body = data(40 * BLOCK as usize + 777);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
     assert_eq!(read_all(&r, 1 << 20).await, body);
     let n = store.requests.load(Ordering::Relaxed);
@@ -383,7 +385,7 @@ async fn a_sequential_reader_fetches_whole_groups_of_blocks_per_request() {
 async fn a_cut_off_group_refetches_only_its_unfinished_blocks() {
     let mem = Arc::new(MemStore::new());
     let body = data(30 * BLOCK as usize);
-    let m = mem.put("f", body.clone()).await.unwrap();
+    let m = mem.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let mut store = Chunked::new(mem, Duration::ZERO);
     (store.cut_group, store.cut_after) = (1, 2 * BLOCK as usize + 1000);
     let store = Arc::new(store);
@@ -407,7 +409,7 @@ async fn a_block_is_handed_over_before_its_group_ends() {
     // 8 chunks of 5 ms a block: the group takes >= GROUP x 40 ms, its first block 40 ms.
     let mem = Arc::new(MemStore::new());
     let body = data(GROUP as usize * BLOCK as usize);
-    let m = mem.put("f", body.clone()).await.unwrap();
+    let m = mem.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let store = Arc::new(Chunked::new(mem, Duration::from_millis(5)));
     let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
     let (first, last) = {
@@ -427,7 +429,7 @@ async fn a_reader_short_of_budget_for_a_whole_group_takes_what_there_is() {
     // else in flight ahead of it) still prefetches, several blocks a GET.
     let store = Arc::new(MemStore::new());
     let body = data(30 * BLOCK as usize);
-    let m = store.put("f", body.clone()).await.unwrap();
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let c = Arc::new(ReadCache::new(256 << 20, (GROUP - 1) * BLOCK));
     let r = reader_of(store.clone(), c, m.etag.clone(), body.len() as u64, 32 * BLOCK);
     assert_eq!(read_all(&r, 1 << 20).await, body);
@@ -442,7 +444,7 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     // a miss (a refetch), which the second reader would show as GETs.
     let mem = Arc::new(MemStore::new());
     let body = data(5 * BLOCK as usize + 777); // 6 blocks: fewer than the disk queue holds
-    let m = mem.put("f", body.clone()).await.unwrap();
+    let m = mem.put("f", body.clone(), PutOpts::default()).await.unwrap();
     let mut store = Chunked::new(mem, Duration::ZERO);
     store.chunk = 100_000;
     let store = Arc::new(store);

@@ -31,7 +31,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bucketfs_store::{FileAttrs, ObjectMeta, ObjectWriter, Store, WriteOptions};
+use bucketfs_store::{FileAttrs, GetOpts, ObjectMeta, ObjectWriter, PutOpts, Store, StoreExt, WriteOptions};
 use bytes::Bytes;
 
 use crate::part_budget::PartBudget;
@@ -66,13 +66,17 @@ pub struct Staged {
     /// The key may hold an object written from these bytes' inode (it came from the store,
     /// or was uploaded here): a rename or unlink must delete it there.
     pub in_store: bool,
+    /// Made by an `O_EXCL` create and not uploaded yet: the first upload is create-only
+    /// ([`PutOpts::if_not_exists`]), so an object another writer made meanwhile is never
+    /// replaced (the upload fails with `Exists`; the bytes stay here).
+    pub create_only: bool,
 }
 
 /// A multipart upload fed while a sequential writer is still writing.
 struct Eager {
     key: String,
-    /// The attributes the upload was started with (sent when it began).
-    attrs: FileAttrs,
+    /// What the upload was started with (attributes, create-only; sent when it began).
+    put: PutOpts,
     writer: Box<dyn ObjectWriter>,
     /// Bytes `0..sent` of the staged file are already handed to the writer.
     sent: u64,
@@ -106,6 +110,7 @@ impl Staged {
             budget,
             open_marked: false,
             in_store: true,
+            create_only: false,
         })
     }
 
@@ -123,7 +128,7 @@ impl Staged {
         while off < size {
             let end = (off + CHUNK).min(size);
             let _room = self.budget.buffer(end - off).await; // until written out
-            let data = store.get_range(key, off..end, etag).await?;
+            let data = store.get_range(key, off..end, GetOpts { if_match: etag }).await?;
             if data.len() as u64 != end - off {
                 return Err(FsError::Stale(format!("{key} changed while it was being opened")));
             }
@@ -337,6 +342,11 @@ impl Staged {
         }
     }
 
+    /// What an upload of these bytes is stored with.
+    fn put_opts(&self, attrs: &FileAttrs) -> PutOpts {
+        PutOpts { attrs: *attrs, if_not_exists: self.create_only }
+    }
+
     /// Hand every complete part past what was sent to the eager upload, starting one if a
     /// sequential writer has written a first full part.
     pub async fn eager_feed(
@@ -355,8 +365,9 @@ impl Staged {
             // No share free now: the file goes up at close instead (never wait here, with
             // a writer that may keep the file open for hours: see part_budget.rs).
             let Some(share) = self.budget.eager(opts) else { return Ok(()) };
-            let writer = store.writer_with_attrs(key, opts, attrs).await?;
-            self.eager = Some(Eager { key: key.to_string(), attrs: *attrs, writer, sent: 0, _share: share });
+            let put = self.put_opts(attrs);
+            let writer = store.writer(key, WriteOptions { put, ..opts }).await?;
+            self.eager = Some(Eager { key: key.to_string(), put, writer, sent: 0, _share: share });
         }
         let Some(e) = self.eager.as_mut() else { return Ok(()) };
         if e.key != key {
@@ -386,7 +397,8 @@ impl Staged {
     ) -> Result<ObjectMeta, FsError> {
         self.settle()?;
         let gen = self.write_gen;
-        if self.eager.as_ref().is_some_and(|e| e.attrs != *attrs) {
+        let put = self.put_opts(attrs);
+        if self.eager.as_ref().is_some_and(|e| e.put != put) {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
         }
         let eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
@@ -405,11 +417,11 @@ impl Staged {
                 // One part or less: a single PUT is one round trip instead of three.
                 let _share = self.budget.upload(self.len(), opts).await;
                 let data = self.read(0, self.size as u32)?;
-                store.put_with_attrs(key, data, attrs).await.map_err(FsError::from)
+                store.put(key, data, put).await.map_err(FsError::from)
             }
             None => {
                 let _share = self.budget.upload(self.size, opts).await;
-                let mut w = store.writer_with_attrs(key, opts, attrs).await?;
+                let mut w = store.writer(key, WriteOptions { put, ..opts }).await?;
                 match self.send_range(w.as_mut(), 0, opts).await {
                     Ok(()) => w.close().await.map_err(FsError::from),
                     Err(err) => {
@@ -421,6 +433,7 @@ impl Staged {
         };
         let meta = result?;
         self.in_store = true;
+        self.create_only = false;
         if self.write_gen == gen {
             self.dirty = false;
             let _ = std::fs::remove_file(self.key_path());
@@ -441,6 +454,13 @@ impl Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         self.eager_abandon();
+        if self.dirty && !self.unlinked && self.create_only {
+            // Recovery uploads unconditionally: never over another writer's object.
+            if let (Some(dir), Some(key)) = (self.path.parent(), self.key.clone()) {
+                set_aside(dir, &self.path, &key);
+                return;
+            }
+        }
         if self.dirty && !self.unlinked {
             // Data the bucket does not have: leave it (and its sidecar) for recovery.
             tracing::warn!(path = %self.path.display(), key = ?self.key, "staged data kept for the next mount");

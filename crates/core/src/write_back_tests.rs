@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bucketfs_store::testing::{FailStore, MemStore, Op};
-use bucketfs_store::{Store, StoreErrorKind};
+use bucketfs_store::{GetOpts, Store, StoreErrorKind, StoreExt};
 
 use crate::fs::{Fs, FsConfig, ROOT_INO};
 use crate::write_back::WriteBackConfig;
@@ -25,8 +25,8 @@ fn staging(name: &str) -> std::path::PathBuf {
 }
 
 async fn object(store: &dyn Store, key: &str) -> Option<Vec<u8>> {
-    let len = store.head(key).await.ok()?.size;
-    store.get_range(key, 0..len, None).await.ok().map(|b| b.to_vec())
+    let len = store.stat(key).await.ok()?.size;
+    store.get_range(key, 0..len, GetOpts::default()).await.ok().map(|b| b.to_vec())
 }
 
 async fn keys(store: &dyn Store) -> Vec<String> {

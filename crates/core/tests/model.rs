@@ -18,7 +18,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bucketfs_core::{Fs, FsConfig, FsError, ROOT_INO};
 use bucketfs_store::testing::MemStore;
-use bucketfs_store::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use bucketfs_store::{
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
+    StoreError, WriteOptions,
+};
 use bytes::Bytes;
 use futures::StreamExt;
 use shuttle::future::{block_on, spawn, yield_now};
@@ -45,11 +48,11 @@ impl Store for YieldStore {
     async fn check(&self) -> Result<(), StoreError> {
         Ok(())
     }
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        rt(self.0.head(key)).await
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
+        rt(self.0.head(key, opts)).await
     }
-    async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError> {
-        rt(self.0.get_range(key, range, if_match)).await
+    async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
+        rt(self.0.get(key, range, opts)).await
     }
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
         // The listing is taken when the first page is asked for, after a yield, like a LIST.
@@ -63,8 +66,8 @@ impl Store for YieldStore {
         .flatten()
         .boxed()
     }
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        rt(self.0.put(key, data)).await
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        rt(self.0.put(key, data, opts)).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         rt(self.0.delete(key)).await
@@ -84,7 +87,7 @@ fn fs_with(keys: &[&str]) -> Arc<Fs> {
     let mem = MemStore::new();
     for k in keys {
         let (k, data) = (k.to_string(), Bytes::from_static(b"x"));
-        futures::executor::block_on(mem.put(&k, data)).unwrap();
+        futures::executor::block_on(mem.put(&k, data, PutOpts::default())).unwrap();
     }
     let staging = std::env::temp_dir().join(format!("bucketfs-model-{}", std::process::id()));
     // A long TTL: within one schedule every listing stays fresh, so a stale one is visible.

@@ -1,7 +1,7 @@
 //! File attributes kept with an object as user metadata: `mode` (octal, file type bits
 //! included, as rclone writes it), `uid`, `gid` (decimal) and `mtime` (seconds since the
 //! epoch with a fraction, the form rclone's S3 backend writes and s3fs reads). Stores that
-//! have no user metadata keep none ([`crate::Store::keeps_attrs`] is false).
+//! have no user metadata keep none ([`crate::Capabilities::keeps_attrs`] is false).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -11,6 +11,8 @@ pub enum StoreErrorKind {
     PermissionDenied,
     /// A conditional request failed: the object changed (ETag/generation mismatch).
     Changed,
+    /// A create-only upload ([`crate::PutOpts::if_not_exists`]) found the key taken.
+    Exists,
     /// The server asked us to slow down and retries ran out.
     RateLimited,
     /// The operation is not supported by this store.
@@ -37,6 +39,15 @@ impl StoreError {
 
     pub fn not_found(what: impl Into<String>) -> Self {
         Self::new(StoreErrorKind::NotFound, what)
+    }
+
+    /// This error as the result of an upload made with `if_not_exists`: its failed
+    /// precondition (412, or 409 for a concurrent one) means the key is taken.
+    pub fn if_created(self, if_not_exists: bool) -> Self {
+        match self.kind {
+            StoreErrorKind::Changed if if_not_exists => Self { kind: StoreErrorKind::Exists, ..self },
+            _ => self,
+        }
     }
 
     /// Translate an OpenDAL error for operation `op` on `key`.

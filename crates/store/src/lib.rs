@@ -2,7 +2,8 @@
 //!
 //! Everything above this crate sees the narrow [`Store`] trait: `head`, ranged `get`, a
 //! listing stream, `put`, a streaming multipart `writer`, `delete`, `copy`, `create_dir`,
-//! plus a [`Capabilities`] value. Keys are relative
+//! plus a [`Capabilities`] value; each call takes an options struct, and [`StoreExt`]
+//! adds the convenience forms (`stat`, `get_range`, `read`) on top. Keys are relative
 //! to the mounted bucket prefix, never start with `/`, and directory markers end with `/`.
 //!
 //! - [`opendal_store`] implements the trait over OpenDAL's public `Operator` API.
@@ -35,5 +36,6 @@ pub use attrs::FileAttrs;
 pub use content_type::ContentType;
 pub use error::{StoreError, StoreErrorKind};
 pub use types::{
-    ByteStream, Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, WriteOptions,
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectChecksum, ObjectHead, ObjectMeta, ObjectWriter,
+    PutOpts, Store, StoreExt, WriteOptions,
 };

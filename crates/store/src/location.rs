@@ -60,7 +60,7 @@ pub struct StoreOptions {
     /// ([`crate::s3::checksum`]). `bucketfs cp` turns it on; a store that does not confirm
     /// fails the upload.
     pub s3_crc32c: bool,
-    /// S3: ask HEADs made by [`Store::head_digests`] for the object's additional checksum
+    /// S3: ask HEADs made with [`crate::HeadOpts::digests`] for the object's additional checksum
     /// (`x-amz-checksum-mode`, signed; [`crate::s3::checksum_mode`]). `bucketfs cp` turns it
     /// on to verify downloads by crc instead of MD5.
     pub s3_checksum_mode: bool,

@@ -8,7 +8,7 @@
 //! shared [`Metrics`] handle: no lock, no allocation on the request path.
 //!
 //! A listing is one request; its latency runs until the stream ends (or is dropped), and
-//! so does a streamed read (`get_range_stream`, one `get` whose bytes count as they pass). An
+//! so does a read (`get`, one request whose bytes count as they pass). An
 //! upload through a writer is one `upload` request, timed from `writer` to `close`.
 
 use std::fmt::Write as _;
@@ -24,7 +24,8 @@ use bytes::Bytes;
 use futures::Stream;
 
 use crate::{
-    ByteStream, Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions,
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
+    StoreError, StoreErrorKind, WriteOptions,
 };
 
 /// The operations counted, in the order of [`Op::ALL`].
@@ -60,10 +61,11 @@ impl Op {
     }
 }
 
-const KINDS: [StoreErrorKind; 8] = [
+const KINDS: [StoreErrorKind; 9] = [
     StoreErrorKind::NotFound,
     StoreErrorKind::PermissionDenied,
     StoreErrorKind::Changed,
+    StoreErrorKind::Exists,
     StoreErrorKind::RateLimited,
     StoreErrorKind::Unsupported,
     StoreErrorKind::Config,
@@ -76,6 +78,7 @@ fn kind_name(k: StoreErrorKind) -> &'static str {
         StoreErrorKind::NotFound => "not_found",
         StoreErrorKind::PermissionDenied => "permission_denied",
         StoreErrorKind::Changed => "changed",
+        StoreErrorKind::Exists => "exists",
         StoreErrorKind::RateLimited => "rate_limited",
         StoreErrorKind::Unsupported => "unsupported",
         StoreErrorKind::Config => "config",
@@ -256,33 +259,6 @@ impl MeteredStore {
     }
 }
 
-impl MeteredStore {
-    /// Record a finished put of `n` bytes.
-    fn put_done(&self, t: Instant, n: u64, r: Result<ObjectMeta, StoreError>) -> Result<ObjectMeta, StoreError> {
-        if r.is_ok() {
-            self.metrics.add_written(n);
-        }
-        self.done(Op::Put, t, r)
-    }
-
-    /// Wrap an opened writer so its upload is recorded when it closes or aborts.
-    fn metered_writer(
-        &self,
-        t: Instant,
-        r: Result<Box<dyn ObjectWriter>, StoreError>,
-    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        match r {
-            Ok(inner) => {
-                Ok(Box::new(MeteredWriter { inner, metrics: self.metrics.clone(), start: t, finished: false }))
-            }
-            Err(e) => {
-                self.metrics.record(Op::Upload, t, Some(e.kind));
-                Err(e)
-            }
-        }
-    }
-}
-
 #[async_trait]
 impl Store for MeteredStore {
     fn describe(&self) -> String {
@@ -299,29 +275,15 @@ impl Store for MeteredStore {
         self.done(Op::Check, t, r)
     }
 
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         let t = Instant::now();
-        let r = self.inner.head(key).await;
+        let r = self.inner.head(key, opts).await;
         self.done(Op::Head, t, r)
     }
 
-    async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError> {
+    async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
         let t = Instant::now();
-        let r = self.inner.get_range(key, range, if_match).await;
-        if let Ok(b) = &r {
-            self.metrics.add_read(b.len() as u64);
-        }
-        self.done(Op::Get, t, r)
-    }
-
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        if_match: Option<&str>,
-    ) -> Result<ByteStream, StoreError> {
-        let t = Instant::now();
-        match self.inner.get_range_stream(key, range, if_match).await {
+        match self.inner.get(key, range, opts).await {
             Ok(inner) => {
                 Ok(Box::pin(MeteredRead { inner, metrics: self.metrics.clone(), start: t, err: None, done: false }))
             }
@@ -334,10 +296,13 @@ impl Store for MeteredStore {
         Box::pin(MeteredList { inner, metrics: self.metrics.clone(), start: Instant::now(), err: None, done: false })
     }
 
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         let (t, n) = (Instant::now(), data.len() as u64);
-        let r = self.inner.put(key, data).await;
-        self.put_done(t, n, r)
+        let r = self.inner.put(key, data, opts).await;
+        if r.is_ok() {
+            self.metrics.add_written(n);
+        }
+        self.done(Op::Put, t, r)
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -358,43 +323,18 @@ impl Store for MeteredStore {
         self.done(Op::CreateDir, t, r)
     }
 
+    /// The upload is recorded when the writer closes or aborts.
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         let t = Instant::now();
-        let r = self.inner.writer(key, opts).await;
-        self.metered_writer(t, r)
-    }
-
-    async fn head_digests(&self, key: &str) -> Result<crate::ObjectDigests, StoreError> {
-        let t = Instant::now();
-        let r = self.inner.head_digests(key).await;
-        self.done(Op::Head, t, r)
-    }
-
-    fn keeps_attrs(&self) -> bool {
-        self.inner.keeps_attrs()
-    }
-
-    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, crate::FileAttrs), StoreError> {
-        let t = Instant::now();
-        let r = self.inner.head_attrs(key).await;
-        self.done(Op::Head, t, r)
-    }
-
-    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &crate::FileAttrs) -> Result<ObjectMeta, StoreError> {
-        let (t, n) = (Instant::now(), data.len() as u64);
-        let r = self.inner.put_with_attrs(key, data, attrs).await;
-        self.put_done(t, n, r)
-    }
-
-    async fn writer_with_attrs(
-        &self,
-        key: &str,
-        opts: WriteOptions,
-        attrs: &crate::FileAttrs,
-    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        let t = Instant::now();
-        let r = self.inner.writer_with_attrs(key, opts, attrs).await;
-        self.metered_writer(t, r)
+        match self.inner.writer(key, opts).await {
+            Ok(inner) => {
+                Ok(Box::new(MeteredWriter { inner, metrics: self.metrics.clone(), start: t, finished: false }))
+            }
+            Err(e) => {
+                self.metrics.record(Op::Upload, t, Some(e.kind));
+                Err(e)
+            }
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::testing::MemStore;
+use crate::StoreExt;
 use futures::StreamExt;
 
 fn metered() -> (MeteredStore, Arc<Metrics>) {
@@ -12,9 +13,9 @@ fn metered() -> (MeteredStore, Arc<Metrics>) {
 #[tokio::test]
 async fn counts_requests_errors_and_bytes() {
     let (s, m) = metered();
-    s.put("a", Bytes::from_static(b"hello")).await.unwrap();
-    assert_eq!(s.get_range("a", 0..5, None).await.unwrap().len(), 5);
-    assert_eq!(s.head("missing").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    s.put("a", Bytes::from_static(b"hello"), PutOpts::default()).await.unwrap();
+    assert_eq!(s.get_range("a", 0..5, GetOpts::default()).await.unwrap().len(), 5);
+    assert_eq!(s.stat("missing").await.unwrap_err().kind, StoreErrorKind::NotFound);
     let mut w = s.writer("b", WriteOptions::default()).await.unwrap();
     w.write(Bytes::from_static(b"123")).await.unwrap();
     w.write(Bytes::from_static(b"4567")).await.unwrap();
@@ -35,23 +36,23 @@ async fn counts_requests_errors_and_bytes() {
 #[tokio::test]
 async fn a_streamed_read_is_one_get_and_counts_its_bytes() {
     let (s, m) = metered();
-    s.put("a", Bytes::from_static(b"hello world")).await.unwrap();
-    let got: Vec<Bytes> = s.get_range_stream("a", 2..9, None).await.unwrap().map(Result::unwrap).collect().await;
+    s.put("a", Bytes::from_static(b"hello world"), PutOpts::default()).await.unwrap();
+    let got: Vec<Bytes> = s.get("a", 2..9, GetOpts::default()).await.unwrap().map(Result::unwrap).collect().await;
     assert_eq!(got.concat(), b"llo wor");
     assert_eq!((m.requests(Op::Get), m.totals().bytes_read), (1, 7));
     // Dropped half-way: still one request, only the bytes that passed.
-    let mut st = s.get_range_stream("a", 0..11, None).await.unwrap();
+    let mut st = s.get("a", 0..11, GetOpts::default()).await.unwrap();
     let first = st.next().await.unwrap().unwrap().len() as u64;
     drop(st);
     assert_eq!((m.requests(Op::Get), m.totals().bytes_read), (2, 7 + first));
-    assert!(s.get_range_stream("missing", 0..1, None).await.is_err());
+    assert!(s.get("missing", 0..1, GetOpts::default()).await.is_err());
     assert_eq!(m.errors(Op::Get, StoreErrorKind::NotFound), 1);
 }
 
 #[tokio::test]
 async fn a_dropped_listing_is_still_one_request() {
     let (s, m) = metered();
-    s.put("x/1", Bytes::new()).await.unwrap();
+    s.put("x/1", Bytes::new(), PutOpts::default()).await.unwrap();
     drop(s.list("", true));
     assert_eq!(m.requests(Op::List), 1);
 }

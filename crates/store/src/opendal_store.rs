@@ -14,14 +14,14 @@ use opendal::{Metadata, Operator};
 
 use crate::gcs::compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
 use crate::{
-    ByteStream, Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError,
-    WriteOptions,
+    ByteStream, Capabilities, FileAttrs, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts,
+    Store, StoreError, WriteOptions,
 };
 
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
 
-/// A read request (`read_with` or `reader_with`) pinned to `if_match`: to the generation on
+/// A read request (`reader_with`) pinned to `if_match`: to the generation on
 /// stores whose identity is one (GCS), else to the ETag where the store honours If-Match.
 macro_rules! with_precondition {
     ($store:expr, $req:expr, $if_match:expr) => {
@@ -80,6 +80,11 @@ impl OpendalStore {
         self
     }
 
+    /// Whether uploads keep user metadata ([`Capabilities::keeps_attrs`]).
+    fn keeps_attrs(&self) -> bool {
+        self.op.info().capability().write_with_user_metadata
+    }
+
     fn meta(&self, key: &str, m: &Metadata) -> ObjectMeta {
         let etag = if self.generation_identity { m.version().or(m.etag()) } else { m.etag().or(m.version()) };
         ObjectMeta {
@@ -118,6 +123,7 @@ impl Store for OpendalStore {
             // The local folder's lister trims each name it reads (checked by hand: a
             // directory `a ` lists as `a/`); object stores list keys as stored.
             trims_segments: !self.prefix_dirs,
+            keeps_attrs: cap.write_with_user_metadata,
         }
     }
 
@@ -132,29 +138,39 @@ impl Store for OpendalStore {
         Ok(())
     }
 
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        Ok(self.head_attrs(key).await?.0)
-    }
-
-    async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError> {
-        if range.start >= range.end {
-            return Ok(Bytes::new());
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
+        // An S3 operator built with `s3_checksum_mode` answers with the object's checksum.
+        let (m, checksum) = match opts.digests {
+            true => crate::s3::checksum_mode::asking(self.op.stat(od_path(key))).await,
+            false => (self.op.stat(od_path(key)).await, None),
+        };
+        let m = m.map_err(|e| StoreError::from_opendal("head", key, e))?;
+        let attrs = m
+            .user_metadata()
+            .map(|u| FileAttrs::from_metadata(&u.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
+            .unwrap_or_default();
+        // A real directory (local fs) reports as a prefix, like a marker object would.
+        let meta = match m.is_dir() && !key.ends_with('/') && !key.is_empty() {
+            true => self.meta(&format!("{key}/"), &m),
+            false => self.meta(key, &m),
+        };
+        if !opts.digests {
+            return Ok(ObjectHead { attrs, ..ObjectHead::of(meta) });
         }
-        let req = with_precondition!(self, self.op.read_with(key).range(range), if_match);
-        let buf = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;
-        Ok(buf.to_bytes())
+        Ok(ObjectHead {
+            meta,
+            attrs,
+            etag: m.etag().map(|e| e.trim_matches('"').to_string()),
+            md5: m.content_md5().and_then(parse_md5),
+            checksum,
+        })
     }
 
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        if_match: Option<&str>,
-    ) -> Result<ByteStream, StoreError> {
+    async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
         if range.start >= range.end {
             return Ok(Box::pin(futures::stream::empty()));
         }
-        let req = with_precondition!(self, self.op.reader_with(key), if_match);
+        let req = with_precondition!(self, self.op.reader_with(key), opts.if_match);
         let reader = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;
         // No chunk option: one streaming request for the whole range.
         let stream = reader.into_stream(range).await.map_err(|e| StoreError::from_opendal("get", key, e))?;
@@ -194,8 +210,22 @@ impl Store for OpendalStore {
         futures::stream::once(stream).try_flatten().boxed()
     }
 
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.put_with_attrs(key, data, &FileAttrs::default()).await
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        let mut req = self.op.write_with(key, data);
+        if let Some(ct) = self.content_type_for(key) {
+            req = req.content_type(&ct);
+        }
+        if !opts.attrs.is_empty() && self.keeps_attrs() {
+            req = req.user_metadata(opts.attrs.to_metadata());
+        }
+        if opts.if_not_exists {
+            req = req.if_not_exists(true);
+        }
+        let created = |e| StoreError::from_opendal("put", key, e).if_created(opts.if_not_exists);
+        let m = req.await.map_err(created)?;
+        // The identity comes from this upload's own response, never from a later HEAD: another
+        // writer may have replaced the object in between (then we would claim their ETag).
+        Ok(self.meta(key, &m))
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -206,7 +236,7 @@ impl Store for OpendalStore {
         if !self.op.info().capability().copy {
             // OpenDAL's memory service has no copy; the data is local, so read and write.
             let data = self.op.read(from).await.map_err(|e| StoreError::from_opendal("copy", from, e))?;
-            self.put(to, data.to_bytes()).await?;
+            self.put(to, data.to_bytes(), PutOpts::default()).await?;
             return Ok(());
         }
         self.op.copy(from, to).await.map(|_| ()).map_err(|e| StoreError::from_opendal("copy", from, e))
@@ -217,46 +247,6 @@ impl Store for OpendalStore {
     }
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        self.writer_with_attrs(key, opts, &FileAttrs::default()).await
-    }
-
-    fn keeps_attrs(&self) -> bool {
-        self.op.info().capability().write_with_user_metadata
-    }
-
-    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, FileAttrs), StoreError> {
-        let m = self.op.stat(od_path(key)).await.map_err(|e| StoreError::from_opendal("head", key, e))?;
-        let attrs = m
-            .user_metadata()
-            .map(|u| FileAttrs::from_metadata(&u.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
-            .unwrap_or_default();
-        // A real directory (local fs) reports as a prefix, like a marker object would.
-        if m.is_dir() && !key.ends_with('/') && !key.is_empty() {
-            return Ok((self.meta(&format!("{key}/"), &m), attrs));
-        }
-        Ok((self.meta(key, &m), attrs))
-    }
-
-    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &FileAttrs) -> Result<ObjectMeta, StoreError> {
-        let mut req = self.op.write_with(key, data);
-        if let Some(ct) = self.content_type_for(key) {
-            req = req.content_type(&ct);
-        }
-        if !attrs.is_empty() && self.keeps_attrs() {
-            req = req.user_metadata(attrs.to_metadata());
-        }
-        let m = req.await.map_err(|e| StoreError::from_opendal("put", key, e))?;
-        // The identity comes from this upload's own response, never from a later HEAD: another
-        // writer may have replaced the object in between (then we would claim their ETag).
-        Ok(self.meta(key, &m))
-    }
-
-    async fn writer_with_attrs(
-        &self,
-        key: &str,
-        opts: WriteOptions,
-        attrs: &FileAttrs,
-    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
         if let Some(compose_op) = self.compose_op.clone().filter(|_| self.op.info().scheme() == "gcs") {
             // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
             // the JSON API (which emulators have too), and `location` sets a compose
@@ -266,7 +256,7 @@ impl Store for OpendalStore {
                 op: self.op.clone(),
                 compose_op,
                 store: self.clone(),
-                attrs: *attrs,
+                put: opts.put,
                 content_type: self.content_type_for(key),
             };
             return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
@@ -275,23 +265,17 @@ impl Store for OpendalStore {
         if let Some(ct) = self.content_type_for(key) {
             req = req.content_type(&ct);
         }
-        if !attrs.is_empty() && self.keeps_attrs() {
-            req = req.user_metadata(attrs.to_metadata());
+        if !opts.put.attrs.is_empty() && self.keeps_attrs() {
+            req = req.user_metadata(opts.put.attrs.to_metadata());
         }
-        let w = req.await.map_err(|e| StoreError::from_opendal("upload", key, e))?;
-        Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w) }))
-    }
-
-    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
-        // An S3 operator built with `s3_checksum_mode` answers with the object's checksum.
-        let (m, checksum) = crate::s3::checksum_mode::asking(self.op.stat(od_path(key))).await;
-        let m = m.map_err(|e| StoreError::from_opendal("head", key, e))?;
-        Ok(ObjectDigests {
-            meta: self.meta(key, &m),
-            etag: m.etag().map(|e| e.trim_matches('"').to_string()),
-            md5: m.content_md5().and_then(parse_md5),
-            checksum,
-        })
+        // S3: `If-None-Match: *` on the single PUT or on CompleteMultipartUpload.
+        if opts.put.if_not_exists {
+            req = req.if_not_exists(true);
+        }
+        let created = |e| StoreError::from_opendal("upload", key, e).if_created(opts.put.if_not_exists);
+        let w = req.await.map_err(created)?;
+        let if_not_exists = opts.put.if_not_exists;
+        Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w), if_not_exists }))
     }
 }
 
@@ -337,6 +321,8 @@ struct OpendalWriter {
     store: OpendalStore,
     key: String,
     w: Option<opendal::Writer>,
+    /// Created with `PutOpts::if_not_exists`: a failed precondition means the key is taken.
+    if_not_exists: bool,
 }
 
 impl OpendalWriter {
@@ -360,13 +346,16 @@ fn parses_md5_forms() {
 #[async_trait]
 impl ObjectWriter for OpendalWriter {
     async fn write(&mut self, data: Bytes) -> Result<(), StoreError> {
-        let key = self.key.clone();
-        self.writer()?.write(data).await.map_err(|e| StoreError::from_opendal("upload", &key, e))
+        let (key, created) = (self.key.clone(), self.if_not_exists);
+        let r = self.writer()?.write(data).await;
+        r.map_err(|e| StoreError::from_opendal("upload", &key, e).if_created(created))
     }
 
     async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
         let key = self.key.clone();
-        let m = self.writer()?.close().await.map_err(|e| StoreError::from_opendal("upload", &key, e))?;
+        let created = self.if_not_exists;
+        let close = self.writer()?.close().await;
+        let m = close.map_err(|e| StoreError::from_opendal("upload", &key, e).if_created(created))?;
         self.w = None;
         // As in `put`: the response's own identity, never a later HEAD's.
         Ok(self.store.meta(&key, &m))

@@ -49,6 +49,8 @@ pub struct Capabilities {
     /// Every segment of a listed key comes back trimmed too (OpenDAL's fs service lists a
     /// directory `a ` as `a/`), so a segment with whitespace at an end is never addressable.
     pub trims_segments: bool,
+    /// Uploads keep [`FileAttrs`] ([`PutOpts::attrs`]) and [`Store::head`] returns them.
+    pub keeps_attrs: bool,
 }
 
 impl Capabilities {
@@ -69,6 +71,12 @@ pub type ByteStream = BoxStream<'static, Result<Bytes, StoreError>>;
 
 /// The operations bucketfs needs from an object store. Implementations must be cheap to
 /// share (`Arc<dyn Store>`) and safe to call concurrently.
+///
+/// Each call is one method; what varies between uses of a call (attributes kept, digests
+/// asked for, a precondition) is a field of its options struct ([`HeadOpts`], [`GetOpts`],
+/// [`PutOpts`], [`WriteOptions`]), so a wrapper forwards the whole struct and a new option
+/// needs no new method. Convenience forms (a meta-only head, a read into one buffer) are in
+/// [`StoreExt`], built on these methods and never overridden.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// A short description for logs and errors, never containing credentials.
@@ -79,25 +87,15 @@ pub trait Store: Send + Sync + 'static {
     /// Verify the bucket exists and the credentials work (one cheap request).
     async fn check(&self) -> Result<(), StoreError>;
 
-    /// Metadata of one object. `NotFound` if absent.
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
+    /// Metadata of one object, with the attributes it carries (empty where the store keeps
+    /// none) and, if `opts.digests`, its content digests. `NotFound` if absent.
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError>;
 
-    /// Bytes `range` of `key`. The range is clamped to the object by the caller; a range
-    /// past the end yields fewer bytes. With `if_match`, a changed object gives `Changed`.
-    async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError>;
-
-    /// [`Store::get_range`] as a stream of chunks as they arrive (one request), so a large
-    /// range can be consumed without holding it in memory. The default reads the whole range
-    /// with `get_range` and yields it as one chunk. The caller checks the total length.
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        if_match: Option<&str>,
-    ) -> Result<ByteStream, StoreError> {
-        let data = self.get_range(key, range, if_match).await?;
-        Ok(Box::pin(futures::stream::once(async move { Ok(data) })))
-    }
+    /// Bytes `range` of `key` as a stream of chunks as they arrive (one request), so a large
+    /// range can be consumed without holding it in memory. The range is clamped to the
+    /// object by the caller; a range past the end yields fewer bytes (the caller checks the
+    /// total length). With `opts.if_match`, a changed object gives `Changed`.
+    async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError>;
 
     /// Entries under `prefix` (which is empty or ends with `/`). Non-recursive: direct
     /// children, with sub-prefixes reported once each as keys ending in `/`. The prefix
@@ -109,7 +107,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Store `data` as `key`, replacing any existing object. The returned `etag` is the
     /// upload's own (from its response), or `None`; `mtime` may be `None`.
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError>;
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError>;
 
     /// Delete `key`; deleting a missing key succeeds.
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
@@ -122,56 +120,91 @@ pub trait Store: Send + Sync + 'static {
     async fn create_dir(&self, key: &str) -> Result<(), StoreError>;
 
     /// Stream a new object into `key`. Large objects go up in parts of `opts.part_size`,
-    /// `opts.concurrency` at a time, while the caller is still writing. Nothing is visible
-    /// until `close` succeeds; `abort` leaves no parts behind.
+    /// `opts.concurrency` at a time, while the caller is still writing; `opts.put` says
+    /// what the object is stored with, as for [`Store::put`]. Nothing is visible until
+    /// `close` succeeds; `abort` leaves no parts behind.
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError>;
+}
 
-    /// [`Store::head`] plus the content digests the store reports, for end-to-end
-    /// verification. The default reports none.
-    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
-        Ok(ObjectDigests { meta: self.head(key).await?, etag: None, md5: None, checksum: None })
+/// Forms of [`Store`]'s calls that callers often want, built on them (so every wrapper
+/// gets them right by forwarding the calls). Implemented for every store; not overridable.
+#[async_trait]
+pub trait StoreExt: Store {
+    /// [`Store::head`]'s metadata alone.
+    async fn stat(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        Ok(self.head(key, HeadOpts::default()).await?.meta)
     }
 
-    /// Whether uploads keep [`FileAttrs`] and [`Store::head_attrs`] returns them. Wrappers
-    /// must forward this and the three methods below.
-    fn keeps_attrs(&self) -> bool {
-        false
+    /// [`Store::get`] gathered into one buffer.
+    async fn get_range(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<Bytes, StoreError> {
+        use futures::TryStreamExt;
+        let chunks: Vec<Bytes> = self.get(key, range, opts).await?.try_collect().await?;
+        Ok(match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.into_iter().next().unwrap_or_default(),
+            _ => chunks.concat().into(),
+        })
     }
 
-    /// [`Store::head`] plus the attributes the object carries (empty where none are kept).
-    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, FileAttrs), StoreError> {
-        Ok((self.head(key).await?, FileAttrs::default()))
-    }
-
-    /// [`Store::put`], keeping `attrs` with the object where the store can.
-    async fn put_with_attrs(&self, key: &str, data: Bytes, _attrs: &FileAttrs) -> Result<ObjectMeta, StoreError> {
-        self.put(key, data).await
-    }
-
-    /// [`Store::writer`], keeping `attrs` with the object where the store can.
-    async fn writer_with_attrs(
-        &self,
-        key: &str,
-        opts: WriteOptions,
-        _attrs: &FileAttrs,
-    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        self.writer(key, opts).await
+    /// The whole object, read pinned to the identity its head reported (where the store
+    /// can pin a read), so a replacement in between gives `Changed`, not mixed bytes.
+    async fn read(&self, key: &str) -> Result<Bytes, StoreError> {
+        let meta = self.stat(key).await?;
+        self.get_range(key, 0..meta.size, GetOpts { if_match: meta.etag.as_deref() }).await
     }
 }
 
-/// What [`Store::head_digests`] returns.
+impl<S: Store + ?Sized> StoreExt for S {}
+
+/// Options of [`Store::head`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeadOpts {
+    /// Fill [`ObjectHead`]'s digests (`etag`, `md5`, `checksum`) where the store has them.
+    pub digests: bool,
+}
+
+/// Options of [`Store::get`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GetOpts<'a> {
+    /// The identity (ETag, or generation on GCS) the object must still have.
+    pub if_match: Option<&'a str>,
+}
+
+/// Options of [`Store::put`] (and of a [`Store::writer`]'s object, [`WriteOptions::put`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PutOpts {
+    /// Kept with the object where the store can ([`Capabilities::keeps_attrs`]).
+    pub attrs: FileAttrs,
+    /// Create only: if the key holds an object when the upload completes, fail with
+    /// [`crate::StoreErrorKind::Exists`] and leave it untouched (S3 `If-None-Match: *`, GCS
+    /// `ifGenerationMatch=0` on the upload or the final compose; a local folder and Drive
+    /// check when the upload starts; the memory store at completion).
+    pub if_not_exists: bool,
+}
+
+/// What [`Store::head`] returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectDigests {
+pub struct ObjectHead {
     pub meta: ObjectMeta,
-    /// The service's raw ETag, quotes removed (S3: the MD5 in hex for a single-request
-    /// upload, `hex(md5(part md5s))-N` for an N-part upload; other forms mean neither).
+    /// The attributes the object carries (empty where none are kept).
+    pub attrs: FileAttrs,
+    /// With [`HeadOpts::digests`]: the service's raw ETag, quotes removed (S3: the MD5 in
+    /// hex for a single-request upload, `hex(md5(part md5s))-N` for an N-part upload;
+    /// other forms mean neither).
     pub etag: Option<String>,
-    /// MD5 of the whole content where the service keeps one (GCS `md5Hash`; GCS has none
-    /// for composed objects).
+    /// With [`HeadOpts::digests`]: MD5 of the whole content where the service keeps one
+    /// (GCS `md5Hash`; GCS has none for composed objects).
     pub md5: Option<[u8; 16]>,
-    /// S3's additional checksum of the object, where the store was asked for it
-    /// (`StoreOptions::s3_checksum_mode`) and keeps one.
+    /// With [`HeadOpts::digests`]: S3's additional checksum of the object, where the store
+    /// was asked for it (`StoreOptions::s3_checksum_mode`) and keeps one.
     pub checksum: Option<ObjectChecksum>,
+}
+
+impl ObjectHead {
+    /// A head of `meta` with no attributes and no digests.
+    pub fn of(meta: ObjectMeta) -> Self {
+        Self { meta, attrs: FileAttrs::default(), etag: None, md5: None, checksum: None }
+    }
 }
 
 /// An S3 additional checksum as HeadObject reports it with `x-amz-checksum-mode: ENABLED`.
@@ -189,18 +222,20 @@ pub struct ObjectChecksum {
     pub kind: Option<String>,
 }
 
-/// Tuning for [`Store::writer`].
+/// Options of [`Store::writer`]: its tuning, and what the object is stored with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteOptions {
     /// Bytes per part: S3's minimum part is 5 MiB; 8 MiB keeps 10,000 parts above 78 GiB.
     pub part_size: usize,
     /// Parts in flight at once.
     pub concurrency: usize,
+    /// As for [`Store::put`] (an upload that fits one part may be one put).
+    pub put: PutOpts,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        Self { part_size: 8 * 1024 * 1024, concurrency: 4 }
+        Self { part_size: 8 * 1024 * 1024, concurrency: 4, put: PutOpts::default() }
     }
 }
 

@@ -17,7 +17,7 @@ use super::plan::{self, slices};
 use super::verify::{self, Check, Crcs, Expect, SliceSum};
 use super::work::{groups, Group, Work};
 use super::{retry, Ctx, Report, INTERRUPTED};
-use bucketfs_store::{ObjectDigests, StoreError, StoreErrorKind};
+use bucketfs_store::{GetOpts, HeadOpts, ObjectHead, StoreError, StoreErrorKind, StoreExt};
 
 /// How to read one object: its identity, size, ranges and what to verify against.
 struct ReadPlan {
@@ -36,14 +36,14 @@ struct ReadPlan {
 }
 
 /// Ask the store for what `head` does not already say: the object's size, identity and digests.
-pub(super) async fn head(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) -> Result<ObjectDigests, String> {
+pub(super) async fn head(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<ObjectHead, String> {
     match head {
         Some(d) => Ok(d.clone()),
-        None => retry(ctx, "head", &src.key, || src.store.head_digests(&src.key)).await,
+        None => retry(ctx, "head", &src.key, || src.store.head(&src.key, HeadOpts { digests: true })).await,
     }
 }
 
-async fn read_plan(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) -> Result<ReadPlan, String> {
+async fn read_plan(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<ReadPlan, String> {
     let d = self::head(ctx, src, head).await?;
     let size = d.meta.size;
     let expect = verify::expect(src.kind, &d);
@@ -76,7 +76,7 @@ pub(super) async fn fetch(
     retry(ctx, "read", &src.key, || {
         let range = range.clone();
         async move {
-            let data = src.store.get_range(&src.key, range.clone(), if_match).await?;
+            let data = src.store.get_range(&src.key, range.clone(), GetOpts { if_match }).await?;
             if data.len() != want {
                 return Err(StoreError::new(
                     StoreErrorKind::Other,
@@ -101,7 +101,7 @@ pub(super) async fn fetch_chunks(
     retry(ctx, "read", &src.key, || {
         let range = range.clone();
         async move {
-            let mut body = src.store.get_range_stream(&src.key, range.clone(), if_match).await?;
+            let mut body = src.store.get(&src.key, range.clone(), GetOpts { if_match }).await?;
             let (mut chunks, mut got) = (Vec::new(), 0u64);
             while let Some(c) = body.next().await {
                 let c = c?;
@@ -417,7 +417,7 @@ async fn receive(
 ) -> Result<(), Failure> {
     let (src, p) = (f.src, f.p);
     let (start, end) = (p.ranges[todo.start].start, p.ranges[todo.end - 1].end);
-    let mut body = src.store.get_range_stream(&src.key, start..end, p.if_match.as_deref()).await?;
+    let mut body = src.store.get(&src.key, start..end, GetOpts { if_match: p.if_match.as_deref() }).await?;
     let mut i = todo.start;
     let mut pos = start;
     let mut fill = AlignedBuf::new();
@@ -534,7 +534,7 @@ async fn open_reserved(tmp: &Path, direct: bool, size: u64) -> Result<Target, St
     .map_err(|e| e.to_string())?
 }
 
-pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>, dst: &Path) -> Result<Report, String> {
+pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &Path) -> Result<Report, String> {
     if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
@@ -630,7 +630,7 @@ async fn reread_and_repair(
 
 /// Write the object to stdout in order. Reads run `parallel` ahead; the reordering window
 /// is those slices. A mismatch found afterwards can only be reported (the bytes are out).
-pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>) -> Result<Report, String> {
+pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<Report, String> {
     let p = read_plan(ctx, src, head).await?;
     let want_whole = matches!(p.expect, Expect::WholeMd5(_));
     let if_match = p.if_match.as_deref();

@@ -10,7 +10,10 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bucketfs_store::testing::MemStore;
-use bucketfs_store::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use bucketfs_store::{
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
+    StoreError, StoreExt, WriteOptions,
+};
 use bytes::Bytes;
 
 use super::endpoint::{Kind, Remote, Side};
@@ -114,17 +117,17 @@ impl Store for Meddle {
     async fn check(&self) -> Result<(), StoreError> {
         Ok(())
     }
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        self.inner.head(key).await
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
+        self.inner.head(key, opts).await
     }
-    async fn get_range(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<Bytes, StoreError> {
-        self.inner.get_range(key, r, m).await
+    async fn get(&self, key: &str, r: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
+        self.inner.get(key, r, opts).await
     }
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
         self.inner.list(prefix, recursive)
     }
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.inner.put(key, data).await
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        self.inner.put(key, data, opts).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
@@ -160,7 +163,7 @@ async fn an_upload_whose_source_changes_fails_and_leaves_no_object() {
     let truncate = |f: &Path| std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(20 * 4096).unwrap();
     let (e, mem) = upload_while("trunc", truncate).await;
     assert!(e.contains("changed during the copy") && e.contains("truncated"), "{e}");
-    assert!(mem.head("obj").await.is_err(), "a truncated source left an object");
+    assert!(mem.stat("obj").await.is_err(), "a truncated source left an object");
 
     let rewrite = |f: &Path| {
         let w = std::fs::OpenOptions::new().write(true).open(f).unwrap();
@@ -169,7 +172,7 @@ async fn an_upload_whose_source_changes_fails_and_leaves_no_object() {
     };
     let (e, mem) = upload_while("rewrite", rewrite).await;
     assert!(e.contains("changed during the copy") && e.contains("modification time"), "{e}");
-    assert!(mem.head("obj").await.is_err(), "a rewritten source left an object");
+    assert!(mem.stat("obj").await.is_err(), "a rewritten source left an object");
 }
 
 fn mkfifo(p: &Path) {
@@ -247,7 +250,7 @@ async fn a_tree_walk_follows_links_makes_markers_and_says_what_it_skips() {
 #[tokio::test]
 async fn only_empty_directory_markers_are_made_on_the_other_side() {
     let mem = Arc::new(MemStore::new());
-    mem.put("p/a/x", Bytes::from_static(b"x")).await.unwrap();
+    mem.put("p/a/x", Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
     mem.create_dir("p/a/").await.unwrap(); // a mount's mkdir, then a file in it
     mem.create_dir("p/e/").await.unwrap(); // an empty directory
     let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "p".into(), crc_confirmed: false };

@@ -9,7 +9,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use bucketfs_store::{ObjectDigests, StoreErrorKind};
+use bucketfs_store::{HeadOpts, ObjectHead, StoreErrorKind};
 use md5::{Digest, Md5};
 
 use super::endpoint::{Kind, Remote};
@@ -67,11 +67,11 @@ pub async fn unchanged(ctx: &Ctx, job: &Job) -> Result<bool, String> {
 }
 
 /// The object's digests, `None` if it does not exist.
-async fn digests(ctx: &Ctx, r: &Remote) -> Result<Option<ObjectDigests>, String> {
+async fn digests(ctx: &Ctx, r: &Remote) -> Result<Option<ObjectHead>, String> {
     let _slot = ctx.slot().await;
     let mut attempt = 0;
     loop {
-        match r.store.head_digests(&r.key).await {
+        match r.store.head(&r.key, HeadOpts { digests: true }).await {
             Ok(d) => return Ok(Some(d)),
             Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(None),
             Err(e) => super::again(ctx, "head", &r.key, &mut attempt, e).await?,
@@ -80,7 +80,7 @@ async fn digests(ctx: &Ctx, r: &Remote) -> Result<Option<ObjectDigests>, String>
 }
 
 /// The whole content's MD5, where the store says it.
-fn md5_of(kind: Kind, d: &ObjectDigests) -> Option<[u8; 16]> {
+fn md5_of(kind: Kind, d: &ObjectHead) -> Option<[u8; 16]> {
     d.md5.or_else(|| {
         let etag = d.etag.as_deref().filter(|e| kind == Kind::S3 && e.len() == 32)?;
         let mut out = [0u8; 16];

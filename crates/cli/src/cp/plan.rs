@@ -10,7 +10,7 @@ use futures::TryStreamExt;
 
 use super::endpoint::{Remote, Side};
 use super::walk::{self, Expanded, Walk};
-use bucketfs_store::{ObjectDigests, StoreErrorKind};
+use bucketfs_store::{HeadOpts, ObjectHead, StoreErrorKind};
 
 pub const MIB: u64 = 1 << 20;
 /// S3 rejects parts under 5 MiB (all but the last), so uploads to S3 never use less.
@@ -91,7 +91,7 @@ pub enum Src {
     Remote {
         remote: Remote,
         size: u64,
-        head: Option<Box<ObjectDigests>>,
+        head: Option<Box<ObjectHead>>,
     },
     Stdin,
     /// An empty directory (local) or a directory marker object (`dir/`): made at the
@@ -217,7 +217,7 @@ async fn expand_remote(
 ) -> Result<(), String> {
     let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string);
     if !r.key.is_empty() && !r.key.ends_with('/') {
-        match r.store.head_digests(&r.key).await {
+        match r.store.head(&r.key, HeadOpts { digests: true }).await {
             Ok(d) => {
                 let dst = target(dst, name.as_deref(), "", into_dir)?;
                 jobs.push(Job {

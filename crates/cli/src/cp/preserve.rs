@@ -8,7 +8,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use bucketfs_store::FileAttrs;
+use bucketfs_store::{FileAttrs, HeadOpts};
 
 use super::endpoint::Remote;
 
@@ -22,7 +22,8 @@ pub fn local_attrs(path: &Path) -> FileAttrs {
 
 /// Give the downloaded file at `path` the mode and mtime the object carries, if any.
 pub async fn apply_to_local(remote: &Remote, path: &Path) -> Result<(), String> {
-    let (_, attrs) = remote.store.head_attrs(&remote.key).await.map_err(|e| format!("{}: {e}", remote.url()))?;
+    let head = remote.store.head(&remote.key, HeadOpts::default()).await;
+    let attrs = head.map_err(|e| format!("{}: {e}", remote.url()))?.attrs;
     let what = |e: std::io::Error| format!("{}: keeping mode and mtime: {e}", path.display());
     // The time first: a mode without write permission would stop the open for it.
     if let Some(t) = attrs.mtime {

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use bucketfs_store::{ObjectDigests, ObjectMeta, StoreErrorKind, WriteOptions};
+use bucketfs_store::{HeadOpts, ObjectHead, ObjectMeta, PutOpts, StoreErrorKind, WriteOptions};
 use bytes::Bytes;
 use futures::StreamExt;
 use md5::{Digest, Md5};
@@ -32,7 +32,7 @@ use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
 const S3_COPY_MAX: u64 = 5 << 30;
 
 /// Copy `src` (`size` bytes) to `dst`, verified.
-pub async fn copy(ctx: &Ctx, src: &Remote, head: Option<&ObjectDigests>, dst: &Remote) -> Result<Report, String> {
+pub async fn copy(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &Remote) -> Result<Report, String> {
     if src.url() == dst.url() {
         return Err(format!("{}: source and destination are the same object", src.url()));
     }
@@ -56,12 +56,7 @@ fn how(src: &str, dst: &str) -> String {
 
 // ------------------------------------------------------------------ server side
 
-async fn server_side(
-    ctx: &Ctx,
-    src: &Remote,
-    dst: &Remote,
-    d: &bucketfs_store::ObjectDigests,
-) -> Result<Report, String> {
+async fn server_side(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectHead) -> Result<Report, String> {
     let size = d.meta.size;
     let mut last = String::new();
     for attempt in 0..=ctx.retries {
@@ -74,7 +69,7 @@ async fn server_side(
             retry(ctx, "copy", &src.key, || src.store.copy(&src.key, &dst.key)).await?;
         }
         ctx.progress.moved(size);
-        let got = retry(ctx, "head", &dst.key, || dst.store.head_digests(&dst.key)).await?;
+        let got = retry(ctx, "head", &dst.key, || dst.store.head(&dst.key, HeadOpts { digests: true })).await?;
         match compare_copies(ctx, src, dst, d, &got).await {
             Ok((how, crc)) => return Ok(Report { bytes: size, verified: how.into(), crc32c: crc }),
             Err(e) => {
@@ -91,8 +86,8 @@ async fn compare_copies(
     ctx: &Ctx,
     src: &Remote,
     dst: &Remote,
-    a: &bucketfs_store::ObjectDigests,
-    b: &bucketfs_store::ObjectDigests,
+    a: &bucketfs_store::ObjectHead,
+    b: &bucketfs_store::ObjectHead,
 ) -> Result<(&'static str, Option<u32>), String> {
     if a.meta.size != b.meta.size {
         return Err(format!("the copy has {} bytes, the source {}", b.meta.size, a.meta.size));
@@ -159,7 +154,7 @@ fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> u64 {
     ours
 }
 
-async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectDigests) -> Result<Report, String> {
+async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectHead) -> Result<Report, String> {
     let size = d.meta.size;
     let src_expect = verify::expect(src.kind, d);
     let piece = piece_size(ctx, dst, size, &src_expect);
@@ -284,13 +279,17 @@ async fn stream_once(
         .map_err(|e| Failed { msg: format!("hashing: {e}"), retry: false })?;
         let meta = {
             let _slot = ctx.slot().await;
-            retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone())).await?
+            retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone(), PutOpts::default())).await?
         };
         ctx.progress.moved(data.len() as u64);
         return Ok((meta, Digests { sums, whole_md5 }));
     }
     let _slots = ctx.slots(ctx.parallel).await;
-    let opts = WriteOptions { part_size: usize::try_from(piece).unwrap_or(usize::MAX), concurrency: ctx.parallel };
+    let opts = WriteOptions {
+        part_size: usize::try_from(piece).unwrap_or(usize::MAX),
+        concurrency: ctx.parallel,
+        ..Default::default()
+    };
     let mut w = dst.store.writer(&dst.key, opts).await.map_err(fail)?;
     // Reads run ahead without taking slots: this copy already holds them all.
     let mut reads = futures::stream::iter(ranges)

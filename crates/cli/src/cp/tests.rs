@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{
-    Capabilities, ListStream, ObjectChecksum, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError,
-    StoreErrorKind, WriteOptions,
+    Capabilities, GetOpts, HeadOpts, ListStream, ObjectChecksum, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
+    StoreError, StoreErrorKind, StoreExt, WriteOptions,
 };
 use bytes::Bytes;
 use futures::StreamExt;
@@ -90,11 +90,9 @@ fn digests_and_checks() {
     // S3's multipart ETag of parts "abc" and "def", as MinIO and S3 compute it.
     let etag = verify::composite_etag(&[a.clone(), b.clone()]).unwrap();
     assert!(etag.ends_with("-2"));
-    let d = |etag: &str| ObjectDigests {
-        meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None, size_unknown: false },
+    let d = |etag: &str| ObjectHead {
         etag: Some(etag.into()),
-        md5: None,
-        checksum: None,
+        ..ObjectHead::of(ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None, size_unknown: false })
     };
     let exp = verify::expect(Kind::S3, &d(&etag));
     assert_eq!(verify::check(&exp, &[a.clone(), b.clone()], None, false), Check::Ok(verify::BY_ETAG));
@@ -116,13 +114,14 @@ fn s3_crc_checksums_are_checked_before_md5s() {
     let (abc, def) = (Bytes::from_static(b"abc"), Bytes::from_static(b"def"));
     let a = SliceSum::of_chunks(0..3, std::slice::from_ref(&abc), false, true, true);
     let b = SliceSum::of_chunks(3..6, std::slice::from_ref(&def), false, true, true);
-    let d = |sum: Option<ObjectChecksum>| ObjectDigests {
+    let d = |sum: Option<ObjectChecksum>| ObjectHead {
         meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None, size_unknown: false },
         etag: Some(
             verify::composite_etag(&[SliceSum::of(0..3, b"abc", true), SliceSum::of(3..6, b"def", true)]).unwrap(),
         ),
         md5: None,
         checksum: sum,
+        attrs: Default::default(),
     };
     let check = |sum: ObjectChecksum, sums: &[SliceSum], guessed: bool| {
         verify::check(&verify::expect(Kind::S3, &d(Some(sum))), sums, None, guessed)
@@ -189,7 +188,7 @@ async fn a_single_object_is_asked_for_once() {
     // Every HEAD after the first fails: the copy must use what expansion learned.
     let mem = Arc::new(MemStore::new());
     let body = data(3 * SLICE as usize + 5);
-    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    mem.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     let once: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Head, 2, u64::MAX / 2, StoreErrorKind::Other));
     let dir = temp_dir("once");
     let src = Side::Remote(remote(once, Kind::Other, "obj"));
@@ -244,7 +243,7 @@ async fn round_trips_at_slice_boundaries() {
 async fn failed_reads_are_retried_to_a_correct_result() {
     let mem: Arc<dyn Store> = Arc::new(MemStore::new());
     let body = data(10 * SLICE as usize + 17);
-    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    mem.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     // Reads 3 and 4 fail (mid-transfer); retries with backoff get the slices anyway.
     let failing: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Get, 3, 2, StoreErrorKind::Unavailable));
     let dir = temp_dir("retry");
@@ -264,7 +263,7 @@ async fn failed_uploads_are_retried() {
     upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &remote(failing, Kind::Other, "f"))
         .await
         .unwrap();
-    assert_eq!(mem.get_range("f", 0..1000, None).await.unwrap(), body);
+    assert_eq!(mem.get_range("f", 0..1000, GetOpts::default()).await.unwrap(), body);
     // A failure that retrying cannot fix is reported at once.
     let denied: Arc<dyn Store> = Arc::new(FailStore::new(mem, Op::Upload, 1, 99, StoreErrorKind::PermissionDenied));
     let big = data(3 * SLICE as usize);
@@ -340,20 +339,25 @@ impl Store for Corrupt {
     async fn check(&self) -> Result<(), StoreError> {
         Ok(())
     }
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        self.inner.head(key).await
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
+        let head = self.inner.head(key, opts).await?;
+        if !opts.digests {
+            return Ok(head);
+        }
+        Ok(ObjectHead { etag: None, md5: self.wrong_md5.then_some([7; 16]), checksum: self.checksum.clone(), ..head })
     }
-    async fn get_range(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<Bytes, StoreError> {
+    async fn get(&self, key: &str, r: Range<u64>, opts: GetOpts<'_>) -> Result<bucketfs_store::ByteStream, StoreError> {
         let n = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
-        let b = self.inner.get_range(key, r, m).await?;
+        let b = self.inner.get_range(key, r, opts).await?;
         self.read_bytes.fetch_add(b.len() as u64, Ordering::SeqCst);
-        Ok(if self.flip_reads.contains(&n) { flip(b) } else { b })
+        let b = if self.flip_reads.contains(&n) { flip(b) } else { b };
+        Ok(Box::pin(futures::stream::once(async move { Ok(b) })))
     }
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
         self.inner.list(prefix, recursive)
     }
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.inner.put(key, if self.flip_puts { flip(data) } else { data }).await
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        self.inner.put(key, if self.flip_puts { flip(data) } else { data }, opts).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
@@ -367,17 +371,13 @@ impl Store for Corrupt {
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.inner.writer(key, opts).await
     }
-    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
-        let meta = self.inner.head(key).await?;
-        Ok(ObjectDigests { meta, etag: None, md5: self.wrong_md5.then_some([7; 16]), checksum: self.checksum.clone() })
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_read_is_caught_by_the_reread_and_fetched_again() {
     let mem = Arc::new(MemStore::new());
     let body = data(6 * SLICE as usize);
-    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    mem.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     let mut c = Corrupt::new(mem);
     c.flip_reads = vec![2]; // one slice of the first pass comes back damaged
     let dir = temp_dir("flip");
@@ -397,7 +397,7 @@ async fn a_corrupted_read_is_caught_by_the_reread_and_fetched_again() {
 async fn downloads_are_verified_by_the_s3_crc_checksum() {
     let mem = Arc::new(MemStore::new());
     let body = data(6 * SLICE as usize + 100);
-    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    mem.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     let dir = temp_dir("crc");
     let get = |sum: ObjectChecksum, flip_reads: Vec<u64>| {
         let mut c = Corrupt::new(mem.clone());
@@ -463,7 +463,7 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_digest_mismatch_is_an_error_not_a_success() {
     let mem = Arc::new(MemStore::new());
-    mem.put("obj", Bytes::from(data(3 * SLICE as usize))).await.unwrap();
+    mem.put("obj", Bytes::from(data(3 * SLICE as usize)), PutOpts::default()).await.unwrap();
     let mut c = Corrupt::new(mem.clone());
     c.wrong_md5 = true;
     let c: Arc<dyn Store> = Arc::new(c);
@@ -478,7 +478,7 @@ async fn a_digest_mismatch_is_an_error_not_a_success() {
         .await
         .unwrap_err();
     assert!(e.contains("verification failed"), "{e}");
-    assert_eq!(mem.head("up").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    assert_eq!(mem.stat("up").await.unwrap_err().kind, StoreErrorKind::NotFound);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -492,7 +492,7 @@ async fn a_store_that_keeps_bad_bytes_fails_the_upload_on_reread() {
     let r = remote(Arc::new(c), Kind::Other, "f");
     let e = upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &r).await.unwrap_err();
     assert!(e.contains("crc32c differs"), "{e}");
-    assert_eq!(mem.head("f").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    assert_eq!(mem.stat("f").await.unwrap_err().kind, StoreErrorKind::NotFound);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -503,7 +503,7 @@ async fn store_to_store_streams_at_slice_boundaries_and_retries_failures() {
         let a = Arc::new(MemStore::new());
         let b = Arc::new(MemStore::new());
         let body = data(n);
-        a.put("obj", Bytes::from(body.clone())).await.unwrap();
+        a.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
         // Reads 3 and 4 fail mid-transfer (retried per request); the first part writer
         // cannot be opened (the whole copy is done again).
         let src: Arc<dyn Store> = Arc::new(FailStore::new(a.clone(), Op::Get, 3, 2, StoreErrorKind::Unavailable));
@@ -515,7 +515,7 @@ async fn store_to_store_streams_at_slice_boundaries_and_retries_failures() {
         assert_eq!(rep.bytes, n as u64);
         assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
         assert_eq!(rep.verified, "reread-crc32c>reread-crc32c", "both sides re-read (mem keeps no digest)");
-        assert!(b.get_range("copy", 0..n as u64, None).await.unwrap() == body, "{n} bytes differ");
+        assert!(b.get_range("copy", 0..n as u64, GetOpts::default()).await.unwrap() == body, "{n} bytes differ");
     }
 }
 
@@ -523,7 +523,7 @@ async fn store_to_store_streams_at_slice_boundaries_and_retries_failures() {
 async fn store_to_store_catches_a_corrupted_source_read_and_copies_again() {
     let a = Arc::new(MemStore::new());
     let body = data(6 * SLICE as usize);
-    a.put("obj", Bytes::from(body.clone())).await.unwrap();
+    a.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     let mut c = Corrupt::new(a);
     c.flip_reads = vec![2]; // one slice of the first pass comes back damaged
     let b = Arc::new(MemStore::new());
@@ -536,14 +536,17 @@ async fn store_to_store_catches_a_corrupted_source_read_and_copies_again() {
     .await
     .unwrap();
     assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
-    assert!(b.get_range("k", 0..body.len() as u64, None).await.unwrap() == body, "the damaged copy was kept");
+    assert!(
+        b.get_range("k", 0..body.len() as u64, GetOpts::default()).await.unwrap() == body,
+        "the damaged copy was kept"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_to_store_within_one_store_is_server_side() {
     let a: Arc<dyn Store> = Arc::new(MemStore::new());
     let body = data(3 * SLICE as usize + 1);
-    a.put("obj", Bytes::from(body.clone())).await.unwrap();
+    a.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     let rep = store_to_store::copy(
         &ctx(),
         &remote(a.clone(), Kind::Other, "obj"),
@@ -554,7 +557,7 @@ async fn store_to_store_within_one_store_is_server_side() {
     .unwrap();
     assert_eq!(rep.verified, "copy:reread-crc32c");
     assert_eq!(rep.crc32c, Some(crc32c::crc32c(&body)));
-    assert!(a.get_range("b", 0..body.len() as u64, None).await.unwrap() == body);
+    assert!(a.get_range("b", 0..body.len() as u64, GetOpts::default()).await.unwrap() == body);
     let e = store_to_store::copy(&ctx(), &remote(a.clone(), Kind::Other, "obj"), None, &remote(a, Kind::Other, "obj"))
         .await
         .unwrap_err();
@@ -585,21 +588,22 @@ impl Store for Choppy {
     async fn check(&self) -> Result<(), StoreError> {
         Ok(())
     }
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        self.inner.head(key).await
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
+        let head = self.inner.head(key, opts).await?;
+        if !opts.digests {
+            return Ok(head);
+        }
+        let body = self.inner.get_range(key, 0..head.meta.size, GetOpts::default()).await?;
+        let sums: Vec<SliceSum> = slices(head.meta.size, SLICE)
+            .into_iter()
+            .map(|r| SliceSum::of(r.clone(), &body[r.start as usize..r.end as usize], true))
+            .collect();
+        Ok(ObjectHead { etag: verify::composite_etag(&sums), md5: None, checksum: None, ..head })
     }
-    async fn get_range(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<Bytes, StoreError> {
-        self.inner.get_range(key, r, m).await
-    }
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        r: Range<u64>,
-        m: Option<&str>,
-    ) -> Result<bucketfs_store::ByteStream, StoreError> {
+    async fn get(&self, key: &str, r: Range<u64>, opts: GetOpts<'_>) -> Result<bucketfs_store::ByteStream, StoreError> {
         let n = self.streams.fetch_add(1, Ordering::SeqCst) + 1;
         self.asked.lock().unwrap().push(r.clone());
-        let mut b = self.inner.get_range(key, r, m).await?;
+        let mut b = self.inner.get_range(key, r, opts).await?;
         let cut = self.cut.contains(&n);
         if cut {
             b.truncate(b.len() / 2);
@@ -625,8 +629,8 @@ impl Store for Choppy {
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
         self.inner.list(prefix, recursive)
     }
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.inner.put(key, data).await
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        self.inner.put(key, data, opts).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
@@ -640,15 +644,6 @@ impl Store for Choppy {
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.inner.writer(key, opts).await
     }
-    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
-        let meta = self.inner.head(key).await?;
-        let body = self.inner.get_range(key, 0..meta.size, None).await?;
-        let sums: Vec<SliceSum> = slices(meta.size, SLICE)
-            .into_iter()
-            .map(|r| SliceSum::of(r.clone(), &body[r.start as usize..r.end as usize], true))
-            .collect();
-        Ok(ObjectDigests { meta, etag: verify::composite_etag(&sums), md5: None, checksum: None })
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -656,7 +651,7 @@ async fn a_download_cut_off_mid_request_resumes_at_its_first_unfinished_slice() 
     let mem = Arc::new(MemStore::new());
     let size = 40 * SLICE + 5;
     let body = data(size as usize);
-    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    mem.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     let c = Arc::new(Choppy {
         inner: mem,
         cut: vec![1, 3],
@@ -699,7 +694,7 @@ async fn idle_slots_take_over_the_tail_of_a_slow_request() {
     let mem = Arc::new(MemStore::new());
     let size = 64 * SLICE;
     let body = data(size as usize);
-    mem.put("obj", Bytes::from(body.clone())).await.unwrap();
+    mem.put("obj", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     // The first request crawls: 5 ms per 1,000 bytes, 0.33 s for its 16 slices alone.
     let c = Arc::new(Choppy {
         inner: mem,

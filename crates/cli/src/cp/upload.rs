@@ -7,7 +7,9 @@
 use std::path::Path;
 
 use bucketfs_core::block_pool::{read_full, BlockPool};
-use bucketfs_store::{ObjectDigests, ObjectMeta, ObjectWriter, StoreError, StoreErrorKind, WriteOptions};
+use bucketfs_store::{
+    HeadOpts, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, StoreError, StoreErrorKind, WriteOptions,
+};
 use bytes::Bytes;
 use md5::{Digest, Md5};
 use tokio::sync::mpsc;
@@ -150,7 +152,9 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 None => Bytes::new(),
             };
             let _slot = ctx.slot().await;
-            let put = retry(ctx, "upload", &dst.key, || dst.store.put_with_attrs(&dst.key, data.clone(), &attrs));
+            let put = retry(ctx, "upload", &dst.key, || {
+                dst.store.put(&dst.key, data.clone(), PutOpts { attrs, ..Default::default() })
+            });
             let m = tokio::select! {
                 m = put => m?,
                 _ = ctx.cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
@@ -161,10 +165,14 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
         (Some(a), Some(b)) => {
             // A multipart upload uses the whole request budget.
             let _slots = ctx.slots(ctx.parallel).await;
-            let opts = WriteOptions { part_size: part, concurrency: ctx.parallel };
+            let opts = WriteOptions {
+                part_size: part,
+                concurrency: ctx.parallel,
+                put: PutOpts { attrs, ..Default::default() },
+            };
             let mut w = dst
                 .store
-                .writer_with_attrs(&dst.key, opts, &attrs)
+                .writer(&dst.key, opts)
                 .await
                 .map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
             // Not a select around `feed`: a writer's `write` dropped mid-way poisons OpenDAL's
@@ -262,14 +270,11 @@ pub(super) async fn verify_upload(
     }
     // S3 returns the ETag with the upload; GCS's MD5 needs a HEAD.
     let digests = match (dst.kind, &meta.etag) {
-        (Kind::S3, Some(etag)) => ObjectDigests {
-            meta: meta.clone(),
-            etag: Some(etag.trim_matches('"').to_string()),
-            md5: None,
-            checksum: None,
-        },
-        (Kind::Other, _) => ObjectDigests { meta: meta.clone(), etag: None, md5: None, checksum: None },
-        _ => retry(ctx, "head", &dst.key, || dst.store.head_digests(&dst.key)).await?,
+        (Kind::S3, Some(etag)) => {
+            ObjectHead { etag: Some(etag.trim_matches('"').to_string()), ..ObjectHead::of(meta.clone()) }
+        }
+        (Kind::Other, _) => ObjectHead::of(meta.clone()),
+        _ => retry(ctx, "head", &dst.key, || dst.store.head(&dst.key, HeadOpts { digests: true })).await?,
     };
     match verify::check(&verify::expect(dst.kind, &digests), &d.sums, whole, false) {
         Check::Ok(how) => Ok(how),

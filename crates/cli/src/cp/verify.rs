@@ -26,7 +26,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use bucketfs_store::{ObjectChecksum, ObjectDigests};
+use bucketfs_store::{GetOpts, ObjectChecksum, ObjectHead, StoreExt};
 use md5::{Digest, Md5};
 
 use super::endpoint::Kind;
@@ -212,7 +212,7 @@ fn crc_expect(c: &ObjectChecksum) -> Option<Expect> {
     Some(Expect::Crc { algo, crc, parts: c.parts })
 }
 
-pub fn expect(kind: Kind, d: &ObjectDigests) -> Expect {
+pub fn expect(kind: Kind, d: &ObjectHead) -> Expect {
     if let Some(e) = d.checksum.as_ref().filter(|_| kind == Kind::S3).and_then(crc_expect) {
         return e;
     }
@@ -322,7 +322,8 @@ pub async fn reread(
     let results: Vec<Result<Option<usize>, String>> = futures::stream::iter(sums.iter().enumerate())
         .map(|(i, s)| async move {
             let _slot = ctx.slot().await;
-            let data = retry(ctx, "verify read", key, || store.get_range(key, s.range.clone(), if_match)).await?;
+            let data =
+                retry(ctx, "verify read", key, || store.get_range(key, s.range.clone(), GetOpts { if_match })).await?;
             let sum = s.clone();
             let differs = tokio::task::spawn_blocking(move || sum.differs(&data)).await.map_err(|e| e.to_string())?;
             ctx.progress.verified(s.range.end - s.range.start);

@@ -21,7 +21,7 @@ use futures::StreamExt;
 use opendal::Operator;
 use tokio::task::JoinSet;
 
-use crate::{ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind};
+use crate::{ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, StoreExt};
 
 /// Where temporary parts live, relative to the store root. Listings hide this prefix.
 pub const PARTS_PREFIX: &str = ".bucketfs-parts/";
@@ -50,8 +50,9 @@ pub struct OpendalComposeBackend<S: Store> {
     /// For compose requests, which may take long on emulators (they copy the bytes).
     pub compose_op: Operator,
     pub store: S,
-    /// Kept with an object of one part (a compose request here carries no metadata).
-    pub attrs: crate::FileAttrs,
+    /// What the object is stored with: all of it for an object of one part (a plain put);
+    /// a compose request here carries no metadata.
+    pub put: crate::PutOpts,
     /// The Content-Type of the composed object (an object of one part gets it from `store`).
     pub content_type: Option<String>,
 }
@@ -71,7 +72,12 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
         if let Some(ct) = &self.content_type {
             req = req.content_type(ct);
         }
-        let m = req.await.map_err(|e| StoreError::from_opendal("compose", to, e))?;
+        // Create only: `ifGenerationMatch=0` on the final compose (not on intermediates).
+        let created = self.put.if_not_exists && !to.starts_with(PARTS_PREFIX);
+        if created {
+            req = req.if_not_exists(true);
+        }
+        let m = req.await.map_err(|e| StoreError::from_opendal("compose", to, e).if_created(created))?;
         Ok(ObjectMeta {
             key: to.to_string(),
             size: m.content_length(),
@@ -84,10 +90,10 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
         self.op.delete(key).await.map_err(|e| StoreError::from_opendal("delete part", key, e))
     }
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.store.put_with_attrs(key, data, &self.attrs).await
+        self.store.put(key, data, self.put).await
     }
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        self.store.head(key).await
+        self.store.stat(key).await
     }
 }
 

@@ -43,8 +43,8 @@ use self::auth::{Auth, Credentials};
 use self::client::{Body, Client, GOOGLE_API};
 use self::tree::{drive_name, File, Tree, FOLDER};
 use crate::{
-    ByteStream, Capabilities, FileAttrs, ListStream, ObjectDigests, ObjectMeta, ObjectWriter, Store, StoreError,
-    StoreErrorKind, WriteOptions,
+    ByteStream, Capabilities, FileAttrs, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts,
+    Store, StoreError, StoreErrorKind, WriteOptions,
 };
 
 /// How a Drive store is set up.
@@ -320,6 +320,15 @@ impl GdriveStore {
         Ok(b)
     }
 
+    /// `if_not_exists` on Drive: checked against the tree when the upload starts (Drive has
+    /// no conditional create by name).
+    fn create_only(key: &str, opts: PutOpts, exists: bool) -> Result<(), StoreError> {
+        match opts.if_not_exists && exists {
+            true => Err(err(StoreErrorKind::Exists, format!("write {key:?}: already exists"))),
+            false => Ok(()),
+        }
+    }
+
     fn read_only(key: &str) -> StoreError {
         err(
             StoreErrorKind::PermissionDenied,
@@ -357,6 +366,7 @@ impl Store for GdriveStore {
             max_key_len: None,
             trims_whitespace: false,
             trims_segments: false,
+            keeps_attrs: true,
         }
     }
 
@@ -364,28 +374,19 @@ impl Store for GdriveStore {
         self.fresh(false).await
     }
 
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         self.fresh(false).await?;
         if key.is_empty() {
-            return Ok(ObjectMeta { key: String::new(), size: 0, etag: None, mtime: None, size_unknown: false });
+            return Ok(ObjectHead::of(ObjectMeta { key: String::new(), ..Default::default() }));
         }
         let f = self.lookup(key).ok_or_else(|| StoreError::not_found(format!("head {key:?}: not found")))?;
-        self.sized_meta(key, &f).await
+        let meta = self.sized_meta(key, &f).await?;
+        let attrs = FileAttrs::from_metadata(&f.properties);
+        let md5 = f.md5_checksum.as_deref().filter(|_| opts.digests).and_then(parse_md5_hex);
+        Ok(ObjectHead { attrs, md5, ..ObjectHead::of(meta) })
     }
 
-    async fn get_range(&self, key: &str, range: Range<u64>, _if_match: Option<&str>) -> Result<Bytes, StoreError> {
-        match self.ranged(key, range).await? {
-            Ranged::Ready(b) => Ok(b),
-            Ranged::Download(id, a, b) => self.client.download(&id, key, a, b).await,
-        }
-    }
-
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        _if_match: Option<&str>,
-    ) -> Result<ByteStream, StoreError> {
+    async fn get(&self, key: &str, range: Range<u64>, _opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
         match self.ranged(key, range).await? {
             Ranged::Ready(b) => Ok(futures::stream::once(async move { Ok(b) }).boxed()),
             Ranged::Download(id, a, b) => self.client.download_stream(&id, key, a, b).await,
@@ -407,8 +408,12 @@ impl Store for GdriveStore {
         }))
     }
 
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.put_with_attrs(key, data, &FileAttrs::default()).await
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        self.fresh(false).await?;
+        Self::create_only(key, opts, self.lookup(key).is_some())?;
+        let size = data.len() as u64;
+        let f = self.put_small(key, data, &opts.attrs).await?;
+        Ok(self.meta(key, &f, size))
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -474,33 +479,8 @@ impl Store for GdriveStore {
     }
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        self.writer_with_attrs(key, opts, &FileAttrs::default()).await
-    }
-
-    fn keeps_attrs(&self) -> bool {
-        true
-    }
-
-    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, FileAttrs), StoreError> {
-        let meta = self.head(key).await?;
-        let attrs = self.lookup(key).map(|f| FileAttrs::from_metadata(&f.properties)).unwrap_or_default();
-        Ok((meta, attrs))
-    }
-
-    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &FileAttrs) -> Result<ObjectMeta, StoreError> {
         self.fresh(false).await?;
-        let size = data.len() as u64;
-        let f = self.put_small(key, data, attrs).await?;
-        Ok(self.meta(key, &f, size))
-    }
-
-    async fn writer_with_attrs(
-        &self,
-        key: &str,
-        opts: WriteOptions,
-        attrs: &FileAttrs,
-    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        self.fresh(false).await?;
+        Self::create_only(key, opts.put, self.lookup(key).is_some())?;
         if self.lookup(key).is_some_and(|f| f.export().is_some()) {
             return Err(Self::read_only(key));
         }
@@ -513,22 +493,19 @@ impl Store for GdriveStore {
             buf: BytesMut::new(),
             session: None,
             sent: 0,
-            attrs: *attrs,
+            attrs: opts.put.attrs,
         }))
     }
+}
 
-    async fn head_digests(&self, key: &str) -> Result<ObjectDigests, StoreError> {
-        let meta = self.head(key).await?;
-        let md5 = self.lookup(key).and_then(|f| f.md5_checksum).and_then(|h| {
-            let mut out = [0u8; 16];
-            (h.len() == 32).then_some(())?;
-            for (i, b) in out.iter_mut().enumerate() {
-                *b = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok()?;
-            }
-            Some(out)
-        });
-        Ok(ObjectDigests { meta, etag: None, md5, checksum: None })
+/// Drive's `md5Checksum` (32 hex digits) as bytes.
+fn parse_md5_hex(h: &str) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    (h.len() == 32).then_some(())?;
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
+    Some(out)
 }
 
 /// The metadata part of an upload: name and parent for a new file, and the attributes as

@@ -1,7 +1,7 @@
 //! A [`Store`] wrapper that injects an error on the Nth call of a chosen operation.
 //!
-//! A streamed read (`get_range_stream`) counts as a `Get`; with [`FailStore::mid_stream`] a
-//! failing one first delivers some bytes and then fails, as a connection cut mid-body does.
+//! A read (`get`) counts as a `Get`; with [`FailStore::mid_stream`] a failing one first
+//! delivers some bytes and then fails, as a connection cut mid-body does.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    ByteStream, Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, StoreErrorKind, WriteOptions,
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
+    StoreError, StoreErrorKind, WriteOptions,
 };
 
 /// Which operation a fault applies to: the operations the metered store counts
@@ -65,23 +66,19 @@ impl Store for FailStore {
     async fn check(&self) -> Result<(), StoreError> {
         self.inner.check().await
     }
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         self.gate(Op::Head)?;
-        self.inner.head(key).await
+        self.inner.head(key, opts).await
     }
-    async fn get_range(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<Bytes, StoreError> {
-        self.gate(Op::Get)?;
-        self.inner.get_range(key, r, m).await
-    }
-    async fn get_range_stream(&self, key: &str, r: Range<u64>, m: Option<&str>) -> Result<ByteStream, StoreError> {
+    async fn get(&self, key: &str, r: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
         use futures::StreamExt;
         let (err, n) = match (self.gate(Op::Get), self.cut_after) {
-            (Ok(()), _) => return self.inner.get_range_stream(key, r, m).await,
+            (Ok(()), _) => return self.inner.get(key, r, opts).await,
             (Err(e), None) => return Err(e),
             (Err(e), Some(n)) => (e, n),
         };
         let cut = (r.start + n).min(r.end);
-        let head = self.inner.get_range_stream(key, r.start..cut, m).await?;
+        let head = self.inner.get(key, r.start..cut, opts).await?;
         Ok(Box::pin(head.chain(futures::stream::once(async move { Err(err) }))))
     }
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
@@ -90,9 +87,9 @@ impl Store for FailStore {
             Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
         }
     }
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.gate(Op::Put)?;
-        self.inner.put(key, data).await
+        self.inner.put(key, data, opts).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.gate(Op::Delete)?;
@@ -106,32 +103,8 @@ impl Store for FailStore {
         self.gate(Op::CreateDir)?;
         self.inner.create_dir(key).await
     }
-    async fn head_digests(&self, key: &str) -> Result<crate::ObjectDigests, StoreError> {
-        self.gate(Op::Head)?;
-        self.inner.head_digests(key).await
-    }
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.gate(Op::Upload)?;
         self.inner.writer(key, opts).await
-    }
-    fn keeps_attrs(&self) -> bool {
-        self.inner.keeps_attrs()
-    }
-    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, crate::FileAttrs), StoreError> {
-        self.gate(Op::Head)?;
-        self.inner.head_attrs(key).await
-    }
-    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &crate::FileAttrs) -> Result<ObjectMeta, StoreError> {
-        self.gate(Op::Put)?;
-        self.inner.put_with_attrs(key, data, attrs).await
-    }
-    async fn writer_with_attrs(
-        &self,
-        key: &str,
-        opts: WriteOptions,
-        attrs: &crate::FileAttrs,
-    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        self.gate(Op::Upload)?;
-        self.inner.writer_with_attrs(key, opts, attrs).await
     }
 }

@@ -11,10 +11,14 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::{Capabilities, ListStream, ObjectMeta, ObjectWriter, Store, StoreError, WriteOptions};
+use crate::{
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
+    StoreError, WriteOptions,
+};
 use std::sync::Arc;
 
 type Objects = BTreeMap<String, (Bytes, String, SystemTime)>;
+type AttrMap = std::collections::HashMap<String, crate::FileAttrs>;
 
 #[derive(Default)]
 pub struct MemStore {
@@ -22,12 +26,12 @@ pub struct MemStore {
     objects: Arc<Mutex<Objects>>,
     next_etag: Arc<AtomicU64>,
     latency: Duration,
-    /// Bytes per second for `get_range`; 0 means unlimited.
+    /// Bytes per second for `get`; 0 means unlimited.
     bytes_per_sec: u64,
     /// Count of requests made, for tests that assert "no HEAD per entry" and the like.
     pub requests: AtomicU64,
     /// Attributes kept with objects (user metadata).
-    attrs: Arc<Mutex<std::collections::HashMap<String, crate::FileAttrs>>>,
+    attrs: Arc<Mutex<AttrMap>>,
     /// Reported in [`Capabilities::max_key_len`] (not enforced).
     max_key_len: Option<usize>,
     /// Reported in [`Capabilities::trims_whitespace`] (keys are kept exactly).
@@ -98,6 +102,7 @@ impl Store for MemStore {
             max_key_len: self.max_key_len,
             trims_whitespace: self.trims_whitespace,
             trims_segments: false,
+            keeps_attrs: true,
         }
     }
 
@@ -106,22 +111,24 @@ impl Store for MemStore {
         Ok(())
     }
 
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str, _opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         self.request().await;
         let (data, etag, mtime) = self.snapshot(key).ok_or_else(|| StoreError::not_found(key))?;
-        Ok(ObjectMeta {
+        let meta = ObjectMeta {
             key: key.into(),
             size: data.len() as u64,
             etag: Some(etag),
             mtime: Some(mtime),
             size_unknown: false,
-        })
+        };
+        let attrs = self.attrs.lock().unwrap().get(key).copied().unwrap_or_default();
+        Ok(ObjectHead { attrs, ..ObjectHead::of(meta) })
     }
 
-    async fn get_range(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, StoreError> {
+    async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
         self.request().await;
         let (data, etag, _) = self.snapshot(key).ok_or_else(|| StoreError::not_found(key))?;
-        if !self.no_if_match && if_match.is_some_and(|t| t != etag) {
+        if !self.no_if_match && opts.if_match.is_some_and(|t| t != etag) {
             return Err(StoreError::new(crate::StoreErrorKind::Changed, format!("{key} changed")));
         }
         let end = range.end.min(data.len() as u64) as usize;
@@ -130,7 +137,8 @@ impl Store for MemStore {
             let secs = (end - start) as f64 / self.bytes_per_sec as f64;
             tokio::time::sleep(Duration::from_secs_f64(secs)).await;
         }
-        Ok(data.slice(start..end))
+        let data = data.slice(start..end);
+        Ok(futures::stream::once(async move { Ok(data) }).boxed())
     }
 
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
@@ -169,10 +177,9 @@ impl Store for MemStore {
         .boxed()
     }
 
-    async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.request().await;
-        self.attrs.lock().unwrap().remove(key);
-        Ok(store_object(&self.objects, &self.next_etag, key, data))
+        store_object(&self.objects, &self.attrs, &self.next_etag, key, data, opts)
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -184,65 +191,59 @@ impl Store for MemStore {
 
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         let (data, _, _) = self.snapshot(from).ok_or_else(|| StoreError::not_found(from))?;
-        self.put(to, data).await.map(|_| ())
+        self.put(to, data, PutOpts::default()).await.map(|_| ())
     }
 
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
-        self.put(key, Bytes::new()).await.map(|_| ())
+        self.put(key, Bytes::new(), PutOpts::default()).await.map(|_| ())
     }
 
-    fn keeps_attrs(&self) -> bool {
-        true
-    }
-
-    async fn head_attrs(&self, key: &str) -> Result<(ObjectMeta, crate::FileAttrs), StoreError> {
-        let m = self.head(key).await?;
-        Ok((m, self.attrs.lock().unwrap().get(key).copied().unwrap_or_default()))
-    }
-
-    async fn put_with_attrs(&self, key: &str, data: Bytes, attrs: &crate::FileAttrs) -> Result<ObjectMeta, StoreError> {
-        let m = self.put(key, data).await?;
-        self.attrs.lock().unwrap().insert(key.to_string(), *attrs);
-        Ok(m)
-    }
-
-    /// (A test double: the attributes are recorded when the writer opens.)
-    async fn writer_with_attrs(
-        &self,
-        key: &str,
-        opts: WriteOptions,
-        attrs: &crate::FileAttrs,
-    ) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        let w = self.writer(key, opts).await?;
-        self.attrs.lock().unwrap().insert(key.to_string(), *attrs);
-        Ok(w)
-    }
-
-    async fn writer(&self, key: &str, _opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.request().await;
         Ok(Box::new(MemWriter {
             objects: self.objects.clone(),
+            attrs: self.attrs.clone(),
             next_etag: self.next_etag.clone(),
             key: key.into(),
             buf: Vec::new(),
+            opts: opts.put,
         }))
     }
 }
 
-fn store_object(objects: &Mutex<Objects>, next_etag: &AtomicU64, key: &str, data: Bytes) -> ObjectMeta {
+/// Store `data` as `key` with what `opts` asks, as one atomic step.
+fn store_object(
+    objects: &Mutex<Objects>,
+    attrs: &Mutex<AttrMap>,
+    next_etag: &AtomicU64,
+    key: &str,
+    data: Bytes,
+    opts: PutOpts,
+) -> Result<ObjectMeta, StoreError> {
     let etag = format!("\"{}\"", next_etag.fetch_add(1, Ordering::Relaxed) + 1);
     let mtime = SystemTime::now();
     let size = data.len() as u64;
-    objects.lock().unwrap().insert(key.into(), (data, etag.clone(), mtime));
-    ObjectMeta { key: key.into(), size, etag: Some(etag), mtime: Some(mtime), size_unknown: false }
+    let mut objects = objects.lock().unwrap();
+    if opts.if_not_exists && objects.contains_key(key) {
+        return Err(StoreError::new(crate::StoreErrorKind::Exists, format!("put {key:?}: already exists")));
+    }
+    objects.insert(key.into(), (data, etag.clone(), mtime));
+    drop(objects);
+    match opts.attrs.is_empty() {
+        true => attrs.lock().unwrap().remove(key),
+        false => attrs.lock().unwrap().insert(key.into(), opts.attrs),
+    };
+    Ok(ObjectMeta { key: key.into(), size, etag: Some(etag), mtime: Some(mtime), size_unknown: false })
 }
 
 /// Buffers the upload; the object appears atomically at `close`, as on a real store.
 struct MemWriter {
     objects: Arc<Mutex<Objects>>,
+    attrs: Arc<Mutex<AttrMap>>,
     next_etag: Arc<AtomicU64>,
     key: String,
     buf: Vec<u8>,
+    opts: PutOpts,
 }
 
 #[async_trait]
@@ -253,7 +254,7 @@ impl ObjectWriter for MemWriter {
     }
     async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
         let data = Bytes::from(std::mem::take(&mut self.buf));
-        Ok(store_object(&self.objects, &self.next_etag, &self.key, data))
+        store_object(&self.objects, &self.attrs, &self.next_etag, &self.key, data, self.opts)
     }
     async fn abort(&mut self) -> Result<(), StoreError> {
         self.buf.clear();
