@@ -18,8 +18,9 @@ const MAX_REQUEST: u64 = 256;
 /// A client that sends no request line within this is dropped.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Everything `bucketfs status` shows, at one moment.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Everything `bucketfs status` shows, at one moment (`status json`: these fields, in this
+/// order; `upload_errors` as objects `{key, attempts, error}`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Status {
     pub mountpoint: String,
     pub store: String,
@@ -45,6 +46,7 @@ pub struct Status {
     pub write_back_bytes: u64,
     pub write_back_oldest_secs: u64,
     pub write_back_uploaded: u64,
+    #[serde(serialize_with = "upload_errors_json")]
     pub upload_errors: Vec<(String, u32, String)>,
     /// FUSE passthrough in use, and opens the kernel served from a local file since mount.
     pub passthrough: bool,
@@ -129,66 +131,18 @@ impl Status {
     }
 
     pub fn json(&self) -> String {
-        let s = |v: &str| json_string(v);
-        let endpoint = self.endpoint.as_deref().map_or("null".to_string(), s);
-        let nums = [
-            ("pid", self.pid as u64),
-            ("uptime_secs", self.uptime_secs),
-            ("pending_uploads", self.pending_uploads),
-            ("staged_files", self.staged_files),
-            ("memory_cache_bytes", self.memory_cache_bytes),
-            ("memory_cache_limit", self.memory_cache_limit),
-            ("disk_cache_bytes", self.disk_cache_bytes),
-            ("disk_cache_limit", self.disk_cache_limit),
-            ("requests", self.requests),
-            ("errors", self.errors),
-            ("not_found", self.not_found),
-            ("bytes_read", self.bytes_read),
-            ("bytes_written", self.bytes_written),
-            ("write_back_files", self.write_back_files),
-            ("write_back_bytes", self.write_back_bytes),
-            ("write_back_oldest_secs", self.write_back_oldest_secs),
-            ("write_back_uploaded", self.write_back_uploaded),
-            ("passthrough_opens", self.passthrough_opens),
-        ];
-        let mut o = format!(
-            "{{\"mountpoint\":{},\"store\":{},\"endpoint\":{endpoint},\"read_only\":{}",
-            s(&self.mountpoint),
-            s(&self.store),
-            self.read_only
-        );
-        for (k, v) in nums {
-            o.push_str(&format!(",\"{k}\":{v}"));
-        }
-        o.push_str(&format!(",\"passthrough\":{}", self.passthrough));
-        o.push_str(&format!(",\"write_back\":{},\"upload_errors\":[", self.write_back));
-        for (i, (key, attempts, e)) in self.upload_errors.iter().enumerate() {
-            let sep = if i > 0 { "," } else { "" };
-            o.push_str(&format!("{sep}{{\"key\":{},\"attempts\":{attempts},\"error\":{}}}", s(key), s(e)));
-        }
-        o.push(']');
-        o.push_str("}\n");
-        o
+        serde_json::to_string(self).expect("a Status always serializes") + "\n"
     }
 }
 
-/// A JSON string literal (RFC 8259 escaping).
-pub fn json_string(v: &str) -> String {
-    let mut o = String::with_capacity(v.len() + 2);
-    o.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            '\r' => o.push_str("\\r"),
-            '\t' => o.push_str("\\t"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
+/// Each failing upload as `{"key", "attempts", "error"}`.
+fn upload_errors_json<S: serde::Serializer>(v: &[(String, u32, String)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for (key, attempts, error) in v {
+        seq.serialize_element(&serde_json::json!({"key": key, "attempts": attempts, "error": error}))?;
     }
-    o.push('"');
-    o
+    seq.end()
 }
 
 /// `http://user:secret@host:9000/x` becomes `http://host:9000/x`.
@@ -266,11 +220,13 @@ mod tests {
             pending_uploads: 2,
             ..Status::default()
         };
+        let st = Status { upload_errors: vec![("k\u{1}".into(), 3, "refused".into())], ..st };
         let j = st.json();
         assert!(j.starts_with("{\"mountpoint\":\"/mnt/a \\\"b\\\"\",\"store\":\"s3://b/\",\"endpoint\":null,"), "{j}");
-        assert!(j.contains(",\"pending_uploads\":2,"));
-        assert!(j.trim_end().ends_with('}'));
-        assert_eq!(json_string("a\u{1}\n"), "\"a\\u0001\\n\"");
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["pending_uploads"], 2);
+        assert_eq!(v["upload_errors"][0], serde_json::json!({"key": "k\u{1}", "attempts": 3, "error": "refused"}));
+        assert!(j.contains("\"k\\u0001\""), "{j}");
     }
 
     #[test]

@@ -30,7 +30,6 @@ mod walk;
 mod work;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::future::Future;
 use std::io::Write as _;
 use std::time::{Duration, Instant};
@@ -354,57 +353,37 @@ pub async fn run_jobs(ctx: &Ctx, jobs: &[Job]) -> (Vec<Report>, Vec<String>) {
     (reports, errors)
 }
 
-/// `s` as a JSON string (quoted, escaped).
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// The `--json` line; `single`: one file was asked for (only then is a crc32c reported).
 /// Directories made (markers, empty local directories) are counted in `dirs`, not `files`;
 /// `skipped` lists what was not copied, with why.
 fn json_summary(reports: &[Report], skipped: &[Skipped], secs: f64, single: bool) -> String {
     let (dirs, files): (Vec<&Report>, Vec<&Report>) = reports.iter().partition(|r| r.verified == DIR);
     let bytes: u64 = files.iter().map(|r| r.bytes).sum();
-    let mut how: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut verified: BTreeMap<&str, usize> = BTreeMap::new();
     for r in &files {
-        *how.entry(&r.verified).or_default() += 1;
+        *verified.entry(&r.verified).or_default() += 1;
     }
-    let verified: Vec<String> = how.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-    let crc = match files.as_slice() {
-        [one] if single => format!(",\"crc32c\":\"{:08x}\"", one.crc32c.unwrap_or(0)),
-        _ => String::new(),
-    };
-    let skipped: Vec<String> = skipped
+    let skipped: Vec<serde_json::Value> = skipped
         .iter()
-        .map(|s| {
-            let path = json_str(&s.path.to_string_lossy());
-            format!("{{\"path\":{path},\"reason\":{}}}", json_str(&s.reason.to_string()))
-        })
+        .map(|s| serde_json::json!({"path": s.path.to_string_lossy(), "reason": s.reason.to_string()}))
         .collect();
     let rate = if secs > 0.0 { bytes as f64 / 1e6 / secs } else { 0.0 };
-    format!(
-        "{{\"bytes\":{bytes},\"seconds\":{secs:.3},\"mb_per_s\":{rate:.1},\"files\":{},\"dirs\":{},\"verified\":{{{}}}{crc},\"skipped\":[{}]}}",
-        files.len(),
-        dirs.len(),
-        verified.join(","),
-        skipped.join(",")
-    )
+    let round = |x: f64, places: i32| (x * 10f64.powi(places)).round() / 10f64.powi(places);
+    let mut o = serde_json::json!({
+        "bytes": bytes,
+        "seconds": round(secs, 3),
+        "mb_per_s": round(rate, 1),
+        "files": files.len(),
+        "dirs": dirs.len(),
+        "verified": verified,
+        "skipped": skipped,
+    });
+    if let [one] = files.as_slice() {
+        if single {
+            o["crc32c"] = format!("{:08x}", one.crc32c.unwrap_or(0)).into();
+        }
+    }
+    o.to_string()
 }
 
 /// Exit status when everything that was copied was copied but something asked for was
