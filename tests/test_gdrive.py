@@ -169,13 +169,18 @@ def consent(url: str) -> str:
     raise AssertionError("the consent page did not redirect")
 
 
-def test_headless_auth_flow(folder, tmp_path):
-    ds.control("seed", {"name": "h.txt", "parent": folder, "content": "after consent"})
-    token_file = tmp_path / "cfg" / "bucketfs" / "gdrive-token.json"
-    env = drive_env(tmp_path, **{**NO_CREDS, "BUCKETFS_GDRIVE_CLIENT_ID": ds.CLIENT["client_id"],
-                                 "BUCKETFS_GDRIVE_CLIENT_SECRET": ds.CLIENT["client_secret"]})
-    proc = subprocess.Popen([require_bin(), "auth", "gdrive", "--endpoint", ds.ENDPOINT], env=env,
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def consent_env(tmp_path) -> dict:
+    """The environment of `bucketfs auth gdrive`: the emulator's client, no other credentials."""
+    return drive_env(tmp_path, **{**NO_CREDS, "BUCKETFS_GDRIVE_CLIENT_ID": ds.CLIENT["client_id"],
+                                  "BUCKETFS_GDRIVE_CLIENT_SECRET": ds.CLIENT["client_secret"]})
+
+
+def auth_flow(tmp_path, *extra: str, tamper=lambda u: u):
+    """Run `bucketfs auth gdrive`, consent as a browser would, paste `tamper(address)`.
+    Returns (the consent address, the finished process, its stderr)."""
+    proc = subprocess.Popen([require_bin(), "auth", "gdrive", "--endpoint", ds.ENDPOINT, *extra],
+                            env=consent_env(tmp_path), stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     try:
         url = ""
         while not url:
@@ -183,11 +188,19 @@ def test_headless_auth_flow(folder, tmp_path):
             assert line, "bucketfs auth gdrive printed no consent address"
             if line.strip().startswith("http"):
                 url = line.strip()
-        assert "client_id=" in url and "access_type=offline" in url
-        redirected = consent(url)  # http://localhost?code=...: the user pastes the whole address
-        out, err = proc.communicate(redirected + "\n", timeout=30)
+        _, err = proc.communicate(tamper(consent(url)) + "\n", timeout=30)
     finally:
         proc.kill()
+    return url, proc, err
+
+
+def test_headless_auth_flow(folder, tmp_path):
+    ds.control("seed", {"name": "h.txt", "parent": folder, "content": "after consent"})
+    token_file = tmp_path / "cfg" / "bucketfs" / "gdrive-token.json"
+    env = consent_env(tmp_path)
+    # The user pastes the whole redirected address (http://localhost?code=...).
+    url, proc, err = auth_flow(tmp_path)
+    assert "client_id=" in url and "access_type=offline" in url
     assert proc.returncode == 0, err
     assert ds.CLIENT["refresh_token"] not in err and ds.CLIENT["client_secret"] not in err
     assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600

@@ -10,17 +10,16 @@ import errno
 import hashlib
 import json
 import os
-import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from conftest import is_mounted, new_mountpoint, require_bin, run_cli, unmount
+from conftest import is_mounted, new_mountpoint, run_cli, unmount
 import drive_seed as ds
 import test_gdrive
-from test_gdrive import NO_CREDS, args, consent, drive_env
+from test_gdrive import NO_CREDS, args, auth_flow, consent, drive_env
 
 folder = test_gdrive.folder  # the fixture: a fresh folder on the emulator
 
@@ -41,26 +40,6 @@ def exchange(code: str, **extra) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-def auth_flow(tmp_path, *extra: str, tamper=lambda u: u):
-    """Run `bucketfs auth gdrive`, consent as a browser would, paste `tamper(address)`.
-    Returns (the consent address, the finished process, its stderr)."""
-    env = drive_env(tmp_path, **{**NO_CREDS, "BUCKETFS_GDRIVE_CLIENT_ID": ds.CLIENT["client_id"],
-                                 "BUCKETFS_GDRIVE_CLIENT_SECRET": ds.CLIENT["client_secret"]})
-    proc = subprocess.Popen([require_bin(), "auth", "gdrive", "--endpoint", ds.ENDPOINT, *extra], env=env,
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        url = ""
-        while not url:
-            line = proc.stderr.readline()
-            assert line, "bucketfs auth gdrive printed no consent address"
-            if line.strip().startswith("http"):
-                url = line.strip()
-        _, err = proc.communicate(tamper(consent(url)) + "\n", timeout=30)
-    finally:
-        proc.kill()
-    return url, proc, err
 
 
 def test_emulator_checks_the_pkce_verifier(folder):
