@@ -34,30 +34,14 @@ pub async fn unchanged(ctx: &Ctx, job: &Job) -> Result<bool, String> {
                 Ok(m) if m.is_file() && m.len() == size => {}
                 _ => return Ok(false),
             }
-            let fetched;
-            let d = match head {
-                Some(h) => Some(&**h),
-                None => {
-                    fetched = digests(ctx, remote).await?;
-                    fetched.as_ref()
-                }
-            };
-            same_as_file(d.and_then(|d| md5_of(remote.kind, d)), path).await
+            same_as_file(source_md5(ctx, remote, head.as_deref()).await?, path).await
         }
         (Src::Remote { remote, head, .. }, Dst::Remote(r)) => {
             let Some(dst) = digests(ctx, r).await? else { return Ok(false) };
             if dst.meta.size != size {
                 return Ok(false);
             }
-            let fetched;
-            let src = match head {
-                Some(h) => Some(&**h),
-                None => {
-                    fetched = digests(ctx, remote).await?;
-                    fetched.as_ref()
-                }
-            };
-            match (src.and_then(|s| md5_of(remote.kind, s)), md5_of(r.kind, &dst)) {
+            match (source_md5(ctx, remote, head.as_deref()).await?, md5_of(r.kind, &dst)) {
                 (Some(a), Some(b)) => Ok(a == b),
                 _ => Ok(true),
             }
@@ -77,6 +61,15 @@ async fn digests(ctx: &Ctx, r: &Remote) -> Result<Option<ObjectHead>, String> {
             Err(e) => super::again(ctx, "head", &r.key, &mut attempt, e).await?,
         }
     }
+}
+
+/// The source object's MD5: from the planner's HEAD where it made one, else a HEAD now.
+async fn source_md5(ctx: &Ctx, remote: &Remote, head: Option<&ObjectHead>) -> Result<Option<[u8; 16]>, String> {
+    let fetched = match head {
+        Some(_) => None,
+        None => digests(ctx, remote).await?,
+    };
+    Ok(head.or(fetched.as_ref()).and_then(|d| md5_of(remote.kind, d)))
 }
 
 /// The whole content's MD5, where the store says it.
