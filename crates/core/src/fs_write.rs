@@ -162,21 +162,22 @@ impl Fs {
             Kind::Symlink => return Err(FsError::InvalidName), // the kernel follows links first
             Kind::File => {}
         }
+        // A size the listing could not tell (a Drive Doc not exported yet) is a placeholder
+        // the kernel may hold, even if the refresh below learns the real one: such a handle
+        // is opened direct (reads come here whatever size the kernel believes).
+        let placeholder = node.size_unknown;
         if !self.fresh(node.validated) && !self.is_staged(ino) {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
-        // A size the listing could not tell (a Drive Doc not exported yet): a HEAD learns it.
-        // The kernel may hold the placeholder size, so this handle is opened direct (reads
-        // come here whatever size the kernel believes). Still unknown: the store refused to
-        // read it, and the open says why.
-        let direct = node.size_unknown && !write && !self.is_staged(ino);
-        if direct {
+        let direct = (placeholder || node.size_unknown) && !write && !self.is_staged(ino);
+        if direct && node.size_unknown {
+            // A HEAD learns the size; still unknown: the store refused to read it, and a
+            // read's error says why.
             self.revalidate(&node).await?;
             node = self.node(ino)?;
             if node.size_unknown {
                 drop(self.store.get(&node.key, 0..1, Default::default()).await?);
-                // its error says why
             }
         }
         if write {
