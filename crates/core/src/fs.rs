@@ -574,10 +574,8 @@ impl Fs {
         if e.kind != StoreErrorKind::Unavailable {
             return false;
         }
-        let mut t = self.table.lock().unwrap();
-        let Some(l) = t.listing(dir.ino).cloned() else { return false };
-        tracing::warn!(dir = %dir.key, age_s = l.at.elapsed().as_secs(), "store unreachable, serving the last listing: {e}");
-        t.set_listing(dir.ino, Listing { at: Instant::now(), ..l });
+        let Some(age) = self.table.lock().unwrap().renew_listing(dir.ino) else { return false };
+        tracing::warn!(dir = %dir.key, age_s = age.as_secs(), "store unreachable, serving the last listing: {e}");
         true
     }
 

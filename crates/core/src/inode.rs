@@ -474,6 +474,14 @@ impl InodeTable {
         self.listing(dir).is_some_and(|l| l.is_fresh())
     }
 
+    /// Let `dir`'s listing answer for another TTL from now, as it is; its age before.
+    pub fn renew_listing(&mut self, dir: u64) -> Option<std::time::Duration> {
+        let l = self.listings.get_mut(&dir)?;
+        let age = l.at.elapsed();
+        l.at = Instant::now();
+        Some(age)
+    }
+
     pub fn set_listing(&mut self, dir: u64, listing: Listing) {
         self.listings.insert(dir, listing);
     }
