@@ -185,6 +185,11 @@ pub(crate) struct OpenFile {
     /// Opened `O_RDONLY|O_TRUNC`: the file is emptied at this handle's first flush (see
     /// `Fs::open`).
     pub truncate_at_flush: std::sync::atomic::AtomicBool,
+    /// Opened for writing (or created).
+    pub writable: bool,
+    /// Writable and passed through: the kernel writes the staged file without us, so this
+    /// handle's flush publishes whatever changed (see `Fs::upload_for`).
+    pub writes_unseen: std::sync::atomic::AtomicBool,
 }
 
 pub struct Fs {
@@ -267,11 +272,14 @@ impl Fs {
 
     pub(crate) fn attr(&self, n: &Node) -> Attr {
         let (uid, gid) = n.owner.unwrap_or((self.cfg.uid, self.cfg.gid));
-        let mtime = n.mtime_set.unwrap_or(n.mtime);
+        // A staged file the kernel writes directly (passthrough): its size is the file's.
+        let watched = if n.local { self.watched_state(n.ino) } else { None };
+        let (size, mtime) = watched.unwrap_or((n.size, n.mtime));
+        let mtime = n.mtime_set.unwrap_or(mtime);
         Attr {
             ino: n.ino,
             kind: n.kind,
-            size: n.size,
+            size,
             mtime,
             ctime: n.ctime.map_or(mtime, |c| c.max(mtime)),
             perm: match n.kind {

@@ -143,6 +143,7 @@ impl Fs {
             let Ok(node) = self.node(ino) else { continue };
             if node.key == key || node.key.starts_with(key) && key.ends_with('/') {
                 let mut st = s.lock().await;
+                let _ = st.observe(); // a failed check keeps what is known
                 if st.dirty && !st.unlinked && st.key().is_some_and(|k| k != node.key) {
                     if let Err(e) = st.set_key(&node.key) {
                         tracing::warn!(key = %node.key, "staged file's new key not recorded: {e}");
@@ -164,7 +165,8 @@ impl Fs {
     async fn pending_here(&self, ino: u64) -> bool {
         match self.staged_of_pub(ino) {
             Some(s) if self.write_back() => {
-                let st = s.lock().await;
+                let mut st = s.lock().await;
+                let _ = st.observe(); // a failed check keeps what is known
                 st.dirty && !st.unlinked
             }
             _ => false,
@@ -174,6 +176,7 @@ impl Fs {
     async fn move_file(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
         if let Some(staged) = self.staged_of_pub(src.ino) {
             let mut st = staged.lock().await;
+            st.observe()?;
             if st.dirty && !st.unlinked && self.write_back() {
                 // Not uploaded yet: it goes up under the new name (its queue entry follows
                 // the inode); an older object under the old name goes now.
@@ -275,6 +278,7 @@ impl Fs {
             }
             if let Some(staged) = self.staged_of_pub(ino) {
                 let mut st = staged.lock().await;
+                st.observe()?;
                 st.set_key(&node.key)?;
                 st.truncate(size)?;
             }
@@ -370,7 +374,8 @@ impl Fs {
             self.staged.lock().unwrap().iter().map(|(i, s)| (*i, s.clone())).collect();
         let mut keys = Vec::new();
         for (ino, s) in staged {
-            let st = s.lock().await;
+            let mut st = s.lock().await;
+            let _ = st.observe(); // a failed check keeps what is known
             if st.dirty && !st.unlinked {
                 keys.push(self.node(ino).map(|n| n.key).unwrap_or_default());
             }

@@ -64,6 +64,7 @@ impl Fs {
     /// the node's claim that its attributes are owned here (`Node::local`).
     fn unstage(&self, ino: u64) {
         self.staged.lock().unwrap().remove(&ino);
+        self.unwatch(ino);
         if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
             n.local = false;
         }
@@ -117,6 +118,7 @@ impl Fs {
         if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, staged)) {
             map.remove(&ino);
             drop(map);
+            self.unwatch(ino);
             if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
                 n.local = false;
             }
@@ -212,6 +214,8 @@ impl Fs {
             staged: std::sync::atomic::AtomicBool::new(staged.is_some()),
             wrote: std::sync::atomic::AtomicBool::new(staged.is_some() && truncate && write),
             truncate_at_flush: std::sync::atomic::AtomicBool::new(truncate && !write),
+            writable: write,
+            writes_unseen: Default::default(),
         };
         Ok(self.insert_handle(Handle::File(Arc::new(file))))
     }
@@ -310,7 +314,8 @@ impl Fs {
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let file = self.open_file(fh)?;
         if let Some(staged) = self.staged_of(file.ino) {
-            let st = staged.lock().await;
+            let mut st = staged.lock().await;
+            st.observe()?;
             if file.wrote.load(Ordering::Relaxed) {
                 return st.read(offset, size);
             }
@@ -340,6 +345,7 @@ impl Fs {
         let staged = self.staged_of(file.ino).ok_or(FsError::BadHandle)?;
         file.wrote.store(true, Ordering::Relaxed);
         let mut st = staged.lock().await;
+        st.observe()?;
         let node = self.node(file.ino)?;
         let key = node.key.clone();
         st.set_key(&key)?;
@@ -361,6 +367,7 @@ impl Fs {
     async fn upload_ino(&self, ino: u64, only_if_sole: bool) -> Result<(), FsError> {
         let Some(staged) = self.staged_of(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
+        st.observe()?;
         if !st.dirty || st.unlinked || only_if_sole && st.handles > 1 {
             return Ok(());
         }
@@ -449,7 +456,7 @@ impl Fs {
     /// `open(O_TRUNC)` racing the release of the previous handle (the kernel does not wait
     /// for RELEASE) must not have its pending empty file published by that release.
     async fn upload_for(&self, file: &OpenFile) -> Result<(), FsError> {
-        let wrote = file.wrote.load(Ordering::Relaxed);
+        let wrote = file.wrote.load(Ordering::Relaxed) || file.writes_unseen.load(Ordering::Relaxed);
         if !wrote && !file.staged.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -499,6 +506,9 @@ impl Fs {
         self.prepare_backing(&file);
         if let Some(staged) = self.staged_of(file.ino) {
             let mut st = staged.lock().await;
+            if let Err(e) = st.observe() {
+                tracing::warn!(ino = file.ino, "cannot check the staged file: {e}");
+            }
             if file.staged.load(Ordering::Relaxed) {
                 st.handles = st.handles.saturating_sub(1);
             }
@@ -572,6 +582,8 @@ impl Fs {
             staged: std::sync::atomic::AtomicBool::new(true),
             wrote: std::sync::atomic::AtomicBool::new(true),
             truncate_at_flush: std::sync::atomic::AtomicBool::new(false),
+            writable: true,
+            writes_unseen: Default::default(),
         };
         let fh = self.insert_handle(Handle::File(Arc::new(file)));
         Ok((self.attr(&node), fh))

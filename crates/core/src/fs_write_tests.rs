@@ -438,3 +438,46 @@ async fn mode_owner_and_mtime_persist_as_object_metadata() {
     fs.setattr(attr.ino, SetAttr { mode: Some(0o700), ..Default::default() }).await.unwrap();
     assert_eq!(store.requests.load(Ordering::Relaxed), before);
 }
+
+/// The kernel writes a passthrough file without us: the core learns of it from the file.
+#[tokio::test]
+async fn writes_the_kernel_made_directly_are_seen_and_uploaded() {
+    use std::os::unix::fs::FileExt;
+    let mem = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-unseen-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let (attr, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    fs.write(fh, 0, b"0123456789").await.unwrap();
+    let backing = fs.backing_file(fh).await.unwrap();
+    fs.note_passthrough_open(fh);
+    backing.file.write_all_at(b"kernel", 10).unwrap(); // as the kernel would
+    assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 16, "stat must show the file's size");
+    fs.flush(fh).await.unwrap();
+    assert_eq!(object(&mem, "f").await.unwrap(), b"0123456789kernel");
+    // Same size, other bytes: only the mtime tells.
+    backing.file.write_all_at(b"K", 10).unwrap();
+    fs.flush(fh).await.unwrap();
+    assert_eq!(object(&mem, "f").await.unwrap(), b"0123456789Kernel", "an in-place change was missed");
+    // A crash now: recovery uploads the file as committed at the last flush...
+    let fs2 = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    mem.delete("f").await.unwrap();
+    let (done, _) = fs2.recover_staged().await;
+    assert_eq!(done, vec!["f".to_string()]);
+    assert_eq!(object(&mem, "f").await.unwrap(), b"0123456789Kernel");
+    // ... but never bytes changed after it that nobody closed (set aside instead).
+    let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let (_, fh) = fs.create(ROOT_INO, "g", false, None).await.unwrap();
+    fs.write(fh, 0, b"closed").await.unwrap();
+    let backing = fs.backing_file(fh).await.unwrap();
+    fs.note_passthrough_open(fh);
+    fs.flush(fh).await.unwrap();
+    backing.file.write_all_at(b"torn", 0).unwrap();
+    mem.delete("g").await.unwrap();
+    let fs3 = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let (done, _) = fs3.recover_staged().await;
+    assert!(!done.contains(&"g".to_string()), "uploaded a version nobody closed: {done:?}");
+    assert!(object(&mem, "g").await.is_none());
+    assert!(dir.join("lost+found").exists(), "the unclosed bytes were not kept");
+    drop(fs);
+}

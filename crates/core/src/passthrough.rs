@@ -8,19 +8,29 @@
 //! that finds them all on disk, and ahead of time at the close of a handle that read
 //! through the store, so the next open finds it ready.
 //!
-//! What never goes through a backing file: a handle reading staged bytes (this mount's
-//! own changes, read from the staging file through the daemon), an `O_RDONLY|O_TRUNC`
-//! handle, objects smaller than [`WHOLE_MIN`], and every handle of a mount without a disk
-//! cache. The adapter decides the rest (the kernel's rule that all opens of an inode use
-//! the same backing file, or none): fuse/src/passthrough.rs.
+//! Files being written pass through to their staged file ([`crate::write`]): the kernel
+//! reads and writes it directly, and the daemon learns of the changes by looking at the
+//! file (its length and mtime: [`crate::write::Staged::observe`]) wherever they matter:
+//! attributes (`stat`, listings), flush, fsync, close, rename, truncate and every upload.
+//! An upload during which the kernel changed the file leaves it dirty, so the next commit
+//! point uploads again. Crash recovery uploads such a file only if nothing changed it after
+//! its last commit point (the `.open` marker names the committed length and mtime).
 //!
-//! Consistency: the backing file is named by (key, identity) of the handle's pinned
-//! version, so an open after the object changed in the bucket (seen at the open's
+//! What never goes through a backing file: an `O_RDONLY|O_TRUNC` handle, cached objects
+//! smaller than [`WHOLE_MIN`], and every read of an object not staged on a mount without a
+//! disk cache. The adapter decides the rest (the kernel's rule that all opens of an inode
+//! use the same backing file, or none): fuse/src/passthrough.rs.
+//!
+//! Consistency: the backing file of a read is named by (key, identity) of the handle's
+//! pinned version, so an open after the object changed in the bucket (seen at the open's
 //! revalidation, after the TTL) pins the new identity, finds no file for it and reads
-//! through the store as before; close-to-open holds as without passthrough.
+//! through the store as before; close-to-open holds as without passthrough. A staged
+//! file is this mount's newest bytes: every handle of its inode reads it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use crate::disk_cache::WholePin;
 use crate::Fs;
@@ -33,13 +43,15 @@ pub const WHOLE_MIN: u64 = 1024 * 1024;
 /// for the disk cache: they land within milliseconds unless the disk is saturated.
 const SETTLE: Duration = Duration::from_secs(2);
 
-/// A local file with exactly the bytes of one object version, for the kernel to read.
+/// A local file for the kernel to use directly: exactly the bytes of one object version
+/// (a whole-object cache file), or an inode's staged file.
 pub struct Backing {
     pub file: std::fs::File,
-    /// The version it holds (what the handle pinned at open).
+    /// What it holds: the version the handle pinned at open, or `staged:` and the staged
+    /// file's own identity (every handle of a staged inode shares it).
     pub identity: String,
-    /// Keeps the file from eviction while the kernel reads it.
-    _pin: WholePin,
+    /// Keeps a cache file from eviction while the kernel reads it.
+    _pin: Option<WholePin>,
 }
 
 /// Counters for status and metrics.
@@ -48,26 +60,38 @@ pub(crate) struct Counters {
     /// The adapter found the kernel able to pass through (see [`Fs::set_passthrough`]).
     on: std::sync::atomic::AtomicBool,
     opens: AtomicU64,
+    /// Staged files the kernel may write directly, by inode: their attributes come from the
+    /// file itself. Lock order: after `table` (attributes are built under it).
+    watched: Mutex<HashMap<u64, Arc<std::fs::File>>>,
 }
 
 impl Fs {
-    /// The version read-only handle `fh` pinned, if the kernel could read it from a local
-    /// file: `None` for a handle that reads staged bytes, empties the file at flush, or a
-    /// small object.
+    /// What the kernel would use for handle `fh`, if it can use a local file: the staged
+    /// file of a staged inode (any handle), or the version a read-only handle pinned if it is
+    /// large enough to be kept whole. `None` for an `O_RDONLY|O_TRUNC` handle (emptied at
+    /// its flush, through us) and for small objects.
     pub fn passthrough_identity(&self, fh: u64) -> Option<String> {
         let f = self.open_file(fh).ok()?;
-        if f.staged.load(Relaxed) || f.truncate_at_flush.load(Relaxed) {
+        if f.truncate_at_flush.load(Relaxed) {
             return None;
+        }
+        if f.staged.load(Relaxed) {
+            return self.staged_of_pub(f.ino).map(|s| format!("staged:{:p}", Arc::as_ptr(&s)));
         }
         let r = f.reader.lock().unwrap().clone();
         (r.size >= WHOLE_MIN).then(|| r.identity().to_string())
     }
 
-    /// The local file holding exactly the version `fh` pinned, building it from the disk
-    /// cache's blocks if they are all there. `Err`: why not, for the log.
+    /// The local file for handle `fh` (see [`Fs::passthrough_identity`]): for a staged
+    /// inode, its staged file, watched from now on; else the whole-object file of the version
+    /// `fh` pinned, built from the disk cache's blocks if they are all there. `Err`: why
+    /// not, for the log.
     pub async fn backing_file(&self, fh: u64) -> Result<Backing, &'static str> {
-        let identity = self.passthrough_identity(fh).ok_or("staged, truncating or small")?;
+        let identity = self.passthrough_identity(fh).ok_or("truncating or small")?;
         let f = self.open_file(fh).map_err(|_| "handle gone")?;
+        if identity.starts_with("staged:") {
+            return self.staged_backing(f.ino, identity).await;
+        }
         let r = f.reader.lock().unwrap().clone();
         let disk = self.read_cache.disk().ok_or("no disk cache")?.clone();
         let (key, size) = (r.key.to_string(), r.size);
@@ -90,7 +114,43 @@ impl Fs {
         })
         .await
         .map_err(|_| "task failed")??;
-        Ok(Backing { file: found.file, identity, _pin: found.pin })
+        Ok(Backing { file: found.file, identity, _pin: Some(found.pin) })
+    }
+
+    /// `ino`'s staged file for the kernel, watched from now on (see the module doc).
+    async fn staged_backing(&self, ino: u64, identity: String) -> Result<Backing, &'static str> {
+        let staged = self.staged_of_pub(ino).ok_or("not staged any more")?;
+        let key = self.node(ino).map_err(|_| "gone")?.key;
+        let mut st = staged.lock().await;
+        if format!("staged:{:p}", Arc::as_ptr(&staged)) != identity {
+            return Err("staged again meanwhile");
+        }
+        let file = st.watch_external(&key).map_err(|e| {
+            tracing::warn!(ino, "staged file not handed to the kernel: {e}");
+            "staged file unusable"
+        })?;
+        let second = file.try_clone().map_err(|_| "cannot duplicate the staged file")?;
+        self.passthrough.watched.lock().unwrap().insert(ino, Arc::new(second));
+        Ok(Backing { file, identity, _pin: None })
+    }
+
+    /// A watched staged file's length and mtime, read from the file (the kernel may have
+    /// written it without us); `None` if `ino` is not watched.
+    pub(crate) fn watched_state(&self, ino: u64) -> Option<(u64, SystemTime)> {
+        let w = self.passthrough.watched.lock().unwrap();
+        if w.is_empty() {
+            return None;
+        }
+        let m = w.get(&ino)?.metadata().ok()?;
+        Some((m.len(), m.modified().ok()?))
+    }
+
+    /// `ino`'s staged file is gone: stop reading attributes from it.
+    pub(crate) fn unwatch(&self, ino: u64) {
+        let mut w = self.passthrough.watched.lock().unwrap();
+        if !w.is_empty() {
+            w.remove(&ino);
+        }
     }
 
     /// At the close of a handle that read through the store: if the whole version is on
@@ -129,9 +189,15 @@ impl Fs {
         self.passthrough.on.load(Relaxed)
     }
 
-    /// Count an open the kernel serves from a backing file.
-    pub fn note_passthrough_open(&self) {
+    /// Count an open the kernel serves from a backing file; a writable one writes unseen,
+    /// so its flush publishes whatever changed.
+    pub fn note_passthrough_open(&self, fh: u64) {
         self.passthrough.opens.fetch_add(1, Relaxed);
+        if let Ok(f) = self.open_file(fh) {
+            if f.writable {
+                f.writes_unseen.store(true, Relaxed);
+            }
+        }
     }
 
     /// Opens served from a backing file since mount.

@@ -70,6 +70,30 @@ pub struct Staged {
     /// ([`PutOpts::if_not_exists`]), so an object another writer made meanwhile is never
     /// replaced (the upload fails with `Exists`; the bytes stay here).
     pub create_only: bool,
+    /// The kernel may change the file without us (FUSE passthrough, see
+    /// [`Staged::watch_external`]): its state as we last saw it, `None` if it never could.
+    seen: Option<Stamp>,
+}
+
+/// What tells us a file changed without seeing the change: its length and mtime (Linux
+/// 6.13+ gives a change after a query a distinct timestamp: multigrain timestamps).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Stamp {
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl Stamp {
+    fn of(file: &File) -> Result<Self, FsError> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata().map_err(local)?;
+        Ok(Self { len: m.len(), mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128 })
+    }
+
+    /// The `.open` marker's text for "committed as of this state" (see [`recover`]).
+    fn marker(&self) -> String {
+        format!("{} {}", self.len, self.mtime_ns)
+    }
 }
 
 /// A multipart upload fed while a sequential writer is still writing.
@@ -111,6 +135,7 @@ impl Staged {
             open_marked: false,
             in_store: true,
             create_only: false,
+            seen: None,
         })
     }
 
@@ -205,11 +230,68 @@ impl Staged {
     pub fn commit(&mut self) -> Result<(), FsError> {
         // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
         self.settle()?;
+        if self.seen.is_some() {
+            return self.mark_committed_as_is();
+        }
         if self.open_marked {
             std::fs::remove_file(self.open_path()).map_err(local)?;
             self.open_marked = false;
         }
         Ok(())
+    }
+
+    /// For a file the kernel may change unseen: the marker says "committed as of this
+    /// length and mtime" instead of going away, so recovery uploads the file only if
+    /// nothing changed it since (a change we did not see yet would make it a torn version).
+    fn mark_committed_as_is(&mut self) -> Result<(), FsError> {
+        let now = Stamp::of(&self.file)?;
+        self.seen = Some(now);
+        let tmp = self.path.with_extension("open.tmp");
+        std::fs::write(&tmp, now.marker()).and_then(|_| std::fs::rename(&tmp, self.open_path())).map_err(local)?;
+        self.open_marked = false;
+        Ok(())
+    }
+
+    /// Let the kernel write the file directly (FUSE passthrough): from now on changes
+    /// arrive unseen, so [`Staged::observe`] compares the file's state with the last one
+    /// seen wherever its size or dirtiness matters. A pending O_TRUNC is applied now (the
+    /// kernel reads the file itself), the key is named for crash recovery, and the eager
+    /// upload stops (writes may land anywhere). Returns a second handle of the file.
+    pub fn watch_external(&mut self, key: &str) -> Result<File, FsError> {
+        self.settle()?;
+        let was_open = self.open_marked;
+        self.set_key(key)?;
+        if self.seen.is_none() {
+            self.eager_abandon();
+            self.appends_only = false;
+            if !was_open {
+                self.mark_committed_as_is()?;
+            }
+            self.seen = Some(Stamp::of(&self.file)?);
+        }
+        self.file.try_clone().map_err(local)
+    }
+
+    /// Whether the kernel may change the file unseen (see [`Staged::watch_external`]).
+    pub fn watched(&self) -> bool {
+        self.seen.is_some()
+    }
+
+    /// Catch up with changes the kernel made directly (passthrough): if the file's length
+    /// or mtime moved since last seen, it is dirty and its size is the file's. Returns
+    /// whether it changed. Free for files never watched.
+    pub fn observe(&mut self) -> Result<bool, FsError> {
+        let Some(seen) = self.seen else { return Ok(false) };
+        let now = Stamp::of(&self.file)?;
+        if now == seen {
+            return Ok(false);
+        }
+        self.seen = Some(now);
+        self.mark_open()?;
+        self.size = now.len;
+        self.dirty = true;
+        self.write_gen += 1;
+        Ok(true)
     }
 
     /// Whether the bytes are a committed version (no change since the last commit point).
@@ -241,6 +323,11 @@ impl Staged {
         self.old = if self.size == 0 { old } else { None };
         self.dirty = true;
         self.write_gen += 1;
+        if self.watched() {
+            // The kernel reads a watched file itself: it must be empty now.
+            self.settle()?;
+            self.seen = Some(Stamp::of(&self.file)?);
+        }
         Ok(())
     }
 
@@ -396,6 +483,7 @@ impl Staged {
         attrs: &FileAttrs,
     ) -> Result<ObjectMeta, FsError> {
         self.settle()?;
+        self.observe()?;
         let gen = self.write_gen;
         let put = self.put_opts(attrs);
         if self.eager.as_ref().is_some_and(|e| e.put != put) {
@@ -434,7 +522,12 @@ impl Staged {
         let meta = result?;
         self.in_store = true;
         self.create_only = false;
-        if self.write_gen == gen {
+        self.observe()?; // a passthrough write during the upload keeps the file dirty
+        if self.write_gen == gen && self.watched() {
+            // The kernel may still change it: the key stays named, committed as of now.
+            self.dirty = false;
+            self.mark_committed_as_is()?;
+        } else if self.write_gen == gen {
             self.dirty = false;
             let _ = std::fs::remove_file(self.key_path());
             self.key = None;
@@ -516,7 +609,7 @@ pub async fn recover(
     }
     for (key, (_, data)) in newest {
         let key_file = data.with_extension("key");
-        if data.with_extension("open").exists() {
+        if !committed_on_disk(&data) {
             // Changed after its last close or fsync: no version anyone closed, so never
             // uploaded over what the bucket holds. Kept for the user, and said so.
             set_aside(dir, &data, &key);
@@ -547,6 +640,15 @@ pub async fn recover(
         }
     }
     (done, failed)
+}
+
+/// Whether staged file `data` holds a committed version: no `.open` marker, or one that
+/// names exactly the file's current length and mtime (a file the kernel wrote directly:
+/// [`Staged::mark_committed_as_is`]).
+fn committed_on_disk(data: &Path) -> bool {
+    let Ok(marker) = std::fs::read_to_string(data.with_extension("open")) else { return true };
+    let now = File::open(data).map(|f| Stamp::of(&f));
+    !marker.is_empty() && matches!(now, Ok(Ok(s)) if s.marker() == marker)
 }
 
 /// Move bytes that were being written when the mount died to `<staging>/lost+found/`,

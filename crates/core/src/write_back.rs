@@ -201,7 +201,7 @@ impl Fs {
     /// Returns once there is room in the queue.
     pub(crate) async fn commit_for(&self, file: &OpenFile, durable: bool) -> Result<(), FsError> {
         use std::sync::atomic::Ordering;
-        let wrote = file.wrote.load(Ordering::Relaxed);
+        let wrote = file.wrote.load(Ordering::Relaxed) || file.writes_unseen.load(Ordering::Relaxed);
         if !wrote && !file.staged.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -211,6 +211,7 @@ impl Fs {
         };
         let queued = {
             let mut st = staged.lock().await;
+            st.observe()?;
             let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1);
             if queue {
                 st.commit()?;
@@ -260,6 +261,7 @@ impl Fs {
     async fn upload_committed(&self, ino: u64) -> Result<(), FsError> {
         let Some(staged) = self.staged_of_pub(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
+        st.observe()?;
         if st.dirty && !st.unlinked && st.committed() {
             self.publish(ino, &mut st).await?;
         }

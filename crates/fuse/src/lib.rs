@@ -333,8 +333,8 @@ impl Filesystem for FuseAdapter {
             let perm = Some((mode & !umask & 0o7777) as u16);
             match fs.create(parent.0, &name, flags & libc::O_EXCL != 0, perm).await {
                 Ok((a, fh)) => {
-                    pt.created(a.ino, fh);
-                    reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty())
+                    let created = passthrough::Created { reply, ttl, attr: file_attr(&a) };
+                    pt.answer(&fs, a.ino, fh, false, FopenFlags::empty(), created).await
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -591,7 +591,8 @@ pub fn mount(
         }
     }));
     let device: Arc<std::sync::OnceLock<Option<(u32, u32)>>> = Arc::default();
-    let adapter = FuseAdapter { notifier: notifier.clone(), ..FuseAdapter::new(fs, rt, device.clone(), spec.passthrough) };
+    let adapter =
+        FuseAdapter { notifier: notifier.clone(), ..FuseAdapter::new(fs, rt, device.clone(), spec.passthrough) };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
     let dev = running::mount_device(mountpoint);

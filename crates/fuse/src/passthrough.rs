@@ -1,27 +1,30 @@
 //! FUSE passthrough: which opens the kernel serves from a local backing file by itself.
 //!
-//! Core's passthrough.rs finds the file (a whole-object file of the disk cache holding
-//! exactly the version the open pinned); this module applies the kernel's rules (Linux
-//! 6.9+, fs/fuse/iomode.c) for one inode:
+//! Core's passthrough.rs finds the file: a staged inode's staged file (written and read by
+//! the kernel directly), or a whole-object file of the disk cache holding exactly the
+//! version a read-only open pinned. This module applies the kernel's rules (Linux 6.9+,
+//! fs/fuse/iomode.c) for one inode:
 //! - while any open of an inode passes through, every new open of it must pass through to
-//!   the same backing file: the kernel fails any other with EIO;
-//! - a passthrough open fails (EIO) while the inode is open in the ordinary, cached mode.
+//!   the same backing file or be a direct-I/O open (no page cache): the kernel fails any
+//!   other with EIO;
+//! - a passthrough open fails while the inode is open in the ordinary, cached mode.
 //!
 //! So per inode we count ordinary opens and hold at most one registered backing file:
-//! - a read-only open whose pinned version is whole on disk passes through, unless ordinary
-//!   opens of the inode are live (then it is an ordinary open, exactly as without);
-//! - while passthrough opens are live, a read-only open of the same version reuses their
-//!   backing file; an open for writing or truncating, or a read-only open that pinned
-//!   another version (the object changed in the bucket), is refused with EBUSY: handing it
-//!   the old version's file would break close-to-open (docs/SEMANTICS.md);
+//! - an open whose file is available (staged, or a read of a version whole on disk) passes
+//!   through, unless ordinary opens of the inode are live (then it is an ordinary open,
+//!   exactly as without passthrough);
+//! - while passthrough opens are live, an open that would use the same file shares it (every
+//!   open of a staged inode uses its staged file); any other open is refused with EBUSY: an
+//!   open for writing while readers pass through to a cached version (checked before the
+//!   core opens it, so a refused open never changes the file), a read of a version the
+//!   object changed to (handing it the old version's file would break close-to-open), an
+//!   `O_RDONLY|O_TRUNC` beside cached readers;
 //! - the backing file is unregistered at the last release of the inode's passthrough opens.
 //!
 //! The kernel drops an open's mode when the file is released, before our RELEASE arrives,
 //! so our counts are never below the kernel's: at worst we decline a passthrough the
-//! kernel would have taken, never the reverse. Write and truncate opens are counted before
-//! the core opens them, so no passthrough can start meanwhile and a refused open never
-//! changes a file. Without the capability (flag off, an older kernel, not root, no disk
-//! cache) every open is ordinary; the log says why once.
+//! kernel would have taken, never the reverse. Without the capability (flag off, an older
+//! kernel, not root) every open is ordinary; the log says why once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -30,10 +33,12 @@ use std::time::{Duration, Instant};
 
 use bucketfs_core::passthrough::Backing;
 use bucketfs_core::Fs;
-use fuser::{BackingId, Errno, FileHandle, FopenFlags, InitFlags, KernelConfig, ReplyOpen};
+use fuser::{
+    BackingId, Errno, FileAttr, FileHandle, FopenFlags, Generation, InitFlags, KernelConfig, ReplyCreate, ReplyOpen,
+};
 
-/// How long an open that must otherwise be refused waits for the RELEASE of opens closed
-/// just before it (it arrives within milliseconds of the close).
+/// How long an open that would otherwise be opened direct waits for the RELEASE of opens
+/// closed just before it (it arrives within milliseconds of the close).
 const RELEASE_WAIT: Duration = Duration::from_secs(1);
 /// How long a read-only open that could pass through waits for ordinary opens closed just
 /// before it (`cat f; cat f`): short, since an ordinary open still live is the common case.
@@ -50,14 +55,25 @@ pub struct Passthrough {
 #[derive(Default)]
 struct State {
     inodes: HashMap<u64, InodeIo>,
-    /// Open handle -> (inode, passes through).
-    handles: HashMap<u64, (u64, bool)>,
+    /// Open handle -> (inode, how it was opened).
+    handles: HashMap<u64, (u64, Mode)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// The kernel's page cache, through us.
+    Ordinary,
+    /// The registered backing file.
+    Through,
 }
 
 #[derive(Default)]
 struct InodeIo {
-    /// Ordinary (cached-mode) opens, plus write opens being opened.
+    /// Ordinary (cached-mode) opens.
     ordinary: u32,
+    /// Opens for writing between [`Passthrough::before_open`] and their answer: no cached
+    /// version may be registered meanwhile (they will use the staged file).
+    writers_opening: u32,
     through: Option<Through>,
 }
 
@@ -90,8 +106,6 @@ impl Passthrough {
             Some("the kernel does not offer FUSE passthrough (Linux 6.9 or later)")
         } else if unsafe { libc::geteuid() } != 0 {
             Some("registering backing files needs root (CAP_SYS_ADMIN)")
-        } else if !fs.passthrough_possible() {
-            Some("no disk cache (--disk-cache-mib 0)")
         // Depth 1: backing files on a plain file system, and this mount may itself be a
         // lower layer of an overlay.
         } else if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_err()
@@ -106,28 +120,51 @@ impl Passthrough {
             None => {
                 self.on.store(true, Relaxed);
                 fs.set_passthrough(true);
-                tracing::info!("passthrough on: files whole in the disk cache are read by the kernel directly");
+                let cached = if fs.passthrough_possible() { " and files whole in the disk cache" } else { "" };
+                tracing::info!("passthrough on: staged files{cached} are read and written by the kernel directly");
             }
         }
     }
 
-    /// Before the core opens `ino`: `Err` to refuse the open; `Ok(true)` if it was counted
-    /// as an ordinary open already (writing or truncating: undo with [`Self::open_failed`]
-    /// if the core's open fails).
+    /// Before the core opens `ino` for writing or truncating (`changes`): `Err` to refuse
+    /// the open while readers pass through to a cached version (the kernel allows one
+    /// backing file per inode, and the writer's is its staged file). `Ok(true)`: counted as
+    /// a writer opening; [`Self::answer`] or [`Self::open_failed`] ends that.
     pub async fn before_open(&self, ino: u64, changes: bool) -> Result<bool, Errno> {
-        if !changes {
+        if !changes || !self.on.load(Relaxed) {
             return Ok(false);
         }
+        let cached = |io: &InodeIo| io.through.as_ref().is_some_and(|t| !t.identity.starts_with("staged:"));
         // A reader that just closed is still counted until its RELEASE arrives.
-        self.settle(ino, |io| io.through.is_none(), RELEASE_WAIT).await;
+        self.settle(ino, |io| !cached(io), RELEASE_WAIT).await;
         let mut st = self.state.lock().unwrap();
         let io = st.inodes.entry(ino).or_default();
-        if io.through.is_some() {
+        if cached(io) {
             tracing::info!(ino, "open for writing refused (EBUSY): the file is open for passthrough reads");
             return Err(Errno::EBUSY);
         }
-        io.ordinary += 1;
+        io.writers_opening += 1;
         Ok(true)
+    }
+
+    /// The core's open counted by [`Self::before_open`] failed.
+    pub fn open_failed(&self, ino: u64, counted: bool) {
+        if counted {
+            Self::opened_writer(&mut self.state.lock().unwrap(), ino);
+        }
+    }
+
+    fn opened_writer(st: &mut State, ino: u64) {
+        if let Some(io) = st.inodes.get_mut(&ino) {
+            io.writers_opening = io.writers_opening.saturating_sub(1);
+        }
+        Self::forget_idle(st, ino);
+    }
+
+    fn forget_idle(st: &mut State, ino: u64) {
+        if st.inodes.get(&ino).is_some_and(|io| io.ordinary == 0 && io.writers_opening == 0 && io.through.is_none()) {
+            st.inodes.remove(&ino);
+        }
     }
 
     /// Wait (up to `limit`) until `ok` holds for `ino`'s state (or it has none).
@@ -138,40 +175,45 @@ impl Passthrough {
         }
     }
 
-    pub fn open_failed(&self, ino: u64, counted: bool) {
-        if counted {
-            let mut st = self.state.lock().unwrap();
-            Self::drop_ordinary(&mut st, ino);
-        }
-    }
-
     fn drop_ordinary(st: &mut State, ino: u64) {
         if let Some(io) = st.inodes.get_mut(&ino) {
             io.ordinary = io.ordinary.saturating_sub(1);
-            if io.ordinary == 0 && io.through.is_none() {
-                st.inodes.remove(&ino);
-            }
         }
+        Self::forget_idle(st, ino);
     }
 
-    /// A new file from `create`: an ordinary open.
-    pub fn created(&self, ino: u64, fh: u64) {
-        let mut st = self.state.lock().unwrap();
-        let io = st.inodes.entry(ino).or_default();
-        if io.through.is_some() {
-            tracing::warn!(ino, "create of a file open for passthrough reads: the kernel will refuse it");
-        }
-        io.ordinary += 1;
-        st.handles.insert(fh, (ino, false));
-    }
-
-    /// Answer the core's successful open of `ino` as handle `fh`. `counted`: from
-    /// [`Self::before_open`]; `flags`: the ordinary open's flags.
-    pub async fn answer(&self, fs: &Arc<Fs>, ino: u64, fh: u64, counted: bool, flags: FopenFlags, reply: ReplyOpen) {
+    /// Answer the core's successful open (or create) of `ino` as handle `fh`; `counted`:
+    /// from [`Self::before_open`]; `flags`: the ordinary open's flags.
+    pub async fn answer(
+        &self,
+        fs: &Arc<Fs>,
+        ino: u64,
+        fh: u64,
+        counted: bool,
+        flags: FopenFlags,
+        reply: impl OpenReply,
+    ) {
+        let reply = self.answer_inner(fs, ino, fh, flags, reply).await;
         if counted {
-            self.state.lock().unwrap().handles.insert(fh, (ino, false));
-            return reply.opened(FileHandle(fh), flags);
+            Self::opened_writer(&mut self.state.lock().unwrap(), ino);
         }
+        if let Some(reply) = reply {
+            // Not truncating, or checked by `before_open`: closing it changes nothing.
+            let _ = fs.release(fh).await;
+            tracing::info!(ino, "open refused (EBUSY): the file is open for passthrough reads of another version");
+            reply.error(Errno::EBUSY)
+        }
+    }
+
+    /// The answer; the reply back if the open is to be refused.
+    async fn answer_inner<R: OpenReply>(
+        &self,
+        fs: &Arc<Fs>,
+        ino: u64,
+        fh: u64,
+        flags: FopenFlags,
+        reply: R,
+    ) -> Option<R> {
         let eligible = self.on.load(Relaxed) && !flags.contains(FopenFlags::FOPEN_DIRECT_IO);
         let identity = if eligible { fs.passthrough_identity(fh) } else { None };
         let identity = identity.as_deref();
@@ -191,26 +233,20 @@ impl Passthrough {
             match plan(st.inodes.get(&ino), identity) {
                 Plan::Existing => return Self::through(fs, &mut st, ino, fh, reply),
                 Plan::Ordinary => return Self::ordinary(&mut st, ino, fh, flags, reply),
-                Plan::Refuse => {}
+                Plan::Refuse => return Some(reply),
                 Plan::New => {}
             }
         }
-        // Find or build the backing file (file I/O; a second or so for a large one that is
+        // Find or build the backing file (file I/O; a second or so for a large cached one
         // built now) with no lock held; then decide again, as other opens may have come.
-        let look = matches!(plan(self.state.lock().unwrap().inodes.get(&ino), identity), Plan::New);
-        let backing = if look { Some(fs.backing_file(fh).await) } else { None };
-        if let Some(reply) = self.finish(fs, ino, fh, flags, identity, backing, reply) {
-            // Read-only and not truncating: closing it changes nothing.
-            let _ = fs.release(fh).await;
-            tracing::info!(ino, "open refused (EBUSY): the file is open for passthrough reads of another version");
-            reply.error(Errno::EBUSY)
-        }
+        let backing = Some(fs.backing_file(fh).await);
+        self.finish(fs, ino, fh, flags, identity, backing, reply)
     }
 
     /// The decision after looking for a backing file; the reply back if the open is to be
     /// refused.
     #[allow(clippy::too_many_arguments)]
-    fn finish(
+    fn finish<R: OpenReply>(
         &self,
         fs: &Fs,
         ino: u64,
@@ -218,12 +254,12 @@ impl Passthrough {
         flags: FopenFlags,
         identity: Option<&str>,
         backing: Option<Result<Backing, &'static str>>,
-        reply: ReplyOpen,
-    ) -> Option<ReplyOpen> {
+        reply: R,
+    ) -> Option<R> {
         let mut st = self.state.lock().unwrap();
         match (plan(st.inodes.get(&ino), identity), backing) {
             (Plan::Existing, _) => Self::through(fs, &mut st, ino, fh, reply),
-            (Plan::Refuse, _) => return Some(reply),
+            (Plan::Refuse, _) => Some(reply),
             (Plan::New, Some(Ok(b))) if self.on.load(Relaxed) => match reply.open_backing(&b.file) {
                 Ok(id) => {
                     let t = Through { id, identity: b.identity.clone(), opens: 0, _backing: b };
@@ -242,30 +278,31 @@ impl Passthrough {
                 Self::ordinary(&mut st, ino, fh, flags, reply)
             }
         }
+    }
+
+    /// Answer with the inode's registered backing file (`None`: nothing left to refuse).
+    fn through<R: OpenReply>(fs: &Fs, st: &mut State, ino: u64, fh: u64, reply: R) -> Option<R> {
+        let t = st.inodes.get_mut(&ino).and_then(|io| io.through.as_mut()).expect("planned");
+        t.opens += 1;
+        fs.note_passthrough_open(fh);
+        reply.through(fh, &t.id);
+        st.handles.insert(fh, (ino, Mode::Through));
         None
     }
 
-    /// Answer with the inode's registered backing file.
-    fn through(fs: &Fs, st: &mut State, ino: u64, fh: u64, reply: ReplyOpen) {
-        let t = st.inodes.get_mut(&ino).and_then(|io| io.through.as_mut()).expect("planned");
-        t.opens += 1;
-        fs.note_passthrough_open();
-        reply.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_PASSTHROUGH, &t.id);
-        st.handles.insert(fh, (ino, true));
-    }
-
-    fn ordinary(st: &mut State, ino: u64, fh: u64, flags: FopenFlags, reply: ReplyOpen) {
+    fn ordinary<R: OpenReply>(st: &mut State, ino: u64, fh: u64, flags: FopenFlags, reply: R) -> Option<R> {
         st.inodes.entry(ino).or_default().ordinary += 1;
-        st.handles.insert(fh, (ino, false));
-        reply.opened(FileHandle(fh), flags);
+        st.handles.insert(fh, (ino, Mode::Ordinary));
+        reply.opened(fh, flags);
+        None
     }
 
     /// Handle `fh` was released: the last passthrough release of an inode unregisters its
     /// backing file.
     pub fn released(&self, fh: u64) {
         let mut st = self.state.lock().unwrap();
-        let Some((ino, through)) = st.handles.remove(&fh) else { return };
-        if !through {
+        let Some((ino, mode)) = st.handles.remove(&fh) else { return };
+        if mode == Mode::Ordinary {
             return Self::drop_ordinary(&mut st, ino);
         }
         let Some(io) = st.inodes.get_mut(&ino) else { return };
@@ -275,9 +312,7 @@ impl Passthrough {
                 io.through = None; // unregisters it (BackingId's drop)
             }
         }
-        if io.ordinary == 0 && io.through.is_none() {
-            st.inodes.remove(&ino);
-        }
+        Self::forget_idle(&mut st, ino);
     }
 }
 
@@ -285,20 +320,68 @@ enum Plan {
     /// Pass through to the inode's registered backing file.
     Existing,
     Ordinary,
-    /// The inode passes through to another version's file: refuse (EBUSY).
+    /// The inode passes through to another file: refuse (EBUSY).
     Refuse,
     /// Register a backing file if one can be found.
     New,
 }
 
-/// What to do with a read-only open that pinned `identity` (`None`: not eligible) given
-/// the state of its inode (see the module doc).
+/// What to do with an open whose file is `identity` (`None`: not eligible) given the state
+/// of its inode (see the module doc).
 fn plan(io: Option<&InodeIo>, identity: Option<&str>) -> Plan {
     match io {
         Some(InodeIo { through: Some(t), .. }) if Some(t.identity.as_str()) == identity => Plan::Existing,
         Some(InodeIo { through: Some(_), .. }) => Plan::Refuse,
         Some(io) if io.ordinary > 0 => Plan::Ordinary,
         _ if identity.is_none() => Plan::Ordinary,
+        // A writer about to use its staged file: no cached version meanwhile.
+        Some(io) if io.writers_opening > 0 && !identity.is_some_and(|i| i.starts_with("staged:")) => Plan::Ordinary,
         _ => Plan::New,
+    }
+}
+
+/// The two replies that open a file: `open`'s and `create`'s.
+pub trait OpenReply {
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId>;
+    fn opened(self, fh: u64, flags: FopenFlags);
+    fn through(self, fh: u64, id: &BackingId);
+    fn error(self, e: Errno);
+}
+
+impl OpenReply for ReplyOpen {
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId> {
+        ReplyOpen::open_backing(self, file)
+    }
+    fn opened(self, fh: u64, flags: FopenFlags) {
+        ReplyOpen::opened(self, FileHandle(fh), flags)
+    }
+    fn through(self, fh: u64, id: &BackingId) {
+        self.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_PASSTHROUGH, id)
+    }
+    fn error(self, e: Errno) {
+        ReplyOpen::error(self, e)
+    }
+}
+
+/// `create`'s reply with the new entry it carries.
+pub struct Created {
+    pub reply: ReplyCreate,
+    pub ttl: Duration,
+    pub attr: FileAttr,
+}
+
+impl OpenReply for Created {
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId> {
+        self.reply.open_backing(file)
+    }
+    fn opened(self, fh: u64, flags: FopenFlags) {
+        self.reply.created(&self.ttl, &self.attr, Generation(0), FileHandle(fh), flags)
+    }
+    fn through(self, fh: u64, id: &BackingId) {
+        let flags = FopenFlags::FOPEN_PASSTHROUGH;
+        self.reply.created_passthrough(&self.ttl, &self.attr, Generation(0), FileHandle(fh), flags, id)
+    }
+    fn error(self, e: Errno) {
+        self.reply.error(e)
     }
 }
