@@ -1,4 +1,4 @@
-"""Randomized model test through a real mount (tests/fsmodel.py, docs/MODEL_TEST.md).
+"""Randomized model test through a real mount (tests/fsmodel/, docs/MODEL_TEST.md).
 
 Each test runs about 2,000 seeded random ops in total, split over 3 worker processes (each
 in its own directory, checked against an in-memory model after every op) while 2 lister
