@@ -7,14 +7,12 @@ options and in fstab lines; each is refused on the other store."""
 from __future__ import annotations
 
 import os
-import subprocess
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 import seed
-from conftest import (Bucket, bucketfs_env, is_mounted, mounted, new_mountpoint, require_bin,
-                      require_store, run_cli, unmount, wait_until)
+from conftest import Bucket, is_mounted, mounted, new_mountpoint, require_bin, require_store, run_cli
 from proxykit import HttpProxy
 import test_ops
 
@@ -120,15 +118,10 @@ def test_fstab_line_with_requester_pays(tmp_path):
     fstab.write_text(f"s3://{b.name} {mp} fuse.bucketfs noauto,_netdev,requester_pays,endpoint={proxy.url},"
                      "disk_cache_mib=0 0 0\n")
     try:
-        p = subprocess.run(["mount", "-T", str(fstab), mp], capture_output=True, timeout=60, env=bucketfs_env())
-        assert p.returncode == 0, p.stderr.decode()
-        exercise(mp)
-        p = subprocess.run(["umount", mp], capture_output=True, timeout=60)
-        assert p.returncode == 0, p.stderr.decode()
-        assert wait_until(lambda: not is_mounted(mp), 10)
+        with test_ops.fstab_mounted(fstab, mp):
+            exercise(mp)
         sent = proxy.take()
         assert sent and all(h.get("x-amz-request-payer") == "requester" for _, _, h in sent), sent
     finally:
-        unmount(mp)
         proxy.close()
         b.cleanup()
