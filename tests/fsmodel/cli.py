@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--exclude", default="", help="op kinds not to generate, comma-separated "
                     "(generator names: scandir,listdir,sleep,rename_dir,...; ws_names: no names with "
                     "whitespace at an end), to look past a known bug")
+    ap.add_argument("--big-files", action="store_true", help="more files of a few MiB, read again after "
+                    "close (what FUSE passthrough serves: run with `-- --passthrough on`)")
     ap.add_argument("mount_args", nargs="*", help="extra `bucketfs mount` flags, after --")
     a = ap.parse_args(argv)
     replay = None
@@ -39,7 +41,8 @@ def main(argv=None) -> int:
     import conftest
     cfg = Config(store=a.store, ops=a.ops, seed=a.seed, workers=a.workers, listers=a.listers,
                  mount_args=a.mount_args, shrink_secs=a.shrink_secs, hang_secs=a.hang_secs,
-                 replay=replay, progress_every=10, exclude=[x for x in a.exclude.split(",") if x])
+                 replay=replay, progress_every=10, exclude=[x for x in a.exclude.split(",") if x],
+                 big_files=a.big_files)
     try:
         rep = run(cfg)
     finally:

@@ -2,6 +2,13 @@
 meant to fail (`invalid`), with weights per kind; sizes and offsets favour the mount's
 boundaries (2 MiB blocks, 8 MiB parts) and keep big files from growing without bound.
 Seeded, so a seed gives the same sequence as long as the mount answers the same way.
+
+Knobs (off by default, so a seed's sequence stays what it was): `big_files` writes more
+files of a few MiB and reads closed ones of 1 MiB or more again (`reread`: what FUSE
+passthrough serves, files whole in the disk cache); when there is none, and now and then,
+it writes one whole, closes it and reads it back (`make_big`: ops queued in `plan`).
+`passthrough` keeps `truncate(path)` off files a read-only handle holds open (see
+docs/MODEL_TEST.md, known limits).
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ from .ops import DIR_NAMES, FILE_NAMES, KiB, MiB, ODD_NAMES, SLOTS, join
 class Gen:
     """Picks the next op from the model's state: mostly valid, sometimes meant to fail."""
 
-    def __init__(self, rng: random.Random, sleep_secs: float, exclude=()):
+    def __init__(self, rng: random.Random, sleep_secs: float, exclude=(), big_files=False, passthrough=False):
         self.rng, self.sleep_secs, self.exclude = rng, sleep_secs, set(exclude)
+        self.big_files, self.passthrough = big_files, passthrough
+        self.reread_lately: list[str] = []  # paths `reread` picked lately, newest first
+        self.plan: list[tuple] = []  # ops to give next, in order (`reread` making a big file)
 
     def name(self, pool):
         r = self.rng
@@ -24,6 +34,8 @@ class Gen:
         return r.choice(odd) if r.random() < 0.07 else r.choice(pool)
 
     def next(self, m: Model):
+        if self.plan:
+            return self.plan.pop(0)
         r = self.rng
         self.m = m
         self.files = sorted(m.files)
@@ -40,6 +52,8 @@ class Gen:
             (3, self.scandir), (2, self.cat), (2, self.invalid),
             (1 if unlinked_open else 0.2, self.sleep),
         ]
+        if self.big_files:
+            choices.append((10, self.reread))
         if len(self.files) > 14:
             choices.append((8, self.unlink))
         if len(self.dirs) > 9:
@@ -83,7 +97,7 @@ class Gen:
             b = 8 * MiB if r.random() < 0.15 else 2 * MiB * r.choice([1, 1, 2])
             ln = r.randint(2, 128 * KiB)
             return max(0, b - r.randint(1, ln - 1)), ln
-        if x < 0.06:  # an occasional big write: a file of a few MiB
+        if x < (0.15 if self.big_files else 0.06):  # an occasional big write: a file of a few MiB
             return r.randint(0, size), r.randint(256 * KiB, 3 * MiB)
         ln = r.randint(1, 4 * KiB) if r.random() < 0.5 else r.randint(1, 64 * KiB)
         y = r.random()
@@ -163,6 +177,9 @@ class Gen:
 
     def truncate(self):
         p = self.pick_file()
+        if p and self.passthrough and any(h.inode is self.m.files[p] and not h.writable
+                                          for h in self.m.handles.values()):
+            return None  # a passthrough reader would read the old bytes (known limits)
         return ("truncate", p, self.trunc_size(len(self.m.files[p].data))) if p else None
 
     def stat(self):
@@ -213,6 +230,29 @@ class Gen:
 
     def scandir(self):
         return ("scandir", self.rng.choice(self.dirs))
+
+    def reread(self):
+        """Read a closed file of at least 1 MiB again (whole, or through a read-only handle).
+        Half the time one read again lately: the first read of a version may go to the
+        store, and its close makes the file the next open can pass through to."""
+        busy = {id(h.inode) for h in self.m.handles.values()}
+        big = [p for p in self.files if len(self.m.files[p].data) >= MiB and id(self.m.files[p]) not in busy]
+        if not big or self.rng.random() < 0.25:
+            return self.make_big()
+        again = [p for p in self.reread_lately if p in big]
+        p = self.rng.choice(again if again and self.rng.random() < 0.5 else big)
+        self.reread_lately = ([p] + [q for q in self.reread_lately if q != p])[:3]
+        s = self.free_slot()
+        return ("cat", p) if s is None or self.rng.random() < 0.5 else ("open", s, p, "r")
+
+    def make_big(self):
+        """Write a file of 1-3 MiB whole, close it and read it back (as the next ops)."""
+        s, r = self.free_slot(), self.rng
+        if s is None:
+            return None
+        p = self.new_path(FILE_NAMES)
+        self.plan = [("write", s, 0, r.randint(MiB, 3 * MiB), r.randrange(1 << 30)), ("close", s), ("cat", p)]
+        return ("open", s, p, "w+ct")
 
     def cat(self):
         p = self.pick_file(0.5)

@@ -4,6 +4,9 @@ Inodes hold bytearrays (an unlinked inode keeps its bytes for the handles still 
 it), the namespace maps worker-relative paths to inodes, `dirs` is the set of directories
 ("" is the worker's own), and `handles` maps slots to open handles (inode + mode).
 `rename_err` and friends give the errno Linux gives for an op, before the op is run.
+Each inode counts its changes (`version`) and each handle remembers the count at its open:
+with FUSE passthrough, whether a handle may still read an older version decides which
+EBUSY the mount may answer (runner.py, `busy_ok`).
 """
 
 from __future__ import annotations
@@ -14,19 +17,21 @@ from .ops import md5, parent, parse_mode
 
 
 class Inode:
-    __slots__ = ("data", "linked")
+    __slots__ = ("data", "linked", "version")
 
     def __init__(self):
         self.data = bytearray()
         self.linked = True
+        self.version = 0  # changes of `data` so far
 
 
 class Handle:
-    __slots__ = ("inode", "mode", "readable", "writable", "append")
+    __slots__ = ("inode", "mode", "readable", "writable", "append", "version")
 
     def __init__(self, inode, mode):
         _, self.readable, self.writable, extra = parse_mode(mode)
         self.inode, self.mode, self.append = inode, mode, "a" in extra
+        self.version = inode.version  # the inode's version when this handle opened it
 
 
 class Model:

@@ -1,11 +1,13 @@
 """One run of the model test: `Config` (store, op count, seed, mount flags, bounds),
 `Report` (lines said, divergences found), and `run`: make a bucket, mount, start listers
 and workers, then unmount and compare the bucket itself and a remount with each worker's
-final model; shrink what failed.
+final model; shrink what failed. The mount's `bucketfs status --json`, taken just before
+its unmount, is kept in `Report.status` (a test checks passthrough opens with it).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
@@ -17,9 +19,13 @@ from .shrink import shrink_all
 
 
 class Config:
+    """A run's parameters. `big_files`: the generator's knob for files of a few MiB read
+    again after close (what FUSE passthrough serves; gen.py). `passthrough` follows the
+    mount flags: `--passthrough on` makes the runner accept the EBUSY it documents."""
+
     def __init__(self, store="s3", ops=2000, seed=None, workers=3, listers=2, mount_args=(),
                  shrink_secs=180.0, hang_secs=180.0, replay=None, progress_every=0.0, verbose=True,
-                 exclude=()):
+                 exclude=(), big_files=False):
         self.store, self.ops, self.workers, self.listers = store, ops, workers, listers
         self.mount_args = list(mount_args)
         if seed is None:
@@ -27,7 +33,9 @@ class Config:
             seed = int(env) if env else random.randrange(1 << 31)
         self.seed, self.shrink_secs, self.hang_secs = seed, shrink_secs, hang_secs
         self.replay, self.progress_every, self.verbose = replay, progress_every, verbose
-        self.exclude = list(exclude)
+        self.exclude, self.big_files = list(exclude), big_files
+        a = self.mount_args
+        self.passthrough = "--passthrough" in a and a[a.index("--passthrough") + 1:][:1] == ["on"]
         ttl = 1.0
         if "--metadata-ttl" in self.mount_args:
             ttl = float(self.mount_args[self.mount_args.index("--metadata-ttl") + 1])
@@ -38,8 +46,9 @@ class Config:
         if self.replay is not None:
             return f"python3 tests/fsmodel --store {self.store} --listers {self.listers} --replay FILE{extra}"
         excl = f" --exclude {','.join(self.exclude)}" if self.exclude else ""
+        big = " --big-files" if self.big_files else ""
         return (f"python3 tests/fsmodel --store {self.store} --ops {self.ops} --seed {self.seed} "
-                f"--workers {self.workers} --listers {self.listers}{excl}{extra}")
+                f"--workers {self.workers} --listers {self.listers}{excl}{big}{extra}")
 
 
 class Report:
@@ -47,6 +56,7 @@ class Report:
         self.cfg, self.lines, self.problems = cfg, [], []
         self.ops = 0
         self.elapsed = 0.0
+        self.status: dict | None = None  # `bucketfs status --json` of the mount, before unmount
 
     def say(self, line=""):
         self.lines.append(line)
@@ -68,10 +78,21 @@ class Report:
 def worker_specs(cfg: Config, mp: str) -> list[dict]:
     if cfg.replay is not None:
         return [{"wid": 0, "root": os.path.join(mp, "w0"), "seed": 0, "ops": cfg.replay,
-                 "sleep_secs": cfg.sleep_secs}]
+                 "sleep_secs": cfg.sleep_secs, "passthrough": cfg.passthrough}]
     per = [cfg.ops // cfg.workers + (1 if i < cfg.ops % cfg.workers else 0) for i in range(cfg.workers)]
     return [{"wid": i, "root": os.path.join(mp, f"w{i}"), "seed": f"{cfg.seed}/w{i}", "nops": per[i],
-             "sleep_secs": cfg.sleep_secs, "exclude": cfg.exclude} for i in range(cfg.workers)]
+             "sleep_secs": cfg.sleep_secs, "exclude": cfg.exclude, "big_files": cfg.big_files,
+             "passthrough": cfg.passthrough} for i in range(cfg.workers)]
+
+
+def mount_status(mp: str) -> dict | None:
+    """`bucketfs status --json MP`, or None if it did not answer."""
+    import conftest
+    p = conftest.run_cli(["status", "--json", mp])
+    try:
+        return json.loads(p.out) if p.returncode == 0 else None
+    except ValueError:
+        return None
 
 
 def describe_failure(r: dict, n_ops) -> str:
@@ -160,6 +181,7 @@ def run(cfg: Config) -> Report:
             rep.elapsed = time.monotonic() - t0
             lres = listers.stop()
         finally:
+            rep.status = mount_status(mp)
             up = conftest.unmount(mp)
         rep.ops = sum(r["ops_done"] for r in results)
         rep.say(f"  {rep.ops} ops in {rep.elapsed:.1f} s: {rep.ops / max(rep.elapsed, 1e-9):.0f} ops/s; listers walked "
@@ -168,6 +190,10 @@ def run(cfg: Config) -> Report:
         for r in results + lres:
             for k, v in r["notes"].items():
                 notes[k] = notes.get(k, 0) + v
+        if cfg.passthrough:
+            st = rep.status or {}
+            rep.say(f"  passthrough: {'on' if st.get('passthrough') else 'off'}, "
+                    f"{st.get('passthrough_opens', '?')} opens served by the kernel from local files")
         for k, v in sorted(notes.items()):
             rep.say(f"  accepted: {k} ({v}x)")
         timing = {}

@@ -27,8 +27,10 @@ def worker_main(spec: dict, q, prog, oprepr) -> None:
     res = {"wid": spec["wid"], "ops_done": 0, "failure": None, "notes": {}, "skipped": 0, "timing": {}}
     given = spec.get("ops")
     n = len(given) if given is not None else spec["nops"]
-    gen = Gen(random.Random(spec["seed"]), spec["sleep_secs"], spec.get("exclude", ()))
-    run = Runner(spec["root"])
+    pt = spec.get("passthrough", False)
+    gen = Gen(random.Random(spec["seed"]), spec["sleep_secs"], spec.get("exclude", ()),
+              big_files=spec.get("big_files", False), passthrough=pt)
+    run = Runner(spec["root"], passthrough=pt)
     ops, i, op = [], -1, None
     try:
         os.mkdir(spec["root"])

@@ -71,7 +71,7 @@ class Shrinker:
             name = f"s{Shrinker.trial_no}"
             self.listers.set_target(name)
             spec = {"wid": 0, "root": os.path.join(self.mp, name), "seed": 0, "ops": ops,
-                    "sleep_secs": self.cfg.sleep_secs}
+                    "sleep_secs": self.cfg.sleep_secs, "passthrough": self.cfg.passthrough}
             r = run_workers(self.ctx, [spec], self.cfg.hang_secs)[0]
             f = r["failure"]
             if f and same_kind(f["sig"], self.sig):
