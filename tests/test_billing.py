@@ -6,73 +6,17 @@ options and in fstab lines; each is refused on the other store."""
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import os
-import subprocess
-import threading
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 import seed
-from conftest import (Bucket, bucketfs_env, is_mounted, mounted, new_mountpoint, require_bin,
-                      require_store, run_cli, unmount, wait_until)
+from conftest import Bucket, is_mounted, mounted, new_mountpoint, require_bin, require_store, run_cli
+from proxykit import HttpProxy
 import test_ops
 
 mount_helper = test_ops.mount_helper  # the fixture installing /sbin/mount.fuse.bucketfs
-
-
-class Recorder:
-    """An HTTP proxy to `upstream` that keeps (method, path, headers) of every request."""
-
-    def __init__(self, upstream: str):
-        target = urlsplit(upstream)
-        self.requests: list[tuple[str, str, dict[str, str]]] = []
-        lock = threading.Lock()
-        seen = self.requests
-        hop = {"content-length", "transfer-encoding", "connection"}
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _forward(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else None
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                with lock:
-                    seen.append((self.command, self.path, headers))
-                c = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
-                r = c.getresponse()
-                data = r.read()
-                self.send_response(r.status)
-                for k, v in r.getheaders():
-                    if k.lower() not in hop:
-                        self.send_header(k, v)
-                self.send_header("Content-Length",
-                                 r.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                c.close()
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _forward
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def take(self) -> list[tuple[str, str, dict[str, str]]]:
-        out = list(self.requests)
-        self.requests.clear()
-        return out
-
-    def close(self):
-        self.server.shutdown()
 
 
 def exercise(mp: str):
@@ -91,7 +35,7 @@ def test_s3_requester_pays_on_mount_cp_and_dash_o(tmp_path):
     require_bin()
     b = Bucket("s3")
     b.put("seeded.txt", b"seeded")
-    proxy = Recorder(seed.S3_ENDPOINT)
+    proxy = HttpProxy(seed.S3_ENDPOINT)
     src = tmp_path / "f.txt"
     src.write_text("x" * 1000)
     try:
@@ -127,7 +71,7 @@ def test_gcs_billing_project_on_mount_and_cp(tmp_path):
     require_bin()
     b = Bucket("gcs")
     b.put("seeded.txt", b"seeded")
-    proxy = Recorder(seed.GCS_ENDPOINT)
+    proxy = HttpProxy(seed.GCS_ENDPOINT)
     src = tmp_path / "f.txt"
     src.write_text("y" * 1000)
     common = ["--endpoint", proxy.url, "--anonymous", "--billing-project", "bill-me-42"]
@@ -168,21 +112,16 @@ def test_fstab_line_with_requester_pays(tmp_path):
     require_store("s3")
     b = Bucket("s3")
     b.put("seeded.txt", b"seeded")
-    proxy = Recorder(seed.S3_ENDPOINT)
+    proxy = HttpProxy(seed.S3_ENDPOINT)
     mp = new_mountpoint()
     fstab = tmp_path / "fstab"
     fstab.write_text(f"s3://{b.name} {mp} fuse.bucketfs noauto,_netdev,requester_pays,endpoint={proxy.url},"
                      "disk_cache_mib=0 0 0\n")
     try:
-        p = subprocess.run(["mount", "-T", str(fstab), mp], capture_output=True, timeout=60, env=bucketfs_env())
-        assert p.returncode == 0, p.stderr.decode()
-        exercise(mp)
-        p = subprocess.run(["umount", mp], capture_output=True, timeout=60)
-        assert p.returncode == 0, p.stderr.decode()
-        assert wait_until(lambda: not is_mounted(mp), 10)
+        with test_ops.fstab_mounted(fstab, mp):
+            exercise(mp)
         sent = proxy.take()
         assert sent and all(h.get("x-amz-request-payer") == "requester" for _, _, h in sent), sent
     finally:
-        unmount(mp)
         proxy.close()
         b.cleanup()

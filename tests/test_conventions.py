@@ -15,17 +15,35 @@ import pytest
 import seed
 from conftest import (Bucket, bucketfs_env, is_mounted, mounted, new_mountpoint, require_bin,
                       require_store, run_cli, unmount, wait_until)
-from test_ops import mount_helper  # noqa: F401  (fixture: /sbin/mount.fuse.bucketfs)
+import test_ops
+
+mount_helper = test_ops.mount_helper  # the fixture installing /sbin/mount.fuse.bucketfs
+
+# What a store reports for an object uploaded with no Content-Type.
+NO_TYPE = (None, "", "application/octet-stream", "binary/octet-stream")
 
 
-@pytest.fixture(params=["file", "s3", "gcs"])
-def bucket(request):
+@pytest.fixture
+def fresh(request):
+    """A fresh bucket on the store `request.param` (`@pytest.mark.parametrize("fresh",
+    [...], indirect=True)`), removed after the test."""
     require_store(request.param)
     require_bin()
     b = Bucket(request.param)
-    b.put("d/f.txt", b"hello")
     yield b
     b.cleanup()
+
+
+def on(*stores):
+    """Run the test once per store, each with a `fresh` bucket."""
+    return pytest.mark.parametrize("fresh", stores, indirect=True)
+
+
+def ok(args, **kw):
+    """`bucketfs ARGS`, which must succeed."""
+    p = run_cli(args, **kw)
+    assert p.returncode == 0, f"bucketfs {' '.join(args)}: {p.err}"
+    return p
 
 
 def owner_and_mode(path: str) -> tuple[int, int, int]:
@@ -35,25 +53,31 @@ def owner_and_mode(path: str) -> tuple[int, int, int]:
 
 # --------------------------------------------------------------------------- -o, uid, modes
 
-def test_dash_o_sets_owner_and_modes(bucket):
-    """`-o uid=,gid=,file_mode=,dir_mode=` (with fstab noise) is what stat shows."""
-    opts = "rw,_netdev,nofail,x-systemd.automount,default_permissions,uid=1234,gid=2345,file_mode=0640,dir_mode=0710"
-    with bucket.mounted(extra=["-o", opts]) as mp:
-        assert owner_and_mode(os.path.join(mp, "d", "f.txt")) == (1234, 2345, 0o640)
-        assert owner_and_mode(os.path.join(mp, "d")) == (1234, 2345, 0o710)
-        assert owner_and_mode(mp) == (1234, 2345, 0o710)
+ME = (os.getuid(), os.getgid())
+
+
+@on("file", "s3", "gcs")
+@pytest.mark.parametrize("extra, owner, file_mode, dir_mode, writable", [
+    # `-o uid=,gid=,file_mode=,dir_mode=` (with fstab noise) is what stat shows.
+    pytest.param(["-o", "rw,_netdev,nofail,x-systemd.automount,default_permissions,uid=1234,gid=2345,"
+                  "file_mode=0640,dir_mode=0710"], (1234, 2345), 0o640, 0o710, True, id="dash-o"),
+    # `--umask 077` (rclone, s3fs) masks the defaults; `-o ro` is read-only.
+    pytest.param(["--umask", "077", "-o", "ro"], ME, 0o600, 0o700, False, id="umask-ro"),
+])
+def test_owner_and_modes_from_flags(fresh, extra, owner, file_mode, dir_mode, writable):
+    fresh.put("d/f.txt", b"hello")
+    with fresh.mounted(extra=extra) as mp:
+        assert owner_and_mode(os.path.join(mp, "d", "f.txt")) == (*owner, file_mode)
+        assert owner_and_mode(os.path.join(mp, "d")) == (*owner, dir_mode)
+        assert owner_and_mode(mp) == (*owner, dir_mode)
         with open(os.path.join(mp, "d", "f.txt"), "rb") as f:
             assert f.read() == b"hello"
-
-
-def test_umask_flag_and_ro_option(bucket):
-    """`--umask 077` (rclone, s3fs) masks the defaults; `-o ro` is read-only."""
-    with bucket.mounted(extra=["--umask", "077", "-o", "ro"]) as mp:
-        uid, gid, mode = owner_and_mode(os.path.join(mp, "d", "f.txt"))
-        assert (uid, gid, mode) == (os.getuid(), os.getgid(), 0o600)
-        assert owner_and_mode(os.path.join(mp, "d"))[2] == 0o700
-        with pytest.raises(OSError):
-            open(os.path.join(mp, "new.txt"), "w").close()
+        if writable:
+            with open(os.path.join(mp, "new.txt"), "w") as f:
+                f.write("new")
+        else:
+            with pytest.raises(OSError):
+                open(os.path.join(mp, "new.txt"), "w").close()
 
 
 def test_bad_mount_options_fail_clearly(tmp_path):
@@ -77,7 +101,7 @@ def test_allow_root_and_auto_unmount(tmp_path):
     assert not is_mounted(mp)
 
 
-def test_fstab_line_with_owner_modes(mount_helper, tmp_path):  # noqa: F811
+def test_fstab_line_with_owner_modes(mount_helper, tmp_path):
     """An fstab line with uid/gid/umask/allow_root/x-systemd options, mounted with
     `mount -T FILE DIR` and unmounted with umount(8)."""
     data_dir = os.path.join(seed.file_root(), "fstab-" + os.urandom(4).hex())
@@ -90,20 +114,11 @@ def test_fstab_line_with_owner_modes(mount_helper, tmp_path):  # noqa: F811
         f"file://{data_dir} {mp} fuse.bucketfs "
         "noauto,_netdev,nofail,x-systemd.automount,x-systemd.idle-timeout=60,"
         "uid=4321,gid=4322,umask=027,allow_root,default_permissions,disk_cache_mib=0 0 0\n")
-    try:
-        p = subprocess.run(["mount", "-T", str(fstab), mp], capture_output=True, timeout=60,
-                           env=bucketfs_env())
-        assert p.returncode == 0, p.stderr.decode()
-        assert is_mounted(mp)
+    with test_ops.fstab_mounted(fstab, mp):
         assert owner_and_mode(os.path.join(mp, "sub", "a.txt")) == (4321, 4322, 0o640)
         assert owner_and_mode(os.path.join(mp, "sub")) == (4321, 4322, 0o750)
         with open(os.path.join(mp, "sub", "a.txt")) as f:
             assert f.read() == "from fstab"
-        p = subprocess.run(["umount", mp], capture_output=True, timeout=60)
-        assert p.returncode == 0, p.stderr.decode()
-        assert wait_until(lambda: not is_mounted(mp), 10)
-    finally:
-        unmount(mp)
 
 
 # --------------------------------------------------------------------------- runtime paths
@@ -136,8 +151,7 @@ def test_root_runtime_dir_is_private_and_ids_do_not_collide(tmp_path):
     os.symlink(victim, pid1)
     try:
         for mp in (mp1, mp2):
-            p = run_cli(["mount", "mem://", mp, "--disk-cache-mib", "0"], env=env)
-            assert p.returncode == 0, p.err
+            ok(["mount", "mem://", mp, "--disk-cache-mib", "0"], env=env)
         st = os.lstat("/run/bucketfs")
         assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
         assert victim.read_text() == "keep me"
@@ -171,49 +185,38 @@ def content_type(store: str, bucket: str, key: str) -> str | None:
     return json.loads(body).get("contentType")
 
 
-@pytest.fixture(params=["s3", "gcs"])
-def cloud(request):
-    require_store(request.param)
-    require_bin()
-    b = Bucket(request.param)
-    yield b
-    b.cleanup()
-
-
-def test_content_type_of_files_written_through_the_mount(cloud):
+@on("s3", "gcs")
+def test_content_type_of_files_written_through_the_mount(fresh):
     big = os.urandom(11 * 1024 * 1024)   # three 5 MiB parts: S3 multipart, GCS compose
-    with cloud.mounted(extra=["--part-size-mib", "5"]) as mp:
+    with fresh.mounted(extra=["--part-size-mib", "5"]) as mp:
         for name, data in (("index.html", b"<p>hi</p>"), ("d/data.json", b"{}"), ("big.json", big),
                            ("notes", b"no extension")):
             os.makedirs(os.path.dirname(os.path.join(mp, name)), exist_ok=True)
             with open(os.path.join(mp, name), "wb") as f:
                 f.write(data)
-    assert content_type(cloud.store, cloud.name, "index.html") == "text/html"
-    assert content_type(cloud.store, cloud.name, "d/data.json") == "application/json"
-    assert content_type(cloud.store, cloud.name, "big.json") == "application/json"
-    assert content_type(cloud.store, cloud.name, "notes") in (None, "", "application/octet-stream", "binary/octet-stream")
+    types = {k: content_type(fresh.store, fresh.name, k) for k in ("index.html", "d/data.json", "big.json")}
+    assert types == {"index.html": "text/html", "d/data.json": "application/json", "big.json": "application/json"}
+    assert content_type(fresh.store, fresh.name, "notes") in NO_TYPE
 
 
-def test_content_type_of_cp_uploads(cloud, tmp_path):
+@on("s3", "gcs")
+def test_content_type_of_cp_uploads(fresh, tmp_path):
     src = tmp_path / "site"
     src.mkdir()
     (src / "page.html").write_text("<p>x</p>")
     (src / "style.css").write_text("p{}")
-    extra = seed.mount_extra_args(cloud.store)
-    url = seed.mount_url(cloud.store, cloud.name)
-    p = run_cli(["cp", "-r", str(src), url + "/guess"] + extra)
-    assert p.returncode == 0, p.err
-    keys = seed.list_keys(cloud.store, cloud.name, "guess/")
+    extra = seed.mount_extra_args(fresh.store)
+    url = seed.mount_url(fresh.store, fresh.name)
+    ok(["cp", "-r", str(src), url + "/guess"] + extra)
+    keys = seed.list_keys(fresh.store, fresh.name, "guess/")
     html = next(k for k in keys if k.endswith("page.html"))
     css = next(k for k in keys if k.endswith("style.css"))
-    assert content_type(cloud.store, cloud.name, html) == "text/html"
-    assert content_type(cloud.store, cloud.name, css) == "text/css"
-    p = run_cli(["cp", str(src / "page.html"), url + "/fixed.html", "--content-type", "text/plain"] + extra)
-    assert p.returncode == 0, p.err
-    assert content_type(cloud.store, cloud.name, "fixed.html") == "text/plain"
-    p = run_cli(["cp", str(src / "page.html"), url + "/off.html", "--no-content-type"] + extra)
-    assert p.returncode == 0, p.err
-    assert content_type(cloud.store, cloud.name, "off.html") in (None, "", "application/octet-stream", "binary/octet-stream")
+    assert content_type(fresh.store, fresh.name, html) == "text/html"
+    assert content_type(fresh.store, fresh.name, css) == "text/css"
+    ok(["cp", str(src / "page.html"), url + "/fixed.html", "--content-type", "text/plain"] + extra)
+    assert content_type(fresh.store, fresh.name, "fixed.html") == "text/plain"
+    ok(["cp", str(src / "page.html"), url + "/off.html", "--no-content-type"] + extra)
+    assert content_type(fresh.store, fresh.name, "off.html") in NO_TYPE
 
 
 # --------------------------------------------------------------------------- S3 region
@@ -269,21 +272,24 @@ def test_region_flag_and_profile_against_minio_with_a_region(regional_minio, tmp
     base["AWS_CONFIG_FILE"] = str(tmp_path / "none")
     args = ["cp", "s3://regional/a.txt", "-", "--endpoint", regional_minio]
     wrong = dict(base, AWS_REGION="us-east-1")
-    p = run_cli(args, env=wrong)
-    assert p.returncode != 0, "us-east-1 signing should be refused by a MinIO in eu-west-3"
-    p = run_cli(args + ["--region", "eu-west-3"], env=wrong)
-    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
-    p = run_cli(args, env=base)   # nothing configured: detected (x-amz-bucket-region)
-    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
     cfg = tmp_path / "config"
     cfg.write_text("[default]\nregion = ap-south-1\n[profile paris]\nregion = eu-west-3\n")
     with_cfg = dict(base, AWS_CONFIG_FILE=str(cfg))
-    p = run_cli(args, env=with_cfg)   # default profile's ap-south-1: read, so not detected
-    assert p.returncode != 0, "the default profile's region should have been used"
-    p = run_cli(args, env=dict(with_cfg, AWS_PROFILE="paris"))
-    assert p.returncode == 0 and p.out == "from eu-west-3", p.err
-    p = run_cli(args, env=dict(with_cfg, AWS_PROFILE="paris", AWS_REGION="us-east-1"))
-    assert p.returncode != 0, "AWS_REGION comes before the profile's region"
+    cases = [  # (env, extra flags, the copy works, why)
+        (wrong, [], False, "us-east-1 signing should be refused by a MinIO in eu-west-3"),
+        (wrong, ["--region", "eu-west-3"], True, "--region beats AWS_REGION"),
+        (base, [], True, "nothing configured: detected (x-amz-bucket-region)"),
+        (with_cfg, [], False, "the default profile's region (ap-south-1) should have been used"),
+        (dict(with_cfg, AWS_PROFILE="paris"), [], True, "AWS_PROFILE's region"),
+        (dict(with_cfg, AWS_PROFILE="paris", AWS_REGION="us-east-1"), [], False,
+         "AWS_REGION comes before the profile's region"),
+    ]
+    for env, extra, works, why in cases:
+        p = run_cli(args + extra, env=env)
+        if works:
+            assert p.returncode == 0 and p.out == "from eu-west-3", (why, p.err)
+        else:
+            assert p.returncode != 0, why
     mp = new_mountpoint()
     p = run_cli(["mount", "s3://regional", mp, "--endpoint", regional_minio, "--region", "eu-west-3"], env=base)
     try:
@@ -296,14 +302,13 @@ def test_region_flag_and_profile_against_minio_with_a_region(regional_minio, tmp
 
 # --------------------------------------------------------------------------- logs
 
-def test_cp_logs_its_retries_as_json(tmp_path, toxiproxy):
+@on("s3")
+def test_cp_logs_its_retries_as_json(fresh, tmp_path, toxiproxy):
     """`bucketfs cp --log-format json` through a store that is down for its first second:
     the copy succeeds, and stderr holds JSON log lines saying it retried."""
     import threading
     from conftest import upstream_of
-    require_store("s3")
-    require_bin()
-    b = Bucket("s3")
+    b = fresh
     src = tmp_path / "f.txt"
     src.write_bytes(b"retry me")
     px = toxiproxy.proxy(upstream_of("s3"))
@@ -316,130 +321,103 @@ def test_cp_logs_its_retries_as_json(tmp_path, toxiproxy):
     finally:
         timer.cancel()
         px.delete()
-    try:
-        assert p.returncode == 0, p.err
-        assert seed.get("s3", b.name, "f.txt") == b"retry me"
-        lines = [json.loads(l) for l in p.err.splitlines() if l.startswith("{")]
-        retries = [l for l in lines if "retry" in json.dumps(l).lower()]
-        assert retries, f"no JSON retry line on stderr: {p.err[-2000:]!r}"
-        assert all({"timestamp", "level", "fields"} <= set(l) for l in retries), retries[0]
-    finally:
-        b.cleanup()
+    assert p.returncode == 0, p.err
+    assert seed.get("s3", b.name, "f.txt") == b"retry me"
+    lines = [json.loads(l) for l in p.err.splitlines() if l.startswith("{")]
+    retries = [l for l in lines if "retry" in json.dumps(l).lower()]
+    assert retries, f"no JSON retry line on stderr: {p.err[-2000:]!r}"
+    assert all({"timestamp", "level", "fields"} <= set(l) for l in retries), retries[0]
 
 
 # --------------------------------------------------------------------------- cp filters
 
-def test_cp_exclude_include_and_dry_run(tmp_path):
-    require_store("s3")
-    require_bin()
-    b = Bucket("s3")
+@on("s3")
+def test_cp_exclude_include_and_dry_run(fresh, tmp_path):
+    b = fresh
     src = tmp_path / "tree"
     (src / "cache").mkdir(parents=True)
     for name in ("a.txt", "b.tmp", "c.bin", "cache/d.txt"):
         (src / name).write_text(name)
     url = f"s3://{b.name}"
     extra = ["--endpoint", seed.S3_ENDPOINT]
-    try:
-        p = run_cli(["cp", "-r", str(src), url + "/dry/", "--dry-run", "--exclude", "*.tmp"] + extra)
-        assert p.returncode == 0, p.err
-        lines = p.out.strip().splitlines()
-        assert len(lines) == 3 and all(l.startswith("(dry run) ") and " -> s3://" in l for l in lines), p.out
-        assert not any("b.tmp" in l for l in lines)
-        assert seed.list_keys("s3", b.name) == [], "a dry run copied something"
-        p = run_cli(["cp", "-r", str(src), url + "/ex", "--exclude", "*.tmp", "--exclude", "cache/*"] + extra)
-        assert p.returncode == 0, p.err
-        assert sorted(seed.list_keys("s3", b.name)) == ["ex/a.txt", "ex/c.bin"]
-        p = run_cli(["cp", "-r", str(src), url + "/only", "--exclude", "*", "--include", "*.txt"] + extra)
-        assert p.returncode == 0, p.err
-        assert sorted(seed.list_keys("s3", b.name, "only/")) == ["only/a.txt", "only/cache/d.txt"]
-        p = run_cli(["cp", "-r", str(src), url + "/bad", "--exclude", "a["] + extra)
-        assert p.returncode != 0 and "pattern" in p.err, p.err
-    finally:
-        b.cleanup()
+    p = ok(["cp", "-r", str(src), url + "/dry/", "--dry-run", "--exclude", "*.tmp"] + extra)
+    lines = p.out.strip().splitlines()
+    assert len(lines) == 3 and all(l.startswith("(dry run) ") and " -> s3://" in l for l in lines), p.out
+    assert not any("b.tmp" in l for l in lines)
+    assert seed.list_keys("s3", b.name) == [], "a dry run copied something"
+    ok(["cp", "-r", str(src), url + "/ex", "--exclude", "*.tmp", "--exclude", "cache/*"] + extra)
+    assert sorted(seed.list_keys("s3", b.name)) == ["ex/a.txt", "ex/c.bin"]
+    ok(["cp", "-r", str(src), url + "/only", "--exclude", "*", "--include", "*.txt"] + extra)
+    assert sorted(seed.list_keys("s3", b.name, "only/")) == ["only/a.txt", "only/cache/d.txt"]
+    p = run_cli(["cp", "-r", str(src), url + "/bad", "--exclude", "a["] + extra)
+    assert p.returncode != 0 and "pattern" in p.err, p.err
 
 
-def test_cp_preserve_keeps_mode_and_mtime(tmp_path):
+@on("s3")
+def test_cp_preserve_keeps_mode_and_mtime(fresh, tmp_path):
     """`cp -P` up: mode and mtime in the object's metadata, shown by a mount; `cp -P` down:
     set on the local file."""
-    require_store("s3")
-    require_bin()
-    b = Bucket("s3")
+    b = fresh
     f = tmp_path / "script.sh"
     f.write_text("#!/bin/sh\n")
     os.chmod(f, 0o750)
     os.utime(f, (1_000_000_000.5, 1_000_000_000.5))
     extra = ["--endpoint", seed.S3_ENDPOINT]
-    try:
-        p = run_cli(["cp", "-P", str(f), f"s3://{b.name}/script.sh"] + extra)
-        assert p.returncode == 0, p.err
-        meta = seed.s3_client().head_object(Bucket=b.name, Key="script.sh")["Metadata"]
-        assert meta.get("mode") == "100750" and meta.get("mtime", "").startswith("1000000000.5"), meta
-        p = run_cli(["cp", str(f), f"s3://{b.name}/plain.sh"] + extra)
-        assert p.returncode == 0, p.err
-        assert "mode" not in seed.s3_client().head_object(Bucket=b.name, Key="plain.sh")["Metadata"]
-        with b.mounted() as mp:
-            st = os.stat(os.path.join(mp, "script.sh"))
-            assert stat.S_IMODE(st.st_mode) == 0o750 and int(st.st_mtime) == 1_000_000_000
-        out = tmp_path / "back.sh"
-        p = run_cli(["cp", "-P", f"s3://{b.name}/script.sh", str(out)] + extra)
-        assert p.returncode == 0, p.err
-        st = os.stat(out)
-        assert stat.S_IMODE(st.st_mode) == 0o750 and abs(st.st_mtime - 1_000_000_000.5) < 0.01
-    finally:
-        b.cleanup()
+    ok(["cp", "-P", str(f), f"s3://{b.name}/script.sh"] + extra)
+    meta = seed.s3_client().head_object(Bucket=b.name, Key="script.sh")["Metadata"]
+    assert meta.get("mode") == "100750" and meta.get("mtime", "").startswith("1000000000.5"), meta
+    ok(["cp", str(f), f"s3://{b.name}/plain.sh"] + extra)
+    assert "mode" not in seed.s3_client().head_object(Bucket=b.name, Key="plain.sh")["Metadata"]
+    with b.mounted() as mp:
+        st = os.stat(os.path.join(mp, "script.sh"))
+        assert stat.S_IMODE(st.st_mode) == 0o750 and int(st.st_mtime) == 1_000_000_000
+    out = tmp_path / "back.sh"
+    ok(["cp", "-P", f"s3://{b.name}/script.sh", str(out)] + extra)
+    st = os.stat(out)
+    assert stat.S_IMODE(st.st_mode) == 0o750 and abs(st.st_mtime - 1_000_000_000.5) < 0.01
 
 
 # --------------------------------------------------------------------------- storage class, SSE
 
-def test_storage_class_on_mount_and_cp_uploads(tmp_path):
+@on("s3")
+def test_storage_class_on_mount_and_cp_uploads(fresh, tmp_path):
     """`--storage-class` reaches the store (MinIO keeps REDUCED_REDUNDANCY); a bad --sse is
     refused before anything is sent."""
-    require_store("s3")
-    require_bin()
-    b = Bucket("s3")
+    b = fresh
     f = tmp_path / "f.txt"
     f.write_text("x")
     extra = ["--endpoint", seed.S3_ENDPOINT]
-    try:
-        p = run_cli(["cp", str(f), f"s3://{b.name}/cp.txt", "--storage-class", "REDUCED_REDUNDANCY"] + extra)
-        assert p.returncode == 0, p.err
-        with b.mounted(extra=["--storage-class", "REDUCED_REDUNDANCY"]) as mp:
-            with open(os.path.join(mp, "mount.txt"), "w") as out:
-                out.write("y")
-        p = run_cli(["cp", str(f), f"s3://{b.name}/plain.txt"] + extra)
-        assert p.returncode == 0, p.err
-        head = lambda k: seed.s3_client().head_object(Bucket=b.name, Key=k).get("StorageClass")  # noqa: E731
-        assert head("cp.txt") == "REDUCED_REDUNDANCY"
-        assert head("mount.txt") == "REDUCED_REDUNDANCY"
-        assert head("plain.txt") in (None, "STANDARD")
-        p = run_cli(["cp", str(f), f"s3://{b.name}/x.txt", "--sse", "rot13"] + extra)
-        assert p.returncode != 0 and "AES256" in p.err, p.err
-    finally:
-        b.cleanup()
+    ok(["cp", str(f), f"s3://{b.name}/cp.txt", "--storage-class", "REDUCED_REDUNDANCY"] + extra)
+    with b.mounted(extra=["--storage-class", "REDUCED_REDUNDANCY"]) as mp:
+        with open(os.path.join(mp, "mount.txt"), "w") as out:
+            out.write("y")
+    ok(["cp", str(f), f"s3://{b.name}/plain.txt"] + extra)
+    head = lambda k: seed.s3_client().head_object(Bucket=b.name, Key=k).get("StorageClass")  # noqa: E731
+    assert head("cp.txt") == "REDUCED_REDUNDANCY"
+    assert head("mount.txt") == "REDUCED_REDUNDANCY"
+    assert head("plain.txt") in (None, "STANDARD")
+    p = run_cli(["cp", str(f), f"s3://{b.name}/x.txt", "--sse", "rot13"] + extra)
+    assert p.returncode != 0 and "AES256" in p.err, p.err
 
 
 # --------------------------------------------------------------------------- GCS upload method
 
-def test_gcs_upload_method_is_chosen_by_flag(tmp_path):
+@on("gcs")
+def test_gcs_upload_method_is_chosen_by_flag(fresh, tmp_path):
     """`--gcs-upload`: on the emulator (a custom endpoint) `auto` composes parts; `xml`
     really takes OpenDAL's XML multipart path, which fake-gcs-server lacks, so it fails
     there and leaves no object."""
-    require_store("gcs")
-    require_bin()
-    b = Bucket("gcs")
+    b = fresh
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(11 * 1024 * 1024))
-    try:
-        with b.mounted(extra=["--part-size-mib", "5", "--gcs-upload", "auto"]) as mp:
-            with open(os.path.join(mp, "auto.bin"), "wb") as f:
+    with b.mounted(extra=["--part-size-mib", "5", "--gcs-upload", "auto"]) as mp:
+        with open(os.path.join(mp, "auto.bin"), "wb") as f:
+            f.write(src.read_bytes())
+    assert seed.get("gcs", b.name, "auto.bin") == src.read_bytes()
+    with b.mounted(extra=["--part-size-mib", "5", "--gcs-upload", "xml"]) as mp:
+        with pytest.raises(OSError):
+            with open(os.path.join(mp, "xml.bin"), "wb") as f:
                 f.write(src.read_bytes())
-        assert seed.get("gcs", b.name, "auto.bin") == src.read_bytes()
-        with b.mounted(extra=["--part-size-mib", "5", "--gcs-upload", "xml"]) as mp:
-            with pytest.raises(OSError):
-                with open(os.path.join(mp, "xml.bin"), "wb") as f:
-                    f.write(src.read_bytes())
-        assert "xml.bin" not in seed.list_keys("gcs", b.name)
-        p = run_cli(["mount", "mem://", new_mountpoint(), "--gcs-upload", "json"])
-        assert p.returncode != 0 and "compose" in p.err, p.err
-    finally:
-        b.cleanup()
+    assert "xml.bin" not in seed.list_keys("gcs", b.name)
+    p = run_cli(["mount", "mem://", new_mountpoint(), "--gcs-upload", "json"])
+    assert p.returncode != 0 and "compose" in p.err, p.err

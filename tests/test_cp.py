@@ -10,12 +10,12 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 import time
 
 import pytest
 
 from conftest import Bucket, bucketfs_env, require_bin, require_store, run_cli, seed
+from proxykit import HttpProxy
 
 MIB = 1 << 20
 SLICE = 8 * MIB  # the default slice for files up to 256 MiB (see docs/CP.md)
@@ -112,66 +112,6 @@ def test_s3_uploads_are_checked_by_the_server_crc32c(tmp):
         b.cleanup()
 
 
-class _Proxy:
-    """A reverse proxy to MinIO that drops the answer headers named in `drop` (by default
-    `x-amz-checksum-crc32c`: what an S3-compatible store that ignores checksums looks like
-    to bucketfs) and flips one byte of the body of the first `flip_gets` GET answers (what
-    corruption on the way looks like)."""
-
-    def __init__(self, upstream: str, drop=("x-amz-checksum-crc32c",), flip_gets: int = 0):
-        import http.client
-        import http.server
-        import threading
-        from urllib.parse import urlsplit
-
-        target = urlsplit(upstream)
-        dropped = {h.lower() for h in drop} | {"content-length", "transfer-encoding", "connection"}
-        flips = [flip_gets]
-        lock = threading.Lock()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _forward(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else None
-                c = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
-                r = c.getresponse()
-                data = r.read()
-                if self.command == "GET" and r.status in (200, 206) and data:
-                    with lock:
-                        flip, flips[0] = flips[0] > 0, flips[0] - 1
-                    if flip:
-                        data = bytes([data[0] ^ 0x55]) + data[1:]
-                self.send_response(r.status)
-                for k, v in r.getheaders():
-                    if k.lower() not in dropped:
-                        self.send_header(k, v)
-                # A HEAD's answer has no body but the object's length.
-                self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                c.close()
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
-
-        class Server(http.server.ThreadingHTTPServer):
-            def handle_error(self, request, client_address):
-                pass  # bucketfs hanging up after a refused upload is expected
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-
-
 def test_s3_store_that_does_not_confirm_checksums_needs_s3_md5(tmp):
     """A store that accepts x-amz-checksum-crc32c without checking it (no echo in its answer)
     fails the upload with a message naming --s3-md5, leaving no object; with --s3-md5 the
@@ -179,7 +119,7 @@ def test_s3_store_that_does_not_confirm_checksums_needs_s3_md5(tmp):
     require_store("s3")
     require_bin()
     b = Bucket("s3")
-    proxy = _Proxy(seed.S3_ENDPOINT)
+    proxy = HttpProxy(seed.S3_ENDPOINT, drop=["x-amz-checksum-crc32c"])
     try:
         src = tmp / "f.bin"
         src.write_bytes(os.urandom(SLICE + 5))
@@ -259,7 +199,7 @@ def test_s3_downloads_are_verified_by_the_object_crc(tmp):
         # object is downloaded again; against a COMPOSITE of guessed parts it is not, and the
         # re-read finds the damaged slice and fetches it again.
         for key, want, how in [("one.bin", one, "s3-crc32"), ("multi.bin", multi, "reread-crc32c")]:
-            proxy = _Proxy(seed.S3_ENDPOINT, drop=(), flip_gets=1)
+            proxy = HttpProxy(seed.S3_ENDPOINT, flip_gets=1)
             try:
                 s, got, err = down(key, endpoint=proxy.url)
             finally:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 
-from test_cp import cp, cp_bucket, summary, tmp, url  # noqa: F401 (fixtures)
-
+import test_cp
+from test_cp import cp, summary, url
 from conftest import seed
+
+cp_bucket = test_cp.cp_bucket  # a fixture
+tmp = test_cp.tmp  # a fixture
 
 UNCHANGED = "unchanged-no-clobber"
 

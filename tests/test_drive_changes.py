@@ -8,7 +8,10 @@ import os
 
 from conftest import mounted, wait_until
 import drive_seed as ds
-from test_gdrive import args, drive_env, folder  # noqa: F401 (a fixture)
+import test_gdrive
+from test_gdrive import args, drive_env
+
+folder = test_gdrive.folder  # a fixture
 
 
 def test_drive_change_does_not_stop_the_feed(folder, tmp_path):

@@ -12,7 +12,10 @@ import pytest
 
 from conftest import mounted, run_cli
 import drive_seed as ds
-from test_gdrive import DOC, args, drive_env, folder  # noqa: F401 (a fixture)
+import test_gdrive
+from test_gdrive import DOC, args, drive_env
+
+folder = test_gdrive.folder  # a fixture
 
 
 def test_big_doc_does_not_break_the_folder(folder, tmp_path):

@@ -12,7 +12,10 @@ import pytest
 
 from conftest import mounted, new_mountpoint, run_cli
 import drive_seed as ds
-from test_gdrive import args, drive_env, folder  # noqa: F401 (a fixture)
+import test_gdrive
+from test_gdrive import args, drive_env
+
+folder = test_gdrive.folder  # a fixture
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,10 @@ import os
 
 from conftest import mounted, run_cli
 import drive_seed as ds
-from test_gdrive import args, drive_env, folder  # noqa: F401 (a fixture)
+import test_gdrive
+from test_gdrive import args, drive_env
+
+folder = test_gdrive.folder  # a fixture
 
 
 def lost_answer(method: str, path: str) -> None:

@@ -12,7 +12,10 @@ import uuid
 
 from conftest import mounted, run_cli, wait_until
 import drive_seed as ds
-from test_gdrive import NO_CREDS, args, drive_env, folder  # noqa: F401 (a fixture)
+import test_gdrive
+from test_gdrive import NO_CREDS, args, drive_env
+
+folder = test_gdrive.folder  # a fixture
 
 
 def seed(name: str, parent: str, content: str | None = None) -> dict:

@@ -1,11 +1,13 @@
-"""Randomized model test through a real mount (tests/fsmodel.py, docs/MODEL_TEST.md).
+"""Randomized model test through a real mount (tests/fsmodel/, docs/MODEL_TEST.md).
 
 Each test runs about 2,000 seeded random ops in total, split over 3 worker processes (each
 in its own directory, checked against an in-memory model after every op) while 2 lister
 processes walk the same directories; then the final tree, the bucket itself (s3, gcs,
 file) and a remount (not mem://) are compared. On every store, plus two MinIO mounts that
-take the other paths: `--metadata-ttl 0` (every lookup and getattr asks the store) and no
-block caches (every read of a closed file is a ranged GET).
+take the other paths: `--metadata-ttl 0` (every lookup and getattr asks the store), no
+block caches (every read of a closed file is a ranged GET), and FUSE passthrough on (files
+of a few MiB read again after close are read by the kernel from the disk cache; the run
+must show such opens in `bucketfs status`).
 
 The seed is random per run and printed (BUCKETFS_MODEL_SEED fixes it); a failure prints
 expected vs seen, the op, and the shortest failing sequence the shrinker found within
@@ -16,6 +18,8 @@ the op count.
 from __future__ import annotations
 
 import os
+import platform
+import re
 
 import pytest
 
@@ -26,14 +30,15 @@ OPS = int(os.environ.get("BUCKETFS_MODEL_OPS", "2000"))
 SHRINK_SECS = float(os.environ.get("BUCKETFS_MODEL_SHRINK_SECS", "30"))
 
 
-def run_model(store: str, mount_args=(), workers: int = 3, listers: int = 2) -> None:
+def run_model(store: str, mount_args=(), workers: int = 3, listers: int = 2, big_files=False) -> fsmodel.Report:
     cfg = fsmodel.Config(store=store, ops=OPS, workers=workers, listers=listers, mount_args=mount_args,
-                         shrink_secs=SHRINK_SECS, hang_secs=120)
+                         shrink_secs=SHRINK_SECS, hang_secs=120, big_files=big_files)
     rep = fsmodel.run(cfg)
     if not rep.ok:
         pytest.fail(f"{len(rep.problems)} divergence(s) from the model (store {store}, seed {cfg.seed}; "
                     f"reproduce: {cfg.command()}):\n" + "\n".join(rep.problems)
                     + "\n(the shrunk sequence, if any, is in the captured stdout above)", pytrace=False)
+    return rep
 
 
 def test_model(any_store):
@@ -56,3 +61,32 @@ def test_model_s3(mount_args):
         run_model("s3", mount_args, workers=1, listers=2)
         return
     run_model("s3", mount_args)
+
+
+def passthrough_unavailable() -> str | None:
+    """Why this machine cannot do FUSE passthrough, as the mount would find (its INIT:
+    crates/fuse/src/passthrough.rs), or None."""
+    if os.geteuid() != 0:
+        return "FUSE passthrough needs root (registering backing files needs CAP_SYS_ADMIN)"
+    m = re.match(r"(\d+)\.(\d+)", platform.release())
+    if not m or (int(m[1]), int(m[2])) < (6, 9):
+        return f"FUSE passthrough needs Linux 6.9 or later (this is {platform.release()})"
+    return None
+
+
+def test_model_s3_passthrough():
+    """The model with `--passthrough on` and the generator's big-files knob (files of a few
+    MiB, read again after close): the EBUSY docs/SEMANTICS.md gives for passthrough is
+    accepted where it may happen, everything else must match the model as without. The
+    mount must have served opens in passthrough, or the run tested nothing new."""
+    require_store("s3")
+    require_bin()
+    why = passthrough_unavailable()
+    if why:
+        pytest.skip(why)
+    rep = run_model("s3", ["--passthrough", "on"], big_files=True)
+    st = rep.status
+    assert st is not None, "`bucketfs status --json` of the model's mount did not answer"
+    if not st["passthrough"]:
+        pytest.skip("the mount reports FUSE passthrough off (the reason is in its log)")
+    assert st["passthrough_opens"] > 0, "no open was served in passthrough: the variant tested nothing new"

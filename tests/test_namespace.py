@@ -10,8 +10,11 @@ import stat
 import time
 
 from conftest import md5, read_file
-from writekit import (expect_errno, fs_tree, make_existing, read_fd, rename_or_report, run, write_path,
-                      btgt, tgt)  # noqa: F401 (tgt, btgt: fixtures)
+import writekit
+from writekit import expect_errno, fs_tree, make_existing, read_fd, rename_or_report, run, write_path
+
+btgt = writekit.btgt  # a fixture
+tgt = writekit.tgt  # a fixture
 
 
 # --------------------------------------------------------------------------- namespace

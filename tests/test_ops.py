@@ -3,6 +3,7 @@ readiness (NOTIFY_SOCKET), and credentials kept out of logs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -12,14 +13,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 import pytest
 
 import seed
-from conftest import (BIN, Bucket, bucketfs_env, force_unmount, free_port, is_mounted, mounted, new_mountpoint,
-                      require_bin, require_store, run_cli, unmount, wait_until)
+from conftest import (BIN, bucketfs_env, force_unmount, free_port, is_mounted, new_mountpoint, require_bin, run_cli,
+                      unmount, wait_until)
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -144,6 +144,22 @@ def mount_helper():
             os.unlink(HELPER)
 
 
+@contextlib.contextmanager
+def fstab_mounted(fstab, mp: str):
+    """`mount -T FSTAB MP` (through the mount_helper fixture's /sbin/mount.fuse.bucketfs);
+    on leaving, `umount MP` must succeed and the mount go (else it is forced off)."""
+    try:
+        p = subprocess.run(["mount", "-T", str(fstab), mp], capture_output=True, timeout=60, env=bucketfs_env())
+        assert p.returncode == 0, p.stderr.decode()
+        assert is_mounted(mp)
+        yield mp
+        p = subprocess.run(["umount", mp], capture_output=True, timeout=60)
+        assert p.returncode == 0, p.stderr.decode()
+        assert wait_until(lambda: not is_mounted(mp), 10)
+    finally:
+        unmount(mp)
+
+
 def test_mount_t_fuse_bucketfs(mount_helper, tmp_path):
     mp = new_mountpoint()
     try:
@@ -175,19 +191,13 @@ def test_fstab_line_read_only(mount_helper, tmp_path):
     fstab.write_text(f"# test\nfile://{data_dir} {mp} fuse.bucketfs "
                      f"noauto,_netdev,user,nofail,read_only,allow_other,metadata_ttl=2 0 0\n")
     try:
-        p = subprocess.run(["mount", "-T", str(fstab), mp], capture_output=True, timeout=60, env=bucketfs_env())
-        assert p.returncode == 0, p.stderr.decode()
-        assert is_mounted(mp)
-        with open(os.path.join(mp, "hello.txt")) as f:
-            assert f.read() == "from fstab"
-        with pytest.raises(OSError) as e:
-            open(os.path.join(mp, "new.txt"), "w")
-        assert e.value.errno == errno.EROFS
-        p = subprocess.run(["umount", mp], capture_output=True, timeout=60)
-        assert p.returncode == 0, p.stderr.decode()
-        assert wait_until(lambda: not is_mounted(mp), 10)
+        with fstab_mounted(fstab, mp):
+            with open(os.path.join(mp, "hello.txt")) as f:
+                assert f.read() == "from fstab"
+            with pytest.raises(OSError) as e:
+                open(os.path.join(mp, "new.txt"), "w")
+            assert e.value.errno == errno.EROFS
     finally:
-        unmount(mp)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

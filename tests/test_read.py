@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import DATA_STORES, Bucket, mounted, require_bin, require_store, run_cli
+from conftest import DATA_STORES, Bucket, require_bin, require_store, run_cli
 
 MiB = 1024 * 1024
 SIZES = [0, 1, 4095, 4096, MiB + 7, 20 * MiB + 12345]

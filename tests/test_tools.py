@@ -12,7 +12,11 @@ import pytest
 
 import seed
 from conftest import MiB, md5, md5_file, read_file
-from writekit import fs_tree, run, write_path, btgt, tgt  # noqa: F401 (tgt, btgt: fixtures)
+import writekit
+from writekit import fs_tree, run, write_path
+
+btgt = writekit.btgt  # a fixture
+tgt = writekit.tgt  # a fixture
 
 
 # --------------------------------------------------------------------------- tools

@@ -24,8 +24,11 @@ import pytest
 
 import seed
 from conftest import MiB, daemon_pids, is_mounted, md5, mount, read_file, run_cli, unmount, wait_until
-from writekit import (KiB, apply_write, fs_tree, make_existing, read_fd, run, write_path,
-                      btgt, tgt)  # noqa: F401 (tgt, btgt: fixtures)
+import writekit
+from writekit import KiB, apply_write, fs_tree, make_existing, read_fd, run, write_path
+
+btgt = writekit.btgt  # a fixture
+tgt = writekit.tgt  # a fixture
 
 
 # --------------------------------------------------------------------------- data

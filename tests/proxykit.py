@@ -1,0 +1,89 @@
+"""A small recording HTTP reverse proxy, for tests that must see or change what goes
+between bucketfs and a store (test_billing.py: the billing headers of every request;
+test_cp.py: a store that does not echo checksums, a body damaged on the way).
+
+`HttpProxy(upstream)` listens on a free loopback port (`.url`, for `--endpoint`), forwards
+each request to `upstream` as it came (headers, body) and keeps (method, path, lowercased
+request headers) of every request in `.requests` (`.take()` returns and clears them). On
+the way back it can drop answer headers (`drop`) and flip one byte of the body of the
+first `flip_gets` GET answers with a body. It buffers whole bodies: for test-sized objects.
+Use it as a context manager, or call `.close()`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+from urllib.parse import urlsplit
+
+# Headers describing one connection's framing: the proxy sets its own.
+HOP = {"content-length", "transfer-encoding", "connection"}
+
+
+class HttpProxy:
+    def __init__(self, upstream: str, drop=(), flip_gets: int = 0):
+        target = urlsplit(upstream)
+        dropped = {h.lower() for h in drop} | HOP
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self._lock = threading.Lock()
+        seen, lock, flips = self.requests, self._lock, [flip_gets]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                with lock:
+                    seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
+                c = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                r = c.getresponse()
+                data = r.read()
+                if self.command == "GET" and r.status in (200, 206) and data:
+                    with lock:
+                        flip, flips[0] = flips[0] > 0, flips[0] - 1
+                    if flip:
+                        data = bytes([data[0] ^ 0x55]) + data[1:]
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in dropped:
+                        self.send_header(k, v)
+                # A HEAD's answer has no body but the object's length.
+                self.send_header("Content-Length",
+                                 r.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                c.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _forward
+
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # a client hanging up mid-request (bucketfs after a refused upload) is expected
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def take(self) -> list[tuple[str, str, dict[str, str]]]:
+        """The requests seen since the last take, oldest first."""
+        with self._lock:
+            out = list(self.requests)
+            self.requests.clear()
+        return out
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> HttpProxy:
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
