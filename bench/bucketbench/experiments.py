@@ -4,7 +4,9 @@
 
 1  mount time; `find` over 2,000 files in 100 directories, first and again
 2  sequential reads of 1-200 MB (1 GB in full) via dd to /dev/null, first and again;
-   the md5 of each checked by an untimed read after it; the largest file then fetched
+   the md5 of each checked by an untimed read after it; the 200 MB file also read once
+   more after the page cache is dropped (from the system's own cache), with the file
+   system process's CPU per GB of its cached reads; the largest file then fetched
    by a minimal parallel client through the system's own store's proxy (its link)
 3  fio (see fiobench.py)
 4  1,000 small files (50 in --quick): create+write 4,107 bytes+close, stat, delete
@@ -29,6 +31,8 @@ from .util import (CmdError, CpuMeter, MemSampler, drop_caches, error, log, na,
 RO = "n/a (read-only)"
 MB = 1e6
 GB = 1e9
+# the file experiment 2 reads from the mount's own caches (issue 27's figures)
+CACHED_MB = 200
 
 
 def fresh_mount(ctx, system):
@@ -194,6 +198,14 @@ class Reads(Experiment):
                     "cores)" % s, "%", "higher"))
         ms.append(M("cpu_link_%dM" % s, "%d MB download after it: machine CPU s per GB" % s,
                     "s/GB", "lower"))
+        if CACHED_MB in ctx.read_sizes:
+            c = CACHED_MB
+            ms.append(M("dropped_%dM" % c, "%d MB read again after the page cache is dropped "
+                        "(MB/s)" % c, "MB/s", "higher"))
+            ms.append(M("cpu_fs_again_%dM" % c, "%d MB read again: the file system process's "
+                        "CPU s per GB" % c, "s/GB", "lower"))
+            ms.append(M("cpu_fs_dropped_%dM" % c, "%d MB read after the page cache is dropped: "
+                        "the file system process's CPU s per GB" % c, "s/GB", "lower"))
         ms.append(M("checksum_failures", "md5 mismatches (count)", "count", "lower"))
         return ms
 
@@ -226,15 +238,21 @@ class Reads(Experiment):
                 fresh_mount(ctx, system)
                 for s in ctx.read_sizes:
                     rel = "big/f%dM" % s
-                    for phase in ("first", "again"):
+                    # "dropped": the page cache dropped first, so the bytes come from the
+                    # system's own caches (bucketfs's disk cache; native: the disk)
+                    phases = ("first", "again") + (("dropped",) if s == CACHED_MB else ())
+                    for phase in phases:
                         meter = None
-                        if phase == "first" and s == max(ctx.read_sizes):
+                        if (phase == "first" and s == max(ctx.read_sizes)
+                                or phase != "first" and s == CACHED_MB):
                             meter = CpuMeter(cpu_groups(system.pid()))
+                        if phase == "dropped":
+                            drop_caches()
                         mbps, ok = self._read(ctx, os.path.join(system.root, rel), s,
                                               ctx.manifest[rel], meter)
                         runs.setdefault("%s_%dM" % (phase, s), []).append(mbps)
                         if meter:
-                            record_cpu(runs, "first_%dM" % s, meter.result, s << 20,
+                            record_cpu(runs, "%s_%dM" % (phase, s), meter.result, s << 20,
                                        {"fs": "fs", "reader": "children"})
                         if not ok:
                             failures += 1
@@ -243,6 +261,9 @@ class Reads(Experiment):
             ctx.memory.setdefault(system.name, {})["2"] = sampler.result()
         system.unmount()
         res = {k: summarize(v) for k, v in runs.items()}
+        if system.store is None:
+            for phase in ("again", "dropped"):
+                res["cpu_fs_%s_%dM" % (phase, CACHED_MB)] = na("no file system process")
         res["checksum_failures"] = summarize([failures])
         return res
 

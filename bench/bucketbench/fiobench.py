@@ -5,8 +5,10 @@ reads use the seeded big/ objects so a read-only mount can be measured too.
 Every job uses the psync engine, group reporting and a runtime cap, and each
 has a timeout. fsync "N" means one fsync at the end (fio --end_fsync=1).
 For each job we record bandwidth (MB/s), IOPS, mean latency and p99
-completion latency (ms). A job that fails on one system is recorded as an
-error for that system and the next job runs.
+completion latency (ms); for buffered writes with one fsync at the end (fsync=N)
+also the write phase before that final flush (s): the job's write calls' summed
+latency per job (fio's bandwidth counts the end fsync in its runtime). A job that
+fails on one system is recorded as an error for that system and the next job runs.
 """
 
 import json
@@ -30,6 +32,11 @@ class Job:
     def key(self):
         k = "%s_%s_%s_j%d" % (self.rw, self.size, self.bs, self.jobs)
         return k + ("_fsync%s" % self.fsync if self.writes else "")
+
+    @property
+    def fields(self):
+        """What is recorded of this job: FIELDS, and for fsync=N writes the write phase."""
+        return FIELDS + ([WRITE_PHASE] if self.writes and self.fsync == "N" else [])
 
     @property
     def label(self):
@@ -76,17 +83,25 @@ FULL_JOBS = [
 
 FIELDS = [("bw", "MB/s", "higher"), ("iops", "IOPS", "higher"),
           ("lat_mean", "ms", "lower"), ("lat_p99", "ms", "lower")]
+WRITE_PHASE = ("write_s", "s", "lower")
+FIELD_LABELS = {"write_s": "write phase before the final flush"}
 
 
-def parse_fio(path, writes):
+def parse_fio(path, writes, numjobs=1):
+    """bw, iops, lat_mean, lat_p99 of the job group; for writes also write_s, the
+    seconds each job spent in its write calls (their summed latency ÷ jobs): with
+    --end_fsync the write phase before the final flush, which fio's runtime includes."""
     with open(path) as f:
         text = f.read()
     data = json.loads(text[text.index("{"):])
     side = data["jobs"][0]["write" if writes else "read"]
     pct = side.get("clat_ns", {}).get("percentile", {})
-    return {"bw": side["bw_bytes"] / 1e6, "iops": side["iops"],
-            "lat_mean": side["lat_ns"]["mean"] / 1e6,
-            "lat_p99": pct.get("99.000000", 0) / 1e6}
+    out = {"bw": side["bw_bytes"] / 1e6, "iops": side["iops"],
+           "lat_mean": side["lat_ns"]["mean"] / 1e6,
+           "lat_p99": pct.get("99.000000", 0) / 1e6}
+    if writes:
+        out["write_s"] = side["lat_ns"]["mean"] * side["total_ios"] / 1e9 / max(1, numjobs)
+    return out
 
 
 class Fio(Experiment):
@@ -100,9 +115,9 @@ class Fio(Experiment):
     def metrics(self, ctx):
         ms = []
         for j in self.jobs(ctx):
-            for field, unit, better in FIELDS:
-                ms.append(M("%s.%s" % (j.key, field), "%s: %s (%s)" % (j.label, field, unit),
-                            unit, better))
+            for field, unit, better in j.fields:
+                ms.append(M("%s.%s" % (j.key, field), "%s: %s (%s)" % (
+                    j.label, FIELD_LABELS.get(field, field), unit), unit, better))
         return ms
 
     def charts(self, ctx):
@@ -136,7 +151,7 @@ class Fio(Experiment):
         fresh_mount(ctx, system)
         try:
             for job in self.jobs(ctx):
-                keys = ["%s.%s" % (job.key, f) for f, _, _ in FIELDS]
+                keys = ["%s.%s" % (job.key, f) for f, _, _ in job.fields]
                 vals = {k: [] for k in keys}
                 try:
                     for _ in range(ctx.runs(1)):
@@ -148,8 +163,8 @@ class Fio(Experiment):
                         cmd, cap = self._cmd(ctx, system, job, d, out)
                         # the runtime cap bounds the I/O; closing/uploading is extra
                         run(cmd, ctx.timeout(cap + 300))
-                        r = parse_fio(out, job.writes)
-                        for f, _, _ in FIELDS:
+                        r = parse_fio(out, job.writes, job.jobs)
+                        for f, _, _ in job.fields:
                             vals["%s.%s" % (job.key, f)].append(r[f])
                     res.update({k: summarize(v) for k, v in vals.items()})
                 except (CmdError, ValueError, KeyError) as e:

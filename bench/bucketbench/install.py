@@ -53,9 +53,14 @@ C_KEEP = {
 
 
 def gobin():
+    """Where `go install` puts binaries: GOBIN if set, else the first GOPATH's bin
+    (~/go/bin by default)."""
     try:
-        out = run(["go", "env", "GOPATH"], 30)[1].strip()
-        return os.path.join(out.split(":")[0], "bin")
+        out = run(["go", "env", "GOBIN", "GOPATH"], 30)[1].splitlines()
+        gobin_, gopath = (out + ["", ""])[:2]
+        if gobin_.strip():
+            return gobin_.strip()
+        return os.path.join(gopath.strip().split(":")[0], "bin")
     except (CmdError, OSError):
         return os.path.expanduser("~/go/bin")
 

@@ -6,7 +6,9 @@ Each experiment gets a table with one column per system: the median, and
 min-max when there were several runs; "n/a (...)" or "failed" where there is
 no number, with the error messages listed under the table. The last column is
 the ratio of bucketfs's median to the best peer's (native disk and bucketfs
-itself are not peers); it is filled only where bucketfs has a number.
+itself are not peers); it is filled only where bucketfs has a number. Experiments 2, 3
+and 5 also get a passthrough on/off table, and the report a table of passthrough's
+figures against native disk (pairs.py).
 """
 
 import json
@@ -179,7 +181,7 @@ def headline(doc, systems):
 
 def write_report(json_path, bench_dir, out_path=None):
     """Write the report of one run (bench/REPORT.md unless `out_path`); returns its text."""
-    from . import summary
+    from . import pairs, summary
     with open(json_path) as f:
         doc = json.load(f)
     out_path = out_path or os.path.join(bench_dir, "REPORT.md")
@@ -236,6 +238,7 @@ def write_report(json_path, bench_dir, out_path=None):
           "bucketfs. For times a ratio above 1 means bucketfs is slower; for MB/s and IOPS a "
           "ratio above 1 means bucketfs is faster.", ""]
     L += headline(doc, systems)
+    L += pairs.goals_table(doc)
     for eid in sorted(doc["experiments"], key=int):
         exp = doc["experiments"][eid]
         exp["id"] = eid
@@ -272,6 +275,7 @@ def write_report(json_path, bench_dir, out_path=None):
             row += ratio_cells(m, exp["results"], cols, refs)
             L.append("| " + " | ".join(row) + " |")
         L += summary.request_rows(exp, cols, refs, ratio_cells)
+        L += pairs.pair_rows(eid, exp)
         errs = summary.failure_lines(eid, exp, cols)
         if errs:
             L += [""] + errs

@@ -134,12 +134,23 @@ class MinioCounter:
         raise RuntimeError("MinIO's request counters did not settle within %.0f s" % self.limit)
 
 
-def bucketfs_counts(metrics_url):
-    """bucketfs's own store-request counters, or None if its endpoint does not answer."""
+_PT_OPENS = re.compile(r"^bucketfs_passthrough_opens(?:\{[^}]*\})?\s+(\S+)", re.M)
+
+
+def parse_passthrough_opens(text):
+    """bucketfs_passthrough_opens from bucketfs's metrics text (0 if it has none)."""
+    m = _PT_OPENS.search(text)
+    return int(float(m.group(1))) if m else 0
+
+
+def bucketfs_metrics(metrics_url):
+    """{"requests": {op: n}, "passthrough_opens": n} from one read of bucketfs's metrics
+    endpoint, or None if it does not answer."""
     try:
-        return parse_bucketfs(_fetch(metrics_url, 5))
+        text = _fetch(metrics_url, 5)
     except OSError:
         return None
+    return {"requests": parse_bucketfs(text), "passthrough_opens": parse_passthrough_opens(text)}
 
 
 def cell_record(minio_apis, markers, runs, bucketfs_ops=None, excluded=None, settle_s=None):

@@ -8,6 +8,7 @@ version, and unmount.
 | bucketfs-gcs | target/release/bucketfs, gs:// mount   | fake-gcs      |
 | bucketfs-tuned | s3:// with --preload-tree --metadata-ttl 10 | MinIO |
 | bucketfs-wb  | s3:// with --write-back (close returns once staged) | MinIO |
+| bucketfs-pt  | s3:// with --passthrough on (the kernel reads cached files itself) | MinIO |
 | s3fs         | s3fs-fuse (Debian)                     | MinIO         |
 | rclone-full  | rclone mount --vfs-cache-mode full     | MinIO         |
 | rclone-off   | rclone mount --vfs-cache-mode off      | MinIO         |
@@ -28,8 +29,8 @@ from . import servers as S
 from .install import go_binary
 from .util import CmdError, is_mounted, log, run, tail
 
-ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-wb", "bucketfs-tuned", "bucketfs-gcs", "s3fs",
-               "rclone-full", "rclone-off", "gcsfuse"]
+ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-pt", "bucketfs-wb", "bucketfs-tuned",
+               "bucketfs-gcs", "s3fs", "rclone-full", "rclone-off", "gcsfuse"]
 DEFAULT_SYSTEMS = ALL_SYSTEMS
 MOUNT_TIMEOUT = 60
 
@@ -252,6 +253,9 @@ class Bucketfs(FuseSystem):
         # (each mount is a new process whose counters start at 0); read before each unmount
         self.metrics_url = None
         self.own_requests = {}
+        # opens the kernel served from a local file itself (FUSE passthrough), summed the
+        # same way; stays 0 on a mount without --passthrough on, or where it fell back off
+        self.passthrough_opens = 0
 
     def available(self):
         if not os.path.exists(self.binary) or self.snapshot is None:
@@ -295,11 +299,12 @@ class Bucketfs(FuseSystem):
         its own), and a run's caches filled the disk (1.4 GB each). Its request counters
         are read first and added to `own_requests`."""
         if self.metrics_url and is_mounted(self.mp):
-            from .requests import bucketfs_counts
-            got = bucketfs_counts(self.metrics_url)
+            from .requests import bucketfs_metrics
+            got = bucketfs_metrics(self.metrics_url)
             if got is not None:
-                for op, n in got.items():
+                for op, n in got["requests"].items():
                     self.own_requests[op] = self.own_requests.get(op, 0) + n
+                self.passthrough_opens += got["passthrough_opens"]
         self.metrics_url = None
         super().unmount()
         cache = getattr(self, "cache", None)
@@ -427,6 +432,10 @@ def make_system(ctx, name):
         # Write-back, as rclone's full cache: close returns once the file is on local disk
         # and uploads follow; unmount (timed by the harness only for mount) drains them.
         return Bucketfs(ctx, "s3", ["--write-back"], "bucketfs-wb")
+    if name == "bucketfs-pt":
+        # FUSE passthrough: an open of a file whole in the disk cache is read by the kernel
+        # from the local file, with no round trip through bucketfs (docs/SEMANTICS.md)
+        return Bucketfs(ctx, "s3", ["--passthrough", "on"], "bucketfs-pt")
     if name == "bucketfs-tuned":
         return Bucketfs(ctx, "s3", ["--preload-tree", "--metadata-ttl", "10"], "bucketfs-tuned")
     if name == "s3fs":

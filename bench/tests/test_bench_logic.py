@@ -1,6 +1,8 @@
 """Unit tests of the benchmark's bookkeeping on fixed inputs: request counting and
-pricing (requests.py), --compare (compare.py), --resume (runner.py) and the report's
-request rows, resume note and history (report.py, summary.py).
+pricing (requests.py), --compare (compare.py), --resume (runner.py), the report's
+request rows, resume note and history (report.py, summary.py), the passthrough on/off
+and native-disk tables (pairs.py), CPU per GB (util.py, experiments.py) and fio's write
+phase (fiobench.py).
 
     python3 -m pytest -q bench/tests        # or: python3 -m unittest discover bench/tests
 """
@@ -17,8 +19,9 @@ import unittest
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, BENCH)
 
-from bucketbench import compare, report, runner, summary  # noqa: E402
+from bucketbench import compare, experiments, fiobench, pairs, report, runner, summary  # noqa: E402,E501
 from bucketbench import requests as R  # noqa: E402
+from bucketbench import util  # noqa: E402
 
 RESULTS = os.path.join(BENCH, "results")
 
@@ -248,6 +251,202 @@ class ReportTest(unittest.TestCase):
             self.assertIn("- reading 200 MB: cold 100 MB/s (2.0× faster than rclone-full)", text)
         finally:
             shutil.rmtree(d)
+
+
+def metric(key, label, unit, better):
+    return {"key": key, "label": label, "unit": unit, "better": better}
+
+
+def pt_doc():
+    """A run with native, bucketfs, bucketfs-pt and bucketfs-wb in experiments 2, 3, 5."""
+    exps = {
+        "2": {"title": "Sequential reads", "metrics": [
+            metric("first_200M", "200 MB first read (MB/s)", "MB/s", "higher"),
+            metric("again_200M", "200 MB read again (MB/s)", "MB/s", "higher"),
+            metric("dropped_200M", "200 MB read again after the page cache is dropped (MB/s)",
+                   "MB/s", "higher"),
+            metric("cpu_fs_dropped_200M", "200 MB dropped: fs CPU s per GB", "s/GB", "lower"),
+            metric("checksum_failures", "md5 mismatches (count)", "count", "lower")],
+            "results": {}, "passthrough_opens": {"bucketfs-pt": 4}},
+        "3": {"title": "fio", "metrics": [
+            metric("write_16M_1M_j1_fsyncN.bw", "seq write: bw (MB/s)", "MB/s", "higher"),
+            metric("write_16M_1M_j1_fsyncN.iops", "seq write: iops (IOPS)", "IOPS", "higher"),
+            metric("write_16M_1M_j1_fsyncN.write_s", "seq write: write phase (s)", "s",
+                   "lower")], "results": {}},
+        "5": {"title": "cp sweep", "metrics": [
+            metric("to_64M", "cp 64 MB local -> mount (MB/s)", "MB/s", "higher")],
+            "results": {}},
+    }
+    values = {
+        ("2", "first_200M"): {"native": 800, "bucketfs": 100, "bucketfs-pt": 110},
+        ("2", "again_200M"): {"native": 4000, "bucketfs": 2000, "bucketfs-pt": 4000},
+        ("2", "dropped_200M"): {"native": 800, "bucketfs": 400, "bucketfs-pt": 800},
+        ("2", "cpu_fs_dropped_200M"): {"bucketfs": 0.8, "bucketfs-pt": 0.02},
+        ("2", "checksum_failures"): {"bucketfs": 0, "bucketfs-pt": 0},
+        ("3", "write_16M_1M_j1_fsyncN.bw"): {"native": 500, "bucketfs": 50, "bucketfs-pt": 40},
+        ("3", "write_16M_1M_j1_fsyncN.iops"): {"native": 500, "bucketfs": 50,
+                                                "bucketfs-pt": 40},
+        ("3", "write_16M_1M_j1_fsyncN.write_s"): {"native": 0.02, "bucketfs": 0.1,
+                                                   "bucketfs-pt": 0.05},
+        ("5", "to_64M"): {"native": 400, "bucketfs": 50, "bucketfs-pt": 50,
+                          "bucketfs-wb": 200},
+    }
+    for (eid, key), per in values.items():
+        for system, v in per.items():
+            exps[eid]["results"].setdefault(system, {})[key] = {
+                "runs": [v], "n": 1, "min": v, "median": v, "max": v}
+    exps["2"]["results"]["native"]["cpu_fs_dropped_200M"] = {"na": "no file system process"}
+    names = ("native", "bucketfs", "bucketfs-pt", "bucketfs-wb")
+    return {"meta": {"started": "2026-11-26T05:00:00+00:00", "profile": "cloud", "quick": True,
+                     "argv": [], "machine": {}, "phases": {}},
+            "systems": {s: {"backend": "x", "version": "x", "status": "ok", "errors": []}
+                        for s in names},
+            "experiments": exps}
+
+
+class PassthroughReportTest(unittest.TestCase):
+    def test_pair_table_of_reads(self):
+        rows = pairs.pair_rows("2", pt_doc()["experiments"]["2"])
+        text = "\n".join(rows)
+        self.assertIn("| metric | bucketfs | bucketfs-pt | bucketfs-pt ÷ bucketfs |", text)
+        self.assertIn("| 200 MB read again after the page cache is dropped (MB/s) | 400 | 800 | "
+                      "2.00× (better) |", text)
+        # lower is better for CPU: a smaller figure with passthrough is better
+        self.assertIn("| 200 MB dropped: fs CPU s per GB | 0.800 | 0.020 | 0.025× (better) |",
+                      text)
+        self.assertIn("| 200 MB read again (MB/s) | 2000 | 4000 | 2.00× (better) |", text)
+        self.assertNotIn("md5 mismatches", text)  # counts are not paired
+        self.assertIn("bucketfs-pt in this experiment (bucketfs's `bucketfs_passthrough_opens`):"
+                      " 4.", text)
+
+    def test_pair_table_says_when_passthrough_did_not_engage(self):
+        exp = pt_doc()["experiments"]["2"]
+        exp["passthrough_opens"]["bucketfs-pt"] = 0
+        self.assertIn("): 0 (no open found its file whole in the disk cache",
+                      "\n".join(pairs.pair_rows("2", exp)))
+
+    def test_pair_table_of_fio_keeps_bandwidth_and_write_phase(self):
+        text = "\n".join(pairs.pair_rows("3", pt_doc()["experiments"]["3"]))
+        self.assertIn("| seq write: bw (MB/s) | 50.0 | 40.0 | 0.80× (worse) |", text)
+        self.assertIn("| seq write: write phase (s) | 0.100 | 0.050 | 0.50× (better) |", text)
+        self.assertNotIn("iops", text)
+
+    def test_no_pair_without_both_systems_or_outside_2_3_5(self):
+        doc = pt_doc()
+        del doc["experiments"]["5"]["results"]["bucketfs-pt"]
+        self.assertEqual(pairs.pair_rows("5", doc["experiments"]["5"]), [])
+        self.assertEqual(pairs.pair_rows("4", pt_doc()["experiments"]["2"]), [])
+
+    def test_goals_table_against_native(self):
+        text = "\n".join(pairs.goals_table(pt_doc()))
+        self.assertIn("| figure | native | bucketfs | bucketfs-pt | bucketfs-wb | bucketfs time "
+                      "÷ native's | bucketfs-pt time ÷ native's | bucketfs-wb time ÷ native's | "
+                      "bucketfs-pt ÷ bucketfs |", text)
+        # MB/s: native 800, bucketfs 400 takes twice native's time, bucketfs-pt as long
+        self.assertIn("| 2. 200 MB read again after the page cache is dropped (MB/s) | 800 | 400 "
+                      "| 800 | – | 2.00× | 1.00× | – | 2.00× (better) |", text)
+        # seconds: 0.1 s against native's 0.02 s is 5x its time
+        self.assertIn("| 3. seq write: write phase (s) | 0.020 | 0.100 | 0.050 | – | 5.00× | "
+                      "2.50× | – | 0.50× (better) |", text)
+        self.assertIn("| 5. cp 64 MB local -> mount (MB/s) | 400 | 50.0 | 50.0 | 200 | 8.00× | "
+                      "8.00× | 2.00× | 1.00× |", text)
+        self.assertIn("| 2. 200 MB dropped: fs CPU s per GB | no file system process | 0.800 | "
+                      "0.020 | – | – | – | – | 0.025× (better) |", text)
+        order = [r.split(" | ")[0] for r in text.splitlines() if r.startswith("| 2.")
+                 or r.startswith("| 3.") or r.startswith("| 5.")]
+        self.assertEqual(order[:2], ["| 2. 200 MB read again after the page cache is dropped "
+                                     "(MB/s)", "| 2. 200 MB read again (MB/s)"])
+        self.assertNotIn("| 2. 200 MB first read", text)  # not one of the figures
+
+    def test_goals_table_needs_native_and_a_bucketfs(self):
+        doc = pt_doc()
+        del doc["systems"]["native"]
+        self.assertEqual(pairs.goals_table(doc), [])
+
+    def test_report_has_the_goals_and_pair_tables(self):
+        d = tempfile.mkdtemp()
+        try:
+            results = os.path.join(d, "results")
+            os.makedirs(results)
+            path = os.path.join(results, "2026-11-26-cloud-pt.json")
+            with open(path, "w") as f:
+                json.dump(pt_doc(), f)
+            md = report.write_report(path, d, os.path.join(d, "REPORT-pt.md"))
+            self.assertIn("## Against native disk: passthrough's figures (issue 27)", md)
+            self.assertEqual(md.count("**Passthrough on/off**"), 3)  # experiments 2, 3, 5
+            # the pair of experiment 5 is under experiment 5's own table
+            self.assertLess(md.index("## Experiment 5"), md.rindex("**Passthrough on/off**"))
+        finally:
+            shutil.rmtree(d)
+
+
+class CpuPerGbTest(unittest.TestCase):
+    def test_record_cpu_per_gb(self):
+        runs = {}
+        res = {"busy": 0.5, "machine_s": 2.0, "children_s": 0.1, "self_s": 0.0, "fs_s": 0.05,
+               "proxy_s": 0.0, "server_s": 0.0}
+        experiments.record_cpu(runs, "dropped_200M", res, 200 << 20,
+                               {"fs": "fs", "reader": "children"})
+        per_gb = 1e9 / (200 << 20)
+        self.assertAlmostEqual(runs["cpu_fs_dropped_200M"][0], 0.05 * per_gb)
+        self.assertAlmostEqual(runs["cpu_reader_dropped_200M"][0], 0.1 * per_gb)
+        self.assertAlmostEqual(runs["cpu_dropped_200M"][0], 2.0 * per_gb)
+        self.assertEqual(runs["busy_dropped_200M"], [50.0])
+        experiments.record_cpu(runs, "dropped_200M", None, 200 << 20, {"fs": "fs"})
+        self.assertEqual(len(runs["cpu_fs_dropped_200M"]), 1)  # no measurement, no figure
+
+    def test_cpu_meter_reads_a_process_utime_and_stime(self):
+        # a child that burns 0.3 s of CPU, then sleeps until it is killed
+        import subprocess
+        child = subprocess.Popen([sys.executable, "-c", "import time\n"
+                                  "while time.process_time() < 0.3: pass\n"
+                                  "print('done', flush=True)\ntime.sleep(60)"],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            with util.CpuMeter({"fs": [child.pid]}) as meter:
+                self.assertEqual(child.stdout.readline().strip(), "done")
+            self.assertGreaterEqual(meter.result["fs_s"], 0.25)
+            self.assertLess(meter.result["fs_s"], 5)
+            self.assertAlmostEqual(util.proc_cpu(child.pid), util.proc_cpu(child.pid), 1)
+        finally:
+            child.kill()
+            child.wait()
+        self.assertIsNone(util.proc_cpu(child.pid))  # gone: no figure, not a crash
+
+    def test_passthrough_opens_from_metrics_text(self):
+        text = ("# HELP bucketfs_passthrough_opens Opens the kernel served.\n"
+                "# TYPE bucketfs_passthrough_opens counter\n"
+                "bucketfs_passthrough_opens 12\n"
+                'bucketfs_store_requests_total{op="get"} 3\n')
+        self.assertEqual(R.parse_passthrough_opens(text), 12)
+        self.assertEqual(R.parse_bucketfs(text), {"get": 3})
+        self.assertEqual(R.parse_passthrough_opens("bucketfs_uptime_seconds 4\n"), 0)
+
+
+class FioWritePhaseTest(unittest.TestCase):
+    def fio_json(self, mean_ns, total_ios):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        path = os.path.join(d, "fio.json")
+        side = {"bw_bytes": 200e6, "iops": 200, "total_ios": total_ios,
+                "lat_ns": {"mean": mean_ns}, "clat_ns": {"percentile": {"99.000000": 5e6}}}
+        with open(path, "w") as f:
+            f.write("fio: a note before the JSON\n" + json.dumps({"jobs": [{"write": side}]}))
+        return path
+
+    def test_write_phase_is_the_summed_write_latency_per_job(self):
+        path = self.fio_json(2e6, 256)  # 256 writes of 2 ms: 0.512 s
+        self.assertAlmostEqual(fiobench.parse_fio(path, True)["write_s"], 0.512)
+        self.assertAlmostEqual(fiobench.parse_fio(path, True, 4)["write_s"], 0.128)
+
+    def test_only_fsync_n_writes_record_the_write_phase(self):
+        keys = {j.key: [f for f, _, _ in j.fields] for j in fiobench.FULL_JOBS}
+        self.assertIn("write_s", keys["write_256M_1M_j1_fsyncN"])
+        self.assertNotIn("write_s", keys["write_16M_16K_j1_fsync10"])
+        self.assertNotIn("write_s", keys["read_200M_1M_j1"])
+        labels = [m["label"] for m in fiobench.Fio().metrics(type("C", (), {"quick": True})())]
+        self.assertIn("seq write 64M bs=1M x1 fsync=N: write phase before the final flush (s)",
+                      labels)
 
 
 if __name__ == "__main__":
