@@ -34,6 +34,7 @@ use std::future::Future;
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
+use bucketfs_core::block_pool::BlockPool;
 use bucketfs_store::{StoreError, StoreErrorKind};
 use clap::Args;
 use futures::StreamExt;
@@ -186,6 +187,8 @@ pub struct Ctx {
     pub preserve: bool,
     /// `--no-clobber`: a destination with the same content is left as it is.
     pub no_clobber: bool,
+    /// Downloads' write buffers (see `download::receive`), reused across requests.
+    pub buffers: BlockPool,
     /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
     cancel: tokio::sync::watch::Sender<bool>,
 }
@@ -204,6 +207,7 @@ impl Ctx {
             backoff_base: Duration::from_millis(200),
             preserve: false,
             no_clobber: false,
+            buffers: BlockPool::huge_pages(download::WRITE_BUF, download::POOL_MAX),
             cancel,
         }
     }

@@ -201,25 +201,6 @@ async fn a_single_object_is_asked_for_once() {
 }
 
 #[test]
-fn write_buffers_are_aligned_and_hold_what_was_pushed() {
-    let mut b = download::AlignedBuf::new();
-    assert!((b.bytes().as_ptr() as usize).is_multiple_of(download::WRITE_BUF));
-    b.push(b"abc");
-    b.push(&[7u8; 5000]);
-    assert_eq!(b.bytes().len(), 5003);
-    assert_eq!(&b.bytes()[..3], b"abc");
-    assert!(b.bytes()[3..].iter().all(|&x| x == 7));
-    assert_eq!(b.space(), download::WRITE_BUF - 5003);
-    b.push(&vec![1u8; b.space()]);
-    assert_eq!(b.space(), 0);
-    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.push(b"x"))).is_err(), "overflow is refused");
-    // A dropped buffer is kept for the next request, and comes back empty.
-    drop(b);
-    let again = download::AlignedBuf::new();
-    assert!(again.bytes().is_empty() && again.space() == download::WRITE_BUF);
-}
-
-#[test]
 fn a_download_target_is_sized_and_allocated_before_the_first_byte() {
     use std::os::unix::fs::MetadataExt;
     let path = temp_dir("reserve").join("f");
