@@ -21,7 +21,7 @@ use super::endpoint::{Kind, Remote, Side};
 use super::plan::{self, slices, tuning, MIB};
 use super::progress::Progress;
 use super::verify::{self, Check, Expect, SliceSum};
-use super::{download, store_to_store, upload, Ctx};
+use super::{download, store_to_store, upload, CpError, Ctx};
 
 /// Slices of 4 KiB keep the tests fast while crossing many slice boundaries.
 const SLICE: u64 = 4096;
@@ -250,7 +250,8 @@ async fn failed_uploads_are_retried() {
     let big = data(3 * SLICE as usize);
     std::fs::write(dir.join("g"), &big).unwrap();
     let e = upload::upload(&ctx(), upload::Source::File(&dir.join("g")), None, &remote(denied, Kind::Other, "g")).await;
-    assert!(e.unwrap_err().contains("injected"));
+    let e = e.unwrap_err();
+    assert!(matches!(e, CpError::Permission(_)) && e.to_string().contains("injected"), "{e:?}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -416,6 +417,8 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
             // Damaged every time: an error, and nothing left behind.
             let (r, _) = get(sum, (1..1000).collect()).await;
             let e = r.unwrap_err();
+            assert!(matches!(e, CpError::Mismatch(_)), "{e:?}");
+            let e = e.to_string();
             assert!(e.contains("verification failed") && e.contains("crc32"), "{e}");
             let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
             assert_eq!(left, vec!["out"], "temp file left behind");
@@ -450,6 +453,8 @@ async fn a_digest_mismatch_is_an_error_not_a_success() {
     let c: Arc<dyn Store> = Arc::new(c);
     let dir = temp_dir("mismatch");
     let e = download::to_file(&ctx(), &remote(c.clone(), Kind::Gcs, "obj"), None, &dir.join("out")).await.unwrap_err();
+    assert_eq!(e.exit_code(), 7, "{e}");
+    let e = e.to_string();
     assert!(e.contains("verification failed") && e.contains("MD5"), "{e}");
     assert!(!dir.join("out").exists(), "a download that failed verification must not be left in place");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "temp file left behind");
@@ -458,7 +463,7 @@ async fn a_digest_mismatch_is_an_error_not_a_success() {
     let e = upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(100), &remote(c, Kind::Gcs, "up"))
         .await
         .unwrap_err();
-    assert!(e.contains("verification failed"), "{e}");
+    assert!(matches!(e, CpError::Mismatch(_)) && e.to_string().contains("verification failed"), "{e}");
     assert_eq!(mem.stat("up").await.unwrap_err().kind, StoreErrorKind::NotFound);
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -472,7 +477,7 @@ async fn a_store_that_keeps_bad_bytes_fails_the_upload_on_reread() {
     std::fs::write(dir.join("f"), data(1000)).unwrap();
     let r = remote(Arc::new(c), Kind::Other, "f");
     let e = upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &r).await.unwrap_err();
-    assert!(e.contains("crc32c differs"), "{e}");
+    assert!(matches!(e, CpError::Mismatch(_)) && e.to_string().contains("crc32c differs"), "{e}");
     assert_eq!(mem.stat("f").await.unwrap_err().kind, StoreErrorKind::NotFound);
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -542,7 +547,7 @@ async fn store_to_store_within_one_store_is_server_side() {
     let e = store_to_store::copy(&ctx(), &remote(a.clone(), Kind::Other, "obj"), None, &remote(a, Kind::Other, "obj"))
         .await
         .unwrap_err();
-    assert!(e.contains("same object"), "{e}");
+    assert!(matches!(e, CpError::Failed(_)) && e.to_string().contains("same object"), "{e}");
 }
 
 /// A store whose ranged reads stream in 1,000-byte chunks (never aligned to a slice), whose

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use super::super::endpoint::Remote;
-use super::super::{retry, Ctx};
+use super::super::{retry, CpError, Ctx};
 use bucketfs_store::{GetOpts, StoreError, StoreErrorKind, StoreExt};
 
 /// One ranged read with retries; a short read counts as a (retried) failure.
@@ -15,7 +15,7 @@ pub(in crate::cp) async fn fetch(
     src: &Remote,
     range: std::ops::Range<u64>,
     if_match: Option<&str>,
-) -> Result<Bytes, String> {
+) -> Result<Bytes, CpError> {
     let want = (range.end - range.start) as usize;
     retry(ctx, "read", &src.key, || {
         let range = range.clone();
@@ -40,7 +40,7 @@ pub(in crate::cp) async fn fetch_chunks(
     src: &Remote,
     range: std::ops::Range<u64>,
     if_match: Option<&str>,
-) -> Result<Vec<Bytes>, String> {
+) -> Result<Vec<Bytes>, CpError> {
     let want = range.end - range.start;
     retry(ctx, "read", &src.key, || {
         let range = range.clone();

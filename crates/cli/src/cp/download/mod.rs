@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::endpoint::Remote;
 use super::verify::{self, Check, Expect, SliceSum};
 use super::work::groups;
-use super::{Ctx, Report, INTERRUPTED};
+use super::{CpError, Ctx, Report};
 use bucketfs_store::ObjectHead;
 use read_plan::{read_plan, ReadPlan};
 use receive::fetch_into;
@@ -35,19 +35,19 @@ pub(super) use receive::{POOL_MAX, WRITE_BUF};
 pub(super) use stdout::to_stdout;
 pub(super) use target::Target;
 
-pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &Path) -> Result<Report, String> {
+pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &Path) -> Result<Report, CpError> {
     if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(|e| CpError::io(parent.display(), &e))?;
     }
     let p = read_plan(ctx, src, head).await?;
     let tmp = temp_path(dst);
     let result = tokio::select! {
         r = download_verified(ctx, src, &p, &tmp) => r,
-        _ = ctx.cancelled() => Err(INTERRUPTED.to_string()),
+        _ = ctx.cancelled() => Err(CpError::interrupted()),
     };
     match result {
         Ok(report) => {
-            std::fs::rename(&tmp, dst).map_err(|e| format!("{}: {e}", dst.display()))?;
+            std::fs::rename(&tmp, dst).map_err(|e| CpError::io(dst.display(), &e))?;
             Ok(report)
         }
         Err(e) => {
@@ -57,8 +57,8 @@ pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &P
     }
 }
 
-async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) -> Result<Report, String> {
-    let mut last = String::new();
+async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) -> Result<Report, CpError> {
+    let mut last = CpError::from(String::new());
     for attempt in 0..=ctx.retries {
         if attempt > 0 {
             ctx.progress.println(&format!("bucketfs cp: {}: {last}; downloading again", src.url()));
@@ -78,7 +78,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
         let how = match verify::check(&p.expect, &sums, whole, p.guessed) {
             Check::Ok(how) => how,
             Check::Mismatch(m) => {
-                last = m;
+                last = CpError::Mismatch(m);
                 continue;
             }
             Check::Reread => match reread_and_repair(ctx, src, p, &file, &mut sums).await {
@@ -91,7 +91,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
         };
         return Ok(Report { bytes: p.size, verified: how.into(), crc32c: verify::combined_crc(&sums) });
     }
-    Err(format!("{}: verification failed after {} attempts: {last}", src.url(), ctx.retries + 1))
+    Err(last.context(format_args!("{}: verification failed after {} attempts", src.url(), ctx.retries + 1)))
 }
 
 /// Read everything again and compare crc32c (or crc32) per slice; a slice that differs is fetched
@@ -102,7 +102,7 @@ async fn reread_and_repair(
     p: &ReadPlan,
     file: &Arc<Target>,
     sums: &mut [SliceSum],
-) -> Result<(), String> {
+) -> Result<(), CpError> {
     let mut bad = verify::reread(ctx, &src.store, &src.key, sums, p.if_match.as_deref()).await?;
     for _ in 0..ctx.retries {
         if bad.is_empty() {
@@ -126,5 +126,6 @@ async fn reread_and_repair(
     if bad.is_empty() {
         return Ok(());
     }
-    Err(format!("the crc of {} slice(s) differs between reads (first at byte {})", bad.len(), sums[bad[0]].range.start))
+    let at = sums[bad[0]].range.start;
+    Err(CpError::Mismatch(format!("the crc of {} slice(s) differs between reads (first at byte {at})", bad.len())))
 }

@@ -5,7 +5,7 @@
 use super::super::endpoint::Remote;
 use super::super::plan::{self, slices};
 use super::super::verify::{self, Expect};
-use super::super::{retry, Ctx};
+use super::super::{retry, CpError, Ctx};
 use bucketfs_store::{HeadOpts, ObjectHead};
 
 /// How to read one object: its identity, size, ranges and what to verify against.
@@ -25,14 +25,14 @@ pub(super) struct ReadPlan {
 }
 
 /// Ask the store for what `head` does not already say: the object's size, identity and digests.
-pub(in crate::cp) async fn head(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<ObjectHead, String> {
+pub(in crate::cp) async fn head(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<ObjectHead, CpError> {
     match head {
         Some(d) => Ok(d.clone()),
         None => retry(ctx, "head", &src.key, || src.store.head(&src.key, HeadOpts { digests: true })).await,
     }
 }
 
-pub(super) async fn read_plan(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<ReadPlan, String> {
+pub(super) async fn read_plan(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<ReadPlan, CpError> {
     let d = self::head(ctx, src, head).await?;
     let size = d.meta.size;
     let expect = verify::expect(src.kind, &d);

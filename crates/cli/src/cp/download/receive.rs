@@ -11,7 +11,7 @@ use md5::{Digest, Md5};
 use super::super::endpoint::Remote;
 use super::super::verify::{Crcs, SliceSum};
 use super::super::work::{Group, Work};
-use super::super::Ctx;
+use super::super::{CpError, Ctx};
 use super::read_plan::ReadPlan;
 use super::target::Target;
 use super::trailing_md5::TrailingMd5;
@@ -47,9 +47,9 @@ pub(super) async fn fetch_into(
     file: &Arc<Target>,
     groups: Vec<Group>,
     md5: Option<&TrailingMd5>,
-) -> Result<Vec<(usize, SliceSum)>, String> {
+) -> Result<Vec<(usize, SliceSum)>, CpError> {
     let f = &Fetch { ctx, src, p, file, md5, work: Work::new(groups, ctx.parallel) };
-    let results: Vec<Result<Vec<(usize, SliceSum)>, String>> = futures::stream::iter(0..f.work.slots())
+    let results: Vec<Result<Vec<(usize, SliceSum)>, CpError>> = futures::stream::iter(0..f.work.slots())
         .map(|slot| async move {
             let mut done = Vec::new();
             loop {
@@ -82,7 +82,7 @@ async fn fetch_group(
     slot: usize,
     start: usize,
     done: &mut Vec<(usize, SliceSum)>,
-) -> Result<(), String> {
+) -> Result<(), CpError> {
     let base = done.len();
     let mut attempt = 0;
     loop {
@@ -104,7 +104,7 @@ enum Failure {
     /// The request failed or was cut short: may be retried.
     Store(StoreError),
     /// Writing the local file failed: final.
-    Local(String),
+    Local(CpError),
 }
 
 impl From<StoreError> for Failure {
@@ -159,8 +159,8 @@ async fn stream_slices(
     let spare = Job { buf: f.ctx.buffers.take(), md5: f.p.slice_md5.then(Md5::new), sum: None };
     let result = receive(f, slot, todo, &mut busy, spare, &mut |j| settle(f, j, done)).await;
     if let Some(b) = busy.take() {
-        let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
-        settle(f, job.map_err(|e| Failure::Local(format!("write: {e}")))?, done);
+        let job = b.await.map_err(|e| Failure::Local(e.to_string().into()))?;
+        settle(f, job.map_err(|e| Failure::Local(CpError::io("write", &e)))?, done);
     }
     result
 }
@@ -213,8 +213,8 @@ async fn receive(
                 // digests are updated in order.
                 let mut job = match (busy.take(), spare.take()) {
                     (Some(b), _) => {
-                        let job = b.await.map_err(|e| Failure::Local(e.to_string()))?;
-                        settle(job.map_err(|e| Failure::Local(format!("write: {e}")))?)
+                        let job = b.await.map_err(|e| Failure::Local(e.to_string().into()))?;
+                        settle(job.map_err(|e| Failure::Local(CpError::io("write", &e)))?)
                     }
                     (None, Some(job)) => job,
                     (None, None) => unreachable!("a job is either busy or spare"),

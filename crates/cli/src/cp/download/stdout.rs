@@ -7,14 +7,14 @@ use md5::{Digest, Md5};
 
 use super::super::endpoint::Remote;
 use super::super::verify::{self, Check, Expect, SliceSum};
-use super::super::{Ctx, Report, INTERRUPTED};
+use super::super::{CpError, Ctx, Report};
 use super::fetch::fetch_chunks;
 use super::read_plan::read_plan;
 use bucketfs_store::ObjectHead;
 
 /// Write the object to stdout in order. Reads run `parallel` ahead; the reordering window
 /// is those slices. A mismatch found afterwards can only be reported (the bytes are out).
-pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<Report, String> {
+pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<Report, CpError> {
     let p = read_plan(ctx, src, head).await?;
     let want_whole = matches!(p.expect, Expect::WholeMd5(_));
     let if_match = p.if_match.as_deref();
@@ -29,7 +29,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Re
     loop {
         let item = tokio::select! {
             item = stream.next() => item,
-            _ = ctx.cancelled() => return Err(INTERRUPTED.to_string()),
+            _ = ctx.cancelled() => return Err(CpError::interrupted()),
         };
         let Some(item) = item else { break };
         let (range, data) = item?;
@@ -48,8 +48,8 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Re
             Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5, with_crc32c, with_crc32), h))
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("writing to stdout: {e}"))?;
+        .map_err(|e| CpError::from(e.to_string()))?
+        .map_err(|e| CpError::io("writing to stdout", &e))?;
         hasher = h;
         ctx.progress.moved(sum.range.end - sum.range.start);
         sums.push(sum);
@@ -57,15 +57,17 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Re
     let whole = hasher.map(|h| h.finalize().into());
     let how = match verify::check(&p.expect, &sums, whole, p.guessed) {
         Check::Ok(how) => how,
-        Check::Mismatch(m) => return Err(format!("{}: the bytes written to stdout are wrong: {m}", src.url())),
+        Check::Mismatch(m) => {
+            return Err(CpError::Mismatch(format!("{}: the bytes written to stdout are wrong: {m}", src.url())))
+        }
         Check::Reread => {
             let bad = verify::reread(ctx, &src.store, &src.key, &sums, if_match).await?;
             if let Some(&i) = bad.first() {
-                return Err(format!(
+                return Err(CpError::Mismatch(format!(
                     "{}: the bytes written to stdout differ from a second read (at byte {})",
                     src.url(),
                     sums[i].range.start
-                ));
+                )));
             }
             verify::BY_REREAD
         }

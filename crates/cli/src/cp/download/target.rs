@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use bucketfs_core::block_pool::ALIGN;
 
+use super::super::CpError;
+
 /// A temp file beside `dst`, so a half-written file never has the final name.
 pub(super) fn temp_path(dst: &Path) -> PathBuf {
     let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -52,9 +54,11 @@ impl Target {
         let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
             _ if r == 0 => Ok(()),
-            Some(libc::ENOSPC | libc::EDQUOT) => Err(std::io::Error::other(format!(
-                "no space for {size} bytes here ({e}); free some space or copy elsewhere"
-            ))),
+            // The kind stays (StorageFull, QuotaExceeded): the copy's exit status says it.
+            Some(libc::ENOSPC | libc::EDQUOT) => Err(std::io::Error::new(
+                e.kind(),
+                format!("no space for {size} bytes here ({e}); free some space or copy elsewhere"),
+            )),
             _ => Ok(()), // not supported here (e.g. some network file systems): stays sparse
         }
     }
@@ -75,14 +79,14 @@ impl Target {
 
 /// [`Target::open`] and [`Target::reserve`] on a blocking thread (allocating can take a
 /// while: tmpfs clears the pages, NFS asks its server).
-pub(super) async fn open_reserved(tmp: &Path, direct: bool, size: u64) -> Result<Target, String> {
+pub(super) async fn open_reserved(tmp: &Path, direct: bool, size: u64) -> Result<Target, CpError> {
     let tmp = tmp.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let file = Target::open(&tmp, direct).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let file = Target::open(&tmp, direct).map_err(|e| CpError::io(tmp.display(), &e))?;
         let dir = tmp.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        file.reserve(size).map_err(|e| format!("{}: {e}", dir.display()))?;
+        file.reserve(size).map_err(|e| CpError::io(dir.display(), &e))?;
         Ok(file)
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(|e| CpError::from(e.to_string()))?
 }

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
+use super::super::CpError;
+
 /// The MD5 of the file while it is being written: slices land out of order, and a thread
 /// hashes the contiguous prefix (read back from the page cache) as it grows, so the digest
 /// is ready moments after the last slice instead of after a second pass.
@@ -47,13 +49,13 @@ impl TrailingMd5 {
         }
     }
 
-    pub(super) async fn finish(mut self) -> Result<[u8; 16], String> {
+    pub(super) async fn finish(mut self) -> Result<[u8; 16], CpError> {
         self.tx = None; // ends the thread's loop
         let handle = self.handle;
         tokio::task::spawn_blocking(move || handle.join())
             .await
             .map_err(|e| e.to_string())?
             .map_err(|_| "the hashing thread panicked".to_string())?
-            .map_err(|e| format!("hashing the local copy: {e}"))
+            .map_err(|e| CpError::io("hashing the local copy", &e))
     }
 }
