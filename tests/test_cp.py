@@ -6,6 +6,7 @@ Objects are checked with an independent client (boto3 / the GCS JSON API, via se
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -284,12 +285,39 @@ def test_several_sources_into_a_prefix(cp_bucket, tmp):
 
 
 def test_clear_errors(cp_bucket, tmp):
+    # Exit statuses (see `bucketfs cp --help`): 3 not found, 1 anything else.
     p = cp(cp_bucket, url(cp_bucket, "nope"), str(tmp / "x"), expect_ok=False)
-    assert p.returncode != 0 and "no such object" in p.err, p.err
+    assert p.returncode == 3 and "no such object" in p.err, (p.returncode, p.err)
+    p = cp(cp_bucket, str(tmp / "missing"), url(cp_bucket, "m"), expect_ok=False)
+    assert p.returncode == 3 and str(tmp / "missing") in p.err, (p.returncode, p.err)
     (tmp / "dir").mkdir()
     p = cp(cp_bucket, str(tmp / "dir"), url(cp_bucket, "d/"), expect_ok=False)
-    assert p.returncode != 0 and "use -r" in p.err, p.err
+    assert p.returncode == 1 and "use -r" in p.err, (p.returncode, p.err)
     assert not (tmp / "x").exists()
+
+
+@contextlib.contextmanager
+def _tmpfs(path, options):
+    """A tmpfs mounted on the new directory `path` with `options` while the block runs; the
+    test is skipped where it cannot be mounted (it needs root)."""
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)]).returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({options}) here (needs root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_an_unwritable_destination_exits_with_the_permission_status(cp_bucket, tmp):
+    """A destination directory that cannot be written (a read-only file system: the tests run
+    as root, whom mode bits do not stop) fails with exit status 4 and names the path."""
+    (tmp / "small").write_bytes(b"x" * 1000)
+    cp(cp_bucket, str(tmp / "small"), url(cp_bucket, "small"))
+    with _tmpfs(tmp / "ro", "ro,size=1m") as ro:
+        p = cp(cp_bucket, url(cp_bucket, "small"), str(ro / "small"), expect_ok=False)
+        assert p.returncode == 4 and str(ro) in p.err, (p.returncode, p.err)
+        assert os.listdir(ro) == [], os.listdir(ro)
 
 
 def test_a_download_that_does_not_fit_fails_first_and_leaves_nothing(cp_bucket, tmp):
@@ -298,16 +326,10 @@ def test_a_download_that_does_not_fit_fails_first_and_leaves_nothing(cp_bucket, 
     src = tmp / "src.bin"
     src.write_bytes(os.urandom(SLICE + 1))
     cp(cp_bucket, str(src), url(cp_bucket, "big.bin"))
-    small = tmp / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)]).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (needs root)")
-    try:
+    with _tmpfs(tmp / "small", "size=2m") as small:
         p = cp(cp_bucket, url(cp_bucket, "big.bin"), str(small / "big.bin"), expect_ok=False)
-        assert p.returncode != 0 and "no space" in p.err, p.err
+        assert p.returncode == 6 and "no space" in p.err, (p.returncode, p.err)  # 6: disk full
         assert os.listdir(small) == [], os.listdir(small)
-    finally:
-        subprocess.run(["umount", str(small)], check=True)
 
 
 def _interrupt(cmd, ready):
@@ -353,7 +375,7 @@ def test_interrupted_copies_leave_nothing_behind(cp_bucket, tmp):
     if got is None:
         pytest.skip("the upload finished before a part was seen")
     rc, err = got
-    assert rc != 0 and "interrupted" in err, (rc, err)
+    assert rc == 130 and "interrupted" in err, (rc, err)
     # No parts (GCS temp objects or S3 multipart uploads), and no object, unless the signal
     # came after the commit point (the final compose or complete request was already sent):
     # then the object is whole, never partial.
@@ -587,6 +609,7 @@ def test_a_source_changed_during_upload_fails_and_leaves_no_object(cp_bucket, tm
         time.sleep(0.001)
     err = proc.communicate(timeout=BIG_TIMEOUT)[1].decode(errors="replace")
     assert proc.returncode != 0, f"a source changed at byte {pos} was copied as a success: {err[-1000:]}"
+    assert proc.returncode == 5, (proc.returncode, err[-1000:])  # 5: changed during the copy
     assert "changed during the copy" in err and str(src) in err, err
     assert seed.list_keys(cp_bucket.store, cp_bucket.name) == [], "a copy of a changing file left an object (or parts)"
     if cp_bucket.store == "s3":

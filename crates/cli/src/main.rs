@@ -1,6 +1,7 @@
 //! `bucketfs`: mount a bucket as a local directory, or copy to and from one fast.
 //!
-//! `main` parses arguments and turns every failure into one line on stderr and exit code 1.
+//! `main` parses arguments and turns every failure into one line on stderr and exit code 1
+//! (`cp`'s failures into their own codes, see [`cp::CpError::exit_code`]).
 //! [`mount`] does the pre-flight checks, the daemonizing and the session; [`unmount`] ends one;
 //! [`status`] asks a running mount over its [`control`] socket. Called as
 //! `mount.fuse.bucketfs` (a symlink), the binary is mount(8)'s helper ([`fstab`]).
@@ -259,7 +260,15 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Command::Mount(args) => mount::run(args, &argv[1..]),
         Command::Unmount { mountpoint } => unmount::run(&mountpoint),
-        Command::Cp(args) => cp::run(args),
+        Command::Cp(args) => {
+            return cp::run(args).map_or_else(
+                |e| {
+                    eprintln!("bucketfs: {e}");
+                    ExitCode::from(e.exit_code())
+                },
+                |()| ExitCode::SUCCESS,
+            )
+        }
         Command::Auth(cmd) => auth::run(cmd),
         Command::Status { mountpoint, json } => status::run(&mountpoint, json),
         Command::Sync { mountpoint } => status::sync(&mountpoint),

@@ -21,7 +21,7 @@ use super::plan::{self, Dst, Src};
 use super::progress::Progress;
 use super::source::{Change, LocalSource, SourceError};
 use super::walk::{SkipReason, Walk};
-use super::{upload, Ctx};
+use super::{upload, CpError, Ctx};
 
 fn temp_dir(name: &str) -> PathBuf {
     let n = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
@@ -155,7 +155,8 @@ async fn upload_while(name: &str, meddle: impl Fn(&Path) + Send + Sync + 'static
     let mut ctx = Ctx::new(4, Some(4096), 3, Progress::quiet());
     ctx.backoff_base = Duration::from_millis(1);
     let e = upload::upload(&ctx, upload::Source::File(&f), Some(64 * 4096), &r).await.unwrap_err();
-    (e, mem)
+    assert!(matches!(e, CpError::Changed(_)), "a changed source is its own case: {e:?}");
+    (e.to_string(), mem)
 }
 
 #[tokio::test]

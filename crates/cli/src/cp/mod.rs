@@ -6,13 +6,15 @@
 //! - [`work`]: a download's slices shared by its request slots.
 //! - [`download`], [`upload`], [`store_to_store`]: the transfers. [`verify`]: end-to-end
 //!   checks. [`source`]: a local file being uploaded, which must not change while read.
-//! - [`progress`]: the terminal bar and byte counters.
+//! - [`progress`]: the terminal bar and byte counters. [`error`]: why a copy failed, and
+//!   the exit status each case gives.
 //!
 //! Every request takes a slot from one semaphore of `parallel` slots, so many small files
 //! and one large file share the same bound on requests (and memory) in flight.
 
 mod download;
 mod endpoint;
+mod error;
 mod filter;
 #[cfg(test)]
 mod local_tests;
@@ -34,12 +36,15 @@ use std::future::Future;
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
+use bucketfs_core::block_pool::BlockPool;
 use bucketfs_store::{StoreError, StoreErrorKind};
 use clap::Args;
 use futures::StreamExt;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use endpoint::{Opener, Side};
+pub use error::CpError;
+use error::EXIT_SKIPPED;
 use plan::{Dst, Job, Src};
 use progress::Progress;
 use walk::{Skipped, Walk};
@@ -51,8 +56,7 @@ marker object downloads as an empty directory). Skipped, each named on stderr as
 'skipped PATH: REASON' and in --json's \"skipped\": FIFOs, sockets and devices (never
 opened), dangling symlinks, symlink loops (a directory link back to a directory that
 contains it), and every symlink with --no-follow-symlinks. A named source is treated the
-same way. Exit status: 0 if everything asked for was copied, 2 if something was skipped
-(0 with --skip-special), 1 if a copy failed.
+same way (exit status 2, or 0 with --skip-special; the exit statuses are listed at the end).
 
 A local file that changes while it is read (its size, mtime or ctime differ after the last
 read from before the first, it ends early or goes on past its size, or its path names
@@ -76,11 +80,12 @@ checked by the object's S3 crc32 computes that instead, and the crc32c only for 
     read a second time, ranged and in parallel, and the crc32c of every range compared.
     This re-read costs a second transfer of the data.
 A mismatch is an error: the copy is retried (downloads fetch again, uploads delete the bad
-object and upload again), and after --retries attempts bucketfs exits non-zero.
---json prints how each copy was verified.";
+object and upload again), and after --retries attempts bucketfs exits with status 7.
+--json prints how each copy was verified.
+";
 
 #[derive(Args, Clone, Debug)]
-#[command(after_long_help = AFTER_HELP, override_usage = "bucketfs cp [OPTIONS] SRC... DST")]
+#[command(after_long_help = format!("{AFTER_HELP}\n{}", error::EXIT_CODES), override_usage = "bucketfs cp [OPTIONS] SRC... DST")]
 pub struct CpArgs {
     /// Sources, then the destination. Each is a local path, a store URL
     /// (s3://BUCKET/KEY, gs://BUCKET/KEY, file:///PATH, mem://KEY) or '-' (stdin as the
@@ -186,6 +191,8 @@ pub struct Ctx {
     pub preserve: bool,
     /// `--no-clobber`: a destination with the same content is left as it is.
     pub no_clobber: bool,
+    /// Downloads' write buffers (see `download::receive`), reused across requests.
+    pub buffers: BlockPool,
     /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
     cancel: tokio::sync::watch::Sender<bool>,
 }
@@ -204,6 +211,7 @@ impl Ctx {
             backoff_base: Duration::from_millis(200),
             preserve: false,
             no_clobber: false,
+            buffers: BlockPool::huge_pages(download::WRITE_BUF, download::POOL_MAX),
             cancel,
         }
     }
@@ -243,8 +251,6 @@ impl Ctx {
     }
 }
 
-pub const INTERRUPTED: &str = "interrupted";
-
 /// Errors that another attempt cannot fix.
 pub fn is_retryable(e: &StoreError) -> bool {
     !matches!(
@@ -258,7 +264,7 @@ pub fn is_retryable(e: &StoreError) -> bool {
 }
 
 /// Run `op` until it succeeds, fails for good, or `ctx.retries` retries are spent.
-pub async fn retry<T, F, Fut>(ctx: &Ctx, what: &str, key: &str, mut op: F) -> Result<T, String>
+pub async fn retry<T, F, Fut>(ctx: &Ctx, what: &str, key: &str, mut op: F) -> Result<T, CpError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
@@ -274,12 +280,12 @@ where
 
 /// After failure `e`: wait and return `Ok` if another attempt may help (counting it in
 /// `attempt`), else the error to give up with.
-pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: StoreError) -> Result<(), String> {
+pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: StoreError) -> Result<(), CpError> {
     if e.kind == StoreErrorKind::Changed {
-        return Err(format!("{key}: the object changed during the copy ({e})"));
+        return Err(CpError::Changed(format!("{key}: the object changed during the copy ({e})")));
     }
     if *attempt >= ctx.retries || !is_retryable(&e) {
-        return Err(format!("{what} {key}: {e}"));
+        return Err(CpError::store(format!("{what} {key}: {e}"), &e));
     }
     *attempt += 1;
     tracing::info!("{what} {key}: {e}; retry {attempt} of {}", ctx.retries);
@@ -288,9 +294,9 @@ pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: Store
 }
 
 /// One job, start to end.
-async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, String> {
+async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, CpError> {
     if ctx.is_cancelled() {
-        return Err(INTERRUPTED.into());
+        return Err(CpError::interrupted());
     }
     if ctx.no_clobber && noclobber::unchanged(ctx, job).await? {
         ctx.progress.println(&format!("bucketfs cp: unchanged, not copied (--no-clobber): {}", filter::describe(job)));
@@ -323,24 +329,24 @@ const DIR: &str = "directory";
 
 /// An empty directory or a directory marker, made at `dst`: a marker object `KEY/`, or a
 /// local directory.
-async fn make_dir(ctx: &Ctx, dst: &Dst) -> Result<Report, String> {
+async fn make_dir(ctx: &Ctx, dst: &Dst) -> Result<Report, CpError> {
     match dst {
         Dst::Remote(r) => {
             let key = format!("{}/", r.key.trim_end_matches('/'));
             let _slot = ctx.slot().await;
             retry(ctx, "mkdir", &key, || r.store.create_dir(&key)).await?;
         }
-        Dst::Local(p) => std::fs::create_dir_all(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        Dst::Local(p) => std::fs::create_dir_all(p).map_err(|e| CpError::io(p.display(), &e))?,
         Dst::Stdout => return Err("a directory cannot go to stdout".into()),
     }
     Ok(Report { bytes: 0, verified: DIR.into(), crc32c: None })
 }
 
 /// Run all jobs; stdout jobs one after another (order matters), others concurrently.
-pub async fn run_jobs(ctx: &Ctx, jobs: &[Job]) -> (Vec<Report>, Vec<String>) {
+pub async fn run_jobs(ctx: &Ctx, jobs: &[Job]) -> (Vec<Report>, Vec<CpError>) {
     let ordered = jobs.iter().any(|j| matches!(j.dst, Dst::Stdout));
     let width = if ordered { 1 } else { ctx.parallel };
-    let results: Vec<Result<Report, String>> =
+    let results: Vec<Result<Report, CpError>> =
         futures::stream::iter(jobs).map(|j| run_job(ctx, j)).buffered(width).collect().await;
     let mut reports = Vec::new();
     let mut errors = Vec::new();
@@ -386,13 +392,10 @@ fn json_summary(reports: &[Report], skipped: &[Skipped], secs: f64, single: bool
     o.to_string()
 }
 
-/// Exit status when everything that was copied was copied but something asked for was
-/// skipped (as `aws s3 cp`'s 2).
-pub const EXIT_SKIPPED: i32 = 2;
-
-/// `bucketfs cp`. Failures are `Err` (exit status 1, from `main`); a copy that skipped
-/// something ends the process with [`EXIT_SKIPPED`] itself, unless `--skip-special`.
-pub fn run(args: CpArgs) -> Result<(), String> {
+/// `bucketfs cp`. Failures are `Err` (`main` exits with [`CpError::exit_code`]); a copy
+/// that skipped something ends the process with [`EXIT_SKIPPED`] itself, unless
+/// `--skip-special`.
+pub fn run(args: CpArgs) -> Result<(), CpError> {
     let mut paths = args.paths.clone();
     let dst_arg = paths.pop().ok_or("cp needs a source and a destination")?;
     // Retries and the store's warnings go to stderr (BUCKETFS_LOG changes what is logged).
@@ -427,7 +430,7 @@ pub fn run(args: CpArgs) -> Result<(), String> {
             return Ok(skipped.len());
         }
         if jobs.is_empty() && skipped.is_empty() {
-            return Err("nothing to copy".to_string());
+            return Err(CpError::from("nothing to copy"));
         }
         let total = jobs.iter().map(Job::size).sum::<Option<u64>>();
         let parallel = args.parallel.unwrap_or_else(plan::default_parallel).max(1);
@@ -474,27 +477,28 @@ pub fn run(args: CpArgs) -> Result<(), String> {
             }
         }
         if ctx.is_cancelled() {
-            return Err(format!("{INTERRUPTED}: {} of {} copies finished", reports.len(), jobs.len()));
+            let msg = format!("{}: {} of {} copies finished", CpError::interrupted(), reports.len(), jobs.len());
+            return Err(CpError::Interrupted(msg));
         }
         match errors.len() {
             0 => Ok(skipped.len()),
-            1 => Err(errors.into_iter().next().unwrap_or_default()),
+            1 => Err(errors.into_iter().next().unwrap_or_else(|| CpError::from("a copy failed"))),
             n => {
                 for e in &errors {
                     eprintln!("bucketfs cp: {e}");
                 }
-                Err(format!("{n} of {} copies failed (see above)", jobs.len()))
+                Err(CpError::several(&errors, format!("{n} of {} copies failed (see above)", jobs.len())))
             }
         }
     })?;
     drop(rt);
     if skipped > 0 && !skip_special {
-        // main turns every Err into status 1; a skip is not a failure of what was copied,
+        // main turns every Err into its status; a skip is not a failure of what was copied,
         // and scripts tell the two apart by the status (aws s3 cp's 2), so exit here.
         let what = if skipped == 1 { "path was" } else { "paths were" };
         eprintln!("bucketfs: {skipped} {what} skipped (see above); exit status {EXIT_SKIPPED} (--skip-special: 0)");
         let _ = std::io::stdout().flush();
-        std::process::exit(EXIT_SKIPPED);
+        std::process::exit(EXIT_SKIPPED.into());
     }
     Ok(())
 }

@@ -14,14 +14,14 @@ use md5::{Digest, Md5};
 
 use super::endpoint::{Kind, Remote};
 use super::plan::{Dst, Job, Src};
-use super::Ctx;
+use super::{CpError, Ctx};
 
 /// What a skipped job's [`super::Report`] says it was verified by (the `--json` summary
 /// counts these under this name).
 pub const UNCHANGED: &str = "unchanged-no-clobber";
 
 /// Whether `job`'s destination already holds what its source would put there.
-pub async fn unchanged(ctx: &Ctx, job: &Job) -> Result<bool, String> {
+pub async fn unchanged(ctx: &Ctx, job: &Job) -> Result<bool, CpError> {
     let Some(size) = job.size() else { return Ok(false) }; // stdin: unknown until read
     match (&job.src, &job.dst) {
         (Src::Dir, _) | (_, Dst::Stdout) => Ok(false),
@@ -51,7 +51,7 @@ pub async fn unchanged(ctx: &Ctx, job: &Job) -> Result<bool, String> {
 }
 
 /// The object's digests, `None` if it does not exist.
-async fn digests(ctx: &Ctx, r: &Remote) -> Result<Option<ObjectHead>, String> {
+async fn digests(ctx: &Ctx, r: &Remote) -> Result<Option<ObjectHead>, CpError> {
     let _slot = ctx.slot().await;
     let mut attempt = 0;
     loop {
@@ -64,7 +64,7 @@ async fn digests(ctx: &Ctx, r: &Remote) -> Result<Option<ObjectHead>, String> {
 }
 
 /// The source object's MD5: from the planner's HEAD where it made one, else a HEAD now.
-async fn source_md5(ctx: &Ctx, remote: &Remote, head: Option<&ObjectHead>) -> Result<Option<[u8; 16]>, String> {
+async fn source_md5(ctx: &Ctx, remote: &Remote, head: Option<&ObjectHead>) -> Result<Option<[u8; 16]>, CpError> {
     let fetched = match head {
         Some(_) => None,
         None => digests(ctx, remote).await?,
@@ -86,7 +86,7 @@ fn md5_of(kind: Kind, d: &ObjectHead) -> Option<[u8; 16]> {
 
 /// Whether the file at `path` has MD5 `want`; with no MD5 to compare, the size (already
 /// equal) decides.
-async fn same_as_file(want: Option<[u8; 16]>, path: &Path) -> Result<bool, String> {
+async fn same_as_file(want: Option<[u8; 16]>, path: &Path) -> Result<bool, CpError> {
     let Some(want) = want else { return Ok(true) };
     let p: PathBuf = path.to_path_buf();
     let got = tokio::task::spawn_blocking(move || -> std::io::Result<[u8; 16]> {
@@ -102,6 +102,6 @@ async fn same_as_file(want: Option<[u8; 16]>, path: &Path) -> Result<bool, Strin
     })
     .await
     .map_err(|e| format!("md5: {e}"))?
-    .map_err(|e| format!("{}: {e}", path.display()))?;
+    .map_err(|e| CpError::io(path.display(), &e))?;
     Ok(got == want)
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use futures::TryStreamExt;
 
 use super::endpoint::{Remote, Side};
+use super::error::CpError;
 use super::walk::{self, Expanded, Walk};
 use bucketfs_store::{HeadOpts, ObjectHead, StoreErrorKind};
 
@@ -127,7 +128,7 @@ impl Job {
 /// directory/prefix destination put each source under its own name; a single source into
 /// a destination that does not exist as a directory becomes that destination. Local paths
 /// that are not copied (see [`walk`]) are listed in `skipped`.
-pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, String> {
+pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, CpError> {
     let recursive = walk.recursive;
     let many = srcs.len() > 1;
     if srcs.iter().any(|s| matches!(s, Side::Stdio)) {
@@ -135,7 +136,9 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
             ([_], Side::Remote(r)) if !r.key.is_empty() && !r.key.ends_with('/') => {
                 Ok(Expanded { jobs: vec![Job { src: Src::Stdin, dst: Dst::Remote(r.clone()) }], skipped: Vec::new() })
             }
-            ([_], Side::Remote(r)) => Err(format!("{}: streaming stdin needs an object name, not a prefix", r.url())),
+            ([_], Side::Remote(r)) => {
+                Err(format!("{}: streaming stdin needs an object name, not a prefix", r.url()).into())
+            }
             ([_], _) => Err("'-' (stdin) can only be copied to an object URL; use shell redirection for files".into()),
             _ => Err("'-' (stdin) must be the only source".into()),
         };
@@ -148,7 +151,7 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
     if many && !into_dir {
         match &dst {
             Side::Local(p) => {
-                return Err(format!("{}: copying several sources needs an existing directory", p.display()))
+                return Err(format!("{}: copying several sources needs an existing directory", p.display()).into())
             }
             Side::Remote(_) | Side::Stdio => {}
         }
@@ -175,9 +178,10 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
 }
 
 /// True if `key/` holds at least one object (the key names a "directory").
-async fn is_prefix(r: &Remote) -> Result<bool, String> {
+async fn is_prefix(r: &Remote) -> Result<bool, CpError> {
     let prefix = format!("{}/", r.key);
-    let first = r.store.list(&prefix, false).try_next().await.map_err(|e| format!("{}: {e}", r.url()))?;
+    let first =
+        r.store.list(&prefix, false).try_next().await.map_err(|e| CpError::store(format!("{}: {e}", r.url()), &e))?;
     Ok(first.is_some())
 }
 
@@ -214,7 +218,7 @@ async fn expand_remote(
     into_dir: bool,
     recursive: bool,
     jobs: &mut Vec<Job>,
-) -> Result<(), String> {
+) -> Result<(), CpError> {
     let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string);
     if !r.key.is_empty() && !r.key.ends_with('/') {
         match r.store.head(&r.key, HeadOpts { digests: true }).await {
@@ -228,31 +232,31 @@ async fn expand_remote(
             }
             Err(e) if e.kind == StoreErrorKind::NotFound => {
                 if !is_prefix(r).await? {
-                    return Err(format!("{}: no such object or prefix", r.url()));
+                    return Err(CpError::NotFound(format!("{}: no such object or prefix", r.url())));
                 }
             }
-            Err(e) => return Err(format!("{}: {e}", r.url())),
+            Err(e) => return Err(CpError::store(format!("{}: {e}", r.url()), &e)),
         }
     }
     if !recursive {
-        return Err(format!("{} is a prefix (use -r)", r.url()));
+        return Err(format!("{} is a prefix (use -r)", r.url()).into());
     }
     if matches!(dst, Side::Stdio) {
-        return Err(format!("{}: a prefix cannot go to stdout", r.url()));
+        return Err(format!("{}: a prefix cannot go to stdout", r.url()).into());
     }
     let prefix = if r.key.is_empty() || r.key.ends_with('/') { r.key.clone() } else { format!("{}/", r.key) };
     let mut list = r.store.list(&prefix, true);
     // Keys of objects (to tell empty directory markers from markers with objects under them).
     let mut objects = std::collections::BTreeSet::new();
     let mut markers = Vec::new();
-    while let Some(m) = list.try_next().await.map_err(|e| format!("{}: {e}", r.url()))? {
+    while let Some(m) = list.try_next().await.map_err(|e| CpError::store(format!("{}: {e}", r.url()), &e))? {
         if m.is_prefix() {
             markers.push(m.key);
             continue;
         }
         let rel = m.key.strip_prefix(&prefix).unwrap_or(&m.key);
         if matches!(dst, Side::Local(_)) && !safe_rel(rel) {
-            return Err(format!("{}{}: key is not a safe local path; refusing to copy it", r.base, m.key));
+            return Err(format!("{}{}: key is not a safe local path; refusing to copy it", r.base, m.key).into());
         }
         let dst = target(dst, name.as_deref(), rel, into_dir)?;
         jobs.push(Job { src: Src::Remote { remote: r.with_key(m.key.clone()), size: m.size, head: None }, dst });
@@ -267,7 +271,7 @@ async fn expand_remote(
         }
         let rel = key.strip_prefix(&prefix).unwrap_or(&key).trim_end_matches('/');
         if matches!(dst, Side::Local(_)) && !safe_rel(rel) {
-            return Err(format!("{}{key}: key is not a safe local path; refusing to copy it", r.base));
+            return Err(format!("{}{key}: key is not a safe local path; refusing to copy it", r.base).into());
         }
         jobs.push(Job { src: Src::Dir, dst: target(dst, name.as_deref(), rel, into_dir)? });
     }

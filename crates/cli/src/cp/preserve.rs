@@ -11,6 +11,7 @@ use std::path::Path;
 use bucketfs_store::{FileAttrs, HeadOpts};
 
 use super::endpoint::Remote;
+use super::CpError;
 
 /// The mode and mtime of a local file, as an upload keeps them.
 pub fn local_attrs(path: &Path) -> FileAttrs {
@@ -21,10 +22,10 @@ pub fn local_attrs(path: &Path) -> FileAttrs {
 }
 
 /// Give the downloaded file at `path` the mode and mtime the object carries, if any.
-pub async fn apply_to_local(remote: &Remote, path: &Path) -> Result<(), String> {
+pub async fn apply_to_local(remote: &Remote, path: &Path) -> Result<(), CpError> {
     let head = remote.store.head(&remote.key, HeadOpts::default()).await;
-    let attrs = head.map_err(|e| format!("{}: {e}", remote.url()))?.attrs;
-    let what = |e: std::io::Error| format!("{}: keeping mode and mtime: {e}", path.display());
+    let attrs = head.map_err(|e| CpError::store(format!("{}: {e}", remote.url()), &e))?.attrs;
+    let what = |e: std::io::Error| CpError::io(format_args!("{}: keeping mode and mtime", path.display()), &e);
     // The time first: a mode without write permission would stop the open for it.
     if let Some(t) = attrs.mtime {
         std::fs::File::options().write(true).open(path).and_then(|f| f.set_modified(t)).map_err(what)?;

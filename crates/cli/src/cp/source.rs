@@ -109,6 +109,15 @@ pub enum SourceError {
     Changed(Changed),
 }
 
+impl From<SourceError> for super::CpError {
+    fn from(e: SourceError) -> Self {
+        match &e {
+            SourceError::Io { err, .. } => Self::io_msg(e.to_string(), err),
+            SourceError::Changed(_) => Self::Changed(e.to_string()),
+        }
+    }
+}
+
 impl fmt::Display for SourceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -26,15 +26,15 @@ use super::endpoint::{Kind, Remote};
 use super::plan::{self, slices, MIN_S3_PART};
 use super::upload::{close_or_abort, part_size, verify_upload, Digests, Failed};
 use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD, BY_S3_CRC32, BY_S3_CRC32C};
-use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
+use super::{retry, CpError, Ctx, Report};
 
 /// S3's CopyObject copies at most 5 GiB in one request.
 const S3_COPY_MAX: u64 = 5 << 30;
 
 /// Copy `src` (`size` bytes) to `dst`, verified.
-pub async fn copy(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &Remote) -> Result<Report, String> {
+pub async fn copy(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &Remote) -> Result<Report, CpError> {
     if src.url() == dst.url() {
-        return Err(format!("{}: source and destination are the same object", src.url()));
+        return Err(format!("{}: source and destination are the same object", src.url()).into());
     }
     let d = super::download::head(ctx, src, head).await?;
     let same_store = std::ptr::addr_eq(Arc::as_ptr(&src.store), Arc::as_ptr(&dst.store));
@@ -43,7 +43,7 @@ pub async fn copy(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &Remo
     } else {
         streamed(ctx, src, dst, &d).await
     };
-    r.map_err(|e| format!("{} -> {}: {e}", src.url(), dst.url()))
+    r.map_err(|e| e.context(format_args!("{} -> {}", src.url(), dst.url())))
 }
 
 /// How a store-to-store copy was verified, source side then destination side (a side
@@ -56,9 +56,9 @@ fn how(src: &str, dst: &str) -> String {
 
 // ------------------------------------------------------------------ server side
 
-async fn server_side(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectHead) -> Result<Report, String> {
+async fn server_side(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectHead) -> Result<Report, CpError> {
     let size = d.meta.size;
-    let mut last = String::new();
+    let mut last = CpError::from(String::new());
     for attempt in 0..=ctx.retries {
         if attempt > 0 {
             ctx.progress.println(&format!("bucketfs cp: {}: {last}; copying again", dst.url()));
@@ -78,7 +78,7 @@ async fn server_side(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::
             }
         }
     }
-    Err(format!("verification failed after {} attempts: {last}", ctx.retries + 1))
+    Err(last.context(format_args!("verification failed after {} attempts", ctx.retries + 1)))
 }
 
 /// Same size and the same digest, or else the same crc32c of every slice read from both.
@@ -88,9 +88,9 @@ async fn compare_copies(
     dst: &Remote,
     a: &bucketfs_store::ObjectHead,
     b: &bucketfs_store::ObjectHead,
-) -> Result<(&'static str, Option<u32>), String> {
+) -> Result<(&'static str, Option<u32>), CpError> {
     if a.meta.size != b.meta.size {
-        return Err(format!("the copy has {} bytes, the source {}", b.meta.size, a.meta.size));
+        return Err(CpError::Mismatch(format!("the copy has {} bytes, the source {}", b.meta.size, a.meta.size)));
     }
     let (ea, eb) = (verify::expect(src.kind, a), verify::expect(dst.kind, b));
     let same_digest = match (&ea, &eb) {
@@ -107,7 +107,7 @@ async fn compare_copies(
     let bad = verify::reread(ctx, &dst.store, &dst.key, &sums, b.meta.etag.as_deref()).await?;
     match bad.first() {
         None => Ok(("copy:reread-crc32c", verify::combined_crc(&sums))),
-        Some(&i) => Err(format!("crc32c differs from the source at byte {}", sums[i].range.start)),
+        Some(&i) => Err(CpError::Mismatch(format!("crc32c differs from the source at byte {}", sums[i].range.start))),
     }
 }
 
@@ -117,7 +117,7 @@ async fn read_sums(
     r: &Remote,
     ranges: &[std::ops::Range<u64>],
     if_match: Option<&str>,
-) -> Result<Vec<SliceSum>, String> {
+) -> Result<Vec<SliceSum>, CpError> {
     futures::stream::iter(ranges.iter().cloned())
         .map(|range| async move {
             let data = {
@@ -128,7 +128,7 @@ async fn read_sums(
                 .await
                 .map_err(|e| e.to_string())?;
             ctx.progress.verified(sum.range.end - sum.range.start);
-            Ok::<_, String>(sum)
+            Ok::<_, CpError>(sum)
         })
         .buffered(ctx.parallel)
         .collect::<Vec<_>>()
@@ -154,7 +154,7 @@ fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> u64 {
     ours
 }
 
-async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectHead) -> Result<Report, String> {
+async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectHead) -> Result<Report, CpError> {
     let size = d.meta.size;
     let src_expect = verify::expect(src.kind, d);
     let piece = piece_size(ctx, dst, size, &src_expect);
@@ -162,7 +162,7 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
     // is no proof that the read was damaged.
     let guessed = src_expect.parts().is_some();
     let if_match = d.meta.etag.clone();
-    let mut last = String::new();
+    let mut last = CpError::from(String::new());
     for attempt in 0..=ctx.retries {
         if attempt > 0 {
             ctx.progress.println(&format!("bucketfs cp: {}: {last}; copying again", dst.url()));
@@ -191,17 +191,17 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
                                 .println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
                         }
                     }
-                    Failed { msg: format!("verification failed: {}", f.msg), retry: f.retry }
+                    Failed { err: f.err.context("verification failed"), retry: f.retry }
                 }
             },
             Err(f) => f,
         };
-        last = failed.msg;
+        last = failed.err;
         if !failed.retry || ctx.is_cancelled() {
             return Err(last);
         }
     }
-    Err(format!("failed after {} attempts: {last}", ctx.retries + 1))
+    Err(last.context(format_args!("failed after {} attempts", ctx.retries + 1)))
 }
 
 /// The source read against its own digest, then the destination against what was read.
@@ -218,15 +218,12 @@ async fn verify_both(
 ) -> Result<String, Failed> {
     let src_how = match verify::check(src_expect, &d.sums, d.whole_md5, guessed) {
         Check::Ok(how) => how,
-        Check::Mismatch(m) => return Err(Failed { msg: format!("the source read wrong: {m}"), retry: true }),
+        Check::Mismatch(m) => return Err(Failed::mismatch(format!("the source read wrong: {m}"))),
         Check::Reread => {
             let bad = verify::reread(ctx, &src.store, &src.key, &d.sums, if_match.as_deref()).await?;
             if let Some(&i) = bad.first() {
                 let at = d.sums[i].range.start;
-                return Err(Failed {
-                    msg: format!("crc32c of the source differs on re-read at byte {at}"),
-                    retry: true,
-                });
+                return Err(Failed::mismatch(format!("crc32c of the source differs on re-read at byte {at}")));
             }
             BY_REREAD
         }
@@ -257,7 +254,6 @@ async fn stream_once(
 ) -> Result<(ObjectMeta, Digests), Failed> {
     let Want { parts: want_parts, whole: want_whole, crc32: want_crc32 } = want;
     let ranges = slices(size, piece);
-    let fail = |e: bucketfs_store::StoreError| Failed { retry: is_retryable(&e), msg: e.to_string() };
     if ranges.len() <= 1 {
         let data = match ranges.first() {
             Some(r) => {
@@ -276,7 +272,7 @@ async fn stream_once(
             (sums, want_whole.then(|| Md5::digest(&d).into()))
         })
         .await
-        .map_err(|e| Failed { msg: format!("hashing: {e}"), retry: false })?;
+        .map_err(|e| format!("hashing: {e}"))?;
         let meta = {
             let _slot = ctx.slot().await;
             retry(ctx, "upload", &dst.key, || dst.store.put(&dst.key, data.clone(), PutOpts::default())).await?
@@ -290,7 +286,7 @@ async fn stream_once(
         concurrency: ctx.parallel,
         ..Default::default()
     };
-    let mut w = dst.store.writer(&dst.key, opts).await.map_err(fail)?;
+    let mut w = dst.store.writer(&dst.key, opts).await.map_err(Failed::store)?;
     // Reads run ahead without taking slots: this copy already holds them all.
     let mut reads = futures::stream::iter(ranges)
         .map(|range| async move {
@@ -299,7 +295,7 @@ async fn stream_once(
             let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts, true, want_crc32))
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok::<_, String>((data, sum))
+            Ok::<_, CpError>((data, sum))
         })
         .buffered(ctx.parallel);
     let whole = want_whole.then(WholeMd5::start);
@@ -308,13 +304,13 @@ async fn stream_once(
     loop {
         let item = tokio::select! {
             item = reads.next() => item,
-            _ = ctx.cancelled() => { result = Err(Failed { msg: INTERRUPTED.into(), retry: false }); break }
+            _ = ctx.cancelled() => { result = Err(CpError::interrupted().into()); break }
         };
         let Some(item) = item else { break };
         let (data, sum) = match item {
             Ok(x) => x,
-            Err(msg) => {
-                result = Err(read_failed(msg));
+            Err(e) => {
+                result = Err(read_failed(e));
                 break;
             }
         };
@@ -326,7 +322,7 @@ async fn stream_once(
         // The response's chunks as they came: the writer gathers them into parts.
         for c in data {
             if let Err(e) = w.write(c).await {
-                result = Err(fail(e));
+                result = Err(Failed::store(e));
                 break;
             }
         }
@@ -342,7 +338,7 @@ async fn stream_once(
         }
         return Err(f);
     }
-    let meta = close_or_abort(ctx, dst, w.as_mut()).await.map_err(fail)?;
+    let meta = close_or_abort(ctx, dst, w.as_mut()).await.map_err(Failed::store)?;
     let whole_md5 = match whole {
         Some(h) => Some(h.finish().await?),
         None => None,
@@ -352,9 +348,9 @@ async fn stream_once(
 
 /// A failed read is worth another attempt of the whole copy unless the source changed
 /// (then its pinned ETag/generation no longer matches and never will).
-fn read_failed(msg: String) -> Failed {
-    let retry = !msg.contains("changed during the copy");
-    Failed { msg, retry }
+fn read_failed(err: CpError) -> Failed {
+    let retry = !matches!(err, CpError::Changed(_));
+    Failed { err, retry }
 }
 
 /// The MD5 of the whole stream on a thread of its own, fed in order.
@@ -385,7 +381,7 @@ impl WholeMd5 {
         let handle = self.handle;
         tokio::task::spawn_blocking(move || handle.join())
             .await
-            .map_err(|e| Failed { msg: e.to_string(), retry: false })?
-            .map_err(|_| Failed { msg: "the hashing thread panicked".into(), retry: false })
+            .map_err(|e| Failed::from(e.to_string()))?
+            .map_err(|_| Failed::from("the hashing thread panicked".to_string()))
     }
 }

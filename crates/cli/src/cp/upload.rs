@@ -18,7 +18,7 @@ use super::endpoint::{Kind, Remote};
 use super::plan::{self, MIN_S3_PART};
 use super::source::LocalSource;
 use super::verify::{self, Check, SliceSum};
-use super::{is_retryable, retry, Ctx, Report, INTERRUPTED};
+use super::{is_retryable, retry, CpError, Ctx, Report};
 
 /// The bytes of one upload.
 pub enum Source<'a> {
@@ -34,13 +34,31 @@ pub(super) struct Digests {
 
 /// A failure, and whether doing the whole upload again may help.
 pub(super) struct Failed {
-    pub msg: String,
+    pub err: CpError,
     pub retry: bool,
+}
+
+impl Failed {
+    /// A store's error: retried if [`is_retryable`].
+    pub fn store(e: StoreError) -> Self {
+        Failed { retry: is_retryable(&e), err: CpError::store(e.to_string(), &e) }
+    }
+
+    /// The bytes are not what was sent or read: worth another attempt.
+    pub fn mismatch(msg: String) -> Self {
+        Failed { err: CpError::Mismatch(msg), retry: true }
+    }
+}
+
+impl From<CpError> for Failed {
+    fn from(err: CpError) -> Self {
+        Failed { err, retry: false }
+    }
 }
 
 impl From<String> for Failed {
     fn from(msg: String) -> Self {
-        Failed { msg, retry: false }
+        CpError::from(msg).into()
     }
 }
 
@@ -55,11 +73,11 @@ impl From<String> for Failed {
 /// A file is read as a [`LocalSource`]: up to the size it had when opened, and checked for
 /// changes after its last read, before that last chunk is handed over. A change is sent
 /// instead of the last chunk, so the upload is aborted before it can be completed.
-fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Result<(Chunks, WholeMd5), String> {
+fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Result<(Chunks, WholeMd5), CpError> {
     let kind = dst.kind;
     let part_md5 = kind == Kind::S3 && !dst.crc_confirmed;
     let mut input = match src {
-        Source::File(p) => Input::File(LocalSource::open(p).map_err(|e| e.to_string())?),
+        Source::File(p) => Input::File(LocalSource::open(p)?),
         Source::Stdin => Input::Stdin(std::io::stdin()),
     };
     // Two chunks read ahead keep the uploads fed without holding much memory.
@@ -71,8 +89,8 @@ fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Res
         loop {
             let mut buf = pool.take();
             let read = match &mut input {
-                Input::File(f) => f.read_into(&mut buf.space()[..part]).map_err(|e| e.to_string()),
-                Input::Stdin(s) => read_full(s, &mut buf.space()[..part]).map_err(|e| format!("reading stdin: {e}")),
+                Input::File(f) => f.read_into(&mut buf.space()[..part]).map_err(CpError::from),
+                Input::Stdin(s) => read_full(s, &mut buf.space()[..part]).map_err(|e| CpError::io("reading stdin", &e)),
             };
             let n = match read {
                 Ok(n) => n,
@@ -89,7 +107,7 @@ fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Res
                 // After the last read, before the last chunk can complete the upload.
                 if let Input::File(f) = &mut input {
                     if let Err(e) = f.finish() {
-                        let _ = tx.blocking_send(Err(e.to_string()));
+                        let _ = tx.blocking_send(Err(e.into()));
                         return None;
                     }
                 }
@@ -127,7 +145,7 @@ type PendingSum = tokio::task::JoinHandle<SliceSum>;
 async fn sums_of(pending: Vec<PendingSum>) -> Result<Vec<SliceSum>, Failed> {
     let mut sums = Vec::with_capacity(pending.len());
     for p in pending {
-        sums.push(p.await.map_err(|e| Failed { msg: format!("hashing a part: {e}"), retry: false })?);
+        sums.push(p.await.map_err(|e| format!("hashing a part: {e}"))?);
     }
     Ok(sums)
 }
@@ -157,7 +175,7 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
             });
             let m = tokio::select! {
                 m = put => m?,
-                _ = ctx.cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
+                _ = ctx.cancelled() => return Err(CpError::interrupted().into()),
             };
             ctx.progress.moved(data.len() as u64);
             m
@@ -170,11 +188,7 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 concurrency: ctx.parallel,
                 put: PutOpts { attrs, ..Default::default() },
             };
-            let mut w = dst
-                .store
-                .writer(&dst.key, opts)
-                .await
-                .map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
+            let mut w = dst.store.writer(&dst.key, opts).await.map_err(Failed::store)?;
             // Not a select around `feed`: a writer's `write` dropped mid-way poisons OpenDAL's
             // retry layer and then `abort` fails; `feed` checks for cancellation between writes.
             let fed = feed(ctx, w.as_mut(), &mut sums, a, b, &mut rx).await;
@@ -185,9 +199,7 @@ async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> 
                 }
                 return Err(f);
             }
-            close_or_abort(ctx, dst, w.as_mut())
-                .await
-                .map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?
+            close_or_abort(ctx, dst, w.as_mut()).await.map_err(Failed::store)?
         }
         (None, Some(_)) => unreachable!("a second chunk is only read after a first"),
     };
@@ -212,7 +224,7 @@ pub(super) async fn close_or_abort(
     Err(e)
 }
 
-type Chunks = mpsc::Receiver<Result<(Bytes, PendingSum), String>>;
+type Chunks = mpsc::Receiver<Result<(Bytes, PendingSum), CpError>>;
 /// The reader thread, which ends with the whole content's MD5 (when one was computed).
 type WholeMd5 = tokio::task::JoinHandle<Option<[u8; 16]>>;
 
@@ -232,17 +244,17 @@ async fn feed(
             // recv is cancel-safe, so waiting for the reader may be interrupted.
             None => match tokio::select! { r = rx.recv() => r, _ = ctx.cancelled() => None } {
                 Some(item) => item,
-                None if ctx.is_cancelled() => return Err(Failed { msg: INTERRUPTED.into(), retry: false }),
+                None if ctx.is_cancelled() => return Err(CpError::interrupted().into()),
                 None => break,
             },
         };
-        let (data, sum) = item.map_err(|msg| Failed { msg, retry: false })?;
+        let (data, sum) = item?;
         if ctx.is_cancelled() {
-            return Err(Failed { msg: INTERRUPTED.into(), retry: false });
+            return Err(CpError::interrupted().into());
         }
         let n = data.len() as u64;
         sums.push(sum);
-        w.write(data).await.map_err(|e| Failed { retry: is_retryable(&e), msg: e.to_string() })?;
+        w.write(data).await.map_err(Failed::store)?;
         ctx.progress.moved(n);
     }
     Ok(())
@@ -262,7 +274,7 @@ pub(super) async fn verify_upload(
     });
     let size: u64 = d.sums.iter().map(|s| s.range.end - s.range.start).sum();
     if meta.size != size {
-        return Err(Failed { msg: format!("the store has {} bytes, {size} were sent", meta.size), retry: true });
+        return Err(Failed::mismatch(format!("the store has {} bytes, {size} were sent", meta.size)));
     }
     if dst.crc_confirmed {
         // The server checked every request's crc32c and the parts' composite (store s3::checksum).
@@ -278,15 +290,14 @@ pub(super) async fn verify_upload(
     };
     match verify::check(&verify::expect(dst.kind, &digests), &d.sums, whole, false) {
         Check::Ok(how) => Ok(how),
-        Check::Mismatch(msg) => Err(Failed { msg, retry: true }),
+        Check::Mismatch(msg) => Err(Failed::mismatch(msg)),
         Check::Reread => {
             let bad = verify::reread(ctx, &dst.store, &dst.key, &d.sums, meta.etag.as_deref()).await?;
             match bad.first() {
                 None => Ok(verify::BY_REREAD),
-                Some(&i) => Err(Failed {
-                    msg: format!("crc32c differs on re-read at byte {}", d.sums[i].range.start),
-                    retry: true,
-                }),
+                Some(&i) => {
+                    Err(Failed::mismatch(format!("crc32c differs on re-read at byte {}", d.sums[i].range.start)))
+                }
             }
         }
     }
@@ -308,10 +319,10 @@ pub(super) fn part_size(ctx: &Ctx, dst: &Remote, size: Option<u64>) -> usize {
 }
 
 /// Upload `src` (of `size` bytes if known) to `dst`, verified; files retry as a whole.
-pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote) -> Result<Report, String> {
+pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote) -> Result<Report, CpError> {
     let part = part_size(ctx, dst, size);
     let can_retry = matches!(src, Source::File(_));
-    let mut last = String::new();
+    let mut last = CpError::from(String::new());
     for attempt in 0..=ctx.retries {
         if attempt > 0 {
             ctx.progress.println(&format!("bucketfs cp: {}: {last}; uploading again", dst.url()));
@@ -332,15 +343,15 @@ pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote)
                                 .println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
                         }
                     }
-                    Failed { msg: format!("verification failed: {}", f.msg), retry: f.retry }
+                    Failed { err: f.err.context("verification failed"), retry: f.retry }
                 }
             },
             Err(f) => f,
         };
-        last = failed.msg;
+        last = failed.err;
         if !failed.retry || !can_retry {
-            return Err(format!("{}: {last}", dst.url()));
+            return Err(last.context(dst.url()));
         }
     }
-    Err(format!("{}: failed after {} attempts: {last}", dst.url(), ctx.retries + 1))
+    Err(last.context(format_args!("{}: failed after {} attempts", dst.url(), ctx.retries + 1)))
 }

@@ -30,7 +30,7 @@ use bucketfs_store::{GetOpts, ObjectChecksum, ObjectHead, StoreExt};
 use md5::{Digest, Md5};
 
 use super::endpoint::Kind;
-use super::{retry, Ctx};
+use super::{retry, CpError, Ctx};
 use bucketfs_store::Store;
 
 /// Digests of one range of the content, computed as it passed through.
@@ -317,9 +317,9 @@ pub async fn reread(
     key: &str,
     sums: &[SliceSum],
     if_match: Option<&str>,
-) -> Result<Vec<usize>, String> {
+) -> Result<Vec<usize>, CpError> {
     use futures::StreamExt;
-    let results: Vec<Result<Option<usize>, String>> = futures::stream::iter(sums.iter().enumerate())
+    let results: Vec<Result<Option<usize>, CpError>> = futures::stream::iter(sums.iter().enumerate())
         .map(|(i, s)| async move {
             let _slot = ctx.slot().await;
             let data =

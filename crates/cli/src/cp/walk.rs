@@ -16,6 +16,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::endpoint::Side;
+use super::error::CpError;
 use super::plan::{target, Job, Src};
 
 /// How to walk local sources.
@@ -124,14 +125,14 @@ impl Expanded {
 }
 
 /// Where a followed symlink leads: its target's metadata, or why it leads nowhere.
-fn follow(link: &Path) -> Result<Result<Metadata, SkipReason>, String> {
+fn follow(link: &Path) -> Result<Result<Metadata, SkipReason>, CpError> {
     match std::fs::metadata(link) {
         Ok(m) => Ok(Ok(m)),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Ok(Err(SkipReason::TooManyLinks)),
         Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
             Ok(Err(SkipReason::Dangling { target: read_link(link) }))
         }
-        Err(e) => Err(format!("{}: {e}", link.display())),
+        Err(e) => Err(CpError::io(link.display(), &e)),
     }
 }
 
@@ -146,11 +147,11 @@ pub(super) fn expand_local(
     into_dir: bool,
     walk: Walk,
     out: &mut Expanded,
-) -> Result<(), String> {
+) -> Result<(), CpError> {
     if matches!(dst, Side::Local(_)) {
         return Err("both sides are local paths; use cp(1)".into());
     }
-    let lmeta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let lmeta = std::fs::symlink_metadata(path).map_err(|e| CpError::io(path.display(), &e))?;
     let meta = if lmeta.file_type().is_symlink() {
         if !walk.follow_symlinks {
             out.skip(path, SkipReason::NotFollowed { target: read_link(path) });
@@ -177,10 +178,10 @@ pub(super) fn expand_local(
         return Ok(());
     }
     if !walk.recursive {
-        return Err(format!("{} is a directory (use -r)", path.display()));
+        return Err(format!("{} is a directory (use -r)", path.display()).into());
     }
     if matches!(dst, Side::Stdio) {
-        return Err(format!("{}: a directory cannot go to stdout", path.display()));
+        return Err(format!("{}: a directory cannot go to stdout", path.display()).into());
     }
     let mut tree = Tree { dst, name: name.as_deref(), into_dir, walk, ancestors: Vec::new(), out };
     tree.ancestors.push(Ancestor { id: (meta.dev(), meta.ino()), path: path.to_path_buf(), via_link: false });
@@ -212,7 +213,7 @@ struct Tree<'a> {
 
 impl Tree<'_> {
     /// A marker job for the directory at `rel` (relative, without a trailing `/`).
-    fn marker(&mut self, rel: &str) -> Result<(), String> {
+    fn marker(&mut self, rel: &str) -> Result<(), CpError> {
         let dst = target(self.dst, self.name, rel, self.into_dir)?;
         self.out.jobs.push(Job { src: Src::Dir, dst });
         Ok(())
@@ -220,16 +221,16 @@ impl Tree<'_> {
 
     /// Add the jobs and skips of everything in `dir` (at `rel`, empty or ending in `/`);
     /// returns how many jobs it added.
-    fn dir(&mut self, dir: &Path, rel: &str) -> Result<usize, String> {
+    fn dir(&mut self, dir: &Path, rel: &str) -> Result<usize, CpError> {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
             .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+            .map_err(|e| CpError::io(dir.display(), &e))?;
         entries.sort_by_key(|e| e.file_name());
         let before = self.out.jobs.len();
         for e in entries {
             let path = e.path();
             let child_rel = format!("{rel}{}", e.file_name().to_string_lossy());
-            let ft = e.file_type().map_err(|err| format!("{}: {err}", path.display()))?;
+            let ft = e.file_type().map_err(|err| CpError::io(path.display(), &err))?;
             let is_link = ft.is_symlink();
             let meta = if is_link {
                 if !self.walk.follow_symlinks {
@@ -244,7 +245,7 @@ impl Tree<'_> {
                     }
                 }
             } else if ft.is_file() || ft.is_dir() {
-                e.metadata().map_err(|err| format!("{}: {err}", path.display()))?
+                e.metadata().map_err(|err| CpError::io(path.display(), &err))?
             } else {
                 self.out.skip(&path, SkipReason::of_type(ft));
                 continue;
