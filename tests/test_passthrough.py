@@ -256,9 +256,6 @@ def test_write_back_passthrough_writes_are_uploaded_by_sync(pbucket, tmp_path):
         assert through(mp) >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="truncate(path) while a read-only handle passes through: the handle "
-                   "still reads the old bytes (setattr does not consult the passthrough state); found by "
-                   "the model test, which keeps truncate(path) off such files for now")
 def test_truncate_by_path_is_seen_by_a_passthrough_reader(pbucket, tmp_path):
     """POSIX, and bucketfs without passthrough: a handle open for reading sees a truncation
     made by path. With passthrough either the truncate must be refused (EBUSY, as an open

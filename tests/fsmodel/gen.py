@@ -7,8 +7,6 @@ Knobs (off by default, so a seed's sequence stays what it was): `big_files` writ
 files of a few MiB and reads closed ones of 1 MiB or more again (`reread`: what FUSE
 passthrough serves, files whole in the disk cache); when there is none, and now and then,
 it writes one whole, closes it and reads it back (`make_big`: ops queued in `plan`).
-`passthrough` keeps `truncate(path)` off files a read-only handle holds open (see
-docs/MODEL_TEST.md, known limits).
 """
 
 from __future__ import annotations
@@ -22,9 +20,9 @@ from .ops import DIR_NAMES, FILE_NAMES, KiB, MiB, ODD_NAMES, SLOTS, join
 class Gen:
     """Picks the next op from the model's state: mostly valid, sometimes meant to fail."""
 
-    def __init__(self, rng: random.Random, sleep_secs: float, exclude=(), big_files=False, passthrough=False):
+    def __init__(self, rng: random.Random, sleep_secs: float, exclude=(), big_files=False):
         self.rng, self.sleep_secs, self.exclude = rng, sleep_secs, set(exclude)
-        self.big_files, self.passthrough = big_files, passthrough
+        self.big_files = big_files
         self.reread_lately: list[str] = []  # paths `reread` picked lately, newest first
         self.plan: list[tuple] = []  # ops to give next, in order (`reread` making a big file)
 
@@ -177,9 +175,6 @@ class Gen:
 
     def truncate(self):
         p = self.pick_file()
-        if p and self.passthrough and any(h.inode is self.m.files[p] and not h.writable
-                                          for h in self.m.handles.values()):
-            return None  # a passthrough reader would read the old bytes (known limits)
         return ("truncate", p, self.trunc_size(len(self.m.files[p].data))) if p else None
 
     def stat(self):

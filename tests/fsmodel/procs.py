@@ -29,7 +29,7 @@ def worker_main(spec: dict, q, prog, oprepr) -> None:
     n = len(given) if given is not None else spec["nops"]
     pt = spec.get("passthrough", False)
     gen = Gen(random.Random(spec["seed"]), spec["sleep_secs"], spec.get("exclude", ()),
-              big_files=spec.get("big_files", False), passthrough=pt)
+              big_files=spec.get("big_files", False))
     run = Runner(spec["root"], passthrough=pt)
     ops, i, op = [], -1, None
     try:

@@ -21,6 +21,11 @@ impl Fs {
     ) -> Result<(), FsError> {
         check_new_name(newname)?;
         let src = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
+        if let Some(staged) = self.staged_of_pub(src.ino) {
+            // The kernel may have written it directly: the entry moved carries its size.
+            self.observe(src.ino, &mut *staged.lock().await)?;
+        }
+        let src = self.node(src.ino)?;
         self.new_key(newparent, newname, src.kind)?;
         if parent == newparent && name == newname {
             return Ok(());
@@ -143,7 +148,7 @@ impl Fs {
             let Ok(node) = self.node(ino) else { continue };
             if node.key == key || node.key.starts_with(key) && key.ends_with('/') {
                 let mut st = s.lock().await;
-                let _ = st.observe(); // a failed check keeps what is known
+                let _ = self.observe(ino, &mut st); // a failed check keeps what is known
                 if st.dirty && !st.unlinked && st.key().is_some_and(|k| k != node.key) {
                     if let Err(e) = st.set_key(&node.key) {
                         tracing::warn!(key = %node.key, "staged file's new key not recorded: {e}");
@@ -166,7 +171,7 @@ impl Fs {
         match self.staged_of_pub(ino) {
             Some(s) if self.write_back() => {
                 let mut st = s.lock().await;
-                let _ = st.observe(); // a failed check keeps what is known
+                let _ = self.observe(ino, &mut st); // a failed check keeps what is known
                 st.dirty && !st.unlinked
             }
             _ => false,
@@ -176,7 +181,7 @@ impl Fs {
     async fn move_file(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
         if let Some(staged) = self.staged_of_pub(src.ino) {
             let mut st = staged.lock().await;
-            st.observe()?;
+            self.observe(src.ino, &mut st)?;
             if st.dirty && !st.unlinked && self.write_back() {
                 // Not uploaded yet: it goes up under the new name (its queue entry follows
                 // the inode); an older object under the old name goes now.
@@ -278,7 +283,7 @@ impl Fs {
             }
             if let Some(staged) = self.staged_of_pub(ino) {
                 let mut st = staged.lock().await;
-                st.observe()?;
+                self.observe(ino, &mut st)?;
                 st.set_key(&node.key)?;
                 st.truncate(size)?;
             }
@@ -375,7 +380,7 @@ impl Fs {
         let mut keys = Vec::new();
         for (ino, s) in staged {
             let mut st = s.lock().await;
-            let _ = st.observe(); // a failed check keeps what is known
+            let _ = self.observe(ino, &mut st); // a failed check keeps what is known
             if st.dirty && !st.unlinked {
                 keys.push(self.node(ino).map(|n| n.key).unwrap_or_default());
             }

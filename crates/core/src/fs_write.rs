@@ -276,8 +276,9 @@ impl Fs {
         if !fresh && !self.staged.lock().unwrap().get(&node.ino).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
             return Ok(None);
         }
-        // The node as of now: with our entry in the map no other open changes it, and the
-        // caller's copy may predate a whole write-close cycle of another handle.
+        self.observe(node.ino, &mut st)?; // what the kernel wrote directly (passthrough) counts below
+                                          // The node as of now: with our entry in the map no other open changes it, and the
+                                          // caller's copy may predate a whole write-close cycle of another handle.
         let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
         if fresh && !truncate && node.size > 0 {
             if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.etag.as_deref()).await {
@@ -295,6 +296,15 @@ impl Fs {
         st.handles += 1;
         drop(st);
         Ok(Some(shared))
+    }
+
+    /// Catch up with what the kernel wrote to `ino`'s staged file directly (passthrough):
+    /// the staged state and the node's size (listings and renames copy it) follow the file.
+    pub(crate) fn observe(&self, ino: u64, st: &mut Staged) -> Result<(), FsError> {
+        if st.observe()? {
+            self.set_local_size(ino, st.size);
+        }
+        Ok(())
     }
 
     fn set_local_size(&self, ino: u64, size: u64) {
@@ -315,7 +325,7 @@ impl Fs {
         let file = self.open_file(fh)?;
         if let Some(staged) = self.staged_of(file.ino) {
             let mut st = staged.lock().await;
-            st.observe()?;
+            self.observe(file.ino, &mut st)?;
             if file.wrote.load(Ordering::Relaxed) {
                 return st.read(offset, size);
             }
@@ -345,7 +355,7 @@ impl Fs {
         let staged = self.staged_of(file.ino).ok_or(FsError::BadHandle)?;
         file.wrote.store(true, Ordering::Relaxed);
         let mut st = staged.lock().await;
-        st.observe()?;
+        self.observe(file.ino, &mut st)?;
         let node = self.node(file.ino)?;
         let key = node.key.clone();
         st.set_key(&key)?;
@@ -367,7 +377,7 @@ impl Fs {
     async fn upload_ino(&self, ino: u64, only_if_sole: bool) -> Result<(), FsError> {
         let Some(staged) = self.staged_of(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
-        st.observe()?;
+        self.observe(ino, &mut st)?;
         if !st.dirty || st.unlinked || only_if_sole && st.handles > 1 {
             return Ok(());
         }
@@ -506,7 +516,7 @@ impl Fs {
         self.prepare_backing(&file);
         if let Some(staged) = self.staged_of(file.ino) {
             let mut st = staged.lock().await;
-            if let Err(e) = st.observe() {
+            if let Err(e) = self.observe(file.ino, &mut st) {
                 tracing::warn!(ino = file.ino, "cannot check the staged file: {e}");
             }
             if file.staged.load(Ordering::Relaxed) {

@@ -145,11 +145,20 @@ impl Fs {
         Some((m.len(), m.modified().ok()?))
     }
 
-    /// `ino`'s staged file is gone: stop reading attributes from it.
+    /// `ino`'s staged file is gone: stop reading attributes from it, and keep its last
+    /// length and mtime in the node (what an upload outside `publish` did not record).
     pub(crate) fn unwatch(&self, ino: u64) {
-        let mut w = self.passthrough.watched.lock().unwrap();
-        if !w.is_empty() {
-            w.remove(&ino);
+        let file = {
+            let mut w = self.passthrough.watched.lock().unwrap();
+            if w.is_empty() {
+                return;
+            }
+            w.remove(&ino)
+        };
+        let Some(m) = file.and_then(|f| f.metadata().ok()) else { return };
+        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
+            n.size = m.len();
+            n.mtime = m.modified().unwrap_or(n.mtime);
         }
     }
 

@@ -211,7 +211,7 @@ impl Fs {
         };
         let queued = {
             let mut st = staged.lock().await;
-            st.observe()?;
+            self.observe(file.ino, &mut st)?;
             let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1);
             if queue {
                 st.commit()?;
@@ -261,7 +261,7 @@ impl Fs {
     async fn upload_committed(&self, ino: u64) -> Result<(), FsError> {
         let Some(staged) = self.staged_of_pub(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
-        st.observe()?;
+        self.observe(ino, &mut st)?;
         if st.dirty && !st.unlinked && st.committed() {
             self.publish(ino, &mut st).await?;
         }

@@ -426,10 +426,18 @@ impl Filesystem for FuseAdapter {
             TimeOrNow::SpecificTime(t) => t,
             TimeOrNow::Now => std::time::SystemTime::now(),
         });
-        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        let (fs, ttl, pt) = (self.fs.clone(), self.ttl(), self.pt.clone());
         self.rt.spawn(async move {
+            // A truncate changes the bytes: refused, as an open for writing is, while
+            // readers pass through to a cached version (they would read past the new end).
+            let counted = match pt.before_open(ino.0, size.is_some()).await {
+                Ok(counted) => counted,
+                Err(e) => return reply.error(e),
+            };
             let change = SetAttr { size, mode, uid, gid, mtime, fh: fh.map(|f| f.0) };
-            match fs.setattr(ino.0, change).await {
+            let result = fs.setattr(ino.0, change).await;
+            pt.open_failed(ino.0, counted); // done changing
+            match result {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }

@@ -126,8 +126,8 @@ impl Passthrough {
         }
     }
 
-    /// Before the core opens `ino` for writing or truncating (`changes`): `Err` to refuse
-    /// the open while readers pass through to a cached version (the kernel allows one
+    /// Before the core opens `ino` for writing or truncating (`changes`), or truncates it:
+    /// `Err` to refuse while readers pass through to a cached version (the kernel allows one
     /// backing file per inode, and the writer's is its staged file). `Ok(true)`: counted as
     /// a writer opening; [`Self::answer`] or [`Self::open_failed`] ends that.
     pub async fn before_open(&self, ino: u64, changes: bool) -> Result<bool, Errno> {
@@ -147,7 +147,8 @@ impl Passthrough {
         Ok(true)
     }
 
-    /// The core's open counted by [`Self::before_open`] failed.
+    /// The core's open counted by [`Self::before_open`] failed (or a truncate counted by it
+    /// is done).
     pub fn open_failed(&self, ino: u64, counted: bool) {
         if counted {
             Self::opened_writer(&mut self.state.lock().unwrap(), ino);
