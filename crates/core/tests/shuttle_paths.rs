@@ -25,6 +25,9 @@ use shuttle::future::{block_on, spawn};
 mod common;
 use common::YieldStore;
 
+/// Reads a task makes, in order: (offset, length).
+type Reads = Vec<(u64, u32)>;
+
 /// Random schedules per test: a few hundred, a few seconds each.
 const SCHEDULES: usize = 300;
 
@@ -62,7 +65,7 @@ fn readers_sharing_a_file_and_the_block_cache_get_its_bytes() {
                 let mib = 1024 * 1024;
                 // Sequential 1 MiB reads (the kernel's readahead), an odd-sized random
                 // reader on the same handle, and a second handle reading sequentially.
-                let plans: Vec<(Arc<FileReader>, Vec<(u64, u32)>)> = vec![
+                let plans: Vec<(Arc<FileReader>, Reads)> = vec![
                     (one.clone(), (0..size as u64).step_by(mib).map(|o| (o, mib as u32)).collect()),
                     (one.clone(), vec![(size as u64 - 100, 4096), (BLOCK - 10, 20), (5, 7), (2 * BLOCK + 7, 9000)]),
                     (other, (0..size as u64).step_by(mib).map(|o| (o, mib as u32)).collect()),
