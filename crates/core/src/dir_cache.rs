@@ -20,8 +20,10 @@
 //!   so the cache's content is unknown and the next opendir drops it too.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::OnceLock;
+
+use crate::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::error::FsError;
 use crate::fs::{DirEntry, Fs, Kind};
@@ -48,6 +50,7 @@ struct DirState {
 
 #[derive(Default)]
 pub(crate) struct DirCache {
+    /// Lock level 5 (a leaf): taken alone, never across an await.
     dirs: Mutex<HashMap<u64, DirState>>,
     invalidate: OnceLock<InvalidateDir>,
 }
@@ -152,10 +155,17 @@ impl Fs {
 
     /// Drop the kernel's cache of `ino` when its listing's TTL runs out.
     fn expire_dir_later(&self, ino: u64) {
-        let until = self.table.lock().unwrap().listing(ino).map(|l| l.at + l.valid_for).unwrap_or_else(Instant::now);
+        // The listing's end by the mount's clock, as a real wait (the timer runs on tokio's).
+        let now = self.cfg.clock.now();
+        let left = self
+            .table
+            .lock()
+            .unwrap()
+            .listing(ino)
+            .map_or(Duration::ZERO, |l| (l.at + l.valid_for).saturating_duration_since(now));
         let me = self.me.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep_until(until.into()).await;
+        crate::sync::spawn(async move {
+            tokio::time::sleep(left).await;
             if let Some(fs) = me.upgrade() {
                 fs.dir_cache.expired(ino);
             }

@@ -26,12 +26,11 @@
 //! Beside the blocks, the cache keeps whole-object files for the kernel to read directly
 //! (FUSE passthrough): see [`whole`].
 
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering::Relaxed};
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -63,7 +62,9 @@ pub struct DiskCache {
     /// Whole-object files (index name -> state). Locked only briefly and never while
     /// calling into `index`, whose eviction listener takes it.
     whole: whole::WholeMap,
-    /// One build at a time per whole file; a second caller waits for the first.
+    /// One build at a time per whole file; a second caller waits for the first. The map is
+    /// a leaf; a file's own mutex is held across its build (in a blocking task), which
+    /// takes `whole` and `index` under it (lock level 5's one exception).
     building: Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
 }
 

@@ -16,11 +16,11 @@
 //! them). A file in use (pinned: the kernel reads it for an open handle) is deleted only
 //! once its last pin goes; a new build of the same version meanwhile takes its name over.
 
+use crate::sync::{Arc, Mutex};
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use super::{DiskCache, EXT};
 use crate::block_pool::BlockPool;

@@ -40,14 +40,15 @@ async fn stat_past_the_ttl_is_one_listing_per_directory() {
         store.put(&format!("src/f{i}"), Bytes::from(vec![1; i]), PutOpts::default()).await.unwrap();
     }
     let ttl = 100;
-    let fs = Fs::new(store.clone(), cfg(ttl));
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(store.clone(), FsConfig { clock: clock.clone(), ..cfg(ttl) });
     let d = fs.lookup(ROOT_INO, "src").await.unwrap();
     fs.dir_snapshot(d.ino).await.unwrap(); // `git status` reads the directories too
     let mut inos = Vec::new();
     for i in 0..200 {
         inos.push(fs.lookup(d.ino, &format!("f{i}")).await.unwrap().ino);
     }
-    tokio::time::sleep(Duration::from_millis(ttl + 20)).await;
+    clock.advance(Duration::from_millis(ttl + 20));
     store.put("src/f7", Bytes::from_static(b"changed elsewhere"), PutOpts::default()).await.unwrap();
     let before = requests(&store);
     for (i, ino) in inos.iter().enumerate() {
@@ -60,6 +61,7 @@ async fn stat_past_the_ttl_is_one_listing_per_directory() {
     let before = requests(&store);
     assert!(matches!(fs.lookup(d.ino, "missing.h").await, Err(FsError::NotFound)));
     assert_eq!(requests(&store), before);
+    fs.check_invariants();
 }
 
 #[tokio::test]
@@ -67,10 +69,11 @@ async fn an_unknown_name_in_a_stale_small_directory_is_one_listing() {
     let store = Arc::new(MemStore::new());
     store.put("inc/a.h", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
     let ttl = 100;
-    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(ttl) });
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, clock: clock.clone(), ..cfg(ttl) });
     let d = fs.lookup(ROOT_INO, "inc").await.unwrap();
     fs.dir_snapshot(d.ino).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(ttl + 20)).await;
+    clock.advance(Duration::from_millis(ttl + 20));
     store.put("inc/b.h", Bytes::from_static(b"bb"), PutOpts::default()).await.unwrap();
     let before = requests(&store);
     for name in ["x.h", "y.h", "z.h"] {
@@ -78,4 +81,5 @@ async fn an_unknown_name_in_a_stale_small_directory_is_one_listing() {
     }
     assert_eq!(fs.lookup(d.ino, "b.h").await.unwrap().size, 2, "another client's file, seen after the TTL");
     assert_eq!(requests(&store) - before, 1, "one LIST, not four requests per name");
+    fs.check_invariants();
 }

@@ -9,18 +9,21 @@
 //! wins over a file of the same name. File attributes older than the TTL are revalidated the
 //! same way: a new listing of a small directory, else a HEAD (see `Fs::find_child`).
 //!
-//! Locking, the one order (every comment on these fields agrees with it):
-//! 1. a staged file's own `tokio::sync::Mutex` (held across awaits: an upload);
-//! 2. `table`, then the `staged` map (`Fs::unstaged_node` holds both; nothing takes `table`
+//! Locking: the one order is written in docs/ARCHITECTURE.md ("Locking"); the comment at
+//! each field below gives its level there. In short, outermost first:
+//! 1. the write-back gate (`write_back::Queue::gate`, held across awaits);
+//! 2. a directory's listing flight or a staged file's own tokio mutex (held across awaits:
+//!    a listing, an upload), independent of each other;
+//! 3. `table`, then the `staged` map (`Fs::unstaged_node` holds both; nothing takes `table`
 //!    while holding the map);
-//! 3. `handles`, never held with `table` or the map (`Fs::has_open_handle` is asked
-//!    before taking the table).
+//! 4. `handles`, never held with `table` or the map (`Fs::has_open_handle` is asked
+//!    before taking the table);
+//! 5. leaf locks (the write-back queue's entries, `dir_cache`, readers, caches).
 //!
-//! The three std mutexes are never held across an `.await`.
+//! The std mutexes (3-5) are never held across an `.await`; all come from `crate::sync`.
 
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, Weak};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use bucketfs_store::{HeadOpts, ObjectHead, ObjectMeta, Store, StoreError, StoreErrorKind, StoreExt, WriteOptions};
@@ -110,6 +113,8 @@ pub struct FsConfig {
     /// Write-back mode: `close` returns once staged, uploads follow (see `write_back.rs`);
     /// `None`: every close uploads before it returns.
     pub write_back: Option<crate::write_back::WriteBackConfig>,
+    /// The time TTLs are measured in: the real clock, or a manual one in tests.
+    pub clock: crate::clock::Clock,
 }
 
 impl Default for FsConfig {
@@ -142,6 +147,7 @@ impl Default for FsConfig {
             // the page's last key arrives, before the store would ask for the next page.
             list_ahead_keys: 999,
             write_back: None,
+            clock: Default::default(),
         }
     }
 }
@@ -171,6 +177,7 @@ pub struct SetAttr {
 pub(crate) struct OpenFile {
     pub ino: u64,
     /// Reads of a file with no staged data; replaced when a local upload changes the object.
+    /// Lock level 5 (a leaf): held only to clone or replace the reader.
     pub reader: Mutex<Arc<FileReader>>,
     /// The kernel may keep its page cache: the object is unchanged since the last open.
     pub keep_cache: bool,
@@ -178,28 +185,30 @@ pub(crate) struct OpenFile {
     /// placeholder (`Node::size_unknown`), so reads must reach us.
     pub direct: bool,
     /// Counted in the staged file's `handles`.
-    pub staged: std::sync::atomic::AtomicBool,
+    pub staged: AtomicBool,
     /// This handle changed the data (write, truncate, O_TRUNC, create) since its last
     /// successful upload: its flush must publish. See `Fs::upload_for`.
-    pub wrote: std::sync::atomic::AtomicBool,
+    pub wrote: AtomicBool,
     /// Opened `O_RDONLY|O_TRUNC`: the file is emptied at this handle's first flush (see
     /// `Fs::open`).
-    pub truncate_at_flush: std::sync::atomic::AtomicBool,
+    pub truncate_at_flush: AtomicBool,
     /// Opened for writing (or created).
     pub writable: bool,
     /// Writable and passed through: the kernel writes the staged file without us, so this
     /// handle's flush publishes whatever changed (see `Fs::upload_for`).
-    pub writes_unseen: std::sync::atomic::AtomicBool,
+    pub writes_unseen: AtomicBool,
 }
 
 pub struct Fs {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) cfg: FsConfig,
     mounted_at: SystemTime,
+    /// Lock level 3: taken after a staged file's mutex, before the `staged` map.
     pub(crate) table: Mutex<InodeTable>,
+    /// Lock level 4: never held with `table` or `staged`.
     pub(crate) handles: Mutex<HashMap<u64, Handle>>,
-    /// Inodes with staged (local) data. Lock order (module doc): `table` before `staged`
-    /// when both are needed; neither is held across an await (the per-file tokio mutex is).
+    /// Inodes with staged (local) data. Lock level 3, after `table` when both are needed;
+    /// neither is held across an await (the per-file tokio mutex, level 2, is).
     pub(crate) staged: Mutex<HashMap<u64, SharedStaged>>,
     pub(crate) read_cache: Arc<ReadCache>,
     /// Upload part buffers of every file, bounded together.
@@ -212,7 +221,8 @@ pub struct Fs {
     pub(crate) listing_ahead: Arc<tokio::sync::Semaphore>,
     /// What the kernel's readdir cache of each directory was filled from.
     pub(crate) dir_cache: crate::dir_cache::DirCache,
-    /// Per directory, held while its listing is fetched (see `ensure_listing`).
+    /// Per directory, held while its listing is fetched (see `ensure_listing`): lock level
+    /// 2 (the tokio mutex, across the listing's awaits); the map itself is a leaf.
     listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Files committed and waiting for upload (write-back mode only).
     pub(crate) wb: Arc<crate::write_back::Queue>,
@@ -246,7 +256,7 @@ impl Fs {
         Self {
             store,
             mounted_at: now,
-            table: Mutex::new(InodeTable::new(now)),
+            table: Mutex::new(InodeTable::with_clock(now, cfg.clock.clone())),
             handles: Mutex::new(HashMap::new()),
             staged: Mutex::new(HashMap::new()),
             read_cache: Arc::new(read_cache(&cfg)),
@@ -267,7 +277,7 @@ impl Fs {
     }
 
     pub(crate) fn fresh(&self, at: Instant) -> bool {
-        at.elapsed() < self.cfg.metadata_ttl
+        self.cfg.clock.since(at) < self.cfg.metadata_ttl
     }
 
     pub(crate) fn attr(&self, n: &Node) -> Attr {
@@ -388,7 +398,7 @@ impl Fs {
     /// What `dir`'s fresh listing says of `name`; `None` without a fresh listing.
     fn listed_child(&self, dir: u64, name: &str) -> Option<Option<ChildMeta>> {
         let t = self.table.lock().unwrap();
-        t.listing(dir).filter(|l| l.is_fresh()).map(|l| l.children.get(name).cloned())
+        t.listing(dir).filter(|l| l.is_fresh(t.now())).map(|l| l.children.get(name).cloned())
     }
 
     /// Whether listing `dir` again beats asking about one name: it was listed before and
@@ -607,7 +617,7 @@ impl Fs {
                     cur.mtime = meta.mtime;
                 }
                 cur.etag = meta.etag;
-                cur.validated = Instant::now();
+                cur.validated = self.cfg.clock.now();
                 cur.fill_attrs(&attrs);
                 Ok(self.attr(cur))
             }
@@ -632,7 +642,7 @@ impl Fs {
                 let mut t = self.table.lock().unwrap();
                 let cur = t.get_mut(node.ino).ok_or(FsError::Store(e.clone()))?;
                 tracing::warn!(key = %node.key, "store unreachable, serving the last attributes: {e}");
-                cur.validated = Instant::now();
+                cur.validated = self.cfg.clock.now();
                 Ok(self.attr(cur))
             }
             Err(e) => Err(e.into()),
@@ -666,7 +676,7 @@ impl Fs {
             let ahead = self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree) && !t.is_big_subtree(dir.ino);
             (t.change_seq(), ahead)
         };
-        let started = Instant::now();
+        let started = self.cfg.clock.now();
         let subtree = async {
             match ahead {
                 true => self.list_subtree(&dir.key, self.cfg.list_ahead_keys).await.map(Some),
@@ -705,7 +715,7 @@ impl Fs {
         for meta in self.staged_children(dir.ino) {
             children.insert(meta.name.clone(), meta); // the mount's own state wins
         }
-        tracing::debug!(dir = %dir.key, entries = children.len(), ms = started.elapsed().as_millis() as u64, "listed");
+        tracing::debug!(dir = %dir.key, entries = children.len(), ms = self.cfg.clock.since(started).as_millis() as u64, "listed");
         if let Some(mut seen) = part.filter(|p| p.dirs.len() > p.incomplete.len() || !p.too_big.is_empty()) {
             // The directories the page held whole are listed from it (the root's own
             // listing only leads to them: it is in `incomplete`).

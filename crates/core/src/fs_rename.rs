@@ -90,9 +90,8 @@ impl Fs {
             // Moved objects are new objects (a new GCS generation; on S3 a new ETag for a
             // multipart source): a read pinned to the old identity would fail with ESTALE.
             if src.kind == Kind::Dir {
-                let stale = std::time::Instant::now()
-                    .checked_sub(self.cfg.metadata_ttl)
-                    .unwrap_or_else(std::time::Instant::now);
+                let now = self.cfg.clock.now();
+                let stale = now.checked_sub(self.cfg.metadata_ttl).unwrap_or(now);
                 t.expire_below(&new_key, stale);
             }
         }

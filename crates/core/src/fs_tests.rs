@@ -99,19 +99,22 @@ async fn a_fresh_listing_answers_lookups_without_requests() {
 async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
     let store = Arc::new(MemStore::new());
     store.put("f", Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
-    let cfg = FsConfig { metadata_ttl: Duration::from_millis(50), ..FsConfig::default() };
+    let clock = crate::Clock::manual();
+    let cfg = FsConfig { metadata_ttl: Duration::from_millis(50), clock: clock.clone(), ..FsConfig::default() };
     let fs = Fs::new(store.clone(), cfg);
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
     store.put("f", Bytes::from_static(b"newer"), PutOpts::default()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(fs.getattr(f.ino).await.unwrap().size, 3, "within the TTL: what was known");
+    clock.advance(Duration::from_millis(60));
     assert_eq!(fs.getattr(f.ino).await.unwrap().size, 5);
     let fh = fs.open(f.ino, false, false).await.unwrap();
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"newer");
     // (While a handle is open a deleted file keeps attributes, st_nlink 0: integrity_tests.)
     fs.release(fh).await.unwrap();
     store.delete("f").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    clock.advance(Duration::from_millis(60));
     assert!(matches!(fs.getattr(f.ino).await, Err(FsError::NotFound)));
+    fs.check_invariants();
 }
 
 #[tokio::test]

@@ -11,9 +11,8 @@
 //!   `max_rename_keys` (EXDEV beyond, so `mv` copies instead). Neither is atomic: a crash
 //!   midway can leave both names; SEMANTICS.md says so.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use std::time::SystemTime;
 
 use bucketfs_store::StoreErrorKind;
 use bytes::Bytes;
@@ -211,9 +210,9 @@ impl Fs {
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache,
             direct,
-            staged: std::sync::atomic::AtomicBool::new(staged.is_some()),
-            wrote: std::sync::atomic::AtomicBool::new(staged.is_some() && truncate && write),
-            truncate_at_flush: std::sync::atomic::AtomicBool::new(truncate && !write),
+            staged: AtomicBool::new(staged.is_some()),
+            wrote: AtomicBool::new(staged.is_some() && truncate && write),
+            truncate_at_flush: AtomicBool::new(truncate && !write),
             writable: write,
             writes_unseen: Default::default(),
         };
@@ -428,9 +427,9 @@ impl Fs {
             n.mtime = meta.mtime.unwrap_or_else(SystemTime::now);
             // No ETag in the response (some stores): ask the store at the next access.
             n.validated = if meta.etag.is_some() || !self.store.capabilities().prefix_dirs {
-                Instant::now()
+                self.cfg.clock.now()
             } else {
-                Instant::now() - self.cfg.metadata_ttl
+                self.cfg.clock.now() - self.cfg.metadata_ttl
             };
             t.relist(ino);
         }
@@ -589,9 +588,9 @@ impl Fs {
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache: false,
             direct: false,
-            staged: std::sync::atomic::AtomicBool::new(true),
-            wrote: std::sync::atomic::AtomicBool::new(true),
-            truncate_at_flush: std::sync::atomic::AtomicBool::new(false),
+            staged: AtomicBool::new(true),
+            wrote: AtomicBool::new(true),
+            truncate_at_flush: AtomicBool::new(false),
             writable: true,
             writes_unseen: Default::default(),
         };
@@ -621,7 +620,7 @@ impl Fs {
         // Made here, so known empty for the TTL: lookups of new names in it (a `git clone`,
         // `tar -x`) are answered with no request.
         let empty = crate::inode::Listing {
-            at: Instant::now(),
+            at: self.cfg.clock.now(),
             valid_for: self.cfg.metadata_ttl,
             children: Default::default(),
             subtree: true,

@@ -1,19 +1,27 @@
 //! The inode table: which inode number stands for which key, and what we last knew of it.
 //!
-//! Invariants (checked in debug builds by the tests):
-//! - The root is inode 1 with key `""`. A directory's key ends with `/`; a file's does not.
-//! - `index` maps (parent, name) to the live inode for that path; an inode replaced by a
-//!   newer one (say a file that became a directory) stays in `nodes` until the kernel forgets
-//!   it, but no longer in `index`.
+//! Invariants ([`InodeTable::check_invariants`], called by the unit tests and by the shuttle
+//! model after every step):
+//! - The root is inode 1 with key `""`, and the kernel's reference to it never goes. A
+//!   directory's key ends with `/`; a file's does not; a node's key is its parent's key and
+//!   its name (where the parent is still known).
+//! - `index` maps (parent, name) to the live inode for that path, and a node is `linked`
+//!   exactly when `index` leads to it: so no inode has two names (in one directory or two).
+//!   An inode replaced by a newer one (say a file that became a directory) stays in `nodes`
+//!   until the kernel forgets it, but no longer in `index`.
 //! - `lookups` counts the kernel's references (lookup, create, readdirplus entries); a node
-//!   other than the root is dropped when it reaches zero.
+//!   other than the root is dropped when it reaches zero, unless it carries attributes set
+//!   here or staged bytes (`Node::local`).
+//! - A name is never both known absent and in `index`; inode numbers are never reused.
 //!
-//! Locking: the table lives behind one `Mutex` in [`crate::Fs`]; every method here is
-//! synchronous and short, and no store call is made while the lock is held.
+//! Locking: the table lives behind one `Mutex` in [`crate::Fs`] (`Fs::table`, level 3 of
+//! the order in docs/ARCHITECTURE.md: after a staged file's mutex, before the staged map);
+//! every method here is synchronous and short, and no store call is made while it is held.
 
 use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
+use crate::clock::Clock;
 use crate::fs::Kind;
 
 pub const ROOT_INO: u64 = 1;
@@ -147,8 +155,9 @@ pub struct Listing {
 }
 
 impl Listing {
-    pub fn is_fresh(&self) -> bool {
-        self.at.elapsed() < self.valid_for
+    /// Whether it still answers at `now` (the table's clock: [`InodeTable::now`]).
+    pub fn is_fresh(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.at) < self.valid_for
     }
 }
 
@@ -169,13 +178,21 @@ pub struct InodeTable {
     /// same name (the kernel's LOOKUP, then `mkdir`/`create` asking again) costs nothing.
     /// Any name recorded here through [`InodeTable::upsert`] or a listing change is dropped.
     absent: HashMap<(u64, String), Instant>,
+    /// The time freshness is measured in (the mount's [`Clock`]).
+    clock: Clock,
 }
 
 /// Bound of [`InodeTable`]'s absent names; past it the oldest half is dropped.
 const ABSENT_MAX: usize = 4096;
 
 impl InodeTable {
+    /// A table with only the root, on the real clock.
     pub fn new(root_mtime: SystemTime) -> Self {
+        Self::with_clock(root_mtime, Clock::real())
+    }
+
+    /// A table with only the root whose freshness is measured by `clock`.
+    pub fn with_clock(root_mtime: SystemTime, clock: Clock) -> Self {
         let root = Node {
             ino: ROOT_INO,
             parent: ROOT_INO,
@@ -185,7 +202,7 @@ impl InodeTable {
             size: 0,
             mtime: root_mtime,
             etag: None,
-            validated: Instant::now(),
+            validated: clock.now(),
             lookups: 1,
             perm: None,
             owner: None,
@@ -205,7 +222,13 @@ impl InodeTable {
             changed: HashMap::new(),
             big_subtrees: Default::default(),
             absent: HashMap::new(),
+            clock,
         }
+    }
+
+    /// The time now, by the table's clock: what `validated` and `Listing::at` are compared with.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
     }
 
     /// A probe begun at change count `since` found `name` absent from `dir`; not recorded if
@@ -220,14 +243,14 @@ impl InodeTable {
             let cut = ages[ages.len() / 2];
             self.absent.retain(|_, at| *at > cut);
         }
-        self.absent.insert((dir, name.to_string()), Instant::now());
+        self.absent.insert((dir, name.to_string()), self.clock.now());
     }
 
     /// Whether a probe found `name` absent from `dir` less than `ttl` ago and nothing here
     /// has made it since.
     pub fn known_absent(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {
         let k = (dir, name.to_string());
-        self.absent.get(&k).is_some_and(|at| at.elapsed() < ttl) && !self.index.contains_key(&k)
+        self.absent.get(&k).is_some_and(|at| self.clock.since(*at) < ttl) && !self.index.contains_key(&k)
     }
 
     pub fn get(&self, ino: u64) -> Option<&Node> {
@@ -267,7 +290,7 @@ impl InodeTable {
                     node.size_unknown = meta.size_unknown;
                     node.mtime = meta.mtime;
                     node.etag = meta.etag.clone();
-                    node.validated = Instant::now();
+                    node.validated = self.clock.now();
                     if let Some(a) = &meta.attrs {
                         node.fill_attrs(a);
                     }
@@ -278,6 +301,7 @@ impl InodeTable {
         }
         let ino = self.next_ino;
         self.next_ino += 1;
+        let validated = self.clock.now();
         self.nodes.insert(
             ino,
             Node {
@@ -289,7 +313,7 @@ impl InodeTable {
                 size: meta.size,
                 mtime: meta.mtime,
                 etag: meta.etag.clone(),
-                validated: Instant::now(),
+                validated,
                 lookups: 0,
                 perm: None,
                 owner: None,
@@ -471,14 +495,15 @@ impl InodeTable {
 
     /// `dir` has a listing within its TTL.
     pub fn listing_fresh(&self, dir: u64) -> bool {
-        self.listing(dir).is_some_and(|l| l.is_fresh())
+        self.listing(dir).is_some_and(|l| l.is_fresh(self.clock.now()))
     }
 
     /// Let `dir`'s listing answer for another TTL from now, as it is; its age before.
     pub fn renew_listing(&mut self, dir: u64) -> Option<std::time::Duration> {
         let l = self.listings.get_mut(&dir)?;
-        let age = l.at.elapsed();
-        l.at = Instant::now();
+        let now = self.clock.now();
+        let age = now.saturating_duration_since(l.at);
+        l.at = now;
         Some(age)
     }
 
@@ -502,8 +527,55 @@ impl InodeTable {
         self.nodes.len()
     }
 
+    /// Check the invariants in the module doc; panics with the first one broken.
+    pub fn check_invariants(&self) {
+        let root = self.nodes.get(&ROOT_INO).expect("the root is always in the table");
+        assert!(root.key.is_empty() && root.kind == Kind::Dir && root.linked && root.lookups >= 1, "root: {root:?}");
+        for (&(parent, ref name), &ino) in &self.index {
+            let n = self.nodes.get(&ino).unwrap_or_else(|| panic!("index ({parent}, {name:?}) -> {ino}: no such node"));
+            assert!(
+                n.parent == parent && n.name == *name && n.linked,
+                "index ({parent}, {name:?}) -> {ino}, but the node is {:?}",
+                (n.parent, &n.name, n.linked)
+            );
+            assert!(!self.absent.contains_key(&(parent, name.clone())), "{name:?} in {parent} is indexed and absent");
+        }
+        for (&ino, n) in &self.nodes {
+            assert!(ino == n.ino && ino < self.next_ino, "node {ino} numbered {} (next {})", n.ino, self.next_ino);
+            if ino == ROOT_INO {
+                continue;
+            }
+            let indexed = self.index.get(&(n.parent, n.name.clone())) == Some(&ino);
+            assert_eq!(n.linked, indexed, "node {ino} ({:?}) linked {} but indexed {indexed}", n.key, n.linked);
+            assert!(n.key.ends_with('/') == (n.kind == Kind::Dir), "node {ino}: key {:?} for a {:?}", n.key, n.kind);
+            if let Some(p) = self.nodes.get(&n.parent).filter(|_| n.linked) {
+                assert_eq!(n.key, key_for(&p.key, &n.name, n.kind), "node {ino}: key not its parent's and its name");
+                assert_eq!(p.kind, Kind::Dir, "node {ino}: parent {} is not a directory", p.ino);
+            }
+        }
+        for (dir, l) in &self.listings {
+            if let Some(n) = self.nodes.get(dir) {
+                assert_eq!(n.kind, Kind::Dir, "listing of {dir}, which is not a directory");
+            }
+            for (name, c) in &l.children {
+                assert_eq!(*name, c.name, "listing of {dir}: entry {name:?} named {:?}", c.name);
+            }
+        }
+        for (dir, &c) in &self.changed {
+            assert!(c <= self.change_seq, "change of {dir} at {c}, after the count {}", self.change_seq);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+}
+
+impl crate::Fs {
+    /// [`InodeTable::check_invariants`] on this mount's table (for tests).
+    #[doc(hidden)]
+    pub fn check_invariants(&self) {
+        self.table.lock().unwrap().check_invariants();
     }
 }
 
@@ -543,6 +615,10 @@ mod tests {
         assert_eq!(t.get(d).unwrap().key, "a/");
         let f = t.upsert(d, &meta("x", Kind::File));
         assert_eq!(t.get(f).unwrap().key, "a/x");
+        t.check_invariants();
+        t.relocate(d, ROOT_INO, "b");
+        assert_eq!(t.get(f).unwrap().key, "b/x", "a move rewrites the keys below");
+        t.check_invariants();
     }
 
     #[test]
@@ -564,5 +640,6 @@ mod tests {
         assert!(t.child(ROOT_INO, "a").is_none());
         t.forget(ROOT_INO, 5);
         assert!(t.get(ROOT_INO).is_some());
+        t.check_invariants();
     }
 }

@@ -116,14 +116,15 @@ async fn an_open_file_deleted_or_unlinked_keeps_its_attributes() {
     let store = Arc::new(MemStore::new());
     store.put("gone", Bytes::from(vec![7u8; 5000]), PutOpts::default()).await.unwrap();
     store.put("unl", Bytes::from(vec![8u8; 300]), PutOpts::default()).await.unwrap();
-    let fs = Fs::new(store.clone(), cfg(50));
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(store.clone(), FsConfig { clock: clock.clone(), ..cfg(50) });
     let gone = fs.lookup(ROOT_INO, "gone").await.unwrap();
     let fh = fs.open(gone.ino, false, false).await.unwrap();
     let unl = fs.lookup(ROOT_INO, "unl").await.unwrap();
     let fh2 = fs.open(unl.ino, false, false).await.unwrap();
     store.delete("gone").await.unwrap();
     fs.unlink(ROOT_INO, "unl").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    clock.advance(Duration::from_millis(120));
     let a = fs.getattr(gone.ino).await.expect("fstat of an open file deleted behind the mount");
     assert_eq!((a.nlink, a.size), (0, 5000));
     let b = fs.getattr(unl.ino).await.expect("fstat of an open file unlinked here");
@@ -132,6 +133,7 @@ async fn an_open_file_deleted_or_unlinked_keeps_its_attributes() {
     fs.release(fh).await.unwrap();
     fs.release(fh2).await.unwrap();
     assert!(matches!(fs.lookup(ROOT_INO, "gone").await, Err(FsError::NotFound)));
+    fs.check_invariants();
 }
 
 #[tokio::test]

@@ -15,9 +15,12 @@
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
 //!   directly (FUSE passthrough) instead of asking us.
 //! - [`stats`]: read-only figures (pending uploads, cache use) for metrics and status.
+//! - [`clock`]: the time TTLs are measured in (real, or manual in tests); `sync`: where
+//!   the core's locks come from (std and tokio, or shuttle's in model-checking tests).
 //! - [`error`]: the core's error enum and the one map from errors to errno.
 
 pub mod block_pool;
+pub mod clock;
 pub mod dir_cache;
 pub mod disk_cache;
 pub mod error;
@@ -31,9 +34,11 @@ pub mod passthrough;
 mod preload;
 pub mod read;
 pub mod stats;
+pub(crate) mod sync;
 pub mod write;
 pub mod write_back;
 
+pub use clock::Clock;
 pub use dir_cache::InvalidateDir;
 pub use error::FsError;
 pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, SetAttr, StatFs, ROOT_INO};

@@ -27,9 +27,8 @@
 //! through the store as before; close-to-open holds as without passthrough. A staged
 //! file is this mount's newest bytes: every handle of its inode reads it.
 
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering::Relaxed};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use crate::disk_cache::WholePin;
@@ -58,7 +57,7 @@ pub struct Backing {
 #[derive(Default)]
 pub(crate) struct Counters {
     /// The adapter found the kernel able to pass through (see [`Fs::set_passthrough`]).
-    on: std::sync::atomic::AtomicBool,
+    on: AtomicBool,
     opens: AtomicU64,
     /// Staged files the kernel may write directly, by inode: their attributes come from the
     /// file itself. Lock order: after `table` (attributes are built under it).

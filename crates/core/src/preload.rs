@@ -16,7 +16,7 @@
 //!   by `opendir` starts that; background listings start nothing further.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::TryStreamExt;
 
@@ -56,7 +56,7 @@ pub(crate) struct Seen {
 impl Fs {
     /// Load every key into the listing cache; returns the number of entries loaded.
     pub async fn preload_tree(&self, max_entries: usize, valid_for: Duration) -> Result<usize, FsError> {
-        let started = Instant::now();
+        let started = self.cfg.clock.now();
         let since = self.table.lock().unwrap().change_seq();
         let root = self.node(ROOT_INO)?;
         let (own, subtree) = tokio::join!(self.list_children(&root), self.list_subtree("", max_entries));
@@ -68,7 +68,7 @@ impl Fs {
         dirs.insert(String::new(), own?);
         let template = Listing { at: started, valid_for, children: HashMap::new(), subtree: false };
         self.install_subtree("", ROOT_INO, dirs, template, since, &HashSet::new());
-        tracing::info!(entries = count, ms = started.elapsed().as_millis() as u64, "tree preloaded");
+        tracing::info!(entries = count, ms = self.cfg.clock.since(started).as_millis() as u64, "tree preloaded");
         Ok(count)
     }
 
@@ -165,7 +165,7 @@ impl Fs {
         for node in subdirs {
             let Ok(permit) = self.listing_ahead.clone().try_acquire_owned() else { break };
             let me = me.clone();
-            tokio::spawn(async move {
+            crate::sync::spawn(async move {
                 if let Err(e) = me.ensure_listing(&node, false).await {
                     tracing::debug!(dir = %node.key, "listing ahead failed: {e}");
                 }

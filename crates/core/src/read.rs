@@ -32,8 +32,8 @@
 //! and the disk-cache writer all hold views of that one buffer, which goes back to the
 //! pool when the last view drops.
 
+use crate::sync::{Arc, Mutex};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
 
 use bucketfs_store::{GetOpts, Store, StoreErrorKind, StoreExt};
 use bytes::{Buf, Bytes, BytesMut};
@@ -133,7 +133,7 @@ impl ReadCache {
         let Some(disk) = self.disk.clone() else { return };
         let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return };
         let (k, id) = (key.clone(), identity.clone());
-        tokio::task::spawn_blocking(move || {
+        crate::sync::blocking_detached(move || {
             let crc = crc.unwrap_or_else(|| crc32c::crc32c(&padded[..len]));
             disk.put(&k, &id, block, &padded, len, crc);
             drop(permit);
@@ -181,6 +181,7 @@ pub struct FileReader {
     identity: Arc<str>,
     pub size: u64,
     max_window: u64,
+    /// Lock level 5 (a leaf): never held across an await or while taking another lock.
     state: Mutex<ReadState>,
 }
 
@@ -405,7 +406,7 @@ impl FileReader {
             size: self.size,
         };
         // A task, so the GETs proceed while nobody awaits them (that is what prefetch is).
-        tokio::spawn(async move { src.fetch_blocks(run).await });
+        crate::sync::spawn(async move { src.fetch_blocks(run).await });
         Some(n)
     }
 
@@ -421,12 +422,12 @@ impl FileReader {
         if !want.iter().all(|&b| disk.contains(&key, &id, b)) {
             return None;
         }
-        let read = tokio::task::spawn_blocking(move || {
+        let read = crate::sync::blocking(move || {
             want.into_iter()
                 .map(|b| disk.get(&key, &id, b, &pool).filter(|d| d.len() as u64 == block_len(size, b)).map(|d| (b, d)))
                 .collect::<Option<Vec<(u64, Bytes)>>>()
         });
-        let mut read = read.await.ok()??.into_iter();
+        let mut read = read.await??.into_iter();
         let mut blocks = Vec::with_capacity(cached.len());
         for c in cached {
             blocks.push(match c {
@@ -476,7 +477,7 @@ impl Source {
             for (b, tx) in blocks {
                 let (disk, k, id, pool) =
                     (disk.clone(), self.key.clone(), self.identity.clone(), self.cache.pool.clone());
-                let hit = tokio::task::spawn_blocking(move || disk.get(&k, &id, b, &pool)).await.ok().flatten();
+                let hit = crate::sync::blocking(move || disk.get(&k, &id, b, &pool)).await.flatten();
                 match hit.filter(|d| d.len() == self.len(b)) {
                     Some(data) => {
                         self.cache.insert((self.key.clone(), self.identity.clone(), b), data.clone());

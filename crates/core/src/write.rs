@@ -25,11 +25,11 @@
 //! failing) the next mount of the same mount point finds the pairs and uploads them
 //! ([`recover`]).
 
+use crate::sync::Arc;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use bucketfs_store::{FileAttrs, GetOpts, ObjectMeta, ObjectWriter, PutOpts, Store, StoreExt, WriteOptions};
 use bytes::Bytes;
@@ -37,7 +37,8 @@ use bytes::Bytes;
 use crate::part_budget::PartBudget;
 use crate::FsError;
 
-/// State of one staged inode. Guarded by the `tokio::sync::Mutex` that holds it.
+/// State of one staged inode. Guarded by the `tokio::sync::Mutex` that holds it
+/// ([`SharedStaged`], lock level 2 in docs/ARCHITECTURE.md).
 pub struct Staged {
     file: File,
     path: PathBuf,
@@ -693,6 +694,8 @@ async fn send_file(
 }
 
 /// A staged inode shared by its handles; async because uploads hold it across awaits.
+/// Lock level 2: taken before `Fs::table` and the staged map, never while holding them
+/// (a new one is only try-locked, uncontended, under the map before the map publishes it).
 pub type SharedStaged = Arc<tokio::sync::Mutex<Staged>>;
 
 fn local(e: std::io::Error) -> FsError {

@@ -17,8 +17,8 @@
 //! shared, so a cancel or redirect never races an upload in flight: an unlinked file is never
 //! uploaded, a renamed one goes up under its new name, and no stray object is left behind.
 
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering, Weak};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::fs::{Fs, OpenFile};
@@ -69,15 +69,17 @@ pub struct WriteBackStatus {
 /// The queue of committed files waiting for upload.
 #[derive(Default)]
 pub(crate) struct Queue {
+    /// Lock level 5 (a leaf): taken alone, never across an await.
     entries: Mutex<HashMap<u64, Entry>>,
-    uploaded: std::sync::atomic::AtomicU64,
+    uploaded: AtomicU64,
     /// Commit numbers, queue-wide: an upload's end never matches a later entry's commit.
-    commits: std::sync::atomic::AtomicU64,
+    commits: AtomicU64,
     /// Wakes the scheduler: a file was queued, or `sync` wants everything now.
     work: tokio::sync::Notify,
     /// Wakes closes waiting for room, and `sync` waiting for uploads.
     progress: tokio::sync::Notify,
-    /// Held shared by each upload, exclusively by unlink and rename of a staged file.
+    /// Held shared by each upload, exclusively by unlink and rename of a staged file:
+    /// lock level 1, the outermost (docs/ARCHITECTURE.md), held across awaits.
     pub gate: tokio::sync::RwLock<()>,
 }
 
@@ -102,7 +104,7 @@ impl Queue {
         e.key = key;
         e.bytes = bytes;
         e.due = now + delay;
-        e.seq = self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        e.seq = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
         drop(q);
         self.work.notify_one();
     }
@@ -140,7 +142,7 @@ impl Queue {
             match result {
                 Ok(()) if e.seq == seq => {
                     q.remove(&ino);
-                    self.uploaded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.uploaded.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(()) => {} // committed again meanwhile: due at its own time
                 Err(err) => {
@@ -171,7 +173,7 @@ impl Queue {
                 .values()
                 .filter_map(|e| e.last_error.as_ref().map(|(_, m)| (e.key.clone(), e.attempts, m.clone())))
                 .collect(),
-            uploaded: self.uploaded.load(std::sync::atomic::Ordering::Relaxed),
+            uploaded: self.uploaded.load(Ordering::Relaxed),
         }
     }
 }
@@ -187,7 +189,7 @@ impl Fs {
         let Some(cfg) = self.cfg.write_back else { return };
         let me = Arc::downgrade(self);
         let queue = self.wb.clone();
-        tokio::spawn(schedule(me, queue, cfg));
+        crate::sync::spawn(schedule(me, queue, cfg));
     }
 
     /// What the write-back queue holds now.
@@ -200,7 +202,6 @@ impl Fs {
     /// a crash recovers and the file is queued; `durable` (fsync) also writes them to disk.
     /// Returns once there is room in the queue.
     pub(crate) async fn commit_for(&self, file: &OpenFile, durable: bool) -> Result<(), FsError> {
-        use std::sync::atomic::Ordering;
         let wrote = file.wrote.load(Ordering::Relaxed) || file.writes_unseen.load(Ordering::Relaxed);
         if !wrote && !file.staged.load(Ordering::Relaxed) {
             return Ok(());
@@ -317,7 +318,7 @@ async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
         for (ino, seq) in due {
             let Some(fs) = fs.upgrade() else { return };
             let queue = queue.clone();
-            tokio::spawn(async move {
+            crate::sync::spawn(async move {
                 let result = {
                     let _gate = queue.gate.read().await;
                     fs.upload_committed(ino).await

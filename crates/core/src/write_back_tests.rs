@@ -224,3 +224,49 @@ async fn a_large_file_sends_nothing_before_its_close_is_due() {
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(object(mem.as_ref(), "big").await.unwrap(), data);
 }
+
+/// Shuttle (random schedules): an upload of a queued file races a new commit of it (a
+/// close after more writes). The queue entry may end only with an upload that began at or
+/// after the file's last commit (`Entry::seq`, the queue's form of `write_gen`): an upload
+/// that took the older commit must leave the newer one queued, or its bytes never go up.
+#[test]
+fn shuttle_an_upload_begun_before_a_commit_does_not_end_it() {
+    use crate::write_back::Queue;
+    shuttle::check_random(
+        || {
+            shuttle::future::block_on(async {
+                let q = Arc::new(Queue::default());
+                q.enqueue(7, "f".into(), 1, Duration::ZERO);
+                let uploader = {
+                    let q = q.clone();
+                    shuttle::future::spawn(async move {
+                        let (taken, _) = q.take_due(1);
+                        shuttle::future::yield_now().await; // the upload's round trips
+                        for &(ino, seq) in &taken {
+                            q.finished(ino, seq, Ok(()));
+                        }
+                        taken
+                    })
+                };
+                let committer = {
+                    let q = q.clone();
+                    shuttle::future::spawn(async move { q.enqueue(7, "f".into(), 2, Duration::ZERO) })
+                };
+                committer.await.unwrap();
+                let taken = uploader.await.unwrap();
+                let queued = q.status().files;
+                match taken.as_slice() {
+                    // The upload began after the second commit: it carried it, nothing is left.
+                    [(7, 2)] => assert_eq!(queued, 0, "uploaded, yet still queued"),
+                    // It began with the first commit only: the second must still be queued.
+                    [(7, 1)] => assert_eq!(queued, 1, "a commit made during an upload was dropped"),
+                    // The commit moved the due time past the scheduler's look (it read the
+                    // clock, then the commit took the lock first): nothing went up, it waits.
+                    [] => assert_eq!(queued, 1, "a file not uploaded left the queue"),
+                    other => panic!("took {other:?}"),
+                }
+            })
+        },
+        500,
+    );
+}

@@ -2,86 +2,29 @@
 //!
 //! The real [`Fs`] runs on shuttle's executor against an in-memory store whose every call
 //! first yields to the scheduler, so shuttle explores the orders in which concurrent
-//! operations' store calls and table updates interleave. The table's `std` mutex is never
-//! held across an await (see fs.rs), so those critical sections are atomic in every real
-//! schedule too and need no instrumenting: no production code changes for this test.
+//! operations' store calls and table updates interleave. Built with `--features shuttle`
+//! the core's own locks are shuttle's too (src/sync.rs), so a task may also be preempted
+//! at every lock it takes between two awaits, as on a multi-threaded runtime; without the
+//! feature those critical sections run whole.
 //!
 //! What is checked is what the kernel would see afterwards: a directory created or a file
 //! deleted here is found (or not) by the next lookup, whatever a concurrent `ls` did, and
-//! lookup/forget reference counts never drop a node the kernel still holds.
+//! lookup/forget reference counts never drop a node the kernel still holds; and the inode
+//! table's invariants (`InodeTable::check_invariants`) hold after every step of every task.
 //!
-//! Run: `cargo test --release -p bucketfs-core --test model` (a few seconds).
+//! Run: `cargo test --release -p bucketfs-core --features shuttle --test model` (a few
+//! seconds; also part of a plain `cargo test`, with uninstrumented locks).
 
-use std::ops::Range;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use bucketfs_core::{Fs, FsConfig, FsError, ROOT_INO};
 use bucketfs_store::testing::MemStore;
-use bucketfs_store::{
-    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
-    StoreError, WriteOptions,
-};
+use bucketfs_store::{PutOpts, Store};
 use bytes::Bytes;
-use futures::StreamExt;
-use shuttle::future::{block_on, spawn, yield_now};
+use shuttle::future::{block_on, spawn};
 
-/// MemStore where each request is a round trip: scheduling points before and after it, so
-/// another task may run between sending a request and seeing its answer.
-struct YieldStore(Arc<MemStore>);
-
-async fn rt<T>(call: impl std::future::Future<Output = T>) -> T {
-    yield_now().await;
-    let out = call.await;
-    yield_now().await;
-    out
-}
-
-#[async_trait]
-impl Store for YieldStore {
-    fn describe(&self) -> String {
-        "yield-mem".into()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    async fn check(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
-        rt(self.0.head(key, opts)).await
-    }
-    async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
-        rt(self.0.get(key, range, opts)).await
-    }
-    fn list(&self, prefix: &str, recursive: bool) -> ListStream {
-        // The listing is taken when the first page is asked for, after a yield, like a LIST.
-        let (inner, prefix) = (self.0.clone(), prefix.to_string());
-        futures::stream::once(async move {
-            yield_now().await;
-            let page: Vec<_> = inner.list(&prefix, recursive).collect().await;
-            yield_now().await;
-            futures::stream::iter(page)
-        })
-        .flatten()
-        .boxed()
-    }
-    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
-        rt(self.0.put(key, data, opts)).await
-    }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        rt(self.0.delete(key)).await
-    }
-    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
-        rt(self.0.copy(from, to)).await
-    }
-    async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
-        rt(self.0.create_dir(key)).await
-    }
-    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
-        rt(self.0.writer(key, opts)).await
-    }
-}
+mod common;
+use common::YieldStore;
 
 fn fs_with(keys: &[&str]) -> Arc<Fs> {
     let mem = MemStore::new();
@@ -100,6 +43,7 @@ async fn ls(fs: &Fs, ino: u64) -> Vec<String> {
     let fh = fs.opendir(ino).await.unwrap();
     let names = fs.readdir(fh).unwrap().iter().skip(2).map(|e| e.name.clone()).collect();
     fs.releasedir(fh);
+    fs.check_invariants();
     names
 }
 
@@ -125,7 +69,11 @@ fn mkdir_during_listing_is_not_lost() {
             };
             let maker = {
                 let fs = fs.clone();
-                spawn(async move { fs.mkdir(d, "new", None).await.map(|a| a.ino) })
+                spawn(async move {
+                    let made = fs.mkdir(d, "new", None).await.map(|a| a.ino);
+                    fs.check_invariants();
+                    made
+                })
             };
             let _ = lister.await.unwrap();
             maker.await.unwrap().unwrap();
@@ -148,7 +96,11 @@ fn unlink_during_listing_is_not_undone() {
             };
             let remover = {
                 let fs = fs.clone();
-                spawn(async move { fs.unlink(d, "a").await })
+                spawn(async move {
+                    let r = fs.unlink(d, "a").await;
+                    fs.check_invariants();
+                    r
+                })
             };
             let _ = lister.await.unwrap();
             remover.await.unwrap().unwrap();
@@ -176,7 +128,9 @@ fn lookup_forget_keep_held_inodes() {
                     spawn(async move {
                         if i == 0 {
                             let a = fs.lookup(d, "f").await.unwrap();
+                            fs.check_invariants();
                             fs.forget(a.ino, 1);
+                            fs.check_invariants();
                             a.ino
                         } else {
                             ls(&fs, d).await;
@@ -190,6 +144,7 @@ fn lookup_forget_keep_held_inodes() {
             }
             assert_eq!(fs.getattr(held).await.unwrap().ino, held, "held inode dropped");
             fs.forget(held, 1);
+            fs.check_invariants();
             assert!(matches!(fs.getattr(held).await, Err(FsError::NotFound)), "inode not dropped at zero");
         })
     });
