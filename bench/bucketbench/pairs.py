@@ -12,7 +12,7 @@ PAIR_EXPERIMENTS = ("2", "3", "5")
 # experiment 3 has four or five figures per fio job; its pair keeps bandwidth and write phase
 PAIR_FIELDS = {"3": (".bw", ".write_s")}
 # the columns of the goals table beside native disk, where the run has them
-GOAL_SYSTEMS = (OFF, ON, "bucketfs-wb")
+GOAL_SYSTEMS = (OFF, ON, "bucketfs-wb", "bucketfs-wbpt")
 
 
 def _rec(exp, system, key):
