@@ -64,6 +64,19 @@ pub(crate) struct Counters {
     watched: Mutex<HashMap<u64, Arc<std::fs::File>>>,
 }
 
+/// The identity of a staged file's backing (every handle of its inode shares it): the
+/// shared staged state's address, unique while any handle holds it.
+fn staged_identity(staged: &crate::write::SharedStaged) -> String {
+    format!("{STAGED}{:p}", Arc::as_ptr(staged))
+}
+
+const STAGED: &str = "staged:";
+
+/// Whether a backing identity names a staged file (else a cached object version).
+pub fn is_staged_identity(identity: &str) -> bool {
+    identity.starts_with(STAGED)
+}
+
 impl Fs {
     /// What the kernel would use for handle `fh`, if it can use a local file: the staged
     /// file of a staged inode (any handle), or the version a read-only handle pinned if it is
@@ -75,7 +88,7 @@ impl Fs {
             return None;
         }
         if f.staged.load(Relaxed) {
-            return self.staged_of_pub(f.ino).map(|s| format!("staged:{:p}", Arc::as_ptr(&s)));
+            return self.staged_of_pub(f.ino).map(|s| staged_identity(&s));
         }
         let r = f.reader.lock().unwrap().clone();
         (r.size >= WHOLE_MIN).then(|| r.identity().to_string())
@@ -88,7 +101,7 @@ impl Fs {
     pub async fn backing_file(&self, fh: u64) -> Result<Backing, &'static str> {
         let identity = self.passthrough_identity(fh).ok_or("truncating or small")?;
         let f = self.open_file(fh).map_err(|_| "handle gone")?;
-        if identity.starts_with("staged:") {
+        if is_staged_identity(&identity) {
             return self.staged_backing(f.ino, identity).await;
         }
         let r = f.reader.lock().unwrap().clone();
@@ -121,7 +134,7 @@ impl Fs {
         let staged = self.staged_of_pub(ino).ok_or("not staged any more")?;
         let key = self.node(ino).map_err(|_| "gone")?.key;
         let mut st = staged.lock().await;
-        if format!("staged:{:p}", Arc::as_ptr(&staged)) != identity {
+        if staged_identity(&staged) != identity {
             return Err("staged again meanwhile");
         }
         let file = st.watch_external(&key).map_err(|e| {

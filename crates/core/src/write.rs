@@ -265,10 +265,11 @@ impl Staged {
         if self.seen.is_none() {
             self.eager_abandon();
             self.appends_only = false;
-            if !was_open {
-                self.mark_committed_as_is()?;
+            if was_open {
+                self.seen = Some(Stamp::of(&self.file)?);
+            } else {
+                self.mark_committed_as_is()?; // records what it saw
             }
-            self.seen = Some(Stamp::of(&self.file)?);
         }
         self.file.try_clone().map_err(local)
     }

@@ -243,7 +243,7 @@ impl Filesystem for FuseAdapter {
                     }
                 }
                 Err(e) => {
-                    pt.open_failed(ino.0, counted);
+                    pt.end_change(ino.0, counted);
                     reply.error(errno(&e))
                 }
             }
@@ -436,7 +436,7 @@ impl Filesystem for FuseAdapter {
             };
             let change = SetAttr { size, mode, uid, gid, mtime, fh: fh.map(|f| f.0) };
             let result = fs.setattr(ino.0, change).await;
-            pt.open_failed(ino.0, counted); // done changing
+            pt.end_change(ino.0, counted);
             match result {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),

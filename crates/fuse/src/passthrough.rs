@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bucketfs_core::passthrough::Backing;
+use bucketfs_core::passthrough::{is_staged_identity, Backing};
 use bucketfs_core::Fs;
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FopenFlags, Generation, InitFlags, KernelConfig, ReplyCreate, ReplyOpen,
@@ -129,12 +129,12 @@ impl Passthrough {
     /// Before the core opens `ino` for writing or truncating (`changes`), or truncates it:
     /// `Err` to refuse while readers pass through to a cached version (the kernel allows one
     /// backing file per inode, and the writer's is its staged file). `Ok(true)`: counted as
-    /// a writer opening; [`Self::answer`] or [`Self::open_failed`] ends that.
+    /// a writer opening; [`Self::end_change`] ends that (called by [`Self::answer`]).
     pub async fn before_open(&self, ino: u64, changes: bool) -> Result<bool, Errno> {
         if !changes || !self.on.load(Relaxed) {
             return Ok(false);
         }
-        let cached = |io: &InodeIo| io.through.as_ref().is_some_and(|t| !t.identity.starts_with("staged:"));
+        let cached = |io: &InodeIo| io.through.as_ref().is_some_and(|t| !is_staged_identity(&t.identity));
         // A reader that just closed is still counted until its RELEASE arrives.
         self.settle(ino, |io| !cached(io), RELEASE_WAIT).await;
         let mut st = self.state.lock().unwrap();
@@ -147,19 +147,16 @@ impl Passthrough {
         Ok(true)
     }
 
-    /// The core's open counted by [`Self::before_open`] failed (or a truncate counted by it
-    /// is done).
-    pub fn open_failed(&self, ino: u64, counted: bool) {
-        if counted {
-            Self::opened_writer(&mut self.state.lock().unwrap(), ino);
+    /// The open (or truncate) counted by [`Self::before_open`] is answered, failed or done.
+    pub fn end_change(&self, ino: u64, counted: bool) {
+        if !counted {
+            return;
         }
-    }
-
-    fn opened_writer(st: &mut State, ino: u64) {
+        let mut st = self.state.lock().unwrap();
         if let Some(io) = st.inodes.get_mut(&ino) {
             io.writers_opening = io.writers_opening.saturating_sub(1);
         }
-        Self::forget_idle(st, ino);
+        Self::forget_idle(&mut st, ino);
     }
 
     fn forget_idle(st: &mut State, ino: u64) {
@@ -195,9 +192,7 @@ impl Passthrough {
         reply: impl OpenReply,
     ) {
         let reply = self.answer_inner(fs, ino, fh, flags, reply).await;
-        if counted {
-            Self::opened_writer(&mut self.state.lock().unwrap(), ino);
-        }
+        self.end_change(ino, counted);
         if let Some(reply) = reply {
             // Not truncating, or checked by `before_open`: closing it changes nothing.
             let _ = fs.release(fh).await;
@@ -336,7 +331,7 @@ fn plan(io: Option<&InodeIo>, identity: Option<&str>) -> Plan {
         Some(io) if io.ordinary > 0 => Plan::Ordinary,
         _ if identity.is_none() => Plan::Ordinary,
         // A writer about to use its staged file: no cached version meanwhile.
-        Some(io) if io.writers_opening > 0 && !identity.is_some_and(|i| i.starts_with("staged:")) => Plan::Ordinary,
+        Some(io) if io.writers_opening > 0 && !identity.is_some_and(is_staged_identity) => Plan::Ordinary,
         _ => Plan::New,
     }
 }
