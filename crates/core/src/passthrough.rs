@@ -175,7 +175,8 @@ impl Fs {
     }
 
     /// At the close of a handle that read through the store: if the whole version is on
-    /// disk now, build its whole file in the background, so the next open passes through.
+    /// disk now (or all but a few blocks, fetched again), build its whole file in the
+    /// background, so the next open passes through.
     pub(crate) fn prepare_backing(&self, file: &crate::fs::OpenFile) {
         if file.staged.load(Relaxed) || !self.passthrough.on.load(Relaxed) {
             return;
@@ -188,7 +189,8 @@ impl Fs {
         let (cache, pool) = (self.read_cache.clone(), self.read_cache.pool.clone());
         tokio::spawn(async move {
             cache.disk_settled(SETTLE).await;
-            if disk.has_all_blocks(&r.key, r.identity(), r.size) {
+            // Blocks that skipped a lagging disk are fetched again, up to a quarter of them.
+            if r.fill_disk(r.size.div_ceil(crate::read::BLOCK) / 4 + 1).await {
                 let _ =
                     tokio::task::spawn_blocking(move || disk.build_whole(&r.key, r.identity(), r.size, &pool)).await;
             }

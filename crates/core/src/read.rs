@@ -442,6 +442,46 @@ impl FileReader {
         Some(blocks)
     }
 
+    /// Put on disk every block of this version the disk cache lacks (from the memory cache,
+    /// else a ranged GET pinned by If-Match, four at once), unless more than `max_missing`
+    /// are missing. A reader's blocks skip the disk when its writers lag ([`ReadCache::
+    /// to_disk`]), so a file read whole may still lack a few; completing it lets the next
+    /// open pass through to a whole file. `true` once every block is on disk.
+    pub(crate) async fn fill_disk(&self, max_missing: u64) -> bool {
+        use futures::StreamExt;
+        let Some(disk) = self.cache.disk.clone() else { return false };
+        let missing: Vec<u64> =
+            (0..self.size.div_ceil(BLOCK)).filter(|&b| !disk.contains(&self.key, &self.identity, b)).collect();
+        if missing.len() as u64 > max_missing {
+            return false;
+        }
+        let fill = |b: u64| {
+            let disk = disk.clone();
+            async move {
+                let want = block_len(self.size, b);
+                let data = match self.cache.blocks.get(&self.block_key(b)) {
+                    Some(d) => d,
+                    None => self.fetch(b * BLOCK, b * BLOCK + want).await.ok()?,
+                };
+                if data.len() as u64 != want {
+                    return None;
+                }
+                let (key, id, pool) = (self.key.clone(), self.identity.clone(), self.cache.pool.clone());
+                crate::sync::blocking(move || {
+                    let n = data.len();
+                    let mut buf = pool.take();
+                    buf.space()[..n].copy_from_slice(&data);
+                    buf.space()[n..round_up(n)].fill(0);
+                    disk.put(&key, &id, b, &buf.into_bytes(round_up(n)), n, crc32c::crc32c(&data));
+                    disk.contains(&key, &id, b).then_some(())
+                })
+                .await?
+            }
+        };
+        let done: Vec<Option<()>> = futures::stream::iter(missing).map(fill).buffer_unordered(4).collect().await;
+        done.iter().all(Option::is_some)
+    }
+
     async fn fetch(&self, start: u64, end: u64) -> Result<Bytes, FsError> {
         let data = get(self.store.as_ref(), &self.key, start, end, self.etag.as_deref()).await?;
         if (data.len() as u64) < end - start {

@@ -458,3 +458,39 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     assert_eq!(store.ranges.lock().unwrap().len(), before, "every block came from the disk cache");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn fill_disk_completes_a_version_pinned_by_its_etag() {
+    // A first read whose blocks skipped a lagging disk: the close completes the version on
+    // disk (so a whole file can be built), within a bound, and never with other bytes.
+    let store = Arc::new(MemStore::new());
+    let body = data(5 * BLOCK as usize + 3);
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
+    let dir = fresh_dir("fill");
+    let c = cache_on_disk(&dir);
+    let r = reader(store.clone(), c.clone(), m.etag.clone(), body.len() as u64);
+    // Blocks 0 and 1 are on disk; 2..=5 are missing.
+    let disk = c.disk().unwrap().clone();
+    for b in 0..2usize {
+        let chunk = &body[b * BLOCK as usize..(b + 1) * BLOCK as usize];
+        let mut buf = c.pool.take();
+        buf.space()[..chunk.len()].copy_from_slice(chunk);
+        disk.put("f", r.identity(), b as u64, &buf.into_bytes(chunk.len()), chunk.len(), crc32c::crc32c(chunk));
+    }
+    let before = store.requests.load(Ordering::Relaxed);
+    assert!(!r.fill_disk(3).await, "more missing than allowed: nothing done");
+    assert_eq!(store.requests.load(Ordering::Relaxed), before);
+    assert!(r.fill_disk(4).await);
+    assert_eq!(store.requests.load(Ordering::Relaxed), before + 4, "one GET per missing block");
+    assert!(disk.has_all_blocks("f", r.identity(), body.len() as u64));
+    assert!(disk.build_whole("f", r.identity(), body.len() as u64, &c.pool));
+    let w = disk.whole("f", r.identity(), body.len() as u64).unwrap();
+    assert_eq!(std::fs::read(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&w.file))).unwrap(), body);
+    // The object changed in the bucket: the old version cannot be completed.
+    let c2 = cache_on_disk(&fresh_dir("fill2"));
+    let old = reader(store.clone(), c2.clone(), m.etag.clone(), body.len() as u64);
+    store.put("f", data(100), PutOpts::default()).await.unwrap();
+    assert!(!old.fill_disk(10).await, "If-Match refuses the changed object");
+    assert!(!c2.disk().unwrap().contains("f", old.identity(), 0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
