@@ -9,9 +9,9 @@ read-only handle) are accepted and counted in `notes`. An op that does not apply
 that is empty, or busy for an open) returns SKIP, so any sub-sequence still runs.
 
 With `passthrough` (the mount has `--passthrough on`), the EBUSY docs/SEMANTICS.md gives
-while a file is open for passthrough reads is accepted where it may happen (`busy_ok`):
-an open for writing or truncating, or a truncate, of a file a read-only handle holds, and a read-only
-open of a file a read-only handle holds at an older version. The open then does nothing.
+while a file is open for passthrough reads is accepted where it may happen (`busy_ok`): a
+read-only open of a file a read-only handle holds at an older version. The open then does
+nothing. Opens for writing and truncates are never refused.
 """
 
 from __future__ import annotations
@@ -118,11 +118,11 @@ class Runner:
                          f"{what}: expected {en(exp)}, seen {en(got)}")
 
     def busy_ok(self, ino, changes: bool) -> bool:
-        """May an open of `ino` get EBUSY (passthrough reads of it in progress)? For writing
-        or truncating (`changes`): while any read-only handle holds it (it may pass
-        through). Read-only: while a read-only handle holds an older version of it."""
-        return self.passthrough and ino is not None and any(
-            h.inode is ino and not h.writable and (changes or h.version != ino.version)
+        """May an open of `ino` get EBUSY (passthrough reads of it in progress)? Only a
+        read-only open while a read-only handle holds an older version of it. An open for
+        writing or truncating (`changes`) never: the writer takes the readers' file over."""
+        return self.passthrough and not changes and ino is not None and any(
+            h.inode is ino and not h.writable and h.version != ino.version
             for h in self.m.handles.values())
 
     def accept_busy(self, what, ino, changes, got) -> bool:

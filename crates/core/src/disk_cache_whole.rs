@@ -15,6 +15,9 @@
 //! are evicted least-recently-used, but never become spares (nothing is written over
 //! them). A file in use (pinned: the kernel reads it for an open handle) is deleted only
 //! once its last pin goes; a new build of the same version meanwhile takes its name over.
+//! A writer opening the version takes the file over as its staged file
+//! ([`DiskCache::take_whole`]): it leaves the cache, and readers passing through it see the
+//! writes, as every handle of a staged file does.
 
 use crate::sync::{Arc, Mutex};
 use std::collections::HashMap;
@@ -40,6 +43,15 @@ pub(super) struct Whole {
     pins: u32,
     /// Evicted while pinned: delete at the last unpin.
     evicted: bool,
+    /// Which file this is, for its pins: a file keeps it when renamed with its object
+    /// ([`DiskCache::rekey_whole`]); a name taken over and built again is a new file.
+    gen: u64,
+}
+
+fn next_gen() -> u64 {
+    // A plain counter (std's even under shuttle: a static needs a const constructor).
+    static GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A whole file opened read-only, pinned against deletion while this lives.
@@ -51,19 +63,20 @@ pub struct WholeFile {
 /// Keeps a whole file on disk while it lives (see the module doc).
 pub struct WholePin {
     cache: Arc<DiskCache>,
-    name: String,
+    gen: u64,
 }
 
 impl Drop for WholePin {
     fn drop(&mut self) {
         let mut m = self.cache.whole.lock().unwrap();
-        let Some(w) = m.get_mut(&self.name) else { return };
+        // By file, not name (a few hundred entries at most: whole files are 1 MiB or more).
+        let Some((name, w)) = m.iter_mut().find(|(_, w)| w.gen == self.gen) else { return };
         w.pins = w.pins.saturating_sub(1);
         if w.pins == 0 && w.evicted {
-            let crc = w.crc;
-            m.remove(&self.name);
+            let (name, crc) = (name.clone(), w.crc);
+            m.remove(&name);
             drop(m);
-            let _ = std::fs::remove_file(self.cache.dir.join(file_name(&self.name, crc)));
+            let _ = std::fs::remove_file(self.cache.dir.join(file_name(&name, crc)));
         }
     }
 }
@@ -89,7 +102,7 @@ pub(super) fn adopt(map: &WholeMap, file: &str, len: u64) -> Option<()> {
     if len == 0 || len > u32::MAX as u64 {
         return None;
     }
-    map.lock().unwrap().insert(name, Whole { crc, verified: false, pins: 0, evicted: false });
+    map.lock().unwrap().insert(name, Whole { crc, verified: false, pins: 0, evicted: false, gen: next_gen() });
     Some(())
 }
 
@@ -143,10 +156,10 @@ impl DiskCache {
     pub fn whole(self: &Arc<Self>, key: &str, identity: &str, size: u64) -> Option<WholeFile> {
         let name = Self::whole_name(key, identity);
         self.index.get(&name)?; // marks it recently used
-        let (crc, verified) = {
+        let (crc, verified, gen) = {
             let m = self.whole.lock().unwrap();
             let w = m.get(&name)?;
-            (w.crc, w.verified)
+            (w.crc, w.verified, w.gen)
         };
         let path = self.dir.join(file_name(&name, crc));
         let fail = |why: &str| {
@@ -166,8 +179,8 @@ impl DiskCache {
                 w.verified = true;
             }
         }
-        self.whole.lock().unwrap().get_mut(&name)?.pins += 1;
-        Some(WholeFile { file, pin: WholePin { cache: self.clone(), name } })
+        self.whole.lock().unwrap().get_mut(&name).filter(|w| w.gen == gen)?.pins += 1;
+        Some(WholeFile { file, pin: WholePin { cache: self.clone(), gen } })
     }
 
     /// Build the version's whole file from its cached blocks (every block checked as it is
@@ -212,13 +225,63 @@ impl DiskCache {
         };
         {
             let mut m = self.whole.lock().unwrap();
-            let pins = m.get(&name).map_or(0, |w| w.pins);
-            m.insert(name.clone(), Whole { crc, verified: true, pins, evicted: false });
+            let (pins, gen) = m.get(&name).map_or((0, next_gen()), |w| (w.pins, w.gen));
+            m.insert(name.clone(), Whole { crc, verified: true, pins, evicted: false, gen });
         }
         self.index.insert(name.clone(), size as u32);
         self.index.run_pending_tasks();
         self.building.lock().unwrap().remove(&name);
         tracing::debug!(%key, size, "whole-object cache file built");
+        true
+    }
+
+    /// The object moved to `new_key` as version `new_identity` with the same bytes (a rename
+    /// made here): its whole file follows under its new name, so opens of the new name find
+    /// it, and readers passing through it keep it (pinned as before). `false` if there is
+    /// none or the disk refused. Blocking file I/O (a rename).
+    pub fn rekey_whole(&self, key: &str, identity: &str, new_key: &str, new_identity: &str) -> bool {
+        let (old, new) = (Self::whole_name(key, identity), Self::whole_name(new_key, new_identity));
+        if old == new {
+            return true;
+        }
+        let Some(size) = self.index.get(&old) else { return false };
+        {
+            let mut m = self.whole.lock().unwrap();
+            let Some(w) = m.get(&old).filter(|_| !m.contains_key(&new)) else { return false };
+            let from = self.dir.join(file_name(&old, w.crc));
+            if std::fs::rename(from, self.dir.join(file_name(&new, w.crc))).is_err() {
+                return false;
+            }
+            let w = m.remove(&old).expect("found above");
+            m.insert(new.clone(), w);
+        }
+        // The old name's eviction finds no entry and deletes nothing.
+        self.index.invalidate(&old);
+        self.index.insert(new, size);
+        self.index.run_pending_tasks();
+        true
+    }
+
+    /// Move the version's whole file (`size` bytes, checked by this process) to `to`, out
+    /// of the cache: a writer's staged file from now on (see the module doc). Its pins stop
+    /// counting; the file lives on while open. `false` if there is none, or the disk refused
+    /// (another file system). Blocking file I/O (a rename).
+    pub fn take_whole(&self, key: &str, identity: &str, size: u64, to: &Path) -> bool {
+        let name = Self::whole_name(key, identity);
+        {
+            // Under the map's lock: an eviction (which deletes by name) waits, then finds
+            // no entry and deletes nothing.
+            let mut m = self.whole.lock().unwrap();
+            let Some(w) = m.get(&name).filter(|w| w.verified) else { return false };
+            let path = self.dir.join(file_name(&name, w.crc));
+            if std::fs::metadata(&path).map(|m| m.len()).ok() != Some(size) || std::fs::rename(&path, to).is_err() {
+                return false;
+            }
+            m.remove(&name);
+        }
+        self.index.invalidate(&name);
+        self.index.run_pending_tasks();
+        tracing::debug!(%key, "whole-object cache file taken over by a writer");
         true
     }
 }
@@ -295,6 +358,37 @@ mod tests {
         assert!(c.whole("k", "e", size).is_none(), "the checksum catches a flipped byte");
         c.index.run_pending_tasks();
         assert!(!path.exists(), "and the file is deleted");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn renamed_with_its_object_then_taken_over_by_a_writer() {
+        let (d, pool) = (dir("move"), BlockPool::new(BLOCK as usize + ALIGN, 2));
+        let c = Arc::new(DiskCache::open(&d, 64 << 20).unwrap());
+        let data = object_in(&c, &pool);
+        let size = data.len() as u64;
+        assert!(c.build_whole("k", "e", size, &pool));
+        let w = c.whole("k", "e", size).expect("built");
+        // A rename here: the file follows, its pin with it.
+        assert!(c.rekey_whole("k", "e", "k2", "e2"));
+        assert!(!c.has_whole("k", "e") && c.has_whole("k2", "e2"));
+        assert!(read_all(&c.whole("k2", "e2", size).expect("under the new name")) == data);
+        let name = DiskCache::whole_name("k2", "e2");
+        let path = d.join(file_name(&name, c.whole.lock().unwrap()[&name].crc));
+        c.index.invalidate(&name);
+        c.index.run_pending_tasks();
+        assert!(path.exists(), "the pin taken before the rename still holds it");
+        // A writer takes it over: out of the cache, its bytes at the staged path; the old
+        // pin's drop deletes nothing (not even a file built again under the same name).
+        assert!(c.build_whole("k", "e", size, &pool) && c.rekey_whole("k", "e", "k3", "e3"));
+        let staged = d.join("staged.data");
+        assert!(c.take_whole("k3", "e3", size, &staged));
+        assert!(!c.has_whole("k3", "e3") && std::fs::read(&staged).unwrap() == data);
+        assert!(!c.take_whole("k3", "e3", size, &staged), "taken once");
+        assert!(c.build_whole("k", "e", size, &pool) && c.rekey_whole("k", "e", "k3", "e3"), "again under that name");
+        drop(w);
+        assert!(!path.exists(), "the evicted file went with its last pin");
+        assert!(c.whole("k3", "e3", size).is_some(), "the new build was left alone");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

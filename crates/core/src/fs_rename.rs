@@ -100,21 +100,21 @@ impl Fs {
         }
         match src.kind {
             Kind::File if self.pending_here(src.ino).await => {} // no object to learn from yet
-            Kind::File => self.learn_moved(src.ino).await,
+            Kind::File => self.learn_moved(src.ino, Some(&src.key)).await,
             Kind::Dir => {
                 // Handles open on files below read the moved objects from now on (their old
                 // keys are gone: a reader left on them was cut short at its cached blocks).
-                let below: Vec<u64> = {
+                let below: Vec<(u64, String)> = {
                     let t = self.table.lock().unwrap();
                     // Linked ones only: a file replaced earlier (unlinked, still open) keeps
                     // reading its own version, never the one that took its name.
                     t.nodes()
                         .filter(|n| n.kind == Kind::File && n.linked && n.key.starts_with(&new_key))
-                        .map(|n| n.ino)
+                        .map(|n| (n.ino, format!("{}{}", src.key, &n.key[new_key.len()..])))
                         .collect()
                 };
-                for ino in below.into_iter().filter(|&i| self.has_open_handle(i)) {
-                    self.learn_moved(ino).await;
+                for (ino, old_key) in below.into_iter().filter(|(i, _)| self.has_open_handle(*i)) {
+                    self.learn_moved(ino, Some(&old_key)).await;
                 }
             }
             Kind::Symlink => {}
@@ -123,10 +123,12 @@ impl Fs {
     }
 
     /// The identity of a file just moved (HEAD of its new key), for the node and for the
-    /// readers of handles open on it (the bytes are the same). A failure leaves the node
-    /// to be revalidated at its next open.
-    async fn learn_moved(&self, ino: u64) {
+    /// readers of handles open on it (the bytes are the same), and for its whole-object
+    /// cache file (from `old_key`, if given: passthrough readers keep it, new opens find it).
+    /// A failure leaves the node to be revalidated at its next open.
+    async fn learn_moved(&self, ino: u64, old_key: Option<&str>) {
         let Ok(node) = self.node(ino) else { return };
+        let old_identity = node.identity();
         if let Err(e) = self.revalidate(&node).await {
             tracing::debug!(key = %node.key, "identity after rename unknown: {e}");
             return;
@@ -134,6 +136,9 @@ impl Fs {
         // The listing too: a lookup served from it would bring the old identity back.
         self.table.lock().unwrap().relist(ino);
         let Ok(now) = self.node(ino) else { return };
+        if let (Some(old_key), Some(disk)) = (old_key, self.read_cache.disk()) {
+            disk.rekey_whole(old_key, &old_identity, &now.key, &now.identity());
+        }
         let fresh = self.reader_for(&now);
         self.replace_readers(ino, &fresh);
     }

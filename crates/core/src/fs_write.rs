@@ -279,7 +279,9 @@ impl Fs {
                                           // The node as of now: with our entry in the map no other open changes it, and the
                                           // caller's copy may predate a whole write-close cycle of another handle.
         let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
-        if fresh && !truncate && node.size > 0 {
+        // A version whole in the disk cache is taken over, not fetched (passthrough.rs).
+        let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st)?;
+        if fresh && !truncate && node.size > 0 && !adopted {
             if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.etag.as_deref()).await {
                 self.unstage(node.ino);
                 drop(st);

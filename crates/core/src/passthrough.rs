@@ -197,6 +197,49 @@ impl Fs {
         });
     }
 
+    /// A fresh staged file of `node` takes over the whole-object file of the node's version,
+    /// if the disk cache has one: no download, and readers passing through that file (the
+    /// kernel's one backing file of the inode) read the staged file from now on, so the
+    /// writer can pass through to it too. The handles already open on the file count as
+    /// the staged file's from then on: it lives while the kernel reads it for them.
+    pub(crate) fn adopt_whole(
+        &self,
+        node: &crate::inode::Node,
+        st: &mut crate::write::Staged,
+    ) -> Result<bool, crate::FsError> {
+        let Some(disk) = self.read_cache.disk() else { return Ok(false) };
+        let identity = node.identity();
+        if !self.passthrough.on.load(Relaxed) || node.size < WHOLE_MIN {
+            return Ok(false);
+        }
+        if !st.adopt(node.size, |to| disk.take_whole(&node.key, &identity, node.size, to))? {
+            return Ok(false);
+        }
+        for h in self.handles.lock().unwrap().values() {
+            if let crate::fs::Handle::File(f) = h {
+                if f.ino == node.ino && !f.staged.swap(true, Relaxed) {
+                    st.handles += 1;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Close `fh`, a handle opened only to stage its file (the adapter's, while a writer's
+    /// open is answered): while other handles of the file remain it uploads nothing (they
+    /// do, at their own close); the last one closes as [`Fs::release`] does.
+    pub async fn release_quietly(&self, fh: u64) -> Result<(), crate::FsError> {
+        let file = self.open_file(fh)?;
+        if let Some(staged) = self.staged_of_pub(file.ino) {
+            let mut st = staged.lock().await;
+            if file.staged.load(Relaxed) && st.handles > 1 && self.handles.lock().unwrap().remove(&fh).is_some() {
+                st.handles -= 1;
+                return Ok(());
+            }
+        }
+        self.release(fh).await
+    }
+
     /// Whether opens may pass through: set by the adapter once the kernel granted it (and
     /// cleared if registering a backing file fails). Whole files are built ahead only then.
     pub fn set_passthrough(&self, on: bool) {

@@ -140,6 +140,19 @@ impl Staged {
         })
     }
 
+    /// Take over a local file holding the object's current `size` bytes instead of fetching
+    /// them: `take` moves it to this staged file's path (replacing the empty file `create`
+    /// made). `false` (nothing changed) if `take` could not. A fresh staged file only.
+    pub fn adopt(&mut self, size: u64, take: impl FnOnce(&Path) -> bool) -> Result<bool, FsError> {
+        debug_assert!(self.size == 0 && !self.dirty && self.key.is_none());
+        if !take(&self.path) {
+            return Ok(false);
+        }
+        self.file = std::fs::OpenOptions::new().read(true).write(true).open(&self.path).map_err(local)?;
+        self.size = size;
+        Ok(true)
+    }
+
     /// Fill the staged file with the object's current bytes (open for write without
     /// O_TRUNC), in ranged reads of one part each, so memory stays at one part.
     pub async fn fill_from(

@@ -65,7 +65,7 @@ impl FuseAdapter {
 }
 
 /// The kernel's errno for `e`. An EIO tells the user nothing, so what caused it is logged.
-fn errno(e: &FsError) -> Errno {
+pub(crate) fn errno(e: &FsError) -> Errno {
     let n = e.errno();
     if n == libc::EIO {
         tracing::warn!("answering EIO: {e}");
@@ -222,8 +222,8 @@ impl Filesystem for FuseAdapter {
                     return reply.error(Errno::ETXTBSY);
                 }
             }
-            let counted = match pt.before_open(ino.0, write || truncate).await {
-                Ok(counted) => counted,
+            let change = match pt.before_open(&fs, ino.0, write || truncate).await {
+                Ok(change) => change,
                 Err(e) => return reply.error(e),
             };
             match fs.open(ino.0, write, truncate).await {
@@ -233,7 +233,7 @@ impl Filesystem for FuseAdapter {
                     if direct {
                         flags |= FopenFlags::FOPEN_DIRECT_IO; // never passed through
                     }
-                    pt.answer(&fs, ino.0, fh, counted, flags, reply).await;
+                    pt.answer(&fs, ino.0, fh, change, flags, reply).await;
                     if direct {
                         // The open learnt the real size; drop the placeholder the kernel
                         // holds (an offset below 0: attributes only).
@@ -243,7 +243,7 @@ impl Filesystem for FuseAdapter {
                     }
                 }
                 Err(e) => {
-                    pt.end_change(ino.0, counted);
+                    pt.end_change(&fs, ino.0, change).await;
                     reply.error(errno(&e))
                 }
             }
@@ -334,7 +334,7 @@ impl Filesystem for FuseAdapter {
             match fs.create(parent.0, &name, flags & libc::O_EXCL != 0, perm).await {
                 Ok((a, fh)) => {
                     let created = passthrough::Created { reply, ttl, attr: file_attr(&a) };
-                    pt.answer(&fs, a.ino, fh, false, FopenFlags::empty(), created).await
+                    pt.answer(&fs, a.ino, fh, Default::default(), FopenFlags::empty(), created).await
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -428,15 +428,15 @@ impl Filesystem for FuseAdapter {
         });
         let (fs, ttl, pt) = (self.fs.clone(), self.ttl(), self.pt.clone());
         self.rt.spawn(async move {
-            // A truncate changes the bytes: refused, as an open for writing is, while
-            // readers pass through to a cached version (they would read past the new end).
-            let counted = match pt.before_open(ino.0, size.is_some()).await {
-                Ok(counted) => counted,
+            // A truncate changes the bytes: prepared as an open for writing is, while readers
+            // pass through to a cached version (they see the new end, as a writer's bytes).
+            let prepared = match pt.before_open(&fs, ino.0, size.is_some()).await {
+                Ok(change) => change,
                 Err(e) => return reply.error(e),
             };
             let change = SetAttr { size, mode, uid, gid, mtime, fh: fh.map(|f| f.0) };
             let result = fs.setattr(ino.0, change).await;
-            pt.end_change(ino.0, counted);
+            pt.end_change(&fs, ino.0, prepared).await;
             match result {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),

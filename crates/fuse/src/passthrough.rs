@@ -14,11 +14,16 @@
 //!   through, unless ordinary opens of the inode are live (then it is an ordinary open,
 //!   exactly as without passthrough);
 //! - while passthrough opens are live, an open that would use the same file shares it (every
-//!   open of a staged inode uses its staged file); any other open is refused with EBUSY: an
-//!   open for writing while readers pass through to a cached version (checked before the
-//!   core opens it, so a refused open never changes the file), a read of a version the
-//!   object changed to (handing it the old version's file would break close-to-open), an
-//!   `O_RDONLY|O_TRUNC` beside cached readers;
+//!   open of a staged inode uses its staged file);
+//! - an open for writing (or a truncate) while readers pass through to a cached version
+//!   stages the file from that very cache file (core's `adopt_whole`: the file moves from the
+//!   cache to the staging area), and the backing file, the same file, is the staged one from
+//!   then on: the writer passes through to it and the readers see the writes. This happens
+//!   before the core opens the file for the writer, through a handle of our own kept until
+//!   the writer's open is answered. If it cannot (the object changed in the bucket since the
+//!   readers opened it), the open is refused with EBUSY before anything changed;
+//! - any other open is refused with EBUSY: a read of a version the object changed to (handing
+//!   it the old version's file would break close-to-open);
 //! - the backing file is unregistered at the last release of the inode's passthrough opens.
 //!
 //! The kernel drops an open's mode when the file is released, before our RELEASE arrives,
@@ -127,29 +132,65 @@ impl Passthrough {
     }
 
     /// Before the core opens `ino` for writing or truncating (`changes`), or truncates it:
-    /// `Err` to refuse while readers pass through to a cached version (the kernel allows one
-    /// backing file per inode, and the writer's is its staged file). `Ok(true)`: counted as
-    /// a writer opening; [`Self::end_change`] ends that (called by [`Self::answer`]).
-    pub async fn before_open(&self, ino: u64, changes: bool) -> Result<bool, Errno> {
+    /// while readers pass through to a cached version, stage the file from it (see the module
+    /// doc), or refuse (`Err`) if that cannot be done: the kernel allows one backing file per
+    /// inode, and the writer's is its staged file. The change is then counted as a writer
+    /// opening; [`Self::end_change`] ends it (called by [`Self::answer`]).
+    pub async fn before_open(&self, fs: &Fs, ino: u64, changes: bool) -> Result<Change, Errno> {
         if !changes || !self.on.load(Relaxed) {
-            return Ok(false);
+            return Ok(Change::default());
         }
         let cached = |io: &InodeIo| io.through.as_ref().is_some_and(|t| !is_staged_identity(&t.identity));
         // A reader that just closed is still counted until its RELEASE arrives.
         self.settle(ino, |io| !cached(io), RELEASE_WAIT).await;
-        let mut st = self.state.lock().unwrap();
-        let io = st.inodes.entry(ino).or_default();
-        if cached(io) {
-            tracing::info!(ino, "open for writing refused (EBUSY): the file is open for passthrough reads");
-            return Err(Errno::EBUSY);
-        }
-        io.writers_opening += 1;
-        Ok(true)
+        let busy = self.state.lock().unwrap().inodes.get(&ino).is_some_and(cached);
+        let reserved = if busy { Some(self.adopt(fs, ino).await?) } else { None };
+        self.state.lock().unwrap().inodes.entry(ino).or_default().writers_opening += 1;
+        Ok(Change { counted: true, reserved })
     }
 
-    /// The open (or truncate) counted by [`Self::before_open`] is answered, failed or done.
-    pub fn end_change(&self, ino: u64, counted: bool) {
-        if !counted {
+    /// Readers pass through to a cached version of `ino` and a writer comes: open it for
+    /// writing ourselves, which stages it from that cache file, and relabel the backing file
+    /// as the staged one. The handle (returned) keeps the staged file until the writer's open
+    /// is answered. Refused (EBUSY, nothing changed) if the staged file is another file.
+    async fn adopt(&self, fs: &Fs, ino: u64) -> Result<u64, Errno> {
+        let fh = fs.open(ino, true, false).await.map_err(|e| crate::errno(&e))?;
+        if self.relabel(fs, ino, fh).await {
+            return Ok(fh);
+        }
+        let _ = fs.release_quietly(fh).await;
+        tracing::info!(
+            ino,
+            "open for writing refused (EBUSY): the file is open for passthrough reads of another version"
+        );
+        Err(Errno::EBUSY)
+    }
+
+    /// If `ino` passes through to a file labelled otherwise than `fh`'s backing file but
+    /// that is the same file (a staged file took the cached one over; a renamed object's
+    /// cached file followed it), label it as `fh`'s from now on, so `fh` shares it. `false`
+    /// if it passes through to another file.
+    async fn relabel(&self, fs: &Fs, ino: u64, fh: u64) -> bool {
+        let Ok(b) = fs.backing_file(fh).await else { return false };
+        let mut st = self.state.lock().unwrap();
+        match st.inodes.get_mut(&ino).and_then(|io| io.through.as_mut()) {
+            None => true, // the readers closed meanwhile
+            Some(t) if t.identity == b.identity => true,
+            Some(t) if same_file(&t._backing.file, &b.file) => {
+                tracing::debug!(ino, from = %t.identity, to = %b.identity, "backing file relabelled");
+                (t.identity, t._backing) = (b.identity.clone(), b);
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// The open (or truncate) prepared by [`Self::before_open`] is answered, failed or done.
+    pub async fn end_change(&self, fs: &Fs, ino: u64, change: Change) {
+        if let Some(fh) = change.reserved {
+            let _ = fs.release_quietly(fh).await;
+        }
+        if !change.counted {
             return;
         }
         let mut st = self.state.lock().unwrap();
@@ -180,19 +221,19 @@ impl Passthrough {
         Self::forget_idle(st, ino);
     }
 
-    /// Answer the core's successful open (or create) of `ino` as handle `fh`; `counted`:
+    /// Answer the core's successful open (or create) of `ino` as handle `fh`; `change`:
     /// from [`Self::before_open`]; `flags`: the ordinary open's flags.
     pub async fn answer(
         &self,
         fs: &Arc<Fs>,
         ino: u64,
         fh: u64,
-        counted: bool,
+        change: Change,
         flags: FopenFlags,
         reply: impl OpenReply,
     ) {
         let reply = self.answer_inner(fs, ino, fh, flags, reply).await;
-        self.end_change(ino, counted);
+        self.end_change(fs, ino, change).await;
         if let Some(reply) = reply {
             // Not truncating, or checked by `before_open`: closing it changes nothing.
             let _ = fs.release(fh).await;
@@ -213,6 +254,12 @@ impl Passthrough {
         let eligible = self.on.load(Relaxed) && !flags.contains(FopenFlags::FOPEN_DIRECT_IO);
         let identity = if eligible { fs.passthrough_identity(fh) } else { None };
         let identity = identity.as_deref();
+        let other = |io: &InodeIo| io.through.as_ref().is_some_and(|t| Some(t.identity.as_str()) != identity);
+        if identity.is_some() && self.state.lock().unwrap().inodes.get(&ino).is_some_and(other) {
+            // Perhaps the same file by another name: staged without `before_open` (a create
+            // of a name that exists after all), or renamed.
+            self.relabel(fs, ino, fh).await;
+        }
         if identity.is_some() {
             // Opens closed just before this one are still counted until their RELEASE
             // arrives (the kernel sends it after close returns): give them a moment.
@@ -309,6 +356,24 @@ impl Passthrough {
             }
         }
         Self::forget_idle(&mut st, ino);
+    }
+}
+
+/// What [`Passthrough::before_open`] set up for one change, for [`Passthrough::end_change`].
+#[derive(Default)]
+pub struct Change {
+    /// Counted as a writer opening.
+    counted: bool,
+    /// Our own handle keeping the staged file taken over from a cached version.
+    reserved: Option<u64>,
+}
+
+/// Whether two open files are the same file on disk.
+fn same_file(a: &std::fs::File, b: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 
