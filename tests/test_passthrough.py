@@ -291,3 +291,34 @@ def test_truncate_by_path_is_seen_by_a_passthrough_reader(pbucket, tmp_path):
         finally:
             os.close(fd)
         assert in_bucket(pbucket, "t.bin") == data[:100]
+
+
+def test_a_part_changed_after_its_eager_upload_goes_up_again(pbucket, tmp_path):
+    """The kernel writes a passthrough writer's staged file; bucketfs still hands the parts
+    of a growing file to an eager upload before close. A part may change after it was sent:
+    the close must publish the final bytes (the part is checked, the file goes up whole)."""
+    rng = random.Random(41)
+    data = bytearray(rng.randbytes(30 * MiB))
+    key = "eager-pt.bin"
+    with mount(pbucket, tmp_path) as mp:
+        require_passthrough(mp)
+        with open(os.path.join(mp, key), "wb", buffering=0) as f:
+            for off in range(0, len(data), MiB):
+                f.write(data[off:off + MiB])
+            if pbucket.store == "s3":
+                c = seed.s3_client()
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and not any(
+                        u["Key"] == key for u in c.list_multipart_uploads(Bucket=pbucket.name).get("Uploads", [])):
+                    time.sleep(0.1)
+                assert time.monotonic() < deadline, "no eager upload of the passthrough writer's parts"
+            time.sleep(0.5)  # the first parts went up
+            f.seek(1000)
+            f.write(b"changed after it was sent")
+            data[1000:1025] = b"changed after it was sent"
+        assert md5(in_bucket(pbucket, key)) == md5(bytes(data)), "a part changed after it was sent is stale"
+        with open(os.path.join(mp, key), "rb") as f:
+            assert md5(f.read()) == md5(bytes(data))
+    if pbucket.store == "s3":
+        left = [u["Key"] for u in seed.s3_client().list_multipart_uploads(Bucket=pbucket.name).get("Uploads", [])]
+        assert left == [], f"multipart uploads left open: {left}"

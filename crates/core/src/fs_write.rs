@@ -513,6 +513,11 @@ impl Fs {
             Some(Handle::File(f)) => f,
             _ => return Ok(()),
         };
+        // The close's FLUSH (always sent before RELEASE) covered what the kernel wrote through
+        // this handle (passthrough); what changed since is another handle's to publish (an
+        // O_TRUNC open racing this RELEASE: uploading it now published an empty object), or,
+        // with no other handle left, a mapping's writes, uploaded below as any dirty file is.
+        file.writes_unseen.store(false, Ordering::Relaxed);
         let result = if self.write_back() { self.commit_for(&file, false).await } else { self.upload_for(&file).await };
         self.prepare_backing(&file);
         if let Some(staged) = self.staged_of(file.ino) {

@@ -62,6 +62,9 @@ pub(crate) struct Counters {
     /// Staged files the kernel may write directly, by inode: their attributes come from the
     /// file itself. Lock order: after `table` (attributes are built under it).
     watched: Mutex<HashMap<u64, Arc<std::fs::File>>>,
+    /// Inodes with a task feeding their parts to an eager upload ([`Fs::feed_watched`]).
+    /// A leaf lock.
+    feeding: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// The identity of a staged file's backing (every handle of its inode shares it): the
@@ -82,10 +85,23 @@ impl Fs {
     /// file of a staged inode (any handle), or the version a read-only handle pinned if it is
     /// large enough to be kept whole. `None` for an `O_RDONLY|O_TRUNC` handle (emptied at
     /// its flush, through us) and for small objects.
-    pub fn passthrough_identity(&self, fh: u64) -> Option<String> {
+    ///
+    /// A handle opened before its file was staged (a writer came meanwhile) reads the staged
+    /// file, as [`Fs::read`] does: it joins it here, counted among the staged file's
+    /// handles, so the file lives while the kernel reads it for this handle.
+    pub async fn passthrough_identity(&self, fh: u64) -> Option<String> {
         let f = self.open_file(fh).ok()?;
         if f.truncate_at_flush.load(Relaxed) {
             return None;
+        }
+        if !f.staged.load(Relaxed) {
+            if let Some(staged) = self.staged_of_pub(f.ino) {
+                let mut st = staged.lock().await;
+                let current = self.staged_of_pub(f.ino).is_some_and(|s| Arc::ptr_eq(&s, &staged));
+                if current && !f.staged.swap(true, Relaxed) {
+                    st.handles += 1;
+                }
+            }
         }
         if f.staged.load(Relaxed) {
             return self.staged_of_pub(f.ino).map(|s| staged_identity(&s));
@@ -99,7 +115,7 @@ impl Fs {
     /// `fh` pinned, built from the disk cache's blocks if they are all there. `Err`: why
     /// not, for the log.
     pub async fn backing_file(&self, fh: u64) -> Result<Backing, &'static str> {
-        let identity = self.passthrough_identity(fh).ok_or("truncating or small")?;
+        let identity = self.passthrough_identity(fh).await.ok_or("truncating or small")?;
         let f = self.open_file(fh).map_err(|_| "handle gone")?;
         if is_staged_identity(&identity) {
             return self.staged_backing(f.ino, identity).await;
@@ -143,7 +159,50 @@ impl Fs {
         })?;
         let second = file.try_clone().map_err(|_| "cannot duplicate the staged file")?;
         self.passthrough.watched.lock().unwrap().insert(ino, Arc::new(second));
+        drop(st);
+        self.feed_watched(ino, staged);
         Ok(Backing { file, identity, _pin: None })
+    }
+
+    /// A staged file the kernel writes, on a durable mount: hand the parts it completes to
+    /// an eager upload, as bucketfs's own writes do, so close sends only the tail. Parts may
+    /// change after they were sent (the kernel writes anywhere): the upload checks each
+    /// against the file before it completes, and sends the file whole if one changed
+    /// (write.rs). Ticks every 200 ms while the file stays staged and watched; feeds only
+    /// while the file grows (a file rewritten in place, a database, would waste uploads).
+    fn feed_watched(&self, ino: u64, staged: crate::write::SharedStaged) {
+        const TICK: Duration = Duration::from_millis(200);
+        if self.write_back() || !self.passthrough.feeding.lock().unwrap().insert(ino) {
+            return;
+        }
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let mut last = 0;
+            loop {
+                tokio::time::sleep(TICK).await;
+                let Some(fs) = me.upgrade() else { return };
+                if !fs.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+                    break;
+                }
+                let mut st = staged.lock().await;
+                if !st.watched() || st.unlinked || fs.observe(ino, &mut st).is_err() {
+                    break;
+                }
+                let grew = std::mem::replace(&mut last, st.size) < st.size;
+                if !grew || st.size < fs.cfg.write.part_size as u64 {
+                    continue;
+                }
+                let Ok(node) = fs.node(ino) else { break };
+                if let Err(e) =
+                    st.eager_feed(fs.store.as_ref(), &node.key, fs.cfg.write, &fs.attrs_to_keep(&node)).await
+                {
+                    tracing::debug!(key = %node.key, "eager upload stopped: {e}");
+                }
+            }
+            if let Some(fs) = me.upgrade() {
+                fs.passthrough.feeding.lock().unwrap().remove(&ino);
+            }
+        });
     }
 
     /// A watched staged file's length and mtime, read from the file (the kernel may have

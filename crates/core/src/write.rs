@@ -105,6 +105,9 @@ struct Eager {
     writer: Box<dyn ObjectWriter>,
     /// Bytes `0..sent` of the staged file are already handed to the writer.
     sent: u64,
+    /// For a file the kernel writes (passthrough), where a part sent may change after: the
+    /// CRC32C of each part sent, checked against the file before the upload completes.
+    crcs: Option<Vec<u32>>,
     /// Its part buffers' room in the mount's upload budget.
     _share: crate::part_budget::Share,
 }
@@ -461,7 +464,8 @@ impl Staged {
         let part = opts.part_size as u64;
         self.settle()?;
         if self.eager.is_none() {
-            if self.size < part || !self.appends_only {
+            // Sequential writes seen here, or a file the kernel writes (checked at the end).
+            if self.size < part || !(self.appends_only || self.watched()) {
                 return Ok(());
             }
             // No share free now: the file goes up at close instead (never wait here, with
@@ -469,7 +473,8 @@ impl Staged {
             let Some(share) = self.budget.eager(opts) else { return Ok(()) };
             let put = self.put_opts(attrs);
             let writer = store.writer(key, WriteOptions { put, ..opts }).await?;
-            self.eager = Some(Eager { key: key.to_string(), put, writer, sent: 0, _share: share });
+            let crcs = self.watched().then(Vec::new);
+            self.eager = Some(Eager { key: key.to_string(), put, writer, sent: 0, crcs, _share: share });
         }
         let Some(e) = self.eager.as_mut() else { return Ok(()) };
         if e.key != key {
@@ -479,6 +484,9 @@ impl Staged {
         while self.size - e.sent >= part {
             let mut buf = vec![0u8; part as usize];
             self.file.read_exact_at(&mut buf, e.sent).map_err(local)?;
+            if let Some(crcs) = e.crcs.as_mut() {
+                crcs.push(crc32c::crc32c(&buf));
+            }
             if let Err(err) = e.writer.write(buf.into()).await {
                 self.eager_abandon();
                 return Err(err.into());
@@ -504,7 +512,12 @@ impl Staged {
         if self.eager.as_ref().is_some_and(|e| e.put != put) {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
         }
-        let eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
+        let mut eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
+        if let Some(e) = eager.take_if(|e| !self.parts_unchanged(e, opts)) {
+            // The kernel changed a part after it was sent: the file goes up whole.
+            let mut e = e;
+            let _ = e.writer.abort().await;
+        }
         let result = match eager {
             Some(mut e) => {
                 let r = self.send_range(e.writer.as_mut(), e.sent, opts).await;
@@ -552,6 +565,16 @@ impl Staged {
             }
         }
         Ok(meta)
+    }
+
+    /// Whether the parts an eager upload sent still hold what was sent (always, unless the
+    /// kernel writes the file: then each part is read again and its CRC32C compared).
+    fn parts_unchanged(&self, e: &Eager, opts: WriteOptions) -> bool {
+        let Some(crcs) = &e.crcs else { return true };
+        let mut buf = vec![0u8; opts.part_size];
+        crcs.iter().enumerate().all(|(i, crc)| {
+            self.file.read_exact_at(&mut buf, i as u64 * opts.part_size as u64).is_ok() && crc32c::crc32c(&buf) == *crc
+        })
     }
 
     async fn send_range(&self, w: &mut dyn ObjectWriter, from: u64, opts: WriteOptions) -> Result<(), FsError> {

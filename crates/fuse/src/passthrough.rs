@@ -105,7 +105,7 @@ impl Passthrough {
     /// At INIT: ask for passthrough if wanted and possible; the log says why not.
     pub fn init(&self, fs: &Fs, config: &mut KernelConfig) {
         if !self.wanted {
-            return tracing::info!("passthrough off (--passthrough off, the default)");
+            return tracing::info!("passthrough off (--passthrough off)");
         }
         let why_not = if !config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH) {
             Some("the kernel does not offer FUSE passthrough (Linux 6.9 or later)")
@@ -249,11 +249,29 @@ impl Passthrough {
         ino: u64,
         fh: u64,
         flags: FopenFlags,
-        reply: R,
+        mut reply: R,
     ) -> Option<R> {
         let eligible = self.on.load(Relaxed) && !flags.contains(FopenFlags::FOPEN_DIRECT_IO);
-        let identity = if eligible { fs.passthrough_identity(fh) } else { None };
-        let identity = identity.as_deref();
+        // Once more if refused: the file may have changed hands meanwhile (a reader whose
+        // backing file was being found when a writer staged the file joins the staged file;
+        // the other file's last opens may be on their way out).
+        for _ in 0..2 {
+            let identity = if eligible { fs.passthrough_identity(fh).await } else { None };
+            reply = self.try_answer(fs, ino, fh, flags, identity.as_deref(), reply).await?;
+        }
+        Some(reply)
+    }
+
+    /// One try of [`Self::answer_inner`] with `fh`'s file as `identity` says.
+    async fn try_answer<R: OpenReply>(
+        &self,
+        fs: &Arc<Fs>,
+        ino: u64,
+        fh: u64,
+        flags: FopenFlags,
+        identity: Option<&str>,
+        reply: R,
+    ) -> Option<R> {
         let other = |io: &InodeIo| io.through.as_ref().is_some_and(|t| Some(t.identity.as_str()) != identity);
         if identity.is_some() && self.state.lock().unwrap().inodes.get(&ino).is_some_and(other) {
             // Perhaps the same file by another name: staged without `before_open` (a create
