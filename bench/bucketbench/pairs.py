@@ -1,5 +1,6 @@
 """Passthrough in REPORT.md: under experiments 2, 3 and 5 a "passthrough on/off" table,
-bucketfs (no passthrough) beside bucketfs-pt (`--passthrough on`) with their ratio; and one
+bucketfs-nopt (`--passthrough off`) beside bucketfs (passthrough on, the default) with their
+ratio; and one
 table of the figures issue 27 sets its goals by (reads from the mount's own caches, fio's
 buffered write phase, `cp` into the mount, the daemon's CPU per GB of cached reads), each
 system against native disk, all from the same run.
@@ -7,12 +8,12 @@ system against native disk, all from the same run.
 
 import re
 
-OFF, ON = "bucketfs", "bucketfs-pt"
+OFF, ON = "bucketfs-nopt", "bucketfs"
 PAIR_EXPERIMENTS = ("2", "3", "5")
 # experiment 3 has four or five figures per fio job; its pair keeps bandwidth and write phase
 PAIR_FIELDS = {"3": (".bw", ".write_s")}
 # the columns of the goals table beside native disk, where the run has them
-GOAL_SYSTEMS = (OFF, ON, "bucketfs-wb", "bucketfs-wbpt")
+GOAL_SYSTEMS = (OFF, ON, "bucketfs-wb")
 
 
 def _rec(exp, system, key):
@@ -47,7 +48,7 @@ def time_ratio(value, native, better):
 
 def pair_rows(eid, exp):
     """The passthrough on/off table of one experiment (lines of markdown), or [] unless
-    both bucketfs and bucketfs-pt have numbers in it."""
+    both bucketfs-nopt and bucketfs have numbers in it."""
     from .report import cell
     if eid not in PAIR_EXPERIMENTS:
         return []
@@ -71,8 +72,8 @@ def pair_rows(eid, exp):
                 ON, opens, " (no open found its file whole in the disk cache, or passthrough "
                 "is off: the mount's log says why), so the pair differs by noise only"
                 if not opens else ""))
-    return ["", "**Passthrough on/off**: %s (no passthrough) beside %s (`--passthrough on`, "
-            "else the same flags), same run; the ratio is %s ÷ %s, \"better\" when passthrough "
+    return ["", "**Passthrough on/off**: %s (`--passthrough off`) beside %s (passthrough on, "
+            "the default; else the same flags), same run; the ratio is %s ÷ %s, \"better\" when passthrough "
             "helped.%s" % (OFF, ON, ON, OFF, said), "",
             "| metric | %s | %s | %s ÷ %s |" % (OFF, ON, ON, OFF), "|---|---|---|---|"] + rows
 
@@ -94,7 +95,7 @@ def goal_figures(doc):
 
 def goals_table(doc):
     """The figures issue 27 sets goals by, one row each: native's median, each of
-    GOAL_SYSTEMS's, each one's time ÷ native's, and bucketfs-pt ÷ bucketfs. [] when the
+    GOAL_SYSTEMS's, each one's time ÷ native's, and bucketfs ÷ bucketfs-nopt. [] when the
     run has native and none of GOAL_SYSTEMS, or none of the figures."""
     from .report import cell, fmt
     systems = doc.get("systems", {})

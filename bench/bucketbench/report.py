@@ -52,6 +52,13 @@ def cell(rec):
     return s
 
 
+def not_run(res):
+    """Whether a system's results in one experiment say it was not run there (a system
+    limited to some experiments: systems.py's `only`); such a column is left out."""
+    return bool(res) and all(isinstance(r, dict) and str(r.get("na", "")).startswith("not run")
+                             for r in res.values())
+
+
 def numeric(rec):
     return rec is not None and "median" in rec
 
@@ -245,7 +252,8 @@ def write_report(json_path, bench_dir, out_path=None):
         L += ["## Experiment %s: %s" % (eid, exp["title"]), ""]
         # a standalone experiment (8) has its own columns (tools) and maybe references
         # (limits, not peers: one name, or a list in results from 2026-11-24 on)
-        cols = list(exp["columns"]) if "columns" in exp else systems
+        cols = list(exp["columns"]) if "columns" in exp else [
+            s for s in systems if not not_run(exp["results"].get(s))]
         ref = exp.get("reference") if "columns" in exp else None
         refs = [ref] if isinstance(ref, str) else list(ref or [])
         for line in exp.get("description", []):

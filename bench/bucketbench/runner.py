@@ -23,7 +23,7 @@ from . import install, report, util
 from . import servers as S
 from .experiments import all_experiments
 from .systems import ALL_SYSTEMS, DEFAULT_SYSTEMS, MountError, make_system
-from .util import CmdError, error, log, run
+from .util import CmdError, error, log, na, run
 
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(BENCH_DIR)
@@ -304,6 +304,11 @@ def main(argv=None):
                 if sysobj.name in entry["results"]:
                     log("experiment %d on %s: kept from the interrupted run" % (eid, sysobj.name))
                     continue
+                if getattr(sysobj, "only", None) and str(eid) not in sysobj.only:
+                    entry["results"][sysobj.name] = {m["key"]: na(
+                        "not run: %s runs in experiments %s only" % (sysobj.name, ", ".join(sysobj.only)))
+                        for m in entry["metrics"]}
+                    continue
                 ran = True
                 st = doc["systems"][sysobj.name]
                 if st["status"] == "failed" and sysobj.available():
@@ -334,7 +339,7 @@ def main(argv=None):
                 if rec:
                     entry["requests"][sysobj.name] = rec
                 entry["results"][sysobj.name] = res
-                if "--passthrough" in getattr(sysobj, "extra", ()):
+                if hasattr(sysobj, "passthrough_opens"):
                     # did the kernel serve opens itself? (it falls back off, and says why
                     # in the mount's log, below Linux 6.9 or without root)
                     entry.setdefault("passthrough_opens", {})[sysobj.name] = \

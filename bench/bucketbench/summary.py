@@ -117,7 +117,7 @@ def failure_lines(eid, exp, cols):
     return out
 
 
-WRITE_BACK_NOTE = ("Systems that upload after `close` returns (bucketfs-wb, bucketfs-wbpt; rclone-full, whose "
+WRITE_BACK_NOTE = ("Systems that upload after `close` returns (bucketfs-wb; rclone-full, whose "
                    "cache uploads 5 s later) may never upload a file deleted soon after it was "
                    "written: their low PUT and DELETE counts here are that, not a lost write.")
 
@@ -127,7 +127,7 @@ def standing_notes(eid, exp):
     if eid == "2":
         return ["", CPU_NOTE]
     if eid in ("4", "5", "6") and any(s in (exp.get("requests") or {})
-                                      for s in ("bucketfs-wb", "bucketfs-wbpt", "rclone-full")):
+                                      for s in ("bucketfs-wb", "rclone-full")):
         return ["", WRITE_BACK_NOTE]
     return []
 

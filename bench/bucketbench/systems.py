@@ -4,12 +4,11 @@ version, and unmount.
 | name         | what                                   | server        |
 | ------------ | -------------------------------------- | ------------- |
 | native       | a plain directory on local disk        | -             |
-| bucketfs     | target/release/bucketfs, s3:// mount   | MinIO         |
+| bucketfs     | target/release/bucketfs, s3:// mount (passthrough on where possible, the default) | MinIO |
 | bucketfs-gcs | target/release/bucketfs, gs:// mount   | fake-gcs      |
 | bucketfs-tuned | s3:// with --preload-tree --metadata-ttl 10 | MinIO |
 | bucketfs-wb  | s3:// with --write-back (close returns once staged) | MinIO |
-| bucketfs-pt  | s3:// with --passthrough on (the kernel reads cached files itself) | MinIO |
-| bucketfs-wbpt | s3:// with --write-back and --passthrough on | MinIO |
+| bucketfs-nopt | s3:// with --passthrough off (experiments 2, 3, 5 only: the on/off pairs) | MinIO |
 | s3fs         | s3fs-fuse (Debian)                     | MinIO         |
 | rclone-full  | rclone mount --vfs-cache-mode full     | MinIO         |
 | rclone-off   | rclone mount --vfs-cache-mode off      | MinIO         |
@@ -28,9 +27,10 @@ import time
 
 from . import servers as S
 from .install import go_binary
+from .pairs import PAIR_EXPERIMENTS
 from .util import CmdError, is_mounted, log, run, tail
 
-ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-pt", "bucketfs-wb", "bucketfs-wbpt", "bucketfs-tuned",
+ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-nopt", "bucketfs-wb", "bucketfs-tuned",
                "bucketfs-gcs", "s3fs", "rclone-full", "rclone-off", "gcsfuse"]
 DEFAULT_SYSTEMS = ALL_SYSTEMS
 MOUNT_TIMEOUT = 60
@@ -240,8 +240,10 @@ class Bucketfs(FuseSystem):
     the work directory at the start, so a rebuild during the run does not mix
     two versions in one set of results."""
 
-    def __init__(self, ctx, backend, extra=(), name=None):
+    def __init__(self, ctx, backend, extra=(), name=None, only=None):
         self.store = backend
+        # the experiments (ids as strings) this system runs in; None: all
+        self.only = only
         self.name = name or ("bucketfs" if backend == "s3" else "bucketfs-gcs")
         # Options a user can opt into (the tree loaded at mount, a longer metadata TTL).
         self.extra = list(extra)
@@ -255,7 +257,7 @@ class Bucketfs(FuseSystem):
         self.metrics_url = None
         self.own_requests = {}
         # opens the kernel served from a local file itself (FUSE passthrough), summed the
-        # same way; stays 0 on a mount without --passthrough on, or where it fell back off
+        # same way; stays 0 with --passthrough off, or where it fell back off
         self.passthrough_opens = 0
 
     def available(self):
@@ -433,14 +435,10 @@ def make_system(ctx, name):
         # Write-back, as rclone's full cache: close returns once the file is on local disk
         # and uploads follow; unmount (timed by the harness only for mount) drains them.
         return Bucketfs(ctx, "s3", ["--write-back"], "bucketfs-wb")
-    if name == "bucketfs-pt":
-        # FUSE passthrough: an open of a file whole in the disk cache is read by the kernel
-        # from the local file, with no round trip through bucketfs (docs/SEMANTICS.md)
-        return Bucketfs(ctx, "s3", ["--passthrough", "on"], "bucketfs-pt")
-    if name == "bucketfs-wbpt":
-        # Both: the kernel writes the staged file itself and close returns once it is on
-        # local disk (issue #27's goal for `cp` into the mount is set on this one).
-        return Bucketfs(ctx, "s3", ["--write-back", "--passthrough", "on"], "bucketfs-wbpt")
+    if name == "bucketfs-nopt":
+        # FUSE passthrough off (it is on by default): every read and write goes through
+        # bucketfs, for the report's on/off pairs; those experiments only (pairs.py).
+        return Bucketfs(ctx, "s3", ["--passthrough", "off"], "bucketfs-nopt", only=PAIR_EXPERIMENTS)
     if name == "bucketfs-tuned":
         return Bucketfs(ctx, "s3", ["--preload-tree", "--metadata-ttl", "10"], "bucketfs-tuned")
     if name == "s3fs":

@@ -258,7 +258,7 @@ def metric(key, label, unit, better):
 
 
 def pt_doc():
-    """A run with native, bucketfs, bucketfs-pt and bucketfs-wb in experiments 2, 3, 5."""
+    """A run with native, bucketfs-nopt, bucketfs (passthrough on) and bucketfs-wb in experiments 2, 3, 5."""
     exps = {
         "2": {"title": "Sequential reads", "metrics": [
             metric("first_200M", "200 MB first read (MB/s)", "MB/s", "higher"),
@@ -267,7 +267,7 @@ def pt_doc():
                    "MB/s", "higher"),
             metric("cpu_fs_dropped_200M", "200 MB dropped: fs CPU s per GB", "s/GB", "lower"),
             metric("checksum_failures", "md5 mismatches (count)", "count", "lower")],
-            "results": {}, "passthrough_opens": {"bucketfs-pt": 4}},
+            "results": {}, "passthrough_opens": {"bucketfs": 4}},
         "3": {"title": "fio", "metrics": [
             metric("write_16M_1M_j1_fsyncN.bw", "seq write: bw (MB/s)", "MB/s", "higher"),
             metric("write_16M_1M_j1_fsyncN.iops", "seq write: iops (IOPS)", "IOPS", "higher"),
@@ -278,17 +278,17 @@ def pt_doc():
             "results": {}},
     }
     values = {
-        ("2", "first_200M"): {"native": 800, "bucketfs": 100, "bucketfs-pt": 110},
-        ("2", "again_200M"): {"native": 4000, "bucketfs": 2000, "bucketfs-pt": 4000},
-        ("2", "dropped_200M"): {"native": 800, "bucketfs": 400, "bucketfs-pt": 800},
-        ("2", "cpu_fs_dropped_200M"): {"bucketfs": 0.8, "bucketfs-pt": 0.02},
-        ("2", "checksum_failures"): {"bucketfs": 0, "bucketfs-pt": 0},
-        ("3", "write_16M_1M_j1_fsyncN.bw"): {"native": 500, "bucketfs": 50, "bucketfs-pt": 40},
-        ("3", "write_16M_1M_j1_fsyncN.iops"): {"native": 500, "bucketfs": 50,
-                                                "bucketfs-pt": 40},
-        ("3", "write_16M_1M_j1_fsyncN.write_s"): {"native": 0.02, "bucketfs": 0.1,
-                                                   "bucketfs-pt": 0.05},
-        ("5", "to_64M"): {"native": 400, "bucketfs": 50, "bucketfs-pt": 50,
+        ("2", "first_200M"): {"native": 800, "bucketfs-nopt": 100, "bucketfs": 110},
+        ("2", "again_200M"): {"native": 4000, "bucketfs-nopt": 2000, "bucketfs": 4000},
+        ("2", "dropped_200M"): {"native": 800, "bucketfs-nopt": 400, "bucketfs": 800},
+        ("2", "cpu_fs_dropped_200M"): {"bucketfs-nopt": 0.8, "bucketfs": 0.02},
+        ("2", "checksum_failures"): {"bucketfs-nopt": 0, "bucketfs": 0},
+        ("3", "write_16M_1M_j1_fsyncN.bw"): {"native": 500, "bucketfs-nopt": 50, "bucketfs": 40},
+        ("3", "write_16M_1M_j1_fsyncN.iops"): {"native": 500, "bucketfs-nopt": 50,
+                                                "bucketfs": 40},
+        ("3", "write_16M_1M_j1_fsyncN.write_s"): {"native": 0.02, "bucketfs-nopt": 0.1,
+                                                   "bucketfs": 0.05},
+        ("5", "to_64M"): {"native": 400, "bucketfs-nopt": 50, "bucketfs": 50,
                           "bucketfs-wb": 200},
     }
     for (eid, key), per in values.items():
@@ -296,7 +296,7 @@ def pt_doc():
             exps[eid]["results"].setdefault(system, {})[key] = {
                 "runs": [v], "n": 1, "min": v, "median": v, "max": v}
     exps["2"]["results"]["native"]["cpu_fs_dropped_200M"] = {"na": "no file system process"}
-    names = ("native", "bucketfs", "bucketfs-pt", "bucketfs-wb")
+    names = ("native", "bucketfs-nopt", "bucketfs", "bucketfs-wb")
     return {"meta": {"started": "2026-11-26T05:00:00+00:00", "profile": "cloud", "quick": True,
                      "argv": [], "machine": {}, "phases": {}},
             "systems": {s: {"backend": "x", "version": "x", "status": "ok", "errors": []}
@@ -308,7 +308,7 @@ class PassthroughReportTest(unittest.TestCase):
     def test_pair_table_of_reads(self):
         rows = pairs.pair_rows("2", pt_doc()["experiments"]["2"])
         text = "\n".join(rows)
-        self.assertIn("| metric | bucketfs | bucketfs-pt | bucketfs-pt ÷ bucketfs |", text)
+        self.assertIn("| metric | bucketfs-nopt | bucketfs | bucketfs ÷ bucketfs-nopt |", text)
         self.assertIn("| 200 MB read again after the page cache is dropped (MB/s) | 400 | 800 | "
                       "2.00× (better) |", text)
         # lower is better for CPU: a smaller figure with passthrough is better
@@ -316,12 +316,12 @@ class PassthroughReportTest(unittest.TestCase):
                       text)
         self.assertIn("| 200 MB read again (MB/s) | 2000 | 4000 | 2.00× (better) |", text)
         self.assertNotIn("md5 mismatches", text)  # counts are not paired
-        self.assertIn("bucketfs-pt in this experiment (bucketfs's `bucketfs_passthrough_opens`):"
+        self.assertIn("bucketfs in this experiment (bucketfs's `bucketfs_passthrough_opens`):"
                       " 4.", text)
 
     def test_pair_table_says_when_passthrough_did_not_engage(self):
         exp = pt_doc()["experiments"]["2"]
-        exp["passthrough_opens"]["bucketfs-pt"] = 0
+        exp["passthrough_opens"]["bucketfs"] = 0
         self.assertIn("): 0 (no open found its file whole in the disk cache",
                       "\n".join(pairs.pair_rows("2", exp)))
 
@@ -333,16 +333,16 @@ class PassthroughReportTest(unittest.TestCase):
 
     def test_no_pair_without_both_systems_or_outside_2_3_5(self):
         doc = pt_doc()
-        del doc["experiments"]["5"]["results"]["bucketfs-pt"]
+        del doc["experiments"]["5"]["results"]["bucketfs"]
         self.assertEqual(pairs.pair_rows("5", doc["experiments"]["5"]), [])
         self.assertEqual(pairs.pair_rows("4", pt_doc()["experiments"]["2"]), [])
 
     def test_goals_table_against_native(self):
         text = "\n".join(pairs.goals_table(pt_doc()))
-        self.assertIn("| figure | native | bucketfs | bucketfs-pt | bucketfs-wb | bucketfs time "
-                      "÷ native's | bucketfs-pt time ÷ native's | bucketfs-wb time ÷ native's | "
-                      "bucketfs-pt ÷ bucketfs |", text)
-        # MB/s: native 800, bucketfs 400 takes twice native's time, bucketfs-pt as long
+        self.assertIn("| figure | native | bucketfs-nopt | bucketfs | bucketfs-wb | bucketfs-nopt time "
+                      "÷ native's | bucketfs time ÷ native's | bucketfs-wb time ÷ native's | "
+                      "bucketfs ÷ bucketfs-nopt |", text)
+        # MB/s: native 800, bucketfs-nopt 400 takes twice native's time, bucketfs as long
         self.assertIn("| 2. 200 MB read again after the page cache is dropped (MB/s) | 800 | 400 "
                       "| 800 | – | 2.00× | 1.00× | – | 2.00× (better) |", text)
         # seconds: 0.1 s against native's 0.02 s is 5x its time

@@ -21,7 +21,7 @@ from .shrink import shrink_all
 class Config:
     """A run's parameters. `big_files`: the generator's knob for files of a few MiB read
     again after close (what FUSE passthrough serves; gen.py). `passthrough` follows the
-    mount flags: `--passthrough on` makes the runner accept the EBUSY it documents."""
+    mount flags (on unless `--passthrough off`): the runner then accepts the EBUSY it documents."""
 
     def __init__(self, store="s3", ops=2000, seed=None, workers=3, listers=2, mount_args=(),
                  shrink_secs=180.0, hang_secs=180.0, replay=None, progress_every=0.0, verbose=True,
@@ -35,7 +35,8 @@ class Config:
         self.replay, self.progress_every, self.verbose = replay, progress_every, verbose
         self.exclude, self.big_files = list(exclude), big_files
         a = self.mount_args
-        self.passthrough = "--passthrough" in a and a[a.index("--passthrough") + 1:][:1] == ["on"]
+        # On by default (the mount falls back off without root or Linux 6.9+).
+        self.passthrough = "--passthrough" not in a or a[a.index("--passthrough") + 1:][:1] != ["off"]
         ttl = 1.0
         if "--metadata-ttl" in self.mount_args:
             ttl = float(self.mount_args[self.mount_args.index("--metadata-ttl") + 1])

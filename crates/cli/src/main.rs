@@ -185,10 +185,8 @@ pub struct MountArgs {
     fuse_threads: usize,
     /// FUSE passthrough: the kernel reads and writes staged files, and reads files held
     /// whole in the disk cache, by itself, with no round trip through bucketfs (Linux 6.9
-    /// or later, as root; otherwise off, and the log says why). While a cached file is read
-    /// so, opening it for writing fails with EBUSY (docs/SEMANTICS.md), hence off unless
-    /// asked for.
-    #[arg(long, value_name = "on|off", default_value = "off", action = clap::ArgAction::Set,
+    /// or later, as root; otherwise off, and the log says why). See docs/SEMANTICS.md.
+    #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
           hide_possible_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     passthrough: bool,
     /// Seconds to wait for the store to answer at mount before giving up.
