@@ -75,6 +75,14 @@ fn staged_identity(staged: &crate::write::SharedStaged) -> String {
 
 const STAGED: &str = "staged:";
 
+/// Handle `f`, opened before its file was staged, reads the staged file `st` from now on
+/// and counts among its handles (the file then lives until it closes). Once per handle.
+fn join_staged(f: &crate::fs::OpenFile, st: &mut crate::write::Staged) {
+    if !f.staged.swap(true, Relaxed) {
+        st.handles += 1;
+    }
+}
+
 /// Whether a backing identity names a staged file (else a cached object version).
 pub fn is_staged_identity(identity: &str) -> bool {
     identity.starts_with(STAGED)
@@ -97,9 +105,8 @@ impl Fs {
         if !f.staged.load(Relaxed) {
             if let Some(staged) = self.staged_of_pub(f.ino) {
                 let mut st = staged.lock().await;
-                let current = self.staged_of_pub(f.ino).is_some_and(|s| Arc::ptr_eq(&s, &staged));
-                if current && !f.staged.swap(true, Relaxed) {
-                    st.handles += 1;
+                if self.staged_of_pub(f.ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+                    join_staged(&f, &mut st);
                 }
             }
         }
@@ -276,8 +283,8 @@ impl Fs {
         }
         for h in self.handles.lock().unwrap().values() {
             if let crate::fs::Handle::File(f) = h {
-                if f.ino == node.ino && !f.staged.swap(true, Relaxed) {
-                    st.handles += 1;
+                if f.ino == node.ino {
+                    join_staged(f, st);
                 }
             }
         }

@@ -466,13 +466,10 @@ impl FileReader {
                 if data.len() as u64 != want {
                     return None;
                 }
-                let (key, id, pool) = (self.key.clone(), self.identity.clone(), self.cache.pool.clone());
+                let (key, id) = (self.key.clone(), self.identity.clone());
                 crate::sync::blocking(move || {
-                    let n = data.len();
-                    let mut buf = pool.take();
-                    buf.space()[..n].copy_from_slice(&data);
-                    buf.space()[n..round_up(n)].fill(0);
-                    disk.put(&key, &id, b, &buf.into_bytes(round_up(n)), n, crc32c::crc32c(&data));
+                    // `put` takes the block as it is (O_DIRECT when it is a whole pooled block).
+                    disk.put(&key, &id, b, &data, data.len(), crc32c::crc32c(&data));
                     disk.contains(&key, &id, b).then_some(())
                 })
                 .await?

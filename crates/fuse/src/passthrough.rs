@@ -282,12 +282,7 @@ impl Passthrough {
             // Opens closed just before this one are still counted until their RELEASE
             // arrives (the kernel sends it after close returns): give them a moment.
             self.settle(ino, |io| io.ordinary == 0, ORDINARY_WAIT).await;
-            self.settle(
-                ino,
-                |io| io.through.as_ref().is_none_or(|t| Some(t.identity.as_str()) == identity),
-                RELEASE_WAIT,
-            )
-            .await;
+            self.settle(ino, |io| !other(io), RELEASE_WAIT).await;
         }
         {
             let mut st = self.state.lock().unwrap();
