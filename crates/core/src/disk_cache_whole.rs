@@ -231,7 +231,7 @@ impl DiskCache {
         self.index.insert(name.clone(), size as u32);
         self.index.run_pending_tasks();
         self.building.lock().unwrap().remove(&name);
-        tracing::debug!(%key, size, "whole-object cache file built");
+        tracing::debug!(%key, %identity, size, "whole-object cache file built");
         true
     }
 
@@ -272,9 +272,14 @@ impl DiskCache {
             // Under the map's lock: an eviction (which deletes by name) waits, then finds
             // no entry and deletes nothing.
             let mut m = self.whole.lock().unwrap();
-            let Some(w) = m.get(&name).filter(|w| w.verified) else { return false };
+            let Some(w) = m.get(&name).filter(|w| w.verified) else {
+                tracing::debug!(%key, %identity, known = m.contains_key(&name), "no verified whole file to take over");
+                return false;
+            };
             let path = self.dir.join(file_name(&name, w.crc));
-            if std::fs::metadata(&path).map(|m| m.len()).ok() != Some(size) || std::fs::rename(&path, to).is_err() {
+            let len = std::fs::metadata(&path).map(|m| m.len()).ok();
+            if len != Some(size) || std::fs::rename(&path, to).is_err() {
+                tracing::debug!(%key, ?len, size, "whole file not taken over: other size, or not renamed");
                 return false;
             }
             m.remove(&name);

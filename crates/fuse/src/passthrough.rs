@@ -318,6 +318,7 @@ impl Passthrough {
             (Plan::Refuse, _) => Some(reply),
             (Plan::New, Some(Ok(b))) if self.on.load(Relaxed) => match reply.open_backing(&b.file) {
                 Ok(id) => {
+                    tracing::debug!(ino, identity = %b.identity, "backing file registered");
                     let t = Through { id, identity: b.identity.clone(), opens: 0, _backing: b };
                     st.inodes.entry(ino).or_default().through = Some(t);
                     Self::through(fs, &mut st, ino, fh, reply)

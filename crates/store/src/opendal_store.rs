@@ -4,8 +4,11 @@
 //! itself is `/`. Retries with backoff and per-request timeouts come from OpenDAL's layers,
 //! added once where the operator is built ([`crate::location`]).
 
+use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -17,6 +20,9 @@ use crate::{
     ByteStream, Capabilities, FileAttrs, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts,
     Store, StoreError, WriteOptions,
 };
+
+/// `mem://` versions: key -> (version, when its upload ended).
+type Stamps = HashMap<String, (u64, SystemTime)>;
 
 /// Keys per LIST request: S3's and GCS's maximum page size.
 const LIST_PAGE: usize = 1000;
@@ -47,6 +53,10 @@ pub struct OpendalStore {
     max_key_len: Option<usize>,
     /// The Content-Type uploads carry, where the service keeps one.
     content_type: crate::ContentType,
+    /// `mem://`: OpenDAL's memory service reports neither ETag nor mtime, so two versions
+    /// of one size would look alike (and a cache would serve the older). Each upload here
+    /// stamps its key with a new version, reported as the ETag, and the time it ended.
+    stamps: Option<Arc<Mutex<Stamps>>>,
 }
 
 /// Longest object name S3 and GCS accept, in bytes.
@@ -60,7 +70,16 @@ impl OpendalStore {
         let max_key_len = (info.scheme() == "s3" || info.scheme() == "gcs")
             .then(|| OBJECT_KEY_MAX.saturating_sub(info.root().trim_start_matches('/').len()));
         let content_type = crate::ContentType::default();
-        Self { op, description, prefix_dirs, generation_identity, compose_op: None, max_key_len, content_type }
+        let stamps = (info.scheme() == "memory").then(Default::default);
+        Self { op, description, prefix_dirs, generation_identity, compose_op: None, max_key_len, content_type, stamps }
+    }
+
+    /// `mem://`: `key` now holds a new version (see `stamps`).
+    fn stamp(&self, key: &str) {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        if let Some(s) = &self.stamps {
+            s.lock().unwrap().insert(key.to_string(), (NEXT.fetch_add(1, Relaxed), SystemTime::now()));
+        }
     }
 
     /// Uploads carry this Content-Type policy (default: guessed from the extension).
@@ -87,13 +106,17 @@ impl OpendalStore {
 
     fn meta(&self, key: &str, m: &Metadata) -> ObjectMeta {
         let etag = if self.generation_identity { m.version().or(m.etag()) } else { m.etag().or(m.version()) };
-        ObjectMeta {
+        let mut meta = ObjectMeta {
             key: key.to_string(),
             size: if m.is_dir() { 0 } else { m.content_length() },
             etag: etag.map(str::to_string),
             mtime: m.last_modified().map(Into::into),
             size_unknown: false,
+        };
+        if let Some((version, at)) = self.stamps.as_ref().and_then(|s| s.lock().unwrap().get(key).copied()) {
+            (meta.etag, meta.mtime) = (Some(format!("\"mem-{version}\"")), Some(at));
         }
+        meta
     }
 }
 
@@ -223,13 +246,18 @@ impl Store for OpendalStore {
         }
         let created = |e| StoreError::from_opendal("put", key, e).if_created(opts.if_not_exists);
         let m = req.await.map_err(created)?;
+        self.stamp(key);
         // The identity comes from this upload's own response, never from a later HEAD: another
         // writer may have replaced the object in between (then we would claim their ETag).
         Ok(self.meta(key, &m))
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.op.delete(od_path(key)).await.map_err(|e| StoreError::from_opendal("delete", key, e))
+        self.op.delete(od_path(key)).await.map_err(|e| StoreError::from_opendal("delete", key, e))?;
+        if let Some(s) = &self.stamps {
+            s.lock().unwrap().remove(key);
+        }
+        Ok(())
     }
 
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
@@ -357,6 +385,7 @@ impl ObjectWriter for OpendalWriter {
         let close = self.writer()?.close().await;
         let m = close.map_err(|e| StoreError::from_opendal("upload", &key, e).if_created(created))?;
         self.w = None;
+        self.store.stamp(&key);
         // As in `put`: the response's own identity, never a later HEAD's.
         Ok(self.store.meta(&key, &m))
     }
@@ -368,4 +397,22 @@ impl ObjectWriter for OpendalWriter {
             None => Ok(()),
         }
     }
+}
+
+/// `mem://`: two uploads of one size are two versions (ETag and mtime differ), and a HEAD
+/// and a listing report the upload's own identity; a delete forgets it.
+#[cfg(test)]
+#[tokio::test]
+async fn memory_versions_differ_by_upload() {
+    let op = Operator::new(opendal::services::Memory::default()).unwrap();
+    let s = OpendalStore::new(op, "mem://".into(), true);
+    let a = s.put("k", Bytes::from_static(b"aaaa"), PutOpts::default()).await.unwrap();
+    let b = s.put("k", Bytes::from_static(b"bbbb"), PutOpts::default()).await.unwrap();
+    assert!(a.etag.is_some() && a.etag != b.etag, "{a:?} {b:?}");
+    assert_eq!(s.head("k", HeadOpts::default()).await.unwrap().meta.etag, b.etag);
+    let listed: Vec<ObjectMeta> = s.list("", false).try_collect().await.unwrap();
+    assert_eq!(listed.iter().find(|m| m.key == "k").and_then(|m| m.etag.clone()), b.etag);
+    s.delete("k").await.unwrap();
+    let c = s.put("k", Bytes::from_static(b"cccc"), PutOpts::default()).await.unwrap();
+    assert!(c.etag != b.etag && c.etag != a.etag);
 }
