@@ -195,6 +195,7 @@ impl Fs {
     fn snapshot_of(&self, dir: &Node) -> Arc<Vec<DirEntry>> {
         let ino = dir.ino;
         let mut t = self.table.lock().unwrap();
+        let overtaken = t.listing(ino).is_some_and(|l| l.overtaken);
         let mut metas: Vec<ChildMeta> =
             t.listing(ino).map(|l| l.children.values().cloned().collect()).unwrap_or_default();
         metas.sort_by(|a, b| a.name.cmp(&b.name));
@@ -203,8 +204,11 @@ impl Fs {
         out.push(DirEntry { ino: dir.parent, kind: Kind::Dir, name: "..".into() });
         for m in &metas {
             // A listing entry updates what is known of the child, unless the mount's own
-            // state is newer (`Node::local`): then the node, not the listing, is shown.
-            let child = t.upsert(ino, m);
+            // state is newer (`Node::local`): then the node, not the listing, is shown. An
+            // overtaken listing may hold an entry older than an upload made here since: it
+            // only names children (a known one keeps what the mount holds).
+            let known = t.child(ino, &m.name).filter(|n| overtaken && n.kind == m.kind).map(|n| n.ino);
+            let child = known.unwrap_or_else(|| t.upsert(ino, m));
             let kind = t.get(child).map_or(m.kind, |n| n.kind);
             out.push(DirEntry { ino: child, kind, name: m.name.clone() });
         }

@@ -345,7 +345,15 @@ impl Fs {
             t.remember(ino);
             return Ok(self.attr(t.get(ino).expect("indexed")));
         }
-        let meta = self.find_child(&dir, name).await?.ok_or(FsError::NotFound)?;
+        let since = self.table.lock().unwrap().change_seq();
+        let mut found = self.find_child(&dir, name).await?;
+        if self.table.lock().unwrap().changed_at(parent) > since {
+            // The directory changed here while the store was asked (an upload, a create, an
+            // unlink): the answer may predate that change, so ask again (a listing this
+            // mount keeps current usually answers with no request).
+            found = self.find_child(&dir, name).await?;
+        }
+        let meta = found.ok_or(FsError::NotFound)?;
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &meta);
         t.remember(ino);
@@ -602,7 +610,18 @@ impl Fs {
             // Unlinked or replaced while open: its key names another file now, if any.
             return Ok(self.attr(gone));
         }
-        match self.store.head(&node.key, HeadOpts::default()).await {
+        let since = self.table.lock().unwrap().change_seq();
+        let head = self.store.head(&node.key, HeadOpts::default()).await;
+        {
+            // An upload, create or unlink here since the HEAD was sent (it notes a change in
+            // the parent): the answer may predate it, and must not put the node back on an
+            // older version (or unlink a file just made). What the mount holds answers.
+            let t = self.table.lock().unwrap();
+            if let Some(cur) = t.get(node.ino).filter(|n| t.changed_at(n.parent) > since) {
+                return Ok(self.attr(cur));
+            }
+        }
+        match head {
             Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
                 let meta = self.child_meta(&node.name, &m, Kind::File);
                 let mut t = self.table.lock().unwrap();
@@ -684,8 +703,13 @@ impl Fs {
             }
         };
         let (own, subtree) = tokio::join!(self.list_children(dir), subtree);
-        let template =
-            Listing { at: started, valid_for: self.cfg.metadata_ttl, children: HashMap::new(), subtree: false };
+        let template = Listing {
+            at: started,
+            valid_for: self.cfg.metadata_ttl,
+            children: HashMap::new(),
+            subtree: false,
+            overtaken: false,
+        };
         let mut children = match own {
             Ok(c) => c,
             Err(FsError::Store(e)) if self.serve_stale_listing(dir, &e) => return Ok(()),

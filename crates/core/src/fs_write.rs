@@ -631,6 +631,7 @@ impl Fs {
             valid_for: self.cfg.metadata_ttl,
             children: Default::default(),
             subtree: true,
+            overtaken: false,
         };
         t.set_listing(ino, empty);
         let n = t.get_mut(ino).expect("just inserted");

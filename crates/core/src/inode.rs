@@ -152,6 +152,9 @@ pub struct Listing {
     /// It came from a recursive listing of a subtree that fit in one page: listing the
     /// subtree again is worth a try when it goes stale (see `Fs::ensure_listing`).
     pub subtree: bool,
+    /// Fetched while this mount changed the directory ([`InodeTable::set_listing_since`]):
+    /// its entries may predate that change, so they name children but do not update them.
+    pub overtaken: bool,
 }
 
 impl Listing {
@@ -519,6 +522,7 @@ impl InodeTable {
     pub fn set_listing_since(&mut self, dir: u64, mut listing: Listing, since: u64) {
         if self.changed.get(&dir).is_some_and(|&c| c > since) {
             listing.valid_for = std::time::Duration::ZERO;
+            listing.overtaken = true;
         }
         self.listings.insert(dir, listing);
     }

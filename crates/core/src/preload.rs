@@ -66,7 +66,7 @@ impl Fs {
             )));
         };
         dirs.insert(String::new(), own?);
-        let template = Listing { at: started, valid_for, children: HashMap::new(), subtree: false };
+        let template = Listing { at: started, valid_for, children: HashMap::new(), subtree: false, overtaken: false };
         self.install_subtree("", ROOT_INO, dirs, template, since, &HashSet::new());
         tracing::info!(entries = count, ms = self.cfg.clock.since(started).as_millis() as u64, "tree preloaded");
         Ok(count)

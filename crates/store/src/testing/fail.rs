@@ -29,12 +29,43 @@ pub struct FailStore {
     calls: AtomicU64,
     /// A failing streamed read delivers this many bytes before its error (None: fails at once).
     cut_after: Option<u64>,
+    /// Armed by [`FailStore::hold_next_head`]: the next HEAD is answered as of when it was
+    /// sent, but only once this is notified (a reply that arrives late).
+    held_head: std::sync::Mutex<Option<Arc<tokio::sync::Notify>>>,
+    /// Armed by [`FailStore::hold_lists`]: (lists still to hold, the permits they wait for).
+    held_lists: std::sync::Mutex<Option<(u32, Arc<tokio::sync::Semaphore>)>>,
 }
 
 impl FailStore {
     /// Fail calls `n..n+count` (1-based) of `op` with an error of `kind`.
     pub fn new(inner: Arc<dyn Store>, op: Op, n: u64, count: u64, kind: StoreErrorKind) -> Self {
-        Self { inner, op, fail_from: n, fail_count: count, kind, calls: AtomicU64::new(0), cut_after: None }
+        Self {
+            inner,
+            op,
+            fail_from: n,
+            fail_count: count,
+            kind,
+            calls: AtomicU64::new(0),
+            cut_after: None,
+            held_head: Default::default(),
+            held_lists: Default::default(),
+        }
+    }
+
+    /// The next `count` listings read the store when first polled, but end only as the
+    /// returned semaphore gets permits (one each): answers overtaken by what happens meanwhile.
+    pub fn hold_lists(&self, count: u32) -> Arc<tokio::sync::Semaphore> {
+        let permits = Arc::new(tokio::sync::Semaphore::new(0));
+        *self.held_lists.lock().unwrap() = Some((count, permits.clone()));
+        permits
+    }
+
+    /// The next HEAD reads the store at once but returns only when the returned `Notify` is
+    /// notified: a reply overtaken by what happens meanwhile.
+    pub fn hold_next_head(&self) -> Arc<tokio::sync::Notify> {
+        let n = Arc::new(tokio::sync::Notify::new());
+        *self.held_head.lock().unwrap() = Some(n.clone());
+        n
     }
 
     /// A failing streamed read first yields `bytes` bytes of the object, then the error.
@@ -68,7 +99,12 @@ impl Store for FailStore {
     }
     async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         self.gate(Op::Head)?;
-        self.inner.head(key, opts).await
+        let held = self.held_head.lock().unwrap().take();
+        let answer = self.inner.head(key, opts).await;
+        if let Some(n) = held {
+            n.notified().await;
+        }
+        answer
     }
     async fn get(&self, key: &str, r: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
         use futures::StreamExt;
@@ -82,8 +118,31 @@ impl Store for FailStore {
         Ok(Box::pin(head.chain(futures::stream::once(async move { Err(err) }))))
     }
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
+        let held = {
+            let mut h = self.held_lists.lock().unwrap();
+            let permits = h.as_ref().map(|(_, p)| p.clone());
+            if let Some((left, _)) = h.as_mut() {
+                *left -= 1;
+                if *left == 0 {
+                    *h = None;
+                }
+            }
+            permits
+        };
         match self.gate(Op::List) {
-            Ok(()) => self.inner.list(prefix, recursive),
+            Ok(()) => {
+                use futures::StreamExt;
+                let inner = self.inner.list(prefix, recursive);
+                let Some(permits) = held else { return inner };
+                Box::pin(
+                    futures::stream::once(async move {
+                        let all: Vec<_> = inner.collect().await;
+                        permits.acquire().await.expect("never closed").forget();
+                        futures::stream::iter(all)
+                    })
+                    .flatten(),
+                )
+            }
             Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
         }
     }
