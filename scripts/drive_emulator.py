@@ -621,6 +621,7 @@ class Handler(BaseHTTPRequestHandler):
                                  "mimeType": f["mimeType"], "id": meta.get("id")}, d.content.get(f["id"], b""), qs)
                 return self.file_out(g, qs)
             if m == "GET" and qs.get("alt") == "media":
+                d.stats["media_gets"] = d.stats.get("media_gets", 0) + 1
                 return self.media(f, qs)
             if m == "GET":
                 return self.file_out(f, qs)

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -124,6 +125,33 @@ def test_changes_made_elsewhere_show_up(folder, tmp_path):
         assert wait_until(lambda: sorted(os.listdir(mp)) == ["added.txt", "keep.txt"], 10), os.listdir(mp)
         assert open(os.path.join(mp, "added.txt"), "rb").read() == b"added elsewhere"
         assert wait_until(lambda: open(os.path.join(mp, "keep.txt"), "rb").read() == b"version two", 10)
+
+
+def media_gets() -> int:
+    st, out = ds.api("GET", "/_control/stats")
+    assert st == 200, out
+    return out.get("media_gets", 0)
+
+
+def test_a_change_of_metadata_elsewhere_keeps_what_is_cached(folder, tmp_path):
+    """Drive raises a file's `version` on every change, its properties included; the mount
+    knows content by its MD5, so a file whose bytes did not change is not downloaded again."""
+    data = os.urandom(3 * 1024 * 1024)
+    f = ds.create("big.bin", folder, data)
+    env = drive_env(tmp_path, BUCKETFS_GDRIVE_POLL_SECS="0.3")
+    with mounted(args(folder, "--metadata-ttl", "0.3"), env=env) as mp:
+        p = os.path.join(mp, "big.bin")
+        with open(p, "rb") as fh:
+            assert fh.read() == data
+        before = media_gets()
+        st, out = ds.api("PATCH", f"/drive/v3/files/{f['id']}", body={"properties": {"note": "x"}},
+                         raw=True)
+        assert st == 200, out
+        time.sleep(1.2)  # past the TTL and a changes poll: the mount sees the new version
+        os.stat(p)
+        with open(p, "rb") as fh:
+            assert fh.read() == data
+        assert media_gets() == before, "downloaded again after a change of its properties"
 
 
 def test_no_credentials_is_one_clear_line(folder, tmp_path):

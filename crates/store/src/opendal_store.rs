@@ -105,7 +105,10 @@ impl OpendalStore {
     }
 
     fn meta(&self, key: &str, m: &Metadata) -> ObjectMeta {
-        let etag = if self.generation_identity { m.version().or(m.etag()) } else { m.etag().or(m.version()) };
+        // GCS: the generation only. An answer without one (an XML upload's completion may
+        // carry only an ETag) leaves the identity unknown, to be asked for, rather than an
+        // ETag that no listing or HEAD reports and no generation precondition accepts.
+        let etag = if self.generation_identity { m.version() } else { m.etag().or(m.version()) };
         let mut meta = ObjectMeta {
             key: key.to_string(),
             size: if m.is_dir() { 0 } else { m.content_length() },

@@ -81,7 +81,7 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
         Ok(ObjectMeta {
             key: to.to_string(),
             size: m.content_length(),
-            etag: m.version().or(m.etag()).map(str::to_string),
+            etag: m.version().map(str::to_string), // the generation only, as `OpendalStore::meta`
             mtime: m.last_modified().map(Into::into),
             size_unknown: false,
         })

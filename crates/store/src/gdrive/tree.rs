@@ -87,9 +87,14 @@ impl File {
         Some(t.into())
     }
 
-    /// Our identity for the content: it changes with every new version of the file.
+    /// Our identity for the content. A file with binary content: its id and MD5, so a
+    /// rename, `chmod` or `touch` (which raise Drive's `version`, as every change does)
+    /// keeps what is cached of it; otherwise (Google Docs have no MD5) its `version`.
     pub fn etag(&self) -> String {
-        format!("{}.{}", self.id, self.version.as_deref().unwrap_or("0"))
+        match self.md5_checksum.as_deref() {
+            Some(md5) => format!("{}.md5-{md5}", self.id),
+            None => format!("{}.{}", self.id, self.version.as_deref().unwrap_or("0")),
+        }
     }
 }
 
@@ -136,8 +141,16 @@ impl Tree {
         &self.root
     }
 
-    /// Record a file as Drive now reports it (trashed means gone).
+    /// Record a file as Drive now reports it (trashed means gone). An answer older than
+    /// what the tree holds (a changes page fetched before our own upload's answer was
+    /// learned) is ignored: it would put the file back on an older version.
     pub fn upsert(&mut self, f: File) {
+        let version = |f: &File| f.version.as_deref().and_then(|v| v.parse::<u64>().ok());
+        if let (Some(new), Some(held)) = (version(&f), self.files.get(&f.id).and_then(version)) {
+            if new < held {
+                return;
+            }
+        }
         if f.trashed {
             self.files.remove(&f.id);
         } else {
@@ -256,5 +269,24 @@ mod tests {
         hidden.upsert(file("G1", "Notes", "R", "2024-01-01T00:00:00Z", EXPORTS[0].0));
         hidden.rebuild();
         assert!(hidden.list("", true).is_empty());
+    }
+
+    #[test]
+    fn an_older_answer_does_not_replace_a_newer_version() {
+        let mut t = Tree::new("R".into(), false);
+        let at = |v: &str, size: &str| File {
+            version: Some(v.into()),
+            size: Some(size.into()),
+            ..file("F1", "f", "R", "2024-01-01T00:00:00Z", "text/plain")
+        };
+        t.upsert(at("6", "20"));
+        t.upsert(at("5", "10")); // a changes page fetched before version 6 was learned
+        t.rebuild();
+        assert_eq!(t.lookup("f").map(|f| (f.etag(), f.size())), Some(("F1.6".into(), 20)));
+        let md5 = |m: &str| File { md5_checksum: Some(m.into()), ..at("8", "30") };
+        assert_eq!(md5("abc").etag(), "F1.md5-abc");
+        assert_eq!(File { version: Some("9".into()), ..md5("abc") }.etag(), md5("abc").etag(), "same content");
+        t.upsert(at("7", "30"));
+        assert_eq!(t.lookup("f").map(|f| f.size()), Some(30));
     }
 }
