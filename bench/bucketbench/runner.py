@@ -315,7 +315,8 @@ def main(argv=None):
                     entry["results"][sysobj.name] = {
                         m["key"]: error("unavailable: " + st["errors"][0]) for m in entry["metrics"]}
                     continue
-                log("experiment %d on %s" % (eid, sysobj.name))
+                rss = srv.fresh_proxy()
+                log("experiment %d on %s (toxiproxy restarted; it held %d MB)" % (eid, sysobj.name, rss))
                 counter.start(exp, sysobj)
                 if hasattr(sysobj, "passthrough_opens"):
                     sysobj.passthrough_opens = 0

@@ -126,8 +126,7 @@ class Servers:
                 {"name": "gcs", "listen": "127.0.0.1:%d" % GCS_PROXY_PORT,
                  "upstream": "127.0.0.1:%d" % GCS_PORT, "enabled": True},
             ], f)
-        self._spawn("toxiproxy", [go_binary("server"), "-host", "127.0.0.1",
-                                  "-port", str(TOXI_API_PORT), "-config", cfg])
+        self._spawn_proxy(cfg)
         checks = [
             ("minio", "http://127.0.0.1:%d/minio/health/live" % MINIO_PORT),
             ("fake-gcs-server", "http://127.0.0.1:%d/storage/v1/b" % GCS_PORT),
@@ -138,6 +137,43 @@ class Servers:
                 raise RuntimeError("%s did not become ready (see %s)" % (name, self.logdir))
             self._check_alive()
         self._create_buckets()
+
+    def _spawn_proxy(self, cfg):
+        self._spawn("toxiproxy", [go_binary("server"), "-host", "127.0.0.1",
+                                  "-port", str(TOXI_API_PORT), "-config", cfg])
+
+    def fresh_proxy(self):
+        """Restart toxiproxy (its proxies come from its config; the profile's toxics are
+        added again). Under hours of load its memory grows without bound (20 GB after an
+        hour of experiment 3 here, then the machine ran out of memory), so the suite gives
+        every (experiment, system) a fresh one. Returns its RSS in MB before the restart."""
+        rss = 0
+        for i, (name, p, logf) in enumerate(self.procs):
+            if name != "toxiproxy":
+                continue
+            try:
+                with open("/proc/%d/status" % p.pid) as f:
+                    rss = next((int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:")), 0)
+            except OSError:
+                pass
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+            logf.close()
+            del self.procs[i]
+            break
+        if not wait_for(lambda: port_free(TOXI_API_PORT) and port_free(S3_PROXY_PORT)
+                        and port_free(GCS_PROXY_PORT), 30, 0.2):
+            raise RuntimeError("toxiproxy's ports stayed busy after it stopped")
+        self._spawn_proxy(os.path.join(self.workdir, "toxiproxy.json"))
+        url = "http://127.0.0.1:%d/version" % TOXI_API_PORT
+        if not wait_for(lambda: urllib.request.urlopen(url, timeout=2).status == 200, 60, 0.2):
+            raise RuntimeError("toxiproxy did not become ready again (see %s)" % self.logdir)
+        self.apply_profile(quiet=True)
+        return rss
 
     def _check_alive(self):
         for name, p, _ in self.procs:
@@ -233,7 +269,7 @@ class Servers:
             headers={"Content-Type": "application/json"})
         return urllib.request.urlopen(req, timeout=10).read()
 
-    def apply_profile(self):
+    def apply_profile(self, quiet=False):
         """Add the toxics of the profile to both proxies."""
         toxics = []
         if self.profile == "cloud":
@@ -248,7 +284,7 @@ class Servers:
         for proxy in ("minio", "gcs"):
             for t in toxics:
                 self._toxi("POST", "/proxies/%s/toxics" % proxy, t)
-        if toxics:
+        if toxics and not quiet:
             log("toxics on both proxies: " + ", ".join(t["name"] for t in toxics))
         return toxics
 
