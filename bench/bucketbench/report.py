@@ -287,6 +287,7 @@ def write_report(json_path, bench_dir, out_path=None):
         errs = summary.failure_lines(eid, exp, cols)
         if errs:
             L += [""] + errs
+        L += summary.proxy_lines(exp)
         L += summary.standing_notes(eid, exp)
         secs = exp.get("seconds", {})
         if secs:

@@ -321,8 +321,10 @@ def main(argv=None):
                 if hasattr(sysobj, "passthrough_opens"):
                     sysobj.passthrough_opens = 0
                 t = time.monotonic()
+                guard = S.ProxyGuard(srv)
                 try:
-                    res = exp.run(ctx, sysobj)
+                    with guard:
+                        res = exp.run(ctx, sysobj)
                 except MountError as e:
                     log("%s: mount failed: %s" % (sysobj.name, e))
                     res = {m["key"]: error("mount failed: %s" % e) for m in entry["metrics"]}
@@ -340,6 +342,9 @@ def main(argv=None):
                 if rec:
                     entry["requests"][sysobj.name] = rec
                 entry["results"][sysobj.name] = res
+                if guard.restarts:
+                    entry.setdefault("proxy_restarts", {})[sysobj.name] = {
+                        "restarts": guard.restarts, "limit_mb": guard.limit_mb, "peak_mb": guard.peak_mb}
                 if hasattr(sysobj, "passthrough_opens"):
                     # did the kernel serve opens itself? (it falls back off, and says why
                     # in the mount's log, below Linux 6.9 or without root)

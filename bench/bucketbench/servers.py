@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -147,15 +148,10 @@ class Servers:
         added again). Under hours of load its memory grows without bound (20 GB after an
         hour of experiment 3 here, then the machine ran out of memory), so the suite gives
         every (experiment, system) a fresh one. Returns its RSS in MB before the restart."""
-        rss = 0
+        rss = self.proxy_rss_mb()
         for i, (name, p, logf) in enumerate(self.procs):
             if name != "toxiproxy":
                 continue
-            try:
-                with open("/proc/%d/status" % p.pid) as f:
-                    rss = next((int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:")), 0)
-            except OSError:
-                pass
             p.terminate()
             try:
                 p.wait(15)
@@ -174,6 +170,17 @@ class Servers:
             raise RuntimeError("toxiproxy did not become ready again (see %s)" % self.logdir)
         self.apply_profile(quiet=True)
         return rss
+
+    def proxy_rss_mb(self):
+        """toxiproxy's resident memory in MB (0 if it is not running)."""
+        for name, p, _ in self.procs:
+            if name == "toxiproxy":
+                try:
+                    with open("/proc/%d/status" % p.pid) as f:
+                        return next((int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:")), 0)
+                except OSError:
+                    return 0
+        return 0
 
     def _check_alive(self):
         for name, p, _ in self.procs:
@@ -360,3 +367,37 @@ def make_seed(seed_dir, big_sizes_mb):
         with open(manifest_path, "w") as f:
             json.dump(manifest, f, indent=1)
     return manifest
+
+
+class ProxyGuard:
+    """Watches toxiproxy's memory while one system runs one experiment. Some loads make it
+    buffer without bound (rclone without a cache, 16 random readers of a 200 MB file: 16 GB
+    in two minutes here); past `limit_mb` it is restarted at once, cutting the connections
+    in flight, before it takes the machine down. `restarts` says how often (the report
+    marks that system's figures for the experiment)."""
+
+    def __init__(self, srv, limit_mb=6144, every=1.0):
+        self.srv, self.limit_mb, self.every = srv, limit_mb, every
+        self.restarts, self.peak_mb = 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(60)
+
+    def _watch(self):
+        while not self._stop.wait(self.every):
+            mb = self.srv.proxy_rss_mb()
+            self.peak_mb = max(self.peak_mb, mb)
+            if mb > self.limit_mb:
+                log("toxiproxy holds %d MB (limit %d): restarted mid-experiment" % (mb, self.limit_mb))
+                try:
+                    self.srv.fresh_proxy()
+                    self.restarts += 1
+                except (RuntimeError, OSError) as e:
+                    log("toxiproxy restart failed: %s" % e)

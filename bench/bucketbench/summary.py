@@ -122,6 +122,17 @@ WRITE_BACK_NOTE = ("Systems that upload after `close` returns (bucketfs-wb; rclo
                    "written: their low PUT and DELETE counts here are that, not a lost write.")
 
 
+def proxy_lines(exp):
+    """Systems whose load made toxiproxy (the link's latency) grow past its limit: it was
+    restarted mid-experiment, cutting their connections, so their figures are affected."""
+    L = []
+    for name, r in sorted((exp.get("proxy_restarts") or {}).items()):
+        L.append("- %s: under its load toxiproxy grew past %d MB (peak seen %d MB) and was "
+                 "restarted %d time(s) mid-experiment, cutting its connections; its figures "
+                 "here are affected." % (name, r["limit_mb"], r["peak_mb"], r["restarts"]))
+    return [""] + L if L else []
+
+
 def standing_notes(eid, exp):
     """Notes that hold for every run of an experiment."""
     if eid == "2":

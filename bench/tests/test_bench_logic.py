@@ -449,5 +449,35 @@ class FioWritePhaseTest(unittest.TestCase):
                       labels)
 
 
+class ProxyGuardTest(unittest.TestCase):
+    """A toxiproxy past its memory limit is restarted while the experiment runs, and the
+    report marks that system's figures."""
+
+    def test_restarts_past_the_limit_and_the_report_says_so(self):
+        import time
+        from bucketbench import servers
+
+        class FakeServers:
+            def __init__(self):
+                self.rss = [100, 9000, 200]
+                self.fresh = 0
+
+            def proxy_rss_mb(self):
+                return self.rss.pop(0) if len(self.rss) > 1 else self.rss[0]
+
+            def fresh_proxy(self):
+                self.fresh += 1
+                return 9000
+
+        srv = FakeServers()
+        with servers.ProxyGuard(srv, limit_mb=6000, every=0.01) as g:
+            time.sleep(0.2)
+        self.assertEqual((g.restarts, srv.fresh, g.peak_mb), (1, 1, 9000))
+        exp = {"proxy_restarts": {"rclone-off": {"restarts": 1, "limit_mb": 6000, "peak_mb": 9000}}}
+        lines = summary.proxy_lines(exp)
+        self.assertTrue(any("rclone-off" in x and "restarted 1 time" in x for x in lines), lines)
+        self.assertEqual(summary.proxy_lines({}), [])
+
+
 if __name__ == "__main__":
     unittest.main()
