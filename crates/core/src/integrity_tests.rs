@@ -3,7 +3,7 @@
 //! mount before it was fixed. The same cases run through the kernel in tests/test_integrity.py.
 
 use super::*;
-use bucketfs_store::testing::MemStore;
+use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{GetOpts, PutOpts};
 use bytes::Bytes;
 
@@ -138,7 +138,6 @@ async fn an_open_file_deleted_or_unlinked_keeps_its_attributes() {
 
 #[tokio::test]
 async fn a_read_cut_mid_stream_never_returns_wrong_bytes() {
-    use bucketfs_store::testing::{FailStore, Op};
     let mem = Arc::new(MemStore::new());
     let data: Vec<u8> = (0..12u32 << 20).map(|i| (i % 253) as u8).collect();
     mem.put("big", Bytes::from(data.clone()), PutOpts::default()).await.unwrap();
@@ -222,33 +221,44 @@ async fn without_if_match_a_replaced_file_is_stale_not_another_files_bytes() {
     assert!(matches!(fs.read(fh, 0, 100).await, Err(FsError::Stale(_))));
 }
 
+/// A store that can hold `Head` and `List` answers back ([`FailStore::hold`]), a mount of
+/// it, and a file `f` written through the mount with `data`: its inode.
+async fn overtaken_setup(data: &[u8]) -> (Arc<MemStore>, Arc<FailStore>, Arc<Fs>, u64) {
+    let mem = Arc::new(MemStore::new());
+    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, bucketfs_store::StoreErrorKind::Other));
+    let fs = Fs::new(store.clone(), cfg(1000));
+    let (f, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    fs.write(fh, 0, data).await.unwrap();
+    fs.release(fh).await.unwrap();
+    (mem, store, fs, f.ino)
+}
+
+/// Rewrite inode `ino` of `fs` with `data` (open with O_TRUNC, write, close).
+async fn rewrite(fs: &Fs, ino: u64, data: &[u8]) {
+    let fh = fs.open(ino, true, true).await.unwrap();
+    fs.write(fh, 0, data).await.unwrap();
+    fs.release(fh).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_head_answered_after_an_upload_does_not_bring_back_the_older_version() {
     // A `stat` after the TTL sends a HEAD; this mount rewrites the file before the answer
     // (the older version) arrives. Applied, it would pin the older ETag for a whole TTL:
     // stale cached bytes, reads refused by If-Match, a passthrough writer refused.
-    use bucketfs_store::testing::{FailStore, Op};
-    let mem = Arc::new(MemStore::new());
-    let store = Arc::new(FailStore::new(mem.clone(), Op::Head, u64::MAX, 0, bucketfs_store::StoreErrorKind::Other));
-    let fs = Fs::new(store.clone(), cfg(1000));
-    let (f, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
-    fs.write(fh, 0, b"version one").await.unwrap();
-    fs.release(fh).await.unwrap();
-    let node = fs.node(f.ino).unwrap();
-    let late = store.hold_next_head();
+    let (mem, store, fs, ino) = overtaken_setup(b"version one").await;
+    let node = fs.node(ino).unwrap();
+    let late = store.hold(Op::Head, 1);
     let stat = fs.revalidate(&node);
-    let rewrite = async {
+    let writes = async {
         tokio::time::sleep(Duration::from_millis(50)).await; // the HEAD has its answer
-        let fh = fs.open(f.ino, true, true).await.unwrap();
-        fs.write(fh, 0, b"version two").await.unwrap();
-        fs.release(fh).await.unwrap();
-        late.notify_one();
+        rewrite(&fs, ino, b"version two").await;
+        late.add_permits(1);
     };
-    let (attr, ()) = tokio::join!(stat, rewrite);
+    let (attr, ()) = tokio::join!(stat, writes);
     attr.unwrap();
     let now = mem.stat("f").await.unwrap();
-    assert_eq!(fs.node(f.ino).unwrap().etag, now.etag, "the node is on the version uploaded last");
-    let fh = fs.open(f.ino, false, false).await.unwrap();
+    assert_eq!(fs.node(ino).unwrap().etag, now.etag, "the node is on the version uploaded last");
+    let fh = fs.open(ino, false, false).await.unwrap();
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"version two");
 }
 
@@ -257,35 +267,21 @@ async fn a_listing_overtaken_by_an_upload_does_not_bring_back_the_older_version(
     // `ls` lists the directory while this mount rewrites a file in it, twice: both listings
     // are overtaken (each rewrite lands while one is in flight). Their entries must not
     // put the node back on the version they saw.
-    use bucketfs_store::testing::{FailStore, Op};
-    let mem = Arc::new(MemStore::new());
-    let store = Arc::new(FailStore::new(mem.clone(), Op::List, u64::MAX, 0, bucketfs_store::StoreErrorKind::Other));
-    let fs = Fs::new(store.clone(), cfg(1000));
-    let (f, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
-    fs.write(fh, 0, b"version 1").await.unwrap();
-    fs.release(fh).await.unwrap();
-    let rewrite = |data: &'static [u8]| {
-        let fs = &fs;
-        async move {
-            let fh = fs.open(f.ino, true, true).await.unwrap();
-            fs.write(fh, 0, data).await.unwrap();
-            fs.release(fh).await.unwrap();
-        }
-    };
+    let (mem, store, fs, ino) = overtaken_setup(b"version 1").await;
     fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
-    let listings = store.hold_lists(2);
+    let listings = store.hold(Op::List, 2);
     let ls = fs.dir_snapshot(ROOT_INO);
     let writes = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        rewrite(b"version 2").await;
+        rewrite(&fs, ino, b"version 2").await;
         listings.add_permits(1);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        rewrite(b"version 3").await;
+        rewrite(&fs, ino, b"version 3").await;
         listings.add_permits(1);
     };
     let (snapshot, ()) = tokio::join!(ls, writes);
     assert!(snapshot.unwrap().iter().any(|e| e.name == "f"));
-    assert_eq!(fs.node(f.ino).unwrap().etag, mem.stat("f").await.unwrap().etag, "on the version uploaded last");
-    let fh = fs.open(f.ino, false, false).await.unwrap();
+    assert_eq!(fs.node(ino).unwrap().etag, mem.stat("f").await.unwrap().etag, "on the version uploaded last");
+    let fh = fs.open(ino, false, false).await.unwrap();
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"version 3");
 }

@@ -29,11 +29,8 @@ pub struct FailStore {
     calls: AtomicU64,
     /// A failing streamed read delivers this many bytes before its error (None: fails at once).
     cut_after: Option<u64>,
-    /// Armed by [`FailStore::hold_next_head`]: the next HEAD is answered as of when it was
-    /// sent, but only once this is notified (a reply that arrives late).
-    held_head: std::sync::Mutex<Option<Arc<tokio::sync::Notify>>>,
-    /// Armed by [`FailStore::hold_lists`]: (lists still to hold, the permits they wait for).
-    held_lists: std::sync::Mutex<Option<(u32, Arc<tokio::sync::Semaphore>)>>,
+    /// Armed by [`FailStore::hold`]: (operation, calls still to hold, the permits they wait for).
+    held: std::sync::Mutex<Option<(Op, u32, Arc<tokio::sync::Semaphore>)>>,
 }
 
 impl FailStore {
@@ -47,25 +44,36 @@ impl FailStore {
             kind,
             calls: AtomicU64::new(0),
             cut_after: None,
-            held_head: Default::default(),
-            held_lists: Default::default(),
+            held: Default::default(),
         }
     }
 
-    /// The next `count` listings read the store when first polled, but end only as the
-    /// returned semaphore gets permits (one each): answers overtaken by what happens meanwhile.
-    pub fn hold_lists(&self, count: u32) -> Arc<tokio::sync::Semaphore> {
+    /// The next `count` calls of `op` (`Head` or `List`) read the store at once (a listing
+    /// when first polled) but answer only as the returned semaphore gets permits, one each:
+    /// replies overtaken by what happens meanwhile.
+    pub fn hold(&self, op: Op, count: u32) -> Arc<tokio::sync::Semaphore> {
         let permits = Arc::new(tokio::sync::Semaphore::new(0));
-        *self.held_lists.lock().unwrap() = Some((count, permits.clone()));
+        *self.held.lock().unwrap() = Some((op, count, permits.clone()));
         permits
     }
 
-    /// The next HEAD reads the store at once but returns only when the returned `Notify` is
-    /// notified: a reply overtaken by what happens meanwhile.
-    pub fn hold_next_head(&self) -> Arc<tokio::sync::Notify> {
-        let n = Arc::new(tokio::sync::Notify::new());
-        *self.held_head.lock().unwrap() = Some(n.clone());
-        n
+    /// The permits this call of `op` must wait for, if it is one of those held.
+    fn held(&self, op: Op) -> Option<Arc<tokio::sync::Semaphore>> {
+        let mut h = self.held.lock().unwrap();
+        let (_, left, permits) = h.as_mut().filter(|(o, _, _)| *o == op)?;
+        let permits = permits.clone();
+        *left -= 1;
+        if *left == 0 {
+            *h = None;
+        }
+        Some(permits)
+    }
+
+    async fn answer_when_allowed<T>(permits: Option<Arc<tokio::sync::Semaphore>>, answer: T) -> T {
+        if let Some(p) = permits {
+            p.acquire().await.expect("never closed").forget();
+        }
+        answer
     }
 
     /// A failing streamed read first yields `bytes` bytes of the object, then the error.
@@ -99,12 +107,8 @@ impl Store for FailStore {
     }
     async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         self.gate(Op::Head)?;
-        let held = self.held_head.lock().unwrap().take();
-        let answer = self.inner.head(key, opts).await;
-        if let Some(n) = held {
-            n.notified().await;
-        }
-        answer
+        let held = self.held(Op::Head);
+        Self::answer_when_allowed(held, self.inner.head(key, opts).await).await
     }
     async fn get(&self, key: &str, r: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
         use futures::StreamExt;
@@ -118,30 +122,16 @@ impl Store for FailStore {
         Ok(Box::pin(head.chain(futures::stream::once(async move { Err(err) }))))
     }
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
-        let held = {
-            let mut h = self.held_lists.lock().unwrap();
-            let permits = h.as_ref().map(|(_, p)| p.clone());
-            if let Some((left, _)) = h.as_mut() {
-                *left -= 1;
-                if *left == 0 {
-                    *h = None;
-                }
-            }
-            permits
-        };
         match self.gate(Op::List) {
             Ok(()) => {
                 use futures::StreamExt;
                 let inner = self.inner.list(prefix, recursive);
-                let Some(permits) = held else { return inner };
-                Box::pin(
-                    futures::stream::once(async move {
-                        let all: Vec<_> = inner.collect().await;
-                        permits.acquire().await.expect("never closed").forget();
-                        futures::stream::iter(all)
-                    })
-                    .flatten(),
-                )
+                let Some(held) = self.held(Op::List) else { return inner };
+                let all = async move {
+                    let all = futures::stream::iter(inner.collect::<Vec<_>>().await);
+                    Self::answer_when_allowed(Some(held), all).await
+                };
+                Box::pin(futures::stream::once(all).flatten())
             }
             Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
         }
