@@ -134,10 +134,24 @@ class Servers:
             ("toxiproxy", "http://127.0.0.1:%d/version" % TOXI_API_PORT),
         ]
         for name, url in checks:
-            if not wait_for(lambda: urllib.request.urlopen(url, timeout=2).status == 200, 60, 0.2):
-                raise RuntimeError("%s did not become ready (see %s)" % (name, self.logdir))
+            self._wait_ready(name, url)
             self._check_alive()
         self._create_buckets()
+
+    def _wait_ready(self, name, url):
+        if not wait_for(lambda: urllib.request.urlopen(url, timeout=2).status == 200, 60, 0.2):
+            raise RuntimeError("%s did not become ready (see %s)" % (name, self.logdir))
+
+    @staticmethod
+    def _end(p):
+        """Stop process `p`: SIGTERM, then SIGKILL after 15 s."""
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
 
     def _spawn_proxy(self, cfg):
         self._spawn("toxiproxy", [go_binary("server"), "-host", "127.0.0.1",
@@ -152,12 +166,7 @@ class Servers:
         for i, (name, p, logf) in enumerate(self.procs):
             if name != "toxiproxy":
                 continue
-            p.terminate()
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+            self._end(p)
             logf.close()
             del self.procs[i]
             break
@@ -165,9 +174,7 @@ class Servers:
                         and port_free(GCS_PROXY_PORT), 30, 0.2):
             raise RuntimeError("toxiproxy's ports stayed busy after it stopped")
         self._spawn_proxy(os.path.join(self.workdir, "toxiproxy.json"))
-        url = "http://127.0.0.1:%d/version" % TOXI_API_PORT
-        if not wait_for(lambda: urllib.request.urlopen(url, timeout=2).status == 200, 60, 0.2):
-            raise RuntimeError("toxiproxy did not become ready again (see %s)" % self.logdir)
+        self._wait_ready("toxiproxy", "http://127.0.0.1:%d/version" % TOXI_API_PORT)
         self.apply_profile(quiet=True)
         return rss
 
@@ -190,13 +197,7 @@ class Servers:
 
     def stop(self):
         for name, p, logf in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(5)
+            self._end(p)
             logf.close()
             log("stopped %s" % name)
         self.procs = []
