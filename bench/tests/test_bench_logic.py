@@ -448,6 +448,29 @@ class FioWritePhaseTest(unittest.TestCase):
         self.assertIn("seq write 64M bs=1M x1 fsync=N: write phase before the final flush (s)",
                       labels)
 
+    def test_a_job_not_given_to_a_system_is_recorded_with_its_reason(self):
+        ran = []
+        saved = {n: getattr(fiobench, n) for n in ("fresh_mount", "rmtree", "mkdir", "run",
+                                                   "parse_fio", "wpath")}
+        self.addCleanup(lambda: [setattr(fiobench, n, f) for n, f in saved.items()])
+        fiobench.fresh_mount = fiobench.rmtree = fiobench.mkdir = lambda *a: None
+        fiobench.wpath = lambda system, name: "/nonexistent/" + name
+        fiobench.run = lambda cmd, timeout: ran.append(cmd[1])
+        fiobench.parse_fio = lambda *a: {"bw": 1.0, "iops": 1.0, "lat_mean": 1.0,
+                                         "lat_p99": 1.0, "write_s": 1.0}
+        ctx = type("C", (), {"quick": True, "workdir": "/nonexistent",
+                             "runs": lambda self, n: 1, "timeout": lambda self, s: s})()
+        system = type("S", (), {"name": "rclone-off", "root": "/nonexistent",
+                                "mp": "/nonexistent", "unmount": lambda self: None})()
+        res = fiobench.Fio().run(ctx, system)
+        reads = [k for k in res if k.startswith("randread_")]
+        self.assertTrue(reads)
+        for k in reads:
+            self.assertTrue(res[k]["na"].startswith("not run: "), res[k])
+        self.assertNotIn("--name=randread", ran)
+        self.assertIn("--name=write", ran)
+        self.assertIn("median", res[[k for k in res if k.startswith("write_")][0]])
+
 
 class ProxyGuardTest(unittest.TestCase):
     """A toxiproxy past its memory limit is restarted while the experiment runs, and the
