@@ -344,7 +344,8 @@ def main(argv=None):
                 entry["results"][sysobj.name] = res
                 if guard.restarts:
                     entry.setdefault("proxy_restarts", {})[sysobj.name] = {
-                        "restarts": guard.restarts, "limit_mb": guard.limit_mb, "peak_mb": guard.peak_mb}
+                        "restarts": guard.restarts, "failed": guard.failed, "limit_mb": guard.limit_mb,
+                        "peak_mb": guard.peak_mb}
                 if hasattr(sysobj, "passthrough_opens"):
                     # did the kernel serve opens itself? (it falls back off, and says why
                     # in the mount's log, below Linux 6.9 or without root)

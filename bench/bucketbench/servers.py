@@ -375,11 +375,13 @@ class ProxyGuard:
     buffer without bound (rclone without a cache, 16 random readers of a 200 MB file: 16 GB
     in two minutes here); past `limit_mb` it is restarted at once, cutting the connections
     in flight, before it takes the machine down. `restarts` says how often (the report
-    marks that system's figures for the experiment)."""
+    marks that system's figures for the experiment). A restart that fails (a new proxy
+    not configured in time, under load) is tried again once; `failed` counts those that
+    failed twice, after which the link may be down for the rest of the experiment."""
 
     def __init__(self, srv, limit_mb=6144, every=1.0):
         self.srv, self.limit_mb, self.every = srv, limit_mb, every
-        self.restarts, self.peak_mb = 0, 0
+        self.restarts, self.failed, self.peak_mb = 0, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -397,8 +399,14 @@ class ProxyGuard:
             self.peak_mb = max(self.peak_mb, mb)
             if mb > self.limit_mb:
                 log("toxiproxy holds %d MB (limit %d): restarted mid-experiment" % (mb, self.limit_mb))
-                try:
-                    self.srv.fresh_proxy()
-                    self.restarts += 1
-                except (RuntimeError, OSError) as e:
-                    log("toxiproxy restart failed: %s" % e)
+                self.restarts += 1
+                for attempt in (1, 2):
+                    try:
+                        self.srv.fresh_proxy()
+                        break
+                    except (RuntimeError, OSError) as e:
+                        log("toxiproxy restart failed (attempt %d): %s" % (attempt, e))
+                        if attempt == 2:
+                            self.failed += 1
+                        else:
+                            self._stop.wait(2)

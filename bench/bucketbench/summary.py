@@ -127,9 +127,11 @@ def proxy_lines(exp):
     restarted mid-experiment, cutting their connections, so their figures are affected."""
     L = []
     for name, r in sorted((exp.get("proxy_restarts") or {}).items()):
+        failed = (" (%d restart(s) failed: the link was down for the rest of the experiment, "
+                  "so jobs after it timed out)" % r["failed"]) if r.get("failed") else ""
         L.append("- %s: under its load toxiproxy grew past %d MB (peak seen %d MB) and was "
-                 "restarted %d time(s) mid-experiment, cutting its connections; its figures "
-                 "here are affected." % (name, r["limit_mb"], r["peak_mb"], r["restarts"]))
+                 "restarted %d time(s) mid-experiment%s, cutting its connections; its figures "
+                 "here are affected." % (name, r["limit_mb"], r["peak_mb"], r["restarts"], failed))
     return [""] + L if L else []
 
 

@@ -501,6 +501,32 @@ class ProxyGuardTest(unittest.TestCase):
         self.assertTrue(any("rclone-off" in x and "restarted 1 time" in x for x in lines), lines)
         self.assertEqual(summary.proxy_lines({}), [])
 
+    def test_a_failed_restart_is_tried_again_and_counted(self):
+        import time
+        from bucketbench import servers
+
+        class FlakyServers:
+            def __init__(self, failures):
+                self.failures, self.fresh = failures, 0
+
+            def proxy_rss_mb(self):
+                return 9000 if self.fresh == 0 and self.failures >= 0 else 100
+
+            def fresh_proxy(self):
+                self.fresh += 1
+                if self.failures > 0:
+                    self.failures -= 1
+                    raise RuntimeError("timed out")
+                self.failures = -1
+                return 9000
+
+        srv = FlakyServers(1)  # the first attempt fails, the second works
+        with servers.ProxyGuard(srv, limit_mb=6000, every=0.01) as g:
+            time.sleep(2.5)
+        self.assertEqual((g.restarts, g.failed, srv.fresh), (1, 0, 2))
+        exp = {"proxy_restarts": {"gcsfuse": {"restarts": 1, "failed": 1, "limit_mb": 6000, "peak_mb": 9000}}}
+        self.assertTrue(any("1 restart(s) failed" in x for x in summary.proxy_lines(exp)))
+
 
 if __name__ == "__main__":
     unittest.main()
