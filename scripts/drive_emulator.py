@@ -616,6 +616,7 @@ class Handler(BaseHTTPRequestHandler):
                 d.stats["exports"] = d.stats.get("exports", 0) + 1
                 return self.send(200, body=d.content[f["id"]], headers={"Content-Type": qs["mimeType"]})
             if sub == "/copy":
+                d.stats["copies"] = d.stats.get("copies", 0) + 1
                 meta = json.loads(data or b"{}")
                 g = self.create({"name": meta.get("name", f["name"]), "parents": meta.get("parents", f["parents"]),
                                  "mimeType": f["mimeType"], "id": meta.get("id")}, d.content.get(f["id"], b""), qs)
@@ -642,15 +643,22 @@ class Handler(BaseHTTPRequestHandler):
 
     def patch(self, f: dict, meta: dict, qs: dict) -> dict:
         d = self.drive
+        removed = {d.resolve(p) for p in filter(None, qs.get("removeParents", "").split(","))}
+        parents = [x for x in f["parents"] if x not in removed]
+        for p in filter(None, qs.get("addParents", "").split(",")):
+            if d.get(p)["id"] not in parents:
+                parents.append(d.get(p)["id"])
+        if len(parents) > max(1, len(f["parents"])):
+            # Since 2020 an item has one parent (files.update: "Adding files to multiple
+            # folders is no longer supported"); Drive answers 403 cannotAddParent.
+            raise ApiError(403, "cannotAddParent", "Increasing the number of parents is not allowed")
         if "name" in meta:
             f["name"] = meta["name"]
         if "trashed" in meta:
             f["trashed"] = bool(meta["trashed"])
         set_properties(f, meta)
-        for p in filter(None, qs.get("removeParents", "").split(",")):
-            f["parents"] = [x for x in f["parents"] if x != d.resolve(p)]
-        for p in filter(None, qs.get("addParents", "").split(",")):
-            f["parents"].append(d.get(p)["id"])
+        f["parents"] = parents
+        d.stats["updates"] = d.stats.get("updates", 0) + 1
         d.touch(f)
         return f
 

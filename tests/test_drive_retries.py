@@ -1,7 +1,8 @@
 """Retries that cannot duplicate (issue 28, item 4), against the Drive emulator's "do the
-work, then fail" switch: a mkdir, a new file, a copy (rename) whose answer is lost after Drive
-made the item are retried without a second item, and a resumable upload resumes from what
-Drive says it holds (a chunk stored but answered 503; a chunk only partly kept, 308 + Range)."""
+work, then fail" switch: a mkdir, a new file, a rename (files.update) whose answer is lost
+after Drive made the change are retried without a second item, and a resumable upload resumes
+from what Drive says it holds (a chunk stored but answered 503; a chunk only partly kept, 308 +
+Range)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def names(fid: str) -> list[str]:
 
 
 def test_mkdir_write_and_rename_are_not_duplicated(folder, tmp_path):
-    ds.create("a.txt", folder, b"to be renamed")
+    a = ds.create("a.txt", folder, b"to be renamed")
     with mounted(args(folder), env=drive_env(tmp_path)) as mp:
         before = ds.control("stats")["failed_injected"]
         lost_answer("POST", r"^/drive/v3/files\?")
@@ -33,7 +34,7 @@ def test_mkdir_write_and_rename_are_not_duplicated(folder, tmp_path):
         lost_answer("POST", r"^/upload/drive/v3/files\?uploadType=multipart")
         with open(os.path.join(mp, "d", "new.txt"), "wb") as f:
             f.write(b"once")
-        lost_answer("POST", r"/copy\?")
+        lost_answer("PATCH", r"^/drive/v3/files/[^/?]+\?")
         os.rename(os.path.join(mp, "a.txt"), os.path.join(mp, "b.txt"))
         assert ds.control("stats")["failed_injected"] - before == 3
         assert sorted(os.listdir(mp)) == ["b.txt", "d"]
@@ -43,6 +44,7 @@ def test_mkdir_write_and_rename_are_not_duplicated(folder, tmp_path):
     assert names(d["id"]) == ["new.txt"]
     st, body = ds.api("GET", f"/drive/v3/files/{ds.child(folder, 'b.txt')['id']}", {"alt": "media"}, raw=True)
     assert body == b"to be renamed"
+    assert ds.child(folder, "b.txt")["id"] == a["id"], "renamed in place, not copied"
 
 
 def test_resumable_upload_resumes_from_what_drive_holds(folder, tmp_path):

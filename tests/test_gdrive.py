@@ -154,6 +154,68 @@ def test_a_change_of_metadata_elsewhere_keeps_what_is_cached(folder, tmp_path):
         assert media_gets() == before, "downloaded again after a change of its properties"
 
 
+def read_uncached(p: str) -> bytes:
+    """The file's bytes with the kernel's page cache of it dropped first, so the mount
+    serves them (from its own cache or the store)."""
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+    finally:
+        os.close(fd)
+
+
+def test_a_rename_keeps_the_drive_file(folder, tmp_path):
+    """A rename on Drive is one files.update: the file keeps its ID (so its sharing, links
+    and revisions), a folder moves with everything in it in one request, bytes already
+    read are not downloaded again, and a file renamed over another replaces it."""
+    data = os.urandom(2 * 1024 * 1024)
+    f = ds.create("a.bin", folder, data)
+    d = ds.create("d", folder)
+    for i in range(30):
+        ds.create(f"f{i}", d["id"], b"x%d" % i)
+    with mounted(args(folder), env=drive_env(tmp_path)) as mp:
+        assert read_uncached(os.path.join(mp, "a.bin")) == data
+        os.mkdir(os.path.join(mp, "sub"))
+        before = ds.control("stats")
+        os.rename(os.path.join(mp, "a.bin"), os.path.join(mp, "sub", "b.bin"))
+        os.rename(os.path.join(mp, "d"), os.path.join(mp, "e"))
+        after = ds.control("stats")
+        sub = ds.child(folder, "sub", folder_only=True)
+        assert ds.child(sub["id"], "b.bin")["id"] == f["id"], "the same Drive file"
+        assert ds.child(folder, "e", folder_only=True)["id"] == d["id"]
+        assert ds.child(folder, "a.bin") is None and ds.child(folder, "d") is None
+        assert after.get("updates", 0) - before.get("updates", 0) == 2, "one files.update each"
+        assert after.get("copies", 0) == before.get("copies", 0), "nothing copied"
+        assert read_uncached(os.path.join(mp, "sub", "b.bin")) == data
+        assert ds.control("stats").get("media_gets", 0) == before.get("media_gets", 0), "downloaded again"
+        assert sorted(os.listdir(os.path.join(mp, "e"))) == sorted(f"f{i}" for i in range(30))
+        assert open(os.path.join(mp, "e", "f7"), "rb").read() == b"x7"
+        # Over an existing file: it is replaced (to the trash), one name in the folder.
+        with open(os.path.join(mp, "c.txt"), "wb") as out:
+            out.write(b"old c")
+        os.rename(os.path.join(mp, "e", "f0"), os.path.join(mp, "c.txt"))
+        assert open(os.path.join(mp, "c.txt"), "rb").read() == b"x0"
+        assert [c["name"] for c in ds.children(folder)].count("c.txt") == 1
+        assert sorted(os.listdir(mp)) == ["c.txt", "e", "sub"]
+    with mounted(args(folder), env=drive_env(tmp_path)) as mp:
+        assert sorted(os.listdir(mp)) == ["c.txt", "e", "sub"]
+        assert open(os.path.join(mp, "sub", "b.bin"), "rb").read() == data
+        assert len(os.listdir(os.path.join(mp, "e"))) == 29
+
+
+def test_the_emulator_keeps_one_parent_as_drive_does(folder):
+    """files.update may move an item but not give it a second parent (Drive answers 403
+    cannotAddParent since 2020), so a client that forgets removeParents is caught here."""
+    f = ds.create("one.txt", folder, b"1")
+    other = ds.create("other", folder)
+    st, out = ds.api("PATCH", f"/drive/v3/files/{f['id']}", {"addParents": other["id"]}, body={}, raw=True)
+    assert st == 403 and b"cannotAddParent" in out, (st, out)
+    st, out = ds.api("PATCH", f"/drive/v3/files/{f['id']}",
+                     {"addParents": other["id"], "removeParents": folder, "fields": "id,parents"}, body={})
+    assert st == 200 and out["parents"] == [other["id"]], out
+
+
 def test_no_credentials_is_one_clear_line(folder, tmp_path):
     p = run_cli(["mount", f"gdrive://{folder}", new_mountpoint(), "--endpoint", ds.ENDPOINT],
                 env=drive_env(tmp_path, **NO_CREDS))

@@ -198,6 +198,13 @@ impl Fs {
                 st.create_only = false; // a rename replaces its target
                 return st.set_key(new_key);
             }
+            if st.dirty && !st.unlinked && st.in_store && self.store.capabilities().moves {
+                // Changed since its upload: the new bytes go up under the old name, then the
+                // object moves, keeping its identity (a failure midway loses nothing).
+                st.upload(self.store.as_ref(), &src.key, self.cfg.write, &self.attrs_to_keep(src)).await?;
+                drop(st);
+                return Ok(self.store.rename(&src.key, new_key).await?);
+            }
             if st.dirty && !st.unlinked {
                 // Not in the bucket yet (or changed): upload straight to the new name, which
                 // a rename replaces (an O_EXCL create was about the old name).
@@ -215,13 +222,17 @@ impl Fs {
                 }
             }
         }
+        if self.store.capabilities().moves {
+            return Ok(self.store.rename(&src.key, new_key).await?);
+        }
         self.store.copy(&src.key, new_key).await?;
         self.store.delete(&src.key).await?;
         Ok(())
     }
 
-    /// Move every key below `src` to `new_key`: copies first, then deletes, so a failure
-    /// midway loses nothing (the source is complete until every copy succeeded).
+    /// Move every key below `src` to `new_key`: in one request where the store moves
+    /// folders; else copies first, then deletes, so a failure midway loses nothing (the
+    /// source is complete until every copy succeeded).
     async fn move_dir(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
         // Staged files below the directory go up under their current keys first.
         let below: Vec<u64> = {
@@ -230,6 +241,10 @@ impl Fs {
         };
         for ino in below {
             self.upload_pub(ino).await?;
+        }
+        if self.store.capabilities().moves {
+            // One request moves the folder with everything in it (Drive).
+            return Ok(self.store.rename(&src.key, new_key).await?);
         }
         let mut keys = Vec::new();
         let mut stream = self.store.list(&src.key, true);

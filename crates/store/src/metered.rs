@@ -38,13 +38,14 @@ pub enum Op {
     Put,
     Delete,
     Copy,
+    Rename,
     CreateDir,
     Upload,
 }
 
 impl Op {
-    pub const ALL: [Op; 9] =
-        [Op::Check, Op::Head, Op::Get, Op::List, Op::Put, Op::Delete, Op::Copy, Op::CreateDir, Op::Upload];
+    pub const ALL: [Op; 10] =
+        [Op::Check, Op::Head, Op::Get, Op::List, Op::Put, Op::Delete, Op::Copy, Op::Rename, Op::CreateDir, Op::Upload];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -55,6 +56,7 @@ impl Op {
             Op::Put => "put",
             Op::Delete => "delete",
             Op::Copy => "copy",
+            Op::Rename => "rename",
             Op::CreateDir => "create_dir",
             Op::Upload => "upload",
         }
@@ -315,6 +317,12 @@ impl Store for MeteredStore {
         let t = Instant::now();
         let r = self.inner.copy(from, to).await;
         self.done(Op::Copy, t, r)
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        let t = Instant::now();
+        let r = self.inner.rename(from, to).await;
+        self.done(Op::Rename, t, r)
     }
 
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {

@@ -150,6 +150,7 @@ impl Store for OpendalStore {
             // directory `a ` lists as `a/`); object stores list keys as stored.
             trims_segments: !self.prefix_dirs,
             keeps_attrs: cap.write_with_user_metadata,
+            moves: false,
         }
     }
 

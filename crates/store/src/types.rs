@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-use crate::{FileAttrs, StoreError};
+use crate::{FileAttrs, StoreError, StoreErrorKind};
 
 /// One object (or directory prefix) as the store reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -51,6 +51,9 @@ pub struct Capabilities {
     pub trims_segments: bool,
     /// Uploads keep [`FileAttrs`] ([`PutOpts::attrs`]) and [`Store::head`] returns them.
     pub keeps_attrs: bool,
+    /// [`Store::rename`] moves a file, or a directory with everything below it, in one
+    /// request that keeps the object itself (Google Drive).
+    pub moves: bool,
 }
 
 impl Capabilities {
@@ -114,6 +117,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Server-side copy.
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError>;
+
+    /// Move `from` to `to` in one request, keeping the object (on Drive its ID, sharing
+    /// and revisions; a folder moves with everything below it). A file at `to` is
+    /// replaced. Only where [`Capabilities::moves`]; elsewhere `Unsupported`, and callers
+    /// copy and delete.
+    async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        let _ = to;
+        Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            format!("rename {from:?}: {} moves by copy and delete", self.describe()),
+        ))
+    }
 
     /// Make `key` (ending in `/`) exist as a directory: a marker object on object stores,
     /// a real directory on a local fs.

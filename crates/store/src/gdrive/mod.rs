@@ -19,7 +19,9 @@
 //!   the Doc is opened) exports it and answers the real size, remembered per version apart
 //!   from the bytes so later listings show it. A Doc Drive will not export (over 10 MB) is
 //!   still listed; reading it fails with a message that says why.
-//! - `delete` moves to Drive's trash; `copy` is `files.copy`; writes are one multipart
+//! - `delete` moves to Drive's trash; `copy` is `files.copy`; `rename` is `files.update`
+//!   (new name and parent: the file keeps its ID, sharing and revisions, and a folder moves
+//!   with everything in it, in one request); writes are one multipart
 //!   request up to one part, else a resumable upload sent part by part.
 //! - Creates (mkdir, new files, copies) name the new file with an ID from
 //!   `files.generateIds`, so a retry after a lost answer finds it made (409) instead of
@@ -367,6 +369,7 @@ impl Store for GdriveStore {
             trims_whitespace: false,
             trims_segments: false,
             keeps_attrs: true,
+            moves: true,
         }
     }
 
@@ -452,6 +455,46 @@ impl Store for GdriveStore {
             Some(o) => {
                 let path = format!("/drive/v3/files/{}", o.id);
                 let r = self.client.meta("copy", to, Method::PATCH, &path, &[], json!({"trashed": true})).await;
+                if r.is_ok() {
+                    self.with_tree(|t| {
+                        t.remove(&o.id);
+                        t.rebuild();
+                    });
+                }
+                r.map(|_| ())
+            }
+            None => Ok(()),
+        };
+        self.learn(f);
+        trashed
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.fresh(false).await?;
+        let src = self.lookup(from).ok_or_else(|| StoreError::not_found(format!("rename {from:?}: not found")))?;
+        let old = self.lookup(to).filter(|o| o.id != src.id);
+        if src.export().is_some() {
+            return Err(Self::read_only(from));
+        }
+        if old.as_ref().is_some_and(|o| o.export().is_some()) {
+            return Err(Self::read_only(to));
+        }
+        // files.update: a new name, and a new parent in place of the old one (an item has
+        // exactly one parent; adding one without removing the other is refused).
+        let (parent, name) = self.placement(to).await?;
+        let previous = src.parents.join(",");
+        let mut query = Vec::new();
+        if src.parents.iter().all(|p| *p != parent) {
+            query = vec![("addParents", parent.as_str()), ("removeParents", previous.as_str())];
+        }
+        let path = format!("/drive/v3/files/{}", src.id);
+        let f = self.client.meta("rename", from, Method::PATCH, &path, &query, json!({"name": name})).await?;
+        // As for a copy: the replaced file goes to the trash before the tree learns the
+        // move, so no listing shows both under one name.
+        let trashed = match &old {
+            Some(o) => {
+                let path = format!("/drive/v3/files/{}", o.id);
+                let r = self.client.meta("rename", to, Method::PATCH, &path, &[], json!({"trashed": true})).await;
                 if r.is_ok() {
                     self.with_tree(|t| {
                         t.remove(&o.id);

@@ -148,6 +148,10 @@ impl Store for FailStore {
         self.gate(Op::Copy)?;
         self.inner.copy(from, to).await
     }
+    async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.gate(Op::Rename)?;
+        self.inner.rename(from, to).await
+    }
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
         self.gate(Op::CreateDir)?;
         self.inner.create_dir(key).await

@@ -38,6 +38,8 @@ pub struct MemStore {
     trims_whitespace: bool,
     /// Report no `read_if_match` and ignore `if_match`, as stores that cannot pin a read do.
     no_if_match: bool,
+    /// Report [`Capabilities::moves`] and move in one request, keeping ETags, as Drive does.
+    moves: bool,
 }
 
 impl MemStore {
@@ -61,6 +63,13 @@ impl MemStore {
     /// Report [`Capabilities::read_if_match`] false, as stores that cannot pin a read do.
     pub fn without_if_match(mut self) -> Self {
         self.no_if_match = true;
+        self
+    }
+
+    /// Move files and directories in one request that keeps each object's ETag and mtime
+    /// ([`Capabilities::moves`]), as Google Drive does.
+    pub fn with_moves(mut self) -> Self {
+        self.moves = true;
         self
     }
 
@@ -103,6 +112,7 @@ impl Store for MemStore {
             trims_whitespace: self.trims_whitespace,
             trims_segments: false,
             keeps_attrs: true,
+            moves: self.moves,
         }
     }
 
@@ -192,6 +202,34 @@ impl Store for MemStore {
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         let (data, _, _) = self.snapshot(from).ok_or_else(|| StoreError::not_found(from))?;
         self.put(to, data, PutOpts::default()).await.map(|_| ())
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        if !self.moves {
+            return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("rename {from:?}")));
+        }
+        self.request().await;
+        let mut objects = self.objects.lock().unwrap();
+        let mut attrs = self.attrs.lock().unwrap();
+        // A directory (`d/`) moves with every key below it; a file alone.
+        let keys: Vec<String> = match from.ends_with('/') {
+            true => {
+                objects.range(from.to_string()..).map(|(k, _)| k).take_while(|k| k.starts_with(from)).cloned().collect()
+            }
+            false => objects.contains_key(from).then(|| from.to_string()).into_iter().collect(),
+        };
+        if keys.is_empty() {
+            return Err(StoreError::not_found(format!("rename {from:?}: not found")));
+        }
+        for k in keys {
+            let moved = format!("{to}{}", &k[from.len()..]);
+            let object = objects.remove(&k).expect("listed above");
+            objects.insert(moved.clone(), object);
+            if let Some(a) = attrs.remove(&k) {
+                attrs.insert(moved, a);
+            }
+        }
+        Ok(())
     }
 
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
