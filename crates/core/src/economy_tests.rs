@@ -25,7 +25,7 @@ async fn new_files_in_a_directory_made_here_cost_one_request_each() {
     for i in 0..50 {
         let name = format!("f{i}");
         assert!(matches!(fs.lookup(d.ino, &name).await, Err(FsError::NotFound)));
-        let (_, fh) = fs.create(d.ino, &name, false, None).await.unwrap();
+        let (_, fh) = fs.create(d.ino, &name, 0, None).await.unwrap();
         fs.write(fh, 0, &[1; 4107]).await.unwrap();
         fs.flush(fh).await.unwrap();
         fs.release(fh).await.unwrap();

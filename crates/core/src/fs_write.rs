@@ -42,8 +42,13 @@ impl Fs {
     /// The key a new `name` of `kind` in directory `parent` gets, or why it cannot exist:
     /// an invalid name (`EINVAL`), or one the store would not keep byte for byte (OpenDAL
     /// trims whitespace at a key's ends: `"dup "` would overwrite `"dup"`), also `EINVAL`.
+    /// A file named `x.rclonelink` would be the object of the link `x` (links.rs): one
+    /// object for two names, so `EINVAL` too.
     pub(crate) fn new_key(&self, parent: u64, name: &str, kind: Kind) -> Result<String, FsError> {
         check_new_name(name)?;
+        if kind == Kind::File && crate::links::link_name(name).is_some() {
+            return Err(FsError::InvalidName);
+        }
         let key = crate::inode::key_for(&self.node(parent)?.key, name, kind);
         if !self.store.capabilities().addressable(&key) {
             return Err(FsError::InvalidName);
@@ -541,23 +546,21 @@ impl Fs {
     }
 
     /// Create and open a new, empty file; it reaches the bucket at the first flush.
+    /// `flags`: the open(2) flags asked; of them `O_EXCL` (fail if the name exists) and
+    /// `O_TRUNC` count. The kernel asks to create when it believes the name absent, which a
+    /// cached negative entry may make untrue: an existing file is then opened as open(2)
+    /// would open it, emptied only with `O_TRUNC`.
     /// `mode`: permission bits to show (already masked by the umask), or `None` for the default.
-    pub async fn create(
-        &self,
-        parent: u64,
-        name: &str,
-        exclusive: bool,
-        mode: Option<u16>,
-    ) -> Result<(Attr, u64), FsError> {
+    pub async fn create(&self, parent: u64, name: &str, flags: i32, mode: Option<u16>) -> Result<(Attr, u64), FsError> {
         self.new_key(parent, name, Kind::File)?;
         if let Some(existing) = self.resolve(parent, name).await? {
-            if exclusive {
+            if flags & libc::O_EXCL != 0 {
                 return Err(FsError::Exists);
             }
             if existing.kind == Kind::Dir {
                 return Err(FsError::IsDir);
             }
-            let fh = self.open(existing.ino, true, true).await?;
+            let fh = self.open(existing.ino, true, flags & libc::O_TRUNC != 0).await?;
             self.table.lock().unwrap().remember(existing.ino);
             return Ok((self.attr(&self.node(existing.ino)?), fh));
         }
@@ -588,7 +591,7 @@ impl Fs {
             st.set_key(&node.key)?;
             st.truncate(0)?; // marks it dirty: even an empty file is uploaded
             st.in_store = false; // a new name: nothing to delete when it goes before upload
-            st.create_only = exclusive; // O_EXCL: never replace an object made meanwhile
+            st.create_only = flags & libc::O_EXCL != 0; // O_EXCL: never replace an object made meanwhile
         }
         let file = OpenFile {
             ino,

@@ -23,7 +23,7 @@ async fn object(store: &MemStore, key: &str) -> Option<Vec<u8>> {
 async fn create_write_read_flush_reaches_the_store() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());
-    let (attr, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     let after_create = store.requests.load(Ordering::Relaxed);
     for i in 0..100u64 {
         // git writes 4,107 bytes at a time: each is a local positional write.
@@ -67,7 +67,7 @@ async fn a_late_release_never_publishes_the_next_writers_unfinished_rewrite() {
     // The kernel's RELEASE of a closed handle can arrive after the next open(O_TRUNC).
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());
-    let (attr, a) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let (attr, a) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     fs.write(a, 0, b"first version").await.unwrap();
     fs.flush(a).await.unwrap();
     let b = fs.open(attr.ino, true, true).await.unwrap(); // O_TRUNC: staged file now empty
@@ -91,7 +91,7 @@ async fn a_late_release_never_publishes_the_next_writers_unfinished_rewrite() {
 async fn reading_back_what_was_written_needs_no_request() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());
-    let (attr, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 249) as u8).collect();
     fs.write(fh, 0, &body).await.unwrap();
     fs.release(fh).await.unwrap();
@@ -109,7 +109,7 @@ async fn reading_back_what_was_written_needs_no_request() {
 async fn an_empty_new_file_is_uploaded_and_listed() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());
-    let (_, fh) = fs.create(ROOT_INO, "empty", false, None).await.unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "empty", 0, None).await.unwrap();
     let dh = fs.opendir(ROOT_INO).await.unwrap();
     assert!(fs.readdir(dh).unwrap().iter().any(|e| e.name == "empty"), "listed before upload");
     fs.release(fh).await.unwrap();
@@ -148,7 +148,7 @@ async fn a_failed_upload_is_reported_and_retried_never_dropped() {
     let mem = Arc::new(MemStore::new());
     let store = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 2, StoreErrorKind::Unavailable));
     let fs = Fs::new(store, cfg());
-    let (attr, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     fs.write(fh, 0, b"precious").await.unwrap();
     assert!(matches!(fs.flush(fh).await, Err(FsError::UploadFailed(_))));
     assert_eq!(FsError::UploadFailed(String::new()).errno(), libc::EIO);
@@ -165,7 +165,7 @@ async fn a_failed_upload_is_reported_and_retried_never_dropped() {
 async fn an_exclusive_create_never_replaces_an_object_made_meanwhile() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());
-    let (attr, fh) = fs.create(ROOT_INO, "lock", true, None).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "lock", libc::O_EXCL, None).await.unwrap();
     fs.write(fh, 0, b"ours").await.unwrap();
     store.put("lock", Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
     let e = fs.flush(fh).await.unwrap_err();
@@ -178,7 +178,7 @@ async fn an_exclusive_create_never_replaces_an_object_made_meanwhile() {
     assert_eq!(object(&store, "lock.mine").await.unwrap(), b"ours");
     assert_eq!(object(&store, "lock").await.unwrap(), b"theirs");
     // Without O_EXCL (or when nobody raced) the create goes up as before.
-    let (_, fh) = fs.create(ROOT_INO, "free", true, None).await.unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "free", libc::O_EXCL, None).await.unwrap();
     fs.write(fh, 0, b"x").await.unwrap();
     fs.release(fh).await.unwrap();
     assert_eq!(object(&store, "free").await.unwrap(), b"x");
@@ -194,10 +194,10 @@ async fn staged_data_survives_a_crash_and_is_uploaded_by_the_next_mount() {
         let failing = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1000, StoreErrorKind::Unavailable));
         let fs = Fs::new(failing, FsConfig { staging_dir: dir.clone(), ..cfg() });
         let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
-        let (_, fh) = fs.create(d.ino, "precious", false, None).await.unwrap();
+        let (_, fh) = fs.create(d.ino, "precious", 0, None).await.unwrap();
         fs.write(fh, 0, b"do not lose me").await.unwrap();
         assert!(fs.flush(fh).await.is_err());
-        let (_, fh2) = fs.create(ROOT_INO, "clean", false, None).await.unwrap();
+        let (_, fh2) = fs.create(ROOT_INO, "clean", 0, None).await.unwrap();
         fs.release(fh2).await.unwrap_err();
     }
     assert!(object(&mem, "d/precious").await.is_none());
@@ -215,7 +215,7 @@ async fn large_sequential_writes_upload_eagerly_in_parts() {
     let mut c = cfg();
     c.write = bucketfs_store::WriteOptions { part_size: 64 * 1024, concurrency: 2, ..Default::default() };
     let fs = Fs::new(mem.clone(), c);
-    let (_, fh) = fs.create(ROOT_INO, "big", false, None).await.unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "big", 0, None).await.unwrap();
     let chunk = vec![7u8; 10_000];
     for i in 0..100u64 {
         fs.write(fh, i * 10_000, &chunk).await.unwrap();
@@ -298,7 +298,7 @@ async fn a_store_that_moves_keeps_the_object_through_a_rename() {
     assert!(object(&store, "d/4").await.is_none());
     // Written, uploaded, written again, renamed while open: the new bytes arrive under the
     // new name in the same object.
-    let (w, fh) = fs.create(ROOT_INO, "w", false, None).await.unwrap();
+    let (w, fh) = fs.create(ROOT_INO, "w", 0, None).await.unwrap();
     fs.write(fh, 0, b"one").await.unwrap();
     fs.flush(fh).await.unwrap();
     fs.write(fh, 0, b"two").await.unwrap();
@@ -373,7 +373,7 @@ async fn run_model(steps: Vec<Step>, fail_from: u64, moves: bool) {
                 }
                 let fh = match fs.lookup(ROOT_INO, name).await {
                     Ok(a) => fs.open(a.ino, true, trunc).await.unwrap(),
-                    Err(_) => fs.create(ROOT_INO, name, false, None).await.unwrap().1,
+                    Err(_) => fs.create(ROOT_INO, name, 0, None).await.unwrap().1,
                 };
                 let content = model.entry(name).or_default();
                 if trunc {
@@ -462,7 +462,7 @@ proptest::proptest! {
 async fn mode_owner_and_mtime_persist_as_object_metadata() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg());
-    let (attr, fh) = fs.create(ROOT_INO, "run.sh", false, Some(0o750)).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "run.sh", 0, Some(0o750)).await.unwrap();
     fs.write(fh, 0, b"#!/bin/sh\n").await.unwrap();
     fs.release(fh).await.unwrap();
     let a = store.head("run.sh", HeadOpts::default()).await.unwrap().attrs;
@@ -496,7 +496,7 @@ async fn writes_the_kernel_made_directly_are_seen_and_uploaded() {
     let dir = std::env::temp_dir().join(format!("bucketfs-unseen-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
-    let (attr, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     fs.write(fh, 0, b"0123456789").await.unwrap();
     let backing = fs.backing_file(fh).await.unwrap();
     fs.note_passthrough_open(fh);
@@ -516,7 +516,7 @@ async fn writes_the_kernel_made_directly_are_seen_and_uploaded() {
     assert_eq!(object(&mem, "f").await.unwrap(), b"0123456789Kernel");
     // ... but never bytes changed after it that nobody closed (set aside instead).
     let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
-    let (_, fh) = fs.create(ROOT_INO, "g", false, None).await.unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "g", 0, None).await.unwrap();
     fs.write(fh, 0, b"closed").await.unwrap();
     let backing = fs.backing_file(fh).await.unwrap();
     fs.note_passthrough_open(fh);

@@ -26,7 +26,7 @@ async fn names(fs: &Fs, dir: u64) -> Vec<String> {
 async fn a_listing_never_shrinks_a_file_open_for_writing() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg(1000));
-    let (attr, fh) = fs.create(ROOT_INO, "log", false, None).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, "log", 0, None).await.unwrap();
     fs.write(fh, 0, &[b'A'; 100]).await.unwrap();
     fs.fsync(fh).await.unwrap(); // the bucket has 100 bytes
     fs.write(fh, 100, &[b'B'; 1000]).await.unwrap();
@@ -55,7 +55,7 @@ async fn a_listing_never_shrinks_a_file_open_for_writing() {
 async fn a_listing_does_not_undo_a_pwrite_past_another_handles_upload() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg(1000));
-    let (attr, h1) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let (attr, h1) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     let h2 = fs.open(attr.ino, true, false).await.unwrap();
     fs.write(h2, 0, &[1; 21_252]).await.unwrap();
     fs.flush(h2).await.unwrap();
@@ -77,13 +77,13 @@ async fn names_a_store_would_trim_are_refused_never_aliased() {
     store.put("dup ", Bytes::from_static(b"other"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), cfg(1000));
     for bad in ["dup ", " lead", "tab\t", "nbsp\u{a0}", "ideo\u{3000}", "nl\n"] {
-        assert!(matches!(fs.create(ROOT_INO, bad, false, None).await, Err(FsError::InvalidName)), "{bad:?}");
+        assert!(matches!(fs.create(ROOT_INO, bad, 0, None).await, Err(FsError::InvalidName)), "{bad:?}");
         assert!(matches!(fs.lookup(ROOT_INO, bad).await, Err(FsError::NotFound)), "{bad:?} must not alias");
     }
     assert!(matches!(fs.mkdir(ROOT_INO, " lead", None).await, Err(FsError::InvalidName)));
     // Inside a directory, and as a directory's trailing character, the key keeps its bytes.
     let d = fs.mkdir(ROOT_INO, "dir ", None).await.unwrap();
-    let (_, fh) = fs.create(d.ino, " inner", false, None).await.unwrap();
+    let (_, fh) = fs.create(d.ino, " inner", 0, None).await.unwrap();
     fs.release(fh).await.unwrap();
     assert!(store.stat("dir / inner").await.is_ok());
     assert_eq!(names(&fs, ROOT_INO).await, ["dir ", "dup"], "\"dup \" is not shown");
@@ -97,7 +97,7 @@ async fn a_reader_keeps_reading_after_its_parent_directory_is_renamed() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg(1000));
     let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
-    let (f, fh) = fs.create(d.ino, "f", false, None).await.unwrap();
+    let (f, fh) = fs.create(d.ino, "f", 0, None).await.unwrap();
     fs.release(fh).await.unwrap();
     let reader = fs.open(f.ino, false, false).await.unwrap();
     let writer = fs.open(f.ino, true, false).await.unwrap();
@@ -170,11 +170,11 @@ async fn a_replaced_file_never_reads_the_file_that_took_its_name() {
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg(1000));
     let d0 = fs.mkdir(ROOT_INO, "d0", None).await.unwrap();
-    let (old, fh) = fs.create(d0.ino, "f3", false, None).await.unwrap();
+    let (old, fh) = fs.create(d0.ino, "f3", 0, None).await.unwrap();
     fs.write(fh, 0, b"old bytes").await.unwrap();
     fs.release(fh).await.unwrap();
     let reader = fs.open(old.ino, false, false).await.unwrap();
-    let (_, fh) = fs.create(ROOT_INO, "f5", false, None).await.unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "f5", 0, None).await.unwrap();
     fs.write(fh, 0, &[9; 1561]).await.unwrap();
     fs.release(fh).await.unwrap();
     fs.rename(ROOT_INO, "f5", d0.ino, "f3", false).await.unwrap();
@@ -193,7 +193,7 @@ async fn a_reader_keeps_the_bytes_of_a_file_unlinked_while_it_is_open() {
     // unlinked file while a reader opened before it was still reading.
     let store = Arc::new(MemStore::new());
     let fs = Fs::new(store.clone(), cfg(1000));
-    let (f, fh) = fs.create(ROOT_INO, "f2", false, None).await.unwrap();
+    let (f, fh) = fs.create(ROOT_INO, "f2", 0, None).await.unwrap();
     fs.release(fh).await.unwrap();
     let reader = fs.open(f.ino, false, false).await.unwrap();
     let writer = fs.open(f.ino, true, true).await.unwrap();
@@ -227,7 +227,7 @@ async fn overtaken_setup(data: &[u8]) -> (Arc<MemStore>, Arc<FailStore>, Arc<Fs>
     let mem = Arc::new(MemStore::new());
     let store = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, bucketfs_store::StoreErrorKind::Other));
     let fs = Fs::new(store.clone(), cfg(1000));
-    let (f, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+    let (f, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     fs.write(fh, 0, data).await.unwrap();
     fs.release(fh).await.unwrap();
     (mem, store, fs, f.ino)
@@ -284,4 +284,51 @@ async fn a_listing_overtaken_by_an_upload_does_not_bring_back_the_older_version(
     assert_eq!(fs.node(ino).unwrap().etag, mem.stat("f").await.unwrap().etag, "on the version uploaded last");
     let fh = fs.open(ino, false, false).await.unwrap();
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"version 3");
+}
+
+/// The kernel asks to create a name it believes absent (a negative entry it cached); if
+/// another client made the object meanwhile, it is opened as open(2) opens an existing
+/// file: emptied only with O_TRUNC, so `echo line >> shared.log` appends to what is there.
+#[tokio::test]
+async fn a_create_of_a_name_made_meanwhile_empties_it_only_with_o_trunc() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg(50));
+    assert!(matches!(fs.lookup(ROOT_INO, "shared.log").await, Err(FsError::NotFound)));
+    store.put("shared.log", Bytes::from_static(b"X"), PutOpts::default()).await.unwrap();
+    store.put("t", Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await; // past the TTL: the kernel's may be longer
+    let append = libc::O_CREAT | libc::O_WRONLY | libc::O_APPEND;
+    let (attr, fh) = fs.create(ROOT_INO, "shared.log", append, None).await.unwrap();
+    assert_eq!(attr.size, 1, "opened as it is");
+    fs.write(fh, 1, b"line").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(&store.get_range("shared.log", 0..5, GetOpts::default()).await.unwrap()[..], b"Xline");
+    let trunc = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+    let (attr, fh) = fs.create(ROOT_INO, "t", trunc, None).await.unwrap();
+    assert_eq!(attr.size, 0);
+    fs.write(fh, 0, b"new").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(store.stat("t").await.unwrap().size, 3);
+    let excl = libc::O_CREAT | libc::O_WRONLY | libc::O_EXCL;
+    assert!(matches!(fs.create(ROOT_INO, "t", excl, None).await, Err(FsError::Exists)));
+}
+
+/// A file named `x.rclonelink` would be the object of the link `x`: two names, one object
+/// (the file would replace the link, and show as a link once listed). Refused; a directory
+/// so named has its own key (`x.rclonelink/`).
+#[tokio::test]
+async fn no_file_takes_the_object_of_a_link() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg(1000));
+    fs.symlink(ROOT_INO, "x", "target").await.unwrap();
+    assert!(matches!(fs.create(ROOT_INO, "x.rclonelink", 0, None).await, Err(FsError::InvalidName)));
+    let (_, fh) = fs.create(ROOT_INO, "a", 0, None).await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(matches!(fs.rename(ROOT_INO, "a", ROOT_INO, "x.rclonelink", false).await, Err(FsError::InvalidName)));
+    assert_eq!(&store.get_range("x.rclonelink", 0..6, GetOpts::default()).await.unwrap()[..], b"target");
+    fs.mkdir(ROOT_INO, "d.rclonelink", None).await.unwrap();
+    assert_eq!(names(&fs, ROOT_INO).await, ["a", "d.rclonelink", "x"]);
 }

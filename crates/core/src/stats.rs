@@ -46,7 +46,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("bucketfs-stats-test-{}", std::process::id()));
         let fs = Fs::new(Arc::new(MemStore::new()), FsConfig { staging_dir: dir, ..FsConfig::default() });
         assert_eq!((fs.pending_uploads(), fs.staged_files()), (0, 0));
-        let (_, fh) = fs.create(ROOT_INO, "f", false, None).await.unwrap();
+        let (_, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
         fs.write(fh, 0, b"abc").await.unwrap();
         assert_eq!(fs.pending_uploads(), 1);
         fs.flush(fh).await.unwrap();

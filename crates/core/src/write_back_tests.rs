@@ -41,7 +41,7 @@ async fn keys(store: &dyn Store) -> Vec<String> {
 }
 
 async fn write_file(fs: &Fs, name: &str, data: &[u8]) -> u64 {
-    let (attr, fh) = fs.create(ROOT_INO, name, false, None).await.unwrap();
+    let (attr, fh) = fs.create(ROOT_INO, name, 0, None).await.unwrap();
     fs.write(fh, 0, data).await.unwrap();
     fs.flush(fh).await.unwrap();
     fs.release(fh).await.unwrap();
@@ -128,7 +128,7 @@ async fn unclosed_bytes_are_set_aside_and_closed_ones_recovered_after_a_crash() 
     {
         let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
         write_file(&fs, "closed", b"closed bytes").await;
-        let (_, fh) = fs.create(ROOT_INO, "open", false, None).await.unwrap();
+        let (_, fh) = fs.create(ROOT_INO, "open", 0, None).await.unwrap();
         fs.write(fh, 0, b"half").await.unwrap();
         // The process dies here: no release, no unmount.
         std::mem::forget(fs);
@@ -213,7 +213,7 @@ async fn a_large_file_sends_nothing_before_its_close_is_due() {
     let fs = Fs::new(mem.clone(), c);
     fs.start_write_back();
     let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
-    let (_, fh) = fs.create(ROOT_INO, "big", false, None).await.unwrap(); // one probe of the name
+    let (_, fh) = fs.create(ROOT_INO, "big", 0, None).await.unwrap(); // one probe of the name
     let before = mem.requests.load(std::sync::atomic::Ordering::Relaxed);
     for (i, chunk) in data.chunks(128 * 1024).enumerate() {
         fs.write(fh, (i * 128 * 1024) as u64, chunk).await.unwrap();

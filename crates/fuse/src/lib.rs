@@ -331,7 +331,7 @@ impl Filesystem for FuseAdapter {
         let (fs, ttl, pt) = (self.fs.clone(), self.ttl(), self.pt.clone());
         self.rt.spawn(async move {
             let perm = Some((mode & !umask & 0o7777) as u16);
-            match fs.create(parent.0, &name, flags & libc::O_EXCL != 0, perm).await {
+            match fs.create(parent.0, &name, flags, perm).await {
                 Ok((a, fh)) => {
                     let created = passthrough::Created { reply, ttl, attr: file_attr(&a) };
                     pt.answer(&fs, a.ino, fh, Default::default(), FopenFlags::empty(), created).await
