@@ -260,8 +260,15 @@ impl Staged {
     /// For a file the kernel may change unseen: the marker says "committed as of this
     /// length and mtime" instead of going away, so recovery uploads the file only if
     /// nothing changed it since (a change we did not see yet would make it a torn version).
+    ///
+    /// The stamp is the one last compared ([`Staged::observe`]), not a new one: a kernel
+    /// write landing after that check was not part of what the caller uploaded or
+    /// committed, so it must still show as a change at the next `observe`.
     fn mark_committed_as_is(&mut self) -> Result<(), FsError> {
-        let now = Stamp::of(&self.file)?;
+        let now = match self.seen {
+            Some(seen) => seen,
+            None => Stamp::of(&self.file)?,
+        };
         self.seen = Some(now);
         let tmp = self.path.with_extension("open.tmp");
         std::fs::write(&tmp, now.marker()).and_then(|_| std::fs::rename(&tmp, self.open_path())).map_err(local)?;
@@ -743,4 +750,31 @@ fn unique() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};
     let n = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{:x}-{:x}", std::process::id(), n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    /// A kernel write (passthrough) that lands between an upload's last check and its
+    /// commit is not absorbed as committed: the next check still sees it.
+    #[test]
+    fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-write-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut st = Staged::create(&dir, 1, PartBudget::new(1 << 20)).unwrap();
+        let kernel = st.watch_external("k").unwrap();
+        kernel.write_all_at(b"first", 0).unwrap();
+        assert!(st.observe().unwrap(), "a kernel write is seen");
+        // (the upload of "first" happens here)
+        std::thread::sleep(std::time::Duration::from_millis(5)); // a new mtime
+        kernel.write_all_at(b"second write", 0).unwrap();
+        st.mark_committed_as_is().unwrap();
+        assert!(st.observe().unwrap(), "the later write is still a change");
+        assert!(st.dirty);
+        assert_eq!(st.size, 12);
+        let _ = std::fs::remove_file(&st.path);
+        let _ = std::fs::remove_file(st.open_path());
+    }
 }
