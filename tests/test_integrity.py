@@ -7,7 +7,8 @@
 - a rewrite of the same size is read back after the TTL, never the cached older version
   (mem:// once reported no ETag or mtime, so both versions looked alike);
 - names are kept byte for byte, or refused with EINVAL, never changed (whitespace);
-- an open file deleted or unlinked keeps its attributes (`st_nlink` 0) and reads give ESTALE.
+- an open file deleted or unlinked keeps its attributes (`st_nlink` 0) and reads give ESTALE;
+- a name renamed while its directory is read in pages is not linked to the moved file.
 """
 
 from __future__ import annotations
@@ -233,3 +234,30 @@ def test_fstat_of_an_unlinked_open_file_after_the_ttl(store_mount):
         os.close(ro)
         os.close(rw)
     assert "f" not in os.listdir(mp)
+
+
+def test_a_name_renamed_during_a_listing_is_not_linked_to_the_moved_file():
+    """A directory read in pages: names renamed here between two pages must not come back
+    in a later readdirplus page bound to the moved files' inodes, or writing to an old name
+    (log rotation: `mv log log.1; : > log`) would truncate the moved file."""
+    require_bin()
+    with mounted(store_args("mem") + ["--metadata-ttl", "30"]) as mp:
+        d = os.path.join(mp, "d")
+        os.mkdir(d)
+        names = [f"entry-{i:04d}-{'x' * 40}" for i in range(1500)]
+        for n in names:
+            with open(os.path.join(d, n), "wb") as f:
+                f.write(n.encode())
+        later = names[100:]  # past what the first getdents returns (a few hundred)
+        with os.scandir(d) as it:
+            first = next(it).name
+            for i, n in enumerate(later):
+                os.rename(os.path.join(d, n), os.path.join(d, f"moved-{i:04d}"))
+            seen = [first] + [e.name for e in it]
+        assert len(seen) >= 100
+        stale = [n for n in later if os.path.exists(os.path.join(d, n))]
+        assert stale == [], f"{len(stale)} renamed names still resolve, e.g. {stale[:2]}"
+        with open(os.path.join(d, later[0]), "wb") as f:
+            f.write(b"new")
+        with open(os.path.join(d, "moved-0000"), "rb") as f:
+            assert f.read() == later[0].encode(), "writing the old name changed the moved file"

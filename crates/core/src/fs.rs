@@ -810,6 +810,21 @@ impl Fs {
         self.table.lock().unwrap().get(ino).map(|n| self.attr(n))
     }
 
+    /// The attributes to answer for entry `name` of directory `dir` in a readdirplus, from
+    /// what the mount knows now, not from the listing snapshot being read (taken at opendir,
+    /// perhaps before a rename or unlink here): the node now under that name, or `None` if
+    /// the name is gone. Such an answer links the name to the inode in the kernel, so an
+    /// inode that left the name must never be handed out under it (writes to the name
+    /// would change another file).
+    pub fn entry_attr(&self, dir: u64, name: &str, ino: u64) -> Option<Attr> {
+        let t = self.table.lock().unwrap();
+        let node = match name {
+            "." | ".." => t.get(ino),
+            _ => t.child(dir, name).filter(|n| n.linked),
+        };
+        node.map(|n| self.attr(n))
+    }
+
     /// Whether the kernel may keep cached pages for this handle's file (see `open`), or
     /// its cached entries for this handle's directory (see `dir_cache.rs`).
     pub fn keep_cache(&self, fh: u64) -> bool {

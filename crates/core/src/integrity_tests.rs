@@ -332,3 +332,25 @@ async fn no_file_takes_the_object_of_a_link() {
     fs.mkdir(ROOT_INO, "d.rclonelink", None).await.unwrap();
     assert_eq!(names(&fs, ROOT_INO).await, ["a", "d.rclonelink", "x"]);
 }
+
+/// A readdirplus answered from a listing snapshot taken before a rename here must not link
+/// the old name to the moved inode in the kernel (a later `echo x > d/a` would then write
+/// to `d/b`): the entry names what is under the name now, or is left out.
+#[tokio::test]
+async fn a_readdirplus_from_an_old_snapshot_names_what_is_there_now() {
+    let store = Arc::new(MemStore::new());
+    store.put("d/a", Bytes::from_static(b"A"), PutOpts::default()).await.unwrap();
+    store.put("d/c", Bytes::from_static(b"C"), PutOpts::default()).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg(1000));
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+    let fh = fs.opendir(d.ino).await.unwrap();
+    let snapshot = fs.readdir(fh).unwrap();
+    let listed = |name: &str| snapshot.iter().find(|e| e.name == name).unwrap().ino;
+    let a = listed("a");
+    fs.rename(d.ino, "a", d.ino, "b", false).await.unwrap();
+    assert!(fs.entry_attr(d.ino, "a", listed("a")).is_none(), "`a` is gone, not `b`'s inode");
+    fs.rename(d.ino, "b", d.ino, "c", false).await.unwrap();
+    assert_eq!(fs.entry_attr(d.ino, "c", listed("c")).unwrap().ino, a, "`c` is now the moved file");
+    assert_eq!(fs.entry_attr(d.ino, ".", d.ino).unwrap().ino, d.ino);
+    fs.releasedir(fh);
+}

@@ -112,16 +112,17 @@ fn fill_dir(entries: &[DirEntry], offset: u64, mut reply: ReplyDirectory) {
     reply.ok();
 }
 
-/// Answer a readdirplus with `entries` from `offset` on, with their attributes.
-fn fill_dir_plus(fs: &Fs, entries: &[DirEntry], offset: u64, ttl: Duration, mut reply: ReplyDirectoryPlus) {
+/// Answer a readdirplus of directory `dir` with `entries` from `offset` on, each with the
+/// inode and attributes now under its name (a name gone since the snapshot is left out).
+fn fill_dir_plus(fs: &Fs, dir: u64, entries: &[DirEntry], offset: u64, ttl: Duration, mut reply: ReplyDirectoryPlus) {
     for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-        let Some(attr) = fs.cached_attr(e.ino) else { continue };
-        if reply.add(INodeNo(e.ino), i as u64 + 1, &e.name, &ttl, &file_attr(&attr), Generation(0)) {
+        let Some(attr) = fs.entry_attr(dir, &e.name, e.ino) else { continue };
+        if reply.add(INodeNo(attr.ino), i as u64 + 1, &e.name, &ttl, &file_attr(&attr), Generation(0)) {
             break;
         }
         // The kernel holds a reference to every entry except `.` and `..`.
         if e.name != "." && e.name != ".." {
-            fs.remember(e.ino);
+            fs.remember(attr.ino);
         }
     }
     reply.ok();
@@ -496,14 +497,14 @@ impl Filesystem for FuseAdapter {
             let (fs, ttl) = (self.fs.clone(), self.ttl());
             self.rt.spawn(async move {
                 match fs.readdir_unopened(ino.0, offset).await {
-                    Ok(entries) => fill_dir_plus(&fs, &entries, offset, ttl, reply),
+                    Ok(entries) => fill_dir_plus(&fs, ino.0, &entries, offset, ttl, reply),
                     Err(e) => reply.error(errno(&e)),
                 }
             });
             return;
         }
         match self.fs.readdir(fh.0) {
-            Ok(entries) => fill_dir_plus(&self.fs, &entries, offset, self.ttl(), reply),
+            Ok(entries) => fill_dir_plus(&self.fs, ino.0, &entries, offset, self.ttl(), reply),
             Err(e) => reply.error(errno(&e)),
         }
     }
