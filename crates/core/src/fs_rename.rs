@@ -188,8 +188,12 @@ impl Fs {
             self.observe(src.ino, &mut st)?;
             if st.dirty && !st.unlinked && self.write_back() {
                 // Not uploaded yet: it goes up under the new name (its queue entry follows
-                // the inode); an older object under the old name goes now.
-                if st.in_store {
+                // the inode); an older object under the old name goes now. Unless a writer
+                // is still changing it: then that object is the last closed version, the
+                // one a crash must leave, and it moves with the name.
+                if st.in_store && !st.committed() {
+                    self.move_object(&src.key, new_key).await?;
+                } else if st.in_store {
                     match self.store.delete(&src.key).await {
                         Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
                         _ => st.in_store = false,
@@ -222,11 +226,17 @@ impl Fs {
                 }
             }
         }
+        self.move_object(&src.key, new_key).await
+    }
+
+    /// Move one object: in one request where the store moves (Drive), else copy, then
+    /// delete.
+    async fn move_object(&self, from: &str, to: &str) -> Result<(), FsError> {
         if self.store.capabilities().moves {
-            return Ok(self.store.rename(&src.key, new_key).await?);
+            return Ok(self.store.rename(from, to).await?);
         }
-        self.store.copy(&src.key, new_key).await?;
-        self.store.delete(&src.key).await?;
+        self.store.copy(from, to).await?;
+        self.store.delete(from).await?;
         Ok(())
     }
 

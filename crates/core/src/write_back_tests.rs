@@ -270,3 +270,48 @@ fn shuttle_an_upload_begun_before_a_commit_does_not_end_it() {
         500,
     );
 }
+
+/// logrotate's `mv app.log app.log.1` while the app still appends, then a crash before the
+/// app closes: the last closed version must be in the bucket under the new name (the
+/// unclosed bytes are set aside, as always), never under neither name.
+#[tokio::test]
+async fn a_file_renamed_while_written_keeps_its_last_closed_version_through_a_crash() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("rename-open");
+    mem.put("app.log", bytes::Bytes::from_static(b"v0 closed"), Default::default()).await.unwrap();
+    {
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+        let ino = fs.lookup(ROOT_INO, "app.log").await.unwrap().ino;
+        let fh = fs.open(ino, true, false).await.unwrap();
+        fs.write(fh, 9, b" + appended").await.unwrap();
+        fs.rename(ROOT_INO, "app.log", ROOT_INO, "app.log.1", false).await.unwrap();
+        assert_eq!(object(mem.as_ref(), "app.log.1").await.unwrap(), b"v0 closed");
+        std::mem::forget(fs); // dies before the app's close
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert!(done.is_empty() && failed.is_empty(), "{done:?} {failed:?}");
+    assert_eq!(object(mem.as_ref(), "app.log.1").await.unwrap(), b"v0 closed");
+    assert!(object(mem.as_ref(), "app.log").await.is_none());
+}
+
+/// The same rename without a crash: the writer's close sends everything under the new
+/// name, and nothing is left under the old one.
+#[tokio::test]
+async fn a_file_renamed_while_written_arrives_whole_under_its_new_name() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("rename-open-2");
+    mem.put("app.log", bytes::Bytes::from_static(b"v0 closed"), Default::default()).await.unwrap();
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let ino = fs.lookup(ROOT_INO, "app.log").await.unwrap().ino;
+    let fh = fs.open(ino, true, false).await.unwrap();
+    fs.write(fh, 9, b" + appended").await.unwrap();
+    fs.rename(ROOT_INO, "app.log", ROOT_INO, "app.log.1", false).await.unwrap();
+    fs.write(fh, 20, b"!").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["app.log.1"]);
+    assert_eq!(object(mem.as_ref(), "app.log.1").await.unwrap(), b"v0 closed + appended!");
+}
