@@ -21,7 +21,7 @@ use crate::sync::{Arc, AtomicU64, Mutex, Ordering, Weak};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::fs::{Fs, OpenFile};
+use crate::fs::{Fs, Handle, OpenFile};
 use crate::FsError;
 
 /// How write-back behaves; `None` in [`crate::FsConfig::write_back`] means durable at close.
@@ -201,6 +201,11 @@ impl Fs {
     /// (or it is the file's only handle and the file is dirty), its bytes become the version
     /// a crash recovers and the file is queued; `durable` (fsync) also writes them to disk.
     /// Returns once there is room in the queue.
+    ///
+    /// If another handle has the file open for writing, the version is uploaded now, as
+    /// without write-back: that writer may change the staged bytes at any moment (the
+    /// kernel writes them itself with passthrough), and the closed version would then exist
+    /// nowhere. Should that upload fail, the file is queued as usual.
     pub(crate) async fn commit_for(&self, file: &OpenFile, durable: bool) -> Result<(), FsError> {
         let wrote = file.wrote.load(Ordering::Relaxed) || file.writes_unseen.load(Ordering::Relaxed);
         if !wrote && !file.staged.load(Ordering::Relaxed) {
@@ -210,12 +215,30 @@ impl Fs {
             tracing::debug!(ino = file.ino, "write-back commit point: nothing staged");
             return Ok(());
         };
+        let other_writer = self.handles.lock().unwrap().values().any(
+            |h| matches!(h, Handle::File(f) if f.ino == file.ino && f.writable && !std::ptr::eq(f.as_ref(), file)),
+        );
+        // The gate before the staged lock, as everywhere (rename holds it while it moves names).
+        let _gate = match other_writer {
+            true => Some(self.wb.gate.read().await),
+            false => None,
+        };
         let queued = {
             let mut st = staged.lock().await;
             self.observe(file.ino, &mut st)?;
             let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1);
             if queue {
                 st.commit()?;
+            }
+            if queue && other_writer {
+                match self.publish(file.ino, &mut st).await {
+                    Ok(()) => {
+                        self.wb.forget(file.ino);
+                        file.wrote.store(false, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    Err(e) => tracing::warn!(ino = file.ino, "upload beside another writer failed, queued: {e}"),
+                }
             }
             if durable {
                 st.sync_local()?;

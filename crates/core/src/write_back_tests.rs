@@ -315,3 +315,28 @@ async fn a_file_renamed_while_written_arrives_whole_under_its_new_name() {
     assert_eq!(keys(mem.as_ref()).await, ["app.log.1"]);
     assert_eq!(object(mem.as_ref(), "app.log.1").await.unwrap(), b"v0 closed + appended!");
 }
+
+/// A daemon holds a log open for writing; another process appends and closes. That close
+/// must survive the daemon's next write and a crash: with another writer open, the version
+/// is uploaded at close (the staged bytes are no longer a closed version once it writes).
+#[tokio::test]
+async fn a_close_beside_another_writer_survives_that_writer_and_a_crash() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("two-writers");
+    {
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+        let (attr, daemon) = fs.create(ROOT_INO, "log", 0, None).await.unwrap();
+        let other = fs.open(attr.ino, true, false).await.unwrap();
+        fs.write(other, 0, b"important").await.unwrap();
+        fs.flush(other).await.unwrap();
+        fs.release(other).await.unwrap();
+        assert_eq!(object(mem.as_ref(), "log").await.unwrap(), b"important", "uploaded at close");
+        assert!(fs.sync_write_back().await.is_empty());
+        fs.write(daemon, 9, b" and more").await.unwrap();
+        std::mem::forget(fs); // dies before the daemon's close
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert!(done.is_empty() && failed.is_empty(), "{done:?} {failed:?}");
+    assert_eq!(object(mem.as_ref(), "log").await.unwrap(), b"important");
+}
