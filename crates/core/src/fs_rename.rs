@@ -37,8 +37,9 @@ impl Fs {
         if src.kind == Kind::Dir && target_dir.key.starts_with(&src.key) {
             return Err(FsError::InvalidName); // into itself: EINVAL, as on Linux
         }
-        // Write-back: no upload in flight while names move (write_back.rs).
-        let _gate = if self.write_back() { Some(self.wb.gate.write().await) } else { None };
+        // No upload in flight while names move (write_back.rs): a close meanwhile would send
+        // its bytes to a key being copied away, or left behind.
+        let _gate = self.wb.gate.write().await;
         let (mut replaced, mut discard_after) = (None, None);
         if let Some(dst) = self.resolve(newparent, newname).await? {
             if noreplace {

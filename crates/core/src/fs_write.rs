@@ -476,6 +476,9 @@ impl Fs {
         if !wrote && !file.staged.load(Ordering::Relaxed) {
             return Ok(());
         }
+        // Shared: a rename or unlink in progress (exclusive) finishes first, so the upload
+        // goes to the name as it is after it.
+        let _gate = self.wb.gate.read().await;
         self.upload_ino(file.ino, !wrote).await?;
         file.wrote.store(false, Ordering::Relaxed);
         Ok(())
@@ -647,8 +650,9 @@ impl Fs {
         if node.kind == Kind::Dir {
             return Err(FsError::IsDir);
         }
-        // Write-back: no upload of it may be in flight while it goes (write_back.rs).
-        let _gate = if self.write_back() { Some(self.wb.gate.write().await) } else { None };
+        // No upload of it may be in flight while it goes (write_back.rs): one landing after
+        // the delete would bring the file back.
+        let _gate = self.wb.gate.write().await;
         if self.stored(node.ino).await {
             self.store.delete(&node.key).await?;
         }

@@ -354,3 +354,41 @@ async fn a_readdirplus_from_an_old_snapshot_names_what_is_there_now() {
     assert_eq!(fs.entry_attr(d.ino, ".", d.ino).unwrap().ino, d.ino);
     fs.releasedir(fh);
 }
+
+/// `mv build build.old` while a compiler still writes into `build/`: a close during the
+/// move must not upload to the old key (copied away or deleted by the move: its bytes lost,
+/// or left behind under a name the mount no longer shows). It waits for the move and goes
+/// up under the new name.
+#[tokio::test]
+async fn a_close_during_its_directory_rename_lands_under_the_new_name() {
+    let mem = Arc::new(MemStore::new());
+    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, bucketfs_store::StoreErrorKind::Other));
+    mem.put("build/obj.o", Bytes::from_static(b"o"), PutOpts::default()).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg(1000));
+    let d = fs.lookup(ROOT_INO, "build").await.unwrap();
+    let (_, fh) = fs.create(d.ino, "out", 0, None).await.unwrap();
+    fs.write(fh, 0, b"v1").await.unwrap();
+    fs.fsync(fh).await.unwrap();
+    fs.write(fh, 0, b"v2, the last").await.unwrap();
+    assert!(fs.lookup(ROOT_INO, "build.old").await.is_err());
+    let listing = store.hold(Op::List, 1); // the move's listing of build/ waits
+    let mover = fs.clone();
+    let mv = tokio::spawn(async move { mover.rename(ROOT_INO, "build", ROOT_INO, "build.old", false).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let closer = fs.clone();
+    let close = tokio::spawn(async move {
+        closer.flush(fh).await?;
+        closer.release(fh).await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!close.is_finished(), "the close uploaded while its directory was moving");
+    listing.add_permits(1);
+    mv.await.unwrap().unwrap();
+    close.await.unwrap().unwrap();
+    let keys: Vec<String> = {
+        use futures::TryStreamExt;
+        mem.list("", true).map_ok(|m| m.key).try_collect().await.unwrap()
+    };
+    assert_eq!(keys, ["build.old/", "build.old/obj.o", "build.old/out"]);
+    assert_eq!(&mem.get_range("build.old/out", 0..12, GetOpts::default()).await.unwrap()[..], b"v2, the last");
+}

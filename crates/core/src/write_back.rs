@@ -13,9 +13,10 @@
 //! it is being rewritten still finds the last closed version in the bucket (the rewrite's
 //! unclosed bytes are set aside by recovery, never uploaded).
 //!
-//! Unlink and rename of a queued file take [`Queue::gate`] exclusively and uploads take it
-//! shared, so a cancel or redirect never races an upload in flight: an unlinked file is never
-//! uploaded, a renamed one goes up under its new name, and no stray object is left behind.
+//! Unlink and rename take [`Queue::gate`] exclusively and uploads take it shared (in both
+//! modes: a close's upload too), so a cancel or redirect never races an upload in flight: an
+//! unlinked file is never uploaded, a renamed one (or one in a renamed directory) goes up
+//! under its new name, and no stray object is left behind.
 
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, Weak};
 use std::collections::HashMap;
