@@ -216,6 +216,22 @@ impl GdriveStore {
         self.with_tree(|t| t.lookup(key).or_else(|| t.lookup(&format!("{key}/"))).cloned())
     }
 
+    /// Move file `id` (named `key`) to Drive's trash, and out of the tree once it is there.
+    async fn trash(&self, op: &str, key: &str, id: &str) -> Result<(), StoreError> {
+        let path = format!("/drive/v3/files/{id}");
+        self.client.meta(op, key, Method::PATCH, &path, &[], json!({"trashed": true})).await?;
+        self.forget_file(id);
+        Ok(())
+    }
+
+    /// Drop file `id` from the tree (our own delete, or one already done elsewhere).
+    fn forget_file(&self, id: &str) {
+        self.with_tree(|t| {
+            t.remove(id);
+            t.rebuild();
+        });
+    }
+
     /// Record a file the API just returned, so our own change is visible at once.
     fn learn(&self, f: File) {
         self.with_tree(|t| {
@@ -422,18 +438,10 @@ impl Store for GdriveStore {
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.fresh(false).await?;
         let Some(f) = self.lookup(key) else { return Ok(()) };
-        let trashed = self
-            .client
-            .meta("delete", key, Method::PATCH, &format!("/drive/v3/files/{}", f.id), &[], json!({"trashed": true}))
-            .await;
-        match trashed {
-            Ok(_) | Err(StoreError { kind: StoreErrorKind::NotFound, .. }) => {}
-            Err(e) => return Err(e),
+        match self.trash("delete", key, &f.id).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => self.forget_file(&f.id),
+            r => r?,
         }
-        self.with_tree(|t| {
-            t.remove(&f.id);
-            t.rebuild();
-        });
         Ok(())
     }
 
@@ -452,17 +460,7 @@ impl Store for GdriveStore {
         // showed both, the copy under a name nobody made (`f~1AbCdEfG`; found by the model
         // test's listers).
         let trashed = match &old {
-            Some(o) => {
-                let path = format!("/drive/v3/files/{}", o.id);
-                let r = self.client.meta("copy", to, Method::PATCH, &path, &[], json!({"trashed": true})).await;
-                if r.is_ok() {
-                    self.with_tree(|t| {
-                        t.remove(&o.id);
-                        t.rebuild();
-                    });
-                }
-                r.map(|_| ())
-            }
+            Some(o) => self.trash("copy", to, &o.id).await,
             None => Ok(()),
         };
         self.learn(f);
@@ -492,17 +490,7 @@ impl Store for GdriveStore {
         // As for a copy: the replaced file goes to the trash before the tree learns the
         // move, so no listing shows both under one name.
         let trashed = match &old {
-            Some(o) => {
-                let path = format!("/drive/v3/files/{}", o.id);
-                let r = self.client.meta("rename", to, Method::PATCH, &path, &[], json!({"trashed": true})).await;
-                if r.is_ok() {
-                    self.with_tree(|t| {
-                        t.remove(&o.id);
-                        t.rebuild();
-                    });
-                }
-                r.map(|_| ())
-            }
+            Some(o) => self.trash("rename", to, &o.id).await,
             None => Ok(()),
         };
         self.learn(f);
