@@ -209,7 +209,7 @@ impl Fs {
             n.kernel_cached = if staged.is_none() { Some(identity) } else { None };
             keep
         });
-        tracing::debug!(ino, keep_cache, staged = staged.is_some(), write, truncate, "open");
+        tracing::debug!(ino, keep_cache, staged = staged.is_some(), write, truncate, identity = %node.identity(), "open");
         let file = OpenFile {
             ino,
             reader: Mutex::new(self.reader_for(&node)),

@@ -392,3 +392,40 @@ async fn a_close_during_its_directory_rename_lands_under_the_new_name() {
     assert_eq!(keys, ["build.old/", "build.old/obj.o", "build.old/out"]);
     assert_eq!(&mem.get_range("build.old/out", 0..12, GetOpts::default()).await.unwrap()[..], b"v2, the last");
 }
+
+/// On a store without ETags (file://) a version is named by size and mtime. A file the
+/// kernel wrote through a shared mapping (passthrough) was uploaded at its last flush; its
+/// staged file's mtime, taken into the node when the staged file went, happened to equal
+/// the mtime of the version uploaded before (both one coarse clock tick), so the next open
+/// read that older version's cached blocks: zeros instead of the mapped writes (CI, 1 run
+/// in 5 of test_mmap_writes_reach_bucket_by_unmount[file]).
+#[tokio::test]
+async fn a_version_uploaded_keeps_its_name_when_its_staged_file_goes() {
+    use std::os::unix::fs::FileExt;
+    let root = std::env::temp_dir().join(format!("bucketfs-it-filestore-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let loc = bucketfs_store::location::Location::parse(&format!("file://{}", root.display())).unwrap();
+    let store = bucketfs_store::location::open(&loc, &Default::default()).unwrap();
+    let fs = Fs::new(store.clone(), FsConfig { cache_bytes: 64 << 20, ..cfg(1000) });
+    let size = 256 * 1024;
+    let (attr, fh) = fs.create(ROOT_INO, "mapped.bin", 0, None).await.unwrap();
+    fs.write(fh, 0, &vec![0u8; size]).await.unwrap();
+    let backing = fs.backing_file(fh).await.unwrap();
+    fs.note_passthrough_open(fh);
+    let long_ago = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    backing.file.set_modified(long_ago).unwrap();
+    fs.flush(fh).await.unwrap(); // version 1: zeros, now in the read cache
+    let v1 = store.stat("mapped.bin").await.unwrap().mtime.unwrap();
+    // The kernel writes through the mapping; the staged file's mtime lands on v1's tick.
+    let model: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
+    backing.file.write_all_at(&model, 0).unwrap();
+    backing.file.set_modified(v1).unwrap();
+    fs.flush(fh).await.unwrap(); // version 2: the mapped bytes
+    fs.release(fh).await.unwrap();
+    let rfh = fs.open(attr.ino, false, false).await.unwrap();
+    let got = fs.read(rfh, 0, size as u32).await.unwrap();
+    assert!(got[..] == model[..], "the mount read an older version (zeros: {})", got.iter().all(|b| *b == 0));
+    fs.release(rfh).await.unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+}

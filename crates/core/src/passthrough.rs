@@ -224,7 +224,9 @@ impl Fs {
     }
 
     /// `ino`'s staged file is gone: stop reading attributes from it, and keep its last
-    /// length and mtime in the node (what an upload outside `publish` did not record).
+    /// length in the node (what an upload outside `publish` did not record). Not its
+    /// mtime: on a store without ETags the node's size and mtime name the version for the
+    /// caches, and the staged file's mtime could name an older upload (one clock tick).
     pub(crate) fn unwatch(&self, ino: u64) {
         let file = {
             let mut w = self.passthrough.watched.lock().unwrap();
@@ -235,8 +237,10 @@ impl Fs {
         };
         let Some(m) = file.and_then(|f| f.metadata().ok()) else { return };
         if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
-            n.size = m.len();
-            n.mtime = m.modified().unwrap_or(n.mtime);
+            if n.size != m.len() {
+                n.size = m.len();
+                n.mtime = SystemTime::now();
+            }
         }
     }
 
