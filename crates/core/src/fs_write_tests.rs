@@ -530,3 +530,29 @@ async fn writes_the_kernel_made_directly_are_seen_and_uploaded() {
     assert!(dir.join("lost+found").exists(), "the unclosed bytes were not kept");
     drop(fs);
 }
+
+/// A file the kernel wrote (passthrough) is fed to an eager upload every 200 ms while it
+/// grows; a tick after the close's upload must not start the whole file again (it did:
+/// a 256 MiB `cp` was sent twice, and its release held the file for a second).
+#[tokio::test]
+async fn a_file_uploaded_at_close_is_not_fed_again() {
+    use std::os::unix::fs::FileExt;
+    let mem = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-refeed-{}", std::process::id()));
+    let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let part = fs.cfg.write.part_size;
+    let (_, fh) = fs.create(ROOT_INO, "big", 0, None).await.unwrap();
+    let backing = fs.backing_file(fh).await.unwrap();
+    fs.note_passthrough_open(fh);
+    let body: Vec<u8> = (0..3 * part).map(|i| (i % 251) as u8).collect();
+    backing.file.write_all_at(&body[..part], 0).unwrap();
+    tokio::time::sleep(Duration::from_millis(450)).await; // the feeder saw it grow
+    backing.file.write_all_at(&body[part..], part as u64).unwrap();
+    fs.flush(fh).await.unwrap();
+    assert_eq!(object(&mem, "big").await.unwrap(), body);
+    let after_close = mem.requests.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(650)).await; // three more ticks
+    assert_eq!(mem.requests.load(Ordering::Relaxed), after_close, "an unchanged file was sent again");
+    fs.release(fh).await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -470,6 +470,11 @@ impl Staged {
     ) -> Result<(), FsError> {
         let part = opts.part_size as u64;
         self.settle()?;
+        if !self.dirty {
+            // Unchanged since its last upload (the close's): a tick after it must not send
+            // the whole file again.
+            return Ok(());
+        }
         if self.eager.is_none() {
             // Sequential writes seen here, or a file the kernel writes (checked at the end).
             if self.size < part || !(self.appends_only || self.watched()) {
