@@ -473,3 +473,47 @@ def test_mmap_writes_reach_bucket_by_unmount(btgt, rng):
     got = btgt.get("mapped.bin")
     assert len(got) == size and md5(got) == md5(model), \
         f"after unmount the bucket holds {len(got)} bytes, {'all zero' if got == bytes(len(got)) else 'not the mmap writes'}"
+
+
+def _libc_map(fd: int, size: int):
+    """A shared writable mapping made with libc itself: Python's mmap dups the fd, which
+    keeps the file open and hides what a program that closes its fd sees."""
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    return libc, addr
+
+
+@pytest.mark.parametrize("mode", ["durable", "write-back"])
+def test_a_mapping_written_after_its_fd_closed_reaches_the_bucket(btgt, rng, mode):
+    """As a linker writes its output: open, ftruncate, mmap, close the fd, write through the
+    mapping, msync, munmap. With passthrough the kernel maps the staged file itself, so the
+    last release came before the writes: the bucket kept the zeros of the ftruncate."""
+    import ctypes
+    size = 4 * MiB
+    model = rng.randbytes(size)
+    extra = ["--write-back"] if mode == "write-back" else []
+    mp = mount(btgt.args() + extra)
+    try:
+        p = os.path.join(mp, "a.out")
+        fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o755)
+        os.ftruncate(fd, size)
+        libc, addr = _libc_map(fd, size)
+        os.close(fd)
+        time.sleep(0.5)                    # the last RELEASE is handled before the writes
+        ctypes.memmove(addr, model, size)
+        assert libc.msync(addr, size, 4) == 0  # MS_SYNC
+        assert libc.munmap(addr, size) == 0
+        assert md5(read_file(p)) == md5(model), "the mount does not show the mapped writes"
+        p2 = run_cli(["unmount", mp], timeout=120)
+        assert p2.returncode == 0, p2.err
+    finally:
+        unmount(mp)
+    got = btgt.get("a.out")
+    assert len(got) == size and md5(got) == md5(model), \
+        f"the bucket holds {len(got)} bytes, {'all zero' if got == bytes(len(got)) else 'not the mapped writes'}"

@@ -12,7 +12,7 @@
 //!   midway can leave both names; SEMANTICS.md says so.
 
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bucketfs_store::StoreErrorKind;
 use bytes::Bytes;
@@ -556,13 +556,90 @@ impl Fs {
             // a reader opened before the file was staged included (it reads the staged
             // bytes, as on a local disk; dropping them cut its reads short: model test).
             let readers = st.unlinked && self.has_open_handle(file.ino);
-            if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
+            if st.handles == 0 && !st.unlinked && st.watched() && st.mapped_elsewhere() {
+                // A shared mapping outlives the handles and may still write the file.
+                self.linger(file.ino, staged.clone());
+            } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
                 self.keep_as_whole(file.ino, &st).await;
                 // Under the staged lock: an open racing this re-checks the map (`stage`).
                 self.unstage(file.ino);
             }
         }
         result
+    }
+
+    /// Keep a staged file whose last handle closed while a process still maps it (FUSE
+    /// passthrough maps the staged file itself, so its writes reach no FUSE handle): every
+    /// 200 ms look at it; a change that held still for a tick is a commit point, uploaded
+    /// (queued in write-back mode) as a close's would be; once the mapping is gone, the
+    /// last change goes up and the staged file is dropped as at a last release. Without
+    /// this, a linker's output (mapped, fd closed, then written) never reached the bucket.
+    pub(crate) fn linger(&self, ino: u64, staged: crate::write::SharedStaged) {
+        if !self.passthrough.lingering.lock().unwrap().insert(ino) {
+            return;
+        }
+        tracing::debug!(ino, "staged file still mapped after its last close: watched until unmapped");
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let Some(fs) = me.upgrade() else { return };
+                if fs.linger_tick(ino, &staged).await {
+                    fs.passthrough.lingering.lock().unwrap().remove(&ino);
+                    return;
+                }
+            }
+        });
+    }
+
+    /// One look at a lingering staged file; `true` when lingering is over.
+    async fn linger_tick(&self, ino: u64, staged: &crate::write::SharedStaged) -> bool {
+        let ours = || self.staged_of(ino).is_some_and(|s| Arc::ptr_eq(&s, staged));
+        if !ours() {
+            return true;
+        }
+        // The gate before the staged lock, as everywhere.
+        let _gate = self.wb.gate.read().await;
+        let mut st = staged.lock().await;
+        if !ours() || st.handles > 0 || st.unlinked {
+            return true; // an open's own release decides again; an unlinked file is gone
+        }
+        let mapped = st.mapped_elsewhere();
+        let changed = match st.observe() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(ino, "cannot check a mapped staged file: {e}");
+                return false;
+            }
+        };
+        if changed {
+            self.set_local_size(ino, st.size);
+            if mapped {
+                return false; // still being written: upload once it holds still
+            }
+        }
+        if st.dirty {
+            if let Err(e) = st.commit() {
+                tracing::warn!(ino, "cannot commit a mapped staged file: {e}");
+                return false;
+            }
+            if self.write_back() {
+                let key = self.node(ino).map(|n| n.key).unwrap_or_default();
+                let cfg = self.cfg.write_back.expect("write-back mode");
+                self.wb.enqueue(ino, key, st.len(), cfg.delay);
+            } else if let Err(e) = self.publish(ino, &mut st).await {
+                tracing::warn!(ino, "upload of a mapped file's writes failed, retried: {e}");
+                return false;
+            }
+        }
+        if mapped {
+            return false;
+        }
+        if !st.dirty {
+            self.keep_as_whole(ino, &st).await;
+            self.unstage(ino);
+        }
+        true // a queued version: the queue drops the staged file after its upload
     }
 
     /// Create and open a new, empty file; it reaches the bucket at the first flush.

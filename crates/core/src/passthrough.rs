@@ -65,6 +65,9 @@ pub(crate) struct Counters {
     /// Inodes with a task feeding their parts to an eager upload ([`Fs::feed_watched`]).
     /// A leaf lock.
     feeding: Mutex<std::collections::HashSet<u64>>,
+    /// Inodes whose staged file outlived its handles in a shared mapping, watched until it
+    /// goes ([`Fs::linger`]). A leaf lock.
+    pub(crate) lingering: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// The identity of a staged file's backing (every handle of its inode shares it): the
@@ -164,7 +167,7 @@ impl Fs {
             tracing::warn!(ino, "staged file not handed to the kernel: {e}");
             "staged file unusable"
         })?;
-        let second = file.try_clone().map_err(|_| "cannot duplicate the staged file")?;
+        let second = st.dup().map_err(|_| "cannot duplicate the staged file")?;
         self.passthrough.watched.lock().unwrap().insert(ino, Arc::new(second));
         drop(st);
         self.feed_watched(ino, staged);

@@ -280,7 +280,9 @@ impl Staged {
     /// arrive unseen, so [`Staged::observe`] compares the file's state with the last one
     /// seen wherever its size or dirtiness matters. A pending O_TRUNC is applied now (the
     /// kernel reads the file itself), the key is named for crash recovery, and the eager
-    /// upload stops (writes may land anywhere). Returns a second handle of the file.
+    /// upload stops (writes may land anywhere). Returns the file opened anew for the
+    /// kernel: an open file description of its own, so [`Staged::mapped_elsewhere`] can
+    /// tell when the kernel (a mapping included) is done with it.
     pub fn watch_external(&mut self, key: &str) -> Result<File, FsError> {
         self.settle()?;
         let was_open = self.open_marked;
@@ -294,7 +296,34 @@ impl Staged {
                 self.mark_committed_as_is()?; // records what it saw
             }
         }
+        File::options().read(true).write(true).open(&self.path).map_err(local)
+    }
+
+    /// A second handle of our own open file description (not the kernel's).
+    pub fn dup(&self) -> Result<File, FsError> {
         self.file.try_clone().map_err(local)
+    }
+
+    /// Whether another open file description of the file may still write it: the kernel's
+    /// (see [`Staged::watch_external`]) outlives every handle while a process keeps a
+    /// shared mapping of it (FUSE passthrough maps the staged file itself; a linker maps
+    /// its output, closes the fd, then writes). Asked by taking a write lease, which Linux
+    /// grants only when no other description has the file open for writing. `false`
+    /// where leases are unavailable.
+    pub fn mapped_elsewhere(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let fd = self.file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor we own; a granted lease is released at once.
+        if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } == 0 {
+            unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+            return false;
+        }
+        let e = std::io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) {
+            return true;
+        }
+        tracing::debug!(path = %self.path.display(), "no write lease on the staged file ({e}): taken as unmapped");
+        false
     }
 
     /// Whether the kernel may change the file unseen (see [`Staged::watch_external`]).

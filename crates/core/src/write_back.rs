@@ -89,7 +89,7 @@ fn backoff(attempts: u32) -> Duration {
 }
 
 impl Queue {
-    fn enqueue(&self, ino: u64, key: String, bytes: u64, delay: Duration) {
+    pub(crate) fn enqueue(&self, ino: u64, key: String, bytes: u64, delay: Duration) {
         let now = Instant::now();
         let mut q = self.entries.lock().unwrap();
         let e = q.entry(ino).or_insert_with(|| Entry {
@@ -290,8 +290,10 @@ impl Fs {
         if st.dirty && !st.unlinked && st.committed() {
             self.publish(ino, &mut st).await?;
         }
-        // Not committed: a writer is changing it; its close queues it again.
-        if st.handles == 0 && (!st.dirty || st.unlinked) {
+        // Not committed: a writer is changing it; its close queues it again. Still mapped:
+        // its lingering watch drops it (fs_write.rs).
+        let lingering = self.passthrough.lingering.lock().unwrap().contains(&ino);
+        if st.handles == 0 && (!st.dirty || st.unlinked) && !lingering {
             self.unstage_this(ino, &staged);
         }
         Ok(())
