@@ -13,6 +13,7 @@ import queue
 import random
 import re
 import time
+import json
 import traceback
 
 from .gen import Gen
@@ -64,6 +65,9 @@ def worker_main(spec: dict, q, prog, oprepr) -> None:
         for fd in run.fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
+    if os.environ.get("FSMODEL_DUMP_OPS"):  # each worker's ops, to find a divergence's history
+        with open(f"/tmp/fsmodel-ops-w{spec['wid']}.json", "w") as f:
+            json.dump(ops, f)
     res["notes"] = run.notes
     res["elapsed"] = time.monotonic() - t0
     q.put(res)

@@ -40,7 +40,7 @@ impl Fs {
         // No upload in flight while names move (write_back.rs): a close meanwhile would send
         // its bytes to a key being copied away, or left behind.
         let _gate = self.wb.gate.write().await;
-        let (mut replaced, mut discard_after) = (None, None);
+        let (mut replaced, mut discard_after, mut took_object) = (None, None, false);
         if let Some(dst) = self.resolve(newparent, newname).await? {
             if noreplace {
                 return Err(FsError::Exists);
@@ -53,6 +53,7 @@ impl Fs {
                     let _ = self.store.delete(&dst.key).await;
                 }
                 (_, _) => {
+                    took_object = dst.kind == src.kind && self.stored(dst.ino).await;
                     // The target is replaced: its staged bytes must never be uploaded later.
                     // Write-back (nothing uploads meanwhile: the gate): dropped once the
                     // source holds the name, so a crash in between recovers one of them.
@@ -72,6 +73,13 @@ impl Fs {
         match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key).await?,
             Kind::Dir => self.move_dir(&src, &new_key).await?,
+        }
+        if took_object {
+            // Still the replaced file's object under the name until ours goes up.
+            if let Some(staged) = self.staged_of_pub(src.ino) {
+                let mut st = staged.lock().await;
+                st.replaces = !st.in_store;
+            }
         }
         if let Some(dst) = discard_after {
             self.outrank_staged(src.ino, dst).await;
@@ -194,10 +202,10 @@ impl Fs {
                 // one a crash must leave, and it moves with the name.
                 if st.in_store && !st.committed() {
                     self.move_object(&src.key, new_key).await?;
-                } else if st.in_store {
+                } else if st.in_store || st.replaces {
                     match self.store.delete(&src.key).await {
                         Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
-                        _ => st.in_store = false,
+                        _ => (st.in_store, st.replaces) = (false, false),
                     }
                 }
                 st.create_only = false; // a rename replaces its target

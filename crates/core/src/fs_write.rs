@@ -92,7 +92,10 @@ impl Fs {
     /// here and never uploaded (its unlink or rename needs no request).
     pub(crate) async fn stored(&self, ino: u64) -> bool {
         match self.staged_of(ino) {
-            Some(s) => s.lock().await.in_store,
+            Some(s) => {
+                let st = s.lock().await;
+                st.in_store || st.replaces
+            }
             None => true,
         }
     }

@@ -67,6 +67,10 @@ pub struct Staged {
     /// The key may hold an object written from these bytes' inode (it came from the store,
     /// or was uploaded here): a rename or unlink must delete it there.
     pub in_store: bool,
+    /// Not uploaded yet, but renamed over another file whose object the key still holds
+    /// (write-back): until this file's upload replaces it, an unlink or a rename away must
+    /// delete that object, or it would come back.
+    pub replaces: bool,
     /// Made by an `O_EXCL` create and not uploaded yet: the first upload is create-only
     /// ([`PutOpts::if_not_exists`]), so an object another writer made meanwhile is never
     /// replaced (the upload fails with `Exists`; the bytes stay here).
@@ -138,6 +142,7 @@ impl Staged {
             budget,
             open_marked: false,
             in_store: true,
+            replaces: false,
             create_only: false,
             seen: None,
         })
@@ -600,6 +605,7 @@ impl Staged {
         };
         let meta = result?;
         self.in_store = true;
+        self.replaces = false;
         self.create_only = false;
         self.observe()?; // a passthrough write during the upload keeps the file dirty
         if self.write_gen == gen && self.watched() {

@@ -340,3 +340,31 @@ async fn a_close_beside_another_writer_survives_that_writer_and_a_crash() {
     assert!(done.is_empty() && failed.is_empty(), "{done:?} {failed:?}");
     assert_eq!(object(mem.as_ref(), "log").await.unwrap(), b"important");
 }
+
+/// An editor's save (write a new file, rename it over the old one), then `rm`, all before
+/// the upload: the old file's object is still under the name, and nothing else will
+/// delete it; the unlink must, or the old contents come back (model test, seed 1615287091).
+#[tokio::test]
+async fn a_queued_file_renamed_over_an_object_then_unlinked_leaves_nothing() {
+    use bytes::Bytes;
+    let mem = Arc::new(MemStore::new());
+    mem.put("doc", Bytes::from_static(b"old version"), Default::default()).await.unwrap();
+    let dir = staging("replace-unlink");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    fs.lookup(ROOT_INO, "doc").await.unwrap();
+    write_file(&fs, "doc.tmp", b"new version").await;
+    fs.rename(ROOT_INO, "doc.tmp", ROOT_INO, "doc", false).await.unwrap();
+    fs.unlink(ROOT_INO, "doc").await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the replaced object came back");
+    // Renamed away instead of unlinked: the old name goes too.
+    mem.put("doc", Bytes::from_static(b"old version"), Default::default()).await.unwrap();
+    fs.lookup(ROOT_INO, "doc").await.unwrap();
+    write_file(&fs, "doc.tmp", b"new version").await;
+    fs.rename(ROOT_INO, "doc.tmp", ROOT_INO, "doc", false).await.unwrap();
+    fs.rename(ROOT_INO, "doc", ROOT_INO, "moved", false).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, vec!["moved".to_string()]);
+    assert_eq!(object(mem.as_ref(), "moved").await.unwrap(), b"new version");
+}
