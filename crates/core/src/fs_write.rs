@@ -288,6 +288,17 @@ impl Fs {
                 }
             }
         };
+        if guard.is_some() && !truncate {
+            // To be filled from the store, pinned to the version the node names: one not
+            // validated within the TTL is asked about first (a directory rename gives the
+            // moved objects new generations; the fill's If-Match then failed with ESTALE).
+            if let Some(cur) = self.node(node.ino).ok().filter(|n| !self.fresh(n.validated) && n.size > 0) {
+                if let Err(e) = self.revalidate(&cur).await {
+                    self.unstage(node.ino);
+                    return Err(e);
+                }
+            }
+        }
         if let Some(n) = self.table.lock().unwrap().get_mut(node.ino) {
             n.local = true; // from now on no listing or HEAD changes its size (see `unstage`)
         }

@@ -69,6 +69,8 @@ pub(crate) fn errno(e: &FsError) -> Errno {
     let n = e.errno();
     if n == libc::EIO {
         tracing::warn!("answering EIO: {e}");
+    } else {
+        tracing::debug!(errno = n, "answering an error: {e}");
     }
     Errno::from_i32(n)
 }
