@@ -33,6 +33,7 @@ pub mod part_budget;
 pub mod passthrough;
 mod preload;
 pub mod read;
+pub(crate) mod recycle;
 pub mod stats;
 pub(crate) mod sync;
 pub mod write;

@@ -120,11 +120,7 @@ impl Staged {
     /// A new empty staged file in `dir`.
     pub fn create(dir: &Path, ino: u64, budget: PartBudget) -> Result<Self, FsError> {
         let path = dir.join(format!("{ino}-{}.data", unique()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let file = crate::recycle::create(&path)
             .map_err(|e| FsError::Local(format!("cannot create staging file {}: {e}", path.display())))?;
         Ok(Self {
             file,
@@ -196,8 +192,7 @@ impl Staged {
         if self.key.is_none() {
             self.mark_open()?;
         }
-        let tmp = self.path.with_extension("key.tmp");
-        std::fs::write(&tmp, key).and_then(|_| std::fs::rename(&tmp, self.key_path())).map_err(local)?;
+        crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
         self.key = Some(key.to_string());
         Ok(())
     }
@@ -205,8 +200,8 @@ impl Staged {
     /// These bytes will never be uploaded (unlinked, or replaced by a rename): drop the
     /// sidecar, so crash recovery does not upload them either, even while handles hold them.
     pub fn drop_key(&mut self) {
-        let _ = std::fs::remove_file(self.key_path());
-        let _ = std::fs::remove_file(self.open_path());
+        let _ = crate::recycle::remove(&self.key_path());
+        let _ = crate::recycle::remove(&self.open_path());
         self.open_marked = false;
     }
 
@@ -242,7 +237,7 @@ impl Staged {
     /// not a version a close returned for, and crash recovery must not upload them.
     fn mark_open(&mut self) -> Result<(), FsError> {
         if !self.open_marked {
-            std::fs::write(self.open_path(), b"").map_err(local)?;
+            crate::recycle::write(&self.open_path(), b"").map_err(local)?;
             self.open_marked = true;
         }
         Ok(())
@@ -256,7 +251,7 @@ impl Staged {
             return self.mark_committed_as_is();
         }
         if self.open_marked {
-            std::fs::remove_file(self.open_path()).map_err(local)?;
+            crate::recycle::remove(&self.open_path()).map_err(local)?;
             self.open_marked = false;
         }
         Ok(())
@@ -275,8 +270,7 @@ impl Staged {
             None => Stamp::of(&self.file)?,
         };
         self.seen = Some(now);
-        let tmp = self.path.with_extension("open.tmp");
-        std::fs::write(&tmp, now.marker()).and_then(|_| std::fs::rename(&tmp, self.open_path())).map_err(local)?;
+        crate::recycle::write(&self.open_path(), now.marker().as_bytes()).map_err(local)?;
         self.open_marked = false;
         Ok(())
     }
@@ -614,10 +608,10 @@ impl Staged {
             self.mark_committed_as_is()?;
         } else if self.write_gen == gen {
             self.dirty = false;
-            let _ = std::fs::remove_file(self.key_path());
+            let _ = crate::recycle::remove(&self.key_path());
             self.key = None;
             if self.open_marked {
-                let _ = std::fs::remove_file(self.open_path());
+                let _ = crate::recycle::remove(&self.open_path());
                 self.open_marked = false;
             }
         }
@@ -654,9 +648,12 @@ impl Drop for Staged {
             tracing::warn!(path = %self.path.display(), key = ?self.key, "staged data kept for the next mount");
             return;
         }
-        let _ = std::fs::remove_file(self.key_path());
-        let _ = std::fs::remove_file(self.open_path());
-        let _ = std::fs::remove_file(&self.path);
+        let _ = crate::recycle::remove(&self.key_path());
+        let _ = crate::recycle::remove(&self.open_path());
+        // Handed to the kernel (passthrough): recycled only if no other description of
+        // it is left (a process's mapping may still hold the kernel's).
+        let exclusive = self.seen.is_none() || crate::recycle::lease_granted(&self.file);
+        crate::recycle::remove_data(&self.path, exclusive);
     }
 }
 

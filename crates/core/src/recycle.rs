@@ -1,0 +1,208 @@
+//! Files of the staging area (staged data, the `.key` and `.open` sidecars and their
+//! temporaries) are recycled
+//! instead of deleted and created anew.
+//!
+//! Every file written through the mount creates and deletes about five of them (the key
+//! once, the `.open` marker at each commit point, each through a temporary so a crash never
+//! sees half of one). ext4 without a journal, as on the machines this runs on, checks at
+//! each new inode the inodes deleted in the last seconds: with that churn a `create` took
+//! 4-7 ms instead of about 1 (measured with the staging directory on tmpfs). A sidecar no
+//! longer needed moves into a spare directory beside the staging directory (same file
+//! system), and a new one is a spare moved into place: renames and links, no inode
+//! allocated or freed. A staged data file is recycled too, emptied, once no other open
+//! file description can use it (the kernel's, for passthrough, may outlive every handle
+//! in a process's mapping: then it is deleted).
+//!
+//! Spares are named by a counter, in `.<staging dir name>.spare/` next to the staging
+//! directory; they hold stale bytes, and every use writes them over. A crash leaves them
+//! there: the next process takes them over.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Spares kept per staging directory; more are deleted.
+const MAX_SPARES: usize = 256;
+
+static POOLS: Mutex<Option<HashMap<PathBuf, Vec<PathBuf>>>> = Mutex::new(None);
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn spare_dir(dir: &Path) -> Option<PathBuf> {
+    let name = dir.file_name()?.to_string_lossy();
+    Some(dir.with_file_name(format!(".{name}.spare")))
+}
+
+/// Run `f` on the pool of `dir` (the staging directory), adopting what an earlier process
+/// left at its first use.
+fn with_pool<T>(dir: &Path, f: impl FnOnce(&mut Vec<PathBuf>) -> T) -> T {
+    let mut pools = POOLS.lock().unwrap();
+    let pool = pools.get_or_insert_with(HashMap::new).entry(dir.to_path_buf()).or_insert_with(|| {
+        let mut found = Vec::new();
+        if let Some(sd) = spare_dir(dir) {
+            for e in std::fs::read_dir(&sd).into_iter().flatten().flatten() {
+                if found.len() < MAX_SPARES {
+                    found.push(e.path());
+                } else {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        found
+    });
+    f(pool)
+}
+
+/// A free name in `dir`'s spare directory (created if needed).
+fn new_spare_name(dir: &Path) -> Option<PathBuf> {
+    let sd = spare_dir(dir)?;
+    std::fs::create_dir_all(&sd).ok()?;
+    Some(sd.join(format!("{:x}-{:x}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))))
+}
+
+/// A new, empty file at `path` opened for reading and writing, from a spare if there is
+/// one; fails if `path` exists.
+pub(crate) fn create(path: &Path) -> std::io::Result<File> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    while let Some(spare) = with_pool(dir, |p| p.pop()) {
+        // A link fails if `path` exists; the spare's name then goes, its inode stays.
+        match std::fs::hard_link(&spare, path) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&spare);
+                let f = File::options().read(true).write(true).open(path)?;
+                f.set_len(0)?;
+                return Ok(f);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                with_pool(dir, |p| p.push(spare));
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = std::fs::remove_file(&spare); // gone or unusable: try the next
+            }
+        }
+    }
+    File::options().read(true).write(true).create_new(true).open(path)
+}
+
+/// Write `data` as the whole of `path`, replacing it atomically: a reader (crash recovery)
+/// sees the old bytes or the new, never a mix. The file replaced becomes a spare.
+pub(crate) fn write(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let mut f = match create(&tmp) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // Left by a crash mid-write: ours to overwrite.
+            File::options().write(true).truncate(true).open(&tmp)?
+        }
+        Err(e) => return Err(e),
+    };
+    f.write_all(data)?;
+    drop(f);
+    // Keep the inode being replaced under a spare name, so the rename frees nothing.
+    let kept = new_spare_name(dir).filter(|s| std::fs::hard_link(path, s).is_ok());
+    std::fs::rename(&tmp, path)?;
+    if let Some(s) = kept {
+        keep(dir, s);
+    }
+    Ok(())
+}
+
+/// `path` is no longer needed: it becomes a spare (or goes, if there are enough).
+pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    if with_pool(dir, |p| p.len()) < MAX_SPARES {
+        if let Some(s) = new_spare_name(dir) {
+            match std::fs::rename(path, &s) {
+                Ok(()) => {
+                    keep(dir, s);
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+    std::fs::remove_file(path)
+}
+
+/// A staged data file no longer needed: emptied and kept as a spare if `exclusive` (no
+/// other open file description can still use it: see [`lease_granted`]), else deleted
+/// (a process may map it). A file moved away meanwhile (into the disk cache) is left alone.
+pub(crate) fn remove_data(path: &Path, exclusive: bool) {
+    if !exclusive {
+        let _ = std::fs::remove_file(path);
+        return;
+    }
+    let Ok(f) = File::options().write(true).open(path) else { return };
+    if f.set_len(0).is_err() {
+        let _ = std::fs::remove_file(path);
+        return;
+    }
+    drop(f);
+    let _ = remove(path);
+}
+
+/// Whether Linux grants a write lease on `f` (released at once): only when no other open
+/// file description has the file open for writing.
+pub(crate) fn lease_granted(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor we own; a granted lease is released at once.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) } != 0 {
+        return false;
+    }
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    true
+}
+
+fn keep(dir: &Path, spare: PathBuf) {
+    let extra = with_pool(dir, |p| {
+        if p.len() < MAX_SPARES {
+            p.push(spare);
+            None
+        } else {
+            Some(spare)
+        }
+    });
+    if let Some(s) = extra {
+        let _ = std::fs::remove_file(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn sidecars_are_written_whole_and_their_inodes_come_back() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-recycle-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = dir.join("1.open");
+        write(&a, b"first").unwrap();
+        let first = std::fs::metadata(&a).unwrap().ino();
+        write(&a, b"2nd").unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), b"2nd", "replaced whole, no stale tail");
+        remove(&a).unwrap();
+        assert!(!a.exists());
+        // The next sidecars are the inodes kept: no allocation.
+        let b = dir.join("2.key");
+        write(&b, b"some/key").unwrap();
+        let c = dir.join("3.key");
+        write(&c, b"k").unwrap();
+        let used = [std::fs::metadata(&b).unwrap().ino(), std::fs::metadata(&c).unwrap().ino()];
+        assert!(used.contains(&first), "a spare was not reused: {first} not in {used:?}");
+        assert_eq!(std::fs::read(&b).unwrap(), b"some/key");
+        assert_eq!(std::fs::read(&c).unwrap(), b"k", "a reused spare keeps none of its old bytes");
+        assert!(!dir.join("2.key.tmp").exists());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "only the two sidecars in the staging dir");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(spare_dir(&dir).unwrap());
+    }
+}
