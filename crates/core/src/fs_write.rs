@@ -193,23 +193,14 @@ impl Fs {
             // Write-back: a queued version goes up before it changes again (write_back.rs).
             self.upload_before_change(ino).await?;
         }
-        let staged = if write {
-            Some(self.stage(&node, truncate).await?)
+        let staged = if write || self.is_staged(ino) {
+            Some(self.stage(&node, truncate && write).await?)
+        } else if let Some(now) = self.unstaged_node(ino)? {
+            // Read through the store: with a snapshot that belongs to one upload.
+            node = now;
+            None
         } else {
-            // A reader joins a staged file but never makes one: one dropped while this open
-            // waited (its writer's last release) left its version in the bucket (and in the
-            // disk cache, passthrough.rs) to read, not to download into a new staged file.
-            loop {
-                if self.is_staged(ino) {
-                    if let Some(s) = self.stage_once(&node, false, true).await? {
-                        break Some(s);
-                    }
-                } else if let Some(now) = self.unstaged_node(ino)? {
-                    // Read through the store: with a snapshot that belongs to one upload.
-                    node = now;
-                    break None;
-                }
-            }
+            Some(self.stage(&node, false).await?) // a writer staged it meanwhile
         };
         // Close-to-open for the kernel's page cache: keep it only if the object is the same
         // version the kernel cached at the previous open (and nothing is staged).
@@ -253,28 +244,21 @@ impl Fs {
     /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
     async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
         loop {
-            if let Some(s) = self.stage_once(node, truncate, false).await? {
+            if let Some(s) = self.stage_once(node, truncate).await? {
                 return Ok(s);
             }
         }
     }
 
     /// One try of [`Fs::stage`]; `None` if the staged file was dropped (its last handle
-    /// closed) between finding it and locking it: then try again. `join_only`: never make
-    /// one (`None` if there is none).
-    async fn stage_once(
-        &self,
-        node: &crate::inode::Node,
-        truncate: bool,
-        join_only: bool,
-    ) -> Result<Option<SharedStaged>, FsError> {
+    /// closed) between finding it and locking it: then try again.
+    async fn stage_once(&self, node: &crate::inode::Node, truncate: bool) -> Result<Option<SharedStaged>, FsError> {
         // A new staged file is locked before it is published in the map, so no other open
         // sees it half-filled (an O_TRUNC open would otherwise have its empty file filled).
         let (shared, guard) = {
             let mut map = self.staged.lock().unwrap();
             match map.get(&node.ino) {
                 Some(s) => (s.clone(), None),
-                None if join_only => return Ok(None),
                 None => {
                     std::fs::create_dir_all(&self.cfg.staging_dir).map_err(|e| FsError::Local(e.to_string()))?;
                     let s = Arc::new(tokio::sync::Mutex::new(Staged::create(
@@ -574,7 +558,6 @@ impl Fs {
                 // A shared mapping outlives the handles and may still write the file.
                 self.linger(file.ino, staged.clone());
             } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
-                self.keep_as_whole(file.ino, &st).await;
                 // Under the staged lock: an open racing this re-checks the map (`stage`).
                 self.unstage(file.ino);
             }
@@ -650,7 +633,6 @@ impl Fs {
             return false;
         }
         if !st.dirty {
-            self.keep_as_whole(ino, &st).await;
             self.unstage(ino);
         }
         true // a queued version: the queue drops the staged file after its upload
