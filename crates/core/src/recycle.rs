@@ -151,13 +151,19 @@ pub(crate) fn remove_data(path: &Path, exclusive: bool) {
 /// Whether Linux grants a write lease on `f` (released at once): only when no other open
 /// file description has the file open for writing.
 pub(crate) fn lease_granted(f: &File) -> bool {
+    try_write_lease(f).is_ok()
+}
+
+/// Take a write lease on `f` and release it at once; the error says why not (`EAGAIN`:
+/// another description has the file open for writing).
+pub(crate) fn try_write_lease(f: &File) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: fcntl on a descriptor we own; a granted lease is released at once.
     if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) } != 0 {
-        return false;
+        return Err(std::io::Error::last_os_error());
     }
     unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
-    true
+    Ok(())
 }
 
 fn keep(dir: &Path, spare: PathBuf) {

@@ -310,14 +310,7 @@ impl Staged {
     /// grants only when no other description has the file open for writing. `false`
     /// where leases are unavailable.
     pub fn mapped_elsewhere(&self) -> bool {
-        use std::os::fd::AsRawFd;
-        let fd = self.file.as_raw_fd();
-        // SAFETY: fcntl on a descriptor we own; a granted lease is released at once.
-        if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } == 0 {
-            unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
-            return false;
-        }
-        let e = std::io::Error::last_os_error();
+        let Err(e) = crate::recycle::try_write_lease(&self.file) else { return false };
         if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) {
             return true;
         }
