@@ -95,14 +95,16 @@ def test_model_s3_passthrough():
 @pytest.mark.parametrize("store,seed", [
     # An rm of a queued file renamed over another file left that file's object behind.
     pytest.param("s3", 1615287091, id="s3-rename-over-then-rm"),
-    # (gcs seed 1086171192, ESTALE opening a file under a renamed directory, fixed in part:
-    # it still diverges now and then, as seed 632562343 does; open, see the stop notes.)
+    # ESTALE reading a file under a renamed directory: the move's copies are new objects,
+    # and a listing of the old keys (in flight) or a staged file's entry kept the old one.
+    pytest.param("gcs", 1086171192, id="gcs-renamed-dir-listing"),
+    pytest.param("gcs", 632562343, id="gcs-renamed-dir-staged"),
+    # And a new random seed each run, on the store whose copies change identities.
+    pytest.param("gcs", None, id="gcs-random"),
 ])
 def test_model_write_back_passthrough(store, seed):
     """Write-back with passthrough, on the seeds that found the bugs above (1,500 ops as
-    found; the ops are the seed's, the timing is this run's). Random seeds are not run
-    here yet: gcs seed 632562343 still gets ESTALE reading a file (open, see the stop
-    notes of 2026-11-26)."""
+    found; the ops are the seed's, the timing is this run's), and on a random seed."""
     require_store(store)
     require_bin()
     why = passthrough_unavailable()

@@ -427,7 +427,9 @@ impl Fs {
                     let mut t = self.table.lock().unwrap();
                     if m.kind == node.kind && t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
                         let ino = t.upsert(node.parent, &m);
-                        return Ok(self.attr(t.get(ino).expect("indexed")));
+                        let n = t.get(ino).expect("indexed");
+                        tracing::debug!(ino, key = %n.key, identity = %n.identity(), "refreshed from the listing");
+                        return Ok(self.attr(n));
                     }
                 }
             }
@@ -618,6 +620,7 @@ impl Fs {
             // older version (or unlink a file just made). What the mount holds answers.
             let t = self.table.lock().unwrap();
             if let Some(cur) = t.get(node.ino).filter(|n| t.changed_at(n.parent) > since) {
+                tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
                 return Ok(self.attr(cur));
             }
         }
@@ -638,6 +641,7 @@ impl Fs {
                 cur.etag = meta.etag;
                 cur.validated = self.cfg.clock.now();
                 cur.fill_attrs(&attrs);
+                tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidated");
                 Ok(self.attr(cur))
             }
             Ok(_) => Err(FsError::NotFound),

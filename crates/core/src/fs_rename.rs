@@ -70,6 +70,7 @@ impl Fs {
             }
         }
         let new_key = crate::inode::key_for(&target_dir.key, newname, src.kind);
+        tracing::debug!(ino = src.ino, from = %src.key, to = %new_key, "rename");
         match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key).await?,
             Kind::Dir => self.move_dir(&src, &new_key).await?,
@@ -113,6 +114,8 @@ impl Fs {
             Kind::Dir => {
                 // Handles open on files below read the moved objects from now on (their old
                 // keys are gone: a reader left on them was cut short at its cached blocks).
+                // Staged files too: no listing updates a staged node (`Node::local`), and
+                // its listing entry would carry the old identity past the staged file.
                 let below: Vec<(u64, String)> = {
                     let t = self.table.lock().unwrap();
                     // Linked ones only: a file replaced earlier (unlinked, still open) keeps
@@ -122,8 +125,11 @@ impl Fs {
                         .map(|n| (n.ino, format!("{}{}", src.key, &n.key[new_key.len()..])))
                         .collect()
                 };
-                for (ino, old_key) in below.into_iter().filter(|(i, _)| self.has_open_handle(*i)) {
-                    self.learn_moved(ino, Some(&old_key)).await;
+                for (ino, old_key) in below {
+                    let staged = self.is_staged(ino);
+                    if (self.has_open_handle(ino) || staged) && !(staged && self.pending_here(ino).await) {
+                        self.learn_moved(ino, Some(&old_key)).await;
+                    }
                 }
             }
             Kind::Symlink => {}

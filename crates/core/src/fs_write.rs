@@ -456,6 +456,7 @@ impl Fs {
         }
         let now = self.node(ino)?;
         let identity = now.identity();
+        tracing::debug!(ino, key = %now.key, %identity, size, "uploaded");
         for (i, data) in blocks.into_iter().enumerate() {
             self.read_cache.remember(&now.key, &identity, i as u64, data);
         }

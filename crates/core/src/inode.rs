@@ -439,7 +439,8 @@ impl InodeTable {
     /// Move `ino` to (`parent`, `name`), rewriting the keys of it and everything below it.
     /// Mark every node whose key starts with `prefix` as last validated `at` and drop the
     /// listings of the directories there (entries carry identities), so that the next
-    /// lookup or open asks the store.
+    /// lookup or open asks the store. Each such directory counts as changed: a listing
+    /// fetched before (of the old keys, with the old identities) is installed overtaken.
     pub fn expire_below(&mut self, prefix: &str, at: std::time::Instant) {
         let mut dirs = Vec::new();
         for n in self.nodes.values_mut().filter(|n| n.key.starts_with(prefix)) {
@@ -450,6 +451,8 @@ impl InodeTable {
         }
         for d in dirs {
             self.listings.remove(&d);
+            // A listing or HEAD of the old keys in flight must not land as current.
+            self.note_change(d);
         }
     }
 
@@ -623,6 +626,29 @@ mod tests {
         t.relocate(d, ROOT_INO, "b");
         assert_eq!(t.get(f).unwrap().key, "b/x", "a move rewrites the keys below");
         t.check_invariants();
+    }
+
+    #[test]
+    fn a_listing_of_a_directory_fetched_before_it_moved_is_not_trusted() {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        let d = t.upsert(ROOT_INO, &meta("a", Kind::Dir));
+        t.upsert(d, &meta("x", Kind::File));
+        // A lister asks the store for "a/" (old objects, old identities)...
+        let since = t.change_seq();
+        // ...while the directory moves to "b/" (every object copied: new identities).
+        t.relocate(d, ROOT_INO, "b");
+        t.expire_below("b/", t.now());
+        let old = HashMap::from([("x".to_string(), meta("x", Kind::File))]);
+        let listing = Listing {
+            at: t.now(),
+            valid_for: std::time::Duration::from_secs(60),
+            children: old,
+            subtree: false,
+            overtaken: false,
+        };
+        t.set_listing_since(d, listing, since);
+        assert!(!t.listing_fresh(d), "the old keys' listing must not answer for the moved directory");
+        assert!(t.listing(d).unwrap().overtaken);
     }
 
     #[test]
