@@ -46,6 +46,8 @@ pub struct Status {
     pub write_back_bytes: u64,
     pub write_back_oldest_secs: u64,
     pub write_back_uploaded: u64,
+    /// Unlinked files whose DELETE is journaled and not done yet.
+    pub write_back_deletes: u64,
     #[serde(serialize_with = "upload_errors_json")]
     pub upload_errors: Vec<(String, u32, String)>,
     /// FUSE passthrough in use, and opens the kernel served from a local file since mount.
@@ -117,11 +119,12 @@ impl Status {
             return "write-back:       off (every close uploads)\n".to_string();
         }
         let mut o = format!(
-            "write-back:       {} files ({}) waiting, oldest {}s; {} uploaded since mount; {} failing\n",
+            "write-back:       {} files ({}) waiting, oldest {}s; {} uploaded since mount; {} deletes pending; {} failing\n",
             self.write_back_files,
             mib(self.write_back_bytes),
             self.write_back_oldest_secs,
             self.write_back_uploaded,
+            self.write_back_deletes,
             self.upload_errors.len()
         );
         for (key, attempts, e) in &self.upload_errors {

@@ -50,6 +50,7 @@ impl Observed {
             write_back_bytes: wb.bytes,
             write_back_oldest_secs: wb.oldest_secs,
             write_back_uploaded: wb.uploaded,
+            write_back_deletes: wb.deletes,
             upload_errors: wb.failing,
             passthrough: self.fs.passthrough_on(),
             passthrough_opens: self.fs.passthrough_opens(),
@@ -77,6 +78,7 @@ impl Observed {
             ("bucketfs_write_back_bytes", "Bytes of closed files waiting for their write-back upload.", wb.bytes),
             ("bucketfs_write_back_oldest_seconds", "Age of the oldest file waiting for upload.", wb.oldest_secs),
             ("bucketfs_write_back_uploaded", "Write-back uploads done since mount.", wb.uploaded),
+            ("bucketfs_write_back_deletes", "Unlinked files whose journaled DELETE is not done yet.", wb.deletes),
             (
                 "bucketfs_write_back_failing_files",
                 "Files whose last write-back upload failed (retried).",

@@ -226,6 +226,9 @@ pub struct Fs {
     listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Files committed and waiting for upload (write-back mode only).
     pub(crate) wb: Arc<crate::write_back::Queue>,
+    /// Write-back mode: unlinks journaled and sent in the background (deletes.rs); `store`
+    /// is this wrapper then.
+    pub(crate) deletes: Option<std::sync::Arc<crate::deletes::DeferredDeletes>>,
     /// Opens the kernel serves from local files (passthrough.rs).
     pub(crate) passthrough: crate::passthrough::Counters,
 }
@@ -253,8 +256,14 @@ impl Fs {
 
     fn build(store: Arc<dyn Store>, cfg: FsConfig) -> Self {
         let now = SystemTime::now();
+        let deletes = cfg.write_back.map(|_| crate::deletes::DeferredDeletes::new(store.clone(), &cfg.staging_dir));
+        let store: Arc<dyn Store> = match &deletes {
+            Some(d) => d.clone(),
+            None => store,
+        };
         Self {
             store,
+            deletes,
             mounted_at: now,
             table: Mutex::new(InodeTable::with_clock(now, cfg.clock.clone())),
             handles: Mutex::new(HashMap::new()),

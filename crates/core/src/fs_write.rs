@@ -745,7 +745,10 @@ impl Fs {
         // the delete would bring the file back.
         let _gate = self.wb.gate.write().await;
         if self.stored(node.ino).await {
-            self.store.delete(&node.key).await?;
+            match &self.deletes {
+                Some(d) => d.defer(&node.key).await?, // write-back: journaled, sent soon
+                None => self.store.delete(&node.key).await?,
+            }
         }
         self.discard_staged(node.ino).await;
         self.table.lock().unwrap().listing_remove(parent, name);

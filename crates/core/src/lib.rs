@@ -9,7 +9,8 @@
 //!   [`block_pool`]: the bounded pool of aligned buffers blocks are read into.
 //! - [`write`]: staged writes and their upload on flush/fsync/unmount;
 //!   [`part_budget`]: the mount-wide bound on upload buffers; [`write_back`]: the
-//!   background upload queue of `--write-back` mounts.
+//!   background upload queue of `--write-back` mounts; [`deletes`]: their deferred,
+//!   journaled deletes.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
@@ -21,6 +22,7 @@
 
 pub mod block_pool;
 pub mod clock;
+pub mod deletes;
 pub mod dir_cache;
 pub mod disk_cache;
 pub mod error;

@@ -65,6 +65,8 @@ pub struct WriteBackStatus {
     /// Files whose last upload attempt failed: (key, attempts, error).
     pub failing: Vec<(String, u32, String)>,
     pub uploaded: u64,
+    /// Unlinked files whose DELETE is not done yet (deletes.rs).
+    pub deletes: u64,
 }
 
 /// The queue of committed files waiting for upload.
@@ -175,6 +177,7 @@ impl Queue {
                 .filter_map(|e| e.last_error.as_ref().map(|(_, m)| (e.key.clone(), e.attempts, m.clone())))
                 .collect(),
             uploaded: self.uploaded.load(Ordering::Relaxed),
+            deletes: 0,
         }
     }
 }
@@ -191,11 +194,16 @@ impl Fs {
         let me = Arc::downgrade(self);
         let queue = self.wb.clone();
         crate::sync::spawn(schedule(me, queue, cfg));
+        if let Some(d) = &self.deletes {
+            crate::deletes::DeferredDeletes::start(d);
+        }
     }
 
     /// What the write-back queue holds now.
     pub fn write_back_status(&self) -> WriteBackStatus {
-        self.wb.status()
+        let mut s = self.wb.status();
+        s.deletes = self.deletes.as_ref().map_or(0, |d| d.pending() as u64);
+        s
     }
 
     /// A commit point of `file` in write-back mode (close, fsync): if it changed the data
@@ -299,8 +307,9 @@ impl Fs {
         Ok(())
     }
 
-    /// `bucketfs sync`: upload everything committed so far, now; returns (key, error) of
-    /// each file that could not be uploaded (it stays queued and retried).
+    /// `bucketfs sync`: upload everything committed so far, now, and send every pending
+    /// delete; returns (key, error) of each file that could not be uploaded or deleted (it
+    /// stays queued and retried).
     pub async fn sync_write_back(&self) -> Vec<(String, String)> {
         let started = Instant::now();
         let wanted: Vec<u64> = {
@@ -326,6 +335,10 @@ impl Fs {
                 }
             }
             if !waiting {
+                // And every unlink so far is done in the bucket.
+                if let Some(d) = &self.deletes {
+                    failed.extend(d.drain_all().await);
+                }
                 return failed;
             }
             let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;

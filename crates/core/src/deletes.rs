@@ -1,0 +1,356 @@
+//! Deferred deletes (write-back mode): `unlink` of a file in the bucket returns once the
+//! delete is journaled on local disk; the DELETE goes out in the background, several at
+//! once, so `rm -rf` of many files costs local time, not one round trip per file.
+//!
+//! The mount's own namespace forgets the name at once. What keeps the store's view right
+//! is this [`Store`] wrapper, which every request of the mount goes through: no request
+//! may see or write a key with a delete still pending. A listing of a prefix, a HEAD or
+//! GET of a key, and every write (upload, copy, marker, move) first wait for the pending
+//! deletes it could see or collide with (sending them now if the background has not yet).
+//! So a listing never brings an unlinked file back, and a file created again under the
+//! name goes up after the delete, never before.
+//!
+//! A pending delete is a small file in `.<staging dir name>.deletes/` beside the staging
+//! directory, holding the key; it goes when the DELETE succeeds. A mount that starts finds
+//! what a crashed one left there and sends those deletes before any request can see the
+//! keys. A store that is unreachable keeps them pending (retried with backoff; a request
+//! waiting for one gets the outage's error, as if it had asked the store itself); a delete
+//! the store refuses for good is dropped with an error logged (the file is back in the
+//! bucket: nothing is lost).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use bucketfs_store::{
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
+    StoreError, StoreErrorKind, WriteOptions,
+};
+
+/// DELETEs in flight at once, in the background.
+const PARALLEL: usize = 16;
+
+struct Pending {
+    journal: Option<PathBuf>,
+    in_flight: bool,
+    attempts: u32,
+    /// The last attempt's error (only an outage keeps a delete pending).
+    last_error: Option<StoreError>,
+    failed_at: Option<Instant>,
+    next_try: Instant,
+}
+
+/// The store seen by the mount in write-back mode; see the module doc.
+pub struct DeferredDeletes {
+    me: std::sync::Weak<Self>,
+    inner: Arc<dyn Store>,
+    journal_dir: Option<PathBuf>,
+    /// Lock level: a leaf, never held across an await.
+    pending: Mutex<BTreeMap<String, Pending>>,
+    /// Every change of `pending` (a delete done or failed), for waiters.
+    changed: tokio::sync::Notify,
+    /// A new delete to send, for the background task.
+    work: Arc<tokio::sync::Notify>,
+    seq: AtomicU64,
+    done: AtomicU64,
+}
+
+fn journal_dir_for(staging: &Path) -> Option<PathBuf> {
+    let name = staging.file_name()?.to_string_lossy();
+    Some(staging.with_file_name(format!(".{name}.deletes")))
+}
+
+fn backoff(attempts: u32) -> Duration {
+    Duration::from_millis(200u64.saturating_mul(1 << attempts.min(8))).min(Duration::from_secs(30))
+}
+
+impl DeferredDeletes {
+    /// Wrap `inner`, journaling beside `staging`; deletes a crashed mount left pending are
+    /// pending again (before any request can see their keys).
+    pub fn new(inner: Arc<dyn Store>, staging: &Path) -> Arc<Self> {
+        let journal_dir = journal_dir_for(staging).filter(|d| match std::fs::create_dir_all(d) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(dir = %d.display(), "no journal for deferred deletes ({e}): unlink waits for its DELETE");
+                false
+            }
+        });
+        let me = Self {
+            me: std::sync::Weak::new(),
+            inner,
+            journal_dir,
+            pending: Mutex::new(BTreeMap::new()),
+            changed: tokio::sync::Notify::new(),
+            work: Default::default(),
+            seq: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+        };
+        me.adopt_journal();
+        Arc::new_cyclic(|weak| Self { me: weak.clone(), ..me })
+    }
+
+    fn adopt_journal(&self) {
+        let Some(dir) = &self.journal_dir else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let mut p = self.pending.lock().unwrap();
+        for path in entries.flatten().map(|e| e.path()) {
+            let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(&path); // a journal entry never completed
+                continue;
+            }
+            match std::fs::read(&path).map(String::from_utf8) {
+                Ok(Ok(key)) if !key.is_empty() => {
+                    tracing::info!(%key, "delete left pending by an earlier mount: sending it");
+                    p.insert(key, Pending::new(Some(path)));
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+    }
+
+    /// Send the pending deletes in the background until `me` is dropped.
+    pub fn start(me: &Arc<Self>) {
+        let weak = Arc::downgrade(me);
+        let notify = me.work.clone();
+        crate::sync::spawn(async move {
+            loop {
+                let work = notify.notified();
+                tokio::pin!(work);
+                work.as_mut().enable();
+                let Some(me) = weak.upgrade() else { return };
+                let (due, next) = me.take_due(PARALLEL);
+                for key in due {
+                    let me = me.clone();
+                    crate::sync::spawn(async move { me.send(key).await });
+                }
+                let wait = next.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
+                drop(me);
+                let _ = tokio::time::timeout(wait.max(Duration::from_millis(5)), work).await;
+            }
+        });
+    }
+
+    /// Journal a delete of `key` and return; it is sent in the background. Without a
+    /// journal (or if writing it fails) the DELETE is sent now instead.
+    pub async fn defer(&self, key: &str) -> Result<(), StoreError> {
+        let Some(dir) = &self.journal_dir else { return self.inner.delete(key).await };
+        let path = dir.join(format!("{:x}-{:x}", std::process::id(), self.seq.fetch_add(1, Ordering::Relaxed)));
+        if let Err(e) = crate::recycle::write(&path, key.as_bytes()) {
+            tracing::warn!(%key, "journaling a delete failed ({e}): sending it now");
+            return self.inner.delete(key).await;
+        }
+        let old = self.pending.lock().unwrap().insert(key.to_string(), Pending::new(Some(path)));
+        if let Some(old) = old {
+            // Unlinked again before the first was sent (the name was made anew meanwhile
+            // only if a write drained it, so this cannot happen; keep one journal entry).
+            old.forget_journal();
+        }
+        self.work.notify_one();
+        Ok(())
+    }
+
+    /// Deletes pending now.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().unwrap().len()
+    }
+
+    /// Wait until every delete pending now is done; the keys of those the store refused.
+    pub async fn drain_all(&self) -> Vec<(String, String)> {
+        match self.drain(|_| true).await {
+            Ok(()) => Vec::new(),
+            Err(e) => self.pending.lock().unwrap().keys().map(|k| (k.clone(), e.to_string())).collect(),
+        }
+    }
+
+    fn take_due(&self, room: usize) -> (Vec<String>, Option<Instant>) {
+        let now = Instant::now();
+        let mut p = self.pending.lock().unwrap();
+        let in_flight = p.values().filter(|e| e.in_flight).count();
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (k, e) in p.iter_mut().filter(|(_, e)| !e.in_flight) {
+            if e.next_try <= now && in_flight + due.len() < room {
+                e.in_flight = true;
+                due.push(k.clone());
+            } else {
+                next = Some(next.map_or(e.next_try, |n| n.min(e.next_try)));
+            }
+        }
+        (due, next)
+    }
+
+    /// One attempt at `key`'s delete (marked in flight by the caller).
+    async fn send(&self, key: String) {
+        let r = self.inner.delete(&key).await;
+        let mut p = self.pending.lock().unwrap();
+        let Some(e) = p.get_mut(&key) else { return };
+        match r {
+            Err(err) if err.kind == StoreErrorKind::Unavailable || err.kind == StoreErrorKind::RateLimited => {
+                e.attempts += 1;
+                tracing::warn!(%key, attempts = e.attempts, "deferred delete failed, retrying in {:?}: {err}", backoff(e.attempts));
+                e.next_try = Instant::now() + backoff(e.attempts);
+                e.last_error = Some(err);
+                e.failed_at = Some(Instant::now());
+                e.in_flight = false;
+            }
+            r => {
+                if let Err(err) = r.as_ref() {
+                    if err.kind != StoreErrorKind::NotFound {
+                        tracing::error!(%key, "the store refused the delete of an unlinked file; the file is back in the bucket: {err}");
+                    }
+                }
+                if let Some(e) = p.remove(&key) {
+                    e.forget_journal();
+                }
+                self.done.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(p);
+        self.changed.notify_waiters();
+        self.work.notify_one();
+    }
+
+    /// Wait until no pending delete's key satisfies `hit`, sending due ones now. An outage
+    /// that keeps one pending gives its error (once an attempt made since has failed).
+    async fn drain(&self, hit: impl Fn(&str) -> bool) -> Result<(), StoreError> {
+        let started = Instant::now();
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let mut send = Vec::new();
+            {
+                let mut p = self.pending.lock().unwrap();
+                let mut any = false;
+                for (k, e) in p.iter_mut().filter(|(k, _)| hit(k)) {
+                    any = true;
+                    if e.in_flight {
+                        continue;
+                    }
+                    if let Some(err) = e.last_error.as_ref().filter(|_| e.failed_at.is_some_and(|t| t >= started)) {
+                        return Err(err.clone());
+                    }
+                    e.in_flight = true;
+                    send.push(k.clone());
+                }
+                if !any {
+                    return Ok(());
+                }
+            }
+            futures::future::join_all(send.into_iter().map(|k| self.send(k))).await;
+            changed.await;
+        }
+    }
+
+    /// Keys that could be `key` or below it (`key` itself, `key/…`, and names starting so).
+    async fn drain_under(&self, key: &str) -> Result<(), StoreError> {
+        if self.pending.lock().unwrap().is_empty() {
+            return Ok(());
+        }
+        let k = key.trim_end_matches('/');
+        self.drain(|p| p.starts_with(k)).await
+    }
+
+    async fn drain_key(&self, key: &str) -> Result<(), StoreError> {
+        if self.pending.lock().unwrap().is_empty() {
+            return Ok(());
+        }
+        self.drain(|p| p == key).await
+    }
+}
+
+impl Pending {
+    fn new(journal: Option<PathBuf>) -> Self {
+        Self { journal, in_flight: false, attempts: 0, last_error: None, failed_at: None, next_try: Instant::now() }
+    }
+
+    fn forget_journal(self) {
+        if let Some(j) = self.journal {
+            let _ = crate::recycle::remove(&j);
+        }
+    }
+}
+
+#[async_trait]
+impl Store for DeferredDeletes {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn check(&self) -> Result<(), StoreError> {
+        self.inner.check().await
+    }
+
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
+        self.drain_key(key).await?;
+        self.inner.head(key, opts).await
+    }
+
+    async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
+        self.drain_key(key).await?;
+        self.inner.get(key, range, opts).await
+    }
+
+    fn list(&self, prefix: &str, recursive: bool) -> ListStream {
+        if self.pending.lock().unwrap().is_empty() {
+            return self.inner.list(prefix, recursive);
+        }
+        // Lazily, like the listing itself: the wait happens when the stream is first polled.
+        let Some(me) = self.me.upgrade() else { return self.inner.list(prefix, recursive) };
+        let prefix = prefix.to_string();
+        futures::stream::once(async move {
+            match me.drain(|p| p.starts_with(&prefix)).await {
+                Ok(()) => me.inner.list(&prefix, recursive),
+                Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
+            }
+        })
+        .flatten()
+        .boxed()
+    }
+
+    async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        self.drain_under(key).await?;
+        self.inner.put(key, data, opts).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.drain_under(key).await?;
+        self.inner.delete(key).await
+    }
+
+    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.drain_key(from).await?;
+        self.drain_under(to).await?;
+        self.inner.copy(from, to).await
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.drain_under(from).await?;
+        self.drain_under(to).await?;
+        self.inner.rename(from, to).await
+    }
+
+    async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
+        self.drain_under(key).await?;
+        self.inner.create_dir(key).await
+    }
+
+    async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.drain_under(key).await?;
+        self.inner.writer(key, opts).await
+    }
+}
