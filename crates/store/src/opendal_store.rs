@@ -131,6 +131,23 @@ fn od_path(key: &str) -> &str {
     }
 }
 
+impl OpendalStore {
+    /// A local folder names a version by its size and mtime (it has no ETag): a copy keeps
+    /// the mtime, as a rename does, so a file moved by copy (a directory rename) is the same
+    /// version under its new name, not a new one (the caches and open readers keep it).
+    async fn copy_keeping_mtime(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        let mtime = self.op.stat(from).await.map_err(|e| StoreError::from_opendal("copy", from, e))?.last_modified();
+        self.op.copy(from, to).await.map_err(|e| StoreError::from_opendal("copy", from, e))?;
+        let Some(mtime) = mtime else { return Ok(()) };
+        let path = std::path::Path::new(&self.op.info().root()).join(to.trim_start_matches('/'));
+        let set = std::fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(mtime.into()));
+        if let Err(e) = set {
+            tracing::debug!(key = to, "copy made with a new mtime: {e}");
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Store for OpendalStore {
     fn describe(&self) -> String {
@@ -270,6 +287,9 @@ impl Store for OpendalStore {
             let data = self.op.read(from).await.map_err(|e| StoreError::from_opendal("copy", from, e))?;
             self.put(to, data.to_bytes(), PutOpts::default()).await?;
             return Ok(());
+        }
+        if self.op.info().scheme() == "fs" {
+            return self.copy_keeping_mtime(from, to).await;
         }
         self.op.copy(from, to).await.map(|_| ()).map_err(|e| StoreError::from_opendal("copy", from, e))
     }

@@ -250,6 +250,21 @@ async fn opendal_fs() {
 }
 
 #[tokio::test]
+async fn a_local_folder_copy_is_the_same_version() {
+    // A local folder names versions by size and mtime: a copy (how a directory is renamed)
+    // must keep the mtime, or every file moved would look changed to caches and readers.
+    let dir = std::env::temp_dir().join(unique("fs-copy"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = location::open(&Location::File { path: dir.clone() }, &StoreOptions::default()).unwrap();
+    s.put("d/f", Bytes::from_static(b"same bytes"), PutOpts::default()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    s.copy("d/f", "e/f").await.unwrap();
+    let (a, b) = (s.stat("d/f").await.unwrap(), s.stat("e/f").await.unwrap());
+    assert_eq!((a.size, a.mtime), (b.size, b.mtime));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
 async fn minio() {
     let Some(endpoint) = required("BUCKETFS_TEST_S3_ENDPOINT") else { return };
     let bucket = std::env::var("BUCKETFS_TEST_S3_BUCKET").unwrap_or_else(|_| "conformance".into());
