@@ -235,6 +235,42 @@ impl DiskCache {
         true
     }
 
+    /// Take the file at `from` (`size` bytes whose CRC32C is `crc`: a staged file holding
+    /// exactly the version just uploaded) into the cache as the version's whole file, by a
+    /// rename: reading back what was just written passes through to it with no download.
+    /// `false` (and `from` left where it was) if the version has one already, it would take
+    /// more than 3/4 of the cache, or the disk refused (another file system). Blocking I/O.
+    pub fn give_whole(&self, key: &str, identity: &str, size: u64, crc: u32, from: &Path) -> bool {
+        let room = self.index.policy().max_capacity().unwrap_or(0) / 4 * 3;
+        if size == 0 || size > u32::MAX as u64 || size > room {
+            return false;
+        }
+        let name = Self::whole_name(key, identity);
+        let lock = self.building.lock().unwrap().entry(name.clone()).or_default().clone();
+        let _building = lock.lock().unwrap();
+        let given = !self.index.contains_key(&name) && {
+            let mut m = self.whole.lock().unwrap();
+            let renamed = std::fs::rename(from, self.dir.join(file_name(&name, crc))).is_ok();
+            if renamed {
+                let (pins, gen) = m.get(&name).map_or((0, next_gen()), |w| (w.pins, w.gen));
+                m.insert(name.clone(), Whole { crc, verified: true, pins, evicted: false, gen });
+            }
+            renamed
+        };
+        if given {
+            self.index.insert(name.clone(), size as u32);
+            self.index.run_pending_tasks();
+            tracing::debug!(%key, %identity, size, "whole-object cache file taken from the staged file");
+        }
+        self.building.lock().unwrap().remove(&name);
+        given
+    }
+
+    /// Whether the kernel reads the version's whole file for an open handle (pinned).
+    pub fn whole_pinned(&self, key: &str, identity: &str) -> bool {
+        self.whole.lock().unwrap().get(&Self::whole_name(key, identity)).is_some_and(|w| w.pins > 0)
+    }
+
     /// The object moved to `new_key` as version `new_identity` with the same bytes (a rename
     /// made here): its whole file follows under its new name, so opens of the new name find
     /// it, and readers passing through it keep it (pinned as before). `false` if there is

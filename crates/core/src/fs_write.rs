@@ -299,7 +299,7 @@ impl Fs {
                                           // caller's copy may predate a whole write-close cycle of another handle.
         let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
         // A version whole in the disk cache is taken over, not fetched (passthrough.rs).
-        let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st)?;
+        let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st, truncate)?;
         if fresh && !truncate && node.size > 0 && !adopted {
             if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.etag.as_deref()).await {
                 self.unstage(node.ino);
@@ -559,6 +559,8 @@ impl Fs {
                 // A shared mapping outlives the handles and may still write the file.
                 self.linger(file.ino, staged.clone());
             } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
+                // The version just uploaded stays on disk for reading back (passthrough.rs).
+                self.keep_as_whole(file.ino, &st).await;
                 // Under the staged lock: an open racing this re-checks the map (`stage`).
                 self.unstage(file.ino);
             }

@@ -556,3 +556,80 @@ async fn a_file_uploaded_at_close_is_not_fed_again() {
     fs.release(fh).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Reading back what was just written: the last release hands the staged file (exactly the
+/// version uploaded) to the disk cache, and the next open passes through to it with no
+/// download.
+#[tokio::test]
+async fn a_file_just_written_is_read_back_from_local_disk() {
+    let mem = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-keepwhole-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fs = Fs::new(
+        mem.clone(),
+        FsConfig { staging_dir: dir.join("staging"), disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg() },
+    );
+    fs.set_passthrough(true);
+    let body: Vec<u8> = (0..3 << 20).map(|i| (i * 7 % 253) as u8).collect();
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+    fs.write(fh, 0, &body).await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let staged_left = std::fs::read_dir(dir.join("staging")).unwrap().count();
+    assert_eq!(staged_left, 0, "the staged file moved, nothing left behind");
+    let node = fs.node(attr.ino).unwrap();
+    assert!(fs.read_cache.disk().unwrap().has_whole("f", &node.identity()), "kept as the whole file at release");
+    let before = mem.requests.load(Ordering::Relaxed);
+    let fh = fs.open(attr.ino, false, false).await.unwrap();
+    let backing = fs.backing_file(fh).await.expect("passes through to the kept file");
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut &backing.file, &mut got).unwrap();
+    assert!(got == body, "the kept file holds other bytes");
+    assert_eq!(mem.requests.load(Ordering::Relaxed), before, "no download");
+    fs.release(fh).await.unwrap();
+    // A version changed since is never served from it.
+    let (_, fh) = fs.create(ROOT_INO, "f", libc::O_TRUNC, None).await.unwrap();
+    fs.write(fh, 0, b"new").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let fh = fs.open(attr.ino, false, false).await.unwrap();
+    assert_eq!(fs.read(fh, 0, 100).await.unwrap(), &b"new"[..]);
+    fs.release(fh).await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file kept for reading back, then rewritten with O_TRUNC while a handle reads the kept
+/// version through the store: that handle keeps its version until the writer's close (the
+/// emptied staged file is a new one, not the kept file taken over), and the new version
+/// reads back from local disk.
+#[tokio::test]
+async fn an_o_trunc_rewrite_of_a_kept_file_leaves_its_readers_their_version() {
+    let mem = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-keepwhole-trunc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fs = Fs::new(
+        mem.clone(),
+        FsConfig { staging_dir: dir.join("staging"), disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg() },
+    );
+    fs.set_passthrough(true);
+    let v1: Vec<u8> = (0..2 << 20).map(|i| (i * 7 % 253) as u8).collect();
+    let v2: Vec<u8> = (0..2 << 20).map(|i| (i * 5 % 251) as u8).collect();
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+    fs.write(fh, 0, &v1).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let reader = fs.open(attr.ino, false, false).await.unwrap(); // reads through the daemon
+    let w = fs.open(attr.ino, true, true).await.unwrap();
+    assert!(fs.read(reader, 0, 4096).await.unwrap()[..] == v1[..4096], "the reader's version, not the emptied file");
+    fs.write(w, 0, &v2).await.unwrap();
+    fs.release(w).await.unwrap();
+    // Its close shows the new version to every handle of this mount (read your writes).
+    assert!(fs.read(reader, 1 << 20, 4096).await.unwrap()[..] == v2[1 << 20..(1 << 20) + 4096]);
+    fs.release(reader).await.unwrap();
+    let fh = fs.open(attr.ino, false, false).await.unwrap();
+    let backing = fs.backing_file(fh).await.expect("the new version passes through to its kept file");
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut &backing.file, &mut got).unwrap();
+    assert!(got == v2, "the kept file holds other bytes");
+    fs.release(fh).await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

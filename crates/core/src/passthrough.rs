@@ -80,7 +80,7 @@ const STAGED: &str = "staged:";
 
 /// Handle `f`, opened before its file was staged, reads the staged file `st` from now on
 /// and counts among its handles (the file then lives until it closes). Once per handle.
-fn join_staged(f: &crate::fs::OpenFile, st: &mut crate::write::Staged) {
+pub(crate) fn join_staged(f: &crate::fs::OpenFile, st: &mut crate::write::Staged) {
     if !f.staged.swap(true, Relaxed) {
         st.handles += 1;
     }
@@ -270,23 +270,73 @@ impl Fs {
         });
     }
 
+    /// The last close of a staged file holding the version just uploaded: the disk cache
+    /// takes the file over as that version's whole file (a rename; its CRC32C read once), so
+    /// reading back what was just written passes through to it, with no download. Only
+    /// with passthrough on, and where an ETag names the version (size and mtime could name
+    /// an older one). The caller holds the staged lock and drops the staged file next.
+    pub(crate) async fn keep_as_whole(&self, ino: u64, st: &crate::write::Staged) {
+        if !self.passthrough.on.load(Relaxed) {
+            return;
+        }
+        let Some(disk) = self.read_cache.disk().cloned() else { return };
+        let Ok(node) = self.node(ino) else { return };
+        if node.etag.is_none() || node.size != st.size || node.size < WHOLE_MIN || !node.linked {
+            return;
+        }
+        let identity = node.identity();
+        if disk.has_whole(&node.key, &identity) {
+            return;
+        }
+        let Some((file, path)) = st.as_uploaded() else { return };
+        let (key, size) = (node.key.clone(), node.size);
+        let given = crate::sync::blocking(move || {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; 1 << 20];
+            let (mut crc, mut off) = (0u32, 0u64);
+            while off < size {
+                let n = buf.len().min((size - off) as usize);
+                file.read_exact_at(&mut buf[..n], off).ok()?;
+                crc = crc32c::crc32c_append(crc, &buf[..n]);
+                off += n as u64;
+            }
+            disk.give_whole(&key, &identity, size, crc, &path).then_some(())
+        })
+        .await;
+        if !matches!(given, Some(Some(()))) {
+            tracing::debug!(ino, "staged file not kept as a whole-object file");
+        }
+    }
+
     /// A fresh staged file of `node` takes over the whole-object file of the node's version,
     /// if the disk cache has one: no download, and readers passing through that file (the
     /// kernel's one backing file of the inode) read the staged file from now on, so the
     /// writer can pass through to it too. The handles already open on the file count as
     /// the staged file's from then on: it lives while the kernel reads it for them.
+    ///
+    /// An `O_TRUNC` open (`truncate`) takes it only while readers pass through it (the
+    /// kernel's one backing file): otherwise it needs none of its bytes, and handles reading
+    /// the version through the store must keep reading it, not the emptied file.
     pub(crate) fn adopt_whole(
         &self,
         node: &crate::inode::Node,
         st: &mut crate::write::Staged,
+        truncate: bool,
     ) -> Result<bool, crate::FsError> {
         let Some(disk) = self.read_cache.disk() else { return Ok(false) };
         let identity = node.identity();
         if !self.passthrough.on.load(Relaxed) || node.size < WHOLE_MIN {
             return Ok(false);
         }
+        let pinned = disk.whole_pinned(&node.key, &identity);
+        if truncate && !pinned {
+            return Ok(false);
+        }
         if !st.adopt(node.size, |to| disk.take_whole(&node.key, &identity, node.size, to))? {
             return Ok(false);
+        }
+        if !pinned {
+            return Ok(true); // handles reading it through the store keep their version
         }
         for h in self.handles.lock().unwrap().values() {
             if let crate::fs::Handle::File(f) = h {

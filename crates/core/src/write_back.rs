@@ -238,6 +238,16 @@ impl Fs {
             let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1);
             if queue {
                 st.commit()?;
+                // The committed version is this mount's file now (it reaches the store later):
+                // handles that read the stored version read it from here on, as an upload
+                // would have switched them (read your writes; model test, seed 704951275).
+                for h in self.handles.lock().unwrap().values() {
+                    if let Handle::File(f) = h {
+                        if f.ino == file.ino {
+                            crate::passthrough::join_staged(f, &mut st);
+                        }
+                    }
+                }
             }
             if queue && other_writer {
                 match self.publish(file.ino, &mut st).await {
@@ -302,6 +312,9 @@ impl Fs {
         // its lingering watch drops it (fs_write.rs).
         let lingering = self.passthrough.lingering.lock().unwrap().contains(&ino);
         if st.handles == 0 && (!st.dirty || st.unlinked) && !lingering {
+            if !st.unlinked && self.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+                self.keep_as_whole(ino, &st).await; // for reading back (passthrough.rs)
+            }
             self.unstage_this(ino, &staged);
         }
         Ok(())

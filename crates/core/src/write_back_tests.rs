@@ -485,3 +485,35 @@ async fn a_delete_pending_at_a_crash_is_done_by_the_next_mount() {
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(keys(mem.as_ref()).await, ["f00", "f02"]);
 }
+
+#[tokio::test]
+async fn a_reader_open_before_a_queued_change_reads_the_change() {
+    // Same inode, same mount: a handle opened on the stored version reads what this mount
+    // committed since (truncate(path), a writer's close), though it is only queued; an
+    // upload would have switched it. It read the stored version's end (model test).
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("reader-sees-queued");
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(mem.clone(), FsConfig { clock: clock.clone(), ..cfg(&dir, 60_000) });
+    fs.start_write_back();
+    let ino = write_file(&fs, "f", b"0123456789").await;
+    assert!(fs.sync_write_back().await.is_empty());
+    let reader = fs.open(ino, false, false).await.unwrap();
+    assert_eq!(&fs.read(reader, 0, 100).await.unwrap()[..], b"0123456789");
+    fs.setattr(ino, crate::SetAttr { size: Some(16), ..Default::default() }).await.unwrap();
+    assert!(object(mem.as_ref(), "f").await.is_some_and(|o| o.len() == 10), "queued, not uploaded");
+    assert_eq!(&fs.read(reader, 8, 100).await.unwrap()[..], b"89\0\0\0\0\0\0", "the truncate's new end");
+    let w = fs.open(ino, true, false).await.unwrap();
+    fs.write(w, 0, b"ab").await.unwrap();
+    fs.release(w).await.unwrap();
+    assert_eq!(&fs.read(reader, 0, 4).await.unwrap()[..], b"ab23", "the writer's closed version");
+    // Unlinked: the handle keeps reading the file it had (as on a local disk), not the
+    // stored version cut short at its old end.
+    fs.unlink(ROOT_INO, "f").await.unwrap();
+    clock.advance(Duration::from_secs(5)); // what the kernel asks for next is from the store
+    assert_eq!(fs.getattr(ino).await.unwrap().size, 16, "the size the handle reads, not the stored one");
+    assert_eq!(&fs.read(reader, 8, 100).await.unwrap()[..], b"89\0\0\0\0\0\0", "after the unlink");
+    fs.release(reader).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert!(keys(mem.as_ref()).await.is_empty());
+}
