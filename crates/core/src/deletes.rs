@@ -59,6 +59,8 @@ pub struct DeferredDeletes {
     /// A new delete to send, for the background task.
     work: Arc<tokio::sync::Notify>,
     seq: AtomicU64,
+    /// When this process started journaling (nanoseconds since the epoch): part of names.
+    started: u128,
     done: AtomicU64,
 }
 
@@ -90,6 +92,7 @@ impl DeferredDeletes {
             changed: tokio::sync::Notify::new(),
             work: Default::default(),
             seq: AtomicU64::new(0),
+            started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
             done: AtomicU64::new(0),
         };
         me.adopt_journal();
@@ -144,7 +147,14 @@ impl DeferredDeletes {
     /// journal (or if writing it fails) the DELETE is sent now instead.
     pub async fn defer(&self, key: &str) -> Result<(), StoreError> {
         let Some(dir) = &self.journal_dir else { return self.inner.delete(key).await };
-        let path = dir.join(format!("{:x}-{:x}", std::process::id(), self.seq.fetch_add(1, Ordering::Relaxed)));
+        // Unique across processes: a mount started after a crash may get the same pid, and
+        // must not write over an entry it adopted.
+        let path = dir.join(format!(
+            "{:x}-{:x}-{:x}",
+            std::process::id(),
+            self.started,
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        ));
         if let Err(e) = crate::recycle::write(&path, key.as_bytes()) {
             tracing::warn!(%key, "journaling a delete failed ({e}): sending it now");
             return self.inner.delete(key).await;
