@@ -557,19 +557,31 @@ async fn a_file_uploaded_at_close_is_not_fed_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Reading back what was just written: the last release hands the staged file (exactly the
-/// version uploaded) to the disk cache, and the next open passes through to it with no
-/// download.
-#[tokio::test]
-async fn a_file_just_written_is_read_back_from_local_disk() {
+/// A mount with passthrough on and a disk cache under a fresh temporary directory.
+fn passthrough_with_disk_cache(name: &str) -> (Arc<MemStore>, std::path::PathBuf, Arc<Fs>) {
     let mem = Arc::new(MemStore::new());
-    let dir = std::env::temp_dir().join(format!("bucketfs-keepwhole-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("bucketfs-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let fs = Fs::new(
         mem.clone(),
         FsConfig { staging_dir: dir.join("staging"), disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg() },
     );
     fs.set_passthrough(true);
+    (mem, dir, fs)
+}
+
+fn all_of(file: &std::fs::File) -> Vec<u8> {
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut &*file, &mut got).unwrap();
+    got
+}
+
+/// Reading back what was just written: the last release hands the staged file (exactly the
+/// version uploaded) to the disk cache, and the next open passes through to it with no
+/// download.
+#[tokio::test]
+async fn a_file_just_written_is_read_back_from_local_disk() {
+    let (mem, dir, fs) = passthrough_with_disk_cache("keepwhole");
     let body: Vec<u8> = (0..3 << 20).map(|i| (i * 7 % 253) as u8).collect();
     let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     fs.write(fh, 0, &body).await.unwrap();
@@ -582,8 +594,7 @@ async fn a_file_just_written_is_read_back_from_local_disk() {
     let before = mem.requests.load(Ordering::Relaxed);
     let fh = fs.open(attr.ino, false, false).await.unwrap();
     let backing = fs.backing_file(fh).await.expect("passes through to the kept file");
-    let mut got = Vec::new();
-    std::io::Read::read_to_end(&mut &backing.file, &mut got).unwrap();
+    let got = all_of(&backing.file);
     assert!(got == body, "the kept file holds other bytes");
     assert_eq!(mem.requests.load(Ordering::Relaxed), before, "no download");
     fs.release(fh).await.unwrap();
@@ -604,14 +615,7 @@ async fn a_file_just_written_is_read_back_from_local_disk() {
 /// reads back from local disk.
 #[tokio::test]
 async fn an_o_trunc_rewrite_of_a_kept_file_leaves_its_readers_their_version() {
-    let mem = Arc::new(MemStore::new());
-    let dir = std::env::temp_dir().join(format!("bucketfs-keepwhole-trunc-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let fs = Fs::new(
-        mem.clone(),
-        FsConfig { staging_dir: dir.join("staging"), disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg() },
-    );
-    fs.set_passthrough(true);
+    let (mem, dir, fs) = passthrough_with_disk_cache("keepwhole-trunc");
     let v1: Vec<u8> = (0..2 << 20).map(|i| (i * 7 % 253) as u8).collect();
     let v2: Vec<u8> = (0..2 << 20).map(|i| (i * 5 % 251) as u8).collect();
     let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
@@ -627,8 +631,7 @@ async fn an_o_trunc_rewrite_of_a_kept_file_leaves_its_readers_their_version() {
     fs.release(reader).await.unwrap();
     let fh = fs.open(attr.ino, false, false).await.unwrap();
     let backing = fs.backing_file(fh).await.expect("the new version passes through to its kept file");
-    let mut got = Vec::new();
-    std::io::Read::read_to_end(&mut &backing.file, &mut got).unwrap();
+    let got = all_of(&backing.file);
     assert!(got == v2, "the kept file holds other bytes");
     fs.release(fh).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
