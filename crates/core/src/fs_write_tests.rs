@@ -615,7 +615,7 @@ async fn a_file_just_written_is_read_back_from_local_disk() {
 /// reads back from local disk.
 #[tokio::test]
 async fn an_o_trunc_rewrite_of_a_kept_file_leaves_its_readers_their_version() {
-    let (mem, dir, fs) = passthrough_with_disk_cache("keepwhole-trunc");
+    let (_mem, dir, fs) = passthrough_with_disk_cache("keepwhole-trunc");
     let v1: Vec<u8> = (0..2 << 20).map(|i| (i * 7 % 253) as u8).collect();
     let v2: Vec<u8> = (0..2 << 20).map(|i| (i * 5 % 251) as u8).collect();
     let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
