@@ -38,12 +38,11 @@ use bucketfs_store::{
 const PARALLEL: usize = 16;
 
 struct Pending {
-    journal: Option<PathBuf>,
+    journal: PathBuf,
     in_flight: bool,
     attempts: u32,
-    /// The last attempt's error (only an outage keeps a delete pending).
-    last_error: Option<StoreError>,
-    failed_at: Option<Instant>,
+    /// When the last attempt failed, and why (only an outage keeps a delete pending).
+    failed: Option<(Instant, StoreError)>,
     next_try: Instant,
 }
 
@@ -61,7 +60,6 @@ pub struct DeferredDeletes {
     seq: AtomicU64,
     /// When this process started journaling (nanoseconds since the epoch): part of names.
     started: u128,
-    done: AtomicU64,
 }
 
 fn journal_dir_for(staging: &Path) -> Option<PathBuf> {
@@ -93,7 +91,6 @@ impl DeferredDeletes {
             work: Default::default(),
             seq: AtomicU64::new(0),
             started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
-            done: AtomicU64::new(0),
         };
         me.adopt_journal();
         Arc::new_cyclic(|weak| Self { me: weak.clone(), ..me })
@@ -112,7 +109,7 @@ impl DeferredDeletes {
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(key)) if !key.is_empty() => {
                     tracing::info!(%key, "delete left pending by an earlier mount: sending it");
-                    p.insert(key, Pending::new(Some(path)));
+                    p.insert(key, Pending::new(path));
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -159,7 +156,7 @@ impl DeferredDeletes {
             tracing::warn!(%key, "journaling a delete failed ({e}): sending it now");
             return self.inner.delete(key).await;
         }
-        let old = self.pending.lock().unwrap().insert(key.to_string(), Pending::new(Some(path)));
+        let old = self.pending.lock().unwrap().insert(key.to_string(), Pending::new(path));
         if let Some(old) = old {
             // Unlinked again before the first was sent (the name was made anew meanwhile
             // only if a write drained it, so this cannot happen; keep one journal entry).
@@ -208,9 +205,9 @@ impl DeferredDeletes {
             Err(err) if err.kind == StoreErrorKind::Unavailable || err.kind == StoreErrorKind::RateLimited => {
                 e.attempts += 1;
                 tracing::warn!(%key, attempts = e.attempts, "deferred delete failed, retrying in {:?}: {err}", backoff(e.attempts));
-                e.next_try = Instant::now() + backoff(e.attempts);
-                e.last_error = Some(err);
-                e.failed_at = Some(Instant::now());
+                let now = Instant::now();
+                e.next_try = now + backoff(e.attempts);
+                e.failed = Some((now, err));
                 e.in_flight = false;
             }
             r => {
@@ -222,7 +219,6 @@ impl DeferredDeletes {
                 if let Some(e) = p.remove(&key) {
                     e.forget_journal();
                 }
-                self.done.fetch_add(1, Ordering::Relaxed);
             }
         }
         drop(p);
@@ -247,7 +243,7 @@ impl DeferredDeletes {
                     if e.in_flight {
                         continue;
                     }
-                    if let Some(err) = e.last_error.as_ref().filter(|_| e.failed_at.is_some_and(|t| t >= started)) {
+                    if let Some((_, err)) = e.failed.as_ref().filter(|(at, _)| *at >= started) {
                         return Err(err.clone());
                     }
                     e.in_flight = true;
@@ -280,14 +276,12 @@ impl DeferredDeletes {
 }
 
 impl Pending {
-    fn new(journal: Option<PathBuf>) -> Self {
-        Self { journal, in_flight: false, attempts: 0, last_error: None, failed_at: None, next_try: Instant::now() }
+    fn new(journal: PathBuf) -> Self {
+        Self { journal, in_flight: false, attempts: 0, failed: None, next_try: Instant::now() }
     }
 
     fn forget_journal(self) {
-        if let Some(j) = self.journal {
-            let _ = crate::recycle::remove(&j);
-        }
+        let _ = crate::recycle::remove(&self.journal);
     }
 }
 

@@ -235,16 +235,20 @@ impl DiskCache {
         true
     }
 
-    /// Take the file at `from` (`size` bytes whose CRC32C is `crc`: a staged file holding
-    /// exactly the version just uploaded) into the cache as the version's whole file, by a
-    /// rename: reading back what was just written passes through to it with no download.
+    /// Take the file at `from` (`size` bytes: a staged file holding exactly the version just
+    /// uploaded) into the cache as the version's whole file, by a rename, its CRC32C read
+    /// once: reading back what was just written passes through to it with no download.
     /// `false` (and `from` left where it was) if the version has one already, it would take
     /// more than 3/4 of the cache, or the disk refused (another file system). Blocking I/O.
-    pub fn give_whole(&self, key: &str, identity: &str, size: u64, crc: u32, from: &Path) -> bool {
+    pub fn give_whole(&self, key: &str, identity: &str, size: u64, from: &Path) -> bool {
         let room = self.index.policy().max_capacity().unwrap_or(0) / 4 * 3;
         if size == 0 || size > u32::MAX as u64 || size > room {
             return false;
         }
+        let crc = match File::open(from).and_then(|f| Ok((f.metadata()?.len(), crc_of(&f)?))) {
+            Ok((len, crc)) if len == size => crc,
+            _ => return false,
+        };
         let name = Self::whole_name(key, identity);
         let lock = self.building.lock().unwrap().entry(name.clone()).or_default().clone();
         let _building = lock.lock().unwrap();

@@ -126,8 +126,8 @@ impl Fs {
                         .collect()
                 };
                 for (ino, old_key) in below {
-                    let staged = self.is_staged(ino);
-                    if (self.has_open_handle(ino) || staged) && !(staged && self.pending_here(ino).await) {
+                    // (A pending one has no object to learn from yet.)
+                    if (self.has_open_handle(ino) || self.is_staged(ino)) && !self.pending_here(ino).await {
                         self.learn_moved(ino, Some(&old_key)).await;
                     }
                 }

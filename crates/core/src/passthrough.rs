@@ -80,7 +80,7 @@ const STAGED: &str = "staged:";
 
 /// Handle `f`, opened before its file was staged, reads the staged file `st` from now on
 /// and counts among its handles (the file then lives until it closes). Once per handle.
-pub(crate) fn join_staged(f: &crate::fs::OpenFile, st: &mut crate::write::Staged) {
+fn join_staged(f: &crate::fs::OpenFile, st: &mut crate::write::Staged) {
     if !f.staged.swap(true, Relaxed) {
         st.handles += 1;
     }
@@ -288,22 +288,10 @@ impl Fs {
         if disk.has_whole(&node.key, &identity) {
             return;
         }
-        let Some((file, path)) = st.as_uploaded() else { return };
+        let Some(path) = st.as_uploaded() else { return };
         let (key, size) = (node.key.clone(), node.size);
-        let given = crate::sync::blocking(move || {
-            use std::os::unix::fs::FileExt;
-            let mut buf = vec![0u8; 1 << 20];
-            let (mut crc, mut off) = (0u32, 0u64);
-            while off < size {
-                let n = buf.len().min((size - off) as usize);
-                file.read_exact_at(&mut buf[..n], off).ok()?;
-                crc = crc32c::crc32c_append(crc, &buf[..n]);
-                off += n as u64;
-            }
-            disk.give_whole(&key, &identity, size, crc, &path).then_some(())
-        })
-        .await;
-        if !matches!(given, Some(Some(()))) {
+        let given = crate::sync::blocking(move || disk.give_whole(&key, &identity, size, &path)).await;
+        if given != Some(true) {
             tracing::debug!(ino, "staged file not kept as a whole-object file");
         }
     }
@@ -335,17 +323,21 @@ impl Fs {
         if !st.adopt(node.size, |to| disk.take_whole(&node.key, &identity, node.size, to))? {
             return Ok(false);
         }
-        if !pinned {
-            return Ok(true); // handles reading it through the store keep their version
-        }
+        if pinned {
+            self.join_handles(node.ino, st);
+        } // else handles reading it through the store keep their version
+        Ok(true)
+    }
+
+    /// Every handle open on `ino` reads its staged file `st` from now on ([`join_staged`]).
+    pub(crate) fn join_handles(&self, ino: u64, st: &mut crate::write::Staged) {
         for h in self.handles.lock().unwrap().values() {
             if let crate::fs::Handle::File(f) = h {
-                if f.ino == node.ino {
+                if f.ino == ino {
                     join_staged(f, st);
                 }
             }
         }
-        Ok(true)
     }
 
     /// Close `fh`, a handle opened only to stage its file (the adapter's, while a writer's

@@ -345,18 +345,18 @@ impl Staged {
         !self.open_marked
     }
 
-    /// The file and its path, if its bytes are exactly the version last uploaded (clean,
-    /// in the bucket, nothing pending) and no other open file description may write it
-    /// (a mapping): the disk cache may take the file over once this staged file goes (a
-    /// rename; dropping it then deletes only the sidecars).
-    pub fn as_uploaded(&self) -> Option<(File, PathBuf)> {
+    /// Its path, if its bytes are exactly the version last uploaded (clean, in the bucket,
+    /// nothing pending) and no other open file description may write it (a mapping): the
+    /// disk cache may take the file over once this staged file goes (a rename; dropping it
+    /// then deletes only the sidecars).
+    pub fn as_uploaded(&self) -> Option<PathBuf> {
         if self.dirty || self.unlinked || !self.in_store || self.trunc_pending || self.eager.is_some() {
             return None;
         }
         if !crate::recycle::lease_granted(&self.file) {
             return None;
         }
-        Some((self.file.try_clone().ok()?, self.path.clone()))
+        Some(self.path.clone())
     }
 
     /// fsync: the staged bytes and their sidecar reach the local disk (survive a machine

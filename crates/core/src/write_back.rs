@@ -241,13 +241,7 @@ impl Fs {
                 // The committed version is this mount's file now (it reaches the store later):
                 // handles that read the stored version read it from here on, as an upload
                 // would have switched them (read your writes; model test, seed 704951275).
-                for h in self.handles.lock().unwrap().values() {
-                    if let Handle::File(f) = h {
-                        if f.ino == file.ino {
-                            crate::passthrough::join_staged(f, &mut st);
-                        }
-                    }
-                }
+                self.join_handles(file.ino, &mut st);
             }
             if queue && other_writer {
                 match self.publish(file.ino, &mut st).await {
