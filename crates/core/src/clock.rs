@@ -4,11 +4,18 @@
 //! then let a TTL run out by advancing it instead of sleeping.
 //!
 //! Only freshness goes through it. Timers (tokio sleeps), the write-back queue's delays and
-//! durations logged for humans use the real clock.
+//! durations logged for humans use the real clock. [`retry_backoff`] is the one retry
+//! schedule of background work (write-back uploads, deferred deletes).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long background work waits before its retry number `attempts` (1 = the first):
+/// doubling from 1 s to at most a minute. Such work is retried forever, never dropped.
+pub fn retry_backoff(attempts: u32) -> Duration {
+    Duration::from_secs(1u64 << attempts.min(6).saturating_sub(1)).min(Duration::from_secs(60))
+}
 
 /// A monotonic clock: real by default, or manual (see [`Clock::manual`]).
 #[derive(Clone, Default)]

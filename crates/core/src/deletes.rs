@@ -21,8 +21,6 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -33,6 +31,9 @@ use bucketfs_store::{
     ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
     StoreError, StoreErrorKind, WriteOptions,
 };
+
+use crate::clock::retry_backoff;
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 
 /// DELETEs in flight at once, in the background.
 const PARALLEL: usize = 16;
@@ -65,10 +66,6 @@ pub struct DeferredDeletes {
 fn journal_dir_for(staging: &Path) -> Option<PathBuf> {
     let name = staging.file_name()?.to_string_lossy();
     Some(staging.with_file_name(format!(".{name}.deletes")))
-}
-
-fn backoff(attempts: u32) -> Duration {
-    Duration::from_millis(200u64.saturating_mul(1 << attempts.min(8))).min(Duration::from_secs(30))
 }
 
 impl DeferredDeletes {
@@ -204,9 +201,9 @@ impl DeferredDeletes {
         match r {
             Err(err) if err.kind == StoreErrorKind::Unavailable || err.kind == StoreErrorKind::RateLimited => {
                 e.attempts += 1;
-                tracing::warn!(%key, attempts = e.attempts, "deferred delete failed, retrying in {:?}: {err}", backoff(e.attempts));
+                tracing::warn!(%key, attempts = e.attempts, "deferred delete failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
                 let now = Instant::now();
-                e.next_try = now + backoff(e.attempts);
+                e.next_try = now + retry_backoff(e.attempts);
                 e.failed = Some((now, err));
                 e.in_flight = false;
             }

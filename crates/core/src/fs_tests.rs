@@ -2,7 +2,7 @@
 
 use super::*;
 use bucketfs_store::testing::MemStore;
-use bucketfs_store::{GetOpts, PutOpts};
+use bucketfs_store::{GetOpts, PutOpts, StoreExt};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 

@@ -4,7 +4,7 @@
 
 use super::*;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
-use bucketfs_store::{GetOpts, HeadOpts, PutOpts, StoreErrorKind};
+use bucketfs_store::{GetOpts, HeadOpts, PutOpts, StoreErrorKind, StoreExt};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

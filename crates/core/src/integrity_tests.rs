@@ -4,7 +4,7 @@
 
 use super::*;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
-use bucketfs_store::{GetOpts, PutOpts};
+use bucketfs_store::{GetOpts, PutOpts, StoreExt};
 use bytes::Bytes;
 
 fn cfg(ttl_ms: u64) -> FsConfig {

@@ -22,6 +22,7 @@ use crate::sync::{Arc, AtomicU64, Mutex, Ordering, Weak};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::clock::retry_backoff;
 use crate::fs::{Fs, Handle, OpenFile};
 use crate::FsError;
 
@@ -86,10 +87,6 @@ pub(crate) struct Queue {
     pub gate: tokio::sync::RwLock<()>,
 }
 
-fn backoff(attempts: u32) -> Duration {
-    Duration::from_secs(1u64 << attempts.min(6).saturating_sub(1)).min(Duration::from_secs(60))
-}
-
 impl Queue {
     pub(crate) fn enqueue(&self, ino: u64, key: String, bytes: u64, delay: Duration) {
         let now = Instant::now();
@@ -150,8 +147,8 @@ impl Queue {
                 Ok(()) => {} // committed again meanwhile: due at its own time
                 Err(err) => {
                     e.attempts += 1;
-                    e.due = Instant::now() + backoff(e.attempts);
-                    tracing::warn!(key = %e.key, attempts = e.attempts, "write-back upload failed, retrying in {:?}: {err}", backoff(e.attempts));
+                    e.due = Instant::now() + retry_backoff(e.attempts);
+                    tracing::warn!(key = %e.key, attempts = e.attempts, "write-back upload failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
                     e.last_error = Some((Instant::now(), err.to_string()));
                 }
             }

@@ -1,0 +1,215 @@
+//! How the mount learns what the store holds: a directory's listing (one delimited LIST
+//! sequence, kept for the TTL and current with this mount's own changes; see the module doc
+//! of `fs`) and a file's HEAD, with what each answers while the store is unreachable.
+
+use std::collections::HashMap;
+
+use bucketfs_store::{HeadOpts, ObjectHead, StoreError, StoreErrorKind};
+use futures::StreamExt;
+
+use crate::fs::{Attr, Fs, Kind};
+use crate::inode::{ChildMeta, Listing, Node};
+use crate::{names, FsError};
+
+impl Fs {
+    /// Whether `dir`'s last listing (kept current by this mount's own changes) answers for
+    /// another TTL because the store cannot be reached (`e`), so lookups,
+    /// creates and `ls` go on through an outage (docs/SEMANTICS.md, "Freshness").
+    fn serve_stale_listing(&self, dir: &Node, e: &StoreError) -> bool {
+        if e.kind != StoreErrorKind::Unavailable {
+            return false;
+        }
+        let Some(age) = self.table.lock().unwrap().renew_listing(dir.ino) else { return false };
+        tracing::warn!(dir = %dir.key, age_s = age.as_secs(), "store unreachable, serving the last listing: {e}");
+        true
+    }
+
+    /// HEAD a file again and record what the store says now.
+    pub(crate) async fn revalidate(&self, node: &Node) -> Result<Attr, FsError> {
+        if let Some(gone) = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked) {
+            // Unlinked or replaced while open: its key names another file now, if any.
+            return Ok(self.attr(gone));
+        }
+        let since = self.table.lock().unwrap().change_seq();
+        let head = self.store.head(&node.key, HeadOpts::default()).await;
+        {
+            // An upload, create or unlink here since the HEAD was sent (it notes a change in
+            // the parent): the answer may predate it, and must not put the node back on an
+            // older version (or unlink a file just made). What the mount holds answers.
+            let t = self.table.lock().unwrap();
+            if let Some(cur) = t.get(node.ino).filter(|n| t.changed_at(n.parent) > since) {
+                tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
+                return Ok(self.attr(cur));
+            }
+        }
+        match head {
+            Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
+                let meta = self.child_meta(&node.name, &m, Kind::File);
+                let mut t = self.table.lock().unwrap();
+                let cur = t.get_mut(node.ino).ok_or(FsError::NotFound)?;
+                if cur.etag != meta.etag && !cur.local {
+                    cur.forget_attrs(); // changed by someone else: what it carries is the truth
+                }
+                if !cur.local {
+                    // Staged here: the size and mtime are the mount's own (see `Node::local`).
+                    cur.size = meta.size;
+                    cur.size_unknown = meta.size_unknown;
+                    cur.mtime = meta.mtime;
+                }
+                cur.etag = meta.etag;
+                cur.validated = self.cfg.clock.now();
+                cur.fill_attrs(&attrs);
+                tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidated");
+                Ok(self.attr(cur))
+            }
+            Ok(_) => Err(FsError::NotFound),
+            Err(e) if e.kind == StoreErrorKind::NotFound => {
+                let open = self.has_open_handle(node.ino); // before the table: never both locks
+                let mut t = self.table.lock().unwrap();
+                if t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
+                    t.unlink(node.parent, &node.name);
+                }
+                // Deleted behind the mount while a handle is open: like a file unlinked while
+                // open, it still has attributes (st_nlink 0); reads through the handle fail
+                // with ESTALE. `fstat` must not fail, nor a read the kernel precedes with a
+                // GETATTR (it does, near the end of what it knows of the file).
+                match t.get(node.ino) {
+                    Some(n) if open => Ok(self.attr(n)),
+                    _ => Err(FsError::NotFound),
+                }
+            }
+            // Stale if the store is down, as for listings (`serve_stale_listing`).
+            Err(e) if e.kind == StoreErrorKind::Unavailable => {
+                let mut t = self.table.lock().unwrap();
+                let cur = t.get_mut(node.ino).ok_or(FsError::Store(e.clone()))?;
+                tracing::warn!(key = %node.key, "store unreachable, serving the last attributes: {e}");
+                cur.validated = self.cfg.clock.now();
+                Ok(self.attr(cur))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Refresh `dir`'s listing from the store if it is older than the TTL. On a first visit
+    /// (or where the subtree fit last time) one page of a recursive listing is asked for at
+    /// the same time; if it holds the whole subtree, every directory below is listed too.
+    /// If not, and `subdirs_ahead`, its subdirectories are listed in the background
+    /// (preload.rs).
+    pub(crate) async fn ensure_listing(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
+        if self.table.lock().unwrap().listing_fresh(dir.ino) {
+            return Ok(());
+        }
+        // One listing of a directory at a time: a walk and the listing ahead often ask for
+        // the same one together; the second finds it fresh when the first is done.
+        let flight = self.listing_flights.lock().unwrap().entry(dir.ino).or_default().clone();
+        let _one = flight.lock().await;
+        if self.table.lock().unwrap().listing_fresh(dir.ino) {
+            // Listed meanwhile by another caller (often the listing ahead, which does not
+            // go further down): this one still asks for the next level ahead.
+            if subdirs_ahead {
+                self.list_subdirs_ahead(dir.ino);
+            }
+            return Ok(());
+        }
+        let (since, ahead) = {
+            let t = self.table.lock().unwrap();
+            let listing = t.listing(dir.ino);
+            let ahead = self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree) && !t.is_big_subtree(dir.ino);
+            (t.change_seq(), ahead)
+        };
+        let started = self.cfg.clock.now();
+        let subtree = async {
+            match ahead {
+                true => self.list_subtree(&dir.key, self.cfg.list_ahead_keys).await.map(Some),
+                false => Ok(None),
+            }
+        };
+        let (own, subtree) = tokio::join!(self.list_children(dir), subtree);
+        let template = Listing {
+            at: started,
+            valid_for: self.cfg.metadata_ttl,
+            children: HashMap::new(),
+            subtree: false,
+            overtaken: false,
+        };
+        let mut children = match own {
+            Ok(c) => c,
+            Err(FsError::Store(e)) if self.serve_stale_listing(dir, &e) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let part = match subtree {
+            Ok(Some(mut seen)) if seen.whole => {
+                seen.dirs.insert(String::new(), children);
+                self.install_subtree(
+                    &dir.key,
+                    dir.ino,
+                    seen.dirs,
+                    Listing { subtree: true, ..template },
+                    since,
+                    &seen.incomplete,
+                );
+                return Ok(());
+            }
+            Ok(part) => part,
+            // Its own listing decides; the look-ahead is only a shortcut.
+            Err(e) => {
+                tracing::debug!(dir = %dir.key, "recursive listing failed: {e}");
+                None
+            }
+        };
+        // Files created here and not yet uploaded are part of the directory too.
+        for meta in self.staged_children(dir.ino) {
+            children.insert(meta.name.clone(), meta); // the mount's own state wins
+        }
+        tracing::debug!(dir = %dir.key, entries = children.len(), ms = self.cfg.clock.since(started).as_millis() as u64, "listed");
+        if let Some(mut seen) = part.filter(|p| p.dirs.len() > p.incomplete.len() || !p.too_big.is_empty()) {
+            // The directories the page held whole are listed from it (the root's own
+            // listing only leads to them: it is in `incomplete`).
+            seen.dirs.insert(String::new(), children.clone());
+            let inos = self.install_subtree(
+                &dir.key,
+                dir.ino,
+                seen.dirs,
+                Listing { subtree: true, ..template.clone() },
+                since,
+                &seen.incomplete,
+            );
+            let mut t = self.table.lock().unwrap();
+            for ino in seen.too_big.iter().filter_map(|d| inos.get(d)) {
+                t.mark_big_subtree(*ino);
+            }
+        }
+        self.table.lock().unwrap().set_listing_since(dir.ino, Listing { children, ..template }, since);
+        if subdirs_ahead {
+            self.list_subdirs_ahead(dir.ino);
+        }
+        Ok(())
+    }
+
+    /// `dir`'s children from one delimited LIST sequence.
+    pub(crate) async fn list_children(&self, dir: &Node) -> Result<HashMap<String, ChildMeta>, FsError> {
+        let mut children: HashMap<String, ChildMeta> = HashMap::new();
+        let mut skipped = 0usize;
+        let caps = self.store.capabilities();
+        let mut stream = self.store.list(&dir.key, false);
+        while let Some(item) = stream.next().await {
+            let m = item?;
+            // A key the store cannot address exactly would read another object's bytes.
+            match names::child_name(&dir.key, &m.key).filter(|_| caps.addressable(&m.key)) {
+                Some((name, true)) => {
+                    children.insert(name.to_string(), self.child_meta(name, &m, Kind::Dir));
+                }
+                Some((name, false)) => {
+                    // A directory shadows a file, a file a link (see SEMANTICS.md).
+                    let (name, kind) = crate::links::classify(name);
+                    crate::links::merge_child(&mut children, self.child_meta(name, &m, kind));
+                }
+                None => skipped += 1,
+            }
+        }
+        if skipped > 0 {
+            tracing::debug!(dir = %dir.key, skipped, "keys that are not valid file names are not shown");
+        }
+        Ok(children)
+    }
+}

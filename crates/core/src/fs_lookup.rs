@@ -1,0 +1,247 @@
+//! Lookups: what a name in a directory is, and a file's attributes past the TTL, each from
+//! the cheapest source (a fresh listing, a new listing of a small directory, else one probe
+//! of the name or a HEAD; see the module doc of `fs`).
+
+use bucketfs_store::{HeadOpts, ObjectHead, ObjectMeta, StoreErrorKind, StoreExt};
+use futures::StreamExt;
+
+use crate::fs::{Attr, Fs, Kind, RELIST_MAX};
+use crate::inode::{ChildMeta, Node};
+use crate::{names, FsError};
+
+impl Fs {
+    /// Look `name` up in `parent`; the kernel holds one more reference on success.
+    pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
+        names::check_lookup_name(name)?;
+        let dir = self.node(parent)?;
+        if dir.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        // A key the store cannot hold (S3, GCS: 1,024 bytes) cannot exist: ENAMETOOLONG, and
+        // a create or mkdir of it fails so before any request (the kernel looks up first).
+        if self.store.capabilities().max_key_len.is_some_and(|max| dir.key.len() + name.len() > max) {
+            return Err(FsError::NameTooLong);
+        }
+        let local = {
+            let t = self.table.lock().unwrap();
+            t.child(parent, name).filter(|n| self.is_staged(n.ino)).map(|n| n.ino)
+        };
+        if let Some(ino) = local {
+            // Created or written here and maybe not uploaded yet: the local state is the truth.
+            let mut t = self.table.lock().unwrap();
+            t.remember(ino);
+            return Ok(self.attr(t.get(ino).expect("indexed")));
+        }
+        let since = self.table.lock().unwrap().change_seq();
+        let mut found = self.find_child(&dir, name).await?;
+        if self.table.lock().unwrap().changed_at(parent) > since {
+            // The directory changed here while the store was asked (an upload, a create, an
+            // unlink): the answer may predate that change, so ask again (a listing this
+            // mount keeps current usually answers with no request).
+            found = self.find_child(&dir, name).await?;
+        }
+        let meta = found.ok_or(FsError::NotFound)?;
+        let mut t = self.table.lock().unwrap();
+        let ino = t.upsert(parent, &meta);
+        t.remember(ino);
+        Ok(self.attr(t.get(ino).expect("just inserted")))
+    }
+
+    /// `name` in directory `dir` as the store has it (`None`: absent), from the cheapest
+    /// source: a fresh listing (no request); else, for a small directory listed before, a
+    /// new listing of it (one LIST answers this name and every other lookup and `stat` in
+    /// the directory for the TTL); else a probe of the name.
+    pub(crate) async fn find_child(&self, dir: &Node, name: &str) -> Result<Option<ChildMeta>, FsError> {
+        if let Some(answer) = self.listed_child(dir.ino, name) {
+            return Ok(answer);
+        }
+        if self.relist_worthwhile(dir.ino) {
+            self.ensure_listing(dir, false).await?;
+            // Installed stale (the directory changed here meanwhile): the probe decides.
+            if let Some(answer) = self.listed_child(dir.ino, name) {
+                return Ok(answer);
+            }
+        }
+        let since = {
+            let t = self.table.lock().unwrap();
+            if t.known_absent(dir.ino, name, self.cfg.metadata_ttl) {
+                return Ok(None);
+            }
+            t.change_seq()
+        };
+        match self.probe(&dir.key, name).await {
+            Ok(m) => Ok(Some(m)),
+            Err(FsError::NotFound) => {
+                self.table.lock().unwrap().note_absent(dir.ino, name, since);
+                Ok(None)
+            }
+            // Stale if the store is down: what this mount last knew of the name answers.
+            Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => {
+                let t = self.table.lock().unwrap();
+                let known = match t.listing(dir.ino) {
+                    Some(l) => Some(l.children.get(name).cloned()),
+                    None => t.child(dir.ino, name).map(|n| Some(n.entry())),
+                };
+                let Some(answer) = known else { return Err(FsError::Store(e)) };
+                tracing::warn!(dir = %dir.key, name, "store unreachable, answering from what the mount knows: {e}");
+                Ok(answer)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What `dir`'s fresh listing says of `name`; `None` without a fresh listing.
+    fn listed_child(&self, dir: u64, name: &str) -> Option<Option<ChildMeta>> {
+        let t = self.table.lock().unwrap();
+        t.listing(dir).filter(|l| l.is_fresh(t.now())).map(|l| l.children.get(name).cloned())
+    }
+
+    /// Whether listing `dir` again beats asking about one name: it was listed before and
+    /// held one page at most. (With a TTL of 0 no listing is ever fresh: never.)
+    fn relist_worthwhile(&self, dir: u64) -> bool {
+        !self.cfg.metadata_ttl.is_zero()
+            && self.table.lock().unwrap().listing(dir).is_some_and(|l| l.children.len() <= RELIST_MAX)
+    }
+
+    /// A file's attributes once their TTL ran out: from a new listing of its directory when
+    /// that is worthwhile (`git status` after the TTL costs one LIST per directory, not a
+    /// HEAD per file), else from a HEAD.
+    pub(crate) async fn refresh(&self, node: &Node) -> Result<Attr, FsError> {
+        if node.linked && self.relist_worthwhile(node.parent) {
+            if let Ok(dir) = self.node(node.parent) {
+                self.ensure_listing(&dir, false).await?;
+                if let Some(Some(m)) = self.listed_child(node.parent, &node.name) {
+                    let mut t = self.table.lock().unwrap();
+                    if m.kind == node.kind && t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
+                        let ino = t.upsert(node.parent, &m);
+                        let n = t.get(ino).expect("indexed");
+                        tracing::debug!(ino, key = %n.key, identity = %n.identity(), "refreshed from the listing");
+                        return Ok(self.attr(n));
+                    }
+                }
+            }
+        }
+        self.revalidate(node).await
+    }
+
+    /// Ask the store whether `name` under `prefix` is a directory, a file, or nothing: on an
+    /// object store one LIST of the plain prefix `prefix+name` (a HEAD more for a file whose
+    /// mode and owner the store keeps), else [`Fs::probe_each`].
+    pub(crate) async fn probe(&self, prefix: &str, name: &str) -> Result<ChildMeta, FsError> {
+        let file_key = format!("{prefix}{name}");
+        let caps = self.store.capabilities();
+        if caps.prefix_dirs && caps.addressable(&file_key) {
+            if let Some(found) = self.probe_by_list(&file_key, name).await? {
+                return found.ok_or(FsError::NotFound);
+            }
+        }
+        self.probe_each(prefix, name).await
+    }
+
+    /// `name` (key `file_key`) from one listing of the plain prefix `file_key`: keys come in
+    /// byte order, so everything that decides (`k`, `k.rclonelink`, `k/`) comes before the
+    /// first key past `k/`. `None` if the store's answer did not settle it.
+    async fn probe_by_list(&self, file_key: &str, name: &str) -> Result<Option<Option<ChildMeta>>, FsError> {
+        let dir_key = format!("{file_key}/");
+        let link_key = format!("{file_key}{}", crate::links::LINK_SUFFIX);
+        let (mut file, mut link, mut dir) = (None, None, false);
+        // Read until the first key past `k/` (or the end): the rest cannot decide.
+        let mut stream = self.store.list(file_key, false);
+        while let Some(m) = stream.next().await {
+            let m = m?;
+            if !m.key.starts_with(file_key) {
+                return Ok(None); // not a prefix listing after all: ask the old way
+            }
+            if m.key.starts_with(&dir_key) {
+                dir = true;
+            }
+            let past = m.key.as_str() >= dir_key.as_str();
+            if m.key == file_key {
+                file = Some(m);
+            } else if m.key == link_key && crate::links::may_be_link(name) {
+                link = Some(m);
+            }
+            if past {
+                break;
+            }
+        }
+        drop(stream);
+        if dir {
+            return Ok(Some(Some(self.child_meta(
+                name,
+                &ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None, size_unknown: false },
+                Kind::Dir,
+            ))));
+        }
+        if let Some(m) = file {
+            if !self.store.capabilities().keeps_attrs {
+                return Ok(Some(Some(self.child_meta(name, &m, Kind::File))));
+            }
+            // The mode, owner and mtime the object carries come only with a HEAD.
+            return match self.store.head(file_key, HeadOpts::default()).await {
+                Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
+                    Ok(Some(Some(ChildMeta { attrs: Some(attrs), ..self.child_meta(name, &m, Kind::File) })))
+                }
+                Ok(_) => Ok(None),
+                Err(e) if e.kind == StoreErrorKind::NotFound => Ok(None), // deleted meanwhile: ask again
+                Err(e) => Err(e.into()),
+            };
+        }
+        Ok(Some(link.map(|m| self.child_meta(name, &m, Kind::Symlink))))
+    }
+
+    /// [`Fs::probe`] by asking about each key at once (HEAD `k`, HEAD `k/`, LIST `k/`, HEAD
+    /// the link): for stores without prefix listings, or when one did not settle it.
+    async fn probe_each(&self, prefix: &str, name: &str) -> Result<ChildMeta, FsError> {
+        let file_key = format!("{prefix}{name}");
+        let dir_key = format!("{file_key}/");
+        let caps = self.store.capabilities();
+        // Keys the store would change on the way (see `Capabilities::addressable`) are not
+        // asked for: their answer would be another object's.
+        let prefix_dirs = caps.prefix_dirs && caps.addressable(&dir_key);
+        let file_ok = caps.addressable(&file_key);
+        let first_child = async {
+            if !prefix_dirs {
+                return None;
+            }
+            self.store.list(&dir_key, false).next().await
+        };
+        let marker = async {
+            if !prefix_dirs {
+                return Err(bucketfs_store::StoreError::not_found(""));
+            }
+            self.store.stat(&dir_key).await
+        };
+        let link = async {
+            if !crate::links::may_be_link(name) {
+                return Err(bucketfs_store::StoreError::not_found(""));
+            }
+            self.store.stat(&format!("{file_key}{}", crate::links::LINK_SUFFIX)).await
+        };
+        let file = async {
+            match file_ok {
+                true => self.store.head(&file_key, HeadOpts::default()).await,
+                false => Err(bucketfs_store::StoreError::not_found("")),
+            }
+        };
+        let (file, child, marker, link) = tokio::join!(file, first_child, marker, link);
+        let dir_meta = ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None, size_unknown: false };
+        if matches!(child, Some(Ok(_))) || marker.is_ok() {
+            let mtime = marker.as_ref().ok().and_then(|m| m.mtime);
+            return Ok(self.child_meta(name, &ObjectMeta { mtime, ..dir_meta }, Kind::Dir));
+        }
+        match file {
+            Ok(ObjectHead { meta: m, .. }) if m.is_prefix() => Ok(self.child_meta(name, &m, Kind::Dir)),
+            Ok(ObjectHead { meta: m, attrs, .. }) => {
+                Ok(ChildMeta { attrs: Some(attrs), ..self.child_meta(name, &m, Kind::File) })
+            }
+            Err(e) if e.kind == StoreErrorKind::NotFound => match (child, link) {
+                (Some(Err(e)), _) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
+                (_, Ok(m)) => Ok(self.child_meta(name, &m, Kind::Symlink)),
+                (_, Err(e)) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
+                _ => Err(FsError::NotFound),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+}
