@@ -58,6 +58,7 @@ impl FsError {
                 StoreErrorKind::PermissionDenied => libc::EACCES,
                 StoreErrorKind::Changed => libc::ESTALE,
                 StoreErrorKind::Exists => libc::EEXIST,
+                StoreErrorKind::InvalidName => libc::EINVAL,
                 StoreErrorKind::Unsupported => libc::ENOTSUP,
                 StoreErrorKind::Unavailable => libc::ETIMEDOUT,
                 StoreErrorKind::RateLimited | StoreErrorKind::Config | StoreErrorKind::Other => libc::EIO,

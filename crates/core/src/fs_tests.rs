@@ -289,6 +289,22 @@ async fn keys_past_the_store_limit_are_name_too_long_without_a_request() {
 }
 
 #[tokio::test]
+async fn a_file_name_past_the_store_limit_is_name_too_long_at_create_and_rename() {
+    // The local folder writes through a temporary name longer than the file's own.
+    let store = Arc::new(MemStore::new().with_max_file_name_len(10));
+    store.put("ok", Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
+    let fs = Fs::new(store.clone(), FsConfig::default());
+    assert!(matches!(fs.create(ROOT_INO, "elevenbytes", 0, None).await, Err(FsError::NameTooLong)));
+    let (_, fh) = fs.create(ROOT_INO, "tenbytes10", 0, None).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(matches!(fs.rename(ROOT_INO, "ok", ROOT_INO, "elevenbytes", false).await, Err(FsError::NameTooLong)));
+    // A directory is made directly, under its own name: no such limit.
+    fs.mkdir(ROOT_INO, "a-longer-directory", None).await.unwrap();
+    assert!(store.stat("elevenbytes").await.is_err(), "nothing was written under the long name");
+    assert!(store.stat("ok").await.is_ok());
+}
+
+#[tokio::test]
 async fn an_unlinked_file_still_held_shows_nlink_0() {
     let (_, fs) = fs_with(&[("f", b"data"), ("g", b"x")]).await;
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();

@@ -50,8 +50,12 @@ impl Fs {
             return Err(FsError::InvalidName);
         }
         let key = crate::inode::key_for(&self.node(parent)?.key, name, kind);
-        if !self.store.capabilities().addressable(&key) {
+        let caps = self.store.capabilities();
+        if !caps.addressable(&key) {
             return Err(FsError::InvalidName);
+        }
+        if kind != Kind::Dir && caps.max_file_name_len.is_some_and(|max| name.len() > max) {
+            return Err(FsError::NameTooLong);
         }
         Ok(key)
     }

@@ -13,6 +13,10 @@ pub enum StoreErrorKind {
     Changed,
     /// A create-only upload ([`crate::PutOpts::if_not_exists`]) found the key taken.
     Exists,
+    /// The store refused the key's name: too long, or characters it does not take (MinIO
+    /// keeps a directory marker under a name 9 bytes longer, and calls one past 255 bytes
+    /// `XMinioInvalidObjectName`; S3's `KeyTooLongError`; a local folder's `ENAMETOOLONG`).
+    InvalidName,
     /// The server asked us to slow down and retries ran out.
     RateLimited,
     /// The operation is not supported by this store.
@@ -57,6 +61,9 @@ impl StoreError {
         let kind = match e.kind() {
             _ if full.contains("NoSuchBucket") => StoreErrorKind::NotFound,
             _ if full.contains("failed to load signing credential") => StoreErrorKind::PermissionDenied,
+            _ if ["InvalidObjectName", "KeyTooLongError", "File name too long"].iter().any(|c| full.contains(c)) => {
+                StoreErrorKind::InvalidName
+            }
             K::NotFound => StoreErrorKind::NotFound,
             K::PermissionDenied => StoreErrorKind::PermissionDenied,
             K::ConditionNotMatch => StoreErrorKind::Changed,

@@ -63,8 +63,9 @@ impl Op {
     }
 }
 
-const KINDS: [StoreErrorKind; 9] = [
+const KINDS: [StoreErrorKind; 10] = [
     StoreErrorKind::NotFound,
+    StoreErrorKind::InvalidName,
     StoreErrorKind::PermissionDenied,
     StoreErrorKind::Changed,
     StoreErrorKind::Exists,
@@ -81,6 +82,7 @@ fn kind_name(k: StoreErrorKind) -> &'static str {
         StoreErrorKind::PermissionDenied => "permission_denied",
         StoreErrorKind::Changed => "changed",
         StoreErrorKind::Exists => "exists",
+        StoreErrorKind::InvalidName => "invalid_name",
         StoreErrorKind::RateLimited => "rate_limited",
         StoreErrorKind::Unsupported => "unsupported",
         StoreErrorKind::Config => "config",

@@ -51,6 +51,8 @@ pub struct OpendalStore {
     compose_op: Option<Operator>,
     /// S3 and GCS: 1,024 bytes per object name, less the root prefix.
     max_key_len: Option<usize>,
+    /// The local folder: see [`FS_TMP_NAME_MAX`].
+    max_file_name_len: Option<usize>,
     /// The Content-Type uploads carry, where the service keeps one.
     content_type: crate::ContentType,
     /// `mem://`: OpenDAL's memory service reports neither ETag nor mtime, so two versions
@@ -62,6 +64,10 @@ pub struct OpendalStore {
 /// Longest object name S3 and GCS accept, in bytes.
 const OBJECT_KEY_MAX: usize = 1024;
 
+/// Longest file name the local folder can write: OpenDAL's fs service writes through a
+/// temporary `name.XXXXXXXX` beside it (9 bytes longer), and a name has 255 bytes at most.
+const FS_TMP_NAME_MAX: usize = 255 - 9;
+
 impl OpendalStore {
     /// `description` is shown in logs and errors; it must not contain credentials.
     pub fn new(op: Operator, description: String, prefix_dirs: bool) -> Self {
@@ -69,9 +75,20 @@ impl OpendalStore {
         let generation_identity = info.scheme() == "gcs";
         let max_key_len = (info.scheme() == "s3" || info.scheme() == "gcs")
             .then(|| OBJECT_KEY_MAX.saturating_sub(info.root().trim_start_matches('/').len()));
+        let max_file_name_len = (info.scheme() == "fs").then_some(FS_TMP_NAME_MAX);
         let content_type = crate::ContentType::default();
         let stamps = (info.scheme() == "memory").then(Default::default);
-        Self { op, description, prefix_dirs, generation_identity, compose_op: None, max_key_len, content_type, stamps }
+        Self {
+            op,
+            description,
+            prefix_dirs,
+            generation_identity,
+            compose_op: None,
+            max_key_len,
+            max_file_name_len,
+            content_type,
+            stamps,
+        }
     }
 
     /// `mem://`: `key` now holds a new version (see `stamps`).
@@ -161,6 +178,7 @@ impl Store for OpendalStore {
             copy: cap.copy,
             prefix_dirs: self.prefix_dirs,
             max_key_len: self.max_key_len,
+            max_file_name_len: self.max_file_name_len,
             // Every path goes through OpenDAL's normalize_path, which trims it.
             trims_whitespace: true,
             // The local folder's lister trims each name it reads (checked by hand: a

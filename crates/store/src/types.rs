@@ -42,6 +42,10 @@ pub struct Capabilities {
     /// Longest key, in bytes, relative to the store root (the mount's prefix already taken
     /// off); `None` for no limit. S3 and GCS allow 1,024 bytes for the whole object name.
     pub max_key_len: Option<usize>,
+    /// Longest name, in bytes, a new file may be given (its last key segment); `None` for
+    /// the kernel's own limit (255). The local folder writes a file through a temporary
+    /// name 9 bytes longer (OpenDAL's `name.XXXXXXXX`), so a new name there is at most 246.
+    pub max_file_name_len: Option<usize>,
     /// The store cannot address a key that starts or ends with whitespace: OpenDAL trims
     /// leading and trailing whitespace (`char::is_whitespace`) from every path it is given,
     /// so `"dup "` would read and write `"dup"`. Such keys are never shown or created.

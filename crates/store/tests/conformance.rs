@@ -265,6 +265,20 @@ async fn a_local_folder_copy_is_the_same_version() {
 }
 
 #[tokio::test]
+async fn a_local_folder_writes_file_names_up_to_its_reported_limit() {
+    // Writes go through a temporary name longer than the file's own: the limit reported is
+    // the longest name a write succeeds with (one byte more fails), so a create of a longer
+    // name is refused at once instead of failing at close.
+    let dir = std::env::temp_dir().join(unique("fs-names"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = location::open(&Location::File { path: dir.clone() }, &StoreOptions::default()).unwrap();
+    let max = s.capabilities().max_file_name_len.expect("the local folder reports a limit");
+    s.put(&format!("d/{}", "n".repeat(max)), Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
+    assert!(s.put(&format!("d/{}", "n".repeat(max + 1)), Bytes::from_static(b"x"), PutOpts::default()).await.is_err());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
 async fn minio() {
     let Some(endpoint) = required("BUCKETFS_TEST_S3_ENDPOINT") else { return };
     let bucket = std::env::var("BUCKETFS_TEST_S3_BUCKET").unwrap_or_else(|_| "conformance".into());

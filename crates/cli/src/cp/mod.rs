@@ -259,6 +259,7 @@ pub fn is_retryable(e: &StoreError) -> bool {
             | StoreErrorKind::PermissionDenied
             | StoreErrorKind::Changed
             | StoreErrorKind::Unsupported
+            | StoreErrorKind::InvalidName
             | StoreErrorKind::Config
     )
 }

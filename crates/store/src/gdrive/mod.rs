@@ -382,6 +382,7 @@ impl Store for GdriveStore {
             copy: true,
             prefix_dirs: false,
             max_key_len: None,
+            max_file_name_len: None,
             trims_whitespace: false,
             trims_segments: false,
             keeps_attrs: true,

@@ -34,6 +34,8 @@ pub struct MemStore {
     attrs: Arc<Mutex<AttrMap>>,
     /// Reported in [`Capabilities::max_key_len`] (not enforced).
     max_key_len: Option<usize>,
+    /// Reported in [`Capabilities::max_file_name_len`] (not enforced).
+    max_file_name_len: Option<usize>,
     /// Reported in [`Capabilities::trims_whitespace`] (keys are kept exactly).
     trims_whitespace: bool,
     /// Report no `read_if_match` and ignore `if_match`, as stores that cannot pin a read do.
@@ -73,6 +75,12 @@ impl MemStore {
         self
     }
 
+    /// Report a limit on new file names, as the local folder does.
+    pub fn with_max_file_name_len(mut self, bytes: usize) -> Self {
+        self.max_file_name_len = Some(bytes);
+        self
+    }
+
     /// Report a key length limit, as S3 and GCS stores do.
     pub fn with_max_key_len(mut self, bytes: usize) -> Self {
         self.max_key_len = Some(bytes);
@@ -109,6 +117,7 @@ impl Store for MemStore {
             copy: true,
             prefix_dirs: true,
             max_key_len: self.max_key_len,
+            max_file_name_len: self.max_file_name_len,
             trims_whitespace: self.trims_whitespace,
             trims_segments: false,
             keeps_attrs: true,
