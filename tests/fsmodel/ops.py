@@ -18,8 +18,11 @@ KiB, MiB = 1024, 1024 * 1024
 SLOTS = 8
 FILE_NAMES = ["f0", "f1", "f2", "f3", "f4", "f5"]
 DIR_NAMES = ["d0", "d1", "d2", "e0"]
-# unicode and whitespace at the ends (bucketfs must keep them exactly or refuse with EINVAL)
-ODD_NAMES = ["a ", " b", " c ", "ü.txt", "日本語", "sp ace", "dé"]
+# unicode and whitespace at the ends (bucketfs must keep them exactly or refuse with EINVAL);
+# "dé" twice (NFC, NFD: two names, two objects), and characters that URL encodings (S3's
+# "+" for a space, "%2F", "?", "#") or a path join (a backslash, a tab) could confuse
+ODD_NAMES = ["a ", " b", " c ", "ü.txt", "日本語", "sp ace", "dé", "de\u0301", "sp+ace",
+             "p%2Fq", "q?r#s", "x\\y", "t\tab"]
 ALL_NAMES = set(FILE_NAMES + DIR_NAMES + ODD_NAMES)
 ROOT_NAME = re.compile(r"^(w\d+|s\d+)$")  # worker and shrink-trial directories
 ACCEPT_RO_UNLINKED = (errno.ESTALE, errno.ENOENT)
