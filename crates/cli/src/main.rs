@@ -156,8 +156,9 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 1024, value_name = "MIB")]
     write_back_max_mib: u64,
     /// Write-back: seconds a closed file waits before its upload (a rewrite within it is
-    /// uploaded once).
-    #[arg(long, default_value_t = 2.0, value_name = "SECS")]
+    /// uploaded once; a file deleted within it is never uploaded). 5, as rclone's
+    /// `--vfs-write-back`.
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     write_back_delay: f64,
     /// Write-back: files uploaded in parallel.
     #[arg(long, default_value_t = 8)]

@@ -39,7 +39,7 @@ pub struct WriteBackConfig {
 
 impl Default for WriteBackConfig {
     fn default() -> Self {
-        Self { delay: Duration::from_secs(2), max_bytes: 1024 * 1024 * 1024, parallel: 8 }
+        Self { delay: Duration::from_secs(5), max_bytes: 1024 * 1024 * 1024, parallel: 8 }
     }
 }
 
