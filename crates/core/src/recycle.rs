@@ -22,7 +22,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// Spares kept per staging directory; more are deleted.
 const MAX_SPARES: usize = 256;
@@ -36,12 +36,14 @@ fn spare_dir(dir: &Path) -> Option<PathBuf> {
 }
 
 /// Run `f` on the pool of `dir` (the staging directory), adopting what an earlier process
-/// left at its first use.
+/// left at its first use, when the spare directory is made too (once: a spare directory
+/// removed later only makes recycling fall back to plain creates and deletes).
 fn with_pool<T>(dir: &Path, f: impl FnOnce(&mut Vec<PathBuf>) -> T) -> T {
     let mut pools = POOLS.lock().unwrap();
     let pool = pools.get_or_insert_with(HashMap::new).entry(dir.to_path_buf()).or_insert_with(|| {
         let mut found = Vec::new();
         if let Some(sd) = spare_dir(dir) {
+            let _ = std::fs::create_dir_all(&sd);
             for e in std::fs::read_dir(&sd).into_iter().flatten().flatten() {
                 if found.len() < MAX_SPARES {
                     found.push(e.path());
@@ -55,11 +57,11 @@ fn with_pool<T>(dir: &Path, f: impl FnOnce(&mut Vec<PathBuf>) -> T) -> T {
     f(pool)
 }
 
-/// A free name in `dir`'s spare directory (created if needed).
+/// A free name in `dir`'s spare directory (made by [`with_pool`], which callers use first).
 fn new_spare_name(dir: &Path) -> Option<PathBuf> {
-    let sd = spare_dir(dir)?;
-    std::fs::create_dir_all(&sd).ok()?;
-    Some(sd.join(format!("{:x}-{:x}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))))
+    static PID: OnceLock<u32> = OnceLock::new();
+    let pid = *PID.get_or_init(std::process::id);
+    Some(spare_dir(dir)?.join(format!("{pid:x}-{:x}", SEQ.fetch_add(1, Ordering::Relaxed))))
 }
 
 /// A new, empty file at `path` opened for reading and writing, from a spare if there is

@@ -64,6 +64,10 @@ pub struct Staged {
     /// The `<file>.open` marker exists: the bytes changed since the last commit point
     /// (close or fsync), so after a crash they are not a version anyone closed.
     open_marked: bool,
+    /// What the `.open` marker says now if it says "committed as of" a state (written by
+    /// [`Staged::mark_committed_as_is`]), so the same state is not written again at each
+    /// commit point (a close's flush and release both commit).
+    marked_as: Option<Stamp>,
     /// The key may hold an object written from these bytes' inode (it came from the store,
     /// or was uploaded here): a rename or unlink must delete it there.
     pub in_store: bool,
@@ -137,6 +141,7 @@ impl Staged {
             eager: None,
             budget,
             open_marked: false,
+            marked_as: None,
             in_store: true,
             replaces: false,
             create_only: false,
@@ -203,6 +208,7 @@ impl Staged {
         let _ = crate::recycle::remove(&self.key_path());
         let _ = crate::recycle::remove(&self.open_path());
         self.open_marked = false;
+        self.marked_as = None;
     }
 
     /// When the sidecar naming the key was last written.
@@ -239,6 +245,7 @@ impl Staged {
         if !self.open_marked {
             crate::recycle::write(&self.open_path(), b"").map_err(local)?;
             self.open_marked = true;
+            self.marked_as = None;
         }
         Ok(())
     }
@@ -253,6 +260,7 @@ impl Staged {
         if self.open_marked {
             crate::recycle::remove(&self.open_path()).map_err(local)?;
             self.open_marked = false;
+            self.marked_as = None;
         }
         Ok(())
     }
@@ -270,8 +278,11 @@ impl Staged {
             None => Stamp::of(&self.file)?,
         };
         self.seen = Some(now);
-        crate::recycle::write(&self.open_path(), now.marker().as_bytes()).map_err(local)?;
-        self.open_marked = false;
+        if self.open_marked || self.marked_as != Some(now) {
+            crate::recycle::write(&self.open_path(), now.marker().as_bytes()).map_err(local)?;
+            self.open_marked = false;
+            self.marked_as = Some(now);
+        }
         Ok(())
     }
 
@@ -610,6 +621,7 @@ impl Staged {
             if self.open_marked {
                 let _ = crate::recycle::remove(&self.open_path());
                 self.open_marked = false;
+                self.marked_as = None;
             }
         }
         Ok(meta)
