@@ -25,7 +25,7 @@ import re
 import shlex
 import sys
 
-from .util import (CmdError, CpuMeter, MemSampler, drop_caches, error, log, na,
+from .util import (CmdError, CpuMeter, MemSampler, drop_caches, error, log, na, wait_idle,
                    pids_by_comm, run, summarize, timed)
 
 RO = "n/a (read-only)"
@@ -246,6 +246,11 @@ class Reads(Experiment):
                         if (phase == "first" and s == max(ctx.read_sizes)
                                 or phase != "first" and s == CACHED_MB):
                             meter = CpuMeter(cpu_groups(system.pid()))
+                        if meter and phase != "first" and system.pid():
+                            # a cached read's own cost: not the work still running from
+                            # the first read (building the file passthrough serves)
+                            if not wait_idle(system.pid()):
+                                log("%s: still busy 20 s after the first read" % system.name)
                         if phase == "dropped":
                             drop_caches()
                         mbps, ok = self._read(ctx, os.path.join(system.root, rel), s,

@@ -129,5 +129,7 @@ def goals_table(doc):
             "\"after the page cache is dropped\" from the mount's own cache (native: from its "
             "disk). fio's write phase is the time in its write calls before the final fsync; "
             "CPU per GB is utime+stime of the file system's process (/proc/PID/stat) around "
-            "the read, over the GB read." % (ON, OFF), "",
+            "the read, over the GB read, the read starting once that process is idle (work "
+            "it does in the background after the first read, such as building the file it "
+            "passes through to, is not a cached read's cost)." % (ON, OFF), "",
             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + rows + [""]

@@ -319,6 +319,20 @@ def port_free(port):
         s.close()
 
 
+def wait_idle(pid, quiet=0.5, timeout=20.0):
+    """Wait until process `pid` used under 10 ms of CPU in `quiet` seconds (its background
+    work done), at most `timeout` seconds; whether it went idle."""
+    end = time.monotonic() + timeout
+    before = proc_cpu(pid)
+    while before is not None and time.monotonic() < end:
+        time.sleep(quiet)
+        now = proc_cpu(pid)
+        if now is None or now - before < 0.01:
+            return True
+        before = now
+    return before is None
+
+
 def wait_for(pred, timeout, interval=0.1):
     """Poll `pred` until it returns truthy or `timeout` seconds pass."""
     end = time.monotonic() + timeout
