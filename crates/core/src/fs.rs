@@ -33,19 +33,11 @@ use crate::read::{FileReader, ReadCache};
 use crate::write::SharedStaged;
 use crate::{names, FsError};
 
-pub use crate::inode::ROOT_INO;
+pub use crate::inode::{Kind, ROOT_INO};
 
 /// A directory whose last listing held at most this many entries (one page of an S3 LIST)
 /// is listed again to answer a lookup or a `stat` past the TTL (see `Fs::find_child`).
 const RELIST_MAX: usize = 1000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    File,
-    Dir,
-    /// A symbolic link (see [`crate::links`]).
-    Symlink,
-}
 
 /// Attributes as the kernel sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,9 +22,18 @@ use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
 use crate::clock::Clock;
-use crate::fs::Kind;
+use crate::names::LINK_SUFFIX;
 
 pub const ROOT_INO: u64 = 1;
+
+/// What a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    /// A symbolic link (see [`crate::links`]).
+    Symlink,
+}
 
 /// What we know of one file or directory.
 #[derive(Debug, Clone)]
@@ -591,7 +600,7 @@ pub fn key_for(parent_key: &str, name: &str, kind: Kind) -> String {
     match kind {
         Kind::Dir => format!("{parent_key}{name}/"),
         Kind::File => format!("{parent_key}{name}"),
-        Kind::Symlink => format!("{parent_key}{name}{}", crate::links::LINK_SUFFIX),
+        Kind::Symlink => format!("{parent_key}{name}{LINK_SUFFIX}"),
     }
 }
 

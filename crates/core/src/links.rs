@@ -7,12 +7,9 @@ use std::collections::HashMap;
 
 use bucketfs_store::{GetOpts, PutOpts, StoreExt};
 
-use crate::fs::Kind;
-use crate::inode::ChildMeta;
+use crate::inode::{ChildMeta, Kind};
 use crate::names;
-
-/// The key suffix that marks a link object.
-pub const LINK_SUFFIX: &str = ".rclonelink";
+pub use crate::names::LINK_SUFFIX;
 
 /// Longest target accepted (Linux's PATH_MAX less the terminating NUL).
 pub const TARGET_MAX: usize = 4095;

@@ -8,6 +8,9 @@
 /// Longest file name Linux accepts (NAME_MAX).
 pub const NAME_MAX: usize = 255;
 
+/// The key suffix that marks a symbolic link object (rclone's convention: [`crate::links`]).
+pub const LINK_SUFFIX: &str = ".rclonelink";
+
 /// Whether one key segment may be shown as a file name.
 pub fn valid_segment(seg: &str) -> bool {
     !seg.is_empty() && seg != "." && seg != ".." && !seg.contains('\0') && seg.len() <= NAME_MAX
