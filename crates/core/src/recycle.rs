@@ -89,6 +89,22 @@ pub(crate) fn create(path: &Path) -> std::io::Result<File> {
     File::options().read(true).write(true).create_new(true).open(path)
 }
 
+/// An empty file at `path` opened for writing, from a spare if there is one, replacing
+/// whatever `path` held (a temporary a crash left is ours to overwrite). One rename, where
+/// [`create`] needs a link and an unlink to refuse an existing `path`.
+fn create_over(path: &Path) -> std::io::Result<File> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    while let Some(spare) = with_pool(dir, |p| p.pop()) {
+        if std::fs::rename(&spare, path).is_ok() {
+            let f = File::options().write(true).open(path)?;
+            f.set_len(0)?;
+            return Ok(f);
+        }
+        let _ = std::fs::remove_file(&spare); // gone or unusable: try the next
+    }
+    File::create(path)
+}
+
 /// Write `data` as the whole of `path`, replacing it atomically: a reader (crash recovery)
 /// sees the old bytes or the new, never a mix. The file replaced becomes a spare.
 pub(crate) fn write(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -96,14 +112,7 @@ pub(crate) fn write(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    let mut f = match create(&tmp) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            // Left by a crash mid-write: ours to overwrite.
-            File::options().write(true).truncate(true).open(&tmp)?
-        }
-        Err(e) => return Err(e),
-    };
+    let mut f = create_over(&tmp)?;
     f.write_all(data)?;
     drop(f);
     // Keep the inode being replaced under a spare name, so the rename frees nothing.
@@ -210,6 +219,11 @@ mod tests {
         assert_eq!(std::fs::read(&c).unwrap(), b"k", "a reused spare keeps none of its old bytes");
         assert!(!dir.join("2.key.tmp").exists());
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "only the two sidecars in the staging dir");
+        // A temporary a crash left behind is written over.
+        std::fs::write(dir.join("3.key.tmp"), b"torn and longer").unwrap();
+        write(&c, b"k2").unwrap();
+        assert_eq!(std::fs::read(&c).unwrap(), b"k2");
+        assert!(!dir.join("3.key.tmp").exists());
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_dir_all(spare_dir(&dir).unwrap());
     }
