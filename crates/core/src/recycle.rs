@@ -142,12 +142,22 @@ pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
     std::fs::remove_file(path)
 }
 
-/// A staged data file no longer needed: emptied and kept as a spare if `exclusive` (no
-/// other open file description can still use it: see [`lease_granted`]), else deleted
-/// (a process may map it). A file moved away meanwhile (into the disk cache) is left alone.
+/// Spares up to this size keep their stale bytes (the next use empties them): emptying a
+/// small file costs a metadata change for little disk (256 spares hold 16 MiB at most).
+const KEEP_BYTES_MAX: u64 = 64 * 1024;
+
+/// A staged data file no longer needed: kept as a spare if `exclusive` (no other open file
+/// description can still use it: see [`lease_granted`]), emptied first unless it is small,
+/// else deleted (a process may map it). A file moved away meanwhile (into the disk cache)
+/// is left alone.
 pub(crate) fn remove_data(path: &Path, exclusive: bool) {
     if !exclusive {
         let _ = std::fs::remove_file(path);
+        return;
+    }
+    let Ok(meta) = std::fs::metadata(path) else { return };
+    if meta.len() <= KEEP_BYTES_MAX {
+        let _ = remove(path);
         return;
     }
     let Ok(f) = File::options().write(true).open(path) else { return };

@@ -68,6 +68,8 @@ pub struct Staged {
     /// [`Staged::mark_committed_as_is`]), so the same state is not written again at each
     /// commit point (a close's flush and release both commit).
     marked_as: Option<Stamp>,
+    /// [`Staged::drop_key`] removed the sidecars: nothing left to remove at drop.
+    sidecars_dropped: bool,
     /// The key may hold an object written from these bytes' inode (it came from the store,
     /// or was uploaded here): a rename or unlink must delete it there.
     pub in_store: bool,
@@ -142,6 +144,7 @@ impl Staged {
             budget,
             open_marked: false,
             marked_as: None,
+            sidecars_dropped: false,
             in_store: true,
             replaces: false,
             create_only: false,
@@ -198,6 +201,7 @@ impl Staged {
             self.mark_open()?;
         }
         crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
+        self.sidecars_dropped = false;
         self.key = Some(key.to_string());
         Ok(())
     }
@@ -209,6 +213,7 @@ impl Staged {
         let _ = crate::recycle::remove(&self.open_path());
         self.open_marked = false;
         self.marked_as = None;
+        self.sidecars_dropped = true;
     }
 
     /// When the sidecar naming the key was last written.
@@ -246,6 +251,7 @@ impl Staged {
             crate::recycle::write(&self.open_path(), b"").map_err(local)?;
             self.open_marked = true;
             self.marked_as = None;
+            self.sidecars_dropped = false;
         }
         Ok(())
     }
@@ -282,6 +288,7 @@ impl Staged {
             crate::recycle::write(&self.open_path(), now.marker().as_bytes()).map_err(local)?;
             self.open_marked = false;
             self.marked_as = Some(now);
+            self.sidecars_dropped = false;
         }
         Ok(())
     }
@@ -657,8 +664,10 @@ impl Drop for Staged {
             tracing::warn!(path = %self.path.display(), key = ?self.key, "staged data kept for the next mount");
             return;
         }
-        let _ = crate::recycle::remove(&self.key_path());
-        let _ = crate::recycle::remove(&self.open_path());
+        if !self.sidecars_dropped {
+            let _ = crate::recycle::remove(&self.key_path());
+            let _ = crate::recycle::remove(&self.open_path());
+        }
         // Handed to the kernel (passthrough): recycled only if no other description of
         // it is left (a process's mapping may still hold the kernel's).
         let exclusive = self.seen.is_none() || crate::recycle::lease_granted(&self.file);
