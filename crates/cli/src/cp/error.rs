@@ -118,6 +118,7 @@ impl CpError {
     /// A store's error `e`, with message `msg` (which says what failed, usually naming `e`),
     /// classified by its kind.
     pub fn store(msg: String, e: &StoreError) -> Self {
+        let msg = format!("{msg}{}", hint(e));
         match e.kind {
             StoreErrorKind::NotFound => CpError::NotFound(msg),
             StoreErrorKind::PermissionDenied => CpError::Permission(msg),
@@ -138,6 +139,21 @@ impl CpError {
             Some(e) if errors.iter().all(|x| Some(x.exit_code()) == code) => e.with_message(msg),
             _ => CpError::Failed(msg),
         }
+    }
+}
+
+/// What to do about a store error whose cause the store named (a missing bucket, refused
+/// credentials), appended to its message; empty otherwise.
+fn hint(e: &StoreError) -> &'static str {
+    let said = |codes: &[&str]| codes.iter().any(|c| e.message.contains(c));
+    // A listing finds no prefix empty, never missing: only its bucket can be.
+    let missing_list = e.kind == StoreErrorKind::NotFound && e.message.starts_with("list ");
+    if missing_list || said(&["NoSuchBucket", "The specified bucket does not exist"]) {
+        "; check the bucket's name, or create the bucket"
+    } else if said(&["SignatureDoesNotMatch", "InvalidAccessKeyId"]) {
+        "; check the credentials (S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or --profile)"
+    } else {
+        ""
     }
 }
 
@@ -219,6 +235,14 @@ mod tests {
         assert_eq!(st(StoreErrorKind::PermissionDenied), 4);
         assert_eq!(st(StoreErrorKind::Changed), 5);
         assert_eq!(st(StoreErrorKind::Other), 1);
+        // What the store named gets a hint the user can act on; the kind is kept.
+        let e = StoreError::new(StoreErrorKind::NotFound, "list \"k/\": ConfigInvalid (NoSuchBucket: gone)");
+        let got = CpError::store("s3://b/k".into(), &e);
+        assert_eq!(got.exit_code(), 3);
+        assert!(got.to_string().ends_with("check the bucket's name, or create the bucket"), "{got}");
+        let e = StoreError::new(StoreErrorKind::PermissionDenied, "PermissionDenied (SignatureDoesNotMatch: no)");
+        assert!(CpError::store("m".into(), &e).to_string().contains("AWS_SECRET_ACCESS_KEY"));
+        assert_eq!(CpError::store("m".into(), &StoreError::new(StoreErrorKind::Other, "x")).to_string(), "m");
     }
 
     #[test]
