@@ -564,7 +564,7 @@ impl Fs {
                 self.linger(file.ino, staged.clone());
             } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
                 // The version just uploaded stays on disk for reading back (passthrough.rs).
-                self.keep_as_whole(file.ino, &st).await;
+                self.keep_as_whole(file.ino, &mut st).await;
                 // Under the staged lock: an open racing this re-checks the map (`stage`).
                 self.unstage(file.ino);
             }

@@ -275,7 +275,7 @@ impl Fs {
     /// reading back what was just written passes through to it, with no download. Only
     /// with passthrough on, and where an ETag names the version (size and mtime could name
     /// an older one). The caller holds the staged lock and drops the staged file next.
-    pub(crate) async fn keep_as_whole(&self, ino: u64, st: &crate::write::Staged) {
+    pub(crate) async fn keep_as_whole(&self, ino: u64, st: &mut crate::write::Staged) {
         if !self.passthrough.on.load(Relaxed) {
             return;
         }
@@ -291,7 +291,9 @@ impl Fs {
         let Some(path) = st.as_uploaded() else { return };
         let (key, size) = (node.key.clone(), node.size);
         let given = crate::sync::blocking(move || disk.give_whole(&key, &identity, size, &path)).await;
-        if given != Some(true) {
+        if given == Some(true) {
+            st.given_away();
+        } else {
             tracing::debug!(ino, "staged file not kept as a whole-object file");
         }
     }

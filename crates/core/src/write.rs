@@ -70,6 +70,9 @@ pub struct Staged {
     marked_as: Option<Stamp>,
     /// [`Staged::drop_key`] removed the sidecars: nothing left to remove at drop.
     sidecars_dropped: bool,
+    /// The disk cache took the file over ([`Staged::given_away`]): its inode is the cache's
+    /// (and a later staged file of the same node may adopt and rewrite it).
+    given: bool,
     /// The key may hold an object written from these bytes' inode (it came from the store,
     /// or was uploaded here): a rename or unlink must delete it there.
     pub in_store: bool,
@@ -145,6 +148,7 @@ impl Staged {
             open_marked: false,
             marked_as: None,
             sidecars_dropped: false,
+            given: false,
             in_store: true,
             replaces: false,
             create_only: false,
@@ -345,7 +349,7 @@ impl Staged {
     /// or mtime moved since last seen, it is dirty and its size is the file's. Returns
     /// whether it changed. Free for files never watched.
     pub fn observe(&mut self) -> Result<bool, FsError> {
-        let Some(seen) = self.seen else { return Ok(false) };
+        let Some(seen) = self.seen.filter(|_| !self.given) else { return Ok(false) };
         let now = Stamp::of(&self.file)?;
         if now == seen {
             return Ok(false);
@@ -361,6 +365,14 @@ impl Staged {
     /// Whether the bytes are a committed version (no change since the last commit point).
     pub fn committed(&self) -> bool {
         !self.open_marked
+    }
+
+    /// The disk cache took the file (the path [`Staged::as_uploaded`] gave) over: from now on
+    /// this staged file is inert. A handle still holding it must not see the cache's file (or
+    /// a later staged file that adopted and rewrote it) as a change of its own, nor keep it
+    /// at drop as unsent data (it was: sidecars left behind, concurrency test).
+    pub fn given_away(&mut self) {
+        self.given = true;
     }
 
     /// Its path, if its bytes are exactly the version last uploaded (clean, in the bucket,
@@ -652,6 +664,11 @@ impl Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         self.eager_abandon();
+        if self.given {
+            let _ = crate::recycle::remove(&self.key_path());
+            let _ = crate::recycle::remove(&self.open_path());
+            return;
+        }
         if self.dirty && !self.unlinked && self.create_only {
             // Recovery uploads unconditionally: never over another writer's object.
             if let (Some(dir), Some(key)) = (self.path.parent(), self.key.clone()) {

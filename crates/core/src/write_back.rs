@@ -304,7 +304,7 @@ impl Fs {
         let lingering = self.passthrough.lingering.lock().unwrap().contains(&ino);
         if st.handles == 0 && (!st.dirty || st.unlinked) && !lingering {
             if !st.unlinked && self.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
-                self.keep_as_whole(ino, &st).await; // for reading back (passthrough.rs)
+                self.keep_as_whole(ino, &mut st).await; // for reading back (passthrough.rs)
             }
             self.unstage_this(ino, &staged);
         }
