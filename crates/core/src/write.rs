@@ -68,8 +68,6 @@ pub struct Staged {
     /// [`Staged::mark_committed_as_is`]), so the same state is not written again at each
     /// commit point (a close's flush and release both commit).
     marked_as: Option<Stamp>,
-    /// [`Staged::drop_key`] removed the sidecars: nothing left to remove at drop.
-    sidecars_dropped: bool,
     /// The disk cache took the file over ([`Staged::given_away`]): its inode is the cache's
     /// (and a later staged file of the same node may adopt and rewrite it).
     given: bool,
@@ -147,7 +145,6 @@ impl Staged {
             budget,
             open_marked: false,
             marked_as: None,
-            sidecars_dropped: false,
             given: false,
             in_store: true,
             replaces: false,
@@ -205,7 +202,6 @@ impl Staged {
             self.mark_open()?;
         }
         crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
-        self.sidecars_dropped = false;
         self.key = Some(key.to_string());
         Ok(())
     }
@@ -217,7 +213,6 @@ impl Staged {
         let _ = crate::recycle::remove(&self.open_path());
         self.open_marked = false;
         self.marked_as = None;
-        self.sidecars_dropped = true;
     }
 
     /// When the sidecar naming the key was last written.
@@ -255,7 +250,6 @@ impl Staged {
             crate::recycle::write(&self.open_path(), b"").map_err(local)?;
             self.open_marked = true;
             self.marked_as = None;
-            self.sidecars_dropped = false;
         }
         Ok(())
     }
@@ -292,7 +286,6 @@ impl Staged {
             crate::recycle::write(&self.open_path(), now.marker().as_bytes()).map_err(local)?;
             self.open_marked = false;
             self.marked_as = Some(now);
-            self.sidecars_dropped = false;
         }
         Ok(())
     }
@@ -681,10 +674,8 @@ impl Drop for Staged {
             tracing::warn!(path = %self.path.display(), key = ?self.key, "staged data kept for the next mount");
             return;
         }
-        if !self.sidecars_dropped {
-            let _ = crate::recycle::remove(&self.key_path());
-            let _ = crate::recycle::remove(&self.open_path());
-        }
+        let _ = crate::recycle::remove(&self.key_path());
+        let _ = crate::recycle::remove(&self.open_path());
         // Handed to the kernel (passthrough): recycled only if no other description of
         // it is left (a process's mapping may still hold the kernel's).
         let exclusive = self.seen.is_none() || crate::recycle::lease_granted(&self.file);
