@@ -88,7 +88,7 @@ impl Fs {
         self.wb.forget(ino);
         if st.handles == 0 {
             // Removed under the staged lock: `stage` re-checks the map after taking it.
-            self.unstage(ino);
+            self.unstage_this(ino, &staged);
         }
     }
 
@@ -549,6 +549,11 @@ impl Fs {
         self.prepare_backing(&file);
         if let Some(staged) = self.staged_of(file.ino) {
             let mut st = staged.lock().await;
+            if !self.staged_of(file.ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+                // Dropped by another handle's release while we waited (a newer staged
+                // file of the node may be in the map now: not ours to drop).
+                return result;
+            }
             if let Err(e) = self.observe(file.ino, &mut st) {
                 tracing::warn!(ino = file.ino, "cannot check the staged file: {e}");
             }
@@ -566,7 +571,7 @@ impl Fs {
                 // The version just uploaded stays on disk for reading back (passthrough.rs).
                 self.keep_as_whole(file.ino, &mut st).await;
                 // Under the staged lock: an open racing this re-checks the map (`stage`).
-                self.unstage(file.ino);
+                self.unstage_this(file.ino, &staged);
             }
         }
         result
@@ -640,7 +645,7 @@ impl Fs {
             return false;
         }
         if !st.dirty {
-            self.unstage(ino);
+            self.unstage_this(ino, staged);
         }
         true // a queued version: the queue drops the staged file after its upload
     }
