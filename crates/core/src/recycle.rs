@@ -13,13 +13,16 @@
 //! file description can use it (the kernel's, for passthrough, may outlive every handle
 //! in a process's mapping: then it is deleted).
 //!
-//! Spares are named by a counter, in `.<staging dir name>.spare/` next to the staging
-//! directory; they hold stale bytes, and every use writes them over. A crash leaves them
-//! there: the next process takes them over.
+//! Spares are named by process and a counter, in `.<staging dir name>.spare/` next to the
+//! staging directory; a sidecar's spare holds its stale bytes, which every use writes over
+//! (a data file is emptied first: a deleted file's bytes do not linger). A crash leaves them
+//! there: the next process takes over those with no other name (a crash inside [`write`]
+//! leaves a spare that is also a live sidecar: reusing it would empty that sidecar).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -45,7 +48,9 @@ fn with_pool<T>(dir: &Path, f: impl FnOnce(&mut Vec<PathBuf>) -> T) -> T {
         if let Some(sd) = spare_dir(dir) {
             let _ = std::fs::create_dir_all(&sd);
             for e in std::fs::read_dir(&sd).into_iter().flatten().flatten() {
-                if found.len() < MAX_SPARES {
+                // A spare with another name is a live sidecar too: only this name goes.
+                let single = std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_file() && m.nlink() == 1);
+                if single && found.len() < MAX_SPARES {
                     found.push(e.path());
                 } else {
                     let _ = std::fs::remove_file(e.path());
@@ -57,11 +62,16 @@ fn with_pool<T>(dir: &Path, f: impl FnOnce(&mut Vec<PathBuf>) -> T) -> T {
     f(pool)
 }
 
-/// A free name in `dir`'s spare directory (made by [`with_pool`], which callers use first).
+/// A free name in `dir`'s spare directory (made by [`with_pool`], which callers use first):
+/// the process id and start time, so a later process with the same id never renames a
+/// spare over one it adopted (the pool would then list one inode twice, for two files).
 fn new_spare_name(dir: &Path) -> Option<PathBuf> {
-    static PID: OnceLock<u32> = OnceLock::new();
-    let pid = *PID.get_or_init(std::process::id);
-    Some(spare_dir(dir)?.join(format!("{pid:x}-{:x}", SEQ.fetch_add(1, Ordering::Relaxed))))
+    static ME: OnceLock<String> = OnceLock::new();
+    let me = ME.get_or_init(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos());
+        format!("{:x}-{:x}", std::process::id(), t.unwrap_or(0))
+    });
+    Some(spare_dir(dir)?.join(format!("{me}-{:x}", SEQ.fetch_add(1, Ordering::Relaxed))))
 }
 
 /// A new, empty file at `path` opened for reading and writing, from a spare if there is
@@ -142,30 +152,23 @@ pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
     std::fs::remove_file(path)
 }
 
-/// Spares up to this size keep their stale bytes (the next use empties them): emptying a
-/// small file costs a metadata change for little disk (256 spares hold 16 MiB at most).
-const KEEP_BYTES_MAX: u64 = 64 * 1024;
-
-/// A staged data file no longer needed: kept as a spare if `exclusive` (no other open file
-/// description can still use it: see [`lease_granted`]), emptied first unless it is small,
-/// else deleted (a process may map it). A file moved away meanwhile (into the disk cache)
-/// is left alone.
-pub(crate) fn remove_data(path: &Path, exclusive: bool) {
+/// A staged data file no longer needed (`file`, open for writing, is it): kept as a spare,
+/// emptied through `file` (no deleted file's bytes left in a spare), if `exclusive` (no
+/// other open file description can still use it: see [`lease_granted`]), else deleted (a
+/// process may map it). A file moved away meanwhile (into the disk cache) is left alone.
+pub(crate) fn remove_data(path: &Path, file: &File, exclusive: bool) {
     if !exclusive {
         let _ = std::fs::remove_file(path);
         return;
     }
-    let Ok(meta) = std::fs::metadata(path) else { return };
-    if meta.len() <= KEEP_BYTES_MAX {
-        let _ = remove(path);
-        return;
+    let (Ok(named), Ok(ours)) = (std::fs::metadata(path), file.metadata()) else { return };
+    if (named.dev(), named.ino()) != (ours.dev(), ours.ino()) {
+        return; // the name is another file's now
     }
-    let Ok(f) = File::options().write(true).open(path) else { return };
-    if f.set_len(0).is_err() {
+    if ours.len() > 0 && file.set_len(0).is_err() {
         let _ = std::fs::remove_file(path);
         return;
     }
-    drop(f);
     let _ = remove(path);
 }
 
@@ -204,7 +207,7 @@ fn keep(dir: &Path, spare: PathBuf) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::FileExt;
 
     #[test]
     fn sidecars_are_written_whole_and_their_inodes_come_back() {
@@ -236,5 +239,44 @@ mod tests {
         assert!(!dir.join("3.key.tmp").exists());
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_dir_all(spare_dir(&dir).unwrap());
+    }
+
+    /// A crash inside `write` leaves a spare that is also a live sidecar (a hard link): the
+    /// next process must not adopt it (reusing it emptied the sidecar that names the key of
+    /// data still to upload). A data file's spare holds none of the deleted file's bytes.
+    #[test]
+    fn a_spare_linked_to_a_live_sidecar_is_not_reused_and_data_spares_are_empty() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-recycle-crash-{}", std::process::id()));
+        let sd = spare_dir(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&sd);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&sd).unwrap();
+        let live = dir.join("1.key");
+        std::fs::write(&live, b"dirty/file").unwrap();
+        std::fs::hard_link(&live, sd.join("1-0")).unwrap(); // the crash's leftover
+        std::fs::write(sd.join("1-1"), b"stale").unwrap(); // an ordinary spare
+        for n in ["2.key", "3.key"] {
+            write(&dir.join(n), b"k").unwrap();
+        }
+        assert_eq!(std::fs::read(&live).unwrap(), b"dirty/file", "the live sidecar kept its bytes");
+        assert!(!sd.join("1-0").exists(), "the linked spare's name is dropped");
+        // A data file recycled is emptied through its own descriptor.
+        let data = dir.join("4.data");
+        let f = create(&data).unwrap();
+        f.write_all_at(b"secret bytes of a deleted file", 0).unwrap();
+        remove_data(&data, &f, true);
+        drop(f);
+        assert!(!data.exists());
+        for e in std::fs::read_dir(&sd).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            if m.nlink() == 1 && std::fs::read(e.path()).unwrap() == b"" {
+                continue;
+            }
+            // Only sidecars' spares may hold bytes: never the data file's.
+            assert_ne!(std::fs::read(e.path()).unwrap(), b"secret bytes of a deleted file");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&sd);
     }
 }

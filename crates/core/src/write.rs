@@ -71,6 +71,9 @@ pub struct Staged {
     /// The disk cache took the file over ([`Staged::given_away`]): its inode is the cache's
     /// (and a later staged file of the same node may adopt and rewrite it).
     given: bool,
+    /// Its inode was the disk cache's ([`Staged::adopt`]): readers of that file may still
+    /// hold it open, so it is recycled only if a lease says none does.
+    adopted: bool,
     /// The key may hold an object written from these bytes' inode (it came from the store,
     /// or was uploaded here): a rename or unlink must delete it there.
     pub in_store: bool,
@@ -146,6 +149,7 @@ impl Staged {
             open_marked: false,
             marked_as: None,
             given: false,
+            adopted: false,
             in_store: true,
             replaces: false,
             create_only: false,
@@ -161,6 +165,7 @@ impl Staged {
         if !take(&self.path) {
             return Ok(false);
         }
+        self.adopted = true;
         self.file = std::fs::OpenOptions::new().read(true).write(true).open(&self.path).map_err(local)?;
         self.size = size;
         Ok(true)
@@ -678,8 +683,9 @@ impl Drop for Staged {
         let _ = crate::recycle::remove(&self.open_path());
         // Handed to the kernel (passthrough): recycled only if no other description of
         // it is left (a process's mapping may still hold the kernel's).
-        let exclusive = self.seen.is_none() || crate::recycle::lease_granted(&self.file);
-        crate::recycle::remove_data(&self.path, exclusive);
+        // So may readers of a disk-cache file this one took over (`adopt`).
+        let exclusive = (self.seen.is_none() && !self.adopted) || crate::recycle::lease_granted(&self.file);
+        crate::recycle::remove_data(&self.path, &self.file, exclusive);
     }
 }
 
@@ -749,6 +755,7 @@ pub async fn recover(
             Ok(_) => {
                 let _ = std::fs::remove_file(&key_file);
                 let _ = std::fs::remove_file(&data);
+                let _ = std::fs::remove_file(data.with_extension("open"));
                 done.push(key);
             }
             Err(e) => {
@@ -757,7 +764,25 @@ pub async fn recover(
             }
         }
     }
+    sweep_orphans(dir);
     (done, failed)
+}
+
+/// Remove what a crash left beside no staged data: a sidecar whose data file went (the
+/// disk cache took it, or it was removed) and a sidecar's temporary. Before serving only.
+fn sweep_orphans(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        let orphan = match p.extension().and_then(|x| x.to_str()) {
+            Some("tmp") => true,
+            Some("key" | "open") => !p.with_extension("data").exists(),
+            _ => false,
+        };
+        if orphan && e.file_type().is_ok_and(|t| t.is_file()) {
+            tracing::debug!(path = %p.display(), "left by a crash beside no staged data: removed");
+            let _ = std::fs::remove_file(&p);
+        }
+    }
 }
 
 /// Whether staged file `data` holds a committed version: no `.open` marker, or one that
