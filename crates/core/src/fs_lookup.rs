@@ -12,26 +12,10 @@ use crate::{names, FsError};
 impl Fs {
     /// Look `name` up in `parent`; the kernel holds one more reference on success.
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
-        names::check_lookup_name(name)?;
+        if let Some(answer) = self.lookup_now(parent, name) {
+            return answer;
+        }
         let dir = self.node(parent)?;
-        if dir.kind != Kind::Dir {
-            return Err(FsError::NotDir);
-        }
-        // A key the store cannot hold (S3, GCS: 1,024 bytes) cannot exist: ENAMETOOLONG, and
-        // a create or mkdir of it fails so before any request (the kernel looks up first).
-        if self.store.capabilities().max_key_len.is_some_and(|max| dir.key.len() + name.len() > max) {
-            return Err(FsError::NameTooLong);
-        }
-        let local = {
-            let t = self.table.lock().unwrap();
-            t.child(parent, name).filter(|n| self.is_staged(n.ino)).map(|n| n.ino)
-        };
-        if let Some(ino) = local {
-            // Created or written here and maybe not uploaded yet: the local state is the truth.
-            let mut t = self.table.lock().unwrap();
-            t.remember(ino);
-            return Ok(self.attr(t.get(ino).expect("indexed")));
-        }
         let since = self.table.lock().unwrap().change_seq();
         let mut found = self.find_child(&dir, name).await?;
         if self.table.lock().unwrap().changed_at(parent) > since {
@@ -45,6 +29,40 @@ impl Fs {
         let ino = t.upsert(parent, &meta);
         t.remember(ino);
         Ok(self.attr(t.get(ino).expect("just inserted")))
+    }
+
+    /// [`Fs::lookup`] where no request is needed (a bad name, a file staged here, a name a
+    /// fresh listing answers), at once: the adapter replies on the thread that got the
+    /// request. `None`: the store must be asked (run [`Fs::lookup`]).
+    pub fn lookup_now(&self, parent: u64, name: &str) -> Option<Result<Attr, FsError>> {
+        if let Err(e) = names::check_lookup_name(name) {
+            return Some(Err(e));
+        }
+        let dir = match self.node(parent) {
+            Ok(dir) => dir,
+            Err(e) => return Some(Err(e)),
+        };
+        if dir.kind != Kind::Dir {
+            return Some(Err(FsError::NotDir));
+        }
+        // A key the store cannot hold (S3, GCS: 1,024 bytes) cannot exist: ENAMETOOLONG, and
+        // a create or mkdir of it fails so before any request (the kernel looks up first).
+        if self.store.capabilities().max_key_len.is_some_and(|max| dir.key.len() + name.len() > max) {
+            return Some(Err(FsError::NameTooLong));
+        }
+        {
+            // Created or written here and maybe not uploaded yet: the local state is the truth.
+            let mut t = self.table.lock().unwrap();
+            if let Some(ino) = t.child(parent, name).filter(|n| self.is_staged(n.ino)).map(|n| n.ino) {
+                t.remember(ino);
+                return Some(Ok(self.attr(t.get(ino).expect("indexed"))));
+            }
+        }
+        let Some(meta) = self.listed_child(parent, name)? else { return Some(Err(FsError::NotFound)) };
+        let mut t = self.table.lock().unwrap();
+        let ino = t.upsert(parent, &meta);
+        t.remember(ino);
+        Some(Ok(self.attr(t.get(ino).expect("just inserted"))))
     }
 
     /// `name` in directory `dir` as the store has it (`None`: absent), from the cheapest

@@ -83,12 +83,17 @@ impl Fs {
     pub(crate) async fn discard_staged(&self, ino: u64) {
         let Some(staged) = self.staged_of(ino) else { return };
         let mut st = staged.lock().await;
+        self.discard_locked(ino, &staged, &mut st);
+    }
+
+    /// [`Fs::discard_staged`] with the staged file locked.
+    fn discard_locked(&self, ino: u64, staged: &SharedStaged, st: &mut Staged) {
         st.unlinked = true;
         st.drop_key();
         self.wb.forget(ino);
         if st.handles == 0 {
             // Removed under the staged lock: `stage` re-checks the map after taking it.
-            self.unstage_this(ino, &staged);
+            self.unstage_this(ino, staged);
         }
     }
 
@@ -745,6 +750,24 @@ impl Fs {
         let n = t.get_mut(ino).expect("just inserted");
         n.perm = mode.or(n.perm);
         Ok(self.attr(n))
+    }
+
+    /// [`Fs::unlink`] of a file created here and never uploaded (nothing to ask the store:
+    /// a build's or a clone's temporary files), at once, if no lock is held; `None`: run
+    /// [`Fs::unlink`]. The adapter replies on the thread that got the request.
+    pub fn unlink_now(&self, parent: u64, name: &str) -> Option<Result<(), FsError>> {
+        let node = self.table.lock().unwrap().child(parent, name).cloned()?;
+        let staged = self.staged_of(node.ino)?;
+        // The gate before the staged lock, as in `unlink`.
+        let _gate = self.wb.gate.try_write().ok()?;
+        let mut st = staged.try_lock().ok()?;
+        if st.in_store || st.replaces {
+            return None; // the bucket may hold it: a DELETE (or a deferred one) is due
+        }
+        self.discard_locked(node.ino, &staged, &mut st);
+        drop(st);
+        self.table.lock().unwrap().listing_remove(parent, name);
+        Some(Ok(()))
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {

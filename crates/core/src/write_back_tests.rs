@@ -517,3 +517,37 @@ async fn a_reader_open_before_a_queued_change_reads_the_change() {
     assert!(fs.sync_write_back().await.is_empty());
     assert!(keys(mem.as_ref()).await.is_empty());
 }
+
+/// A file created and deleted before its upload (a build's temporary) is unlinked at once
+/// on the thread that asked, with no request; one the bucket has goes the slow way.
+#[tokio::test]
+async fn a_file_never_uploaded_is_unlinked_at_once_with_no_request() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("unlink-now");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    let (_, fh) = fs.create(d.ino, "tmp", 0, None).await.unwrap();
+    fs.write(fh, 0, b"scratch").await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(fs.lookup_now(d.ino, "tmp").unwrap().unwrap().size, 7, "a staged file answers at once");
+    let before = mem.requests.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(matches!(fs.unlink_now(d.ino, "tmp"), Some(Ok(()))));
+    assert!(matches!(fs.lookup_now(d.ino, "tmp"), Some(Err(crate::FsError::NotFound))), "gone, known at once");
+    assert!(fs.unlink_now(d.ino, "tmp").is_none(), "an unknown name is left to `unlink`");
+    assert_eq!(mem.requests.load(std::sync::atomic::Ordering::Relaxed), before, "no request");
+    assert_eq!(fs.write_back_status().files, 0, "its upload is cancelled");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "nothing left in staging: {left:?}");
+    // Uploaded: the bucket has it, so the fast path declines.
+    let (_, fh) = fs.create(d.ino, "kept", 0, None).await.unwrap();
+    fs.write(fh, 0, b"k").await.unwrap();
+    fs.release(fh).await.unwrap();
+    fs.sync_write_back().await;
+    assert_eq!(object(mem.as_ref(), "d/kept").await.unwrap(), b"k");
+    assert!(fs.unlink_now(d.ino, "kept").is_none());
+    fs.unlink(d.ino, "kept").await.unwrap();
+    fs.sync_write_back().await;
+    let left = keys(mem.as_ref()).await;
+    assert!(!left.iter().any(|k| k.starts_with("d/tmp") || k == "d/kept"), "{left:?}");
+}

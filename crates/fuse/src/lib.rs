@@ -48,6 +48,30 @@ macro_rules! spawn_empty {
     }};
 }
 
+/// A lookup's answer. `NotFound` is a negative entry (node 0): the kernel caches "no such
+/// name" for the TTL, so a build probing for missing headers asks us once per TTL, not per
+/// try. A create through this mount replaces it at once.
+fn reply_entry(reply: ReplyEntry, ttl: Duration, answer: Result<Attr, FsError>) {
+    match answer {
+        Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+        Err(FsError::NotFound) if !ttl.is_zero() => {
+            let none = Attr {
+                ino: 0,
+                kind: Kind::File,
+                size: 0,
+                mtime: UNIX_EPOCH,
+                ctime: UNIX_EPOCH,
+                perm: 0,
+                uid: 0,
+                gid: 0,
+                nlink: 0,
+            };
+            reply.entry(&ttl, &file_attr(&none), Generation(0))
+        }
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 impl FuseAdapter {
     pub fn new(
         fs: Arc<Fs>,
@@ -163,30 +187,13 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let Some(name) = name_str(name) else { return reply.error(Errno::ENOENT) };
-        let (fs, ttl) = (self.fs.clone(), self.ttl());
-        self.rt.spawn(async move {
-            match fs.lookup(parent.0, &name).await {
-                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
-                // A negative entry (node 0): the kernel caches "no such name" for the TTL,
-                // so a build probing for missing headers asks us once per TTL, not per try.
-                // A create through this mount replaces it at once.
-                Err(FsError::NotFound) if !ttl.is_zero() => {
-                    let none = Attr {
-                        ino: 0,
-                        kind: Kind::File,
-                        size: 0,
-                        mtime: UNIX_EPOCH,
-                        ctime: UNIX_EPOCH,
-                        perm: 0,
-                        uid: 0,
-                        gid: 0,
-                        nlink: 0,
-                    };
-                    reply.entry(&ttl, &file_attr(&none), Generation(0))
-                }
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        let ttl = self.ttl();
+        // Answered here when the namespace knows (no hand-over to the runtime's threads).
+        if let Some(answer) = self.fs.lookup_now(parent.0, &name) {
+            return reply_entry(reply, ttl, answer);
+        }
+        let fs = self.fs.clone();
+        self.rt.spawn(async move { reply_entry(reply, ttl, fs.lookup(parent.0, &name).await) });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -379,6 +386,12 @@ impl Filesystem for FuseAdapter {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let Some(name) = name_str(name) else { return reply.error(Errno::ENOENT) };
+        if let Some(done) = self.fs.unlink_now(parent.0, &name) {
+            return match done {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
         spawn_empty!(self, reply, |fs| fs.unlink(parent.0, &name))
     }
 
