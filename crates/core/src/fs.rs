@@ -326,9 +326,13 @@ impl Fs {
     pub fn forget(&self, ino: u64, count: u64) {
         let mut t = self.table.lock().unwrap();
         t.forget(ino, count);
-        if t.get(ino).is_none() {
-            self.dir_cache.forgotten(ino);
-            self.listing_flights.lock().unwrap().remove(&ino);
+        match t.get(ino) {
+            None => {
+                self.dir_cache.forgotten(ino);
+                self.listing_flights.lock().unwrap().remove(&ino);
+            }
+            Some(n) if n.lookups == 0 => self.dir_cache.forgotten(ino), // a directory kept
+            Some(_) => {}
         }
     }
 

@@ -362,6 +362,14 @@ impl InodeTable {
         // whenever their dentries expire, and those settings must last for the mount.
         // A staged node is kept too: its upload still needs its key.
         let has_overrides = n.perm.is_some() || n.owner.is_some() || n.mtime_set.is_some() || n.local;
+        if n.lookups == 0 && n.kind == Kind::Dir && n.linked {
+            // A directory stays (its listing goes): a child kept past its own forget (staged,
+            // chmod'ed) is indexed under this inode, and under a new one it was lost (an
+            // upload pending in write-back vanished from `ls` after the kernel forgot).
+            self.listings.remove(&ino);
+            self.big_subtrees.remove(&ino);
+            return;
+        }
         if n.lookups == 0 && !has_overrides {
             let (parent, name) = (n.parent, n.name.clone());
             self.nodes.remove(&ino);

@@ -551,3 +551,29 @@ async fn a_file_never_uploaded_is_unlinked_at_once_with_no_request() {
     let left = keys(mem.as_ref()).await;
     assert!(!left.iter().any(|k| k.starts_with("d/tmp") || k == "d/kept"), "{left:?}");
 }
+
+/// The kernel forgets a directory (its dentries expired, memory pressure, `drop_caches`)
+/// while a file in it waits for its upload: the file stays in the directory, readable, and
+/// a create of its name finds it (not a second staged file for one key).
+#[tokio::test]
+async fn a_pending_file_stays_in_its_directory_after_the_kernel_forgets_both() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("forget");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    let (f, fh) = fs.create(d.ino, "f", 0, None).await.unwrap();
+    fs.write(fh, 0, b"pending").await.unwrap();
+    fs.release(fh).await.unwrap();
+    fs.forget(f.ino, 1);
+    fs.forget(d.ino, 1);
+    let d2 = fs.lookup(ROOT_INO, "d").await.unwrap();
+    let f2 = fs.lookup(d2.ino, "f").await.expect("the pending file is still in its directory");
+    assert_eq!(f2.ino, f.ino);
+    assert_eq!(f2.size, 7);
+    let fh = fs.open(f2.ino, false, false).await.unwrap();
+    assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"pending");
+    fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "d/f").await.unwrap(), b"pending");
+}
