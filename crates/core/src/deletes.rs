@@ -234,20 +234,22 @@ impl DeferredDeletes {
             let mut send = Vec::new();
             {
                 let mut p = self.pending.lock().unwrap();
+                // The error first, before any entry is marked in flight: one marked and then
+                // not sent would stay in flight for good (its key never deleted, every
+                // listing over it waiting).
                 let mut any = false;
-                for (k, e) in p.iter_mut().filter(|(k, _)| hit(k)) {
+                for (_, e) in p.iter().filter(|(k, _)| hit(k)) {
                     any = true;
-                    if e.in_flight {
-                        continue;
-                    }
-                    if let Some((_, err)) = e.failed.as_ref().filter(|(at, _)| *at >= started) {
+                    if let Some((_, err)) = e.failed.as_ref().filter(|(at, _)| *at >= started && !e.in_flight) {
                         return Err(err.clone());
                     }
-                    e.in_flight = true;
-                    send.push(k.clone());
                 }
                 if !any {
                     return Ok(());
+                }
+                for (k, e) in p.iter_mut().filter(|(k, e)| hit(k) && !e.in_flight) {
+                    e.in_flight = true;
+                    send.push(k.clone());
                 }
             }
             futures::future::join_all(send.into_iter().map(|k| self.send(k))).await;

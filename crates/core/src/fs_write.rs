@@ -203,7 +203,16 @@ impl Fs {
             self.upload_before_change(ino).await?;
         }
         let staged = if write || self.is_staged(ino) {
-            Some(self.stage(&node, truncate && write).await?)
+            let staged = self.stage(&node, truncate && write).await?;
+            if write && !truncate {
+                // A close that queued its version after the check above (while this open
+                // waited for the staged lock) is uploaded before this handle changes it. (No
+                // early return once staged: the staged file counts this handle.)
+                if let Err(e) = self.upload_before_change(ino).await {
+                    tracing::warn!(ino, "a version closed meanwhile could not be uploaded first, still queued: {e}");
+                }
+            }
+            Some(staged)
         } else if let Some(now) = self.unstaged_node(ino)? {
             // Read through the store: with a snapshot that belongs to one upload.
             node = now;

@@ -224,8 +224,9 @@ impl Fs {
         let other_writer = self.handles.lock().unwrap().values().any(
             |h| matches!(h, Handle::File(f) if f.ino == file.ino && f.writable && !std::ptr::eq(f.as_ref(), file)),
         );
+        let cfg = self.cfg.write_back.expect("write-back mode");
         // The gate before the staged lock, as everywhere (rename holds it while it moves names).
-        let _gate = match other_writer {
+        let gate = match other_writer {
             true => Some(self.wb.gate.read().await),
             false => None,
         };
@@ -261,12 +262,21 @@ impl Fs {
                 queue,
                 "write-back commit point"
             );
-            queue.then(|| (st.len(), self.node(file.ino).map(|n| n.key).unwrap_or_default()))
+            if queue {
+                // Queued under the staged lock: an open for writing that stages the file
+                // after this finds it queued (and uploads this version before changing it).
+                let key = self.node(file.ino).map(|n| n.key).unwrap_or_default();
+                self.wb.enqueue(file.ino, key, st.len(), cfg.delay);
+            }
+            queue
         };
+        // Never held while waiting for room: an unlink or rename waiting for the gate would
+        // hold back every upload behind it, and the room would never come.
+        drop(gate);
         file.wrote.store(false, Ordering::Relaxed);
-        let Some((bytes, key)) = queued else { return Ok(()) };
-        let cfg = self.cfg.write_back.expect("write-back mode");
-        self.wb.enqueue(file.ino, key, bytes, cfg.delay);
+        if !queued {
+            return Ok(());
+        }
         // Back-pressure: wait while the queue holds more than its bound (a file larger than
         // the bound alone goes through: it cannot wait for itself).
         loop {
