@@ -174,7 +174,7 @@ impl Fs {
                 dir = true;
             }
             let past = m.key.as_str() >= dir_key.as_str();
-            if m.key == file_key {
+            if m.key == file_key && !is_link_object(name) {
                 file = Some(m);
             } else if m.key == link_key && crate::links::may_be_link(name) {
                 link = Some(m);
@@ -217,7 +217,9 @@ impl Fs {
         // Keys the store would change on the way (see `Capabilities::addressable`) are not
         // asked for: their answer would be another object's.
         let prefix_dirs = caps.prefix_dirs && caps.addressable(&dir_key);
-        let file_ok = caps.addressable(&file_key);
+        let file_ok = caps.addressable(&file_key) && !is_link_object(name);
+        let link_key = format!("{file_key}{}", crate::links::LINK_SUFFIX);
+        let link_ok = crate::links::may_be_link(name) && caps.addressable(&link_key);
         let first_child = async {
             if !prefix_dirs {
                 return None;
@@ -231,10 +233,10 @@ impl Fs {
             self.store.stat(&dir_key).await
         };
         let link = async {
-            if !crate::links::may_be_link(name) {
+            if !link_ok {
                 return Err(bucketfs_store::StoreError::not_found(""));
             }
-            self.store.stat(&format!("{file_key}{}", crate::links::LINK_SUFFIX)).await
+            self.store.stat(&link_key).await
         };
         let file = async {
             match file_ok {
@@ -262,4 +264,11 @@ impl Fs {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Whether a file named `name` would be the object of the link `x` for `name` =
+/// `x.rclonelink` (links.rs): such a name is never a file here (a listing shows the link
+/// `x`; a create of it is refused), so a probe never answers it with that object.
+fn is_link_object(name: &str) -> bool {
+    crate::links::link_name(name).is_some()
 }

@@ -264,6 +264,10 @@ async fn symlinks_are_link_objects_that_list_and_move() {
     let seen = fs2.lookup(ROOT_INO, "ln").await.unwrap();
     assert_eq!(seen.kind, Kind::Symlink);
     assert_eq!(&fs2.readlink(seen.ino).await.unwrap()[..], b"d/old");
+    // The link's object is no file of its own (an O_TRUNC open of it overwrote the link).
+    assert!(matches!(fs2.lookup(ROOT_INO, "ln.rclonelink").await, Err(FsError::NotFound)));
+    let fs3 = Fs::new(store.clone(), FsConfig::default());
+    assert!(matches!(fs3.lookup(ROOT_INO, "ln.rclonelink").await, Err(FsError::NotFound)));
 
     fs.rename(ROOT_INO, "ln", d.ino, "moved", false).await.unwrap();
     assert!(store.stat("ln.rclonelink").await.is_err());
