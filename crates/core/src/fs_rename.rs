@@ -72,7 +72,7 @@ impl Fs {
         let new_key = crate::inode::key_for(&target_dir.key, newname, src.kind);
         tracing::debug!(ino = src.ino, from = %src.key, to = %new_key, "rename");
         match src.kind {
-            Kind::File | Kind::Symlink => self.move_file(&src, &new_key).await?,
+            Kind::File | Kind::Symlink => self.move_file(&src, &new_key, discard_after).await?,
             Kind::Dir => self.move_dir(&src, &new_key).await?,
         }
         if took_object {
@@ -197,7 +197,8 @@ impl Fs {
         }
     }
 
-    async fn move_file(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
+    /// `replaced`: the target's staged file, if write-back keeps it until the move is done.
+    async fn move_file(&self, src: &crate::inode::Node, new_key: &str, replaced: Option<u64>) -> Result<(), FsError> {
         if let Some(staged) = self.staged_of_pub(src.ino) {
             let mut st = staged.lock().await;
             self.observe(src.ino, &mut st)?;
@@ -241,7 +242,19 @@ impl Fs {
                 }
             }
         }
-        self.move_object(&src.key, new_key).await
+        if self.store.capabilities().moves {
+            return Ok(self.store.rename(&src.key, new_key).await?);
+        }
+        self.store.copy(&src.key, new_key).await?;
+        if let Some(dst) = replaced {
+            // The copy holds the name now: the target's staged bytes must not be recovered
+            // over it should the mount die before the source's delete (which then lost it).
+            if let Some(staged) = self.staged_of_pub(dst) {
+                staged.lock().await.drop_key();
+            }
+        }
+        self.store.delete(&src.key).await?;
+        Ok(())
     }
 
     /// Move one object: in one request where the store moves (Drive), else copy, then

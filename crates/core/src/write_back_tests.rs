@@ -577,3 +577,27 @@ async fn a_pending_file_stays_in_its_directory_after_the_kernel_forgets_both() {
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(object(mem.as_ref(), "d/f").await.unwrap(), b"pending");
 }
+
+/// `mv a b` over a pending `b` dies between the copy of `a` and its delete: the next mount
+/// must not recover `b`'s old staged bytes over the copy (then `a` was lost once deleted).
+#[tokio::test]
+async fn a_rename_over_a_pending_file_that_dies_midway_keeps_the_source() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("a", bytes::Bytes::from_static(b"source"), Default::default()).await.unwrap();
+    let dir = staging("rename-crash");
+    {
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1_000_000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg(&dir, 60_000));
+        fs.start_write_back();
+        write_file(&fs, "b", b"old b").await;
+        fs.lookup(ROOT_INO, "a").await.unwrap();
+        assert!(fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await.is_err(), "the source's delete fails");
+    } // the "crash"
+    assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"source", "copied");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    let (done, failed) = fs.recover_staged().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(!done.contains(&"b".to_string()), "b's replaced bytes were recovered over the copy");
+    assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"source");
+    assert_eq!(object(mem.as_ref(), "a").await.unwrap(), b"source", "the source is still there");
+}
