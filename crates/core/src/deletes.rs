@@ -68,6 +68,12 @@ fn journal_dir_for(staging: &Path) -> Option<PathBuf> {
     Some(staging.with_file_name(format!(".{name}.deletes")))
 }
 
+/// Whether an earlier mount (in write-back mode) left deletes journaled beside `staging`:
+/// a mount without write-back sends them too, before anything reads or writes their keys.
+pub fn journal_left(staging: &Path) -> bool {
+    journal_dir_for(staging).and_then(|d| std::fs::read_dir(d).ok()).is_some_and(|mut e| e.next().is_some())
+}
+
 impl DeferredDeletes {
     /// Wrap `inner`, journaling beside `staging`; deletes a crashed mount left pending are
     /// pending again (before any request can see their keys).

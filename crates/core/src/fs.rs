@@ -247,7 +247,9 @@ impl Fs {
 
     fn build(store: Arc<dyn Store>, cfg: FsConfig) -> Self {
         let now = SystemTime::now();
-        let deletes = cfg.write_back.map(|_| crate::deletes::DeferredDeletes::new(store.clone(), &cfg.staging_dir));
+        // Write-back defers deletes; any mount finishes those an earlier one left pending.
+        let deletes = (cfg.write_back.is_some() || crate::deletes::journal_left(&cfg.staging_dir))
+            .then(|| crate::deletes::DeferredDeletes::new(store.clone(), &cfg.staging_dir));
         let store: Arc<dyn Store> = match &deletes {
             Some(d) => d.clone(),
             None => store,

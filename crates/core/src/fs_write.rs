@@ -789,8 +789,8 @@ impl Fs {
         let _gate = self.wb.gate.write().await;
         if self.stored(node.ino).await {
             match &self.deletes {
-                Some(d) => d.defer(&node.key).await?, // write-back: journaled, sent soon
-                None => self.store.delete(&node.key).await?,
+                Some(d) if self.write_back() => d.defer(&node.key).await?, // journaled, sent soon
+                _ => self.store.delete(&node.key).await?,
             }
         }
         self.discard_staged(node.ino).await;

@@ -186,14 +186,15 @@ impl Fs {
     }
 
     /// Start the upload workers of write-back mode (a no-op without it). Needs a runtime.
+    /// Deletes an earlier mount left pending are sent from here on, in any mode.
     pub fn start_write_back(self: &Arc<Self>) {
+        if let Some(d) = &self.deletes {
+            crate::deletes::DeferredDeletes::start(d);
+        }
         let Some(cfg) = self.cfg.write_back else { return };
         let me = Arc::downgrade(self);
         let queue = self.wb.clone();
         crate::sync::spawn(schedule(me, queue, cfg));
-        if let Some(d) = &self.deletes {
-            crate::deletes::DeferredDeletes::start(d);
-        }
     }
 
     /// What the write-back queue holds now.

@@ -601,3 +601,33 @@ async fn a_rename_over_a_pending_file_that_dies_midway_keeps_the_source() {
     assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"source");
     assert_eq!(object(mem.as_ref(), "a").await.unwrap(), b"source", "the source is still there");
 }
+
+/// A delete journaled by a write-back mount that died is finished by the next mount even
+/// without `--write-back`, before the file can show, and a new file of that name made
+/// afterwards is never deleted by it.
+#[tokio::test]
+async fn a_delete_pending_at_a_crash_is_done_by_a_durable_mount_too() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("deferred-crash-durable");
+    {
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1_000_000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg_ttl0(&dir));
+        fs.start_write_back();
+        uploaded_files(&fs, 2).await;
+        fs.unlink(ROOT_INO, "f01").await.unwrap();
+    } // the "crash"
+    assert!(object(mem.as_ref(), "f01").await.is_some());
+    let durable = FsConfig { write_back: None, ..cfg_ttl0(&dir) };
+    let fs = Fs::new(mem.clone(), durable);
+    fs.start_write_back();
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "f00"], "the pending delete is done first");
+    assert_eq!(keys(mem.as_ref()).await, ["f00"]);
+    let (_, fh) = fs.create(ROOT_INO, "f01", 0, None).await.unwrap();
+    fs.write(fh, 0, b"new").await.unwrap();
+    fs.release(fh).await.unwrap();
+    drop(fs);
+    let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "f01").await.unwrap(), b"new", "no old delete replayed");
+}
