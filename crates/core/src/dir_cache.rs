@@ -42,10 +42,28 @@ struct DirState {
     filled_from: Option<Arc<Vec<DirEntry>>>,
     /// Directory handles open now.
     open: usize,
-    /// The snapshot readdirs without a handle page through, and the listing it came from.
-    current: Option<(Arc<Vec<DirEntry>>, Source)>,
+    /// The snapshot readdirs without a handle page through, the listing it came from, and
+    /// its number (offsets carry it: see [`cookie`]).
+    current: Option<(Arc<Vec<DirEntry>>, Source, u32)>,
+    /// The last few snapshots by number: a read that started on one pages on through it
+    /// though another reader took a newer one meanwhile (no entry skipped or repeated).
+    recent: std::collections::VecDeque<(u32, Arc<Vec<DirEntry>>)>,
     /// The kernel's cache of it is to be dropped when its listing goes stale.
     expiry_pending: bool,
+}
+
+/// Snapshots kept per directory for reads still paging through them.
+const RECENT: usize = 3;
+
+/// The readdir offset of the entry after index `next` of snapshot number `snap`: the
+/// snapshot in the high half, so a read continues in the snapshot it started on.
+pub fn cookie(snap: u32, next: usize) -> u64 {
+    (u64::from(snap) << 32) | next as u64
+}
+
+/// The (snapshot number, index) a readdir offset names ([`cookie`]).
+pub fn uncookie(offset: u64) -> (u32, usize) {
+    ((offset >> 32) as u32, (offset & 0xffff_ffff) as usize)
 }
 
 #[derive(Default)]
@@ -53,6 +71,9 @@ pub(crate) struct DirCache {
     /// Lock level 5 (a leaf): taken alone, never across an await.
     dirs: Mutex<HashMap<u64, DirState>>,
     invalidate: OnceLock<InvalidateDir>,
+    /// The last snapshot number given (1 up to 2^31 - 1, then 1 again: offsets stay
+    /// positive).
+    snaps: std::sync::atomic::AtomicU32,
 }
 
 impl DirCache {
@@ -83,17 +104,36 @@ impl DirCache {
         }
     }
 
-    fn current(&self, ino: u64) -> Option<(Arc<Vec<DirEntry>>, Source)> {
+    fn current(&self, ino: u64) -> Option<(Arc<Vec<DirEntry>>, Source, u32)> {
         self.dirs.lock().unwrap().get(&ino).and_then(|st| st.current.clone())
     }
 
-    /// Page through `entries` from now on; true when no drop of the kernel's cache is
-    /// scheduled yet (the caller schedules one).
-    fn set_current(&self, ino: u64, entries: &Arc<Vec<DirEntry>>, source: Source) -> bool {
+    /// Snapshot number `snap` of `ino`, if still kept.
+    fn recent(&self, ino: u64, snap: u32) -> Option<Arc<Vec<DirEntry>>> {
+        let dirs = self.dirs.lock().unwrap();
+        dirs.get(&ino)?.recent.iter().find(|(n, _)| *n == snap).map(|(_, e)| e.clone())
+    }
+
+    /// Page through `entries` from now on; returns its number, and true when no drop of
+    /// the kernel's cache is scheduled yet (the caller schedules one).
+    fn set_current(&self, ino: u64, entries: &Arc<Vec<DirEntry>>, source: Source) -> (u32, bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let snap = self.snaps.fetch_add(1, Relaxed) % 0x7fff_ffff + 1;
         let mut dirs = self.dirs.lock().unwrap();
         let st = dirs.entry(ino).or_default();
-        st.current = Some((entries.clone(), source));
-        !std::mem::replace(&mut st.expiry_pending, true)
+        st.current = Some((entries.clone(), source, snap));
+        if st.recent.len() == RECENT {
+            st.recent.pop_front();
+        }
+        st.recent.push_back((snap, entries.clone()));
+        (snap, !std::mem::replace(&mut st.expiry_pending, true))
+    }
+
+    /// True when no drop of the kernel's cache of `ino` is scheduled (the caller schedules
+    /// one): the kernel caches what it reads now.
+    fn arm_expiry(&self, ino: u64) -> bool {
+        let mut dirs = self.dirs.lock().unwrap();
+        !std::mem::replace(&mut dirs.entry(ino).or_default().expiry_pending, true)
     }
 
     /// The listing behind the kernel's cache of `ino` went stale: drop that cache.
@@ -124,14 +164,19 @@ impl Fs {
         self.dir_cache.invalidate.get().is_some()
     }
 
-    /// A readdir without opendir. Offset 0 starts a read: it takes a new snapshot unless
-    /// the listing is the one the current snapshot came from (so two readers of a
-    /// directory page through the same one); later offsets page through the current one.
-    pub async fn readdir_unopened(&self, ino: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>, FsError> {
+    /// A readdir without opendir: the snapshot to answer from and its number (offsets are
+    /// [`cookie`]s). Offset 0 starts a read: it takes a new snapshot unless the listing is
+    /// the one the current snapshot came from (so two readers of a directory page through
+    /// the same one); later offsets page through the snapshot they name (else the current).
+    pub async fn readdir_unopened(&self, ino: u64, offset: u64) -> Result<(Arc<Vec<DirEntry>>, u32), FsError> {
         let current = self.dir_cache.current(ino);
         if offset > 0 {
-            if let Some((entries, _)) = current {
-                return Ok(entries);
+            let (snap, _) = uncookie(offset);
+            if let Some(entries) = self.dir_cache.recent(ino, snap) {
+                return Ok((entries, snap));
+            }
+            if let Some((entries, _, snap)) = current {
+                return Ok((entries, snap));
             }
         }
         let dir = self.listed_dir(ino).await?;
@@ -139,18 +184,26 @@ impl Fs {
             let t = self.table.lock().unwrap();
             t.listing(ino).map(|l| (l.at, t.changed_at(ino)))
         };
-        if let (Some((entries, was)), Some(now)) = (&current, source) {
+        if let (Some((entries, was, snap)), Some(now)) = (&current, source) {
             if *was == now {
-                return Ok(entries.clone());
+                // The kernel caches this read too: its drop may be due again (the last
+                // one fired before this listing's end).
+                if self.dir_cache.arm_expiry(ino) {
+                    self.expire_dir_later(ino);
+                }
+                return Ok((entries.clone(), *snap));
             }
         }
         let entries = self.snapshot_of(&dir);
+        let mut snap = 0;
         if let Some(source) = source {
-            if self.dir_cache.set_current(ino, &entries, source) {
+            let (n, arm) = self.dir_cache.set_current(ino, &entries, source);
+            snap = n;
+            if arm {
                 self.expire_dir_later(ino);
             }
         }
-        Ok(entries)
+        Ok((entries, snap))
     }
 
     /// Drop the kernel's cache of `ino` when its listing's TTL runs out.
@@ -270,20 +323,25 @@ mod tests {
         assert!(fs.cache_dirs_without_opendir(Arc::new(move |ino| d.lock().unwrap().push(ino))));
         let names = |e: &[DirEntry]| e.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
 
-        let first = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
+        let (first, n1) = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
         assert_eq!(names(&first), [".", "..", "a"]);
-        let second = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
+        let (second, _) = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
         assert!(Arc::ptr_eq(&first, &second), "readers within the TTL share one snapshot");
-        fs.mkdir(crate::ROOT_INO, "d", None).await.unwrap();
-        let third = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
-        assert_eq!(names(&third), [".", "..", "a", "d"], "a change through the mount is a new snapshot");
+        fs.mkdir(crate::ROOT_INO, "0", None).await.unwrap();
+        let (third, n3) = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
+        assert_eq!(names(&third), [".", "..", "0", "a"], "a change through the mount is a new snapshot");
+        assert_ne!(n1, n3);
+        // A read that started before the change pages on through its own snapshot: index
+        // 2 of the new one is "0", and "a" would have come twice.
+        let (cont, n) = fs.readdir_unopened(crate::ROOT_INO, cookie(n1, 2)).await.unwrap();
+        assert!(Arc::ptr_eq(&first, &cont) && n == n1, "a read continued in another snapshot");
         store.put("b", bytes::Bytes::from_static(b"2"), PutOpts::default()).await.unwrap();
         tokio::time::sleep(ttl + ttl / 2).await;
         assert_eq!(*dropped.lock().unwrap(), [crate::ROOT_INO], "dropped when the listing went stale");
-        let later = fs.readdir_unopened(crate::ROOT_INO, 2).await.unwrap();
+        let (later, _) = fs.readdir_unopened(crate::ROOT_INO, cookie(n3, 2)).await.unwrap();
         assert!(Arc::ptr_eq(&third, &later), "a later offset pages through the same snapshot");
-        let again = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
-        assert_eq!(names(&again), [".", "..", "a", "b", "d"], "offset 0 lists again");
+        let (again, _) = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
+        assert_eq!(names(&again), [".", "..", "0", "a", "b"], "offset 0 lists again");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use bucketfs_core::dir_cache::{cookie, uncookie};
 use bucketfs_core::{Attr, DirEntry, Fs, FsError, Kind, SetAttr};
 use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -129,9 +130,11 @@ fn file_type(k: Kind) -> FileType {
 }
 
 /// Answer a readdir with `entries` from `offset` on (offsets are indices + 1).
-fn fill_dir(entries: &[DirEntry], offset: u64, mut reply: ReplyDirectory) {
-    for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-        if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), &e.name) {
+/// Answer a readdir with `entries` (snapshot number `snap`, 0 for a handle's own) from
+/// `offset` on; each entry's offset names the snapshot and the next index (`cookie`).
+fn fill_dir(entries: &[DirEntry], snap: u32, offset: u64, mut reply: ReplyDirectory) {
+    for (i, e) in entries.iter().enumerate().skip(uncookie(offset).1) {
+        if reply.add(INodeNo(e.ino), cookie(snap, i + 1), file_type(e.kind), &e.name) {
             break;
         }
     }
@@ -140,10 +143,17 @@ fn fill_dir(entries: &[DirEntry], offset: u64, mut reply: ReplyDirectory) {
 
 /// Answer a readdirplus of directory `dir` with `entries` from `offset` on, each with the
 /// inode and attributes now under its name (a name gone since the snapshot is left out).
-fn fill_dir_plus(fs: &Fs, dir: u64, entries: &[DirEntry], offset: u64, ttl: Duration, mut reply: ReplyDirectoryPlus) {
-    for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+fn fill_dir_plus(
+    fs: &Fs,
+    dir: u64,
+    (entries, snap): (&[DirEntry], u32),
+    offset: u64,
+    ttl: Duration,
+    mut reply: ReplyDirectoryPlus,
+) {
+    for (i, e) in entries.iter().enumerate().skip(uncookie(offset).1) {
         let Some(attr) = fs.entry_attr(dir, &e.name, e.ino) else { continue };
-        if reply.add(INodeNo(attr.ino), i as u64 + 1, &e.name, &ttl, &file_attr(&attr), Generation(0)) {
+        if reply.add(INodeNo(attr.ino), cookie(snap, i + 1), &e.name, &ttl, &file_attr(&attr), Generation(0)) {
             break;
         }
         // The kernel holds a reference to every entry except `.` and `..`.
@@ -495,14 +505,14 @@ impl Filesystem for FuseAdapter {
             let fs = self.fs.clone();
             self.rt.spawn(async move {
                 match fs.readdir_unopened(ino.0, offset).await {
-                    Ok(entries) => fill_dir(&entries, offset, reply),
+                    Ok((entries, snap)) => fill_dir(&entries, snap, offset, reply),
                     Err(e) => reply.error(errno(&e)),
                 }
             });
             return;
         }
         match self.fs.readdir(fh.0) {
-            Ok(entries) => fill_dir(&entries, offset, reply),
+            Ok(entries) => fill_dir(&entries, 0, offset, reply),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -512,14 +522,14 @@ impl Filesystem for FuseAdapter {
             let (fs, ttl) = (self.fs.clone(), self.ttl());
             self.rt.spawn(async move {
                 match fs.readdir_unopened(ino.0, offset).await {
-                    Ok(entries) => fill_dir_plus(&fs, ino.0, &entries, offset, ttl, reply),
+                    Ok((entries, snap)) => fill_dir_plus(&fs, ino.0, (&entries, snap), offset, ttl, reply),
                     Err(e) => reply.error(errno(&e)),
                 }
             });
             return;
         }
         match self.fs.readdir(fh.0) {
-            Ok(entries) => fill_dir_plus(&self.fs, ino.0, &entries, offset, self.ttl(), reply),
+            Ok(entries) => fill_dir_plus(&self.fs, ino.0, (&entries, 0), offset, self.ttl(), reply),
             Err(e) => reply.error(errno(&e)),
         }
     }
