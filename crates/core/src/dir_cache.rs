@@ -261,6 +261,9 @@ impl Fs {
             // overtaken listing may hold an entry older than an upload made here since: it
             // only names children (a known one keeps what the mount holds).
             let known = t.child(ino, &m.name).filter(|n| overtaken && n.kind == m.kind).map(|n| n.ino);
+            if overtaken && known.is_none() && t.removed_here(ino, &m.name) {
+                continue; // removed here after the listing began
+            }
             let child = known.unwrap_or_else(|| t.upsert(ino, m));
             let kind = t.get(child).map_or(m.kind, |n| n.kind);
             out.push(DirEntry { ino: child, kind, name: m.name.clone() });

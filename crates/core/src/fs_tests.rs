@@ -359,3 +359,31 @@ async fn subdirectories_of_a_big_directory_are_listed_ahead_in_the_background() 
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(store.requests.load(Ordering::Relaxed) - before, 1);
 }
+
+/// `ls p` in flight while `rmdir p/sub` runs: the listing (overtaken by the rmdir) may show
+/// `sub` to the read that asked for it, but must not bring it back into the namespace:
+/// a `mkdir p/sub` right after succeeds (it said EEXIST).
+#[tokio::test]
+async fn a_listing_overtaken_by_rmdir_does_not_bring_the_directory_back() {
+    let store = Arc::new(MemStore::new().with_latency(std::time::Duration::from_millis(30)));
+    for k in ["p/sub/", "p/f"] {
+        store.put(k, Bytes::new(), PutOpts::default()).await.unwrap();
+    }
+    let fs = Fs::new(store.clone(), FsConfig::default());
+    let p = fs.lookup(ROOT_INO, "p").await.unwrap();
+    fs.lookup(p.ino, "sub").await.unwrap();
+    // The rmdir asks (LIST) and deletes, 30 ms each; the listing starts during the delete
+    // and ends after it, so the store may still show `sub` to it.
+    let (listing, removed) = tokio::join!(
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+            fs.dir_snapshot(p.ino).await
+        },
+        fs.rmdir(p.ino, "sub")
+    );
+    listing.unwrap();
+    removed.unwrap();
+    assert!(matches!(fs.lookup(p.ino, "sub").await, Err(FsError::NotFound)));
+    fs.mkdir(p.ino, "sub", None).await.expect("mkdir after rmdir");
+    assert!(names(&fs, p.ino).await.contains(&"sub".to_string()));
+}

@@ -190,6 +190,11 @@ pub struct InodeTable {
     /// same name (the kernel's LOOKUP, then `mkdir`/`create` asking again) costs nothing.
     /// Any name recorded here through [`InodeTable::upsert`] or a listing change is dropped.
     absent: HashMap<(u64, String), Instant>,
+    /// Names this mount removed (unlink, rmdir, renamed away) and has not seen since: a
+    /// listing overtaken by the removal may still show them, and must not bring them back
+    /// (see [`InodeTable::removed_here`]). Dropped at the name's next upsert; all dropped
+    /// past [`ABSENT_MAX`].
+    removed: std::collections::HashSet<(u64, String)>,
     /// The time freshness is measured in (the mount's [`Clock`]).
     clock: Clock,
 }
@@ -234,6 +239,7 @@ impl InodeTable {
             changed: HashMap::new(),
             big_subtrees: Default::default(),
             absent: HashMap::new(),
+            removed: Default::default(),
             clock,
         }
     }
@@ -281,6 +287,7 @@ impl InodeTable {
     /// Reuses the existing inode when the kind matches, otherwise allocates a new one.
     pub fn upsert(&mut self, parent: u64, meta: &ChildMeta) -> u64 {
         self.absent.remove(&(parent, meta.name.clone()));
+        self.removed.remove(&(parent, meta.name.clone()));
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
         let key_of = |m: &ChildMeta| key_for(&parent_key, &m.name, m.kind);
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
@@ -393,7 +400,21 @@ impl InodeTable {
             if let Some(n) = self.nodes.get_mut(&ino) {
                 n.linked = false;
             }
+            self.note_removed(parent, name);
         }
+    }
+
+    fn note_removed(&mut self, parent: u64, name: &str) {
+        if self.removed.len() >= ABSENT_MAX {
+            self.removed.clear(); // then an overtaken listing may show one again, as before
+        }
+        self.removed.insert((parent, name.to_string()));
+    }
+
+    /// Whether this mount removed `name` from `dir` and has not seen it since: a listing
+    /// overtaken by that change (`Listing::overtaken`) names it, but no node is made of it.
+    pub fn removed_here(&self, dir: u64, name: &str) -> bool {
+        self.removed.contains(&(dir, name.to_string()))
     }
 
     fn note_change(&mut self, dir: u64) {
@@ -479,8 +500,10 @@ impl InodeTable {
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
         let new_key = key_for(&parent_key, name, kind);
         if self.index.get(&(old_parent, old_name.clone())) == Some(&ino) {
-            self.index.remove(&(old_parent, old_name));
+            self.index.remove(&(old_parent, old_name.clone()));
+            self.note_removed(old_parent, &old_name);
         }
+        self.removed.remove(&(parent, name.to_string()));
         self.note_change(old_parent);
         self.note_change(parent);
         self.absent.remove(&(parent, name.to_string()));

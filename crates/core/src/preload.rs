@@ -152,8 +152,15 @@ impl Fs {
         let Some(me) = self.me.upgrade().filter(|_| self.cfg.list_ahead_keys > 0) else { return };
         let subdirs: Vec<crate::inode::Node> = {
             let mut t = self.table.lock().unwrap();
+            // A listing overtaken by a change here does not lead to a directory removed
+            // meanwhile (it would come back: `mkdir` of its name then said EEXIST).
             let dirs: Vec<ChildMeta> = match t.listing(dir) {
-                Some(l) => l.children.values().filter(|c| c.kind == Kind::Dir).cloned().collect(),
+                Some(l) => l
+                    .children
+                    .values()
+                    .filter(|c| c.kind == Kind::Dir && !(l.overtaken && t.removed_here(dir, &c.name)))
+                    .cloned()
+                    .collect(),
                 None => return,
             };
             if dirs.is_empty() || dirs.len() > MAX_SUBDIRS_AHEAD {
@@ -201,8 +208,11 @@ impl Fs {
                 children.insert(meta.name.clone(), meta); // the mount's own state wins
             }
             let mut t = self.table.lock().unwrap();
+            // Changed here since the listing began: a directory it has that the mount
+            // removed or moved meanwhile stays so.
+            let overtaken = t.changed_at(ino) > since;
             for (name, meta) in &children {
-                if meta.kind == Kind::Dir {
+                if meta.kind == Kind::Dir && !(overtaken && t.removed_here(ino, name)) {
                     inos.insert(format!("{key}{name}/"), t.upsert(ino, meta));
                 }
             }
