@@ -66,6 +66,11 @@ impl Fs {
             Err(e) if e.kind == StoreErrorKind::NotFound => {
                 let open = self.has_open_handle(node.ino); // before the table: never both locks
                 let mut t = self.table.lock().unwrap();
+                if let Some(n) = t.get(node.ino).filter(|n| n.local) {
+                    // Staged here meanwhile (an O_TRUNC open, a write): the mount's own file
+                    // now, which its close uploads; gone from the bucket is no news.
+                    return Ok(self.attr(n));
+                }
                 if t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
                     t.unlink(node.parent, &node.name);
                 }

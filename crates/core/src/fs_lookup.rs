@@ -259,7 +259,12 @@ impl Fs {
                 (Some(Err(e)), _) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
                 (_, Ok(m)) => Ok(self.child_meta(name, &m, Kind::Symlink)),
                 (_, Err(e)) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
-                _ => Err(FsError::NotFound),
+                // A marker that could not be asked about may be an empty directory: not
+                // "no such name" (which the kernel would cache for the TTL).
+                _ => match marker {
+                    Err(e) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
+                    _ => Err(FsError::NotFound),
+                },
             },
             Err(e) => Err(e.into()),
         }
