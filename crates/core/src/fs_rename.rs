@@ -272,13 +272,18 @@ impl Fs {
     /// folders; else copies first, then deletes, so a failure midway loses nothing (the
     /// source is complete until every copy succeeded).
     async fn move_dir(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
-        // Staged files below the directory go up under their current keys first.
+        // Staged files below the directory go up under their current keys first. In
+        // write-back mode only closed versions: a file still being written moves its last
+        // closed one (in the bucket already; the close uploads under the new key).
         let below: Vec<u64> = {
             let t = self.table.lock().unwrap();
             t.nodes().filter(|n| n.key.starts_with(&src.key) && n.kind == Kind::File).map(|n| n.ino).collect()
         };
         for ino in below {
-            self.upload_pub(ino).await?;
+            match self.write_back() {
+                true => self.upload_committed(ino).await?,
+                false => self.upload_pub(ino).await?,
+            }
         }
         if self.store.capabilities().moves {
             // One request moves the folder with everything in it (Drive).

@@ -303,7 +303,7 @@ impl Fs {
 
     /// Upload `ino`'s staged bytes if they are a committed version not yet in the bucket,
     /// and drop the staged copy once clean and unused. Caller holds the gate (shared).
-    async fn upload_committed(&self, ino: u64) -> Result<(), FsError> {
+    pub(crate) async fn upload_committed(&self, ino: u64) -> Result<(), FsError> {
         let Some(staged) = self.staged_of_pub(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
         self.observe(ino, &mut st)?;

@@ -631,3 +631,26 @@ async fn a_delete_pending_at_a_crash_is_done_by_a_durable_mount_too() {
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(object(mem.as_ref(), "f01").await.unwrap(), b"new", "no old delete replayed");
 }
+
+/// A directory renamed while a file in it is being written moves the file's last closed
+/// version; the bytes written since reach the bucket at their close, under the new name.
+#[tokio::test]
+async fn a_directory_rename_moves_the_last_closed_version_of_a_file_being_written() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("dir-rename-open");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    let (f, fh) = fs.create(d.ino, "f", 0, None).await.unwrap();
+    fs.write(fh, 0, b"closed").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let fh = fs.open(f.ino, true, false).await.unwrap(); // uploads the closed version first
+    fs.write(fh, 0, b"UNCLOSED").await.unwrap();
+    fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap();
+    assert_eq!(object(mem.as_ref(), "e/f").await.unwrap(), b"closed", "bytes nobody closed went up");
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "e/f").await.unwrap(), b"UNCLOSED");
+    assert!(object(mem.as_ref(), "d/f").await.is_none());
+}
