@@ -58,6 +58,10 @@ pub struct DeferredDeletes {
     changed: tokio::sync::Notify,
     /// A new delete to send, for the background task.
     work: Arc<tokio::sync::Notify>,
+    /// Deletes the store refused for good since the last [`DeferredDeletes::drain_all`]
+    /// (key, why): dropped, the file back in the bucket; `bucketfs sync` names them once.
+    /// Lock level: a leaf.
+    refused: Mutex<Vec<(String, String)>>,
     seq: AtomicU64,
     /// When this process started journaling (nanoseconds since the epoch): part of names.
     started: u128,
@@ -92,6 +96,7 @@ impl DeferredDeletes {
             pending: Mutex::new(BTreeMap::new()),
             changed: tokio::sync::Notify::new(),
             work: Default::default(),
+            refused: Mutex::new(Vec::new()),
             seq: AtomicU64::new(0),
             started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
         };
@@ -176,10 +181,12 @@ impl DeferredDeletes {
 
     /// Wait until every delete pending now is done; the keys of those the store refused.
     pub async fn drain_all(&self) -> Vec<(String, String)> {
-        match self.drain(|_| true).await {
+        let mut failed = match self.drain(|_| true).await {
             Ok(()) => Vec::new(),
             Err(e) => self.pending.lock().unwrap().keys().map(|k| (k.clone(), e.to_string())).collect(),
-        }
+        };
+        failed.append(&mut self.refused.lock().unwrap());
+        failed
     }
 
     fn take_due(&self, room: usize) -> (Vec<String>, Option<Instant>) {
@@ -217,6 +224,7 @@ impl DeferredDeletes {
                 if let Err(err) = r.as_ref() {
                     if err.kind != StoreErrorKind::NotFound {
                         tracing::error!(%key, "the store refused the delete of an unlinked file; the file is back in the bucket: {err}");
+                        self.refused.lock().unwrap().push((key.clone(), format!("delete refused: {err}")));
                     }
                 }
                 if let Some(e) = p.remove(&key) {

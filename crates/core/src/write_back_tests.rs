@@ -654,3 +654,21 @@ async fn a_directory_rename_moves_the_last_closed_version_of_a_file_being_writte
     assert_eq!(object(mem.as_ref(), "e/f").await.unwrap(), b"UNCLOSED");
     assert!(object(mem.as_ref(), "d/f").await.is_none());
 }
+
+/// A delete the store refuses for good (permission) is dropped, the file back in the
+/// bucket, and `bucketfs sync` says so once (exit 1), as SEMANTICS promises.
+#[tokio::test]
+async fn a_delete_refused_for_good_is_named_by_sync() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("delete-refused");
+    let refusing = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1_000_000, StoreErrorKind::PermissionDenied));
+    let fs = Fs::new(refusing, cfg(&dir, 0));
+    fs.start_write_back();
+    uploaded_files(&fs, 1).await;
+    fs.unlink(ROOT_INO, "f00").await.unwrap();
+    let failed = fs.sync_write_back().await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, "f00");
+    assert!(fs.sync_write_back().await.is_empty(), "said once");
+    assert!(object(mem.as_ref(), "f00").await.is_some(), "nothing lost");
+}
