@@ -787,6 +787,12 @@ impl Fs {
         // No upload of it may be in flight while it goes (write_back.rs): one landing after
         // the delete would bring the file back.
         let _gate = self.wb.gate.write().await;
+        // As of now: a rename of a directory above it may have moved its key meanwhile
+        // (the kernel serializes this unlink with any change of the name itself).
+        let node = match self.table.lock().unwrap().child(parent, name) {
+            Some(n) if n.ino == node.ino => n.clone(),
+            _ => return Err(FsError::NotFound),
+        };
         if self.stored(node.ino).await {
             match &self.deletes {
                 Some(d) if self.write_back() => d.defer(&node.key).await?, // journaled, sent soon
