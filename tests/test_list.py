@@ -144,6 +144,30 @@ def test_bucket_changed_mid_listing(bucket):
         assert sorted(os.listdir(d)) == want
 
 
+def test_a_change_through_the_mount_mid_listing_skips_and_repeats_nothing(bucket):
+    """One process pages through a directory while another creates and deletes names in it
+    through the mount and lists it anew: the first read goes on in the snapshot it began
+    with (no name repeated or skipped); a new listing shows the changes. Without opendir
+    the kernel sends later offsets to whatever snapshot the newest read took: each create
+    (sorted first) repeated a name, each unlink skipped one."""
+    n = 1500
+    bucket.put_all({f"d/f{i:05d}": b"" for i in range(n)})
+    with bucket.mounted() as mp:
+        d = os.path.join(mp, "d")
+        seen = []
+        with os.scandir(d) as it:  # getdents in 32 KiB pages: several round trips
+            for i, e in enumerate(it):
+                seen.append(e.name)
+                if i in (100, 600):
+                    open(os.path.join(d, f"a{i}"), "w").close()
+                    os.unlink(os.path.join(d, f"f{i + 300:05d}"))
+                    assert f"a{i}" in os.listdir(d)  # a new read: a new snapshot
+        assert len(seen) == len(set(seen)), "a name came twice in one listing"
+        assert sorted(seen) == [f"f{i:05d}" for i in range(n)], "one listing must be one snapshot"
+        now = set(os.listdir(d))
+        assert {"a100", "a600"} <= now and not {"f00400", "f00900"} & now
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["file", pytest.param("s3", marks=pytest.mark.skipif(
     not os.environ.get("BUCKETFS_TEST_100K_S3"),
