@@ -312,6 +312,14 @@ impl Fs {
         if !fresh && !self.staged.lock().unwrap().get(&node.ino).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
             return Ok(None);
         }
+        if truncate && !fresh && self.wb.queued(node.ino) {
+            // Write-back: a version closed while this open waited for the lock is queued,
+            // and the truncate would destroy it before its upload (a crash then lost it):
+            // it goes up first (the gate before the staged lock), then try again.
+            drop(st);
+            self.upload_before_change(node.ino).await?;
+            return Ok(None);
+        }
         self.observe(node.ino, &mut st)?; // what the kernel wrote directly (passthrough) counts below
                                           // The node as of now: with our entry in the map no other open changes it, and the
                                           // caller's copy may predate a whole write-close cycle of another handle.

@@ -158,6 +158,11 @@ impl Queue {
         self.work.notify_one();
     }
 
+    /// Whether `ino` has a version waiting for its upload.
+    pub(crate) fn queued(&self, ino: u64) -> bool {
+        self.entries.lock().unwrap().contains_key(&ino)
+    }
+
     pub(crate) fn forget(&self, ino: u64) {
         self.entries.lock().unwrap().remove(&ino);
         self.progress.notify_waiters();
