@@ -778,12 +778,15 @@ impl Fs {
         // The gate before the staged lock, as in `unlink`.
         let _gate = self.wb.gate.try_write().ok()?;
         let mut st = staged.try_lock().ok()?;
-        if st.in_store || st.replaces {
-            return None; // the bucket may hold it: a DELETE (or a deferred one) is due
+        if st.in_store || st.replaces || st.uploading_eagerly() {
+            return None; // the bucket may hold it (a DELETE is due), or parts to abort
         }
         self.discard_locked(node.ino, &staged, &mut st);
         drop(st);
         self.table.lock().unwrap().listing_remove(parent, name);
+        // Its sidecars went above (a crash now uploads nothing); the data file is recycled
+        // after the reply.
+        crate::recycle::drop_later(staged);
         Some(Ok(()))
     }
 

@@ -190,6 +190,29 @@ pub(crate) fn try_write_lease(f: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Drop `x` on a thread of its own: a staged file no longer needed recycles its data file
+/// there (a stat, a truncate, a rename), so a reply to the kernel waits for none of it. A
+/// crash before that leaves a data file with no key, which recovery removes.
+pub(crate) fn drop_later<T: Send + 'static>(x: T) {
+    type Job = Box<dyn Send>;
+    static REAPER: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> = OnceLock::new();
+    let tx = REAPER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new().name("bucketfs-recycle".into()).spawn(move || {
+            for job in rx {
+                drop(job);
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("no recycling thread ({e}): staged files are dropped in place");
+        }
+        Mutex::new(tx)
+    });
+    if let Err(std::sync::mpsc::SendError(job)) = tx.lock().unwrap().send(Box::new(x)) {
+        drop(job); // no thread: here, then
+    }
+}
+
 fn keep(dir: &Path, spare: PathBuf) {
     let extra = with_pool(dir, |p| {
         if p.len() < MAX_SPARES {

@@ -506,6 +506,11 @@ impl Staged {
         Ok(())
     }
 
+    /// Whether parts of it are being sent ahead of its close (an eager upload to abort).
+    pub fn uploading_eagerly(&self) -> bool {
+        self.eager.is_some()
+    }
+
     fn eager_abandon(&mut self) {
         if let Some(mut e) = self.eager.take() {
             // Abort in the background: the caller is a write and must stay cheap.
