@@ -208,7 +208,7 @@ impl Fs {
                 // is still changing it: then that object is the last closed version, the
                 // one a crash must leave, and it moves with the name.
                 if st.in_store && !st.committed() {
-                    self.move_object(&src.key, new_key).await?;
+                    self.move_object(&src.key, new_key, None).await?;
                 } else if st.in_store || st.replaces {
                     match self.store.delete(&src.key).await {
                         Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
@@ -242,28 +242,22 @@ impl Fs {
                 }
             }
         }
-        if self.store.capabilities().moves {
-            return Ok(self.store.rename(&src.key, new_key).await?);
-        }
-        self.store.copy(&src.key, new_key).await?;
-        if let Some(dst) = replaced {
-            // The copy holds the name now: the target's staged bytes must not be recovered
-            // over it should the mount die before the source's delete (which then lost it).
-            if let Some(staged) = self.staged_of_pub(dst) {
-                staged.lock().await.drop_key();
-            }
-        }
-        self.store.delete(&src.key).await?;
-        Ok(())
+        self.move_object(&src.key, new_key, replaced).await
     }
 
     /// Move one object: in one request where the store moves (Drive), else copy, then
-    /// delete.
-    async fn move_object(&self, from: &str, to: &str) -> Result<(), FsError> {
+    /// delete. `replaced`: the target's staged file (see [`Fs::move_file`]), whose key
+    /// sidecar goes once the copy holds the name.
+    async fn move_object(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<(), FsError> {
         if self.store.capabilities().moves {
             return Ok(self.store.rename(from, to).await?);
         }
         self.store.copy(from, to).await?;
+        if let Some(dst) = replaced.and_then(|d| self.staged_of_pub(d)) {
+            // The target's staged bytes must not be recovered over the copy should the
+            // mount die before the source's delete (which then lost the source).
+            dst.lock().await.drop_key();
+        }
         self.store.delete(from).await?;
         Ok(())
     }
