@@ -428,7 +428,7 @@ impl Staged {
     /// Apply a pending `truncate_on_open`.
     fn settle(&mut self) -> Result<(), FsError> {
         if self.trunc_pending {
-            self.file.set_len(0).map_err(local)?;
+            crate::recycle::set_len(&self.file, &self.path, 0).map_err(local)?;
             self.size = 0;
             self.trunc_pending = false;
             self.old = None;
@@ -495,7 +495,7 @@ impl Staged {
     pub fn truncate(&mut self, size: u64) -> Result<(), FsError> {
         self.mark_open()?;
         self.settle()?;
-        self.file.set_len(size).map_err(local)?;
+        crate::recycle::set_len(&self.file, &self.path, size).map_err(local)?;
         if size != self.size {
             self.appends_only = size == 0;
             self.eager_abandon();
