@@ -336,6 +336,34 @@ def test_default_store_without_url(tmp_path):
         unmount(mp)
 
 
+def test_a_mount_waits_for_the_process_still_in_its_staging_dir(s3_bucket, tmp_path):
+    """Two processes never share a staging directory (docs/SEMANTICS.md, "Unmount"): an
+    unmount by fusermount3 returns while the process still uploads, and a mount started
+    then waits for it instead of taking its spare files and staged uploads."""
+    staging = str(tmp_path / "staging")
+    s3_bucket.put("one.txt", b"1")
+    mp1 = mount(s3_bucket.args() + ["--staging-dir", staging])
+    mp2 = new_mountpoint()
+    second = subprocess.Popen([BIN, "mount"] + s3_bucket.args()[:1] + [mp2] + s3_bucket.args()[1:]
+                              + ["--staging-dir", staging], env=bucketfs_env(),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(3)
+        assert second.poll() is None and not is_mounted(mp2), \
+            "a second process mounted with the staging directory of a live mount"
+        subprocess.run(["fusermount3", "-u", mp1], capture_output=True, timeout=30)
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 0, f"the waiting mount failed: {err.decode(errors='replace')!r}"
+        assert is_mounted(mp2)
+        with open(os.path.join(mp2, "one.txt"), "rb") as f:
+            assert f.read() == b"1"
+    finally:
+        if second.poll() is None:
+            second.kill()
+        unmount(mp1)
+        unmount(mp2)
+
+
 def test_two_mounts_side_by_side(s3_bucket):
     """Two daemons at once; unmounting one leaves the other working."""
     s3_bucket.put("one.txt", b"1")

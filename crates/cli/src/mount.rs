@@ -26,6 +26,10 @@ use crate::{checks, control, metrics_http, notify, paths, MountArgs};
 /// listed is trusted for a minute; changes from elsewhere show within that.
 const WRITE_BACK_TTL: f64 = 60.0;
 
+/// How long a mount waits for an earlier process to finish with its staging directory
+/// (see [`paths::lock_staging`]): within the wait for readiness the command allows.
+const STAGING_WAIT: Duration = Duration::from_secs(20);
+
 /// Set in the child's environment: report readiness on stdout, then detach it.
 const CHILD_ENV: &str = "BUCKETFS_DAEMON_CHILD";
 
@@ -211,8 +215,16 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         ..FsConfig::default()
     };
     (cfg.file_mode, cfg.dir_mode) = args.access.modes();
-    std::fs::create_dir_all(&cfg.staging_dir)
-        .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))?;
+    let staged_here = std::fs::create_dir_all(&cfg.staging_dir)
+        .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))
+        .and_then(|()| paths::lock_staging(&cfg.staging_dir, STAGING_WAIT));
+    let _staging_lock = match staged_here {
+        Ok(lock) => lock,
+        Err(e) => {
+            report(is_child, &Err(e.clone()));
+            return Err(e);
+        }
+    };
     let fs = Fs::new(store, cfg);
     // Staged data an earlier mount of this mount point could not upload (a crash, or a
     // store that was down at unmount) goes up before anything else.

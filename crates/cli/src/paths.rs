@@ -174,6 +174,61 @@ fn staging_dir_in(base: &Path, mountpoint: &Path) -> PathBuf {
     new
 }
 
+/// Hold `staging` (a staging directory, made already) for this process until it exits.
+///
+/// An unmount returns once the kernel lets go, while the process still uploads what it
+/// staged; a mount of the same mount point right after would start a second process in
+/// the same directory, and two would take the same spare files (two staged files, one
+/// inode) and each upload the other's files as if a crash had left them. The lock is an
+/// `flock` on `.<name>.lock` beside the directory, holding the holder's pid; a process
+/// that dies releases it. Waits `wait` for the holder to finish, then refuses.
+pub fn lock_staging(staging: &Path, wait: std::time::Duration) -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd;
+    let name = staging.file_name().unwrap_or_default().to_string_lossy();
+    let path = staging.with_file_name(format!(".{name}.lock"));
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot open the staging lock {}: {e}", path.display()))?;
+    let deadline = std::time::Instant::now() + wait;
+    let mut told = false;
+    loop {
+        // SAFETY: flock on a descriptor we own; released when the process exits.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            let _ = f.set_len(0);
+            let _ = f.write_all(std::process::id().to_string().as_bytes());
+            return Ok(f);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(format!("cannot lock the staging directory {}: {e}", staging.display()));
+        }
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        let holder = holder.trim();
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the staging directory {} is in use by bucketfs process {holder} (most likely an \
+                 earlier mount of this mount point, still uploading what it staged): wait for it \
+                 to exit, or give this mount its own --staging-dir",
+                staging.display()
+            ));
+        }
+        if !told {
+            tracing::warn!(
+                pid = holder,
+                "waiting for an earlier bucketfs process to finish with {}",
+                staging.display()
+            );
+            told = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// `~/.cache/bucketfs/blocks/<hash of the store>`: one block cache per store URL (and
 /// endpoint). A cache under the old `DefaultHasher` name is moved to the new one.
 pub fn block_cache_dir(store_id: &str) -> PathBuf {
