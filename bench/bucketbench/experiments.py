@@ -455,7 +455,7 @@ class CopySweep(Experiment):
                     # Each system copies with free memory and the source in the page
                     # cache: the writing side decides the speed, not what the run's
                     # earlier copies left in memory (see fiobench.py's drop_caches).
-                    drop_caches()
+                    drop_caches(pages_only=True)
                     read_through(src)
                     try:
                         dt = timed(["cp", src, dst], tmo)

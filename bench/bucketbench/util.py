@@ -122,12 +122,13 @@ def error(msg):
     return {"error": str(msg)[:600]}
 
 
-def drop_caches():
-    """Drop the kernel page cache (root only); silently skipped otherwise."""
+def drop_caches(pages_only=False):
+    """Drop the kernel page cache, and unless `pages_only` its dentries and inodes too
+    (root only); silently skipped otherwise."""
     try:
         run(["sync"], 120, check=False)  # in a child: a hung mount cannot stall us
         with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+            f.write("1\n" if pages_only else "3\n")
         return True
     except (OSError, CmdError):
         return False
