@@ -180,20 +180,23 @@ fn staging_dir_in(base: &Path, mountpoint: &Path) -> PathBuf {
 /// staged; a mount of the same mount point right after would start a second process in
 /// the same directory, and two would take the same spare files (two staged files, one
 /// inode) and each upload the other's files as if a crash had left them. The lock is an
-/// `flock` on `.<name>.lock` beside the directory, holding the holder's pid; a process
-/// that dies releases it. Waits `wait` for the holder to finish, then refuses.
+/// `flock` on `.<name>.lock` beside the directory (or `.lock` in it), holding the holder's
+/// pid; a process that dies releases it. Waits `wait` for the holder to finish, then refuses.
 pub fn lock_staging(staging: &Path, wait: std::time::Duration) -> Result<std::fs::File, String> {
     use std::os::fd::AsRawFd;
     let name = staging.file_name().unwrap_or_default().to_string_lossy();
-    let path = staging.with_file_name(format!(".{name}.lock"));
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| format!("cannot open the staging lock {}: {e}", path.display()))?;
+    let open =
+        |path: &Path| OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path);
+    // Beside the directory, as its spares are; inside it (recovery reads `.data` files
+    // only) where the parent is not ours to write.
+    let beside = staging.with_file_name(format!(".{name}.lock"));
+    let inside = staging.join(".lock");
+    let (mut f, path) = match open(&beside) {
+        Ok(f) => (f, beside),
+        Err(_) => {
+            (open(&inside).map_err(|e| format!("cannot open the staging lock {}: {e}", inside.display()))?, inside)
+        }
+    };
     let deadline = std::time::Instant::now() + wait;
     let mut told = false;
     loop {
