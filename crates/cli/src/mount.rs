@@ -27,7 +27,7 @@ use crate::{checks, control, metrics_http, notify, paths, MountArgs};
 const WRITE_BACK_TTL: f64 = 60.0;
 
 /// How long a mount waits for an earlier process to finish with its staging directory
-/// (see [`paths::lock_staging`]): within the wait for readiness the command allows.
+/// (see [`paths::lock_staging`]); the command's wait for readiness includes it.
 const STAGING_WAIT: Duration = Duration::from_secs(20);
 
 /// Set in the child's environment: report readiness on stdout, then detach it.
@@ -96,8 +96,9 @@ fn spawn_daemon(args: &MountArgs, argv: &[std::ffi::OsString], mp: &Path) -> Res
         let _ = BufReader::new(stdout).read_line(&mut line);
         let _ = tx.send(line);
     });
-    // The child bounds its own store checks by --connect-timeout; allow for that and more.
-    let wait = Duration::from_secs(args.connect_timeout + 30);
+    // The child bounds its own store checks by --connect-timeout and its wait for the
+    // staging directory by STAGING_WAIT; allow for those and more.
+    let wait = Duration::from_secs(args.connect_timeout + 30) + STAGING_WAIT;
     match rx.recv_timeout(wait) {
         Ok(line) if line.trim() == "ready" => Ok(()),
         Ok(line) if line.starts_with("error: ") => {
@@ -218,13 +219,15 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let staged_here = std::fs::create_dir_all(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))
         .and_then(|()| paths::lock_staging(&cfg.staging_dir, STAGING_WAIT));
-    let _staging_lock = match staged_here {
-        Ok(lock) => lock,
+    match staged_here {
+        // Released only by the process's exit: work on staged files may outlive `serve`
+        // (the runtime's last tasks, the recycling thread).
+        Ok(lock) => std::mem::forget(lock),
         Err(e) => {
             report(is_child, &Err(e.clone()));
             return Err(e);
         }
-    };
+    }
     let fs = Fs::new(store, cfg);
     // Staged data an earlier mount of this mount point could not upload (a crash, or a
     // store that was down at unmount) goes up before anything else.

@@ -180,38 +180,26 @@ fn staging_dir_in(base: &Path, mountpoint: &Path) -> PathBuf {
 /// staged; a mount of the same mount point right after would start a second process in
 /// the same directory, and two would take the same spare files (two staged files, one
 /// inode) and each upload the other's files as if a crash had left them. The lock is an
-/// `flock` on `.<name>.lock` beside the directory (or `.lock` in it), holding the holder's
-/// pid; a process that dies releases it. Waits `wait` for the holder to finish, then refuses.
+/// `flock` on the directory itself (whatever path or symlink names it, and with no file
+/// to write); a process that dies releases it. Waits `wait` for the holder to finish, then
+/// refuses, naming the holder (from `/proc/locks`). The caller keeps the descriptor open
+/// until the process exits.
 pub fn lock_staging(staging: &Path, wait: std::time::Duration) -> Result<std::fs::File, String> {
     use std::os::fd::AsRawFd;
-    let name = staging.file_name().unwrap_or_default().to_string_lossy();
-    let open =
-        |path: &Path| OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path);
-    // Beside the directory, as its spares are; inside it (recovery reads `.data` files
-    // only) where the parent is not ours to write.
-    let beside = staging.with_file_name(format!(".{name}.lock"));
-    let inside = staging.join(".lock");
-    let (mut f, path) = match open(&beside) {
-        Ok(f) => (f, beside),
-        Err(_) => {
-            (open(&inside).map_err(|e| format!("cannot open the staging lock {}: {e}", inside.display()))?, inside)
-        }
-    };
+    let dir = std::fs::File::open(staging)
+        .map_err(|e| format!("cannot open the staging directory {}: {e}", staging.display()))?;
     let deadline = std::time::Instant::now() + wait;
     let mut told = false;
     loop {
         // SAFETY: flock on a descriptor we own; released when the process exits.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            let _ = f.set_len(0);
-            let _ = f.write_all(std::process::id().to_string().as_bytes());
-            return Ok(f);
+        if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(dir);
         }
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
             return Err(format!("cannot lock the staging directory {}: {e}", staging.display()));
         }
-        let holder = std::fs::read_to_string(&path).unwrap_or_default();
-        let holder = holder.trim();
+        let holder = dir.metadata().ok().and_then(|m| lock_holder(m.ino())).unwrap_or_else(|| "?".into());
         if std::time::Instant::now() >= deadline {
             return Err(format!(
                 "the staging directory {} is in use by bucketfs process {holder} (most likely an \
@@ -230,6 +218,17 @@ pub fn lock_staging(staging: &Path, wait: std::time::Duration) -> Result<std::fs
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// The pid holding an `flock` on inode `ino`, from `/proc/locks` ("1: FLOCK ADVISORY WRITE
+/// <pid> <maj>:<min>:<ino> 0 EOF").
+fn lock_holder(ino: u64) -> Option<String> {
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let found = f.get(1) == Some(&"FLOCK") && f.get(5)?.rsplit(':').next()? == ino.to_string();
+        found.then(|| f[4].to_string())
+    })
 }
 
 /// `~/.cache/bucketfs/blocks/<hash of the store>`: one block cache per store URL (and
