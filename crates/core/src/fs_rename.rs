@@ -425,8 +425,12 @@ impl Fs {
 
     /// Upload what an earlier mount left in the staging directory (a crash, or an unmount
     /// whose uploads kept failing). Returns (uploaded keys, keys still failing).
+    /// Then the spare files it left are adopted in the background (see `recycle::warm`).
     pub async fn recover_staged(&self) -> (Vec<String>, Vec<String>) {
-        crate::write::recover(&self.cfg.staging_dir, self.store.as_ref(), self.cfg.write, &self.part_budget).await
+        let r =
+            crate::write::recover(&self.cfg.staging_dir, self.store.as_ref(), self.cfg.write, &self.part_budget).await;
+        crate::recycle::warm(&self.cfg.staging_dir);
+        r
     }
 
     /// Keys whose staged data the bucket does not have yet.

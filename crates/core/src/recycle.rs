@@ -74,6 +74,14 @@ fn new_spare_name(dir: &Path) -> Option<PathBuf> {
     Some(spare_dir(dir)?.join(format!("{me}-{:x}", SEQ.fetch_add(1, Ordering::Relaxed))))
 }
 
+/// Adopt what an earlier process left in `dir`'s pool now, on a thread of its own, so the
+/// first file staged after a mount does not wait for that scan in its `create` (a stat per
+/// spare: 0.3-0.4 s for 256 with the inode cache cold).
+pub(crate) fn warm(dir: &Path) {
+    let dir = dir.to_path_buf();
+    let _ = std::thread::Builder::new().name("bucketfs-spares".into()).spawn(move || with_pool(&dir, |_| ()));
+}
+
 /// A new, empty file at `path` opened for reading and writing, from a spare if there is
 /// one; fails if `path` exists.
 pub(crate) fn create(path: &Path) -> std::io::Result<File> {
