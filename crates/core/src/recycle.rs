@@ -91,8 +91,9 @@ pub(crate) fn create(path: &Path) -> std::io::Result<File> {
         match std::fs::hard_link(&spare, path) {
             Ok(()) => {
                 let _ = std::fs::remove_file(&spare);
-                empty(path)?;
-                return File::options().read(true).write(true).open(path);
+                let f = File::options().read(true).write(true).open(path)?;
+                set_len(&f, path, 0)?;
+                return Ok(f);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 with_pool(dir, |p| p.push(spare));
@@ -126,12 +127,6 @@ pub(crate) fn set_len(file: &File, path: &Path, size: u64) -> std::io::Result<()
     Ok(())
 }
 
-/// Empty the spare now at `path` (see [`set_len`]).
-fn empty(path: &Path) -> std::io::Result<()> {
-    let f = File::options().write(true).open(path)?;
-    set_len(&f, path, 0)
-}
-
 /// An empty file at `path` opened for writing, from a spare if there is one, replacing
 /// whatever `path` held (a temporary a crash left is ours to overwrite). One rename, where
 /// [`create`] needs a link and an unlink to refuse an existing `path`.
@@ -139,8 +134,9 @@ fn create_over(path: &Path) -> std::io::Result<File> {
     let dir = path.parent().unwrap_or(Path::new("."));
     while let Some(spare) = with_pool(dir, |p| p.pop()) {
         if std::fs::rename(&spare, path).is_ok() {
-            empty(path)?;
-            return File::options().write(true).open(path);
+            let f = File::options().write(true).open(path)?;
+            set_len(&f, path, 0)?;
+            return Ok(f);
         }
         let _ = std::fs::remove_file(&spare); // gone or unusable: try the next
     }
