@@ -199,8 +199,9 @@ pub fn lock_staging(staging: &Path, wait: std::time::Duration) -> Result<std::fs
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
             return Err(format!("cannot lock the staging directory {}: {e}", staging.display()));
         }
-        let holder = dir.metadata().ok().and_then(|m| lock_holder(m.ino())).unwrap_or_else(|| "?".into());
+        let holder = || dir.metadata().ok().and_then(|m| lock_holder(m.ino())).unwrap_or_else(|| "?".into());
         if std::time::Instant::now() >= deadline {
+            let holder = holder();
             return Err(format!(
                 "the staging directory {} is in use by bucketfs process {holder} (most likely an \
                  earlier mount of this mount point, still uploading what it staged): wait for it \
@@ -210,7 +211,7 @@ pub fn lock_staging(staging: &Path, wait: std::time::Duration) -> Result<std::fs
         }
         if !told {
             tracing::warn!(
-                pid = holder,
+                pid = holder(),
                 "waiting for an earlier bucketfs process to finish with {}",
                 staging.display()
             );
