@@ -18,10 +18,16 @@
 //! (a data file is emptied first: a deleted file's bytes do not linger). A crash leaves them
 //! there: the next process takes over those with no other name (a crash inside [`write`]
 //! leaves a spare that is also a live sidecar: reusing it would empty that sidecar).
+//!
+//! Emptying a file whose block is on disk costs ext4 a block freed (about 0.1-0.3 ms here,
+//! where a truncate inside the block costs 8 us), so the pool keeps two kinds apart: empty
+//! spares (recycled data files) become data files, spares with bytes (old sidecars) become
+//! sidecars, written over in place and cut to their new length, never emptied.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +36,29 @@ use std::sync::{Mutex, OnceLock};
 /// Spares kept per staging directory; more are deleted.
 const MAX_SPARES: usize = 256;
 
-static POOLS: Mutex<Option<HashMap<PathBuf, Vec<PathBuf>>>> = Mutex::new(None);
+/// The file system's block (and the page) size, for writes that need not read a block first.
+const BLOCK: usize = 4096;
+
+static POOLS: Mutex<Option<HashMap<PathBuf, Pool>>> = Mutex::new(None);
+
+/// The spares of one staging directory, by what they hold.
+#[derive(Default)]
+struct Pool {
+    /// Empty files: for data files.
+    empty: Vec<PathBuf>,
+    /// Files with bytes (a sidecar's): for sidecars, which write over them.
+    used: Vec<PathBuf>,
+}
+
+impl Pool {
+    fn len(&self) -> usize {
+        self.empty.len() + self.used.len()
+    }
+
+    fn push(&mut self, spare: PathBuf, empty: bool) {
+        if empty { &mut self.empty } else { &mut self.used }.push(spare);
+    }
+}
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn spare_dir(dir: &Path) -> Option<PathBuf> {
@@ -41,17 +69,18 @@ fn spare_dir(dir: &Path) -> Option<PathBuf> {
 /// Run `f` on the pool of `dir` (the staging directory), adopting what an earlier process
 /// left at its first use, when the spare directory is made too (once: a spare directory
 /// removed later only makes recycling fall back to plain creates and deletes).
-fn with_pool<T>(dir: &Path, f: impl FnOnce(&mut Vec<PathBuf>) -> T) -> T {
+fn with_pool<T>(dir: &Path, f: impl FnOnce(&mut Pool) -> T) -> T {
     let mut pools = POOLS.lock().unwrap();
     let pool = pools.get_or_insert_with(HashMap::new).entry(dir.to_path_buf()).or_insert_with(|| {
-        let mut found = Vec::new();
+        let mut found = Pool::default();
         if let Some(sd) = spare_dir(dir) {
             let _ = std::fs::create_dir_all(&sd);
             for e in std::fs::read_dir(&sd).into_iter().flatten().flatten() {
                 // A spare with another name is a live sidecar too: only this name goes.
-                let single = std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_file() && m.nlink() == 1);
+                let meta = std::fs::symlink_metadata(e.path());
+                let single = meta.as_ref().is_ok_and(|m| m.is_file() && m.nlink() == 1);
                 if single && found.len() < MAX_SPARES {
-                    found.push(e.path());
+                    found.push(e.path(), meta.is_ok_and(|m| m.len() == 0));
                 } else {
                     let _ = std::fs::remove_file(e.path());
                 }
@@ -86,7 +115,10 @@ pub(crate) fn warm(dir: &Path) {
 /// one; fails if `path` exists.
 pub(crate) fn create(path: &Path) -> std::io::Result<File> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    while let Some(spare) = with_pool(dir, |p| p.pop()) {
+    // An empty spare first; one with bytes is emptied (a block freed) rather than a new inode.
+    while let Some((spare, empty)) =
+        with_pool(dir, |p| p.empty.pop().map(|s| (s, true)).or_else(|| p.used.pop().map(|s| (s, false))))
+    {
         // A link fails if `path` exists; the spare's name then goes, its inode stays.
         match std::fs::hard_link(&spare, path) {
             Ok(()) => {
@@ -96,7 +128,7 @@ pub(crate) fn create(path: &Path) -> std::io::Result<File> {
                 return Ok(f);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                with_pool(dir, |p| p.push(spare));
+                with_pool(dir, |p| p.push(spare, empty));
                 return Err(e);
             }
             Err(_) => {
@@ -127,49 +159,58 @@ pub(crate) fn set_len(file: &File, path: &Path, size: u64) -> std::io::Result<()
     Ok(())
 }
 
-/// An empty file at `path` opened for writing, from a spare if there is one, replacing
-/// whatever `path` held (a temporary a crash left is ours to overwrite). One rename, where
-/// [`create`] needs a link and an unlink to refuse an existing `path`.
-fn create_over(path: &Path) -> std::io::Result<File> {
+/// A file at `path` holding exactly `data`, from a spare if there is one (one with bytes
+/// first: written over and cut to length, never emptied), replacing whatever `path` held (a
+/// temporary a crash left is ours to overwrite). One rename, where [`create`] needs a link
+/// and an unlink to refuse an existing `path`.
+fn create_over(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    while let Some(spare) = with_pool(dir, |p| p.pop()) {
+    while let Some(spare) = with_pool(dir, |p| p.used.pop().or_else(|| p.empty.pop())) {
         if std::fs::rename(&spare, path).is_ok() {
             let f = File::options().write(true).open(path)?;
-            set_len(&f, path, 0)?;
-            return Ok(f);
+            // Whole blocks: a write of part of one not in memory first reads it from disk
+            // (0.1-0.25 ms here); the zeros past `data` go at once.
+            let mut whole = data.to_vec();
+            whole.resize(data.len().div_ceil(BLOCK).max(1) * BLOCK, 0);
+            f.write_all_at(&whole, 0)?;
+            return set_len(&f, path, data.len() as u64);
         }
         let _ = std::fs::remove_file(&spare); // gone or unusable: try the next
     }
-    File::create(path)
+    File::create(path)?.write_all(data)
 }
 
 /// Write `data` as the whole of `path`, replacing it atomically: a reader (crash recovery)
-/// sees the old bytes or the new, never a mix. The file replaced becomes a spare.
+/// sees the old bytes or the new, never a mix. The file replaced becomes a spare. Keep
+/// `data` non-empty where it can be: emptying a spare frees its block (see the module doc).
 pub(crate) fn write(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    let mut f = create_over(&tmp)?;
-    f.write_all(data)?;
-    drop(f);
+    create_over(&tmp, data)?;
     // Keep the inode being replaced under a spare name, so the rename frees nothing.
     let kept = new_spare_name(dir).filter(|s| std::fs::hard_link(path, s).is_ok());
     std::fs::rename(&tmp, path)?;
     if let Some(s) = kept {
-        keep(dir, s);
+        keep(dir, s, false);
     }
     Ok(())
 }
 
-/// `path` is no longer needed: it becomes a spare (or goes, if there are enough).
+/// `path` (a sidecar) is no longer needed: it becomes a spare (or goes, if there are enough).
 pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
+    remove_as(path, false)
+}
+
+/// [`remove`], for a spare known empty or not.
+fn remove_as(path: &Path, empty: bool) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     if with_pool(dir, |p| p.len()) < MAX_SPARES {
         if let Some(s) = new_spare_name(dir) {
             match std::fs::rename(path, &s) {
                 Ok(()) => {
-                    keep(dir, s);
+                    keep(dir, s, empty);
                     return Ok(());
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(e),
@@ -197,7 +238,7 @@ pub(crate) fn remove_data(path: &Path, file: &File, exclusive: bool) {
         let _ = std::fs::remove_file(path);
         return;
     }
-    let _ = remove(path);
+    let _ = remove_as(path, true);
 }
 
 /// Whether Linux grants a write lease on `f` (released at once): only when no other open
@@ -241,10 +282,10 @@ pub(crate) fn drop_later<T: Send + 'static>(x: T) {
     }
 }
 
-fn keep(dir: &Path, spare: PathBuf) {
+fn keep(dir: &Path, spare: PathBuf, empty: bool) {
     let extra = with_pool(dir, |p| {
         if p.len() < MAX_SPARES {
-            p.push(spare);
+            p.push(spare, empty);
             None
         } else {
             Some(spare)
@@ -258,7 +299,6 @@ fn keep(dir: &Path, spare: PathBuf) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::FileExt;
 
     #[test]
     fn sidecars_are_written_whole_and_their_inodes_come_back() {
@@ -329,6 +369,36 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_dir_all(&sd);
+    }
+
+    /// Empty spares go to data files and spares with bytes to sidecars, which are written
+    /// over and cut to length: neither use frees a block on disk.
+    #[test]
+    fn data_files_take_empty_spares_and_sidecars_take_the_others() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-recycle-kinds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(spare_dir(&dir).unwrap());
+        std::fs::create_dir_all(&dir).unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let d1 = dir.join("1.data");
+        let f = create(&d1).unwrap();
+        f.write_all_at(&[9u8; 10_000], 0).unwrap();
+        let s1 = dir.join("1.key");
+        write(&s1, b"a/longer/key/than/the/next").unwrap();
+        let (data_ino, sidecar_ino) = (ino(&d1), ino(&s1));
+        remove(&s1).unwrap();
+        remove_data(&d1, &f, true);
+        drop(f);
+        let s2 = dir.join("2.key");
+        write(&s2, b"b/key").unwrap();
+        assert_eq!(ino(&s2), sidecar_ino, "a sidecar reuses the spare with bytes");
+        assert_eq!(std::fs::read(&s2).unwrap(), b"b/key", "written over and cut to its length");
+        let d2 = dir.join("2.data");
+        let f2 = create(&d2).unwrap();
+        assert_eq!(ino(&d2), data_ino, "a data file reuses the empty spare");
+        assert_eq!(f2.metadata().unwrap().len(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(spare_dir(&dir).unwrap());
     }
 
     /// Whether the first extent of `f` still waits for its blocks (delayed allocation), by

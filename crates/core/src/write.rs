@@ -252,7 +252,8 @@ impl Staged {
     /// not a version a close returned for, and crash recovery must not upload them.
     fn mark_open(&mut self) -> Result<(), FsError> {
         if !self.open_marked {
-            crate::recycle::write(&self.open_path(), b"").map_err(local)?;
+            // Any text but a stamp says "open"; not empty: emptying a spare frees its block.
+            crate::recycle::write(&self.open_path(), b"open").map_err(local)?;
             self.open_marked = true;
             self.marked_as = None;
         }
