@@ -1,7 +1,7 @@
 """Request economy through the kernel: store requests counted by the mount's own metrics
 (issue "One request per file"; bench/request_count.py measures a whole developer's day).
 
-- new small files cost one request each (the upload);
+- new small files cost one request each (the upload), also in a directory never listed;
 - a `stat` of every file of a directory past the TTL is one listing, not a HEAD per file;
 - a name that does not exist is asked about once per TTL (the kernel caches the answer).
 """
@@ -53,6 +53,24 @@ def test_new_small_files_cost_one_request_each(metered):
     d = _delta(before, requests())
     assert sum(d.values()) <= 44, d  # 40 PUTs, and a LIST should the TTL pass mid-way
     assert d.get("put") == 40, d
+
+
+def test_files_copied_into_a_directory_never_listed_cost_their_uploads(metered):
+    """A directory of the bucket the mount has not read: the second name found absent lists
+    it, and that listing answers every later lookup (no probe per new file)."""
+    b, mp, requests = metered
+    b.put_all({f"dst/old{i}.bin": b"o" for i in range(30)})
+    before = requests()
+    for i in range(40):
+        p = os.path.join(mp, "dst", f"new{i}.bin")
+        assert not os.path.exists(p)
+        with open(p, "wb") as f:
+            f.write(b"n" * 4107)
+    d = _delta(before, requests())
+    assert d.get("put") == 40, d
+    # 'dst' by a prefix LIST, a probe, the listing; one more should the TTL pass mid-way.
+    assert sum(d.values()) <= 44, d
+    assert len(os.listdir(os.path.join(mp, "dst"))) == 70
 
 
 def test_stat_of_a_directory_past_the_ttl_is_one_listing(metered):

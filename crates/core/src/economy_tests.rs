@@ -83,3 +83,44 @@ async fn an_unknown_name_in_a_stale_small_directory_is_one_listing() {
     assert_eq!(requests(&store) - before, 1, "one LIST, not four requests per name");
     fs.check_invariants();
 }
+
+#[tokio::test]
+async fn files_copied_into_a_directory_never_listed_cost_a_put_each_and_two_lists() {
+    let store = Arc::new(MemStore::new());
+    for i in 0..20 {
+        store.put(&format!("dst/old{i}"), Bytes::from_static(b"o"), PutOpts::default()).await.unwrap();
+    }
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(60_000) });
+    let d = fs.lookup(ROOT_INO, "dst").await.unwrap();
+    let before = requests(&store);
+    for i in 0..30 {
+        let name = format!("new{i}");
+        assert!(matches!(fs.lookup(d.ino, &name).await, Err(FsError::NotFound)));
+        let (_, fh) = fs.create(d.ino, &name, 0, None).await.unwrap();
+        fs.write(fh, 0, b"n").await.unwrap();
+        fs.flush(fh).await.unwrap();
+        fs.release(fh).await.unwrap();
+    }
+    // The first absent name is probed, the second lists the directory, which answers the rest.
+    assert_eq!(requests(&store) - before, 30 + 2, "a PUT per file, one probe and one LIST");
+    assert_eq!(fs.lookup(d.ino, "old7").await.unwrap().size, 1, "the listing holds what was there");
+    fs.check_invariants();
+}
+
+#[tokio::test]
+async fn absent_names_in_a_wide_directory_are_probed_after_one_listing() {
+    let store = Arc::new(MemStore::new());
+    for i in 0..=crate::fs::RELIST_MAX {
+        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
+    }
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(60_000) });
+    let d = fs.lookup(ROOT_INO, "wide").await.unwrap();
+    let before = requests(&store);
+    for i in 0..10 {
+        assert!(matches!(fs.lookup(d.ino, &format!("x{i}")).await, Err(FsError::NotFound)));
+    }
+    // A probe, a listing cut short, then a probe per name: never a listing per name.
+    let used = requests(&store) - before;
+    assert!((10..=13).contains(&used), "{used} requests for 10 absent names");
+    assert_eq!(fs.lookup(d.ino, "f00500").await.unwrap().size, 1);
+}

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use bucketfs_store::{HeadOpts, ObjectHead, StoreError, StoreErrorKind};
 use futures::StreamExt;
 
-use crate::fs::{Attr, Fs, Kind};
+use crate::fs::{Attr, Fs, Kind, RELIST_MAX};
 use crate::inode::{ChildMeta, Listing, Node};
 use crate::{names, FsError};
 
@@ -191,14 +191,58 @@ impl Fs {
         Ok(())
     }
 
+    /// List `dir` if it has at most `RELIST_MAX` children (one page), for lookups of names it
+    /// does not hold: a second such name within the TTL in a directory never listed (files
+    /// copied into it) costs one LIST, and every later one nothing. A wider directory is
+    /// marked so, and its names are probed one by one.
+    pub(crate) async fn list_if_small(&self, dir: &Node) -> Result<(), FsError> {
+        let flight = self.listing_flights.lock().unwrap().entry(dir.ino).or_default().clone();
+        let _one = flight.lock().await;
+        let since = {
+            let t = self.table.lock().unwrap();
+            if t.listing_fresh(dir.ino) {
+                return Ok(());
+            }
+            t.change_seq()
+        };
+        let started = self.cfg.clock.now();
+        let Some(mut children) = self.list_children_upto(dir, Some(RELIST_MAX)).await? else {
+            tracing::debug!(dir = %dir.key, "too many children to list for lookups: probing names");
+            self.table.lock().unwrap().mark_wide(dir.ino);
+            return Ok(());
+        };
+        for meta in self.staged_children(dir.ino) {
+            children.insert(meta.name.clone(), meta); // the mount's own state wins
+        }
+        tracing::debug!(dir = %dir.key, entries = children.len(), "listed for lookups");
+        let listing =
+            Listing { at: started, valid_for: self.cfg.metadata_ttl, children, subtree: false, overtaken: false };
+        self.table.lock().unwrap().set_listing_since(dir.ino, listing, since);
+        Ok(())
+    }
+
     /// `dir`'s children from one delimited LIST sequence.
     pub(crate) async fn list_children(&self, dir: &Node) -> Result<HashMap<String, ChildMeta>, FsError> {
+        Ok(self.list_children_upto(dir, None).await?.unwrap_or_default())
+    }
+
+    /// [`Fs::list_children`], or `None` past `max` keys listed (read a page at most past it).
+    async fn list_children_upto(
+        &self,
+        dir: &Node,
+        max: Option<usize>,
+    ) -> Result<Option<HashMap<String, ChildMeta>>, FsError> {
         let mut children: HashMap<String, ChildMeta> = HashMap::new();
         let mut skipped = 0usize;
+        let mut seen = 0usize;
         let caps = self.store.capabilities();
         let mut stream = self.store.list(&dir.key, false);
         while let Some(item) = stream.next().await {
             let m = item?;
+            seen += 1;
+            if max.is_some_and(|max| seen > max) {
+                return Ok(None);
+            }
             // A key the store cannot address exactly would read another object's bytes.
             match names::child_name(&dir.key, &m.key).filter(|_| caps.addressable(&m.key)) {
                 Some((name, true)) => {
@@ -215,6 +259,6 @@ impl Fs {
         if skipped > 0 {
             tracing::debug!(dir = %dir.key, skipped, "keys that are not valid file names are not shown");
         }
-        Ok(children)
+        Ok(Some(children))
     }
 }

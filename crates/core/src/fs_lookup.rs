@@ -79,6 +79,15 @@ impl Fs {
             if let Some(answer) = self.listed_child(dir.ino, name) {
                 return Ok(answer);
             }
+        } else if self.list_for_lookups(dir.ino) {
+            match self.list_if_small(dir).await {
+                Ok(()) => {
+                    if let Some(answer) = self.listed_child(dir.ino, name) {
+                        return Ok(answer);
+                    }
+                }
+                Err(e) => tracing::debug!(dir = %dir.key, "listing for lookups failed, probing: {e}"),
+            }
         }
         let since = {
             let t = self.table.lock().unwrap();
@@ -119,6 +128,13 @@ impl Fs {
     fn relist_worthwhile(&self, dir: u64) -> bool {
         !self.cfg.metadata_ttl.is_zero()
             && self.table.lock().unwrap().listing(dir).is_some_and(|l| l.children.len() <= RELIST_MAX)
+    }
+
+    /// Whether to list `dir` (never listed, or forgotten) for a lookup: a probe found another
+    /// name absent in it within the TTL, and it is not known to be wide.
+    fn list_for_lookups(&self, dir: u64) -> bool {
+        let t = self.table.lock().unwrap();
+        !self.cfg.metadata_ttl.is_zero() && t.listing(dir).is_none() && t.missed_recently(dir, self.cfg.metadata_ttl)
     }
 
     /// A file's attributes once their TTL ran out: from a new listing of its directory when

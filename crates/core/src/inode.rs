@@ -190,6 +190,12 @@ pub struct InodeTable {
     /// same name (the kernel's LOOKUP, then `mkdir`/`create` asking again) costs nothing.
     /// Any name recorded here through [`InodeTable::upsert`] or a listing change is dropped.
     absent: HashMap<(u64, String), Instant>,
+    /// When a probe last found a name absent in each directory: a second one within the TTL
+    /// lists the directory instead (see `Fs::find_child`). Cleared past [`ABSENT_MAX`].
+    missed: HashMap<u64, Instant>,
+    /// Directories with more children than one listing is worth (`RELIST_MAX`): their
+    /// absent names are probed one by one.
+    wide: std::collections::HashSet<u64>,
     /// Names this mount removed (unlink, rmdir, renamed away) and has not seen since: a
     /// listing overtaken by the removal may still show them, and must not bring them back
     /// (see [`InodeTable::removed_here`]). Dropped at the name's next upsert; all dropped
@@ -239,6 +245,8 @@ impl InodeTable {
             changed: HashMap::new(),
             big_subtrees: Default::default(),
             absent: HashMap::new(),
+            missed: HashMap::new(),
+            wide: Default::default(),
             removed: Default::default(),
             clock,
         }
@@ -262,6 +270,21 @@ impl InodeTable {
             self.absent.retain(|_, at| *at > cut);
         }
         self.absent.insert((dir, name.to_string()), self.clock.now());
+        if self.missed.len() >= ABSENT_MAX {
+            self.missed.clear();
+        }
+        self.missed.insert(dir, self.clock.now());
+    }
+
+    /// Whether a probe found a name absent from `dir` less than `ttl` ago, and `dir` is not
+    /// known to be too wide to list for that.
+    pub fn missed_recently(&self, dir: u64, ttl: std::time::Duration) -> bool {
+        self.missed.get(&dir).is_some_and(|at| self.clock.since(*at) < ttl) && !self.wide.contains(&dir)
+    }
+
+    /// A listing of `dir` stopped at more children than one listing is worth.
+    pub fn mark_wide(&mut self, dir: u64) {
+        self.wide.insert(dir);
     }
 
     /// Whether a probe found `name` absent from `dir` less than `ttl` ago and nothing here
@@ -383,6 +406,8 @@ impl InodeTable {
             self.listings.remove(&ino);
             self.big_subtrees.remove(&ino);
             self.changed.remove(&ino);
+            self.missed.remove(&ino);
+            self.wide.remove(&ino);
             if self.index.get(&(parent, name.clone())) == Some(&ino) {
                 self.index.remove(&(parent, name));
             }
