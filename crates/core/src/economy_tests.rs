@@ -124,3 +124,19 @@ async fn absent_names_in_a_wide_directory_are_probed_after_one_listing() {
     assert!((10..=13).contains(&used), "{used} requests for 10 absent names");
     assert_eq!(fs.lookup(d.ino, "f00500").await.unwrap().size, 1);
 }
+
+#[tokio::test]
+async fn one_new_file_in_a_directory_never_listed_costs_a_probe_and_its_put() {
+    let store = Arc::new(MemStore::new());
+    store.put("dst/old", Bytes::from_static(b"o"), PutOpts::default()).await.unwrap();
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(60_000) });
+    let d = fs.lookup(ROOT_INO, "dst").await.unwrap();
+    let before = requests(&store);
+    // The kernel's LOOKUP, then CREATE asking about the same name: one name, no listing.
+    assert!(matches!(fs.lookup(d.ino, "new").await, Err(FsError::NotFound)));
+    let (_, fh) = fs.create(d.ino, "new", 0, None).await.unwrap();
+    fs.write(fh, 0, b"n").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(requests(&store) - before, 2, "the probe and the PUT");
+}

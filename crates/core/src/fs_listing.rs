@@ -215,8 +215,9 @@ impl Fs {
             children.insert(meta.name.clone(), meta); // the mount's own state wins
         }
         tracing::debug!(dir = %dir.key, entries = children.len(), "listed for lookups");
+        // `subtree`: as for a directory never listed, `ls` or `find` still looks ahead.
         let listing =
-            Listing { at: started, valid_for: self.cfg.metadata_ttl, children, subtree: false, overtaken: false };
+            Listing { at: started, valid_for: self.cfg.metadata_ttl, children, subtree: true, overtaken: false };
         self.table.lock().unwrap().set_listing_since(dir.ino, listing, since);
         Ok(())
     }

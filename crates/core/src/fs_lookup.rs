@@ -79,14 +79,17 @@ impl Fs {
             if let Some(answer) = self.listed_child(dir.ino, name) {
                 return Ok(answer);
             }
-        } else if self.list_for_lookups(dir.ino) {
+        } else if self.list_for_lookups(dir.ino, name) {
             match self.list_if_small(dir).await {
                 Ok(()) => {
                     if let Some(answer) = self.listed_child(dir.ino, name) {
                         return Ok(answer);
                     }
                 }
-                Err(e) => tracing::debug!(dir = %dir.key, "listing for lookups failed, probing: {e}"),
+                Err(e) => {
+                    tracing::debug!(dir = %dir.key, "listing for lookups failed, probing: {e}");
+                    self.table.lock().unwrap().forget_missed(dir.ino);
+                }
             }
         }
         let since = {
@@ -125,16 +128,26 @@ impl Fs {
 
     /// Whether listing `dir` again beats asking about one name: it was listed before and
     /// held one page at most. (With a TTL of 0 no listing is ever fresh: never.)
+    /// Not while its last listing was overtaken by a change here less than a TTL ago (a
+    /// directory being written to): a new one may well be overtaken again, and a probe answers.
     fn relist_worthwhile(&self, dir: u64) -> bool {
-        !self.cfg.metadata_ttl.is_zero()
-            && self.table.lock().unwrap().listing(dir).is_some_and(|l| l.children.len() <= RELIST_MAX)
+        let ttl = self.cfg.metadata_ttl;
+        let t = self.table.lock().unwrap();
+        !ttl.is_zero()
+            && t.listing(dir).is_some_and(|l| l.children.len() <= RELIST_MAX && !(l.overtaken && t.now() - l.at < ttl))
     }
 
-    /// Whether to list `dir` (never listed, or forgotten) for a lookup: a probe found another
-    /// name absent in it within the TTL, and it is not known to be wide.
-    fn list_for_lookups(&self, dir: u64) -> bool {
+    /// Whether to list `dir` (never listed, or forgotten) to answer a lookup of `name`: a
+    /// probe found another name absent in it within the TTL, it is not known to be wide,
+    /// and `name` itself is not known absent (the kernel's LOOKUP, then `create` asking
+    /// again, is one name: a single new file costs no listing).
+    fn list_for_lookups(&self, dir: u64, name: &str) -> bool {
+        let ttl = self.cfg.metadata_ttl;
         let t = self.table.lock().unwrap();
-        !self.cfg.metadata_ttl.is_zero() && t.listing(dir).is_none() && t.missed_recently(dir, self.cfg.metadata_ttl)
+        !ttl.is_zero()
+            && t.listing(dir).is_none()
+            && !t.known_absent(dir, name, ttl)
+            && t.missed_another(dir, name, ttl)
     }
 
     /// A file's attributes once their TTL ran out: from a new listing of its directory when

@@ -190,9 +190,9 @@ pub struct InodeTable {
     /// same name (the kernel's LOOKUP, then `mkdir`/`create` asking again) costs nothing.
     /// Any name recorded here through [`InodeTable::upsert`] or a listing change is dropped.
     absent: HashMap<(u64, String), Instant>,
-    /// When a probe last found a name absent in each directory: a second one within the TTL
-    /// lists the directory instead (see `Fs::find_child`). Cleared past [`ABSENT_MAX`].
-    missed: HashMap<u64, Instant>,
+    /// The name a probe last found absent in each directory, and when: another name within
+    /// the TTL lists the directory instead (see `Fs::find_child`). Cleared past [`ABSENT_MAX`].
+    missed: HashMap<u64, (Instant, String)>,
     /// Directories with more children than one listing is worth (`RELIST_MAX`): their
     /// absent names are probed one by one.
     wide: std::collections::HashSet<u64>,
@@ -273,13 +273,19 @@ impl InodeTable {
         if self.missed.len() >= ABSENT_MAX {
             self.missed.clear();
         }
-        self.missed.insert(dir, self.clock.now());
+        self.missed.insert(dir, (self.clock.now(), name.to_string()));
     }
 
-    /// Whether a probe found a name absent from `dir` less than `ttl` ago, and `dir` is not
-    /// known to be too wide to list for that.
-    pub fn missed_recently(&self, dir: u64, ttl: std::time::Duration) -> bool {
-        self.missed.get(&dir).is_some_and(|at| self.clock.since(*at) < ttl) && !self.wide.contains(&dir)
+    /// Whether a probe found another name than `name` absent from `dir` less than `ttl` ago,
+    /// and `dir` is not known to be too wide to list for that.
+    pub fn missed_another(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {
+        let recent = self.missed.get(&dir).is_some_and(|(at, n)| n != name && self.clock.since(*at) < ttl);
+        recent && !self.wide.contains(&dir)
+    }
+
+    /// A listing of `dir` for lookups failed: its names are probed until the next miss.
+    pub fn forget_missed(&mut self, dir: u64) {
+        self.missed.remove(&dir);
     }
 
     /// A listing of `dir` stopped at more children than one listing is worth.

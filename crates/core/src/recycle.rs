@@ -17,7 +17,7 @@
 //! staging directory; a sidecar's spare holds its stale bytes, which every use writes over
 //! (a data file is emptied first: a deleted file's bytes do not linger). A crash leaves them
 //! there: the next process takes over those with no other name (a crash inside [`write`]
-//! leaves a spare that is also a live sidecar: reusing it would empty that sidecar).
+//! leaves a spare that is also a live sidecar: reusing it would overwrite that sidecar).
 //!
 //! Emptying a file whose block is on disk costs ext4 a block freed (about 0.1-0.3 ms here,
 //! where a truncate inside the block costs 8 us), so the pool keeps two kinds apart: empty
