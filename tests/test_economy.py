@@ -41,15 +41,20 @@ def _delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
 
+def _write_new_files(d: str, names: list[str], data: bytes) -> None:
+    """Write each file new, as `cp` does: a lookup that finds nothing, then the file."""
+    for n in names:
+        p = os.path.join(d, n)
+        assert not os.path.exists(p)
+        with open(p, "wb") as f:
+            f.write(data)
+
+
 def test_new_small_files_cost_one_request_each(metered):
     _, mp, requests = metered
     os.mkdir(os.path.join(mp, "d"))
     before = requests()
-    for i in range(40):
-        p = os.path.join(mp, "d", f"f{i}.o")
-        assert not os.path.exists(p)
-        with open(p, "wb") as f:
-            f.write(b"x" * 4107)
+    _write_new_files(os.path.join(mp, "d"), [f"f{i}.o" for i in range(40)], b"x" * 4107)
     d = _delta(before, requests())
     assert sum(d.values()) <= 44, d  # 40 PUTs, and a LIST should the TTL pass mid-way
     assert d.get("put") == 40, d
@@ -61,11 +66,7 @@ def test_files_copied_into_a_directory_never_listed_cost_their_uploads(metered):
     b, mp, requests = metered
     b.put_all({f"dst/old{i}.bin": b"o" for i in range(30)})
     before = requests()
-    for i in range(40):
-        p = os.path.join(mp, "dst", f"new{i}.bin")
-        assert not os.path.exists(p)
-        with open(p, "wb") as f:
-            f.write(b"n" * 4107)
+    _write_new_files(os.path.join(mp, "dst"), [f"new{i}.bin" for i in range(40)], b"n" * 4107)
     d = _delta(before, requests())
     assert d.get("put") == 40, d
     # 'dst' by a prefix LIST, a probe, the listing; one more should the TTL pass mid-way.

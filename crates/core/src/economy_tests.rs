@@ -16,6 +16,15 @@ fn requests(store: &MemStore) -> u64 {
     store.requests.load(Ordering::Relaxed)
 }
 
+/// What the kernel sends for `cp` of a new file: LOOKUP (absent), CREATE, WRITE, FLUSH, RELEASE.
+async fn new_file(fs: &Fs, dir: u64, name: &str, data: &[u8]) {
+    assert!(matches!(fs.lookup(dir, name).await, Err(FsError::NotFound)));
+    let (_, fh) = fs.create(dir, name, 0, None).await.unwrap();
+    fs.write(fh, 0, data).await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+}
+
 #[tokio::test]
 async fn new_files_in_a_directory_made_here_cost_one_request_each() {
     let store = Arc::new(MemStore::new());
@@ -23,12 +32,7 @@ async fn new_files_in_a_directory_made_here_cost_one_request_each() {
     let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
     let before = requests(&store);
     for i in 0..50 {
-        let name = format!("f{i}");
-        assert!(matches!(fs.lookup(d.ino, &name).await, Err(FsError::NotFound)));
-        let (_, fh) = fs.create(d.ino, &name, 0, None).await.unwrap();
-        fs.write(fh, 0, &[1; 4107]).await.unwrap();
-        fs.flush(fh).await.unwrap();
-        fs.release(fh).await.unwrap();
+        new_file(&fs, d.ino, &format!("f{i}"), &[1; 4107]).await;
     }
     assert_eq!(requests(&store) - before, 50, "one PUT per file and nothing else");
 }
@@ -94,12 +98,7 @@ async fn files_copied_into_a_directory_never_listed_cost_a_put_each_and_two_list
     let d = fs.lookup(ROOT_INO, "dst").await.unwrap();
     let before = requests(&store);
     for i in 0..30 {
-        let name = format!("new{i}");
-        assert!(matches!(fs.lookup(d.ino, &name).await, Err(FsError::NotFound)));
-        let (_, fh) = fs.create(d.ino, &name, 0, None).await.unwrap();
-        fs.write(fh, 0, b"n").await.unwrap();
-        fs.flush(fh).await.unwrap();
-        fs.release(fh).await.unwrap();
+        new_file(&fs, d.ino, &format!("new{i}"), b"n").await;
     }
     // The first absent name is probed, the second lists the directory, which answers the rest.
     assert_eq!(requests(&store) - before, 30 + 2, "a PUT per file, one probe and one LIST");
@@ -133,10 +132,6 @@ async fn one_new_file_in_a_directory_never_listed_costs_a_probe_and_its_put() {
     let d = fs.lookup(ROOT_INO, "dst").await.unwrap();
     let before = requests(&store);
     // The kernel's LOOKUP, then CREATE asking about the same name: one name, no listing.
-    assert!(matches!(fs.lookup(d.ino, "new").await, Err(FsError::NotFound)));
-    let (_, fh) = fs.create(d.ino, "new", 0, None).await.unwrap();
-    fs.write(fh, 0, b"n").await.unwrap();
-    fs.flush(fh).await.unwrap();
-    fs.release(fh).await.unwrap();
+    new_file(&fs, d.ino, "new", b"n").await;
     assert_eq!(requests(&store) - before, 2, "the probe and the PUT");
 }

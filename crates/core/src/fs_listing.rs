@@ -106,7 +106,7 @@ impl Fs {
         }
         // One listing of a directory at a time: a walk and the listing ahead often ask for
         // the same one together; the second finds it fresh when the first is done.
-        let flight = self.listing_flights.lock().unwrap().entry(dir.ino).or_default().clone();
+        let flight = self.listing_flight(dir.ino);
         let _one = flight.lock().await;
         if self.table.lock().unwrap().listing_fresh(dir.ino) {
             // Listed meanwhile by another caller (often the listing ahead, which does not
@@ -191,12 +191,17 @@ impl Fs {
         Ok(())
     }
 
+    /// The lock that lets one listing of directory `ino` run at a time.
+    fn listing_flight(&self, ino: u64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+        self.listing_flights.lock().unwrap().entry(ino).or_default().clone()
+    }
+
     /// List `dir` if it has at most `RELIST_MAX` children (one page), for lookups of names it
     /// does not hold: a second such name within the TTL in a directory never listed (files
     /// copied into it) costs one LIST, and every later one nothing. A wider directory is
     /// marked so, and its names are probed one by one.
     pub(crate) async fn list_if_small(&self, dir: &Node) -> Result<(), FsError> {
-        let flight = self.listing_flights.lock().unwrap().entry(dir.ino).or_default().clone();
+        let flight = self.listing_flight(dir.ino);
         let _one = flight.lock().await;
         let since = {
             let t = self.table.lock().unwrap();

@@ -58,6 +58,14 @@ impl Pool {
     fn push(&mut self, spare: PathBuf, empty: bool) {
         if empty { &mut self.empty } else { &mut self.used }.push(spare);
     }
+
+    /// A spare, of the kind asked for if there is one, and whether it is empty.
+    fn pop(&mut self, empty_first: bool) -> Option<(PathBuf, bool)> {
+        let (first, then) =
+            if empty_first { (&mut self.empty, &mut self.used) } else { (&mut self.used, &mut self.empty) };
+        let spare = first.pop().map(|s| (s, empty_first));
+        spare.or_else(|| then.pop().map(|s| (s, !empty_first)))
+    }
 }
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -116,9 +124,7 @@ pub(crate) fn warm(dir: &Path) {
 pub(crate) fn create(path: &Path) -> std::io::Result<File> {
     let dir = path.parent().unwrap_or(Path::new("."));
     // An empty spare first; one with bytes is emptied (a block freed) rather than a new inode.
-    while let Some((spare, empty)) =
-        with_pool(dir, |p| p.empty.pop().map(|s| (s, true)).or_else(|| p.used.pop().map(|s| (s, false))))
-    {
+    while let Some((spare, empty)) = with_pool(dir, |p| p.pop(true)) {
         // A link fails if `path` exists; the spare's name then goes, its inode stays.
         match std::fs::hard_link(&spare, path) {
             Ok(()) => {
@@ -165,7 +171,7 @@ pub(crate) fn set_len(file: &File, path: &Path, size: u64) -> std::io::Result<()
 /// and an unlink to refuse an existing `path`.
 fn create_over(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    while let Some(spare) = with_pool(dir, |p| p.used.pop().or_else(|| p.empty.pop())) {
+    while let Some((spare, _)) = with_pool(dir, |p| p.pop(false)) {
         if std::fs::rename(&spare, path).is_ok() {
             let f = File::options().write(true).open(path)?;
             // Whole blocks: a write of part of one not in memory first reads it from disk
