@@ -67,6 +67,7 @@ impl Pool {
         spare.or_else(|| then.pop().map(|s| (s, !empty_first)))
     }
 }
+
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn spare_dir(dir: &Path) -> Option<PathBuf> {
