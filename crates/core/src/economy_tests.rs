@@ -125,6 +125,36 @@ async fn absent_names_in_a_wide_directory_are_probed_after_one_listing() {
 }
 
 #[tokio::test]
+async fn a_wide_directory_that_shrank_is_listed_for_lookups_again() {
+    let store = Arc::new(MemStore::new());
+    for i in 0..=crate::fs::RELIST_MAX {
+        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
+    }
+    let ttl = 100;
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, clock: clock.clone(), ..cfg(ttl) });
+    let d = fs.lookup(ROOT_INO, "wide").await.unwrap();
+    for i in 0..3 {
+        assert!(matches!(fs.lookup(d.ino, &format!("x{i}")).await, Err(FsError::NotFound)));
+    }
+    // Another client empties most of it; `ls` past the TTL sees a directory of one page.
+    for i in 10..=crate::fs::RELIST_MAX {
+        store.delete(&format!("wide/f{i:05}")).await.unwrap();
+    }
+    clock.advance(Duration::from_millis(ttl + 20));
+    fs.dir_snapshot(d.ino).await.unwrap();
+    // The kernel forgets the directory: its listing goes, the directory stays.
+    fs.forget(d.ino, 1);
+    let d = fs.lookup(ROOT_INO, "wide").await.unwrap();
+    let before = requests(&store);
+    for i in 0..20 {
+        assert!(matches!(fs.lookup(d.ino, &format!("y{i}")).await, Err(FsError::NotFound)));
+    }
+    // A probe, then one listing answers the other 19: the directory is no longer wide.
+    assert_eq!(requests(&store) - before, 2, "a probe and one listing");
+}
+
+#[tokio::test]
 async fn one_new_file_in_a_directory_never_listed_costs_a_probe_and_its_put() {
     let store = Arc::new(MemStore::new());
     store.put("dst/old", Bytes::from_static(b"o"), PutOpts::default()).await.unwrap();

@@ -35,9 +35,7 @@ use crate::{names, FsError};
 
 pub use crate::inode::{Kind, ROOT_INO};
 
-/// A directory whose last listing held at most this many entries (one page of an S3 LIST)
-/// is listed again to answer a lookup or a `stat` past the TTL (see `Fs::find_child`).
-const RELIST_MAX: usize = 1000;
+pub(crate) use crate::inode::RELIST_MAX;
 
 /// Attributes as the kernel sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -194,7 +194,7 @@ pub struct InodeTable {
     /// the TTL lists the directory instead (see `Fs::find_child`). Cleared past [`ABSENT_MAX`].
     missed: HashMap<u64, (Instant, String)>,
     /// Directories with more children than one listing is worth (`RELIST_MAX`): their
-    /// absent names are probed one by one.
+    /// absent names are probed one by one, until a listing shows at most that many.
     wide: std::collections::HashSet<u64>,
     /// Names this mount removed (unlink, rmdir, renamed away) and has not seen since: a
     /// listing overtaken by the removal may still show them, and must not bring them back
@@ -204,6 +204,10 @@ pub struct InodeTable {
     /// The time freshness is measured in (the mount's [`Clock`]).
     clock: Clock,
 }
+
+/// A directory whose last listing held at most this many entries (one page of an S3 LIST)
+/// is listed again to answer a lookup or a `stat` past the TTL (see `Fs::find_child`).
+pub const RELIST_MAX: usize = 1000;
 
 /// Bound of [`InodeTable`]'s absent names; past it the oldest half is dropped.
 const ABSENT_MAX: usize = 4096;
@@ -597,6 +601,9 @@ impl InodeTable {
         if self.changed.get(&dir).is_some_and(|&c| c > since) {
             listing.valid_for = std::time::Duration::ZERO;
             listing.overtaken = true;
+        }
+        if listing.children.len() <= RELIST_MAX {
+            self.wide.remove(&dir); // it shrank: one listing answers its lookups again
         }
         self.listings.insert(dir, listing);
     }
