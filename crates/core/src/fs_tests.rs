@@ -269,12 +269,30 @@ async fn symlinks_are_link_objects_that_list_and_move() {
     let fs3 = Fs::new(store.clone(), FsConfig::default());
     assert!(matches!(fs3.lookup(ROOT_INO, "ln.rclonelink").await, Err(FsError::NotFound)));
 
+    // A link whose object's name would pass NAME_MAX: refused, also as a rename target.
+    let long = "L".repeat(250);
+    assert!(matches!(fs.symlink(ROOT_INO, &long, "x").await, Err(FsError::NameTooLong)));
+    assert!(matches!(fs.rename(ROOT_INO, "ln", ROOT_INO, &long, false).await, Err(FsError::NameTooLong)));
+    assert_eq!(fs.lookup(ROOT_INO, "ln").await.unwrap().kind, Kind::Symlink, "left where it was");
     fs.rename(ROOT_INO, "ln", d.ino, "moved", false).await.unwrap();
     assert!(store.stat("ln.rclonelink").await.is_err());
     assert_eq!(&fs.readlink(fs.lookup(d.ino, "moved").await.unwrap().ino).await.unwrap()[..], b"d/old");
     fs.unlink(d.ino, "moved").await.unwrap();
     assert!(store.stat("d/moved.rclonelink").await.is_err());
     assert!(matches!(fs.readlink(fs.lookup(ROOT_INO, "both").await.unwrap().ino).await, Err(FsError::InvalidName)));
+}
+
+#[tokio::test]
+async fn names_minio_takes_for_directory_markers_are_refused() {
+    let (store, fs) = fs_with(&[("f", b"f")]).await;
+    let bad = "x__XLDIR__";
+    assert!(matches!(fs.create(ROOT_INO, bad, 0, None).await, Err(FsError::InvalidName)));
+    assert!(matches!(fs.mkdir(ROOT_INO, bad, None).await, Err(FsError::InvalidName)));
+    assert!(matches!(fs.symlink(ROOT_INO, bad, "f").await, Err(FsError::InvalidName)));
+    assert!(matches!(fs.rename(ROOT_INO, "f", ROOT_INO, bad, false).await, Err(FsError::InvalidName)));
+    assert_eq!(names(&fs, ROOT_INO).await, [".", "..", "f"]);
+    assert!(store.stat(bad).await.is_err() && store.stat("x/").await.is_err());
+    fs.create(ROOT_INO, "x__XLDIR__y", 0, None).await.unwrap(); // only the end is MinIO's
 }
 
 #[tokio::test]

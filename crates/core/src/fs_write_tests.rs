@@ -6,6 +6,7 @@ use super::*;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{GetOpts, HeadOpts, PutOpts, StoreErrorKind, StoreExt};
 use bytes::Bytes;
+use futures::TryStreamExt;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
@@ -277,6 +278,26 @@ async fn directory_rename_past_the_bound_is_exdev() {
     let e = fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap_err();
     assert_eq!(e.errno(), libc::EXDEV);
     assert!(object(&store, "d/4").await.is_some(), "nothing moved");
+}
+
+#[tokio::test]
+async fn a_directory_holding_a_key_with_no_file_name_is_not_renamed_half_way() {
+    let store = Arc::new(MemStore::new());
+    for k in ["d/a", "d/z", "d//hidden", "d/sub/../up"] {
+        store.put(k, Bytes::from_static(b"1"), PutOpts::default()).await.unwrap();
+    }
+    let fs = Fs::new(store.clone(), cfg());
+    let e = fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap_err();
+    assert_eq!(e.errno(), libc::EXDEV, "mv then moves what it sees");
+    let mut keys: Vec<String> = store.list("", true).map_ok(|m| m.key).try_collect().await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["d//hidden", "d/a", "d/sub/../up", "d/z"], "nothing copied, nothing deleted");
+    // Emptied of what it shows, it is still not empty: the hidden keys are never deleted.
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+    fs.unlink(d.ino, "a").await.unwrap();
+    fs.unlink(d.ino, "z").await.unwrap();
+    assert!(matches!(fs.rmdir(ROOT_INO, "d").await, Err(FsError::NotEmpty)));
+    assert!(object(&store, "d//hidden").await.is_some());
 }
 
 /// Where the store moves in one request (Drive), a rename keeps the object itself (its

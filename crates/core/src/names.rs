@@ -8,6 +8,11 @@
 /// Longest file name Linux accepts (NAME_MAX).
 pub const NAME_MAX: usize = 255;
 
+/// MinIO stores a directory marker `x/` as `x__XLDIR__` and lists a key ending so as that
+/// marker: a file named `x__XLDIR__` would become the empty directory `x` (and `rmdir x`
+/// would delete its bytes). New names ending so are refused on object stores.
+pub const MINIO_DIR_SUFFIX: &str = "__XLDIR__";
+
 /// The key suffix that marks a symbolic link object (rclone's convention: [`crate::links`]).
 pub const LINK_SUFFIX: &str = ".rclonelink";
 
@@ -25,6 +30,14 @@ pub fn child_name<'a>(prefix: &str, key: &'a str) -> Option<(&'a str, bool)> {
         None => (rest, false),
     };
     (valid_segment(name) && !name.contains('/')).then_some((name, is_dir))
+}
+
+/// Whether `key`, listed below directory prefix `prefix`, is shown by the mount: every
+/// segment below the prefix is a valid file name (a marker's trailing `/` aside).
+pub fn shown_below(prefix: &str, key: &str) -> bool {
+    let Some(rest) = key.strip_prefix(prefix) else { return false };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    rest.is_empty() || rest.split('/').all(valid_segment)
 }
 
 /// The key of child `name` in the directory whose key is `parent_key` (`""` or ending in

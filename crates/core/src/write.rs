@@ -805,8 +805,9 @@ fn committed_on_disk(data: &Path) -> bool {
 /// replace the version its last close left in the bucket.
 fn set_aside(dir: &Path, data: &Path, key: &str) {
     let found = dir.join("lost+found");
-    // The key's last name (cut to fit a file name), and the whole key in a sidecar.
-    let base: String = key.rsplit('/').next().unwrap_or("").chars().take(150).collect();
+    // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.
+    let mut base = key.rsplit('/').next().unwrap_or("").to_string();
+    base.truncate(base.char_indices().map(|(i, c)| i + c.len_utf8()).take_while(|&end| end <= 150).last().unwrap_or(0));
     let stem = format!("{}-{base}", unique());
     let to = found.join(&stem);
     let moved = std::fs::create_dir_all(&found)

@@ -130,6 +130,9 @@ async fn unclosed_bytes_are_set_aside_and_closed_ones_recovered_after_a_crash() 
         write_file(&fs, "closed", b"closed bytes").await;
         let (_, fh) = fs.create(ROOT_INO, "open", 0, None).await.unwrap();
         fs.write(fh, 0, b"half").await.unwrap();
+        // A 240-byte name of 4-byte characters: its first 150 characters pass NAME_MAX.
+        let (_, fh) = fs.create(ROOT_INO, &"😀".repeat(60), 0, None).await.unwrap();
+        fs.write(fh, 0, b"wide").await.unwrap();
         // The process dies here: no release, no unmount.
         std::mem::forget(fs);
     }
@@ -139,7 +142,9 @@ async fn unclosed_bytes_are_set_aside_and_closed_ones_recovered_after_a_crash() 
     assert_eq!(object(mem.as_ref(), "closed").await.unwrap(), b"closed bytes");
     assert!(object(mem.as_ref(), "open").await.is_none(), "never closed: never uploaded");
     let found: Vec<_> = std::fs::read_dir(dir.join("lost+found")).unwrap().flatten().collect();
-    assert_eq!(found.len(), 2, "the bytes and their key, kept for the user");
+    assert_eq!(found.len(), 4, "the bytes and their key of each file, kept for the user");
+    let kept: Vec<_> = found.iter().filter_map(|e| std::fs::read(e.path()).ok()).collect();
+    assert!(kept.iter().any(|b| b == b"wide") && kept.iter().any(|b| b == b"half"), "both set aside");
 }
 
 #[tokio::test]
