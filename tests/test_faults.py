@@ -417,17 +417,19 @@ def test_server_down_during_upload(store, recovery, proxy_for, fresh_bucket, rng
             assert in_bucket(store, b.name, "p4/newdir/") == b""
 
 
-def test_server_down_unmount_keeps_data(proxy_for, fresh_bucket, rng, tmp_path):
+def test_server_down_unmount_keeps_data(proxy_for, fresh_bucket, rng, tmp_path, monkeypatch):
     """Unmount while the server is still down: `bucketfs unmount` returns within a bounded
     time and says the upload failed (non-zero exit); the bytes are not dropped: they stay in
     the staging directory, and the next mount with that staging directory uploads them
-    (SEMANTICS tenet 6: a failed upload is never dropped)."""
+    (SEMANTICS tenet 6: a failed upload is never dropped). Each retry meanwhile is one log
+    line, also with RUST_BACKTRACE set (OpenDAL's own notice then logged a backtrace each)."""
     from conftest import require_store
     require_store("s3")
     b = fresh_bucket("s3")
     data = rng.randbytes(3 * MiB)
     px = proxy_for("s3")
     work = str(tmp_path)
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
     with fault_mount("s3", b.name, px, work=work) as fm:
         f = open(fm.path("kept.bin"), "wb")
         f.write(data)
@@ -449,12 +451,47 @@ def test_server_down_unmount_keeps_data(proxy_for, fresh_bucket, rng, tmp_path):
         assert staged, "the unuploaded bytes were dropped: not in the bucket, not in staging"
         assert r.returncode != 0, "unmount exited 0 although the upload never happened"
         assert "kept.bin" in r.err, f"unmount did not name the file it could not upload: {r.err!r}"
+        with open(fm.log, errors="replace") as lf:
+            log = lf.read()
+        retries = [ln for ln in log.splitlines() if "retrying" in ln]
+        assert retries, "no retry was logged while the server was down"
+        assert "Backtrace" not in log and len(log.splitlines()) < 40 * len(retries), log[-3000:]
     px.set_enabled(True)
     # the next mount on the same staging directory uploads what was left
     with fault_mount("s3", b.name, px, work=work) as fm2:
         assert wait_until(lambda: in_bucket("s3", b.name, "kept.bin") == data, 60, 0.5), \
             "the next mount did not upload the bytes left in staging"
         assert read_file(fm2.path("kept.bin")) == data
+
+
+def test_files_left_for_one_bucket_never_go_to_another(proxy_for, fresh_bucket, rng, tmp_path):
+    """A file kept in staging by a failed unmount belongs to the bucket it was written for.
+    A mount of another bucket with that staging directory (the default one is per mount
+    point) is refused and names the first bucket; it never uploads the file over an object
+    of the same key there. The first bucket, mounted again, gets its file."""
+    from conftest import force_unmount, new_mountpoint, require_store
+    require_store("s3")
+    mine, other = fresh_bucket("s3"), fresh_bucket("s3")
+    other.put_all({"report.txt": b"precious, not to be overwritten"})
+    data = rng.randbytes(1000)
+    px = proxy_for("s3")
+    work = str(tmp_path)
+    with fault_mount("s3", mine.name, px, work=work) as fm:
+        f = open(fm.path("report.txt"), "wb")
+        f.write(data)
+        px.set_enabled(False)
+        assert bounded_call(f.close, HANG_LIMIT, "close while down").error is not None
+        assert run_cli(["unmount", fm.mp], timeout=HANG_LIMIT).returncode != 0
+    px.set_enabled(True)
+    mp = new_mountpoint()
+    r = run_cli(["mount", seed.mount_url("s3", other.name), mp, "--endpoint", px.endpoint,
+                 "--staging-dir", os.path.join(work, "staging")], timeout=60)
+    force_unmount(mp)
+    assert r.returncode != 0, "a mount of another bucket took over the files left for the first"
+    assert mine.name in r.err and "--staging-dir" in r.err, r.err
+    assert in_bucket("s3", other.name, "report.txt") == b"precious, not to be overwritten"
+    with fault_mount("s3", mine.name, px, work=work):
+        assert wait_until(lambda: in_bucket("s3", mine.name, "report.txt") == data, 60, 0.5)
 
 
 # --------------------------------------------------------------------------- black hole

@@ -219,6 +219,8 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let staged_here = std::fs::create_dir_all(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))
         .and_then(|()| paths::lock_staging(&cfg.staging_dir, STAGING_WAIT));
+    let staged_here =
+        staged_here.and_then(|lock| paths::claim_staging(&cfg.staging_dir, &location.to_url()).map(|()| lock));
     match staged_here {
         // Released only by the process's exit: work on staged files may outlive `serve`
         // (the runtime's last tasks, the recycling thread).

@@ -174,6 +174,35 @@ fn staging_dir_in(base: &Path, mountpoint: &Path) -> PathBuf {
     new
 }
 
+/// Claim `staging` for the store at `url` (bucket and prefix): the files a mount leaves
+/// there (uploads not done, and deletes journaled beside it in write-back mode) belong to
+/// the store it mounted, and the next mount sends them to its own store. If an earlier
+/// mount of another store left such files, refuse, naming that store, rather than upload
+/// them into the wrong bucket (over whatever its keys hold) or delete its keys there.
+/// Call with the staging lock held.
+pub fn claim_staging(staging: &Path, url: &str) -> Result<(), String> {
+    let owner_file = staging.join(".store");
+    let owner = std::fs::read_to_string(&owner_file).ok().map(|s| s.trim_end().to_string());
+    if let Some(owner) = owner.filter(|o| o != url) {
+        let count = |dir: &Path, pending: &dyn Fn(&str) -> bool| {
+            std::fs::read_dir(dir)
+                .map_or(0, |d| d.flatten().filter(|e| e.file_name().to_str().is_some_and(pending)).count())
+        };
+        let staged = count(staging, &|n| n.ends_with(".key"));
+        let journal = bucketfs_core::deletes::journal_dir_for(staging);
+        let deletes = journal.map_or(0, |j| count(&j, &|n| !n.starts_with('.')));
+        if staged + deletes > 0 {
+            return Err(format!(
+                "the staging directory {} holds {staged} file(s) not yet uploaded and {deletes} delete(s) not \
+                 yet done for {owner}, left by an earlier mount of it on this mount point: mount {owner} \
+                 here first to finish them (or move them away), or give this mount its own --staging-dir",
+                staging.display()
+            ));
+        }
+    }
+    write_private(&owner_file, &format!("{url}\n")).map_err(|e| format!("cannot write {}: {e}", owner_file.display()))
+}
+
 /// Hold `staging` (a staging directory, made already) for this process until it exits.
 ///
 /// An unmount returns once the kernel lets go, while the process still uploads what it

@@ -67,7 +67,8 @@ pub struct DeferredDeletes {
     started: u128,
 }
 
-fn journal_dir_for(staging: &Path) -> Option<PathBuf> {
+/// The directory where deletes journaled by a mount staging in `staging` are kept.
+pub fn journal_dir_for(staging: &Path) -> Option<PathBuf> {
     let name = staging.file_name()?.to_string_lossy();
     Some(staging.with_file_name(format!(".{name}.deletes")))
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use opendal::layers::{RetryLayer, TimeoutLayer};
+use opendal::layers::{RetryEvent, RetryLayer, TimeoutLayer};
 use opendal::{services, Operator};
 
 use crate::opendal_store::OpendalStore;
@@ -231,6 +231,13 @@ fn check_billing(loc: &Location, opts: &StoreOptions) -> Result<(), StoreError> 
     Ok(())
 }
 
+/// One log line per retry. OpenDAL's own notice logs the error's `Debug` form, which with
+/// `RUST_BACKTRACE` set carries a backtrace of some 240 lines: an outage filled the log.
+fn log_retry(event: RetryEvent<'_>) {
+    let after_ms = event.retry_after.as_millis() as u64;
+    tracing::warn!(op = ?event.op, attempt = event.attempt, after_ms, "store request failed, retrying: {}", event.err);
+}
+
 /// Build the store for `loc`. Nothing is contacted yet; call [`Store::check`] for that.
 pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
     check_billing(loc, opts)?;
@@ -365,7 +372,8 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
                 .with_max_times(opts.retries.unwrap_or(3))
                 .with_min_delay(Duration::from_millis(200))
                 .with_max_delay(Duration::from_secs(4))
-                .with_jitter(),
+                .with_jitter()
+                .with_notify(log_retry),
         )
     };
     // GCS compose answers only when the object is assembled: instant on GCS, but emulators
