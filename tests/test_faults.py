@@ -494,6 +494,30 @@ def test_files_left_for_one_bucket_never_go_to_another(proxy_for, fresh_bucket, 
         assert wait_until(lambda: in_bucket("s3", mine.name, "report.txt") == data, 60, 0.5)
 
 
+def test_uploads_over_a_slow_link_finish(proxy_for, fresh_bucket, rng, tmp_path):
+    """A link that sends 700 KB/s per connection (a 45 Mbit/s uplink shared by 8 parts):
+    every part takes over 10 s, which was the I/O timeout of each upload call, so each part
+    timed out and was retried in vain. Now an upload call may run at 128 KiB/s: `cp` into
+    the mount and `bucketfs cp` both finish, and the bucket holds the bytes."""
+    from conftest import require_store
+    require_store("s3")
+    b = fresh_bucket("s3")
+    data = rng.randbytes(40 * MiB)
+    src = os.path.join(str(tmp_path), "src.bin")
+    with open(src, "wb") as f:
+        f.write(data)
+    px = proxy_for("s3")
+    px.toxic("bandwidth", "upstream", rate=700)
+    with fault_mount("s3", b.name, px) as fm:
+        o = bounded_call(lambda: shutil.copyfile(src, fm.path("slow.bin")), HANG_LIMIT, "cp into the mount")
+        assert o.error is None, o
+        assert in_bucket("s3", b.name, "slow.bin") == data
+    r = run_cli(["cp", "-q", src, seed.mount_url("s3", b.name) + "/cp.bin", "--endpoint", px.endpoint],
+                timeout=HANG_LIMIT)
+    assert r.returncode == 0, r.err
+    assert in_bucket("s3", b.name, "cp.bin") == data
+
+
 # --------------------------------------------------------------------------- black hole
 
 # SEMANTICS: a request times out after 30 s and is retried 3 times with backoff up to 4 s:

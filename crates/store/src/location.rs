@@ -231,6 +231,25 @@ fn check_billing(loc: &Location, opts: &StoreOptions) -> Result<(), StoreError> 
     Ok(())
 }
 
+/// How long one I/O call (a read of the next bytes of a body, the sending of a small
+/// upload) may take before it is retried; uploads of more bytes get longer (see
+/// [`OpendalStore::upload_operator`]).
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `op` with bucketfs's timeouts and retries. Transient failures (5xx, throttling, resets)
+/// retry with jittered exponential backoff; 3 retries from 200 ms keeps a dead server's
+/// failure under ~10 s per call.
+fn layered(op: Operator, request_timeout: Duration, retries: usize, io_timeout: Duration) -> Operator {
+    op.layer(TimeoutLayer::new().with_timeout(request_timeout).with_io_timeout(io_timeout)).layer(
+        RetryLayer::new()
+            .with_max_times(retries)
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(4))
+            .with_jitter()
+            .with_notify(log_retry),
+    )
+}
+
 /// One log line per retry. OpenDAL's own notice logs the error's `Debug` form, which with
 /// `RUST_BACKTRACE` set carries a backtrace of some 240 lines: an outage filled the log.
 fn log_retry(event: RetryEvent<'_>) {
@@ -359,30 +378,17 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
         Location::Memory => (Operator::new(services::Memory::default()).map_err(err)?, true),
         Location::Gdrive { .. } => unreachable!("handled above"),
     };
-    // Transient failures (5xx, throttling, resets) retry with jittered exponential backoff;
-    // 3 retries from 200 ms keeps a dead server's failure under ~10 s per call.
-    let layered = |op: Operator, io_timeout: Duration| {
-        op.layer(
-            TimeoutLayer::new()
-                .with_timeout(opts.request_timeout.unwrap_or(Duration::from_secs(30)))
-                .with_io_timeout(io_timeout),
-        )
-        .layer(
-            RetryLayer::new()
-                .with_max_times(opts.retries.unwrap_or(3))
-                .with_min_delay(Duration::from_millis(200))
-                .with_max_delay(Duration::from_secs(4))
-                .with_jitter()
-                .with_notify(log_retry),
-        )
-    };
+    let (request_timeout, retries) =
+        (opts.request_timeout.unwrap_or(Duration::from_secs(30)), opts.retries.unwrap_or(3));
     // GCS compose answers only when the object is assembled: instant on GCS, but emulators
     // copy the bytes (fake-gcs-server took over 10 s for 1 GB on 2 cores), so 5 minutes.
     let compose = matches!(loc, Location::Gcs { .. }) && gcs_uses_compose(opts.gcs_upload, opts.endpoint.as_deref());
     tracing::debug!(compose, "GCS uploads of several parts: compose, else XML multipart");
-    let compose_op = compose.then(|| layered(op.clone(), Duration::from_secs(300)));
-    let mut store = OpendalStore::new(layered(op, Duration::from_secs(10)), loc.to_url(), prefix_dirs)
-        .with_content_type(opts.content_type.clone());
+    let compose_op = compose.then(|| layered(op.clone(), request_timeout, retries, Duration::from_secs(300)));
+    let base = op.clone();
+    let mut store = OpendalStore::new(layered(op, request_timeout, retries, IO_TIMEOUT), loc.to_url(), prefix_dirs)
+        .with_content_type(opts.content_type.clone())
+        .with_upload_operators(Arc::new(move |io| layered(base.clone(), request_timeout, retries, io)));
     if let Some(c) = compose_op {
         store = store.with_compose_operator(c);
     }

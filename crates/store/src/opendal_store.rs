@@ -49,6 +49,8 @@ pub struct OpendalStore {
     generation_identity: bool,
     /// GCS: the operator for compose requests, with a longer I/O timeout (see `location`).
     compose_op: Option<Operator>,
+    /// The operator with another I/O timeout, for uploads (see [`OpendalStore::upload_operator`]).
+    upload_ops: Option<UploadOperators>,
     /// S3 and GCS: 1,024 bytes per object name, less the root prefix.
     max_key_len: Option<usize>,
     /// The local folder: see [`FS_TMP_NAME_MAX`].
@@ -60,6 +62,15 @@ pub struct OpendalStore {
     /// stamps its key with a new version, reported as the ETag, and the time it ended.
     stamps: Option<Arc<Mutex<Stamps>>>,
 }
+
+/// Builds this store's operator with the given I/O timeout (`location` layers it).
+pub type UploadOperators = Arc<dyn Fn(std::time::Duration) -> Operator + Send + Sync>;
+
+/// The slowest upload, per connection, that never times out: 128 KiB/s (an 8 MiB part in
+/// 64 s). OpenDAL's I/O timeout bounds each call, and sending a part is one call, so a fixed
+/// 10 s failed every part on links under 0.8 MB/s per connection (a 45 Mbit/s uplink shared
+/// by 8 parts), retrying in vain.
+const UPLOAD_FLOOR_BYTES_PER_SEC: u64 = 128 * 1024;
 
 /// Longest object name S3 and GCS accept, in bytes.
 const OBJECT_KEY_MAX: usize = 1024;
@@ -84,6 +95,7 @@ impl OpendalStore {
             prefix_dirs,
             generation_identity,
             compose_op: None,
+            upload_ops: None,
             max_key_len,
             max_file_name_len,
             content_type,
@@ -108,6 +120,23 @@ impl OpendalStore {
     /// The Content-Type for an upload to `key`; none where the service keeps none.
     pub fn content_type_for(&self, key: &str) -> Option<String> {
         self.op.info().capability().write_with_content_type.then(|| self.content_type.for_key(key)).flatten()
+    }
+
+    /// Build upload operators with `ops` (see [`OpendalStore::upload_operator`]).
+    pub fn with_upload_operators(mut self, ops: UploadOperators) -> Self {
+        self.upload_ops = Some(ops);
+        self
+    }
+
+    /// The operator for an upload whose one I/O call sends `bytes` (a whole small object,
+    /// or one part): its I/O timeout lets it run at [`UPLOAD_FLOOR_BYTES_PER_SEC`], and is
+    /// never shorter than the store's own.
+    fn upload_operator(&self, bytes: u64) -> Operator {
+        let secs = bytes.div_ceil(UPLOAD_FLOOR_BYTES_PER_SEC).min(3600);
+        match &self.upload_ops {
+            Some(build) if secs > 10 => build(std::time::Duration::from_secs(secs)),
+            _ => self.op.clone(),
+        }
     }
 
     /// Use `op` (the same service, other layers) for GCS compose requests.
@@ -273,7 +302,8 @@ impl Store for OpendalStore {
     }
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
-        let mut req = self.op.write_with(key, data);
+        let op = self.upload_operator(data.len() as u64);
+        let mut req = op.write_with(key, data);
         if let Some(ct) = self.content_type_for(key) {
             req = req.content_type(&ct);
         }
@@ -323,7 +353,7 @@ impl Store for OpendalStore {
             // operator only for those (`--gcs-upload`). Compose keeps no metadata, so only
             // a one-part object keeps `attrs` (SEMANTICS.md).
             let backend = OpendalComposeBackend {
-                op: self.op.clone(),
+                op: self.upload_operator(opts.part_size as u64),
                 compose_op,
                 store: self.clone(),
                 put: opts.put,
@@ -331,7 +361,8 @@ impl Store for OpendalStore {
             };
             return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
         }
-        let mut req = self.op.writer_with(key).chunk(opts.part_size).concurrent(opts.concurrency.max(1));
+        let op = self.upload_operator(opts.part_size as u64);
+        let mut req = op.writer_with(key).chunk(opts.part_size).concurrent(opts.concurrency.max(1));
         if let Some(ct) = self.content_type_for(key) {
             req = req.content_type(&ct);
         }
