@@ -27,7 +27,7 @@ pub enum CpError {
     /// The bytes did not match the checksum the source or destination reports, on every
     /// attempt.
     Mismatch(String),
-    /// Cancelled by SIGINT or SIGTERM.
+    /// Cancelled by SIGINT, SIGTERM or SIGHUP.
     Interrupted(String),
     /// Anything else: a bad argument, a network or store failure after the retries.
     Failed(String),
@@ -52,7 +52,7 @@ Exit status:
   5    the source changed during the copy (a local file written to, an object replaced)
   6    no space left on the destination's disk (or quota exceeded)
   7    checksum mismatch on every attempt: the bytes are not what the store reports
-  130  interrupted (SIGINT or SIGTERM); partial files are removed, uploads aborted
+  130  interrupted (SIGINT, SIGTERM or SIGHUP); partial files are removed, uploads aborted
 When several copies fail, the status is their common one, or 1 if they differ.";
 
 impl CpError {
@@ -157,7 +157,7 @@ fn hint(e: &StoreError) -> &'static str {
     }
 }
 
-/// The message of a copy stopped by SIGINT or SIGTERM.
+/// The message of a copy stopped by SIGINT, SIGTERM or SIGHUP.
 const INTERRUPTED: &str = "interrupted";
 
 impl fmt::Display for CpError {

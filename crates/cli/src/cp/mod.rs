@@ -193,7 +193,7 @@ pub struct Ctx {
     pub no_clobber: bool,
     /// Downloads' write buffers (see `download::receive`), reused across requests.
     pub buffers: BlockPool,
-    /// Set on SIGINT/SIGTERM: transfers stop, uploads abort (deleting their parts).
+    /// Set on SIGINT/SIGTERM/SIGHUP: transfers stop, uploads abort (deleting their parts).
     cancel: tokio::sync::watch::Sender<bool>,
 }
 
@@ -440,18 +440,23 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
         ctx.preserve = args.preserve;
         ctx.no_clobber = args.no_clobber;
         let start = Instant::now();
-        // On SIGINT/SIGTERM, cancel and keep waiting: the transfers abort and clean up.
+        // On SIGINT/SIGTERM/SIGHUP (a closed terminal or SSH session), cancel and keep
+        // waiting: the transfers abort and clean up.
         let signals = async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            let term = async {
-                match term.as_mut() {
-                    Some(t) => t.recv().await,
-                    None => std::future::pending().await,
+            use tokio::signal::unix::{signal, SignalKind};
+            let on = |kind: SignalKind| {
+                let mut s = signal(kind).ok();
+                async move {
+                    match s.as_mut() {
+                        Some(s) => s.recv().await,
+                        None => std::future::pending().await,
+                    }
                 }
             };
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
-                _ = term => {}
+                _ = on(SignalKind::terminate()) => {}
+                _ = on(SignalKind::hangup()) => {}
             }
             ctx.progress.println("bucketfs cp: interrupted; aborting uploads and removing partial files");
             ctx.cancel();
