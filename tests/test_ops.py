@@ -268,7 +268,25 @@ def test_credentials_never_in_logs(s3_bucket, tmp_path):
         assert bad["AWS_SECRET_ACCESS_KEY"] not in p.err
     finally:
         unmount(mp)
+    # an endpoint with `user:password@` in it: cut from every message (mount and cp) and log
+    args = s3_bucket.args()
+    i = args.index("--endpoint") + 1
+    args[i] = args[i].replace("://", "://bfsuser:bfsEpSeCrEt@", 1)
+    mp = new_mountpoint()
+    try:
+        p = run_cli(["mount"] + args[:1] + [mp] + args[1:] + ["-vv", "--log-file", str(log)],
+                    env=bucketfs_env(**creds))
+        out = p.out + p.err
+        if p.returncode == 0:
+            assert sorted(os.listdir(mp)) == ["dir"]
+    finally:
+        unmount(mp)
+    c = run_cli(["cp", "-q", args[0] + "/dir/none.txt", str(tmp_path / "x")] + args[1:], env=bucketfs_env(**creds))
+    assert c.returncode != 0
+    for what, text in [("mount", out), ("cp", c.out + c.err)]:
+        assert "bfsEpSeCrEt" not in text, f"the endpoint's password in {what}'s output: {text}"
     text = log.read_text(errors="replace")
     assert len(text) > 10_000, "-vv should log a lot"
-    for name, value in list(creds.items()) + [("wrong secret", bad["AWS_SECRET_ACCESS_KEY"])]:
+    for name, value in list(creds.items()) + [("wrong secret", bad["AWS_SECRET_ACCESS_KEY"]),
+                                              ("endpoint password", "bfsEpSeCrEt")]:
         assert value not in text, f"{name} appears in the log"

@@ -150,12 +150,7 @@ fn upload_errors_json<S: serde::Serializer>(v: &[(String, u32, String)], s: S) -
 
 /// `http://user:secret@host:9000/x` becomes `http://host:9000/x`.
 pub fn redact_endpoint(e: &str) -> String {
-    let Some((scheme, rest)) = e.split_once("://") else { return e.to_string() };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
-        None => e.to_string(),
-    }
+    bucketfs_store::redact_urls(e)
 }
 
 /// Listens on `path` until the process exits; the socket file is removed by [`Server::drop`].

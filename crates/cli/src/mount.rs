@@ -148,6 +148,7 @@ fn report(is_child: bool, result: &Result<(), String>) {
 fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError) -> String {
     let url = location.to_url();
     let endpoint = args.store.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).unwrap_or_default();
+    let endpoint = crate::control::redact_endpoint(&endpoint);
     let at = if endpoint.is_empty() { String::new() } else { format!(" at {endpoint}") };
     if matches!(location, Location::Gdrive { .. }) {
         // The Drive client's messages already name the folder, the credentials or the server.

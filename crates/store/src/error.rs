@@ -76,8 +76,25 @@ impl StoreError {
             _ if is_unreachable(&e) => StoreErrorKind::Unavailable,
             _ => StoreErrorKind::Other,
         };
-        Self::new(kind, format!("{op} {key:?}: {}", summary(&e, &full)))
+        Self::new(kind, redact_urls(&format!("{op} {key:?}: {}", summary(&e, &full))))
     }
+}
+
+/// `text` with every URL's `user:password@` cut (`http://u:p@host/x` -> `http://host/x`):
+/// an endpoint given with credentials in it must not reach a message or a log.
+pub fn redact_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        out.push_str(&rest[..i + 3]);
+        rest = &rest[i + 3..];
+        let end = rest.find(|c: char| c == '/' || c == '"' || c == '\'' || c.is_whitespace()).unwrap_or(rest.len());
+        if let Some(at) = rest[..end].rfind('@') {
+            rest = &rest[at + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// OpenDAL reports transport failures (refused, reset, timeout) as `Unexpected` with a
@@ -138,3 +155,13 @@ impl fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
+
+#[cfg(test)]
+#[test]
+fn urls_lose_their_credentials() {
+    assert_eq!(
+        redact_urls("at http://u:EpSeCrEt@h:9000/b, url: https://x@h2/k?a=b@c then s3://b/k@1"),
+        "at http://h:9000/b, url: https://h2/k?a=b@c then s3://b/k@1"
+    );
+    assert_eq!(redact_urls("no url"), "no url");
+}

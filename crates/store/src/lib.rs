@@ -34,7 +34,7 @@ mod types;
 
 pub use attrs::FileAttrs;
 pub use content_type::ContentType;
-pub use error::{StoreError, StoreErrorKind};
+pub use error::{redact_urls, StoreError, StoreErrorKind};
 pub use types::{
     ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectChecksum, ObjectHead, ObjectMeta, ObjectWriter,
     PutOpts, Store, StoreExt, WriteOptions,

@@ -254,12 +254,25 @@ fn layered(op: Operator, request_timeout: Duration, retries: usize, io_timeout: 
 /// `RUST_BACKTRACE` set carries a backtrace of some 240 lines: an outage filled the log.
 fn log_retry(event: RetryEvent<'_>) {
     let after_ms = event.retry_after.as_millis() as u64;
-    tracing::warn!(op = ?event.op, attempt = event.attempt, after_ms, "store request failed, retrying: {}", event.err);
+    tracing::warn!(op = ?event.op, attempt = event.attempt, after_ms, "store request failed, retrying: {}", crate::redact_urls(&event.err.to_string()));
 }
 
 /// Build the store for `loc`. Nothing is contacted yet; call [`Store::check`] for that.
 pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
     check_billing(loc, opts)?;
+    let env_endpoint = std::env::var("AWS_ENDPOINT_URL").ok().filter(|s| !s.is_empty());
+    for e in opts.endpoint.iter().chain(env_endpoint.iter()) {
+        // The services sign requests with their own credentials; a `user:password@` in the
+        // address is never sent (S3 refused such requests), and must never be logged.
+        if crate::redact_urls(e) != *e {
+            return Err(config_err(format!(
+                "the endpoint {} has a user name or password in it (`user:password@`), which \
+                 bucketfs does not send: remove it, and give credentials as AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY (or --profile) for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS",
+                crate::redact_urls(e)
+            )));
+        }
+    }
     if let Location::Gdrive { folder } = loc {
         let poll = std::env::var("BUCKETFS_GDRIVE_POLL_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(1.0);
         return Ok(crate::gdrive::GdriveStore::open(crate::gdrive::DriveConfig {
@@ -273,7 +286,6 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
         })?);
     }
     let err = |e: opendal::Error| StoreError::from_opendal("configure", &loc.to_url(), e);
-    let env_endpoint = std::env::var("AWS_ENDPOINT_URL").ok().filter(|s| !s.is_empty());
     let (op, prefix_dirs) = match loc {
         Location::S3 { bucket, prefix } => {
             let endpoint = opts.endpoint.clone().or(env_endpoint);
