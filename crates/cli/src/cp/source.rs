@@ -21,7 +21,7 @@ use bucketfs_core::block_pool::read_full;
 
 /// What `fstat` says about a file, for telling two moments apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stat {
+pub struct Stat {
     size: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
@@ -145,6 +145,25 @@ impl LocalSource {
         let file = File::open(path).map_err(io)?;
         let start = Stat::of(&file.metadata().map_err(io)?);
         Ok(Self { file, path: path.to_path_buf(), start, read: 0 })
+    }
+
+    /// Open `path` for another attempt at copying what an earlier attempt opened as `first`:
+    /// the path must still name that file, unchanged, or the attempts would send two
+    /// versions (a file renamed over between them would be copied in its place).
+    pub fn reopen(path: &Path, first: &Stat) -> Result<Self, SourceError> {
+        let s = Self::open(path)?;
+        if (s.start.dev, s.start.ino) != (first.dev, first.ino) {
+            return Err(s.changed(Change::Replaced));
+        }
+        match difference(first, &s.start) {
+            Some(change) => Err(s.changed(change)),
+            None => Ok(s),
+        }
+    }
+
+    /// What the file was when opened.
+    pub fn stat(&self) -> &Stat {
+        &self.start
     }
 
     fn truncated(&self) -> SourceError {

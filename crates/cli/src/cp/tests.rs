@@ -705,3 +705,28 @@ async fn idle_slots_take_over_the_tail_of_a_slow_request() {
     assert!(served <= size + 1000 * asked.len() as u64, "{served} bytes read for {size}: {asked:?}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A retried upload opens its source again: the path must still name the file the first
+/// attempt read, unchanged (a file renamed over it between attempts was uploaded instead,
+/// exit 0).
+#[test]
+fn a_source_reopened_for_a_retry_must_be_the_file_first_read() {
+    use super::source::{Change, LocalSource, SourceError};
+    use std::io::Write;
+    let dir = temp_dir("reopen");
+    let p = dir.join("f");
+    std::fs::write(&p, data(1000)).unwrap();
+    let first = *LocalSource::open(&p).unwrap().stat();
+    assert!(LocalSource::reopen(&p, &first).is_ok(), "unchanged: the same file");
+    std::fs::write(dir.join("new"), data(1000)).unwrap();
+    std::fs::rename(dir.join("new"), &p).unwrap();
+    let change = |r: Result<LocalSource, SourceError>| match r {
+        Err(SourceError::Changed(c)) => c.change,
+        other => panic!("{:?}", other.map(|_| ()).map_err(|e| e.to_string())),
+    };
+    assert_eq!(change(LocalSource::reopen(&p, &first)), Change::Replaced);
+    let first = *LocalSource::open(&p).unwrap().stat();
+    std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"more").unwrap();
+    assert_eq!(change(LocalSource::reopen(&p, &first)), Change::Size { before: 1000, after: 1004 });
+    std::fs::remove_dir_all(dir).unwrap();
+}

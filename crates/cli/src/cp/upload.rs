@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, MIN_S3_PART};
-use super::source::LocalSource;
+use super::source::{LocalSource, Stat};
 use super::verify::{self, Check, SliceSum};
 use super::{is_retryable, retry, CpError, Ctx, Report};
 
@@ -73,11 +73,26 @@ impl From<String> for Failed {
 /// A file is read as a [`LocalSource`]: up to the size it had when opened, and checked for
 /// changes after its last read, before that last chunk is handed over. A change is sent
 /// instead of the last chunk, so the upload is aborted before it can be completed.
-fn spawn_reader(src: &Source<'_>, part: usize, keep: usize, dst: &Remote) -> Result<(Chunks, WholeMd5), CpError> {
+/// `first`: the file as the first attempt opened it (set by that attempt); a later attempt
+/// fails as "changed" if the path names another file by then, or this one changed.
+fn spawn_reader(
+    src: &Source<'_>,
+    part: usize,
+    keep: usize,
+    dst: &Remote,
+    first: &mut Option<Stat>,
+) -> Result<(Chunks, WholeMd5), CpError> {
     let kind = dst.kind;
     let part_md5 = kind == Kind::S3 && !dst.crc_confirmed;
     let mut input = match src {
-        Source::File(p) => Input::File(LocalSource::open(p)?),
+        Source::File(p) => Input::File(match first {
+            Some(was) => LocalSource::reopen(p, was)?,
+            None => {
+                let f = LocalSource::open(p)?;
+                *first = Some(*f.stat());
+                f
+            }
+        }),
         Source::Stdin => Input::Stdin(std::io::stdin()),
     };
     // Two chunks read ahead keep the uploads fed without holding much memory.
@@ -151,12 +166,18 @@ async fn sums_of(pending: Vec<PendingSum>) -> Result<Vec<SliceSum>, Failed> {
 }
 
 /// Upload once: single `put` for one chunk, the writer for more.
-async fn upload_once(ctx: &Ctx, src: &Source<'_>, dst: &Remote, part: usize) -> Result<(ObjectMeta, Digests), Failed> {
+async fn upload_once(
+    ctx: &Ctx,
+    src: &Source<'_>,
+    dst: &Remote,
+    part: usize,
+    first: &mut Option<Stat>,
+) -> Result<(ObjectMeta, Digests), Failed> {
     let attrs = match src {
         Source::File(p) if ctx.preserve => super::preserve::local_attrs(p),
         _ => bucketfs_store::FileAttrs::default(),
     };
-    let (mut rx, reader) = spawn_reader(src, part, ctx.parallel + 4, dst)?;
+    let (mut rx, reader) = spawn_reader(src, part, ctx.parallel + 4, dst, first)?;
     let mut sums = Vec::new();
     let first = rx.recv().await.transpose()?;
     let second = if first.is_some() { rx.recv().await.transpose()? } else { None };
@@ -323,13 +344,14 @@ pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote)
     let part = part_size(ctx, dst, size);
     let can_retry = matches!(src, Source::File(_));
     let mut last = CpError::from(String::new());
+    let mut first = None;
     for attempt in 0..=ctx.retries {
         if attempt > 0 {
             ctx.progress.println(&format!("bucketfs cp: {}: {last}; uploading again", dst.url()));
             ctx.progress.retrying(size.unwrap_or(0));
             tokio::time::sleep(ctx.backoff(attempt)).await;
         }
-        let failed = match upload_once(ctx, &src, dst, part).await {
+        let failed = match upload_once(ctx, &src, dst, part, &mut first).await {
             Ok((meta, d)) => match verify_upload(ctx, dst, &meta, &d).await {
                 Ok(how) => {
                     let bytes = d.sums.iter().map(|s| s.range.end - s.range.start).sum();
