@@ -651,6 +651,37 @@ def _special_tree(tmp):
     return tree, skipped
 
 
+def test_an_unreadable_directory_fails_alone(cp_bucket):
+    """cp -r as a user who cannot read one directory of the tree: that directory's copy fails
+    (exit 4, named), everything readable is copied. Before: the whole copy stopped before
+    anything was copied."""
+    import shutil
+    import tempfile
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("needs root to run cp as another user")
+    base = tempfile.mkdtemp(prefix="bfs-unreadable-", dir="/tmp")
+    try:
+        os.chmod(base, 0o755)
+        tree = os.path.join(base, "tree")
+        os.makedirs(os.path.join(tree, "a"))
+        os.makedirs(os.path.join(tree, "locked"))
+        for rel in ("a/ok", "locked/secret"):
+            with open(os.path.join(tree, rel), "wb") as f:
+                f.write(rel.encode())
+            os.chmod(os.path.join(tree, rel), 0o644)
+        os.chmod(os.path.join(tree, "locked"), 0)
+        cmd = ["runuser", "-u", "nobody", "--", require_bin(), "cp", "-r", tree, url(cp_bucket, "perm/"),
+               *seed.mount_extra_args(cp_bucket.store)]
+        p = subprocess.run(cmd, env=bucketfs_env(HOME=base, XDG_CACHE_HOME=base), capture_output=True, timeout=120)
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode == 4, (p.returncode, err)
+        assert "locked: Permission denied" in err, err
+        assert seed.list_keys(cp_bucket.store, cp_bucket.name) == ["perm/tree/a/ok"]
+    finally:
+        os.chmod(os.path.join(base, "tree", "locked"), 0o755)
+        shutil.rmtree(base)
+
+
 def test_recursive_copy_says_what_it_skips(cp_bucket, tmp):
     """cp -r of a tree with symlinks (to a file, a directory, outside the tree, dangling, a
     loop), a FIFO, a socket, a device and an empty directory: links are followed, the empty

@@ -69,6 +69,7 @@ pub fn describe(job: &Job) -> String {
         Src::Remote { remote, size, .. } => format!("{} ({size} bytes)", remote.url()),
         Src::Stdin => "-".into(),
         Src::Dir => "(directory)".into(),
+        Src::Unreadable { path, .. } => format!("{} (a directory not readable)", path.display()),
     };
     let dst = match &job.dst {
         Dst::Local(p) => p.display().to_string(),

@@ -320,6 +320,9 @@ async fn run_job(ctx: &Ctx, job: &Job) -> Result<Report, CpError> {
         }
         (Src::Stdin, Dst::Remote(r)) => upload::upload(ctx, upload::Source::Stdin, None, r).await,
         (Src::Dir, dst) => make_dir(ctx, dst).await,
+        (Src::Unreadable { path, errno }, _) => {
+            Err(CpError::io(path.display(), &std::io::Error::from_raw_os_error(*errno)))
+        }
         _ => Err("unsupported combination of source and destination".into()),
     }
 }

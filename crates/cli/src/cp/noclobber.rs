@@ -24,7 +24,7 @@ pub const UNCHANGED: &str = "unchanged-no-clobber";
 pub async fn unchanged(ctx: &Ctx, job: &Job) -> Result<bool, CpError> {
     let Some(size) = job.size() else { return Ok(false) }; // stdin: unknown until read
     match (&job.src, &job.dst) {
-        (Src::Dir, _) | (_, Dst::Stdout) => Ok(false),
+        (Src::Dir | Src::Unreadable { .. }, _) | (_, Dst::Stdout) => Ok(false),
         (Src::Local { path, .. }, Dst::Remote(r)) => match digests(ctx, r).await? {
             Some(d) if d.meta.size == size => same_as_file(md5_of(r.kind, &d), path).await,
             _ => Ok(false),

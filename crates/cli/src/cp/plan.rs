@@ -98,6 +98,12 @@ pub enum Src {
     /// An empty directory (local) or a directory marker object (`dir/`): made at the
     /// destination, as a marker object or a local directory.
     Dir,
+    /// A local directory below a `-r` source that could not be read (`errno`): its copy
+    /// fails with that error (exit 4 when denied), the rest of the tree is copied.
+    Unreadable {
+        path: PathBuf,
+        errno: i32,
+    },
 }
 
 /// Where they go.
@@ -119,7 +125,7 @@ impl Job {
         match &self.src {
             Src::Local { size, .. } | Src::Remote { size, .. } => Some(*size),
             Src::Stdin => None,
-            Src::Dir => Some(0),
+            Src::Dir | Src::Unreadable { .. } => Some(0),
         }
     }
 }

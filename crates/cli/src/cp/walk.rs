@@ -222,9 +222,18 @@ impl Tree<'_> {
     /// Add the jobs and skips of everything in `dir` (at `rel`, empty or ending in `/`);
     /// returns how many jobs it added.
     fn dir(&mut self, dir: &Path, rel: &str) -> Result<usize, CpError> {
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| CpError::io(dir.display(), &e))?;
+        let listed = std::fs::read_dir(dir).and_then(|it| it.collect::<Result<Vec<_>, _>>());
+        let mut entries = match listed {
+            Ok(entries) => entries,
+            // Below the source, as an unreadable file: that copy fails, the others go on.
+            Err(e) if !rel.is_empty() && e.raw_os_error().is_some() => {
+                let (path, errno) = (dir.to_path_buf(), e.raw_os_error().unwrap_or(libc::EIO));
+                let dst = target(self.dst, self.name, rel.trim_end_matches('/'), self.into_dir)?;
+                self.out.jobs.push(Job { src: Src::Unreadable { path, errno }, dst });
+                return Ok(1);
+            }
+            Err(e) => return Err(CpError::io(dir.display(), &e)),
+        };
         entries.sort_by_key(|e| e.file_name());
         let before = self.out.jobs.len();
         for e in entries {
