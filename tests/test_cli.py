@@ -50,6 +50,20 @@ def mp():
     unmount(m)
 
 
+def test_error_bad_flag_is_one_line_and_exit_1(mp, tmp_path):
+    """A bad flag or value: one line, exit 1 (not the argument parser's 2, which `cp` uses
+    for "skipped"). A slice past 1G was an aborted allocation before (exit 134)."""
+    p = run_cli(["mount", "mem://", mp, "--no-such-flag"])
+    assert_cli_error(p, ["unexpected argument", "--no-such-flag"], mp)
+    assert p.returncode == 1
+    src = tmp_path / "f"
+    src.write_bytes(b"x")
+    p = run_cli(["cp", "--slice-size", "100G", str(src), "mem://b/f"])
+    assert_cli_error(p, ["at most 1g"])
+    assert p.returncode == 1
+    assert run_cli(["cp", "--help"]).returncode == 0
+
+
 def test_error_unknown_scheme(mp):
     require_bin()
     assert_cli_error(run_cli(["mount", "foo://x", mp]), ["scheme", "unsupported"], mp)

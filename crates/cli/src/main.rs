@@ -256,7 +256,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let cli = Cli::parse_from(&argv);
+    // A bad argument is one line and exit 1 (clap's own exit 2 is `cp`'s "skipped").
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            let _ = match e.kind() {
+                K::DisplayHelp | K::DisplayVersion => {
+                    return e.print().map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS)
+                }
+                K::DisplayHelpOnMissingArgumentOrSubcommand => e.print(),
+                _ => {
+                    let text = e.to_string();
+                    let first = text.lines().next().unwrap_or_default();
+                    eprintln!("bucketfs: {} (see --help)", first.trim_start_matches("error: "));
+                    Ok(())
+                }
+            };
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.cmd {
         Command::Mount(args) => mount::run(args, &argv[1..]),
         Command::Unmount { mountpoint } => unmount::run(&mountpoint),

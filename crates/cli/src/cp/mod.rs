@@ -115,8 +115,8 @@ pub struct CpArgs {
     #[arg(long, value_name = "URL")]
     gcs_endpoint: Option<String>,
     /// Bytes per ranged read or upload part (like 8M, 16MiB). Default: 8 MiB up to
-    /// 256 MiB, then 16 MiB (larger past 160 GB); at least 5 MiB for S3 uploads.
-    #[arg(long, value_parser = plan::parse_size)]
+    /// 256 MiB, then 16 MiB (larger past 160 GB); at least 5 MiB for S3 uploads, at most 1G.
+    #[arg(long, value_parser = plan::parse_slice_size)]
     slice_size: Option<u64>,
     /// Requests in flight, across all files. Default: 4 per core, between 8 and 16.
     #[arg(long)]

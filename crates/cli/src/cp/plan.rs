@@ -61,6 +61,15 @@ pub fn slices(size: u64, slice: u64) -> Vec<Range<u64>> {
     (0..size.div_ceil(slice)).map(|i| i * slice..((i + 1) * slice).min(size)).collect()
 }
 
+/// Parse `--slice-size`: a size of at most 1 GiB. Each request in flight holds one slice
+/// in memory (`--slice-size 100G` aborted on a failed allocation).
+pub fn parse_slice_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        v if v > 1 << 30 => Err(format!("{s:?}: at most 1G (each request in flight holds a slice in memory)")),
+        v => Ok(v),
+    }
+}
+
 /// Parse `8M`, `16MiB`, `512k`, `1G` or a byte count.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
