@@ -64,6 +64,21 @@ def test_error_bad_flag_is_one_line_and_exit_1(mp, tmp_path):
     assert run_cli(["cp", "--help"]).returncode == 0
 
 
+def test_a_dead_mount_says_how_to_recover(mp):
+    """The mount's process killed (-9): the kernel mount stays, answering ENOTCONN. status
+    and mount on it name what happened and the command that recovers; that command does."""
+    p = run_cli(["mount", "mem://", mp])
+    assert p.returncode == 0, p.err
+    for pid in daemon_pids(mp):
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not daemon_pids(mp), 10)
+    for cmd in (["status", mp], ["mount", "mem://", mp]):
+        p = run_cli(cmd)
+        assert p.returncode == 1 and f"bucketfs unmount {mp}" in p.err, (cmd, p.err)
+    assert run_cli(["unmount", mp]).returncode == 0
+    assert run_cli(["mount", "mem://", mp]).returncode == 0 and os.listdir(mp) == []
+
+
 def test_error_unknown_scheme(mp):
     require_bin()
     assert_cli_error(run_cli(["mount", "foo://x", mp]), ["scheme", "unsupported"], mp)

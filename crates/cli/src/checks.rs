@@ -29,6 +29,14 @@ pub fn mountpoint(mp: &Path) -> Result<PathBuf, String> {
         std::io::ErrorKind::NotFound => {
             format!("mount point {} does not exist; create it first (mkdir -p {})", mp.display(), mp.display())
         }
+        // A mount whose process died: the kernel mount stays until unmounted.
+        _ if e.raw_os_error() == Some(libc::ENOTCONN) => format!(
+            "mount point {} is a mount whose process has ended (transport endpoint not connected): \
+             run `bucketfs unmount {}` (or `fusermount3 -u {}`), then mount again",
+            mp.display(),
+            mp.display(),
+            mp.display()
+        ),
         _ => format!("cannot use mount point {}: {e}", mp.display()),
     })?;
     if !meta.is_dir() {

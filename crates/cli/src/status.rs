@@ -46,12 +46,20 @@ fn ask(mp: &Path, request: &str, timeout: Option<Duration>) -> Result<String, St
             sock.display()
         ));
     }
-    let mut conn = UnixStream::connect(&sock).map_err(|e| {
-        format!(
+    let mut conn = UnixStream::connect(&sock).map_err(|e| match e.kind() {
+        // The socket file outlived its process (killed): the mount is dead.
+        std::io::ErrorKind::ConnectionRefused => format!(
+            "the mount process of {} has ended (nothing answers at {}): run `bucketfs unmount {}`, \
+             then mount again; files it had not uploaded are uploaded by that next mount",
+            canonical.display(),
+            sock.display(),
+            canonical.display()
+        ),
+        _ => format!(
             "cannot reach the mount process of {} at {} ({e}); was it mounted by another user or an older bucketfs?",
             canonical.display(),
             sock.display()
-        )
+        ),
     })?;
     conn.set_read_timeout(timeout).map_err(|e| e.to_string())?;
     conn.write_all(format!("{request}\n").as_bytes()).map_err(|e| format!("cannot ask the mount process: {e}"))?;
