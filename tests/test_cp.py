@@ -651,6 +651,23 @@ def _special_tree(tmp):
     return tree, skipped
 
 
+def test_a_download_over_a_file_keeps_its_mode_and_follows_a_link(cp_bucket, tmp):
+    """As cp(1): a destination that exists keeps its mode (a private 0600 file was left 0644
+    by the rename of the new bytes over it), and a symlink destination is written through."""
+    src = tmp / "src"
+    src.write_bytes(b"new bytes")
+    cp(cp_bucket, str(src), url(cp_bucket, "obj"))
+    priv = tmp / "priv"
+    priv.write_bytes(b"old")
+    os.chmod(priv, 0o600)
+    (tmp / "target").write_bytes(b"old")
+    os.symlink("target", tmp / "link")
+    cp(cp_bucket, url(cp_bucket, "obj"), str(priv))
+    cp(cp_bucket, url(cp_bucket, "obj"), str(tmp / "link"))
+    assert priv.read_bytes() == b"new bytes" and (os.stat(priv).st_mode & 0o777) == 0o600
+    assert os.path.islink(tmp / "link") and (tmp / "target").read_bytes() == b"new bytes"
+
+
 def test_an_unreadable_directory_fails_alone(cp_bucket):
     """cp -r as a user who cannot read one directory of the tree: that directory's copy fails
     (exit 4, named), everything readable is copied. Before: the whole copy stopped before

@@ -39,6 +39,12 @@ pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &P
     if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| CpError::io(parent.display(), &e))?;
     }
+    // As cp(1): a symlink to a file is written through (the link stays), and a file that
+    // exists keeps its mode and owner (the new bytes replace it by a rename).
+    let linked = std::fs::symlink_metadata(dst).is_ok_and(|m| m.file_type().is_symlink());
+    let resolved = linked.then(|| std::fs::canonicalize(dst).ok()).flatten();
+    let dst = resolved.as_deref().unwrap_or(dst);
+    let existing = std::fs::metadata(dst).ok().filter(|m| m.is_file());
     let p = read_plan(ctx, src, head).await?;
     let tmp = temp_path(dst);
     let result = tokio::select! {
@@ -47,6 +53,11 @@ pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &P
     };
     match result {
         Ok(report) => {
+            if let Some(m) = existing {
+                use std::os::unix::fs::{MetadataExt, PermissionsExt};
+                let _ = std::os::unix::fs::chown(&tmp, Some(m.uid()), Some(m.gid()));
+                let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(m.mode() & 0o7777));
+            }
             std::fs::rename(&tmp, dst).map_err(|e| CpError::io(dst.display(), &e))?;
             Ok(report)
         }
