@@ -287,13 +287,27 @@ impl DiskCache {
         let Some(size) = self.index.get(&old) else { return false };
         {
             let mut m = self.whole.lock().unwrap();
-            let Some(w) = m.get(&old).filter(|_| !m.contains_key(&new)) else { return false };
-            let from = self.dir.join(file_name(&old, w.crc));
-            if std::fs::rename(from, self.dir.join(file_name(&new, w.crc))).is_err() {
+            let Some(w) = m.get(&old) else { return false };
+            let (crc, pinned) = (w.crc, w.pins > 0);
+            // The new name may hold a copy of the same version already (key and identity
+            // name the bytes), left there when a directory moved away with it and came back
+            // (Drive and S3 keep a moved object's identity). The file readers pass through
+            // must win: a writer's takeover looks under the new name, and a copy that is
+            // not the readers' file got an open for writing EBUSY (found by the model).
+            if let Some(stale) = m.get(&new) {
+                if stale.pins > 0 && !pinned {
+                    return false; // the one at the new name is the readers'
+                }
+                if stale.crc != crc {
+                    let _ = std::fs::remove_file(self.dir.join(file_name(&new, stale.crc)));
+                }
+            }
+            let from = self.dir.join(file_name(&old, crc));
+            if std::fs::rename(from, self.dir.join(file_name(&new, crc))).is_err() {
                 return false;
             }
             let w = m.remove(&old).expect("found above");
-            m.insert(new.clone(), w);
+            m.insert(new.clone(), w); // replaces a copy left there; its pins matched nothing
         }
         // The old name's eviction finds no entry and deletes nothing.
         self.index.invalidate(&old);
@@ -434,6 +448,33 @@ mod tests {
         drop(w);
         assert!(!path.exists(), "the evicted file went with its last pin");
         assert!(c.whole("k3", "e3", size).is_some(), "the new build was left alone");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A directory moved away and back (Drive and S3 keep a moved object's identity): the
+    /// file readers pass through meets a copy of the same version left at the old name. It
+    /// must take the name, so a writer's takeover gets the readers' file (was EBUSY).
+    #[test]
+    fn a_pinned_file_moved_onto_a_copy_left_behind_takes_the_name() {
+        let (d, pool) = (dir("moveback"), BlockPool::new(BLOCK as usize + ALIGN, 2));
+        let c = Arc::new(DiskCache::open(&d, 64 << 20).unwrap());
+        let data = object_in(&c, &pool);
+        let size = data.len() as u64;
+        // Built from the blocks of "k", then moved (as renames here move them).
+        assert!(c.build_whole("k", "e", size, &pool) && c.rekey_whole("k", "e", "a/f", "e"), "left at a/f");
+        assert!(c.build_whole("k", "e", size, &pool) && c.rekey_whole("k", "e", "b/a/f", "e"));
+        let readers = c.whole("b/a/f", "e", size).expect("pinned by a reader");
+        assert!(c.rekey_whole("b/a/f", "e", "a/f", "e"), "the readers' file takes the name");
+        let staged = d.join("staged.data");
+        assert!(c.take_whole("a/f", "e", size, &staged));
+        use std::os::unix::fs::MetadataExt;
+        let (r, t) = (readers.file.metadata().unwrap(), std::fs::metadata(&staged).unwrap());
+        assert_eq!((r.dev(), r.ino()), (t.dev(), t.ino()), "the writer took the readers' file");
+        // An unpinned copy never displaces a pinned one.
+        assert!(c.build_whole("k", "e", size, &pool) && c.rekey_whole("k", "e", "x", "e"));
+        assert!(c.build_whole("k", "e", size, &pool) && c.rekey_whole("k", "e", "y", "e"));
+        let _held = c.whole("y", "e", size).unwrap();
+        assert!(!c.rekey_whole("x", "e", "y", "e"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
