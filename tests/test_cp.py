@@ -403,6 +403,25 @@ def test_interrupted_copies_leave_nothing_behind(cp_bucket, tmp, sig):
         assert os.listdir(out) == [], os.listdir(out)
 
 
+def test_a_copy_under_nohup_survives_a_hang_up(cp_bucket, tmp):
+    """`nohup bucketfs cp ... &` sets SIGHUP to be ignored: a hang-up (logout) must not stop
+    the copy, as it stops one not under nohup (the test above)."""
+    src = tmp / "big.bin"
+    subprocess.run(["head", "-c", str(200 * MIB), "/dev/urandom"], stdout=open(src, "wb"), check=True)
+    extra = [*seed.mount_extra_args(cp_bucket.store), "--slice-size", "5M", "--parallel", "2"]
+    proc = subprocess.Popen([require_bin(), "cp", "-q", str(src), url(cp_bucket, "big.bin"), *extra],
+                            env=bucketfs_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    deadline = time.monotonic() + 60
+    while not _parts_landed(cp_bucket) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=BIG_TIMEOUT)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    got = hashlib.md5(seed.get(cp_bucket.store, cp_bucket.name, "big.bin")).hexdigest()
+    assert got == md5_file(src)
+
+
 # --------------------------------------------------------------------------- store to store
 # MinIO <-> the GCS emulator in one command: each side gets its own endpoint.
 

@@ -54,11 +54,14 @@ fn job_path(job: &Job) -> String {
     }
 }
 
-/// The jobs the filter keeps.
+/// The jobs the filter keeps. A directory that could not be read is always kept (its copy
+/// fails, named): what it holds is unknown, so no pattern can say it holds nothing wanted.
 pub fn apply(jobs: Vec<Job>, filter: Option<&Filter>) -> Vec<Job> {
     match filter {
         None => jobs,
-        Some(f) => jobs.into_iter().filter(|j| f.keeps(&job_path(j))).collect(),
+        Some(f) => {
+            jobs.into_iter().filter(|j| matches!(j.src, Src::Unreadable { .. }) || f.keeps(&job_path(j))).collect()
+        }
     }
 }
 

@@ -445,6 +445,7 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
         let start = Instant::now();
         // On SIGINT/SIGTERM/SIGHUP (a closed terminal or SSH session), cancel and keep
         // waiting: the transfers abort and clean up.
+        let hangup_ignored = signal_ignored(libc::SIGHUP);
         let signals = async {
             use tokio::signal::unix::{signal, SignalKind};
             let on = |kind: SignalKind| {
@@ -459,10 +460,11 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = on(SignalKind::terminate()) => {}
-                _ = on(SignalKind::hangup()) => {}
+                // Not under nohup: a hang-up it set to be ignored stays ignored.
+                _ = async { if hangup_ignored { std::future::pending().await } else { on(SignalKind::hangup()).await } } => {}
             }
-            ctx.progress.println("bucketfs cp: interrupted; aborting uploads and removing partial files");
             ctx.cancel();
+            ctx.progress.println("bucketfs cp: interrupted; aborting uploads and removing partial files");
             std::future::pending::<()>().await
         };
         let (reports, errors) = tokio::select! {
@@ -510,4 +512,13 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
         std::process::exit(EXIT_SKIPPED.into());
     }
     Ok(())
+}
+
+/// Whether `sig` is set to be ignored (as `nohup` sets SIGHUP), before any handler of ours.
+fn signal_ignored(sig: libc::c_int) -> bool {
+    // SAFETY: a query only (no new action); `old` is written by the call.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
 }

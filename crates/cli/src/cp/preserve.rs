@@ -26,12 +26,39 @@ pub async fn apply_to_local(remote: &Remote, path: &Path) -> Result<(), CpError>
     let head = remote.store.head(&remote.key, HeadOpts::default()).await;
     let attrs = head.map_err(|e| CpError::store(format!("{}: {e}", remote.url()), &e))?.attrs;
     let what = |e: std::io::Error| CpError::io(format_args!("{}: keeping mode and mtime", path.display()), &e);
-    // The time first: a mode without write permission would stop the open for it.
     if let Some(t) = attrs.mtime {
-        std::fs::File::options().write(true).open(path).and_then(|f| f.set_modified(t)).map_err(what)?;
+        set_mtime(path, t).map_err(what)?;
     }
     if let Some(mode) = attrs.mode {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777)).map_err(what)?;
+    }
+    Ok(())
+}
+
+/// Set `path`'s mtime (its atime left as is) by path: no open, so a file whose mode lets
+/// nobody write it (a read-only file copied over, `-p` of a 0444 object) still gets it.
+fn set_mtime(path: &Path, t: std::time::SystemTime) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let (sec, nsec) = match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
+        Err(e) => {
+            let d = e.duration();
+            let (s, n) = (d.as_secs() as i64, d.subsec_nanos() as i64);
+            if n == 0 {
+                (-s, 0)
+            } else {
+                (-s - 1, 1_000_000_000 - n)
+            }
+        }
+    };
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let times = [
+        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        libc::timespec { tv_sec: sec as libc::time_t, tv_nsec: nsec as _ },
+    ];
+    // SAFETY: a valid C string and two timespecs, as utimensat(2) takes.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

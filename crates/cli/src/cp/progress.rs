@@ -63,7 +63,12 @@ impl Progress {
     pub fn println(&self, line: &str) {
         match &self.bar {
             Some(b) => b.println(line),
-            None => eprintln!("{line}"),
+            // Not eprintln!: a hung-up terminal or a closed pipe must not panic a copy
+            // that is cleaning up after SIGHUP.
+            None => {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "{line}");
+            }
         }
     }
 

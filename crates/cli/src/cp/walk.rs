@@ -254,7 +254,17 @@ impl Tree<'_> {
                     }
                 }
             } else if ft.is_file() || ft.is_dir() {
-                e.metadata().map_err(|err| CpError::io(path.display(), &err))?
+                match e.metadata() {
+                    Ok(m) => m,
+                    // A directory listed but not searchable (mode r without x): this entry
+                    // fails alone, as an unreadable directory does.
+                    Err(err) => {
+                        let errno = err.raw_os_error().unwrap_or(libc::EIO);
+                        let dst = target(self.dst, self.name, &child_rel, self.into_dir)?;
+                        self.out.jobs.push(Job { src: Src::Unreadable { path, errno }, dst });
+                        continue;
+                    }
+                }
             } else {
                 self.out.skip(&path, SkipReason::of_type(ft));
                 continue;
