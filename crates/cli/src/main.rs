@@ -235,6 +235,14 @@ fn tune_malloc() {
     }
 }
 
+/// clap's error text on one line: its message, the names it lists below it (missing
+/// arguments, possible values) and its tips, without the usage block.
+fn one_line(text: &str) -> String {
+    let keep = |l: &&str| !l.trim().is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information");
+    let parts: Vec<&str> = text.lines().filter(keep).map(|l| l.trim().trim_start_matches("error: ")).collect();
+    parts.join(" ")
+}
+
 fn main() -> ExitCode {
     tune_malloc();
     let mut argv: Vec<OsString> = std::env::args_os().collect();
@@ -267,9 +275,7 @@ fn main() -> ExitCode {
                 }
                 K::DisplayHelpOnMissingArgumentOrSubcommand => e.print(),
                 _ => {
-                    let text = e.to_string();
-                    let first = text.lines().next().unwrap_or_default();
-                    eprintln!("bucketfs: {} (see --help)", first.trim_start_matches("error: "));
+                    eprintln!("bucketfs: {} (see --help)", one_line(&e.to_string()));
                     Ok(())
                 }
             };
