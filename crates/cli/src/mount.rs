@@ -220,8 +220,13 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let staged_here = std::fs::create_dir_all(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))
         .and_then(|()| paths::lock_staging(&cfg.staging_dir, STAGING_WAIT));
-    let staged_here =
-        staged_here.and_then(|lock| paths::claim_staging(&cfg.staging_dir, &location.to_url()).map(|()| lock));
+    // The store the staging directory belongs to: bucket and prefix (any endpoint: one
+    // store may be reached through several addresses), a local folder by its real path.
+    let store_id = match &location {
+        Location::File { path } => format!("file://{}", std::fs::canonicalize(path).unwrap_or(path.clone()).display()),
+        _ => location.to_url(),
+    };
+    let staged_here = staged_here.and_then(|lock| paths::claim_staging(&cfg.staging_dir, &store_id).map(|()| lock));
     match staged_here {
         // Released only by the process's exit: work on staged files may outlive `serve`
         // (the runtime's last tasks, the recycling thread).

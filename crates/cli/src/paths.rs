@@ -181,7 +181,10 @@ fn staging_dir_in(base: &Path, mountpoint: &Path) -> PathBuf {
 /// them into the wrong bucket (over whatever its keys hold) or delete its keys there.
 /// Call with the staging lock held.
 pub fn claim_staging(staging: &Path, url: &str) -> Result<(), String> {
-    let owner_file = staging.join(".store");
+    // Beside the directory, as the deletes journal: the staging directory itself holds
+    // only staged files (empty once everything is uploaded).
+    let name = staging.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let owner_file = staging.with_file_name(format!(".{name}.store"));
     let owner = std::fs::read_to_string(&owner_file).ok().map(|s| s.trim_end().to_string());
     if let Some(owner) = owner.filter(|o| o != url) {
         let count = |dir: &Path, pending: &dyn Fn(&str) -> bool| {

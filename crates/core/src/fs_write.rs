@@ -831,7 +831,7 @@ impl Fs {
         match self.store.list(key, false).next().await {
             Some(Ok(m)) => {
                 if names::child_name(key, &m.key).is_none() || !self.store.capabilities().addressable(&m.key) {
-                    tracing::warn!(dir = %key, key = %m.key, "directory looks empty but holds a key with no file name here (not shown): not empty; move or delete that key with another client");
+                    tracing::warn!(dir = %key, key = %m.key, "directory holds a key with no file name here (not shown), so it is not empty: move or delete that key with another client");
                 }
                 Ok(true)
             }

@@ -36,8 +36,11 @@ pub fn child_name<'a>(prefix: &str, key: &'a str) -> Option<(&'a str, bool)> {
 /// segment below the prefix is a valid file name (a marker's trailing `/` aside).
 pub fn shown_below(prefix: &str, key: &str) -> bool {
     let Some(rest) = key.strip_prefix(prefix) else { return false };
+    if rest.is_empty() {
+        return true; // the directory's own marker
+    }
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    rest.is_empty() || rest.split('/').all(valid_segment)
+    rest.split('/').all(valid_segment)
 }
 
 /// The key of child `name` in the directory whose key is `parent_key` (`""` or ending in

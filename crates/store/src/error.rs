@@ -88,7 +88,7 @@ pub fn redact_urls(text: &str) -> String {
     while let Some(i) = rest.find("://") {
         out.push_str(&rest[..i + 3]);
         rest = &rest[i + 3..];
-        let end = rest.find(|c: char| c == '/' || c == '"' || c == '\'' || c.is_whitespace()).unwrap_or(rest.len());
+        let end = rest.find(|c: char| "/?#\"'".contains(c) || c.is_whitespace()).unwrap_or(rest.len());
         if let Some(at) = rest[..end].rfind('@') {
             rest = &rest[at + 1..];
         }
@@ -164,4 +164,5 @@ fn urls_lose_their_credentials() {
         "at http://h:9000/b, url: https://h2/k?a=b@c then s3://b/k@1"
     );
     assert_eq!(redact_urls("no url"), "no url");
+    assert_eq!(redact_urls("http://host?x=a@b and http://u:p@h#f@g"), "http://host?x=a@b and http://h#f@g");
 }

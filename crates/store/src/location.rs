@@ -261,15 +261,18 @@ fn log_retry(event: RetryEvent<'_>) {
 pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
     check_billing(loc, opts)?;
     let env_endpoint = std::env::var("AWS_ENDPOINT_URL").ok().filter(|s| !s.is_empty());
-    for e in opts.endpoint.iter().chain(env_endpoint.iter()) {
+    let s3_env = env_endpoint.iter().filter(|_| matches!(loc, Location::S3 { .. }));
+    for e in opts.endpoint.iter().chain(s3_env) {
         // The services sign requests with their own credentials; a `user:password@` in the
-        // address is never sent (S3 refused such requests), and must never be logged.
-        if crate::redact_urls(e) != *e {
+        // address is never sent (S3 refused such requests), and must never be logged. An
+        // address without a scheme gets `https://` from OpenDAL: checked as such.
+        let as_url = if e.contains("://") { e.clone() } else { format!("https://{e}") };
+        if crate::redact_urls(&as_url) != as_url {
             return Err(config_err(format!(
                 "the endpoint {} has a user name or password in it (`user:password@`), which \
                  bucketfs does not send: remove it, and give credentials as AWS_ACCESS_KEY_ID and \
                  AWS_SECRET_ACCESS_KEY (or --profile) for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS",
-                crate::redact_urls(e)
+                crate::redact_urls(&as_url)
             )));
         }
     }
