@@ -64,7 +64,7 @@ pub fn sync_answer(failed: &[(String, String)]) -> String {
         return "ok\n".to_string();
     }
     let mut o = format!(
-        "error: {} file(s) not in the bucket yet (kept staged and retried; run `bucketfs sync` again once the store answers):\n",
+        "error: {} file(s) not in the bucket yet, or not deleted from it yet (kept and retried; run `bucketfs sync` again once the store answers):\n",
         failed.len()
     );
     for (key, e) in failed {

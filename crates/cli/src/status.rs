@@ -22,6 +22,14 @@ pub fn run(mp: &Path, json: bool) -> Result<(), String> {
 /// files still not in the bucket.
 pub fn sync(mp: &Path) -> Result<(), String> {
     let answer = ask(mp, "sync", None)?;
+    if answer.trim().is_empty() {
+        return Err(format!(
+            "the mount process of {} ended before the sync finished: run `bucketfs unmount {}`, then mount \
+             again (the next mount uploads what it had not)",
+            mp.display(),
+            mp.display()
+        ));
+    }
     if answer.trim() != "ok" {
         return Err(format!("unexpected answer from the mount process: {answer}"));
     }

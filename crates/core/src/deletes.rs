@@ -184,7 +184,16 @@ impl DeferredDeletes {
     pub async fn drain_all(&self) -> Vec<(String, String)> {
         let mut failed = match self.drain(|_| true).await {
             Ok(()) => Vec::new(),
-            Err(e) => self.pending.lock().unwrap().keys().map(|k| (k.clone(), e.to_string())).collect(),
+            // Each key with its own last error, or the drain's without the key it names (it
+            // named one key for all of them).
+            Err(e) => {
+                let p = self.pending.lock().unwrap();
+                let why = |f: &Option<(Instant, StoreError)>| {
+                    let text = f.as_ref().map_or(e.to_string(), |(_, err)| err.to_string());
+                    text.split_once(": ").map_or(text.clone(), |(_, why)| why.to_string())
+                };
+                p.iter().map(|(k, entry)| (k.clone(), format!("delete not done yet: {}", why(&entry.failed)))).collect()
+            }
         };
         failed.append(&mut self.refused.lock().unwrap());
         failed
