@@ -231,11 +231,6 @@ fn check_billing(loc: &Location, opts: &StoreOptions) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// How long one I/O call (a read of the next bytes of a body, the sending of a small
-/// upload) may take before it is retried; uploads of more bytes get longer (see
-/// [`OpendalStore::upload_operator`]).
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// `op` with bucketfs's timeouts and retries. Transient failures (5xx, throttling, resets)
 /// retry with jittered exponential backoff; 3 retries from 200 ms keeps a dead server's
 /// failure under ~10 s per call.
@@ -401,9 +396,13 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     tracing::debug!(compose, "GCS uploads of several parts: compose, else XML multipart");
     let compose_op = compose.then(|| layered(op.clone(), request_timeout, retries, Duration::from_secs(300)));
     let base = op.clone();
-    let mut store = OpendalStore::new(layered(op, request_timeout, retries, IO_TIMEOUT), loc.to_url(), prefix_dirs)
-        .with_content_type(opts.content_type.clone())
-        .with_upload_operators(Arc::new(move |io| layered(base.clone(), request_timeout, retries, io)));
+    let mut store = OpendalStore::new(
+        layered(op, request_timeout, retries, crate::opendal_store::IO_TIMEOUT),
+        loc.to_url(),
+        prefix_dirs,
+    )
+    .with_content_type(opts.content_type.clone())
+    .with_upload_operators(Arc::new(move |io| layered(base.clone(), request_timeout, retries, io)));
     if let Some(c) = compose_op {
         store = store.with_compose_operator(c);
     }

@@ -66,6 +66,11 @@ pub struct OpendalStore {
 /// Builds this store's operator with the given I/O timeout (`location` layers it).
 pub type UploadOperators = Arc<dyn Fn(std::time::Duration) -> Operator + Send + Sync>;
 
+/// How long one I/O call (a read of the next bytes of a body, the sending of a small
+/// upload) may take before it is retried; uploads of more bytes get longer (see
+/// [`OpendalStore::upload_operator`]).
+pub(crate) const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The slowest upload, per connection, that never times out: 128 KiB/s (an 8 MiB part in
 /// 64 s). OpenDAL's I/O timeout bounds each call, and sending a part is one call, so a fixed
 /// 10 s failed every part on links under 0.8 MB/s per connection (a 45 Mbit/s uplink shared
@@ -132,9 +137,9 @@ impl OpendalStore {
     /// or one part): its I/O timeout lets it run at [`UPLOAD_FLOOR_BYTES_PER_SEC`], and is
     /// never shorter than the store's own.
     fn upload_operator(&self, bytes: u64) -> Operator {
-        let secs = bytes.div_ceil(UPLOAD_FLOOR_BYTES_PER_SEC).min(3600);
+        let io = std::time::Duration::from_secs(bytes.div_ceil(UPLOAD_FLOOR_BYTES_PER_SEC).min(3600));
         match &self.upload_ops {
-            Some(build) if secs > 10 => build(std::time::Duration::from_secs(secs)),
+            Some(build) if io > IO_TIMEOUT => build(io),
             _ => self.op.clone(),
         }
     }
