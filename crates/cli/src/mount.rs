@@ -148,7 +148,7 @@ fn report(is_child: bool, result: &Result<(), String>) {
 fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError) -> String {
     let url = location.to_url();
     let endpoint = args.store.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).unwrap_or_default();
-    let endpoint = crate::control::redact_endpoint(&endpoint);
+    let endpoint = bucketfs_store::redact_urls(&endpoint);
     let at = if endpoint.is_empty() { String::new() } else { format!(" at {endpoint}") };
     if matches!(location, Location::Gdrive { .. }) {
         // The Drive client's messages already name the folder, the credentials or the server.
@@ -259,7 +259,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         started: Instant::now(),
         mountpoint: mp.display().to_string(),
         store: location.to_url(),
-        endpoint: args.store.endpoint.as_deref().map(control::redact_endpoint),
+        endpoint: args.store.endpoint.as_deref().map(bucketfs_store::redact_urls),
         read_only: args.read_only,
         memory_cache_limit: cfg_memory_cache(args),
         disk_cache_limit: args.disk_cache_mib * 1024 * 1024,
