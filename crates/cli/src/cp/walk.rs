@@ -219,6 +219,15 @@ impl Tree<'_> {
         Ok(())
     }
 
+    /// A job for `path` (at `rel`, without a trailing `/`) that could not be read: its copy
+    /// fails with `err`, named, while the rest of the tree is copied.
+    fn unreadable(&mut self, path: PathBuf, rel: &str, err: &std::io::Error) -> Result<(), CpError> {
+        let errno = err.raw_os_error().unwrap_or(libc::EIO);
+        let dst = target(self.dst, self.name, rel, self.into_dir)?;
+        self.out.jobs.push(Job { src: Src::Unreadable { path, errno }, dst });
+        Ok(())
+    }
+
     /// Add the jobs and skips of everything in `dir` (at `rel`, empty or ending in `/`);
     /// returns how many jobs it added.
     fn dir(&mut self, dir: &Path, rel: &str) -> Result<usize, CpError> {
@@ -227,9 +236,7 @@ impl Tree<'_> {
             Ok(entries) => entries,
             // Below the source, as an unreadable file: that copy fails, the others go on.
             Err(e) if !rel.is_empty() && e.raw_os_error().is_some() => {
-                let (path, errno) = (dir.to_path_buf(), e.raw_os_error().unwrap_or(libc::EIO));
-                let dst = target(self.dst, self.name, rel.trim_end_matches('/'), self.into_dir)?;
-                self.out.jobs.push(Job { src: Src::Unreadable { path, errno }, dst });
+                self.unreadable(dir.to_path_buf(), rel.trim_end_matches('/'), &e)?;
                 return Ok(1);
             }
             Err(e) => return Err(CpError::io(dir.display(), &e)),
@@ -259,9 +266,7 @@ impl Tree<'_> {
                     // A directory listed but not searchable (mode r without x): this entry
                     // fails alone, as an unreadable directory does.
                     Err(err) => {
-                        let errno = err.raw_os_error().unwrap_or(libc::EIO);
-                        let dst = target(self.dst, self.name, &child_rel, self.into_dir)?;
-                        self.out.jobs.push(Job { src: Src::Unreadable { path, errno }, dst });
+                        self.unreadable(path, &child_rel, &err)?;
                         continue;
                     }
                 }
