@@ -7,7 +7,7 @@ use futures::TryStreamExt;
 
 use super::check_new_name;
 use crate::fs::{Attr, Fs, Kind, SetAttr};
-use crate::{names, FsError};
+use crate::FsError;
 
 impl Fs {
     /// Rename `parent/name` to `newparent/newname`. `noreplace`: fail if the target exists.
@@ -297,8 +297,7 @@ impl Fs {
         // A key the mount does not show (not a valid file name, or one the store cannot
         // address byte for byte, such as `a ` that OpenDAL trims) cannot be copied: refuse
         // before anything is copied. `mv` then moves what it sees and leaves the directory.
-        let caps = self.store.capabilities();
-        if let Some(k) = keys.iter().find(|k| !names::shown_below(&src.key, k) || !caps.addressable(k)) {
+        if let Some(k) = keys.iter().find(|k| !self.shown_below(&src.key, k)) {
             tracing::warn!(dir = %src.key, key = %k, "cannot rename a directory that holds a key with no file name here (not shown); move or delete that key with another client");
             return Err(FsError::CrossDevice(format!("{} holds {k:?}, which has no file name here", src.key)));
         }

@@ -68,6 +68,13 @@ impl Fs {
         Ok(key)
     }
 
+    /// Whether `key`, listed below directory key `dir`, is a name the mount shows: a valid
+    /// file name at every level, and a key the store addresses byte for byte. bucketfs never
+    /// deletes or moves keys it does not show.
+    pub(crate) fn shown_below(&self, dir: &str, key: &str) -> bool {
+        names::shown_below(dir, key) && self.store.capabilities().addressable(key)
+    }
+
     pub(crate) fn is_staged(&self, ino: u64) -> bool {
         self.staged.lock().unwrap().contains_key(&ino)
     }
@@ -830,7 +837,7 @@ impl Fs {
         }
         match self.store.list(key, false).next().await {
             Some(Ok(m)) => {
-                if names::child_name(key, &m.key).is_none() || !self.store.capabilities().addressable(&m.key) {
+                if !self.shown_below(key, &m.key) {
                     tracing::warn!(dir = %key, key = %m.key, "directory holds a key with no file name here (not shown), so it is not empty: move or delete that key with another client");
                 }
                 Ok(true)
