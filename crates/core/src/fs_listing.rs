@@ -33,11 +33,14 @@ impl Fs {
         let since = self.table.lock().unwrap().change_seq();
         let head = self.store.head(&node.key, HeadOpts::default()).await;
         {
-            // An upload, create or unlink here since the HEAD was sent (it notes a change in
-            // the parent): the answer may predate it, and must not put the node back on an
-            // older version (or unlink a file just made). What the mount holds answers.
+            // An upload, create, unlink or rename here since the HEAD was sent or while it
+            // ran (each notes a change in the parent; a rename from before it changes the
+            // store): the answer may predate it or describe another file now under the key,
+            // and must not put the node back on an older version, give it another file's
+            // size (or unlink a file just made). What the mount holds answers.
             let t = self.table.lock().unwrap();
-            if let Some(cur) = t.get(node.ino).filter(|n| t.changed_at(n.parent) > since) {
+            let overtaken = |n: &Node| t.changed_at(n.parent) > since || !n.linked || n.key != node.key;
+            if let Some(cur) = t.get(node.ino).filter(|n| overtaken(n)) {
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
                 return Ok(self.attr(cur));
             }

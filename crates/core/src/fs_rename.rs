@@ -9,6 +9,23 @@ use super::check_new_name;
 use crate::fs::{Attr, Fs, Kind, SetAttr};
 use crate::FsError;
 
+/// A rename's changes to the store in progress ([`crate::inode::InodeTable::begin_move`]),
+/// over when dropped: at the end, or at an error on the way.
+struct Moving<'a>(&'a Fs);
+
+impl<'a> Moving<'a> {
+    fn begin(fs: &'a Fs, from_dir: u64, to_dir: u64, keys: Vec<String>) -> Self {
+        fs.table.lock().unwrap().begin_move(from_dir, to_dir, keys);
+        Moving(fs)
+    }
+}
+
+impl Drop for Moving<'_> {
+    fn drop(&mut self) {
+        self.0.table.lock().unwrap().end_move();
+    }
+}
+
 impl Fs {
     /// Rename `parent/name` to `newparent/newname`. `noreplace`: fail if the target exists.
     pub async fn rename(
@@ -41,7 +58,14 @@ impl Fs {
         // its bytes to a key being copied away, or left behind.
         let _gate = self.wb.gate.write().await;
         let (mut replaced, mut discard_after, mut took_object) = (None, None, false);
-        if let Some(dst) = self.resolve(newparent, newname).await? {
+        let dst = self.resolve(newparent, newname).await?;
+        let new_key = crate::inode::key_for(&target_dir.key, newname, src.kind);
+        // From the first change to the store until the table records the move, the store's
+        // answers about these names are not recorded (a lister's HEAD or listing in between).
+        let mut keys = vec![src.key.clone(), new_key.clone()];
+        keys.extend(dst.as_ref().filter(|d| d.key != new_key).map(|d| d.key.clone()));
+        let moving = Moving::begin(self, parent, newparent, keys);
+        if let Some(dst) = dst {
             if noreplace {
                 return Err(FsError::Exists);
             }
@@ -69,7 +93,6 @@ impl Fs {
                 }
             }
         }
-        let new_key = crate::inode::key_for(&target_dir.key, newname, src.kind);
         tracing::debug!(ino = src.ino, from = %src.key, to = %new_key, "rename");
         match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key, discard_after).await?,
@@ -105,6 +128,7 @@ impl Fs {
                 t.expire_below(&new_key, stale);
             }
         }
+        drop(moving); // before `learn_moved`: its HEAD answers after the move
         if self.write_back() {
             self.rekey_staged_below(&new_key).await;
         }

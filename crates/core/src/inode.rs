@@ -201,8 +201,24 @@ pub struct InodeTable {
     /// (see [`InodeTable::removed_here`]). Dropped at the name's next upsert; all dropped
     /// past [`ABSENT_MAX`].
     removed: std::collections::HashSet<(u64, String)>,
+    /// The rename moving objects in the store now, if any (renames run one at a time:
+    /// `Fs::rename` holds the write gate): see [`InodeTable::begin_move`].
+    moving: Option<Moving>,
     /// The time freshness is measured in (the mount's [`Clock`]).
     clock: Clock,
+}
+
+/// What a rename in progress is moving (see [`InodeTable::begin_move`]).
+struct Moving {
+    dirs: [u64; 2],
+    keys: Vec<String>,
+}
+
+impl Moving {
+    /// Whether `key` is one of the keys moved, or below one of them (a directory's).
+    fn covers(&self, key: &str) -> bool {
+        self.keys.iter().any(|k| key == k || k.ends_with('/') && key.starts_with(k.as_str()))
+    }
 }
 
 /// A directory whose last listing held at most this many entries (one page of an S3 LIST)
@@ -252,6 +268,7 @@ impl InodeTable {
             missed: HashMap::new(),
             wide: Default::default(),
             removed: Default::default(),
+            moving: None,
             clock,
         }
     }
@@ -324,9 +341,11 @@ impl InodeTable {
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
         let key_of = |m: &ChildMeta| key_for(&parent_key, &m.name, m.kind);
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
+            let moving = self.moving.as_ref().is_some_and(|m| self.nodes.get(&ino).is_some_and(|n| m.covers(&n.key)));
             if let Some(node) = self.nodes.get_mut(&ino) {
-                if node.local {
-                    // Staged here: the store's answer predates what this mount holds.
+                if node.local || moving {
+                    // Staged here: the store's answer predates what this mount holds. Or
+                    // moved by a rename in progress: it may describe the other file.
                     return ino;
                 }
                 if node.kind == meta.kind {
@@ -472,9 +491,42 @@ impl InodeTable {
         self.big_subtrees.contains(&dir)
     }
 
-    /// The count at `dir`'s latest change recorded here (0: none).
+    /// The count at `dir`'s latest change recorded here (0: none); `u64::MAX` while a
+    /// rename moves objects of `dir` in the store: every answer about it taken meanwhile
+    /// counts as overtaken.
     pub fn changed_at(&self, dir: u64) -> u64 {
+        let moving = self
+            .moving
+            .as_ref()
+            .is_some_and(|m| m.dirs.contains(&dir) || self.nodes.get(&dir).is_some_and(|d| m.covers(&d.key)));
+        if moving {
+            return u64::MAX;
+        }
         self.changed.get(&dir).copied().unwrap_or(0)
+    }
+
+    /// A rename is about to change the store: key `from` (in directory `from_dir`) goes to
+    /// `to` (in `to_dir`). Until [`InodeTable::end_move`], after the table records the move, the
+    /// store shows what the table does not yet (the target's object already replaced, the
+    /// source's gone, a directory half copied): a HEAD, probe or listing answered meanwhile
+    /// must not be recorded on the nodes still under those names (it put the new file's
+    /// size on the replaced one, whose open handle then read nothing: model test), nor a
+    /// missing object unlink them. Both directories count as changed (`changed_at`), and
+    /// `upsert` leaves nodes under the two keys as they are.
+    /// `keys`: `from`, `to`, and a replaced target's key where it differs (a link's).
+    pub fn begin_move(&mut self, from_dir: u64, to_dir: u64, keys: Vec<String>) {
+        self.note_change(from_dir);
+        self.note_change(to_dir);
+        self.moving = Some(Moving { dirs: [from_dir, to_dir], keys });
+    }
+
+    /// The move begun by [`InodeTable::begin_move`] is recorded (or failed): answers count
+    /// from now on; both directories count as changed once more.
+    pub fn end_move(&mut self) {
+        if let Some(m) = self.moving.take() {
+            self.note_change(m.dirs[0]);
+            self.note_change(m.dirs[1]);
+        }
     }
 
     /// Record a child created or changed here in `dir`'s cached listing (if any).
@@ -598,7 +650,7 @@ impl InodeTable {
     /// that asked for it, but lookups and the next readdir ask the store again instead of
     /// trusting it (found by the shuttle model, crates/core/tests/model.rs).
     pub fn set_listing_since(&mut self, dir: u64, mut listing: Listing, since: u64) {
-        if self.changed.get(&dir).is_some_and(|&c| c > since) {
+        if self.changed_at(dir) > since {
             listing.valid_for = std::time::Duration::ZERO;
             listing.overtaken = true;
         }

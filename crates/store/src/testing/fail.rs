@@ -48,9 +48,10 @@ impl FailStore {
         }
     }
 
-    /// The next `count` calls of `op` (`Head` or `List`) read the store at once (a listing
-    /// when first polled) but answer only as the returned semaphore gets permits, one each:
-    /// replies overtaken by what happens meanwhile.
+    /// The next `count` calls of `op` (`Head`, `List` or `Delete`) reach the store at once
+    /// (a listing when first polled) but answer only as the returned semaphore gets
+    /// permits, one each: replies overtaken by what happens meanwhile, or a caller paused
+    /// after its change to the store (a rename between its delete and what follows).
     pub fn hold(&self, op: Op, count: u32) -> Arc<tokio::sync::Semaphore> {
         let permits = Arc::new(tokio::sync::Semaphore::new(0));
         *self.held.lock().unwrap() = Some((op, count, permits.clone()));
@@ -142,7 +143,8 @@ impl Store for FailStore {
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.gate(Op::Delete)?;
-        self.inner.delete(key).await
+        let held = self.held(Op::Delete);
+        Self::answer_when_allowed(held, self.inner.delete(key).await).await
     }
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         self.gate(Op::Copy)?;
