@@ -261,3 +261,38 @@ def test_a_name_renamed_during_a_listing_is_not_linked_to_the_moved_file():
             f.write(b"new")
         with open(os.path.join(d, "moved-0000"), "rb") as f:
             assert f.read() == later[0].encode(), "writing the old name changed the moved file"
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+def test_a_handle_never_mixes_versions_when_another_client_replaces_the_file(store, rng):
+    """Another client replaces a file while a process reads it; a second process then reads
+    the new version. The first handle must go on reading its own version (or get ESTALE),
+    never the other's pages from the kernel's cache, and its fstat keeps its own size."""
+    require_store(store)
+    require_bin()
+    b = Bucket(store)
+    try:
+        old, new = rng.randbytes(12 << 20), rng.randbytes(9 << 20)
+        b.put("f", old)
+        with b.mounted(extra=["--metadata-ttl", TTL]) as mp:
+            p = os.path.join(mp, "f")
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                assert os.read(fd, 1 << 20) == old[: 1 << 20]
+                b.put("f", new)
+                time.sleep(float(TTL) * 3)
+                with open(p, "rb") as f:
+                    assert f.read() == new, "a new open reads the new version"
+                assert os.stat(p).st_size == len(new)
+                assert os.fstat(fd).st_size == len(old), "the old handle's fstat shows its own version"
+                got = b""
+                try:
+                    while chunk := os.read(fd, 1 << 20):
+                        got += chunk
+                except OSError as e:
+                    assert e.errno == errno.ESTALE, e
+                assert got == old[1 << 20: (1 << 20) + len(got)], "the old handle read bytes of the new version"
+            finally:
+                os.close(fd)
+    finally:
+        b.cleanup()

@@ -430,12 +430,22 @@ impl Fs {
         }
     }
 
+    /// Count a file handle opened on `ino`, or one released (`Node::opens`).
+    pub(crate) fn count_open(&self, ino: u64, opened: bool) {
+        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
+            n.opens = if opened { n.opens + 1 } else { n.opens.saturating_sub(1) };
+        }
+    }
+
     /// Whether a file handle is open on `ino`.
     pub(crate) fn has_open_handle(&self, ino: u64) -> bool {
         self.handles.lock().unwrap().values().any(|h| matches!(h, Handle::File(f) if f.ino == ino))
     }
 
     pub(crate) fn insert_handle(&self, h: Handle) -> u64 {
+        if let Handle::File(f) = &h {
+            self.count_open(f.ino, true);
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().unwrap().insert(fh, h);
         fh

@@ -24,8 +24,11 @@ impl Fs {
         true
     }
 
-    /// HEAD a file again and record what the store says now.
-    pub(crate) async fn revalidate(&self, node: &Node) -> Result<Attr, FsError> {
+    /// HEAD a file again and record what the store says now. `split`: a version another
+    /// client put under the name gets a new inode (`Node::replaced_by`), and this one keeps
+    /// its own attributes; else (this mount's own move, an open that already holds the
+    /// inode) the node takes the new version.
+    pub(crate) async fn revalidate(&self, node: &Node, split: bool) -> Result<Attr, FsError> {
         if let Some(gone) = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked) {
             // Unlinked or replaced while open: its key names another file now, if any.
             return Ok(self.attr(gone));
@@ -49,6 +52,13 @@ impl Fs {
             Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
                 let meta = self.child_meta(&node.name, &m, Kind::File);
                 let mut t = self.table.lock().unwrap();
+                if split && t.get(node.ino).is_some_and(|n| n.replaced_by(&meta)) {
+                    let meta = crate::inode::ChildMeta { attrs: Some(attrs), ..meta };
+                    let new = t.upsert(node.parent, &meta);
+                    t.listing_insert(node.parent, meta);
+                    tracing::debug!(ino = node.ino, new, key = %node.key, "replaced by another client: a new inode");
+                    return Ok(self.attr(t.get(node.ino).ok_or(FsError::NotFound)?));
+                }
                 let cur = t.get_mut(node.ino).ok_or(FsError::NotFound)?;
                 if cur.etag != meta.etag && !cur.local {
                     cur.forget_attrs(); // changed by someone else: what it carries is the truth

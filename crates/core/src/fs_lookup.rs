@@ -152,7 +152,8 @@ impl Fs {
 
     /// A file's attributes once their TTL ran out: from a new listing of its directory when
     /// that is worthwhile (`git status` after the TTL costs one LIST per directory, not a
-    /// HEAD per file), else from a HEAD.
+    /// HEAD per file), else from a HEAD. A version put by another client gets a new inode
+    /// (`Node::replaced_by`); `node` then keeps its own attributes, unlinked.
     pub(crate) async fn refresh(&self, node: &Node) -> Result<Attr, FsError> {
         if node.linked && self.relist_worthwhile(node.parent) {
             if let Ok(dir) = self.node(node.parent) {
@@ -163,12 +164,13 @@ impl Fs {
                         let ino = t.upsert(node.parent, &m);
                         let n = t.get(ino).expect("indexed");
                         tracing::debug!(ino, key = %n.key, identity = %n.identity(), "refreshed from the listing");
-                        return Ok(self.attr(n));
+                        // Replaced by another client (a new inode): this one keeps its own.
+                        return Ok(self.attr(t.get(node.ino).ok_or(FsError::NotFound)?));
                     }
                 }
             }
         }
-        self.revalidate(node).await
+        self.revalidate(node, true).await
     }
 
     /// Ask the store whether `name` under `prefix` is a directory, a file, or nothing: on an

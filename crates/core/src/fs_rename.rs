@@ -115,11 +115,12 @@ impl Fs {
                 _ => {}
             }
         }
+        // Files moved that handles are open on: (inode, old key, old identity).
+        let mut open_moved = Vec::new();
         {
             let mut t = self.table.lock().unwrap();
             t.listing_remove(parent, name);
             t.relocate(src.ino, newparent, newname);
-            t.relist(src.ino);
             // Moved objects are new objects (a new GCS generation; on S3 a new ETag for a
             // multipart source): a read pinned to the old identity would fail with ESTALE.
             if src.kind == Kind::Dir {
@@ -127,6 +128,26 @@ impl Fs {
                 let stale = now.checked_sub(self.cfg.metadata_ttl).unwrap_or(now);
                 t.expire_below(&new_key, stale);
             }
+            // Their new identities are not known until `learn_moved` asks: none until then,
+            // so a lister that sees one first does not take it for another client's file
+            // (`Node::replaced_by`). Linked ones only: a file replaced earlier (unlinked,
+            // still open) keeps reading its own version, never the one that took its name.
+            let ours =
+                |n: &crate::inode::Node| n.ino == src.ino || src.kind == Kind::Dir && n.key.starts_with(&new_key);
+            let moved: Vec<u64> = t
+                .nodes()
+                .filter(|n| n.kind == Kind::File && n.linked && n.opens > 0 && ours(n))
+                .map(|n| n.ino)
+                .collect();
+            for ino in moved {
+                let n = t.get_mut(ino).expect("just listed");
+                let old_key = format!("{}{}", src.key, &n.key[new_key.len()..]);
+                open_moved.push((ino, old_key, n.identity()));
+                if !n.local {
+                    n.etag = None;
+                }
+            }
+            t.relist(src.ino);
         }
         drop(moving); // before `learn_moved`: its HEAD answers after the move
         if self.write_back() {
@@ -134,25 +155,27 @@ impl Fs {
         }
         match src.kind {
             Kind::File if self.pending_here(src.ino).await => {} // no object to learn from yet
-            Kind::File => self.learn_moved(src.ino, Some(&src.key)).await,
+            Kind::File => {
+                let old_identity = open_moved.pop().map_or_else(|| src.identity(), |(_, _, id)| id);
+                self.learn_moved(src.ino, &src.key, &old_identity).await
+            }
             Kind::Dir => {
                 // Handles open on files below read the moved objects from now on (their old
                 // keys are gone: a reader left on them was cut short at its cached blocks).
                 // Staged files too: no listing updates a staged node (`Node::local`), and
                 // its listing entry would carry the old identity past the staged file.
-                let below: Vec<(u64, String)> = {
+                let staged: Vec<(u64, String, String)> = {
                     let t = self.table.lock().unwrap();
-                    // Linked ones only: a file replaced earlier (unlinked, still open) keeps
-                    // reading its own version, never the one that took its name.
                     t.nodes()
-                        .filter(|n| n.kind == Kind::File && n.linked && n.key.starts_with(&new_key))
-                        .map(|n| (n.ino, format!("{}{}", src.key, &n.key[new_key.len()..])))
+                        .filter(|n| n.kind == Kind::File && n.linked && n.opens == 0 && n.key.starts_with(&new_key))
+                        .filter(|n| self.is_staged(n.ino))
+                        .map(|n| (n.ino, format!("{}{}", src.key, &n.key[new_key.len()..]), n.identity()))
                         .collect()
                 };
-                for (ino, old_key) in below {
+                for (ino, old_key, old_identity) in open_moved.into_iter().chain(staged) {
                     // (A pending one has no object to learn from yet.)
-                    if (self.has_open_handle(ino) || self.is_staged(ino)) && !self.pending_here(ino).await {
-                        self.learn_moved(ino, Some(&old_key)).await;
+                    if !self.pending_here(ino).await {
+                        self.learn_moved(ino, &old_key, &old_identity).await;
                     }
                 }
             }
@@ -163,20 +186,20 @@ impl Fs {
 
     /// The identity of a file just moved (HEAD of its new key), for the node and for the
     /// readers of handles open on it (the bytes are the same), and for its whole-object
-    /// cache file (from `old_key`, if given: passthrough readers keep it, new opens find it).
+    /// cache file (from `old_key` and `old_identity`: passthrough readers keep it, new opens
+    /// find it).
     /// A failure leaves the node to be revalidated at its next open.
-    async fn learn_moved(&self, ino: u64, old_key: Option<&str>) {
+    async fn learn_moved(&self, ino: u64, old_key: &str, old_identity: &str) {
         let Ok(node) = self.node(ino) else { return };
-        let old_identity = node.identity();
-        if let Err(e) = self.revalidate(&node).await {
+        if let Err(e) = self.revalidate(&node, false).await {
             tracing::debug!(key = %node.key, "identity after rename unknown: {e}");
             return;
         }
         // The listing too: a lookup served from it would bring the old identity back.
         self.table.lock().unwrap().relist(ino);
         let Ok(now) = self.node(ino) else { return };
-        if let (Some(old_key), Some(disk)) = (old_key, self.read_cache.disk()) {
-            disk.rekey_whole(old_key, &old_identity, &now.key, &now.identity());
+        if let Some(disk) = self.read_cache.disk() {
+            disk.rekey_whole(old_key, old_identity, &now.key, &now.identity());
         }
         let fresh = self.reader_for(&now);
         self.replace_readers(ino, &fresh);

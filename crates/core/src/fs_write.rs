@@ -202,12 +202,18 @@ impl Fs {
         if !self.fresh(node.validated) && !self.is_staged(ino) {
             self.refresh(&node).await?;
             node = self.node(ino)?;
+            if !node.linked {
+                // Replaced by another client since the kernel looked the name up (a new
+                // inode has it now): ESTALE makes the kernel look it up again and open
+                // that one (the VFS retries an open once so), as NFS does.
+                return Err(FsError::Stale(format!("{} was replaced in the bucket", node.key)));
+            }
         }
         let direct = (placeholder || node.size_unknown) && !write && !self.is_staged(ino);
         if direct && node.size_unknown {
             // A HEAD learns the size; still unknown: the store refused to read it, and a
             // read's error says why.
-            self.revalidate(&node).await?;
+            self.revalidate(&node, false).await?;
             node = self.node(ino)?;
             if node.size_unknown {
                 drop(self.store.get(&node.key, 0..1, Default::default()).await?);
@@ -310,7 +316,7 @@ impl Fs {
             // validated within the TTL is asked about first (a directory rename gives the
             // moved objects new generations; the fill's If-Match then failed with ESTALE).
             if let Some(cur) = self.node(node.ino).ok().filter(|n| !self.fresh(n.validated) && n.size > 0) {
-                if let Err(e) = self.revalidate(&cur).await {
+                if let Err(e) = self.revalidate(&cur, false).await {
                     self.unstage(node.ino);
                     return Err(e);
                 }
@@ -577,6 +583,7 @@ impl Fs {
             Some(Handle::File(f)) => f,
             _ => return Ok(()),
         };
+        self.count_open(file.ino, false);
         // The close's FLUSH (always sent before RELEASE) covered what the kernel wrote through
         // this handle (passthrough); what changed since is another handle's to publish (an
         // O_TRUNC open racing this RELEASE: uploading it now published an empty object), or,

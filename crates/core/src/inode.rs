@@ -69,6 +69,8 @@ pub struct Node {
     /// this node (SEMANTICS.md, "The mount's own state wins"). Set and cleared by the staging
     /// code with the staged map's entry.
     pub local: bool,
+    /// File handles open on it here ([`crate::Fs`] counts them at open and release).
+    pub opens: u32,
     /// When chmod, chown or utimens last changed it here (Linux moves ctime on every
     /// attribute change); `None`: ctime is shown equal to mtime.
     pub ctime: Option<SystemTime>,
@@ -89,6 +91,25 @@ impl Node {
             attrs: None,
             size_unknown: self.size_unknown,
         }
+    }
+
+    /// Whether `meta` describes another version of this file than the one the node holds
+    /// (the object was replaced by another client) while handles are open on it. Then the
+    /// new version gets a new inode (`upsert`): the kernel keeps one page cache per inode,
+    /// so a reader still open on the old version read the new version's pages once another
+    /// process had read them (a mix of two files), and its `fstat` showed the new size. As
+    /// on a local disk when a file is replaced by a rename, the old inode stays with its
+    /// handles (`st_nlink` 0) and the name leads to the new one. With no handle open the
+    /// node takes the new version (the next open drops the kernel's cached pages). Files
+    /// staged here never split (`local`: their attributes are the mount's own), nor a
+    /// version whose identity is not known (a file this mount just moved: `Fs::rename`).
+    pub fn replaced_by(&self, meta: &ChildMeta) -> bool {
+        self.kind == Kind::File
+            && self.opens > 0
+            && !self.local
+            && self.etag.is_some()
+            && meta.etag.is_some()
+            && self.etag != meta.etag
     }
 
     /// The object was replaced by someone else: drop what we knew of its attributes.
@@ -253,6 +274,7 @@ impl InodeTable {
             mtime_set: None,
             linked: true,
             local: false,
+            opens: 0,
             ctime: None,
             size_unknown: false,
         };
@@ -334,7 +356,8 @@ impl InodeTable {
     }
 
     /// Record `meta` as the current state of `name` in `parent` and return its inode.
-    /// Reuses the existing inode when the kind matches, otherwise allocates a new one.
+    /// Reuses the existing inode when it is the same file (same kind, and for a file the
+    /// same identity, or one not known), otherwise allocates a new one.
     pub fn upsert(&mut self, parent: u64, meta: &ChildMeta) -> u64 {
         self.absent.remove(&(parent, meta.name.clone()));
         self.removed.remove(&(parent, meta.name.clone()));
@@ -348,7 +371,7 @@ impl InodeTable {
                     // moved by a rename in progress: it may describe the other file.
                     return ino;
                 }
-                if node.kind == meta.kind {
+                if node.kind == meta.kind && !node.replaced_by(meta) {
                     if node.etag != meta.etag {
                         // A file replaced by someone else carries its own attributes; a
                         // directory's (kept here only) stay.
@@ -368,7 +391,9 @@ impl InodeTable {
                     return ino;
                 }
             }
+            // Another kind, or another file (see `Node::replaced_by`): a new inode.
             self.unlink_path(parent, &meta.name);
+            self.removed.remove(&(parent, meta.name.clone()));
         }
         let ino = self.next_ino;
         self.next_ino += 1;
@@ -392,6 +417,7 @@ impl InodeTable {
                 mtime_set: None,
                 linked: true,
                 local: false,
+                opens: 0,
                 ctime: None,
                 size_unknown: meta.size_unknown,
             },
@@ -420,7 +446,8 @@ impl InodeTable {
         // A node carrying chmod/chown/utime from here is kept: the kernel forgets inodes
         // whenever their dentries expire, and those settings must last for the mount.
         // A staged node is kept too: its upload still needs its key.
-        let has_overrides = n.perm.is_some() || n.owner.is_some() || n.mtime_set.is_some() || n.local;
+        // (Not one unlinked: no path leads to it again.)
+        let has_overrides = n.linked && (n.perm.is_some() || n.owner.is_some() || n.mtime_set.is_some()) || n.local;
         if n.lookups == 0 && n.kind == Kind::Dir && n.linked {
             // A directory stays (its listing goes): a child kept past its own forget (staged,
             // chmod'ed) is indexed under this inode, and under a new one it was lost (an

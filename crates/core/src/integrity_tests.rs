@@ -248,7 +248,7 @@ async fn a_head_answered_after_an_upload_does_not_bring_back_the_older_version()
     let (mem, store, fs, ino) = overtaken_setup(b"version one").await;
     let node = fs.node(ino).unwrap();
     let late = store.hold(Op::Head, 1);
-    let stat = fs.revalidate(&node);
+    let stat = fs.revalidate(&node, true);
     let writes = async {
         tokio::time::sleep(Duration::from_millis(50)).await; // the HEAD has its answer
         rewrite(&fs, ino, b"version two").await;
@@ -446,7 +446,7 @@ async fn a_head_answered_while_a_rename_replaces_the_file_keeps_the_replaced_one
     let mv = fs.rename(ROOT_INO, "new", ROOT_INO, "f", false);
     let stat = async {
         tokio::time::sleep(Duration::from_millis(50)).await; // `f` is the copy of `new`
-        let attr = fs.revalidate(&node).await.unwrap();
+        let attr = fs.revalidate(&node, true).await.unwrap();
         paused.add_permits(1);
         attr
     };
@@ -482,5 +482,75 @@ async fn a_listing_taken_while_a_rename_replaces_a_file_keeps_the_replaced_ones_
     moved.unwrap();
     assert_eq!(fs.getattr(f).await.unwrap().size, 25, "fstat of the replaced file, still open");
     assert_eq!(names(&fs, ROOT_INO).await, ["f"]);
+    fs.check_invariants();
+}
+
+#[tokio::test]
+async fn a_version_put_by_another_client_while_a_handle_is_open_gets_a_new_inode() {
+    // The kernel keeps one page cache per inode: a reader open on the old version read the
+    // new version's pages once another process had read them, and fstat showed its size.
+    let store = Arc::new(MemStore::new());
+    store.put("f", Bytes::from_static(b"old version, longer"), PutOpts::default()).await.unwrap();
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(store.clone(), FsConfig { clock: clock.clone(), ..cfg(50) });
+    let old = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let reader = fs.open(old, false, false).await.unwrap();
+    store.put("f", Bytes::from_static(b"new"), PutOpts::default()).await.unwrap();
+    clock.advance(Duration::from_millis(60));
+    let st = fs.getattr(old).await.unwrap();
+    assert_eq!((st.size, st.nlink), (19, 0), "the open inode keeps its version, unlinked");
+    let new = fs.lookup(ROOT_INO, "f").await.unwrap();
+    assert_ne!(new.ino, old);
+    assert_eq!(new.size, 3);
+    assert!(matches!(fs.open(old, false, false).await, Err(FsError::Stale(_))), "the kernel looks up again");
+    let fh = fs.open(new.ino, false, false).await.unwrap();
+    assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"new");
+    // With no handle open, the inode takes the next version.
+    fs.release(fh).await.unwrap();
+    store.put("f", Bytes::from_static(b"third"), PutOpts::default()).await.unwrap();
+    clock.advance(Duration::from_millis(60));
+    assert_eq!(fs.getattr(new.ino).await.unwrap().size, 5);
+    assert_eq!(fs.lookup(ROOT_INO, "f").await.unwrap().ino, new.ino);
+    fs.release(reader).await.unwrap();
+    fs.check_invariants();
+}
+
+#[tokio::test]
+async fn a_file_moved_here_while_open_keeps_its_inode() {
+    // The copy a rename makes is a new object (a new identity): still this mount's file,
+    // also for a lister that sees the copy before the rename has learned its identity.
+    let mem = Arc::new(MemStore::new());
+    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, bucketfs_store::StoreErrorKind::Other));
+    mem.put("a", Bytes::from_static(b"moved"), PutOpts::default()).await.unwrap();
+    mem.put("d/x", Bytes::from_static(b"in a directory"), PutOpts::default()).await.unwrap();
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(store.clone(), FsConfig { clock: clock.clone(), ..cfg(50) });
+    let a = fs.lookup(ROOT_INO, "a").await.unwrap().ino;
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    let x = fs.lookup(d, "x").await.unwrap().ino;
+    let (ha, hx) = (fs.open(a, false, false).await.unwrap(), fs.open(x, false, false).await.unwrap());
+    names(&fs, ROOT_INO).await; // a fresh listing: the rename asks nothing about `b`
+    let learn = store.hold(Op::Head, 1); // the rename's HEAD of the copy waits
+    let mv = fs.rename(ROOT_INO, "a", ROOT_INO, "b", false);
+    let ls = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        clock.advance(Duration::from_millis(60));
+        fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
+        names(&fs, ROOT_INO).await;
+        assert_eq!(fs.lookup(ROOT_INO, "b").await.unwrap().ino, a, "a lookup answered by the listing");
+        learn.add_permits(1);
+    };
+    let (moved, ()) = tokio::join!(mv, ls);
+    moved.unwrap();
+    fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap();
+    clock.advance(Duration::from_millis(60));
+    fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
+    names(&fs, ROOT_INO).await;
+    assert_eq!(fs.lookup(ROOT_INO, "b").await.unwrap().ino, a);
+    let e = fs.lookup(ROOT_INO, "e").await.unwrap().ino;
+    assert_eq!(fs.lookup(e, "x").await.unwrap().ino, x);
+    assert_eq!(fs.getattr(a).await.unwrap().nlink, 1);
+    assert_eq!(&fs.read(ha, 0, 100).await.unwrap()[..], b"moved");
+    assert_eq!(&fs.read(hx, 0, 100).await.unwrap()[..], b"in a directory");
     fs.check_invariants();
 }

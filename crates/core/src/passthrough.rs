@@ -350,6 +350,7 @@ impl Fs {
         if let Some(staged) = self.staged_of_pub(file.ino) {
             let mut st = staged.lock().await;
             if file.staged.load(Relaxed) && st.handles > 1 && self.handles.lock().unwrap().remove(&fh).is_some() {
+                self.count_open(file.ino, false);
                 st.handles -= 1;
                 return Ok(());
             }
