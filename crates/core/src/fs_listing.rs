@@ -29,9 +29,16 @@ impl Fs {
     /// its own attributes; else (this mount's own move, an open that already holds the
     /// inode) the node takes the new version.
     pub(crate) async fn revalidate(&self, node: &Node, split: bool) -> Result<Attr, FsError> {
+        self.revalidate_recorded(node, split).await.map(|(attr, _)| attr)
+    }
+
+    /// [`Fs::revalidate`], and whether the store's answer was recorded on the node: `Some(true)`
+    /// yes, `Some(false)` not because a change here overtook it (asking again may do),
+    /// `None` not for another reason (unlinked, staged, the store unreachable).
+    pub(crate) async fn revalidate_recorded(&self, node: &Node, split: bool) -> Result<(Attr, Option<bool>), FsError> {
         if let Some(gone) = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked) {
             // Unlinked or replaced while open: its key names another file now, if any.
-            return Ok(self.attr(gone));
+            return Ok((self.attr(gone), None));
         }
         let since = self.table.lock().unwrap().change_seq();
         let head = self.store.head(&node.key, HeadOpts::default()).await;
@@ -45,7 +52,7 @@ impl Fs {
             let overtaken = |n: &Node| t.changed_at(n.parent) > since || !n.linked || n.key != node.key;
             if let Some(cur) = t.get(node.ino).filter(|n| overtaken(n)) {
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
-                return Ok(self.attr(cur));
+                return Ok((self.attr(cur), Some(false)));
             }
         }
         match head {
@@ -57,7 +64,7 @@ impl Fs {
                     let new = t.upsert(node.parent, &meta);
                     t.listing_insert(node.parent, meta);
                     tracing::debug!(ino = node.ino, new, key = %node.key, "replaced by another client: a new inode");
-                    return Ok(self.attr(t.get(node.ino).ok_or(FsError::NotFound)?));
+                    return Ok((self.attr(t.get(node.ino).ok_or(FsError::NotFound)?), None));
                 }
                 let cur = t.get_mut(node.ino).ok_or(FsError::NotFound)?;
                 if cur.etag != meta.etag && !cur.local {
@@ -73,7 +80,7 @@ impl Fs {
                 cur.validated = self.cfg.clock.now();
                 cur.fill_attrs(&attrs);
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidated");
-                Ok(self.attr(cur))
+                Ok((self.attr(cur), Some(true)))
             }
             Ok(_) => Err(FsError::NotFound),
             Err(e) if e.kind == StoreErrorKind::NotFound => {
@@ -82,7 +89,7 @@ impl Fs {
                 if let Some(n) = t.get(node.ino).filter(|n| n.local) {
                     // Staged here meanwhile (an O_TRUNC open, a write): the mount's own file
                     // now, which its close uploads; gone from the bucket is no news.
-                    return Ok(self.attr(n));
+                    return Ok((self.attr(n), None));
                 }
                 if t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
                     t.unlink(node.parent, &node.name);
@@ -92,7 +99,7 @@ impl Fs {
                 // with ESTALE. `fstat` must not fail, nor a read the kernel precedes with a
                 // GETATTR (it does, near the end of what it knows of the file).
                 match t.get(node.ino) {
-                    Some(n) if open => Ok(self.attr(n)),
+                    Some(n) if open => Ok((self.attr(n), None)),
                     _ => Err(FsError::NotFound),
                 }
             }
@@ -102,7 +109,7 @@ impl Fs {
                 let cur = t.get_mut(node.ino).ok_or(FsError::Store(e.clone()))?;
                 tracing::warn!(key = %node.key, "store unreachable, serving the last attributes: {e}");
                 cur.validated = self.cfg.clock.now();
-                Ok(self.attr(cur))
+                Ok((self.attr(cur), None))
             }
             Err(e) => Err(e.into()),
         }

@@ -164,15 +164,22 @@ impl Fs {
                 // keys are gone: a reader left on them was cut short at its cached blocks).
                 // Staged files too: no listing updates a staged node (`Node::local`), and
                 // its listing entry would carry the old identity past the staged file.
-                let staged: Vec<(u64, String, String)> = {
+                // (Files opened since the move was recorded too: their identity is the old
+                // one still.)
+                let known: std::collections::HashMap<u64, String> =
+                    open_moved.into_iter().map(|(ino, _, id)| (ino, id)).collect();
+                let below: Vec<(u64, String, String)> = {
                     let t = self.table.lock().unwrap();
                     t.nodes()
-                        .filter(|n| n.kind == Kind::File && n.linked && n.opens == 0 && n.key.starts_with(&new_key))
-                        .filter(|n| self.is_staged(n.ino))
-                        .map(|n| (n.ino, format!("{}{}", src.key, &n.key[new_key.len()..]), n.identity()))
+                        .filter(|n| n.kind == Kind::File && n.linked && n.key.starts_with(&new_key))
+                        .filter(|n| n.opens > 0 || known.contains_key(&n.ino) || self.is_staged(n.ino))
+                        .map(|n| {
+                            let old_identity = known.get(&n.ino).cloned().unwrap_or_else(|| n.identity());
+                            (n.ino, format!("{}{}", src.key, &n.key[new_key.len()..]), old_identity)
+                        })
                         .collect()
                 };
-                for (ino, old_key, old_identity) in open_moved.into_iter().chain(staged) {
+                for (ino, old_key, old_identity) in below {
                     // (A pending one has no object to learn from yet.)
                     if !self.pending_here(ino).await {
                         self.learn_moved(ino, &old_key, &old_identity).await;
@@ -191,8 +198,29 @@ impl Fs {
     /// A failure leaves the node to be revalidated at its next open.
     async fn learn_moved(&self, ino: u64, old_key: &str, old_identity: &str) {
         let Ok(node) = self.node(ino) else { return };
-        if let Err(e) = self.revalidate(&node, false).await {
-            tracing::debug!(key = %node.key, "identity after rename unknown: {e}");
+        // An answer overtaken by a change beside it (a create in the directory meanwhile)
+        // is not recorded: ask again, a few times.
+        let mut learned = Ok(None);
+        for _ in 0..3 {
+            let Ok(cur) = self.node(ino) else { return };
+            if !cur.linked {
+                break;
+            }
+            learned = self.revalidate_recorded(&cur, false).await.map(|(_, recorded)| recorded);
+            if !matches!(learned, Ok(Some(false))) {
+                break;
+            }
+        }
+        if !matches!(learned, Ok(Some(true))) {
+            // The identity stays unknown (to be asked at the next open), never the old one:
+            // a listing that shows the copy's must not take it for another client's file.
+            if let Some(n) = self.table.lock().unwrap().get_mut(ino).filter(|n| n.linked) {
+                n.etag = None;
+            }
+            match learned {
+                Err(e) => tracing::debug!(key = %node.key, "identity after rename unknown: {e}"),
+                _ => tracing::debug!(key = %node.key, "identity after rename unknown: not recorded"),
+            }
             return;
         }
         // The listing too: a lookup served from it would bring the old identity back.

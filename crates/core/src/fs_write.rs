@@ -202,12 +202,12 @@ impl Fs {
         if !self.fresh(node.validated) && !self.is_staged(ino) {
             self.refresh(&node).await?;
             node = self.node(ino)?;
-            if !node.linked {
-                // Replaced by another client since the kernel looked the name up (a new
-                // inode has it now): ESTALE makes the kernel look it up again and open
-                // that one (the VFS retries an open once so), as NFS does.
-                return Err(FsError::Stale(format!("{} was replaced in the bucket", node.key)));
-            }
+        }
+        if node.replaced {
+            // Replaced by another client since the kernel looked the name up (a new inode
+            // has it now, `Node::replaced_by`): ESTALE makes the kernel look it up again
+            // and open that one (the VFS retries an open once so), as NFS does.
+            return Err(FsError::Stale(format!("{} was replaced in the bucket", node.key)));
         }
         let direct = (placeholder || node.size_unknown) && !write && !self.is_staged(ino);
         if direct && node.size_unknown {

@@ -71,6 +71,10 @@ pub struct Node {
     pub local: bool,
     /// File handles open on it here ([`crate::Fs`] counts them at open and release).
     pub opens: u32,
+    /// Split off when another client replaced the file while handles were open on it
+    /// ([`Node::replaced_by`]): the name leads to a newer inode, and an open of this one
+    /// (through a kernel entry not yet looked up again) is answered `ESTALE`.
+    pub replaced: bool,
     /// When chmod, chown or utimens last changed it here (Linux moves ctime on every
     /// attribute change); `None`: ctime is shown equal to mtime.
     pub ctime: Option<SystemTime>,
@@ -275,6 +279,7 @@ impl InodeTable {
             linked: true,
             local: false,
             opens: 0,
+            replaced: false,
             ctime: None,
             size_unknown: false,
         };
@@ -303,7 +308,7 @@ impl InodeTable {
     /// A probe begun at change count `since` found `name` absent from `dir`; not recorded if
     /// `dir` changed here meanwhile (the answer may predate a create).
     pub fn note_absent(&mut self, dir: u64, name: &str, since: u64) {
-        if self.changed.get(&dir).is_some_and(|&c| c > since) || self.index.contains_key(&(dir, name.to_string())) {
+        if self.changed_at(dir) > since || self.index.contains_key(&(dir, name.to_string())) {
             return;
         }
         if self.absent.len() >= ABSENT_MAX {
@@ -371,7 +376,9 @@ impl InodeTable {
                     // moved by a rename in progress: it may describe the other file.
                     return ino;
                 }
-                if node.kind == meta.kind && !node.replaced_by(meta) {
+                let replaced = node.replaced_by(meta);
+                node.replaced = replaced;
+                if node.kind == meta.kind && !replaced {
                     if node.etag != meta.etag {
                         // A file replaced by someone else carries its own attributes; a
                         // directory's (kept here only) stay.
@@ -418,6 +425,7 @@ impl InodeTable {
                 linked: true,
                 local: false,
                 opens: 0,
+                replaced: false,
                 ctime: None,
                 size_unknown: meta.size_unknown,
             },
@@ -605,6 +613,9 @@ impl InodeTable {
             self.listings.remove(&d);
             // A listing or HEAD of the old keys in flight must not land as current.
             self.note_change(d);
+            // Names probed absent under the old keys say nothing of the new ones.
+            self.absent.retain(|(dir, _), _| *dir != d);
+            self.missed.remove(&d);
         }
     }
 

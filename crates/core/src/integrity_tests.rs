@@ -554,3 +554,26 @@ async fn a_file_moved_here_while_open_keeps_its_inode() {
     assert_eq!(&fs.read(hx, 0, 100).await.unwrap()[..], b"in a directory");
     fs.check_invariants();
 }
+
+#[tokio::test]
+async fn an_inode_split_off_within_the_ttl_is_not_opened_on_the_old_version() {
+    // `ls` lists a replaced file while a reader holds it (a split) and `cat` opens it
+    // through the kernel's entry, still fresh: the open must not pin the old version
+    // (its reads would fail with ESTALE) but send the kernel to look the name up again.
+    let store = Arc::new(MemStore::new());
+    store.put("f", Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg(60_000));
+    let old = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let reader = fs.open(old, false, false).await.unwrap();
+    store.put("f", Bytes::from_static(b"newer"), PutOpts::default()).await.unwrap();
+    fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
+    assert_eq!(names(&fs, ROOT_INO).await, ["f"]);
+    assert!(matches!(fs.open(old, false, false).await, Err(FsError::Stale(_))));
+    let new = fs.lookup(ROOT_INO, "f").await.unwrap();
+    assert_ne!(new.ino, old);
+    let fh = fs.open(new.ino, false, false).await.unwrap();
+    assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"newer");
+    assert_eq!(fs.getattr(old).await.unwrap().size, 3);
+    fs.release(reader).await.unwrap();
+    fs.check_invariants();
+}
