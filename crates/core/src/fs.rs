@@ -16,8 +16,7 @@
 //!    a listing, an upload), independent of each other;
 //! 3. `table`, then the `staged` map (`Fs::unstaged_node` holds both; nothing takes `table`
 //!    while holding the map);
-//! 4. `handles`, never held with `table` or the map (`Fs::has_open_handle` is asked
-//!    before taking the table);
+//! 4. `handles`, never held with `table` or the map;
 //! 5. leaf locks (the write-back queue's entries, `dir_cache`, readers, caches).
 //!
 //! The std mutexes (3-5) are never held across an `.await`; all come from `crate::sync`.
@@ -437,9 +436,9 @@ impl Fs {
         }
     }
 
-    /// Whether a file handle is open on `ino`.
+    /// Whether a file handle is open on `ino` (the node's count, not a scan of the handles).
     pub(crate) fn has_open_handle(&self, ino: u64) -> bool {
-        self.handles.lock().unwrap().values().any(|h| matches!(h, Handle::File(f) if f.ino == ino))
+        self.table.lock().unwrap().get(ino).is_some_and(|n| n.opens > 0)
     }
 
     pub(crate) fn insert_handle(&self, h: Handle) -> u64 {

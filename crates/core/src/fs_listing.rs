@@ -84,7 +84,6 @@ impl Fs {
             }
             Ok(_) => Err(FsError::NotFound),
             Err(e) if e.kind == StoreErrorKind::NotFound => {
-                let open = self.has_open_handle(node.ino); // before the table: never both locks
                 let mut t = self.table.lock().unwrap();
                 if let Some(n) = t.get(node.ino).filter(|n| n.local) {
                     // Staged here meanwhile (an O_TRUNC open, a write): the mount's own file
@@ -99,7 +98,7 @@ impl Fs {
                 // with ESTALE. `fstat` must not fail, nor a read the kernel precedes with a
                 // GETATTR (it does, near the end of what it knows of the file).
                 match t.get(node.ino) {
-                    Some(n) if open => Ok((self.attr(n), None)),
+                    Some(n) if n.opens > 0 => Ok((self.attr(n), None)),
                     _ => Err(FsError::NotFound),
                 }
             }

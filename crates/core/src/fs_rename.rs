@@ -115,8 +115,8 @@ impl Fs {
                 _ => {}
             }
         }
-        // Files moved that handles are open on: (inode, old key, old identity).
-        let mut open_moved = Vec::new();
+        // Files moved that handles are open on, with their old identities.
+        let mut open_moved = std::collections::HashMap::new();
         {
             let mut t = self.table.lock().unwrap();
             t.listing_remove(parent, name);
@@ -141,8 +141,7 @@ impl Fs {
                 .collect();
             for ino in moved {
                 let n = t.get_mut(ino).expect("just listed");
-                let old_key = format!("{}{}", src.key, &n.key[new_key.len()..]);
-                open_moved.push((ino, old_key, n.identity()));
+                open_moved.insert(ino, n.identity());
                 if !n.local {
                     n.etag = None;
                 }
@@ -156,7 +155,7 @@ impl Fs {
         match src.kind {
             Kind::File if self.pending_here(src.ino).await => {} // no object to learn from yet
             Kind::File => {
-                let old_identity = open_moved.pop().map_or_else(|| src.identity(), |(_, _, id)| id);
+                let old_identity = open_moved.remove(&src.ino).unwrap_or_else(|| src.identity());
                 self.learn_moved(src.ino, &src.key, &old_identity).await
             }
             Kind::Dir => {
@@ -166,15 +165,13 @@ impl Fs {
                 // its listing entry would carry the old identity past the staged file.
                 // (Files opened since the move was recorded too: their identity is the old
                 // one still.)
-                let known: std::collections::HashMap<u64, String> =
-                    open_moved.into_iter().map(|(ino, _, id)| (ino, id)).collect();
                 let below: Vec<(u64, String, String)> = {
                     let t = self.table.lock().unwrap();
                     t.nodes()
                         .filter(|n| n.kind == Kind::File && n.linked && n.key.starts_with(&new_key))
-                        .filter(|n| n.opens > 0 || known.contains_key(&n.ino) || self.is_staged(n.ino))
+                        .filter(|n| n.opens > 0 || open_moved.contains_key(&n.ino) || self.is_staged(n.ino))
                         .map(|n| {
-                            let old_identity = known.get(&n.ino).cloned().unwrap_or_else(|| n.identity());
+                            let old_identity = open_moved.get(&n.ino).cloned().unwrap_or_else(|| n.identity());
                             (n.ino, format!("{}{}", src.key, &n.key[new_key.len()..]), old_identity)
                         })
                         .collect()
