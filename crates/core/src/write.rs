@@ -24,6 +24,16 @@
 //! while it holds data the bucket lacks; after a crash (or an unmount whose uploads kept
 //! failing) the next mount of the same mount point finds the pairs and uploads them
 //! ([`recover`]).
+//!
+//! A commit point (close, fsync) makes the bytes as they are the version a crash recovers.
+//! Until that version is in the bucket, a later change must not destroy it: the first change
+//! after a commit that lands at or past the committed length (an appender) only records the
+//! length in the `.open` marker (`base N`: the first N bytes are the committed version); a
+//! change inside it first copies the committed bytes to `<file>.base` (in the kernel, with
+//! `copy_file_range`). A file the kernel writes unseen (passthrough) is copied at an fsync
+//! itself, since its next change cannot be caught before it lands. So a `kill -9` after
+//! `fsync` and more writes still uploads the fsync'd version, and the later bytes go to
+//! `lost+found`, never over it.
 
 use crate::sync::Arc;
 use std::collections::HashMap;
@@ -68,6 +78,8 @@ pub struct Staged {
     /// [`Staged::mark_committed_as_is`]), so the same state is not written again at each
     /// commit point (a close's flush and release both commit).
     marked_as: Option<Stamp>,
+    /// Its text while `open_marked` (`open`, or `base N`: see [`Staged::mark_open`]).
+    open_text: Option<String>,
     /// The disk cache took the file over ([`Staged::given_away`]): its inode is the cache's
     /// (and a later staged file of the same node may adopt and rewrite it).
     given: bool,
@@ -88,6 +100,19 @@ pub struct Staged {
     /// The kernel may change the file without us (FUSE passthrough, see
     /// [`Staged::watch_external`]): its state as we last saw it, `None` if it never could.
     seen: Option<Stamp>,
+    /// The last committed version, while it may not be in the bucket: its length, and
+    /// where it is (see the module doc).
+    base: Option<Base>,
+}
+
+/// Where the last committed version is, while the bytes change after it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Base {
+    len: u64,
+    /// `<file>.base` holds it; otherwise the data file's first `len` bytes still do.
+    copied: bool,
+    /// Committed by an fsync: its copy reaches the disk before the data file changes.
+    synced: bool,
 }
 
 /// What tells us a file changed without seeing the change: its length and mtime (Linux
@@ -148,12 +173,14 @@ impl Staged {
             budget,
             open_marked: false,
             marked_as: None,
+            open_text: None,
             given: false,
             adopted: false,
             in_store: true,
             replaces: false,
             create_only: false,
             seen: None,
+            base: None,
         })
     }
 
@@ -204,7 +231,7 @@ impl Staged {
             return Ok(());
         }
         if self.key.is_none() {
-            self.mark_open()?;
+            self.mark_open(Some(u64::MAX))?; // where the change lands, it says itself
         }
         crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
         self.key = Some(key.to_string());
@@ -218,6 +245,7 @@ impl Staged {
         let _ = crate::recycle::remove(&self.open_path());
         self.open_marked = false;
         self.marked_as = None;
+        self.forget_base();
     }
 
     /// When the sidecar naming the key was last written.
@@ -243,34 +271,102 @@ impl Staged {
         self.path.with_extension("open")
     }
 
+    fn base_path(&self) -> PathBuf {
+        self.path.with_extension("base")
+    }
+
     /// The key the bytes go to, once they have changed (the sidecar's; a rename moves it).
     pub fn key(&self) -> Option<&str> {
         self.key.as_deref()
     }
 
-    /// The bytes are about to change: from now until the next [`Staged::commit`] they are
-    /// not a version a close returned for, and crash recovery must not upload them.
-    fn mark_open(&mut self) -> Result<(), FsError> {
-        if !self.open_marked {
-            // Any text but a stamp says "open"; not empty: emptying a spare frees its block.
-            crate::recycle::write(&self.open_path(), b"open").map_err(local)?;
+    /// The bytes are about to change from offset `from` on (`None`: they already changed,
+    /// somewhere: the kernel wrote them): from now until the next [`Staged::commit`] they
+    /// are not a version a close returned for, and crash recovery must not upload them. The
+    /// last committed version stays recoverable (module doc): as the data file's prefix
+    /// while the change lands past it, else as a copy made first.
+    fn mark_open(&mut self, from: Option<u64>) -> Result<(), FsError> {
+        if let Some(b) = self.base.filter(|b| !b.copied) {
+            match from {
+                Some(at) if at >= b.len => {}
+                Some(_) => self.copy_base(b)?,
+                None => self.base = None, // changed already: nothing left to keep
+            }
+        }
+        let text = match self.base {
+            Some(Base { len, copied: false, .. }) => format!("base {len}"),
+            // Any text but a stamp or `base N` says "open" (a `.base` beside it, if any, is
+            // the committed version). Not empty: emptying a spare frees its block.
+            _ => "open".to_string(),
+        };
+        if !self.open_marked || self.open_text.as_deref() != Some(&text) {
+            crate::recycle::write(&self.open_path(), text.as_bytes()).map_err(local)?;
             self.open_marked = true;
             self.marked_as = None;
+            self.open_text = Some(text);
         }
         Ok(())
     }
 
-    /// A commit point (close, fsync): the bytes as they are now are what a crash recovers.
+    /// Copy the committed version (the data file's first `b.len` bytes) to `<file>.base`,
+    /// before a change would overwrite it. Through a temporary, so recovery sees it whole
+    /// or not at all; synced first when an fsync committed it.
+    fn copy_base(&mut self, b: Base) -> Result<(), FsError> {
+        let tmp = self.path.with_extension("basetmp");
+        let copy = || -> std::io::Result<()> {
+            std::fs::copy(&self.path, &tmp)?; // copy_file_range: no bytes through user space
+            let f = File::options().write(true).open(&tmp)?;
+            f.set_len(b.len)?;
+            if b.synced {
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, self.base_path())?;
+            if b.synced {
+                if let Some(dir) = self.path.parent() {
+                    File::open(dir)?.sync_all()?;
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = copy() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(local(e));
+        }
+        self.base = Some(Base { copied: true, ..b });
+        Ok(())
+    }
+
+    /// The committed version is in the bucket (or will never be uploaded): no copy kept.
+    fn forget_base(&mut self) {
+        if self.base.take().is_some_and(|b| b.copied) {
+            let _ = std::fs::remove_file(self.base_path());
+        }
+    }
+
+    /// A commit point (close): the bytes as they are now are what a crash recovers.
     pub fn commit(&mut self) -> Result<(), FsError> {
+        self.commit_as(false)
+    }
+
+    /// A commit point; `fsync`: the caller syncs the file to disk, and the version must
+    /// survive the writes that may follow (a file the kernel writes unseen is copied now).
+    pub fn commit_as(&mut self, fsync: bool) -> Result<(), FsError> {
         // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
         self.settle()?;
         if self.seen.is_some() {
-            return self.mark_committed_as_is();
-        }
-        if self.open_marked {
+            self.mark_committed_as_is()?;
+        } else if self.open_marked {
             crate::recycle::remove(&self.open_path()).map_err(local)?;
             self.open_marked = false;
             self.marked_as = None;
+            self.open_text = None;
+        }
+        // The marker says "committed" now: an older version's copy is obsolete.
+        self.forget_base();
+        let b = Base { len: self.size, copied: false, synced: fsync };
+        self.base = Some(b);
+        if fsync && self.seen.is_some() {
+            self.copy_base(b)?;
         }
         Ok(())
     }
@@ -292,6 +388,7 @@ impl Staged {
             crate::recycle::write(&self.open_path(), now.marker().as_bytes()).map_err(local)?;
             self.open_marked = false;
             self.marked_as = Some(now);
+            self.open_text = None;
         }
         Ok(())
     }
@@ -354,7 +451,7 @@ impl Staged {
             return Ok(false);
         }
         self.seen = Some(now);
-        self.mark_open()?;
+        self.mark_open(None)?;
         self.size = now.len;
         self.dirty = true;
         self.write_gen += 1;
@@ -405,7 +502,7 @@ impl Staged {
     /// of the old size, and a reader would see bytes nobody wrote. `old` reads the hidden
     /// version when its bytes were never staged.
     pub fn truncate_on_open(&mut self, old: Option<Arc<crate::read::FileReader>>) -> Result<(), FsError> {
-        self.mark_open()?;
+        self.mark_open(Some(0))?;
         self.eager_abandon();
         self.appends_only = true;
         self.trunc_pending = true;
@@ -464,7 +561,7 @@ impl Staged {
     }
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), FsError> {
-        self.mark_open()?;
+        self.mark_open(Some(if self.trunc_pending { 0 } else { offset }))?;
         self.settle()?;
         self.file.write_all_at(data, offset).map_err(local)?;
         let end = offset + data.len() as u64;
@@ -494,7 +591,7 @@ impl Staged {
     }
 
     pub fn truncate(&mut self, size: u64) -> Result<(), FsError> {
-        self.mark_open()?;
+        self.mark_open(Some(if self.trunc_pending { 0 } else { size }))?;
         self.settle()?;
         crate::recycle::set_len(&self.file, &self.path, size).map_err(local)?;
         if size != self.size {
@@ -645,7 +742,11 @@ impl Staged {
                 let _ = crate::recycle::remove(&self.open_path());
                 self.open_marked = false;
                 self.marked_as = None;
+                self.open_text = None;
             }
+        }
+        if self.write_gen == gen {
+            self.forget_base(); // the bucket holds what was committed, or newer
         }
         Ok(meta)
     }
@@ -671,6 +772,7 @@ impl Drop for Staged {
         if self.given {
             let _ = crate::recycle::remove(&self.key_path());
             let _ = crate::recycle::remove(&self.open_path());
+            self.forget_base();
             return;
         }
         if self.dirty && !self.unlinked && self.create_only {
@@ -687,6 +789,7 @@ impl Drop for Staged {
         }
         let _ = crate::recycle::remove(&self.key_path());
         let _ = crate::recycle::remove(&self.open_path());
+        self.forget_base();
         // Handed to the kernel (passthrough): recycled only if no other description of
         // it is left (a process's mapping may still hold the kernel's).
         // So may readers of a disk-cache file this one took over (`adopt`).
@@ -739,15 +842,25 @@ pub async fn recover(
     }
     for (key, (_, data)) in newest {
         let key_file = data.with_extension("key");
-        if !committed_on_disk(&data) {
-            // Changed after its last close or fsync: no version anyone closed, so never
-            // uploaded over what the bucket holds. Kept for the user, and said so.
-            set_aside(dir, &data, &key);
-            continue;
-        }
+        let base_file = data.with_extension("base");
+        // What to upload: the file, or the last committed version a later change kept
+        // (its first `len` bytes, or its `.base` copy: see the module doc).
+        let (source, len) = match committed_on_disk(&data) {
+            Committed::Whole => (data.clone(), None),
+            Committed::Prefix(n) => (data.clone(), Some(n)),
+            Committed::Open if base_file.exists() => (base_file.clone(), None),
+            Committed::Open => {
+                // Changed after its last close or fsync, no committed version kept: no
+                // version anyone closed, so never uploaded over what the bucket holds.
+                // Kept for the user, and said so.
+                set_aside(dir, &data, &key);
+                continue;
+            }
+        };
         let result = async {
-            let file = File::open(&data).map_err(local)?;
+            let file = File::open(&source).map_err(local)?;
             let size = file.metadata().map_err(local)?.len();
+            let size = len.map_or(size, |n| n.min(size));
             let _share = budget.upload(size, opts).await;
             let mut w = store.writer(&key, opts).await?;
             if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts).await {
@@ -758,10 +871,18 @@ pub async fn recover(
         }
         .await;
         match result {
+            Ok(_) if source != data || len.is_some() => {
+                tracing::info!(%key, "uploaded the version committed (closed or fsync'd) before the crash");
+                // The bytes written after it were never committed: kept aside, not uploaded.
+                set_aside(dir, &data, &key);
+                let _ = std::fs::remove_file(&base_file);
+                done.push(key);
+            }
             Ok(_) => {
                 let _ = std::fs::remove_file(&key_file);
                 let _ = std::fs::remove_file(&data);
                 let _ = std::fs::remove_file(data.with_extension("open"));
+                let _ = std::fs::remove_file(&base_file);
                 done.push(key);
             }
             Err(e) => {
@@ -780,8 +901,8 @@ fn sweep_orphans(dir: &Path) {
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
         let orphan = match p.extension().and_then(|x| x.to_str()) {
-            Some("tmp") => true,
-            Some("key" | "open") => !p.with_extension("data").exists(),
+            Some("tmp" | "basetmp") => true,
+            Some("key" | "open" | "base") => !p.with_extension("data").exists(),
             _ => false,
         };
         if orphan && e.file_type().is_ok_and(|t| t.is_file()) {
@@ -791,13 +912,29 @@ fn sweep_orphans(dir: &Path) {
     }
 }
 
-/// Whether staged file `data` holds a committed version: no `.open` marker, or one that
-/// names exactly the file's current length and mtime (a file the kernel wrote directly:
-/// [`Staged::mark_committed_as_is`]).
-fn committed_on_disk(data: &Path) -> bool {
-    let Ok(marker) = std::fs::read_to_string(data.with_extension("open")) else { return true };
+/// What staged file `data` holds, by its `.open` marker.
+#[derive(Debug, PartialEq)]
+enum Committed {
+    /// A committed version: no marker, or one naming exactly the file's current length and
+    /// mtime (a file the kernel wrote directly: [`Staged::mark_committed_as_is`]).
+    Whole,
+    /// Its first N bytes are the last committed version; bytes past them came after (`base N`).
+    Prefix(u64),
+    /// Changed since its last commit point (any other text); a `.base` beside it, if there
+    /// is one, holds the last committed version.
+    Open,
+}
+
+fn committed_on_disk(data: &Path) -> Committed {
+    let Ok(marker) = std::fs::read_to_string(data.with_extension("open")) else { return Committed::Whole };
+    if let Some(n) = marker.strip_prefix("base ").and_then(|n| n.trim().parse().ok()) {
+        return Committed::Prefix(n);
+    }
     let now = File::open(data).map(|f| Stamp::of(&f));
-    !marker.is_empty() && matches!(now, Ok(Ok(s)) if s.marker() == marker)
+    match !marker.is_empty() && matches!(now, Ok(Ok(s)) if s.marker() == marker) {
+        true => Committed::Whole,
+        false => Committed::Open,
+    }
 }
 
 /// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
@@ -818,6 +955,7 @@ fn set_aside(dir: &Path, data: &Path, key: &str) {
             tracing::warn!(%key, kept = %to.display(), "bytes written but never closed before the mount stopped: not uploaded, kept here");
             let _ = std::fs::remove_file(data.with_extension("key"));
             let _ = std::fs::remove_file(data.with_extension("open"));
+            let _ = std::fs::remove_file(data.with_extension("base"));
         }
         Err(e) => tracing::error!(%key, data = %data.display(), "cannot set aside unclosed staged bytes: {e}"),
     }

@@ -689,3 +689,50 @@ async fn a_delete_refused_for_good_is_named_by_sync() {
     assert!(fs.sync_write_back().await.is_empty(), "said once");
     assert!(object(mem.as_ref(), "f00").await.is_some(), "nothing lost");
 }
+
+/// `fsync` in write-back mode commits: a crash after more writes still uploads the fsync'd
+/// version (issue: the bucket held nothing, the bytes went to lost+found), and the later
+/// bytes go aside, never over it. Appends past it, an overwrite inside it and a truncate.
+#[tokio::test]
+async fn an_fsyncd_version_survives_later_writes_and_a_crash() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("fsync-more");
+    mem.put("over", bytes::Bytes::from_static(b"older object"), Default::default()).await.unwrap();
+    {
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+        for name in ["append", "inside", "over", "cut"] {
+            let (ino, fh) = match fs.lookup(ROOT_INO, name).await {
+                Ok(a) => (a.ino, fs.open(a.ino, true, true).await.unwrap()),
+                Err(_) => fs.create(ROOT_INO, name, 0, None).await.map(|(a, fh)| (a.ino, fh)).unwrap(),
+            };
+            fs.write(fh, 0, b"version-1-fsynced").await.unwrap();
+            fs.fsync(fh).await.unwrap();
+            match name {
+                "inside" => fs.write(fh, 3, b"XXXX").await.map(drop).unwrap(),
+                "cut" => {
+                    let cut = crate::SetAttr { size: Some(4), fh: Some(fh), ..Default::default() };
+                    fs.setattr(ino, cut).await.map(drop).unwrap()
+                }
+                _ => fs.write(fh, 17, b"+more-after-fsync").await.map(drop).unwrap(),
+            }
+            // A second fsync'd change of "append", then more: the newest fsync wins.
+            if name == "append" {
+                fs.fsync(fh).await.unwrap();
+                fs.write(fh, 0, b"V").await.unwrap();
+            }
+        }
+        std::mem::forget(fs); // kill -9: no close, no unmount
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (mut done, failed) = fs.recover_staged().await;
+    done.sort();
+    assert_eq!((done, failed), (vec!["append".into(), "cut".into(), "inside".into(), "over".into()], vec![]));
+    assert_eq!(object(mem.as_ref(), "append").await.unwrap(), b"version-1-fsynced+more-after-fsync");
+    for k in ["inside", "over", "cut"] {
+        assert_eq!(object(mem.as_ref(), k).await.unwrap(), b"version-1-fsynced", "{k}");
+    }
+    let found = std::fs::read_dir(dir.join("lost+found")).unwrap().count();
+    assert_eq!(found, 8, "each file's unclosed bytes and their key, kept aside");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.path().is_file()).collect();
+    assert!(left.is_empty(), "staging left behind: {:?}", left.iter().map(|e| e.path()).collect::<Vec<_>>());
+}
