@@ -338,19 +338,49 @@ impl Fs {
     /// folders; else copies first, then deletes, so a failure midway loses nothing (the
     /// source is complete until every copy succeeded).
     async fn move_dir(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
-        // Staged files below the directory go up under their current keys first. In
-        // write-back mode only closed versions: a file still being written moves its last
-        // closed one (in the bucket already; the close uploads under the new key).
         let below: Vec<u64> = {
             let t = self.table.lock().unwrap();
             t.nodes().filter(|n| n.key.starts_with(&src.key) && n.kind == Kind::File).map(|n| n.ino).collect()
         };
-        for ino in below {
-            match self.write_back() {
-                true => self.upload_committed(ino).await?,
-                false => self.upload_pub(ino).await?,
+        if self.write_back() {
+            // Files not uploaded yet are named under the new directory first, with no
+            // request: they go up there from the queue, and a crash from here on recovers
+            // them there, never under the old name. (Their older objects, and the last
+            // closed version of a file still being written, move with the directory.)
+            self.rekey_staged_moving(&below, &src.key, new_key).await;
+        } else {
+            // Staged files below the directory go up under their current keys first.
+            for ino in below.iter().copied() {
+                self.upload_pub(ino).await?;
             }
         }
+        let moved = self.move_dir_keys(src, new_key).await;
+        if moved.is_err() && self.write_back() {
+            self.rekey_staged_moving(&below, new_key, &src.key).await; // as they were
+        }
+        moved
+    }
+
+    /// Name the pending staged files among `inos` whose keys are below `from` as they will
+    /// be below `to` (crash recovery reads the name from the sidecar).
+    async fn rekey_staged_moving(&self, inos: &[u64], from: &str, to: &str) {
+        for &ino in inos {
+            let Some(s) = self.staged_of_pub(ino) else { continue };
+            let mut st = s.lock().await;
+            let Some(key) = st.key().filter(|k| k.starts_with(from)).map(str::to_string) else { continue };
+            let _ = self.observe(ino, &mut st); // a failed check keeps what is known
+            if st.dirty && !st.unlinked {
+                let new = format!("{to}{}", &key[from.len()..]);
+                if let Err(e) = st.set_key(&new) {
+                    tracing::warn!(key = %new, "staged file's new key not recorded: {e}");
+                }
+            }
+        }
+    }
+
+    /// Move every key below `src` to `new_key` in the store: in one request where the store
+    /// moves folders; else journaled, copies first, then deletes (moves.rs).
+    async fn move_dir_keys(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
         if self.store.capabilities().moves {
             // One request moves the folder with everything in it (Drive).
             return Ok(self.store.rename(&src.key, new_key).await?);
@@ -373,31 +403,8 @@ impl Fs {
             tracing::warn!(dir = %src.key, key = %k, "cannot rename a directory that holds a key with no file name here (not shown); move or delete that key with another client");
             return Err(FsError::CrossDevice(format!("{} holds {k:?}, which has no file name here", src.key)));
         }
-        // Objects are copied; directory markers (keys ending in `/`, real directories on a
-        // local fs) are created. Then sources go: objects first, markers deepest first.
-        let (markers, objects): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| k.ends_with('/'));
-        self.store.create_dir(new_key).await?;
-        let mut sorted_markers = markers.clone();
-        sorted_markers.sort_by_key(|k| k.len());
-        for k in &sorted_markers {
-            self.store.create_dir(&format!("{new_key}{}", &k[src.key.len()..])).await?;
-        }
-        for k in &objects {
-            self.store.copy(k, &format!("{new_key}{}", &k[src.key.len()..])).await?;
-        }
-        for k in &objects {
-            self.store.delete(k).await?;
-        }
-        for k in sorted_markers.iter().rev() {
-            match self.store.delete(k).await {
-                Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
-                _ => {}
-            }
-        }
-        match self.store.delete(&src.key).await {
-            Err(e) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
-            _ => Ok(()),
-        }
+        let _journal = crate::moves::Entry::begin(&self.cfg.staging_dir, &src.key, new_key, &keys);
+        Ok(crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, false).await?)
     }
 
     /// chmod, chown, utimens, truncate. Size changes are staged (and uploaded at once when
@@ -502,10 +509,14 @@ impl Fs {
         }
     }
 
-    /// Upload what an earlier mount left in the staging directory (a crash, or an unmount
-    /// whose uploads kept failing). Returns (uploaded keys, keys still failing).
+    /// Finish what an earlier mount left: directory moves it began, then uploads of what it
+    /// left in the staging directory (a crash, or an unmount whose uploads kept failing).
+    /// Returns (uploaded keys, keys still failing).
     /// Then the spare files it left are adopted in the background (see `recycle::warm`).
     pub async fn recover_staged(&self) -> (Vec<String>, Vec<String>) {
+        // Directory moves a crash cut short first: staged files may be named below their
+        // new directories already (moves.rs).
+        crate::moves::replay(&self.cfg.staging_dir, self.store.as_ref()).await;
         let r =
             crate::write::recover(&self.cfg.staging_dir, self.store.as_ref(), self.cfg.write, &self.part_budget).await;
         crate::recycle::warm(&self.cfg.staging_dir);

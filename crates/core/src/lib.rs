@@ -10,7 +10,8 @@
 //! - [`write`]: staged writes and their upload on flush/fsync/unmount;
 //!   [`part_budget`]: the mount-wide bound on upload buffers; [`write_back`]: the
 //!   background upload queue of `--write-back` mounts; [`deletes`]: their deferred,
-//!   journaled deletes.
+//!   journaled deletes; `moves`: directory moves journaled so a crash never leaves both
+//!   names.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
@@ -30,6 +31,7 @@ pub mod fs;
 pub(crate) mod fs_write;
 pub mod inode;
 pub mod links;
+pub(crate) mod moves;
 pub mod names;
 pub mod part_budget;
 pub mod passthrough;

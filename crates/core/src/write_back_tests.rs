@@ -379,7 +379,7 @@ async fn a_queued_file_renamed_over_an_object_then_unlinked_leaves_nothing() {
 #[tokio::test]
 async fn a_staged_file_moved_with_its_directory_is_read_under_its_new_identity() {
     // GCS and S3 copy a directory's objects: each gets a new identity. A staged file below
-    // (uploaded by the move, then kept) must not leave the old one in its node or listing,
+    // (uploaded after the move, then kept) must not leave the old one in its node or listing,
     // or its next open pins the old identity and reads fail with ESTALE (model test, gcs).
     let mem = Arc::new(MemStore::new());
     let dir = staging("movedir");
@@ -391,7 +391,9 @@ async fn a_staged_file_moved_with_its_directory_is_read_under_its_new_identity()
     fs.flush(fh).await.unwrap();
     fs.release(fh).await.unwrap();
     fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap();
-    assert_eq!(object(mem.as_ref(), "e/f").await.as_deref(), Some(&b"hello"[..]));
+    assert_eq!(object(mem.as_ref(), "e/f").await, None, "pending: the move sends nothing of it");
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["e/", "e/f"]);
     // A lister walks the moved directory while the staged file is still there.
     let e = fs.lookup(ROOT_INO, "e").await.unwrap().ino;
     let dh = fs.opendir(e).await.unwrap();
@@ -735,4 +737,45 @@ async fn an_fsyncd_version_survives_later_writes_and_a_crash() {
     assert_eq!(found, 8, "each file's unclosed bytes and their key, kept aside");
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.path().is_file()).collect();
     assert!(left.is_empty(), "staging left behind: {:?}", left.iter().map(|e| e.path()).collect::<Vec<_>>());
+}
+
+/// `mv d e` with files in `d` not uploaded yet and others in the bucket, the mount dies
+/// in the middle of the move (after a source's delete): the next mount finishes the move
+/// and uploads the pending files under `e/`. Nothing is left or made again under `d/` (issue
+/// 48: both names came back). No pending file is uploaded before the move, under `d/`.
+#[tokio::test]
+async fn a_directory_move_cut_by_a_crash_is_finished_by_the_next_mount() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("dir-move-crash");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Delete, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    for (name, data) in [("g0", &b"stored 0"[..]), ("g1", b"stored 1")] {
+        let (_, fh) = fs.create(d.ino, name, 0, None).await.unwrap();
+        fs.write(fh, 0, data).await.unwrap();
+        fs.release(fh).await.unwrap();
+    }
+    assert!(fs.sync_write_back().await.is_empty());
+    for name in ["p0", "p1"] {
+        let (_, fh) = fs.create(d.ino, name, 0, None).await.unwrap();
+        fs.write(fh, 0, name.as_bytes()).await.unwrap();
+        fs.release(fh).await.unwrap();
+    }
+    let paused = held.hold(Op::Delete, 1); // the move stops after its first delete
+    let fs2 = fs.clone();
+    let mv = tokio::spawn(async move { fs2.rename(ROOT_INO, "d", ROOT_INO, "e", false).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!mv.is_finished(), "the move waits at its first delete");
+    assert!(object(mem.as_ref(), "d/p0").await.is_none(), "a pending file went up under its old name");
+    // The mount dies here (the move's future never finishes; nothing of it is dropped).
+    let fresh = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (mut done, failed) = fresh.recover_staged().await;
+    done.sort();
+    assert_eq!((done, failed), (vec!["e/p0".to_string(), "e/p1".to_string()], vec![]));
+    assert_eq!(keys(mem.as_ref()).await, ["e/", "e/g0", "e/g1", "e/p0", "e/p1"]);
+    assert_eq!(object(mem.as_ref(), "e/g1").await.unwrap(), b"stored 1");
+    std::mem::forget(mv);
+    std::mem::forget(paused);
+    std::mem::forget(fs);
 }
