@@ -11,7 +11,8 @@
 //!
 //! Locking: the one order is written in docs/ARCHITECTURE.md ("Locking"); the comment at
 //! each field below gives its level there. In short, outermost first:
-//! 1. the write-back gate (`write_back::Queue::gate`, held across awaits);
+//! 1. intents (`intents.rs`: the keys an upload, unlink or rename changes; held across
+//!    awaits, only overlapping ones wait);
 //! 2. a directory's listing flight or a staged file's own tokio mutex (held across awaits:
 //!    a listing, an upload), independent of each other;
 //! 3. `table`, then the `staged` map (`Fs::unstaged_node` holds both; nothing takes `table`

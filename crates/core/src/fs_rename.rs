@@ -11,18 +11,18 @@ use crate::FsError;
 
 /// A rename's changes to the store in progress ([`crate::inode::InodeTable::begin_move`]),
 /// over when dropped: at the end, or at an error on the way.
-struct Moving<'a>(&'a Fs);
+struct Moving<'a>(&'a Fs, u64);
 
 impl<'a> Moving<'a> {
     fn begin(fs: &'a Fs, from_dir: u64, to_dir: u64, keys: Vec<String>) -> Self {
-        fs.table.lock().unwrap().begin_move(from_dir, to_dir, keys);
-        Moving(fs)
+        let id = fs.table.lock().unwrap().begin_move(from_dir, to_dir, keys);
+        Moving(fs, id)
     }
 }
 
 impl Drop for Moving<'_> {
     fn drop(&mut self) {
-        self.0.table.lock().unwrap().end_move();
+        self.0.table.lock().unwrap().end_move(self.1);
     }
 }
 
@@ -42,21 +42,27 @@ impl Fs {
             // The kernel may have written it directly: the entry moved carries its size.
             self.observe(src.ino, &mut *staged.lock().await)?;
         }
-        let src = self.node(src.ino)?;
+        // No upload of these keys in flight while names move (intents.rs): a close meanwhile
+        // would send its bytes to a key being copied away, or left behind. Declared as the
+        // keys are once declared (a move of a directory above may change them meanwhile).
+        let (_intent, src, target_dir) = loop {
+            let (src, target_dir) = (self.node(src.ino)?, self.node(newparent)?);
+            let intent = self.wb.intents.acquire(self.rename_scopes(&src, &target_dir.key, newname), true).await;
+            let (now_src, now_dir) = (self.node(src.ino)?, self.node(newparent)?);
+            if now_src.key == src.key && now_dir.key == target_dir.key {
+                break (intent, src, target_dir);
+            }
+        };
         self.new_key(newparent, newname, src.kind)?;
         if parent == newparent && name == newname {
             return Ok(());
         }
-        let target_dir = self.node(newparent)?;
         if target_dir.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
         if src.kind == Kind::Dir && target_dir.key.starts_with(&src.key) {
             return Err(FsError::InvalidName); // into itself: EINVAL, as on Linux
         }
-        // No upload in flight while names move (write_back.rs): a close meanwhile would send
-        // its bytes to a key being copied away, or left behind.
-        let _gate = self.wb.gate.write().await;
         let (mut replaced, mut discard_after, mut took_object) = (None, None, false);
         let dst = self.resolve(newparent, newname).await?;
         let new_key = crate::inode::key_for(&target_dir.key, newname, src.kind);
@@ -79,7 +85,7 @@ impl Fs {
                 (_, _) => {
                     took_object = dst.kind == src.kind && self.stored(dst.ino).await;
                     // The target is replaced: its staged bytes must never be uploaded later.
-                    // Write-back (nothing uploads meanwhile: the gate): dropped once the
+                    // Write-back (nothing uploads it meanwhile: the intent): dropped once the
                     // source holds the name, so a crash in between recovers one of them.
                     if self.write_back() {
                         discard_after = Some(dst.ino);
@@ -186,6 +192,24 @@ impl Fs {
             Kind::Symlink => {}
         }
         Ok(())
+    }
+
+    /// What a rename of `src` to `newname` in the directory keyed `dir_key` changes: the
+    /// source (a directory's every key), and the target under any kind it may have.
+    fn rename_scopes(&self, src: &crate::inode::Node, dir_key: &str, newname: &str) -> Vec<crate::intents::Scope> {
+        use crate::intents::Scope;
+        let of = |key: String, kind: Kind| match kind {
+            Kind::Dir => Scope::Below(key),
+            _ => Scope::Key(key),
+        };
+        let mut scopes = vec![of(src.key.clone(), src.kind)];
+        for kind in [Kind::File, Kind::Symlink, Kind::Dir] {
+            let key = crate::inode::key_for(dir_key, newname, kind);
+            if !scopes.iter().any(|s| matches!(s, Scope::Key(k) | Scope::Below(k) if *k == key)) {
+                scopes.push(of(key, kind));
+            }
+        }
+        scopes
     }
 
     /// The identity of a file just moved (HEAD of its new key), for the node and for the

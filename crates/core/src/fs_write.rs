@@ -336,7 +336,7 @@ impl Fs {
         if truncate && !fresh && self.wb.queued(node.ino) {
             // Write-back: a version closed while this open waited for the lock is queued,
             // and the truncate would destroy it before its upload (a crash then lost it):
-            // it goes up first (the gate before the staged lock), then try again.
+            // it goes up first (its intent before the staged lock), then try again.
             drop(st);
             self.upload_before_change(node.ino).await?;
             return Ok(None);
@@ -538,9 +538,9 @@ impl Fs {
         if !wrote && !file.staged.load(Ordering::Relaxed) {
             return Ok(());
         }
-        // Shared: a rename or unlink in progress (exclusive) finishes first, so the upload
-        // goes to the name as it is after it.
-        let _gate = self.wb.gate.read().await;
+        // Shared: a rename or unlink of this key in progress (exclusive) finishes first, so
+        // the upload goes to the name as it is after it.
+        let _intent = self.upload_intent(file.ino).await;
         self.upload_ino(file.ino, !wrote).await?;
         file.wrote.store(false, Ordering::Relaxed);
         Ok(())
@@ -651,8 +651,8 @@ impl Fs {
         if !ours() {
             return true;
         }
-        // The gate before the staged lock, as everywhere.
-        let _gate = self.wb.gate.read().await;
+        // The intent before the staged lock, as everywhere.
+        let _intent = self.upload_intent(ino).await;
         let mut st = staged.lock().await;
         if !ours() || st.handles > 0 || st.unlinked {
             return true; // an open's own release decides again; an unlinked file is gone
@@ -797,8 +797,8 @@ impl Fs {
     pub fn unlink_now(&self, parent: u64, name: &str) -> Option<Result<(), FsError>> {
         let node = self.table.lock().unwrap().child(parent, name).cloned()?;
         let staged = self.staged_of(node.ino)?;
-        // The gate before the staged lock, as in `unlink`.
-        let _gate = self.wb.gate.try_write().ok()?;
+        // The intent before the staged lock, as in `unlink`.
+        let _intent = self.wb.intents.try_acquire(vec![crate::intents::Scope::Key(node.key.clone())], true)?;
         let mut st = staged.try_lock().ok()?;
         if st.in_store || st.replaces || st.uploading_eagerly() {
             return None; // the bucket may hold it (a DELETE is due), or parts to abort
@@ -817,14 +817,18 @@ impl Fs {
         if node.kind == Kind::Dir {
             return Err(FsError::IsDir);
         }
-        // No upload of it may be in flight while it goes (write_back.rs): one landing after
-        // the delete would bring the file back.
-        let _gate = self.wb.gate.write().await;
-        // As of now: a rename of a directory above it may have moved its key meanwhile
-        // (the kernel serializes this unlink with any change of the name itself).
-        let node = match self.table.lock().unwrap().child(parent, name) {
-            Some(n) if n.ino == node.ino => n.clone(),
-            _ => return Err(FsError::NotFound),
+        // No upload of it may be in flight while it goes (intents.rs): one landing after
+        // the delete would bring the file back. Uploads of other keys go on.
+        let mut key = node.key.clone();
+        let (_intent, node) = loop {
+            let intent = self.wb.intents.acquire(vec![crate::intents::Scope::Key(key.clone())], true).await;
+            // As of now: a rename of a directory above it may have moved its key meanwhile
+            // (the kernel serializes this unlink with any change of the name itself).
+            match self.table.lock().unwrap().child(parent, name) {
+                Some(n) if n.ino == node.ino && n.key == key => break (intent, n.clone()),
+                Some(n) if n.ino == node.ino => key = n.key.clone(),
+                _ => return Err(FsError::NotFound),
+            }
         };
         if self.stored(node.ino).await {
             match &self.deletes {

@@ -226,9 +226,11 @@ pub struct InodeTable {
     /// (see [`InodeTable::removed_here`]). Dropped at the name's next upsert; all dropped
     /// past [`ABSENT_MAX`].
     removed: std::collections::HashSet<(u64, String)>,
-    /// The rename moving objects in the store now, if any (renames run one at a time:
-    /// `Fs::rename` holds the write gate): see [`InodeTable::begin_move`].
-    moving: Option<Moving>,
+    /// The renames moving objects in the store now, by id (renames of keys that do not
+    /// overlap run at once: intents.rs): see [`InodeTable::begin_move`].
+    moving: Vec<(u64, Moving)>,
+    /// The last id given to a move.
+    moves_begun: u64,
     /// The time freshness is measured in (the mount's [`Clock`]).
     clock: Clock,
 }
@@ -295,7 +297,8 @@ impl InodeTable {
             missed: HashMap::new(),
             wide: Default::default(),
             removed: Default::default(),
-            moving: None,
+            moving: Vec::new(),
+            moves_begun: 0,
             clock,
         }
     }
@@ -369,7 +372,7 @@ impl InodeTable {
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
         let key_of = |m: &ChildMeta| key_for(&parent_key, &m.name, m.kind);
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
-            let moving = self.moving.as_ref().is_some_and(|m| self.nodes.get(&ino).is_some_and(|n| m.covers(&n.key)));
+            let moving = self.moving.iter().any(|(_, m)| self.nodes.get(&ino).is_some_and(|n| m.covers(&n.key)));
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.local || moving {
                     // Staged here: the store's answer predates what this mount holds. Or
@@ -532,8 +535,8 @@ impl InodeTable {
     pub fn changed_at(&self, dir: u64) -> u64 {
         let moving = self
             .moving
-            .as_ref()
-            .is_some_and(|m| m.dirs.contains(&dir) || self.nodes.get(&dir).is_some_and(|d| m.covers(&d.key)));
+            .iter()
+            .any(|(_, m)| m.dirs.contains(&dir) || self.nodes.get(&dir).is_some_and(|d| m.covers(&d.key)));
         if moving {
             return u64::MAX;
         }
@@ -549,16 +552,20 @@ impl InodeTable {
     /// missing object unlink them. Both directories count as changed (`changed_at`), and
     /// `upsert` leaves nodes under the two keys as they are.
     /// `keys`: `from`, `to`, and a replaced target's key where it differs (a link's).
-    pub fn begin_move(&mut self, from_dir: u64, to_dir: u64, keys: Vec<String>) {
+    /// Returns the move's id, for [`InodeTable::end_move`].
+    pub fn begin_move(&mut self, from_dir: u64, to_dir: u64, keys: Vec<String>) -> u64 {
         self.note_change(from_dir);
         self.note_change(to_dir);
-        self.moving = Some(Moving { dirs: [from_dir, to_dir], keys });
+        self.moves_begun += 1;
+        self.moving.push((self.moves_begun, Moving { dirs: [from_dir, to_dir], keys }));
+        self.moves_begun
     }
 
     /// The move begun by [`InodeTable::begin_move`] is recorded (or failed): answers count
     /// from now on; both directories count as changed once more.
-    pub fn end_move(&mut self) {
-        if let Some(m) = self.moving.take() {
+    pub fn end_move(&mut self, id: u64) {
+        if let Some(i) = self.moving.iter().position(|(m, _)| *m == id) {
+            let (_, m) = self.moving.swap_remove(i);
             self.note_change(m.dirs[0]);
             self.note_change(m.dirs[1]);
         }

@@ -30,6 +30,7 @@ pub mod error;
 pub mod fs;
 pub(crate) mod fs_write;
 pub mod inode;
+pub(crate) mod intents;
 pub mod links;
 pub(crate) mod moves;
 pub mod names;

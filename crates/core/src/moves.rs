@@ -69,7 +69,13 @@ impl Drop for Entry {
 /// objects copied first, then sources go (objects first, markers deepest first), so a
 /// failure midway loses nothing. `again`: finishing a journaled move, where a source
 /// already gone was moved before the crash.
-pub(crate) async fn run(store: &dyn Store, from: &str, to: &str, keys: &[String], again: bool) -> Result<(), StoreError> {
+pub(crate) async fn run(
+    store: &dyn Store,
+    from: &str,
+    to: &str,
+    keys: &[String],
+    again: bool,
+) -> Result<(), StoreError> {
     let gone = |e: &StoreError| e.kind == StoreErrorKind::NotFound;
     let (markers, objects): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| k.ends_with('/'));
     store.create_dir(to).await?;

@@ -8,7 +8,7 @@
 //! docs/ARCHITECTURE.md ("Locking"), and at each lock's field.
 //!
 //! What shuttle does not model, kept as it is:
-//! - tokio's async locks and semaphores (`write::SharedStaged`, the write-back gate, the
+//! - tokio's async locks and semaphores (`write::SharedStaged`, the intents' `Notify`, the
 //!   listing flights, the prefetch and part budgets, `tokio::sync::Notify`, `oneshot`).
 //!   They are waker-based, so they run under shuttle's executor, but which waiter gets a
 //!   contended one is tokio's choice (first come, first served), not explored.

@@ -13,10 +13,11 @@
 //! it is being rewritten still finds the last closed version in the bucket (the rewrite's
 //! unclosed bytes are set aside by recovery, never uploaded).
 //!
-//! Unlink and rename take [`Queue::gate`] exclusively and uploads take it shared (in both
-//! modes: a close's upload too), so a cancel or redirect never races an upload in flight: an
-//! unlinked file is never uploaded, a renamed one (or one in a renamed directory) goes up
-//! under its new name, and no stray object is left behind.
+//! Unlink and rename declare the keys they change exclusively and uploads theirs shared
+//! ([`crate::intents`], in both modes: a close's upload too), so a cancel or redirect never
+//! races an upload of the same key in flight: an unlinked file is never uploaded, a renamed
+//! one (or one in a renamed directory) goes up under its new name, and no stray object is
+//! left behind; work on other keys does not wait.
 
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, Weak};
 use std::collections::HashMap;
@@ -82,9 +83,9 @@ pub(crate) struct Queue {
     work: tokio::sync::Notify,
     /// Wakes closes waiting for room, and `sync` waiting for uploads.
     progress: tokio::sync::Notify,
-    /// Held shared by each upload, exclusively by unlink and rename of a staged file:
-    /// lock level 1, the outermost (docs/ARCHITECTURE.md), held across awaits.
-    pub gate: tokio::sync::RwLock<()>,
+    /// The keys uploads, unlinks and renames are changing now (intents.rs): lock level 1,
+    /// the outermost (docs/ARCHITECTURE.md), held across awaits.
+    pub(crate) intents: crate::intents::Intents,
 }
 
 impl Queue {
@@ -202,6 +203,20 @@ impl Fs {
         crate::sync::spawn(schedule(me, queue, cfg));
     }
 
+    /// Declare an upload of `ino`'s key (intents.rs), as the key is once declared: a
+    /// rename that moved it while this waited is waited for, then the new key declared.
+    pub(crate) async fn upload_intent(&self, ino: u64) -> crate::intents::Intent<'_> {
+        loop {
+            let Ok(key) = self.node(ino).map(|n| n.key) else {
+                return self.wb.intents.acquire(Vec::new(), false).await; // gone: nothing to guard
+            };
+            let intent = self.wb.intents.acquire(vec![crate::intents::Scope::Key(key.clone())], false).await;
+            if self.node(ino).is_ok_and(|n| n.key == key) {
+                return intent;
+            }
+        }
+    }
+
     /// What the write-back queue holds now.
     pub fn write_back_status(&self) -> WriteBackStatus {
         let mut s = self.wb.status();
@@ -231,9 +246,10 @@ impl Fs {
             |h| matches!(h, Handle::File(f) if f.ino == file.ino && f.writable && !std::ptr::eq(f.as_ref(), file)),
         );
         let cfg = self.cfg.write_back.expect("write-back mode");
-        // The gate before the staged lock, as everywhere (rename holds it while it moves names).
-        let gate = match other_writer {
-            true => Some(self.wb.gate.read().await),
+        // The intent before the staged lock, as everywhere (a rename holds its keys' while
+        // it moves names).
+        let intent = match other_writer {
+            true => Some(self.upload_intent(file.ino).await),
             false => None,
         };
         let queued = {
@@ -276,9 +292,9 @@ impl Fs {
             }
             queue
         };
-        // Never held while waiting for room: an unlink or rename waiting for the gate would
-        // hold back every upload behind it, and the room would never come.
-        drop(gate);
+        // Never held while waiting for room: an unlink or rename waiting for it would hold
+        // back the uploads behind it, and the room would never come.
+        drop(intent);
         file.wrote.store(false, Ordering::Relaxed);
         if !queued {
             return Ok(());
@@ -300,14 +316,14 @@ impl Fs {
         if !self.write_back() || !self.wb.entries.lock().unwrap().contains_key(&ino) {
             return Ok(());
         }
-        let _gate = self.wb.gate.read().await;
+        let _intent = self.upload_intent(ino).await;
         self.upload_committed(ino).await?;
         self.wb.forget(ino);
         Ok(())
     }
 
     /// Upload `ino`'s staged bytes if they are a committed version not yet in the bucket,
-    /// and drop the staged copy once clean and unused. Caller holds the gate (shared).
+    /// and drop the staged copy once clean and unused. Caller holds its upload intent.
     pub(crate) async fn upload_committed(&self, ino: u64) -> Result<(), FsError> {
         let Some(staged) = self.staged_of_pub(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
@@ -379,7 +395,7 @@ async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
             let queue = queue.clone();
             crate::sync::spawn(async move {
                 let result = {
-                    let _gate = queue.gate.read().await;
+                    let _intent = fs.upload_intent(ino).await;
                     fs.upload_committed(ino).await
                 };
                 queue.finished(ino, seq, result);

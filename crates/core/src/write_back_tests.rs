@@ -779,3 +779,35 @@ async fn a_directory_move_cut_by_a_crash_is_finished_by_the_next_mount() {
     std::mem::forget(paused);
     std::mem::forget(fs);
 }
+
+/// A store that hangs in one upload (its PUT never answers) stalls no call that needs
+/// nothing of that upload: `rm` of an uploaded file (journaled), `mv` of another pending
+/// file, the close of a new file (issue 48: 17-28 s each, 141 s in a burst, behind one
+/// mount-wide gate). Only the key being uploaded waits for its upload.
+#[tokio::test]
+async fn a_hanging_upload_stalls_no_call_on_other_files() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("hang");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    write_file(&fs, "uploaded", b"in the bucket").await;
+    assert!(fs.sync_write_back().await.is_empty());
+    let _hang = held.hold(Op::Put, 1);
+    write_file(&fs, "big", b"its upload hangs").await;
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        while fs.wb.in_flight() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    waited.await.expect("the upload starts");
+    let quick = Duration::from_secs(5); // the hang lasts for ever: any wait on it fails here
+    let calls = async {
+        fs.unlink(ROOT_INO, "uploaded").await.unwrap();
+        write_file(&fs, "new", b"closed at once").await;
+        fs.rename(ROOT_INO, "new", ROOT_INO, "renamed", false).await.unwrap();
+        fs.unlink(ROOT_INO, "renamed").await.unwrap();
+    };
+    tokio::time::timeout(quick, calls).await.expect("calls on other files wait for the hanging upload");
+    std::mem::forget(fs); // its upload never ends
+}

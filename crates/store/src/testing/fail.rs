@@ -48,7 +48,7 @@ impl FailStore {
         }
     }
 
-    /// The next `count` calls of `op` (`Head`, `List` or `Delete`) reach the store at once
+    /// The next `count` calls of `op` (`Head`, `List`, `Put` or `Delete`) reach the store at once
     /// (a listing when first polled) but answer only as the returned semaphore gets
     /// permits, one each: replies overtaken by what happens meanwhile, or a caller paused
     /// after its change to the store (a rename between its delete and what follows).
@@ -139,7 +139,8 @@ impl Store for FailStore {
     }
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.gate(Op::Put)?;
-        self.inner.put(key, data, opts).await
+        let held = self.held(Op::Put);
+        Self::answer_when_allowed(held, self.inner.put(key, data, opts).await).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.gate(Op::Delete)?;
