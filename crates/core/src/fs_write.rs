@@ -541,7 +541,14 @@ impl Fs {
         // Shared: a rename or unlink of this key in progress (exclusive) finishes first, so
         // the upload goes to the name as it is after it.
         let _intent = self.upload_intent(file.ino).await;
-        self.upload_ino(file.ino, !wrote).await?;
+        match self.upload_ino(file.ino, !wrote).await {
+            // A handle that wrote nothing (a reader) retried another's upload: its failure
+            // is that writer's (told at its close), the data stays staged and is retried at
+            // the next close or unmount. A reader's close never fails for it (a refused
+            // O_EXCL upload made every later `cat` of the file fail with EEXIST).
+            Err(e) if !wrote => tracing::warn!(ino = file.ino, "upload retried at a reader's close failed: {e}"),
+            r => r?,
+        }
         file.wrote.store(false, Ordering::Relaxed);
         Ok(())
     }

@@ -175,6 +175,13 @@ async fn an_exclusive_create_never_replaces_an_object_made_meanwhile() {
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"ours", "our bytes kept");
     assert_eq!(fs.release(fh).await.unwrap_err().errno(), libc::EEXIST, "still not replaced");
     assert!(fs.is_staged(attr.ino), "data kept after the refused upload");
+    // A reader of the file afterwards (`cat lock`): its close retries the upload, which
+    // is refused again, and is not its failure to report.
+    let reader = fs.open(attr.ino, false, false).await.unwrap();
+    assert_eq!(&fs.read(reader, 0, 100).await.unwrap()[..], b"ours");
+    fs.flush(reader).await.expect("a reader's close never fails for another's upload");
+    fs.release(reader).await.unwrap();
+    assert_eq!(object(&store, "lock").await.unwrap(), b"theirs", "still theirs");
     fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.unwrap();
     assert_eq!(object(&store, "lock.mine").await.unwrap(), b"ours");
     assert_eq!(object(&store, "lock").await.unwrap(), b"theirs");
