@@ -59,6 +59,10 @@ enum Command {
     Sync {
         /// The mount point.
         mountpoint: PathBuf,
+        /// Give up after this many seconds (exit 1, naming what is still pending; the mount
+        /// keeps uploading). Default: wait as long as it takes, saying every 10 s what for.
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<u64>,
     },
     /// Show what a mount is doing: pending uploads, cache use, store requests since mount.
     Status {
@@ -296,7 +300,7 @@ fn main() -> ExitCode {
         }
         Command::Auth(cmd) => auth::run(cmd),
         Command::Status { mountpoint, json } => status::run(&mountpoint, json),
-        Command::Sync { mountpoint } => status::sync(&mountpoint),
+        Command::Sync { mountpoint, timeout } => status::sync(&mountpoint, timeout.map(std::time::Duration::from_secs)),
         Command::Completions { shell } => manual::print(&manual::completions(shell, Cli::command())),
         Command::Man { subcommand: None, dir: None } => manual::man(Cli::command()).and_then(|p| manual::print(&p)),
         Command::Man { subcommand: Some(sub), .. } => {

@@ -18,10 +18,42 @@ pub fn run(mp: &Path, json: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// `bucketfs sync`: waits as long as the uploads take (no timeout); an error names the
-/// files still not in the bucket.
-pub fn sync(mp: &Path) -> Result<(), String> {
-    let answer = ask(mp, "sync", None)?;
+/// How often `bucketfs sync` says what it is still waiting for.
+const SYNC_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// `bucketfs sync`: waits as long as the uploads take, or at most `timeout`; every 10 s it
+/// says on stderr what is still pending and why (a store that does not answer keeps an
+/// upload in flight without an error). An error names the files still not in the bucket.
+pub fn sync(mp: &Path, timeout: Option<Duration>) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let mut conn = connect(mp)?;
+    conn.write_all(b"sync\n").map_err(|e| format!("cannot ask the mount process: {e}"))?;
+    let mut answer = Vec::new();
+    loop {
+        let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
+            return Err(format!(
+                "timed out after {}s; the mount keeps uploading and retrying. {}",
+                started.elapsed().as_secs(),
+                pending_now(mp)
+            ));
+        }
+        let wait = left.map_or(SYNC_PROGRESS_EVERY, |l| l.min(SYNC_PROGRESS_EVERY));
+        conn.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 4096];
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                eprintln!("bucketfs sync: still waiting after {}s. {}", started.elapsed().as_secs(), pending_now(mp));
+            }
+            Err(e) => return Err(format!("no answer from the mount process: {e}")),
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    if let Some(e) = answer.strip_prefix("error: ") {
+        return Err(e.trim_end().to_string());
+    }
     if answer.trim().is_empty() {
         return Err(format!(
             "the mount process of {} ended before the sync finished: run `bucketfs unmount {}`, then mount \
@@ -36,9 +68,54 @@ pub fn sync(mp: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// One sentence of what a sync still waits for, from the mount's status.
+fn pending_now(mp: &Path) -> String {
+    let Ok(json) = ask(mp, "status json", Some(ANSWER_TIMEOUT)) else {
+        return "The mount process does not answer a status request either.".to_string();
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { return String::new() };
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let mut s = format!(
+        "Pending: {} file(s) ({:.1} MiB) to upload, the oldest closed {}s ago; {} delete(s).",
+        n("write_back_files").max(n("pending_uploads")),
+        n("write_back_bytes") as f64 / (1024.0 * 1024.0),
+        n("write_back_oldest_secs"),
+        n("write_back_deletes")
+    );
+    let failing = v["upload_errors"].as_array().cloned().unwrap_or_default();
+    if failing.is_empty() {
+        s.push_str(" No upload has failed yet: the store has not answered those in flight (unreachable or hanging?).");
+    }
+    for f in failing.iter().take(10) {
+        s.push_str(&format!(
+            "\n  {}: {} attempt(s), last error: {}",
+            f["key"].as_str().unwrap_or("?"),
+            f["attempts"].as_u64().unwrap_or(0),
+            f["error"].as_str().unwrap_or("?")
+        ));
+    }
+    if failing.len() > 10 {
+        s.push_str(&format!("\n  and {} more (bucketfs status {})", failing.len() - 10, mp.display()));
+    }
+    s
+}
+
 /// Send one request line to the mount process of `mp` and read its answer; an `error: `
 /// answer becomes `Err`.
 fn ask(mp: &Path, request: &str, timeout: Option<Duration>) -> Result<String, String> {
+    let mut conn = connect(mp)?;
+    conn.set_read_timeout(timeout).map_err(|e| e.to_string())?;
+    conn.write_all(format!("{request}\n").as_bytes()).map_err(|e| format!("cannot ask the mount process: {e}"))?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).map_err(|e| format!("no answer from the mount process: {e}"))?;
+    if let Some(e) = answer.strip_prefix("error: ") {
+        return Err(e.trim_end().to_string());
+    }
+    Ok(answer)
+}
+
+/// The control socket of the bucketfs mount at `mp`, connected.
+fn connect(mp: &Path) -> Result<UnixStream, String> {
     let canonical = std::fs::canonicalize(mp).map_err(|e| format!("cannot resolve {}: {e}", mp.display()))?;
     match checks::mounted_fstype(&canonical) {
         // fusermount3 may record the type as plain "fuse"; the control socket tells.
@@ -54,7 +131,7 @@ fn ask(mp: &Path, request: &str, timeout: Option<Duration>) -> Result<String, St
             sock.display()
         ));
     }
-    let mut conn = UnixStream::connect(&sock).map_err(|e| match e.kind() {
+    UnixStream::connect(&sock).map_err(|e| match e.kind() {
         // The socket file outlived its process (killed): the mount is dead.
         std::io::ErrorKind::ConnectionRefused => format!(
             "the mount process of {} has ended (nothing answers at {}): run `bucketfs unmount {}`, \
@@ -68,13 +145,5 @@ fn ask(mp: &Path, request: &str, timeout: Option<Duration>) -> Result<String, St
             canonical.display(),
             sock.display()
         ),
-    })?;
-    conn.set_read_timeout(timeout).map_err(|e| e.to_string())?;
-    conn.write_all(format!("{request}\n").as_bytes()).map_err(|e| format!("cannot ask the mount process: {e}"))?;
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).map_err(|e| format!("no answer from the mount process: {e}"))?;
-    if let Some(e) = answer.strip_prefix("error: ") {
-        return Err(e.trim_end().to_string());
-    }
-    Ok(answer)
+    })
 }
