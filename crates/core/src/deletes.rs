@@ -38,6 +38,11 @@ use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 /// DELETEs in flight at once, in the background.
 const PARALLEL: usize = 16;
 
+/// After a key whose upload may still land is deleted, how long until it is deleted once
+/// more: a server that hung processes the request it had received (its body already in
+/// the socket) within moments of resuming, possibly after our DELETE.
+const LANDING_GRACE: Duration = Duration::from_secs(3);
+
 struct Pending {
     journal: PathBuf,
     in_flight: bool,
@@ -45,6 +50,11 @@ struct Pending {
     /// When the last attempt failed, and why (only an outage keeps a delete pending).
     failed: Option<(Instant, StoreError)>,
     next_try: Instant,
+    /// An upload to the key may still land: delete it again [`LANDING_GRACE`] after the
+    /// first success (see [`DeferredDeletes::defer_landing`]).
+    again: bool,
+    /// The second delete waits until then, also for a drain (`bucketfs sync`).
+    not_before: Option<Instant>,
 }
 
 /// The store seen by the mount in write-back mode; see the module doc.
@@ -152,6 +162,17 @@ impl DeferredDeletes {
     /// Journal a delete of `key` and return; it is sent in the background. Without a
     /// journal (or if writing it fails) the DELETE is sent now instead.
     pub async fn defer(&self, key: &str) -> Result<(), StoreError> {
+        self.defer_as(key, false).await
+    }
+
+    /// [`DeferredDeletes::defer`] of a key an upload that failed (a timeout) may still
+    /// write: after the delete succeeds, it is sent once more [`LANDING_GRACE`] later, and
+    /// `bucketfs sync` waits for that one too.
+    pub async fn defer_landing(&self, key: &str) -> Result<(), StoreError> {
+        self.defer_as(key, true).await
+    }
+
+    async fn defer_as(&self, key: &str, again: bool) -> Result<(), StoreError> {
         let Some(dir) = &self.journal_dir else { return self.inner.delete(key).await };
         // Unique across processes: a mount started after a crash may get the same pid, and
         // must not write over an entry it adopted.
@@ -165,7 +186,7 @@ impl DeferredDeletes {
             tracing::warn!(%key, "journaling a delete failed ({e}): sending it now");
             return self.inner.delete(key).await;
         }
-        let old = self.pending.lock().unwrap().insert(key.to_string(), Pending::new(path));
+        let old = self.pending.lock().unwrap().insert(key.to_string(), Pending { again, ..Pending::new(path) });
         if let Some(old) = old {
             // Unlinked again before the first was sent (the name was made anew meanwhile
             // only if a write drained it, so this cannot happen; keep one journal entry).
@@ -230,6 +251,12 @@ impl DeferredDeletes {
                 e.failed = Some((now, err));
                 e.in_flight = false;
             }
+            Ok(()) | Err(StoreError { kind: StoreErrorKind::NotFound, .. }) if e.again => {
+                // Deleted; an upload that timed out may still land after it: once more soon.
+                let at = Instant::now() + LANDING_GRACE;
+                (e.again, e.in_flight, e.attempts, e.failed) = (false, false, 0, None);
+                (e.next_try, e.not_before) = (at, Some(at));
+            }
             r => {
                 if let Err(err) = r.as_ref() {
                     if err.kind != StoreErrorKind::NotFound {
@@ -271,7 +298,10 @@ impl DeferredDeletes {
                 if !any {
                     return Ok(());
                 }
-                for (k, e) in p.iter_mut().filter(|(k, e)| hit(k) && !e.in_flight) {
+                let now = Instant::now();
+                for (k, e) in
+                    p.iter_mut().filter(|(k, e)| hit(k) && !e.in_flight && e.not_before.is_none_or(|t| t <= now))
+                {
                     e.in_flight = true;
                     send.push(k.clone());
                 }
@@ -300,7 +330,15 @@ impl DeferredDeletes {
 
 impl Pending {
     fn new(journal: PathBuf) -> Self {
-        Self { journal, in_flight: false, attempts: 0, failed: None, next_try: Instant::now() }
+        Self {
+            journal,
+            in_flight: false,
+            attempts: 0,
+            failed: None,
+            next_try: Instant::now(),
+            again: false,
+            not_before: None,
+        }
     }
 
     fn forget_journal(self) {

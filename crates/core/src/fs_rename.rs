@@ -306,9 +306,11 @@ impl Fs {
                 if st.in_store && !st.committed() {
                     self.move_object(&src.key, new_key, None).await?;
                 } else if st.in_store || st.replaces {
-                    match self.store.delete(&src.key).await {
-                        Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
-                        _ => (st.in_store, st.replaces) = (false, false),
+                    // Journaled and sent in the background: no wait on the store (issue 48).
+                    match self.delete_removed(&src.key, st.maybe_landed).await {
+                        Err(FsError::Store(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+                        Err(e @ FsError::Local(_)) => return Err(e),
+                        _ => (st.in_store, st.replaces, st.maybe_landed) = (false, false, false),
                     }
                 }
                 st.create_only = false; // a rename replaces its target

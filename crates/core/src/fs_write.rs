@@ -115,13 +115,31 @@ impl Fs {
     /// Whether the bucket may hold an object of `ino` under its key: not for a file created
     /// here and never uploaded (its unlink or rename needs no request).
     pub(crate) async fn stored(&self, ino: u64) -> bool {
+        self.stored_how(ino).await.0
+    }
+
+    /// [`Fs::stored`], and whether an upload of it that failed may still land
+    /// ([`crate::write::Staged::maybe_landed`]).
+    pub(crate) async fn stored_how(&self, ino: u64) -> (bool, bool) {
         match self.staged_of(ino) {
             Some(s) => {
                 let st = s.lock().await;
-                st.in_store || st.replaces
+                (st.in_store || st.replaces, st.maybe_landed)
             }
-            None => true,
+            None => (true, false),
         }
+    }
+
+    /// Delete `key` of a file this mount removes or renames away: journaled and sent in
+    /// the background on a write-back mount (`landing`: twice, see
+    /// [`crate::deletes::DeferredDeletes::defer_landing`]), else now.
+    pub(crate) async fn delete_removed(&self, key: &str, landing: bool) -> Result<(), FsError> {
+        match &self.deletes {
+            Some(d) if self.write_back() && landing => d.defer_landing(key).await?,
+            Some(d) if self.write_back() => d.defer(key).await?,
+            _ => self.store.delete(key).await?,
+        }
+        Ok(())
     }
 
     /// What to keep with `node`'s object at upload: its mode, owner and mtime where set here
@@ -837,11 +855,8 @@ impl Fs {
                 _ => return Err(FsError::NotFound),
             }
         };
-        if self.stored(node.ino).await {
-            match &self.deletes {
-                Some(d) if self.write_back() => d.defer(&node.key).await?, // journaled, sent soon
-                _ => self.store.delete(&node.key).await?,
-            }
+        if let (true, landing) = self.stored_how(node.ino).await {
+            self.delete_removed(&node.key, landing).await?; // write-back: journaled, sent soon
         }
         self.discard_staged(node.ino).await;
         self.table.lock().unwrap().listing_remove(parent, name);

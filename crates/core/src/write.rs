@@ -41,7 +41,9 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use bucketfs_store::{FileAttrs, GetOpts, ObjectMeta, ObjectWriter, PutOpts, Store, StoreExt, WriteOptions};
+use bucketfs_store::{
+    FileAttrs, GetOpts, ObjectMeta, ObjectWriter, PutOpts, Store, StoreErrorKind, StoreExt, WriteOptions,
+};
 use bytes::Bytes;
 
 use crate::part_budget::PartBudget;
@@ -93,6 +95,12 @@ pub struct Staged {
     /// (write-back): until this file's upload replaces it, an unlink or a rename away must
     /// delete that object, or it would come back.
     pub replaces: bool,
+    /// An upload of these bytes failed in a way that may still have reached the store (a
+    /// timeout, a dropped connection: a server that hung may process the request later):
+    /// until an upload succeeds, a rename away or an unlink deletes the key, and does it
+    /// again a moment later (deletes.rs), or the late object would stay under a name the
+    /// file no longer has.
+    pub maybe_landed: bool,
     /// Made by an `O_EXCL` create and not uploaded yet: the first upload is create-only
     /// ([`PutOpts::if_not_exists`]), so an object another writer made meanwhile is never
     /// replaced (the upload fails with `Exists`; the bytes stay here).
@@ -179,6 +187,7 @@ impl Staged {
             in_store: true,
             replaces: false,
             create_only: false,
+            maybe_landed: false,
             seen: None,
             base: None,
         })
@@ -725,7 +734,20 @@ impl Staged {
                 }
             }
         };
-        let meta = result?;
+        let meta = match result {
+            Ok(meta) => meta,
+            Err(e) => {
+                // Not refused outright: the request may still land (never for a create-only
+                // upload, whose key another writer's object may hold).
+                let refused = matches!(&e, FsError::Store(s) if !matches!(s.kind, StoreErrorKind::Unavailable | StoreErrorKind::Other));
+                if !refused && !self.create_only {
+                    self.in_store = true;
+                    self.maybe_landed = true;
+                }
+                return Err(e);
+            }
+        };
+        self.maybe_landed = false;
         self.in_store = true;
         self.replaces = false;
         self.create_only = false;

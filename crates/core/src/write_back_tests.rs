@@ -811,3 +811,29 @@ async fn a_hanging_upload_stalls_no_call_on_other_files() {
     tokio::time::timeout(quick, calls).await.expect("calls on other files wait for the hanging upload");
     std::mem::forget(fs); // its upload never ends
 }
+
+/// A pending file whose upload timed out is renamed; the PUT the store had received lands
+/// after the rename's delete of the old name (a store that hung, then resumed). The old
+/// name is deleted once more a moment later, and `bucketfs sync` waits for that: only the
+/// new name is left (issue 48: both names stayed, 2 runs in 4).
+#[tokio::test]
+async fn a_timed_out_upload_landing_after_a_rename_leaves_no_object_behind() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("late-put");
+    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
+    let fs = Fs::new(flaky, cfg(&dir, 0));
+    fs.start_write_back();
+    write_file(&fs, "p", b"pending").await;
+    let failed = tokio::time::timeout(Duration::from_secs(5), async {
+        while fs.write_back_status().failing.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    failed.await.expect("the first upload fails (a timeout)");
+    fs.rename(ROOT_INO, "p", ROOT_INO, "q", false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the rename's delete of `p` is done
+    mem.put("p", bytes::Bytes::from_static(b"pending"), Default::default()).await.unwrap(); // it lands
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["q"], "the late object under the old name was deleted again");
+    assert_eq!(object(mem.as_ref(), "q").await.unwrap(), b"pending");
+}
