@@ -38,6 +38,9 @@ impl Fs {
     ) -> Result<(), FsError> {
         check_new_name(newname)?;
         let src = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
+        // An upload of the file (or of one below the directory, or of the target) in flight
+        // is cancelled, not waited for: the store may hang (write_back.rs).
+        self.cancel_uploads_of(&src.key, Some((newparent, newname))).await;
         if let Some(staged) = self.staged_of_pub(src.ino) {
             // The kernel may have written it directly: the entry moved carries its size.
             self.observe(src.ino, &mut *staged.lock().await)?;
@@ -262,6 +265,7 @@ impl Fs {
         for (ino, s) in staged {
             let Ok(node) = self.node(ino) else { continue };
             if node.key == key || node.key.starts_with(key) && key.ends_with('/') {
+                self.wb.set_key(ino, &node.key); // what `bucketfs status` names
                 let mut st = s.lock().await;
                 let _ = self.observe(ino, &mut st); // a failed check keeps what is known
                 if st.dirty && !st.unlinked && st.key().is_some_and(|k| k != node.key) {

@@ -843,7 +843,9 @@ impl Fs {
             return Err(FsError::IsDir);
         }
         // No upload of it may be in flight while it goes (intents.rs): one landing after
-        // the delete would bring the file back. Uploads of other keys go on.
+        // the delete would bring the file back. Uploads of other keys go on; its own, in
+        // flight, is cancelled rather than waited for (the store may hang; write_back.rs).
+        self.cancel_upload(node.ino).await;
         let mut key = node.key.clone();
         let (_intent, node) = loop {
             let intent = self.wb.intents.acquire(vec![crate::intents::Scope::Key(key.clone())], true).await;

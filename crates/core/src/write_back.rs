@@ -54,6 +54,10 @@ struct Entry {
     /// The entry's last commit: an upload that began before it does not end it.
     seq: u64,
     in_flight: bool,
+    /// When its last upload attempt began; `abort` cancels that attempt (a rename or unlink
+    /// of the file does not wait for a store that hangs: [`Fs::cancel_upload`]).
+    tried_at: Option<Instant>,
+    abort: Option<futures::future::AbortHandle>,
     attempts: u32,
     last_error: Option<(Instant, String)>,
 }
@@ -99,6 +103,8 @@ impl Queue {
             due: now,
             seq: 0,
             in_flight: false,
+            tried_at: None,
+            abort: None,
             attempts: 0,
             last_error: None,
         });
@@ -114,8 +120,9 @@ impl Queue {
         self.entries.lock().unwrap().values().map(|e| e.bytes).sum()
     }
 
-    /// Due files not in flight, oldest first, at most `room`; and when the next one is due.
-    fn take_due(&self, room: usize) -> (Vec<(u64, u64)>, Option<Instant>) {
+    /// Due files not in flight, oldest first, at most `room`, each with the registration
+    /// that lets its attempt be cancelled; and when the next one is due.
+    fn take_due(&self, room: usize) -> (Vec<(u64, u64, futures::future::AbortRegistration)>, Option<Instant>) {
         let now = Instant::now();
         let mut q = self.entries.lock().unwrap();
         let mut due: Vec<(Instant, u64)> =
@@ -124,8 +131,9 @@ impl Queue {
         let mut taken = Vec::new();
         for (_, ino) in due.into_iter().take(room) {
             let e = q.get_mut(&ino).expect("listed");
-            e.in_flight = true;
-            taken.push((ino, e.seq));
+            let (abort, registration) = futures::future::AbortHandle::new_pair();
+            (e.in_flight, e.tried_at, e.abort) = (true, Some(now), Some(abort));
+            taken.push((ino, e.seq, registration));
         }
         let next = q.values().filter(|e| !e.in_flight).map(|e| e.due).min();
         (taken, next)
@@ -139,7 +147,7 @@ impl Queue {
     fn finished(&self, ino: u64, seq: u64, result: Result<(), FsError>) {
         let mut q = self.entries.lock().unwrap();
         if let Some(e) = q.get_mut(&ino) {
-            e.in_flight = false;
+            (e.in_flight, e.abort) = (false, None);
             match result {
                 Ok(()) if e.seq == seq => {
                     q.remove(&ino);
@@ -162,6 +170,30 @@ impl Queue {
     /// Whether `ino` has a version waiting for its upload.
     pub(crate) fn queued(&self, ino: u64) -> bool {
         self.entries.lock().unwrap().contains_key(&ino)
+    }
+
+    /// Files whose upload is in flight now.
+    pub(crate) fn in_flight_inos(&self) -> Vec<u64> {
+        self.entries.lock().unwrap().iter().filter(|(_, e)| e.in_flight).map(|(i, _)| *i).collect()
+    }
+
+    /// Cancel `ino`'s upload attempt in flight, if any; whether there was one.
+    fn cancel(&self, ino: u64) -> bool {
+        let q = self.entries.lock().unwrap();
+        match q.get(&ino).filter(|e| e.in_flight).and_then(|e| e.abort.as_ref()) {
+            Some(a) => {
+                a.abort();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The key `ino` goes up under now (a rename), for what `bucketfs status` names.
+    pub(crate) fn set_key(&self, ino: u64, key: &str) {
+        if let Some(e) = self.entries.lock().unwrap().get_mut(&ino) {
+            e.key = key.to_string();
+        }
     }
 
     pub(crate) fn forget(&self, ino: u64) {
@@ -213,6 +245,37 @@ impl Fs {
             let intent = self.wb.intents.acquire(vec![crate::intents::Scope::Key(key.clone())], false).await;
             if self.node(ino).is_ok_and(|n| n.key == key) {
                 return intent;
+            }
+        }
+    }
+
+    /// A rename or unlink of `ino` must not wait for its upload in flight (the store may
+    /// hang): that attempt is cancelled (retried later under the name the file has then),
+    /// and, since the store may still complete the request it received, its key is taken
+    /// as possibly holding the file ([`crate::write::Staged::maybe_landed`]).
+    pub(crate) async fn cancel_upload(&self, ino: u64) {
+        if !self.write_back() || !self.wb.cancel(ino) {
+            return;
+        }
+        tracing::info!(ino, "upload in flight cancelled by a rename or unlink of its file");
+        if let Some(s) = self.staged_of_pub(ino) {
+            let mut st = s.lock().await; // free once the cancelled attempt is dropped
+            st.maybe_landed = true;
+            st.in_store |= !st.create_only;
+        }
+    }
+
+    /// [`Fs::cancel_upload`] of every file whose key is `key` or below it (a directory's,
+    /// ending in `/`), and of the file named `name` in `parent` (a rename's target).
+    pub(crate) async fn cancel_uploads_of(&self, key: &str, target: Option<(u64, &str)>) {
+        if !self.write_back() {
+            return;
+        }
+        let target = target.and_then(|(p, n)| self.table.lock().unwrap().child(p, n).map(|n| n.ino));
+        for ino in self.wb.in_flight_inos() {
+            let hit = self.node(ino).is_ok_and(|n| n.key == key || key.ends_with('/') && n.key.starts_with(key));
+            if hit || target == Some(ino) {
+                self.cancel_upload(ino).await;
             }
         }
     }
@@ -364,8 +427,13 @@ impl Fs {
                 let q = self.wb.entries.lock().unwrap();
                 for ino in &wanted {
                     let Some(e) = q.get(ino) else { continue };
+                    // Failed in an attempt begun since: an attempt that was hanging when the
+                    // sync began (a store that stalled, then came back) is tried again first.
+                    let tried_since = e.tried_at.is_some_and(|t| t >= started);
                     match &e.last_error {
-                        Some((at, msg)) if *at >= started && !e.in_flight => failed.push((e.key.clone(), msg.clone())),
+                        Some((at, msg)) if *at >= started && tried_since && !e.in_flight => {
+                            failed.push((e.key.clone(), msg.clone()))
+                        }
                         _ => waiting = true,
                     }
                 }
@@ -390,14 +458,17 @@ async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
         let mut room = cfg.parallel.saturating_sub(queue.in_flight());
         let (due, next) = queue.take_due(room);
         room -= due.len();
-        for (ino, seq) in due {
+        for (ino, seq, registration) in due {
             let Some(fs) = fs.upgrade() else { return };
             let queue = queue.clone();
             crate::sync::spawn(async move {
-                let result = {
+                let attempt = async {
                     let _intent = fs.upload_intent(ino).await;
                     fs.upload_committed(ino).await
                 };
+                let result = futures::future::Abortable::new(attempt, registration).await.unwrap_or_else(|_| {
+                    Err(FsError::Local("upload cancelled: the file was renamed or removed meanwhile".into()))
+                });
                 queue.finished(ino, seq, result);
             });
         }
