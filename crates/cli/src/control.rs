@@ -50,6 +50,8 @@ pub struct Status {
     pub write_back_deletes: u64,
     #[serde(serialize_with = "upload_errors_json")]
     pub upload_errors: Vec<(String, u32, String)>,
+    /// The first keys waiting for upload, oldest first (`bucketfs sync` names them).
+    pub write_back_pending: Vec<String>,
     /// FUSE passthrough in use, and opens the kernel served from a local file since mount.
     pub passthrough: bool,
     pub passthrough_opens: u64,

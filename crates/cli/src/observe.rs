@@ -52,6 +52,11 @@ impl Observed {
             write_back_uploaded: wb.uploaded,
             write_back_deletes: wb.deletes,
             upload_errors: wb.failing,
+            write_back_pending: wb
+                .pending
+                .iter()
+                .map(|(k, f)| if *f { format!("{k} (uploading)") } else { k.clone() })
+                .collect(),
             passthrough: self.fs.passthrough_on(),
             passthrough_opens: self.fs.passthrough_opens(),
         }

@@ -82,6 +82,14 @@ fn pending_now(mp: &Path) -> String {
         n("write_back_oldest_secs"),
         n("write_back_deletes")
     );
+    let waiting: Vec<&str> =
+        v["write_back_pending"].as_array().into_iter().flatten().filter_map(|k| k.as_str()).collect();
+    if !waiting.is_empty() {
+        s.push_str(&format!("\n  waiting: {}", waiting.join(", ")));
+        if n("write_back_files") > waiting.len() as u64 {
+            s.push_str(&format!(" and {} more", n("write_back_files") - waiting.len() as u64));
+        }
+    }
     let failing = v["upload_errors"].as_array().cloned().unwrap_or_default();
     if failing.is_empty() {
         s.push_str(" No upload has failed yet: the store has not answered those in flight (unreachable or hanging?).");

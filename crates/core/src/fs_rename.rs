@@ -372,23 +372,31 @@ impl Fs {
             let t = self.table.lock().unwrap();
             t.nodes().filter(|n| n.key.starts_with(&src.key) && n.kind == Kind::File).map(|n| n.ino).collect()
         };
-        if self.write_back() {
-            // Files not uploaded yet are named under the new directory first, with no
-            // request: they go up there from the queue, and a crash from here on recovers
-            // them there, never under the old name. (Their older objects, and the last
-            // closed version of a file still being written, move with the directory.)
-            self.rekey_staged_moving(&below, &src.key, new_key).await;
-        } else {
+        if !self.write_back() {
             // Staged files below the directory go up under their current keys first.
             for ino in below.iter().copied() {
                 self.upload_pub(ino).await?;
             }
         }
-        let moved = self.move_dir_keys(src, new_key).await;
+        let moves = self.store.capabilities().moves; // one request moves the folder (Drive)
+        let keys = if moves { Vec::new() } else { self.keys_to_move(src).await? };
+        // Journaled before anything changes, here or in the store: a crash from now on is
+        // finished by the next mount, store keys and staged files alike (moves.rs).
+        let _journal = crate::moves::Entry::begin(&self.cfg.staging_dir, &src.key, new_key, &keys);
+        if self.write_back() {
+            // Files not uploaded yet are named under the new directory, with no request:
+            // they go up there from the queue. (Their older objects, and the last closed
+            // version of a file still being written, move with the directory.)
+            self.rekey_staged_moving(&below, &src.key, new_key).await;
+        }
+        let moved = match moves {
+            true => self.store.rename(&src.key, new_key).await,
+            false => crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, false).await,
+        };
         if moved.is_err() && self.write_back() {
             self.rekey_staged_moving(&below, new_key, &src.key).await; // as they were
         }
-        moved
+        Ok(moved?)
     }
 
     /// Name the pending staged files among `inos` whose keys are below `from` as they will
@@ -408,13 +416,9 @@ impl Fs {
         }
     }
 
-    /// Move every key below `src` to `new_key` in the store: in one request where the store
-    /// moves folders; else journaled, copies first, then deletes (moves.rs).
-    async fn move_dir_keys(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
-        if self.store.capabilities().moves {
-            // One request moves the folder with everything in it (Drive).
-            return Ok(self.store.rename(&src.key, new_key).await?);
-        }
+    /// Every key below directory `src` in the store, for a move: at most
+    /// `max_rename_keys` (EXDEV beyond), and each one a name shown here.
+    async fn keys_to_move(&self, src: &crate::inode::Node) -> Result<Vec<String>, FsError> {
         let mut keys = Vec::new();
         let mut stream = self.store.list(&src.key, true);
         while let Some(m) = stream.try_next().await? {
@@ -433,8 +437,7 @@ impl Fs {
             tracing::warn!(dir = %src.key, key = %k, "cannot rename a directory that holds a key with no file name here (not shown); move or delete that key with another client");
             return Err(FsError::CrossDevice(format!("{} holds {k:?}, which has no file name here", src.key)));
         }
-        let _journal = crate::moves::Entry::begin(&self.cfg.staging_dir, &src.key, new_key, &keys);
-        Ok(crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, false).await?)
+        Ok(keys)
     }
 
     /// chmod, chown, utimens, truncate. Size changes are staged (and uploaded at once when
@@ -546,9 +549,15 @@ impl Fs {
     pub async fn recover_staged(&self) -> (Vec<String>, Vec<String>) {
         // Directory moves a crash cut short first: staged files may be named below their
         // new directories already (moves.rs).
-        crate::moves::replay(&self.cfg.staging_dir, self.store.as_ref()).await;
-        let r =
-            crate::write::recover(&self.cfg.staging_dir, self.store.as_ref(), self.cfg.write, &self.part_budget).await;
+        let moved = crate::moves::replay(&self.cfg.staging_dir, self.store.as_ref()).await;
+        let r = crate::write::recover(
+            &self.cfg.staging_dir,
+            self.store.as_ref(),
+            self.cfg.write,
+            &self.part_budget,
+            &moved,
+        )
+        .await;
         crate::recycle::warm(&self.cfg.staging_dir);
         r
     }

@@ -6,8 +6,10 @@
 //! written files did, issue 48). So before the first change a journal entry names the
 //! move and its keys, in `.<staging dir name>.moves/` beside the staging directory; it goes
 //! once the last source is deleted (or the move fails with an error the caller sees). The next mount of the staging directory finds what a
-//! crash left there and finishes each move ([`replay`]) before it uploads staged files
-//! (which may be named below the new directory already) and before it serves.
+//! crash left there and finishes each move ([`replay`]) before it serves, and uploads the
+//! staged files named below the old directory under the new one ([`moved_key`]): the
+//! entry is written before any staged file is renamed, so a crash among those renames
+//! never splits a directory between the two names.
 //!
 //! Finishing is idempotent: a source that is gone was copied (sources go only after every
 //! copy), so it is skipped; one still there is copied again, then every source goes.
@@ -109,11 +111,13 @@ pub(crate) async fn run(
 }
 
 /// Finish the moves an earlier mount of `staging` journaled and did not complete (see the
-/// module doc). Returns the moves finished and those that failed (left for the next try).
-pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> (usize, usize) {
-    let (mut done, mut failed) = (0, 0);
-    let Some(dir) = dir_for(staging) else { return (0, 0) };
-    let Ok(entries) = std::fs::read_dir(&dir) else { return (0, 0) };
+/// module doc). Returns every journaled move (from, to), in the order begun, finished or
+/// not (a failure is kept for the next try): staged files still named below `from` belong
+/// below `to` (the crash fell before they were renamed).
+pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<(String, String)> {
+    let mut moves = Vec::new();
+    let Some(dir) = dir_for(staging) else { return moves };
+    let Ok(entries) = std::fs::read_dir(&dir) else { return moves };
     let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
     paths.sort(); // by time: the order they were begun in
     for path in paths {
@@ -136,15 +140,25 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> (usize, usize) 
             Ok(()) => {
                 tracing::warn!(%from, %to, keys = keys.len(), "finished a directory move an earlier mount began");
                 let _ = std::fs::remove_file(&path);
-                done += 1;
             }
             Err(e) => {
                 tracing::error!(%from, %to, "cannot finish a directory move an earlier mount began (kept, retried at the next mount): {e}");
-                failed += 1;
             }
         }
+        moves.push((from.to_string(), to.to_string()));
     }
-    (done, failed)
+    moves
+}
+
+/// `key` as it is after the `moves` (from, to), applied in order.
+pub(crate) fn moved_key(key: &str, moves: &[(String, String)]) -> String {
+    let mut key = key.to_string();
+    for (from, to) in moves {
+        if let Some(rest) = key.strip_prefix(from.as_str()) {
+            key = format!("{to}{rest}");
+        }
+    }
+    key
 }
 
 /// An entry's name: sorts by the time it was begun (then process, then a counter).

@@ -822,11 +822,14 @@ impl Drop for Staged {
 
 /// Upload what a crashed (or failed) earlier mount left staged in `dir`; returns the keys
 /// uploaded and the keys that still failed (their files stay for the next try).
+/// `moved`: directory moves a crash cut short (moves.rs): a sidecar naming a key below a
+/// move's source names it below its target.
 pub async fn recover(
     dir: &Path,
     store: &dyn Store,
     opts: WriteOptions,
     budget: &PartBudget,
+    moved: &[(String, String)],
 ) -> (Vec<String>, Vec<String>) {
     let (mut done, mut failed) = (Vec::new(), Vec::new());
     let Ok(entries) = std::fs::read_dir(dir) else { return (done, failed) };
@@ -843,6 +846,7 @@ pub async fn recover(
             let _ = std::fs::remove_file(data.with_extension("open"));
             continue;
         };
+        let key = crate::moves::moved_key(&key, moved);
         let at = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
         // Two staged files name one key only when a crash fell inside a rename over a file
         // not yet uploaded (the source names the key before the target is dropped): the

@@ -73,7 +73,12 @@ pub struct WriteBackStatus {
     pub uploaded: u64,
     /// Unlinked files whose DELETE is not done yet (deletes.rs).
     pub deletes: u64,
+    /// The keys waiting, oldest first (at most [`PENDING_NAMED`]); `true`: being uploaded now.
+    pub pending: Vec<(String, bool)>,
 }
+
+/// How many waiting keys [`WriteBackStatus::pending`] names.
+pub const PENDING_NAMED: usize = 20;
 
 /// The queue of committed files waiting for upload.
 #[derive(Default)]
@@ -213,6 +218,11 @@ impl Queue {
                 .collect(),
             uploaded: self.uploaded.load(Ordering::Relaxed),
             deletes: 0,
+            pending: {
+                let mut p: Vec<_> = q.values().map(|e| (e.since, e.key.clone(), e.in_flight)).collect();
+                p.sort();
+                p.into_iter().take(PENDING_NAMED).map(|(_, k, f)| (k, f)).collect()
+            },
         }
     }
 }

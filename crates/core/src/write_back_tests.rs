@@ -844,3 +844,29 @@ async fn a_timed_out_upload_landing_after_a_rename_leaves_no_object_behind() {
     assert_eq!(keys(mem.as_ref()).await, ["q"], "the late object under the old name was deleted again");
     assert_eq!(object(mem.as_ref(), "q").await.unwrap(), b"pending");
 }
+
+/// The crash falls after the move's journal entry and before its pending files were renamed
+/// (or among those renames): the next mount uploads every one of them under the new name,
+/// never some under each (issue 48: `d2/` held g0-g5 and g7-g9, `d2-renamed/` g6).
+#[tokio::test]
+async fn pending_files_of_a_journaled_move_are_recovered_under_the_new_name() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("dir-move-journal");
+    {
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+        let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+        for name in ["p0", "p1"] {
+            let (_, fh) = fs.create(d.ino, name, 0, None).await.unwrap();
+            fs.write(fh, 0, name.as_bytes()).await.unwrap();
+            fs.release(fh).await.unwrap();
+        }
+        let keys = vec!["d/".to_string()];
+        std::mem::forget(crate::moves::Entry::begin(&dir, "d/", "e/", &keys)); // the crash
+        std::mem::forget(fs);
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (mut done, failed) = fs.recover_staged().await;
+    done.sort();
+    assert_eq!((done, failed), (vec!["e/p0".to_string(), "e/p1".to_string()], vec![]));
+    assert_eq!(keys(mem.as_ref()).await, ["e/", "e/p0", "e/p1"], "the marker moved too");
+}
