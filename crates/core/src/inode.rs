@@ -223,9 +223,10 @@ pub struct InodeTable {
     wide: std::collections::HashSet<u64>,
     /// Names this mount removed (unlink, rmdir, renamed away) and has not seen since: a
     /// listing overtaken by the removal may still show them, and must not bring them back
-    /// (see [`InodeTable::removed_here`]). Dropped at the name's next upsert; all dropped
-    /// past [`ABSENT_MAX`].
-    removed: std::collections::HashSet<(u64, String)>,
+    /// (see [`InodeTable::removed_here`]). Each with the change count of its removal; dropped
+    /// at the name's next upsert, once a listing of its directory sent after the removal is
+    /// recorded, or with the directory (no cap: a large `rm -rf` never lets one through).
+    removed: std::collections::BTreeMap<(u64, String), u64>,
     /// The renames moving objects in the store now, by id (renames of keys that do not
     /// overlap run at once: intents.rs): see [`InodeTable::begin_move`].
     moving: Vec<(u64, Moving)>,
@@ -465,6 +466,7 @@ impl InodeTable {
             // upload pending in write-back vanished from `ls` after the kernel forgot).
             self.listings.remove(&ino);
             self.big_subtrees.remove(&ino);
+            self.forget_removed_in(ino, u64::MAX); // its next listing starts afresh
             return;
         }
         if n.lookups == 0 && !has_overrides {
@@ -472,6 +474,7 @@ impl InodeTable {
             self.nodes.remove(&ino);
             self.listings.remove(&ino);
             self.big_subtrees.remove(&ino);
+            self.forget_removed_in(ino, u64::MAX);
             self.changed.remove(&ino);
             self.missed.remove(&ino);
             self.wide.remove(&ino);
@@ -497,16 +500,30 @@ impl InodeTable {
     }
 
     fn note_removed(&mut self, parent: u64, name: &str) {
-        if self.removed.len() >= ABSENT_MAX {
-            self.removed.clear(); // then an overtaken listing may show one again, as before
-        }
-        self.removed.insert((parent, name.to_string()));
+        self.change_seq += 1; // a listing sent from now on knows of the removal
+        self.removed.insert((parent, name.to_string()), self.change_seq);
     }
 
     /// Whether this mount removed `name` from `dir` and has not seen it since: a listing
     /// overtaken by that change (`Listing::overtaken`) names it, but no node is made of it.
     pub fn removed_here(&self, dir: u64, name: &str) -> bool {
-        self.removed.contains(&(dir, name.to_string()))
+        self.removed.contains_key(&(dir, name.to_string()))
+    }
+
+    /// The names removed from `dir`, as a range of [`InodeTable::removed`].
+    fn removed_in(&self, dir: u64) -> impl Iterator<Item = (&(u64, String), &u64)> {
+        self.removed.range((dir, String::new())..).take_while(move |((d, _), _)| *d == dir)
+    }
+
+    /// Drop the removal records of `dir` made at or before change count `upto` (a listing
+    /// sent after them is recorded: it knows), or all of them (`u64::MAX`: the directory
+    /// itself went).
+    fn forget_removed_in(&mut self, dir: u64, upto: u64) {
+        let gone: Vec<(u64, String)> =
+            self.removed_in(dir).filter(|(_, s)| **s <= upto).map(|(k, _)| k.clone()).collect();
+        for k in gone {
+            self.removed.remove(&k);
+        }
     }
 
     fn note_change(&mut self, dir: u64) {
@@ -699,6 +716,9 @@ impl InodeTable {
             listing.valid_for = std::time::Duration::ZERO;
             listing.overtaken = true;
         }
+        // Removals before the listing was sent are in it (a delete is done, or pending and
+        // waited for, before a listing of its prefix goes out: deletes.rs).
+        self.forget_removed_in(dir, since);
         if listing.children.len() <= RELIST_MAX {
             self.wide.remove(&dir); // it shrank: one listing answers its lookups again
         }
@@ -824,6 +844,36 @@ mod tests {
         t.set_listing_since(d, listing, since);
         assert!(!t.listing_fresh(d), "the old keys' listing must not answer for the moved directory");
         assert!(t.listing(d).unwrap().overtaken);
+    }
+
+    /// An `rm -rf` of more names than the old cap (4,096): every removal is still known to
+    /// an overtaken listing (it failed open past the cap), until a listing sent after the
+    /// removals is recorded.
+    #[test]
+    fn removals_last_until_a_listing_sent_after_them() {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+        let names: Vec<String> = (0..5000).map(|i| format!("f{i:04}")).collect();
+        for n in &names {
+            t.upsert(d, &meta(n, Kind::File));
+        }
+        let before = t.change_seq(); // a listing sent before the rm
+        for n in &names {
+            t.listing_remove(d, n);
+        }
+        assert!(names.iter().all(|n| t.removed_here(d, n)), "every removal is remembered");
+        let empty = || Listing {
+            at: Instant::now(),
+            valid_for: std::time::Duration::from_secs(60),
+            children: HashMap::new(),
+            subtree: false,
+            overtaken: false,
+        };
+        t.set_listing_since(d, empty(), before);
+        assert!(t.removed_here(d, "f0000"), "a listing sent before the removals does not clear them");
+        t.set_listing_since(d, empty(), t.change_seq());
+        assert!(!t.removed_here(d, "f0000") && !t.removed_here(d, "f4999"), "a listing sent after does");
+        t.check_invariants();
     }
 
     #[test]
