@@ -24,8 +24,8 @@ ROUNDS = int(os.environ.get("BUCKETFS_TEST_CRASH_ROUNDS", "20"))
 OUTAGE_SECS = float(os.environ.get("BUCKETFS_TEST_OUTAGE_SECS", "60"))
 
 
-def wb_args(b: Bucket, staging: str, *extra) -> list[str]:
-    return b.args() + ["--write-back", "--staging-dir", staging] + list(extra)
+def wb_args(b: Bucket, staging, *extra) -> list[str]:
+    return b.args() + ["--write-back", "--staging-dir", str(staging)] + list(extra)
 
 
 def status(mp: str) -> dict:

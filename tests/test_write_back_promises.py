@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import random
 import shutil
@@ -60,19 +59,9 @@ MINIO_BIN = os.environ.get("BUCKETFS_TEST_MINIO_BIN") or os.path.expanduser("~/g
 
 # --------------------------------------------------------------------------- helpers
 
-def wb_args(b: Bucket, staging, *extra) -> list[str]:
-    return b.args() + ["--write-back", "--staging-dir", str(staging)] + list(extra)
-
-
-def status(mp: str) -> dict:
-    r = run_cli(["status", mp, "--json"])
-    assert r.returncode == 0, r.err
-    return json.loads(r.out)
-
-
-def bucket_objects(b: Bucket) -> dict[str, bytes]:
-    """Every object of the (shared-MinIO) bucket: key -> bytes (markers included)."""
-    return {k: seed.get("s3", b.name, k) for k in seed.list_keys("s3", b.name)}
+# wb_args(bucket, staging, *extra), status(mp) and bucket_objects(bucket) (markers included)
+# are test_write_back.py's.
+from test_write_back import bucket_objects, status, wb_args  # noqa: E402
 
 
 def files_only(objs: dict[str, bytes]) -> dict[str, bytes]:
