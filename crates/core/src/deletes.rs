@@ -50,7 +50,7 @@ struct Pending {
     /// When the last attempt failed, and why (only an outage keeps a delete pending).
     failed: Option<(Instant, StoreError)>,
     next_try: Instant,
-    /// An upload to the key may still land: delete it again [`LANDING_GRACE`] after the
+    /// An upload to the key may still land: delete it again `LANDING_GRACE` after the
     /// first success (see [`DeferredDeletes::defer_landing`]).
     again: bool,
     /// The second delete waits until then, also for a drain (`bucketfs sync`).
@@ -166,7 +166,7 @@ impl DeferredDeletes {
     }
 
     /// [`DeferredDeletes::defer`] of a key an upload that failed (a timeout) may still
-    /// write: after the delete succeeds, it is sent once more [`LANDING_GRACE`] later, and
+    /// write: after the delete succeeds, it is sent once more `LANDING_GRACE` (3 s) later, and
     /// `bucketfs sync` waits for that one too.
     pub async fn defer_landing(&self, key: &str) -> Result<(), StoreError> {
         self.defer_as(key, true).await

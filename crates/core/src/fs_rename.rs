@@ -550,7 +550,7 @@ impl Fs {
         // Directory moves a crash cut short first: staged files may be named below their
         // new directories already (moves.rs).
         let moved = crate::moves::replay(&self.cfg.staging_dir, self.store.as_ref()).await;
-        let r = crate::write::recover(
+        let r = crate::recovery::recover(
             &self.cfg.staging_dir,
             self.store.as_ref(),
             self.cfg.write,

@@ -7,7 +7,8 @@
 //! - [`read`]: the per-handle read path with sequential prefetch and the memory cache;
 //!   [`disk_cache`]: the checksummed on-disk block cache that survives remounts;
 //!   [`block_pool`]: the bounded pool of aligned buffers blocks are read into.
-//! - [`write`]: staged writes and their upload on flush/fsync/unmount;
+//! - [`write`]: staged writes and their upload on flush/fsync/unmount; [`recovery`]: what
+//!   a mount that died left staged, uploaded by the next;
 //!   [`part_budget`]: the mount-wide bound on upload buffers; [`write_back`]: the
 //!   background upload queue of `--write-back` mounts; [`deletes`]: their deferred,
 //!   journaled deletes; `moves`: directory moves journaled so a crash never leaves both
@@ -38,6 +39,7 @@ pub mod part_budget;
 pub mod passthrough;
 mod preload;
 pub mod read;
+pub mod recovery;
 pub(crate) mod recycle;
 pub mod stats;
 pub(crate) mod sync;

@@ -23,7 +23,7 @@
 //! object key it belongs to. A staged file is deleted only when clean or unlinked, never
 //! while it holds data the bucket lacks; after a crash (or an unmount whose uploads kept
 //! failing) the next mount of the same mount point finds the pairs and uploads them
-//! ([`recover`]).
+//! ([`crate::recovery::recover`]).
 //!
 //! A commit point (close, fsync) makes the bytes as they are the version a crash recovers.
 //! Until that version is in the bucket, a later change must not destroy it: the first change
@@ -36,7 +36,6 @@
 //! `lost+found`, never over it.
 
 use crate::sync::Arc;
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -126,20 +125,20 @@ struct Base {
 /// What tells us a file changed without seeing the change: its length and mtime (Linux
 /// 6.13+ gives a change after a query a distinct timestamp: multigrain timestamps).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Stamp {
+pub(crate) struct Stamp {
     len: u64,
     mtime_ns: i128,
 }
 
 impl Stamp {
-    fn of(file: &File) -> Result<Self, FsError> {
+    pub(crate) fn of(file: &File) -> Result<Self, FsError> {
         use std::os::unix::fs::MetadataExt;
         let m = file.metadata().map_err(local)?;
         Ok(Self { len: m.len(), mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128 })
     }
 
-    /// The `.open` marker's text for "committed as of this state" (see [`recover`]).
-    fn marker(&self) -> String {
+    /// The `.open` marker's text for "committed as of this state" (see [`crate::recovery::recover`]).
+    pub(crate) fn marker(&self) -> String {
         format!("{} {}", self.len, self.mtime_ns)
     }
 }
@@ -263,7 +262,7 @@ impl Staged {
     }
 
     /// Make the sidecar count as written after `other` (recovery keeps, of two staged files
-    /// naming one key, the one named last: see [`recover`]); timestamps are coarse.
+    /// naming one key, the one named last: see [`crate::recovery::recover`]); timestamps are coarse.
     pub fn key_written_after(&self, other: std::time::SystemTime) {
         let at = std::time::SystemTime::now().max(other + std::time::Duration::from_millis(1));
         let set = File::options().write(true).open(self.key_path()).and_then(|f| f.set_modified(at));
@@ -800,7 +799,7 @@ impl Drop for Staged {
         if self.dirty && !self.unlinked && self.create_only {
             // Recovery uploads unconditionally: never over another writer's object.
             if let (Some(dir), Some(key)) = (self.path.parent(), self.key.clone()) {
-                set_aside(dir, &self.path, &key);
+                crate::recovery::set_aside(dir, &self.path, &key);
                 return;
             }
         }
@@ -820,175 +819,8 @@ impl Drop for Staged {
     }
 }
 
-/// Upload what a crashed (or failed) earlier mount left staged in `dir`; returns the keys
-/// uploaded and the keys that still failed (their files stay for the next try).
-/// `moved`: directory moves a crash cut short (moves.rs): a sidecar naming a key below a
-/// move's source names it below its target.
-pub async fn recover(
-    dir: &Path,
-    store: &dyn Store,
-    opts: WriteOptions,
-    budget: &PartBudget,
-    moved: &[(String, String)],
-) -> (Vec<String>, Vec<String>) {
-    let (mut done, mut failed) = (Vec::new(), Vec::new());
-    let Ok(entries) = std::fs::read_dir(dir) else { return (done, failed) };
-    // key -> (its newest sidecar's mtime, data file)
-    let mut newest: HashMap<String, (std::time::SystemTime, PathBuf)> = HashMap::new();
-    for e in entries.flatten() {
-        let data = e.path();
-        if data.extension().and_then(|x| x.to_str()) != Some("data") {
-            continue;
-        }
-        let key_file = data.with_extension("key");
-        let (Ok(key), Ok(meta)) = (std::fs::read_to_string(&key_file), std::fs::metadata(&key_file)) else {
-            let _ = std::fs::remove_file(&data); // never dirty: nothing to recover
-            let _ = std::fs::remove_file(data.with_extension("open"));
-            continue;
-        };
-        let key = crate::moves::moved_key(&key, moved);
-        let at = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-        // Two staged files name one key only when a crash fell inside a rename over a file
-        // not yet uploaded (the source names the key before the target is dropped): the
-        // one named last is the file that now has the name; the other was replaced.
-        let older = match newest.get(&key) {
-            Some((t, _)) if *t > at => Some(data.clone()),
-            Some(_) => newest.insert(key.clone(), (at, data.clone())).map(|(_, d)| d),
-            None => {
-                newest.insert(key.clone(), (at, data.clone()));
-                None
-            }
-        };
-        if let Some(old) = older {
-            tracing::info!(%key, "staged bytes replaced by a rename before the crash: dropped");
-            for ext in ["data", "key", "open"] {
-                let _ = std::fs::remove_file(old.with_extension(ext));
-            }
-        }
-    }
-    for (key, (_, data)) in newest {
-        let key_file = data.with_extension("key");
-        let base_file = data.with_extension("base");
-        // What to upload: the file, or the last committed version a later change kept
-        // (its first `len` bytes, or its `.base` copy: see the module doc).
-        let (source, len) = match committed_on_disk(&data) {
-            Committed::Whole => (data.clone(), None),
-            Committed::Prefix(n) => (data.clone(), Some(n)),
-            Committed::Open if base_file.exists() => (base_file.clone(), None),
-            Committed::Open => {
-                // Changed after its last close or fsync, no committed version kept: no
-                // version anyone closed, so never uploaded over what the bucket holds.
-                // Kept for the user, and said so.
-                set_aside(dir, &data, &key);
-                continue;
-            }
-        };
-        let result = async {
-            let file = File::open(&source).map_err(local)?;
-            let size = file.metadata().map_err(local)?.len();
-            let size = len.map_or(size, |n| n.min(size));
-            let _share = budget.upload(size, opts).await;
-            let mut w = store.writer(&key, opts).await?;
-            if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts).await {
-                let _ = w.abort().await;
-                return Err(e);
-            }
-            w.close().await.map_err(FsError::from)
-        }
-        .await;
-        match result {
-            Ok(_) if source != data || len.is_some() => {
-                tracing::info!(%key, "uploaded the version committed (closed or fsync'd) before the crash");
-                // The bytes written after it were never committed: kept aside, not uploaded.
-                set_aside(dir, &data, &key);
-                let _ = std::fs::remove_file(&base_file);
-                done.push(key);
-            }
-            Ok(_) => {
-                let _ = std::fs::remove_file(&key_file);
-                let _ = std::fs::remove_file(&data);
-                let _ = std::fs::remove_file(data.with_extension("open"));
-                let _ = std::fs::remove_file(&base_file);
-                done.push(key);
-            }
-            Err(e) => {
-                tracing::error!(%key, "recovered staged data still cannot be uploaded: {e}");
-                failed.push(key);
-            }
-        }
-    }
-    sweep_orphans(dir);
-    (done, failed)
-}
-
-/// Remove what a crash left beside no staged data: a sidecar whose data file went (the
-/// disk cache took it, or it was removed) and a sidecar's temporary. Before serving only.
-fn sweep_orphans(dir: &Path) {
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        let orphan = match p.extension().and_then(|x| x.to_str()) {
-            Some("tmp" | "basetmp") => true,
-            Some("key" | "open" | "base") => !p.with_extension("data").exists(),
-            _ => false,
-        };
-        if orphan && e.file_type().is_ok_and(|t| t.is_file()) {
-            tracing::debug!(path = %p.display(), "left by a crash beside no staged data: removed");
-            let _ = std::fs::remove_file(&p);
-        }
-    }
-}
-
-/// What staged file `data` holds, by its `.open` marker.
-#[derive(Debug, PartialEq)]
-enum Committed {
-    /// A committed version: no marker, or one naming exactly the file's current length and
-    /// mtime (a file the kernel wrote directly: [`Staged::mark_committed_as_is`]).
-    Whole,
-    /// Its first N bytes are the last committed version; bytes past them came after (`base N`).
-    Prefix(u64),
-    /// Changed since its last commit point (any other text); a `.base` beside it, if there
-    /// is one, holds the last committed version.
-    Open,
-}
-
-fn committed_on_disk(data: &Path) -> Committed {
-    let Ok(marker) = std::fs::read_to_string(data.with_extension("open")) else { return Committed::Whole };
-    if let Some(n) = marker.strip_prefix("base ").and_then(|n| n.trim().parse().ok()) {
-        return Committed::Prefix(n);
-    }
-    let now = File::open(data).map(|f| Stamp::of(&f));
-    match !marker.is_empty() && matches!(now, Ok(Ok(s)) if s.marker() == marker) {
-        true => Committed::Whole,
-        false => Committed::Open,
-    }
-}
-
-/// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
-/// named after their key, instead of uploading them: a half-written rewrite must never
-/// replace the version its last close left in the bucket.
-fn set_aside(dir: &Path, data: &Path, key: &str) {
-    let found = dir.join("lost+found");
-    // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.
-    let mut base = key.rsplit('/').next().unwrap_or("").to_string();
-    base.truncate(base.char_indices().map(|(i, c)| i + c.len_utf8()).take_while(|&end| end <= 150).last().unwrap_or(0));
-    let stem = format!("{}-{base}", unique());
-    let to = found.join(&stem);
-    let moved = std::fs::create_dir_all(&found)
-        .and_then(|_| std::fs::write(found.join(format!("{stem}.key")), key))
-        .and_then(|_| std::fs::rename(data, &to));
-    match moved {
-        Ok(()) => {
-            tracing::warn!(%key, kept = %to.display(), "bytes written but never closed before the mount stopped: not uploaded, kept here");
-            let _ = std::fs::remove_file(data.with_extension("key"));
-            let _ = std::fs::remove_file(data.with_extension("open"));
-            let _ = std::fs::remove_file(data.with_extension("base"));
-        }
-        Err(e) => tracing::error!(%key, data = %data.display(), "cannot set aside unclosed staged bytes: {e}"),
-    }
-}
-
 /// Feed bytes `from..size` of `file` to `w`, one part (one buffer) at a time.
-async fn send_file(
+pub(crate) async fn send_file(
     file: &File,
     from: u64,
     size: u64,
@@ -1011,11 +843,11 @@ async fn send_file(
 /// (a new one is only try-locked, uncontended, under the map before the map publishes it).
 pub type SharedStaged = Arc<tokio::sync::Mutex<Staged>>;
 
-fn local(e: std::io::Error) -> FsError {
+pub(crate) fn local(e: std::io::Error) -> FsError {
     FsError::Local(format!("staging file: {e}"))
 }
 
-fn unique() -> String {
+pub(crate) fn unique() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};
     let n = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{:x}-{:x}", std::process::id(), n)
