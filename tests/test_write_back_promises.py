@@ -327,6 +327,44 @@ def test_directory_rename_right_before_kill_9(s3_bucket, tmp_path):
         unmount(mp)
 
 
+def test_mkdir_and_rmdir_during_a_hang_then_kill_9(hung_minio, tmp_path):
+    """mkdir and rmdir in write-back mode return once journaled, with the store hanging
+    (SIGSTOP), and a `kill -9` then loses neither. After the store continues, the remount
+    and `bucketfs sync`, the bucket holds the markers of the directories made (nested ones
+    included) and not that of the one removed."""
+    pm = hung_minio
+    bucket = pm.new_bucket()
+    args = pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "600")
+    mp = mount(args)
+    try:
+        os.mkdir(os.path.join(mp, "old"))
+        r = sync(mp)
+        assert r.returncode == 0, r.err
+        assert "old/" in pm.objects(bucket)
+        os.listdir(mp)
+        pm.stop()
+        try:
+            outs = bounded_calls({
+                "mkdir -p keep/a/b": lambda: os.makedirs(os.path.join(mp, "keep", "a", "b")),
+                "mkdir empty": lambda: os.mkdir(os.path.join(mp, "empty")),
+                "rmdir old": lambda: os.rmdir(os.path.join(mp, "old")),
+            }, LOCAL_CALL_LIMIT)
+            kill_daemon(mp)
+        finally:
+            pm.cont()
+        bad = {k: o for k, o in outs.items() if o.hung or o.error is not None}
+        assert not bad, f"while the store hung: {outcome_table(outs)}"
+        remount(mp, args)
+        assert sorted(os.listdir(mp)) == ["empty", "keep"]
+        r = sync(mp)
+        assert r.returncode == 0, r.err
+        markers = sorted(k for k in pm.objects(bucket) if k.endswith("/"))
+        assert markers == ["empty/", "keep/", "keep/a/", "keep/a/b/"], markers
+    finally:
+        pm.cont()
+        unmount(mp)
+
+
 def test_editor_save_right_before_kill_9(s3_bucket, tmp_path):
     """An editor's save of a pending file (write `.f.tmp`, rename it over `f`), then the
     daemon killed 0 to 0.2 s after the rename began: if the rename returned before the kill,
@@ -481,15 +519,15 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
     """With a 64 MiB upload in flight, the store hangs (SIGSTOP) for 30 s. Each of these
     returns within 5 s, with no error: close of a new small file (in a directory made here),
     rename of that pending file (its upload begun and hanging: --write-back-delay 0), unlink
-    of an uploaded file, stat of a known file, listdir of a listed directory (mkdir,
-    which writes a marker at once, is only recorded). Then the store continues: `bucketfs
+    of an uploaded file, stat of a known file, listdir of a listed directory, mkdir, rmdir
+    of a directory in the bucket, and of one made during the hang. Then the store continues: `bucketfs
     sync` exits 0 and the bucket matches the mount (unlinked and renamed-away names absent)."""
     pm = hung_minio
     bucket = pm.new_bucket()
     mp = mount(pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "0"))
     try:
         p = lambda *a: os.path.join(mp, *a)  # noqa: E731
-        for d in ("c", "u", "s", "l", "m", "big"):
+        for d in ("c", "u", "s", "l", "m", "m/old", "big"):
             os.mkdir(p(d))
         write_file(p("u", "up.txt"), b"uploaded, to be unlinked")
         write_file(p("s", "st.txt"), b"uploaded, to be stat'ed")
@@ -505,7 +543,7 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
         wait_until(lambda: status(mp)["bytes_written"] > sent, 0.5, 0.05)
         print(f"before the hang: {status(mp)['bytes_written'] - sent} bytes of big.bin sent")
 
-        outs, mkdir = {}, {}
+        outs = {}
         pm.stop()
         t_stop = time.monotonic()
         try:
@@ -522,8 +560,10 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
             op("unlink of an uploaded file", lambda: os.unlink(p("u", "up.txt")))
             op("stat of a known file", lambda: os.stat(p("s", "st.txt")))
             op("listdir of a listed directory", lambda: sorted(os.listdir(p("l"))))
-            mkdir = bounded_calls({"mkdir (recorded only)": lambda: os.mkdir(p("m", "sub"))}, LOCAL_CALL_LIMIT)
-            print("while the store hangs: " + outcome_table(outs) + "; " + outcome_table(mkdir))
+            op("mkdir", lambda: os.mkdir(p("m", "sub")))
+            op("rmdir of a directory in the bucket", lambda: os.rmdir(p("m", "old")))
+            op("mkdir, then rmdir", lambda: (os.mkdir(p("m", "brief")), os.rmdir(p("m", "brief"))))
+            print("while the store hangs: " + outcome_table(outs))
             time.sleep(max(0.0, HANG_SECS - (time.monotonic() - t_stop)))
         finally:
             pm.cont()
@@ -531,10 +571,10 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
         stalled = {k: o for k, o in outs.items() if isinstance(o, str) or o.hung or o.error is not None
                    or o.elapsed > LOCAL_CALL_LIMIT}
         # Let every call held by the hang finish before looking at the result.
-        assert wait_until(lambda: all(getattr(o, "done", True) for o in list(outs.values()) + list(mkdir.values())), 120), \
+        assert wait_until(lambda: all(getattr(o, "done", True) for o in list(outs.values())), 120), \
             f"calls still blocked 120s after the store continued: {outcome_table(outs)}"
         print("calls held by the hang returned after (s): " + ", ".join(
-            f"{k} {o.elapsed:.1f}" for k, o in list(outs.items()) + list(mkdir.items()) if not isinstance(o, str) and o.hung))
+            f"{k} {o.elapsed:.1f}" for k, o in list(outs.items()) if not isinstance(o, str) and o.hung))
         r = sync(mp)
         print(f"sync after the hang: exit {r.returncode} in {time.monotonic() - t_cont:.1f}s {r.err.strip()[-300:]}")
         problems = []
@@ -552,6 +592,12 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
             for gone in ("u/up.txt", "c/new.txt"):
                 if gone in got:
                     problems.append(f"{gone} (unlinked or renamed away during the hang) is in the bucket")
+            keys = set(pm.objects(bucket))
+            if "m/sub/" not in keys:
+                problems.append("m/sub/ (made during the hang) has no marker in the bucket")
+            for gone in ("m/old/", "m/brief/"):
+                if gone in keys:
+                    problems.append(f"{gone} (removed during the hang) is in the bucket")
             if got.get("big/big.bin") != md5(big):
                 problems.append("big/big.bin is not in the bucket whole")
         assert not problems, "; ".join(problems)

@@ -17,6 +17,14 @@
 //! waiting for one gets the outage's error, as if it had asked the store itself); a delete
 //! the store refuses for good is dropped with an error logged (the file is back in the
 //! bucket: nothing is lost).
+//!
+//! `mkdir` goes the same way: the directory's marker object is journaled and created in
+//! the background ([`DeferredDeletes::defer_marker`]), and the same rule holds: a listing
+//! of its prefix or a HEAD of the key waits for it, and so does every write below it (a
+//! store with real folders, Drive, must not make the folder twice). A marker's journal
+//! entry is `m`, NUL, the key; a delete's is the key alone (no key holds a NUL). One key
+//! has at most one pending change: a later one takes the place of one not yet sent, or
+//! goes out after the one in flight.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -43,8 +51,20 @@ const PARALLEL: usize = 16;
 /// the socket) within moments of resuming, possibly after our DELETE.
 const LANDING_GRACE: Duration = Duration::from_secs(3);
 
+/// What is pending for a key.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Delete,
+    /// Create the directory marker (`mkdir`).
+    Marker,
+}
+
 struct Pending {
     journal: PathBuf,
+    op: Op,
+    /// Bumped when a later change takes this one's place: an attempt of the older one that
+    /// ends afterwards does not end the newer.
+    gen: u64,
     in_flight: bool,
     attempts: u32,
     /// When the last attempt failed, and why (only an outage keeps a delete pending).
@@ -126,9 +146,13 @@ impl DeferredDeletes {
                 continue;
             }
             match std::fs::read(&path).map(String::from_utf8) {
-                Ok(Ok(key)) if !key.is_empty() => {
-                    tracing::info!(%key, "delete left pending by an earlier mount: sending it");
-                    p.insert(key, Pending::new(path));
+                Ok(Ok(text)) if !text.is_empty() => {
+                    let (op, key) = match text.split_once('\0') {
+                        Some(("m", key)) => (Op::Marker, key.to_string()),
+                        _ => (Op::Delete, text),
+                    };
+                    tracing::info!(%key, ?op, "change left pending by an earlier mount: sending it");
+                    p.insert(key, Pending { op, ..Pending::new(path) });
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -172,26 +196,60 @@ impl DeferredDeletes {
         self.defer_as(key, true).await
     }
 
+    /// Journal the creation of directory marker `key` (`mkdir`) and return; it is created
+    /// in the background. Without a journal it is created now.
+    pub async fn defer_marker(&self, key: &str) -> Result<(), StoreError> {
+        self.defer_op(key, Op::Marker, false).await
+    }
+
     async fn defer_as(&self, key: &str, again: bool) -> Result<(), StoreError> {
-        let Some(dir) = &self.journal_dir else { return self.inner.delete(key).await };
+        self.defer_op(key, Op::Delete, again).await
+    }
+
+    async fn defer_op(&self, key: &str, op: Op, again: bool) -> Result<(), StoreError> {
+        let now_instead = || async {
+            match op {
+                Op::Delete => self.inner.delete(key).await,
+                Op::Marker => self.inner.create_dir(key).await,
+            }
+        };
+        let Some(dir) = &self.journal_dir else { return now_instead().await };
+        let text = match op {
+            Op::Delete => key.to_string(),
+            Op::Marker => format!("m\0{key}"),
+        };
+        // A change already pending for the key keeps its journal entry, rewritten in one
+        // step (a crash leaves the old change or the new one, never both).
+        let existing = self.pending.lock().unwrap().get(key).map(|e| e.journal.clone());
         // Unique across processes: a mount started after a crash may get the same pid, and
         // must not write over an entry it adopted.
-        let path = dir.join(format!(
-            "{:x}-{:x}-{:x}",
-            std::process::id(),
-            self.started,
-            self.seq.fetch_add(1, Ordering::Relaxed)
-        ));
-        if let Err(e) = crate::recycle::write(&path, key.as_bytes()) {
-            tracing::warn!(%key, "journaling a delete failed ({e}): sending it now");
-            return self.inner.delete(key).await;
+        let path = existing.unwrap_or_else(|| {
+            dir.join(format!(
+                "{:x}-{:x}-{:x}",
+                std::process::id(),
+                self.started,
+                self.seq.fetch_add(1, Ordering::Relaxed)
+            ))
+        });
+        if let Err(e) = crate::recycle::write(&path, text.as_bytes()) {
+            tracing::warn!(%key, ?op, "journaling a change failed ({e}): sending it now");
+            return now_instead().await;
         }
-        let old = self.pending.lock().unwrap().insert(key.to_string(), Pending { again, ..Pending::new(path) });
-        if let Some(old) = old {
-            // Unlinked again before the first was sent (the name was made anew meanwhile
-            // only if a write drained it, so this cannot happen; keep one journal entry).
-            old.forget_journal();
+        let mut p = self.pending.lock().unwrap();
+        match p.get_mut(key) {
+            // The later change takes the place of the pending one; one in flight ends first
+            // (its end sees the new generation and leaves this pending).
+            Some(e) if e.journal == path => {
+                (e.op, e.again, e.gen) = (op, again, e.gen + 1);
+                (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
+            }
+            _ => {
+                if let Some(old) = p.insert(key.to_string(), Pending { op, again, ..Pending::new(path) }) {
+                    old.forget_journal(); // sent and ended between the two locks
+                }
+            }
         }
+        drop(p);
         self.work.notify_one();
         Ok(())
     }
@@ -237,11 +295,23 @@ impl DeferredDeletes {
         (due, next)
     }
 
-    /// One attempt at `key`'s delete (marked in flight by the caller).
+    /// One attempt at `key`'s pending change (marked in flight by the caller).
     async fn send(&self, key: String) {
-        let r = self.inner.delete(&key).await;
+        let Some((op, gen)) = self.pending.lock().unwrap().get(&key).map(|e| (e.op, e.gen)) else { return };
+        let r = match op {
+            Op::Delete => self.inner.delete(&key).await,
+            Op::Marker => self.inner.create_dir(&key).await,
+        };
         let mut p = self.pending.lock().unwrap();
         let Some(e) = p.get_mut(&key) else { return };
+        if e.gen != gen {
+            // A later change took this one's place while it was sent: that one goes next.
+            e.in_flight = false;
+            drop(p);
+            self.changed.notify_waiters();
+            self.work.notify_one();
+            return;
+        }
         match r {
             Err(err) if err.kind == StoreErrorKind::Unavailable || err.kind == StoreErrorKind::RateLimited => {
                 e.attempts += 1;
@@ -251,18 +321,23 @@ impl DeferredDeletes {
                 e.failed = Some((now, err));
                 e.in_flight = false;
             }
-            Ok(()) | Err(StoreError { kind: StoreErrorKind::NotFound, .. }) if e.again => {
+            Ok(()) | Err(StoreError { kind: StoreErrorKind::NotFound, .. }) if e.again && op == Op::Delete => {
                 // Deleted; an upload that timed out may still land after it: once more soon.
                 let at = Instant::now() + LANDING_GRACE;
                 (e.again, e.in_flight, e.attempts, e.failed) = (false, false, 0, None);
                 (e.next_try, e.not_before) = (at, Some(at));
             }
             r => {
-                if let Err(err) = r.as_ref() {
-                    if err.kind != StoreErrorKind::NotFound {
+                match (r.as_ref(), op) {
+                    (Err(err), Op::Delete) if err.kind != StoreErrorKind::NotFound => {
                         tracing::error!(%key, "the store refused the delete of an unlinked file; the file is back in the bucket: {err}");
                         self.refused.lock().unwrap().push((key.clone(), format!("delete refused: {err}")));
                     }
+                    (Err(err), Op::Marker) => {
+                        tracing::error!(%key, "the store refused the marker of a directory made here; the directory is not in the bucket: {err}");
+                        self.refused.lock().unwrap().push((key.clone(), format!("directory marker refused: {err}")));
+                    }
+                    _ => {}
                 }
                 if let Some(e) = p.remove(&key) {
                     e.forget_journal();
@@ -311,13 +386,14 @@ impl DeferredDeletes {
         }
     }
 
-    /// Keys that could be `key` or below it (`key` itself, `key/…`, and names starting so).
+    /// Keys that could be `key` or below it (`key` itself, `key/…`, and names starting so),
+    /// and the markers of the directories above it: a write goes after them.
     async fn drain_under(&self, key: &str) -> Result<(), StoreError> {
         if self.pending.lock().unwrap().is_empty() {
             return Ok(());
         }
         let k = key.trim_end_matches('/');
-        self.drain(|p| p.starts_with(k)).await
+        self.drain(|p| p.starts_with(k) || (p.ends_with('/') && k.starts_with(p))).await
     }
 
     async fn drain_key(&self, key: &str) -> Result<(), StoreError> {
@@ -332,6 +408,8 @@ impl Pending {
     fn new(journal: PathBuf) -> Self {
         Self {
             journal,
+            op: Op::Delete,
+            gen: 0,
             in_flight: false,
             attempts: 0,
             failed: None,
@@ -419,3 +497,7 @@ impl Store for DeferredDeletes {
         self.inner.writer(key, opts).await
     }
 }
+
+#[cfg(test)]
+#[path = "deletes_tests.rs"]
+mod tests;

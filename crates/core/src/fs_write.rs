@@ -142,6 +142,16 @@ impl Fs {
         Ok(())
     }
 
+    /// Make directory marker `key`: journaled and created in the background in write-back
+    /// mode (deletes.rs), else now.
+    async fn make_marker(&self, key: &str) -> Result<(), FsError> {
+        match &self.deletes {
+            Some(d) if self.write_back() => d.defer_marker(key).await?,
+            _ => self.store.create_dir(key).await?,
+        }
+        Ok(())
+    }
+
     /// What to keep with `node`'s object at upload: its mode, owner and mtime where set here
     /// (or carried before), on stores that keep them.
     pub(crate) fn attrs_to_keep(&self, node: &crate::inode::Node) -> bucketfs_store::FileAttrs {
@@ -787,7 +797,7 @@ impl Fs {
         if self.resolve(parent, name).await?.is_some() {
             return Err(FsError::Exists);
         }
-        self.store.create_dir(&key).await?;
+        self.make_marker(&key).await?;
         let meta = ChildMeta {
             name: name.to_string(),
             kind: Kind::Dir,
@@ -870,6 +880,15 @@ impl Fs {
         if !self.staged_children(ino).is_empty() {
             return Ok(true);
         }
+        if self.write_back() {
+            // Answered locally from a listing within its TTL, as `ls` is: no wait on the
+            // store (a file another client put there since keeps the directory in the
+            // bucket; only the marker goes).
+            let t = self.table.lock().unwrap();
+            if let Some(l) = t.listing(ino).filter(|l| !l.overtaken && l.is_fresh(t.now())) {
+                return Ok(!l.children.is_empty());
+            }
+        }
         match self.store.list(key, false).next().await {
             Some(Ok(m)) => {
                 if !self.shown_below(key, &m.key) {
@@ -890,9 +909,10 @@ impl Fs {
         if self.has_children(node.ino, &node.key).await? {
             return Err(FsError::NotEmpty);
         }
-        match self.store.delete(&node.key).await {
-            Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
-            _ => {}
+        // Journaled and sent in the background in write-back mode, as an unlink.
+        match self.delete_removed(&node.key, false).await {
+            Err(FsError::Store(e)) if e.kind == StoreErrorKind::NotFound => {}
+            r => r?,
         }
         let mut t = self.table.lock().unwrap();
         t.listing_remove(parent, name);

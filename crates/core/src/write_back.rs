@@ -497,4 +497,4 @@ async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
 
 #[cfg(test)]
 #[path = "write_back_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -10,7 +10,7 @@ use bucketfs_store::{GetOpts, Store, StoreErrorKind, StoreExt};
 use crate::fs::{Fs, FsConfig, ROOT_INO};
 use crate::write_back::WriteBackConfig;
 
-fn cfg(dir: &std::path::Path, delay_ms: u64) -> FsConfig {
+pub(crate) fn cfg(dir: &std::path::Path, delay_ms: u64) -> FsConfig {
     FsConfig {
         staging_dir: dir.to_path_buf(),
         write_back: Some(WriteBackConfig { delay: Duration::from_millis(delay_ms), max_bytes: 1 << 30, parallel: 4 }),
@@ -18,18 +18,18 @@ fn cfg(dir: &std::path::Path, delay_ms: u64) -> FsConfig {
     }
 }
 
-fn staging(name: &str) -> std::path::PathBuf {
+pub(crate) fn staging(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("bucketfs-wb-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }
 
-async fn object(store: &dyn Store, key: &str) -> Option<Vec<u8>> {
+pub(crate) async fn object(store: &dyn Store, key: &str) -> Option<Vec<u8>> {
     let len = store.stat(key).await.ok()?.size;
     store.get_range(key, 0..len, GetOpts::default()).await.ok().map(|b| b.to_vec())
 }
 
-async fn keys(store: &dyn Store) -> Vec<String> {
+pub(crate) async fn keys(store: &dyn Store) -> Vec<String> {
     use futures::StreamExt;
     let mut out = Vec::new();
     let mut s = store.list("", true);
@@ -40,7 +40,7 @@ async fn keys(store: &dyn Store) -> Vec<String> {
     out
 }
 
-async fn write_file(fs: &Fs, name: &str, data: &[u8]) -> u64 {
+pub(crate) async fn write_file(fs: &Fs, name: &str, data: &[u8]) -> u64 {
     let (attr, fh) = fs.create(ROOT_INO, name, 0, None).await.unwrap();
     fs.write(fh, 0, data).await.unwrap();
     fs.flush(fh).await.unwrap();
@@ -409,91 +409,25 @@ async fn a_staged_file_moved_with_its_directory_is_read_under_its_new_identity()
     fs.release(fh).await.unwrap();
 }
 
-async fn listed(fs: &Fs, ino: u64) -> Result<Vec<String>, crate::FsError> {
+pub(crate) async fn listed(fs: &Fs, ino: u64) -> Result<Vec<String>, crate::FsError> {
     let fh = fs.opendir(ino).await?;
     let v = fs.readdir(fh).map(|v| v.iter().map(|e| e.name.clone()).collect());
     fs.releasedir(fh);
     v
 }
 
-fn cfg_ttl0(dir: &std::path::Path) -> FsConfig {
+pub(crate) fn cfg_ttl0(dir: &std::path::Path) -> FsConfig {
     // Every readdir and lookup asks the store: what a listing of it shows is what counts.
     FsConfig { metadata_ttl: Duration::ZERO, ..cfg(dir, 0) }
 }
 
-async fn uploaded_files(fs: &Fs, n: usize) -> Vec<String> {
+pub(crate) async fn uploaded_files(fs: &Fs, n: usize) -> Vec<String> {
     let names: Vec<String> = (0..n).map(|i| format!("f{i:02}")).collect();
     for name in &names {
         write_file(fs, name, name.as_bytes()).await;
     }
     assert!(fs.sync_write_back().await.is_empty());
     names
-}
-
-#[tokio::test]
-async fn unlink_returns_before_the_delete_and_no_listing_brings_the_file_back() {
-    let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(40)));
-    let dir = staging("deferred");
-    let clock = crate::Clock::manual();
-    let fs = Fs::new(mem.clone(), FsConfig { clock: clock.clone(), ..cfg(&dir, 0) });
-    fs.start_write_back();
-    let names = uploaded_files(&fs, 20).await;
-    assert_eq!(listed(&fs, ROOT_INO).await.unwrap().len(), 22);
-    let t = std::time::Instant::now();
-    for name in &names {
-        fs.unlink(ROOT_INO, name).await.unwrap();
-    }
-    // 20 DELETEs one after another take 800 ms here; journaled, the unlinks take far less.
-    assert!(t.elapsed() < Duration::from_millis(400), "unlinks waited for their DELETEs: {:?}", t.elapsed());
-    // Past the TTL every listing and lookup asks the store, which may still hold some of
-    // them: none shows through the mount.
-    clock.advance(Duration::from_secs(5));
-    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
-    clock.advance(Duration::from_secs(5));
-    for name in &names {
-        assert!(fs.lookup(ROOT_INO, name).await.is_err(), "{name} found after its unlink");
-    }
-    assert!(fs.sync_write_back().await.is_empty());
-    assert_eq!(fs.write_back_status().deletes, 0);
-    assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
-}
-
-#[tokio::test]
-async fn a_name_made_again_after_its_unlink_keeps_the_new_file() {
-    let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(20)));
-    let dir = staging("deferred-again");
-    let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));
-    fs.start_write_back();
-    uploaded_files(&fs, 1).await;
-    fs.unlink(ROOT_INO, "f00").await.unwrap();
-    write_file(&fs, "f00", b"second").await; // the upload waits for the delete
-    assert!(fs.sync_write_back().await.is_empty());
-    assert_eq!(object(mem.as_ref(), "f00").await.as_deref(), Some(&b"second"[..]));
-}
-
-#[tokio::test]
-async fn a_delete_pending_at_a_crash_is_done_by_the_next_mount() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("deferred-crash");
-    {
-        // Every DELETE fails as if the store were unreachable: the unlink is only journaled.
-        let down = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1_000_000, StoreErrorKind::Unavailable));
-        let fs = Fs::new(down, cfg_ttl0(&dir));
-        fs.start_write_back();
-        uploaded_files(&fs, 3).await;
-        fs.unlink(ROOT_INO, "f01").await.unwrap();
-        // A listing meanwhile fails as the store does; it never shows the file.
-        // A listing meanwhile gets the store's error (or the last listing): never the file.
-        assert!(listed(&fs, ROOT_INO).await.map_or(true, |l| !l.contains(&"f01".to_string())));
-        assert_eq!(fs.write_back_status().deletes, 1);
-        assert!(!fs.sync_write_back().await.is_empty(), "sync says the delete is not done");
-    } // the "crash": the process goes with the delete pending
-    assert!(object(mem.as_ref(), "f01").await.is_some());
-    let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));
-    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "f00", "f02"], "the pending delete is done first");
-    fs.start_write_back();
-    assert!(fs.sync_write_back().await.is_empty());
-    assert_eq!(keys(mem.as_ref()).await, ["f00", "f02"]);
 }
 
 #[tokio::test]

@@ -1,0 +1,144 @@
+//! Deferred deletes and directory markers (write-back mode) against the in-memory store:
+//! unlink, mkdir and rmdir return before their requests, no listing contradicts them, and
+//! what a crash leaves pending is done by the next mount.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bucketfs_store::testing::{FailStore, MemStore, Op};
+use bucketfs_store::StoreErrorKind;
+
+use crate::fs::{Fs, FsConfig, ROOT_INO};
+use crate::write_back::tests::{cfg, cfg_ttl0, keys, listed, object, staging, uploaded_files, write_file};
+
+#[tokio::test]
+async fn unlink_returns_before_the_delete_and_no_listing_brings_the_file_back() {
+    let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(40)));
+    let dir = staging("deferred");
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(mem.clone(), FsConfig { clock: clock.clone(), ..cfg(&dir, 0) });
+    fs.start_write_back();
+    let names = uploaded_files(&fs, 20).await;
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap().len(), 22);
+    let t = std::time::Instant::now();
+    for name in &names {
+        fs.unlink(ROOT_INO, name).await.unwrap();
+    }
+    // 20 DELETEs one after another take 800 ms here; journaled, the unlinks take far less.
+    assert!(t.elapsed() < Duration::from_millis(400), "unlinks waited for their DELETEs: {:?}", t.elapsed());
+    // Past the TTL every listing and lookup asks the store, which may still hold some of
+    // them: none shows through the mount.
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
+    clock.advance(Duration::from_secs(5));
+    for name in &names {
+        assert!(fs.lookup(ROOT_INO, name).await.is_err(), "{name} found after its unlink");
+    }
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(fs.write_back_status().deletes, 0);
+    assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
+}
+
+#[tokio::test]
+async fn a_name_made_again_after_its_unlink_keeps_the_new_file() {
+    let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(20)));
+    let dir = staging("deferred-again");
+    let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));
+    fs.start_write_back();
+    uploaded_files(&fs, 1).await;
+    fs.unlink(ROOT_INO, "f00").await.unwrap();
+    write_file(&fs, "f00", b"second").await; // the upload waits for the delete
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "f00").await.as_deref(), Some(&b"second"[..]));
+}
+
+#[tokio::test]
+async fn a_delete_pending_at_a_crash_is_done_by_the_next_mount() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("deferred-crash");
+    {
+        // Every DELETE fails as if the store were unreachable: the unlink is only journaled.
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1_000_000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg_ttl0(&dir));
+        fs.start_write_back();
+        uploaded_files(&fs, 3).await;
+        fs.unlink(ROOT_INO, "f01").await.unwrap();
+        // A listing meanwhile fails as the store does; it never shows the file.
+        // A listing meanwhile gets the store's error (or the last listing): never the file.
+        assert!(listed(&fs, ROOT_INO).await.map_or(true, |l| !l.contains(&"f01".to_string())));
+        assert_eq!(fs.write_back_status().deletes, 1);
+        assert!(!fs.sync_write_back().await.is_empty(), "sync says the delete is not done");
+    } // the "crash": the process goes with the delete pending
+    assert!(object(mem.as_ref(), "f01").await.is_some());
+    let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "f00", "f02"], "the pending delete is done first");
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["f00", "f02"]);
+}
+
+
+#[tokio::test]
+async fn mkdir_returns_before_its_marker_and_no_listing_misses_the_directory() {
+    let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(150)));
+    let dir = staging("marker");
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(mem.clone(), FsConfig { clock: clock.clone(), ..cfg(&dir, 0) });
+    fs.start_write_back();
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
+    let t = std::time::Instant::now();
+    for name in ["a", "b", "c"] {
+        fs.mkdir(ROOT_INO, name, None).await.unwrap();
+    }
+    // Three markers one after another take 450 ms here; journaled, the mkdirs take far less.
+    assert!(t.elapsed() < Duration::from_millis(300), "mkdir waited for its marker: {:?}", t.elapsed());
+    // Past the TTL the listing asks the store: it goes after the markers, never before.
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "a", "b", "c"]);
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["a/", "b/", "c/"]);
+    assert_eq!(fs.write_back_status().deletes, 0);
+}
+
+#[tokio::test]
+async fn rmdir_and_mkdir_again_end_as_the_last_one_said() {
+    // Slow enough that a marker is still in flight when the rmdir comes.
+    let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(60)));
+    let dir = staging("marker-again");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    fs.mkdir(ROOT_INO, "gone", None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await; // its marker is being sent
+    fs.rmdir(ROOT_INO, "gone").await.unwrap();
+    fs.mkdir(ROOT_INO, "kept", None).await.unwrap();
+    fs.rmdir(ROOT_INO, "kept").await.unwrap(); // replaces a marker not sent yet
+    fs.mkdir(ROOT_INO, "kept", None).await.unwrap();
+    let ino = fs.mkdir(ROOT_INO, "full", None).await.unwrap().ino;
+    let (_, fh) = fs.create(ino, "f", 0, None).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(matches!(fs.rmdir(ROOT_INO, "full").await, Err(crate::FsError::NotEmpty)));
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["full/", "full/f", "kept/"]);
+}
+
+#[tokio::test]
+async fn a_marker_pending_at_a_crash_is_made_by_the_next_mount() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("marker-crash");
+    {
+        // Every marker fails as if the store were unreachable: the mkdir is only journaled.
+        let down = Arc::new(FailStore::new(mem.clone(), Op::CreateDir, 1, 1_000_000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg(&dir, 0));
+        fs.start_write_back();
+        assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
+        fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+        assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "d"]);
+        assert!(!fs.sync_write_back().await.is_empty(), "sync says the marker is not made");
+    } // the "crash"
+    assert!(keys(mem.as_ref()).await.is_empty());
+    let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "d"], "the pending marker is made first");
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["d/"]);
+}
