@@ -365,6 +365,55 @@ def test_mkdir_and_rmdir_during_a_hang_then_kill_9(hung_minio, tmp_path):
         unmount(mp)
 
 
+@pytest.mark.parametrize("mode", ["write-back", "durable"])
+def test_rename_of_an_uploaded_file_right_before_kill_9(s3_bucket, tmp_path, mode):
+    """A file already in the bucket (16 MiB: its server-side copy takes a while) renamed,
+    and the daemon killed around the time a rename takes, so some kills land between the
+    copy and the delete. After the remount (and `bucketfs sync`): if the rename
+    returned before the kill, only the new name holds the bytes; if not, exactly one of the
+    two names does, never both."""
+    args = wb_args(s3_bucket, tmp_path / "staging", "--write-back-delay", "600")
+    if mode == "durable":
+        args = [a for a in args if a != "--write-back"]
+    mp = mount(args)
+    body = random.Random(7).randbytes(16 * MiB)
+    cut = 0
+    try:
+        # How long a rename takes here (the copy, then a short delete): kills are aimed at
+        # its end, where the copy is done and the delete not yet.
+        write_file(os.path.join(mp, "probe"), body)
+        assert sync(mp).returncode == 0
+        t0 = time.monotonic()
+        os.rename(os.path.join(mp, "probe"), os.path.join(mp, "probe2"))
+        took = time.monotonic() - t0
+        os.unlink(os.path.join(mp, "probe2"))
+        delays = [max(0.0, took * f) for f in (0.5, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.05, 1.2)]
+        for rnd, delay in enumerate(delays):
+            src, dst = f"u{rnd}", f"v{rnd}"
+            write_file(os.path.join(mp, src), body)
+            r = sync(mp)
+            assert r.returncode == 0, r.err
+            returned, what = rename_then_kill(mp, src, dst, delay)
+            remount(mp, args)
+            r = sync(mp)
+            assert r.returncode == 0, f"round {rnd} (rename {what}): sync: {r.err}"
+            objs = bucket_objects(s3_bucket)
+            names = [k for k in (src, dst) if k in objs]
+            if returned:
+                assert names == [dst], f"round {rnd} (rename {what}): the bucket holds {names}"
+            else:
+                cut += 1
+                assert len(names) == 1, f"round {rnd} (rename {what}, cut by the kill): the bucket holds {names}"
+            assert objs[names[0]] == body, f"round {rnd}: {names[0]} does not hold the file's bytes"
+            for k in names:
+                del objs[k]
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(mp, names[0]))
+        print(f"a rename took {took * 1000:.1f} ms; {cut} of {len(delays)} cut by the kill")
+    finally:
+        unmount(mp)
+
+
 def test_editor_save_right_before_kill_9(s3_bucket, tmp_path):
     """An editor's save of a pending file (write `.f.tmp`, rename it over `f`), then the
     daemon killed 0 to 0.2 s after the rename began: if the rename returned before the kill,

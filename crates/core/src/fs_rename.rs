@@ -354,6 +354,8 @@ impl Fs {
         if self.store.capabilities().moves {
             return Ok(self.store.rename(from, to).await?);
         }
+        // Journaled: a crash between the copy and the delete is finished by the next mount.
+        let _journal = crate::moves::Entry::begin(&self.cfg.staging_dir, from, to, &[from.to_string()]);
         self.store.copy(from, to).await?;
         if let Some(dst) = replaced.and_then(|d| self.staged_of_pub(d)) {
             // The target's staged bytes must not be recovered over the copy should the

@@ -1,4 +1,5 @@
-//! Directory moves in the store, journaled so a crash never leaves both names.
+//! Moves in the store (directories, and files copied then deleted), journaled so a crash
+//! never leaves both names.
 //!
 //! On a store that cannot move a folder in one request (S3, GCS, a local folder), `mv d d2`
 //! copies every key below `d/` to `d2/`, then deletes the sources: a process that dies in
@@ -10,6 +11,10 @@
 //! staged files named below the old directory under the new one ([`moved_key`]): the
 //! entry is written before any staged file is renamed, so a crash among those renames
 //! never splits a directory between the two names.
+//!
+//! A file's move (`from` not ending in `/`: copy, then delete) is journaled the same way,
+//! its one key being `from` itself, so a crash between the copy and the delete leaves one
+//! name too.
 //!
 //! Finishing is idempotent: a source that is gone was copied (sources go only after every
 //! copy), so it is skipped; one still there is copied again, then every source goes.
@@ -80,7 +85,10 @@ pub(crate) async fn run(
 ) -> Result<(), StoreError> {
     let gone = |e: &StoreError| e.kind == StoreErrorKind::NotFound;
     let (markers, objects): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| k.ends_with('/'));
-    store.create_dir(to).await?;
+    let dir = from.ends_with('/');
+    if dir {
+        store.create_dir(to).await?;
+    }
     let mut sorted_markers = markers.clone();
     sorted_markers.sort_by_key(|k| k.len());
     for k in &sorted_markers {
@@ -103,6 +111,9 @@ pub(crate) async fn run(
             Err(e) if !gone(&e) => return Err(e),
             _ => {}
         }
+    }
+    if !dir {
+        return Ok(()); // the file, its one key, went above
     }
     match store.delete(from).await {
         Err(e) if !gone(&e) => Err(e),
@@ -138,11 +149,11 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<(String, St
         let keys: Vec<String> = parts.filter(|k| k.starts_with(from)).map(str::to_string).collect();
         match run(store, from, to, &keys, true).await {
             Ok(()) => {
-                tracing::warn!(%from, %to, keys = keys.len(), "finished a directory move an earlier mount began");
+                tracing::warn!(%from, %to, keys = keys.len(), "finished a move an earlier mount began");
                 let _ = std::fs::remove_file(&path);
             }
             Err(e) => {
-                tracing::error!(%from, %to, "cannot finish a directory move an earlier mount began (kept, retried at the next mount): {e}");
+                tracing::error!(%from, %to, "cannot finish a move an earlier mount began (kept, retried at the next mount): {e}");
             }
         }
         moves.push((from.to_string(), to.to_string()));
@@ -154,8 +165,10 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<(String, St
 pub(crate) fn moved_key(key: &str, moves: &[(String, String)]) -> String {
     let mut key = key.to_string();
     for (from, to) in moves {
-        if let Some(rest) = key.strip_prefix(from.as_str()) {
-            key = format!("{to}{rest}");
+        match key.strip_prefix(from.as_str()) {
+            // A directory's keys below it; a file's key itself only.
+            Some(rest) if from.ends_with('/') || rest.is_empty() => key = format!("{to}{rest}"),
+            _ => {}
         }
     }
     key
@@ -167,4 +180,44 @@ fn unique_name() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("{nanos:032x}-{:x}-{seq}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bucketfs_store::testing::MemStore;
+    use bucketfs_store::{PutOpts, StoreExt};
+
+    #[test]
+    fn a_file_move_renames_that_key_only() {
+        let moves = vec![("a/f".to_string(), "b/g".to_string()), ("d/".to_string(), "e/".to_string())];
+        assert_eq!(moved_key("a/f", &moves), "b/g");
+        assert_eq!(moved_key("a/f2", &moves), "a/f2");
+        assert_eq!(moved_key("a/f/x", &moves), "a/f/x");
+        assert_eq!(moved_key("d/x/y", &moves), "e/x/y");
+    }
+
+    #[tokio::test]
+    async fn a_file_move_cut_by_a_crash_is_finished_with_one_name() {
+        let staging = std::env::temp_dir().join(format!("bucketfs-moves-file-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(dir_for(&staging).unwrap());
+        let mem = MemStore::new();
+        for (key, body) in [("a/f", "moved"), ("a/f2", "beside")] {
+            mem.put(key, bytes::Bytes::from(body), PutOpts::default()).await.unwrap();
+        }
+        // The crash: journaled and copied, the source not yet deleted.
+        std::mem::forget(Entry::begin(&staging, "a/f", "b/g", &["a/f".to_string()]));
+        mem.copy("a/f", "b/g").await.unwrap();
+        assert_eq!(replay(&staging, &mem).await, [("a/f".to_string(), "b/g".to_string())]);
+        let mut keys: Vec<String> = futures::TryStreamExt::try_collect::<Vec<_>>(mem.list("", true))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        keys.sort();
+        assert_eq!(keys, ["a/f2", "b/g"]);
+        assert_eq!(&mem.get_range("b/g", 0..5, Default::default()).await.unwrap()[..], b"moved");
+        assert!(replay(&staging, &mem).await.is_empty(), "the entry went once finished");
+    }
 }
