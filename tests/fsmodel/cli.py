@@ -30,6 +30,8 @@ def main(argv=None) -> int:
                     "whitespace at an end), to look past a known bug")
     ap.add_argument("--big-files", action="store_true", help="more files of a few MiB, read again after "
                     "close (what FUSE passthrough serves: run with `-- --passthrough on`)")
+    ap.add_argument("--crash", action="store_true", help="end with kill -9 of the daemon, a new mount on "
+                    "the same mount point (recovery) and `bucketfs sync`, then compare (with `-- --write-back`)")
     ap.add_argument("mount_args", nargs="*", help="extra `bucketfs mount` flags, after --")
     a = ap.parse_args(argv)
     replay = None
@@ -42,7 +44,7 @@ def main(argv=None) -> int:
     cfg = Config(store=a.store, ops=a.ops, seed=a.seed, workers=a.workers, listers=a.listers,
                  mount_args=a.mount_args, shrink_secs=a.shrink_secs, hang_secs=a.hang_secs,
                  replay=replay, progress_every=10, exclude=[x for x in a.exclude.split(",") if x],
-                 big_files=a.big_files)
+                 big_files=a.big_files, crash=a.crash)
     try:
         rep = run(cfg)
     finally:

@@ -1,6 +1,6 @@
 """One run of the model test: `Config` (store, op count, seed, mount flags, bounds),
 `Report` (lines said, divergences found), and `run`: make a bucket, mount, start listers
-and workers, then unmount and compare the bucket itself and a remount with each worker's
+and workers, then unmount (or `kill -9` the daemon and mount again: `Config.crash`) and compare the bucket itself and a remount with each worker's
 final model; shrink what failed. The mount's `bucketfs status --json`, taken just before
 its unmount, is kept in `Report.status` (a test checks passthrough opens with it).
 """
@@ -25,7 +25,7 @@ class Config:
 
     def __init__(self, store="s3", ops=2000, seed=None, workers=3, listers=2, mount_args=(),
                  shrink_secs=180.0, hang_secs=180.0, replay=None, progress_every=0.0, verbose=True,
-                 exclude=(), big_files=False):
+                 exclude=(), big_files=False, crash=False):
         self.store, self.ops, self.workers, self.listers = store, ops, workers, listers
         self.mount_args = list(mount_args)
         if seed is None:
@@ -34,6 +34,9 @@ class Config:
         self.seed, self.shrink_secs, self.hang_secs = seed, shrink_secs, hang_secs
         self.replay, self.progress_every, self.verbose = replay, progress_every, verbose
         self.exclude, self.big_files = list(exclude), big_files
+        # End with `kill -9` of the daemon instead of an unmount, then mount again on the
+        # same mount point (its staging directory: recovery) and `bucketfs sync`.
+        self.crash = crash
         a = self.mount_args
         # On by default (the mount falls back off without root or Linux 6.9+).
         self.passthrough = "--passthrough" not in a or a[a.index("--passthrough") + 1:][:1] != ["off"]
@@ -48,8 +51,9 @@ class Config:
             return f"python3 tests/fsmodel --store {self.store} --listers {self.listers} --replay FILE{extra}"
         excl = f" --exclude {','.join(self.exclude)}" if self.exclude else ""
         big = " --big-files" if self.big_files else ""
+        crash = " --crash" if self.crash else ""
         return (f"python3 tests/fsmodel --store {self.store} --ops {self.ops} --seed {self.seed} "
-                f"--workers {self.workers} --listers {self.listers}{excl}{big}{extra}")
+                f"--workers {self.workers} --listers {self.listers}{excl}{big}{crash}{extra}")
 
 
 class Report:
@@ -94,6 +98,36 @@ def mount_status(mp: str) -> dict | None:
         return json.loads(p.out) if p.returncode == 0 else None
     except ValueError:
         return None
+
+
+def crash_and_recover(rep: Report, mp: str, args: list[str]) -> None:
+    """`kill -9` the daemon of MP (its uploads, deletes, markers and moves still pending),
+    mount ARGS again on MP (the same staging directory: the new mount recovers what the
+    dead one left) and `bucketfs sync` it. What goes wrong is a problem of the run."""
+    import signal
+    import conftest
+    pids = conftest.daemon_pids(mp)
+    st = rep.status or {}
+    rep.say(f"  crash: kill -9 of the daemon with {st.get('write_back_files', '?')} files to upload and "
+            f"{st.get('write_back_deletes', '?')} deletes or markers pending")
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while conftest.daemon_pids(mp) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    conftest.force_unmount(mp)
+    os.makedirs(mp, exist_ok=True)
+    conftest._live_mounts.add(mp)
+    r = conftest.run_cli(["mount", args[0], mp] + list(args[1:]), timeout=300)
+    if r.returncode != 0:
+        rep.problem(f"the mount after kill -9 exited {r.returncode}: {r.err.strip()[-800:]}")
+        return
+    s = conftest.run_cli(["sync", mp], timeout=300)
+    if s.returncode != 0:
+        rep.problem(f"bucketfs sync after the recovery exited {s.returncode}: {s.err.strip()[-800:]}")
 
 
 def describe_failure(r: dict, n_ops) -> str:
@@ -183,6 +217,8 @@ def run(cfg: Config) -> Report:
             lres = listers.stop()
         finally:
             rep.status = mount_status(mp)
+            if cfg.crash:
+                crash_and_recover(rep, mp, args)
             up = conftest.unmount(mp)
         rep.ops = sum(r["ops_done"] for r in results)
         rep.say(f"  {rep.ops} ops in {rep.elapsed:.1f} s: {rep.ops / max(rep.elapsed, 1e-9):.0f} ops/s; listers walked "

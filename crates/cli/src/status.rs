@@ -76,7 +76,7 @@ fn pending_now(mp: &Path) -> String {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { return String::new() };
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
     let mut s = format!(
-        "Pending: {} file(s) ({:.1} MiB) to upload, the oldest closed {}s ago; {} delete(s).",
+        "Pending: {} file(s) ({:.1} MiB) to upload, the oldest closed {}s ago; {} delete(s) or directory marker(s).",
         n("write_back_files").max(n("pending_uploads")),
         n("write_back_bytes") as f64 / (1024.0 * 1024.0),
         n("write_back_oldest_secs"),

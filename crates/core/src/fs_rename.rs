@@ -398,7 +398,21 @@ impl Fs {
         if moved.is_err() && self.write_back() {
             self.rekey_staged_moving(&below, new_key, &src.key).await; // as they were
         }
-        Ok(moved?)
+        moved?;
+        if self.write_back() {
+            // An upload to an old key that was cancelled or timed out may still land there
+            // after the listing above (a store that hung): deleted, and once more later.
+            for ino in below {
+                let Some(s) = self.staged_of_pub(ino) else { continue };
+                let mut st = s.lock().await;
+                if st.maybe_landed && st.key().is_some_and(|k| k.starts_with(new_key)) {
+                    let old = format!("{}{}", src.key, &st.key().unwrap_or_default()[new_key.len()..]);
+                    self.delete_removed(&old, true).await?;
+                    st.maybe_landed = false;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Name the pending staged files among `inos` whose keys are below `from` as they will
