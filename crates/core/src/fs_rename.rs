@@ -309,6 +309,11 @@ impl Fs {
                 // one a crash must leave, and it moves with the name.
                 if st.in_store && !st.committed() {
                     self.move_object(&src.key, new_key, None).await?;
+                    if st.maybe_landed {
+                        // An upload this rename cancelled may land after the move's delete.
+                        self.delete_removed(&src.key, true).await?;
+                        st.maybe_landed = false;
+                    }
                 } else if st.in_store || st.replaces {
                     // Journaled and sent in the background: no wait on the store (issue 48).
                     match self.delete_removed(&src.key, st.maybe_landed).await {

@@ -60,6 +60,10 @@ struct Entry {
     abort: Option<futures::future::AbortHandle>,
     attempts: u32,
     last_error: Option<(Instant, String)>,
+    /// The store refused its create-only upload (O_EXCL): another client's object holds
+    /// the key. Not tried again until the file is committed again or renamed; `bucketfs
+    /// sync` names it.
+    refused: bool,
 }
 
 /// What `bucketfs status` and the metrics show about the queue.
@@ -97,6 +101,11 @@ pub(crate) struct Queue {
     pub(crate) intents: crate::intents::Intents,
 }
 
+/// The store refused a create-only upload: the key holds another client's object.
+fn is_refused_create(err: &FsError) -> bool {
+    matches!(err, FsError::Exists) || matches!(err, FsError::Store(e) if e.kind == bucketfs_store::StoreErrorKind::Exists)
+}
+
 impl Queue {
     pub(crate) fn enqueue(&self, ino: u64, key: String, bytes: u64, delay: Duration) {
         let now = Instant::now();
@@ -112,8 +121,10 @@ impl Queue {
             abort: None,
             attempts: 0,
             last_error: None,
+            refused: false,
         });
         e.key = key;
+        e.refused = false;
         e.bytes = bytes;
         e.due = now + delay;
         e.seq = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
@@ -131,7 +142,7 @@ impl Queue {
         let now = Instant::now();
         let mut q = self.entries.lock().unwrap();
         let mut due: Vec<(Instant, u64)> =
-            q.iter().filter(|(_, e)| !e.in_flight && e.due <= now).map(|(i, e)| (e.since, *i)).collect();
+            q.iter().filter(|(_, e)| !e.in_flight && !e.refused && e.due <= now).map(|(i, e)| (e.since, *i)).collect();
         due.sort();
         let mut taken = Vec::new();
         for (_, ino) in due.into_iter().take(room) {
@@ -140,7 +151,7 @@ impl Queue {
             (e.in_flight, e.tried_at, e.abort) = (true, Some(now), Some(abort));
             taken.push((ino, e.seq, registration));
         }
-        let next = q.values().filter(|e| !e.in_flight).map(|e| e.due).min();
+        let next = q.values().filter(|e| !e.in_flight && !e.refused).map(|e| e.due).min();
         (taken, next)
     }
 
@@ -159,6 +170,13 @@ impl Queue {
                     self.uploaded.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(()) => {} // committed again meanwhile: due at its own time
+                Err(err) if is_refused_create(&err) && e.seq == seq => {
+                    tracing::error!(key = %e.key, "another client created this key first (the file was created with O_EXCL): \
+                        not uploaded, kept here; rename the file to upload it under another name");
+                    (e.refused, e.attempts) = (true, e.attempts + 1);
+                    e.last_error = Some((Instant::now(), format!("{err}: another client created it first (O_EXCL); \
+                        kept locally, rename it to upload it under another name")));
+                }
                 Err(err) => {
                     e.attempts += 1;
                     e.due = Instant::now() + retry_backoff(e.attempts);
@@ -198,7 +216,9 @@ impl Queue {
     pub(crate) fn set_key(&self, ino: u64, key: &str) {
         if let Some(e) = self.entries.lock().unwrap().get_mut(&ino) {
             e.key = key.to_string();
+            e.refused = false; // a rename replaces its target: the upload may go now
         }
+        self.work.notify_one();
     }
 
     pub(crate) fn forget(&self, ino: u64) {
@@ -441,6 +461,7 @@ impl Fs {
                     // sync began (a store that stalled, then came back) is tried again first.
                     let tried_since = e.tried_at.is_some_and(|t| t >= started);
                     match &e.last_error {
+                        Some((_, msg)) if e.refused => failed.push((e.key.clone(), msg.clone())),
                         Some((at, msg)) if *at >= started && tried_since && !e.in_flight => {
                             failed.push((e.key.clone(), msg.clone()))
                         }

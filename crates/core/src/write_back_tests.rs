@@ -804,3 +804,32 @@ async fn pending_files_of_a_journaled_move_are_recovered_under_the_new_name() {
     assert_eq!((done, failed), (vec!["e/p0".to_string(), "e/p1".to_string()], vec![]));
     assert_eq!(keys(mem.as_ref()).await, ["e/", "e/p0", "e/p1"], "the marker moved too");
 }
+
+/// Write-back O_EXCL create, and another client makes the key before the upload: the upload
+/// is refused once and not tried again (no retry storm against their object), `sync` names
+/// it, and a rename sends our bytes under the new name.
+#[tokio::test]
+async fn a_refused_exclusive_upload_waits_for_a_rename_and_sync_names_it() {
+    use bucketfs_store::PutOpts;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-refused");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let (_, fh) = fs.create(ROOT_INO, "lock", libc::O_EXCL, None).await.unwrap();
+    fs.write(fh, 0, b"ours").await.unwrap();
+    mem.put("lock", bytes::Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let failed = fs.sync_write_back().await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].1.contains("another client created it first"), "{failed:?}");
+    // Backoff would have tried again by now (1 s, then 2 s): a refusal is not retried.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let failing = fs.write_back_status().failing;
+    assert_eq!(failing.len(), 1);
+    assert_eq!(failing[0].1, 1, "attempts: {failing:?}");
+    assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]));
+    fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "lock.mine").await.as_deref(), Some(&b"ours"[..]));
+    assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]));
+}
