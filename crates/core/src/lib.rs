@@ -11,8 +11,8 @@
 //!   a mount that died left staged, uploaded by the next;
 //!   [`part_budget`]: the mount-wide bound on upload buffers; [`write_back`]: the
 //!   background upload queue of `--write-back` mounts; [`deletes`]: their deferred,
-//!   journaled deletes; `moves`: directory moves journaled so a crash never leaves both
-//!   names.
+//!   journaled deletes and directory markers; `moves`: moves (directories, files copied
+//!   then deleted) journaled so a crash never leaves both names.
 //! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
