@@ -268,7 +268,8 @@ impl Fs {
                 self.wb.set_key(ino, &node.key); // what `bucketfs status` names
                 let mut st = s.lock().await;
                 let _ = self.observe(ino, &mut st); // a failed check keeps what is known
-                if st.dirty && !st.unlinked && st.key().is_some_and(|k| k != node.key) {
+                // Clean ones too: a file the kernel writes keeps its sidecar naming the key.
+                if !st.unlinked && st.key().is_some_and(|k| k != node.key) {
                     if let Err(e) = st.set_key(&node.key) {
                         tracing::warn!(key = %node.key, "staged file's new key not recorded: {e}");
                     }
@@ -307,8 +308,10 @@ impl Fs {
                 // the inode); an older object under the old name goes now. Unless a writer
                 // is still changing it: then that object is the last closed version, the
                 // one a crash must leave, and it moves with the name.
+                // A move's journal entry lives until the sidecar names the new key, below.
+                let mut journal = None;
                 if st.in_store && !st.committed() {
-                    self.move_object(&src.key, new_key, None).await?;
+                    journal = Some(self.move_object(&src.key, new_key, None).await?);
                     if st.maybe_landed {
                         // An upload this rename cancelled may land after the move's delete.
                         self.delete_removed(&src.key, true).await?;
@@ -323,7 +326,9 @@ impl Fs {
                     }
                 }
                 st.create_only = false; // a rename replaces its target
-                return st.set_key(new_key);
+                let named = st.set_key(new_key);
+                drop(journal);
+                return named;
             }
             if st.dirty && !st.unlinked && st.in_store && self.store.capabilities().moves {
                 // Changed since its upload: the new bytes go up under the old name, then the
@@ -349,18 +354,38 @@ impl Fs {
                 }
             }
         }
-        self.move_object(&src.key, new_key, replaced).await
+        let journal = self.move_object(&src.key, new_key, replaced).await?;
+        if let Some(staged) = self.staged_of_pub(src.ino) {
+            // Its sidecar may still name the old key (a file the kernel writes keeps it
+            // named): renamed before the journal entry goes, so recovery never uploads it there.
+            let mut st = staged.lock().await;
+            if !st.unlinked && st.key() == Some(src.key.as_str()) {
+                if let Err(e) = st.set_key(new_key) {
+                    tracing::warn!(key = %new_key, "staged file's new key not recorded: {e}");
+                }
+            }
+        }
+        drop(journal);
+        Ok(())
     }
 
     /// Move one object: in one request where the store moves (Drive), else copy, then
     /// delete. `replaced`: the target's staged file (see [`Fs::move_file`]), whose key
     /// sidecar goes once the copy holds the name.
-    async fn move_object(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<(), FsError> {
+    /// Returns the move's journal entry: the caller drops it once the file's staged
+    /// sidecar names the new key (until then a crash is finished by the next mount, which
+    /// reads a staged file still named `from` as named `to`: moves.rs).
+    async fn move_object(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<crate::moves::Entry, FsError> {
         if self.store.capabilities().moves {
-            return Ok(self.store.rename(from, to).await?);
+            self.store.rename(from, to).await?;
+            return Ok(crate::moves::Entry::none());
         }
-        // Journaled: a crash between the copy and the delete is finished by the next mount.
-        let _journal = crate::moves::Entry::begin(&self.cfg.staging_dir, from, to, &[from.to_string()]);
+        let journal = crate::moves::Entry::begin(&self.cfg.staging_dir, from, to, &[from.to_string()]);
+        self.copy_then_delete(from, to, replaced).await?;
+        Ok(journal)
+    }
+
+    async fn copy_then_delete(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<(), FsError> {
         self.store.copy(from, to).await?;
         if let Some(dst) = replaced.and_then(|d| self.staged_of_pub(d)) {
             // The target's staged bytes must not be recovered over the copy should the
@@ -428,7 +453,8 @@ impl Fs {
             let mut st = s.lock().await;
             let Some(key) = st.key().filter(|k| k.starts_with(from)).map(str::to_string) else { continue };
             let _ = self.observe(ino, &mut st); // a failed check keeps what is known
-            if st.dirty && !st.unlinked {
+            if !st.unlinked {
+                // Clean ones too: a sidecar naming the old key would be uploaded there.
                 let new = format!("{to}{}", &key[from.len()..]);
                 if let Err(e) = st.set_key(&new) {
                     tracing::warn!(key = %new, "staged file's new key not recorded: {e}");

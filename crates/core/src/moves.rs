@@ -64,6 +64,13 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// No entry (a store that moves in one request).
+    pub(crate) fn none() -> Self {
+        Self { path: None }
+    }
+}
+
 impl Drop for Entry {
     fn drop(&mut self) {
         if let Some(p) = self.path.take() {
