@@ -50,7 +50,8 @@ impl Fs {
         // keys are once declared (a move of a directory above may change them meanwhile).
         let (_intent, src, target_dir) = loop {
             let (src, target_dir) = (self.node(src.ino)?, self.node(newparent)?);
-            let intent = self.wb.intents.acquire(self.rename_scopes(&src, &target_dir.key, newname), true).await;
+            let scopes = self.rename_scopes(&src, &target_dir.key, newname);
+            let intent = self.intent_cancelling(scopes, &src.key, Some((newparent, newname))).await;
             let (now_src, now_dir) = (self.node(src.ino)?, self.node(newparent)?);
             if now_src.key == src.key && now_dir.key == target_dir.key {
                 break (intent, src, target_dir);

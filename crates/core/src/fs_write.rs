@@ -858,7 +858,7 @@ impl Fs {
         self.cancel_upload(node.ino).await;
         let mut key = node.key.clone();
         let (_intent, node) = loop {
-            let intent = self.wb.intents.acquire(vec![crate::intents::Scope::Key(key.clone())], true).await;
+            let intent = self.intent_cancelling(vec![crate::intents::Scope::Key(key.clone())], &key, None).await;
             // As of now: a rename of a directory above it may have moved its key meanwhile
             // (the kernel serializes this unlink with any change of the name itself).
             match self.table.lock().unwrap().child(parent, name) {

@@ -295,6 +295,28 @@ impl Fs {
         }
     }
 
+    /// Take an exclusive intent over `scopes` for an unlink or rename of `key` (and of the
+    /// target `target`), cancelling uploads of those files that hold a conflicting one
+    /// meanwhile: an upload due at the moment of the caller's first cancel may have begun
+    /// since, and on a store that hangs it would hold the intent for minutes.
+    pub(crate) async fn intent_cancelling(
+        &self,
+        scopes: Vec<crate::intents::Scope>,
+        key: &str,
+        target: Option<(u64, &str)>,
+    ) -> crate::intents::Intent<'_> {
+        loop {
+            if let Some(i) = self.wb.intents.try_acquire(scopes.clone(), true) {
+                return i;
+            }
+            self.cancel_uploads_of(key, target).await;
+            let wait = self.wb.intents.acquire(scopes.clone(), true);
+            if let Ok(i) = tokio::time::timeout(Duration::from_millis(100), wait).await {
+                return i;
+            }
+        }
+    }
+
     /// [`Fs::cancel_upload`] of every file whose key is `key` or below it (a directory's,
     /// ending in `/`), and of the file named `name` in `parent` (a rename's target).
     pub(crate) async fn cancel_uploads_of(&self, key: &str, target: Option<(u64, &str)>) {
