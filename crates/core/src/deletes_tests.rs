@@ -77,7 +77,6 @@ async fn a_delete_pending_at_a_crash_is_done_by_the_next_mount() {
     assert_eq!(keys(mem.as_ref()).await, ["f00", "f02"]);
 }
 
-
 #[tokio::test]
 async fn mkdir_returns_before_its_marker_and_no_listing_misses_the_directory() {
     let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(150)));

@@ -269,7 +269,7 @@ impl Fs {
                 self.wb.set_key(ino, &node.key); // what `bucketfs status` names
                 let mut st = s.lock().await;
                 let _ = self.observe(ino, &mut st); // a failed check keeps what is known
-                // Clean ones too: a file the kernel writes keeps its sidecar naming the key.
+                                                    // Clean ones too: a file the kernel writes keeps its sidecar naming the key.
                 if !st.unlinked && st.key().is_some_and(|k| k != node.key) {
                     if let Err(e) = st.set_key(&node.key) {
                         tracing::warn!(key = %node.key, "staged file's new key not recorded: {e}");

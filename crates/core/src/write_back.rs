@@ -103,7 +103,8 @@ pub(crate) struct Queue {
 
 /// The store refused a create-only upload: the key holds another client's object.
 fn is_refused_create(err: &FsError) -> bool {
-    matches!(err, FsError::Exists) || matches!(err, FsError::Store(e) if e.kind == bucketfs_store::StoreErrorKind::Exists)
+    matches!(err, FsError::Exists)
+        || matches!(err, FsError::Store(e) if e.kind == bucketfs_store::StoreErrorKind::Exists)
 }
 
 impl Queue {
@@ -174,8 +175,13 @@ impl Queue {
                     tracing::error!(key = %e.key, "another client created this key first (the file was created with O_EXCL): \
                         not uploaded, kept here; rename the file to upload it under another name");
                     (e.refused, e.attempts) = (true, e.attempts + 1);
-                    e.last_error = Some((Instant::now(), format!("{err}: another client created it first (O_EXCL); \
-                        kept locally, rename it to upload it under another name")));
+                    e.last_error = Some((
+                        Instant::now(),
+                        format!(
+                            "{err}: another client created it first (O_EXCL); \
+                        kept locally, rename it to upload it under another name"
+                        ),
+                    ));
                 }
                 Err(err) => {
                     e.attempts += 1;
