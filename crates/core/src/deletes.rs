@@ -207,13 +207,7 @@ impl DeferredDeletes {
     }
 
     async fn defer_op(&self, key: &str, op: Op, again: bool) -> Result<(), StoreError> {
-        let now_instead = || async {
-            match op {
-                Op::Delete => self.inner.delete(key).await,
-                Op::Marker => self.inner.create_dir(key).await,
-            }
-        };
-        let Some(dir) = &self.journal_dir else { return now_instead().await };
+        let Some(dir) = &self.journal_dir else { return self.apply(key, op).await };
         let text = match op {
             Op::Delete => key.to_string(),
             Op::Marker => format!("m\0{key}"),
@@ -233,7 +227,7 @@ impl DeferredDeletes {
         });
         if let Err(e) = crate::recycle::write(&path, text.as_bytes()) {
             tracing::warn!(%key, ?op, "journaling a change failed ({e}): sending it now");
-            return now_instead().await;
+            return self.apply(key, op).await;
         }
         let mut p = self.pending.lock().unwrap();
         match p.get_mut(key) {
@@ -295,13 +289,18 @@ impl DeferredDeletes {
         (due, next)
     }
 
+    /// `op` on `key`, in the store itself.
+    async fn apply(&self, key: &str, op: Op) -> Result<(), StoreError> {
+        match op {
+            Op::Delete => self.inner.delete(key).await,
+            Op::Marker => self.inner.create_dir(key).await,
+        }
+    }
+
     /// One attempt at `key`'s pending change (marked in flight by the caller).
     async fn send(&self, key: String) {
         let Some((op, gen)) = self.pending.lock().unwrap().get(&key).map(|e| (e.op, e.gen)) else { return };
-        let r = match op {
-            Op::Delete => self.inner.delete(&key).await,
-            Op::Marker => self.inner.create_dir(&key).await,
-        };
+        let r = self.apply(&key, op).await;
         let mut p = self.pending.lock().unwrap();
         let Some(e) = p.get_mut(&key) else { return };
         if e.gen != gen {

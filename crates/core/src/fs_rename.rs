@@ -9,6 +9,14 @@ use super::check_new_name;
 use crate::fs::{Attr, Fs, Kind, SetAttr};
 use crate::FsError;
 
+/// Record `key` as the staged file's key in its sidecar (what crash recovery uploads, and
+/// where); a failure is logged, the rename goes on.
+fn name_staged(st: &mut crate::write::Staged, key: &str) {
+    if let Err(e) = st.set_key(key) {
+        tracing::warn!(%key, "staged file's new key not recorded: {e}");
+    }
+}
+
 /// A rename's changes to the store in progress ([`crate::inode::InodeTable::begin_move`]),
 /// over when dropped: at the end, or at an error on the way.
 struct Moving<'a>(&'a Fs, u64);
@@ -271,9 +279,7 @@ impl Fs {
                 let _ = self.observe(ino, &mut st); // a failed check keeps what is known
                                                     // Clean ones too: a file the kernel writes keeps its sidecar naming the key.
                 if !st.unlinked && st.key().is_some_and(|k| k != node.key) {
-                    if let Err(e) = st.set_key(&node.key) {
-                        tracing::warn!(key = %node.key, "staged file's new key not recorded: {e}");
-                    }
+                    name_staged(&mut st, &node.key);
                 }
             }
         }
@@ -361,9 +367,7 @@ impl Fs {
             // named): renamed before the journal entry goes, so recovery never uploads it there.
             let mut st = staged.lock().await;
             if !st.unlinked && st.key() == Some(src.key.as_str()) {
-                if let Err(e) = st.set_key(new_key) {
-                    tracing::warn!(key = %new_key, "staged file's new key not recorded: {e}");
-                }
+                name_staged(&mut st, new_key);
             }
         }
         drop(journal);
@@ -456,10 +460,7 @@ impl Fs {
             let _ = self.observe(ino, &mut st); // a failed check keeps what is known
             if !st.unlinked {
                 // Clean ones too: a sidecar naming the old key would be uploaded there.
-                let new = format!("{to}{}", &key[from.len()..]);
-                if let Err(e) = st.set_key(&new) {
-                    tracing::warn!(key = %new, "staged file's new key not recorded: {e}");
-                }
+                name_staged(&mut st, &format!("{to}{}", &key[from.len()..]));
             }
         }
     }
