@@ -10,6 +10,8 @@
 //! - [`gcs`] holds what OpenDAL's GCS service lacks: [`gcs::compose`] uploads large GCS
 //!   objects as parallel parts joined by `compose`; a transport wrapper checks generations.
 //! - [`gdrive`] is a small Google Drive v3 client (whole tree in memory, changes feed).
+//! - [`patch`] makes a new version from the current one and the changed ranges (S3
+//!   `UploadPartCopy`, GCS `compose`), for uploads that send only what changed.
 //! - [`metered`] is a decorator counting requests, errors, bytes and latency (Prometheus).
 //! - [`s3`] holds what OpenDAL's S3 service lacks, for `bucketfs cp`: [`s3::checksum`]
 //!   makes S3 confirm the crc32c of every upload; [`s3::checksum_mode`] asks S3 HEADs for
@@ -26,6 +28,7 @@ pub mod gdrive;
 pub mod location;
 pub mod metered;
 pub mod opendal_store;
+pub mod patch;
 pub mod region;
 pub mod s3;
 #[cfg(any(test, feature = "testing"))]
@@ -37,5 +40,5 @@ pub use content_type::ContentType;
 pub use error::{redact_urls, StoreError, StoreErrorKind};
 pub use types::{
     ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectChecksum, ObjectHead, ObjectMeta, ObjectWriter,
-    PutOpts, Store, StoreExt, WriteOptions,
+    Patch, PatchSource, Patched, PutOpts, Store, StoreExt, WriteOptions,
 };

@@ -24,8 +24,8 @@ use bytes::Bytes;
 use futures::Stream;
 
 use crate::{
-    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
-    StoreError, StoreErrorKind, WriteOptions,
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, Patch, Patched,
+    PutOpts, Store, StoreError, StoreErrorKind, WriteOptions,
 };
 
 /// The operations counted, in the order of [`Op::ALL`].
@@ -41,11 +41,23 @@ pub enum Op {
     Rename,
     CreateDir,
     Upload,
+    Patch,
 }
 
 impl Op {
-    pub const ALL: [Op; 10] =
-        [Op::Check, Op::Head, Op::Get, Op::List, Op::Put, Op::Delete, Op::Copy, Op::Rename, Op::CreateDir, Op::Upload];
+    pub const ALL: [Op; 11] = [
+        Op::Check,
+        Op::Head,
+        Op::Get,
+        Op::List,
+        Op::Put,
+        Op::Delete,
+        Op::Copy,
+        Op::Rename,
+        Op::CreateDir,
+        Op::Upload,
+        Op::Patch,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -59,6 +71,7 @@ impl Op {
             Op::Rename => "rename",
             Op::CreateDir => "create_dir",
             Op::Upload => "upload",
+            Op::Patch => "patch",
         }
     }
 }
@@ -111,6 +124,8 @@ pub struct Metrics {
     ops: [OpStats; Op::ALL.len()],
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
+    /// Bytes a patched upload ([`Store::patch`]) kept in the store instead of sending.
+    bytes_copied: AtomicU64,
 }
 
 /// Sums over every operation, for a human summary.
@@ -122,6 +137,7 @@ pub struct Totals {
     pub not_found: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    pub bytes_copied: u64,
 }
 
 fn op_index(op: Op) -> usize {
@@ -172,6 +188,7 @@ impl Metrics {
         let mut t = Totals {
             bytes_read: self.bytes_read.load(Relaxed),
             bytes_written: self.bytes_written.load(Relaxed),
+            bytes_copied: self.bytes_copied.load(Relaxed),
             ..Totals::default()
         };
         for op in Op::ALL {
@@ -213,6 +230,11 @@ impl Metrics {
         for (name, help, v) in [
             ("bucketfs_store_read_bytes_total", "Bytes received from the store.", self.bytes_read.load(Relaxed)),
             ("bucketfs_store_written_bytes_total", "Bytes sent to the store.", self.bytes_written.load(Relaxed)),
+            (
+                "bucketfs_store_copied_bytes_total",
+                "Bytes of new versions copied inside the store instead of sent (uploads of what changed).",
+                self.bytes_copied.load(Relaxed),
+            ),
         ] {
             let _ = write!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n");
         }
@@ -331,6 +353,22 @@ impl Store for MeteredStore {
         let t = Instant::now();
         let r = self.inner.create_dir(key).await;
         self.done(Op::CreateDir, t, r)
+    }
+
+    /// Recorded with the bytes it sent and copied; an `Unsupported` answer is no request
+    /// (the caller uploads whole).
+    async fn patch(&self, key: &str, p: Patch<'_>, opts: WriteOptions) -> Result<Patched, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.patch(key, p, opts).await;
+        match &r {
+            Err(e) if e.kind == StoreErrorKind::Unsupported => return r,
+            Ok(done) => {
+                self.metrics.add_written(done.sent);
+                self.metrics.bytes_copied.fetch_add(done.copied, Relaxed);
+            }
+            Err(_) => {}
+        }
+        self.done(Op::Patch, t, r)
     }
 
     /// The upload is recorded when the writer closes or aborts.

@@ -30,7 +30,7 @@ async fn counts_requests_errors_and_bytes() {
     assert_eq!(m.requests(Op::List), 1);
     assert_eq!(m.errors(Op::Head, StoreErrorKind::NotFound), 1);
     let t = m.totals();
-    assert_eq!(t, Totals { requests: 5, errors: 0, not_found: 1, bytes_read: 5, bytes_written: 12 });
+    assert_eq!(t, Totals { requests: 5, errors: 0, not_found: 1, bytes_read: 5, bytes_written: 12, bytes_copied: 0 });
 }
 
 #[tokio::test]

@@ -17,8 +17,8 @@ use opendal::{Metadata, Operator};
 
 use crate::gcs::compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
 use crate::{
-    ByteStream, Capabilities, FileAttrs, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts,
-    Store, StoreError, WriteOptions,
+    ByteStream, Capabilities, FileAttrs, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, Patch,
+    Patched, PutOpts, Store, StoreError, WriteOptions,
 };
 
 /// `mem://` versions: key -> (version, when its upload ended).
@@ -220,6 +220,8 @@ impl Store for OpendalStore {
             trims_segments: !self.prefix_dirs,
             keeps_attrs: cap.write_with_user_metadata,
             moves: false,
+            // S3 with native `UploadPartCopy` (not when OpenDAL checksums uploads), GCS.
+            patches: self.generation_identity || (self.op.info().scheme() == "s3" && cap.write_can_copy_from),
         }
     }
 
@@ -382,6 +384,53 @@ impl Store for OpendalStore {
         let w = req.await.map_err(created)?;
         let if_not_exists = opts.put.if_not_exists;
         Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w), if_not_exists }))
+    }
+
+    async fn patch(&self, key: &str, p: Patch<'_>, opts: WriteOptions) -> Result<Patched, StoreError> {
+        if !self.capabilities().patches || p.put.if_not_exists {
+            return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("patch {key:?}: upload whole")));
+        }
+        let t = crate::patch::Target {
+            key,
+            content_type: self.content_type_for(key),
+            metadata: crate::patch::metadata(&p.put, self.keeps_attrs()),
+            part_size: opts.part_size as u64,
+            concurrency: opts.concurrency,
+        };
+        if !self.generation_identity {
+            let op = self.upload_operator(opts.part_size as u64);
+            let (meta, sent, copied) = crate::patch::s3(&op, &t, &p).await?;
+            self.stamp(key);
+            return Ok(Patched { meta, sent, copied, pieces: None });
+        }
+        let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
+        let (base_len, len, part) = (p.base_len, p.len, opts.part_size as u64);
+        let source = p.source;
+        let upload = |tmp: String| async move {
+            let mut w = self.writer(&tmp, WriteOptions { put: PutOpts::default(), ..opts }).await?;
+            let mut at = base_len;
+            while at < len {
+                let n = part.min(len - at) as usize;
+                let data = source.read_at(at, n).map_err(|e| {
+                    StoreError::new(crate::StoreErrorKind::Other, format!("patch {key:?}: reading the new bytes: {e}"))
+                });
+                match data {
+                    Ok(d) if d.len() == n => w.write(d).await?,
+                    Ok(_) | Err(_) => {
+                        let _ = w.abort().await;
+                        return Err(StoreError::new(
+                            crate::StoreErrorKind::Other,
+                            format!("patch {key:?}: short read"),
+                        ));
+                    }
+                }
+                at += n as u64;
+            }
+            w.close().await?;
+            Ok((len - base_len).div_ceil(part).max(1) as u32)
+        };
+        let (meta, sent, pieces) = crate::patch::gcs(&compose_op, &t, &p, upload).await?;
+        Ok(Patched { meta, sent, copied: base_len, pieces })
     }
 }
 

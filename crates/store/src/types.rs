@@ -58,6 +58,9 @@ pub struct Capabilities {
     /// [`Store::rename`] moves a file, or a directory with everything below it, in one
     /// request that keeps the object itself (Google Drive).
     pub moves: bool,
+    /// [`Store::patch`] can make a new version from ranges of the current one without
+    /// sending them again (S3 and S3-compatible stores, GCS).
+    pub patches: bool,
 }
 
 impl Capabilities {
@@ -143,6 +146,52 @@ pub trait Store: Send + Sync + 'static {
     /// what the object is stored with, as for [`Store::put`]. Nothing is visible until
     /// `close` succeeds; `abort` leaves no parts behind.
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError>;
+
+    /// Make a new version of `key` from ranges of its current version, copied inside the
+    /// store, and new bytes read from `p.source`, so unchanged bytes are not sent again
+    /// (S3: a multipart upload of `UploadPartCopy` parts and new parts; GCS: the new tail
+    /// uploaded and composed after the object; see [`crate::patch`]). Only over the version
+    /// `p.base` names: if the key holds another, `Changed`, and nothing is replaced; a
+    /// failure leaves the current version as it was. `Unsupported` where the store, or this
+    /// change's shape, cannot: the caller uploads whole.
+    async fn patch(&self, key: &str, p: Patch<'_>, opts: WriteOptions) -> Result<Patched, StoreError> {
+        let _ = (p, opts);
+        Err(StoreError::new(StoreErrorKind::Unsupported, format!("patch {key:?}: {} uploads whole", self.describe())))
+    }
+}
+
+/// Reads the bytes of a new version for [`Store::patch`] (the caller's local file).
+pub trait PatchSource: Send + Sync {
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Bytes>;
+}
+
+/// A new version of an object as its differences from the current one ([`Store::patch`]).
+pub struct Patch<'a> {
+    /// The identity (ETag, GCS generation) of the version the kept ranges are from.
+    pub base: &'a str,
+    pub base_len: u64,
+    /// How many uploads the base was assembled from, if known (a GCS composite object may
+    /// have at most 1,024 components).
+    pub base_pieces: Option<u32>,
+    /// The new version's length.
+    pub len: u64,
+    /// Sorted, disjoint ranges within both lengths where the new bytes are the base's.
+    pub kept: &'a [Range<u64>],
+    pub source: &'a dyn PatchSource,
+    /// What the new version is stored with.
+    pub put: PutOpts,
+}
+
+/// What [`Store::patch`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Patched {
+    pub meta: ObjectMeta,
+    /// Bytes sent from the source.
+    pub sent: u64,
+    /// Bytes copied inside the store.
+    pub copied: u64,
+    /// How many uploads the new version is assembled from, if known.
+    pub pieces: Option<u32>,
 }
 
 /// Forms of [`Store`]'s calls that callers often want, built on them (so every wrapper

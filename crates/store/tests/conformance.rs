@@ -215,6 +215,87 @@ async fn streams_in_chunks(s: &dyn Store) {
     s.delete("streamed.bin").await.unwrap();
 }
 
+/// New bytes for a patch, from memory.
+struct Source(Bytes);
+impl bucketfs_store::PatchSource for Source {
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Bytes> {
+        Ok(self.0.slice(offset as usize..offset as usize + len))
+    }
+}
+
+/// Stores that patch ([`Store::patch`]): an append, and on S3 an edit in the middle, make
+/// exactly the new bytes while sending only the changed ones; a patch over a version the key
+/// no longer holds is refused and replaces nothing.
+async fn patches(s: &dyn Store, middle: bool) {
+    use bucketfs_store::{Patch, Patched};
+    const M: usize = 1024 * 1024;
+    assert!(s.capabilities().patches, "{}", s.describe());
+    let base: Bytes = (0..12 * M as u32).map(|i| (i % 253) as u8).collect::<Vec<_>>().into();
+    let opts = WriteOptions::default();
+    let mut w = s.writer("patched", opts).await.unwrap();
+    w.write(base.clone()).await.unwrap();
+    let m0 = w.close().await.unwrap();
+    let e0 = m0.etag.clone().expect("an identity");
+    let patch = |new: &Bytes, kept: &[std::ops::Range<u64>], base: String, base_len: u64| {
+        let (new, kept) = (new.clone(), kept.to_vec());
+        async move {
+            let src = Source(new.clone());
+            let p = Patch {
+                base: &base,
+                base_len,
+                base_pieces: None,
+                len: new.len() as u64,
+                kept: &kept,
+                source: &src,
+                put: PutOpts::default(),
+            };
+            s.patch("patched", p, opts).await
+        }
+    };
+    // An append: the old object kept, 16 KiB sent.
+    let mut v1 = base.to_vec();
+    v1.extend((0..16384u32).map(|i| (i % 7) as u8));
+    let v1 = Bytes::from(v1);
+    let Patched { meta, sent, copied, .. } =
+        patch(&v1, &[0..base.len() as u64], e0.clone(), base.len() as u64).await.unwrap();
+    assert_eq!((sent, copied), (16384, base.len() as u64), "{}", s.describe());
+    assert_eq!(meta.size, v1.len() as u64);
+    let e1 = meta.etag.clone().expect("the new identity");
+    assert_ne!(e1, e0);
+    assert_eq!(s.read("patched").await.unwrap(), v1, "{}: the appended object", s.describe());
+    assert_eq!(s.stat("patched").await.unwrap().etag.as_deref(), Some(e1.as_str()));
+    // Over a version the key no longer holds: refused, nothing replaced.
+    let mut v2 = v1.to_vec();
+    v2.extend_from_slice(b"more");
+    let v2 = Bytes::from(v2);
+    let stale = patch(&v2, &[0..v1.len() as u64], e0.clone(), v1.len() as u64).await.unwrap_err();
+    assert_eq!(stale.kind, StoreErrorKind::Changed, "{}: {stale}", s.describe());
+    assert_eq!(s.read("patched").await.unwrap(), v1);
+    if !middle {
+        let at = 6 * M as u64;
+        let e = patch(&v1, &[0..at, at + 1..v1.len() as u64], e1.clone(), v1.len() as u64).await.unwrap_err();
+        assert_eq!(e.kind, StoreErrorKind::Unsupported, "{}", s.describe());
+        return;
+    }
+    // One byte in the middle: a part around it sent, the rest copied.
+    let mut v3 = v1.to_vec();
+    let at = 6 * M;
+    v3[at] ^= 0xff;
+    let v3 = Bytes::from(v3);
+    let kept = [0..at as u64, at as u64 + 1..v3.len() as u64];
+    let done = patch(&v3, &kept, e1.clone(), v1.len() as u64).await.unwrap();
+    assert_eq!(done.sent + done.copied, v3.len() as u64);
+    assert!(done.copied >= 6 * M as u64, "{}: copied {}", s.describe(), done.copied);
+    assert_eq!(s.read("patched").await.unwrap(), v3, "{}: the edited object", s.describe());
+    // A truncation keeps a prefix.
+    let v4 = v3.slice(..7 * M);
+    let e3 = done.meta.etag.unwrap();
+    let done = patch(&v4, &[0..7 * M as u64], e3, v3.len() as u64).await.unwrap();
+    assert_eq!((done.sent, done.copied), (0, 7 * M as u64));
+    assert_eq!(s.read("patched").await.unwrap(), v4, "{}: the truncated object", s.describe());
+    s.delete("patched").await.unwrap();
+}
+
 fn required(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(v) if !v.is_empty() => Some(v),
@@ -234,6 +315,7 @@ fn unique(name: &str) -> String {
 #[tokio::test]
 async fn memstore_double() {
     conformance(Arc::new(MemStore::new())).await;
+    patches(&MemStore::new().with_patches(), true).await;
 }
 
 #[tokio::test]
@@ -288,6 +370,7 @@ async fn minio() {
     conformance(location::open(&loc, &opts).unwrap()).await;
     streams_in_chunks(location::open(&loc, &opts).unwrap().as_ref()).await;
     digests(location::open(&loc, &opts).unwrap().as_ref(), true, false).await;
+    patches(location::open(&loc, &opts).unwrap().as_ref(), true).await;
     let parts = Location::S3 { bucket, prefix: format!("{prefix}.bucketfs-parts/") };
     no_parts_left(location::open(&parts, &opts).unwrap()).await;
 }
@@ -302,6 +385,7 @@ async fn gcs_emulator() {
     conformance(location::open(&loc, &opts).unwrap()).await;
     streams_in_chunks(location::open(&loc, &opts).unwrap().as_ref()).await;
     digests(location::open(&loc, &opts).unwrap().as_ref(), false, true).await;
+    patches(location::open(&loc, &opts).unwrap().as_ref(), false).await;
     let parts = Location::Gcs { bucket, prefix: format!("{prefix}.bucketfs-parts/") };
     no_parts_left(location::open(&parts, &opts).unwrap()).await;
 }

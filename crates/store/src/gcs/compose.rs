@@ -99,7 +99,7 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
 
 /// A fresh id for one upload's temporary directory: time, process and a counter, so two
 /// writers (in this process or another) never share one.
-fn upload_id() -> String {
+pub(crate) fn upload_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();

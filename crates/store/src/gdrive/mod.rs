@@ -387,6 +387,7 @@ impl Store for GdriveStore {
             trims_segments: false,
             keeps_attrs: true,
             moves: true,
+            patches: false,
         }
     }
 

@@ -163,4 +163,9 @@ impl Store for FailStore {
         self.gate(Op::Upload)?;
         self.inner.writer(key, opts).await
     }
+    async fn patch(&self, key: &str, p: crate::Patch<'_>, opts: WriteOptions) -> Result<crate::Patched, StoreError> {
+        self.gate(Op::Patch)?;
+        let held = self.held(Op::Patch);
+        Self::answer_when_allowed(held, self.inner.patch(key, p, opts).await).await
+    }
 }

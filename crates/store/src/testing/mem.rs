@@ -12,8 +12,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use crate::{
-    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
-    StoreError, WriteOptions,
+    ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, Patch, Patched,
+    PutOpts, Store, StoreError, WriteOptions,
 };
 use std::sync::Arc;
 
@@ -42,6 +42,11 @@ pub struct MemStore {
     no_if_match: bool,
     /// Report [`Capabilities::moves`] and move in one request, keeping ETags, as Drive does.
     moves: bool,
+    /// Report [`Capabilities::patches`] and build patched versions ([`Store::patch`]).
+    patches: bool,
+    /// Bytes [`Store::patch`] read from its sources, and kept from the base.
+    pub patch_sent: AtomicU64,
+    pub patch_copied: AtomicU64,
 }
 
 impl MemStore {
@@ -72,6 +77,13 @@ impl MemStore {
     /// ([`Capabilities::moves`]), as Google Drive does.
     pub fn with_moves(mut self) -> Self {
         self.moves = true;
+        self
+    }
+
+    /// Make new versions from the kept ranges of the current one ([`Store::patch`]), as S3
+    /// does with `UploadPartCopy` (any shape here).
+    pub fn with_patches(mut self) -> Self {
+        self.patches = true;
         self
     }
 
@@ -122,6 +134,7 @@ impl Store for MemStore {
             trims_segments: false,
             keeps_attrs: true,
             moves: self.moves,
+            patches: self.patches,
         }
     }
 
@@ -255,6 +268,25 @@ impl Store for MemStore {
             buf: Vec::new(),
             opts: opts.put,
         }))
+    }
+
+    async fn patch(&self, key: &str, p: Patch<'_>, _opts: WriteOptions) -> Result<Patched, StoreError> {
+        if !self.patches {
+            return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("patch {key:?}")));
+        }
+        self.request().await;
+        let (base, etag, _) = self.snapshot(key).ok_or_else(|| StoreError::not_found(key))?;
+        if etag != p.base || base.len() as u64 != p.base_len {
+            return Err(StoreError::new(crate::StoreErrorKind::Changed, format!("patch {key:?}: changed")));
+        }
+        let data = crate::patch::assemble(&base, &p)
+            .map_err(|e| StoreError::new(crate::StoreErrorKind::Other, format!("patch {key:?}: {e}")))?;
+        let copied: u64 = p.kept.iter().map(|r| r.end - r.start).sum();
+        let sent = p.len - copied;
+        self.patch_sent.fetch_add(sent, Ordering::Relaxed);
+        self.patch_copied.fetch_add(copied, Ordering::Relaxed);
+        let meta = store_object(&self.objects, &self.attrs, &self.next_etag, key, data, p.put)?;
+        Ok(Patched { meta, sent, copied, pieces: p.base_pieces.map(|n| n + 1) })
     }
 }
 
