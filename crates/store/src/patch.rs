@@ -288,6 +288,7 @@ pub fn metadata(put: &PutOpts, keeps_attrs: bool) -> Option<std::collections::Ha
 }
 
 #[cfg(test)]
+#[allow(clippy::single_range_in_vec_init)] // one kept range is the usual patch
 mod tests {
     use super::*;
 

@@ -2,6 +2,7 @@
 //! and fs services, MinIO (`BUCKETFS_TEST_S3_ENDPOINT`) and the GCS emulator
 //! (`BUCKETFS_TEST_GCS_ENDPOINT`), and our Drive client against the Drive emulator
 //! (`BUCKETFS_TEST_DRIVE_ENDPOINT`). Under CI the servers are required, not skipped.
+#![allow(clippy::single_range_in_vec_init)] // one kept range is the usual patch
 
 use std::sync::Arc;
 
