@@ -4,7 +4,8 @@ test_cp.py: a store that does not echo checksums, a body damaged on the way).
 
 `HttpProxy(upstream)` listens on a free loopback port (`.url`, for `--endpoint`), forwards
 each request to `upstream` as it came (headers, body) and keeps (method, path, lowercased
-request headers) of every request in `.requests` (`.take()` returns and clears them). On
+request headers) of every request in `.requests` (`.take()` returns and clears them), and
+counts the request bodies' bytes in `.sent` (what a client uploaded, measured outside it). On
 the way back it can drop answer headers (`drop`) and flip one byte of the body of the
 first `flip_gets` GET answers with a body. It buffers whole bodies: for test-sized objects.
 Use it as a context manager, or call `.close()`.
@@ -27,7 +28,8 @@ class HttpProxy:
         dropped = {h.lower() for h in drop} | HOP
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._lock = threading.Lock()
-        seen, lock, flips = self.requests, self._lock, [flip_gets]
+        self._sent = [0]
+        seen, lock, flips, sent = self.requests, self._lock, [flip_gets], self._sent
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -40,6 +42,7 @@ class HttpProxy:
                 body = self.rfile.read(n) if n else None
                 with lock:
                     seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
+                    sent[0] += n
                 c = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
                 c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
                 r = c.getresponse()
@@ -77,6 +80,12 @@ class HttpProxy:
             out = list(self.requests)
             self.requests.clear()
         return out
+
+    @property
+    def sent(self) -> int:
+        """Request body bytes forwarded so far."""
+        with self._lock:
+            return self._sent[0]
 
     def close(self):
         self.server.shutdown()

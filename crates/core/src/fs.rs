@@ -503,3 +503,6 @@ mod integrity_tests;
 #[cfg(test)]
 #[path = "economy_tests.rs"]
 mod economy_tests;
+#[cfg(test)]
+#[path = "patch_tests.rs"]
+mod patch_tests;

@@ -87,7 +87,7 @@ pub async fn recover(
             let size = len.map_or(size, |n| n.min(size));
             let _share = budget.upload(size, opts).await;
             let mut w = store.writer(&key, opts).await?;
-            if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts).await {
+            if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts, None).await {
                 let _ = w.abort().await;
                 return Err(e);
             }

@@ -46,6 +46,7 @@ use bucketfs_store::{
 use bytes::Bytes;
 
 use crate::part_budget::PartBudget;
+use crate::write_patch::{Stored, Sums};
 use crate::FsError;
 
 /// State of one staged inode. Guarded by the `tokio::sync::Mutex` that holds it
@@ -110,6 +111,9 @@ pub struct Staged {
     /// The last committed version, while it may not be in the bucket: its length, and
     /// where it is (see the module doc).
     base: Option<Base>,
+    /// The version the bucket holds of these bytes, as this mount last stored or read it:
+    /// the next upload sends only the blocks that differ from it (write_patch.rs).
+    stored: Option<Stored>,
 }
 
 /// Where the last committed version is, while the bytes change after it.
@@ -154,6 +158,8 @@ struct Eager {
     /// For a file the kernel writes (passthrough), where a part sent may change after: the
     /// CRC32C of each part sent, checked against the file before the upload completes.
     crcs: Option<Vec<u32>>,
+    /// The sums of what it sent, for [`Staged::stored`].
+    sums: Sums,
     /// Its part buffers' room in the mount's upload budget.
     _share: crate::part_budget::Share,
 }
@@ -189,6 +195,7 @@ impl Staged {
             maybe_landed: false,
             seen: None,
             base: None,
+            stored: None,
         })
     }
 
@@ -217,6 +224,7 @@ impl Staged {
     ) -> Result<(), FsError> {
         const CHUNK: u64 = 8 * 1024 * 1024; // one part: bounded memory, few requests
         let mut off = 0;
+        let mut sums = Sums::default();
         while off < size {
             let end = (off + CHUNK).min(size);
             let _room = self.budget.buffer(end - off).await; // until written out
@@ -225,9 +233,17 @@ impl Staged {
                 return Err(FsError::Stale(format!("{key} changed while it was being opened")));
             }
             self.file.write_all_at(&data, off).map_err(local)?;
+            sums.record(off, &data);
             off = end;
         }
         self.size = size;
+        self.stored = etag.map(|e| Stored {
+            key: key.to_string(),
+            identity: e.to_string(),
+            len: size,
+            pieces: None,
+            sums: sums.finish(size),
+        });
         Ok(())
     }
 
@@ -654,13 +670,18 @@ impl Staged {
             if self.size < part || !(self.appends_only || self.watched()) {
                 return Ok(());
             }
+            // The bucket holds a version to patch: close sends only what changed.
+            if self.patchable(store, key) {
+                return Ok(());
+            }
             // No share free now: the file goes up at close instead (never wait here, with
             // a writer that may keep the file open for hours: see part_budget.rs).
             let Some(share) = self.budget.eager(opts) else { return Ok(()) };
             let put = self.put_opts(attrs);
             let writer = store.writer(key, WriteOptions { put, ..opts }).await?;
             let crcs = self.watched().then(Vec::new);
-            self.eager = Some(Eager { key: key.to_string(), put, writer, sent: 0, crcs, _share: share });
+            let sums = Sums::default();
+            self.eager = Some(Eager { key: key.to_string(), put, writer, sent: 0, crcs, sums, _share: share });
         }
         let Some(e) = self.eager.as_mut() else { return Ok(()) };
         if e.key != key {
@@ -673,6 +694,7 @@ impl Staged {
             if let Some(crcs) = e.crcs.as_mut() {
                 crcs.push(crc32c::crc32c(&buf));
             }
+            e.sums.record(e.sent, &buf);
             if let Err(err) = e.writer.write(buf.into()).await {
                 self.eager_abandon();
                 return Err(err.into());
@@ -683,7 +705,8 @@ impl Staged {
     }
 
     /// Upload the staged bytes to `key`; returns the new object's metadata.
-    /// `attrs` (mode, owner, mtime) go with it where the store keeps them.
+    /// `attrs` (mode, owner, mtime) go with it where the store keeps them. Where the bucket
+    /// holds a version this mount stored or read, only what changed is sent (write_patch.rs).
     pub async fn upload(
         &mut self,
         store: &dyn Store,
@@ -694,6 +717,7 @@ impl Staged {
         self.settle()?;
         self.observe()?;
         let gen = self.write_gen;
+        let size = self.size;
         let put = self.put_opts(attrs);
         if self.eager.as_ref().is_some_and(|e| e.put != put) {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
@@ -704,9 +728,20 @@ impl Staged {
             let mut e = e;
             let _ = e.writer.abort().await;
         }
-        let result = match eager {
-            Some(mut e) => {
-                let r = self.send_range(e.writer.as_mut(), e.sent, opts).await;
+        let mut sums = Sums::default();
+        let mut pieces = Some(size.div_ceil(opts.part_size as u64).max(1) as u32);
+        let patched = match eager {
+            None => self.patch(store, key, opts, put, &mut sums).await,
+            Some(_) => None,
+        };
+        let result = match (patched, eager) {
+            (Some(r), _) => r.map(|done| {
+                pieces = done.pieces;
+                done.meta
+            }),
+            (None, Some(mut e)) => {
+                let r = send_file(&self.file, e.sent, self.size, e.writer.as_mut(), opts, Some(&mut e.sums)).await;
+                sums = std::mem::take(&mut e.sums);
                 match r {
                     Ok(()) => e.writer.close().await.map_err(FsError::from),
                     Err(err) => {
@@ -715,16 +750,17 @@ impl Staged {
                     }
                 }
             }
-            None if self.size <= opts.part_size as u64 => {
+            (None, None) if self.size <= opts.part_size as u64 => {
                 // One part or less: a single PUT is one round trip instead of three.
                 let _share = self.budget.upload(self.len(), opts).await;
                 let data = self.read(0, self.size as u32)?;
+                sums.record(0, &data);
                 store.put(key, data, put).await.map_err(FsError::from)
             }
-            None => {
+            (None, None) => {
                 let _share = self.budget.upload(self.size, opts).await;
                 let mut w = store.writer(key, WriteOptions { put, ..opts }).await?;
-                match self.send_range(w.as_mut(), 0, opts).await {
+                match send_file(&self.file, 0, self.size, w.as_mut(), opts, Some(&mut sums)).await {
                     Ok(()) => w.close().await.map_err(FsError::from),
                     Err(err) => {
                         let _ = w.abort().await;
@@ -750,6 +786,13 @@ impl Staged {
         self.in_store = true;
         self.replaces = false;
         self.create_only = false;
+        self.stored = meta.etag.clone().map(|identity| Stored {
+            key: key.to_string(),
+            identity,
+            len: size,
+            pieces,
+            sums: sums.finish(size),
+        });
         self.observe()?; // a passthrough write during the upload keeps the file dirty
         if self.write_gen == gen && self.watched() {
             // The kernel may still change it: the key stays named, committed as of now.
@@ -782,8 +825,64 @@ impl Staged {
         })
     }
 
-    async fn send_range(&self, w: &mut dyn ObjectWriter, from: u64, opts: WriteOptions) -> Result<(), FsError> {
-        send_file(&self.file, from, self.size, w, opts).await
+    /// Whether an upload to `key` may patch the version the bucket holds ([`Store::patch`]).
+    fn patchable(&self, store: &dyn Store, key: &str) -> bool {
+        !self.create_only
+            && store.capabilities().patches
+            && self.stored.as_ref().is_some_and(|s| s.key == key && s.len >= crate::write_patch::MIN_PATCH)
+    }
+
+    /// Send only what changed since the stored version, recording the new version's sums;
+    /// `None` where a whole upload is the way (nothing worth keeping, the store cannot, or
+    /// the version changed: then the last upload wins, as with any upload).
+    async fn patch(
+        &mut self,
+        store: &dyn Store,
+        key: &str,
+        opts: WriteOptions,
+        put: PutOpts,
+        sums: &mut Sums,
+    ) -> Option<Result<bucketfs_store::Patched, FsError>> {
+        if !self.patchable(store, key) {
+            return None;
+        }
+        let stored = self.stored.clone()?;
+        let kept = match stored.kept(&self.file, self.size) {
+            Ok(k) => k,
+            Err(e) => return Some(Err(local(e))),
+        };
+        let keep: u64 = kept.iter().map(|r| r.end - r.start).sum();
+        if keep < crate::write_patch::MIN_PATCH {
+            return None;
+        }
+        let _share = self.budget.upload(self.size - keep, opts).await;
+        let source = crate::write_patch::Source { file: &self.file, sums: Default::default() };
+        let p = bucketfs_store::Patch {
+            base: &stored.identity,
+            base_len: stored.len,
+            base_pieces: stored.pieces,
+            len: self.size,
+            kept: &kept,
+            source: &source,
+            put,
+        };
+        match store.patch(key, p, opts).await {
+            Ok(done) => {
+                stored.keep_into(&kept, sums);
+                sums.overlay(source.sums.into_inner().unwrap_or_else(|e| e.into_inner()));
+                Some(Ok(done))
+            }
+            Err(e) if matches!(e.kind, StoreErrorKind::Unavailable | StoreErrorKind::RateLimited) => {
+                Some(Err(e.into()))
+            }
+            Err(e) => {
+                if e.kind != StoreErrorKind::Unsupported {
+                    tracing::info!(key, "uploading the whole file: {e}");
+                }
+                self.stored = None;
+                None
+            }
+        }
     }
 }
 
@@ -826,12 +925,16 @@ pub(crate) async fn send_file(
     size: u64,
     w: &mut dyn ObjectWriter,
     opts: WriteOptions,
+    mut sums: Option<&mut Sums>,
 ) -> Result<(), FsError> {
     let mut off = from;
     while off < size {
         let n = (opts.part_size as u64).min(size - off) as usize;
         let mut buf = vec![0u8; n];
         file.read_exact_at(&mut buf, off).map_err(local)?;
+        if let Some(s) = sums.as_deref_mut() {
+            s.record(off, &buf);
+        }
         w.write(buf.into()).await?;
         off += n as u64;
     }
