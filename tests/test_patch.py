@@ -11,14 +11,19 @@ to the store counted outside bucketfs by a proxy in front of MinIO / the GCS emu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import random
+import threading
+import time
 
 import pytest
 
 import seed
-from conftest import Bucket, mounted, require_bin, require_store
+from conftest import Bucket, mount, mounted, require_bin, require_store, run_cli, unmount
+from test_write_back_promises import kill_daemon, remount, sync
 from proxykit import HttpProxy
 
 MIB = 1024 * 1024
@@ -63,6 +68,10 @@ def test_an_appender_that_fsyncs_sends_what_it_appended_and_each_fsync_is_durabl
                 sent = proxy.sent - before
             finally:
                 os.close(fd)
+            p = run_cli(["status", "--json", mp])
+            assert p.returncode == 0, p.err
+            kept = json.loads(p.out)["bytes_copied"]
+            assert kept >= 100 * 64 * MIB, f"status counts {kept} bytes kept in the store"
         # 1.6 MiB appended; whole uploads would have sent 6.5 GB.
         assert sent <= 12 * MIB, f"the appends sent {sent / MIB:.1f} MiB"
         assert seed.get(store, b.name, "events.log") == bytes(want)
@@ -119,4 +128,77 @@ def test_a_version_replaced_by_another_client_is_never_patched(store):
         assert seed.get(store, b.name, "f") == mine + b"appended", "the last upload wins, whole"
     finally:
         proxy.close()
+        b.cleanup()
+
+
+def appender(path: str, want: bytearray, attempted: list[int], done: list[int], rng: random.Random,
+             stop: threading.Event) -> None:
+    """Append 16 KiB and fsync until the mount goes away (or `stop`), noting the length each
+    fsync was asked for and each one that returned."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError:
+        return
+    try:
+        while not stop.is_set():
+            chunk = rng.randbytes(16 * 1024)
+            os.write(fd, chunk)
+            want += chunk
+            attempted.append(len(want))
+            os.fsync(fd)
+            done.append(len(want))
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+def test_kill_9_during_appends_leaves_a_whole_version_and_no_temporary_objects(store, tmp_path):
+    """An appender fsyncing a 24 MiB file while the daemon is killed at random moments: the
+    object is always one whole fsync'd (or in-flight) version, never less than the last
+    fsync that returned; after the remount and `bucketfs sync`, no temporary object of an
+    append is left in the bucket."""
+    require_store(store)
+    require_bin()
+    b = Bucket(store)
+    rng = random.Random(99)
+    args = [seed.mount_url(store, b.name), *seed.mount_extra_args(store), "--disk-cache-mib", "0",
+            "--staging-dir", str(tmp_path / "staging")]
+    mp = mount(args)
+    path = os.path.join(mp, "train.log")
+    want = bytearray(rng.randbytes(24 * MIB))
+    try:
+        with open(path, "wb") as f:
+            f.write(want)
+            f.flush()
+            os.fsync(f.fileno())
+        for rnd in range(6):
+            attempted: list[int] = []
+            done: list[int] = [len(want)]
+            stop = threading.Event()
+            t = threading.Thread(target=appender, args=(path, want, attempted, done, rng, stop))
+            t.start()
+            time.sleep(rng.uniform(0.05, 0.6))
+            kill_daemon(mp)
+            stop.set()
+            t.join(60)
+            assert not t.is_alive(), "the writer hung after the kill"
+            got = seed.get(store, b.name, "train.log")
+            assert got == bytes(want[:len(got)]), f"round {rnd}: the object is not a version that was written"
+            assert len(got) >= done[-1], f"round {rnd}: {len(got)} bytes, less than the fsync that returned"
+            assert len(got) in set(attempted) | set(done), f"round {rnd}: {len(got)} bytes, no fsync's length"
+            remount(mp, args)
+            r = sync(mp)
+            assert r.returncode == 0, f"round {rnd}: sync: {r.err}"
+            parts = seed.list_keys(store, b.name, ".bucketfs-parts/")
+            assert not parts, f"round {rnd}: temporary objects left: {parts[:5]}"
+            got = seed.get(store, b.name, "train.log")
+            assert got == bytes(want[:len(got)]) and len(got) >= done[-1], f"round {rnd}: after recovery"
+            assert os.path.getsize(path) == len(got), f"round {rnd}: the mount shows another length"
+            del want[len(got):]
+        print(f"{store}: the file ended at {len(want) / MIB:.2f} MiB")
+    finally:
+        unmount(mp)
         b.cleanup()

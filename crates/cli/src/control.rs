@@ -39,6 +39,9 @@ pub struct Status {
     pub not_found: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Bytes of new versions kept in the store (copied there) instead of sent again: what
+    /// uploads of only what changed saved.
+    pub bytes_copied: u64,
     /// Write-back mode, and its queue: files and bytes closed but not yet uploaded, the
     /// oldest one's age, files uploaded since mount, and each failing file (key, attempts, error).
     pub write_back: bool,
@@ -91,7 +94,7 @@ impl Status {
         format!(
             "mount point:      {}\nstore:            {}{endpoint}{ro}\nprocess:          {}, up {}s\n\
              pending uploads:  {} ({} staged files)\nmemory cache:     {} of {}\ndisk cache:       {disk}\n\
-             store requests:   {} since mount, {} errors, {} not found\ntransferred:      {} read, {} written\n",
+             store requests:   {} since mount, {} errors, {} not found\ntransferred:      {} read, {} written, {} kept in the store (not sent again)\n",
             self.mountpoint,
             self.store,
             self.pid,
@@ -105,6 +108,7 @@ impl Status {
             self.not_found,
             mib(self.bytes_read),
             mib(self.bytes_written),
+            mib(self.bytes_copied),
         ) + &self.write_back_text()
             + &if self.passthrough {
                 format!(

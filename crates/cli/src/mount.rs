@@ -236,6 +236,8 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             return Err(e);
         }
     }
+    // Temporary objects in the bucket carry this mount point's tag (see recover_staged).
+    bucketfs_store::gcs::compose::set_parts_owner(&bucketfs_core::recovery::parts_owner(&cfg.staging_dir));
     let fs = Fs::new(store, cfg);
     // Staged data an earlier mount of this mount point could not upload (a crash, or a
     // store that was down at unmount) goes up before anything else.

@@ -45,6 +45,7 @@ impl Observed {
             not_found: t.not_found,
             bytes_read: t.bytes_read,
             bytes_written: t.bytes_written,
+            bytes_copied: t.bytes_copied,
             write_back: self.fs.write_back(),
             write_back_files: wb.files,
             write_back_bytes: wb.bytes,

@@ -495,6 +495,20 @@ impl Store for DeferredDeletes {
         self.drain_under(key).await?;
         self.inner.writer(key, opts).await
     }
+
+    async fn patch(
+        &self,
+        key: &str,
+        p: bucketfs_store::Patch<'_>,
+        opts: WriteOptions,
+    ) -> Result<bucketfs_store::Patched, StoreError> {
+        self.drain_under(key).await?;
+        self.inner.patch(key, p, opts).await
+    }
+
+    async fn clean_parts(&self, owner: &str) -> Result<usize, StoreError> {
+        self.inner.clean_parts(owner).await
+    }
 }
 
 #[cfg(test)]

@@ -599,6 +599,13 @@ impl Fs {
         // Directory moves a crash cut short first: staged files may be named below their
         // new directories already (moves.rs).
         let moved = crate::moves::replay(&self.cfg.staging_dir, self.store.as_ref()).await;
+        // Temporary objects of uploads a crash cut short (before any upload of this mount).
+        let owner = crate::recovery::parts_owner(&self.cfg.staging_dir);
+        match self.store.clean_parts(&owner).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(n, "deleted temporary objects an earlier mount left in the bucket"),
+            Err(e) => tracing::warn!("cannot delete temporary objects an earlier mount left: {e}"),
+        }
         let r = crate::recovery::recover(
             &self.cfg.staging_dir,
             self.store.as_ref(),

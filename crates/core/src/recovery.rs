@@ -18,6 +18,16 @@ use crate::part_budget::PartBudget;
 use crate::write::{local, send_file, unique, Stamp};
 use crate::FsError;
 
+/// The tag of this mount point's temporary objects in the bucket (parts of uploads, tails
+/// of appends): its host and staging directory, which one process at a time holds (the
+/// staging lock), so the next mount of it may delete what a crash left (`Fs::recover_staged`).
+pub fn parts_owner(staging_dir: &Path) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let dir = std::fs::canonicalize(staging_dir).unwrap_or_else(|_| staging_dir.to_path_buf());
+    let id = format!("{}\0{}", host.trim(), dir.display());
+    format!("m{:08x}", crc32c::crc32c(id.as_bytes()))
+}
+
 /// Upload what a crashed (or failed) earlier mount left staged in `dir`; returns the keys
 /// uploaded and the keys that still failed (their files stay for the next try).
 /// `moved`: directory moves a crash cut short (moves.rs): a sidecar naming a key below a

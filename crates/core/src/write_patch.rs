@@ -159,6 +159,7 @@ impl bucketfs_store::PatchSource for Source<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::single_range_in_vec_init)] // one kept range is the usual case
 mod tests {
     use super::*;
 

@@ -371,6 +371,10 @@ impl Store for MeteredStore {
         self.done(Op::Patch, t, r)
     }
 
+    async fn clean_parts(&self, owner: &str) -> Result<usize, StoreError> {
+        self.inner.clean_parts(owner).await
+    }
+
     /// The upload is recorded when the writer closes or aborts.
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         let t = Instant::now();

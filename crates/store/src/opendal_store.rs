@@ -386,6 +386,25 @@ impl Store for OpendalStore {
         Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w), if_not_exists }))
     }
 
+    async fn clean_parts(&self, owner: &str) -> Result<usize, StoreError> {
+        if !self.prefix_dirs || owner.is_empty() {
+            return Ok(0);
+        }
+        let mine = format!("{PARTS_PREFIX}{owner}-");
+        let err = |e| StoreError::from_opendal("list", PARTS_PREFIX, e);
+        let mut lister = self.op.lister_with(PARTS_PREFIX).recursive(true).await.map_err(err)?;
+        let mut keys = Vec::new();
+        while let Some(entry) = lister.try_next().await.map_err(err)? {
+            if entry.path().starts_with(&mine) && !entry.path().ends_with('/') {
+                keys.push(entry.path().to_string());
+            }
+        }
+        for k in &keys {
+            self.op.delete(k).await.map_err(|e| StoreError::from_opendal("delete", k, e))?;
+        }
+        Ok(keys.len())
+    }
+
     async fn patch(&self, key: &str, p: Patch<'_>, opts: WriteOptions) -> Result<Patched, StoreError> {
         if !self.capabilities().patches || p.put.if_not_exists {
             return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("patch {key:?}: upload whole")));

@@ -158,6 +158,14 @@ pub trait Store: Send + Sync + 'static {
         let _ = (p, opts);
         Err(StoreError::new(StoreErrorKind::Unsupported, format!("patch {key:?}: {} uploads whole", self.describe())))
     }
+
+    /// Delete the temporary objects (parts, tails of appends) that an earlier process with
+    /// this owner tag left behind (see `gcs::compose::set_parts_owner`): it was killed inside
+    /// an upload. Only call it while no upload of this owner runs. Returns how many.
+    async fn clean_parts(&self, owner: &str) -> Result<usize, StoreError> {
+        let _ = owner;
+        Ok(0)
+    }
 }
 
 /// Reads the bytes of a new version for [`Store::patch`] (the caller's local file).

@@ -97,14 +97,25 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
     }
 }
 
-/// A fresh id for one upload's temporary directory: time, process and a counter, so two
-/// writers (in this process or another) never share one.
+/// The owner tag of this process's temporary objects ([`set_parts_owner`]).
+static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Name every temporary directory this process makes `<owner>-<id>`, so the next process
+/// with the same owner (the next mount of the same mount point) can delete what a crash
+/// left ([`crate::Store::clean_parts`]). Set once, before the first upload.
+pub fn set_parts_owner(owner: &str) {
+    let _ = OWNER.set(owner.to_string());
+}
+
+/// A fresh id for one upload's temporary directory: owner, time, process and a counter, so
+/// two writers (in this process or another) never share one.
 pub(crate) fn upload_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{nanos:x}-{:x}-{n:x}", std::process::id())
+    let owner = OWNER.get().map(|o| format!("{o}-")).unwrap_or_default();
+    format!("{owner}{nanos:x}-{:x}-{n:x}", std::process::id())
 }
 
 /// See the module docs.

@@ -163,6 +163,9 @@ impl Store for FailStore {
         self.gate(Op::Upload)?;
         self.inner.writer(key, opts).await
     }
+    async fn clean_parts(&self, owner: &str) -> Result<usize, StoreError> {
+        self.inner.clean_parts(owner).await
+    }
     async fn patch(&self, key: &str, p: crate::Patch<'_>, opts: WriteOptions) -> Result<crate::Patched, StoreError> {
         self.gate(Op::Patch)?;
         let held = self.held(Op::Patch);
