@@ -9,6 +9,13 @@ completion latency (ms); for buffered writes with one fsync at the end (fsync=N)
 also the write phase before that final flush (s): the job's write calls' summed
 latency per job (fio's bandwidth counts the end fsync in its runtime). A job that
 fails on one system is recorded as an error for that system and the next job runs.
+
+Durability of fsync (issue 43): fio cannot tell whether an fsync put the bytes in the
+bucket, so a plain appender (16 KiB writes, fsync every 10, 16 MiB; 4 MiB in --quick)
+asks the store directly after each fsync returns, through the same proxy: a ranged GET of
+the last 16 KiB written, compared with what was written. Recorded: the share of fsyncs
+after which another client sees every byte written before them (%), and the appender's
+rate including those fsyncs (MB/s, the reads not counted).
 """
 
 import json
@@ -51,6 +58,7 @@ class Job:
 QUICK_JOBS = [
     Job("write", "64M", "1M"),
     Job("write", "4M", "16K", fsync="10"),
+    Job("write", "4M", "16K", fsync="3"),
     Job("randwrite", "16M", "16K"),
     Job("write", "16M", "1M", jobs=4),
     Job("read", "100M", "1M", src=100),
@@ -65,6 +73,7 @@ FULL_JOBS = [
     Job("write", "16M", "16K"),
     Job("write", "16M", "16K", fsync="1"),
     Job("write", "16M", "16K", fsync="10"),
+    Job("write", "16M", "16K", fsync="3"),
     Job("write", "64M", "1M", fsync="10"),
     Job("write", "64M", "1M", jobs=4),
     Job("write", "16M", "1M", jobs=16),
@@ -93,6 +102,9 @@ NOT_RUN = {
 FIELDS = [("bw", "MB/s", "higher"), ("iops", "IOPS", "higher"),
           ("lat_mean", "ms", "lower"), ("lat_p99", "ms", "lower")]
 WRITE_PHASE = ("write_s", "s", "lower")
+DURABLE = [("durable_fsync.pct", "appender 16K fsync=10: fsyncs after which the bucket holds every byte (%)",
+            "%", "higher"),
+           ("durable_fsync.bw", "appender 16K fsync=10: rate with those fsyncs (MB/s)", "MB/s", "higher")]
 FIELD_LABELS = {"write_s": "write phase before the final flush"}
 
 
@@ -122,7 +134,7 @@ class Fio(Experiment):
         return QUICK_JOBS if ctx.quick else FULL_JOBS
 
     def metrics(self, ctx):
-        ms = []
+        ms = [M(k, label, unit, better) for k, label, unit, better in DURABLE]
         for j in self.jobs(ctx):
             for field, unit, better in j.fields:
                 ms.append(M("%s.%s" % (j.key, field), "%s: %s (%s)" % (
@@ -193,7 +205,53 @@ class Fio(Experiment):
                         res.update({k: error(e) for k in keys})
                     if system.name != "native" and not is_mounted(system.mp):
                         fresh_mount(ctx, system)
+            if not getattr(system, "store", None):
+                res.update({k: na("the local disk has no store to ask") for k, _, _, _ in DURABLE})
+            else:
+                try:
+                    res.update(durable_fsyncs(ctx, system, d))
+                except (CmdError, OSError, RuntimeError) as e:
+                    log("%s: durable fsync check failed: %s" % (system.name, e))
+                    res.update({k: error(e) for k, _, _, _ in DURABLE})
         finally:
             rmtree(d)
             system.unmount()
         return res
+
+
+def stored_tail(system, key, start, end):
+    """Bytes start..end of `key` as another client reads them now (b"" if absent)."""
+    from . import rawlink
+    link = rawlink.bench_link() if system.store == "s3" else rawlink.bench_gcs_link()
+    return link.get_bytes(key, start, end)
+
+
+def durable_fsyncs(ctx, system, d):
+    """The durability check of the module doc."""
+    import time
+    rmtree(d)
+    mkdir(system, d)
+    path = os.path.join(d, "appender.log")
+    key = os.path.relpath(path, system.mp)
+    total = (4 if ctx.quick else 16) << 20
+    chunk, every = 16 << 10, 10
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    written, checks, durable, busy = 0, 0, 0, 0.0
+    try:
+        for i in range(total // chunk):
+            data = os.urandom(chunk)
+            t0 = time.monotonic()
+            os.write(fd, data)
+            written += chunk
+            if (i + 1) % every:
+                busy += time.monotonic() - t0
+                continue
+            os.fsync(fd)
+            busy += time.monotonic() - t0
+            checks += 1
+            if stored_tail(system, key, written - chunk, written) == data:
+                durable += 1
+    finally:
+        os.close(fd)
+    return {"durable_fsync.pct": summarize([100.0 * durable / max(1, checks)]),
+            "durable_fsync.bw": summarize([written / 1e6 / max(busy, 1e-9)])}

@@ -186,6 +186,13 @@ class Link:
             raise RuntimeError("PUT %s: HTTP %d %s" % (obj, resp.status, out[:200]))
         return end - start
 
+    def get_bytes(self, obj, start, end):
+        """Bytes start..end of `obj` (b"" if it is absent or shorter)."""
+        conn, resp = self._request("GET", obj, extra={"range": "bytes=%d-%d" % (start, end - 1)})
+        body = resp.read()
+        conn.close()
+        return body if resp.status in (200, 206) else b""
+
     def delete(self, obj):
         conn, resp = self._request("DELETE", obj)
         resp.read()
@@ -309,6 +316,17 @@ class GcsLink:
     def download(self, obj, size, n):
         """Seconds to GET `size` bytes of `obj` as n parallel ranges."""
         return _parallel_ranges(self._get_range, obj, size, n)
+
+    def get_bytes(self, obj, start, end):
+        """Bytes start..end of `obj` (b"" if it is absent or shorter)."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        conn.request("GET", "/download/storage/v1/b/%s/o/%s?alt=media" % (
+            self.bucket, urllib.parse.quote(obj, safe="")),
+            headers={"range": "bytes=%d-%d" % (start, end - 1)})
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        return body if resp.status in (200, 206) else b""
 
 
 def bench_link():

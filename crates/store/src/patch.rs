@@ -214,16 +214,18 @@ where
     if p.base_pieces.is_some_and(|n| n >= MAX_PIECES) {
         return Err(unsupported(key, "the object has too many components to compose again"));
     }
-    // GCS refuses the compose below when the generation moved; fake-gcs-server ignores
-    // both the source generation and `ifGenerationMatch`, so ask first as well.
-    let now = compose_op.stat(key).await.map_err(|e| StoreError::from_opendal("patch", key, e))?;
-    if now.version() != Some(p.base) {
-        return Err(StoreError::new(StoreErrorKind::Changed, format!("patch {key:?}: the object changed")));
-    }
     let dir = format!("{PARTS_PREFIX}{}/", crate::gcs::compose::upload_id());
     let (tail, joined) = (format!("{dir}tail"), format!("{dir}joined"));
     let result = async {
-        let tail_pieces = upload(tail.clone()).await?;
+        // GCS refuses the compose below when the generation moved; fake-gcs-server ignores
+        // both the source generation and `ifGenerationMatch`, so ask as well (while the
+        // tail goes up: one round trip for both).
+        let (now, tail_pieces) = futures::join!(compose_op.stat(key), upload(tail.clone()));
+        let now = now.map_err(|e| StoreError::from_opendal("patch", key, e))?;
+        let tail_pieces = tail_pieces?;
+        if now.version() != Some(p.base) {
+            return Err(StoreError::new(StoreErrorKind::Changed, format!("patch {key:?}: the object changed")));
+        }
         let base = opendal::options::ComposeSourceOptions { version: Some(p.base.to_string()), ..Default::default() };
         compose_op
             .compose_with([(key.to_string(), base), (tail.clone(), Default::default())], &joined)
@@ -240,8 +242,10 @@ where
         Ok((meta_of(key, &m, true), p.base_pieces.map(|n| n + tail_pieces)))
     }
     .await;
-    for k in [&tail, &joined] {
-        if let Err(e) = compose_op.delete(k).await {
+    // Both at once; one that fails is left for the next mount's clean-up.
+    let (a, b) = futures::join!(compose_op.delete(&tail), compose_op.delete(&joined));
+    for (k, r) in [(&tail, a), (&joined, b)] {
+        if let Err(e) = r {
             tracing::warn!(key = %k, "a temporary object of an append is left: {e}");
         }
     }
