@@ -22,11 +22,17 @@ use std::os::unix::fs::FileExt;
 use bytes::Bytes;
 
 /// The unit of comparison: small enough that an edit sends little, large enough that the
-/// sums of a 1 TiB file fit in 8 MiB.
+/// sums of a 1 TiB file fit in 8 MiB. (Unit tests use 4 KiB, so their files stay small.)
+#[cfg(not(test))]
 pub const BLOCK: u64 = 1024 * 1024;
+#[cfg(test)]
+pub const BLOCK: u64 = 4096;
 
 /// Smallest stored version worth patching: below it one request sends the whole file.
+#[cfg(not(test))]
 pub const MIN_PATCH: u64 = bucketfs_store::patch::MIN_PART;
+#[cfg(test)]
+pub const MIN_PATCH: u64 = 5 * BLOCK;
 
 /// The version the bucket holds under `key`, as this mount last stored or read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
