@@ -92,6 +92,28 @@ async fn another_writers_version_is_never_patched() {
     fs.release(fh).await.unwrap();
 }
 
+#[tokio::test]
+async fn a_long_append_run_never_reaches_the_component_limit() {
+    // GCS composes each append; a composite may have 1,024 components. The mount counts
+    // them and uploads whole before the limit, so the store never refuses.
+    let store = Arc::new(MemStore::new().with_patches());
+    let fs = Fs::new(store.clone(), cfg());
+    let (_, fh) = fs.create(ROOT_INO, "events", 0, None).await.unwrap();
+    let mut want = pattern(6 * crate::write_patch::BLOCK as usize, 2);
+    fs.write(fh, 0, &want).await.unwrap();
+    fs.fsync(fh).await.unwrap();
+    for i in 0..2500u32 {
+        let chunk = i.to_le_bytes();
+        fs.write(fh, want.len() as u64, &chunk).await.unwrap();
+        want.extend_from_slice(&chunk);
+        fs.fsync(fh).await.unwrap();
+    }
+    assert_eq!(store.patch_refused.load(Relaxed), 0, "the store refused a compose");
+    assert!(store.patch_sent.load(Relaxed) >= 9000, "appends were composed");
+    assert_eq!(object(&store, "events").await, want);
+    fs.release(fh).await.unwrap();
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     Write {

@@ -47,6 +47,10 @@ pub struct MemStore {
     /// Bytes [`Store::patch`] read from its sources, and kept from the base.
     pub patch_sent: AtomicU64,
     pub patch_copied: AtomicU64,
+    /// Patched objects' component counts, limited to 1,024 as GCS limits composites;
+    /// patches refused for reaching it.
+    pieces: Arc<Mutex<std::collections::HashMap<String, u32>>>,
+    pub patch_refused: AtomicU64,
 }
 
 impl MemStore {
@@ -211,6 +215,7 @@ impl Store for MemStore {
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.request().await;
+        self.pieces.lock().unwrap().remove(key);
         store_object(&self.objects, &self.attrs, &self.next_etag, key, data, opts)
     }
 
@@ -260,6 +265,7 @@ impl Store for MemStore {
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.request().await;
+        self.pieces.lock().unwrap().remove(key);
         Ok(Box::new(MemWriter {
             objects: self.objects.clone(),
             attrs: self.attrs.clone(),
@@ -281,11 +287,22 @@ impl Store for MemStore {
         }
         let data = crate::patch::assemble(&base, &p)
             .map_err(|e| StoreError::new(crate::StoreErrorKind::Other, format!("patch {key:?}: {e}")))?;
+        if p.base_pieces.is_some_and(|n| n >= crate::patch::MAX_PIECES) {
+            // As the GCS store does: the caller uploads whole before the server's limit.
+            return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("patch {key:?}: many pieces")));
+        }
+        let pieces = self.pieces.lock().unwrap().get(key).copied().unwrap_or(1);
+        if pieces >= 1024 {
+            self.patch_refused.fetch_add(1, Ordering::Relaxed);
+            let msg = format!("patch {key:?}: the object has {pieces} components, the most a composite may have");
+            return Err(StoreError::new(crate::StoreErrorKind::Other, msg));
+        }
         let copied: u64 = p.kept.iter().map(|r| r.end - r.start).sum();
         let sent = p.len - copied;
         self.patch_sent.fetch_add(sent, Ordering::Relaxed);
         self.patch_copied.fetch_add(copied, Ordering::Relaxed);
         let meta = store_object(&self.objects, &self.attrs, &self.next_etag, key, data, p.put)?;
+        self.pieces.lock().unwrap().insert(key.to_string(), pieces + 1);
         Ok(Patched { meta, sent, copied, pieces: p.base_pieces.map(|n| n + 1) })
     }
 }
