@@ -847,11 +847,14 @@ impl Staged {
             return None;
         }
         let stored = self.stored.clone()?;
+        let t0 = std::time::Instant::now();
         let kept = match stored.kept(&self.file, self.size) {
             Ok(k) => k,
             Err(e) => return Some(Err(local(e))),
         };
         let keep: u64 = kept.iter().map(|r| r.end - r.start).sum();
+        let compare_ms = t0.elapsed().as_millis() as u64;
+        tracing::debug!(key, compared = stored.len, compare_ms, keep, size = self.size, "upload of what changed");
         if keep < crate::write_patch::MIN_PATCH {
             return None;
         }

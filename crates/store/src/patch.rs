@@ -30,8 +30,9 @@ use crate::{ObjectMeta, Patch, PutOpts, StoreError, StoreErrorKind};
 
 /// S3's smallest part that is not the last.
 pub const MIN_PART: u64 = 5 * 1024 * 1024;
-/// S3's largest `UploadPartCopy`.
-const MAX_COPY: u64 = 5 * 1024 * 1024 * 1024;
+/// The largest `UploadPartCopy` sent (S3 takes up to 5 GiB): copies of this size run in
+/// parallel (the writer's `concurrent`), where one 5 GiB copy would take the store alone.
+const MAX_COPY: u64 = 128 * 1024 * 1024;
 /// Components a composite object may have before the caller uploads whole (GCS allows
 /// 1,024; the margin is for a tail that is itself composed of several parts).
 pub const MAX_PIECES: u32 = 1000;
@@ -46,7 +47,7 @@ pub enum Step {
 }
 
 /// The parts of a multipart upload making a `len`-byte version from `kept` ranges of the
-/// current one: every part but the last at least `min_part`, every copy at most 5 GiB.
+/// current one: every part but the last at least `min_part`, every copy at most 128 MiB.
 /// A change between two kept ranges is widened into the next to reach `min_part`; a kept
 /// range left shorter than that is sent instead.
 pub fn plan_parts(len: u64, kept: &[Range<u64>], min_part: u64) -> Vec<Step> {
@@ -78,7 +79,7 @@ pub fn plan_parts(len: u64, kept: &[Range<u64>], min_part: u64) -> Vec<Step> {
         }
         let mut c = copy_from;
         while c < k.end {
-            // Pieces of at most 5 GiB, none shorter than min_part.
+            // Pieces of at most MAX_COPY, none shorter than min_part.
             let mut end = (c + MAX_COPY).min(k.end);
             if k.end - end > 0 && k.end - end < min_part {
                 end = k.end - min_part;
@@ -336,7 +337,9 @@ mod tests {
         // At the very end: the tail is sent as the last part, however short.
         let kept = [0..len - 1];
         let steps = plan_parts(len, &kept, MIN_PART);
-        assert_eq!(steps, vec![Step::Copy(0..len - 1), Step::Send(len - 1..len)]);
+        check(len, &kept, &steps);
+        assert_eq!(steps.last(), Some(&Step::Send(len - 1..len)));
+        assert_eq!(totals(&steps), (len - 1, 1));
     }
 
     #[test]
@@ -353,7 +356,7 @@ mod tests {
     }
 
     #[test]
-    fn copies_over_5_gib_are_split_into_parts() {
+    fn long_copies_are_split_into_parts() {
         let len = 12 * 1024 * M;
         let steps = plan_parts(len, &[0..len - M], MIN_PART);
         check(len, &[0..len - M], &steps);
