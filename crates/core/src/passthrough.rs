@@ -325,6 +325,13 @@ impl Fs {
         if !st.adopt(node.size, |to| disk.take_whole(&node.key, &identity, node.size, to))? {
             return Ok(false);
         }
+        // Its version is the bucket's: the first upload sends only what changed.
+        let patches = self.store.capabilities().patches && node.size >= crate::write_patch::MIN_PATCH;
+        if let Some(etag) = node.etag.as_deref().filter(|_| patches && !truncate) {
+            if let Err(e) = st.remember_stored(&node.key, etag) {
+                tracing::debug!(key = %node.key, "the first upload will be whole: {e}");
+            }
+        }
         if pinned {
             self.join_handles(node.ino, st);
         } // else handles reading it through the store keep their version

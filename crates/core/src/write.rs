@@ -213,6 +213,25 @@ impl Staged {
         Ok(true)
     }
 
+    /// The staged file holds exactly the version `etag` of `key` (taken over from the disk
+    /// cache): remember it, with its blocks' sums read from the file, so the first upload
+    /// sends only what changed (write_patch.rs). Costs a local read of the file.
+    pub fn remember_stored(&mut self, key: &str, etag: &str) -> Result<(), FsError> {
+        const CHUNK: usize = 8 * 1024 * 1024;
+        let mut sums = Sums::default();
+        let mut buf = vec![0u8; CHUNK];
+        let mut off = 0;
+        while off < self.size {
+            let n = (CHUNK as u64).min(self.size - off) as usize;
+            self.file.read_exact_at(&mut buf[..n], off).map_err(local)?;
+            sums.record(off, &buf[..n]);
+            off += n as u64;
+        }
+        let (len, sums) = (self.size, sums.finish(self.size));
+        self.stored = Some(Stored { key: key.to_string(), identity: etag.to_string(), len, pieces: None, sums });
+        Ok(())
+    }
+
     /// Fill the staged file with the object's current bytes (open for write without
     /// O_TRUNC), in ranged reads of one part each, so memory stays at one part.
     pub async fn fill_from(
