@@ -45,7 +45,6 @@ pub mod stats;
 pub(crate) mod sync;
 pub mod write;
 pub mod write_back;
-mod write_patch;
 
 pub use clock::Clock;
 pub use dir_cache::InvalidateDir;

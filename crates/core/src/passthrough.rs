@@ -326,7 +326,7 @@ impl Fs {
             return Ok(false);
         }
         // Its version is the bucket's: the first upload sends only what changed.
-        let patches = self.store.capabilities().patches && node.size >= crate::write_patch::MIN_PATCH;
+        let patches = self.store.capabilities().patches && node.size >= crate::write::patch::MIN_PATCH;
         if let Some(etag) = node.etag.as_deref().filter(|_| patches && !truncate) {
             if let Err(e) = st.remember_stored(&node.key, etag) {
                 tracing::debug!(key = %node.key, "the first upload will be whole: {e}");

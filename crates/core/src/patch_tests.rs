@@ -1,7 +1,7 @@
 //! Uploads that send only what changed (write_patch.rs), against the in-memory store made to
 //! patch as S3 does: what reaches the store, and that the object is always the file's bytes
 //! (a model test of writes, truncates, fsyncs and another client's uploads). Unit tests use
-//! 4 KiB blocks ([`crate::write_patch::BLOCK`]).
+//! 4 KiB blocks ([`crate::write::patch::BLOCK`]).
 
 use super::*;
 use bucketfs_store::testing::MemStore;
@@ -61,7 +61,7 @@ async fn an_edit_of_a_file_opened_from_the_bucket_sends_its_block() {
     want[10 * M + 5] = b'X';
     fs.flush(fh).await.unwrap();
     assert_eq!(object(&store, "db").await, want);
-    assert_eq!(store.patch_sent.load(Relaxed), crate::write_patch::BLOCK, "one block sent");
+    assert_eq!(store.patch_sent.load(Relaxed), crate::write::patch::BLOCK, "one block sent");
     // A truncation and a write past the old end, then close.
     let size = Some(15 * M as u64 + 9);
     fs.setattr(f.ino, SetAttr { size, fh: Some(fh), ..Default::default() }).await.unwrap();
@@ -99,7 +99,7 @@ async fn a_long_append_run_never_reaches_the_component_limit() {
     let store = Arc::new(MemStore::new().with_patches());
     let fs = Fs::new(store.clone(), cfg());
     let (_, fh) = fs.create(ROOT_INO, "events", 0, None).await.unwrap();
-    let mut want = pattern(6 * crate::write_patch::BLOCK as usize, 2);
+    let mut want = pattern(6 * crate::write::patch::BLOCK as usize, 2);
     fs.write(fh, 0, &want).await.unwrap();
     fs.fsync(fh).await.unwrap();
     for i in 0..2500u32 {
@@ -133,7 +133,7 @@ enum Step {
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
     use proptest::prelude::*;
-    const B: u64 = crate::write_patch::BLOCK;
+    const B: u64 = crate::write::patch::BLOCK;
     prop_oneof![
         2 => (0..12 * B, 1..3 * B as usize, any::<u8>()).prop_map(|(at, len, seed)| Step::Write { at, len, seed }),
         3 => (1..2 * B as usize, any::<u8>()).prop_map(|(len, seed)| Step::Append { len, seed }),
@@ -157,7 +157,7 @@ async fn run_model(steps: Vec<Step>) {
     let store = Arc::new(MemStore::new().with_patches());
     let fs = Fs::new(store.clone(), cfg());
     let (attr, fh) = fs.create(ROOT_INO, "m", 0, None).await.unwrap();
-    let mut want = pattern(8 * crate::write_patch::BLOCK as usize, 1);
+    let mut want = pattern(8 * crate::write::patch::BLOCK as usize, 1);
     fs.write(fh, 0, &want).await.unwrap();
     fs.fsync(fh).await.unwrap();
     // Another client's version, while this file has not changed since (an fsync of an
@@ -194,7 +194,7 @@ async fn run_model(steps: Vec<Step>) {
                 same(&object(&store, "m").await, theirs.as_ref().unwrap_or(&want), "the object after an fsync");
             }
             Step::Replace(seed) => {
-                let other = pattern(9 * crate::write_patch::BLOCK as usize, seed);
+                let other = pattern(9 * crate::write::patch::BLOCK as usize, seed);
                 store.put("m", Bytes::from(other.clone()), PutOpts::default()).await.unwrap();
                 theirs = Some(other);
             }

@@ -46,8 +46,10 @@ use bucketfs_store::{
 use bytes::Bytes;
 
 use crate::part_budget::PartBudget;
-use crate::write_patch::{Stored, Sums};
+#[path = "write_patch.rs"]
+pub(crate) mod patch;
 use crate::FsError;
+use patch::{Stored, Sums};
 
 /// State of one staged inode. Guarded by the `tokio::sync::Mutex` that holds it
 /// ([`SharedStaged`], lock level 2 in docs/ARCHITECTURE.md).
@@ -211,25 +213,6 @@ impl Staged {
         self.file = std::fs::OpenOptions::new().read(true).write(true).open(&self.path).map_err(local)?;
         self.size = size;
         Ok(true)
-    }
-
-    /// The staged file holds exactly the version `etag` of `key` (taken over from the disk
-    /// cache): remember it, with its blocks' sums read from the file, so the first upload
-    /// sends only what changed (write_patch.rs). Costs a local read of the file.
-    pub fn remember_stored(&mut self, key: &str, etag: &str) -> Result<(), FsError> {
-        const CHUNK: usize = 8 * 1024 * 1024;
-        let mut sums = Sums::default();
-        let mut buf = vec![0u8; CHUNK];
-        let mut off = 0;
-        while off < self.size {
-            let n = (CHUNK as u64).min(self.size - off) as usize;
-            self.file.read_exact_at(&mut buf[..n], off).map_err(local)?;
-            sums.record(off, &buf[..n]);
-            off += n as u64;
-        }
-        let (len, sums) = (self.size, sums.finish(self.size));
-        self.stored = Some(Stored { key: key.to_string(), identity: etag.to_string(), len, pieces: None, sums });
-        Ok(())
     }
 
     /// Fill the staged file with the object's current bytes (open for write without
@@ -842,69 +825,6 @@ impl Staged {
         crcs.iter().enumerate().all(|(i, crc)| {
             self.file.read_exact_at(&mut buf, i as u64 * opts.part_size as u64).is_ok() && crc32c::crc32c(&buf) == *crc
         })
-    }
-
-    /// Whether an upload to `key` may patch the version the bucket holds ([`Store::patch`]).
-    fn patchable(&self, store: &dyn Store, key: &str) -> bool {
-        !self.create_only
-            && store.capabilities().patches
-            && self.stored.as_ref().is_some_and(|s| s.key == key && s.len >= crate::write_patch::MIN_PATCH)
-    }
-
-    /// Send only what changed since the stored version, recording the new version's sums;
-    /// `None` where a whole upload is the way (nothing worth keeping, the store cannot, or
-    /// the version changed: then the last upload wins, as with any upload).
-    async fn patch(
-        &mut self,
-        store: &dyn Store,
-        key: &str,
-        opts: WriteOptions,
-        put: PutOpts,
-        sums: &mut Sums,
-    ) -> Option<Result<bucketfs_store::Patched, FsError>> {
-        if !self.patchable(store, key) {
-            return None;
-        }
-        let stored = self.stored.clone()?;
-        let t0 = std::time::Instant::now();
-        let kept = match stored.kept(&self.file, self.size) {
-            Ok(k) => k,
-            Err(e) => return Some(Err(local(e))),
-        };
-        let keep: u64 = kept.iter().map(|r| r.end - r.start).sum();
-        let compare_ms = t0.elapsed().as_millis() as u64;
-        tracing::debug!(key, compared = stored.len, compare_ms, keep, size = self.size, "upload of what changed");
-        if keep < crate::write_patch::MIN_PATCH {
-            return None;
-        }
-        let _share = self.budget.upload(self.size - keep, opts).await;
-        let source = crate::write_patch::Source { file: &self.file, sums: Default::default() };
-        let p = bucketfs_store::Patch {
-            base: &stored.identity,
-            base_len: stored.len,
-            base_pieces: stored.pieces,
-            len: self.size,
-            kept: &kept,
-            source: &source,
-            put,
-        };
-        match store.patch(key, p, opts).await {
-            Ok(done) => {
-                stored.keep_into(&kept, sums);
-                sums.overlay(source.sums.into_inner().unwrap_or_else(|e| e.into_inner()));
-                Some(Ok(done))
-            }
-            Err(e) if matches!(e.kind, StoreErrorKind::Unavailable | StoreErrorKind::RateLimited) => {
-                Some(Err(e.into()))
-            }
-            Err(e) => {
-                if e.kind != StoreErrorKind::Unsupported {
-                    tracing::info!(key, "uploading the whole file: {e}");
-                }
-                self.stored = None;
-                None
-            }
-        }
     }
 }
 

@@ -430,19 +430,14 @@ impl Store for OpendalStore {
             let mut at = base_len;
             while at < len {
                 let n = part.min(len - at) as usize;
-                let data = source.read_at(at, n).map_err(|e| {
-                    StoreError::new(crate::StoreErrorKind::Other, format!("patch {key:?}: reading the new bytes: {e}"))
-                });
-                match data {
-                    Ok(d) if d.len() == n => w.write(d).await?,
-                    Ok(_) | Err(_) => {
+                let data = match crate::patch::read_piece(source, key, at..at + n as u64) {
+                    Ok(d) => d,
+                    Err(e) => {
                         let _ = w.abort().await;
-                        return Err(StoreError::new(
-                            crate::StoreErrorKind::Other,
-                            format!("patch {key:?}: short read"),
-                        ));
+                        return Err(e);
                     }
-                }
+                };
+                w.write(data).await?;
                 at += n as u64;
             }
             w.close().await?;

@@ -157,11 +157,7 @@ pub async fn s3(op: &Operator, t: &Target<'_>, p: &Patch<'_>) -> Result<(ObjectM
                 }
                 Step::Send(r) => {
                     for piece in pieces(r.clone(), t.part_size.max(MIN_PART)) {
-                        let data = p.source.read_at(piece.start, (piece.end - piece.start) as usize);
-                        let data = data.map_err(|e| source_err(key, e))?;
-                        if data.len() as u64 != piece.end - piece.start {
-                            return Err(source_err(key, std::io::ErrorKind::UnexpectedEof.into()));
-                        }
+                        let data = read_piece(p.source, key, piece)?;
                         w.write(data).await.map_err(err("patch (upload)"))?;
                     }
                 }
@@ -176,6 +172,16 @@ pub async fn s3(op: &Operator, t: &Target<'_>, p: &Patch<'_>) -> Result<(ObjectM
             Err(e)
         }
     }
+}
+
+/// Bytes `r` of the new version from `source`, all of them (a short read is an error).
+pub(crate) fn read_piece(source: &dyn crate::PatchSource, key: &str, r: Range<u64>) -> Result<Bytes, StoreError> {
+    let n = (r.end - r.start) as usize;
+    let data = source.read_at(r.start, n).map_err(|e| source_err(key, e))?;
+    if data.len() != n {
+        return Err(source_err(key, std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    Ok(data)
 }
 
 /// `r` in pieces of `part` bytes, the last one merged into the one before if it would be
