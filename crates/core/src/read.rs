@@ -119,25 +119,38 @@ impl ReadCache {
         self
     }
 
-    /// Put a block we already have (just uploaded) into both caches under its new identity.
-    pub fn remember(&self, key: &str, identity: &str, block: u64, data: Bytes) {
+    /// Put a block we already have (just uploaded; the version is `size` bytes) into both
+    /// caches under its new identity.
+    pub fn remember(&self, key: &str, identity: &str, size: u64, block: u64, data: Bytes) {
         let (k, id): (Arc<str>, Arc<str>) = (key.into(), identity.into());
-        self.to_disk(&k, &id, block, data.clone(), data.len(), None);
+        self.to_disk(&k, &id, size, block, data.clone(), data.len(), None);
         self.insert((k, id, block), data);
     }
 
-    /// Queue the first `len` bytes of `padded` for the disk cache, unless the queue is full
-    /// (then it is skipped). `crc`: their CRC32C if the caller has it (else computed there).
-    /// See [`crate::disk_cache::DiskCache::put`] for `padded`.
-    fn to_disk(&self, key: &Arc<str>, identity: &Arc<str>, block: u64, padded: Bytes, len: usize, crc: Option<u32>) {
-        let Some(disk) = self.disk.clone() else { return };
-        let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return };
+    /// Queue the first `len` bytes of `padded` (block `block` of a version of `size` bytes)
+    /// for the disk cache, unless the queue is full (then it is skipped: `false`). `crc`:
+    /// their CRC32C if the caller has it (else computed there). See
+    /// [`crate::disk_cache::DiskCache::put`] for `padded`.
+    #[allow(clippy::too_many_arguments)]
+    fn to_disk(
+        &self,
+        key: &Arc<str>,
+        identity: &Arc<str>,
+        size: u64,
+        block: u64,
+        padded: Bytes,
+        len: usize,
+        crc: Option<u32>,
+    ) -> bool {
+        let Some(disk) = self.disk.clone() else { return false };
+        let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return false };
         let (k, id) = (key.clone(), identity.clone());
         crate::sync::blocking_detached(move || {
             let crc = crc.unwrap_or_else(|| crc32c::crc32c(&padded[..len]));
-            disk.put(&k, &id, block, &padded, len, crc);
+            disk.put(&k, &id, size, block, &padded, len, crc);
             drop(permit);
         });
+        true
     }
 
     /// Cache a block, and settle evictions now: moka applies them lazily, in batches of
@@ -466,10 +479,10 @@ impl FileReader {
                 if data.len() as u64 != want {
                     return None;
                 }
-                let (key, id) = (self.key.clone(), self.identity.clone());
+                let (key, id, size) = (self.key.clone(), self.identity.clone(), self.size);
                 crate::sync::blocking(move || {
                     // `put` takes the block as it is (O_DIRECT when it is a whole pooled block).
-                    disk.put(&key, &id, b, &data, data.len(), crc32c::crc32c(&data));
+                    disk.put(&key, &id, size, b, &data, data.len(), crc32c::crc32c(&data));
                     disk.contains(&key, &id, b).then_some(())
                 })
                 .await?
@@ -623,7 +636,7 @@ impl Source {
         let padded = buf.into_bytes(round_up(n));
         let data = padded.slice(..n);
         let _ = tx.send(Ok(data.clone()));
-        self.cache.to_disk(&self.key, &self.identity, b, padded, n, Some(crc));
+        self.cache.to_disk(&self.key, &self.identity, self.size, b, padded, n, Some(crc));
         self.cache.insert((self.key.clone(), self.identity.clone(), b), data);
     }
 }
