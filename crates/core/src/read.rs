@@ -70,9 +70,14 @@ pub const GROUP: u64 = 4;
 /// first reads (`head`, `file`) still start from one block.
 pub const STREAMING_READ: u32 = 1024 * 1024;
 
-/// Blocks queued for the disk cache at most: enough to keep a disk busy, small next to the
-/// other bounds (16 MiB).
-const DISK_QUEUE: usize = 8;
+/// How long a block fetched for a sequential reader waits for room in the disk queue
+/// before it skips the disk cache (see [`ReadCache::to_disk_waiting`]).
+const DISK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Blocks queued for the disk cache at most (8 MiB): `O_DIRECT` writes of 2 MiB keep up
+/// with a streaming reader; a block that finds the queue full waits a moment, then is
+/// skipped (the close fetches it again, or the memory cache keeps it).
+const DISK_QUEUE: usize = 4;
 
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, FsError>>>;
 type BlockKey = (Arc<str>, Arc<str>, u64);
@@ -144,13 +149,50 @@ impl ReadCache {
     ) -> bool {
         let Some(disk) = self.disk.clone() else { return false };
         let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return false };
+        Self::put_detached(disk, permit, key, identity, size, block, padded, len, crc);
+        true
+    }
+
+    /// As [`ReadCache::to_disk`], but a full queue is waited for up to [`DISK_WAIT`]: the
+    /// read path's fetches arrive in bursts (a streamed GET hands over [`GROUP`] blocks at
+    /// memory speed) that a disk faster than the link absorbs in a moment, and a block
+    /// skipped here costs a second GET at the close (or a cache that stays incomplete).
+    #[allow(clippy::too_many_arguments)]
+    async fn to_disk_waiting(
+        &self,
+        key: &Arc<str>,
+        identity: &Arc<str>,
+        size: u64,
+        block: u64,
+        padded: Bytes,
+        len: usize,
+        crc: Option<u32>,
+    ) -> bool {
+        let Some(disk) = self.disk.clone() else { return false };
+        let acquire = self.disk_queue.clone().acquire_owned();
+        let Ok(Ok(permit)) = tokio::time::timeout(DISK_WAIT, acquire).await else { return false };
+        Self::put_detached(disk, permit, key, identity, size, block, padded, len, crc);
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn put_detached(
+        disk: Arc<crate::disk_cache::DiskCache>,
+        permit: OwnedSemaphorePermit,
+        key: &Arc<str>,
+        identity: &Arc<str>,
+        size: u64,
+        block: u64,
+        padded: Bytes,
+        len: usize,
+        crc: Option<u32>,
+    ) {
         let (k, id) = (key.clone(), identity.clone());
         crate::sync::blocking_detached(move || {
             let crc = crc.unwrap_or_else(|| crc32c::crc32c(&padded[..len]));
             disk.put(&k, &id, size, block, &padded, len, crc);
             drop(permit);
         });
-        true
     }
 
     /// Cache a block, and settle evictions now: moka applies them lazily, in batches of
@@ -529,10 +571,8 @@ impl Source {
                     (disk.clone(), self.key.clone(), self.identity.clone(), self.cache.pool.clone());
                 let hit = crate::sync::blocking(move || disk.get(&k, &id, b, &pool)).await.flatten();
                 match hit.filter(|d| d.len() == self.len(b)) {
-                    Some(data) => {
-                        self.cache.insert((self.key.clone(), self.identity.clone(), b), data.clone());
-                        let _ = tx.send(Ok(data));
-                    }
+                    // Not into the memory cache: it is on disk (see `complete`).
+                    Some(data) => drop(tx.send(Ok(data))),
                     None => missing.push_back((b, tx)),
                 }
             }
@@ -614,7 +654,7 @@ impl Source {
                     n += k;
                     if n == want {
                         let (b, tx) = run.pop_front().expect("a block being filled");
-                        self.complete(b, tx, buf.take().expect("a buffer being filled"), n, crc);
+                        self.complete(b, tx, buf.take().expect("a buffer being filled"), n, crc).await;
                         (n, crc) = (0, 0);
                     }
                 }
@@ -630,14 +670,19 @@ impl Source {
     }
 
     /// A whole block arrived (its CRC32C is `crc`): zero-pad it to a page, hand it to its
-    /// waiters, then queue it for the disk cache and cache it.
-    fn complete(&self, b: u64, tx: Tx, mut buf: BlockBuf, n: usize, crc: u32) {
+    /// waiters, then queue it for the disk cache, or (no disk cache, or its queue is full)
+    /// keep it in the memory cache. A sequential reader's blocks stay in memory only while
+    /// it is near them (its fetches in flight); after that the kernel's page cache and the
+    /// disk cache hold them, and a third copy in memory would only push out the blocks of
+    /// random readers, and cost a streaming reader the memory cache's size in RSS.
+    async fn complete(&self, b: u64, tx: Tx, mut buf: BlockBuf, n: usize, crc: u32) {
         buf.space()[n..round_up(n)].fill(0);
         let padded = buf.into_bytes(round_up(n));
         let data = padded.slice(..n);
         let _ = tx.send(Ok(data.clone()));
-        self.cache.to_disk(&self.key, &self.identity, self.size, b, padded, n, Some(crc));
-        self.cache.insert((self.key.clone(), self.identity.clone(), b), data);
+        if !self.cache.to_disk_waiting(&self.key, &self.identity, self.size, b, padded, n, Some(crc)).await {
+            self.cache.insert((self.key.clone(), self.identity.clone(), b), data);
+        }
     }
 }
 
