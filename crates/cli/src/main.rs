@@ -120,7 +120,7 @@ pub struct MountArgs {
     #[arg(long, value_name = "SECS")]
     metadata_ttl: Option<f64>,
     /// Largest sequential prefetch window per open file, in MiB.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 64)]
     max_prefetch_mib: u64,
     /// Prefetched bytes held (in flight or not yet read) across all open files, in MiB.
     #[arg(long, default_value_t = 64)]

@@ -120,7 +120,7 @@ impl Default for FsConfig {
             // parallel download; 32 MiB: ~54%). Blocks come from a bounded pool of reused
             // buffers, so the peak RSS reading 1 GiB stays ~120 MiB (it was past 200 MB
             // with fresh allocations per block).
-            max_prefetch: 16 * 1024 * 1024,
+            max_prefetch: 64 * 1024 * 1024,
             // One reader at full window, or several sharing it.
             prefetch_budget: 64 * 1024 * 1024,
             cache_bytes: 32 * 1024 * 1024,

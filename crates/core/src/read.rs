@@ -32,7 +32,7 @@
 //! and the disk-cache writer all hold views of that one buffer, which goes back to the
 //! pool when the last view drops.
 
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, Ordering::Relaxed};
 use std::collections::{HashMap, VecDeque};
 
 use bucketfs_store::{GetOpts, Store, StoreErrorKind, StoreExt};
@@ -70,6 +70,52 @@ pub const GROUP: u64 = 4;
 /// first reads (`head`, `file`) still start from one block.
 pub const STREAMING_READ: u32 = 1024 * 1024;
 
+/// Blocks a sequential reader's fetches may fill ahead of where it reads (16 MiB). The
+/// window may hold more GETs in flight than that (a link with a long round trip needs
+/// them); a GET that reaches this far stops reading its body until the reader comes
+/// nearer, so the memory a reader holds does not grow with its window where the link is
+/// faster than the reader (the server waits on TCP's flow control meanwhile).
+pub const AHEAD: u64 = 8;
+
+/// Where a reader is, for the fetches ahead of it (see [`AHEAD`]).
+#[derive(Default)]
+struct Pace {
+    /// The block the reader's furthest read ended in.
+    at: crate::sync::AtomicU64,
+    /// Set when the reader is dropped: its paused fetches end.
+    closed: crate::sync::AtomicBool,
+    moved: tokio::sync::Notify,
+}
+
+impl Pace {
+    fn advance(&self, block: u64) {
+        if self.at.fetch_max(block, Relaxed) < block {
+            self.moved.notify_waiters();
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Relaxed);
+        self.moved.notify_waiters();
+    }
+
+    /// Wait until block `b` is within [`AHEAD`] of the reader: `false` if the reader is gone.
+    async fn near(&self, b: u64) -> bool {
+        loop {
+            let moved = self.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if self.closed.load(Relaxed) {
+                return false;
+            }
+            if b < self.at.load(Relaxed) + AHEAD {
+                return true;
+            }
+            moved.await;
+        }
+    }
+}
+
 /// How long a block fetched for a sequential reader waits for room in the disk queue
 /// before it skips the disk cache (see [`ReadCache::to_disk_waiting`]).
 const DISK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
@@ -100,7 +146,7 @@ impl ReadCache {
     ///
     /// The buffer pool holds at most as many blocks as those bounds and the disk queue
     /// allow to be alive at once, plus a few for demand reads: `(cache_bytes +
-    /// prefetch_bytes) / BLOCK + DISK_QUEUE + 4` (60 blocks, 120 MiB, with the defaults).
+    /// prefetch_bytes) / BLOCK + DISK_QUEUE + 4` (56 blocks, 112 MiB, with the defaults).
     /// Blocks past that are plain allocations, freed when dropped.
     pub fn new(cache_bytes: u64, prefetch_bytes: u64) -> Self {
         let pool_max = ((cache_bytes + prefetch_bytes) / BLOCK) as usize + DISK_QUEUE + 4;
@@ -238,6 +284,13 @@ pub struct FileReader {
     max_window: u64,
     /// Lock level 5 (a leaf): never held across an await or while taking another lock.
     state: Mutex<ReadState>,
+    pace: Arc<Pace>,
+}
+
+impl Drop for FileReader {
+    fn drop(&mut self) {
+        self.pace.close();
+    }
 }
 
 #[derive(Default)]
@@ -273,6 +326,7 @@ impl FileReader {
             size,
             max_window: (max_window / BLOCK).max(1),
             state: Mutex::default(),
+            pace: Arc::default(),
         }
     }
 
@@ -295,6 +349,9 @@ impl FileReader {
             let sequential = offset == st.next || near || st.inflight.contains_key(&first);
             tracing::trace!(key = %self.key, offset, len, sequential, next = st.next, window = st.window, "read");
             st.next = if sequential { st.next.max(end) } else { end };
+            if sequential {
+                self.pace.advance(offset / BLOCK);
+            }
             if !sequential && cached.iter().any(Option::is_none) {
                 st.window = 0;
                 st.inflight.clear();
@@ -459,6 +516,7 @@ impl FileReader {
             identity: self.identity.clone(),
             etag: self.etag.clone(),
             size: self.size,
+            pace: prefetch.then(|| self.pace.clone()),
         };
         // A task, so the GETs proceed while nobody awaits them (that is what prefetch is).
         crate::sync::spawn(async move { src.fetch_blocks(run).await });
@@ -554,11 +612,25 @@ struct Source {
     identity: Arc<str>,
     etag: Option<String>,
     size: u64,
+    /// A prefetch's reader: its blocks are filled at most [`AHEAD`] blocks ahead of it.
+    pace: Option<Arc<Pace>>,
 }
 
 impl Source {
     fn len(&self, b: u64) -> usize {
         block_len(self.size, b) as usize
+    }
+
+    /// Wait until block `b` may be filled (see [`AHEAD`]); `false`: the reader is gone.
+    async fn near(&self, b: u64) -> bool {
+        match &self.pace {
+            Some(p) => p.near(b).await,
+            None => true,
+        }
+    }
+
+    fn abandoned(&self) -> bool {
+        self.pace.as_ref().is_some_and(|p| p.closed.load(Relaxed))
     }
 
     /// Fetch consecutive blocks: those in the disk cache from there, each run of the rest
@@ -567,6 +639,9 @@ impl Source {
         if let Some(disk) = self.cache.disk.clone() {
             let mut missing = VecDeque::new();
             for (b, tx) in blocks {
+                if !self.near(b).await {
+                    return;
+                }
                 let (disk, k, id, pool) =
                     (disk.clone(), self.key.clone(), self.identity.clone(), self.cache.pool.clone());
                 let hit = crate::sync::blocking(move || disk.get(&k, &id, b, &pool)).await.flatten();
@@ -597,7 +672,7 @@ impl Source {
         if left.is_empty() {
             return;
         }
-        if !grouped || matches!(res, Err(FsError::Stale(_))) {
+        if !grouped || matches!(res, Err(FsError::Stale(_))) || self.abandoned() {
             return Self::settle(left, partial, res);
         }
         let one = |x| async move {
@@ -643,6 +718,9 @@ impl Source {
                         return Err(FsError::Stale(format!("{}: the store sent more bytes than asked for", self.key)));
                     };
                     let want = self.len(b);
+                    if buf.is_none() && !self.near(b).await {
+                        return Err(FsError::Local("the reader is gone".into()));
+                    }
                     let space: &mut BlockBuf = buf.get_or_insert_with(|| self.cache.pool.take());
                     let k = chunk.len().min(want - n);
                     let piece = &mut space.space()[n..n + k];

@@ -494,3 +494,48 @@ async fn fill_disk_completes_a_version_pinned_by_its_etag() {
     assert!(!c2.disk().unwrap().contains("f", old.identity(), 0));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Blocks of `r` filled (in the memory cache: no disk cache here), and fetches in flight.
+fn filled(r: &FileReader) -> (Vec<u64>, usize) {
+    let done = (0..r.size.div_ceil(BLOCK)).filter(|&b| r.cache.blocks.contains_key(&r.block_key(b))).collect();
+    (done, r.state.lock().unwrap().inflight.len())
+}
+
+#[tokio::test]
+async fn a_wide_window_fills_only_so_far_ahead_of_a_slow_reader() {
+    // A window of 32 blocks (64 MiB): its GETs go out, but a reader that stops reading
+    // has at most AHEAD blocks filled ahead of it (memory), until it reads on.
+    let store = Arc::new(MemStore::new());
+    let body = data(40 * BLOCK as usize);
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
+    let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
+    for off in (0..4 * BLOCK).step_by(1 << 20) {
+        assert_eq!(r.read(off, 1 << 20).await.unwrap(), body.slice(off as usize..off as usize + (1 << 20)));
+    }
+    let settled = || async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        filled(&r)
+    };
+    let (done, inflight) = settled().await;
+    assert!(inflight > 12, "the window's fetches went out: {inflight}");
+    let last = *done.last().unwrap();
+    assert!(last < 3 + AHEAD, "filled up to block {last}, more than {AHEAD} ahead of block 3");
+    // Reading on releases the next ones.
+    for off in (4 * BLOCK..12 * BLOCK).step_by(1 << 20) {
+        assert_eq!(r.read(off, 1 << 20).await.unwrap(), body.slice(off as usize..off as usize + (1 << 20)));
+    }
+    let (done, _) = settled().await;
+    let last = *done.last().unwrap();
+    assert!((11 + AHEAD / 2..11 + AHEAD).contains(&last), "filled up to block {last}, reader at 11");
+    read_checked(&r, &body, 1 << 20).await;
+    // A reader dropped with fetches paused: they end, and their buffers go back.
+    let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
+    for off in (0..2 * BLOCK).step_by(1 << 20) {
+        r.read(off, 1 << 20).await.unwrap();
+    }
+    let pool = r.cache.pool.clone();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(r);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(pool.free(), pool.pooled(), "every buffer back in the pool");
+}
