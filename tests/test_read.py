@@ -294,3 +294,21 @@ def test_disk_cache_serves_a_remount_and_refetches_corrupted_blocks(bucket, tmp_
                 b = f.read(1)
                 f.seek(4 * MiB + 5)
                 f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_two_mounts_sharing_a_cache_dir_read_their_own_files(bucket, tmp_path):
+    """Two mounts of one bucket (the default cache directory is per bucket) read the same
+    object at once, twice each: the second mount caches in a directory of its own, so
+    neither cuts the other's file, and every read (passthrough the second time) is exact."""
+    data = random.Random(82).randbytes(12 * MiB + 3)
+    bucket.put_all({"s.bin": data})
+    cache = str(tmp_path / "cache")
+    with bucket.mounted(extra=["--cache-dir", cache]) as one, \
+            bucket.mounted(extra=["--cache-dir", cache]) as two:
+        for _ in range(2):
+            with ThreadPoolExecutor(2) as ex:
+                got = list(ex.map(lambda mp: md5_file(os.path.join(mp, "s.bin")), [one, two]))
+            assert got == [md5(data)] * 2
+        assert os.path.isdir(os.path.join(cache, "mount-1")), "the second mount shared the first's directory"
+        _cached_whole(cache, data)
+        _cached_whole(os.path.join(cache, "mount-1"), data)

@@ -53,6 +53,8 @@ const RECORD: usize = 16;
 const OVERHEAD_KIB: u32 = 4;
 
 pub struct DiskCache {
+    /// An `flock` on `dir`, held while this lives: one process per directory.
+    _lock: File,
     dir: PathBuf,
     /// Bytes of a block (the read path's [`crate::read::BLOCK`]; smaller in unit tests).
     block: u64,
@@ -105,6 +107,41 @@ impl Entry {
     fn slot(&self) -> Slot {
         Slot { gen: self.gen, kib: (self.bytes.div_ceil(1024)).min(u32::MAX as u64 - 8) as u32 + OVERHEAD_KIB }
     }
+}
+
+/// Directories a cache may use besides the one it is given (see [`lock_slot`]).
+const SLOTS: usize = 16;
+
+/// `dir`, or the first `dir/mount-N` no other process holds, locked for this one. A data
+/// file is written in place, so two processes sharing one would cut each other's files
+/// (two mounts of one bucket share its default cache directory). Files in a slot no process
+/// holds are an earlier mount's: the next mount to take the slot uses them.
+fn lock_slot(dir: &Path) -> std::io::Result<(PathBuf, File)> {
+    use std::os::fd::AsRawFd;
+    for n in 0..SLOTS {
+        let path = if n == 0 { dir.to_path_buf() } else { dir.join(format!("mount-{n}")) };
+        std::fs::create_dir_all(&path)?;
+        let f = File::open(&path)?;
+        // SAFETY: flock on a descriptor we own; released when it closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            if n > 0 {
+                tracing::info!(
+                    "disk cache {} is in use by another bucketfs process; this one uses {}",
+                    dir.display(),
+                    path.display()
+                );
+            }
+            return Ok((path, f));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "{SLOTS} bucketfs processes use the disk cache {} already; give this mount its own --cache-dir",
+        dir.display()
+    )))
 }
 
 fn next_gen() -> u64 {
@@ -169,7 +206,8 @@ impl DiskCache {
     /// As [`DiskCache::open`], with blocks of `block` bytes (a multiple of 4 KiB).
     pub(crate) fn with_block(dir: &Path, max_bytes: u64, block: u64) -> std::io::Result<Self> {
         assert!(block > 0 && block.is_multiple_of(ALIGN as u64));
-        std::fs::create_dir_all(dir)?;
+        let (dir, lock) = lock_slot(dir)?;
+        let dir = dir.as_path();
         let entries = Entries::default();
         let (on_evict, evict_dir) = (entries.clone(), dir.to_path_buf());
         let index = moka::sync::Cache::builder()
@@ -185,6 +223,7 @@ impl DiskCache {
             })
             .build();
         let c = Self {
+            _lock: lock,
             dir: dir.to_path_buf(),
             block,
             max_bytes,

@@ -261,3 +261,25 @@ fn a_pinned_file_moved_onto_a_copy_left_behind_takes_the_name() {
     assert!(!c.rekey_whole("x", "e", "y", "e"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Two mounts of one bucket share its default cache directory: each process gets a
+/// directory of its own (files are written in place), and a later mount takes over what
+/// an earlier one left.
+#[test]
+fn two_processes_never_share_a_directory() {
+    let (d, p) = (dir("slots"), pool());
+    let data = object(2 * B as usize, 10);
+    let one = cache(&d, 64 << 20);
+    let two = cache(&d, 64 << 20);
+    assert_eq!(two.dir, d.join("mount-1"));
+    put_blocks(&one, &p, "k", "e", &data, 0..2);
+    put_blocks(&two, &p, "k", "e", &data, [0]);
+    assert!(one.is_complete("k", "e", data.len() as u64), "the second did not cut the first's file");
+    assert!(read_all(&one.whole("k", "e", data.len() as u64).unwrap()) == data);
+    drop(one);
+    let three = cache(&d, 64 << 20);
+    assert_eq!(three.dir, d, "the first one's directory is free again");
+    assert!(three.is_complete("k", "e", data.len() as u64), "and its files are used");
+    assert!(two.contains("k", "e", 0) && !two.contains("k", "e", 1));
+    std::fs::remove_dir_all(&d).unwrap();
+}

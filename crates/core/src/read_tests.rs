@@ -197,6 +197,7 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
     let first = cache_on_disk(&dir);
     assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
     disk_holds(&first, body.len() as u64).await;
+    drop(first); // the process ends: its lock on the directory goes
     // A new memory cache (a remount): every block comes from disk, no GET.
     let before = store.requests.load(Ordering::Relaxed);
     assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
@@ -223,6 +224,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     let first = cache_on_disk(&dir);
     read_checked(&open(first.clone()), &body, 1 << 20).await;
     disk_holds(&first, body.len() as u64).await;
+    drop(first);
     let r = open(cache_on_disk(&dir));
     let before = store.requests.load(Ordering::Relaxed);
     let reads =
@@ -234,6 +236,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "every random read came from the disk cache");
     // A read past this version's end (the kernel saw a newer, longer object) asks the store,
     // whose If-Match says whether the object changed, instead of answering short from disk.
+    drop(r);
     let r = open(cache_on_disk(&dir));
     assert_eq!(r.read(4 * BLOCK, 100).await.unwrap(), body.slice(4 * BLOCK as usize..));
     assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a read past the end: one exact GET");
@@ -242,6 +245,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         std::fs::remove_file(e.path()).unwrap();
     }
+    drop(r);
     let r = open(cache_on_disk(&dir));
     assert_eq!(r.read(BLOCK + 1, 10).await.unwrap(), body.slice(BLOCK as usize + 1..BLOCK as usize + 11));
     assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a block gone from disk: one exact GET");
@@ -453,6 +457,7 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     let first = cache_on_disk(&dir);
     assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
     disk_holds(&first, body.len() as u64).await;
+    drop(first);
     let before = store.ranges.lock().unwrap().len();
     assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.ranges.lock().unwrap().len(), before, "every block came from the disk cache");
