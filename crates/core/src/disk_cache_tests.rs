@@ -283,3 +283,47 @@ fn two_processes_never_share_a_directory() {
     assert!(two.contains("k", "e", 0) && !two.contains("k", "e", 1));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Eight threads put and get blocks of twelve versions, and take whole files, in a cache
+/// that holds three: every block read back and every whole file is exact, and the bound
+/// holds on disk.
+#[test]
+fn concurrent_puts_gets_and_evictions_never_serve_wrong_bytes() {
+    let d = dir("churn");
+    let max = 12 * B;
+    let c = cache(&d, max);
+    let objects: Vec<Vec<u8>> = (0..12).map(|v| object(3 * B as usize + 100 * v, v as u64 + 20)).collect();
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (c, objects) = (&c, &objects);
+            s.spawn(move || {
+                let p = pool();
+                let mut x = t * 7919 + 1;
+                for _ in 0..300 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let v = (x >> 33) as usize % objects.len();
+                    let (k, data) = (format!("k{v}"), &objects[v]);
+                    let b = (x >> 20) % 4;
+                    match x % 3 {
+                        0 => put_blocks(c, &p, &k, "e", data, [b]),
+                        1 => {
+                            if let Some(got) = c.get(&k, "e", b, &p) {
+                                let want = &data[(b * B) as usize..(((b + 1) * B) as usize).min(data.len())];
+                                assert!(got == want, "block {b} of {k} is wrong");
+                            }
+                        }
+                        _ => {
+                            if let Some(w) = c.whole(&k, "e", data.len() as u64) {
+                                assert!(read_all(&w) == *data, "whole {k} is wrong");
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    assert!(c.used_bytes() <= max);
+    let on_disk: u64 = std::fs::read_dir(&c.dir).unwrap().flatten().map(|e| e.metadata().unwrap().blocks() * 512).sum();
+    assert!(on_disk <= max + 16 * ALIGN as u64, "{on_disk} bytes on disk for a bound of {max}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
