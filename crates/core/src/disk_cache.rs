@@ -478,8 +478,11 @@ impl DiskCache {
             self.stream_uncached(name, key, size, room);
             return None;
         }
+        if m.get(name).is_some_and(|e| e.pin.count() > 0) {
+            return None; // another size under a name the kernel reads: left alone
+        }
         if let Some(old) = m.remove(name) {
-            // Another size under the same name (a damaged sidecar, or a hash collision).
+            // Another size under the same name (a hash collision).
             drop(m);
             self.index.invalidate(name);
             self.delete_files(name, &old);
