@@ -353,7 +353,8 @@ impl DiskCache {
     /// Whether the block is cached (no I/O; [`DiskCache::get`] still checks it).
     pub fn contains(&self, key: &str, identity: &str, block: u64) -> bool {
         let m = self.entries.lock().unwrap();
-        m.get(&Self::name(key, identity)).is_some_and(|e| !e.evicted && e.crcs.get(block as usize).is_some_and(Option::is_some))
+        m.get(&Self::name(key, identity))
+            .is_some_and(|e| !e.evicted && e.crcs.get(block as usize).is_some_and(Option::is_some))
     }
 
     /// Whether every block of the version (`size` bytes) is cached. No I/O.

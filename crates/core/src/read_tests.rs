@@ -198,7 +198,7 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
     assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
     disk_holds(&first, body.len() as u64).await;
     drop(first); // the process ends: its lock on the directory goes
-    // A new memory cache (a remount): every block comes from disk, no GET.
+                 // A new memory cache (a remount): every block comes from disk, no GET.
     let before = store.requests.load(Ordering::Relaxed);
     assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "served from the disk cache");
