@@ -117,13 +117,26 @@ impl Pace {
 }
 
 /// How long a block fetched for a sequential reader waits for room in the disk queue
-/// before it skips the disk cache (see [`ReadCache::to_disk_waiting`]).
+/// before it skips the disk cache (see [`ReadCache::to_disk`]).
 const DISK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Blocks queued for the disk cache at most (8 MiB): `O_DIRECT` writes of 2 MiB keep up
 /// with a streaming reader; a block that finds the queue full waits a moment, then is
 /// skipped (the close fetches it again, or the memory cache keeps it).
 const DISK_QUEUE: usize = 4;
+
+/// A block for the disk cache: block `block` of a version of `size` bytes, the first `len`
+/// bytes of `padded` (see [`crate::disk_cache::DiskCache::put`]), their CRC32C if the
+/// caller has it (else computed there).
+struct DiskPut {
+    key: Arc<str>,
+    identity: Arc<str>,
+    size: u64,
+    block: u64,
+    padded: Bytes,
+    len: usize,
+    crc: Option<u32>,
+}
 
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, FsError>>>;
 type BlockKey = (Arc<str>, Arc<str>, u64);
@@ -174,71 +187,41 @@ impl ReadCache {
     /// caches under its new identity.
     pub fn remember(&self, key: &str, identity: &str, size: u64, block: u64, data: Bytes) {
         let (k, id): (Arc<str>, Arc<str>) = (key.into(), identity.into());
-        self.to_disk(&k, &id, size, block, data.clone(), data.len(), None);
+        let put = DiskPut {
+            key: k.clone(),
+            identity: id.clone(),
+            size,
+            block,
+            len: data.len(),
+            padded: data.clone(),
+            crc: None,
+        };
+        // Never waits: the queue has room, or the block is skipped (its caller uploads).
+        futures::FutureExt::now_or_never(self.to_disk(put, std::time::Duration::ZERO));
         self.insert((k, id, block), data);
     }
 
-    /// Queue the first `len` bytes of `padded` (block `block` of a version of `size` bytes)
-    /// for the disk cache, unless the queue is full (then it is skipped: `false`). `crc`:
-    /// their CRC32C if the caller has it (else computed there). See
-    /// [`crate::disk_cache::DiskCache::put`] for `padded`.
-    #[allow(clippy::too_many_arguments)]
-    fn to_disk(
-        &self,
-        key: &Arc<str>,
-        identity: &Arc<str>,
-        size: u64,
-        block: u64,
-        padded: Bytes,
-        len: usize,
-        crc: Option<u32>,
-    ) -> bool {
+    /// Queue a block for the disk cache; `false` if there is none, or its queue stayed full
+    /// for `wait` (the block is skipped). The read path's fetches arrive in bursts (a
+    /// streamed GET hands over [`GROUP`] blocks at memory speed) that a disk faster than the
+    /// link absorbs in a moment ([`DISK_WAIT`]), and a block skipped costs a second GET at
+    /// the close (or a cache that stays incomplete).
+    async fn to_disk(&self, put: DiskPut, wait: std::time::Duration) -> bool {
         let Some(disk) = self.disk.clone() else { return false };
-        let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return false };
-        Self::put_detached(disk, permit, key, identity, size, block, padded, len, crc);
-        true
-    }
-
-    /// As [`ReadCache::to_disk`], but a full queue is waited for up to [`DISK_WAIT`]: the
-    /// read path's fetches arrive in bursts (a streamed GET hands over [`GROUP`] blocks at
-    /// memory speed) that a disk faster than the link absorbs in a moment, and a block
-    /// skipped here costs a second GET at the close (or a cache that stays incomplete).
-    #[allow(clippy::too_many_arguments)]
-    async fn to_disk_waiting(
-        &self,
-        key: &Arc<str>,
-        identity: &Arc<str>,
-        size: u64,
-        block: u64,
-        padded: Bytes,
-        len: usize,
-        crc: Option<u32>,
-    ) -> bool {
-        let Some(disk) = self.disk.clone() else { return false };
-        let acquire = self.disk_queue.clone().acquire_owned();
-        let Ok(Ok(permit)) = tokio::time::timeout(DISK_WAIT, acquire).await else { return false };
-        Self::put_detached(disk, permit, key, identity, size, block, padded, len, crc);
-        true
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn put_detached(
-        disk: Arc<crate::disk_cache::DiskCache>,
-        permit: OwnedSemaphorePermit,
-        key: &Arc<str>,
-        identity: &Arc<str>,
-        size: u64,
-        block: u64,
-        padded: Bytes,
-        len: usize,
-        crc: Option<u32>,
-    ) {
-        let (k, id) = (key.clone(), identity.clone());
+        let permit = match self.disk_queue.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) if wait.is_zero() => return false,
+            Err(_) => match tokio::time::timeout(wait, self.disk_queue.clone().acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                _ => return false,
+            },
+        };
         crate::sync::blocking_detached(move || {
-            let crc = crc.unwrap_or_else(|| crc32c::crc32c(&padded[..len]));
-            disk.put(&k, &id, size, block, &padded, len, crc);
+            let crc = put.crc.unwrap_or_else(|| crc32c::crc32c(&put.padded[..put.len]));
+            disk.put(&put.key, &put.identity, put.size, put.block, &put.padded, put.len, crc);
             drop(permit);
         });
+        true
     }
 
     /// Cache a block, and settle evictions now: moka applies them lazily, in batches of
@@ -758,7 +741,9 @@ impl Source {
         let padded = buf.into_bytes(round_up(n));
         let data = padded.slice(..n);
         let _ = tx.send(Ok(data.clone()));
-        if !self.cache.to_disk_waiting(&self.key, &self.identity, self.size, b, padded, n, Some(crc)).await {
+        let (key, identity, size) = (self.key.clone(), self.identity.clone(), self.size);
+        let put = DiskPut { key, identity, size, block: b, padded, len: n, crc: Some(crc) };
+        if !self.cache.to_disk(put, DISK_WAIT).await {
             self.cache.insert((self.key.clone(), self.identity.clone(), b), data);
         }
     }
