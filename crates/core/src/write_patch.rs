@@ -172,7 +172,7 @@ impl bucketfs_store::PatchSource for Source<'_> {
 impl super::Staged {
     /// The staged file holds exactly the version `etag` of `key` (taken over from the disk
     /// cache): remember it, with its blocks' sums read from the file, so the first upload
-    /// sends only what changed (write_patch.rs). Costs a local read of the file.
+    /// sends only what changed. Costs a local read of the file.
     pub fn remember_stored(&mut self, key: &str, etag: &str) -> Result<(), FsError> {
         const CHUNK: usize = 8 * 1024 * 1024;
         let mut sums = Sums::default();
