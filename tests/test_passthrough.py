@@ -65,7 +65,8 @@ def test_second_open_passes_through_with_the_same_bytes(pbucket, tmp_path):
         assert through(mp) == 0, "nothing was on local disk at the first open"
         assert md5_file(path) == md5(data)
         assert through(mp) == 1, "the second open did not pass through"
-        assert list((tmp_path / "cache").glob("*.w")), "no whole-object file in the cache"
+        cached = list((tmp_path / "cache").glob("*.d"))
+        assert [f.read_bytes() == data for f in cached] == [True], "not one cache file holding the object"
         # Random reads and a mapping of a passthrough handle.
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -86,7 +87,7 @@ def test_second_open_passes_through_with_the_same_bytes(pbucket, tmp_path):
             n = through(mp)
             with open(path, "r+b") as w:
                 assert through(mp) == n + 1, "the writer did not pass through"
-                assert not list((tmp_path / "cache").glob("*.w")), "the taken-over file is still cached"
+                assert not list((tmp_path / "cache").glob("*.d")), "the taken-over file is still cached"
                 w.seek(3 * MiB)
                 w.write(b"adopted")
                 w.flush()
@@ -161,7 +162,8 @@ def test_passthrough_off_gives_the_same_bytes(pbucket, tmp_path):
             assert md5_file(path) == md5(data)
         st = status(mp)
         assert (st["passthrough"], st["passthrough_opens"]) == (False, 0)
-        assert not list((tmp_path / "cache").glob("*.w")), "whole files built with passthrough off"
+        cached = list((tmp_path / "cache").glob("*.d"))
+        assert [f.read_bytes() == data for f in cached] == [True], "one file per version, passthrough or not"
 
 
 def test_files_written_here_read_back_through_passthrough(pbucket, tmp_path):

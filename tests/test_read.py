@@ -178,14 +178,26 @@ def test_concurrent_readers(read_mount):
         assert got == want[key], f"{key}: {got}"
 
 
-def _block_files(cache: str, want: int, timeout: float = 10.0) -> list[str]:
-    """The disk cache's block files once there are `want` of them (writes are asynchronous)."""
+def _cache_files(cache: str) -> list[str]:
+    """The disk cache's data files (one per object version)."""
+    return sorted(glob.glob(os.path.join(cache, "*.d")))
+
+
+def _cached_whole(cache: str, data: bytes, timeout: float = 10.0) -> str:
+    """The data file holding all of `data`, once it does (writes are asynchronous)."""
     deadline = time.monotonic() + timeout
     while True:
-        files = sorted(glob.glob(os.path.join(cache, "*.b3")))
-        if len(files) >= want or time.monotonic() > deadline:
-            return files
+        for p in _cache_files(cache):
+            with open(p, "rb") as f:
+                if f.read() == data:
+                    return p
+        assert time.monotonic() < deadline, "the disk cache did not write every block of the file"
         time.sleep(0.1)
+
+
+def _disk_bytes(path: str) -> int:
+    """Bytes a directory's files take on disk (allocated blocks, not lengths)."""
+    return sum(os.stat(os.path.join(path, n)).st_blocks * 512 for n in os.listdir(path))
 
 
 def test_random_reads_after_a_remount_come_from_the_disk_cache(bucket, tmp_path):
@@ -197,13 +209,9 @@ def test_random_reads_after_a_remount_come_from_the_disk_cache(bucket, tmp_path)
     cache = str(tmp_path / "cache")
     with bucket.mounted(extra=["--cache-dir", cache]) as mp:
         assert md5_file(os.path.join(mp, "r.bin")) == md5(data)
-        whole = 3 * (2 * MiB + 4096) + (MiB + 4096 + 4096)  # each block's data and trailer page
-        deadline = time.monotonic() + 10
-        while sum(os.path.getsize(p) for p in _block_files(cache, 4)) < whole:
-            assert time.monotonic() < deadline, "the disk cache did not write the file's blocks"
-            time.sleep(0.1)
+        _cached_whole(cache, data)
     rng = random.Random(5)
-    with bucket.mounted(extra=["--cache-dir", cache]) as mp:
+    with bucket.mounted(extra=["--cache-dir", cache, "--passthrough", "off"]) as mp:
         fd = os.open(os.path.join(mp, "r.bin"), os.O_RDONLY)
         try:
             before = json.loads(run_cli(["status", "--json", mp]).out)["requests"]
@@ -217,38 +225,90 @@ def test_random_reads_after_a_remount_come_from_the_disk_cache(bucket, tmp_path)
     assert after == before, f"{after - before} store requests for random reads of cached blocks"
 
 
+def test_a_cold_read_stores_each_byte_once(bucket, tmp_path):
+    """One file per object version: a cold read writes the object's bytes to the disk cache
+    once (no second, whole-object copy), and the second open reads that same file. Caches
+    of older formats in --cache-dir are removed at mount, never read."""
+    data = random.Random(79).randbytes(48 * MiB + 4097)
+    bucket.put_all({"once.bin": data})
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = ["0123456789abcdef0123456789abcdef.b3", "0123456789abcdef0123456789abcdef.00c0ffee.w", "7.spare"]
+    for n in old:
+        (cache / n).write_bytes(b"\0" * 8192)
+    with bucket.mounted(extra=["--cache-dir", str(cache)]) as mp:
+        assert [n for n in old if (cache / n).exists()] == [], "old-format cache files left"
+        path = os.path.join(mp, "once.bin")
+        assert md5_file(path) == md5(data)
+        kept = _cached_whole(str(cache), data)
+        time.sleep(1)  # what the close starts in the background (nothing more to write)
+        assert _cache_files(str(cache)) == [kept], "more than one file for one version"
+        used = _disk_bytes(str(cache))
+        assert used <= len(data) * 1.02 + 64 * 1024, f"{used} bytes on disk for {len(data)} read"
+        ino = os.stat(kept).st_ino
+        assert md5_file(path) == md5(data)
+        assert os.stat(kept).st_ino == ino and _disk_bytes(str(cache)) == used, "the second read wrote again"
+
+
+def test_an_object_too_large_for_the_disk_cache_streams_uncached(bucket, tmp_path):
+    """A sequential read of an object larger than the disk cache can hold writes nothing to
+    it (it would only evict everything else) and reads the right bytes; a small object read
+    after it is still cached."""
+    big, small = random.Random(80).randbytes(24 * MiB + 1), random.Random(81).randbytes(3 * MiB)
+    bucket.put_all({"big.bin": big, "small.bin": small})
+    cache = str(tmp_path / "cache")
+    with bucket.mounted(extra=["--cache-dir", cache, "--disk-cache-mib", "16"]) as mp:
+        assert md5_file(os.path.join(mp, "big.bin")) == md5(big)
+        time.sleep(1)
+        assert _cache_files(cache) == [], "a part of the large object was cached"
+        st = json.loads(run_cli(["status", "--json", mp]).out)
+        assert st["disk_cache_bytes"] == 0, st
+        assert md5_file(os.path.join(mp, "small.bin")) == md5(small)
+        _cached_whole(cache, small)
+
+
 def test_disk_cache_serves_a_remount_and_refetches_corrupted_blocks(bucket, tmp_path):
-    """Each 2 MiB block read lands in --cache-dir as its own checksummed file. After a byte
-    of every block file (and of the whole-object file passthrough reads) is flipped, a
-    remount still reads the right bytes (the checksums catch it, the block is refetched) and
-    the cache files are rewritten intact."""
+    """Each block read lands in the version's file in --cache-dir, its checksum in the
+    sidecar. After a byte of two of its blocks is flipped, a remount still reads the right
+    bytes (the checksums catch it, and the file is refetched), and the cache file is
+    written again intact."""
     data = random.Random(77).randbytes(5 * MiB + 123)  # three blocks, the last one short
-    blocks = [data[i:i + 2 * MiB] for i in range(0, len(data), 2 * MiB)]
     bucket.put_all({"big.bin": data})
     cache = str(tmp_path / "cache")
     with bucket.mounted(extra=["--cache-dir", cache]) as mp:
         assert md5_file(os.path.join(mp, "big.bin")) == md5(data)
-        files = _block_files(cache, len(blocks))
-    assert len(files) == len(blocks), files
-    # With passthrough the close also left the whole object in one file (read by the kernel
-    # at the next open): damaged too, so the remount must find both checks failing.
-    wholes = [os.path.join(cache, n) for n in os.listdir(cache) if n.endswith(".w")]
-    for p in files + wholes:
-        with open(p, "r+b") as f:
-            f.seek(100)
+        kept = _cached_whole(cache, data)
+    with open(kept, "r+b") as f:
+        for at in (100, 2 * MiB + 100):
+            f.seek(at)
             b = f.read(1)
-            f.seek(100)
+            f.seek(at)
             f.write(bytes([b[0] ^ 0xFF]))
-    with bucket.mounted(extra=["--cache-dir", cache]) as mp:
-        assert md5_file(os.path.join(mp, "big.bin")) == md5(data), "a corrupted block was served"
-        deadline = time.monotonic() + 10
-        while True:
-            intact = 0
-            for p in _block_files(cache, len(blocks)):
-                with open(p, "rb") as f:
-                    raw = f.read()
-                intact += any(raw[:len(b)] == b for b in blocks)
-            if intact == len(blocks) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-    assert intact == len(blocks), "corrupted block files were not replaced by refetched ones"
+    for passthrough in ("on", "off"):
+        with bucket.mounted(extra=["--cache-dir", cache, "--passthrough", passthrough]) as mp:
+            assert md5_file(os.path.join(mp, "big.bin")) == md5(data), f"a corrupted block was served ({passthrough})"
+            _cached_whole(cache, data)
+        if passthrough == "on":
+            with open(_cached_whole(cache, data), "r+b") as f:
+                f.seek(4 * MiB + 5)
+                b = f.read(1)
+                f.seek(4 * MiB + 5)
+                f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_two_mounts_sharing_a_cache_dir_read_their_own_files(bucket, tmp_path):
+    """Two mounts of one bucket (the default cache directory is per bucket) read the same
+    object at once, twice each: the second mount caches in a directory of its own, so
+    neither cuts the other's file, and every read (passthrough the second time) is exact."""
+    data = random.Random(82).randbytes(12 * MiB + 3)
+    bucket.put_all({"s.bin": data})
+    cache = str(tmp_path / "cache")
+    with bucket.mounted(extra=["--cache-dir", cache]) as one, \
+            bucket.mounted(extra=["--cache-dir", cache]) as two:
+        for _ in range(2):
+            with ThreadPoolExecutor(2) as ex:
+                got = list(ex.map(lambda mp: md5_file(os.path.join(mp, "s.bin")), [one, two]))
+            assert got == [md5(data)] * 2
+        assert os.path.isdir(os.path.join(cache, "mount-1")), "the second mount shared the first's directory"
+        _cached_whole(cache, data)
+        _cached_whole(os.path.join(cache, "mount-1"), data)

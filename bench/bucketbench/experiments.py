@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import sys
+import time
 
 from .util import (CmdError, CpuMeter, MemSampler, drop_caches, error, log, na, wait_idle,
                    pids_by_comm, run, summarize, timed)
@@ -33,6 +34,9 @@ MB = 1e6
 GB = 1e9
 # the file experiment 2 reads from the mount's own caches (issue 27's figures)
 CACHED_MB = 200
+# Seconds after a first read in which the file system process's CPU still counts (issue 47:
+# a cold read that caches its bytes may keep working after the reader is done).
+AFTER_S = 10
 
 
 def fresh_mount(ctx, system):
@@ -194,6 +198,11 @@ class Reads(Experiment):
                     "lower"))
         ms.append(M("cpu_fs_first_%dM" % s, "%d MB first read: of which the file system "
                     "process (CPU s per GB)" % s, "s/GB", "lower"))
+        ms.append(M("cpu_fs_after_first_%dM" % s, "%d MB first read: the file system process's "
+                    "CPU in the %d s after it (caching it on disk), s per GB" % (s, AFTER_S), "s/GB",
+                    "lower"))
+        ms.append(M("cpu_fs_total_first_%dM" % s, "%d MB first read: the file system process's "
+                    "CPU during it and in the %d s after, s per GB" % (s, AFTER_S), "s/GB", "lower"))
         ms.append(M("busy_link_%dM" % s, "%d MB download after it: machine CPU busy (%% of all "
                     "cores)" % s, "%", "higher"))
         ms.append(M("cpu_link_%dM" % s, "%d MB download after it: machine CPU s per GB" % s,
@@ -215,15 +224,19 @@ class Reads(Experiment):
                 {"title": "read again (MB/s)", "ylabel": "MB/s", "log": False,
                  "keys": ["again_%dM" % s for s in ctx.read_sizes]}]
 
-    def _read(self, ctx, path, size_mb, want_md5, meter=None):
+    def _read(self, ctx, path, size_mb, want_md5, meter=None, after=None):
         """MB/s of `dd bs=1M of=/dev/null` by dd's own timer (it starts after open), then
         the md5 of the file read once more, untimed. md5sum runs at about 400-500 MB/s
         on this machine's cores, so in the timed pipe it capped every system's rate; the
         second read is served by whatever the timed read left in the mount's caches.
-        `meter` (a CpuMeter), if given, measures the dd alone."""
+        `meter` (a CpuMeter), if given, measures the dd alone; `after`, if given, the
+        AFTER_S seconds right after it (what the read left running: caching it on disk)."""
         with meter or contextlib.nullcontext():
             rc, out, err, dt = run(["dd", "if=" + path, "bs=1M", "of=/dev/null"],
                                    ctx.timeout(60 + size_mb / 2), env={"LC_ALL": "C"})
+        if after:
+            with after:
+                time.sleep(AFTER_S)
         m = re.search(r"copied, ([0-9.e+-]+) s", err)
         secs = float(m.group(1)) if m else dt
         out = run(["md5sum", path], ctx.timeout(60 + size_mb / 2))[1]
@@ -253,12 +266,21 @@ class Reads(Experiment):
                                 log("%s: still busy 20 s after the first read" % system.name)
                         if phase == "dropped":
                             drop_caches()
+                        after = None
+                        if phase == "first" and meter and system.pid():
+                            after = CpuMeter({"fs": [system.pid()]})
                         mbps, ok = self._read(ctx, os.path.join(system.root, rel), s,
-                                              ctx.manifest[rel], meter)
+                                              ctx.manifest[rel], meter, after)
                         runs.setdefault("%s_%dM" % (phase, s), []).append(mbps)
                         if meter:
                             record_cpu(runs, "%s_%dM" % (phase, s), meter.result, s << 20,
                                        {"fs": "fs", "reader": "children"})
+                        if after and after.result:
+                            per = GB / (s << 20)
+                            late = after.result["fs_s"] * per
+                            runs.setdefault("cpu_fs_after_first_%dM" % s, []).append(late)
+                            during = runs["cpu_fs_first_%dM" % s][-1]
+                            runs.setdefault("cpu_fs_total_first_%dM" % s, []).append(during + late)
                         if not ok:
                             failures += 1
                             log("%s: md5 mismatch on %s (%s)" % (system.name, rel, phase))

@@ -1,8 +1,8 @@
 //! Micro-benchmark of the disk cache's write path as the read path drives it (no FUSE, no
 //! network): each 2 MiB block is copied into a pooled buffer in 256 KiB pieces (as a
 //! streamed GET delivers it, with the CRC32C of each piece taken while it is hot), then
-//! written with `DiskCache::put`. Reports this thread's CPU time per GiB twice: into an
-//! empty cache (a new file per block), and through a full one (every block evicts one).
+//! written with `DiskCache::put`, into objects of 64 MiB. Reports this thread's CPU time
+//! per GiB twice: into an empty cache, and through a full one (each object evicts one).
 //!
 //! Run: `cargo run --release -p bucketfs-core --example diskbench [-- MiB DIR]`; DIR must
 //! be on the disk the cache would use (tmpfs takes the plain-I/O path). DIR is deleted.
@@ -12,6 +12,9 @@ use std::path::PathBuf;
 use bucketfs_core::block_pool::{round_up, BlockPool, ALIGN};
 use bucketfs_core::disk_cache::DiskCache;
 use bucketfs_core::read::BLOCK;
+
+/// Bytes of each object written.
+const OBJECT: u64 = 64 * 1024 * 1024;
 
 /// CPU seconds (user + system) this thread has used.
 fn thread_cpu() -> f64 {
@@ -46,8 +49,9 @@ fn main() {
             let n = source.len();
             buf.space()[n..round_up(n)].fill(0);
             let padded = buf.into_bytes(round_up(n));
-            // A new key each pass, so the second pass never finds the first one's blocks.
-            cache.put(pass, "id", b, &padded, n, crc);
+            // New keys each pass, so the second pass never finds the first one's blocks.
+            let per = OBJECT / BLOCK;
+            cache.put(&format!("{pass}-{}", b / per), "id", OBJECT, b % per, &padded, n, crc);
         }
         let cpu = thread_cpu() - t;
         println!("{pass}: {:.3} CPU s per GiB", cpu * 1024.0 / mib as f64);

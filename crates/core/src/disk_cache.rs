@@ -1,32 +1,35 @@
-//! The on-disk block cache: object blocks kept across reads and remounts.
+//! The on-disk cache: one file per object version, kept across reads and remounts.
 //!
-//! Each block is one file named by a hash of (key, identity, block index); a changed object
-//! has a new identity, so its old blocks are never found again and age out. The layout is
-//! aligned for `O_DIRECT`: the block's bytes at offset 0, zero padding up to a multiple of
-//! 4 KiB, then one 4 KiB trailer holding a magic, the format version, the block's length,
-//! its CRC32C and the file's own name. Blocks are written and read with `O_DIRECT` straight
-//! from and into the read path's pooled buffers ([`crate::block_pool`]), so caching a block
-//! costs no copy into the page cache; where the file system refuses `O_DIRECT` (tmpfs)
-//! plain I/O is used.
-//! The writer is handed the CRC32C (the read path computes it while the block streams in,
-//! when its bytes are still in the CPU's cache), so a put reads no byte of the block.
+//! A version (key and identity: ETag, generation, or size and mtime) has one data file,
+//! `<hash>.d`, exactly the object's length from the start (sparse): each block the read
+//! path fetches is written once, at its own offset, as it arrives. Beside it a small
+//! sidecar, `<hash>.m`, says which blocks are there and their CRC32C: a header (magic,
+//! format version, block size, object size) then one 16-byte record per block written
+//! (block, length, CRC32C, and the record's own CRC32C; length 0 drops a block that failed
+//! its checksum). A block is written first and
+//! recorded after, so a crash leaves at worst a block that is not recorded (a miss) or a
+//! torn last record (ignored); never a recorded block with bytes it did not have that the
+//! checksum would not catch. The hash names (key, identity): a changed object has a new
+//! identity, so its old file is never found again and ages out.
 //!
-//! A block whose trailer or checksum does not match (corruption, a torn file, a file of an
-//! older format) is deleted and reported as a miss, so it costs a refetch, never wrong
-//! data. A new block is written under its own name (data first, trailer last): a file cut
-//! short by a crash has no valid trailer, and is a miss. The total size is bounded: an
-//! in-memory index (moka, weighted by bytes on disk) evicts least-recently-used blocks.
-//! An evicted file is not deleted but kept as a spare (up to [`SPARE_MAX`] bytes of them,
-//! counted in the bound): the next block of the same size is written over a spare, which
-//! is then renamed to the block's name, so a full cache makes no new file (no inode, no
-//! extent allocation) per block and deletes none. Files left by an earlier mount are
-//! indexed at start-up (spares and files of older formats are deleted there), so the bound
-//! holds across remounts too.
+//! A data file all of whose blocks are present *is* the whole object: the kernel reads it
+//! directly for passthrough opens ([`whole`]), with no copy. Blocks are written with
+//! `O_DIRECT` straight from the read path's pooled buffers ([`crate::block_pool`]), so
+//! caching costs no copy into the page cache; where the file system refuses `O_DIRECT`
+//! (tmpfs) plain I/O is used. The writer is handed each block's CRC32C (computed while the
+//! block streamed in), so a put reads nothing back. Every block read back is checked
+//! against its CRC32C; a failure drops that block (a refetch, never wrong data).
 //!
-//! Beside the blocks, the cache keeps whole-object files for the kernel to read directly
-//! (FUSE passthrough): see [`whole`].
+//! The total size is bounded: an in-memory index (moka, weighted by the bytes present,
+//! least-recently-used) evicts whole files. A file the kernel reads for an open handle
+//! (pinned) is deleted only once its last pin goes. An object larger than the cache can
+//! hold beside the pinned files is not cached at all: a sequential read of it streams
+//! without writing (said once in the log). Files left by an earlier mount are indexed at
+//! start-up (their blocks unverified until read, or checked whole before the kernel reads
+//! them); files of older formats (block files, whole-object copies) are deleted there.
 
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering::Relaxed};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering::Relaxed};
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -36,177 +39,298 @@ use bytes::Bytes;
 
 pub use whole::{WholeFile, WholePin};
 
-use crate::block_pool::{read_full, round_up, BlockPool, ALIGN};
+use crate::block_pool::{round_up, BlockPool, ALIGN};
 
-/// Extension of block files in the current format.
-const EXT: &str = ".b3";
-/// Extension of spare files (evicted blocks waiting to be written over).
-const SPARE_EXT: &str = ".spare";
-/// Trailer: magic, format version (u32 LE), block length (u64 LE), CRC32C (u32 LE), then
-/// the file's own name: a file renamed away (evicted) and written over while a reader had
-/// it open can never pass for the block the reader asked for.
-const MAGIC: &[u8; 8] = b"BFSBLOCK";
-const VERSION: u32 = 3;
-/// Bytes of spare files kept at most: as many 2 MiB blocks as the read path queues for
-/// the disk at once (8), so a full cache's writers always find one. A cache smaller than
-/// 16 times this keeps 1/16 of its size.
-pub const SPARE_MAX: u64 = 16 * 1024 * 1024;
+/// Extension of data files.
+const DATA_EXT: &str = ".d";
+/// Extension of sidecars.
+const META_EXT: &str = ".m";
+const MAGIC: &[u8; 8] = b"BFSCACHE";
+const VERSION: u32 = 4;
+const HEADER: usize = 32;
+const RECORD: usize = 16;
+/// Kept in the index for a sidecar and the file's metadata (KiB).
+const OVERHEAD_KIB: u32 = 4;
 
 pub struct DiskCache {
+    /// An `flock` on `dir`, held while this lives: one process per directory.
+    _lock: File,
     dir: PathBuf,
-    /// file name -> size on disk; evicting an entry makes its file a spare (or deletes it).
-    index: moka::sync::Cache<String, u32>,
-    spares: Arc<Spares>,
+    /// Bytes of a block (the read path's [`crate::read::BLOCK`]; smaller in unit tests).
+    block: u64,
+    max_bytes: u64,
+    /// Index name (the hash) -> its entry's generation and weight; evicting an entry deletes
+    /// its files (or marks them evicted while pinned). Never called under `entries`' lock:
+    /// its eviction listener takes that lock.
+    index: moka::sync::Cache<String, Slot>,
+    /// Index name -> what the sidecar says. Lock level 5: a leaf but for a pin's name.
+    entries: Entries,
     /// Cleared the first time the file system refuses `O_DIRECT`; plain I/O from then on.
     direct: AtomicBool,
-    /// Whole-object files (index name -> state). Locked only briefly and never while
-    /// calling into `index`, whose eviction listener takes it.
-    whole: whole::WholeMap,
-    /// One build at a time per whole file; a second caller waits for the first. The map is
-    /// a leaf; a file's own mutex is held across its build (in a blocking task), which
-    /// takes `whole` and `index` under it (lock level 5's one exception).
-    building: Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
+    /// Versions found too large to cache (so the check is made once per version); cleared
+    /// when it grows past a few thousand.
+    too_big: Mutex<HashSet<String>>,
+    /// Whether the log has said that large objects stream uncached.
+    told: AtomicBool,
 }
 
-/// Evicted block files kept to be written over; their bytes count in the cache's bound.
-struct Spares {
-    dir: PathBuf,
-    /// (path, size); at most `max` bytes in all.
-    files: Mutex<Vec<(PathBuf, u32)>>,
-    max: u64,
-    /// Names new spares.
-    seq: AtomicU64,
+type Entries = Arc<Mutex<HashMap<String, Entry>>>;
+
+/// The index's value: which entry (a name created again is another one) and its weight.
+#[derive(Clone, Copy)]
+struct Slot {
+    gen: u64,
+    kib: u32,
 }
 
-impl Spares {
-    /// Keep the evicted file `name` of `size` bytes as a spare if there is room, else delete it.
-    fn evicted(&self, name: &str, size: u32) {
-        let path = self.dir.join(name);
-        let mut files = self.files.lock().unwrap();
-        let held: u64 = files.iter().map(|(_, s)| *s as u64).sum();
-        if held + size as u64 <= self.max {
-            let spare = self.dir.join(format!("{}{SPARE_EXT}", self.seq.fetch_add(1, Relaxed)));
-            if std::fs::rename(&path, &spare).is_ok() {
-                files.push((spare, size));
-                return;
+struct Entry {
+    /// The object's length (the data file's).
+    size: u64,
+    /// Each block's CRC32C, if the block is in the data file.
+    crcs: Vec<Option<u32>>,
+    /// Blocks present and their bytes.
+    present: u64,
+    bytes: u64,
+    /// Every present block was written by this process or checked since it started.
+    checked: bool,
+    /// Out of the index while pinned: deleted at the last unpin.
+    evicted: bool,
+    gen: u64,
+    pin: Arc<whole::Pins>,
+}
+
+impl Entry {
+    fn complete(&self) -> bool {
+        self.present == self.crcs.len() as u64
+    }
+
+    fn slot(&self) -> Slot {
+        Slot { gen: self.gen, kib: (self.bytes.div_ceil(1024)).min(u32::MAX as u64 - 8) as u32 + OVERHEAD_KIB }
+    }
+}
+
+/// Directories a cache may use besides the one it is given (see [`lock_slot`]).
+const SLOTS: usize = 16;
+
+/// `dir`, or the first `dir/mount-N` no other process holds, locked for this one. A data
+/// file is written in place, so two processes sharing one would cut each other's files
+/// (two mounts of one bucket share its default cache directory). Files in a slot no process
+/// holds are an earlier mount's: the next mount to take the slot uses them.
+fn lock_slot(dir: &Path) -> std::io::Result<(PathBuf, File)> {
+    use std::os::fd::AsRawFd;
+    for n in 0..SLOTS {
+        let path = if n == 0 { dir.to_path_buf() } else { dir.join(format!("mount-{n}")) };
+        std::fs::create_dir_all(&path)?;
+        let f = File::open(&path)?;
+        // SAFETY: flock on a descriptor we own; released when it closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            if n > 0 {
+                tracing::info!(
+                    "disk cache {} is in use by another bucketfs process; this one uses {}",
+                    dir.display(),
+                    path.display()
+                );
             }
+            return Ok((path, f));
         }
-        drop(files);
-        let _ = std::fs::remove_file(path);
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
     }
-
-    /// A spare file of exactly `size` bytes, taken out of the list.
-    fn take(&self, size: u32) -> Option<PathBuf> {
-        let mut files = self.files.lock().unwrap();
-        let i = files.iter().position(|(_, s)| *s == size)?;
-        Some(files.swap_remove(i).0)
-    }
-
-    fn bytes(&self) -> u64 {
-        self.files.lock().unwrap().iter().map(|(_, s)| *s as u64).sum()
-    }
+    Err(std::io::Error::other(format!(
+        "{SLOTS} bucketfs processes use the disk cache {} already; give this mount its own --cache-dir",
+        dir.display()
+    )))
 }
 
-fn trailer(len: usize, crc: u32, name: &str) -> Vec<u8> {
-    let mut t = Vec::with_capacity(24 + name.len());
-    t.extend_from_slice(MAGIC);
-    t.extend_from_slice(&VERSION.to_le_bytes());
-    t.extend_from_slice(&(len as u64).to_le_bytes());
-    t.extend_from_slice(&crc.to_le_bytes());
-    t.extend_from_slice(name.as_bytes());
-    t
-}
-
-/// The block length and CRC a trailer records, if it is one of this format and names `name`.
-fn parse_trailer(t: &[u8], name: &str) -> Option<(usize, u32)> {
-    if t.len() < 24 + name.len() || &t[..8] != MAGIC || u32::from_le_bytes(t[8..12].try_into().ok()?) != VERSION {
-        return None;
-    }
-    if &t[24..24 + name.len()] != name.as_bytes() {
-        return None;
-    }
-    let len = u64::from_le_bytes(t[12..20].try_into().ok()?) as usize;
-    Some((len, u32::from_le_bytes(t[20..24].try_into().ok()?)))
+fn next_gen() -> u64 {
+    // A plain counter (std's even under shuttle: a static needs a const constructor).
+    static GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn is_einval(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::EINVAL)
 }
 
+fn header(block: u64, size: u64) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..20].copy_from_slice(&block.to_le_bytes());
+    h[20..28].copy_from_slice(&size.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..28]);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+fn record(b: u64, len: u64, crc: u32) -> [u8; RECORD] {
+    let mut r = [0u8; RECORD];
+    r[..4].copy_from_slice(&(b as u32).to_le_bytes());
+    r[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+    r[8..12].copy_from_slice(&crc.to_le_bytes());
+    let own = crc32c::crc32c(&r[..12]);
+    r[12..16].copy_from_slice(&own.to_le_bytes());
+    r
+}
+
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[..4].try_into().expect("4 bytes"))
+}
+
+fn le64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+}
+
+/// Read into `buf` at `at` until it is full or the file ends; the bytes read.
+fn read_full_at(f: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], at + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 impl DiskCache {
     /// A cache in `dir` holding at most `max_bytes`; indexes what an earlier mount left.
     pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let spare_max = SPARE_MAX.min(max_bytes / 16);
-        let spares = Arc::new(Spares {
-            dir: dir.to_path_buf(),
-            files: Mutex::default(),
-            max: spare_max,
-            seq: AtomicU64::new(0),
-        });
-        let evict_dir = dir.to_path_buf();
-        let on_evict = spares.clone();
-        let whole_map = whole::WholeMap::default();
-        let on_evict_whole = whole_map.clone();
+        Self::with_block(dir, max_bytes, crate::read::BLOCK)
+    }
+
+    /// As [`DiskCache::open`], with blocks of `block` bytes (a multiple of 4 KiB).
+    pub(crate) fn with_block(dir: &Path, max_bytes: u64, block: u64) -> std::io::Result<Self> {
+        assert!(block > 0 && block.is_multiple_of(ALIGN as u64));
+        let (dir, lock) = lock_slot(dir)?;
+        let dir = dir.as_path();
+        let entries = Entries::default();
+        let (on_evict, evict_dir) = (entries.clone(), dir.to_path_buf());
         let index = moka::sync::Cache::builder()
-            .weigher(|_k: &String, v: &u32| *v)
-            .max_capacity(max_bytes - spare_max)
-            // LRU, not moka's default TinyLFU: that rejects most new blocks once the cache is
-            // full (a block read once has no frequency yet), after they were written to disk.
+            .weigher(|_k: &String, v: &Slot| v.kib)
+            .max_capacity(max_bytes / 1024)
+            // LRU, not moka's default TinyLFU: that rejects most new files once the cache is
+            // full (a file read once has no frequency yet), after they were written to disk.
             .eviction_policy(moka::policy::EvictionPolicy::lru())
-            .eviction_listener(move |name: Arc<String>, size, cause| {
-                use moka::notification::RemovalCause;
-                match cause {
-                    RemovalCause::Replaced => {} // the same file, written again
-                    _ if name.ends_with(whole::WHOLE_EXT) => whole::evicted(&on_evict_whole, &evict_dir, &name),
-                    RemovalCause::Size => on_evict.evicted(&name, size),
-                    _ => {
-                        let _ = std::fs::remove_file(evict_dir.join(name.as_str()));
-                    }
+            .eviction_listener(move |name: Arc<String>, slot: Slot, cause| {
+                if cause != moka::notification::RemovalCause::Replaced {
+                    evicted(&on_evict, &evict_dir, &name, slot.gen);
                 }
             })
             .build();
-        for entry in std::fs::read_dir(dir)?.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            match entry.metadata() {
-                Ok(m) if name.ends_with(EXT) => index.insert(name, m.len().min(u32::MAX as u64) as u32),
-                Ok(m) if whole::adopt(&whole_map, &name, m.len()).is_some() => {
-                    let (index_name, _) = whole::parse_name(&name).expect("adopted");
-                    index.insert(index_name, m.len() as u32)
-                }
-                _ => {
-                    // A spare (maybe half written when the process ended), a temp file of
-                    // an older version, or a block of an older format.
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
-        Ok(Self {
+        let c = Self {
+            _lock: lock,
             dir: dir.to_path_buf(),
+            block,
+            max_bytes,
             index,
-            spares,
+            entries,
             direct: AtomicBool::new(true),
-            whole: whole_map,
-            building: Mutex::default(),
-        })
+            too_big: Mutex::default(),
+            told: AtomicBool::new(false),
+        };
+        c.adopt_all()?;
+        Ok(c)
     }
 
-    fn name(key: &str, identity: &str, block: u64) -> String {
+    /// At start-up: index the files an earlier mount left; delete everything else (files of
+    /// older formats, a data file without its sidecar, a sidecar that does not parse).
+    fn adopt_all(&self) -> std::io::Result<()> {
+        let mut keep = HashSet::new();
+        for entry in std::fs::read_dir(&self.dir)?.flatten() {
+            let file = entry.file_name().to_string_lossy().to_string();
+            let Some(name) = file.strip_suffix(META_EXT) else { continue };
+            match self.load(name) {
+                Some(e) => {
+                    let slot = e.slot();
+                    self.entries.lock().unwrap().insert(name.to_string(), e);
+                    self.index.insert(name.to_string(), slot);
+                    keep.insert(name.to_string());
+                }
+                None => tracing::debug!(file, "disk cache: sidecar unusable; dropped"),
+            }
+        }
+        for entry in std::fs::read_dir(&self.dir)?.flatten() {
+            let file = entry.file_name().to_string_lossy().to_string();
+            let name = file.strip_suffix(META_EXT).or_else(|| file.strip_suffix(DATA_EXT));
+            if !name.is_some_and(|n| keep.contains(n)) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        self.index.run_pending_tasks();
+        Ok(())
+    }
+
+    /// The entry a sidecar and its data file describe (blocks unverified).
+    fn load(&self, name: &str) -> Option<Entry> {
+        let meta = std::fs::read(self.dir.join(format!("{name}{META_EXT}"))).ok()?;
+        let h = meta.get(..HEADER)?;
+        let size = le64(&h[20..]);
+        if h != header(self.block, size) {
+            return None; // another format or block size, or damaged
+        }
+        if std::fs::metadata(self.dir.join(format!("{name}{DATA_EXT}"))).ok()?.len() != size {
+            return None;
+        }
+        let mut e = self.new_entry(size);
+        e.checked = false;
+        for r in meta[HEADER..].chunks_exact(RECORD) {
+            if le32(&r[12..]) != crc32c::crc32c(&r[..12]) {
+                break; // torn at a crash: the records after it were never written
+            }
+            let (b, len) = (le32(r) as u64, le32(&r[4..]) as u64);
+            if b >= e.crcs.len() as u64 {
+                continue;
+            }
+            if len == self.block_len(size, b) {
+                e.record(b, len, le32(&r[8..]));
+            } else if len == 0 && e.crcs[b as usize].take().is_some() {
+                // Dropped after failing its checksum.
+                e.present -= 1;
+                e.bytes -= self.block_len(size, b);
+            }
+        }
+        (e.present > 0).then_some(e)
+    }
+
+    fn new_entry(&self, size: u64) -> Entry {
+        let pin = Arc::new(whole::Pins::default());
+        let crcs = vec![None; size.div_ceil(self.block) as usize];
+        Entry { size, crcs, present: 0, bytes: 0, checked: true, evicted: false, gen: next_gen(), pin }
+    }
+
+    fn block_len(&self, size: u64, b: u64) -> u64 {
+        ((b + 1) * self.block).min(size).saturating_sub(b * self.block)
+    }
+
+    fn name(key: &str, identity: &str) -> String {
         // Two independent 64-bit hashes: a collision needs both to collide.
         let h = |seed: u64| {
             let mut s = std::collections::hash_map::DefaultHasher::new();
-            (seed, key, identity, block).hash(&mut s);
+            (seed, key, identity).hash(&mut s);
             s.finish()
         };
-        format!("{:016x}{:016x}{EXT}", h(1), h(2))
+        format!("{:016x}{:016x}", h(1), h(2))
     }
 
-    /// Open for reading or writing, with `O_DIRECT` while the file system takes it.
-    /// `create`: a new file (or an old one truncated); otherwise an existing one written over.
-    fn open_file(&self, path: &Path, write: bool, create: bool) -> std::io::Result<(File, bool)> {
+    fn data_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}{DATA_EXT}"))
+    }
+
+    fn meta_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}{META_EXT}"))
+    }
+
+    /// Open the data file for reading or writing, with `O_DIRECT` while the file system
+    /// takes it; the flag says whether it did.
+    fn open_data(&self, path: &Path, write: bool) -> std::io::Result<(File, bool)> {
         let mut o = std::fs::OpenOptions::new();
         if write {
-            o.write(true).create(create).truncate(create);
+            o.write(true);
         } else {
             o.read(true);
         }
@@ -226,23 +350,34 @@ impl DiskCache {
         }
     }
 
-    /// Whether the block is in the index (no I/O; [`DiskCache::get`] still checks it).
+    /// Whether the block is cached (no I/O; [`DiskCache::get`] still checks it).
     pub fn contains(&self, key: &str, identity: &str, block: u64) -> bool {
-        self.index.contains_key(&Self::name(key, identity, block))
+        let m = self.entries.lock().unwrap();
+        m.get(&Self::name(key, identity))
+            .is_some_and(|e| !e.evicted && e.crcs.get(block as usize).is_some_and(Option::is_some))
+    }
+
+    /// Whether every block of the version (`size` bytes) is cached. No I/O.
+    pub fn is_complete(&self, key: &str, identity: &str, size: u64) -> bool {
+        let m = self.entries.lock().unwrap();
+        m.get(&Self::name(key, identity)).is_some_and(|e| !e.evicted && e.size == size && e.complete())
     }
 
     /// The block if it is cached and intact, read into a buffer from `pool`. Blocking file
     /// I/O: call from a blocking context.
     pub fn get(&self, key: &str, identity: &str, block: u64, pool: &BlockPool) -> Option<Bytes> {
-        let name = Self::name(key, identity, block);
-        let size = self.index.get(&name)? as usize;
-        let path = self.dir.join(&name);
-        match self.read_block(&path, size, pool, &name) {
-            Ok(Some(data)) => Some(data),
-            Ok(None) => {
-                tracing::warn!(%key, block, "disk cache block failed its checks; refetching");
-                self.index.invalidate(&name);
-                let _ = std::fs::remove_file(&path);
+        let name = Self::name(key, identity);
+        let (len, crc, gen) = {
+            let m = self.entries.lock().unwrap();
+            let e = m.get(&name).filter(|e| !e.evicted)?;
+            (self.block_len(e.size, block) as usize, (*e.crcs.get(block as usize)?)?, e.gen)
+        };
+        self.index.get(&name); // marks it recently used
+        match self.read_block(&name, block, len, pool) {
+            Ok(data) if crc32c::crc32c(&data) == crc => Some(data),
+            Ok(_) => {
+                tracing::warn!(%key, block, "disk cache block failed its checksum; it is fetched again");
+                self.drop_block(&name, gen, block);
                 None
             }
             Err(e) => {
@@ -253,95 +388,223 @@ impl DiskCache {
         }
     }
 
-    /// `Ok(None)`: the file is there but is not an intact block of this format.
-    fn read_block(&self, path: &Path, size: usize, pool: &BlockPool, name: &str) -> std::io::Result<Option<Bytes>> {
-        if size < ALIGN || !size.is_multiple_of(ALIGN) || size > pool.size() {
-            return Ok(None);
+    fn read_block(&self, name: &str, block: u64, len: usize, pool: &BlockPool) -> std::io::Result<Bytes> {
+        let size = round_up(len);
+        if size > pool.size() {
+            return Err(std::io::Error::other("block larger than the pool's buffers"));
         }
+        let (path, at) = (self.data_path(name), block * self.block);
         let mut buf = pool.take();
-        let (f, direct) = self.open_file(path, false, false)?;
-        let n = match read_full(&mut &f, &mut buf.space()[..size]) {
+        let (f, direct) = self.open_data(&path, false)?;
+        let n = match read_full_at(&f, &mut buf.space()[..size], at) {
             Err(e) if direct && is_einval(&e) => {
                 self.no_direct(&e);
-                read_full(&mut File::open(path)?, &mut buf.space()[..size])?
+                read_full_at(&File::open(&path)?, &mut buf.space()[..size], at)?
             }
             r => r?,
         };
-        if n != size {
-            return Ok(None);
+        if n < len {
+            return Err(std::io::Error::other("data file shorter than its sidecar says"));
         }
-        let space = buf.space();
-        let Some((len, crc)) = parse_trailer(&space[size - ALIGN..size], name) else { return Ok(None) };
-        if round_up(len) != size - ALIGN || crc32c::crc32c(&space[..len]) != crc {
-            return Ok(None);
-        }
-        Ok(Some(buf.into_bytes(len)))
+        Ok(buf.into_bytes(len))
     }
 
-    /// Store the first `len` bytes of `padded`, whose CRC32C is `crc`. When `padded` is
-    /// page-aligned and exactly `len` rounded up to a page (a pooled block, zero-padded), it
-    /// is written with `O_DIRECT`; otherwise with plain writes. Over a spare file of the same
-    /// size renamed into place when there is one, else into a new file under the block's
-    /// name; data first, trailer last, so a crash never leaves a block that passes its
-    /// checks with bytes it did not have. Blocking file I/O.
-    pub fn put(&self, key: &str, identity: &str, block: u64, padded: &[u8], len: usize, crc: u32) {
-        let name = Self::name(key, identity, block);
-        let path = self.dir.join(&name);
-        let data_end = round_up(len);
-        let size = (data_end + ALIGN) as u32;
-        let spare = self.spares.take(size);
-        let target = spare.as_deref().unwrap_or(&path);
-        let write = || -> std::io::Result<()> {
-            let mut tail = BlockPool::new(ALIGN, 0).take(); // one aligned page, unpooled
-            let t = trailer(len, crc, &name);
-            tail.space().fill(0);
-            tail.space()[..t.len()].copy_from_slice(&t);
-            let aligned = padded.len() == data_end && (padded.as_ptr() as usize).is_multiple_of(ALIGN);
-            if aligned {
-                let (f, direct) = self.open_file(target, true, spare.is_none())?;
-                let r = f.write_all_at(padded, 0).and_then(|()| f.write_all_at(tail.space(), data_end as u64));
-                match r {
-                    Err(e) if direct && is_einval(&e) => self.no_direct(&e), // plain writes below
-                    r => return r,
+    /// Store block `block` of the version (`size` bytes): the first `len` bytes of `padded`,
+    /// whose CRC32C is `crc`. `padded` is written with `O_DIRECT` when it is page-aligned and
+    /// exactly `len` rounded up to a page (a pooled block, zero-padded) and that stays inside
+    /// the file; otherwise with a plain write. Nothing is done for a block already cached,
+    /// or a version too large to cache. Blocking file I/O.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put(&self, key: &str, identity: &str, size: u64, block: u64, padded: &[u8], len: usize, crc: u32) {
+        if len as u64 != self.block_len(size, block) || len == 0 || padded.len() < len {
+            return;
+        }
+        let name = Self::name(key, identity);
+        let Some(gen) = self.entry_for(&name, key, size, block) else { return };
+        let written = self.write_block(&name, block * self.block, padded, len);
+        let slot = {
+            let mut m = self.entries.lock().unwrap();
+            match (m.get_mut(&name).filter(|e| e.gen == gen), written) {
+                (Some(e), Ok(())) => {
+                    if e.crcs[block as usize].is_none() {
+                        e.record(block, len as u64, crc);
+                        self.append_record(&name, block, len as u64, crc);
+                    }
+                    Some(e.slot())
                 }
+                (Some(e), Err(err)) => {
+                    tracing::debug!("disk cache write failed: {err}");
+                    if e.present == 0 {
+                        // Never indexed: nothing else would delete it.
+                        let e = m.remove(&name).expect("found above");
+                        self.delete_files(&name, &e);
+                    }
+                    None
+                }
+                // Evicted or replaced meanwhile: the write went to a deleted file, or into
+                // a file that has this block already.
+                (None, _) => None,
             }
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(spare.is_none())
-                .truncate(spare.is_none())
-                .open(target)?;
-            f.write_all_at(&padded[..len], 0)?;
-            f.write_all_at(&[0; ALIGN][..data_end - len], len as u64)?; // a spare's old bytes
-            f.write_all_at(tail.space(), data_end as u64)
         };
-        let written = write().and_then(|()| match &spare {
-            Some(s) => std::fs::rename(s, &path),
-            None => Ok(()),
-        });
-        match written {
-            Ok(()) => {
-                // Settle evictions now (moka batches them): the bound holds on disk, and the
-                // next writer finds the file this one pushed out as a spare.
-                self.index.insert(name, size);
-                self.index.run_pending_tasks();
+        if let Some(slot) = slot {
+            self.index.insert(name, slot);
+        }
+        // Settle evictions now (moka batches them): the bound holds on disk.
+        self.index.run_pending_tasks();
+    }
+
+    /// The generation of `name`'s entry, created (an empty sparse file and a sidecar) if
+    /// there is none; `None` if the block is there already, or the version is not cached.
+    fn entry_for(&self, name: &str, key: &str, size: u64, block: u64) -> Option<u64> {
+        let mut m = self.entries.lock().unwrap();
+        if let Some(e) = m.get_mut(name).filter(|e| e.size == size) {
+            let missing = e.crcs[block as usize].is_none().then_some(e.gen);
+            if std::mem::replace(&mut e.evicted, false) {
+                // Evicted while pinned, and read again: back in the index.
+                let slot = e.slot();
+                drop(m);
+                self.index.insert(name.to_string(), slot);
             }
-            Err(e) => {
-                let _ = std::fs::remove_file(target);
-                tracing::debug!("disk cache write failed: {e}");
+            return missing;
+        }
+        if self.too_big.lock().unwrap().contains(name) {
+            return None;
+        }
+        // What pinned files hold counts against the room only for objects large next to
+        // the cache (the sum walks every entry).
+        let pinned = || m.values().filter(|e| e.pin.count() > 0).map(|e| e.bytes).sum::<u64>();
+        let room = if size > self.max_bytes / 16 { self.max_bytes.saturating_sub(pinned()) } else { self.max_bytes };
+        if size > room / 4 * 3 {
+            drop(m);
+            self.stream_uncached(name, key, size, room);
+            return None;
+        }
+        if m.get(name).is_some_and(|e| e.pin.count() > 0) {
+            return None; // another size under a name the kernel reads: left alone
+        }
+        if let Some(old) = m.remove(name) {
+            // Another size under the same name (a hash collision).
+            drop(m);
+            self.index.invalidate(name);
+            self.delete_files(name, &old);
+            m = self.entries.lock().unwrap();
+        }
+        let created = File::create(self.data_path(name))
+            .and_then(|f| f.set_len(size))
+            .and_then(|()| std::fs::write(self.meta_path(name), header(self.block, size)));
+        if let Err(e) = created {
+            tracing::debug!("disk cache file not created: {e}");
+            let _ = std::fs::remove_file(self.data_path(name));
+            return None;
+        }
+        let e = self.new_entry(size);
+        let gen = e.gen;
+        m.insert(name.to_string(), e);
+        Some(gen)
+    }
+
+    /// Forget block `block` of `name`'s entry (generation `gen`): in memory, and in the
+    /// sidecar with a record of length 0, so a remount does not serve it either.
+    fn drop_block(&self, name: &str, gen: u64, block: u64) {
+        let slot = {
+            let mut m = self.entries.lock().unwrap();
+            let Some(e) = m.get_mut(name).filter(|e| e.gen == gen) else { return };
+            if e.crcs[block as usize].take().is_none() {
+                return;
             }
+            e.present -= 1;
+            e.bytes -= self.block_len(e.size, block);
+            self.append_record(name, block, 0, 0);
+            e.slot()
+        };
+        self.index.insert(name.to_string(), slot);
+    }
+
+    fn append_record(&self, name: &str, block: u64, len: u64, crc: u32) {
+        let r = std::fs::OpenOptions::new().append(true).open(self.meta_path(name));
+        if let Err(e) = r.and_then(|mut f| std::io::Write::write_all(&mut f, &record(block, len, crc))) {
+            tracing::debug!("disk cache sidecar not written: {e}");
+        }
+    }
+
+    fn stream_uncached(&self, name: &str, key: &str, size: u64, room: u64) {
+        let mut big = self.too_big.lock().unwrap();
+        if big.len() > 4096 {
+            big.clear();
+        }
+        big.insert(name.to_string());
+        drop(big);
+        let mib = |b: u64| b / (1024 * 1024);
+        if !self.told.swap(true, Relaxed) {
+            tracing::info!(
+                %key,
+                "disk cache: objects over 3/4 of its free room ({} MiB of {} MiB) are read without \
+                 caching them on disk (this one is {} MiB); raise --disk-cache-mib to keep them",
+                mib(room),
+                mib(self.max_bytes),
+                mib(size)
+            );
+        } else {
+            tracing::debug!(%key, size, "disk cache: too large to cache; streamed");
+        }
+    }
+
+    fn write_block(&self, name: &str, at: u64, padded: &[u8], len: usize) -> std::io::Result<()> {
+        let path = self.data_path(name);
+        let end = round_up(len);
+        let aligned = padded.len() == end && (padded.as_ptr() as usize).is_multiple_of(ALIGN);
+        if aligned && end == len {
+            let (f, direct) = self.open_data(&path, true)?;
+            match f.write_all_at(padded, at) {
+                Err(e) if direct && is_einval(&e) => self.no_direct(&e), // a plain write below
+                r => return r,
+            }
+        }
+        // A short last block (its padding would pass the object's end), or unaligned bytes.
+        std::fs::OpenOptions::new().write(true).open(&path)?.write_all_at(&padded[..len], at)
+    }
+
+    fn delete_files(&self, name: &str, e: &Entry) {
+        if e.pin.count() == 0 {
+            let _ = std::fs::remove_file(self.data_path(name));
+            let _ = std::fs::remove_file(self.meta_path(name));
         }
     }
 
     /// Bytes the cache holds (after pending evictions run).
     pub fn used_bytes(&self) -> u64 {
         self.index.run_pending_tasks();
-        self.index.weighted_size() + self.spares.bytes()
+        self.index.weighted_size() * 1024
     }
 
     #[cfg(test)]
-    pub fn path_of(&self, key: &str, identity: &str, block: u64) -> PathBuf {
-        self.dir.join(Self::name(key, identity, block))
+    pub fn path_of(&self, key: &str, identity: &str) -> PathBuf {
+        self.data_path(&Self::name(key, identity))
     }
+}
+
+impl Entry {
+    fn record(&mut self, b: u64, len: u64, crc: u32) {
+        if self.crcs[b as usize].replace(crc).is_none() {
+            self.present += 1;
+            self.bytes += len;
+        }
+    }
+}
+
+/// The index dropped `name` (evicted, or invalidated after a failed check): delete its
+/// files, unless a pin holds them (then at the last unpin) or the entry is another one.
+fn evicted(entries: &Entries, dir: &Path, name: &str, gen: u64) {
+    let mut m = entries.lock().unwrap();
+    let Some(e) = m.get_mut(name).filter(|e| e.gen == gen) else { return };
+    if e.pin.count() > 0 {
+        e.evicted = true;
+        return;
+    }
+    m.remove(name);
+    drop(m);
+    let _ = std::fs::remove_file(dir.join(format!("{name}{DATA_EXT}")));
+    let _ = std::fs::remove_file(dir.join(format!("{name}{META_EXT}")));
 }
 
 #[path = "disk_cache_whole.rs"]

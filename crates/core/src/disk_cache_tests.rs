@@ -1,4 +1,10 @@
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+
 use super::*;
+
+/// Block size of these tests' caches.
+const B: u64 = 64 * 1024;
 
 fn dir(tag: &str) -> PathBuf {
     // Under the target directory, not /tmp: on a disk, so O_DIRECT is exercised where the
@@ -11,7 +17,11 @@ fn dir(tag: &str) -> PathBuf {
 }
 
 fn pool() -> BlockPool {
-    BlockPool::new(64 * 1024 + ALIGN, 4)
+    BlockPool::new(B as usize + ALIGN, 4)
+}
+
+fn cache(d: &Path, max: u64) -> Arc<DiskCache> {
+    Arc::new(DiskCache::with_block(d, max, B).unwrap())
 }
 
 /// A block as the read path hands it over: in a pooled buffer, zero-padded to a page.
@@ -23,141 +33,297 @@ fn pooled(pool: &BlockPool, data: &[u8]) -> Bytes {
     b.into_bytes(end)
 }
 
+fn object(len: usize, seed: u64) -> Vec<u8> {
+    (0..len).map(|i| (i as u64 * 31 + seed) as u8).collect()
+}
+
+/// Put `blocks` of `data` (a version of key `k`, identity `id`) as the read path does.
+fn put_blocks(c: &DiskCache, p: &BlockPool, k: &str, id: &str, data: &[u8], blocks: impl IntoIterator<Item = u64>) {
+    for b in blocks {
+        let chunk = &data[(b * B) as usize..(((b + 1) * B) as usize).min(data.len())];
+        c.put(k, id, data.len() as u64, b, &pooled(p, chunk), chunk.len(), crc32c::crc32c(chunk));
+    }
+}
+
+fn read_all(w: &WholeFile) -> Vec<u8> {
+    let mut v = Vec::new();
+    (&w.file).read_to_end(&mut v).unwrap();
+    v
+}
+
 #[test]
-fn survives_reopen_and_detects_corruption() {
-    let (d, p) = (dir("reopen"), pool());
-    let c = DiskCache::open(&d, 1 << 20).unwrap();
-    c.put("k", "e1", 0, b"hello block", 11, crc32c::crc32c(b"hello block"));
-    assert_eq!(&c.get("k", "e1", 0, &p).unwrap()[..], b"hello block");
+fn one_sparse_file_per_version_written_once_is_the_whole_file() {
+    let (d, p) = (dir("one"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(5 * B as usize / 2 + 100, 1); // a short last block, not page-aligned
+    put_blocks(&c, &p, "k", "e", &data, [2, 0]);
+    assert!(c.contains("k", "e", 0) && !c.contains("k", "e", 1) && c.contains("k", "e", 2));
+    assert!(!c.is_complete("k", "e", data.len() as u64) && c.whole("k", "e", data.len() as u64).is_none());
+    put_blocks(&c, &p, "k", "e", &data, [1, 1]);
+    let path = c.path_of("k", "e");
+    let m = std::fs::metadata(&path).unwrap();
+    assert_eq!(m.len(), data.len() as u64, "exactly the object's length");
+    assert!(std::fs::read(&path).unwrap() == data, "each block at its offset, once");
+    assert!(m.blocks() * 512 <= round_up(data.len()) as u64 + 64 * 1024, "{} bytes on disk", m.blocks() * 512);
+    let files = std::fs::read_dir(&d).unwrap().count();
+    assert_eq!(files, 2, "a data file and its sidecar, nothing else");
+    for b in 0..3 {
+        let want = &data[(b * B) as usize..(((b + 1) * B) as usize).min(data.len())];
+        assert!(c.get("k", "e", b, &p).unwrap() == want, "block {b} reads back");
+    }
     assert!(c.get("k", "e2", 0, &p).is_none(), "another identity never hits");
+    // Complete: the kernel reads that very file.
+    let w = c.whole("k", "e", data.len() as u64).expect("complete");
+    assert_eq!(w.file.metadata().unwrap().ino(), m.ino(), "no copy");
+    assert!(read_all(&w) == data);
+    assert!(c.whole("k", "e", data.len() as u64 + 1).is_none(), "a size mismatch is refused");
+    assert!(c.used_bytes() <= data.len() as u64 + 8192);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn survives_a_remount_and_a_flipped_byte_is_a_miss() {
+    let (d, p) = (dir("reopen"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(3 * B as usize, 2);
+    put_blocks(&c, &p, "k", "e", &data, 0..2);
     drop(c);
-    let c = DiskCache::open(&d, 1 << 20).unwrap();
-    assert_eq!(&c.get("k", "e1", 0, &p).unwrap()[..], b"hello block", "survives a remount");
-    // Flip one byte of the data: the checksum catches it, the block is dropped.
-    let path = c.path_of("k", "e1", 0);
+    let c = cache(&d, 64 << 20);
+    assert!(c.get("k", "e", 1, &p).unwrap() == data[B as usize..2 * B as usize], "survives a remount");
+    assert!(!c.contains("k", "e", 2));
+    put_blocks(&c, &p, "k", "e", &data, [2]);
+    drop(c);
+    // Flipped bytes: the checksums catch them, those blocks are dropped (for good).
+    let path = d.join(format!("{}{DATA_EXT}", DiskCache::name("k", "e")));
+    let mut raw = std::fs::read(&path).unwrap();
+    raw[B as usize + 6] ^= 0xff;
+    raw[2 * B as usize + 6] ^= 0xff;
+    std::fs::write(&path, raw).unwrap();
+    let c = cache(&d, 64 << 20);
+    assert!(c.whole("k", "e", data.len() as u64).is_none(), "the whole-file check catches them");
+    assert!(c.contains("k", "e", 0) && !c.contains("k", "e", 1) && !c.contains("k", "e", 2));
+    drop(c);
+    let c = cache(&d, 64 << 20);
+    assert!(!c.contains("k", "e", 1), "a dropped block stays dropped after a remount");
+    put_blocks(&c, &p, "k", "e", &data, [1]);
+    assert!(c.get("k", "e", 1, &p).unwrap() == data[B as usize..2 * B as usize], "written again");
+    // A flipped byte found by a read: that block alone is a miss.
     let mut raw = std::fs::read(&path).unwrap();
     raw[6] ^= 0xff;
     std::fs::write(&path, raw).unwrap();
-    assert!(c.get("k", "e1", 0, &p).is_none());
-    assert!(!path.exists(), "a corrupted block is deleted");
+    assert!(c.get("k", "e", 0, &p).is_none() && !c.contains("k", "e", 0) && c.contains("k", "e", 1));
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
-fn aligned_blocks_round_trip_including_a_short_last_block() {
-    let (d, p) = (dir("aligned"), pool());
-    let c = DiskCache::open(&d, 1 << 20).unwrap();
-    let full: Vec<u8> = (0..64 * 1024).map(|i| (i * 7 % 251) as u8).collect();
-    let short = &full[..10_000]; // not a multiple of a page
-    for (b, data) in [(0u64, &full[..]), (1, short)] {
-        let block = pooled(&p, data);
-        c.put("k", "e", b, &block, data.len(), crc32c::crc32c(data));
-        let path = c.path_of("k", "e", b);
-        assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, round_up(data.len()) + ALIGN);
-        assert_eq!(&c.get("k", "e", b, &p).unwrap()[..], data, "block {b} reads back exactly");
-    }
-    // Corrupt the trailer's length: caught, deleted.
-    let path = c.path_of("k", "e", 1);
-    let mut raw = std::fs::read(&path).unwrap();
-    let at = round_up(short.len()) + 12;
-    raw[at] ^= 1;
-    std::fs::write(&path, raw).unwrap();
-    assert!(c.get("k", "e", 1, &p).is_none());
-    assert!(!path.exists());
-    std::fs::remove_dir_all(&d).unwrap();
-}
-
-#[test]
-fn old_format_files_are_never_served() {
-    let (d, p) = (dir("old"), pool());
-    std::fs::create_dir_all(&d).unwrap();
-    // The previous format: CRC32C (4 bytes) then the data, in a `.blk` file.
-    let data = b"old block bytes";
-    let mut old = crc32c::crc32c(data).to_le_bytes().to_vec();
-    old.extend_from_slice(data);
-    let old_path = d.join("00000000000000000000000000000000.blk");
-    std::fs::write(&old_path, &old).unwrap();
-    // The format before the trailer named its file (version 2, `.b2`): removed as well.
-    let v2_path = d.join("00000000000000000000000000000000.b2");
-    std::fs::write(&v2_path, vec![0u8; 2 * ALIGN]).unwrap();
-    let c = DiskCache::open(&d, 1 << 20).unwrap();
-    assert!(!old_path.exists(), "old-format files are removed at start-up");
-    assert!(!v2_path.exists(), "version-2 files are removed at start-up");
-    assert_eq!(c.used_bytes(), 0);
-    // Old-format bytes under a current name (say, copied in): a miss, and deleted.
-    c.put("k", "e", 0, data, data.len(), crc32c::crc32c(data));
-    let path = c.path_of("k", "e", 0);
-    let mut padded = old.clone();
-    padded.resize(2 * ALIGN, 0);
-    std::fs::write(&path, &padded).unwrap();
-    assert!(c.get("k", "e", 0, &p).is_none());
-    assert!(!path.exists());
-    std::fs::remove_dir_all(&d).unwrap();
-}
-
-#[test]
-fn size_is_bounded() {
-    let d = dir("bound");
-    let c = DiskCache::open(&d, 40_000).unwrap();
-    for i in 0..50 {
-        c.put("k", "e", i, &[7u8; 1000], 1000, crc32c::crc32c(&[7u8; 1000]));
-    }
-    assert!(c.used_bytes() <= 40_000, "{}", c.used_bytes());
-    let files = std::fs::read_dir(&d).unwrap().count();
-    assert!(files <= 5, "{files} block files for a 40 kB cache (8 KiB each)");
-    std::fs::remove_dir_all(&d).unwrap();
-}
-
-#[test]
-fn a_block_file_under_another_blocks_name_is_never_served() {
-    let (d, p) = (dir("swap"), pool());
-    let c = DiskCache::open(&d, 1 << 20).unwrap();
-    let (a, b) = (vec![1u8; 5000], vec![2u8; 5000]);
-    c.put("k", "e", 0, &a, a.len(), crc32c::crc32c(&a));
-    c.put("k", "e", 1, &b, b.len(), crc32c::crc32c(&b));
-    // Block 0's intact file (data, length and checksum all valid) under block 1's name: what
-    // a reader would see if an evicted file it had open were written over with another block.
-    std::fs::copy(c.path_of("k", "e", 0), c.path_of("k", "e", 1)).unwrap();
-    assert!(c.get("k", "e", 1, &p).is_none(), "the trailer names another file");
-    assert_eq!(&c.get("k", "e", 0, &p).unwrap()[..], &a[..]);
-    std::fs::remove_dir_all(&d).unwrap();
-}
-
-#[test]
-fn a_full_cache_writes_new_blocks_over_evicted_files() {
-    use std::os::unix::fs::MetadataExt;
-    let (d, p) = (dir("spare"), pool());
-    let slot = (64 * 1024 + ALIGN) as u64; // a 64 KiB block's file
-    let max = 32 * slot; // spares: up to max / 16 = 2 files; the index holds the other 30
-    let c = DiskCache::open(&d, max).unwrap();
-    let block = |i: u64| -> Vec<u8> { (0..64 * 1024).map(|j| (j as u64 * 31 + i) as u8).collect() };
-    let put = |i: u64| {
-        let data = block(i);
-        c.put("k", "e", i, &pooled(&p, &data), data.len(), crc32c::crc32c(&data));
-    };
-    let spares = || -> Vec<u64> {
-        let files = std::fs::read_dir(&d).unwrap().flatten();
-        files.filter(|e| e.path().to_string_lossy().ends_with(SPARE_EXT)).map(|e| e.metadata().unwrap().ino()).collect()
-    };
-    for i in 0..40 {
-        put(i);
-        assert!(c.used_bytes() <= max, "{} bytes held after {} blocks", c.used_bytes(), i + 1);
-        assert!(spares().len() <= 2, "spares stay within their bound");
-    }
-    for i in 40..44 {
-        let kept = spares();
-        assert!(!kept.is_empty(), "evicted files are kept as spares");
-        put(i);
-        let ino = std::fs::metadata(c.path_of("k", "e", i)).unwrap().ino();
-        assert!(kept.contains(&ino), "block {i} was written over an evicted file");
-        assert_eq!(&c.get("k", "e", i, &p).unwrap()[..], &block(i)[..], "block {i} reads back exactly");
-    }
-    let files = std::fs::read_dir(&d).unwrap().count() as u64;
-    assert!(files * slot <= max, "{files} files on disk for a bound of {max} bytes");
+fn a_torn_sidecar_keeps_what_it_recorded_and_other_files_go() {
+    let (d, p) = (dir("torn"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(3 * B as usize, 3);
+    put_blocks(&c, &p, "k", "e", &data, 0..3);
     drop(c);
-    // A remount deletes the spares (one may have been half written) and keeps the blocks.
-    let c = DiskCache::open(&d, max).unwrap();
-    assert!(spares().is_empty());
-    assert_eq!(&c.get("k", "e", 43, &p).unwrap()[..], &block(43)[..]);
+    let name = DiskCache::name("k", "e");
+    let meta = d.join(format!("{name}{META_EXT}"));
+    let mut raw = std::fs::read(&meta).unwrap();
+    raw.truncate(HEADER + 2 * RECORD + 5); // the third record torn at a crash
+    std::fs::write(&meta, &raw).unwrap();
+    // Files of older formats, a spare, a temp file, a data file without its sidecar.
+    let junk = ["00000000000000000000000000000000.b3", "0000.spare", "ab.tmp", "ab.00000000.w", "cd.d", "x.blk"];
+    for j in junk {
+        std::fs::write(d.join(j), vec![0u8; 2 * ALIGN]).unwrap();
+    }
+    let c = cache(&d, 64 << 20);
+    for j in junk {
+        assert!(!d.join(j).exists(), "{j} is removed at start-up");
+    }
+    assert!(c.contains("k", "e", 1) && !c.contains("k", "e", 2), "records up to the torn one");
+    assert!(c.get("k", "e", 1, &p).unwrap() == data[B as usize..2 * B as usize]);
+    // A header of another block size (or format): the version is dropped.
+    drop(c);
+    raw[12] ^= 1;
+    std::fs::write(&meta, &raw).unwrap();
+    let c = cache(&d, 64 << 20);
+    assert!(!c.contains("k", "e", 0) && !meta.exists());
+    assert_eq!(c.used_bytes(), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn size_is_bounded_by_whole_files_least_recently_used() {
+    let (d, p) = (dir("bound"), pool());
+    let max = 40 * B;
+    let c = cache(&d, max);
+    let data = object(4 * B as usize, 4);
+    for v in 0..30 {
+        put_blocks(&c, &p, &format!("k{v}"), "e", &data, 0..4);
+        assert!(c.used_bytes() <= max / 1024 * 1024, "{} bytes after {} files", c.used_bytes(), v + 1);
+        // k0 is read between writes: it stays.
+        assert!(c.get("k0", "e", 0, &p).is_some(), "the file in use stays (after {v})");
+    }
+    assert!(!c.contains("k1", "e", 0), "the least recently used went, whole");
+    let on_disk: u64 = std::fs::read_dir(&d).unwrap().flatten().map(|e| e.metadata().unwrap().blocks() * 512).sum();
+    assert!(on_disk <= max + 64 * ALIGN as u64, "{on_disk} bytes on disk for a bound of {max}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn an_object_too_large_for_the_cache_is_not_written() {
+    let (d, p) = (dir("big"), pool());
+    let c = cache(&d, 16 * B);
+    let data = object(13 * B as usize, 5); // over 3/4 of the cache
+    put_blocks(&c, &p, "big", "e", &data, 0..13);
+    assert_eq!(c.used_bytes(), 0);
+    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "nothing written");
+    let small = object(2 * B as usize, 6);
+    put_blocks(&c, &p, "small", "e", &small, 0..2);
+    assert!(c.is_complete("small", "e", small.len() as u64));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_pinned_file_outlives_its_eviction_and_comes_back_when_read() {
+    let (d, p) = (dir("pin"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(2 * B as usize + 7, 7);
+    put_blocks(&c, &p, "k", "e", &data, 0..3);
+    let w = c.whole("k", "e", data.len() as u64).unwrap();
+    assert!(c.whole_pinned("k", "e"));
+    let path = c.path_of("k", "e");
+    c.index.invalidate(&DiskCache::name("k", "e"));
+    c.index.run_pending_tasks();
+    assert!(path.exists() && !c.is_complete("k", "e", data.len() as u64), "evicted, kept while pinned");
+    put_blocks(&c, &p, "k", "e", &data, [0]); // read again: back in the index, nothing written
+    assert!(c.is_complete("k", "e", data.len() as u64));
+    c.index.invalidate(&DiskCache::name("k", "e"));
+    c.index.run_pending_tasks();
+    drop(w);
+    assert!(!path.exists(), "deleted at the last unpin");
+    assert!(!c.whole_pinned("k", "e"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn renamed_with_its_object_then_taken_over_by_a_writer() {
+    let (d, p) = (dir("move"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(5 * B as usize / 2, 8);
+    let size = data.len() as u64;
+    put_blocks(&c, &p, "k", "e", &data, 0..3);
+    let w = c.whole("k", "e", size).expect("complete");
+    // A rename here: the file follows, its pin with it.
+    assert!(c.rekey_whole("k", "e", "k2", "e2"));
+    assert!(!c.is_complete("k", "e", size) && c.is_complete("k2", "e2", size));
+    assert!(read_all(&c.whole("k2", "e2", size).expect("under the new name")) == data);
+    let path = c.path_of("k2", "e2");
+    c.index.invalidate(&DiskCache::name("k2", "e2"));
+    c.index.run_pending_tasks();
+    assert!(path.exists(), "the pin taken before the rename still holds it");
+    drop(w);
+    assert!(!path.exists(), "the evicted file went with its last pin");
+    // A writer takes it over: out of the cache, its bytes at the staged path.
+    put_blocks(&c, &p, "k3", "e3", &data, 0..3);
+    let staged = d.join("staged.data");
+    assert!(c.take_whole("k3", "e3", size, &staged));
+    assert!(!c.is_complete("k3", "e3", size) && std::fs::read(&staged).unwrap() == data);
+    assert!(!c.take_whole("k3", "e3", size, &staged), "taken once");
+    // And gives it back after an upload: the next open passes through to it.
+    assert!(c.give_whole("k3", "e4", size, &staged) && !staged.exists());
+    assert!(read_all(&c.whole("k3", "e4", size).unwrap()) == data);
+    drop(c);
+    let c = cache(&d, 64 << 20);
+    assert!(read_all(&c.whole("k3", "e4", size).expect("adopted at a remount, checked")) == data);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A directory moved away and back (Drive and S3 keep a moved object's identity): the
+/// file readers pass through meets a copy of the same version left at the old name. It
+/// must take the name, so a writer's takeover gets the readers' file (was EBUSY).
+#[test]
+fn a_pinned_file_moved_onto_a_copy_left_behind_takes_the_name() {
+    let (d, p) = (dir("moveback"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(5 * B as usize / 2, 9);
+    let size = data.len() as u64;
+    put_blocks(&c, &p, "k", "e", &data, 0..3);
+    assert!(c.rekey_whole("k", "e", "a/f", "e"), "left at a/f");
+    put_blocks(&c, &p, "k", "e", &data, 0..3);
+    assert!(c.rekey_whole("k", "e", "b/a/f", "e"));
+    let readers = c.whole("b/a/f", "e", size).expect("pinned by a reader");
+    assert!(c.rekey_whole("b/a/f", "e", "a/f", "e"), "the readers' file takes the name");
+    let staged = d.join("staged.data");
+    assert!(c.take_whole("a/f", "e", size, &staged));
+    let (r, t) = (readers.file.metadata().unwrap(), std::fs::metadata(&staged).unwrap());
+    assert_eq!((r.dev(), r.ino()), (t.dev(), t.ino()), "the writer took the readers' file");
+    // An unpinned copy never displaces a pinned one.
+    put_blocks(&c, &p, "x", "e", &data, 0..3);
+    put_blocks(&c, &p, "y", "e", &data, 0..3);
+    let _held = c.whole("y", "e", size).unwrap();
+    assert!(!c.rekey_whole("x", "e", "y", "e"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Two mounts of one bucket share its default cache directory: each process gets a
+/// directory of its own (files are written in place), and a later mount takes over what
+/// an earlier one left.
+#[test]
+fn two_processes_never_share_a_directory() {
+    let (d, p) = (dir("slots"), pool());
+    let data = object(2 * B as usize, 10);
+    let one = cache(&d, 64 << 20);
+    let two = cache(&d, 64 << 20);
+    assert_eq!(two.dir, d.join("mount-1"));
+    put_blocks(&one, &p, "k", "e", &data, 0..2);
+    put_blocks(&two, &p, "k", "e", &data, [0]);
+    assert!(one.is_complete("k", "e", data.len() as u64), "the second did not cut the first's file");
+    assert!(read_all(&one.whole("k", "e", data.len() as u64).unwrap()) == data);
+    drop(one);
+    let three = cache(&d, 64 << 20);
+    assert_eq!(three.dir, d, "the first one's directory is free again");
+    assert!(three.is_complete("k", "e", data.len() as u64), "and its files are used");
+    assert!(two.contains("k", "e", 0) && !two.contains("k", "e", 1));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Eight threads put and get blocks of twelve versions, and take whole files, in a cache
+/// that holds three: every block read back and every whole file is exact, and the bound
+/// holds on disk.
+#[test]
+fn concurrent_puts_gets_and_evictions_never_serve_wrong_bytes() {
+    let d = dir("churn");
+    let max = 12 * B;
+    let c = cache(&d, max);
+    let objects: Vec<Vec<u8>> = (0..12).map(|v| object(3 * B as usize + 100 * v, v as u64 + 20)).collect();
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (c, objects) = (&c, &objects);
+            s.spawn(move || {
+                let p = pool();
+                let mut x = t * 7919 + 1;
+                for _ in 0..300 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let v = (x >> 33) as usize % objects.len();
+                    let (k, data) = (format!("k{v}"), &objects[v]);
+                    let b = (x >> 20) % 4;
+                    match x % 3 {
+                        0 => put_blocks(c, &p, &k, "e", data, [b]),
+                        1 => {
+                            if let Some(got) = c.get(&k, "e", b, &p) {
+                                let want = &data[(b * B) as usize..(((b + 1) * B) as usize).min(data.len())];
+                                assert!(got == want, "block {b} of {k} is wrong");
+                            }
+                        }
+                        _ => {
+                            if let Some(w) = c.whole(&k, "e", data.len() as u64) {
+                                assert!(read_all(&w) == *data, "whole {k} is wrong");
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    assert!(c.used_bytes() <= max);
+    let on_disk: u64 = std::fs::read_dir(&c.dir).unwrap().flatten().map(|e| e.metadata().unwrap().blocks() * 512).sum();
+    assert!(on_disk <= max + 16 * ALIGN as u64, "{on_disk} bytes on disk for a bound of {max}");
     std::fs::remove_dir_all(&d).unwrap();
 }

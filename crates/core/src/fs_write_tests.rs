@@ -624,7 +624,10 @@ async fn a_file_just_written_is_read_back_from_local_disk() {
     let staged_left = std::fs::read_dir(dir.join("staging")).unwrap().count();
     assert_eq!(staged_left, 0, "the staged file moved, nothing left behind");
     let node = fs.node(attr.ino).unwrap();
-    assert!(fs.read_cache.disk().unwrap().has_whole("f", &node.identity()), "kept as the whole file at release");
+    assert!(
+        fs.read_cache.disk().unwrap().is_complete("f", &node.identity(), node.size),
+        "kept as the whole file at release"
+    );
     let before = mem.requests.load(Ordering::Relaxed);
     let fh = fs.open(attr.ino, false, false).await.unwrap();
     let backing = fs.backing_file(fh).await.expect("passes through to the kept file");

@@ -3,10 +3,10 @@
 //! When a file is opened read-only and the whole version the open pinned (its identity:
 //! ETag or generation) is on local disk, the adapter can hand the kernel a file holding
 //! exactly those bytes, and the kernel reads (and maps) it directly, with no round trip
-//! through this process and no copy. That file is a whole-object file of the disk cache
-//! ([`crate::disk_cache::whole`]), built from the version's cached blocks: at an open
-//! that finds them all on disk, and ahead of time at the close of a handle that read
-//! through the store, so the next open finds it ready.
+//! through this process and no copy. That file is the version's file in the disk cache
+//! ([`crate::disk_cache::whole`]), written block by block as reads fetched them, once all
+//! of its blocks are there; the close of a handle that read through the store fetches
+//! the few a lagging disk skipped, so the next open finds it complete.
 //!
 //! Files being written pass through to their staged file ([`crate::write`]): the kernel
 //! reads and writes it directly, and the daemon learns of the changes by looking at the
@@ -133,22 +133,15 @@ impl Fs {
         let r = f.reader.lock().unwrap().clone();
         let disk = self.read_cache.disk().ok_or("no disk cache")?.clone();
         let (key, size) = (r.key.to_string(), r.size);
-        if !disk.has_whole(&key, &identity) && !disk.has_all_blocks(&key, &identity, size) {
+        if !disk.is_complete(&key, &identity, size) {
             self.read_cache.disk_settled(SETTLE).await;
         }
-        let pool = self.read_cache.pool.clone();
         let id = identity.clone();
         let found = tokio::task::spawn_blocking(move || {
-            if let Some(w) = disk.whole(&key, &id, size) {
-                return Ok(w);
-            }
-            if !disk.has_all_blocks(&key, &id, size) {
+            if !disk.is_complete(&key, &id, size) {
                 return Err("not all of it on local disk");
             }
-            if !disk.build_whole(&key, &id, size, &pool) {
-                return Err("whole-object file not built");
-            }
-            disk.whole(&key, &id, size).ok_or("whole-object file unusable")
+            disk.whole(&key, &id, size).ok_or("disk cache file unusable")
         })
         .await
         .map_err(|_| "task failed")??;
@@ -247,26 +240,23 @@ impl Fs {
         }
     }
 
-    /// At the close of a handle that read through the store: if the whole version is on
-    /// disk now (or all but a few blocks, fetched again), build its whole file in the
-    /// background, so the next open passes through.
+    /// At the close of a handle that read through the store: if all but a few blocks of the
+    /// version are on disk now, fetch those in the background, so the next open passes
+    /// through.
     pub(crate) fn prepare_backing(&self, file: &crate::fs::OpenFile) {
         if file.staged.load(Relaxed) || !self.passthrough.on.load(Relaxed) {
             return;
         }
         let r = file.reader.lock().unwrap().clone();
         let Some(disk) = self.read_cache.disk().cloned() else { return };
-        if r.size < WHOLE_MIN || disk.has_whole(&r.key, r.identity()) {
+        if r.size < WHOLE_MIN || disk.is_complete(&r.key, r.identity(), r.size) {
             return;
         }
-        let (cache, pool) = (self.read_cache.clone(), self.read_cache.pool.clone());
+        let cache = self.read_cache.clone();
         tokio::spawn(async move {
             cache.disk_settled(SETTLE).await;
             // Blocks that skipped a lagging disk are fetched again, up to a quarter of them.
-            if r.fill_disk(r.size.div_ceil(crate::read::BLOCK) / 4 + 1).await {
-                let _ =
-                    tokio::task::spawn_blocking(move || disk.build_whole(&r.key, r.identity(), r.size, &pool)).await;
-            }
+            r.fill_disk(r.size.div_ceil(crate::read::BLOCK) / 4 + 1).await;
         });
     }
 
@@ -285,7 +275,7 @@ impl Fs {
             return;
         }
         let identity = node.identity();
-        if disk.has_whole(&node.key, &identity) {
+        if disk.is_complete(&node.key, &identity, node.size) {
             return;
         }
         let Some(path) = st.as_uploaded() else { return };

@@ -32,7 +32,7 @@
 //! and the disk-cache writer all hold views of that one buffer, which goes back to the
 //! pool when the last view drops.
 
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, Ordering::Relaxed};
 use std::collections::{HashMap, VecDeque};
 
 use bucketfs_store::{GetOpts, Store, StoreErrorKind, StoreExt};
@@ -70,9 +70,73 @@ pub const GROUP: u64 = 4;
 /// first reads (`head`, `file`) still start from one block.
 pub const STREAMING_READ: u32 = 1024 * 1024;
 
-/// Blocks queued for the disk cache at most: enough to keep a disk busy, small next to the
-/// other bounds (16 MiB).
-const DISK_QUEUE: usize = 8;
+/// Blocks a sequential reader's fetches may fill ahead of where it reads (16 MiB). The
+/// window may hold more GETs in flight than that (a link with a long round trip needs
+/// them); a GET that reaches this far stops reading its body until the reader comes
+/// nearer, so the memory a reader holds does not grow with its window where the link is
+/// faster than the reader (the server waits on TCP's flow control meanwhile).
+pub const AHEAD: u64 = 8;
+
+/// Where a reader is, for the fetches ahead of it (see [`AHEAD`]).
+#[derive(Default)]
+struct Pace {
+    /// The block the reader's furthest read ended in.
+    at: crate::sync::AtomicU64,
+    /// Set when the reader is dropped: its paused fetches end.
+    closed: crate::sync::AtomicBool,
+    moved: tokio::sync::Notify,
+}
+
+impl Pace {
+    fn advance(&self, block: u64) {
+        if self.at.fetch_max(block, Relaxed) < block {
+            self.moved.notify_waiters();
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Relaxed);
+        self.moved.notify_waiters();
+    }
+
+    /// Wait until block `b` is within [`AHEAD`] of the reader: `false` if the reader is gone.
+    async fn near(&self, b: u64) -> bool {
+        loop {
+            let moved = self.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if self.closed.load(Relaxed) {
+                return false;
+            }
+            if b < self.at.load(Relaxed) + AHEAD {
+                return true;
+            }
+            moved.await;
+        }
+    }
+}
+
+/// How long a block fetched for a sequential reader waits for room in the disk queue
+/// before it skips the disk cache (see [`ReadCache::to_disk`]).
+const DISK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Blocks queued for the disk cache at most (8 MiB): `O_DIRECT` writes of 2 MiB keep up
+/// with a streaming reader; a block that finds the queue full waits a moment, then is
+/// skipped (the close fetches it again, or the memory cache keeps it).
+const DISK_QUEUE: usize = 4;
+
+/// A block for the disk cache: block `block` of a version of `size` bytes, the first `len`
+/// bytes of `padded` (see [`crate::disk_cache::DiskCache::put`]), their CRC32C if the
+/// caller has it (else computed there).
+struct DiskPut {
+    key: Arc<str>,
+    identity: Arc<str>,
+    size: u64,
+    block: u64,
+    padded: Bytes,
+    len: usize,
+    crc: Option<u32>,
+}
 
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, FsError>>>;
 type BlockKey = (Arc<str>, Arc<str>, u64);
@@ -95,7 +159,7 @@ impl ReadCache {
     ///
     /// The buffer pool holds at most as many blocks as those bounds and the disk queue
     /// allow to be alive at once, plus a few for demand reads: `(cache_bytes +
-    /// prefetch_bytes) / BLOCK + DISK_QUEUE + 4` (60 blocks, 120 MiB, with the defaults).
+    /// prefetch_bytes) / BLOCK + DISK_QUEUE + 4` (56 blocks, 112 MiB, with the defaults).
     /// Blocks past that are plain allocations, freed when dropped.
     pub fn new(cache_bytes: u64, prefetch_bytes: u64) -> Self {
         let pool_max = ((cache_bytes + prefetch_bytes) / BLOCK) as usize + DISK_QUEUE + 4;
@@ -119,25 +183,45 @@ impl ReadCache {
         self
     }
 
-    /// Put a block we already have (just uploaded) into both caches under its new identity.
-    pub fn remember(&self, key: &str, identity: &str, block: u64, data: Bytes) {
+    /// Put a block we already have (just uploaded; the version is `size` bytes) into both
+    /// caches under its new identity.
+    pub fn remember(&self, key: &str, identity: &str, size: u64, block: u64, data: Bytes) {
         let (k, id): (Arc<str>, Arc<str>) = (key.into(), identity.into());
-        self.to_disk(&k, &id, block, data.clone(), data.len(), None);
+        let put = DiskPut {
+            key: k.clone(),
+            identity: id.clone(),
+            size,
+            block,
+            len: data.len(),
+            padded: data.clone(),
+            crc: None,
+        };
+        // Never waits: the queue has room, or the block is skipped (its caller uploads).
+        futures::FutureExt::now_or_never(self.to_disk(put, std::time::Duration::ZERO));
         self.insert((k, id, block), data);
     }
 
-    /// Queue the first `len` bytes of `padded` for the disk cache, unless the queue is full
-    /// (then it is skipped). `crc`: their CRC32C if the caller has it (else computed there).
-    /// See [`crate::disk_cache::DiskCache::put`] for `padded`.
-    fn to_disk(&self, key: &Arc<str>, identity: &Arc<str>, block: u64, padded: Bytes, len: usize, crc: Option<u32>) {
-        let Some(disk) = self.disk.clone() else { return };
-        let Ok(permit) = self.disk_queue.clone().try_acquire_owned() else { return };
-        let (k, id) = (key.clone(), identity.clone());
+    /// Queue a block for the disk cache; `false` if there is none, or its queue stayed full
+    /// for `wait` (the block is skipped). The read path's fetches arrive in bursts (a
+    /// streamed GET hands over [`GROUP`] blocks at memory speed) that a disk faster than the
+    /// link absorbs in a moment ([`DISK_WAIT`]), and a block skipped costs a second GET at
+    /// the close (or a cache that stays incomplete).
+    async fn to_disk(&self, put: DiskPut, wait: std::time::Duration) -> bool {
+        let Some(disk) = self.disk.clone() else { return false };
+        let permit = match self.disk_queue.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) if wait.is_zero() => return false,
+            Err(_) => match tokio::time::timeout(wait, self.disk_queue.clone().acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                _ => return false,
+            },
+        };
         crate::sync::blocking_detached(move || {
-            let crc = crc.unwrap_or_else(|| crc32c::crc32c(&padded[..len]));
-            disk.put(&k, &id, block, &padded, len, crc);
+            let crc = put.crc.unwrap_or_else(|| crc32c::crc32c(&put.padded[..put.len]));
+            disk.put(&put.key, &put.identity, put.size, put.block, &put.padded, put.len, crc);
             drop(permit);
         });
+        true
     }
 
     /// Cache a block, and settle evictions now: moka applies them lazily, in batches of
@@ -183,6 +267,13 @@ pub struct FileReader {
     max_window: u64,
     /// Lock level 5 (a leaf): never held across an await or while taking another lock.
     state: Mutex<ReadState>,
+    pace: Arc<Pace>,
+}
+
+impl Drop for FileReader {
+    fn drop(&mut self) {
+        self.pace.close();
+    }
 }
 
 #[derive(Default)]
@@ -218,6 +309,7 @@ impl FileReader {
             size,
             max_window: (max_window / BLOCK).max(1),
             state: Mutex::default(),
+            pace: Arc::default(),
         }
     }
 
@@ -240,6 +332,9 @@ impl FileReader {
             let sequential = offset == st.next || near || st.inflight.contains_key(&first);
             tracing::trace!(key = %self.key, offset, len, sequential, next = st.next, window = st.window, "read");
             st.next = if sequential { st.next.max(end) } else { end };
+            if sequential {
+                self.pace.advance(offset / BLOCK);
+            }
             if !sequential && cached.iter().any(Option::is_none) {
                 st.window = 0;
                 st.inflight.clear();
@@ -404,6 +499,7 @@ impl FileReader {
             identity: self.identity.clone(),
             etag: self.etag.clone(),
             size: self.size,
+            pace: prefetch.then(|| self.pace.clone()),
         };
         // A task, so the GETs proceed while nobody awaits them (that is what prefetch is).
         crate::sync::spawn(async move { src.fetch_blocks(run).await });
@@ -466,10 +562,10 @@ impl FileReader {
                 if data.len() as u64 != want {
                     return None;
                 }
-                let (key, id) = (self.key.clone(), self.identity.clone());
+                let (key, id, size) = (self.key.clone(), self.identity.clone(), self.size);
                 crate::sync::blocking(move || {
                     // `put` takes the block as it is (O_DIRECT when it is a whole pooled block).
-                    disk.put(&key, &id, b, &data, data.len(), crc32c::crc32c(&data));
+                    disk.put(&key, &id, size, b, &data, data.len(), crc32c::crc32c(&data));
                     disk.contains(&key, &id, b).then_some(())
                 })
                 .await?
@@ -499,11 +595,25 @@ struct Source {
     identity: Arc<str>,
     etag: Option<String>,
     size: u64,
+    /// A prefetch's reader: its blocks are filled at most [`AHEAD`] blocks ahead of it.
+    pace: Option<Arc<Pace>>,
 }
 
 impl Source {
     fn len(&self, b: u64) -> usize {
         block_len(self.size, b) as usize
+    }
+
+    /// Wait until block `b` may be filled (see [`AHEAD`]); `false`: the reader is gone.
+    async fn near(&self, b: u64) -> bool {
+        match &self.pace {
+            Some(p) => p.near(b).await,
+            None => true,
+        }
+    }
+
+    fn abandoned(&self) -> bool {
+        self.pace.as_ref().is_some_and(|p| p.closed.load(Relaxed))
     }
 
     /// Fetch consecutive blocks: those in the disk cache from there, each run of the rest
@@ -512,14 +622,15 @@ impl Source {
         if let Some(disk) = self.cache.disk.clone() {
             let mut missing = VecDeque::new();
             for (b, tx) in blocks {
+                if !self.near(b).await {
+                    return;
+                }
                 let (disk, k, id, pool) =
                     (disk.clone(), self.key.clone(), self.identity.clone(), self.cache.pool.clone());
                 let hit = crate::sync::blocking(move || disk.get(&k, &id, b, &pool)).await.flatten();
                 match hit.filter(|d| d.len() == self.len(b)) {
-                    Some(data) => {
-                        self.cache.insert((self.key.clone(), self.identity.clone(), b), data.clone());
-                        let _ = tx.send(Ok(data));
-                    }
+                    // Not into the memory cache: it is on disk (see `complete`).
+                    Some(data) => drop(tx.send(Ok(data))),
                     None => missing.push_back((b, tx)),
                 }
             }
@@ -544,7 +655,7 @@ impl Source {
         if left.is_empty() {
             return;
         }
-        if !grouped || matches!(res, Err(FsError::Stale(_))) {
+        if !grouped || matches!(res, Err(FsError::Stale(_))) || self.abandoned() {
             return Self::settle(left, partial, res);
         }
         let one = |x| async move {
@@ -590,6 +701,9 @@ impl Source {
                         return Err(FsError::Stale(format!("{}: the store sent more bytes than asked for", self.key)));
                     };
                     let want = self.len(b);
+                    if buf.is_none() && !self.near(b).await {
+                        return Err(FsError::Local("the reader is gone".into()));
+                    }
                     let space: &mut BlockBuf = buf.get_or_insert_with(|| self.cache.pool.take());
                     let k = chunk.len().min(want - n);
                     let piece = &mut space.space()[n..n + k];
@@ -601,7 +715,7 @@ impl Source {
                     n += k;
                     if n == want {
                         let (b, tx) = run.pop_front().expect("a block being filled");
-                        self.complete(b, tx, buf.take().expect("a buffer being filled"), n, crc);
+                        self.complete(b, tx, buf.take().expect("a buffer being filled"), n, crc).await;
                         (n, crc) = (0, 0);
                     }
                 }
@@ -617,14 +731,21 @@ impl Source {
     }
 
     /// A whole block arrived (its CRC32C is `crc`): zero-pad it to a page, hand it to its
-    /// waiters, then queue it for the disk cache and cache it.
-    fn complete(&self, b: u64, tx: Tx, mut buf: BlockBuf, n: usize, crc: u32) {
+    /// waiters, then queue it for the disk cache, or (no disk cache, or its queue is full)
+    /// keep it in the memory cache. A sequential reader's blocks stay in memory only while
+    /// it is near them (its fetches in flight); after that the kernel's page cache and the
+    /// disk cache hold them, and a third copy in memory would only push out the blocks of
+    /// random readers, and cost a streaming reader the memory cache's size in RSS.
+    async fn complete(&self, b: u64, tx: Tx, mut buf: BlockBuf, n: usize, crc: u32) {
         buf.space()[n..round_up(n)].fill(0);
         let padded = buf.into_bytes(round_up(n));
         let data = padded.slice(..n);
         let _ = tx.send(Ok(data.clone()));
-        self.cache.to_disk(&self.key, &self.identity, b, padded, n, Some(crc));
-        self.cache.insert((self.key.clone(), self.identity.clone(), b), data);
+        let (key, identity, size) = (self.key.clone(), self.identity.clone(), self.size);
+        let put = DiskPut { key, identity, size, block: b, padded, len: n, crc: Some(crc) };
+        if !self.cache.to_disk(put, DISK_WAIT).await {
+            self.cache.insert((self.key.clone(), self.identity.clone(), b), data);
+        }
     }
 }
 

@@ -41,12 +41,12 @@ fn fresh_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// Wait (up to 10 s) until the disk cache under `c` holds every block of a `len`-byte file,
-/// each block file a trailer page longer: disk writes are asynchronous, and a block's file
-/// exists before its bytes are written, so only the cache's own count (kept once a write is
-/// whole) tells.
+/// Wait (up to 10 s) until the disk cache under `c` holds every block of a `len`-byte file
+/// (its bytes in KiB, and 4 KiB for its sidecar): disk writes are asynchronous, and the
+/// file exists before its blocks are written, so only the cache's own count (kept once a
+/// write is whole) tells.
 async fn disk_holds(c: &ReadCache, len: u64) {
-    let whole = (0..len.div_ceil(BLOCK)).map(|b| round_up(block_len(len, b) as usize) as u64 + 4096).sum::<u64>();
+    let whole = len.div_ceil(1024) * 1024 + 4096;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while c.disk_bytes() < whole && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -197,12 +197,13 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
     let first = cache_on_disk(&dir);
     assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
     disk_holds(&first, body.len() as u64).await;
-    // A new memory cache (a remount): every block comes from disk, no GET.
+    drop(first); // the process ends: its lock on the directory goes
+                 // A new memory cache (a remount): every block comes from disk, no GET.
     let before = store.requests.load(Ordering::Relaxed);
     assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "served from the disk cache");
-    // Corrupt every block file: reads are still right, refetched from the store.
-    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+    // Corrupt the data file: reads are still right, refetched from the store.
+    for e in std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "d")) {
         let mut raw = std::fs::read(e.path()).unwrap();
         raw[1] ^= 0x55; // a byte of the block's data
         std::fs::write(e.path(), raw).unwrap();
@@ -223,6 +224,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     let first = cache_on_disk(&dir);
     read_checked(&open(first.clone()), &body, 1 << 20).await;
     disk_holds(&first, body.len() as u64).await;
+    drop(first);
     let r = open(cache_on_disk(&dir));
     let before = store.requests.load(Ordering::Relaxed);
     let reads =
@@ -234,6 +236,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "every random read came from the disk cache");
     // A read past this version's end (the kernel saw a newer, longer object) asks the store,
     // whose If-Match says whether the object changed, instead of answering short from disk.
+    drop(r);
     let r = open(cache_on_disk(&dir));
     assert_eq!(r.read(4 * BLOCK, 100).await.unwrap(), body.slice(4 * BLOCK as usize..));
     assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a read past the end: one exact GET");
@@ -242,6 +245,7 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         std::fs::remove_file(e.path()).unwrap();
     }
+    drop(r);
     let r = open(cache_on_disk(&dir));
     assert_eq!(r.read(BLOCK + 1, 10).await.unwrap(), body.slice(BLOCK as usize + 1..BLOCK as usize + 11));
     assert_eq!(store.requests.load(Ordering::Relaxed), before + 1, "a block gone from disk: one exact GET");
@@ -453,6 +457,7 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     let first = cache_on_disk(&dir);
     assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
     disk_holds(&first, body.len() as u64).await;
+    drop(first);
     let before = store.ranges.lock().unwrap().len();
     assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.ranges.lock().unwrap().len(), before, "every block came from the disk cache");
@@ -462,7 +467,7 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
 #[tokio::test]
 async fn fill_disk_completes_a_version_pinned_by_its_etag() {
     // A first read whose blocks skipped a lagging disk: the close completes the version on
-    // disk (so a whole file can be built), within a bound, and never with other bytes.
+    // disk (so the kernel can read its file), within a bound, and never with other bytes.
     let store = Arc::new(MemStore::new());
     let body = data(5 * BLOCK as usize + 3);
     let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
@@ -475,15 +480,15 @@ async fn fill_disk_completes_a_version_pinned_by_its_etag() {
         let chunk = &body[b * BLOCK as usize..(b + 1) * BLOCK as usize];
         let mut buf = c.pool.take();
         buf.space()[..chunk.len()].copy_from_slice(chunk);
-        disk.put("f", r.identity(), b as u64, &buf.into_bytes(chunk.len()), chunk.len(), crc32c::crc32c(chunk));
+        let (size, padded) = (body.len() as u64, buf.into_bytes(chunk.len()));
+        disk.put("f", r.identity(), size, b as u64, &padded, chunk.len(), crc32c::crc32c(chunk));
     }
     let before = store.requests.load(Ordering::Relaxed);
     assert!(!r.fill_disk(3).await, "more missing than allowed: nothing done");
     assert_eq!(store.requests.load(Ordering::Relaxed), before);
     assert!(r.fill_disk(4).await);
     assert_eq!(store.requests.load(Ordering::Relaxed), before + 4, "one GET per missing block");
-    assert!(disk.has_all_blocks("f", r.identity(), body.len() as u64));
-    assert!(disk.build_whole("f", r.identity(), body.len() as u64, &c.pool));
+    assert!(disk.is_complete("f", r.identity(), body.len() as u64));
     let w = disk.whole("f", r.identity(), body.len() as u64).unwrap();
     assert_eq!(std::fs::read(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&w.file))).unwrap(), body);
     // The object changed in the bucket: the old version cannot be completed.
@@ -493,4 +498,49 @@ async fn fill_disk_completes_a_version_pinned_by_its_etag() {
     assert!(!old.fill_disk(10).await, "If-Match refuses the changed object");
     assert!(!c2.disk().unwrap().contains("f", old.identity(), 0));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Blocks of `r` filled (in the memory cache: no disk cache here), and fetches in flight.
+fn filled(r: &FileReader) -> (Vec<u64>, usize) {
+    let done = (0..r.size.div_ceil(BLOCK)).filter(|&b| r.cache.blocks.contains_key(&r.block_key(b))).collect();
+    (done, r.state.lock().unwrap().inflight.len())
+}
+
+#[tokio::test]
+async fn a_wide_window_fills_only_so_far_ahead_of_a_slow_reader() {
+    // A window of 32 blocks (64 MiB): its GETs go out, but a reader that stops reading
+    // has at most AHEAD blocks filled ahead of it (memory), until it reads on.
+    let store = Arc::new(MemStore::new());
+    let body = data(40 * BLOCK as usize);
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
+    let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
+    for off in (0..4 * BLOCK).step_by(1 << 20) {
+        assert_eq!(r.read(off, 1 << 20).await.unwrap(), body.slice(off as usize..off as usize + (1 << 20)));
+    }
+    let settled = || async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        filled(&r)
+    };
+    let (done, inflight) = settled().await;
+    assert!(inflight > 12, "the window's fetches went out: {inflight}");
+    let last = *done.last().unwrap();
+    assert!(last < 3 + AHEAD, "filled up to block {last}, more than {AHEAD} ahead of block 3");
+    // Reading on releases the next ones.
+    for off in (4 * BLOCK..12 * BLOCK).step_by(1 << 20) {
+        assert_eq!(r.read(off, 1 << 20).await.unwrap(), body.slice(off as usize..off as usize + (1 << 20)));
+    }
+    let (done, _) = settled().await;
+    let last = *done.last().unwrap();
+    assert!((11 + AHEAD / 2..11 + AHEAD).contains(&last), "filled up to block {last}, reader at 11");
+    read_checked(&r, &body, 1 << 20).await;
+    // A reader dropped with fetches paused: they end, and their buffers go back.
+    let r = reader_of(store.clone(), cache(), m.etag.clone(), body.len() as u64, 32 * BLOCK);
+    for off in (0..2 * BLOCK).step_by(1 << 20) {
+        r.read(off, 1 << 20).await.unwrap();
+    }
+    let pool = r.cache.pool.clone();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(r);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(pool.free(), pool.pooled(), "every buffer back in the pool");
 }
