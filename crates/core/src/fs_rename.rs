@@ -112,10 +112,15 @@ impl Fs {
             }
         }
         tracing::debug!(ino = src.ino, from = %src.key, to = %new_key, "rename");
-        match src.kind {
+        // Whether the object under the new key holds the bytes of the version the node knew
+        // (else the rename uploaded newer ones: nothing cached of the old one may follow).
+        let same_bytes = match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key, discard_after).await?,
-            Kind::Dir => self.move_dir(&src, &new_key).await?,
-        }
+            Kind::Dir => {
+                self.move_dir(&src, &new_key).await?;
+                true
+            }
+        };
         if took_object {
             // Still the replaced file's object under the name until ours goes up.
             if let Some(staged) = self.staged_of_pub(src.ino) {
@@ -174,7 +179,7 @@ impl Fs {
             Kind::File if self.pending_here(src.ino).await => {} // no object to learn from yet
             Kind::File => {
                 let old_identity = open_moved.remove(&src.ino).unwrap_or_else(|| src.identity());
-                self.learn_moved(src.ino, &src.key, &old_identity).await
+                self.learn_moved(src.ino, &src.key, &old_identity, same_bytes).await
             }
             Kind::Dir => {
                 // Handles open on files below read the moved objects from now on (their old
@@ -197,7 +202,7 @@ impl Fs {
                 for (ino, old_key, old_identity) in below {
                     // (A pending one has no object to learn from yet.)
                     if !self.pending_here(ino).await {
-                        self.learn_moved(ino, &old_key, &old_identity).await;
+                        self.learn_moved(ino, &old_key, &old_identity, true).await;
                     }
                 }
             }
@@ -227,9 +232,10 @@ impl Fs {
     /// The identity of a file just moved (HEAD of its new key), for the node and for the
     /// readers of handles open on it (the bytes are the same), and for its whole-object
     /// cache file (from `old_key` and `old_identity`: passthrough readers keep it, new opens
-    /// find it).
+    /// find it), unless the rename uploaded other bytes than that version's (`same_bytes`
+    /// false: a staged file changed since its upload, by the kernel writing it directly).
     /// A failure leaves the node to be revalidated at its next open.
-    async fn learn_moved(&self, ino: u64, old_key: &str, old_identity: &str) {
+    async fn learn_moved(&self, ino: u64, old_key: &str, old_identity: &str, same_bytes: bool) {
         let Ok(node) = self.node(ino) else { return };
         // An answer overtaken by a change beside it (a create in the directory meanwhile)
         // is not recorded: ask again, a few times.
@@ -259,7 +265,7 @@ impl Fs {
         // The listing too: a lookup served from it would bring the old identity back.
         self.table.lock().unwrap().relist(ino);
         let Ok(now) = self.node(ino) else { return };
-        if let Some(disk) = self.read_cache.disk() {
+        if let Some(disk) = self.read_cache.disk().filter(|_| same_bytes) {
             disk.rekey_whole(old_key, old_identity, &now.key, &now.identity());
         }
         let fresh = self.reader_for(&now);
@@ -306,7 +312,9 @@ impl Fs {
     }
 
     /// `replaced`: the target's staged file, if write-back keeps it until the move is done.
-    async fn move_file(&self, src: &crate::inode::Node, new_key: &str, replaced: Option<u64>) -> Result<(), FsError> {
+    /// `Ok(false)` if it uploaded the staged file's bytes (changed since the version the
+    /// node knew), `Ok(true)` if the object moved as it was.
+    async fn move_file(&self, src: &crate::inode::Node, new_key: &str, replaced: Option<u64>) -> Result<bool, FsError> {
         if let Some(staged) = self.staged_of_pub(src.ino) {
             let mut st = staged.lock().await;
             self.observe(src.ino, &mut st)?;
@@ -335,14 +343,15 @@ impl Fs {
                 st.create_only = false; // a rename replaces its target
                 let named = st.set_key(new_key);
                 drop(journal);
-                return named;
+                return named.map(|()| false);
             }
             if st.dirty && !st.unlinked && st.in_store && self.store.capabilities().moves {
                 // Changed since its upload: the new bytes go up under the old name, then the
                 // object moves, keeping its identity (a failure midway loses nothing).
                 st.upload(self.store.as_ref(), &src.key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
-                return Ok(self.store.rename(&src.key, new_key).await?);
+                self.store.rename(&src.key, new_key).await?;
+                return Ok(false);
             }
             if st.dirty && !st.unlinked {
                 // Not in the bucket yet (or changed): upload straight to the new name, which
@@ -353,11 +362,11 @@ impl Fs {
                 st.upload(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
                 if !old_is_ours {
-                    return Ok(());
+                    return Ok(false);
                 }
                 match self.store.delete(&src.key).await {
                     Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
-                    _ => return Ok(()),
+                    _ => return Ok(false),
                 }
             }
         }
@@ -371,7 +380,7 @@ impl Fs {
             }
         }
         drop(journal);
-        Ok(())
+        Ok(true)
     }
 
     /// Move one object: in one request where the store moves (Drive), else copy, then

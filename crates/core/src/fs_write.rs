@@ -533,7 +533,7 @@ impl Fs {
         let identity = now.identity();
         tracing::debug!(ino, key = %now.key, %identity, size, "uploaded");
         for (i, data) in blocks.into_iter().enumerate() {
-            self.read_cache.remember(&now.key, &identity, now.size, i as u64, data);
+            self.read_cache.remember(&now.key, &identity, size, i as u64, data);
         }
         // Handles that read through the store must now read the version we just wrote.
         let fresh = self.reader_for(&now);
