@@ -34,6 +34,9 @@ pub struct Status {
     pub memory_cache_limit: u64,
     pub disk_cache_bytes: u64,
     pub disk_cache_limit: u64,
+    /// Names kept in memory (inodes and cached listing entries), and their bound (0: none).
+    pub cached_entries: u64,
+    pub max_cached_entries: u64,
     pub requests: u64,
     pub errors: u64,
     pub not_found: u64,
@@ -93,7 +96,7 @@ impl Status {
         };
         format!(
             "mount point:      {}\nstore:            {}{endpoint}{ro}\nprocess:          {}, up {}s\n\
-             pending uploads:  {} ({} staged files)\nmemory cache:     {} of {}\ndisk cache:       {disk}\n\
+             pending uploads:  {} ({} staged files)\nmemory cache:     {} of {}\ndisk cache:       {disk}\nnames in memory:  {}\n\
              store requests:   {} since mount, {} errors, {} not found\ntransferred:      {} read, {} written, {} kept in the store (not sent again)\n",
             self.mountpoint,
             self.store,
@@ -103,6 +106,11 @@ impl Status {
             self.staged_files,
             mib(self.memory_cache_bytes),
             mib(self.memory_cache_limit),
+            if self.max_cached_entries == 0 {
+                format!("{} (no bound)", self.cached_entries)
+            } else {
+                format!("{} of {}", self.cached_entries, self.max_cached_entries)
+            },
             self.requests,
             self.errors,
             self.not_found,

@@ -175,6 +175,12 @@ pub struct MountArgs {
     /// (a `find` of a small tree costs one round trip, not one per directory). 0 turns it off.
     #[arg(long, default_value_t = 999)]
     list_ahead_keys: usize,
+    /// Names kept in memory: inodes and cached directory listings, about 1 KB each. Past
+    /// this many, the cached listings of directories not in use are dropped, least recently
+    /// listed first, with the names nothing else holds (the kernel's, open, staged and
+    /// chmod'ed ones stay); they are listed again when next needed. 0: no bound.
+    #[arg(long, default_value_t = 250_000, value_name = "N")]
+    max_cached_entries: usize,
     /// Load the whole tree at mount (one recursive listing) so the first `find`/`ls -R` is
     /// served from memory; refreshed in the background every --preload-refresh seconds.
     #[arg(long)]

@@ -208,6 +208,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         },
         upload_budget: args.upload_budget_mib.max(1) * 1024 * 1024,
         max_rename_keys: args.max_rename_keys,
+        max_cached_entries: args.max_cached_entries,
         list_ahead_keys: args.list_ahead_keys,
         write_back: args.write_back.then(|| WriteBackConfig {
             delay: Duration::from_secs_f64(args.write_back_delay.clamp(0.0, 3600.0)),
@@ -265,6 +266,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         read_only: args.read_only,
         memory_cache_limit: cfg_memory_cache(args),
         disk_cache_limit: args.disk_cache_mib * 1024 * 1024,
+        max_cached_entries: args.max_cached_entries as u64,
     });
     if let Some(addr) = &args.metrics_addr {
         let o = observed.clone();

@@ -20,6 +20,7 @@ pub struct Observed {
     pub read_only: bool,
     pub memory_cache_limit: u64,
     pub disk_cache_limit: u64,
+    pub max_cached_entries: u64,
 }
 
 impl Observed {
@@ -40,6 +41,8 @@ impl Observed {
             memory_cache_limit: self.memory_cache_limit,
             disk_cache_bytes: c.disk_bytes,
             disk_cache_limit: self.disk_cache_limit,
+            cached_entries: c.entries,
+            max_cached_entries: self.max_cached_entries,
             requests: t.requests,
             errors: t.errors,
             not_found: t.not_found,
@@ -80,6 +83,7 @@ impl Observed {
             ),
             ("bucketfs_memory_cache_bytes", "Bytes in the memory block cache.", c.memory_bytes),
             ("bucketfs_disk_cache_bytes", "Bytes in the on-disk block cache.", c.disk_bytes),
+            ("bucketfs_cached_entries", "Names kept in memory (inodes and cached listing entries).", c.entries),
             ("bucketfs_write_back_files", "Closed files waiting for their write-back upload.", wb.files),
             ("bucketfs_write_back_bytes", "Bytes of closed files waiting for their write-back upload.", wb.bytes),
             ("bucketfs_write_back_oldest_seconds", "Age of the oldest file waiting for upload.", wb.oldest_secs),

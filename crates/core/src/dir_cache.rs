@@ -50,6 +50,8 @@ struct DirState {
     recent: std::collections::VecDeque<(u32, Arc<Vec<DirEntry>>)>,
     /// The kernel's cache of it is to be dropped when its listing goes stale.
     expiry_pending: bool,
+    /// When a read or open of it last began (the mount's clock): in use for a while after.
+    read_at: Option<Instant>,
 }
 
 /// Snapshots kept per directory for reads still paging through them.
@@ -87,6 +89,35 @@ impl DirCache {
         }
         st.open += 1;
         keep
+    }
+
+    /// A read or open of `ino` begins at `now`: its cached state is in use (see
+    /// [`DirCache::drop_if_idle`]).
+    pub fn touch(&self, ino: u64, now: Instant) {
+        self.dirs.lock().unwrap().entry(ino).or_default().read_at = Some(now);
+    }
+
+    /// Drop what is kept of `ino` (its snapshots) unless it is in use at `now`: a handle
+    /// open, or a read begun less than `crate::inode::MIN_IDLE` ago. `true` if dropped
+    /// (or nothing was kept): the inode table may then drop the nodes its snapshots name.
+    pub fn drop_if_idle(&self, ino: u64, now: Instant) -> bool {
+        let mut dirs = self.dirs.lock().unwrap();
+        let Some(st) = dirs.get(&ino) else { return true };
+        let recent = st.read_at.is_some_and(|at| now.saturating_duration_since(at) < crate::inode::MIN_IDLE);
+        if st.open > 0 || recent {
+            return false;
+        }
+        dirs.remove(&ino);
+        true
+    }
+
+    /// Give back the room of a map far bigger than what it holds.
+    pub fn shrink(&self) {
+        let mut dirs = self.dirs.lock().unwrap();
+        if dirs.capacity() > 4 * dirs.len() + 1024 {
+            let len = dirs.len();
+            dirs.shrink_to(2 * len);
+        }
     }
 
     /// A handle of `ino` was released.
@@ -169,6 +200,7 @@ impl Fs {
     /// the one the current snapshot came from (so two readers of a directory page through
     /// the same one); later offsets page through the snapshot they name (else the current).
     pub async fn readdir_unopened(&self, ino: u64, offset: u64) -> Result<(Arc<Vec<DirEntry>>, u32), FsError> {
+        self.dir_cache.touch(ino, self.cfg.clock.now());
         let current = self.dir_cache.current(ino);
         if offset > 0 {
             let (snap, _) = uncookie(offset);
@@ -204,6 +236,40 @@ impl Fs {
             }
         }
         Ok((entries, snap))
+    }
+
+    /// Over `--max-cached-entries`: drop the cached state of directories not in use (see
+    /// `inode_trim.rs`), and what the kernel cached of their entries (their inode numbers
+    /// are not kept). Called after a listing is installed.
+    pub(crate) fn trim_names(&self) {
+        let max = self.cfg.max_cached_entries;
+        if max == 0 {
+            return;
+        }
+        let dropped = {
+            let mut t = self.table.lock().unwrap();
+            let now = t.now();
+            // The snapshots go with the nodes they name, under the table's lock: a readdir
+            // either began before (in use: kept) or lists the directory again.
+            let dropped = t.trim(max, max / 4 * 3, &|dir| !self.dir_cache.drop_if_idle(dir, now));
+            if !dropped.is_empty() {
+                t.shrink();
+            }
+            dropped
+        };
+        if dropped.is_empty() {
+            return;
+        }
+        tracing::debug!(dirs = dropped.len(), max, "cached state of directories not in use dropped");
+        if let Some(invalidate) = self.dir_cache.invalidate.get().cloned() {
+            // Not from the request that installed the listing: the kernel may hold a lock
+            // that the notification waits for.
+            crate::sync::spawn(async move {
+                for dir in dropped {
+                    invalidate(dir);
+                }
+            });
+        }
     }
 
     /// Drop the kernel's cache of `ino` when its listing's TTL runs out.

@@ -99,6 +99,9 @@ pub struct FsConfig {
     /// List-ahead: a directory listing also asks for one page of the recursive listing below
     /// it, used when it holds at most this many keys; 0 turns it off.
     pub list_ahead_keys: usize,
+    /// Names kept in memory (nodes and cached listing entries, about 1 KB each) before the
+    /// cached state of directories not in use is dropped (`inode_trim.rs`); 0: no bound.
+    pub max_cached_entries: usize,
     /// Write-back mode: `close` returns once staged, uploads follow (see `write_back.rs`);
     /// `None`: every close uploads before it returns.
     pub write_back: Option<crate::write_back::WriteBackConfig>,
@@ -135,6 +138,7 @@ impl Default for FsConfig {
             // One page of S3's LIST (1,000 keys) less one: a subtree is known not to fit when
             // the page's last key arrives, before the store would ask for the next page.
             list_ahead_keys: 999,
+            max_cached_entries: 250_000,
             write_back: None,
             clock: Default::default(),
         }
@@ -355,6 +359,8 @@ impl Fs {
         let left = t.len();
         drop(t);
         if self.forgets.fetch_add(1, Ordering::Relaxed) % TRIM_EVERY == TRIM_EVERY - 1 {
+            self.table.lock().unwrap().shrink();
+            self.dir_cache.shrink();
             tracing::debug!(nodes = left, "many inodes forgotten: freed memory goes back to the system");
             // A thread of its own: forgets arrive on FUSE threads, outside the runtime.
             let _ = std::thread::Builder::new().name("bucketfs-trim".into()).spawn(trim_heap);
@@ -390,6 +396,7 @@ impl Fs {
 
     /// Snapshot a directory for one readdir sequence; offsets index into the snapshot.
     pub async fn opendir(&self, ino: u64) -> Result<u64, FsError> {
+        self.dir_cache.touch(ino, self.cfg.clock.now());
         let entries = self.dir_snapshot(ino).await?;
         let keep_cache = self.dir_cache.opened(ino, &entries);
         Ok(self.insert_handle(Handle::Dir { ino, entries, keep_cache }))

@@ -204,6 +204,7 @@ impl Fs {
             }
         }
         self.table.lock().unwrap().set_listing_since(dir.ino, Listing { children, ..template }, since);
+        self.trim_names();
         if subdirs_ahead {
             self.list_subdirs_ahead(dir.ino);
         }
@@ -243,6 +244,7 @@ impl Fs {
         let listing =
             Listing { at: started, valid_for: self.cfg.metadata_ttl, children, subtree: true, overtaken: false };
         self.table.lock().unwrap().set_listing_since(dir.ino, listing, since);
+        self.trim_names();
         Ok(())
     }
 

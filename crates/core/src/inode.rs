@@ -234,6 +234,14 @@ pub struct InodeTable {
     moves_begun: u64,
     /// The time freshness is measured in (the mount's [`Clock`]).
     clock: Clock,
+    /// Entries of the cached listings, as of their install (entries added or removed one
+    /// by one since are not counted): see `inode_trim.rs`.
+    listed: usize,
+    /// When each cached listing was installed (the order listings are dropped in).
+    listed_at: HashMap<u64, Instant>,
+    /// A trim that could not get under its bound, and when: until the entries grow past
+    /// this many, or a while passed, it does not try again.
+    trim_floor: (usize, Instant),
 }
 
 /// What a rename in progress is moving (see [`InodeTable::begin_move`]).
@@ -256,6 +264,10 @@ pub const RELIST_MAX: usize = 1000;
 /// Bound of [`InodeTable`]'s absent names; past it the oldest half is dropped.
 const ABSENT_MAX: usize = 4096;
 
+#[path = "inode_trim.rs"]
+mod trim;
+pub use trim::MIN_IDLE;
+
 impl InodeTable {
     /// A table with only the root, on the real clock.
     pub fn new(root_mtime: SystemTime) -> Self {
@@ -264,6 +276,7 @@ impl InodeTable {
 
     /// A table with only the root whose freshness is measured by `clock`.
     pub fn with_clock(root_mtime: SystemTime, clock: Clock) -> Self {
+        let started = clock.now();
         let root = Node {
             ino: ROOT_INO,
             parent: ROOT_INO,
@@ -301,6 +314,9 @@ impl InodeTable {
             moving: Vec::new(),
             moves_begun: 0,
             clock,
+            listed: 0,
+            listed_at: HashMap::new(),
+            trim_floor: (0, started),
         }
     }
 
@@ -464,15 +480,14 @@ impl InodeTable {
             // A directory stays (its listing goes): a child kept past its own forget (staged,
             // chmod'ed) is indexed under this inode, and under a new one it was lost (an
             // upload pending in write-back vanished from `ls` after the kernel forgot).
-            self.listings.remove(&ino);
-            self.big_subtrees.remove(&ino);
+            self.evict_dir(ino); // its listing, and children the kernel holds no reference to
             self.forget_removed_in(ino, u64::MAX); // its next listing starts afresh
             return;
         }
         if n.lookups == 0 && !has_overrides {
             let (parent, name) = (n.parent, n.name.clone());
             self.nodes.remove(&ino);
-            self.listings.remove(&ino);
+            self.drop_listing(ino);
             self.big_subtrees.remove(&ino);
             self.forget_removed_in(ino, u64::MAX);
             self.changed.remove(&ino);
@@ -617,7 +632,7 @@ impl InodeTable {
     /// Forget `dir`'s cached listing so the next readdir asks the store.
     pub fn invalidate_listing(&mut self, dir: u64) {
         self.note_change(dir);
-        self.listings.remove(&dir);
+        self.drop_listing(dir);
     }
 
     /// Move `ino` to (`parent`, `name`), rewriting the keys of it and everything below it.
@@ -634,7 +649,7 @@ impl InodeTable {
             }
         }
         for d in dirs {
-            self.listings.remove(&d);
+            self.drop_listing(d);
             // A listing or HEAD of the old keys in flight must not land as current.
             self.note_change(d);
             // Names probed absent under the old keys say nothing of the new ones.
@@ -659,7 +674,7 @@ impl InodeTable {
         if let Some(old) = self.index.insert((parent, name.to_string()), ino) {
             if old != ino {
                 // The replaced target stays until the kernel forgets it, unreachable by path.
-                self.listings.remove(&old);
+                self.drop_listing(old);
                 if let Some(n) = self.nodes.get_mut(&old) {
                     n.linked = false;
                 }
@@ -703,7 +718,7 @@ impl InodeTable {
     }
 
     pub fn set_listing(&mut self, dir: u64, listing: Listing) {
-        self.listings.insert(dir, listing);
+        self.put_listing(dir, listing);
     }
 
     /// Install a listing fetched from the store after [`InodeTable::change_seq`] was
@@ -722,7 +737,7 @@ impl InodeTable {
         if listing.children.len() <= RELIST_MAX {
             self.wide.remove(&dir); // it shrank: one listing answers its lookups again
         }
-        self.listings.insert(dir, listing);
+        self.put_listing(dir, listing);
     }
 
     pub fn len(&self) -> usize {

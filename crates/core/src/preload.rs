@@ -221,6 +221,7 @@ impl Fs {
             }
         }
         tracing::debug!(root, dirs = inos.len() - incomplete.len(), "subtree listed");
+        self.trim_names();
         inos
     }
 }

@@ -12,6 +12,8 @@ pub struct CacheStats {
     pub memory_bytes: u64,
     /// Bytes in the on-disk block cache (0 without one).
     pub disk_bytes: u64,
+    /// Names kept in memory: nodes and cached listing entries (`--max-cached-entries`).
+    pub entries: u64,
 }
 
 impl Fs {
@@ -29,7 +31,11 @@ impl Fs {
 
     /// How much the block caches hold.
     pub fn cache_stats(&self) -> CacheStats {
-        CacheStats { memory_bytes: self.read_cache.cached_bytes(), disk_bytes: self.read_cache.disk_bytes() }
+        CacheStats {
+            memory_bytes: self.read_cache.cached_bytes(),
+            disk_bytes: self.read_cache.disk_bytes(),
+            entries: self.table.lock().unwrap().cached_entries() as u64,
+        }
     }
 }
 
