@@ -70,7 +70,7 @@ pub fn uncookie(offset: u64) -> (u32, usize) {
 
 #[derive(Default)]
 pub(crate) struct DirCache {
-    /// Lock level 5 (a leaf): taken alone, never across an await.
+    /// Lock level 5 (a leaf): no other lock is taken under it; never held across an await.
     dirs: Mutex<HashMap<u64, DirState>>,
     invalidate: OnceLock<InvalidateDir>,
     /// The last snapshot number given (1 up to 2^31 - 1, then 1 again: offsets stay
