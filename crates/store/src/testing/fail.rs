@@ -58,6 +58,12 @@ impl FailStore {
         permits
     }
 
+    /// Calls of the op armed by [`FailStore::hold`] not made yet answer at once again.
+    /// Returns how many were left.
+    pub fn disarm(&self) -> u32 {
+        self.held.lock().unwrap().take().map_or(0, |(_, left, _)| left)
+    }
+
     /// The permits this call of `op` must wait for, if it is one of those held.
     fn held(&self, op: Op) -> Option<Arc<tokio::sync::Semaphore>> {
         let mut h = self.held.lock().unwrap();

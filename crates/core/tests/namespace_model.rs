@@ -1,0 +1,416 @@
+//! The namespace against a reference model while the store's answers come late (issue 42).
+//!
+//! One worker changes a tree two levels deep (write, truncate, unlink, mkdir, rmdir,
+//! rename of files and directories); listers read it at the same time, their listings and
+//! HEADs held (`FailStore::hold`: sent at once, answered only when released) and released
+//! in the order the steps say, so answers land after the worker's later changes; the
+//! clock moves past the TTL now and then, so listings are asked again. Another client
+//! writes below `x/` directly in the store. After every step, what the mount shows (each
+//! name's kind and size, each directory's entries) must equal the model: an answer sent
+//! before a change here never undoes it. proptest shrinks a failure to its steps.
+//!
+//! Run: `cargo test --release -p bucketfs-core --test namespace_model` (a few seconds).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bucketfs_core::{Clock, Fs, FsConfig, FsError, Kind, SetAttr, ROOT_INO};
+use bucketfs_store::metered::Op;
+use bucketfs_store::testing::{FailStore, MemStore};
+use bucketfs_store::{PutOpts, Store, StoreErrorKind};
+use bytes::Bytes;
+use proptest::prelude::*;
+
+const TTL: Duration = Duration::from_secs(1);
+/// Paths the worker uses: files `a` `b`, directories `d` `e`, two levels deep.
+const PATHS: [&str; 14] =
+    ["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a", "e/d", "d/e/a", "d/e/b", "e/d/a", "e/a", "d/d"];
+
+#[derive(Debug, Clone, PartialEq)]
+enum Entry {
+    Dir,
+    File(u64),
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Create or truncate `PATHS[i]` as a file of `len` bytes, closed.
+    Write(usize, u16),
+    Truncate(usize, u16),
+    Unlink(usize),
+    Mkdir(usize),
+    Rmdir(usize),
+    Rename(usize, usize),
+    /// Past the TTL, listers start: `n` listings or HEADs held, by readdirs and lookups in
+    /// `PATHS[i]`'s parent (or the directory itself).
+    Listen(usize, u8, bool),
+    /// `n` held answers arrive.
+    Release(u8),
+    /// Past the TTL: listings are asked again.
+    Tick,
+    /// Another client puts `x/f{n}` of `len` bytes.
+    Other(u8, u16),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let p = 0..PATHS.len();
+    prop_oneof![
+        3 => (p.clone(), 0..3000u16).prop_map(|(i, l)| Step::Write(i, l)),
+        1 => (p.clone(), 0..3000u16).prop_map(|(i, l)| Step::Truncate(i, l)),
+        2 => p.clone().prop_map(Step::Unlink),
+        3 => p.clone().prop_map(Step::Mkdir),
+        1 => p.clone().prop_map(Step::Rmdir),
+        3 => (p.clone(), p.clone()).prop_map(|(a, b)| Step::Rename(a, b)),
+        3 => (p.clone(), 1..4u8, any::<bool>()).prop_map(|(i, n, h)| Step::Listen(i, n, h)),
+        2 => (1..4u8).prop_map(Step::Release),
+        1 => Just(Step::Tick),
+        1 => (0..3u8, 0..2000u16).prop_map(|(n, l)| Step::Other(n, l)),
+    ]
+}
+
+fn parent(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(p, _)| p)
+}
+
+fn leaf(path: &str) -> &str {
+    path.rsplit_once('/').map_or(path, |(_, n)| n)
+}
+
+struct World {
+    fs: Arc<Fs>,
+    fail: Arc<FailStore>,
+    mem: Arc<MemStore>,
+    clock: Clock,
+    /// The tree as a user made it; "" is the root.
+    model: BTreeMap<String, Entry>,
+    /// What another client put below `x/` (name -> size).
+    other: BTreeMap<String, u64>,
+    /// Each hold's permits, and how many of its calls still wait for one.
+    held: std::sync::Mutex<Vec<(Arc<tokio::sync::Semaphore>, u32)>>,
+    listers: Vec<tokio::task::JoinHandle<()>>,
+    _staging: tempdir::Dir,
+}
+
+/// A throwaway directory (std only).
+mod tempdir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Self {
+            use std::sync::atomic::{AtomicU64, Ordering};
+            static N: AtomicU64 = AtomicU64::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "bucketfs-nsmodel-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Run `fut` to its end; whenever it stalls (waiting for a held answer, or for a lock a
+/// held lister keeps), the oldest held answer arrives.
+async fn drive<T>(w: &World, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut fut => return out,
+            _ = settle() => {
+                w.release_one(); // nothing held: it just runs on
+            }
+        }
+    }
+}
+
+/// Let every other task run until it waits for something (the store answers at once).
+async fn settle() {
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+}
+
+impl World {
+    /// The oldest held answer arrives; `false` if none is held.
+    fn release_one(&self) -> bool {
+        let mut held = self.held.lock().unwrap();
+        let Some((p, left)) = held.iter_mut().find(|(_, left)| *left > 0) else { return false };
+        p.add_permits(1);
+        *left -= 1;
+        true
+    }
+
+    fn answers_held(&self) -> bool {
+        self.held.lock().unwrap().iter().any(|(_, left)| *left > 0)
+    }
+
+    async fn new() -> Self {
+        let mem = Arc::new(MemStore::new());
+        mem.put("x/seed", Bytes::from_static(b"s"), PutOpts::default()).await.unwrap();
+        let fail = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+        let clock = Clock::manual();
+        let staging = tempdir::Dir::new();
+        let cfg =
+            FsConfig { staging_dir: staging.0.clone(), metadata_ttl: TTL, clock: clock.clone(), ..Default::default() };
+        let fs = Fs::new(fail.clone() as Arc<dyn Store>, cfg);
+        let mut model = BTreeMap::new();
+        model.insert(String::new(), Entry::Dir);
+        model.insert("x".into(), Entry::Dir);
+        for d in ["d", "e"] {
+            fs.mkdir(ROOT_INO, d, None).await.unwrap();
+            model.insert(d.into(), Entry::Dir);
+        }
+        World {
+            fs,
+            fail,
+            mem,
+            clock,
+            model,
+            other: BTreeMap::from([("seed".to_string(), 1)]),
+            held: Default::default(),
+            listers: Vec::new(),
+            _staging: staging,
+        }
+    }
+
+    /// The inode of `path` (a lookup per component, as the kernel does).
+    async fn ino(&self, path: &str) -> Result<u64, FsError> {
+        let mut ino = ROOT_INO;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            ino = self.fs.lookup(ino, part).await?.ino;
+        }
+        Ok(ino)
+    }
+
+    fn children(&self, dir: &str) -> Vec<String> {
+        let pre = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+        let mut names: Vec<String> = self
+            .model
+            .keys()
+            .filter(|k| !k.is_empty() && k.starts_with(&pre) && !k[pre.len()..].contains('/'))
+            .map(|k| k[pre.len()..].to_string())
+            .collect();
+        if dir == "x" {
+            names.extend(self.other.keys().cloned());
+        }
+        names.sort();
+        names
+    }
+
+    async fn apply(&mut self, s: &Step) -> Result<(), String> {
+        let fs = self.fs.clone();
+        match *s {
+            Step::Write(i, len) => {
+                let path = PATHS[i];
+                if self.model.get(parent(path)) != Some(&Entry::Dir) || self.model.get(path) == Some(&Entry::Dir) {
+                    return Ok(());
+                }
+                let dir = drive(self, self.ino(parent(path))).await.map_err(|e| format!("{path}: parent: {e:?}"))?;
+                let (_, fh) = drive(self, fs.create(dir, leaf(path), libc_trunc(), None))
+                    .await
+                    .map_err(|e| format!("create {path}: {e:?}"))?;
+                drive(self, fs.write(fh, 0, &vec![b'w'; len as usize]))
+                    .await
+                    .map_err(|e| format!("write {path}: {e:?}"))?;
+                drive(self, fs.release(fh)).await.map_err(|e| format!("close {path}: {e:?}"))?;
+                self.model.insert(path.into(), Entry::File(len as u64));
+            }
+            Step::Truncate(i, len) => {
+                let path = PATHS[i];
+                if !matches!(self.model.get(path), Some(Entry::File(_))) {
+                    return Ok(());
+                }
+                let ino = drive(self, self.ino(path)).await.map_err(|e| format!("{path}: {e:?}"))?;
+                let change = SetAttr { size: Some(len as u64), ..Default::default() };
+                drive(self, fs.setattr(ino, change)).await.map_err(|e| format!("truncate {path}: {e:?}"))?;
+                self.model.insert(path.into(), Entry::File(len as u64));
+            }
+            Step::Unlink(i) => {
+                let path = PATHS[i];
+                if !matches!(self.model.get(path), Some(Entry::File(_))) {
+                    return Ok(());
+                }
+                let dir = drive(self, self.ino(parent(path))).await.map_err(|e| format!("{path}: parent: {e:?}"))?;
+                drive(self, fs.unlink(dir, leaf(path))).await.map_err(|e| format!("unlink {path}: {e:?}"))?;
+                self.model.remove(path);
+            }
+            Step::Mkdir(i) => {
+                let path = PATHS[i];
+                if self.model.get(parent(path)) != Some(&Entry::Dir) || self.model.contains_key(path) {
+                    return Ok(());
+                }
+                let dir = drive(self, self.ino(parent(path))).await.map_err(|e| format!("{path}: parent: {e:?}"))?;
+                drive(self, fs.mkdir(dir, leaf(path), None)).await.map_err(|e| format!("mkdir {path}: {e:?}"))?;
+                self.model.insert(path.into(), Entry::Dir);
+            }
+            Step::Rmdir(i) => {
+                let path = PATHS[i];
+                if self.model.get(path) != Some(&Entry::Dir) || !self.children(path).is_empty() {
+                    return Ok(());
+                }
+                let dir = drive(self, self.ino(parent(path))).await.map_err(|e| format!("{path}: parent: {e:?}"))?;
+                drive(self, fs.rmdir(dir, leaf(path))).await.map_err(|e| format!("rmdir {path}: {e:?}"))?;
+                self.model.remove(path);
+            }
+            Step::Rename(a, b) => {
+                let (src, dst) = (PATHS[a], PATHS[b]);
+                let Some(kind) = self.model.get(src).cloned() else { return Ok(()) };
+                let into_itself = dst == src || dst.starts_with(&format!("{src}/"));
+                let target_ok = match (self.model.get(dst), &kind) {
+                    (None, _) => true,
+                    (Some(Entry::File(_)), Entry::File(_)) => true,
+                    (Some(Entry::Dir), Entry::Dir) => self.children(dst).is_empty(),
+                    _ => false,
+                };
+                if into_itself || !target_ok || self.model.get(parent(dst)) != Some(&Entry::Dir) {
+                    return Ok(());
+                }
+                let from = drive(self, self.ino(parent(src))).await.map_err(|e| format!("{src}: parent: {e:?}"))?;
+                let to = drive(self, self.ino(parent(dst))).await.map_err(|e| format!("{dst}: parent: {e:?}"))?;
+                drive(self, fs.rename(from, leaf(src), to, leaf(dst), false))
+                    .await
+                    .map_err(|e| format!("rename {src} {dst}: {e:?}"))?;
+                let moved: Vec<(String, Entry)> = self
+                    .model
+                    .iter()
+                    .filter(|(k, _)| *k == src || k.starts_with(&format!("{src}/")))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                self.model.remove(dst);
+                for (k, v) in moved {
+                    self.model.remove(&k);
+                    self.model.insert(format!("{dst}{}", &k[src.len()..]), v);
+                }
+            }
+            Step::Listen(i, n, head) => {
+                let dir = match self.model.get(PATHS[i]) {
+                    Some(Entry::Dir) => PATHS[i],
+                    _ => parent(PATHS[i]),
+                };
+                // Time passed: what they read is asked of the store again.
+                self.clock.advance(TTL + Duration::from_millis(1));
+                let permits = self.fail.hold(if head { Op::Head } else { Op::List }, n as u32);
+                for k in 0..n {
+                    let (fs, dir, name) =
+                        (fs.clone(), dir.to_string(), leaf(PATHS[(i + k as usize) % PATHS.len()]).to_string());
+                    self.listers.push(tokio::spawn(async move {
+                        let mut ino = ROOT_INO;
+                        for part in dir.split('/').filter(|p| !p.is_empty()) {
+                            match fs.lookup(ino, part).await {
+                                Ok(a) => ino = a.ino,
+                                Err(_) => return,
+                            }
+                        }
+                        if let Ok(fh) = fs.opendir(ino).await {
+                            let _ = fs.readdir(fh);
+                            fs.releasedir(fh);
+                        }
+                        let _ = fs.lookup(ino, &name).await;
+                    }));
+                }
+                settle().await;
+                let unused = self.fail.disarm(); // calls not made by now answer at once
+                self.held.lock().unwrap().push((permits, n as u32 - unused));
+            }
+            Step::Release(n) => {
+                for _ in 0..n {
+                    self.release_one();
+                }
+                settle().await;
+            }
+            Step::Tick => self.clock.advance(TTL + Duration::from_millis(1)),
+            Step::Other(n, len) => {
+                let name = format!("f{n}");
+                self.mem
+                    .put(&format!("x/{name}"), Bytes::from(vec![b'o'; len as usize]), PutOpts::default())
+                    .await
+                    .unwrap();
+                self.other.insert(name, len as u64);
+            }
+        }
+        Ok(())
+    }
+
+    /// What the mount shows equals the model (`x/` only once another client's change had a
+    /// TTL to show: `x_settled`).
+    async fn check(&self, x_settled: bool) -> Result<(), String> {
+        for (path, want) in &self.model {
+            if path == "x" && !x_settled {
+                continue;
+            }
+            let ino = drive(self, self.ino(path)).await.map_err(|e| format!("{path:?} in the model, lookup: {e:?}"))?;
+            let attr = drive(self, self.fs.getattr(ino)).await.map_err(|e| format!("{path:?}: getattr {e:?}"))?;
+            match want {
+                Entry::File(size) if attr.kind != Kind::File || attr.size != *size => {
+                    return Err(format!("{path:?}: {:?} of {} bytes, model: a file of {size}", attr.kind, attr.size));
+                }
+                Entry::Dir if attr.kind != Kind::Dir => {
+                    return Err(format!("{path:?}: {:?}, model: a directory", attr.kind))
+                }
+                Entry::Dir if path != "x" || x_settled => {
+                    let fh = drive(self, self.fs.opendir(ino)).await.map_err(|e| format!("{path:?}: opendir {e:?}"))?;
+                    let entries = self.fs.readdir(fh).map_err(|e| format!("{path:?}: readdir {e:?}"))?;
+                    self.fs.releasedir(fh);
+                    let mut seen: Vec<String> = entries.iter().skip(2).map(|e| e.name.clone()).collect();
+                    seen.sort();
+                    if seen != self.children(path) {
+                        return Err(format!("ls {path:?}: {seen:?}, model: {:?}", self.children(path)));
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.fs.check_invariants();
+        Ok(())
+    }
+
+    /// Every held answer arrives, and the listers end.
+    async fn finish(&mut self) {
+        self.fail.disarm();
+        while self.release_one() {}
+        for l in self.listers.drain(..) {
+            let _ = l.await;
+        }
+    }
+}
+
+/// O_CREAT | O_TRUNC | O_WRONLY (Linux values).
+fn libc_trunc() -> i32 {
+    0o100 | 0o1000 | 0o1
+}
+
+async fn run(steps: Vec<Step>) -> Result<(), String> {
+    let mut w = World::new().await;
+    let mut x_settled = true; // nothing from another client yet
+    for (i, s) in steps.iter().enumerate() {
+        w.apply(s).await.map_err(|e| format!("step {i} {s:?}: {e}"))?;
+        match s {
+            Step::Other(..) => x_settled = false,
+            // Answers held from before the other client's change may still land (another
+            // client's changes are only ordered by the TTL): only once none is held.
+            Step::Tick if !w.answers_held() => x_settled = true,
+            _ => {}
+        }
+        w.check(x_settled).await.map_err(|e| format!("after step {i} {s:?}: {e}"))?;
+    }
+    w.finish().await;
+    w.clock.advance(TTL + Duration::from_millis(1));
+    w.check(true).await.map_err(|e| format!("at the end, all answers in: {e}"))
+}
+
+proptest! {
+    // 256 cases (PROPTEST_CASES sets another number): about 5 s.
+    #[test]
+    fn the_namespace_matches_the_model_while_answers_come_late(steps in proptest::collection::vec(step(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let out = rt.block_on(run(steps));
+        prop_assert!(out.is_ok(), "{}", out.unwrap_err());
+    }
+}
