@@ -55,7 +55,6 @@ impl InodeTable {
         self.listed_at.remove(&dir);
         let old = self.listings.remove(&dir)?;
         self.listed = self.listed.saturating_sub(old.children.len());
-        self.big_subtrees.remove(&dir);
         Some(old)
     }
 
@@ -83,6 +82,7 @@ impl InodeTable {
     /// Drop `dir`'s cached listing and those of its children that nothing but the listing
     /// needs ([`Node::droppable`]). Returns the number of entries dropped.
     pub fn evict_dir(&mut self, dir: u64) -> usize {
+        self.big_subtrees.remove(&dir); // its next listing tries list-ahead again
         let Some(listing) = self.drop_listing(dir) else { return 0 };
         let mut dropped = listing.children.len();
         for name in listing.children.into_keys() {
