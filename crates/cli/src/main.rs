@@ -14,6 +14,7 @@ mod auth;
 mod checks;
 mod control;
 mod cp;
+mod csi;
 mod fstab;
 mod logging;
 mod manual;
@@ -51,6 +52,8 @@ enum Command {
     },
     /// Copy files to and from a bucket: parallel, verified end to end (see --help).
     Cp(cp::CpArgs),
+    /// Run the Kubernetes CSI driver (docs/KUBERNETES.md).
+    Csi(csi::CsiArgs),
     /// Authorize access to a store that needs a consent step (Google Drive).
     #[command(subcommand)]
     Auth(auth::AuthCommand),
@@ -305,6 +308,7 @@ fn main() -> ExitCode {
             )
         }
         Command::Auth(cmd) => auth::run(cmd),
+        Command::Csi(args) => csi::run(args),
         Command::Status { mountpoint, json } => status::run(&mountpoint, json),
         Command::Sync { mountpoint, timeout } => status::sync(&mountpoint, timeout.map(std::time::Duration::from_secs)),
         Command::Completions { shell } => manual::print(&manual::completions(shell, Cli::command())),

@@ -79,6 +79,27 @@ pub struct StoreOptions {
     pub billing_project: Option<String>,
     /// GCS: how files of several parts are uploaded ([`gcs_uses_compose`]).
     pub gcs_upload: GcsUpload,
+    /// Credentials given by the caller instead of the environment's (the CSI controller
+    /// gets them per request from Kubernetes secrets). `None`: the usual chain.
+    pub keys: Option<Keys>,
+}
+
+/// Credentials handed to [`open`] directly. Their `Debug` never shows the secret parts.
+#[derive(Clone)]
+pub enum Keys {
+    /// S3: an access key, its secret, and an optional session token.
+    S3 { access_key_id: String, secret_access_key: String, session_token: Option<String> },
+    /// GCS: a service account's JSON key.
+    GcsServiceAccount(String),
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Keys::S3 { access_key_id, .. } => write!(f, "S3 keys ({access_key_id}, secret hidden)"),
+            Keys::GcsServiceAccount(_) => write!(f, "GCS service account key (hidden)"),
+        }
+    }
 }
 
 /// GCS: how a file of several parts is uploaded (`--gcs-upload`).
@@ -303,6 +324,12 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             if let Some(p) = &opts.profile {
                 b = b.profile(p);
             }
+            if let Some(Keys::S3 { access_key_id, secret_access_key, session_token }) = &opts.keys {
+                b = b.access_key_id(access_key_id).secret_access_key(secret_access_key).disable_config_load();
+                if let Some(t) = session_token {
+                    b = b.session_token(t);
+                }
+            }
             if let Some(c) = &opts.storage_class {
                 b = b.default_storage_class(c);
             }
@@ -354,6 +381,10 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             }
             if opts.anonymous {
                 b = b.skip_signature().disable_vm_metadata().disable_config_load();
+            }
+            if let Some(Keys::GcsServiceAccount(json)) = &opts.keys {
+                use base64::Engine as _;
+                b = b.credential(&base64::engine::general_purpose::STANDARD.encode(json)).disable_vm_metadata();
             }
             let op = Operator::new(b).map_err(err)?;
             let mut transport = op.context().http_transport().clone();
