@@ -73,15 +73,32 @@ pub fn binds_of(path: &Path) -> Vec<PathBuf> {
     table().into_iter().filter(|m| m.dev == me.dev && m.target != me.target).map(|m| m.target).collect()
 }
 
-/// Whether the mount at `path` answers: a FUSE mount whose daemon died gives `ENOTCONN`.
+/// Whether an error says the FUSE daemon behind a mount is gone: `ECONNABORTED` while
+/// the kernel aborts the connection, `ENOTCONN` after.
+pub fn is_dead(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED))
+}
+
+/// Whether the mount at `path` answers (a `statfs`, as `df` asks).
 pub fn answers(path: &Path) -> Result<(), String> {
-    match std::fs::metadata(path) {
+    match std::fs::metadata(path).and_then(|_| statvfs(path)) {
         Ok(_) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            Err("the bucketfs process of this mount is gone (ENOTCONN); unstage and stage the volume again".into())
+        Err(e) if is_dead(&e) => {
+            Err(format!("the bucketfs process of this mount is gone ({e}); unstage and stage the volume again"))
         }
         Err(e) => Err(format!("cannot stat {}: {e}", path.display())),
     }
+}
+
+/// `statvfs(3)` of `path`.
+pub fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
+    let c = cpath(path).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs fills the zeroed struct; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
 }
 
 /// Run `bucketfs mount URL PATH ARGS...` with the credential files in `env`, and wait

@@ -290,8 +290,16 @@ impl pb::node_server::Node for Node {
         if mounts::mounted_at(&path).is_none() {
             return Err(Status::not_found(format!("volume {} is not mounted at {}", r.volume_id, path.display())));
         }
-        mounts::answers(&path).map_err(Status::failed_precondition)?;
-        let st = statvfs(&path).map_err(Status::internal)?;
+        let st = match mounts::statvfs(&path) {
+            Ok(st) => st,
+            Err(e) if mounts::is_dead(&e) => {
+                return Err(Status::failed_precondition(format!(
+                    "volume {}: the bucketfs process of its mount is gone ({e}); the pods using it need a new one",
+                    r.volume_id
+                )))
+            }
+            Err(e) => return Err(Status::internal(format!("statfs {}: {e}", path.display()))),
+        };
         use pb::volume_usage::Unit;
         let usage = |total: u64, free: u64, unit: Unit| pb::VolumeUsage {
             total: total as i64,
@@ -335,15 +343,4 @@ impl pb::node_server::Node for Node {
             accessible_topology: None,
         }))
     }
-}
-
-fn statvfs(path: &Path) -> Result<libc::statvfs, String> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| "a path with a NUL byte".to_string())?;
-    // SAFETY: statvfs fills the zeroed struct; the path is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(format!("statvfs {}: {}", path.display(), std::io::Error::last_os_error()));
-    }
-    Ok(st)
 }

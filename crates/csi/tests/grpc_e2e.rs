@@ -1,0 +1,304 @@
+//! `bucketfs csi` end to end through its gRPC API, on MinIO with real FUSE mounts:
+//! provision a volume, stage it, publish it at two target paths (one read-only), write
+//! through one and read through the other, restart the plugin in the middle (the mount
+//! keeps serving and is adopted), check that no process holds the secret in its argv or
+//! environment, kill the mount's daemon (reported, then staged again), unpublish,
+//! unstage (the upload is in the bucket), delete (the keys are gone).
+//!
+//! Needs root, FUSE, MinIO (`BUCKETFS_TEST_S3_ENDPOINT`, its keys in `AWS_ACCESS_KEY_ID` /
+//! `AWS_SECRET_ACCESS_KEY`, bucket `BUCKETFS_TEST_S3_BUCKET`) and `BUCKETFS_BIN`: what
+//! scripts/test sets up. Under CI a missing one fails; elsewhere the test is skipped.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bucketfs_csi::pb::{self, controller_client::ControllerClient, node_client::NodeClient, volume_capability as vc};
+use tonic::transport::Channel;
+
+fn required(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ if std::env::var_os("CI").is_some() => panic!("{var} must be set under CI (scripts/test sets it)"),
+        _ => {
+            eprintln!("skipping: {var} is not set (scripts/test sets it)");
+            None
+        }
+    }
+}
+
+struct Env {
+    bin: PathBuf,
+    endpoint: String,
+    key: String,
+    secret: String,
+    bucket: String,
+}
+
+fn start_plugin(env: &Env, dir: &Path) -> Child {
+    let sock = dir.join("csi.sock");
+    let _ = std::fs::remove_file(&sock);
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("plugin.log")).unwrap();
+    let child = Command::new(&env.bin)
+        .args(["csi", "--node-id", "e2e-node", "--endpoint"])
+        .arg(format!("unix://{}", sock.display()))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "the plugin did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+fn stop_plugin(mut child: Child) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(20), "the plugin did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn channel(sock: PathBuf) -> Channel {
+    tonic::transport::Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let sock = sock.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(sock).await?))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+fn capability(mode: vc::access_mode::Mode) -> pb::VolumeCapability {
+    pb::VolumeCapability {
+        access_mode: Some(vc::AccessMode { mode: mode as i32 }),
+        access_type: Some(vc::AccessType::Mount(vc::MountVolume::default())),
+    }
+}
+
+/// The pids whose command line names `needle`.
+fn pids_with(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// On the way out (a failed assertion included): detach every mount left under the test's
+/// directory, so removing it never walks into a bucket.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let mut left: Vec<_> =
+            bucketfs_csi::mounts::table().into_iter().filter(|m| m.target.starts_with(&self.0)).collect();
+        left.sort_by_key(|m| std::cmp::Reverse(m.target.as_os_str().len()));
+        for m in left {
+            let _ = bucketfs_csi::mounts::detach(&m.target);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
+    let (Some(bin), Some(endpoint), Some(key), Some(secret), Some(bucket)) = (
+        required("BUCKETFS_BIN"),
+        required("BUCKETFS_TEST_S3_ENDPOINT"),
+        required("AWS_ACCESS_KEY_ID"),
+        required("AWS_SECRET_ACCESS_KEY"),
+        required("BUCKETFS_TEST_S3_BUCKET"),
+    ) else {
+        return;
+    };
+    let env = Env { bin: bin.into(), endpoint, key, secret, bucket };
+    let work = tempfile::Builder::new().prefix("bfs-csi-e2e-").tempdir().unwrap();
+    let dir = work.path().to_path_buf();
+    let _unmount = Unmount(dir.clone());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let base = format!("s3://{}/csi-e2e-{nanos}", env.bucket);
+    let secrets = HashMap::from([
+        ("awsAccessKeyId".to_string(), env.key.clone()),
+        ("awsSecretAccessKey".to_string(), env.secret.clone()),
+        ("endpoint".to_string(), env.endpoint.clone()),
+    ]);
+    let mut plugin = start_plugin(&env, &dir);
+    let ch = channel(dir.join("csi.sock")).await;
+    let (mut ctl, mut node) = (ControllerClient::new(ch.clone()), NodeClient::new(ch));
+
+    // Provision: twice with one name is one volume.
+    let create = pb::CreateVolumeRequest {
+        name: "pvc-e2e".into(),
+        capacity_range: Some(pb::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
+        volume_capabilities: vec![capability(vc::access_mode::Mode::MultiNodeMultiWriter)],
+        parameters: HashMap::from([
+            ("url".to_string(), base.clone()),
+            ("onDelete".to_string(), "delete".to_string()),
+            ("mountOptions".to_string(), "metadata-ttl=1".to_string()),
+        ]),
+        secrets: secrets.clone(),
+        ..Default::default()
+    };
+    let vol = ctl.create_volume(create.clone()).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(vol.volume_id, format!("{base}/pvc-e2e"));
+    let again = ctl.create_volume(create).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(again.volume_id, vol.volume_id);
+
+    // Stage once, publish twice: read-write at t1, read-only at t2.
+    let staging = dir.join("staging");
+    let (t1, t2) = (dir.join("pods/a/t1"), dir.join("pods/b/t2"));
+    let cap = capability(vc::access_mode::Mode::MultiNodeMultiWriter);
+    node.node_stage_volume(pb::NodeStageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        secrets: secrets.clone(),
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for (t, ro) in [(&t1, false), (&t2, true)] {
+        node.node_publish_volume(pb::NodePublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+            target_path: t.display().to_string(),
+            volume_capability: Some(cap.clone()),
+            readonly: ro,
+            volume_context: vol.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(t1.join("model.bin"), &data).unwrap();
+    assert_eq!(std::fs::read(t2.join("model.bin")).unwrap(), data, "read through the other target");
+    let e = std::fs::write(t2.join("nope"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "a read-only publish refuses writes: {e}");
+
+    // No process holds the secret in its argv or environment; the file holding it is 0600.
+    let daemons = pids_with(&staging.display().to_string());
+    assert!(!daemons.is_empty(), "the mount's daemon runs");
+    for pid in daemons.iter().chain([plugin.id()].iter()) {
+        for f in ["cmdline", "environ"] {
+            let text = std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            assert!(!String::from_utf8_lossy(&text).contains(&env.secret), "the secret is in /proc/{pid}/{f}");
+        }
+    }
+
+    // A restart of the plugin: the mount keeps serving, and the new plugin adopts it.
+    stop_plugin(plugin);
+    assert_eq!(std::fs::read(t2.join("model.bin")).unwrap(), data, "served while the plugin is down");
+    std::fs::write(t1.join("after-restart.txt"), b"still here").unwrap();
+    plugin = start_plugin(&env, &dir);
+    let log = std::fs::read_to_string(dir.join("plugin.log")).unwrap();
+    assert!(log.contains("adopted a running mount"), "{log}");
+    let ch = channel(dir.join("csi.sock")).await;
+    let (mut ctl, mut node) = (ControllerClient::new(ch.clone()), NodeClient::new(ch));
+    let stats = node
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: t1.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.usage.len(), 2);
+
+    // A daemon that dies is reported, and a new stage mounts the volume again.
+    for pid in &daemons {
+        // SAFETY: kill(2) of the mount daemon this test started through the plugin.
+        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+    }
+    let t = Instant::now();
+    let err = loop {
+        let r = node
+            .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+                volume_id: vol.volume_id.clone(),
+                volume_path: t1.display().to_string(),
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Err(e) => break e,
+            Ok(_) => assert!(t.elapsed() < Duration::from_secs(10), "a dead mount still reported as fine"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("gone"), "{}", err.message());
+    for t in [&t1, &t2] {
+        node.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            target_path: t.display().to_string(),
+        })
+        .await
+        .unwrap();
+        assert!(!t.exists(), "unpublish removes the target directory");
+    }
+    let stage = pb::NodeStageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        secrets: secrets.clone(),
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    };
+    node.node_stage_volume(stage).await.unwrap();
+    assert_eq!(std::fs::read(staging.join("model.bin")).unwrap(), data, "what was closed before the kill");
+    assert_eq!(std::fs::read(staging.join("after-restart.txt")).unwrap(), b"still here");
+    std::fs::write(staging.join("last.txt"), b"unstage uploads me").unwrap();
+    node.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(bucketfs_csi::mounts::mounted_at(&staging).is_none(), "unstaged");
+
+    // The bucket holds the volume's files; DeleteVolume (onDelete: delete) removes them.
+    let opts = bucketfs_store::location::StoreOptions {
+        endpoint: Some(env.endpoint.clone()),
+        keys: Some(bucketfs_store::location::Keys::S3 {
+            access_key_id: env.key.clone(),
+            secret_access_key: env.secret.clone(),
+            session_token: None,
+        }),
+        ..Default::default()
+    };
+    let loc = bucketfs_store::location::Location::parse(&vol.volume_id).unwrap();
+    let store = bucketfs_store::location::open(&loc, &opts).unwrap();
+    use bucketfs_store::StoreExt;
+    assert_eq!(store.read("last.txt").await.unwrap().as_ref(), b"unstage uploads me");
+    assert_eq!(store.read("model.bin").await.unwrap().len(), data.len());
+    ctl.delete_volume(pb::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), secrets: secrets.clone() })
+        .await
+        .unwrap();
+    use futures::StreamExt;
+    let left: Vec<_> = store.list("", true).collect().await;
+    assert!(left.iter().all(|m| m.is_err()) || left.is_empty(), "keys left after delete: {left:?}");
+    ctl.delete_volume(pb::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), secrets })
+        .await
+        .expect("deleting twice succeeds");
+    stop_plugin(plugin);
+}
