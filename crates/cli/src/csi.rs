@@ -29,6 +29,15 @@ pub struct CsiArgs {
     /// mount logs; on the host, so that a restarted plugin finds its mounts again.
     #[arg(long, default_value = "/var/lib/bucketfs-csi", value_name = "DIR")]
     state_dir: PathBuf,
+    /// Copy this binary to PATH at start (on the host, through a hostPath volume) and mount
+    /// with that copy: with --mount-prefix, mounts run on the host, outside the container.
+    #[arg(long, value_name = "PATH")]
+    host_binary: Option<PathBuf>,
+    /// A command to run each `bucketfs mount` through, as words separated by spaces, e.g.
+    /// "nsenter --target 1 --mount --pid -- systemd-run --scope --collect --quiet --": each
+    /// mount then lives in a host scope of its own and outlives the plugin's container.
+    #[arg(long, value_name = "COMMAND", allow_hyphen_values = true)]
+    mount_prefix: Option<String>,
     /// Log debug lines too.
     #[arg(short, long)]
     verbose: bool,
@@ -42,7 +51,11 @@ pub fn run(args: CsiArgs) -> Result<(), String> {
         Some(n) => n,
         None => hostname()?,
     };
-    let bucketfs = std::env::current_exe().map_err(|e| format!("cannot find the bucketfs binary: {e}"))?;
+    let mut bucketfs = std::env::current_exe().map_err(|e| format!("cannot find the bucketfs binary: {e}"))?;
+    if let Some(dst) = args.host_binary {
+        install_copy(&bucketfs, &dst)?;
+        bucketfs = dst;
+    }
     let cfg = bucketfs_csi::Config {
         endpoint: args.endpoint,
         node_id,
@@ -53,6 +66,7 @@ pub fn run(args: CsiArgs) -> Result<(), String> {
         },
         state_dir: args.state_dir,
         bucketfs,
+        mount_prefix: args.mount_prefix.map(|p| p.split_whitespace().map(String::from).collect()).unwrap_or_default(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -69,4 +83,17 @@ fn hostname() -> Result<String, String> {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// Copy `src` to `dst` by a rename, so a mount running the old copy keeps its file.
+fn install_copy(src: &std::path::Path, dst: &std::path::Path) -> Result<(), String> {
+    let tmp = dst.with_extension("new");
+    if let Some(dir) = dst.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    std::fs::copy(src, &tmp)
+        .and_then(|_| std::fs::rename(&tmp, dst))
+        .map_err(|e| format!("cannot install {} as {}: {e}", src.display(), dst.display()))?;
+    tracing::info!(path = %dst.display(), "installed this binary for the mounts");
+    Ok(())
 }

@@ -55,6 +55,11 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// The `bucketfs` binary that mounts (this one, normally).
     pub bucketfs: PathBuf,
+    /// A command that runs each `bucketfs mount` (its words), e.g. `nsenter --target 1
+    /// --mount --pid -- systemd-run --scope --collect --quiet --` so that a mount lives in
+    /// a host scope of its own and outlives the plugin's container (docs/KUBERNETES.md).
+    /// Empty: mounts run as children of the plugin, in sessions of their own.
+    pub mount_prefix: Vec<String>,
 }
 
 /// Serve until SIGTERM or SIGINT; the mounts keep running after.

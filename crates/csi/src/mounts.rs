@@ -101,10 +101,25 @@ pub fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
     Ok(st)
 }
 
-/// Run `bucketfs mount URL PATH ARGS...` with the credential files in `env`, and wait
-/// until the mount answers or the command fails; its message is returned on failure.
-pub async fn mount(bin: &Path, url: &str, path: &Path, args: &[String], env: &[(&str, PathBuf)]) -> Result<(), String> {
-    let mut cmd = Command::new(bin);
+/// Run `[PREFIX...] bucketfs mount URL PATH ARGS...` with the credential files in `env`,
+/// and wait until the mount answers or the command fails; its message is returned on
+/// failure.
+pub async fn mount(
+    prefix: &[String],
+    bin: &Path,
+    url: &str,
+    path: &Path,
+    args: &[String],
+    env: &[(&str, PathBuf)],
+) -> Result<(), String> {
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     cmd.arg("mount").arg(url).arg(path).args(args);
     // Credentials come from the files alone: none of the plugin's own may leak in.
     for k in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS"] {
@@ -117,7 +132,9 @@ pub async fn mount(bin: &Path, url: &str, path: &Path, args: &[String], env: &[(
     let out = tokio::time::timeout(MOUNT_TIMEOUT, cmd.output())
         .await
         .map_err(|_| format!("bucketfs mount did not answer within {} s", MOUNT_TIMEOUT.as_secs()))?
-        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+        .map_err(|e| {
+            format!("cannot run {}: {e}", prefix.first().map(PathBuf::from).unwrap_or(bin.into()).display())
+        })?;
     if out.status.success() {
         return Ok(());
     }

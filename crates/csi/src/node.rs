@@ -36,6 +36,7 @@ pub struct Node {
     node_id: String,
     state: PathBuf,
     bin: PathBuf,
+    prefix: Vec<String>,
     /// Stage and unstage calls run one at a time per staging path.
     locks: tokio::sync::Mutex<HashMap<PathBuf, std::sync::Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -53,6 +54,7 @@ impl Node {
             node_id: cfg.node_id.clone(),
             state: cfg.state_dir.clone(),
             bin: cfg.bucketfs.clone(),
+            prefix: cfg.mount_prefix.clone(),
             locks: Default::default(),
         })
     }
@@ -190,7 +192,7 @@ impl pb::node_server::Node for Node {
         let rec = Record { volume_id: volume_id.to_string(), staging_path: staging.clone(), url: url.clone() };
         std::fs::write(self.record_path(&staging), serde_json::to_vec(&rec).expect("a record serializes"))
             .map_err(|e| Status::internal(format!("cannot record the volume: {e}")))?;
-        if let Err(e) = mounts::mount(&self.bin, &url, &staging, &args, &env).await {
+        if let Err(e) = mounts::mount(&self.prefix, &self.bin, &url, &staging, &args, &env).await {
             let _ = std::fs::remove_file(self.record_path(&staging));
             let _ = std::fs::remove_dir_all(self.secrets_dir(&staging));
             tracing::warn!(volume = volume_id, "mount failed: {e}");

@@ -45,6 +45,11 @@ fn start_plugin(env: &Env, dir: &Path) -> Child {
         .arg(format!("unix://{}", sock.display()))
         .arg("--state-dir")
         .arg(dir.join("state"))
+        // The plumbing a host-scoped mount uses (docs/KUBERNETES.md), with a prefix that
+        // runs here: the mount runs a copy of the binary, through another command.
+        .arg("--host-binary")
+        .arg(dir.join("host/bucketfs"))
+        .args(["--mount-prefix", "env --"])
         .env_remove("AWS_ACCESS_KEY_ID")
         .env_remove("AWS_SECRET_ACCESS_KEY")
         .stdout(Stdio::null())
@@ -198,6 +203,10 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     // No process holds the secret in its argv or environment; the file holding it is 0600.
     let daemons = pids_with(&staging.display().to_string());
     assert!(!daemons.is_empty(), "the mount's daemon runs");
+    for pid in &daemons {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        assert_eq!(exe, dir.join("host/bucketfs"), "the mount runs the installed copy");
+    }
     for pid in daemons.iter().chain([plugin.id()].iter()) {
         for f in ["cmdline", "environ"] {
             let text = std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
