@@ -196,7 +196,12 @@ impl pb::node_server::Node for Node {
             let _ = std::fs::remove_file(self.record_path(&staging));
             let _ = std::fs::remove_dir_all(self.secrets_dir(&staging));
             tracing::warn!(volume = volume_id, "mount failed: {e}");
-            return Err(Status::internal(format!("bucketfs mount {url}: {e}")));
+            let hint = if e.contains("denied") {
+                " (the keys come from the volume's node-stage secret: awsAccessKeyId and awsSecretAccessKey, or gcsServiceAccountKey)"
+            } else {
+                ""
+            };
+            return Err(Status::internal(format!("bucketfs mount {url}: {e}{hint}")));
         }
         tracing::info!(volume = volume_id, staging = %staging.display(), "staged");
         Ok(Response::new(pb::NodeStageVolumeResponse {}))

@@ -311,3 +311,78 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
         .expect("deleting twice succeeds");
     stop_plugin(plugin);
 }
+
+/// Bad input gets an error that names what was wrong, and leaves nothing behind: wrong
+/// keys, a missing bucket, an unknown mount option, an unknown attribute.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stage_that_cannot_mount_says_why_and_leaves_nothing() {
+    let (Some(bin), Some(endpoint), Some(key), Some(secret), Some(bucket)) = (
+        required("BUCKETFS_BIN"),
+        required("BUCKETFS_TEST_S3_ENDPOINT"),
+        required("AWS_ACCESS_KEY_ID"),
+        required("AWS_SECRET_ACCESS_KEY"),
+        required("BUCKETFS_TEST_S3_BUCKET"),
+    ) else {
+        return;
+    };
+    let env = Env { bin: bin.into(), endpoint, key, secret, bucket };
+    let work = tempfile::Builder::new().prefix("bfs-csi-bad-").tempdir().unwrap();
+    let dir = work.path().to_path_buf();
+    let _unmount = Unmount(dir.clone());
+    let plugin = start_plugin(&env, &dir);
+    let mut node = NodeClient::new(channel(dir.join("csi.sock")).await);
+    let good = HashMap::from([
+        ("awsAccessKeyId".to_string(), env.key.clone()),
+        ("awsSecretAccessKey".to_string(), env.secret.clone()),
+        ("endpoint".to_string(), env.endpoint.clone()),
+    ]);
+    let mut wrong = good.clone();
+    wrong.insert("awsSecretAccessKey".into(), "not-the-secret".into());
+    let url = format!("s3://{}/csi-bad", env.bucket);
+    let cases: Vec<(&str, HashMap<String, String>, HashMap<String, String>, &str)> = vec![
+        ("wrong keys", HashMap::from([("url".to_string(), url.clone())]), wrong, "credential"),
+        (
+            "missing bucket",
+            HashMap::from([("url".to_string(), "s3://no-such-bucket-bfs/x".to_string())]),
+            good.clone(),
+            "no-such-bucket-bfs",
+        ),
+        (
+            "unknown option",
+            HashMap::from([("url".to_string(), url.clone()), ("mountOptions".to_string(), "no-such-flag".to_string())]),
+            good.clone(),
+            "no-such-flag",
+        ),
+        (
+            "unknown attribute",
+            HashMap::from([("url".to_string(), url), ("bogus".to_string(), "1".to_string())]),
+            good,
+            "bogus",
+        ),
+    ];
+    for (what, context, secrets, says) in cases {
+        let staging = dir.join("staging");
+        let err = node
+            .node_stage_volume(pb::NodeStageVolumeRequest {
+                volume_id: "v".into(),
+                staging_target_path: staging.display().to_string(),
+                volume_capability: Some(capability(vc::access_mode::Mode::SingleNodeWriter)),
+                secrets,
+                volume_context: context,
+                ..Default::default()
+            })
+            .await
+            .expect_err(what);
+        eprintln!("{what}: {}", err.message());
+        assert!(err.message().to_lowercase().contains(says), "{what}: {:?}", err.message());
+        assert!(!err.message().contains("not-the-secret"), "{what}: the secret in an error");
+        assert!(bucketfs_csi::mounts::mounted_at(&staging).is_none(), "{what}: mounted");
+        for sub in ["volumes", "secrets"] {
+            let left: Vec<_> = std::fs::read_dir(dir.join("state").join(sub)).unwrap().collect();
+            assert!(left.is_empty(), "{what}: state/{sub} keeps {left:?}");
+        }
+    }
+    let log = std::fs::read_to_string(dir.join("plugin.log")).unwrap();
+    assert!(!log.contains("not-the-secret") && !log.contains(&env.secret), "a secret in the plugin's log");
+    stop_plugin(plugin);
+}
