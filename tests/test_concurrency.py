@@ -33,6 +33,21 @@ RSS_LIMIT_MIB = 768
 CONVERGE_S = 2.5
 
 
+def _staging_report(staging: str) -> list[str]:
+    """Each file left in staging, with the text of the small ones (key, marker)."""
+    out = []
+    for root, _, fs in os.walk(staging):
+        for f in fs:
+            p = os.path.join(root, f)
+            try:
+                size = os.path.getsize(p)
+                text = open(p, "rb").read(200) if not f.endswith(".data") else b""
+            except OSError as e:
+                size, text = -1, repr(e).encode()
+            out.append(f"{f} ({size} bytes) {text!r}")
+    return out
+
+
 @contextlib.contextmanager
 def s3_mount(bucket: str, extra=()):
     work = tempfile.mkdtemp(prefix="bfs-conc-", dir=os.path.dirname(MNT_ROOT.rstrip("/")) or None)
@@ -495,7 +510,7 @@ def test_sixteen_threads_mixed_io(s3_bucket):
         _check_rec(expected["shared.bin"])
         # every handle is closed and clean: nothing should stay staged
         assert wait_until(lambda: not any(fs for _, _, fs in os.walk(staging)), 10), \
-            f"files left in staging: {[f for _, _, fs in os.walk(staging) for f in fs]}"
+            f"files left in staging: {_staging_report(staging)}"
         assert st["VmHWM"] < RSS_LIMIT_MIB * 1024, f"daemon peak RSS {st['VmHWM'] // 1024} MiB"
 
 

@@ -339,7 +339,8 @@ async fn a_stage_that_cannot_mount_says_why_and_leaves_nothing() {
     let mut wrong = good.clone();
     wrong.insert("awsSecretAccessKey".into(), "not-the-secret".into());
     let url = format!("s3://{}/csi-bad", env.bucket);
-    let cases: Vec<(&str, HashMap<String, String>, HashMap<String, String>, &str)> = vec![
+    type Map = HashMap<String, String>;
+    let cases: Vec<(&str, Map, Map, &str)> = vec![
         ("wrong keys", HashMap::from([("url".to_string(), url.clone())]), wrong, "credential"),
         (
             "missing bucket",
