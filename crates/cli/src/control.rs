@@ -61,6 +61,17 @@ pub struct Status {
     /// FUSE passthrough in use, and opens the kernel served from a local file since mount.
     pub passthrough: bool,
     pub passthrough_opens: u64,
+    /// `--notify`: the event source (`None`: not asked for), whether its events flow, how
+    /// many changed a cached name or were checked with the store instead, breaks and gaps
+    /// so far, and while it is down, for how long and why.
+    pub notify: Option<String>,
+    pub notify_up: bool,
+    pub notify_applied: u64,
+    pub notify_checked: u64,
+    pub notify_downs: u64,
+    pub notify_gaps: u64,
+    pub notify_down_secs: Option<u64>,
+    pub notify_down_reason: Option<String>,
 }
 
 /// The `sync` request's work: upload everything queued, then the answer line(s).
@@ -126,6 +137,26 @@ impl Status {
             } else {
                 "passthrough:      off (see the log for why)\n".to_string()
             }
+            + &self.notify_text()
+    }
+
+    fn notify_text(&self) -> String {
+        let Some(src) = &self.notify else {
+            return "store events:     off (freshness from --metadata-ttl)\n".to_string();
+        };
+        let counts = format!(
+            "{} applied, {} checked with the store, {} breaks, {} gaps",
+            self.notify_applied, self.notify_checked, self.notify_downs, self.notify_gaps
+        );
+        if self.notify_up {
+            format!("store events:     {src}, flowing ({counts})\n")
+        } else {
+            format!(
+                "store events:     {src}, DOWN for {}s ({}): freshness falls back to --metadata-ttl ({counts})\n",
+                self.notify_down_secs.unwrap_or(0),
+                self.notify_down_reason.as_deref().unwrap_or("unknown")
+            )
+        }
     }
 
     fn write_back_text(&self) -> String {

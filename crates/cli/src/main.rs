@@ -42,6 +42,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 enum Command {
     /// Mount a bucket (or the embedded default store) on a directory.
     Mount(MountArgs),
@@ -184,6 +185,11 @@ pub struct MountArgs {
     /// chmod'ed ones stay); they are listed again when next needed. 0: no bound.
     #[arg(long, default_value_t = 250_000, value_name = "N")]
     max_cached_entries: usize,
+    /// Hear of other clients' changes at once from the store's change events, and trust
+    /// listings past --metadata-ttl while they flow (the TTL is the fallback when they
+    /// stop). SOURCE: minio (MinIO's bucket notification stream; needs --endpoint).
+    #[arg(long, value_name = "SOURCE")]
+    notify: Option<String>,
     /// Load the whole tree at mount (one recursive listing) so the first `find`/`ls -R` is
     /// served from memory; refreshed in the background every --preload-refresh seconds.
     #[arg(long)]

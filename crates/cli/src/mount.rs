@@ -252,6 +252,15 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     {
         let _rt = rt.enter();
         fs.start_write_back(); // after recovery: nothing of this mount is queued before it
+        if let Some(src) = &args.notify {
+            match event_feed(src, args, location) {
+                Ok(feed) => fs.follow_events(feed),
+                Err(e) => {
+                    report(is_child, &Err(e.clone()));
+                    return Err(e);
+                }
+            }
+        }
     }
     if args.preload_tree {
         start_preload(args, &fs, &rt);
@@ -267,6 +276,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         memory_cache_limit: cfg_memory_cache(args),
         disk_cache_limit: args.disk_cache_mib * 1024 * 1024,
         max_cached_entries: args.max_cached_entries as u64,
+        notify: args.notify.clone(),
     });
     if let Some(addr) = &args.metrics_addr {
         let o = observed.clone();
@@ -365,6 +375,26 @@ fn cfg_memory_cache(args: &MountArgs) -> u64 {
 }
 
 /// Build the store and check, within --connect-timeout, that the bucket answers.
+/// The change events `--notify SOURCE` asks for (call inside the runtime).
+fn event_feed(
+    source: &str,
+    args: &MountArgs,
+    location: &Location,
+) -> Result<tokio::sync::mpsc::Receiver<bucketfs_store::events::Feed>, String> {
+    match (source, location) {
+        ("minio", Location::S3 { bucket, prefix }) => {
+            let endpoint = args.store.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).ok_or(
+                "--notify minio listens to MinIO's own notification API: give --endpoint (MinIO's URL)".to_string(),
+            )?;
+            let region = args.store.region.clone().or_else(|| std::env::var("AWS_REGION").ok());
+            let region = region.unwrap_or_else(|| "us-east-1".to_string());
+            Ok(bucketfs_store::events::minio(&endpoint, bucket, prefix, &region, args.store.profile.as_deref()))
+        }
+        ("minio", _) => Err("--notify minio needs an s3:// URL of a MinIO bucket".to_string()),
+        _ => Err(format!("--notify {source:?}: unknown source; bucketfs listens to: minio")),
+    }
+}
+
 fn prepare(args: &MountArgs, location: &Location, rt: &tokio::runtime::Runtime) -> Result<Arc<dyn Store>, String> {
     let opts = args.store.options();
     let store = location::open(location, &opts).map_err(|e| explain(location, args, e))?;

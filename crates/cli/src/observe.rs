@@ -21,6 +21,8 @@ pub struct Observed {
     pub memory_cache_limit: u64,
     pub disk_cache_limit: u64,
     pub max_cached_entries: u64,
+    /// `--notify`'s source, as given.
+    pub notify: Option<String>,
 }
 
 impl Observed {
@@ -28,6 +30,7 @@ impl Observed {
         let t = self.metrics.totals();
         let c = self.fs.cache_stats();
         let wb = self.fs.write_back_status();
+        let ev = self.fs.event_stats();
         Status {
             mountpoint: self.mountpoint.clone(),
             store: self.store.clone(),
@@ -63,6 +66,14 @@ impl Observed {
                 .collect(),
             passthrough: self.fs.passthrough_on(),
             passthrough_opens: self.fs.passthrough_opens(),
+            notify: self.notify.clone(),
+            notify_up: ev.up,
+            notify_applied: ev.applied,
+            notify_checked: ev.expired,
+            notify_downs: ev.downs,
+            notify_gaps: ev.gaps,
+            notify_down_secs: ev.down_since.map(|t| t.elapsed().unwrap_or_default().as_secs()),
+            notify_down_reason: ev.down_reason,
         }
     }
 

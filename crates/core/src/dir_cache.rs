@@ -167,6 +167,15 @@ impl DirCache {
         !std::mem::replace(&mut dirs.entry(ino).or_default().expiry_pending, true)
     }
 
+    /// `ino`'s listing changed in place (a store event): readers take a new snapshot (the
+    /// caller drops the kernel's cache).
+    pub(crate) fn forget_snapshot(&self, ino: u64) {
+        if let Some(st) = self.dirs.lock().unwrap().get_mut(&ino) {
+            st.current = None;
+            st.filled_from = None;
+        }
+    }
+
     /// The listing behind the kernel's cache of `ino` went stale: drop that cache.
     fn expired(&self, ino: u64) {
         if let Some(st) = self.dirs.lock().unwrap().get_mut(&ino) {
@@ -188,6 +197,11 @@ impl Fs {
         }
         let _ = self.dir_cache.invalidate.set(invalidate);
         true
+    }
+
+    /// The kernel invalidator, if the adapter gave one.
+    pub(crate) fn invalidate_hook_of(&self) -> Option<InvalidateDir> {
+        self.dir_cache.invalidate.get().cloned()
     }
 
     /// Whether [`Fs::cache_dirs_without_opendir`] was accepted.

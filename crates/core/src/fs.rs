@@ -226,6 +226,8 @@ pub struct Fs {
     pub(crate) deletes: Option<std::sync::Arc<crate::deletes::DeferredDeletes>>,
     /// Opens the kernel serves from local files (passthrough.rs).
     pub(crate) passthrough: crate::passthrough::Counters,
+    /// The store's change events, if followed (`events.rs`).
+    pub(crate) events: crate::events::EventState,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -291,15 +293,14 @@ impl Fs {
             wb: Default::default(),
             forgets: AtomicU64::new(0),
             passthrough: Default::default(),
+            events: Default::default(),
         }
     }
 
-    pub fn ttl(&self) -> Duration {
-        self.cfg.metadata_ttl
-    }
-
+    /// Whether attributes confirmed `at` still answer: within the TTL, or confirmed while
+    /// the store's events flow (`events.rs`).
     pub(crate) fn fresh(&self, at: Instant) -> bool {
-        self.cfg.clock.since(at) < self.cfg.metadata_ttl
+        self.cfg.clock.since(at) < self.cfg.metadata_ttl || self.events.vouches_for(at)
     }
 
     pub(crate) fn attr(&self, n: &Node) -> Attr {

@@ -123,7 +123,7 @@ impl Fs {
     /// What `dir`'s fresh listing says of `name`; `None` without a fresh listing.
     fn listed_child(&self, dir: u64, name: &str) -> Option<Option<ChildMeta>> {
         let t = self.table.lock().unwrap();
-        t.listing(dir).filter(|l| l.is_fresh(t.now())).map(|l| l.children.get(name).cloned())
+        t.listing(dir).filter(|l| t.trusted(l)).map(|l| l.children.get(name).cloned())
     }
 
     /// Whether listing `dir` again beats asking about one name: it was listed before and

@@ -147,8 +147,7 @@ impl Fs {
             // Moved objects are new objects (a new GCS generation; on S3 a new ETag for a
             // multipart source): a read pinned to the old identity would fail with ESTALE.
             if src.kind == Kind::Dir {
-                let now = self.cfg.clock.now();
-                let stale = now.checked_sub(self.cfg.metadata_ttl).unwrap_or(now);
+                let stale = t.expired_instant(self.cfg.metadata_ttl);
                 t.expire_below(&new_key, stale);
             }
             // Their new identities are not known until `learn_moved` asks: none until then,

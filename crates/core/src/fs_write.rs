@@ -517,16 +517,17 @@ impl Fs {
         // versions in order, or the node would go back to the older ETag for its whole TTL.
         {
             let mut t = self.table.lock().unwrap();
+            // No ETag in the response (some stores): ask the store at the next access.
+            let validated = if meta.etag.is_some() || !self.store.capabilities().prefix_dirs {
+                self.cfg.clock.now()
+            } else {
+                t.expired_instant(self.cfg.metadata_ttl)
+            };
             let Some(n) = t.get_mut(ino) else { return Ok(()) };
             n.size = size;
             n.etag = meta.etag.clone();
             n.mtime = meta.mtime.unwrap_or_else(SystemTime::now);
-            // No ETag in the response (some stores): ask the store at the next access.
-            n.validated = if meta.etag.is_some() || !self.store.capabilities().prefix_dirs {
-                self.cfg.clock.now()
-            } else {
-                self.cfg.clock.now() - self.cfg.metadata_ttl
-            };
+            n.validated = validated;
             t.relist(ino);
         }
         let now = self.node(ino)?;
@@ -885,7 +886,7 @@ impl Fs {
             // store (a file another client put there since keeps the directory in the
             // bucket; only the marker goes).
             let t = self.table.lock().unwrap();
-            if let Some(l) = t.listing(ino).filter(|l| !l.overtaken && l.is_fresh(t.now())) {
+            if let Some(l) = t.listing(ino).filter(|l| !l.overtaken && t.trusted(l)) {
                 return Ok(!l.children.is_empty());
             }
         }

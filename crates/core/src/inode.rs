@@ -242,6 +242,12 @@ pub struct InodeTable {
     /// A trim that could not get under its bound, and when: until the entries grow past
     /// this many, or a while passed, it does not try again.
     trim_floor: (usize, Instant),
+    /// When each directory's contents last changed here (`changed`, in time): a store
+    /// event about it soon after may be this change told late (`inode_events.rs`).
+    changed_when: HashMap<u64, Instant>,
+    /// Since when the store's change events have flowed without a break (`None`: they do
+    /// not): a listing fetched since stays trusted past its TTL (`inode_events.rs`).
+    events_since: Option<Instant>,
 }
 
 /// What a rename in progress is moving (see [`InodeTable::begin_move`]).
@@ -266,6 +272,10 @@ const ABSENT_MAX: usize = 4096;
 
 #[path = "inode_trim.rs"]
 mod trim;
+
+#[path = "inode_events.rs"]
+mod events;
+pub use events::EventApplied;
 pub use trim::MIN_IDLE;
 
 impl InodeTable {
@@ -317,6 +327,8 @@ impl InodeTable {
             listed: 0,
             listed_at: HashMap::new(),
             trim_floor: (0, started),
+            changed_when: HashMap::new(),
+            events_since: None,
         }
     }
 
@@ -491,6 +503,7 @@ impl InodeTable {
             self.big_subtrees.remove(&ino);
             self.forget_removed_in(ino, u64::MAX);
             self.changed.remove(&ino);
+            self.changed_when.remove(&ino);
             self.missed.remove(&ino);
             self.wide.remove(&ino);
             if self.index.get(&(parent, name.clone())) == Some(&ino) {
@@ -544,6 +557,9 @@ impl InodeTable {
     fn note_change(&mut self, dir: u64) {
         self.change_seq += 1;
         self.changed.insert(dir, self.change_seq);
+        if self.events_since.is_some() {
+            self.changed_when.insert(dir, self.clock.now());
+        }
     }
 
     /// The change count now: take it before listing the store, pass it to
@@ -705,7 +721,7 @@ impl InodeTable {
 
     /// `dir` has a listing within its TTL.
     pub fn listing_fresh(&self, dir: u64) -> bool {
-        self.listing(dir).is_some_and(|l| l.is_fresh(self.clock.now()))
+        self.listing(dir).is_some_and(|l| self.trusted(l))
     }
 
     /// Let `dir`'s listing answer for another TTL from now, as it is; its age before.

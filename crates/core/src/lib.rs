@@ -17,6 +17,7 @@
 //!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
 //!   directly (FUSE passthrough) instead of asking us.
+//! - [`events`]: change events the store pushes (`--notify`), applied as they come.
 //! - [`stats`]: read-only figures (pending uploads, cache use) for metrics and status.
 //! - [`clock`]: the time TTLs are measured in (real, or manual in tests); `sync`: where
 //!   the core's locks come from (std and tokio, or shuttle's in model-checking tests).
@@ -28,6 +29,7 @@ pub mod deletes;
 pub mod dir_cache;
 pub mod disk_cache;
 pub mod error;
+pub mod events;
 pub mod fs;
 pub(crate) mod fs_write;
 pub mod inode;

@@ -655,6 +655,14 @@ pub fn mount(
             tracing::debug!(ino, "dropping the kernel's cache of a directory: {e}");
         }
     }));
+    // Store events (`--notify`): a changed name's dentry goes (the core calls this from a
+    // blocking thread).
+    let slot = notifier.clone();
+    fs.on_entry_change(Arc::new(move |parent, name| {
+        if let Some(Err(e)) = slot.get().map(|n| n.inval_entry(INodeNo(parent), std::ffi::OsStr::new(name))) {
+            tracing::debug!(parent, "dropping the kernel's entry of a changed name: {e}");
+        }
+    }));
     let device: Arc<std::sync::OnceLock<Option<(u32, u32)>>> = Arc::default();
     let adapter =
         FuseAdapter { notifier: notifier.clone(), ..FuseAdapter::new(fs, rt, device.clone(), spec.passthrough) };

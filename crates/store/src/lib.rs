@@ -16,6 +16,7 @@
 //! - [`s3`] holds what OpenDAL's S3 service lacks, for `bucketfs cp`: [`s3::checksum`]
 //!   makes S3 confirm the crc32c of every upload; [`s3::checksum_mode`] asks S3 HEADs for
 //!   the object's checksum.
+//! - [`events`] listens to change events the store pushes (`mount --notify`).
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
 //! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
@@ -23,6 +24,7 @@
 pub mod attrs;
 pub mod content_type;
 mod error;
+pub mod events;
 pub mod gcs;
 pub mod gdrive;
 pub mod location;

@@ -1,0 +1,205 @@
+//! Change events from the store (`bucketfs mount --notify`): other clients' changes shown
+//! at once, and listings trusted past the TTL while the events flow.
+//!
+//! [`Fs::follow_events`] consumes a [`Feed`] (crates/store `events.rs`). `Up` starts the
+//! trust (`InodeTable::set_events_since`), `Gap` restarts it (listings fetched before are
+//! back on their TTL), `Down` ends it: the mount then works on its TTL alone, says so in its
+//! log and `bucketfs status`, and trusts events again after the next `Up`. Each event goes
+//! through `InodeTable::apply_event` (the rules for late and own events are there), then the
+//! kernel is told: the name's entry, the node's attributes, the directory's cached entries.
+//!
+//! The kernel's own entry and attribute timeouts stay short with `--notify` (at most
+//! [`KERNEL_TTL_CAP`]): what it caches is answered from memory here, without the store.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use bucketfs_store::events::{Event, Feed};
+use tokio::sync::mpsc;
+
+use crate::fs::Fs;
+use crate::inode::{ChildMeta, EventApplied, Kind};
+
+/// The kernel's timeouts with `--notify`: events reach this process, not the kernel.
+pub const KERNEL_TTL_CAP: Duration = Duration::from_secs(1);
+
+/// Tell the kernel that `name` in directory `parent` changed (its dentry, positive or
+/// negative, must be looked up again).
+pub type InvalidateEntry = Arc<dyn Fn(u64, &str) + Send + Sync>;
+
+/// The state of the event feed, for status and metrics.
+#[derive(Default)]
+pub struct EventState {
+    configured: AtomicBool,
+    up: AtomicBool,
+    applied: AtomicU64,
+    expired: AtomicU64,
+    gaps: AtomicU64,
+    downs: AtomicU64,
+    /// Why the feed is down, and since when (a leaf lock).
+    down: std::sync::Mutex<Option<(SystemTime, String)>>,
+    /// Since when events flowed without a break, as the table has it (a leaf lock, read
+    /// where the table's may be held).
+    since: std::sync::Mutex<Option<std::time::Instant>>,
+    entries: OnceLock<InvalidateEntry>,
+}
+
+impl EventState {
+    /// Whether attributes confirmed `at` are vouched for by events flowing since before.
+    pub(crate) fn vouches_for(&self, at: std::time::Instant) -> bool {
+        self.since.lock().unwrap().is_some_and(|s| at >= s)
+    }
+
+    fn set_since(&self, fs: &Fs, since: Option<std::time::Instant>) {
+        let mut t = fs.table.lock().unwrap();
+        t.set_events_since(since);
+        *self.since.lock().unwrap() = since;
+    }
+}
+
+/// What `bucketfs status` shows of the feed.
+#[derive(Debug, Clone, Default)]
+pub struct EventStats {
+    pub configured: bool,
+    pub up: bool,
+    /// Events that changed a cached name.
+    pub applied: u64,
+    /// Events checked with the store instead (possibly this mount's own change told late).
+    pub expired: u64,
+    pub gaps: u64,
+    pub downs: u64,
+    pub down_since: Option<SystemTime>,
+    pub down_reason: Option<String>,
+}
+
+impl Fs {
+    /// Follow `feed` for the life of the mount.
+    pub fn follow_events(&self, mut feed: mpsc::Receiver<Feed>) {
+        self.events.configured.store(true, Relaxed);
+        *self.events.down.lock().unwrap() = Some((SystemTime::now(), "not connected yet".into()));
+        let me = self.me.clone();
+        crate::sync::spawn(async move {
+            while let Some(item) = feed.recv().await {
+                let Some(fs) = me.upgrade() else { return };
+                fs.on_feed(item);
+            }
+        });
+    }
+
+    /// Tell the kernel about changed names (the FUSE adapter's notifier).
+    pub fn on_entry_change(&self, f: InvalidateEntry) {
+        let _ = self.events.entries.set(f);
+    }
+
+    /// The kernel's entry and attribute timeout.
+    pub fn ttl(&self) -> Duration {
+        match self.events.configured.load(Relaxed) {
+            true => self.cfg.metadata_ttl.min(KERNEL_TTL_CAP),
+            false => self.cfg.metadata_ttl,
+        }
+    }
+
+    pub fn event_stats(&self) -> EventStats {
+        let e = &self.events;
+        let down = e.down.lock().unwrap().clone();
+        EventStats {
+            configured: e.configured.load(Relaxed),
+            up: e.up.load(Relaxed),
+            applied: e.applied.load(Relaxed),
+            expired: e.expired.load(Relaxed),
+            gaps: e.gaps.load(Relaxed),
+            downs: e.downs.load(Relaxed),
+            down_since: down.as_ref().map(|d| d.0),
+            down_reason: down.map(|d| d.1),
+        }
+    }
+
+    pub(crate) fn on_feed(&self, item: Feed) {
+        match item {
+            Feed::Up => {
+                self.events.set_since(self, Some(self.cfg.clock.now()));
+                self.events.up.store(true, Relaxed);
+                if let Some((since, why)) = self.events.down.lock().unwrap().take() {
+                    let for_s = since.elapsed().unwrap_or_default().as_secs_f64();
+                    tracing::info!(
+                        "store events flowing (were down {for_s:.1} s: {why}): listings trusted past the TTL"
+                    );
+                }
+            }
+            Feed::Gap => {
+                // Events were lost: only what is fetched from now on is vouched for.
+                self.events.set_since(self, Some(self.cfg.clock.now()));
+                self.events.gaps.fetch_add(1, Relaxed);
+                tracing::warn!("store events were lost (more than the mount could take): listings back on the TTL");
+            }
+            Feed::Down(why) => {
+                self.events.set_since(self, None);
+                if self.events.up.swap(false, Relaxed) {
+                    self.events.downs.fetch_add(1, Relaxed);
+                    tracing::warn!("store events stopped ({why}): freshness falls back to the TTL until they resume");
+                }
+                let mut down = self.events.down.lock().unwrap();
+                let since = down.as_ref().map_or_else(SystemTime::now, |d| d.0);
+                *down = Some((since, why));
+            }
+            Feed::Event(ev) => self.apply_event(ev),
+        }
+    }
+
+    fn apply_event(&self, ev: Event) {
+        let key = ev.key().to_string();
+        let last = key.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string();
+        let meta = match ev {
+            Event::Removed { .. } => None,
+            Event::Put { size, etag, mtime, .. } => Some(ChildMeta {
+                name: last.clone(),
+                // A marker or a link object never maps to one plain entry: checked instead.
+                kind: if key.ends_with('/') {
+                    Kind::Dir
+                } else if crate::links::link_name(&last).is_some() {
+                    Kind::Symlink
+                } else {
+                    Kind::File
+                },
+                size,
+                mtime: mtime.unwrap_or_else(SystemTime::now),
+                etag,
+                attrs: None,
+                size_unknown: false,
+            }),
+        };
+        let applied = self.table.lock().unwrap().apply_event(&key, meta, self.cfg.metadata_ttl);
+        let (dir, name, ino) = match applied {
+            EventApplied::Nothing => return,
+            EventApplied::Changed { dir, name, ino } => {
+                self.events.applied.fetch_add(1, Relaxed);
+                (dir, name, ino)
+            }
+            EventApplied::Expired { dir, name, ino } => {
+                self.events.expired.fetch_add(1, Relaxed);
+                (dir, name, ino)
+            }
+        };
+        tracing::debug!(key, dir, name, "store event applied");
+        self.dir_cache.forget_snapshot(dir);
+        // The kernel's caches, off the async threads (the kernel may be waiting on one of
+        // our replies while it takes a notification).
+        let (entries, inodes) = (self.events.entries.get().cloned(), self.invalidate_hook_of());
+        crate::sync::blocking_detached(move || {
+            if let Some(f) = &inodes {
+                f(dir); // its cached entries
+            }
+            if let Some(f) = entries {
+                f(dir, &name); // the name's dentry, positive or negative
+            }
+            if let (Some(ino), Some(f)) = (ino, inodes) {
+                f(ino); // its attributes and cached pages are the old version's
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

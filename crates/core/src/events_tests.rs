@@ -1,0 +1,125 @@
+//! The store's change events against the in-memory store, on a manual clock.
+
+use super::*;
+use crate::clock::Clock;
+use crate::fs::{FsConfig, ROOT_INO};
+use crate::FsError;
+use bucketfs_store::testing::MemStore;
+use bucketfs_store::{PutOpts, Store};
+use bytes::Bytes;
+use std::sync::Arc;
+
+fn fs_on(store: &Arc<MemStore>, clock: &Clock) -> Arc<Fs> {
+    let dir = std::env::temp_dir().join(format!(
+        "bucketfs-events-test-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let cfg = FsConfig { staging_dir: dir, clock: clock.clone(), ..FsConfig::default() };
+    let fs = Fs::new(store.clone(), cfg);
+    let (tx, rx) = mpsc::channel(8);
+    fs.follow_events(rx);
+    std::mem::forget(tx); // the feed stays open; the tests hand items to `on_feed` directly
+    fs
+}
+
+fn requests(store: &MemStore) -> u64 {
+    store.requests.load(Relaxed)
+}
+
+async fn names(fs: &Fs) -> Vec<String> {
+    let fh = fs.opendir(ROOT_INO).await.unwrap();
+    let v = fs.readdir(fh).unwrap().iter().skip(2).map(|e| e.name.clone()).collect();
+    fs.releasedir(fh);
+    v
+}
+
+async fn write(fs: &Fs, name: &str, data: &[u8]) {
+    let (_, fh) = fs.create(ROOT_INO, name, libc::O_TRUNC, None).await.unwrap();
+    fs.write(fh, 0, data).await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+}
+
+fn put(key: &str, size: u64, etag: &str) -> Feed {
+    Feed::Event(Event::Put { key: key.into(), size, etag: Some(etag.into()), mtime: None })
+}
+
+#[tokio::test]
+async fn while_events_flow_listings_outlive_the_ttl_and_changes_arrive_without_requests() {
+    let store = Arc::new(MemStore::new());
+    store.put("a.txt", Bytes::from_static(b"aaa"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    assert_eq!(names(&fs).await, ["a.txt"]);
+    let before = requests(&store);
+    clock.advance(Duration::from_secs(600));
+    assert_eq!(names(&fs).await, ["a.txt"], "trusted past the TTL");
+    fs.on_feed(put("b.txt", 5, "e-b"));
+    fs.on_feed(put("d/deep.txt", 1, "e-d"));
+    fs.on_feed(Feed::Event(Event::Removed { key: "a.txt".into() }));
+    assert_eq!(names(&fs).await, ["b.txt", "d"]);
+    assert_eq!(fs.lookup(ROOT_INO, "b.txt").await.unwrap().size, 5);
+    assert!(matches!(fs.lookup(ROOT_INO, "a.txt").await, Err(FsError::NotFound)));
+    assert_eq!(requests(&store), before, "no store request: the events told it all");
+    assert_eq!(fs.event_stats().applied, 3);
+
+    // The feed stops: the TTL is back, and the next readdir asks the store.
+    fs.on_feed(Feed::Down("cut".into()));
+    assert!(!fs.event_stats().up && fs.event_stats().down_reason.as_deref() == Some("cut"));
+    clock.advance(Duration::from_secs(2));
+    names(&fs).await;
+    assert!(requests(&store) > before, "past the TTL with no events, the store is asked");
+}
+
+#[tokio::test]
+async fn an_event_told_late_never_undoes_a_newer_change_here() {
+    let store = Arc::new(MemStore::new());
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    names(&fs).await;
+    write(&fs, "x", b"version one").await;
+    let v1 = fs.lookup(ROOT_INO, "x").await.unwrap();
+    let v1_etag = store.head("x", Default::default()).await.unwrap().meta.etag.unwrap();
+    write(&fs, "x", b"version two, longer").await;
+    write(&fs, "gone", b"soon gone").await;
+    fs.unlink(ROOT_INO, "gone").await.unwrap();
+    // The first version's event, and the removed file's creation, arrive now.
+    fs.on_feed(put("x", v1.size, &v1_etag));
+    fs.on_feed(put("gone", 9, "e-gone"));
+    assert_eq!(fs.lookup(ROOT_INO, "x").await.unwrap().size, 19, "the newer version stays");
+    assert!(matches!(fs.lookup(ROOT_INO, "gone").await, Err(FsError::NotFound)), "no revival");
+    assert_eq!(names(&fs).await, ["x"]);
+    assert!(fs.event_stats().expired >= 1, "checked with the store instead");
+}
+
+#[tokio::test]
+async fn a_gap_sends_what_was_cached_back_to_its_ttl() {
+    let store = Arc::new(MemStore::new());
+    store.put("a.txt", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    names(&fs).await;
+    clock.advance(Duration::from_secs(10));
+    // Events were lost: another client's new file, never told.
+    store.put("b.txt", Bytes::from_static(b"b"), PutOpts::default()).await.unwrap();
+    fs.on_feed(Feed::Gap);
+    assert_eq!(names(&fs).await, ["a.txt", "b.txt"], "listed again after the gap");
+    assert_eq!(fs.event_stats().gaps, 1);
+}
+
+#[tokio::test]
+async fn the_kernel_timeouts_stay_short_with_events() {
+    let store = Arc::new(MemStore::new());
+    let clock = Clock::manual();
+    let dir = std::env::temp_dir().join("bucketfs-events-ttl");
+    let cfg = FsConfig { staging_dir: dir, clock, metadata_ttl: Duration::from_secs(3600), ..FsConfig::default() };
+    let fs = Fs::new(store, cfg);
+    assert_eq!(fs.ttl(), Duration::from_secs(3600));
+    let (_tx, rx) = mpsc::channel(1);
+    fs.follow_events(rx);
+    assert_eq!(fs.ttl(), KERNEL_TTL_CAP);
+}

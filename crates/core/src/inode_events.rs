@@ -1,0 +1,165 @@
+//! The store's change events in the inode table (`bucketfs mount --notify`).
+//!
+//! While events flow without a break ([`InodeTable::set_events_since`]), a listing fetched
+//! since they started stays trusted past its TTL: a change by anyone else arrives as an
+//! event and is applied here, so nothing but an event needs to ask the store again.
+//!
+//! An event is applied to the one name it is about, never counting as a change made here
+//! (it must not make listings in flight overtaken). It is not applied blindly where it may
+//! be this mount's own change told late, or older than one: when the name is staged here
+//! (`Node::local`), or its directory changed here within [`OWN_CHANGE_WINDOW`]. Then, and
+//! where the event does not map to one plain entry (a directory marker, a link, a name
+//! shadowed by another kind), the directory's listing and the name's attributes are
+//! expired: the next lookup or readdir asks the store, whose answer is the truth.
+
+use std::time::{Duration, Instant};
+
+use super::{ChildMeta, InodeTable, Kind, Listing};
+
+/// How soon after a change here an event about the same directory may be that change told
+/// late (MinIO delivers in milliseconds; a fleet's queue may take seconds).
+pub const OWN_CHANGE_WINDOW: Duration = Duration::from_secs(5);
+
+/// What applying an event did, for the caller to tell the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventApplied {
+    /// Nothing cached was about it, or it told what the table already held.
+    Nothing,
+    /// `name` in `dir` changed (added, replaced or removed); `ino` is its node, if any.
+    Changed { dir: u64, name: String, ino: Option<u64> },
+    /// `dir`'s listing and `name` were expired: the next access asks the store.
+    Expired { dir: u64, name: String, ino: Option<u64> },
+}
+
+impl InodeTable {
+    /// Events flow from `since` on (`None`: they stopped; every listing is back on its TTL).
+    pub fn set_events_since(&mut self, since: Option<Instant>) {
+        self.events_since = since;
+        if since.is_none() {
+            self.changed_when.clear();
+        }
+    }
+
+    /// Whether `l` answers without asking the store: within its TTL, or fetched while
+    /// events flowed (and not overtaken by a change here: `valid_for` zero).
+    pub fn trusted(&self, l: &Listing) -> bool {
+        l.is_fresh(self.clock.now()) || (!l.valid_for.is_zero() && self.events_since.is_some_and(|s| l.at >= s))
+    }
+
+    /// An instant that counts as expired both by the TTL and by events.
+    pub fn expired_instant(&self, ttl: Duration) -> Instant {
+        let now = self.clock.now();
+        let by_ttl = now.checked_sub(ttl).unwrap_or(now);
+        match self.events_since {
+            // Before the events began: not vouched for by them either.
+            Some(s) => by_ttl.min(s.checked_sub(Duration::from_nanos(1)).unwrap_or(s)),
+            None => by_ttl,
+        }
+    }
+
+    /// The deepest directory of `key`'s path the table holds, and the next segment below it
+    /// (what a listing of that directory would show), with whether the event is about that
+    /// very entry (`true`) or something deeper.
+    fn nearest(&self, key: &str) -> Option<(u64, String, bool)> {
+        let trimmed = key.strip_suffix('/').unwrap_or(key);
+        let segs: Vec<&str> = trimmed.split('/').collect();
+        if segs.iter().any(|s| !crate::names::valid_segment(s)) {
+            return None; // never shown: nothing to update
+        }
+        let mut dir = super::ROOT_INO;
+        for (i, seg) in segs.iter().enumerate() {
+            let last = i + 1 == segs.len();
+            match self.child(dir, seg) {
+                Some(n) if n.kind == Kind::Dir && !last => dir = n.ino,
+                _ => return Some((dir, seg.to_string(), last && !key.ends_with('/'))),
+            }
+        }
+        None
+    }
+
+    /// Expire `name` in `dir`: drop the listing, mark the node unconfirmed.
+    fn expire_name(&mut self, dir: u64, name: &str, ttl: Duration) -> EventApplied {
+        let at = self.expired_instant(ttl);
+        self.drop_listing(dir);
+        self.absent.remove(&(dir, name.to_string()));
+        let ino = self.child(dir, name).map(|n| n.ino);
+        if let Some(n) = ino.and_then(|i| self.nodes.get_mut(&i)) {
+            n.validated = at;
+        }
+        EventApplied::Expired { dir, name: name.to_string(), ino }
+    }
+
+    /// Another client's change, as an event: `meta` is the new state of the object at
+    /// `key` (relative to the store root), `None` if it was removed. `ttl`: the metadata
+    /// TTL (what an expired name must be older than).
+    pub fn apply_event(&mut self, key: &str, meta: Option<ChildMeta>, ttl: Duration) -> EventApplied {
+        let Some((dir, name, exact)) = self.nearest(key) else { return EventApplied::Nothing };
+        let listed = self.listings.get(&dir).and_then(|l| l.children.get(&name)).cloned();
+        let node = self.child(dir, &name).cloned();
+        if node.is_none() && !self.listings.contains_key(&dir) && !self.absent.contains_key(&(dir, name.clone())) {
+            return EventApplied::Nothing; // nothing cached about it
+        }
+        // The same version this table already has (this mount's own upload, told again).
+        let same = |m: &ChildMeta| {
+            let (etag, size, kind) = match (&node, &listed) {
+                (Some(n), _) => (n.etag.clone(), n.size, n.kind),
+                (None, Some(l)) => (l.etag.clone(), l.size, l.kind),
+                (None, None) => return false,
+            };
+            kind == m.kind && size == m.size && etag.is_some() && etag == m.etag
+        };
+        match &meta {
+            Some(m) if exact && same(m) => return EventApplied::Nothing,
+            None if exact && node.is_none() && listed.is_none() => return EventApplied::Nothing,
+            // Something new below a directory the listing already shows: it still shows.
+            Some(_) if !exact && listed.as_ref().is_some_and(|l| l.kind == Kind::Dir) => return EventApplied::Nothing,
+            _ => {}
+        }
+        let recent =
+            self.changed_when.get(&dir).is_some_and(|t| self.clock.now().duration_since(*t) < OWN_CHANGE_WINDOW);
+        if !exact && meta.is_some() && node.is_none() && !recent {
+            // A key below a directory this listing does not show yet: it shows it now (a
+            // directory shadows a file of its name, as in any listing).
+            let Some(l) = self.listings.get_mut(&dir) else { return EventApplied::Nothing };
+            let now = std::time::SystemTime::now();
+            let d = ChildMeta {
+                name: name.clone(),
+                kind: Kind::Dir,
+                size: 0,
+                mtime: now,
+                etag: None,
+                attrs: None,
+                size_unknown: false,
+            };
+            l.children.insert(name.clone(), d);
+            self.absent.remove(&(dir, name.clone()));
+            return EventApplied::Changed { dir, name, ino: None };
+        }
+        let odd = !exact
+            || meta.as_ref().is_some_and(|m| m.kind != Kind::File)
+            || listed.as_ref().is_some_and(|l| l.kind != Kind::File)
+            || node.as_ref().is_some_and(|n| n.kind != Kind::File || n.local || n.opens > 0);
+        if recent || odd {
+            return self.expire_name(dir, &name, ttl);
+        }
+        match meta {
+            Some(m) => {
+                let ino = node.as_ref().map(|_| self.upsert(dir, &m));
+                self.absent.remove(&(dir, name.clone()));
+                self.removed.remove(&(dir, name.clone()));
+                if let Some(l) = self.listings.get_mut(&dir) {
+                    l.children.insert(name.clone(), m);
+                }
+                EventApplied::Changed { dir, name, ino }
+            }
+            None => {
+                let ino = node.map(|n| n.ino);
+                if let Some(l) = self.listings.get_mut(&dir) {
+                    l.children.remove(&name);
+                }
+                self.unlink_path(dir, &name);
+                EventApplied::Changed { dir, name, ino }
+            }
+        }
+    }
+}
