@@ -1,4 +1,5 @@
-//! Opening, reading and writing files, and every change to the namespace.
+//! Opening, reading and writing files; creating and removing names is `fs_names.rs`,
+//! renaming `fs_rename.rs`.
 //!
 //! Data: see [`crate::write`] (staging, upload on flush/fsync, eager multipart upload).
 //! Namespace changes go to the store first and to the caches only once the store agreed,
@@ -14,11 +15,9 @@
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
 use std::time::{Duration, SystemTime};
 
-use bucketfs_store::StoreErrorKind;
 use bytes::Bytes;
-use futures::StreamExt;
 
-use crate::fs::{Attr, Fs, Handle, Kind, OpenFile};
+use crate::fs::{Fs, Handle, Kind, OpenFile};
 use crate::inode::ChildMeta;
 use crate::write::{SharedStaged, Staged};
 use crate::{names, FsError};
@@ -79,7 +78,7 @@ impl Fs {
         self.staged.lock().unwrap().contains_key(&ino)
     }
 
-    fn staged_of(&self, ino: u64) -> Option<SharedStaged> {
+    pub(crate) fn staged_of(&self, ino: u64) -> Option<SharedStaged> {
         self.staged.lock().unwrap().get(&ino).cloned()
     }
 
@@ -102,7 +101,7 @@ impl Fs {
     }
 
     /// [`Fs::discard_staged`] with the staged file locked.
-    fn discard_locked(&self, ino: u64, staged: &SharedStaged, st: &mut Staged) {
+    pub(crate) fn discard_locked(&self, ino: u64, staged: &SharedStaged, st: &mut Staged) {
         st.unlinked = true;
         st.drop_key();
         self.wb.forget(ino);
@@ -144,7 +143,7 @@ impl Fs {
 
     /// Make directory marker `key`: journaled and created in the background in write-back
     /// mode (deletes.rs), else now.
-    async fn make_marker(&self, key: &str) -> Result<(), FsError> {
+    pub(crate) async fn make_marker(&self, key: &str) -> Result<(), FsError> {
         match &self.deletes {
             Some(d) if self.write_back() => d.defer_marker(key).await?,
             _ => self.store.create_dir(key).await?,
@@ -309,7 +308,7 @@ impl Fs {
     }
 
     /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
-    async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
+    pub(crate) async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
         loop {
             if let Some(s) = self.stage_once(node, truncate).await? {
                 return Ok(s);
@@ -728,197 +727,6 @@ impl Fs {
             self.unstage_this(ino, staged);
         }
         true // a queued version: the queue drops the staged file after its upload
-    }
-
-    /// Create and open a new, empty file; it reaches the bucket at the first flush.
-    /// `flags`: the open(2) flags asked; of them `O_EXCL` (fail if the name exists) and
-    /// `O_TRUNC` count. The kernel asks to create when it believes the name absent, which a
-    /// cached negative entry may make untrue: an existing file is then opened as open(2)
-    /// would open it, emptied only with `O_TRUNC`.
-    /// `mode`: permission bits to show (already masked by the umask), or `None` for the default.
-    pub async fn create(&self, parent: u64, name: &str, flags: i32, mode: Option<u16>) -> Result<(Attr, u64), FsError> {
-        self.new_key(parent, name, Kind::File)?;
-        if let Some(existing) = self.resolve(parent, name).await? {
-            if flags & libc::O_EXCL != 0 {
-                return Err(FsError::Exists);
-            }
-            if existing.kind == Kind::Dir {
-                return Err(FsError::IsDir);
-            }
-            let fh = self.open(existing.ino, true, flags & libc::O_TRUNC != 0).await?;
-            self.table.lock().unwrap().remember(existing.ino);
-            return Ok((self.attr(&self.node(existing.ino)?), fh));
-        }
-        let now = SystemTime::now();
-        let meta = ChildMeta {
-            name: name.to_string(),
-            kind: Kind::File,
-            size: 0,
-            mtime: now,
-            etag: None,
-            attrs: None,
-            size_unknown: false,
-        };
-        let ino = {
-            let mut t = self.table.lock().unwrap();
-            let ino = t.upsert(parent, &meta);
-            t.remember(ino);
-            t.listing_insert(parent, meta);
-            if let Some(n) = t.get_mut(ino) {
-                n.perm = mode.or(n.perm);
-            }
-            ino
-        };
-        let node = self.node(ino)?;
-        let staged = self.stage(&node, true).await?;
-        {
-            let mut st = staged.lock().await;
-            st.set_key(&node.key)?;
-            st.truncate(0)?; // marks it dirty: even an empty file is uploaded
-            st.in_store = false; // a new name: nothing to delete when it goes before upload
-            st.create_only = flags & libc::O_EXCL != 0; // O_EXCL: never replace an object made meanwhile
-        }
-        let file = OpenFile {
-            ino,
-            reader: Mutex::new(self.reader_for(&node)),
-            keep_cache: false,
-            direct: false,
-            staged: AtomicBool::new(true),
-            wrote: AtomicBool::new(true),
-            truncate_at_flush: AtomicBool::new(false),
-            writable: true,
-            writes_unseen: Default::default(),
-        };
-        let fh = self.insert_handle(Handle::File(Arc::new(file)));
-        Ok((self.attr(&node), fh))
-    }
-
-    pub async fn mkdir(&self, parent: u64, name: &str, mode: Option<u16>) -> Result<Attr, FsError> {
-        let key = self.new_key(parent, name, Kind::Dir)?;
-        if self.resolve(parent, name).await?.is_some() {
-            return Err(FsError::Exists);
-        }
-        self.make_marker(&key).await?;
-        let meta = ChildMeta {
-            name: name.to_string(),
-            kind: Kind::Dir,
-            size: 0,
-            mtime: SystemTime::now(),
-            etag: None,
-            attrs: None,
-            size_unknown: false,
-        };
-        let mut t = self.table.lock().unwrap();
-        let ino = t.upsert(parent, &meta);
-        t.remember(ino);
-        t.listing_insert(parent, meta);
-        // Made here, so known empty for the TTL: lookups of new names in it (a `git clone`,
-        // `tar -x`) are answered with no request.
-        let empty = crate::inode::Listing {
-            at: self.cfg.clock.now(),
-            valid_for: self.cfg.metadata_ttl,
-            children: Default::default(),
-            subtree: true,
-            overtaken: false,
-        };
-        t.set_listing(ino, empty);
-        let n = t.get_mut(ino).expect("just inserted");
-        n.perm = mode.or(n.perm);
-        Ok(self.attr(n))
-    }
-
-    /// [`Fs::unlink`] of a file created here and never uploaded (nothing to ask the store:
-    /// a build's or a clone's temporary files), at once, if no lock is held; `None`: run
-    /// [`Fs::unlink`]. The adapter replies on the thread that got the request.
-    pub fn unlink_now(&self, parent: u64, name: &str) -> Option<Result<(), FsError>> {
-        let node = self.table.lock().unwrap().child(parent, name).cloned()?;
-        let staged = self.staged_of(node.ino)?;
-        // The intent before the staged lock, as in `unlink`.
-        let _intent = self.wb.intents.try_acquire(vec![crate::intents::Scope::Key(node.key.clone())], true)?;
-        let mut st = staged.try_lock().ok()?;
-        if st.in_store || st.replaces || st.uploading_eagerly() {
-            return None; // the bucket may hold it (a DELETE is due), or parts to abort
-        }
-        self.discard_locked(node.ino, &staged, &mut st);
-        drop(st);
-        self.table.lock().unwrap().listing_remove(parent, name);
-        // Its sidecars went above (a crash now uploads nothing); the data file is recycled
-        // after the reply.
-        crate::recycle::drop_later(staged);
-        Some(Ok(()))
-    }
-
-    pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {
-        let node = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
-        if node.kind == Kind::Dir {
-            return Err(FsError::IsDir);
-        }
-        // No upload of it may be in flight while it goes (intents.rs): one landing after
-        // the delete would bring the file back. Uploads of other keys go on; its own, in
-        // flight, is cancelled rather than waited for (the store may hang; write_back.rs).
-        self.cancel_upload(node.ino).await;
-        let mut key = node.key.clone();
-        let (_intent, node) = loop {
-            let intent = self.intent_cancelling(vec![crate::intents::Scope::Key(key.clone())], &key, None).await;
-            // As of now: a rename of a directory above it may have moved its key meanwhile
-            // (the kernel serializes this unlink with any change of the name itself).
-            match self.table.lock().unwrap().child(parent, name) {
-                Some(n) if n.ino == node.ino && n.key == key => break (intent, n.clone()),
-                Some(n) if n.ino == node.ino => key = n.key.clone(),
-                _ => return Err(FsError::NotFound),
-            }
-        };
-        if let (true, landing) = self.stored_how(node.ino).await {
-            self.delete_removed(&node.key, landing).await?; // write-back: journaled, sent soon
-        }
-        self.discard_staged(node.ino).await;
-        self.table.lock().unwrap().listing_remove(parent, name);
-        Ok(())
-    }
-
-    /// Whether the directory with key `key` (and inode `ino`) has any child.
-    pub(crate) async fn has_children(&self, ino: u64, key: &str) -> Result<bool, FsError> {
-        if !self.staged_children(ino).is_empty() {
-            return Ok(true);
-        }
-        if self.write_back() {
-            // Answered locally from a listing within its TTL, as `ls` is: no wait on the
-            // store (a file another client put there since keeps the directory in the
-            // bucket; only the marker goes).
-            let t = self.table.lock().unwrap();
-            if let Some(l) = t.listing(ino).filter(|l| !l.overtaken && t.trusted(l)) {
-                return Ok(!l.children.is_empty());
-            }
-        }
-        match self.store.list(key, false).next().await {
-            Some(Ok(m)) => {
-                if !self.shown_below(key, &m.key) {
-                    tracing::warn!(dir = %key, key = %m.key, "directory holds a key with no file name here (not shown), so it is not empty: move or delete that key with another client");
-                }
-                Ok(true)
-            }
-            Some(Err(e)) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
-            _ => Ok(false),
-        }
-    }
-
-    pub async fn rmdir(&self, parent: u64, name: &str) -> Result<(), FsError> {
-        let node = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
-        if node.kind != Kind::Dir {
-            return Err(FsError::NotDir);
-        }
-        if self.has_children(node.ino, &node.key).await? {
-            return Err(FsError::NotEmpty);
-        }
-        // Journaled and sent in the background in write-back mode, as an unlink.
-        match self.delete_removed(&node.key, false).await {
-            Err(FsError::Store(e)) if e.kind == StoreErrorKind::NotFound => {}
-            r => r?,
-        }
-        let mut t = self.table.lock().unwrap();
-        t.listing_remove(parent, name);
-        t.invalidate_listing(node.ino);
-        Ok(())
     }
 }
 

@@ -13,8 +13,8 @@
 //!   background upload queue of `--write-back` mounts; [`deletes`]: their deferred,
 //!   journaled deletes and directory markers; `moves`: moves (directories, files copied
 //!   then deleted) journaled so a crash never leaves both names.
-//! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read, write and
-//!   every namespace change (create, mkdir, unlink, rmdir, rename, setattr).
+//! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read and write;
+//!   `fs_names`: create, mkdir, unlink, rmdir; `fs_rename`: rename, setattr.
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
 //!   directly (FUSE passthrough) instead of asking us.
 //! - [`events`]: change events the store pushes (`--notify`), applied as they come.
@@ -31,6 +31,7 @@ pub mod disk_cache;
 pub mod error;
 pub mod events;
 pub mod fs;
+pub(crate) mod fs_names;
 pub(crate) mod fs_write;
 pub mod inode;
 pub(crate) mod intents;

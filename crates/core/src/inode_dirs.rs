@@ -1,0 +1,240 @@
+//! What the inode table knows of directories' contents: the cached listings, names found
+//! absent, names removed here, the change count that decides whether a store answer may
+//! still be recorded (`changed_at`, `set_listing_since`), and the renames moving objects.
+
+use std::time::Instant;
+
+use super::{ChildMeta, InodeTable, Kind, Listing, Moving, ABSENT_MAX, RELIST_MAX};
+
+impl InodeTable {
+    /// A probe begun at change count `since` found `name` absent from `dir`; not recorded if
+    /// `dir` changed here meanwhile (the answer may predate a create).
+    pub fn note_absent(&mut self, dir: u64, name: &str, since: u64) {
+        if self.changed_at(dir) > since || self.index.contains_key(&(dir, name.to_string())) {
+            return;
+        }
+        if self.absent.len() >= ABSENT_MAX {
+            let mut ages: Vec<Instant> = self.absent.values().copied().collect();
+            ages.sort();
+            let cut = ages[ages.len() / 2];
+            self.absent.retain(|_, at| *at > cut);
+        }
+        self.absent.insert((dir, name.to_string()), self.clock.now());
+        if self.missed.len() >= ABSENT_MAX {
+            self.missed.clear();
+        }
+        self.missed.insert(dir, (self.clock.now(), name.to_string()));
+    }
+
+    /// Whether a probe found another name than `name` absent from `dir` less than `ttl` ago,
+    /// and `dir` is not known to be too wide to list for that.
+    pub fn missed_another(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {
+        let recent = self.missed.get(&dir).is_some_and(|(at, n)| n != name && self.clock.since(*at) < ttl);
+        recent && !self.wide.contains(&dir)
+    }
+
+    /// A listing of `dir` for lookups failed: its names are probed until the next miss.
+    pub fn forget_missed(&mut self, dir: u64) {
+        self.missed.remove(&dir);
+    }
+
+    /// A listing of `dir` stopped at more children than one listing is worth.
+    pub fn mark_wide(&mut self, dir: u64) {
+        self.wide.insert(dir);
+    }
+
+    /// Whether a probe found `name` absent from `dir` less than `ttl` ago and nothing here
+    /// has made it since.
+    pub fn known_absent(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {
+        let k = (dir, name.to_string());
+        self.absent.get(&k).is_some_and(|at| self.clock.since(*at) < ttl) && !self.index.contains_key(&k)
+    }
+
+    pub(super) fn note_removed(&mut self, parent: u64, name: &str) {
+        self.change_seq += 1; // a listing sent from now on knows of the removal
+        self.removed.insert((parent, name.to_string()), self.change_seq);
+    }
+
+    /// Whether this mount removed `name` from `dir` and has not seen it since: a listing
+    /// overtaken by that change (`Listing::overtaken`) names it, but no node is made of it.
+    pub fn removed_here(&self, dir: u64, name: &str) -> bool {
+        self.removed.contains_key(&(dir, name.to_string()))
+    }
+
+    /// The names removed from `dir`, as a range of [`InodeTable::removed`].
+    pub(super) fn removed_in(&self, dir: u64) -> impl Iterator<Item = (&(u64, String), &u64)> {
+        self.removed.range((dir, String::new())..).take_while(move |((d, _), _)| *d == dir)
+    }
+
+    /// Drop the removal records of `dir` made at or before change count `upto` (a listing
+    /// sent after them is recorded: it knows), or all of them (`u64::MAX`: the directory
+    /// itself went).
+    pub(super) fn forget_removed_in(&mut self, dir: u64, upto: u64) {
+        let gone: Vec<(u64, String)> =
+            self.removed_in(dir).filter(|(_, s)| **s <= upto).map(|(k, _)| k.clone()).collect();
+        for k in gone {
+            self.removed.remove(&k);
+        }
+    }
+
+    pub(super) fn note_change(&mut self, dir: u64) {
+        self.change_seq += 1;
+        self.changed.insert(dir, self.change_seq);
+        if self.events_since.is_some() {
+            self.changed_when.insert(dir, self.clock.now());
+        }
+    }
+
+    /// The change count now: take it before listing the store, pass it to
+    /// [`InodeTable::set_listing_since`].
+    pub fn change_seq(&self) -> u64 {
+        self.change_seq
+    }
+
+    /// A recursive page showed `dir`'s subtree to be bigger than a page.
+    pub fn mark_big_subtree(&mut self, dir: u64) {
+        self.big_subtrees.insert(dir);
+    }
+
+    pub fn is_big_subtree(&self, dir: u64) -> bool {
+        self.big_subtrees.contains(&dir)
+    }
+
+    /// The count at `dir`'s latest change recorded here (0: none); `u64::MAX` while a
+    /// rename moves objects of `dir` in the store: every answer about it taken meanwhile
+    /// counts as overtaken.
+    pub fn changed_at(&self, dir: u64) -> u64 {
+        let moving = self
+            .moving
+            .iter()
+            .any(|(_, m)| m.dirs.contains(&dir) || self.nodes.get(&dir).is_some_and(|d| m.covers(&d.key)));
+        if moving {
+            return u64::MAX;
+        }
+        self.changed.get(&dir).copied().unwrap_or(0)
+    }
+
+    /// A rename is about to change the store: key `from` (in directory `from_dir`) goes to
+    /// `to` (in `to_dir`). Until [`InodeTable::end_move`], after the table records the move, the
+    /// store shows what the table does not yet (the target's object already replaced, the
+    /// source's gone, a directory half copied): a HEAD, probe or listing answered meanwhile
+    /// must not be recorded on the nodes still under those names (it put the new file's
+    /// size on the replaced one, whose open handle then read nothing: model test), nor a
+    /// missing object unlink them. Both directories count as changed (`changed_at`), and
+    /// `upsert` leaves nodes under the two keys as they are.
+    /// `keys`: `from`, `to`, and a replaced target's key where it differs (a link's).
+    /// Returns the move's id, for [`InodeTable::end_move`].
+    pub fn begin_move(&mut self, from_dir: u64, to_dir: u64, keys: Vec<String>) -> u64 {
+        self.note_change(from_dir);
+        self.note_change(to_dir);
+        self.moves_begun += 1;
+        self.moving.push((self.moves_begun, Moving { dirs: [from_dir, to_dir], keys }));
+        self.moves_begun
+    }
+
+    /// The move begun by [`InodeTable::begin_move`] is recorded (or failed): answers count
+    /// from now on; both directories count as changed once more.
+    pub fn end_move(&mut self, id: u64) {
+        if let Some(i) = self.moving.iter().position(|(m, _)| *m == id) {
+            let (_, m) = self.moving.swap_remove(i);
+            self.note_change(m.dirs[0]);
+            self.note_change(m.dirs[1]);
+        }
+    }
+
+    /// Record a child created or changed here in `dir`'s cached listing (if any).
+    /// Put `ino`'s current size and identity into its parent's cached listing.
+    pub fn relist(&mut self, ino: u64) {
+        if let Some(n) = self.nodes.get(&ino) {
+            let (parent, entry) = (n.parent, n.entry());
+            self.listing_insert(parent, entry);
+        }
+    }
+
+    pub fn listing_insert(&mut self, dir: u64, meta: ChildMeta) {
+        self.note_change(dir);
+        self.absent.remove(&(dir, meta.name.clone()));
+        if let Some(l) = self.listings.get_mut(&dir) {
+            l.children.insert(meta.name.clone(), meta);
+        }
+    }
+
+    /// Drop `name` from `dir`'s cached listing and from the path index.
+    pub fn listing_remove(&mut self, dir: u64, name: &str) {
+        self.note_change(dir);
+        if let Some(l) = self.listings.get_mut(&dir) {
+            l.children.remove(name);
+        }
+        self.unlink(dir, name);
+    }
+
+    /// Forget `dir`'s cached listing so the next readdir asks the store.
+    pub fn invalidate_listing(&mut self, dir: u64) {
+        self.note_change(dir);
+        self.drop_listing(dir);
+    }
+
+    /// Move `ino` to (`parent`, `name`), rewriting the keys of it and everything below it.
+    /// Mark every node whose key starts with `prefix` as last validated `at` and drop the
+    /// listings of the directories there (entries carry identities), so that the next
+    /// lookup or open asks the store. Each such directory counts as changed: a listing
+    /// fetched before (of the old keys, with the old identities) is installed overtaken.
+    pub fn expire_below(&mut self, prefix: &str, at: std::time::Instant) {
+        let mut dirs = Vec::new();
+        for n in self.nodes.values_mut().filter(|n| n.key.starts_with(prefix)) {
+            n.validated = at;
+            if n.kind == Kind::Dir {
+                dirs.push(n.ino);
+            }
+        }
+        for d in dirs {
+            self.drop_listing(d);
+            // A listing or HEAD of the old keys in flight must not land as current.
+            self.note_change(d);
+            // Names probed absent under the old keys say nothing of the new ones.
+            self.absent.retain(|(dir, _), _| *dir != d);
+            self.missed.remove(&d);
+        }
+    }
+
+    pub fn listing(&self, dir: u64) -> Option<&Listing> {
+        self.listings.get(&dir)
+    }
+
+    /// `dir` has a listing within its TTL.
+    pub fn listing_fresh(&self, dir: u64) -> bool {
+        self.listing(dir).is_some_and(|l| self.trusted(l))
+    }
+
+    /// Let `dir`'s listing answer for another TTL from now, as it is; its age before.
+    pub fn renew_listing(&mut self, dir: u64) -> Option<std::time::Duration> {
+        let l = self.listings.get_mut(&dir)?;
+        let now = self.clock.now();
+        let age = now.saturating_duration_since(l.at);
+        l.at = now;
+        Some(age)
+    }
+
+    pub fn set_listing(&mut self, dir: u64, listing: Listing) {
+        self.put_listing(dir, listing);
+    }
+
+    /// Install a listing fetched from the store after [`InodeTable::change_seq`] was
+    /// `since`. If `dir` changed here meanwhile (a create, mkdir, unlink or rename that the
+    /// listing may or may not include), it is installed already stale: it serves the readdir
+    /// that asked for it, but lookups and the next readdir ask the store again instead of
+    /// trusting it (found by the shuttle model, crates/core/tests/model.rs).
+    pub fn set_listing_since(&mut self, dir: u64, mut listing: Listing, since: u64) {
+        if self.changed_at(dir) > since {
+            listing.valid_for = std::time::Duration::ZERO;
+            listing.overtaken = true;
+        }
+        // Removals before the listing was sent are in it (a delete is done, or pending and
+        // waited for, before a listing of its prefix goes out: deletes.rs).
+        self.forget_removed_in(dir, since);
+        if listing.children.len() <= RELIST_MAX {
+            self.wide.remove(&dir); // it shrank: one listing answers its lookups again
+        }
+        self.put_listing(dir, listing);
+    }
+}
