@@ -1,0 +1,204 @@
+//! A staged file's upload: the whole file at a commit point ([`Staged::upload`]: only what
+//! changed where the store can keep the rest, else in parallel parts), and the eager upload
+//! of a sequential writer's full parts before its close ([`Staged::eager_feed`]).
+
+use super::*;
+
+impl Staged {
+    /// Whether parts of it are being sent ahead of its close (an eager upload to abort).
+    pub fn uploading_eagerly(&self) -> bool {
+        self.eager.is_some()
+    }
+
+    pub(super) fn eager_abandon(&mut self) {
+        if let Some(mut e) = self.eager.take() {
+            // Abort in the background: the caller is a write and must stay cheap.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = e.writer.abort().await;
+                });
+            }
+        }
+    }
+
+    /// What an upload of these bytes is stored with.
+    pub(super) fn put_opts(&self, attrs: &FileAttrs) -> PutOpts {
+        PutOpts { attrs: *attrs, if_not_exists: self.create_only }
+    }
+
+    /// Hand every complete part past what was sent to the eager upload, starting one if a
+    /// sequential writer has written a first full part.
+    pub async fn eager_feed(
+        &mut self,
+        store: &dyn Store,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &FileAttrs,
+    ) -> Result<(), FsError> {
+        let part = opts.part_size as u64;
+        self.settle()?;
+        if !self.dirty {
+            // Unchanged since its last upload (the close's): a tick after it must not send
+            // the whole file again.
+            return Ok(());
+        }
+        if self.eager.is_none() {
+            // Sequential writes seen here, or a file the kernel writes (checked at the end).
+            if self.size < part || !(self.appends_only || self.watched()) {
+                return Ok(());
+            }
+            // The bucket holds a version to patch: close sends only what changed.
+            if self.patchable(store, key) {
+                return Ok(());
+            }
+            // No share free now: the file goes up at close instead (never wait here, with
+            // a writer that may keep the file open for hours: see part_budget.rs).
+            let Some(share) = self.budget.eager(opts) else { return Ok(()) };
+            let put = self.put_opts(attrs);
+            let writer = store.writer(key, WriteOptions { put, ..opts }).await?;
+            let crcs = self.watched().then(Vec::new);
+            let sums = Sums::default();
+            self.eager = Some(Eager { key: key.to_string(), put, writer, sent: 0, crcs, sums, _share: share });
+        }
+        let Some(e) = self.eager.as_mut() else { return Ok(()) };
+        if e.key != key {
+            self.eager_abandon();
+            return Ok(());
+        }
+        while self.size - e.sent >= part {
+            let mut buf = vec![0u8; part as usize];
+            self.file.read_exact_at(&mut buf, e.sent).map_err(local)?;
+            if let Some(crcs) = e.crcs.as_mut() {
+                crcs.push(crc32c::crc32c(&buf));
+            }
+            e.sums.record(e.sent, &buf);
+            if let Err(err) = e.writer.write(buf.into()).await {
+                self.eager_abandon();
+                return Err(err.into());
+            }
+            e.sent += part;
+        }
+        Ok(())
+    }
+
+    /// Upload the staged bytes to `key`; returns the new object's metadata.
+    /// `attrs` (mode, owner, mtime) go with it where the store keeps them. Where the bucket
+    /// holds a version this mount stored or read, only what changed is sent (write_patch.rs).
+    pub async fn upload(
+        &mut self,
+        store: &dyn Store,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &FileAttrs,
+    ) -> Result<ObjectMeta, FsError> {
+        self.settle()?;
+        self.observe()?;
+        let gen = self.write_gen;
+        let size = self.size;
+        let put = self.put_opts(attrs);
+        if self.eager.as_ref().is_some_and(|e| e.put != put) {
+            self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
+        }
+        let mut eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
+        if let Some(e) = eager.take_if(|e| !self.parts_unchanged(e, opts)) {
+            // The kernel changed a part after it was sent: the file goes up whole.
+            let mut e = e;
+            let _ = e.writer.abort().await;
+        }
+        let mut sums = Sums::default();
+        let mut pieces = Some(size.div_ceil(opts.part_size as u64).max(1) as u32);
+        let patched = match eager {
+            None => self.patch(store, key, opts, put, &mut sums).await,
+            Some(_) => None,
+        };
+        let result = match (patched, eager) {
+            (Some(r), _) => r.map(|done| {
+                pieces = done.pieces;
+                done.meta
+            }),
+            (None, Some(mut e)) => {
+                let r = send_file(&self.file, e.sent, self.size, e.writer.as_mut(), opts, Some(&mut e.sums)).await;
+                sums = std::mem::take(&mut e.sums);
+                match r {
+                    Ok(()) => e.writer.close().await.map_err(FsError::from),
+                    Err(err) => {
+                        let _ = e.writer.abort().await;
+                        Err(err)
+                    }
+                }
+            }
+            (None, None) if self.size <= opts.part_size as u64 => {
+                // One part or less: a single PUT is one round trip instead of three.
+                let _share = self.budget.upload(self.len(), opts).await;
+                let data = self.read(0, self.size as u32)?;
+                sums.record(0, &data);
+                store.put(key, data, put).await.map_err(FsError::from)
+            }
+            (None, None) => {
+                let _share = self.budget.upload(self.size, opts).await;
+                let mut w = store.writer(key, WriteOptions { put, ..opts }).await?;
+                match send_file(&self.file, 0, self.size, w.as_mut(), opts, Some(&mut sums)).await {
+                    Ok(()) => w.close().await.map_err(FsError::from),
+                    Err(err) => {
+                        let _ = w.abort().await;
+                        Err(err)
+                    }
+                }
+            }
+        };
+        let meta = match result {
+            Ok(meta) => meta,
+            Err(e) => {
+                // Not refused outright: the request may still land (never for a create-only
+                // upload, whose key another writer's object may hold).
+                let refused = matches!(&e, FsError::Store(s) if !matches!(s.kind, StoreErrorKind::Unavailable | StoreErrorKind::Other));
+                if !refused && !self.create_only {
+                    self.in_store = true;
+                    self.maybe_landed = true;
+                }
+                return Err(e);
+            }
+        };
+        self.maybe_landed = false;
+        self.in_store = true;
+        self.replaces = false;
+        self.create_only = false;
+        self.stored = meta.etag.clone().map(|identity| Stored {
+            key: key.to_string(),
+            identity,
+            len: size,
+            pieces,
+            sums: sums.finish(size),
+        });
+        self.observe()?; // a passthrough write during the upload keeps the file dirty
+        if self.write_gen == gen && self.watched() {
+            // The kernel may still change it: the key stays named, committed as of now.
+            self.dirty = false;
+            self.mark_committed_as_is()?;
+        } else if self.write_gen == gen {
+            self.dirty = false;
+            let _ = crate::recycle::remove(&self.key_path());
+            self.key = None;
+            if self.open_marked {
+                let _ = crate::recycle::remove(&self.open_path());
+                self.open_marked = false;
+                self.marked_as = None;
+                self.open_text = None;
+            }
+        }
+        if self.write_gen == gen {
+            self.forget_base(); // the bucket holds what was committed, or newer
+        }
+        Ok(meta)
+    }
+
+    /// Whether the parts an eager upload sent still hold what was sent (always, unless the
+    /// kernel writes the file: then each part is read again and its CRC32C compared).
+    pub(super) fn parts_unchanged(&self, e: &Eager, opts: WriteOptions) -> bool {
+        let Some(crcs) = &e.crcs else { return true };
+        let mut buf = vec![0u8; opts.part_size];
+        crcs.iter().enumerate().all(|(i, crc)| {
+            self.file.read_exact_at(&mut buf, i as u64 * opts.part_size as u64).is_ok() && crc32c::crc32c(&buf) == *crc
+        })
+    }
+}
