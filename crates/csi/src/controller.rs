@@ -30,6 +30,9 @@ struct Record {
     name: String,
     capacity_bytes: i64,
     delete_on_delete: bool,
+    /// `provisioning: bucket`: the volume's own bucket (else it is a prefix under the base).
+    #[serde(default)]
+    bucket: Option<String>,
     /// What the nodes get as the volume's attributes.
     volume_context: HashMap<String, String>,
 }
@@ -82,8 +85,28 @@ fn segment(base: &str, name: &str) -> Result<String, Status> {
     Ok(format!("{clean}-{hash}"))
 }
 
+/// Volume IDs of volumes that are buckets of their own: `bucket+` and the base URL and
+/// segment (the base bucket keeps their records).
+const BUCKET_ID: &str = "bucket+";
+
+/// The bucket of volume `seg` made under base bucket `base`: `base-seg`, lowercased, in
+/// S3's bucket-name characters, cut with a hash of the whole past 63 characters.
+fn bucket_name(base: &str, seg: &str) -> String {
+    let clean: String = format!("{base}-{seg}")
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .collect();
+    if clean.len() <= 63 {
+        return clean;
+    }
+    let hash = crate::params::path_id(std::path::Path::new(&clean));
+    format!("{}-{}", clean[..63 - 17].trim_end_matches('-'), hash)
+}
+
 /// Split a volume ID into its base URL and name; `None` if it is not one of ours.
 fn split_id(id: &str) -> Option<(&str, &str)> {
+    let id = id.strip_prefix(BUCKET_ID).unwrap_or(id);
     let (base, name) = id.trim_end_matches('/').rsplit_once('/')?;
     (check_segment(name).is_ok() && Location::parse(base).is_ok() && !base.ends_with('/')).then_some((base, name))
 }
@@ -125,6 +148,11 @@ fn check_capabilities(caps: &[pb::VolumeCapability]) -> Result<(), Status> {
     Ok(())
 }
 
+/// The region of a bucket made here when neither the parameters nor the secret name one.
+fn default_region() -> String {
+    std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".to_string())
+}
+
 #[tonic::async_trait]
 impl pb::controller_server::Controller for Controller {
     async fn create_volume(
@@ -140,15 +168,31 @@ impl pb::controller_server::Controller for Controller {
         let secrets = Secrets::parse(&r.secrets)?;
         let base = attrs.url.clone().ok_or_else(|| crate::invalid("the StorageClass has no url parameter"))?;
         let base = base.trim_end_matches('/').to_string();
-        let seg = segment(&base, &r.name)?;
-        let id = format!("{base}/{seg}");
+        let id_base = if attrs.bucket_per_volume { format!("{BUCKET_ID}{base}") } else { base.clone() };
+        let seg = segment(&id_base, &r.name)?;
+        let (id, bucket) = match attrs.bucket_per_volume {
+            false => (format!("{base}/{seg}"), None),
+            true => match Location::parse(&base) {
+                Ok(Location::S3 { bucket, prefix }) if prefix.is_empty() => {
+                    (format!("{BUCKET_ID}{base}/{seg}"), Some(bucket_name(&bucket, &seg)))
+                }
+                _ => return Err(crate::invalid(
+                    "provisioning: bucket needs url: s3://BUCKET (no prefix): that bucket keeps the volumes' records",
+                )),
+            },
+        };
         let capacity = r.capacity_range.map(|c| c.required_bytes.max(c.limit_bytes)).unwrap_or(0);
         let store = open(&base, &secrets, &attrs)?;
+        let url = match &bucket {
+            Some(b) => format!("s3://{b}"),
+            None => id.clone(),
+        };
         let want = Record {
             name: r.name.clone(),
             capacity_bytes: capacity,
             delete_on_delete: attrs.delete_on_delete,
-            volume_context: attrs.for_volume(&id),
+            bucket: bucket.clone(),
+            volume_context: attrs.for_volume(&url),
         };
         let rec = match read_record(store.as_ref(), &seg).await? {
             Some(old) if old.capacity_bytes != want.capacity_bytes => {
@@ -159,7 +203,22 @@ impl pb::controller_server::Controller for Controller {
             }
             Some(old) => old,
             None => {
-                store.create_dir(&format!("{seg}/")).await.map_err(store_status)?;
+                match &bucket {
+                    Some(b) => {
+                        let opts = secrets.store_options(&attrs);
+                        let region = opts.region.clone().unwrap_or_else(default_region);
+                        let made = bucketfs_store::s3::bucket::create_bucket(
+                            opts.endpoint.as_deref(),
+                            &region,
+                            b,
+                            opts.keys.as_ref(),
+                        )
+                        .await
+                        .map_err(store_status)?;
+                        tracing::info!(bucket = %b, made, "the volume's bucket");
+                    }
+                    None => store.create_dir(&format!("{seg}/")).await.map_err(store_status)?,
+                }
                 let body = serde_json::to_vec(&want).expect("a record serializes");
                 let key = format!("{RECORDS}{seg}.json");
                 match store.put(&key, body.into(), PutOpts { if_not_exists: true, ..Default::default() }).await {
@@ -209,13 +268,26 @@ impl pb::controller_server::Controller for Controller {
             return Ok(Response::new(pb::DeleteVolumeResponse {})); // deleted already
         };
         if rec.delete_on_delete {
-            let mut keys = store.list(&format!("{name}/"), true);
+            let (target, prefix) = match &rec.bucket {
+                Some(b) => (open(&format!("s3://{b}"), &secrets, &Attributes::default())?, String::new()),
+                None => (store.clone(), format!("{name}/")),
+            };
+            let mut keys = target.list(&prefix, true);
             let mut removed = 0u64;
             while let Some(meta) = keys.next().await {
-                store.delete(&meta.map_err(store_status)?.key).await.map_err(store_status)?;
+                target.delete(&meta.map_err(store_status)?.key).await.map_err(store_status)?;
                 removed += 1;
             }
-            store.delete(&format!("{name}/")).await.map_err(store_status)?;
+            match &rec.bucket {
+                Some(b) => {
+                    let opts = secrets.store_options(&Attributes::default());
+                    let region = opts.region.clone().unwrap_or_else(default_region);
+                    bucketfs_store::s3::bucket::delete_bucket(opts.endpoint.as_deref(), &region, b, opts.keys.as_ref())
+                        .await
+                        .map_err(store_status)?;
+                }
+                None => store.delete(&prefix).await.map_err(store_status)?,
+            }
             tracing::info!(volume = %r.volume_id, removed, "deleted with its keys");
         } else {
             tracing::info!(volume = %r.volume_id, "deleted; its keys are kept (onDelete: keep)");
@@ -316,6 +388,11 @@ mod tests {
         assert_eq!(split_id("gs://bkt/pvc-1"), Some(("gs://bkt", "pvc-1")));
         assert_eq!(split_id("not-a-url"), None);
         assert_eq!(split_id("s3://bkt/vols/.."), None);
+        assert_eq!(split_id("bucket+s3://bkt/pvc-1"), Some(("s3://bkt", "pvc-1")));
+        assert_eq!(bucket_name("team", "pvc-1A"), "team-pvc-1a");
+        let long = bucket_name("team", &"x".repeat(100));
+        assert!(long.len() <= 63 && long.starts_with("team-x"), "{long}");
+        assert_eq!(long, bucket_name("team", &"x".repeat(100)));
         assert!(check_segment("..").is_err() && check_segment("a/b").is_err() && check_segment("").is_err());
         assert_eq!(segment("s3://bkt/v", "pvc-1A2B").unwrap(), "pvc-1A2B");
     }

@@ -4,7 +4,8 @@
 //! Attributes: `url` (the bucket and prefix, as `bucketfs mount` takes it), `endpoint`,
 //! `region`, `mountOptions` (the options of `bucketfs mount -o`, such as
 //! `write-back,uid=1000,metadata-ttl=60`), and for the controller `onDelete`
-//! (`keep`, the default, or `delete`). Keys under `csi.storage.k8s.io/` are Kubernetes' own
+//! (`keep`, the default, or `delete`) and `provisioning` (`prefix`, the default: each volume
+//! a prefix under `url`; `bucket`: each volume an S3 bucket of its own). Keys under `csi.storage.k8s.io/` are Kubernetes' own
 //! and ignored; any other key is an error that names the known ones.
 //!
 //! Secrets: `awsAccessKeyId`, `awsSecretAccessKey`, `awsSessionToken` (S3),
@@ -22,7 +23,7 @@ use bucketfs_store::location::{Keys, Location, StoreOptions};
 use tonic::Status;
 
 /// The attribute keys a volume may carry.
-pub const ATTRIBUTES: [&str; 5] = ["url", "endpoint", "region", "mountOptions", "onDelete"];
+pub const ATTRIBUTES: [&str; 6] = ["url", "endpoint", "region", "mountOptions", "onDelete", "provisioning"];
 /// The secret keys the driver reads.
 pub const SECRETS: [&str; 6] =
     ["awsAccessKeyId", "awsSecretAccessKey", "awsSessionToken", "gcsServiceAccountKey", "endpoint", "region"];
@@ -37,6 +38,8 @@ pub struct Attributes {
     pub mount_options: Option<String>,
     /// Remove the volume's keys at `DeleteVolume`.
     pub delete_on_delete: bool,
+    /// `provisioning: bucket`: each volume is a bucket of its own (S3), not a prefix.
+    pub bucket_per_volume: bool,
 }
 
 impl Attributes {
@@ -53,6 +56,13 @@ impl Attributes {
                         "keep" => false,
                         "delete" => true,
                         _ => return Err(crate::invalid(format!("onDelete {v:?}: use keep or delete"))),
+                    }
+                }
+                "provisioning" => {
+                    a.bucket_per_volume = match v.as_str() {
+                        "prefix" => false,
+                        "bucket" => true,
+                        _ => return Err(crate::invalid(format!("provisioning {v:?}: use prefix or bucket"))),
                     }
                 }
                 _ if k.starts_with("csi.storage.k8s.io/") => {}

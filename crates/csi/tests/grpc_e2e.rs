@@ -387,3 +387,80 @@ async fn a_stage_that_cannot_mount_says_why_and_leaves_nothing() {
     assert!(!log.contains("not-the-secret") && !log.contains(&env.secret), "a secret in the plugin's log");
     stop_plugin(plugin);
 }
+
+/// `provisioning: bucket`: each claim an S3 bucket of its own, made at CreateVolume and
+/// (with `onDelete: delete`) emptied and removed at DeleteVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_can_be_a_bucket_of_its_own() {
+    let (Some(bin), Some(endpoint), Some(key), Some(secret), Some(bucket)) = (
+        required("BUCKETFS_BIN"),
+        required("BUCKETFS_TEST_S3_ENDPOINT"),
+        required("AWS_ACCESS_KEY_ID"),
+        required("AWS_SECRET_ACCESS_KEY"),
+        required("BUCKETFS_TEST_S3_BUCKET"),
+    ) else {
+        return;
+    };
+    let env = Env { bin: bin.into(), endpoint, key, secret, bucket };
+    let work = tempfile::Builder::new().prefix("bfs-csi-bkt-").tempdir().unwrap();
+    let dir = work.path().to_path_buf();
+    let _unmount = Unmount(dir.clone());
+    let plugin = start_plugin(&env, &dir);
+    let ch = channel(dir.join("csi.sock")).await;
+    let (mut ctl, mut node) = (ControllerClient::new(ch.clone()), NodeClient::new(ch));
+    let secrets = HashMap::from([
+        ("awsAccessKeyId".to_string(), env.key.clone()),
+        ("awsSecretAccessKey".to_string(), env.secret.clone()),
+        ("endpoint".to_string(), env.endpoint.clone()),
+    ]);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let name = format!("pvc-{nanos}");
+    let create = pb::CreateVolumeRequest {
+        name: name.clone(),
+        volume_capabilities: vec![capability(vc::access_mode::Mode::SingleNodeWriter)],
+        parameters: HashMap::from([
+            ("url".to_string(), format!("s3://{}", env.bucket)),
+            ("provisioning".to_string(), "bucket".to_string()),
+            ("onDelete".to_string(), "delete".to_string()),
+        ]),
+        secrets: secrets.clone(),
+        ..Default::default()
+    };
+    let vol = ctl.create_volume(create.clone()).await.unwrap().into_inner().volume.unwrap();
+    let url = vol.volume_context.get("url").cloned().unwrap();
+    assert_eq!(url, format!("s3://{}-{name}", env.bucket), "the volume is a bucket of its own");
+    assert_eq!(ctl.create_volume(create).await.unwrap().into_inner().volume.unwrap().volume_id, vol.volume_id);
+    let staging = dir.join("staging");
+    node.node_stage_volume(pb::NodeStageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(capability(vc::access_mode::Mode::SingleNodeWriter)),
+        secrets: secrets.clone(),
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    std::fs::write(staging.join("f.txt"), b"in its own bucket").unwrap();
+    node.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    let keys = Some(bucketfs_store::location::Keys::S3 {
+        access_key_id: env.key.clone(),
+        secret_access_key: env.secret.clone(),
+        session_token: None,
+    });
+    let opts =
+        bucketfs_store::location::StoreOptions { endpoint: Some(env.endpoint.clone()), keys, ..Default::default() };
+    let store =
+        bucketfs_store::location::open(&bucketfs_store::location::Location::parse(&url).unwrap(), &opts).unwrap();
+    use bucketfs_store::StoreExt;
+    assert_eq!(store.read("f.txt").await.unwrap().as_ref(), b"in its own bucket");
+    ctl.delete_volume(pb::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), secrets }).await.unwrap();
+    let gone = store.check().await;
+    assert!(gone.is_err(), "the bucket is deleted with the volume");
+    stop_plugin(plugin);
+}

@@ -63,24 +63,11 @@ pub fn minio(endpoint: &str, bucket: &str, prefix: &str, region: &str, profile: 
         endpoint: endpoint.trim_end_matches('/').to_string(),
         bucket: bucket.to_string(),
         prefix: prefix.to_string(),
-        signer: s3_signer(region, profile),
+        signer: crate::s3::bucket::signer(region, profile, None, false),
         http: reqwest::Client::new(),
     };
     tokio::spawn(listen.run(tx));
     rx
-}
-
-fn s3_signer(region: &str, profile: Option<&str>) -> reqsign_core::Signer<reqsign_aws_v4::Credential> {
-    use reqsign_aws_v4::{DefaultCredentialProvider, RequestSigner};
-    let mut creds = DefaultCredentialProvider::builder().no_imds();
-    if let Some(p) = profile.filter(|p| !p.is_empty()) {
-        creds = creds.with_profile(p);
-    }
-    let ctx = reqsign_core::Context::new()
-        .with_file_read(reqsign_file_read_tokio::TokioFileRead)
-        .with_env(reqsign_core::OsEnv)
-        .with_http_send(opendal::HttpTransporter::default());
-    reqsign_core::Signer::new(ctx, creds.build(), RequestSigner::new("s3", region))
 }
 
 struct MinioListen {

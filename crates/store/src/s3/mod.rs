@@ -8,6 +8,8 @@
 //! - [`checksum_mode`]: OpenDAL's `stat` cannot send `x-amz-checksum-mode: ENABLED` and its
 //!   `Metadata` keeps no checksum header; this wrapper adds and signs the header on a HEAD
 //!   and hands the answer's checksum back to the caller.
+//! - [`bucket`]: creating and deleting a bucket (the CSI controller's bucket per volume).
 
+pub mod bucket;
 pub mod checksum;
 pub mod checksum_mode;
