@@ -123,3 +123,34 @@ async fn the_kernel_timeouts_stay_short_with_events() {
     fs.follow_events(rx);
     assert_eq!(fs.ttl(), KERNEL_TTL_CAP);
 }
+
+#[tokio::test]
+async fn a_listing_sent_before_an_event_never_erases_it() {
+    use bucketfs_store::testing::{FailStore, Op};
+    use bucketfs_store::StoreErrorKind;
+    let mem = Arc::new(MemStore::new());
+    mem.put("a.txt", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let clock = Clock::manual();
+    let dir = std::env::temp_dir().join(format!("bucketfs-events-race-{}", std::process::id()));
+    let fs = Fs::new(fail.clone(), FsConfig { staging_dir: dir, clock: clock.clone(), ..FsConfig::default() });
+    let (tx, rx) = mpsc::channel(1);
+    fs.follow_events(rx);
+    std::mem::forget(tx);
+    fs.on_feed(Feed::Up);
+    // A readdir's LIST goes out and is held; meanwhile another client adds b.txt and its
+    // event arrives; then the (older) listing answers.
+    let permits = fail.hold(Op::List, 1);
+    let reader = {
+        let fs = fs.clone();
+        tokio::spawn(async move { names(&fs).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    mem.put("b.txt", Bytes::from_static(b"bb"), PutOpts::default()).await.unwrap();
+    fs.on_feed(put("b.txt", 2, "e-b"));
+    permits.add_permits(1);
+    let _ = reader.await.unwrap();
+    clock.advance(Duration::from_secs(600));
+    // The next readdir must show b.txt: the held listing may not stand as trusted.
+    assert_eq!(names(&fs).await, ["a.txt", "b.txt"]);
+}

@@ -4,8 +4,9 @@
 //! since they started stays trusted past its TTL: a change by anyone else arrives as an
 //! event and is applied here, so nothing but an event needs to ask the store again.
 //!
-//! An event is applied to the one name it is about, never counting as a change made here
-//! (it must not make listings in flight overtaken). It is not applied blindly where it may
+//! An event is applied to the one name it is about. It counts as a change of the directory
+//! in the store, so a listing sent before it lands overtaken (it may not erase the event);
+//! it does not count as a change made here. It is not applied blindly where it may
 //! be this mount's own change told late, or older than one: when the name is staged here
 //! (`Node::local`), or its directory changed here within [`OWN_CHANGE_WINDOW`]. Then, and
 //! where the event does not map to one plain entry (a directory marker, a link, a name
@@ -77,6 +78,14 @@ impl InodeTable {
         None
     }
 
+    /// `dir` changed in the store, as an event told: a listing of it sent before now may
+    /// miss the change, so it is installed overtaken (`set_listing_since`). Not a change made
+    /// here: the own-change window does not open.
+    fn note_remote_change(&mut self, dir: u64) {
+        self.change_seq += 1;
+        self.changed.insert(dir, self.change_seq);
+    }
+
     /// Expire `name` in `dir`: drop the listing, mark the node unconfirmed.
     fn expire_name(&mut self, dir: u64, name: &str, ttl: Duration) -> EventApplied {
         let at = self.expired_instant(ttl);
@@ -97,7 +106,9 @@ impl InodeTable {
         let listed = self.listings.get(&dir).and_then(|l| l.children.get(&name)).cloned();
         let node = self.child(dir, &name).cloned();
         if node.is_none() && !self.listings.contains_key(&dir) && !self.absent.contains_key(&(dir, name.clone())) {
-            return EventApplied::Nothing; // nothing cached about it
+            // Nothing cached about it; a listing of `dir` on its way may predate it.
+            self.note_remote_change(dir);
+            return EventApplied::Nothing;
         }
         // The same version this table already has (this mount's own upload, told again).
         let same = |m: &ChildMeta| {
@@ -133,6 +144,7 @@ impl InodeTable {
             };
             l.children.insert(name.clone(), d);
             self.absent.remove(&(dir, name.clone()));
+            self.note_remote_change(dir);
             return EventApplied::Changed { dir, name, ino: None };
         }
         let odd = !exact
@@ -150,6 +162,7 @@ impl InodeTable {
                 if let Some(l) = self.listings.get_mut(&dir) {
                     l.children.insert(name.clone(), m);
                 }
+                self.note_remote_change(dir);
                 EventApplied::Changed { dir, name, ino }
             }
             None => {
@@ -158,6 +171,7 @@ impl InodeTable {
                     l.children.remove(&name);
                 }
                 self.unlink_path(dir, &name);
+                self.note_remote_change(dir);
                 EventApplied::Changed { dir, name, ino }
             }
         }
