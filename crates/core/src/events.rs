@@ -148,16 +148,32 @@ impl Fs {
     }
 
     fn apply_event(&self, ev: Event) {
-        let key = ev.key().to_string();
-        let last = key.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string();
+        let mut key = ev.key().to_string();
+        let mut last = key.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string();
+        // A link's object `x.rclonelink` is the name `x` (links.rs): checked under that name.
+        let link = crate::links::link_name(&last).map(str::to_string);
+        if let Some(name) = &link {
+            key = format!("{}{name}", &key[..key.len() - last.len()]);
+            last = name.clone();
+        }
         let meta = match ev {
+            // A removed link may uncover nothing or a file: checked with the store.
+            Event::Removed { .. } if link.is_some() => Some(ChildMeta {
+                name: last.clone(),
+                kind: Kind::Symlink,
+                size: 0,
+                mtime: SystemTime::now(),
+                etag: None,
+                attrs: None,
+                size_unknown: false,
+            }),
             Event::Removed { .. } => None,
             Event::Put { size, etag, mtime, .. } => Some(ChildMeta {
                 name: last.clone(),
                 // A marker or a link object never maps to one plain entry: checked instead.
                 kind: if key.ends_with('/') {
                     Kind::Dir
-                } else if crate::links::link_name(&last).is_some() {
+                } else if link.is_some() {
                     Kind::Symlink
                 } else {
                     Kind::File

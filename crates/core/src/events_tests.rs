@@ -154,3 +154,31 @@ async fn a_listing_sent_before_an_event_never_erases_it() {
     // The next readdir must show b.txt: the held listing may not stand as trusted.
     assert_eq!(names(&fs).await, ["a.txt", "b.txt"]);
 }
+
+#[tokio::test]
+async fn a_name_probed_absent_shows_once_an_event_makes_it() {
+    let store = Arc::new(MemStore::new());
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    // Probed absent (no listing of the root yet): cached as absent for the TTL.
+    assert!(matches!(fs.lookup(ROOT_INO, "newdir").await, Err(FsError::NotFound)));
+    store.put("newdir/f", Bytes::from_static(b"f"), PutOpts::default()).await.unwrap();
+    fs.on_feed(put("newdir/f", 1, "e-f"));
+    assert_eq!(fs.lookup(ROOT_INO, "newdir").await.unwrap().kind, Kind::Dir);
+}
+
+#[tokio::test]
+async fn a_link_object_event_is_checked_under_the_links_name() {
+    let store = Arc::new(MemStore::new());
+    store.put("x.rclonelink", Bytes::from_static(b"target"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    assert_eq!(names(&fs).await, ["x"]);
+    assert_eq!(fs.lookup(ROOT_INO, "x").await.unwrap().kind, Kind::Symlink);
+    store.delete("x.rclonelink").await.unwrap();
+    fs.on_feed(Feed::Event(Event::Removed { key: "x.rclonelink".into() }));
+    assert!(fs.event_stats().expired >= 1, "checked with the store");
+    assert!(names(&fs).await.is_empty(), "the removed link is gone");
+}

@@ -41,6 +41,11 @@ impl InodeTable {
         }
     }
 
+    /// Whether store events flow now (listings fetched since are trusted past the TTL).
+    pub fn events_flowing(&self) -> bool {
+        self.events_since.is_some()
+    }
+
     /// Whether `l` answers without asking the store: within its TTL, or fetched while
     /// events flowed (and not overtaken by a change here: `valid_for` zero).
     pub fn trusted(&self, l: &Listing) -> bool {
@@ -131,7 +136,12 @@ impl InodeTable {
         if !exact && meta.is_some() && node.is_none() && !recent {
             // A key below a directory this listing does not show yet: it shows it now (a
             // directory shadows a file of its name, as in any listing).
-            let Some(l) = self.listings.get_mut(&dir) else { return EventApplied::Nothing };
+            self.absent.remove(&(dir, name.clone()));
+            self.note_remote_change(dir);
+            let Some(l) = self.listings.get_mut(&dir) else {
+                // No listing; a probe had found the name absent: it is there now.
+                return EventApplied::Changed { dir, name, ino: None };
+            };
             let now = std::time::SystemTime::now();
             let d = ChildMeta {
                 name: name.clone(),
@@ -142,9 +152,9 @@ impl InodeTable {
                 attrs: None,
                 size_unknown: false,
             };
-            l.children.insert(name.clone(), d);
-            self.absent.remove(&(dir, name.clone()));
-            self.note_remote_change(dir);
+            if l.children.insert(name.clone(), d).is_none() {
+                self.listed += 1;
+            }
             return EventApplied::Changed { dir, name, ino: None };
         }
         let odd = !exact
@@ -160,7 +170,9 @@ impl InodeTable {
                 self.absent.remove(&(dir, name.clone()));
                 self.removed.remove(&(dir, name.clone()));
                 if let Some(l) = self.listings.get_mut(&dir) {
-                    l.children.insert(name.clone(), m);
+                    if l.children.insert(name.clone(), m).is_none() {
+                        self.listed += 1; // counted for the memory bound (inode_trim.rs)
+                    }
                 }
                 self.note_remote_change(dir);
                 EventApplied::Changed { dir, name, ino }
@@ -168,7 +180,9 @@ impl InodeTable {
             None => {
                 let ino = node.map(|n| n.ino);
                 if let Some(l) = self.listings.get_mut(&dir) {
-                    l.children.remove(&name);
+                    if l.children.remove(&name).is_some() {
+                        self.listed = self.listed.saturating_sub(1);
+                    }
                 }
                 self.unlink_path(dir, &name);
                 self.note_remote_change(dir);

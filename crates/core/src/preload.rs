@@ -211,13 +211,22 @@ impl Fs {
             // Changed here since the listing began: a directory it has that the mount
             // removed or moved meanwhile stays so.
             let overtaken = t.changed_at(ino) > since;
+            // A change below the subtree's root since the listing began (a store event
+            // resolves to the deepest directory the table held then) may be missing from
+            // every listing of it: they all land overtaken.
+            let root_changed = t.events_flowing() && t.changed_at(root_ino) > since;
             for (name, meta) in &children {
                 if meta.kind == Kind::Dir && !(overtaken && t.removed_here(ino, name)) {
                     inos.insert(format!("{key}{name}/"), t.upsert(ino, meta));
                 }
             }
             if !incomplete.contains(&key) {
-                t.set_listing_since(ino, Listing { children, ..template.clone() }, since);
+                let mut listing = Listing { children, ..template.clone() };
+                if root_changed {
+                    listing.valid_for = std::time::Duration::ZERO;
+                    listing.overtaken = true;
+                }
+                t.set_listing_since(ino, listing, since);
             }
         }
         tracing::debug!(root, dirs = inos.len() - incomplete.len(), "subtree listed");

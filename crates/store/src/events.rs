@@ -82,6 +82,7 @@ impl MinioListen {
     async fn run(self, tx: mpsc::Sender<Feed>) {
         let mut backoff = Duration::from_millis(500);
         loop {
+            let began = std::time::Instant::now();
             let why = match self.listen(&tx).await {
                 Ok(()) => "the store closed the event stream".to_string(),
                 Err(e) => e.to_string(),
@@ -93,9 +94,12 @@ impl MinioListen {
             if tx.send(Feed::Down(why)).await.is_err() {
                 return;
             }
+            // A connection that held for a while starts the next wait short again.
+            if began.elapsed() > Duration::from_secs(30) {
+                backoff = Duration::from_millis(500);
+            }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(10));
-            // A connection that held for a while starts the next wait short again.
         }
     }
 
@@ -151,6 +155,12 @@ impl MinioListen {
                     offer(tx, &mut lost, Feed::Event(ev));
                 }
                 line.clear();
+            }
+            if lost {
+                // Events were dropped: the gap is told now, not at the next event (the
+                // stream may stay quiet for long), waiting for room if need be.
+                tx.send(Feed::Gap).await.map_err(|_| err("the mount is gone".into()))?;
+                lost = false;
             }
         }
         Ok(())
