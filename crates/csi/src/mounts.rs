@@ -60,9 +60,13 @@ fn unescape(s: &str) -> OsString {
     OsString::from_vec(out)
 }
 
-/// The entry mounted at `path` last (the one a lookup of `path` sees), if any.
+/// The entry mounted at `path` last (the one a lookup of `path` sees), if any. Only the
+/// parent is resolved (a stat of the mount point itself would wait on a hung daemon).
 pub fn mounted_at(path: &Path) -> Option<MountEntry> {
-    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let path = match (path.parent().and_then(|p| std::fs::canonicalize(p).ok()), path.file_name()) {
+        (Some(parent), Some(name)) => parent.join(name),
+        _ => path.to_path_buf(),
+    };
     table().into_iter().rev().find(|m| m.target == path)
 }
 
@@ -87,6 +91,31 @@ pub fn answers(path: &Path) -> Result<(), String> {
             Err(format!("the bucketfs process of this mount is gone ({e}); unstage and stage the volume again"))
         }
         Err(e) => Err(format!("cannot stat {}: {e}", path.display())),
+    }
+}
+
+/// [`answers`] off the async threads and bounded in time: a hung daemon counts as gone.
+pub async fn answers_bounded(path: &Path) -> Result<(), String> {
+    match statvfs_bounded(path).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_dead(&e) => {
+            Err(format!("the bucketfs process of this mount is gone or hung ({e}); unstage and stage the volume again"))
+        }
+        Err(e) => Err(format!("cannot stat {}: {e}", path.display())),
+    }
+}
+
+/// How long a statfs of a mount may take before it counts as hung.
+const STAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`statvfs`] off the async threads, given up after [`STAT_TIMEOUT`] (a hung daemon
+/// leaves the call waiting in the kernel; only that blocking thread waits with it).
+pub async fn statvfs_bounded(path: &Path) -> std::io::Result<libc::statvfs> {
+    let p = path.to_path_buf();
+    match tokio::time::timeout(STAT_TIMEOUT, tokio::task::spawn_blocking(move || statvfs(&p))).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
+        Err(_) => Err(std::io::Error::from_raw_os_error(libc::ENOTCONN)),
     }
 }
 
@@ -144,7 +173,7 @@ pub async fn mount(
 
 /// Unmount the bucketfs mount at `path`, waiting for its uploads; a dead one is detached.
 pub async fn unmount(bin: &Path, path: &Path) -> Result<(), String> {
-    if answers(path).is_err() {
+    if answers_bounded(path).await.is_err() {
         return detach(path);
     }
     let run = Command::new(bin).arg("unmount").arg(path).stdin(std::process::Stdio::null()).output();
@@ -154,9 +183,11 @@ pub async fn unmount(bin: &Path, path: &Path) -> Result<(), String> {
             format!("unmount of {} still waiting for uploads after {} s", path.display(), UNMOUNT_TIMEOUT.as_secs())
         })?
         .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
-    if out.status.success() || mounted_at(path).is_none() {
+    if out.status.success() {
         return Ok(());
     }
+    // Still uploading, or an upload failed: the CO calls again (the mount is gone then, and
+    // the daemon finishes or keeps what it could not upload for the next mount).
     Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
 }
 
@@ -180,7 +211,9 @@ pub fn bind(src: &Path, dst: &Path, read_only: bool) -> Result<(), String> {
     };
     call(libc::MS_BIND)?;
     if read_only {
-        if let Err(e) = call(libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY) {
+        // A remount sets every per-mount flag anew: keep nosuid and nodev.
+        let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+        if let Err(e) = call(flags) {
             let _ = detach(dst);
             return Err(e);
         }

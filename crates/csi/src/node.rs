@@ -148,6 +148,9 @@ fn mount_args(
     if read_only {
         opts.push("ro".into());
     }
+    // Pods rarely run as the user who mounted (root): the kernel still checks each access
+    // against the files' owner and mode (bucketfs mounts with default_permissions).
+    opts.push("allow_other".into());
     if !opts.is_empty() {
         args.extend(["-o".to_string(), opts.join(",")]);
     }
@@ -174,7 +177,7 @@ impl pb::node_server::Node for Node {
         };
         let _one = self.lock(&staging).await;
         if mounts::mounted_at(&staging).is_some() {
-            match mounts::answers(&staging) {
+            match mounts::answers_bounded(&staging).await {
                 Ok(()) => return Ok(Response::new(pb::NodeStageVolumeResponse {})),
                 Err(e) => {
                     tracing::warn!(volume = volume_id, "staged mount is dead, mounting again: {e}");
@@ -216,11 +219,14 @@ impl pb::node_server::Node for Node {
         let staging = PathBuf::from(required(&r.staging_target_path, "staging_target_path")?);
         let _one = self.lock(&staging).await;
         if mounts::mounted_at(&staging).is_some() {
-            // The CO unpublishes first; a bind mount left behind would keep the daemon
-            // serving after its unmount, and hold the volume's last uploads back.
-            for other in mounts::binds_of(&staging) {
-                tracing::warn!(volume = %r.volume_id, target = %other.display(), "still published at unstage: detached");
-                mounts::detach(&other).map_err(Status::internal)?;
+            // The CO unpublishes first: a pod still using the volume keeps the daemon
+            // serving, and its last uploads could not be waited for.
+            if let Some(other) = mounts::binds_of(&staging).first() {
+                return Err(Status::failed_precondition(format!(
+                    "volume {} is still published at {}: unpublish it first",
+                    r.volume_id,
+                    other.display()
+                )));
             }
             mounts::unmount(&self.bin, &staging).await.map_err(Status::internal)?;
         }
@@ -258,7 +264,7 @@ impl pb::node_server::Node for Node {
                 staging.display()
             )));
         }
-        mounts::answers(&staging).map_err(Status::failed_precondition)?;
+        mounts::answers_bounded(&staging).await.map_err(Status::failed_precondition)?;
         std::fs::create_dir_all(&target)
             .map_err(|e| Status::internal(format!("cannot create {}: {e}", target.display())))?;
         mounts::bind(&staging, &target, read_only || r.readonly).map_err(Status::internal)?;
@@ -297,7 +303,7 @@ impl pb::node_server::Node for Node {
         if mounts::mounted_at(&path).is_none() {
             return Err(Status::not_found(format!("volume {} is not mounted at {}", r.volume_id, path.display())));
         }
-        let st = match mounts::statvfs(&path) {
+        let st = match mounts::statvfs_bounded(&path).await {
             Ok(st) => st,
             Err(e) if mounts::is_dead(&e) => {
                 return Err(Status::failed_precondition(format!(

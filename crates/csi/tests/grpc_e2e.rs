@@ -199,6 +199,23 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     assert_eq!(std::fs::read(t2.join("model.bin")).unwrap(), data, "read through the other target");
     let e = std::fs::write(t2.join("nope"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "a read-only publish refuses writes: {e}");
+    // A pod running as another user reads it too (allow_other; the file's mode says who).
+    let other = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+        .arg(t2.join("model.bin"))
+        .output()
+        .unwrap();
+    assert!(other.status.success(), "uid 65534: {}", String::from_utf8_lossy(&other.stderr));
+    assert_eq!(other.stdout.len(), data.len());
+    // Unstage while published is refused: pods still use the volume.
+    let busy = node
+        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(busy.code(), tonic::Code::FailedPrecondition, "{busy:?}");
 
     // No process holds the secret in its argv or environment; the file holding it is 0600.
     let daemons = pids_with(&staging.display().to_string());
