@@ -526,7 +526,40 @@ async fn run(steps: Vec<Step>, write_back: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// A fixed seed unless PROPTEST_RNG_SEED gives one: the suite's verdict must not depend on
+/// which 256 cases a run happens to draw (run with a random seed, or PROPTEST_CASES=5000,
+/// to explore; a failure found so goes below as a test of its own).
+fn config() -> ProptestConfig {
+    let default = ProptestConfig::default();
+    let rng_seed = match std::env::var_os("PROPTEST_RNG_SEED") {
+        Some(_) => default.rng_seed,
+        None => proptest::test_runner::RngSeed::Fixed(20_261_129),
+    };
+    ProptestConfig { rng_seed, ..default }
+}
+
+/// Found by a random run (seed unknown) on 2026-11-29, and already failing before that
+/// day's changes (checked at a56cb20): in write-back mode, a directory holding a file whose
+/// upload is queued is renamed under a directory a held listing was sent for, and once that
+/// listing answers, the renamed directory lists empty. Not fixed yet: `cargo test --
+/// --ignored` runs it.
+#[test]
+#[ignore = "known bug in write-back mode, not fixed yet (see the doc comment)"]
+fn known_bug_a_late_listing_empties_a_directory_renamed_in_write_back_mode() {
+    let steps = vec![
+        Step::Write(4, 0),
+        Step::Listen(7, 1, false),
+        Step::Rename(2, 12),
+        Step::Listen(0, 1, false),
+        Step::Release(1),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let out = rt.block_on(run(steps, true));
+    assert!(out.is_ok(), "{}", out.unwrap_err());
+}
+
 proptest! {
+    #![proptest_config(config())]
     // 256 cases (PROPTEST_CASES sets another number): about 5 s.
     #[test]
     fn the_namespace_matches_the_model_while_answers_come_late(steps in proptest::collection::vec(step(), 1..40)) {
