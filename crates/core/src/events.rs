@@ -156,35 +156,26 @@ impl Fs {
             key = format!("{}{name}", &key[..key.len() - last.len()]);
             last = name.clone();
         }
-        let meta = match ev {
-            // A removed link may uncover nothing or a file: checked with the store.
-            Event::Removed { .. } if link.is_some() => Some(ChildMeta {
-                name: last.clone(),
-                kind: Kind::Symlink,
-                size: 0,
-                mtime: SystemTime::now(),
-                etag: None,
-                attrs: None,
-                size_unknown: false,
-            }),
-            Event::Removed { .. } => None,
-            Event::Put { size, etag, mtime, .. } => Some(ChildMeta {
-                name: last.clone(),
-                // A marker or a link object never maps to one plain entry: checked instead.
-                kind: if key.ends_with('/') {
-                    Kind::Dir
-                } else if link.is_some() {
-                    Kind::Symlink
-                } else {
-                    Kind::File
-                },
-                size,
-                mtime: mtime.unwrap_or_else(SystemTime::now),
-                etag,
-                attrs: None,
-                size_unknown: false,
-            }),
+        // A marker or a link object never maps to one plain entry: checked instead. A removed
+        // link may uncover nothing or a file, so it is checked too, as a link.
+        let kind = match (key.ends_with('/'), link.is_some()) {
+            (true, _) => Kind::Dir,
+            (false, true) => Kind::Symlink,
+            (false, false) => Kind::File,
         };
+        let (present, size, etag, mtime) = match ev {
+            Event::Removed { .. } => (link.is_some(), 0, None, None),
+            Event::Put { size, etag, mtime, .. } => (true, size, etag, mtime),
+        };
+        let meta = present.then(|| ChildMeta {
+            name: last.clone(),
+            kind,
+            size,
+            mtime: mtime.unwrap_or_else(SystemTime::now),
+            etag,
+            attrs: None,
+            size_unknown: false,
+        });
         let applied = self.table.lock().unwrap().apply_event(&key, meta, self.cfg.metadata_ttl);
         let (dir, name, ino) = match applied {
             EventApplied::Nothing => return,
