@@ -148,9 +148,13 @@ fn check_capabilities(caps: &[pb::VolumeCapability]) -> Result<(), Status> {
     Ok(())
 }
 
-/// The region of a bucket made here when neither the parameters nor the secret name one.
-fn default_region() -> String {
-    std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".to_string())
+/// The store options and region for making or deleting a volume's own bucket; the region
+/// is `AWS_REGION` (else us-east-1) when neither the parameters nor the secret name one.
+fn bucket_opts(secrets: &Secrets, attrs: &Attributes) -> (location::StoreOptions, String) {
+    let opts = secrets.store_options(attrs);
+    let region =
+        opts.region.clone().unwrap_or_else(|| std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()));
+    (opts, region)
 }
 
 #[tonic::async_trait]
@@ -205,8 +209,7 @@ impl pb::controller_server::Controller for Controller {
             None => {
                 match &bucket {
                     Some(b) => {
-                        let opts = secrets.store_options(&attrs);
-                        let region = opts.region.clone().unwrap_or_else(default_region);
+                        let (opts, region) = bucket_opts(&secrets, &attrs);
                         let made = bucketfs_store::s3::bucket::create_bucket(
                             opts.endpoint.as_deref(),
                             &region,
@@ -280,8 +283,7 @@ impl pb::controller_server::Controller for Controller {
             }
             match &rec.bucket {
                 Some(b) => {
-                    let opts = secrets.store_options(&Attributes::default());
-                    let region = opts.region.clone().unwrap_or_else(default_region);
+                    let (opts, region) = bucket_opts(&secrets, &Attributes::default());
                     bucketfs_store::s3::bucket::delete_bucket(opts.endpoint.as_deref(), &region, b, opts.keys.as_ref())
                         .await
                         .map_err(store_status)?;

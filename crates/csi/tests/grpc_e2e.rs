@@ -36,6 +36,31 @@ struct Env {
     bucket: String,
 }
 
+impl Env {
+    /// What scripts/test sets; `None` (the test skips) outside CI when something is missing.
+    fn from_env() -> Option<Env> {
+        let (Some(bin), Some(endpoint), Some(key), Some(secret), Some(bucket)) = (
+            required("BUCKETFS_BIN"),
+            required("BUCKETFS_TEST_S3_ENDPOINT"),
+            required("AWS_ACCESS_KEY_ID"),
+            required("AWS_SECRET_ACCESS_KEY"),
+            required("BUCKETFS_TEST_S3_BUCKET"),
+        ) else {
+            return None;
+        };
+        Some(Env { bin: bin.into(), endpoint, key, secret, bucket })
+    }
+
+    /// A volume's secret: the keys and the endpoint.
+    fn secrets(&self) -> HashMap<String, String> {
+        HashMap::from([
+            ("awsAccessKeyId".to_string(), self.key.clone()),
+            ("awsSecretAccessKey".to_string(), self.secret.clone()),
+            ("endpoint".to_string(), self.endpoint.clone()),
+        ])
+    }
+}
+
 fn start_plugin(env: &Env, dir: &Path) -> Child {
     let sock = dir.join("csi.sock");
     let _ = std::fs::remove_file(&sock);
@@ -125,26 +150,13 @@ impl Drop for Unmount {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
-    let (Some(bin), Some(endpoint), Some(key), Some(secret), Some(bucket)) = (
-        required("BUCKETFS_BIN"),
-        required("BUCKETFS_TEST_S3_ENDPOINT"),
-        required("AWS_ACCESS_KEY_ID"),
-        required("AWS_SECRET_ACCESS_KEY"),
-        required("BUCKETFS_TEST_S3_BUCKET"),
-    ) else {
-        return;
-    };
-    let env = Env { bin: bin.into(), endpoint, key, secret, bucket };
+    let Some(env) = Env::from_env() else { return };
     let work = tempfile::Builder::new().prefix("bfs-csi-e2e-").tempdir().unwrap();
     let dir = work.path().to_path_buf();
     let _unmount = Unmount(dir.clone());
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let base = format!("s3://{}/csi-e2e-{nanos}", env.bucket);
-    let secrets = HashMap::from([
-        ("awsAccessKeyId".to_string(), env.key.clone()),
-        ("awsSecretAccessKey".to_string(), env.secret.clone()),
-        ("endpoint".to_string(), env.endpoint.clone()),
-    ]);
+    let secrets = env.secrets();
     let mut plugin = start_plugin(&env, &dir);
     let ch = channel(dir.join("csi.sock")).await;
     let (mut ctl, mut node) = (ControllerClient::new(ch.clone()), NodeClient::new(ch));
@@ -333,26 +345,13 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
 /// keys, a missing bucket, an unknown mount option, an unknown attribute.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stage_that_cannot_mount_says_why_and_leaves_nothing() {
-    let (Some(bin), Some(endpoint), Some(key), Some(secret), Some(bucket)) = (
-        required("BUCKETFS_BIN"),
-        required("BUCKETFS_TEST_S3_ENDPOINT"),
-        required("AWS_ACCESS_KEY_ID"),
-        required("AWS_SECRET_ACCESS_KEY"),
-        required("BUCKETFS_TEST_S3_BUCKET"),
-    ) else {
-        return;
-    };
-    let env = Env { bin: bin.into(), endpoint, key, secret, bucket };
+    let Some(env) = Env::from_env() else { return };
     let work = tempfile::Builder::new().prefix("bfs-csi-bad-").tempdir().unwrap();
     let dir = work.path().to_path_buf();
     let _unmount = Unmount(dir.clone());
     let plugin = start_plugin(&env, &dir);
     let mut node = NodeClient::new(channel(dir.join("csi.sock")).await);
-    let good = HashMap::from([
-        ("awsAccessKeyId".to_string(), env.key.clone()),
-        ("awsSecretAccessKey".to_string(), env.secret.clone()),
-        ("endpoint".to_string(), env.endpoint.clone()),
-    ]);
+    let good = env.secrets();
     let mut wrong = good.clone();
     wrong.insert("awsSecretAccessKey".into(), "not-the-secret".into());
     let url = format!("s3://{}/csi-bad", env.bucket);
@@ -409,27 +408,14 @@ async fn a_stage_that_cannot_mount_says_why_and_leaves_nothing() {
 /// (with `onDelete: delete`) emptied and removed at DeleteVolume.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_volume_can_be_a_bucket_of_its_own() {
-    let (Some(bin), Some(endpoint), Some(key), Some(secret), Some(bucket)) = (
-        required("BUCKETFS_BIN"),
-        required("BUCKETFS_TEST_S3_ENDPOINT"),
-        required("AWS_ACCESS_KEY_ID"),
-        required("AWS_SECRET_ACCESS_KEY"),
-        required("BUCKETFS_TEST_S3_BUCKET"),
-    ) else {
-        return;
-    };
-    let env = Env { bin: bin.into(), endpoint, key, secret, bucket };
+    let Some(env) = Env::from_env() else { return };
     let work = tempfile::Builder::new().prefix("bfs-csi-bkt-").tempdir().unwrap();
     let dir = work.path().to_path_buf();
     let _unmount = Unmount(dir.clone());
     let plugin = start_plugin(&env, &dir);
     let ch = channel(dir.join("csi.sock")).await;
     let (mut ctl, mut node) = (ControllerClient::new(ch.clone()), NodeClient::new(ch));
-    let secrets = HashMap::from([
-        ("awsAccessKeyId".to_string(), env.key.clone()),
-        ("awsSecretAccessKey".to_string(), env.secret.clone()),
-        ("endpoint".to_string(), env.endpoint.clone()),
-    ]);
+    let secrets = env.secrets();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let name = format!("pvc-{nanos}");
     let create = pb::CreateVolumeRequest {
