@@ -70,6 +70,8 @@ pub struct Status {
     pub notify_checked: u64,
     pub notify_downs: u64,
     pub notify_gaps: u64,
+    /// Kernel notices dropped in a flood of events (the kernel's caches expire within 1 s).
+    pub notify_notices_dropped: u64,
     pub notify_down_secs: Option<u64>,
     pub notify_down_reason: Option<String>,
 }
@@ -144,10 +146,13 @@ impl Status {
         let Some(src) = &self.notify else {
             return "store events:     off (freshness from --metadata-ttl)\n".to_string();
         };
-        let counts = format!(
+        let mut counts = format!(
             "{} applied, {} checked with the store, {} breaks, {} gaps",
             self.notify_applied, self.notify_checked, self.notify_downs, self.notify_gaps
         );
+        if self.notify_notices_dropped > 0 {
+            counts += &format!(", {} kernel notices dropped in floods", self.notify_notices_dropped);
+        }
         if self.notify_up {
             format!("store events:     {src}, flowing ({counts})\n")
         } else {

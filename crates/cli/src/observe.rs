@@ -72,6 +72,7 @@ impl Observed {
             notify_checked: ev.expired,
             notify_downs: ev.downs,
             notify_gaps: ev.gaps,
+            notify_notices_dropped: ev.notices_dropped,
             notify_down_secs: ev.down_since.map(|t| t.elapsed().unwrap_or_default().as_secs()),
             notify_down_reason: ev.down_reason,
         }

@@ -24,6 +24,22 @@ use crate::inode::{ChildMeta, EventApplied, Kind};
 /// The kernel's timeouts with `--notify`: events reach this process, not the kernel.
 pub const KERNEL_TTL_CAP: Duration = Duration::from_secs(1);
 
+/// Kernel notices waiting for the one thread that sends them; past this, a flood of events
+/// drops them (counted): the kernel then keeps what it cached for at most
+/// [`KERNEL_TTL_CAP`], and the mount itself is current already.
+pub(crate) const NOTICES_QUEUED: usize = 4096;
+
+/// What the kernel is told of one changed name: the directory's cached entries, the name's
+/// dentry, and the node the name led to; with the adapter's notifiers as they are when the
+/// event applies (it gives them one after the other at mount, maybe after the first event).
+struct Notice {
+    dir: u64,
+    name: String,
+    ino: Option<u64>,
+    entries: Option<InvalidateEntry>,
+    inodes: Option<crate::InvalidateDir>,
+}
+
 /// Tell the kernel that `name` in directory `parent` changed (its dentry, positive or
 /// negative, must be looked up again).
 pub type InvalidateEntry = Arc<dyn Fn(u64, &str) + Send + Sync>;
@@ -43,6 +59,10 @@ pub struct EventState {
     /// where the table's may be held).
     since: std::sync::Mutex<Option<std::time::Instant>>,
     entries: OnceLock<InvalidateEntry>,
+    /// The notice thread's queue (made at the first event that needs one).
+    notices: OnceLock<std::sync::mpsc::SyncSender<Notice>>,
+    /// Notices dropped because the queue was full.
+    notices_dropped: AtomicU64,
 }
 
 impl EventState {
@@ -71,6 +91,8 @@ pub struct EventStats {
     pub downs: u64,
     pub down_since: Option<SystemTime>,
     pub down_reason: Option<String>,
+    /// Kernel notices dropped in a flood (see [`NOTICES_QUEUED`]).
+    pub notices_dropped: u64,
 }
 
 impl Fs {
@@ -112,6 +134,7 @@ impl Fs {
             downs: e.downs.load(Relaxed),
             down_since: down.as_ref().map(|d| d.0),
             down_reason: down.map(|d| d.1),
+            notices_dropped: e.notices_dropped.load(Relaxed),
         }
     }
 
@@ -190,20 +213,45 @@ impl Fs {
         };
         tracing::debug!(key, dir, name, "store event applied");
         self.dir_cache.forget_snapshot(dir);
-        // The kernel's caches, off the async threads (the kernel may be waiting on one of
-        // our replies while it takes a notification).
         let (entries, inodes) = (self.events.entries.get().cloned(), self.invalidate_hook_of());
-        crate::sync::blocking_detached(move || {
-            if let Some(f) = &inodes {
-                f(dir); // its cached entries
+        if entries.is_some() || inodes.is_some() {
+            // (None: no kernel, as in tests.)
+            self.notify_kernel(Notice { dir, name, ino, entries, inodes });
+        }
+    }
+
+    /// Queue `n` for the kernel. One thread sends the notices, off the async threads (the
+    /// kernel may be waiting on one of our replies while it takes a notification), in
+    /// order, with a bounded queue: a flood of events costs neither a thread nor memory per
+    /// event.
+    fn notify_kernel(&self, n: Notice) {
+        let queue = self.events.notices.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Notice>(NOTICES_QUEUED);
+            let spawned = std::thread::Builder::new().name("bucketfs-notices".into()).spawn(move || {
+                for Notice { dir, name, ino, entries, inodes } in rx {
+                    if let Some(f) = &inodes {
+                        f(dir); // its cached entries
+                    }
+                    if let Some(f) = &entries {
+                        f(dir, &name); // the name's dentry, positive or negative
+                    }
+                    if let (Some(ino), Some(f)) = (ino, &inodes) {
+                        f(ino); // its attributes and cached pages are the old version's
+                    }
+                }
+            });
+            if let Err(e) = spawned {
+                tracing::warn!("no thread for kernel notices ({e}): the kernel's caches expire on their own");
             }
-            if let Some(f) = entries {
-                f(dir, &name); // the name's dentry, positive or negative
-            }
-            if let (Some(ino), Some(f)) = (ino, inodes) {
-                f(ino); // its attributes and cached pages are the old version's
-            }
+            tx
         });
+        if queue.try_send(n).is_err() && self.events.notices_dropped.fetch_add(1, Relaxed).is_multiple_of(10_000) {
+            tracing::warn!(
+                "store events come faster than the kernel takes notices: some dropped (the kernel's \
+                 cached entries then expire within {} s)",
+                KERNEL_TTL_CAP.as_secs()
+            );
+        }
     }
 }
 

@@ -182,3 +182,44 @@ async fn a_link_object_event_is_checked_under_the_links_name() {
     assert!(fs.event_stats().expired >= 1, "checked with the store");
     assert!(names(&fs).await.is_empty(), "the removed link is gone");
 }
+
+/// A flood of events while the kernel takes no notice (the notifier blocks): the notices
+/// wait in one bounded queue on one thread, the rest are dropped and counted, and every
+/// event still reaches the mount's own view. (Each notice was a blocking task of its own:
+/// a flood queued one per event, without bound.)
+#[tokio::test]
+async fn a_flood_of_events_queues_a_bounded_number_of_kernel_notices() {
+    let store = Arc::new(MemStore::new());
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate_rx);
+    let told = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = told.clone();
+    fs.on_entry_change(Arc::new(move |_dir, _name| {
+        let _ = gate.lock().unwrap().recv(); // the kernel is busy until the gate opens
+        counter.fetch_add(1, Relaxed);
+    }));
+    fs.on_feed(Feed::Up);
+    assert_eq!(names(&fs).await, Vec::<String>::new());
+    let n = 3 * NOTICES_QUEUED as u64;
+    for i in 0..n {
+        fs.on_feed(put(&format!("f{i}"), 1, "e"));
+    }
+    let dropped = fs.event_stats().notices_dropped;
+    // One notice may be taken by the thread (waiting at the gate), the queue holds the bound.
+    assert!(dropped >= n - NOTICES_QUEUED as u64 - 1, "dropped {dropped} of {n}");
+    assert_eq!(names(&fs).await.len() as u64, n, "the mount shows every name");
+    for _ in 0..n {
+        let _ = gate_tx.send(());
+    }
+    drop(gate_tx);
+    // The thread sends what it queued, in order, and no more.
+    for _ in 0..3000 {
+        if told.load(Relaxed) == n - dropped {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(told.load(Relaxed), n - dropped, "every queued notice reached the kernel");
+}
