@@ -450,7 +450,7 @@ impl Fs {
             self.store.clone(),
             self.read_cache.clone(),
             node.key.clone(),
-            node.etag.clone(),
+            node.version.tag().map(str::to_owned),
             node.identity(),
             node.size,
             self.cfg.max_prefetch,

@@ -8,7 +8,7 @@ use bucketfs_store::{HeadOpts, ObjectHead, StoreError, StoreErrorKind};
 use futures::StreamExt;
 
 use crate::fs::{Attr, Fs, Kind, RELIST_MAX};
-use crate::inode::{ChildMeta, Listing, Node};
+use crate::inode::{ChildMeta, Listing, Node, Version};
 use crate::{names, FsError};
 
 impl Fs {
@@ -67,7 +67,7 @@ impl Fs {
                     return Ok((self.attr(t.get(node.ino).ok_or(FsError::NotFound)?), None));
                 }
                 let cur = t.get_mut(node.ino).ok_or(FsError::NotFound)?;
-                if cur.etag != meta.etag && !cur.local {
+                if cur.version.other_than(meta.etag.as_deref()) && !cur.local {
                     cur.forget_attrs(); // changed by someone else: what it carries is the truth
                 }
                 if !cur.local {
@@ -76,7 +76,7 @@ impl Fs {
                     cur.size_unknown = meta.size_unknown;
                     cur.mtime = meta.mtime;
                 }
-                cur.etag = meta.etag;
+                cur.version = Version::from_store(meta.etag.as_deref());
                 cur.validated = self.cfg.clock.now();
                 cur.fill_attrs(&attrs);
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidated");
@@ -135,12 +135,13 @@ impl Fs {
             }
             return Ok(());
         }
-        let (since, ahead) = {
+        let (since, ahead, dir) = {
             let t = self.table.lock().unwrap();
             let listing = t.listing(dir.ino);
             let ahead = self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree) && !t.is_big_subtree(dir.ino);
-            (t.change_seq(), ahead)
+            (t.change_seq(), ahead, current(&t, dir))
         };
+        let dir = &dir;
         let started = self.cfg.clock.now();
         let subtree = async {
             match ahead {
@@ -223,13 +224,14 @@ impl Fs {
     pub(crate) async fn list_if_small(&self, dir: &Node) -> Result<(), FsError> {
         let flight = self.listing_flight(dir.ino);
         let _one = flight.lock().await;
-        let since = {
+        let (since, dir) = {
             let t = self.table.lock().unwrap();
             if t.listing_fresh(dir.ino) {
                 return Ok(());
             }
-            t.change_seq()
+            (t.change_seq(), current(&t, dir))
         };
+        let dir = &dir;
         let started = self.cfg.clock.now();
         let Some(mut children) = self.list_children_upto(dir, Some(RELIST_MAX)).await? else {
             tracing::debug!(dir = %dir.key, "too many children to list for lookups: probing names");
@@ -288,4 +290,13 @@ impl Fs {
         }
         Ok(Some(children))
     }
+}
+
+/// `dir` as the table holds it now, taken with the change count a listing starts from: the
+/// caller's copy may be from before a rename (a listing ahead queued, a lookup that
+/// waited), and a listing of its old key installed on the inode would show the old
+/// directory's contents, or none once a deferred move has emptied it (namespace_model).
+/// A rename from now on counts as a change of the directory (`expire_below`).
+fn current(t: &crate::inode::InodeTable, dir: &Node) -> Node {
+    t.get(dir.ino).cloned().unwrap_or_else(|| dir.clone())
 }

@@ -7,6 +7,7 @@ use futures::TryStreamExt;
 
 use super::check_new_name;
 use crate::fs::{Attr, Fs, Kind, SetAttr};
+use crate::inode::Version;
 use crate::FsError;
 
 /// Record `key` as the staged file's key in its sidecar (what crash recovery uploads, and
@@ -165,7 +166,7 @@ impl Fs {
                 let n = t.get_mut(ino).expect("just listed");
                 open_moved.insert(ino, n.identity());
                 if !n.local {
-                    n.etag = None;
+                    n.version = Version::Unknown;
                 }
             }
             t.relist(src.ino);
@@ -252,9 +253,15 @@ impl Fs {
         if !matches!(learned, Ok(Some(true))) {
             // The identity stays unknown (to be asked at the next open), never the old one:
             // a listing that shows the copy's must not take it for another client's file.
-            if let Some(n) = self.table.lock().unwrap().get_mut(ino).filter(|n| n.linked) {
-                n.etag = None;
+            let mut t = self.table.lock().unwrap();
+            if let Some(n) = t.get_mut(ino).filter(|n| n.linked) {
+                n.version = Version::Unknown;
+                // Its listing entry too: it still named the source's tag, and a lookup
+                // served from it put that back on the node (reads of the copy pinned to
+                // the old object's tag).
+                t.relist(ino);
             }
+            drop(t);
             match learned {
                 Err(e) => tracing::debug!(key = %node.key, "identity after rename unknown: {e}"),
                 _ => tracing::debug!(key = %node.key, "identity after rename unknown: not recorded"),

@@ -405,3 +405,28 @@ async fn a_listing_overtaken_by_rmdir_does_not_bring_the_directory_back() {
     fs.mkdir(p.ino, "sub", None).await.expect("mkdir after rmdir");
     assert!(names(&fs, p.ino).await.contains(&"sub".to_string()));
 }
+
+/// A rename whose HEAD of the copy fails leaves the file's version unknown; the next open
+/// asks the store before reading, so reads are pinned to the copy's tag again. (The node
+/// was "fresh" with no tag: an S3 read went without `If-Match` for up to a TTL.)
+#[tokio::test]
+async fn an_open_after_a_rename_whose_head_failed_learns_the_version() {
+    use bucketfs_store::testing::{FailStore, Op};
+    use bucketfs_store::StoreErrorKind;
+    let mem = mem_with(&[("f", b"bytes of f")]).await;
+    // The first HEAD fails: the one after the rename's copy (a listing found `f`).
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::Head, 1, 1, StoreErrorKind::Other));
+    let fs = Fs::new(fail.clone(), FsConfig::default());
+    assert_eq!(names(&fs, ROOT_INO).await, vec![".", "..", "f"]);
+    let ino = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+    fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await.unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, "g").await.unwrap().ino, ino);
+    // Not the source's tag either, from the listing's entry (the copy has another).
+    assert_eq!(fs.node(ino).unwrap().version, crate::inode::Version::Unknown, "after the rename and a lookup");
+    let fh = fs.open(ino, false, false).await.unwrap();
+    let tag = mem.stat("g").await.unwrap().etag;
+    assert!(tag.is_some());
+    assert_eq!(fs.node(ino).unwrap().version.tag(), tag.as_deref(), "open learned the copy's tag");
+    assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"bytes of f");
+    fs.release(fh).await.unwrap();
+}

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use crate::fs::{Fs, Handle, Kind, OpenFile};
-use crate::inode::ChildMeta;
+use crate::inode::{ChildMeta, Version};
 use crate::write::{SharedStaged, Staged};
 use crate::{names, FsError};
 
@@ -107,7 +107,7 @@ impl Fs {
         self.wb.forget(ino);
         if st.handles == 0 {
             // Removed under the staged lock: `stage` re-checks the map after taking it.
-            self.unstage_this(ino, staged);
+            self.unstage_this(ino, staged, st);
         }
     }
 
@@ -169,13 +169,15 @@ impl Fs {
         self.upload_ino(ino, false).await
     }
 
-    /// [`Fs::unstage`] if `staged` is still `ino`'s staged file: a task that found it earlier
-    /// must not drop a newer one an open made since (write_back.rs).
-    pub(crate) fn unstage_this(&self, ino: u64, staged: &SharedStaged) {
+    /// [`Fs::unstage`] if `staged` (locked: `st`) is still `ino`'s staged file: a task that
+    /// found it earlier must not drop a newer one an open made since (write_back.rs). A
+    /// clean one's crash-recovery sidecars go with it ([`Staged::leave_clean`]).
+    pub(crate) fn unstage_this(&self, ino: u64, staged: &SharedStaged, st: &mut Staged) {
         let mut map = self.staged.lock().unwrap();
         if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, staged)) {
             map.remove(&ino);
             drop(map);
+            st.leave_clean();
             self.unwatch(ino);
             if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
                 n.local = false;
@@ -226,7 +228,13 @@ impl Fs {
         // the kernel may hold, even if the refresh below learns the real one: such a handle
         // is opened direct (reads come here whatever size the kernel believes).
         let placeholder = node.size_unknown;
-        if !self.fresh(node.validated) && !self.is_staged(ino) {
+        if node.version == Version::Unknown && node.linked && !self.is_staged(ino) {
+            // Moved here, the copy's tag not learned yet (`Fs::learn_moved` failed): asked
+            // now, so reads are pinned to the version again (without it an S3 read went
+            // unpinned for up to a TTL).
+            self.revalidate(&node, false).await?;
+            node = self.node(ino)?;
+        } else if !self.fresh(node.validated) && !self.is_staged(ino) {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
@@ -342,7 +350,8 @@ impl Fs {
             // To be filled from the store, pinned to the version the node names: one not
             // validated within the TTL is asked about first (a directory rename gives the
             // moved objects new generations; the fill's If-Match then failed with ESTALE).
-            if let Some(cur) = self.node(node.ino).ok().filter(|n| !self.fresh(n.validated) && n.size > 0) {
+            let stale = |n: &crate::inode::Node| !self.fresh(n.validated) || n.version == Version::Unknown;
+            if let Some(cur) = self.node(node.ino).ok().filter(|n| stale(n) && n.size > 0) {
                 if let Err(e) = self.revalidate(&cur, false).await {
                     self.unstage(node.ino);
                     return Err(e);
@@ -375,7 +384,7 @@ impl Fs {
         // A version whole in the disk cache is taken over, not fetched (passthrough.rs).
         let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st, truncate)?;
         if fresh && !truncate && node.size > 0 && !adopted {
-            if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.etag.as_deref()).await {
+            if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.version.tag()).await {
                 self.unstage(node.ino);
                 drop(st);
                 return Err(e);
@@ -517,14 +526,14 @@ impl Fs {
         {
             let mut t = self.table.lock().unwrap();
             // No ETag in the response (some stores): ask the store at the next access.
-            let validated = if meta.etag.is_some() || !self.store.capabilities().prefix_dirs {
-                self.cfg.clock.now()
-            } else {
-                t.expired_instant(self.cfg.metadata_ttl)
+            let (version, validated) = match meta.etag.as_deref() {
+                Some(tag) => (Version::Tag(tag.to_string()), self.cfg.clock.now()),
+                None if !self.store.capabilities().prefix_dirs => (Version::Untagged, self.cfg.clock.now()),
+                None => (Version::Unknown, t.expired_instant(self.cfg.metadata_ttl)),
             };
             let Some(n) = t.get_mut(ino) else { return Ok(()) };
             n.size = size;
-            n.etag = meta.etag.clone();
+            n.version = version;
             n.mtime = meta.mtime.unwrap_or_else(SystemTime::now);
             n.validated = validated;
             t.relist(ino);
@@ -650,7 +659,7 @@ impl Fs {
                 // The version just uploaded stays on disk for reading back (passthrough.rs).
                 self.keep_as_whole(file.ino, &mut st).await;
                 // Under the staged lock: an open racing this re-checks the map (`stage`).
-                self.unstage_this(file.ino, &staged);
+                self.unstage_this(file.ino, &staged, &mut st);
             }
         }
         result
@@ -724,7 +733,7 @@ impl Fs {
             return false;
         }
         if !st.dirty {
-            self.unstage_this(ino, staged);
+            self.unstage_this(ino, staged, &mut st);
         }
         true // a queued version: the queue drops the staged file after its upload
     }

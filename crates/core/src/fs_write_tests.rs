@@ -565,6 +565,42 @@ async fn writes_the_kernel_made_directly_are_seen_and_uploaded() {
     drop(fs);
 }
 
+/// A clean file the kernel wrote leaves staging at its last close, while a task (the
+/// eager-upload feeder) still holds it: a rename or unlink right after no longer finds it,
+/// so its crash-recovery sidecars must already be gone. They were not: a crash then
+/// uploaded the file under its old name again (both names in the bucket after `mv`, and an
+/// `rm`'d file back).
+#[tokio::test]
+async fn a_clean_file_out_of_staging_is_never_recovered_under_its_old_name() {
+    use std::os::unix::fs::FileExt;
+    let mem = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-leave-clean-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    for name in ["moved", "removed"] {
+        let (_, fh) = fs.create(ROOT_INO, name, 0, None).await.unwrap();
+        let backing = fs.backing_file(fh).await.unwrap();
+        fs.note_passthrough_open(fh);
+        backing.file.write_all_at(b"kernel bytes", 0).unwrap(); // as the kernel would
+        fs.flush(fh).await.unwrap();
+        drop(backing); // the kernel lets go of it before the RELEASE
+        fs.release(fh).await.unwrap();
+        assert!(!fs.is_staged(fs.lookup(ROOT_INO, name).await.unwrap().ino), "clean and closed: out of staging");
+    }
+    // Before the feeder's next tick (200 ms) lets go of them:
+    fs.rename(ROOT_INO, "moved", ROOT_INO, "moved2", false).await.unwrap();
+    fs.unlink(ROOT_INO, "removed").await.unwrap();
+    // A crash now: the next mount of the staging directory recovers nothing.
+    let fs2 = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let (done, failed) = fs2.recover_staged().await;
+    assert!(done.is_empty() && failed.is_empty(), "recovered {done:?} (failed {failed:?})");
+    assert!(object(&mem, "moved").await.is_none(), "the old name came back");
+    assert!(object(&mem, "removed").await.is_none(), "the removed file came back");
+    assert_eq!(object(&mem, "moved2").await.unwrap(), b"kernel bytes");
+    drop((fs, fs2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A file the kernel wrote (passthrough) is fed to an eager upload every 200 ms while it
 /// grows; a tick after the close's upload must not start the whole file again (it did:
 /// a 256 MiB `cp` was sent twice, and its release held the file for a second).

@@ -46,8 +46,8 @@ pub struct Node {
     pub key: String,
     pub size: u64,
     pub mtime: SystemTime,
-    /// Object identity: a cached byte is only valid for this (key, etag).
-    pub etag: Option<String>,
+    /// Which version of the object this node is: a cached byte is only valid for it.
+    pub version: Version,
     /// When size/mtime/etag were last confirmed by the store.
     pub validated: Instant,
     pub lookups: u64,
@@ -91,7 +91,7 @@ impl Node {
             kind: self.kind,
             size: self.size,
             mtime: self.mtime,
-            etag: self.etag.clone(),
+            etag: self.version.tag().map(str::to_owned),
             attrs: None,
             size_unknown: self.size_unknown,
         }
@@ -111,9 +111,9 @@ impl Node {
         self.kind == Kind::File
             && self.opens > 0
             && !self.local
-            && self.etag.is_some()
+            && self.version.tag().is_some()
             && meta.etag.is_some()
-            && self.etag != meta.etag
+            && self.version.tag() != meta.etag.as_deref()
     }
 
     /// The object was replaced by someone else: drop what we knew of its attributes.
@@ -150,12 +150,57 @@ impl Node {
     /// Names this version of the object for caches: the ETag/generation, or size and mtime
     /// on stores without one (local fs).
     pub fn identity(&self) -> String {
-        match &self.etag {
-            Some(e) => e.clone(),
-            None => {
+        match &self.version {
+            Version::Tag(e) => e.clone(),
+            Version::Untagged | Version::Unknown => {
                 let t = self.mtime.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
                 format!("{}-{}.{}", self.size, t.as_secs(), t.subsec_nanos())
             }
+        }
+    }
+}
+
+/// Which version of a file's object a node is (issue 42: one meaning per state, where an
+/// `Option` meant both "the store keeps no tag" and "not known yet").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Version {
+    /// The store's ETag or generation: reads are pinned to it (`If-Match`).
+    Tag(String),
+    /// The store keeps no tag (a local folder): size and mtime stand in ([`Node::identity`]).
+    Untagged,
+    /// This mount moved the object and has not learned the copy's tag yet (`Fs::rename`):
+    /// the next open asks the store before reading, so reads are pinned again.
+    Unknown,
+}
+
+impl Version {
+    /// What a store's answer says.
+    pub fn from_store(etag: Option<&str>) -> Self {
+        etag.map_or(Version::Untagged, |e| Version::Tag(e.to_string()))
+    }
+
+    /// The tag to pin reads to, if known.
+    pub fn tag(&self) -> Option<&str> {
+        match self {
+            Version::Tag(t) => Some(t),
+            Version::Untagged | Version::Unknown => None,
+        }
+    }
+
+    /// Whether a store's answer with `etag` is another object than this version, one
+    /// someone else put (so it carries its own attributes). Not after this mount's own move
+    /// (`Unknown`): the copy carries the attributes.
+    pub fn other_than(&self, etag: Option<&str>) -> bool {
+        *self != Version::Unknown && self.tag() != etag
+    }
+
+    /// Merge a listing's entry (`etag`) in: a listing of a store that keeps tags shows one
+    /// (so `Unknown` is learned), and an entry without one (this mount's own, relisted)
+    /// says nothing new of a version not known yet.
+    fn merged(&self, etag: Option<&str>) -> Self {
+        match (self, etag) {
+            (Version::Unknown, None) => Version::Unknown,
+            (_, e) => Version::from_store(e),
         }
     }
 }
@@ -208,6 +253,10 @@ pub struct InodeTable {
     /// miss that change, so it is installed stale (see [`InodeTable::set_listing_since`]).
     change_seq: u64,
     changed: HashMap<u64, u64>,
+    /// The change count each directory's newest recorded listing was sent at: an answer
+    /// sent before it (held up in the network) arrives with older news, and is not
+    /// recorded over it (see [`InodeTable::set_listing_since`]).
+    answered: HashMap<u64, u64>,
     /// Directories whose subtree a recursive page showed to be too big for one page: no
     /// recursive page is asked for with their listings (see `preload.rs`).
     big_subtrees: std::collections::HashSet<u64>,
@@ -298,7 +347,7 @@ impl InodeTable {
             key: String::new(),
             size: 0,
             mtime: root_mtime,
-            etag: None,
+            version: Version::Untagged,
             validated: clock.now(),
             lookups: 1,
             perm: None,
@@ -319,6 +368,7 @@ impl InodeTable {
             next_ino: 2,
             change_seq: 0,
             changed: HashMap::new(),
+            answered: HashMap::new(),
             big_subtrees: Default::default(),
             absent: HashMap::new(),
             missed: HashMap::new(),
@@ -371,7 +421,7 @@ impl InodeTable {
                 let replaced = node.replaced_by(meta);
                 node.replaced = replaced;
                 if node.kind == meta.kind && !replaced {
-                    if node.etag != meta.etag {
+                    if node.version.other_than(meta.etag.as_deref()) {
                         // A file replaced by someone else carries its own attributes; a
                         // directory's (kept here only) stay.
                         match node.kind {
@@ -382,7 +432,7 @@ impl InodeTable {
                     node.size = meta.size;
                     node.size_unknown = meta.size_unknown;
                     node.mtime = meta.mtime;
-                    node.etag = meta.etag.clone();
+                    node.version = node.version.merged(meta.etag.as_deref());
                     node.validated = self.clock.now();
                     if let Some(a) = &meta.attrs {
                         node.fill_attrs(a);
@@ -407,7 +457,7 @@ impl InodeTable {
                 key: key_of(meta),
                 size: meta.size,
                 mtime: meta.mtime,
-                etag: meta.etag.clone(),
+                version: Version::from_store(meta.etag.as_deref()),
                 validated,
                 lookups: 0,
                 perm: None,
@@ -463,6 +513,7 @@ impl InodeTable {
             self.big_subtrees.remove(&ino);
             self.forget_removed_in(ino, u64::MAX);
             self.changed.remove(&ino);
+            self.answered.remove(&ino);
             self.changed_when.remove(&ino);
             self.missed.remove(&ino);
             self.wide.remove(&ino);

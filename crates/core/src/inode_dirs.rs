@@ -224,7 +224,16 @@ impl InodeTable {
     /// listing may or may not include), it is installed already stale: it serves the readdir
     /// that asked for it, but lookups and the next readdir ask the store again instead of
     /// trusting it (found by the shuttle model, crates/core/tests/model.rs).
+    ///
+    /// A listing sent before the one `dir` holds now (an answer held up, landing late) is
+    /// older news: it is not recorded at all. It may show a name removed here whose record
+    /// the newer listing cleared (it knew of the removal), and so bring it back (found by
+    /// the property test: a directory renamed away came back).
     pub fn set_listing_since(&mut self, dir: u64, mut listing: Listing, since: u64) {
+        if self.has_newer_listing(dir, since) {
+            return;
+        }
+        self.answered.insert(dir, since);
         if self.changed_at(dir) > since {
             listing.valid_for = std::time::Duration::ZERO;
             listing.overtaken = true;
@@ -236,5 +245,11 @@ impl InodeTable {
             self.wide.remove(&dir); // it shrank: one listing answers its lookups again
         }
         self.put_listing(dir, listing);
+    }
+
+    /// Whether `dir` holds a listing sent after change count `since` (see
+    /// [`InodeTable::set_listing_since`]).
+    pub fn has_newer_listing(&self, dir: u64, since: u64) -> bool {
+        self.listings.contains_key(&dir) && self.answered.get(&dir).is_some_and(|&at| at > since)
     }
 }

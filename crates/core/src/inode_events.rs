@@ -118,7 +118,7 @@ impl InodeTable {
         // The same version this table already has (this mount's own upload, told again).
         let same = |m: &ChildMeta| {
             let (etag, size, kind) = match (&node, &listed) {
-                (Some(n), _) => (n.etag.clone(), n.size, n.kind),
+                (Some(n), _) => (n.version.tag().map(str::to_owned), n.size, n.kind),
                 (None, Some(l)) => (l.etag.clone(), l.size, l.kind),
                 (None, None) => return false,
             };

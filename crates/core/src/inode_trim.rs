@@ -77,6 +77,7 @@ impl InodeTable {
         fit(&mut self.listings);
         fit(&mut self.listed_at);
         fit(&mut self.changed);
+        fit(&mut self.answered);
     }
 
     /// Drop `dir`'s cached listing and those of its children that nothing but the listing

@@ -271,7 +271,7 @@ impl Fs {
         }
         let Some(disk) = self.read_cache.disk().cloned() else { return };
         let Ok(node) = self.node(ino) else { return };
-        if node.etag.is_none() || node.size != st.size || node.size < WHOLE_MIN || !node.linked {
+        if node.version.tag().is_none() || node.size != st.size || node.size < WHOLE_MIN || !node.linked {
             return;
         }
         let identity = node.identity();
@@ -317,7 +317,7 @@ impl Fs {
         }
         // Its version is the bucket's: the first upload sends only what changed.
         let patches = self.store.capabilities().patches && node.size >= crate::write::patch::MIN_PATCH;
-        if let Some(etag) = node.etag.as_deref().filter(|_| patches && !truncate) {
+        if let Some(etag) = node.version.tag().filter(|_| patches && !truncate) {
             if let Err(e) = st.remember_stored(&node.key, etag) {
                 tracing::debug!(key = %node.key, "the first upload will be whole: {e}");
             }

@@ -208,6 +208,11 @@ impl Fs {
                 children.insert(meta.name.clone(), meta); // the mount's own state wins
             }
             let mut t = self.table.lock().unwrap();
+            if t.has_newer_listing(ino, since) {
+                // A listing sent later is recorded: this one's news of the directory, and
+                // of those below it, is older (set_listing_since).
+                continue;
+            }
             // Changed here since the listing began: a directory it has that the mount
             // removed or moved meanwhile stays so.
             let overtaken = t.changed_at(ino) > since;

@@ -276,6 +276,21 @@ impl Staged {
         self.forget_base();
     }
 
+    /// Leaving the staging map with nothing the bucket lacks (clean): crash recovery has
+    /// nothing of these bytes to upload, so the sidecars go now, not when the last reference
+    /// does (the FUSE adapter may hold the file a while for the kernel's passthrough). Out
+    /// of the map, a rename or unlink no longer finds this file to rename or drop them, and
+    /// a crash in that window uploaded the bytes under the old name again: the renamed or
+    /// deleted file came back (test_rename_of_an_uploaded_file_right_before_kill_9).
+    pub fn leave_clean(&mut self) {
+        if self.dirty || self.key.is_none() && !self.open_marked {
+            return;
+        }
+        self.drop_key();
+        self.key = None;
+        self.open_text = None;
+    }
+
     /// When the sidecar naming the key was last written.
     pub fn key_written(&self) -> Option<std::time::SystemTime> {
         std::fs::metadata(self.key_path()).and_then(|m| m.modified()).ok()
@@ -637,9 +652,7 @@ impl Drop for Staged {
     fn drop(&mut self) {
         self.eager_abandon();
         if self.given {
-            let _ = crate::recycle::remove(&self.key_path());
-            let _ = crate::recycle::remove(&self.open_path());
-            self.forget_base();
+            self.drop_key();
             return;
         }
         if self.dirty && !self.unlinked && self.create_only {
@@ -654,9 +667,7 @@ impl Drop for Staged {
             tracing::warn!(path = %self.path.display(), key = ?self.key, "staged data kept for the next mount");
             return;
         }
-        let _ = crate::recycle::remove(&self.key_path());
-        let _ = crate::recycle::remove(&self.open_path());
-        self.forget_base();
+        self.drop_key();
         // Handed to the kernel (passthrough): recycled only if no other description of
         // it is left (a process's mapping may still hold the kernel's).
         // So may readers of a disk-cache file this one took over (`adopt`).

@@ -311,6 +311,10 @@ impl Fs {
         key: &str,
         target: Option<(u64, &str)>,
     ) -> crate::intents::Intent<'_> {
+        if !self.write_back() {
+            // No upload is cancelled without write-back: wait (no timer, so shuttle runs it).
+            return self.wb.intents.acquire(scopes, true).await;
+        }
         loop {
             if let Some(i) = self.wb.intents.try_acquire(scopes.clone(), true) {
                 return i;
@@ -459,7 +463,7 @@ impl Fs {
             if !st.unlinked && self.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
                 self.keep_as_whole(ino, &mut st).await; // for reading back (passthrough.rs)
             }
-            self.unstage_this(ino, &staged);
+            self.unstage_this(ino, &staged, &mut st);
         }
         Ok(())
     }
