@@ -414,6 +414,40 @@ def test_rename_of_an_uploaded_file_right_before_kill_9(s3_bucket, tmp_path, mod
         unmount(mp)
 
 
+@pytest.mark.parametrize("mode", ["write-back", "durable"])
+def test_a_file_renamed_or_removed_right_after_its_close_stays_so_after_kill_9(s3_bucket, tmp_path, mode):
+    """A file written (through passthrough where the kernel offers it) and closed, then at
+    once renamed or removed, then `kill -9` once that returned: after the remount, the old
+    name never comes back. (The staged copy of a clean file left staging at its close, but
+    its crash-recovery sidecar, still naming the old key, stayed while a background task
+    held the file: recovery then uploaded it under the old name.)"""
+    args = wb_args(s3_bucket, tmp_path / "staging")
+    if mode == "durable":
+        args = [a for a in args if a != "--write-back"]
+    mp = mount(args)
+    body = random.Random(11).randbytes(2 * MiB)
+    try:
+        for rnd in range(6):
+            src, dst, gone = f"s{rnd}", f"d{rnd}", f"g{rnd}"
+            write_file(os.path.join(mp, src), body)
+            write_file(os.path.join(mp, gone), body)
+            assert sync(mp).returncode == 0
+            write_file(os.path.join(mp, src), body[::-1])  # a new version, then at once:
+            os.rename(os.path.join(mp, src), os.path.join(mp, dst))
+            os.unlink(os.path.join(mp, gone))
+            kill_daemon(mp)
+            remount(mp, args)
+            r = sync(mp)
+            assert r.returncode == 0, f"round {rnd}: sync: {r.err}"
+            objs = bucket_objects(s3_bucket)
+            assert src not in objs, f"round {rnd}: the renamed-away name came back"
+            assert gone not in objs, f"round {rnd}: the removed file came back"
+            assert objs.get(dst) == body[::-1], f"round {rnd}: {dst} does not hold the last version"
+            os.unlink(os.path.join(mp, dst))
+    finally:
+        unmount(mp)
+
+
 def test_editor_save_right_before_kill_9(s3_bucket, tmp_path):
     """An editor's save of a pending file (write `.f.tmp`, rename it over `f`), then the
     daemon killed 0 to 0.2 s after the rename began: if the rename returned before the kill,
