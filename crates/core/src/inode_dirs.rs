@@ -237,6 +237,12 @@ impl InodeTable {
         if self.changed_at(dir) > since {
             listing.valid_for = std::time::Duration::ZERO;
             listing.overtaken = true;
+        } else if !listing.valid_for.is_zero() {
+            // Trusted for the TTL from when it arrived, as a HEAD's attributes are: an
+            // answer slower than the TTL would otherwise land stale, and every lookup it
+            // was meant to answer would list again (a loaded machine: one LIST and one HEAD
+            // per `stat`). `at` stays the sending time, which events are compared with.
+            listing.valid_for += self.clock.now().saturating_duration_since(listing.at);
         }
         // Removals before the listing was sent are in it (a delete is done, or pending and
         // waited for, before a listing of its prefix goes out: deletes.rs).
