@@ -42,13 +42,15 @@ impl Fs {
         }
         let since = self.table.lock().unwrap().change_seq();
         let head = self.store.head(&node.key, HeadOpts::default()).await;
+        // Checked and recorded under one lock: an upload finishing between the two would
+        // otherwise be overwritten by this older answer.
+        let mut t = self.table.lock().unwrap();
         {
             // An upload, create, unlink or rename here since the HEAD was sent or while it
             // ran (each notes a change in the parent; a rename from before it changes the
             // store): the answer may predate it or describe another file now under the key,
             // and must not put the node back on an older version, give it another file's
             // size (or unlink a file just made). What the mount holds answers.
-            let t = self.table.lock().unwrap();
             let overtaken = |n: &Node| t.changed_at(n.parent) > since || !n.linked || n.key != node.key;
             if let Some(cur) = t.get(node.ino).filter(|n| overtaken(n)) {
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
@@ -58,7 +60,6 @@ impl Fs {
         match head {
             Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
                 let meta = self.child_meta(&node.name, &m, Kind::File);
-                let mut t = self.table.lock().unwrap();
                 if split && t.get(node.ino).is_some_and(|n| n.replaced_by(&meta)) {
                     let meta = crate::inode::ChildMeta { attrs: Some(attrs), ..meta };
                     let new = t.upsert(node.parent, &meta);
@@ -84,7 +85,6 @@ impl Fs {
             }
             Ok(_) => Err(FsError::NotFound),
             Err(e) if e.kind == StoreErrorKind::NotFound => {
-                let mut t = self.table.lock().unwrap();
                 if let Some(n) = t.get(node.ino).filter(|n| n.local) {
                     // Staged here meanwhile (an O_TRUNC open, a write): the mount's own file
                     // now, which its close uploads; gone from the bucket is no news.
@@ -104,7 +104,6 @@ impl Fs {
             }
             // Stale if the store is down, as for listings (`serve_stale_listing`).
             Err(e) if e.kind == StoreErrorKind::Unavailable => {
-                let mut t = self.table.lock().unwrap();
                 let cur = t.get_mut(node.ino).ok_or(FsError::Store(e.clone()))?;
                 tracing::warn!(key = %node.key, "store unreachable, serving the last attributes: {e}");
                 cur.validated = self.cfg.clock.now();

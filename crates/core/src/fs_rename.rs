@@ -253,8 +253,10 @@ impl Fs {
         if !matches!(learned, Ok(Some(true))) {
             // The identity stays unknown (to be asked at the next open), never the old one:
             // a listing that shows the copy's must not take it for another client's file.
+            // Only over the version it had: one learned meanwhile (an upload done, an
+            // event) stands, and a staged file's upload will set its own.
             let mut t = self.table.lock().unwrap();
-            if let Some(n) = t.get_mut(ino).filter(|n| n.linked) {
+            if let Some(n) = t.get_mut(ino).filter(|n| n.linked && !n.local && n.version == node.version) {
                 n.version = Version::Unknown;
                 // Its listing entry too: it still named the source's tag, and a lookup
                 // served from it put that back on the node (reads of the copy pinned to

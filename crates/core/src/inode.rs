@@ -730,6 +730,42 @@ mod tests {
         t.check_invariants();
     }
 
+    /// A listing sent before a removal, landing after a newer listing cleared the removal's
+    /// record and was itself dropped (trimmed, or the kernel forgot the directory), does
+    /// not bring the name back (review of the order rule: it held only while the newer
+    /// listing did).
+    #[test]
+    fn a_listing_older_than_one_dropped_does_not_bring_back_a_removed_name() {
+        for forgotten in [false, true] {
+            let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+            let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+            t.upsert(d, &meta("x", Kind::File));
+            let listing = |names: &[&str]| Listing {
+                at: Instant::now(),
+                valid_for: std::time::Duration::from_secs(60),
+                children: names.iter().map(|n| (n.to_string(), meta(n, Kind::File))).collect(),
+                subtree: false,
+                overtaken: false,
+            };
+            let old = t.change_seq(); // a listing sent now, answered late, shows x
+            t.listing_remove(d, "x");
+            t.set_listing_since(d, listing(&[]), t.change_seq());
+            assert!(!t.removed_here(d, "x"), "a listing sent after the removal clears its record");
+            if forgotten {
+                t.remember(d);
+                t.forget(d, 1);
+            } else {
+                t.evict_dir(d);
+            }
+            t.set_listing_since(d, listing(&["x"]), old);
+            assert!(
+                t.listing(d).is_none_or(|l| !l.children.contains_key("x")),
+                "x came back (forgotten: {forgotten})"
+            );
+            t.check_invariants();
+        }
+    }
+
     #[test]
     fn forget_drops_node_at_zero() {
         let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);

@@ -230,8 +230,8 @@ impl InodeTable {
     /// the newer listing cleared (it knew of the removal), and so bring it back (found by
     /// the property test: a directory renamed away came back).
     pub fn set_listing_since(&mut self, dir: u64, mut listing: Listing, since: u64) {
-        if self.has_newer_listing(dir, since) {
-            return;
+        if self.has_newer_listing(dir, since) || !self.nodes.contains_key(&dir) {
+            return; // older news, or a directory gone meanwhile
         }
         self.answered.insert(dir, since);
         if self.changed_at(dir) > since {
@@ -253,9 +253,9 @@ impl InodeTable {
         self.put_listing(dir, listing);
     }
 
-    /// Whether `dir` holds a listing sent after change count `since` (see
-    /// [`InodeTable::set_listing_since`]).
+    /// Whether `dir` holds (or held, until it was dropped: [`InodeTable::evict_dir`]) a
+    /// listing sent after change count `since` (see [`InodeTable::set_listing_since`]).
     pub fn has_newer_listing(&self, dir: u64, since: u64) -> bool {
-        self.listings.contains_key(&dir) && self.answered.get(&dir).is_some_and(|&at| at > since)
+        self.answered.get(&dir).is_some_and(|&at| at > since)
     }
 }

@@ -84,6 +84,10 @@ impl InodeTable {
     /// needs ([`Node::droppable`]). Returns the number of entries dropped.
     pub fn evict_dir(&mut self, dir: u64) -> usize {
         self.big_subtrees.remove(&dir); // its next listing tries list-ahead again
+        // Its records of names removed here go with it (`forget`): a listing sent before
+        // now, still in flight, could bring one back, so none of those is recorded.
+        let now = self.change_seq();
+        self.answered.entry(dir).and_modify(|at| *at = (*at).max(now)).or_insert(now);
         let Some(listing) = self.drop_listing(dir) else { return 0 };
         let mut dropped = listing.children.len();
         for name in listing.children.into_keys() {
