@@ -8,8 +8,13 @@ make enough events for each burst and wait seconds, not the sub-second a flushin
 gives. What they assert does not depend on that."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import seed
 from conftest import mount, read_file, run_cli, unmount, upstream_of, wait_until, write_file
@@ -123,3 +128,87 @@ def test_an_unknown_source_is_refused_before_mounting(s3_bucket):
     p = run_cli(["mount", mp_args[0], target] + mp_args[1:])
     assert p.returncode != 0
     assert "unknown source" in p.err and "minio" in p.err, p.err
+
+
+def test_a_flood_of_events_leaves_the_mount_answering_and_current(s3_bucket):
+    """Another client rewrites and fills a tree watched by a mount (800 changes from 8
+    threads, as a fleet would) while a user lists and stats it: every call answers with no
+    errno but ENOENT for a name removed meanwhile, and once the events are through the
+    mount shows what the bucket holds, sizes included (notices past the kernel-notice
+    queue are dropped and counted; the kernel's entries expire within 1 s)."""
+    dirs = [f"d{i:02d}" for i in range(20)]
+    for d in dirs:
+        for j in range(10):
+            seed.put("s3", s3_bucket.name, f"{d}/f{j}.bin", b"v1")
+    # A TTL as a floor: MinIO drops events for a listener that falls behind, unannounced.
+    mp = notify_mount(s3_bucket.name, ttl="10")
+    stop = threading.Event()
+    trouble: list[str] = []
+    slowest = [0.0]
+
+    def user():
+        while not stop.is_set():
+            for d in dirs:
+                t0 = time.monotonic()
+                try:
+                    for name in os.listdir(os.path.join(mp, d)):
+                        os.stat(os.path.join(mp, d, name))
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        trouble.append(f"{d}: {e!r}")
+                slowest[0] = max(slowest[0], time.monotonic() - t0)
+
+    s3 = seed.s3_client()
+
+    def change(i: int) -> None:
+        d = dirs[i % len(dirs)]
+        if i < 200:  # every first file rewritten, longer
+            s3.put_object(Bucket=s3_bucket.name, Key=f"{d}/f{i // len(dirs)}.bin", Body=b"v2" * (i + 1))
+        elif i < 240:  # some removed
+            s3.delete_object(Bucket=s3_bucket.name, Key=f"{d}/f{(i - 200) // len(dirs)}.bin")
+        else:  # and many made
+            s3.put_object(Bucket=s3_bucket.name, Key=f"{d}/new{i}.bin", Body=b"n" * (i % 97))
+
+    try:
+        for d in dirs:  # the kernel and the mount hold every entry
+            for name in os.listdir(os.path.join(mp, d)):
+                os.stat(os.path.join(mp, d, name))
+        readers = [threading.Thread(target=user, daemon=True) for _ in range(2)]
+        for r in readers:
+            r.start()
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(change, range(800)))
+        print(f"flood made in {time.monotonic() - t0:.1f}s")
+        flush_events(s3_bucket.name, "flood")
+        stop.set()
+        for r in readers:
+            r.join(120)
+            assert not r.is_alive(), "a lister is stuck in the mount"
+        assert not trouble, trouble[:5]
+
+        want = {}
+        for o in (p for page in s3.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket.name)
+                  for p in page.get("Contents", [])):
+            if not o["Key"].startswith("zz-flush/"):
+                want[o["Key"]] = o["Size"]
+
+        def seen() -> dict:
+            got = {}
+            for d in dirs:
+                for name in os.listdir(os.path.join(mp, d)):
+                    with contextlib.suppress(FileNotFoundError):
+                        got[f"{d}/{name}"] = os.stat(os.path.join(mp, d, name)).st_size
+            return got
+
+        t0 = time.monotonic()
+        assert wait_until(lambda: seen() == want, 90), \
+            sorted(set(seen().items()) ^ set(want.items()))[:10]
+        st = status(mp)
+        assert st["notify_up"], st
+        print(f"converged in {time.monotonic() - t0:.1f}s")
+        print(f"flood: slowest listing pass {slowest[0]:.1f}s; events:",
+              {k: v for k, v in st.items() if k.startswith("notify")})
+    finally:
+        stop.set()
+        unmount(mp)
