@@ -187,7 +187,9 @@ pub struct MountArgs {
     max_cached_entries: usize,
     /// Hear of other clients' changes at once from the store's change events, and trust
     /// listings past --metadata-ttl while they flow (the TTL is the fallback when they
-    /// stop). SOURCE: minio (MinIO's bucket notification stream; needs --endpoint).
+    /// stop). SOURCE: minio (MinIO's bucket notification stream; needs --endpoint), or
+    /// sqs://QUEUE-URL (S3 event notifications in an SQS queue of this mount's own; direct,
+    /// via SNS or EventBridge; https implied, sqs://http://... for a local server).
     #[arg(long, value_name = "SOURCE")]
     notify: Option<String>,
     /// Load the whole tree at mount (one recursive listing) so the first `find`/`ls -R` is

@@ -391,7 +391,14 @@ fn event_feed(
             Ok(bucketfs_store::events::minio(&endpoint, bucket, prefix, &region, args.store.profile.as_deref()))
         }
         ("minio", _) => Err("--notify minio needs an s3:// URL of a MinIO bucket".to_string()),
-        _ => Err(format!("--notify {source:?}: unknown source; bucketfs listens to: minio")),
+        (s, Location::S3 { bucket, prefix }) if s.starts_with("sqs://") => {
+            let region = args.store.region.clone().or_else(|| std::env::var("AWS_REGION").ok());
+            bucketfs_store::events::sqs(s, region.as_deref(), bucket, prefix, args.store.profile.as_deref())
+        }
+        (s, _) if s.starts_with("sqs://") => {
+            Err("--notify sqs:// reads S3 event notifications: mount an s3:// URL".into())
+        }
+        _ => Err(format!("--notify {source:?}: unknown source; bucketfs listens to: minio, sqs://QUEUE-URL")),
     }
 }
 

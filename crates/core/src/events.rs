@@ -189,6 +189,10 @@ impl Fs {
         let (present, size, etag, mtime) = match ev {
             Event::Removed { .. } => (link.is_some(), 0, None, None),
             Event::Put { size, etag, mtime, .. } => (true, size, etag, mtime),
+            Event::Changed { .. } => {
+                let applied = self.table.lock().unwrap().expire_event(&key, self.cfg.metadata_ttl);
+                return self.tell_applied(&key, applied);
+            }
         };
         let meta = present.then(|| ChildMeta {
             name: last.clone(),
@@ -200,6 +204,11 @@ impl Fs {
             size_unknown: false,
         });
         let applied = self.table.lock().unwrap().apply_event(&key, meta, self.cfg.metadata_ttl);
+        self.tell_applied(&key, applied);
+    }
+
+    /// Count what an event changed in the table and tell the kernel.
+    fn tell_applied(&self, key: &str, applied: EventApplied) {
         let (dir, name, ino) = match applied {
             EventApplied::Nothing => return,
             EventApplied::Changed { dir, name, ino } => {

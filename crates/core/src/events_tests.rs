@@ -223,3 +223,27 @@ async fn a_flood_of_events_queues_a_bounded_number_of_kernel_notices() {
     }
     assert_eq!(told.load(Relaxed), n - dropped, "every queued notice reached the kernel");
 }
+
+#[tokio::test]
+async fn a_change_the_source_cannot_place_is_asked_of_the_store_not_believed() {
+    let store = Arc::new(MemStore::new());
+    store.put("a.txt", Bytes::from_static(b"v2-longer"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    assert_eq!(fs.lookup(ROOT_INO, "a.txt").await.unwrap().size, 9);
+    assert_eq!(names(&fs).await, ["a.txt"]);
+    // Another client writes v3; a late, unplaceable event about the name arrives.
+    store.put("a.txt", Bytes::from_static(b"v3"), PutOpts::default()).await.unwrap();
+    store.put("b.txt", Bytes::from_static(b"b"), PutOpts::default()).await.unwrap();
+    let before = requests(&store);
+    fs.on_feed(Feed::Event(Event::Changed { key: "a.txt".into() }));
+    assert_eq!(requests(&store), before, "nothing asked until someone looks");
+    assert_eq!(fs.lookup(ROOT_INO, "a.txt").await.unwrap().size, 2, "the store's answer, not a cached one");
+    assert_eq!(names(&fs).await, ["a.txt", "b.txt"], "the listing was dropped and fetched again");
+    // Below a name the listing does not show: the listing is fetched again.
+    store.put("new/x", Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
+    fs.on_feed(Feed::Event(Event::Changed { key: "new/x".into() }));
+    assert_eq!(names(&fs).await, ["a.txt", "b.txt", "new"]);
+    assert_eq!(fs.event_stats().expired, 2);
+}

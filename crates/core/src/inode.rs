@@ -758,10 +758,7 @@ mod tests {
                 t.evict_dir(d);
             }
             t.set_listing_since(d, listing(&["x"]), old);
-            assert!(
-                t.listing(d).is_none_or(|l| !l.children.contains_key("x")),
-                "x came back (forgotten: {forgotten})"
-            );
+            assert!(t.listing(d).is_none_or(|l| !l.children.contains_key("x")), "x came back (forgotten: {forgotten})");
             t.check_invariants();
         }
     }

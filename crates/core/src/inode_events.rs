@@ -103,6 +103,20 @@ impl InodeTable {
         EventApplied::Expired { dir, name: name.to_string(), ino }
     }
 
+    /// Something changed at `key` at a time the source cannot place (a late event, maybe
+    /// older than what is cached here): nothing of it is believed; the name is asked again.
+    pub fn expire_event(&mut self, key: &str, ttl: Duration) -> EventApplied {
+        let Some((dir, name, _)) = self.nearest(key) else { return EventApplied::Nothing };
+        self.note_remote_change(dir);
+        let cached = self.child(dir, &name).is_some()
+            || self.listings.contains_key(&dir)
+            || self.absent.contains_key(&(dir, name.clone()));
+        if !cached {
+            return EventApplied::Nothing; // a listing on its way is installed overtaken
+        }
+        self.expire_name(dir, &name, ttl)
+    }
+
     /// Another client's change, as an event: `meta` is the new state of the object at
     /// `key` (relative to the store root), `None` if it was removed. `ttl`: the metadata
     /// TTL (what an expired name must be older than).

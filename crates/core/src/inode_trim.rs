@@ -83,7 +83,8 @@ impl InodeTable {
     /// Drop `dir`'s cached listing and those of its children that nothing but the listing
     /// needs ([`Node::droppable`]). Returns the number of entries dropped.
     pub fn evict_dir(&mut self, dir: u64) -> usize {
-        self.big_subtrees.remove(&dir); // its next listing tries list-ahead again
+        // Its next listing tries list-ahead again.
+        self.big_subtrees.remove(&dir);
         // Its records of names removed here go with it (`forget`): a listing sent before
         // now, still in flight, could bring one back, so none of those is recorded.
         let now = self.change_seq();

@@ -10,7 +10,8 @@
 //!
 //! Sources: `minio`, MinIO's `ListenBucketNotification` (a signed `GET
 //! /BUCKET?events=...&prefix=...` whose answer streams one JSON object per line, the S3
-//! event format, with blank keep-alive lines). Keys are relative to the mounted prefix;
+//! event format, with blank keep-alive lines); `sqs://QUEUE-URL`, S3 event notifications
+//! read from an SQS queue (`events_sqs.rs`). Keys are relative to the mounted prefix;
 //! events for keys outside it are never sent.
 
 use std::time::{Duration, SystemTime};
@@ -26,12 +27,15 @@ pub enum Event {
     Put { key: String, size: u64, etag: Option<String>, mtime: Option<SystemTime> },
     /// Deleted.
     Removed { key: String },
+    /// Changed at a time the source cannot place (maybe before what the mount cached): the
+    /// mount asks the store instead of believing it.
+    Changed { key: String },
 }
 
 impl Event {
     pub fn key(&self) -> &str {
         match self {
-            Event::Put { key, .. } | Event::Removed { key } => key,
+            Event::Put { key, .. } | Event::Removed { key } | Event::Changed { key } => key,
         }
     }
 }
@@ -51,6 +55,10 @@ pub enum Feed {
 
 /// How many items wait for the consumer before events are dropped (and a gap told).
 const CHANNEL: usize = 4096;
+
+#[path = "events_sqs.rs"]
+mod sqs;
+pub use sqs::sqs;
 
 /// A listen request not refused within this is taken as listening (see `listen`).
 const ACCEPTED_AFTER: Duration = Duration::from_millis(1500);

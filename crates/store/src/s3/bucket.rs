@@ -15,12 +15,23 @@ pub(crate) fn signer(
     keys: Option<&Keys>,
     imds: bool,
 ) -> reqsign_core::Signer<reqsign_aws_v4::Credential> {
+    signer_for("s3", region, profile, keys, imds)
+}
+
+/// A SigV4 signer for AWS `service` (`s3`, `sqs`), credentials as [`signer`] finds them.
+pub(crate) fn signer_for(
+    service: &str,
+    region: &str,
+    profile: Option<&str>,
+    keys: Option<&Keys>,
+    imds: bool,
+) -> reqsign_core::Signer<reqsign_aws_v4::Credential> {
     use reqsign_aws_v4::{DefaultCredentialProvider, RequestSigner, StaticCredentialProvider};
     let ctx = reqsign_core::Context::new()
         .with_file_read(reqsign_file_read_tokio::TokioFileRead)
         .with_env(reqsign_core::OsEnv)
         .with_http_send(opendal::HttpTransporter::default());
-    let request = RequestSigner::new("s3", region);
+    let request = RequestSigner::new(service, region);
     if let Some(Keys::S3 { access_key_id, secret_access_key, session_token }) = keys {
         let mut p = StaticCredentialProvider::new(access_key_id, secret_access_key);
         if let Some(t) = session_token {
