@@ -203,8 +203,20 @@ impl Fs {
             attrs: None,
             size_unknown: false,
         });
-        let applied = self.table.lock().unwrap().apply_event(&key, meta, self.cfg.metadata_ttl);
+        let (applied, emptied) = {
+            let mut table = self.table.lock().unwrap();
+            let removal = meta.is_none();
+            let applied = table.apply_event(&key, meta, self.cfg.metadata_ttl);
+            let emptied = match &applied {
+                EventApplied::Changed { dir, .. } if removal => table.expire_if_emptied(*dir, self.cfg.metadata_ttl),
+                _ => None,
+            };
+            (applied, emptied)
+        };
         self.tell_applied(&key, applied);
+        if let Some(e) = emptied {
+            self.tell_applied(&key, e); // an implied directory may be gone with its last key
+        }
     }
 
     /// Count what an event changed in the table and tell the kernel.

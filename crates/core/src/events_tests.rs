@@ -247,3 +247,34 @@ async fn a_change_the_source_cannot_place_is_asked_of_the_store_not_believed() {
     assert_eq!(names(&fs).await, ["a.txt", "b.txt", "new"]);
     assert_eq!(fs.event_stats().expired, 2);
 }
+
+#[tokio::test]
+async fn a_directory_implied_by_its_last_removed_key_goes_with_it() {
+    let store = Arc::new(MemStore::new());
+    store.put("implied/x", Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
+    store.put("marked/", Bytes::new(), PutOpts::default()).await.unwrap();
+    store.put("marked/y", Bytes::from_static(b"y"), PutOpts::default()).await.unwrap();
+    store.put("full/a", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
+    store.put("full/b", Bytes::from_static(b"b"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    assert_eq!(names(&fs).await, ["full", "implied", "marked"]);
+    for d in ["implied", "marked", "full"] {
+        let ino = fs.lookup(ROOT_INO, d).await.unwrap().ino;
+        let fh = fs.opendir(ino).await.unwrap();
+        assert!(fs.readdir(fh).unwrap().len() >= 3, "{d}: . .. and its names");
+        fs.releasedir(fh);
+    }
+    for key in ["implied/x", "marked/y", "full/a"] {
+        store.delete(key).await.unwrap();
+        fs.on_feed(Feed::Event(Event::Removed { key: key.into() }));
+    }
+    // The root is listed again once: the implied directory is gone, the marked one stays.
+    let before = requests(&store);
+    assert_eq!(names(&fs).await, ["full", "marked"]);
+    assert!(requests(&store) > before, "the root was asked again");
+    let before = requests(&store);
+    assert_eq!(names(&fs).await, ["full", "marked"]);
+    assert_eq!(requests(&store), before, "and trusted again after");
+}

@@ -103,6 +103,21 @@ impl InodeTable {
         EventApplied::Expired { dir, name: name.to_string(), ino }
     }
 
+    /// After a removal left `dir`'s listing empty: the directory may have been only implied
+    /// by the keys below it, and be gone from the store with the last of them. Its name is
+    /// expired in its parent, so the next access asks the store (a directory with a marker
+    /// object stays). Not for the root, a directory made here, or one whose listing is not
+    /// held.
+    pub fn expire_if_emptied(&mut self, dir: u64, ttl: Duration) -> Option<EventApplied> {
+        if dir == super::ROOT_INO || !self.listings.get(&dir)?.children.is_empty() {
+            return None;
+        }
+        let n = self.nodes.get(&dir).filter(|n| !n.local && n.kind == Kind::Dir)?;
+        let (parent, name) = (n.parent, n.name.clone());
+        self.note_remote_change(parent);
+        Some(self.expire_name(parent, &name, ttl))
+    }
+
     /// Something changed at `key` at a time the source cannot place (a late event, maybe
     /// older than what is cached here): nothing of it is believed; the name is asked again.
     pub fn expire_event(&mut self, key: &str, ttl: Duration) -> EventApplied {
