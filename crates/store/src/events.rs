@@ -220,7 +220,8 @@ fn parse_record(r: &serde_json::Value, bucket: &str, prefix: &str) -> Option<Eve
         return None; // the prefix's own marker
     }
     let event = name.trim_start_matches("s3:");
-    if event.starts_with("ObjectRemoved") {
+    // Lifecycle expirations remove as a DELETE does (S3 names them apart).
+    if event.starts_with("ObjectRemoved") || event.starts_with("LifecycleExpiration") {
         return Some(Event::Removed { key });
     }
     if !event.starts_with("ObjectCreated") {

@@ -2,9 +2,11 @@
 //! mount: a message goes to one consumer).
 //!
 //! The queue is long-polled (`ReceiveMessage`, up to 20 s, 10 messages; the first request
-//! after a connect returns at once, to tell the source is up), each batch is
-//! sent on as [`Feed`] items and then deleted (`DeleteMessageBatch`). Requests use SQS's
-//! query protocol, signed with SigV4 for service `sqs` (credentials as for S3). Bodies may
+//! after a connect returns at once, to tell the source is up), each batch is sent on as
+//! [`Feed`] items (waiting for room: the queue keeps what is not yet taken) and then
+//! deleted (`DeleteMessageBatch`). Requests use SQS's query protocol, signed with SigV4 for
+//! service `sqs` over the body's hash (credentials as for S3, instance metadata included
+//! for AWS's own endpoints). Bodies may
 //! be S3's own event (`{"Records": [...]}`), the same inside an SNS envelope
 //! (`{"Type": "Notification", "Message": "..."}`), or an EventBridge event
 //! (`"source": "aws.s3"`, `"detail-type": "Object Created" | "Object Deleted"`).
@@ -12,24 +14,33 @@
 //! SQS neither orders nor deduplicates, and a queue may hold events from before this mount:
 //! - an event whose `sequencer` is not above the last one seen for its key (a duplicate, or
 //!   one overtaken by a later event) is dropped;
-//! - an event older than the last connection (it may predate what the mount has listed
-//!   since), without a time, or about a key whose last sequencer was forgotten becomes
-//!   [`Event::Changed`]: the mount asks the store rather than believe it.
+//! - an event is believed only if it arrives within [`FRESH`] of its time and after the
+//!   queue first answered (plus [`SKEW`]): a later one may be older than what the mount
+//!   listed meanwhile. Others, those without a time, and those about a key whose sequencer
+//!   was forgotten become [`Event::Changed`]: the mount asks the store rather than believe
+//!   them. A believed event can thus be older than a listing by at most `FRESH`, until the
+//!   next event of its key (or the next check) corrects it.
+//! - A versioned delete (of one version, not a delete marker) may leave the object there:
+//!   [`Event::Changed`] too.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
 
-use super::{offer, Event, Feed};
+use super::{Event, Feed};
 use crate::{StoreError, StoreErrorKind};
 
 /// How long one `ReceiveMessage` waits for a message (SQS's maximum).
 const WAIT_SECS: u32 = 20;
-/// Sequencers remembered per key before the map is cleared (then unknown keys are checked).
-const REMEMBERED: usize = 100_000;
+/// Keys whose last sequencer is remembered; past this, those older than [`FRESH`] +
+/// [`SKEW`] are forgotten (their events are checked, not believed, anyway), and if that is
+/// not enough, all.
+const REMEMBERED: usize = 10_000;
 /// Clock skew allowed between the store's event times and this machine.
 const SKEW: Duration = Duration::from_secs(5);
+/// How soon after its change an event must arrive to be believed.
+pub(crate) const FRESH: Duration = Duration::from_secs(3);
 
 /// Start reading `queue` (`sqs://HOST/ACCOUNT/NAME`, `https://` implied; `sqs://http://...`
 /// for a local server). Events for keys outside `bucket`/`prefix` are never sent.
@@ -50,24 +61,29 @@ pub fn sqs(
     if parsed.path().trim_matches('/').is_empty() {
         return Err(format!("--notify {queue:?}: the URL names no queue (sqs://HOST/ACCOUNT/QUEUE)"));
     }
-    // sqs.REGION.amazonaws.com or REGION.queue.amazonaws.com; else --region, else us-east-1.
     let host = parsed.host_str().unwrap_or_default();
-    let from_host = host
-        .strip_prefix("sqs.")
-        .and_then(|h| h.split('.').next())
-        .or_else(|| host.split_once(".queue.").map(|(r, _)| r))
-        .filter(|_| host.ends_with(".amazonaws.com"));
-    let region = from_host.or(region).unwrap_or("us-east-1").to_string();
+    let region = region_of(host, region);
     let (tx, rx) = mpsc::channel(super::CHANNEL);
     let reader = SqsReader {
         url,
         bucket: bucket.to_string(),
         prefix: prefix.to_string(),
-        signer: crate::s3::bucket::signer_for("sqs", &region, profile, None, false),
+        signer: crate::s3::bucket::signer_for("sqs", &region, profile, None, host.ends_with(".amazonaws.com")),
         http: reqwest::Client::new(),
     };
     tokio::spawn(reader.run(tx));
     Ok(rx)
+}
+
+/// The region of a queue's host: sqs.REGION.amazonaws.com or REGION.queue.amazonaws.com;
+/// else `given` (--region, AWS_REGION), else us-east-1.
+fn region_of(host: &str, given: Option<&str>) -> String {
+    let from_host = host
+        .strip_prefix("sqs.")
+        .and_then(|h| h.split('.').next())
+        .or_else(|| host.split_once(".queue.").map(|(r, _)| r))
+        .filter(|_| host.ends_with(".amazonaws.com"));
+    from_host.or(given).unwrap_or("us-east-1").to_string()
 }
 
 struct SqsReader {
@@ -83,12 +99,16 @@ impl SqsReader {
         let mut order = Order::default();
         let mut backoff = Duration::from_millis(500);
         loop {
-            let why = match self.poll(&tx, &mut order).await {
+            let mut was_up = false;
+            let why = match self.poll(&tx, &mut order, &mut was_up).await {
                 Ok(()) => return, // the mount is gone
                 Err(e) => e.to_string(),
             };
             if tx.is_closed() {
                 return;
+            }
+            if was_up {
+                backoff = Duration::from_millis(500); // a break after a working spell
             }
             tracing::warn!("SQS notifications down: {why}; trying again in {backoff:?}");
             if tx.send(Feed::Down(why)).await.is_err() {
@@ -100,13 +120,12 @@ impl SqsReader {
     }
 
     /// Receive and delete batches until a request fails (`Err`) or the mount is gone.
-    async fn poll(&self, tx: &mpsc::Sender<Feed>, order: &mut Order) -> Result<(), StoreError> {
+    async fn poll(&self, tx: &mpsc::Sender<Feed>, order: &mut Order, up: &mut bool) -> Result<(), StoreError> {
         let gone = || StoreError::new(StoreErrorKind::Other, "the mount is gone");
-        let mut up = false;
-        let mut lost = false;
         loop {
+            let asked = std::time::Instant::now();
             // The first request does not wait: the queue's answer tells the source is up.
-            let wait = if up { WAIT_SECS } else { 0 }.to_string();
+            let wait = if *up { WAIT_SECS } else { 0 }.to_string();
             let answer = self
                 .call(&[
                     ("Action", "ReceiveMessage"),
@@ -115,29 +134,37 @@ impl SqsReader {
                     ("Version", "2012-11-05"),
                 ])
                 .await?;
-            if !up {
+            let Some(messages) = parse_messages(&answer) else {
+                let start: String = answer.trim().chars().take(120).collect();
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    format!("{} answered, but not as SQS does (no ReceiveMessageResponse): {start:?}", self.url),
+                ));
+            };
+            if !*up {
                 tx.send(Feed::Up).await.map_err(|_| gone())?;
                 order.up_at = Some(SystemTime::now());
                 tracing::info!(queue = %self.url, "SQS notifications up");
-                up = true;
+                *up = true;
             }
-            let messages = parse_messages(&answer);
             if messages.is_empty() {
                 if tx.is_closed() {
                     return Ok(());
                 }
+                if asked.elapsed() < Duration::from_secs(1) && wait != "0" {
+                    // A server that does not hold the request: no busy loop.
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
                 continue;
             }
+            let now = SystemTime::now();
             for m in &messages {
                 for rec in parse_body(&m.body, &self.bucket, &self.prefix) {
-                    if let Some(ev) = order.judge(rec) {
-                        offer(tx, &mut lost, Feed::Event(ev));
+                    if let Some(ev) = order.judge(rec, now) {
+                        // Waits for room: what is not taken stays in the queue.
+                        tx.send(Feed::Event(ev)).await.map_err(|_| gone())?;
                     }
                 }
-            }
-            if lost {
-                tx.send(Feed::Gap).await.map_err(|_| gone())?;
-                lost = false;
             }
             let mut form = vec![("Action".to_string(), "DeleteMessageBatch".to_string())];
             for (i, m) in messages.iter().enumerate() {
@@ -147,17 +174,34 @@ impl SqsReader {
             }
             form.push(("Version".to_string(), "2012-11-05".to_string()));
             let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            self.call(&pairs).await?;
+            let answer = self.call(&pairs).await?;
+            if answer.contains("BatchResultErrorEntry") {
+                // They come again; their sequencers make that harmless.
+                tracing::warn!(queue = %self.url, "SQS kept some messages it was asked to delete: {answer:.300}");
+            }
         }
     }
 
-    /// One signed query-protocol request; the answer's body, or the error SQS gave.
+    /// One signed query-protocol request, all of it within a timeout; the answer's body, or
+    /// the error SQS gave.
     async fn call(&self, form: &[(&str, &str)]) -> Result<String, StoreError> {
+        let action = form.first().map_or("", |p| p.1);
+        let timeout = Duration::from_secs(u64::from(WAIT_SECS) + 20);
+        tokio::time::timeout(timeout, self.call_once(form)).await.map_err(|_| {
+            StoreError::new(StoreErrorKind::Unavailable, format!("SQS {action}: no answer within {timeout:?}"))
+        })?
+    }
+
+    async fn call_once(&self, form: &[(&str, &str)]) -> Result<String, StoreError> {
+        use sha2::Digest;
         let err = |kind, e: String| StoreError::new(kind, e);
         let action = form.first().map_or("", |p| p.1);
         let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(form).finish();
+        // Signed over the body's hash: only S3 takes an unsigned payload.
+        let hash = format!("{:x}", sha2::Sha256::digest(body.as_bytes()));
         let req = http::Request::post(&self.url)
             .header("content-type", "application/x-www-form-urlencoded")
+            .header("x-amz-content-sha256", hash)
             .body(())
             .map_err(|e| err(StoreErrorKind::Other, format!("bad queue URL {}: {e}", self.url)))?;
         let mut parts = req.into_parts().0;
@@ -167,11 +211,8 @@ impl SqsReader {
             .map_err(|e| err(StoreErrorKind::PermissionDenied, format!("cannot sign the SQS request: {e}")))?;
         let req = reqwest::Request::try_from(http::Request::from_parts(parts, body.into_bytes()))
             .map_err(|e| err(StoreErrorKind::Other, format!("SQS request: {e}")))?;
-        let timeout = Duration::from_secs(u64::from(WAIT_SECS) + 20);
-        let resp = tokio::time::timeout(timeout, self.http.execute(req))
-            .await
-            .map_err(|_| err(StoreErrorKind::Unavailable, format!("SQS {action}: no answer within {timeout:?}")))?
-            .map_err(|e| err(StoreErrorKind::Other, format!("SQS {action}: {e}")))?;
+        let resp =
+            self.http.execute(req).await.map_err(|e| err(StoreErrorKind::Other, format!("SQS {action}: {e}")))?;
         let status = resp.status();
         let text = resp.text().await.map_err(|e| err(StoreErrorKind::Other, format!("SQS {action}: {e}")))?;
         if status.is_success() {
@@ -194,53 +235,71 @@ pub(crate) struct Record {
     pub event: Event,
     pub sequencer: Option<String>,
     pub time: Option<SystemTime>,
+    /// A removal of one version (not a delete marker) in a versioned bucket.
+    pub version_delete: bool,
 }
 
 /// What decides whether a record from the queue is believed (see the module doc).
 #[derive(Default)]
 struct Order {
-    /// The last sequencer seen per key (relative to the prefix).
-    last: HashMap<String, String>,
-    /// `last` was cleared once: a key missing from it may have had a later event.
-    trimmed: bool,
-    /// When the queue last answered after a connect.
+    /// The last sequencer seen per key (relative to the prefix), and when its event was.
+    last: HashMap<String, (String, SystemTime)>,
+    /// When sequencers of keys were last forgotten: an event of a key missing from `last`
+    /// from before then may have been overtaken.
+    forgot_at: Option<SystemTime>,
+    /// When the queue first answered after a connect.
     up_at: Option<SystemTime>,
 }
 
 impl Order {
-    /// The event to send for `rec`, `None` to drop it.
-    fn judge(&mut self, rec: Record) -> Option<Event> {
+    /// The event to send for `rec` received at `now`, `None` to drop it.
+    fn judge(&mut self, rec: Record, now: SystemTime) -> Option<Event> {
         let key = rec.event.key().to_string();
-        let known = match &rec.sequencer {
-            Some(seq) => {
-                if let Some(prev) = self.last.get(&key) {
-                    if sequencer_cmp(seq, prev) != std::cmp::Ordering::Greater {
-                        return None; // a duplicate, or overtaken by a later event of its key
-                    }
-                    true
-                } else {
-                    false
-                }
+        let known = match (&rec.sequencer, self.last.get(&key)) {
+            (Some(seq), Some((prev, _))) if sequencer_cmp(seq, prev) != std::cmp::Ordering::Greater => {
+                return None; // a duplicate, or overtaken by a later event of its key
             }
-            None => false,
+            (Some(_), Some(_)) => true,
+            _ => false,
         };
-        if let Some(seq) = rec.sequencer {
+        if let Some(seq) = rec.sequencer.clone() {
             if self.last.len() >= REMEMBERED && !self.last.contains_key(&key) {
-                self.last.clear();
-                self.trimmed = true;
+                self.forget(now);
             }
-            self.last.insert(key.clone(), seq);
+            self.last.insert(key.clone(), (seq, rec.time.unwrap_or(now)));
         }
-        let old = match (rec.time, self.up_at) {
-            (Some(t), Some(up)) => t + SKEW < up,
-            (None, _) => true,
-            (_, None) => false,
-        };
-        if old || (!known && self.trimmed) {
+        let believed = rec.time.is_some_and(|t| {
+            let after_up = self.up_at.is_some_and(|up| t >= up + SKEW);
+            let fresh = now.duration_since(t).unwrap_or_default() <= FRESH;
+            let placed = known || self.forgot_at.is_none_or(|f| t > f + SKEW);
+            after_up && fresh && placed
+        });
+        if !believed || is_version_delete(&rec) {
             return Some(Event::Changed { key });
         }
         Some(rec.event)
     }
+
+    /// Make room in `last`: drop what is too old to be believed anyway, else everything.
+    fn forget(&mut self, now: SystemTime) {
+        let horizon = now - FRESH - SKEW;
+        self.last.retain(|_, (_, t)| *t > horizon);
+        if self.last.len() >= REMEMBERED / 2 {
+            self.last.clear();
+            self.forget_at(now);
+        } else {
+            self.forget_at(horizon);
+        }
+    }
+
+    fn forget_at(&mut self, t: SystemTime) {
+        self.forgot_at = Some(self.forgot_at.map_or(t, |f| f.max(t)));
+    }
+}
+
+/// A removal of one version of a versioned object: the object may still be there.
+fn is_version_delete(rec: &Record) -> bool {
+    matches!(rec.event, Event::Removed { .. }) && rec.version_delete
 }
 
 /// Order two sequencers of one key: hex strings of any length, the shorter padded with zeros
@@ -258,17 +317,20 @@ struct Message {
     body: String,
 }
 
-/// The messages of a `ReceiveMessageResponse` (XML), their text unescaped.
-fn parse_messages(xml: &str) -> Vec<Message> {
+/// The messages of a `ReceiveMessageResponse` (XML), their text unescaped; `None` if the
+/// answer is not one.
+fn parse_messages(xml: &str) -> Option<Vec<Message>> {
     use quick_xml::events::Event as X;
     let mut reader = quick_xml::Reader::from_str(xml);
     let mut out = Vec::new();
     let (mut field, mut raw) = (String::new(), String::new());
     let (mut receipt, mut body) = (None, None);
+    let mut is_answer = false;
     loop {
         match reader.read_event() {
-            Ok(X::Start(e)) => {
+            Ok(X::Start(e) | X::Empty(e)) => {
                 field = e.local_name().as_ref().to_string();
+                is_answer |= field == "ReceiveMessageResponse";
                 raw.clear();
             }
             Ok(X::Text(t)) => raw.push_str(&t),
@@ -292,12 +354,12 @@ fn parse_messages(xml: &str) -> Vec<Message> {
             Ok(X::Eof) => break,
             Err(e) => {
                 tracing::warn!("an SQS answer that is not XML: {e}");
-                break;
+                return None;
             }
             _ => {}
         }
     }
-    out
+    is_answer.then_some(out)
 }
 
 /// The text of the first element `name` in `xml`, if any.
@@ -334,7 +396,10 @@ fn records_of(v: &serde_json::Value, bucket: &str, prefix: &str) -> Vec<Record> 
             let event = super::parse_record(r, bucket, prefix)?;
             let sequencer = r.pointer("/s3/object/sequencer").and_then(|s| s.as_str()).map(str::to_string);
             let time = event_time(r.get("eventTime"));
-            Some(Record { event, sequencer, time })
+            let name = r.get("eventName").and_then(|n| n.as_str()).unwrap_or_default();
+            let version = r.pointer("/s3/object/versionId").and_then(|v| v.as_str());
+            let version_delete = name.ends_with(":Delete") && version.is_some_and(|v| !v.is_empty() && v != "null");
+            Some(Record { event, sequencer, time, version_delete })
         })
         .collect()
 }
@@ -362,7 +427,10 @@ fn eventbridge(v: &serde_json::Value, bucket: &str, prefix: &str) -> Option<Reco
         _ => return None,
     };
     let sequencer = obj.get("sequencer").and_then(|s| s.as_str()).map(str::to_string);
-    Some(Record { event, sequencer, time })
+    let version = obj.get("version-id").and_then(|v| v.as_str());
+    let version_delete = detail.get("deletion-type").and_then(|d| d.as_str()) == Some("Permanently Deleted")
+        && version.is_some_and(|v| !v.is_empty() && v != "null");
+    Some(Record { event, sequencer, time, version_delete })
 }
 
 fn event_time(v: Option<&serde_json::Value>) -> Option<SystemTime> {

@@ -42,13 +42,16 @@ fn a_receive_answer_yields_its_messages_unescaped() {
         </ReceiveMessageResult></ReceiveMessageResponse>"#;
     let got = parse_messages(xml);
     assert_eq!(
-        got,
+        got.unwrap(),
         vec![
             Message { receipt: "r&1".into(), body: r#"{"Records":[]} <A>"#.into() },
             Message { receipt: "r2".into(), body: r#"{"x":1}"#.into() },
         ]
     );
-    assert!(parse_messages("<ReceiveMessageResponse><ReceiveMessageResult/></ReceiveMessageResponse>").is_empty());
+    let empty = parse_messages("<ReceiveMessageResponse><ReceiveMessageResult/></ReceiveMessageResponse>");
+    assert_eq!(empty, Some(vec![]));
+    assert_eq!(parse_messages("<html><body>a proxy's page</body></html>"), None, "not an SQS answer");
+    assert_eq!(parse_messages("<Receive"), None);
     let err = "<ErrorResponse><Error><Code>AWS.SimpleQueueService.NonExistentQueue</Code><Message>no &amp; such</Message></Error></ErrorResponse>";
     assert_eq!(xml_field(err, "Message").as_deref(), Some("no & such"));
 }
@@ -65,38 +68,66 @@ fn sequencers_order_by_value_whatever_their_length() {
 fn late_duplicate_and_pre_mount_events_are_dropped_or_checked() {
     let up = SystemTime::now();
     let mut order = Order { up_at: Some(up), ..Default::default() };
-    let put = |seq: &str, age: i64| Record {
-        event: Event::Put { key: "k".into(), size: 1, etag: Some(seq.into()), mtime: None },
-        sequencer: Some(seq.into()),
-        time: Some(if age >= 0 {
-            up - Duration::from_secs(age as u64)
+    let at = |secs: i64| {
+        if secs >= 0 {
+            up + Duration::from_secs(secs as u64)
         } else {
-            up + Duration::from_secs((-age) as u64)
-        }),
+            up - Duration::from_secs((-secs) as u64)
+        }
     };
-    let removed = |seq: &str| Record {
-        event: Event::Removed { key: "k".into() },
+    let rec = |event: Event, seq: &str, t: i64| Record {
+        event,
         sequencer: Some(seq.into()),
-        time: Some(up + Duration::from_secs(2)),
+        time: Some(at(t)),
+        version_delete: false,
     };
-    // From before the queue answered, first of its key: maybe older than a listing since.
-    assert_eq!(order.judge(put("10", 60)), Some(Event::Changed { key: "k".into() }));
-    // Later ones of a known key are believed, in sequencer order only.
-    assert!(matches!(order.judge(put("20", -1)), Some(Event::Put { .. })));
-    assert_eq!(order.judge(put("20", -1)), None, "a duplicate");
-    assert_eq!(order.judge(put("18", -1)), None, "overtaken");
-    assert_eq!(order.judge(removed("30")), Some(Event::Removed { key: "k".into() }));
-    assert_eq!(order.judge(removed("30")), None, "a removal delivered twice");
-    assert_eq!(order.judge(put("25", -3)), None, "a put older than the removal");
-    // Newer than all seen, but from before the queue answered: checked, not believed.
-    assert_eq!(order.judge(put("40", 60)), Some(Event::Changed { key: "k".into() }));
-    assert!(matches!(order.judge(put("41", 0)), Some(Event::Put { .. })), "within the skew allowed");
-    // A recent event of a new key is believed.
-    let fresh = Record { event: Event::Removed { key: "n".into() }, sequencer: Some("1".into()), time: Some(up) };
-    assert_eq!(order.judge(fresh), Some(Event::Removed { key: "n".into() }));
+    let put =
+        |seq: &str, t: i64| rec(Event::Put { key: "k".into(), size: 1, etag: Some(seq.into()), mtime: None }, seq, t);
+    let removed = |seq: &str, t: i64| rec(Event::Removed { key: "k".into() }, seq, t);
+    let changed = Some(Event::Changed { key: "k".into() });
+    // From before the queue answered (or within the skew after): maybe older than a listing.
+    assert_eq!(order.judge(put("10", -60), at(10)), changed);
+    assert_eq!(order.judge(put("11", 3), at(10)), changed, "within the skew after up");
+    // Fresh ones after that are believed, in sequencer order only.
+    assert!(matches!(order.judge(put("20", 10), at(10)), Some(Event::Put { .. })));
+    assert_eq!(order.judge(put("20", 10), at(11)), None, "a duplicate");
+    assert_eq!(order.judge(put("18", 10), at(11)), None, "overtaken");
+    assert_eq!(order.judge(removed("30", 11), at(12)), Some(Event::Removed { key: "k".into() }));
+    assert_eq!(order.judge(removed("30", 11), at(12)), None, "a removal delivered twice");
+    assert_eq!(order.judge(put("25", 11), at(12)), None, "a put older than the removal");
+    // Newer than all seen, but it took longer than FRESH to come: checked, not believed.
+    assert_eq!(order.judge(put("40", 20), at(20) + FRESH + Duration::from_secs(1)), changed);
+    assert!(matches!(order.judge(put("41", 30), at(30) + FRESH), Some(Event::Put { .. })));
     // No time at all: not believed.
-    let timeless = Record { event: Event::Removed { key: "t".into() }, sequencer: None, time: None };
-    assert_eq!(order.judge(timeless), Some(Event::Changed { key: "t".into() }));
+    let timeless = Record { time: None, ..removed("50", 0) };
+    assert_eq!(order.judge(timeless, at(40)), changed);
+    // A removal of one version of a versioned object: the object may still be there.
+    let version = Record { version_delete: true, ..removed("60", 40) };
+    assert_eq!(order.judge(version, at(40)), changed);
+}
+
+#[test]
+fn forgetting_keys_bounds_memory_and_checks_only_what_may_be_overtaken() {
+    let up = SystemTime::now() - Duration::from_secs(3600);
+    let mut order = Order { up_at: Some(up), ..Default::default() };
+    let put = |key: String, t: SystemTime| Record {
+        event: Event::Put { key, size: 1, etag: None, mtime: None },
+        sequencer: Some("1".into()),
+        time: Some(t),
+        version_delete: false,
+    };
+    // Old keys, then a burst of fresh ones past the bound.
+    let t0 = up + Duration::from_secs(60);
+    for i in 0..REMEMBERED {
+        order.judge(put(format!("old{i}"), t0), t0);
+    }
+    let t1 = t0 + Duration::from_secs(600);
+    assert!(matches!(order.judge(put("new".into(), t1), t1), Some(Event::Put { .. })));
+    assert!(order.last.len() <= 2, "the old keys were forgotten: {}", order.last.len());
+    // A late event of a forgotten key is checked; a fresh event of a new key is believed.
+    let late = order.judge(put("old1".into(), t0), t1);
+    assert_eq!(late, Some(Event::Changed { key: "old1".into() }));
+    assert!(matches!(order.judge(put("other".into(), t1), t1), Some(Event::Put { .. })));
 }
 
 #[test]
@@ -106,4 +137,8 @@ fn queue_urls_are_checked_and_give_the_region() {
     assert!(sqs("https://x/q", None, "b", "", None).is_err(), "not sqs://");
     assert!(sqs("sqs://host.example", None, "b", "", None).unwrap_err().contains("names no queue"));
     assert!(sqs("sqs://http://127.0.0.1:1/1/q", None, "b", "", None).is_ok());
+    assert_eq!(region_of("sqs.eu-west-3.amazonaws.com", Some("us-west-2")), "eu-west-3");
+    assert_eq!(region_of("ap-south-1.queue.amazonaws.com", None), "ap-south-1");
+    assert_eq!(region_of("127.0.0.1", Some("us-west-2")), "us-west-2");
+    assert_eq!(region_of("sqs.example.com", None), "us-east-1");
 }
