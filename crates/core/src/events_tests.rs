@@ -278,3 +278,28 @@ async fn a_directory_implied_by_its_last_removed_key_goes_with_it() {
     assert_eq!(names(&fs).await, ["full", "marked"]);
     assert_eq!(requests(&store), before, "and trusted again after");
 }
+
+#[tokio::test]
+async fn a_directory_that_comes_back_after_going_shows_again() {
+    let store = Arc::new(MemStore::new());
+    store.put("d/x", Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    let fh = fs.opendir(d).await.unwrap();
+    fs.releasedir(fh);
+    store.delete("d/x").await.unwrap();
+    fs.on_feed(Feed::Event(Event::Removed { key: "d/x".into() }));
+    assert!(names(&fs).await.is_empty(), "gone with its last key");
+    // Another client writes below it again: the event reaches the root, whose listing
+    // no longer shows `d`, and `d`'s old (empty) listing is not trusted.
+    store.put("d/y", Bytes::from_static(b"y"), PutOpts::default()).await.unwrap();
+    fs.on_feed(put("d/y", 1, "e-y"));
+    assert_eq!(names(&fs).await, ["d"]);
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    let fh = fs.opendir(d).await.unwrap();
+    let inside: Vec<String> = fs.readdir(fh).unwrap().iter().skip(2).map(|e| e.name.clone()).collect();
+    fs.releasedir(fh);
+    assert_eq!(inside, ["y"]);
+}

@@ -65,7 +65,9 @@ impl InodeTable {
 
     /// The deepest directory of `key`'s path the table holds, and the next segment below it
     /// (what a listing of that directory would show), with whether the event is about that
-    /// very entry (`true`) or something deeper.
+    /// very entry (`true`) or something deeper. A directory node is stepped into only if
+    /// its parent's held listing (if any) shows it: one the store lost and that comes back
+    /// must reach the parent, whose listing does not show it.
     fn nearest(&self, key: &str) -> Option<(u64, String, bool)> {
         let trimmed = key.strip_suffix('/').unwrap_or(key);
         let segs: Vec<&str> = trimmed.split('/').collect();
@@ -76,7 +78,13 @@ impl InodeTable {
         for (i, seg) in segs.iter().enumerate() {
             let last = i + 1 == segs.len();
             match self.child(dir, seg) {
-                Some(n) if n.kind == Kind::Dir && !last => dir = n.ino,
+                Some(n)
+                    if n.kind == Kind::Dir
+                        && !last
+                        && self.listings.get(&dir).is_none_or(|l| l.children.contains_key(*seg)) =>
+                {
+                    dir = n.ino
+                }
                 _ => return Some((dir, seg.to_string(), last && !key.ends_with('/'))),
             }
         }
@@ -91,12 +99,16 @@ impl InodeTable {
         self.changed.insert(dir, self.change_seq);
     }
 
-    /// Expire `name` in `dir`: drop the listing, mark the node unconfirmed.
+    /// Expire `name` in `dir`: drop the listing, mark the node unconfirmed (and, for a
+    /// directory, drop its own listing: what it holds is not known either).
     fn expire_name(&mut self, dir: u64, name: &str, ttl: Duration) -> EventApplied {
         let at = self.expired_instant(ttl);
         self.drop_listing(dir);
         self.absent.remove(&(dir, name.to_string()));
         let ino = self.child(dir, name).map(|n| n.ino);
+        if let Some(d) = ino.filter(|i| self.nodes.get(i).is_some_and(|n| n.kind == Kind::Dir)) {
+            self.drop_listing(d);
+        }
         if let Some(n) = ino.and_then(|i| self.nodes.get_mut(&i)) {
             n.validated = at;
         }
@@ -106,13 +118,13 @@ impl InodeTable {
     /// After a removal left `dir`'s listing empty: the directory may have been only implied
     /// by the keys below it, and be gone from the store with the last of them. Its name is
     /// expired in its parent, so the next access asks the store (a directory with a marker
-    /// object stays). Not for the root, a directory made here, or one whose listing is not
-    /// held.
+    /// object stays). Not for the root, or one whose listing is not held (a directory made
+    /// here has a marker, and names staged in it are in its listing).
     pub fn expire_if_emptied(&mut self, dir: u64, ttl: Duration) -> Option<EventApplied> {
         if dir == super::ROOT_INO || !self.listings.get(&dir)?.children.is_empty() {
             return None;
         }
-        let n = self.nodes.get(&dir).filter(|n| !n.local && n.kind == Kind::Dir)?;
+        let n = self.nodes.get(&dir).filter(|n| n.kind == Kind::Dir)?;
         let (parent, name) = (n.parent, n.name.clone());
         self.note_remote_change(parent);
         Some(self.expire_name(parent, &name, ttl))

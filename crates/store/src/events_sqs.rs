@@ -41,6 +41,9 @@ const REMEMBERED: usize = 10_000;
 const SKEW: Duration = Duration::from_secs(5);
 /// How soon after its change an event must arrive to be believed.
 pub(crate) const FRESH: Duration = Duration::from_secs(3);
+/// How far ahead of this machine's clock an event's time may be and still be believed (the
+/// store's clock runs fast): FRESH plus this stays inside the mount's 5 s own-change window.
+const AHEAD: Duration = Duration::from_secs(2);
 
 /// Start reading `queue` (`sqs://HOST/ACCOUNT/NAME`, `https://` implied; `sqs://http://...`
 /// for a local server). Events for keys outside `bucket`/`prefix` are never sent.
@@ -68,7 +71,7 @@ pub fn sqs(
         url,
         bucket: bucket.to_string(),
         prefix: prefix.to_string(),
-        signer: crate::s3::bucket::signer_for("sqs", &region, profile, None, host.ends_with(".amazonaws.com")),
+        signer: crate::s3::bucket::signer_for("sqs", &region, profile, None, aws_host(host)),
         http: reqwest::Client::new(),
     };
     tokio::spawn(reader.run(tx));
@@ -82,8 +85,13 @@ fn region_of(host: &str, given: Option<&str>) -> String {
         .strip_prefix("sqs.")
         .and_then(|h| h.split('.').next())
         .or_else(|| host.split_once(".queue.").map(|(r, _)| r))
-        .filter(|_| host.ends_with(".amazonaws.com"));
+        .filter(|_| aws_host(host));
     from_host.or(given).unwrap_or("us-east-1").to_string()
+}
+
+/// AWS's own endpoints (where instance metadata may hold the credentials).
+fn aws_host(host: &str) -> bool {
+    host.ends_with(".amazonaws.com") || host.ends_with(".amazonaws.com.cn")
 }
 
 struct SqsReader {
@@ -99,15 +107,15 @@ impl SqsReader {
         let mut order = Order::default();
         let mut backoff = Duration::from_millis(500);
         loop {
-            let mut was_up = false;
-            let why = match self.poll(&tx, &mut order, &mut was_up).await {
+            let (mut up, mut worked) = (false, false);
+            let why = match self.poll(&tx, &mut order, &mut up, &mut worked).await {
                 Ok(()) => return, // the mount is gone
                 Err(e) => e.to_string(),
             };
             if tx.is_closed() {
                 return;
             }
-            if was_up {
+            if worked {
                 backoff = Duration::from_millis(500); // a break after a working spell
             }
             tracing::warn!("SQS notifications down: {why}; trying again in {backoff:?}");
@@ -120,7 +128,13 @@ impl SqsReader {
     }
 
     /// Receive and delete batches until a request fails (`Err`) or the mount is gone.
-    async fn poll(&self, tx: &mpsc::Sender<Feed>, order: &mut Order, up: &mut bool) -> Result<(), StoreError> {
+    async fn poll(
+        &self,
+        tx: &mpsc::Sender<Feed>,
+        order: &mut Order,
+        up: &mut bool,
+        worked: &mut bool,
+    ) -> Result<(), StoreError> {
         let gone = || StoreError::new(StoreErrorKind::Other, "the mount is gone");
         loop {
             let asked = std::time::Instant::now();
@@ -146,6 +160,8 @@ impl SqsReader {
                 order.up_at = Some(SystemTime::now());
                 tracing::info!(queue = %self.url, "SQS notifications up");
                 *up = true;
+            } else {
+                *worked = true; // a long poll answered: a later break starts the backoff anew
             }
             if messages.is_empty() {
                 if tx.is_closed() {
@@ -157,12 +173,13 @@ impl SqsReader {
                 }
                 continue;
             }
-            let now = SystemTime::now();
             for m in &messages {
                 for rec in parse_body(&m.body, &self.bucket, &self.prefix) {
-                    if let Some(ev) = order.judge(rec, now) {
-                        // Waits for room: what is not taken stays in the queue.
-                        tx.send(Feed::Event(ev)).await.map_err(|_| gone())?;
+                    // Waits for room (what is not taken stays in the queue), then judges the
+                    // event as of when it is handed on.
+                    let room = tx.reserve().await.map_err(|_| gone())?;
+                    if let Some(ev) = order.judge(rec, SystemTime::now()) {
+                        room.send(Feed::Event(ev));
                     }
                 }
             }
@@ -175,9 +192,16 @@ impl SqsReader {
             form.push(("Version".to_string(), "2012-11-05".to_string()));
             let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let answer = self.call(&pairs).await?;
-            if answer.contains("BatchResultErrorEntry") {
+            if !answer.contains("DeleteMessageBatchResponse") {
+                let start: String = answer.trim().chars().take(120).collect();
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    format!("{} answered a delete, but not as SQS does: {start:?}", self.url),
+                ));
+            }
+            if let Some(at) = answer.find("<BatchResultErrorEntry") {
                 // They come again; their sequencers make that harmless.
-                tracing::warn!(queue = %self.url, "SQS kept some messages it was asked to delete: {answer:.300}");
+                tracing::warn!(queue = %self.url, "SQS kept some messages it was asked to delete: {:.400}", &answer[at..]);
             }
         }
     }
@@ -270,7 +294,10 @@ impl Order {
         }
         let believed = rec.time.is_some_and(|t| {
             let after_up = self.up_at.is_some_and(|up| t >= up + SKEW);
-            let fresh = now.duration_since(t).unwrap_or_default() <= FRESH;
+            let fresh = match now.duration_since(t) {
+                Ok(late) => late <= FRESH,
+                Err(ahead) => ahead.duration() <= AHEAD,
+            };
             let placed = known || self.forgot_at.is_none_or(|f| t > f + SKEW);
             after_up && fresh && placed
         });

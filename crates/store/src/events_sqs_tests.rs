@@ -98,6 +98,9 @@ fn late_duplicate_and_pre_mount_events_are_dropped_or_checked() {
     // Newer than all seen, but it took longer than FRESH to come: checked, not believed.
     assert_eq!(order.judge(put("40", 20), at(20) + FRESH + Duration::from_secs(1)), changed);
     assert!(matches!(order.judge(put("41", 30), at(30) + FRESH), Some(Event::Put { .. })));
+    // Dated ahead of this clock (the store's runs fast): believed only a little ahead.
+    assert!(matches!(order.judge(put("42", 32), at(30)), Some(Event::Put { .. })));
+    assert_eq!(order.judge(put("43", 40), at(30)), changed, "10 s in the future");
     // No time at all: not believed.
     let timeless = Record { time: None, ..removed("50", 0) };
     assert_eq!(order.judge(timeless, at(40)), changed);
@@ -141,4 +144,5 @@ fn queue_urls_are_checked_and_give_the_region() {
     assert_eq!(region_of("ap-south-1.queue.amazonaws.com", None), "ap-south-1");
     assert_eq!(region_of("127.0.0.1", Some("us-west-2")), "us-west-2");
     assert_eq!(region_of("sqs.example.com", None), "us-east-1");
+    assert_eq!(region_of("sqs.cn-north-1.amazonaws.com.cn", None), "cn-north-1");
 }
