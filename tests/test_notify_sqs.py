@@ -305,8 +305,10 @@ def test_a_directory_implied_by_its_last_key_goes_when_the_key_is_removed(s3_buc
         for seq, key in enumerate(["implied/x", "full/y"], 1):
             seed.delete("s3", b, key)
             goaws.send("implied", s3_event(b, "ObjectRemoved:Delete", key, seq))
+        # The two events apply one after the other: wait for both.
         assert wait_until(lambda: sorted(os.listdir(mp)) == ["full"], WAIT), sorted(os.listdir(mp))
-        assert os.listdir(os.path.join(mp, "full")) == ["z"]
+        full = os.path.join(mp, "full")
+        assert wait_until(lambda: os.listdir(full) == ["z"], WAIT), os.listdir(full)
         assert not os.path.exists(os.path.join(mp, "implied"))
     finally:
         unmount(mp)
