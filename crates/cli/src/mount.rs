@@ -381,19 +381,19 @@ fn event_feed(
     args: &MountArgs,
     location: &Location,
 ) -> Result<tokio::sync::mpsc::Receiver<bucketfs_store::events::Feed>, String> {
+    let region = args.store.region.clone().or_else(|| std::env::var("AWS_REGION").ok());
+    let profile = args.store.profile.as_deref();
     match (source, location) {
         ("minio", Location::S3 { bucket, prefix }) => {
             let endpoint = args.store.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok()).ok_or(
                 "--notify minio listens to MinIO's own notification API: give --endpoint (MinIO's URL)".to_string(),
             )?;
-            let region = args.store.region.clone().or_else(|| std::env::var("AWS_REGION").ok());
-            let region = region.unwrap_or_else(|| "us-east-1".to_string());
-            Ok(bucketfs_store::events::minio(&endpoint, bucket, prefix, &region, args.store.profile.as_deref()))
+            let region = region.as_deref().unwrap_or("us-east-1");
+            Ok(bucketfs_store::events::minio(&endpoint, bucket, prefix, region, profile))
         }
         ("minio", _) => Err("--notify minio needs an s3:// URL of a MinIO bucket".to_string()),
         (s, Location::S3 { bucket, prefix }) if s.starts_with("sqs://") => {
-            let region = args.store.region.clone().or_else(|| std::env::var("AWS_REGION").ok());
-            bucketfs_store::events::sqs(s, region.as_deref(), bucket, prefix, args.store.profile.as_deref())
+            bucketfs_store::events::sqs(s, region.as_deref(), bucket, prefix, profile)
         }
         (s, _) if s.starts_with("sqs://") => {
             Err("--notify sqs:// reads S3 event notifications: mount an s3:// URL".into())

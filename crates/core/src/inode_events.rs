@@ -91,6 +91,14 @@ impl InodeTable {
         None
     }
 
+    /// Whether the table holds anything an event about `name` in `dir` could make stale: a
+    /// node, the directory's listing, or a record that the name is absent.
+    fn holds_any(&self, dir: u64, name: &str) -> bool {
+        self.child(dir, name).is_some()
+            || self.listings.contains_key(&dir)
+            || self.absent.contains_key(&(dir, name.to_string()))
+    }
+
     /// `dir` changed in the store, as an event told: a listing of it sent before now may
     /// miss the change, so it is installed overtaken (`set_listing_since`). Not a change made
     /// here: the own-change window does not open.
@@ -135,10 +143,7 @@ impl InodeTable {
     pub fn expire_event(&mut self, key: &str, ttl: Duration) -> EventApplied {
         let Some((dir, name, _)) = self.nearest(key) else { return EventApplied::Nothing };
         self.note_remote_change(dir);
-        let cached = self.child(dir, &name).is_some()
-            || self.listings.contains_key(&dir)
-            || self.absent.contains_key(&(dir, name.clone()));
-        if !cached {
+        if !self.holds_any(dir, &name) {
             return EventApplied::Nothing; // a listing on its way is installed overtaken
         }
         self.expire_name(dir, &name, ttl)
@@ -151,7 +156,7 @@ impl InodeTable {
         let Some((dir, name, exact)) = self.nearest(key) else { return EventApplied::Nothing };
         let listed = self.listings.get(&dir).and_then(|l| l.children.get(&name)).cloned();
         let node = self.child(dir, &name).cloned();
-        if node.is_none() && !self.listings.contains_key(&dir) && !self.absent.contains_key(&(dir, name.clone())) {
+        if !self.holds_any(dir, &name) {
             // Nothing cached about it; a listing of `dir` on its way may predate it.
             self.note_remote_change(dir);
             return EventApplied::Nothing;

@@ -139,7 +139,8 @@ impl SqsReader {
         loop {
             let asked = std::time::Instant::now();
             // The first request does not wait: the queue's answer tells the source is up.
-            let wait = if *up { WAIT_SECS } else { 0 }.to_string();
+            let long = *up;
+            let wait = if long { WAIT_SECS } else { 0 }.to_string();
             let answer = self
                 .call(&[
                     ("Action", "ReceiveMessage"),
@@ -149,11 +150,7 @@ impl SqsReader {
                 ])
                 .await?;
             let Some(messages) = parse_messages(&answer) else {
-                let start: String = answer.trim().chars().take(120).collect();
-                return Err(StoreError::new(
-                    StoreErrorKind::Other,
-                    format!("{} answered, but not as SQS does (no ReceiveMessageResponse): {start:?}", self.url),
-                ));
+                return Err(self.not_sqs("ReceiveMessage", &answer));
             };
             if !*up {
                 tx.send(Feed::Up).await.map_err(|_| gone())?;
@@ -167,7 +164,7 @@ impl SqsReader {
                 if tx.is_closed() {
                     return Ok(());
                 }
-                if asked.elapsed() < Duration::from_secs(1) && wait != "0" {
+                if long && asked.elapsed() < Duration::from_secs(1) {
                     // A server that does not hold the request: no busy loop.
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
@@ -193,17 +190,22 @@ impl SqsReader {
             let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let answer = self.call(&pairs).await?;
             if !answer.contains("DeleteMessageBatchResponse") {
-                let start: String = answer.trim().chars().take(120).collect();
-                return Err(StoreError::new(
-                    StoreErrorKind::Other,
-                    format!("{} answered a delete, but not as SQS does: {start:?}", self.url),
-                ));
+                return Err(self.not_sqs("DeleteMessageBatch", &answer));
             }
             if let Some(at) = answer.find("<BatchResultErrorEntry") {
                 // They come again; their sequencers make that harmless.
                 tracing::warn!(queue = %self.url, "SQS kept some messages it was asked to delete: {:.400}", &answer[at..]);
             }
         }
+    }
+
+    /// A 200 answer to `action` that is not SQS's (a wrong URL, a proxy's page).
+    fn not_sqs(&self, action: &str, answer: &str) -> StoreError {
+        let start: String = answer.trim().chars().take(120).collect();
+        StoreError::new(
+            StoreErrorKind::Other,
+            format!("{} answered {action}, but not as SQS does: {start:?}", self.url),
+        )
     }
 
     /// One signed query-protocol request, all of it within a timeout; the answer's body, or
@@ -259,7 +261,8 @@ pub(crate) struct Record {
     pub event: Event,
     pub sequencer: Option<String>,
     pub time: Option<SystemTime>,
-    /// A removal of one version (not a delete marker) in a versioned bucket.
+    /// A removal of one version (not a delete marker) in a versioned bucket: the object
+    /// may still be there.
     pub version_delete: bool,
 }
 
@@ -301,7 +304,7 @@ impl Order {
             let placed = known || self.forgot_at.is_none_or(|f| t > f + SKEW);
             after_up && fresh && placed
         });
-        if !believed || is_version_delete(&rec) {
+        if !believed || rec.version_delete {
             return Some(Event::Changed { key });
         }
         Some(rec.event)
@@ -322,11 +325,6 @@ impl Order {
     fn forget_at(&mut self, t: SystemTime) {
         self.forgot_at = Some(self.forgot_at.map_or(t, |f| f.max(t)));
     }
-}
-
-/// A removal of one version of a versioned object: the object may still be there.
-fn is_version_delete(rec: &Record) -> bool {
-    matches!(rec.event, Event::Removed { .. }) && rec.version_delete
 }
 
 /// Order two sequencers of one key: hex strings of any length, the shorter padded with zeros
