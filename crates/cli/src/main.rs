@@ -189,7 +189,9 @@ pub struct MountArgs {
     /// listings past --metadata-ttl while they flow (the TTL is the fallback when they
     /// stop). SOURCE: minio (MinIO's bucket notification stream; needs --endpoint), or
     /// sqs://QUEUE-URL (S3 event notifications in an SQS queue of this mount's own; direct,
-    /// via SNS or EventBridge; https implied, sqs://http://... for a local server).
+    /// via SNS or EventBridge; https implied, sqs://http://... for a local server), or
+    /// pubsub://projects/P/subscriptions/S (Cloud Storage notifications in a Pub/Sub
+    /// subscription of this mount's own; PUBSUB_EMULATOR_HOST for an emulator).
     #[arg(long, value_name = "SOURCE")]
     notify: Option<String>,
     /// Load the whole tree at mount (one recursive listing) so the first `find`/`ls -R` is

@@ -398,7 +398,16 @@ fn event_feed(
         (s, _) if s.starts_with("sqs://") => {
             Err("--notify sqs:// reads S3 event notifications: mount an s3:// URL".into())
         }
-        _ => Err(format!("--notify {source:?}: unknown source; bucketfs listens to: minio, sqs://QUEUE-URL")),
+        (s, Location::Gcs { bucket, prefix }) if s.starts_with("pubsub://") => {
+            bucketfs_store::events::pubsub(s, bucket, prefix)
+        }
+        (s, _) if s.starts_with("pubsub://") => {
+            Err("--notify pubsub:// reads Cloud Storage notifications: mount a gs:// URL".into())
+        }
+        _ => Err(format!(
+            "--notify {source:?}: unknown source; bucketfs listens to: minio, sqs://QUEUE-URL, \
+             pubsub://projects/PROJECT/subscriptions/SUBSCRIPTION"
+        )),
     }
 }
 

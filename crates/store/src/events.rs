@@ -11,7 +11,8 @@
 //! Sources: `minio`, MinIO's `ListenBucketNotification` (a signed `GET
 //! /BUCKET?events=...&prefix=...` whose answer streams one JSON object per line, the S3
 //! event format, with blank keep-alive lines); `sqs://QUEUE-URL`, S3 event notifications
-//! read from an SQS queue (`events_sqs.rs`). Keys are relative to the mounted prefix;
+//! read from an SQS queue (`events_sqs.rs`); `pubsub://projects/P/subscriptions/S`, Cloud
+//! Storage notifications pulled from Pub/Sub (`events_pubsub.rs`). Keys are relative to the mounted prefix;
 //! events for keys outside it are never sent.
 
 use std::time::{Duration, SystemTime};
@@ -56,9 +57,14 @@ pub enum Feed {
 /// How many items wait for the consumer before events are dropped (and a gap told).
 const CHANNEL: usize = 4096;
 
+#[path = "events_order.rs"]
+mod order;
 #[path = "events_sqs.rs"]
 mod sqs;
 pub use sqs::sqs;
+#[path = "events_pubsub.rs"]
+mod pubsub;
+pub use pubsub::pubsub;
 
 /// A listen request not refused within this is taken as listening (see `listen`).
 const ACCEPTED_AFTER: Duration = Duration::from_millis(1500);
