@@ -320,10 +320,8 @@ fn records_of(v: &serde_json::Value, bucket: &str, prefix: &str) -> Vec<Record> 
             let event = super::parse_record(r, bucket, prefix)?;
             let sequencer = r.pointer("/s3/object/sequencer").and_then(|s| s.as_str()).map(str::to_string);
             let time = event_time(r.get("eventTime"));
-            let name = r.get("eventName").and_then(|n| n.as_str()).unwrap_or_default();
-            let version = r.pointer("/s3/object/versionId").and_then(|v| v.as_str());
-            let version_delete = name.ends_with(":Delete") && version.is_some_and(|v| !v.is_empty() && v != "null");
-            Some(Record { event, sequencer, time, version_delete })
+            // (A delete of one version is already `Changed`: `parse_record`.)
+            Some(Record { event, sequencer, time, version_delete: false })
         })
         .collect()
 }
