@@ -1,8 +1,15 @@
 """Installs what the benchmark needs, skipping whatever is already there.
 
-* Debian packages: fuse3, s3fs, fio, hyperfine, tree, git, make, gcc, awscli.
+* Debian packages: fuse3, s3fs, fio, hyperfine, tree, git, make, gcc, awscli; for the
+  mountpoint-s3 system also what its build needs (libclang-dev, cmake, g++,
+  pkg-config, libfuse3-dev).
 * Go binaries at pinned versions (into `go env GOPATH`/bin): MinIO,
   fake-gcs-server, toxiproxy's `server`, rclone and gcsfuse.
+* The mountpoint-s3 system's mount binary: bench/mountpoint (our own `main` over the
+  published mountpoint-s3-fs and mountpoint-s3-client crates, pinned in its
+  Cargo.toml and Cargo.lock), built with `cargo build --release --locked` into the
+  work directory when that system is asked for and the binary is older than its
+  sources.
 * C sources for the developer workload, taken from crates that vendor a C
   library (fetched with cargo, the ordinary client of the crate registry).
 * matplotlib for the charts (pip).
@@ -27,6 +34,21 @@ APT_PACKAGES = {  # package -> a binary it provides
     # from pip or pyenv, does not count)
     "awscli": "/usr/bin/aws",
 }
+
+# What building bench/mountpoint needs, asked for only with the mountpoint-s3 system
+# (package -> a binary it provides, or a glob of a file it installs): bindgen loads
+# libclang to generate the AWS CRT's bindings, cmake builds the CRT's C sources, and
+# mountpoint-s3's FUSE crate links libfuse3 (found with pkg-config).
+MOUNTPOINT_APT = {
+    "libclang-dev": "/usr/lib/llvm-*/lib/libclang.so", "cmake": "cmake", "g++": "g++",
+    "pkg-config": "pkg-config", "libfuse3-dev": "/usr/lib/*/pkgconfig/fuse3.pc",
+}
+MOUNTPOINT_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "mountpoint")
+MOUNTPOINT_BIN = "bucketbench-mount-s3"
+# The build compiles the AWS CRT (C, with cmake) and links with LTO and one codegen unit,
+# as mount-s3's release profile does: tens of minutes on 2 cores.
+MOUNTPOINT_BUILD_TIMEOUT = 7200
 
 # binary name -> (module@version, needs newer Go toolchain)
 GO_BINARIES = {
@@ -71,8 +93,17 @@ def go_binary(name):
     return p if os.access(p, os.X_OK) else None
 
 
-def ensure_apt():
-    missing = [p for p, b in APT_PACKAGES.items() if not shutil.which(b)]
+def _present(what):
+    """Whether a package's marker is here: a binary on PATH, or a file (glob) if it
+    starts with /."""
+    if what.startswith("/"):
+        return bool(glob.glob(what))
+    return bool(shutil.which(what))
+
+
+def ensure_apt(extra=None):
+    wanted = dict(APT_PACKAGES, **(extra or {}))
+    missing = [p for p, b in wanted.items() if not _present(b)]
     if not missing:
         return {}
     log("apt: installing " + " ".join(missing))
@@ -85,7 +116,7 @@ def ensure_apt():
             run(["apt-get", "install", "-y", "-q"] + missing, 900, env=env)
         except CmdError as e:
             log("apt install failed: %s" % e)
-            return {p: str(e) for p in missing if not shutil.which(APT_PACKAGES[p])}
+            return {p: str(e) for p in missing if not _present(wanted[p])}
     return {}
 
 
@@ -158,17 +189,67 @@ def ensure_c_source(name, dest):
     return dest
 
 
-def ensure_all(systems, experiments=()):
+def mountpoint_binary(workdir):
+    """Where the mountpoint-s3 system's binary is built (whether or not it is yet)."""
+    return os.path.join(workdir, "mountpoint-target", "release", MOUNTPOINT_BIN)
+
+
+def _newest_source_mtime():
+    paths = [os.path.join(MOUNTPOINT_SRC, n) for n in ("Cargo.toml", "Cargo.lock")]
+    for d, _, names in os.walk(os.path.join(MOUNTPOINT_SRC, "src")):
+        paths += [os.path.join(d, n) for n in names]
+    return max(os.path.getmtime(p) for p in paths)
+
+
+def ensure_mountpoint(workdir):
+    """Build bench/mountpoint unless its binary is newer than every source file of it.
+    `nice -n 10`: other builds share these 2 cores. The output goes to
+    logs/mountpoint-build.log. Returns None or the error."""
+    binary = mountpoint_binary(workdir)
+    if os.access(binary, os.X_OK) and os.path.getmtime(binary) >= _newest_source_mtime():
+        return None
+    logdir = os.path.join(workdir, "logs")
+    os.makedirs(logdir, exist_ok=True)
+    cmd = ["nice", "-n", "10", "cargo", "build", "--release", "--locked",
+           "--manifest-path", os.path.join(MOUNTPOINT_SRC, "Cargo.toml"),
+           "--target-dir", os.path.join(workdir, "mountpoint-target")]
+    log("building the mountpoint-s3 mount binary: %s (the AWS CRT included: tens of "
+        "minutes on 2 cores the first time)" % " ".join(cmd))
+    try:
+        rc, out, err, dt = run(cmd, MOUNTPOINT_BUILD_TIMEOUT, check=False)
+    except (CmdError, OSError) as e:
+        log("mountpoint-s3 build failed: %s" % e)
+        return "build failed: %s" % e
+    with open(os.path.join(logdir, "mountpoint-build.log"), "a") as f:
+        f.write("=== %s\n%s%s\n=== exit %d after %.0f s\n" % (" ".join(cmd), out, err, rc, dt))
+    if rc != 0 or not os.access(binary, os.X_OK):
+        log("mountpoint-s3 build failed (exit %d), see logs/mountpoint-build.log" % rc)
+        return "build failed (exit %d): %s" % (rc, (err or out)[-400:])
+    # cargo leaves the binary's mtime alone when nothing changed; mark it up to date
+    os.utime(binary)
+    log("mountpoint-s3 mount binary built in %.0f s" % dt)
+    return None
+
+
+def ensure_all(systems, experiments=(), workdir=None):
     """Install everything the selected systems and experiments need; returns
-    {what: error}."""
+    {what: error}. `workdir` is where the mountpoint-s3 binary is built."""
     failures = {}
-    failures.update(ensure_apt())
+    want_mountpoint = "mountpoint-s3" in systems and workdir
+    failures.update(ensure_apt(MOUNTPOINT_APT if want_mountpoint else None))
     want = ["minio", "fake-gcs-server", "server"]
     if any(s.startswith("rclone") for s in systems) or 8 in experiments:
         want.append("rclone")
     if "gcsfuse" in systems:
         want.append("gcsfuse")
     failures.update(ensure_go(want))
+    if want_mountpoint:
+        if any(p in failures for p in MOUNTPOINT_APT):
+            failures["mountpoint-s3"] = "not built: its build packages failed to install"
+        else:
+            err = ensure_mountpoint(workdir)
+            if err:
+                failures["mountpoint-s3"] = err
     err = ensure_matplotlib()
     if err:
         failures["matplotlib"] = err

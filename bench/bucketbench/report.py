@@ -241,6 +241,9 @@ def write_report(json_path, bench_dir, out_path=None):
         if e.get("earlier_version"):
             status += "; before the run was resumed: %s" % e["earlier_version"]
         L.append("| %s | %s | %s | %s |" % (s, e.get("backend"), e.get("version") or "–", status))
+    notes = ["- **%s**: %s" % (s, e["note"]) for s, e in doc["systems"].items() if e.get("note")]
+    if notes:
+        L += [""] + notes
     L += ["", "Peers for the ratio column are every system except native disk (the floor) and "
           "bucketfs. For times a ratio above 1 means bucketfs is slower; for MB/s and IOPS a "
           "ratio above 1 means bucketfs is faster.", ""]

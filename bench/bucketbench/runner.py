@@ -202,7 +202,8 @@ def main(argv=None):
     install_failures = {}
     if not args.no_install:
         t = time.monotonic()
-        install_failures = install.ensure_all(args.system_list, args.experiment_list)
+        install_failures = install.ensure_all(args.system_list, args.experiment_list,
+                                              ctx.workdir)
         phases["install_s"] = time.monotonic() - t
     build_error = None
     if any(s.startswith("bucketfs") for s in args.system_list) or 8 in args.experiment_list:
@@ -254,6 +255,8 @@ def main(argv=None):
             why = build_error
         entry = {"backend": sysobj.backend, "version": sysobj.version() if not why else None,
                  "status": "ok" if not why else "failed", "errors": []}
+        if getattr(sysobj, "note", None):
+            entry["note"] = sysobj.note
         if why:
             entry["errors"].append(why)
             log("%s unavailable: %s" % (name, why))

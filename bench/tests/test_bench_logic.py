@@ -1,8 +1,8 @@
 """Unit tests of the benchmark's bookkeeping on fixed inputs: request counting and
 pricing (requests.py), --compare (compare.py), --resume (runner.py), the report's
 request rows, resume note and history (report.py, summary.py), the passthrough on/off
-and native-disk tables (pairs.py), CPU per GB (util.py, experiments.py) and fio's write
-phase (fiobench.py).
+and native-disk tables (pairs.py), CPU per GB (util.py, experiments.py), fio's write
+phase (fiobench.py) and the mountpoint-s3 peer's fio option and failure notes.
 
     python3 -m pytest -q bench/tests        # or: python3 -m unittest discover bench/tests
 """
@@ -470,6 +470,72 @@ class FioWritePhaseTest(unittest.TestCase):
         self.assertNotIn("--name=randread", ran)
         self.assertIn("--name=write", ran)
         self.assertIn("median", res[[k for k in res if k.startswith("write_")][0]])
+
+
+class MountpointTest(unittest.TestCase):
+    """The mountpoint-s3 peer: its fio write jobs get --create_on_open=1 (no other system's
+    do), its failures in experiments 3 and 6 say why, and the report prints its note."""
+
+    def cmd(self, name, job):
+        ctx = type("C", (), {"quick": True})()
+        system = type("S", (), {"name": name, "root": "/nonexistent"})()
+        return fiobench.Fio()._cmd(ctx, system, job, "/nonexistent/d", "/nonexistent/o")[0]
+
+    def test_only_its_write_jobs_create_on_open(self):
+        write, read = fiobench.Job("write", "64M", "1M"), fiobench.Job("read", "100M", "1M", src=100)
+        self.assertIn("--create_on_open=1", self.cmd("mountpoint-s3", write))
+        self.assertNotIn("--create_on_open=1", self.cmd("mountpoint-s3", read))
+        for other in ("bucketfs", "s3fs", "rclone-full", "native"):
+            self.assertNotIn("--create_on_open=1", self.cmd(other, write))
+
+    def test_failures_say_why_and_the_fio_note_is_there(self):
+        err = {"error": "exit 1: fio: Invalid argument"}
+        exp = {"results": {"mountpoint-s3": {"randwrite_16M_16K_j1_fsyncN.bw": err}}}
+        line = summary.failure_lines("3", exp, ["mountpoint-s3"])[0]
+        self.assertIn("Why: mountpoint-s3 writes a file once, in order", line)
+        self.assertTrue(any("--create_on_open=1" in x for x in summary.standing_notes("3", exp)))
+        self.assertFalse(any("create_on_open" in x for x in summary.standing_notes("4", exp)))
+        exp6 = {"results": {"mountpoint-s3": {"clone_s": {"error": "exit 128: File exists"}}}}
+        self.assertIn("RenameObject", summary.failure_lines("6", exp6, ["mountpoint-s3"])[0])
+
+    def test_a_vanished_scratch_directory_is_made_again(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d, True)
+        scratch = os.path.join(d, "w")
+        calls = []
+        saved = experiments.run
+        self.addCleanup(setattr, experiments, "run", saved)
+
+        def fake_run(cmd, timeout):
+            calls.append(cmd)
+            if cmd[0] == "mkdir":
+                os.makedirs(cmd[-1], exist_ok=True)
+                return 0, "", "", 0.0
+            if len(calls) == 1:  # the directory goes just before the first copy
+                os.rmdir(scratch)
+                raise util.CmdError("exit 1: cp: No such file or directory")
+            return 0, "", "", 1.5
+        os.makedirs(scratch)
+        experiments.run = fake_run
+        system = type("S", (), {"name": "mountpoint-s3"})()
+        self.assertEqual(experiments.run_in_dir(system, scratch, ["cp", "a", "b"], 9)[3], 1.5)
+        self.assertEqual([c[0] for c in calls], ["cp", "mkdir", "cp"])
+        calls.clear()  # a failure with the directory still there is a failure
+        experiments.run = lambda cmd, timeout: (_ for _ in ()).throw(util.CmdError("exit 1"))
+        with self.assertRaises(util.CmdError):
+            experiments.run_in_dir(system, scratch, ["cp", "a", "b"], 9)
+
+    def test_report_prints_the_system_note(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        os.makedirs(os.path.join(d, "results"))
+        doc = doc_with({("1", "mountpoint-s3", "find_first_s"): 2.0})
+        doc["systems"]["mountpoint-s3"] = {"backend": "MinIO (S3)", "version": "x",
+                                           "status": "ok", "errors": [], "note": "cannot rename"}
+        path = os.path.join(d, "results", "2026-11-30-lan.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        self.assertIn("- **mountpoint-s3**: cannot rename", report.write_report(path, d))
 
 
 class ProxyGuardTest(unittest.TestCase):
