@@ -110,6 +110,29 @@ async fn a_listing_slower_than_the_ttl_still_answers_the_lookups_after_it() {
     fs.check_invariants();
 }
 
+/// A name probed (its directory not listed) is looked up again whenever the kernel drops
+/// its entry, which with store events is every second: the node the store confirmed
+/// within the TTL answers, as `getattr` does; once the TTL has passed, the store is asked.
+#[tokio::test]
+async fn a_name_probed_within_the_ttl_is_looked_up_again_without_a_request() {
+    let store = Arc::new(MemStore::new());
+    store.put("w/a", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
+    let ttl = 100;
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, clock: clock.clone(), ..cfg(ttl) });
+    let w = fs.lookup(ROOT_INO, "w").await.unwrap();
+    let before = requests(&store);
+    for _ in 0..10 {
+        assert_eq!(fs.lookup(ROOT_INO, "w").await.unwrap().ino, w.ino);
+    }
+    assert_eq!(requests(&store), before, "a fresh node answers its lookups");
+    store.delete("w/a").await.unwrap();
+    clock.advance(Duration::from_millis(ttl + 20));
+    assert!(matches!(fs.lookup(ROOT_INO, "w").await, Err(FsError::NotFound)), "past the TTL the store is asked");
+    assert!(requests(&store) > before);
+    fs.check_invariants();
+}
+
 #[tokio::test]
 async fn an_unknown_name_in_a_stale_small_directory_is_one_listing() {
     let store = Arc::new(MemStore::new());

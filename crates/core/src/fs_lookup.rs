@@ -6,7 +6,7 @@ use bucketfs_store::{HeadOpts, ObjectHead, ObjectMeta, StoreErrorKind, StoreExt}
 use futures::StreamExt;
 
 use crate::fs::{Attr, Fs, Kind, RELIST_MAX};
-use crate::inode::{ChildMeta, Node};
+use crate::inode::{ChildMeta, Node, Version};
 use crate::{names, FsError};
 
 impl Fs {
@@ -58,7 +58,19 @@ impl Fs {
                 return Some(Ok(self.attr(t.get(ino).expect("indexed"))));
             }
         }
-        let Some(meta) = self.listed_child(parent, name)? else { return Some(Err(FsError::NotFound)) };
+        let Some(listed) = self.listed_child(parent, name) else {
+            // No fresh listing: a node the store confirmed within the TTL (a probe, a
+            // listing since dropped, an event) answers, as `getattr` does. (With events the
+            // kernel keeps its entries 1 s at most and looks the name up again each time.)
+            let mut t = self.table.lock().unwrap();
+            let ino = t
+                .child(parent, name)
+                .filter(|n| self.fresh(n.validated) && n.version != Version::Unknown)
+                .map(|n| n.ino)?;
+            t.remember(ino);
+            return Some(Ok(self.attr(t.get(ino).expect("indexed"))));
+        };
+        let Some(meta) = listed else { return Some(Err(FsError::NotFound)) };
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &meta);
         t.remember(ino);
