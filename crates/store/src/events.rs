@@ -226,10 +226,11 @@ fn parse_record(r: &serde_json::Value, bucket: &str, prefix: &str) -> Option<Eve
         return None; // the prefix's own marker
     }
     let event = name.trim_start_matches("s3:");
-    // A DELETE of one version (not one that makes a delete marker) in a versioned bucket
-    // may leave another version there: checked, not believed.
+    // A DELETE of one version (not one that makes a delete marker) in a versioned bucket,
+    // or a lifecycle expiration of a noncurrent one (`LifecycleExpiration:Delete` with its
+    // versionId), may leave another version there: checked, not believed.
     let version = obj.get("versionId").and_then(|v| v.as_str()).filter(|v| !v.is_empty() && *v != "null");
-    if event == "ObjectRemoved:Delete" && version.is_some() {
+    if event.ends_with(":Delete") && version.is_some() {
         return Some(Event::Changed { key });
     }
     // Lifecycle expirations remove as a DELETE does (S3 names them apart).
@@ -283,6 +284,10 @@ mod tests {
         assert_eq!(parse_line(marker.as_bytes(), "b", ""), vec![Event::Removed { key: "p/a b+c.txt".into() }]);
         let one = removed.replace(r#""sequencer":"1""#, r#""sequencer":"1","versionId":"v1""#);
         assert_eq!(parse_line(one.as_bytes(), "b", ""), vec![Event::Changed { key: "p/a b+c.txt".into() }]);
+        let expired_old = one.replace("ObjectRemoved:Delete", "LifecycleExpiration:Delete");
+        assert_eq!(parse_line(expired_old.as_bytes(), "b", ""), vec![Event::Changed { key: "p/a b+c.txt".into() }]);
+        let expired = removed.replace("ObjectRemoved:Delete", "LifecycleExpiration:Delete");
+        assert_eq!(parse_line(expired.as_bytes(), "b", ""), vec![Event::Removed { key: "p/a b+c.txt".into() }]);
     }
 
     #[test]

@@ -45,6 +45,8 @@ const SCOPE: &str = "https://www.googleapis.com/auth/pubsub";
 const BATCH: i32 = 100;
 /// How long one pull may be held by the server before it is asked again.
 const PULL_DEADLINE: Duration = Duration::from_secs(30);
+/// How long an OAuth token is used (Google's last an hour).
+const TOKEN_KEPT: Duration = Duration::from_secs(30 * 60);
 
 /// Start pulling `source` (`pubsub://projects/P/subscriptions/S`). Events for keys outside
 /// `bucket`/`prefix` are never sent.
@@ -83,6 +85,7 @@ pub fn pubsub(source: &str, bucket: &str, prefix: &str) -> Result<mpsc::Receiver
         endpoint,
         channel: channel.connect_lazy(),
         token,
+        kept: std::sync::Mutex::new(None),
         bucket: bucket.to_string(),
         prefix: prefix.to_string(),
     };
@@ -111,6 +114,8 @@ struct Puller {
     endpoint: String,
     channel: tonic::transport::Channel,
     token: Option<reqsign_core::Signer<reqsign_google::Credential>>,
+    /// The last `authorization` value and when it was had.
+    kept: std::sync::Mutex<Option<(String, std::time::Instant)>>,
     bucket: String,
     prefix: String,
 }
@@ -165,8 +170,15 @@ impl Puller {
             })?;
             let messages = match answer {
                 Ok(answer) => answer.into_inner().received_messages,
-                // Held to its deadline with nothing to say: ask again.
-                Err(s) if *up && s.code() == tonic::Code::DeadlineExceeded => Vec::new(),
+                // Held to its deadline with nothing to say (the server says DeadlineExceeded;
+                // tonic, whose clock starts first, Cancelled): ask again.
+                Err(s)
+                    if *up
+                        && matches!(s.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)
+                        && asked.elapsed() + Duration::from_secs(1) >= PULL_DEADLINE =>
+                {
+                    Vec::new()
+                }
                 Err(s) => return Err(self.error("Pull", s)),
             };
             if !*up {
@@ -217,23 +229,48 @@ impl Puller {
     async fn request<T>(&self, body: T, deadline: Duration) -> Result<tonic::Request<T>, StoreError> {
         let mut req = tonic::Request::new(body);
         req.set_timeout(deadline);
-        if let Some(signer) = &self.token {
-            let mut parts = http::Request::get(ENDPOINT).body(()).expect("a GET builds").into_parts().0;
-            signer.sign(&mut parts, None).await.map_err(|e| {
-                StoreError::new(
-                    StoreErrorKind::PermissionDenied,
-                    format!("no Google credentials for Pub/Sub ({e}): set GOOGLE_APPLICATION_CREDENTIALS"),
-                )
-            })?;
-            if let Some(v) = parts.headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-                let v = v.parse().map_err(|_| StoreError::new(StoreErrorKind::Other, "an unusable OAuth token"))?;
-                req.metadata_mut().insert("authorization", v);
-            }
+        if let Some(auth) = self.authorization().await? {
+            let v = auth.parse().map_err(|_| StoreError::new(StoreErrorKind::Other, "an unusable OAuth token"))?;
+            req.metadata_mut().insert("authorization", v);
         }
         Ok(req)
     }
 
+    /// The `authorization` value for Google's endpoint (`None` for an emulator), kept for
+    /// [`TOKEN_KEPT`]: a service-account key is otherwise exchanged for a new token at every
+    /// call. Getting one is bounded in time: a stalled metadata server is a break, not a hang.
+    async fn authorization(&self) -> Result<Option<String>, StoreError> {
+        let Some(signer) = &self.token else { return Ok(None) };
+        if let Some((auth, at)) = self.kept.lock().unwrap().clone() {
+            if at.elapsed() < TOKEN_KEPT {
+                return Ok(Some(auth));
+            }
+        }
+        let mut parts = http::Request::get(ENDPOINT).body(()).expect("a GET builds").into_parts().0;
+        let signed =
+            tokio::time::timeout(Duration::from_secs(30), signer.sign(&mut parts, None)).await.map_err(|_| {
+                StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "no OAuth token for Pub/Sub within 30 s (metadata server or token endpoint)",
+                )
+            })?;
+        signed.map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::PermissionDenied,
+                format!("cannot get an OAuth token for Pub/Sub: {e} (credentials: GOOGLE_APPLICATION_CREDENTIALS, gcloud's default login, or the VM's service account)"),
+            )
+        })?;
+        let auth = parts.headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+        if let Some(a) = &auth {
+            *self.kept.lock().unwrap() = Some((a.clone(), std::time::Instant::now()));
+        }
+        Ok(auth)
+    }
+
     fn error(&self, call: &str, s: tonic::Status) -> StoreError {
+        if s.code() == tonic::Code::Unauthenticated {
+            *self.kept.lock().unwrap() = None; // a token revoked or expired early: get another
+        }
         let kind = match s.code() {
             tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => StoreErrorKind::PermissionDenied,
             tonic::Code::NotFound => StoreErrorKind::NotFound,
@@ -279,11 +316,16 @@ pub(crate) fn record_of(
             };
             (event, 0, false)
         }
+        "OBJECT_METADATA_UPDATE" if payload.get("metageneration").is_none() => {
+            // No payload (format NONE): no metageneration to order updates of one version.
+            return Some(Record { event: Event::Changed { key }, sequencer: None, time, version_delete: false });
+        }
         "OBJECT_METADATA_UPDATE" => (Event::Changed { key }, 1, false),
         "OBJECT_DELETE" | "OBJECT_ARCHIVE" if replaced => return None,
         "OBJECT_ARCHIVE" => (Event::Removed { key }, 2, false),
         "OBJECT_DELETE" => {
-            let noncurrent = payload.get("timeDeleted").is_some();
+            // Already noncurrent (`timeDeleted`), or no payload to tell: checked.
+            let noncurrent = payload.get("timeDeleted").is_some() || !payload.is_object();
             (Event::Removed { key }, 2, noncurrent)
         }
         _ => return None,

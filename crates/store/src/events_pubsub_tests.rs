@@ -61,8 +61,15 @@ fn deletes_and_archives_are_removals_unless_a_new_version_replaced_them() {
     let old =
         record_of(&attrs("OBJECT_DELETE", "k", 3), br#"{"timeDeleted":"2026-11-01T00:00:00Z"}"#, "b", "").unwrap();
     assert!(old.version_delete);
-    let meta = record_of(&attrs("OBJECT_METADATA_UPDATE", "k", 7), b"{}", "b", "").unwrap();
+    // Payload NONE: a delete may be of a noncurrent version, and metadata updates of one
+    // version cannot be ordered: both checked, the updates never taken as duplicates.
+    assert!(record_of(&attrs("OBJECT_DELETE", "k", 7), b"", "b", "").unwrap().version_delete);
+    let meta = record_of(&attrs("OBJECT_METADATA_UPDATE", "k", 7), b"", "b", "").unwrap();
     assert_eq!(meta.event, Event::Changed { key: "k".into() });
+    assert_eq!(meta.sequencer, None);
+    let meta = record_of(&attrs("OBJECT_METADATA_UPDATE", "k", 7), br#"{"metageneration":"2"}"#, "b", "").unwrap();
+    assert_eq!(meta.event, Event::Changed { key: "k".into() });
+    assert!(meta.sequencer.is_some());
     assert!(record_of(&attrs("OBJECT_RESTORE_SOMETHING", "k", 7), b"{}", "b", "").is_none());
 }
 
