@@ -303,3 +303,46 @@ async fn a_directory_that_comes_back_after_going_shows_again() {
     fs.releasedir(fh);
     assert_eq!(inside, ["y"]);
 }
+
+/// A directory reached by name (its parent never listed, its own contents never listed),
+/// implied by one key: when an event removes that key, the directory's own name is asked
+/// of the store again instead of being answered from its node (review of 5d217a0).
+#[tokio::test]
+async fn a_directory_reached_by_name_goes_when_an_event_removes_its_only_key() {
+    let store = Arc::new(MemStore::new());
+    store.put("jobs/123/out", Bytes::from_static(b"o"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    let jobs = fs.lookup(ROOT_INO, "jobs").await.unwrap();
+    let job = fs.lookup(jobs.ino, "123").await.unwrap();
+    let before = requests(&store);
+    assert_eq!(fs.lookup(jobs.ino, "123").await.unwrap().ino, job.ino);
+    assert_eq!(requests(&store), before, "a confirmed node answers");
+    store.delete("jobs/123/out").await.unwrap();
+    fs.on_feed(Feed::Event(Event::Removed { key: "jobs/123/out".into() }));
+    assert!(matches!(fs.lookup(jobs.ino, "123").await, Err(FsError::NotFound)), "the directory went with its key");
+    fs.check_invariants();
+}
+
+/// A node confirmed before its directory was last asked about does not answer a lookup by
+/// itself: the directory was expired since, so what is below it is not vouched for.
+#[tokio::test]
+async fn a_name_below_an_expired_directory_is_asked_again() {
+    let store = Arc::new(MemStore::new());
+    store.put("w/x", Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
+    store.put("w/y", Bytes::from_static(b"y"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    let w = fs.lookup(ROOT_INO, "w").await.unwrap();
+    fs.lookup(w.ino, "x").await.unwrap();
+    // Another client removes w/x; the event is one the source cannot place: `w` is expired.
+    store.delete("w/x").await.unwrap();
+    clock.advance(Duration::from_millis(10));
+    fs.on_feed(Feed::Event(Event::Changed { key: "w/".into() }));
+    clock.advance(Duration::from_millis(10));
+    assert_eq!(fs.lookup(ROOT_INO, "w").await.unwrap().ino, w.ino, "w is still there (w/y)");
+    assert!(matches!(fs.lookup(w.ino, "x").await, Err(FsError::NotFound)), "x was confirmed before w was asked again");
+    fs.check_invariants();
+}

@@ -62,10 +62,12 @@ impl Fs {
             // No fresh listing: a node the store confirmed within the TTL (a probe, a
             // listing since dropped, an event) answers, as `getattr` does. (With events the
             // kernel keeps its entries 1 s at most and looks the name up again each time.)
+            // Not one confirmed before its directory was last asked about (the directory was
+            // expired: what is below it is not vouched for either).
             let mut t = self.table.lock().unwrap();
             let ino = t
                 .child(parent, name)
-                .filter(|n| self.fresh(n.validated) && n.version != Version::Unknown)
+                .filter(|n| self.fresh(n.validated) && n.validated >= dir.validated && n.version != Version::Unknown)
                 .map(|n| n.ino)?;
             t.remember(ino);
             return Some(Ok(self.attr(t.get(ino).expect("indexed"))));

@@ -159,6 +159,16 @@ impl InodeTable {
         if !self.holds_any(dir, &name) {
             // Nothing cached about it; a listing of `dir` on its way may predate it.
             self.note_remote_change(dir);
+            if meta.is_none() && dir != super::ROOT_INO && !self.listings.contains_key(&dir) {
+                // A removal below a directory whose contents are not held: the directory may
+                // have been implied by this key alone. Its own name is asked again (a lookup
+                // would otherwise answer from the confirmed node: fs_lookup.rs).
+                if let Some((parent, dname)) =
+                    self.nodes.get(&dir).filter(|n| n.kind == Kind::Dir).map(|n| (n.parent, n.name.clone()))
+                {
+                    return self.expire_name(parent, &dname, ttl);
+                }
+            }
             return EventApplied::Nothing;
         }
         // The same version this table already has (this mount's own upload, told again).
