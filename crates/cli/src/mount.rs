@@ -249,10 +249,17 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     if !still_failing.is_empty() {
         tracing::error!(files = ?still_failing, "staged data from an earlier mount still cannot be uploaded; kept");
     }
+    let notify = match args.notify.as_deref().map(with_host).transpose() {
+        Ok(n) => n,
+        Err(e) => {
+            report(is_child, &Err(e.clone()));
+            return Err(e);
+        }
+    };
     {
         let _rt = rt.enter();
         fs.start_write_back(); // after recovery: nothing of this mount is queued before it
-        if let Some(src) = &args.notify {
+        if let Some(src) = &notify {
             match event_feed(src, args, location) {
                 Ok(feed) => fs.follow_events(feed),
                 Err(e) => {
@@ -276,7 +283,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         memory_cache_limit: cfg_memory_cache(args),
         disk_cache_limit: args.disk_cache_mib * 1024 * 1024,
         max_cached_entries: args.max_cached_entries as u64,
-        notify: args.notify.clone(),
+        notify,
     });
     if let Some(addr) = &args.metrics_addr {
         let o = observed.clone();
@@ -374,7 +381,21 @@ fn cfg_memory_cache(args: &MountArgs) -> u64 {
     args.memory_cache_mib * 1024 * 1024
 }
 
-/// Build the store and check, within --connect-timeout, that the bucket answers.
+/// `{host}` in a `--notify` source is this machine's short host name (up to its first dot),
+/// so that one fstab line serves a fleet whose machines each have a queue or subscription
+/// named after them (docs/OPERATIONS.md).
+fn with_host(source: &str) -> Result<String, String> {
+    if !source.contains("{host}") {
+        return Ok(source.to_string());
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let short = host.trim().split('.').next().unwrap_or_default();
+    if short.is_empty() {
+        return Err(format!("--notify {source:?}: this machine has no host name to put in for {{host}}"));
+    }
+    Ok(source.replace("{host}", short))
+}
+
 /// The change events `--notify SOURCE` asks for (call inside the runtime).
 fn event_feed(
     source: &str,
@@ -411,6 +432,7 @@ fn event_feed(
     }
 }
 
+/// Build the store and check, within --connect-timeout, that the bucket answers.
 fn prepare(args: &MountArgs, location: &Location, rt: &tokio::runtime::Runtime) -> Result<Arc<dyn Store>, String> {
     let opts = args.store.options();
     let store = location::open(location, &opts).map_err(|e| explain(location, args, e))?;
@@ -447,4 +469,16 @@ fn start_preload(args: &MountArgs, fs: &Arc<Fs>, rt: &tokio::runtime::Runtime) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn host_in_a_notify_source_is_this_machines_short_name() {
+        assert_eq!(super::with_host("minio").unwrap(), "minio");
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        let short = host.trim().split('.').next().unwrap();
+        let s = super::with_host("pubsub://projects/p/subscriptions/fleet-{host}").unwrap();
+        assert_eq!(s, format!("pubsub://projects/p/subscriptions/fleet-{short}"));
+    }
 }

@@ -126,6 +126,7 @@ fn required<'a>(v: &'a str, what: &str) -> Result<&'a str, Status> {
 
 /// The `bucketfs mount` arguments after URL and path.
 fn mount_args(
+    node_id: &str,
     attrs: &Attributes,
     secrets: &Secrets,
     mount: &vc::MountVolume,
@@ -139,7 +140,10 @@ fn mount_args(
     if let Some(r) = secrets.region.as_ref().or(attrs.region.as_ref()) {
         args.extend(["--region".to_string(), r.clone()]);
     }
-    let mut opts: Vec<String> = attrs.mount_options.iter().cloned().collect();
+    // `{host}` (in `notify=...`): this node's name up to its first dot, so that one volume
+    // serves a fleet whose nodes each have a queue or subscription named after them.
+    let host = node_id.split('.').next().unwrap_or(node_id);
+    let mut opts: Vec<String> = attrs.mount_options.iter().map(|o| o.replace("{host}", host)).collect();
     opts.extend(mount.mount_flags.iter().cloned());
     if !mount.volume_mount_group.is_empty() {
         // fsGroup: the volume's files belong to the pod's group, which may write them.
@@ -191,7 +195,7 @@ impl pb::node_server::Node for Node {
             .write_files(&self.secrets_dir(&staging))
             .map_err(|e| Status::internal(format!("cannot write the volume's credential files: {e}")))?;
         let log = self.state.join("logs").join(format!("{}.log", path_id(&staging)));
-        let args = mount_args(&attrs, &secrets, mount, read_only, &log);
+        let args = mount_args(&self.node_id, &attrs, &secrets, mount, read_only, &log);
         let rec = Record { volume_id: volume_id.to_string(), staging_path: staging.clone(), url: url.clone() };
         std::fs::write(self.record_path(&staging), serde_json::to_vec(&rec).expect("a record serializes"))
             .map_err(|e| Status::internal(format!("cannot record the volume: {e}")))?;
@@ -355,5 +359,28 @@ impl pb::node_server::Node for Node {
             max_volumes_per_node: 0,
             accessible_topology: None,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_in_mount_options_is_the_nodes_short_name() {
+        let attrs = Attributes {
+            mount_options: Some("metadata-ttl=3600,notify=sqs://h/1/q-{host}".into()),
+            ..Attributes::default()
+        };
+        let args = mount_args(
+            "ip-10-0-0-7.ec2.internal",
+            &attrs,
+            &Secrets::default(),
+            &vc::MountVolume::default(),
+            false,
+            Path::new("/l"),
+        );
+        let o = args.iter().position(|a| a == "-o").expect("-o");
+        assert!(args[o + 1].contains("notify=sqs://h/1/q-ip-10-0-0-7,"), "{args:?}");
     }
 }
