@@ -66,6 +66,36 @@ pub use sqs::sqs;
 mod pubsub;
 pub use pubsub::pubsub;
 
+/// The wait of a source before it connects again: 0.5 s, doubling to 10 s, and 0.5 s again
+/// after a break that followed a working spell.
+struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff(Duration::from_millis(500))
+    }
+}
+
+impl Backoff {
+    /// After a break for `why` (`worked`: the source had worked for a while before it):
+    /// warn, tell the consumer [`Feed::Down`], wait. `false` if the mount is gone.
+    async fn after_break(&mut self, source: &str, why: String, worked: bool, tx: &mpsc::Sender<Feed>) -> bool {
+        if tx.is_closed() {
+            return false;
+        }
+        if worked {
+            self.0 = Duration::from_millis(500);
+        }
+        tracing::warn!("{source} down: {why}; trying again in {:?}", self.0);
+        if tx.send(Feed::Down(why)).await.is_err() {
+            return false;
+        }
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(10));
+        true
+    }
+}
+
 /// A listen request not refused within this is taken as listening (see `listen`).
 const ACCEPTED_AFTER: Duration = Duration::from_millis(1500);
 
@@ -94,26 +124,18 @@ struct MinioListen {
 
 impl MinioListen {
     async fn run(self, tx: mpsc::Sender<Feed>) {
-        let mut backoff = Duration::from_millis(500);
+        let mut backoff = Backoff::default();
         loop {
             let began = std::time::Instant::now();
             let why = match self.listen(&tx).await {
                 Ok(()) => "the store closed the event stream".to_string(),
                 Err(e) => e.to_string(),
             };
-            if tx.is_closed() {
+            // A connection that held for a while starts the next wait short again.
+            let worked = began.elapsed() > Duration::from_secs(30);
+            if !backoff.after_break("bucket notifications", why, worked, &tx).await {
                 return; // the mount is gone
             }
-            tracing::warn!("bucket notifications down: {why}; trying again in {backoff:?}");
-            if tx.send(Feed::Down(why)).await.is_err() {
-                return;
-            }
-            // A connection that held for a while starts the next wait short again.
-            if began.elapsed() > Duration::from_secs(30) {
-                backoff = Duration::from_millis(500);
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(10));
         }
     }
 

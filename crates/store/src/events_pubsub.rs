@@ -123,25 +123,16 @@ struct Puller {
 impl Puller {
     async fn run(self, tx: mpsc::Sender<Feed>) {
         let mut order = Order::default();
-        let mut backoff = Duration::from_millis(500);
+        let mut backoff = super::Backoff::default();
         loop {
             let (mut up, mut worked) = (false, false);
             let why = match self.pull(&tx, &mut order, &mut up, &mut worked).await {
                 Ok(()) => return, // the mount is gone
                 Err(e) => e.to_string(),
             };
-            if tx.is_closed() {
+            if !backoff.after_break("Pub/Sub notifications", why, worked, &tx).await {
                 return;
             }
-            if worked {
-                backoff = Duration::from_millis(500); // a break after a working spell
-            }
-            tracing::warn!("Pub/Sub notifications down: {why}; trying again in {backoff:?}");
-            if tx.send(Feed::Down(why)).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(10));
         }
     }
 
