@@ -368,6 +368,16 @@ def _rec(tag: int, gen: int, size: int) -> bytes:
     return struct.pack("<QQQ", tag, gen, size) + hashlib.md5(body).digest() + body
 
 
+def _is_rec_prefix(buf: bytes) -> bool:
+    """`buf` is a proper, non-empty prefix of one whole record `_rec` makes."""
+    if len(buf) < 40:
+        return False
+    tag, gen, size = struct.unpack("<QQQ", buf[:24])
+    if size > 64 * MiB or len(buf) >= 40 + size:
+        return False
+    return _rec(tag, gen, size).startswith(buf)
+
+
 def _check_rec(buf: bytes) -> tuple[int, int]:
     tag, gen, size = struct.unpack("<QQQ", buf[:24])
     body = buf[40:]
@@ -543,6 +553,7 @@ def test_parallel_namespace_ops_one_directory(s3_bucket):
         bad: list[str] = []
         seen_errs: dict[str, int] = {}
         nops = {"n": 0}
+        partial = {"n": 0}
 
         def op(kind, fn):
             try:
@@ -584,7 +595,11 @@ def test_parallel_namespace_ops_one_directory(s3_bucket):
                 else:
                     def rd():
                         got = read_file(pa)
-                        if len(got) >= 40:
+                        if len(got) % 4096 == 0 and _is_rec_prefix(got):
+                            # a create's write still being copied in, page by page (SEMANTICS.md:
+                            # "A read racing a write"): whole pages of ONE record, never a mix
+                            partial["n"] += 1
+                        elif len(got) >= 40:
                             _check_rec(got)
                         elif got:
                             raise AssertionError(f"{a}: {len(got)} bytes is no record")
@@ -601,7 +616,8 @@ def test_parallel_namespace_ops_one_directory(s3_bucket):
         for t in ths:
             t.join(HANG_LIMIT)
             assert not t.is_alive(), "a namespace worker is stuck"
-        print(f"{nops['n']} ops; errnos seen: {dict(sorted(seen_errs.items()))}")
+        print(f"{nops['n']} ops; {partial['n']} reads of a write in progress; "
+              f"errnos seen: {dict(sorted(seen_errs.items()))}")
         assert not bad, bad[:5]
 
         # settle: attributes and listings expire after the TTL (1 s)
