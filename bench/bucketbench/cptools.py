@@ -23,7 +23,7 @@ from . import servers as S
 from .install import go_binary
 from .rawlink import bench_link
 from .systems import S3_ENV, snapshot_binary
-from .util import CmdError, CpuMeter, error, log, run, summarize
+from .util import CmdError, CpuMeter, cpu_per_gb, error, log, run, summarize
 
 AWS = "/usr/bin/aws"  # Debian's awscli, not any other `aws` on PATH
 SIZE_MB = 1024  # MiB, from ctx.copy_source
@@ -51,6 +51,8 @@ class CopyTools:
                 M("down_MBps", "download 1 GiB (MB/s)", "MB/s", "higher"),
                 M("up_cpu_s", "upload: CPU seconds (user+sys) of the tool", "s", "lower"),
                 M("down_cpu_s", "download: CPU seconds (user+sys) of the tool", "s", "lower"),
+                M("up_cpu_gb", "upload: the tool's CPU (s per GB)", "s/GB", "lower"),
+                M("down_cpu_gb", "download: the tool's CPU (s per GB)", "s/GB", "lower"),
                 M("up_busy", "upload: machine CPU busy (% of all cores)", "%", "higher"),
                 M("down_busy", "download: machine CPU busy (% of all cores)", "%", "higher"),
                 M("checksum_failures", "MD5 mismatches", "count", "lower")]
@@ -66,7 +68,8 @@ class CopyTools:
     def _tools(self, ctx):
         """{column: (version or None, why unavailable or None)}."""
         out = {}
-        built = os.path.join(ctx.repo, "target", "release", "bucketfs")
+        built = getattr(ctx, "bucketfs_bin", None) or os.path.join(
+            ctx.repo, "target", "release", "bucketfs")
         self.bfs = os.path.join(ctx.workdir, "bin", "bucketfs")
         if os.access(built, os.X_OK):
             snap = snapshot_binary(built, self.bfs)
@@ -215,6 +218,9 @@ class CopyTools:
         self.requests = counter.records()
         results = {}
         for col in COLUMNS:
+            for way in ("up", "down"):  # the rate rows' CPU per GB moved
+                rates[col][way + "_cpu_gb"] = [cpu_per_gb(c, size)
+                                               for c in rates[col][way + "_cpu_s"]]
             why = tools[col][1]
             res = {}
             for k, runs in rates[col].items():

@@ -26,8 +26,8 @@ import shlex
 import sys
 import time
 
-from .util import (CmdError, CpuMeter, MemSampler, drop_caches, error, log, na, wait_idle,
-                   pids_by_comm, run, summarize, timed)
+from .util import (CmdError, CpuMeter, FsCpu, MemSampler, cpu_per_gb, drop_caches, error, log,
+                   na, wait_idle, pids_by_comm, run, summarize, timed)
 
 RO = "n/a (read-only)"
 MB = 1e6
@@ -135,6 +135,19 @@ def M(key, label, unit, better):
     return {"key": key, "label": label, "unit": unit, "better": better}
 
 
+def cpu_metric(key, what):
+    """The CPU row under a rate row: the file system process's CPU seconds per GB moved."""
+    return M(key, "%s: file system CPU (s per GB)" % what, "s/GB", "lower")
+
+
+def add_fs_cpu(runs, key, meter, nbytes):
+    """Append the file system process's CPU per GB of one measured block (an FsCpu) to
+    runs[key]; nothing when there is no process (native disk: the report shows "–")."""
+    v = meter.per_gb(nbytes) if meter is not None else None
+    if v is not None:
+        runs.setdefault(key, []).append(v)
+
+
 # ---------------------------------------------------------------- 1
 class MountFind(Experiment):
     id = 1
@@ -205,7 +218,9 @@ class Reads(Experiment):
         ms = []
         for s in ctx.read_sizes:
             ms.append(M("first_%dM" % s, "%d MB first read (MB/s)" % s, "MB/s", "higher"))
+            ms.append(cpu_metric("cpu_fs_first_%dM" % s, "%d MB first read" % s))
             ms.append(M("again_%dM" % s, "%d MB read again (MB/s)" % s, "MB/s", "higher"))
+            ms.append(cpu_metric("cpu_fs_again_%dM" % s, "%d MB read again" % s))
         s = max(ctx.read_sizes)
         ms.append(M("link_%dM" % s, "%d MB parallel ranged download after it, same store (MB/s)"
                     % s, "MB/s", "higher"))
@@ -214,8 +229,6 @@ class Reads(Experiment):
                     % s, "%", "higher"))
         ms.append(M("cpu_first_%dM" % s, "%d MB first read: machine CPU s per GB" % s, "s/GB",
                     "lower"))
-        ms.append(M("cpu_fs_first_%dM" % s, "%d MB first read: of which the file system "
-                    "process (CPU s per GB)" % s, "s/GB", "lower"))
         ms.append(M("cpu_fs_after_first_%dM" % s, "%d MB first read: the file system process's "
                     "CPU in the %d s after it (caching it on disk), s per GB" % (s, AFTER_S), "s/GB",
                     "lower"))
@@ -229,10 +242,8 @@ class Reads(Experiment):
             c = CACHED_MB
             ms.append(M("dropped_%dM" % c, "%d MB read again after the page cache is dropped "
                         "(MB/s)" % c, "MB/s", "higher"))
-            ms.append(M("cpu_fs_again_%dM" % c, "%d MB read again: the file system process's "
-                        "CPU s per GB" % c, "s/GB", "lower"))
-            ms.append(M("cpu_fs_dropped_%dM" % c, "%d MB read after the page cache is dropped: "
-                        "the file system process's CPU s per GB" % c, "s/GB", "lower"))
+            ms.append(cpu_metric("cpu_fs_dropped_%dM" % c, "%d MB read after the page cache "
+                                 "is dropped" % c))
         ms.append(M("checksum_failures", "md5 mismatches (count)", "count", "lower"))
         return ms
 
@@ -277,7 +288,10 @@ class Reads(Experiment):
                         if (phase == "first" and s == max(ctx.read_sizes)
                                 or phase != "first" and s == CACHED_MB):
                             meter = CpuMeter(cpu_groups(system.pid()))
-                        if meter and phase != "first" and system.pid():
+                        elif system.pid():
+                            # every other read: the file system process's CPU alone
+                            meter = CpuMeter({"fs": [system.pid()]})
+                        if meter and phase != "first" and s == CACHED_MB and system.pid():
                             # a cached read's own cost: not the work still running from
                             # the first read (building the file passthrough serves)
                             if not wait_idle(system.pid()):
@@ -285,14 +299,17 @@ class Reads(Experiment):
                         if phase == "dropped":
                             drop_caches()
                         after = None
-                        if phase == "first" and meter and system.pid():
+                        if phase == "first" and s == max(ctx.read_sizes) and system.pid():
                             after = CpuMeter({"fs": [system.pid()]})
                         mbps, ok = self._read(ctx, os.path.join(system.root, rel), s,
                                               ctx.manifest[rel], meter, after)
                         runs.setdefault("%s_%dM" % (phase, s), []).append(mbps)
-                        if meter:
+                        if meter and meter.result and "proxy" in meter.groups:
                             record_cpu(runs, "%s_%dM" % (phase, s), meter.result, s << 20,
                                        {"fs": "fs", "reader": "children"})
+                        elif meter and meter.result and "fs_s" in meter.result:
+                            runs.setdefault("cpu_fs_%s_%dM" % (phase, s), []).append(
+                                cpu_per_gb(meter.result["fs_s"], s << 20))
                         if after and after.result:
                             per = GB / (s << 20)
                             late = after.result["fs_s"] * per
@@ -306,9 +323,6 @@ class Reads(Experiment):
             ctx.memory.setdefault(system.name, {})["2"] = sampler.result()
         system.unmount()
         res = {k: summarize(v) for k, v in runs.items()}
-        if system.store is None:
-            for phase in ("again", "dropped"):
-                res["cpu_fs_%s_%dM" % (phase, CACHED_MB)] = na("no file system process")
         res["checksum_failures"] = summarize([failures])
         return res
 
@@ -465,8 +479,10 @@ class CopySweep(Experiment):
         ms = []
         for s in ctx.copy_sizes:
             ms.append(M("to_%dM" % s, "cp %d MB local -> mount (MB/s)" % s, "MB/s", "higher"))
+            ms.append(cpu_metric("cpu_fs_to_%dM" % s, "cp %d MB local -> mount" % s))
         for s in ctx.copy_sizes:
             ms.append(M("from_%dM" % s, "cp %d MB mount -> local (MB/s)" % s, "MB/s", "higher"))
+            ms.append(cpu_metric("cpu_fs_from_%dM" % s, "cp %d MB mount -> local" % s))
         ms.append(M("checksum_failures", "md5 mismatches after round trip", "count", "lower"))
         return ms
 
@@ -500,13 +516,17 @@ class CopySweep(Experiment):
                     drop_caches(pages_only=True)
                     read_through(src)
                     try:
-                        dt = run_in_dir(system, d, ["cp", src, dst], tmo)[3]
+                        with FsCpu(system.pid) as cpu:
+                            dt = run_in_dir(system, d, ["cp", src, dst], tmo)[3]
                     except CmdError as e:
                         return write_failed(system, e, [m["key"] for m in self.metrics(ctx)])
                     runs.setdefault("to_%dM" % s, []).append(s * (1 << 20) / MB / dt)
+                    add_fs_cpu(runs, "cpu_fs_to_%dM" % s, cpu, s << 20)
                     local = os.path.join(back, "c%dM" % s)
-                    dt = timed(["cp", dst, local], tmo)
+                    with FsCpu(system.pid) as cpu:
+                        dt = timed(["cp", dst, local], tmo)
                     runs.setdefault("from_%dM" % s, []).append(s * (1 << 20) / MB / dt)
+                    add_fs_cpu(runs, "cpu_fs_from_%dM" % s, cpu, s << 20)
                     got = run(["md5sum", local], tmo)[1].split()[0]
                     if got != ctx.copy_md5[s]:
                         failures += 1

@@ -23,7 +23,7 @@ import os
 
 from .experiments import (M, Experiment, error, fresh_mount, mkdir, rmtree, wpath,
                           write_failed)
-from .util import CmdError, drop_caches, is_mounted, log, na, run, summarize
+from .util import CmdError, FsCpu, drop_caches, is_mounted, log, na, run, summarize
 
 
 class Job:
@@ -107,13 +107,16 @@ WRITE_EXTRA = {
     "mountpoint-s3": ["--create_on_open=1"],
 }
 
-FIELDS = [("bw", "MB/s", "higher"), ("iops", "IOPS", "higher"),
+FIELDS = [("bw", "MB/s", "higher"), ("cpu_gb", "s/GB", "lower"), ("iops", "IOPS", "higher"),
           ("lat_mean", "ms", "lower"), ("lat_p99", "ms", "lower")]
 WRITE_PHASE = ("write_s", "s", "lower")
 DURABLE = [("durable_fsync.pct", "appender 16K fsync=10: fsyncs after which the bucket holds every byte (%)",
             "%", "higher"),
-           ("durable_fsync.bw", "appender 16K fsync=10: rate with those fsyncs (MB/s)", "MB/s", "higher")]
-FIELD_LABELS = {"write_s": "write phase before the final flush"}
+           ("durable_fsync.bw", "appender 16K fsync=10: rate with those fsyncs (MB/s)", "MB/s", "higher"),
+           ("durable_fsync.cpu_gb", "appender 16K fsync=10: file system CPU (s per GB)", "s/GB",
+            "lower")]
+FIELD_LABELS = {"write_s": "write phase before the final flush",
+                "cpu_gb": "file system CPU per GB"}
 
 
 def parse_fio(path, writes, numjobs=1):
@@ -127,7 +130,8 @@ def parse_fio(path, writes, numjobs=1):
     pct = side.get("clat_ns", {}).get("percentile", {})
     out = {"bw": side["bw_bytes"] / 1e6, "iops": side["iops"],
            "lat_mean": side["lat_ns"]["mean"] / 1e6,
-           "lat_p99": pct.get("99.000000", 0) / 1e6}
+           "lat_p99": pct.get("99.000000", 0) / 1e6,
+           "bytes": sum(data["jobs"][0].get(d, {}).get("io_bytes", 0) for d in ("read", "write"))}
     if writes:
         out["write_s"] = side["lat_ns"]["mean"] * side["total_ios"] / 1e9 / max(1, numjobs)
     return out
@@ -201,11 +205,14 @@ class Fio(Experiment):
                             fresh_mount(ctx, system)
                         cmd, cap = self._cmd(ctx, system, job, d, out)
                         # the runtime cap bounds the I/O; closing/uploading is extra
-                        run(cmd, ctx.timeout(cap + 300))
+                        with FsCpu(getattr(system, "pid", None)) as cpu:
+                            run(cmd, ctx.timeout(cap + 300))
                         r = parse_fio(out, job.writes, job.jobs)
+                        r["cpu_gb"] = cpu.per_gb(r.get("bytes"))
                         for f, _, _ in job.fields:
-                            vals["%s.%s" % (job.key, f)].append(r[f])
-                    res.update({k: summarize(v) for k, v in vals.items()})
+                            if r[f] is not None:
+                                vals["%s.%s" % (job.key, f)].append(r[f])
+                    res.update({k: summarize(v) for k, v in vals.items() if v})
                 except (CmdError, ValueError, KeyError) as e:
                     log("%s: fio %s failed: %s" % (system.name, job.key, e))
                     if job.writes:
@@ -246,6 +253,8 @@ def durable_fsyncs(ctx, system, d):
     chunk, every = 16 << 10, 10
     fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
     written, checks, durable, busy = 0, 0, 0, 0.0
+    cpu = FsCpu(system.pid)
+    cpu.__enter__()
     try:
         for i in range(total // chunk):
             data = os.urandom(chunk)
@@ -262,5 +271,10 @@ def durable_fsyncs(ctx, system, d):
                 durable += 1
     finally:
         os.close(fd)
-    return {"durable_fsync.pct": summarize([100.0 * durable / max(1, checks)]),
-            "durable_fsync.bw": summarize([written / 1e6 / max(busy, 1e-9)])}
+        cpu.__exit__(None, None, None)
+    out = {"durable_fsync.pct": summarize([100.0 * durable / max(1, checks)]),
+           "durable_fsync.bw": summarize([written / 1e6 / max(busy, 1e-9)])}
+    # the file system's CPU over the loop (its reads of the store go around the mount)
+    if cpu.per_gb(written) is not None:
+        out["durable_fsync.cpu_gb"] = summarize([cpu.per_gb(written)])
+    return out

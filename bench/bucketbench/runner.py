@@ -27,6 +27,7 @@ from .util import CmdError, error, log, na, run
 
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(BENCH_DIR)
+DEFAULT_BIN = os.path.join(REPO, "target", "release", "bucketfs")
 
 
 class Context:
@@ -39,6 +40,7 @@ class Context:
         self.workdir = os.path.abspath(args.workdir)
         self.seed_dir = os.path.join(self.workdir, "seed")
         self.repo = REPO
+        self.bucketfs_bin = os.path.abspath(getattr(args, "bucketfs_bin", None) or DEFAULT_BIN)
         self.full_runs = args.runs
         self.read_sizes = [1, 10, 50, 100, 200] + ([] if args.quick else [1024])
         self.copy_sizes = ([4, 8, 16, 32, 64] if args.quick else
@@ -118,6 +120,9 @@ def parse_args(argv):
     p.add_argument("--no-install", action="store_true", help="do not install anything")
     p.add_argument("--build", choices=["auto", "always", "never"], default="auto",
                    help="cargo build --release: if the binary is missing (auto), always, never")
+    p.add_argument("--bucketfs-bin", metavar="PATH", default=DEFAULT_BIN,
+                   help="the bucketfs binary to run (default target/release/bucketfs; another "
+                   "path is never built, e.g. a copy that a rebuild of target/ cannot change)")
     p.add_argument("--tag", help="name this run: results/<date>-<profile>-TAG.json, its "
                    "report in the work directory, leaving REPORT.md alone (for a run of a few "
                    "experiments)")
@@ -148,8 +153,10 @@ def parse_args(argv):
     return a
 
 
-def build_bucketfs(mode):
-    binary = os.path.join(REPO, "target", "release", "bucketfs")
+def build_bucketfs(mode, binary=None):
+    binary = os.path.abspath(binary or DEFAULT_BIN)
+    if binary != DEFAULT_BIN:  # a copy given with --bucketfs-bin: used as it is
+        return None if os.access(binary, os.X_OK) else "%s is not an executable" % binary
     if mode == "never" or (mode == "auto" and os.access(binary, os.X_OK)):
         return None
     log("cargo build --release (bucketfs)")
@@ -208,7 +215,7 @@ def main(argv=None):
     build_error = None
     if any(s.startswith("bucketfs") for s in args.system_list) or 8 in args.experiment_list:
         t = time.monotonic()
-        build_error = build_bucketfs(args.build)
+        build_error = build_bucketfs(args.build, args.bucketfs_bin)
         phases["build_s"] = time.monotonic() - t
 
     results_dir = os.path.join(BENCH_DIR, "results")

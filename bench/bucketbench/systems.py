@@ -249,7 +249,8 @@ class Bucketfs(FuseSystem):
         # Options a user can opt into (the tree loaded at mount, a longer metadata TTL).
         self.extra = list(extra)
         super().__init__(ctx)
-        self.built = os.path.join(ctx.repo, "target", "release", "bucketfs")
+        self.built = getattr(ctx, "bucketfs_bin", None) or os.path.join(
+            ctx.repo, "target", "release", "bucketfs")
         self.binary = os.path.join(ctx.workdir, "bin", "bucketfs")
         self.env = S3_ENV if backend == "s3" else None
         self.snapshot = None

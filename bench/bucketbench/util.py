@@ -185,6 +185,37 @@ def proc_cpu(pid):
         return None
 
 
+def cpu_per_gb(cpu_s, nbytes):
+    """CPU seconds per GB (1e9 bytes) moved, or None when nothing moved or no CPU was read.
+    /proc counts CPU in ticks of 1/CLK_TCK s (10 ms here), so below about 100 MB moved a
+    figure is coarse."""
+    if cpu_s is None or not nbytes or nbytes <= 0:
+        return None
+    return max(0.0, cpu_s) * 1e9 / nbytes
+
+
+class FsCpu:
+    """utime+stime of the file system's process (/proc/PID/stat: all its threads) across
+    a block: `seconds` after it, None if there is no process (native disk) or it went away.
+    `pid` is the daemon's pid, or a callable returning it (a remount gives a new one)."""
+
+    def __init__(self, pid):
+        self.pid = pid() if callable(pid) else pid
+        self.seconds = None
+
+    def __enter__(self):
+        self._t0 = proc_cpu(self.pid) if self.pid else None
+        return self
+
+    def __exit__(self, *exc):
+        if self._t0 is not None:
+            t1 = proc_cpu(self.pid)
+            self.seconds = None if t1 is None else t1 - self._t0
+
+    def per_gb(self, nbytes):
+        return cpu_per_gb(self.seconds, nbytes)
+
+
 def pids_by_comm(names):
     """pids of the running processes whose command name is one of `names`."""
     out = []
