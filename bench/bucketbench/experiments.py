@@ -14,6 +14,7 @@
 6  developer workload: git clone of a local C repository, make, stat every file
 7  memory: peak and steady RSS of the filesystem process during 2 and 6
 8  copy tools, 1 GiB up and down, against the link's limit (see cptools.py)
+9  the peers' own fio job files: mountpoint-s3's and gcsfuse's (see peerfio.py)
 
 A write that fails with EROFS ("Read-only file system", as on a read-only
 bucketfs mount) is recorded as "n/a (read-only)" rather than an error.
@@ -88,7 +89,7 @@ def rmtree(path, timeout=600):
         log("cleanup of %s failed: %s" % (path, e))
 
 
-def run_in_dir(system, d, cmd, timeout):
+def run_in_dir(system, d, cmd, timeout, **kw):
     """run(cmd) that writes into the scratch directory `d`, made again if it has gone.
     mountpoint-s3's directories are its keys' prefixes: once the last file in `d` is
     deleted, `d` goes too (when its metadata expires, a second or so later), and a command
@@ -97,13 +98,13 @@ def run_in_dir(system, d, cmd, timeout):
     if not os.path.isdir(d):
         mkdir(system, d)
     try:
-        return run(cmd, timeout)
+        return run(cmd, timeout, **kw)
     except CmdError:
         if os.path.isdir(d):
             raise
     log("%s: %s had gone; made again" % (system.name, d))
     mkdir(system, d)
-    return run(cmd, timeout)
+    return run(cmd, timeout, **kw)
 
 
 def write_failed(system, exc, keys):
@@ -660,5 +661,6 @@ class Memory(Experiment):
 def all_experiments():
     from .cptools import CopyTools
     from .fiobench import Fio
+    from .peerfio import PeerFio
     return {e.id: e for e in (MountFind(), Reads(), Fio(), SmallFiles(), CopySweep(),
-                              DevWorkload(), Memory(), CopyTools())}
+                              DevWorkload(), Memory(), CopyTools(), PeerFio())}

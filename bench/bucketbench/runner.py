@@ -28,6 +28,7 @@ from .util import CmdError, error, log, na, run
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(BENCH_DIR)
 DEFAULT_BIN = os.path.join(REPO, "target", "release", "bucketfs")
+LAST_EXPERIMENT = 9
 
 
 class Context:
@@ -109,9 +110,9 @@ def parse_args(argv):
                    "each direction (toxiproxy caps per connection, not in total)")
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help="comma-separated, from: " + ",".join(ALL_SYSTEMS))
-    p.add_argument("--experiments", default="1,2,3,4,5,6,7",
-                   help="comma-separated experiment numbers 1-8 (8, copy tools, runs only "
-                   "when named)")
+    p.add_argument("--experiments", default="1,2,3,4,5,6,7,9",
+                   help="comma-separated experiment numbers 1-%d (8, copy tools, runs only "
+                   "when named)" % LAST_EXPERIMENT)
     p.add_argument("--runs", type=int, default=3, help="repeats per measurement (full mode)")
     p.add_argument("--workdir", default="/tmp/bucketbench", help="scratch space (data, mounts)")
     p.add_argument("--port-offset", type=int, default=0,
@@ -148,8 +149,8 @@ def parse_args(argv):
         a.experiment_list = sorted({int(x) for x in a.experiments.split(",") if x.strip()})
     except ValueError:
         p.error("--experiments takes numbers like 1,2,5")
-    if not all(1 <= e <= 8 for e in a.experiment_list):
-        p.error("experiments are numbered 1 to 8")
+    if not all(1 <= e <= LAST_EXPERIMENT for e in a.experiment_list):
+        p.error("experiments are numbered 1 to %d" % LAST_EXPERIMENT)
     return a
 
 
@@ -287,6 +288,11 @@ def main(argv=None):
         mounts = any(not getattr(exps[e], "standalone", False) for e in args.experiment_list)
         prefixes = (["tree"] if mounts else []) + (["big/f%dM" % s for s in sizes])
         _seed(srv, ctx, prefixes)
+        for eid in args.experiment_list:  # what an experiment lays out before any system
+            if hasattr(exps[eid], "prepare"):
+                phases["prepare_%d_s" % eid] = -time.monotonic()
+                log(exps[eid].prepare(ctx, srv) or "experiment %d prepared" % eid)
+                phases["prepare_%d_s" % eid] += time.monotonic()
         doc["meta"]["toxics"] = srv.apply_profile()
         doc["meta"]["server_versions"] = srv.versions()
         phases["servers_s"] = time.monotonic() - t
@@ -300,6 +306,8 @@ def main(argv=None):
                           "charts": exp.charts(ctx)})
             for k in ("results", "seconds", "requests"):
                 entry.setdefault(k, {})
+            if hasattr(exp, "describe") and not getattr(exp, "standalone", False):
+                entry["description"] = exp.describe(ctx)
             doc["experiments"][str(eid)] = entry
             ran = False
             if getattr(exp, "standalone", False):
