@@ -253,6 +253,15 @@ pub struct InodeTable {
     /// miss that change, so it is installed stale (see [`InodeTable::set_listing_since`]).
     change_seq: u64,
     changed: HashMap<u64, u64>,
+    /// Of those, the count at each directory's latest change not to one name alone (a
+    /// rename moving its objects, its keys rewritten, its listing dropped, a store event):
+    /// an answer sent before it is distrusted whole. Changes to one name are in `named`.
+    whole: HashMap<u64, u64>,
+    /// The count at each name's latest change here (create, upload done, unlink, renamed in
+    /// or away), until a listing of its directory sent after it is recorded: a listing sent
+    /// before takes the mount's state for these names and stands for the rest
+    /// ([`InodeTable::set_listing_since`]). Past [`NAMED_MAX`] they fold into `whole`.
+    named: std::collections::BTreeMap<(u64, String), u64>,
     /// The change count each directory's newest recorded listing was sent at: an answer
     /// sent before it (held up in the network) arrives with older news, and is not
     /// recorded over it (see [`InodeTable::set_listing_since`]).
@@ -316,6 +325,10 @@ impl Moving {
 /// is listed again to answer a lookup or a `stat` past the TTL (see `Fs::find_child`).
 pub const RELIST_MAX: usize = 1000;
 
+/// Bound of [`InodeTable`]'s per-name change records; past it they are folded into their
+/// directories' whole changes (an answer sent before them is then distrusted whole).
+const NAMED_MAX: usize = 65_536;
+
 /// Bound of [`InodeTable`]'s absent names; past it the oldest half is dropped.
 const ABSENT_MAX: usize = 4096;
 
@@ -368,6 +381,8 @@ impl InodeTable {
             next_ino: 2,
             change_seq: 0,
             changed: HashMap::new(),
+            whole: HashMap::new(),
+            named: Default::default(),
             answered: HashMap::new(),
             big_subtrees: Default::default(),
             absent: HashMap::new(),
@@ -513,6 +528,8 @@ impl InodeTable {
             self.big_subtrees.remove(&ino);
             self.forget_removed_in(ino, u64::MAX);
             self.changed.remove(&ino);
+            self.whole.remove(&ino);
+            self.forget_named_in(ino, u64::MAX);
             self.answered.remove(&ino);
             self.changed_when.remove(&ino);
             self.missed.remove(&ino);
@@ -526,7 +543,7 @@ impl InodeTable {
     /// Forget that (parent, name) exists, e.g. after the store says it is gone.
     pub fn unlink(&mut self, parent: u64, name: &str) {
         self.unlink_path(parent, name);
-        self.note_change(parent);
+        self.note_name_change(parent, name);
     }
 
     fn unlink_path(&mut self, parent: u64, name: &str) {
@@ -548,8 +565,8 @@ impl InodeTable {
             self.note_removed(old_parent, &old_name);
         }
         self.removed.remove(&(parent, name.to_string()));
-        self.note_change(old_parent);
-        self.note_change(parent);
+        self.note_name_change(old_parent, &old_name);
+        self.note_name_change(parent, name);
         self.absent.remove(&(parent, name.to_string()));
         if let Some(old) = self.index.insert((parent, name.to_string()), ino) {
             if old != ino {
@@ -645,143 +662,5 @@ pub fn key_for(parent_key: &str, name: &str, kind: Kind) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn meta(name: &str, kind: Kind) -> ChildMeta {
-        ChildMeta {
-            name: name.into(),
-            kind,
-            size: 3,
-            mtime: SystemTime::UNIX_EPOCH,
-            etag: None,
-            attrs: None,
-            size_unknown: false,
-        }
-    }
-
-    #[test]
-    fn upsert_reuses_inode_and_replaces_on_kind_change() {
-        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
-        let a = t.upsert(ROOT_INO, &meta("a", Kind::File));
-        assert_eq!(t.upsert(ROOT_INO, &meta("a", Kind::File)), a);
-        assert_eq!(t.get(a).unwrap().key, "a");
-        let d = t.upsert(ROOT_INO, &meta("a", Kind::Dir));
-        assert_ne!(d, a);
-        assert_eq!(t.get(d).unwrap().key, "a/");
-        let f = t.upsert(d, &meta("x", Kind::File));
-        assert_eq!(t.get(f).unwrap().key, "a/x");
-        t.check_invariants();
-        t.relocate(d, ROOT_INO, "b");
-        assert_eq!(t.get(f).unwrap().key, "b/x", "a move rewrites the keys below");
-        t.check_invariants();
-    }
-
-    #[test]
-    fn a_listing_of_a_directory_fetched_before_it_moved_is_not_trusted() {
-        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
-        let d = t.upsert(ROOT_INO, &meta("a", Kind::Dir));
-        t.upsert(d, &meta("x", Kind::File));
-        // A lister asks the store for "a/" (old objects, old identities)...
-        let since = t.change_seq();
-        // ...while the directory moves to "b/" (every object copied: new identities).
-        t.relocate(d, ROOT_INO, "b");
-        t.expire_below("b/", t.now());
-        let old = HashMap::from([("x".to_string(), meta("x", Kind::File))]);
-        let listing = Listing {
-            at: t.now(),
-            valid_for: std::time::Duration::from_secs(60),
-            children: old,
-            subtree: false,
-            overtaken: false,
-        };
-        t.set_listing_since(d, listing, since);
-        assert!(!t.listing_fresh(d), "the old keys' listing must not answer for the moved directory");
-        assert!(t.listing(d).unwrap().overtaken);
-    }
-
-    /// An `rm -rf` of more names than the old cap (4,096): every removal is still known to
-    /// an overtaken listing (it failed open past the cap), until a listing sent after the
-    /// removals is recorded.
-    #[test]
-    fn removals_last_until_a_listing_sent_after_them() {
-        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
-        let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
-        let names: Vec<String> = (0..5000).map(|i| format!("f{i:04}")).collect();
-        for n in &names {
-            t.upsert(d, &meta(n, Kind::File));
-        }
-        let before = t.change_seq(); // a listing sent before the rm
-        for n in &names {
-            t.listing_remove(d, n);
-        }
-        assert!(names.iter().all(|n| t.removed_here(d, n)), "every removal is remembered");
-        let empty = || Listing {
-            at: Instant::now(),
-            valid_for: std::time::Duration::from_secs(60),
-            children: HashMap::new(),
-            subtree: false,
-            overtaken: false,
-        };
-        t.set_listing_since(d, empty(), before);
-        assert!(t.removed_here(d, "f0000"), "a listing sent before the removals does not clear them");
-        t.set_listing_since(d, empty(), t.change_seq());
-        assert!(!t.removed_here(d, "f0000") && !t.removed_here(d, "f4999"), "a listing sent after does");
-        t.check_invariants();
-    }
-
-    /// A listing sent before a removal, landing after a newer listing cleared the removal's
-    /// record and was itself dropped (trimmed, or the kernel forgot the directory), does
-    /// not bring the name back (review of the order rule: it held only while the newer
-    /// listing did).
-    #[test]
-    fn a_listing_older_than_one_dropped_does_not_bring_back_a_removed_name() {
-        for forgotten in [false, true] {
-            let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
-            let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
-            t.upsert(d, &meta("x", Kind::File));
-            let listing = |names: &[&str]| Listing {
-                at: Instant::now(),
-                valid_for: std::time::Duration::from_secs(60),
-                children: names.iter().map(|n| (n.to_string(), meta(n, Kind::File))).collect(),
-                subtree: false,
-                overtaken: false,
-            };
-            let old = t.change_seq(); // a listing sent now, answered late, shows x
-            t.listing_remove(d, "x");
-            t.set_listing_since(d, listing(&[]), t.change_seq());
-            assert!(!t.removed_here(d, "x"), "a listing sent after the removal clears its record");
-            if forgotten {
-                t.remember(d);
-                t.forget(d, 1);
-            } else {
-                t.evict_dir(d);
-            }
-            t.set_listing_since(d, listing(&["x"]), old);
-            assert!(t.listing(d).is_none_or(|l| !l.children.contains_key("x")), "x came back (forgotten: {forgotten})");
-            t.check_invariants();
-        }
-    }
-
-    #[test]
-    fn forget_drops_node_at_zero() {
-        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
-        let a = t.upsert(ROOT_INO, &meta("a", Kind::File));
-        t.remember(a);
-        t.remember(a);
-        t.forget(a, 1);
-        assert!(t.get(a).is_some());
-        t.forget(a, 1);
-        assert!(t.get(a).is_none());
-        // chmod'ed nodes outlive the kernel's references: the mode must survive eviction.
-        let b = t.upsert(ROOT_INO, &meta("b", Kind::File));
-        t.remember(b);
-        t.get_mut(b).unwrap().perm = Some(0o600);
-        t.forget(b, 1);
-        assert_eq!(t.child(ROOT_INO, "b").map(|n| n.ino), Some(b));
-        assert!(t.child(ROOT_INO, "a").is_none());
-        t.forget(ROOT_INO, 5);
-        assert!(t.get(ROOT_INO).is_some());
-        t.check_invariants();
-    }
-}
+#[path = "inode_tests.rs"]
+mod tests;

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use super::{ChildMeta, InodeTable, Kind, Listing, Moving, ABSENT_MAX, RELIST_MAX};
+use super::{ChildMeta, InodeTable, Kind, Listing, Moving, ABSENT_MAX, NAMED_MAX, RELIST_MAX};
 
 impl InodeTable {
     /// A probe begun at change count `since` found `name` absent from `dir`; not recorded if
@@ -77,12 +77,64 @@ impl InodeTable {
         }
     }
 
+    /// A change here of `dir` as a whole (see `whole`).
     pub(super) fn note_change(&mut self, dir: u64) {
+        self.note_dir_change(dir);
+        self.whole.insert(dir, self.change_seq);
+    }
+
+    /// A change here of `name` in `dir` alone (see `named`).
+    pub(super) fn note_name_change(&mut self, dir: u64, name: &str) {
+        self.note_dir_change(dir);
+        if self.named.len() >= NAMED_MAX {
+            // Folded into whole changes, later than any of them: it errs on the safe side.
+            let dirs: std::collections::HashSet<u64> = self.named.keys().map(|(d, _)| *d).collect();
+            for d in dirs {
+                self.whole.insert(d, self.change_seq);
+            }
+            self.named.clear();
+        }
+        self.named.insert((dir, name.to_string()), self.change_seq);
+    }
+
+    fn note_dir_change(&mut self, dir: u64) {
         self.change_seq += 1;
         self.changed.insert(dir, self.change_seq);
         if self.events_since.is_some() {
             self.changed_when.insert(dir, self.clock.now());
         }
+    }
+
+    /// Drop the per-name change records of `dir` made at or before change count `upto`.
+    pub(super) fn forget_named_in(&mut self, dir: u64, upto: u64) {
+        let gone: Vec<(u64, String)> = self
+            .named
+            .range((dir, String::new())..)
+            .take_while(|((d, _), _)| *d == dir)
+            .filter(|(_, s)| **s <= upto)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.named.remove(&k);
+        }
+    }
+
+    /// `listing` of `dir`, sent at change count `since`, with the mount's state for the
+    /// names of `dir` changed here since: each as its node holds it, or absent if it was
+    /// removed here. `false` if a changed name has neither (its node forgotten by the
+    /// kernel meanwhile): the listing cannot be told right for it, and is distrusted whole.
+    fn merge_own_changes(&self, dir: u64, listing: &mut Listing, since: u64) -> bool {
+        let changed = self.named.range((dir, String::new())..).take_while(|((d, _), _)| *d == dir);
+        for ((_, name), _) in changed.filter(|(_, s)| **s > since) {
+            if let Some(n) = self.child(dir, name) {
+                listing.children.insert(name.clone(), n.entry());
+            } else if self.removed_here(dir, name) {
+                listing.children.remove(name);
+            } else {
+                return false;
+            }
+        }
+        true
     }
 
     /// The change count now: take it before listing the store, pass it to
@@ -104,14 +156,22 @@ impl InodeTable {
     /// rename moves objects of `dir` in the store: every answer about it taken meanwhile
     /// counts as overtaken.
     pub fn changed_at(&self, dir: u64) -> u64 {
-        let moving = self
-            .moving
-            .iter()
-            .any(|(_, m)| m.dirs.contains(&dir) || self.nodes.get(&dir).is_some_and(|d| m.covers(&d.key)));
-        if moving {
+        if self.moving_now(dir) {
             return u64::MAX;
         }
         self.changed.get(&dir).copied().unwrap_or(0)
+    }
+
+    /// [`InodeTable::changed_at`], counting only changes of `dir` as a whole (`whole`).
+    fn changed_whole_at(&self, dir: u64) -> u64 {
+        if self.moving_now(dir) {
+            return u64::MAX;
+        }
+        self.whole.get(&dir).copied().unwrap_or(0)
+    }
+
+    fn moving_now(&self, dir: u64) -> bool {
+        self.moving.iter().any(|(_, m)| m.dirs.contains(&dir) || self.nodes.get(&dir).is_some_and(|d| m.covers(&d.key)))
     }
 
     /// A rename is about to change the store: key `from` (in directory `from_dir`) goes to
@@ -152,7 +212,7 @@ impl InodeTable {
     }
 
     pub fn listing_insert(&mut self, dir: u64, meta: ChildMeta) {
-        self.note_change(dir);
+        self.note_name_change(dir, &meta.name);
         self.absent.remove(&(dir, meta.name.clone()));
         if let Some(l) = self.listings.get_mut(&dir) {
             l.children.insert(meta.name.clone(), meta);
@@ -161,7 +221,7 @@ impl InodeTable {
 
     /// Drop `name` from `dir`'s cached listing and from the path index.
     pub fn listing_remove(&mut self, dir: u64, name: &str) {
-        self.note_change(dir);
+        self.note_name_change(dir, name);
         if let Some(l) = self.listings.get_mut(&dir) {
             l.children.remove(name);
         }
@@ -220,10 +280,14 @@ impl InodeTable {
     }
 
     /// Install a listing fetched from the store after [`InodeTable::change_seq`] was
-    /// `since`. If `dir` changed here meanwhile (a create, mkdir, unlink or rename that the
-    /// listing may or may not include), it is installed already stale: it serves the readdir
-    /// that asked for it, but lookups and the next readdir ask the store again instead of
-    /// trusting it (found by the shuttle model, crates/core/tests/model.rs).
+    /// `since`. Names of `dir` changed here meanwhile (a create, upload, unlink or rename
+    /// the listing may or may not include) take the mount's state, and the listing stands
+    /// for the rest (a busy directory's lookups are not probed name by name). If `dir`
+    /// changed as a whole meanwhile (a rename moving its objects, its keys rewritten, a
+    /// store event), or a changed name's state is no longer held, it is installed already
+    /// stale: it serves the readdir that asked for it, but lookups and the next readdir ask
+    /// the store again instead of trusting it (found by the shuttle model,
+    /// crates/core/tests/model.rs).
     ///
     /// A listing sent before the one `dir` holds now (an answer held up, landing late) is
     /// older news: it is not recorded at all. It may show a name removed here whose record
@@ -234,7 +298,7 @@ impl InodeTable {
             return; // older news, or a directory gone meanwhile
         }
         self.answered.insert(dir, since);
-        if self.changed_at(dir) > since {
+        if self.changed_whole_at(dir) > since || !self.merge_own_changes(dir, &mut listing, since) {
             listing.valid_for = std::time::Duration::ZERO;
             listing.overtaken = true;
         } else if !listing.valid_for.is_zero() {
@@ -247,6 +311,7 @@ impl InodeTable {
         // Removals before the listing was sent are in it (a delete is done, or pending and
         // waited for, before a listing of its prefix goes out: deletes.rs).
         self.forget_removed_in(dir, since);
+        self.forget_named_in(dir, since);
         if listing.children.len() <= RELIST_MAX {
             self.wide.remove(&dir); // it shrank: one listing answers its lookups again
         }

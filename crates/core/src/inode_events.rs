@@ -105,11 +105,14 @@ impl InodeTable {
     fn note_remote_change(&mut self, dir: u64) {
         self.change_seq += 1;
         self.changed.insert(dir, self.change_seq);
+        self.whole.insert(dir, self.change_seq); // no own state to merge: distrusted whole
     }
 
     /// Expire `name` in `dir`: drop the listing, mark the node unconfirmed (and, for a
     /// directory, drop its own listing: what it holds is not known either).
     fn expire_name(&mut self, dir: u64, name: &str, ttl: Duration) -> EventApplied {
+        // A listing of `dir` on its way may predate the change: it lands overtaken.
+        self.note_remote_change(dir);
         let at = self.expired_instant(ttl);
         self.drop_listing(dir);
         self.absent.remove(&(dir, name.to_string()));

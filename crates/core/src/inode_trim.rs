@@ -77,6 +77,7 @@ impl InodeTable {
         fit(&mut self.listings);
         fit(&mut self.listed_at);
         fit(&mut self.changed);
+        fit(&mut self.whole);
         fit(&mut self.answered);
     }
 

@@ -1,0 +1,231 @@
+//! Unit tests of the inode table (inode.rs and its parts).
+use super::*;
+
+fn meta(name: &str, kind: Kind) -> ChildMeta {
+    ChildMeta {
+        name: name.into(),
+        kind,
+        size: 3,
+        mtime: SystemTime::UNIX_EPOCH,
+        etag: None,
+        attrs: None,
+        size_unknown: false,
+    }
+}
+
+#[test]
+fn upsert_reuses_inode_and_replaces_on_kind_change() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let a = t.upsert(ROOT_INO, &meta("a", Kind::File));
+    assert_eq!(t.upsert(ROOT_INO, &meta("a", Kind::File)), a);
+    assert_eq!(t.get(a).unwrap().key, "a");
+    let d = t.upsert(ROOT_INO, &meta("a", Kind::Dir));
+    assert_ne!(d, a);
+    assert_eq!(t.get(d).unwrap().key, "a/");
+    let f = t.upsert(d, &meta("x", Kind::File));
+    assert_eq!(t.get(f).unwrap().key, "a/x");
+    t.check_invariants();
+    t.relocate(d, ROOT_INO, "b");
+    assert_eq!(t.get(f).unwrap().key, "b/x", "a move rewrites the keys below");
+    t.check_invariants();
+}
+
+#[test]
+fn a_listing_of_a_directory_fetched_before_it_moved_is_not_trusted() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let d = t.upsert(ROOT_INO, &meta("a", Kind::Dir));
+    t.upsert(d, &meta("x", Kind::File));
+    // A lister asks the store for "a/" (old objects, old identities)...
+    let since = t.change_seq();
+    // ...while the directory moves to "b/" (every object copied: new identities).
+    t.relocate(d, ROOT_INO, "b");
+    t.expire_below("b/", t.now());
+    let old = HashMap::from([("x".to_string(), meta("x", Kind::File))]);
+    let listing = Listing {
+        at: t.now(),
+        valid_for: std::time::Duration::from_secs(60),
+        children: old,
+        subtree: false,
+        overtaken: false,
+    };
+    t.set_listing_since(d, listing, since);
+    assert!(!t.listing_fresh(d), "the old keys' listing must not answer for the moved directory");
+    assert!(t.listing(d).unwrap().overtaken);
+}
+
+/// An `rm -rf` of more names than the old cap (4,096): every removal is still known to
+/// an overtaken listing (it failed open past the cap), until a listing sent after the
+/// removals is recorded.
+#[test]
+fn removals_last_until_a_listing_sent_after_them() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+    let names: Vec<String> = (0..5000).map(|i| format!("f{i:04}")).collect();
+    for n in &names {
+        t.upsert(d, &meta(n, Kind::File));
+    }
+    let before = t.change_seq(); // a listing sent before the rm
+    for n in &names {
+        t.listing_remove(d, n);
+    }
+    assert!(names.iter().all(|n| t.removed_here(d, n)), "every removal is remembered");
+    let empty = || Listing {
+        at: Instant::now(),
+        valid_for: std::time::Duration::from_secs(60),
+        children: HashMap::new(),
+        subtree: false,
+        overtaken: false,
+    };
+    t.set_listing_since(d, empty(), before);
+    assert!(t.removed_here(d, "f0000"), "a listing sent before the removals does not clear them");
+    t.set_listing_since(d, empty(), t.change_seq());
+    assert!(!t.removed_here(d, "f0000") && !t.removed_here(d, "f4999"), "a listing sent after does");
+    t.check_invariants();
+}
+
+/// A listing sent before a removal, landing after a newer listing cleared the removal's
+/// record and was itself dropped (trimmed, or the kernel forgot the directory), does
+/// not bring the name back (review of the order rule: it held only while the newer
+/// listing did).
+#[test]
+fn a_listing_older_than_one_dropped_does_not_bring_back_a_removed_name() {
+    for forgotten in [false, true] {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+        t.upsert(d, &meta("x", Kind::File));
+        let listing = |names: &[&str]| Listing {
+            at: Instant::now(),
+            valid_for: std::time::Duration::from_secs(60),
+            children: names.iter().map(|n| (n.to_string(), meta(n, Kind::File))).collect(),
+            subtree: false,
+            overtaken: false,
+        };
+        let old = t.change_seq(); // a listing sent now, answered late, shows x
+        t.listing_remove(d, "x");
+        t.set_listing_since(d, listing(&[]), t.change_seq());
+        assert!(!t.removed_here(d, "x"), "a listing sent after the removal clears its record");
+        if forgotten {
+            t.remember(d);
+            t.forget(d, 1);
+        } else {
+            t.evict_dir(d);
+        }
+        t.set_listing_since(d, listing(&["x"]), old);
+        assert!(t.listing(d).is_none_or(|l| !l.children.contains_key("x")), "x came back (forgotten: {forgotten})");
+        t.check_invariants();
+    }
+}
+
+#[test]
+fn forget_drops_node_at_zero() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let a = t.upsert(ROOT_INO, &meta("a", Kind::File));
+    t.remember(a);
+    t.remember(a);
+    t.forget(a, 1);
+    assert!(t.get(a).is_some());
+    t.forget(a, 1);
+    assert!(t.get(a).is_none());
+    // chmod'ed nodes outlive the kernel's references: the mode must survive eviction.
+    let b = t.upsert(ROOT_INO, &meta("b", Kind::File));
+    t.remember(b);
+    t.get_mut(b).unwrap().perm = Some(0o600);
+    t.forget(b, 1);
+    assert_eq!(t.child(ROOT_INO, "b").map(|n| n.ino), Some(b));
+    assert!(t.child(ROOT_INO, "a").is_none());
+    t.forget(ROOT_INO, 5);
+    assert!(t.get(ROOT_INO).is_some());
+    t.check_invariants();
+}
+
+fn listing_of(t: &InodeTable, names: &[&str]) -> Listing {
+    Listing {
+        at: t.now(),
+        valid_for: std::time::Duration::from_secs(60),
+        children: names.iter().map(|n| (n.to_string(), meta(n, Kind::File))).collect(),
+        subtree: false,
+        overtaken: false,
+    }
+}
+
+/// A busy directory (a build writing into it): a listing sent before some of its names
+/// changed here takes the mount's state for those and stands for the rest, instead of
+/// being distrusted whole; a change of the directory as a whole still distrusts it.
+#[test]
+fn a_listing_overtaken_by_changes_of_some_names_stands_for_the_rest() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+    for n in ["x", "y", "w"] {
+        t.upsert(d, &meta(n, Kind::File));
+    }
+    let store_view = listing_of(&t, &["x", "y", "w"]);
+    let since = t.change_seq(); // the listing is sent
+    t.listing_remove(d, "y"); // removed here meanwhile
+    let z = t.upsert(d, &meta("z", Kind::File)); // made here meanwhile
+    t.get_mut(z).unwrap().size = 42;
+    t.relist(z);
+    let w = t.child(d, "w").unwrap().ino;
+    t.get_mut(w).unwrap().size = 7; // uploaded anew here meanwhile
+    t.relist(w);
+    t.set_listing_since(d, store_view, since);
+    let l = t.listing(d).unwrap();
+    assert!(!l.overtaken && t.listing_fresh(d), "it answers lookups");
+    let mut names: Vec<&str> = l.children.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["w", "x", "z"]);
+    assert_eq!((l.children["z"].size, l.children["w"].size), (42, 7), "the mount's own versions");
+    // The directory moving meanwhile: its objects' answer is distrusted whole.
+    let since = t.change_seq();
+    t.relocate(d, ROOT_INO, "e");
+    t.expire_below("e/", t.now());
+    t.set_listing_since(d, listing_of(&t, &["x"]), since);
+    assert!(t.listing(d).unwrap().overtaken && !t.listing_fresh(d));
+    t.check_invariants();
+}
+
+/// A name changed here whose node the kernel forgot before the listing landed: the
+/// mount's state of it is not held, so the listing is not taken as right about it (it was
+/// taken as removed: a file made here answered ENOENT from the merged listing).
+#[test]
+fn a_changed_name_no_longer_held_distrusts_the_listing() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+    t.upsert(d, &meta("x", Kind::File));
+    let since = t.change_seq();
+    let z = t.upsert(d, &meta("z", Kind::File)); // made (and uploaded) here meanwhile
+    t.relist(z);
+    t.remember(z);
+    t.forget(z, 1); // the kernel forgets it
+    assert!(t.child(d, "z").is_none(), "the node went");
+    t.set_listing_since(d, listing_of(&t, &["x"]), since);
+    assert!(!t.listing_fresh(d), "a listing without z must not answer that z is absent");
+    t.check_invariants();
+}
+
+/// Another client's change told by a store event between a listing's send and its
+/// arrival: the listing may predate it, so it is distrusted whole, even when names changed
+/// here meanwhile could be merged (it brought a name deleted elsewhere back).
+#[test]
+fn a_store_event_after_a_listing_was_sent_distrusts_it() {
+    let ttl = std::time::Duration::from_secs(1);
+    for (events, how) in [(false, "removal"), (true, "removal, own change recent"), (false, "expired")] {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        if events {
+            t.set_events_since(Some(t.now()));
+        }
+        let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+        t.upsert(d, &meta("b", Kind::File));
+        let since = t.change_seq();
+        let a = t.upsert(d, &meta("a", Kind::File)); // a change here, mergeable
+        t.relist(a);
+        if how == "expired" {
+            t.expire_event("d/b", ttl);
+        } else {
+            t.apply_event("d/b", None, ttl); // another client deleted b
+        }
+        t.set_listing_since(d, listing_of(&t, &["b"]), since);
+        let shows_b = t.listing(d).is_some_and(|l| l.children.contains_key("b"));
+        assert!(!t.listing_fresh(d) || !shows_b, "{how}: b came back as fresh");
+        t.check_invariants();
+    }
+}
