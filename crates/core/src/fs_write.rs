@@ -1,5 +1,5 @@
-//! Opening, reading and writing files; creating and removing names is `fs_names.rs`,
-//! renaming `fs_rename.rs`.
+//! Opening, reading and writing files; the map of staged files is `fs_stage.rs`,
+//! creating and removing names `fs_names.rs`, renaming `fs_rename.rs`.
 //!
 //! Data: see [`crate::write`] (staging, upload on flush/fsync, eager multipart upload).
 //! Namespace changes go to the store first and to the caches only once the store agreed,
@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use crate::fs::{Fs, Handle, Kind, OpenFile};
-use crate::inode::{ChildMeta, Version};
+use crate::inode::Version;
 use crate::write::{SharedStaged, Staged};
 use crate::{names, FsError};
 
@@ -72,43 +72,6 @@ impl Fs {
     /// deletes or moves keys it does not show.
     pub(crate) fn shown_below(&self, dir: &str, key: &str) -> bool {
         names::shown_below(dir, key) && self.store.capabilities().addressable(key)
-    }
-
-    pub(crate) fn is_staged(&self, ino: u64) -> bool {
-        self.staged.lock().unwrap().contains_key(&ino)
-    }
-
-    pub(crate) fn staged_of(&self, ino: u64) -> Option<SharedStaged> {
-        self.staged.lock().unwrap().get(&ino).cloned()
-    }
-
-    /// Drop `ino`'s staged file from the map (called under that file's lock), and with it
-    /// the node's claim that its attributes are owned here (`Node::local`).
-    fn unstage(&self, ino: u64) {
-        self.staged.lock().unwrap().remove(&ino);
-        self.unwatch(ino);
-        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
-            n.local = false;
-        }
-    }
-
-    /// The name is gone (unlink, or replaced by a rename): never upload these bytes; drop
-    /// them now unless a handle still reads them (then at its last close).
-    pub(crate) async fn discard_staged(&self, ino: u64) {
-        let Some(staged) = self.staged_of(ino) else { return };
-        let mut st = staged.lock().await;
-        self.discard_locked(ino, &staged, &mut st);
-    }
-
-    /// [`Fs::discard_staged`] with the staged file locked.
-    pub(crate) fn discard_locked(&self, ino: u64, staged: &SharedStaged, st: &mut Staged) {
-        st.unlinked = true;
-        st.drop_key();
-        self.wb.forget(ino);
-        if st.handles == 0 {
-            // Removed under the staged lock: `stage` re-checks the map after taking it.
-            self.unstage_this(ino, staged, st);
-        }
     }
 
     /// Whether the bucket may hold an object of `ino` under its key: not for a file created
@@ -167,33 +130,6 @@ impl Fs {
 
     pub(crate) async fn upload_pub(&self, ino: u64) -> Result<(), FsError> {
         self.upload_ino(ino, false).await
-    }
-
-    /// [`Fs::unstage`] if `staged` (locked: `st`) is still `ino`'s staged file: a task that
-    /// found it earlier must not drop a newer one an open made since (write_back.rs). A
-    /// clean one's crash-recovery sidecars go with it ([`Staged::leave_clean`]).
-    pub(crate) fn unstage_this(&self, ino: u64, staged: &SharedStaged, st: &mut Staged) {
-        let mut map = self.staged.lock().unwrap();
-        if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, staged)) {
-            map.remove(&ino);
-            drop(map);
-            st.leave_clean();
-            self.unwatch(ino);
-            if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
-                n.local = false;
-            }
-        }
-    }
-
-    /// Children of `dir` that exist only locally so far (created, not yet uploaded).
-    pub(crate) fn staged_children(&self, dir: u64) -> Vec<ChildMeta> {
-        let inos: Vec<u64> = self.staged.lock().unwrap().keys().copied().collect();
-        let t = self.table.lock().unwrap();
-        inos.iter()
-            .filter_map(|i| t.get(*i))
-            .filter(|n| n.parent == dir && t.child(dir, &n.name).map(|c| c.ino) == Some(n.ino))
-            .map(|n| n.entry())
-            .collect()
     }
 
     /// Resolve (parent, name) without taking a kernel reference.
@@ -299,122 +235,6 @@ impl Fs {
             writes_unseen: Default::default(),
         };
         Ok(self.insert_handle(Handle::File(Arc::new(file))))
-    }
-
-    /// `ino`'s node if no staged file exists, checked and read under one table lock. A node
-    /// read before that check may be from the middle of another handle's O_TRUNC-write-close
-    /// cycle (size 0 or the new size, with the old ETag): a reader built on it returns short
-    /// reads the kernel fills with zeros. `None`: staged now, read the staged file.
-    fn unstaged_node(&self, ino: u64) -> Result<Option<crate::inode::Node>, FsError> {
-        // Lock order table -> staged map, as elsewhere. Staging inserts into the map before it
-        // changes the node's size, and an upload updates the node before the map entry goes.
-        let t = self.table.lock().unwrap();
-        if self.is_staged(ino) {
-            return Ok(None);
-        }
-        t.get(ino).cloned().map(Some).ok_or(FsError::NotFound)
-    }
-
-    /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
-    pub(crate) async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
-        loop {
-            if let Some(s) = self.stage_once(node, truncate).await? {
-                return Ok(s);
-            }
-        }
-    }
-
-    /// One try of [`Fs::stage`]; `None` if the staged file was dropped (its last handle
-    /// closed) between finding it and locking it: then try again.
-    async fn stage_once(&self, node: &crate::inode::Node, truncate: bool) -> Result<Option<SharedStaged>, FsError> {
-        // A new staged file is locked before it is published in the map, so no other open
-        // sees it half-filled (an O_TRUNC open would otherwise have its empty file filled).
-        let (shared, guard) = {
-            let mut map = self.staged.lock().unwrap();
-            match map.get(&node.ino) {
-                Some(s) => (s.clone(), None),
-                None => {
-                    std::fs::create_dir_all(&self.cfg.staging_dir).map_err(|e| FsError::Local(e.to_string()))?;
-                    let s = Arc::new(tokio::sync::Mutex::new(Staged::create(
-                        &self.cfg.staging_dir,
-                        node.ino,
-                        self.part_budget.clone(),
-                    )?));
-                    let g = s.clone().try_lock_owned().expect("a new mutex is free");
-                    map.insert(node.ino, s.clone());
-                    (s, Some(g))
-                }
-            }
-        };
-        if guard.is_some() && !truncate {
-            // To be filled from the store, pinned to the version the node names: one not
-            // validated within the TTL is asked about first (a directory rename gives the
-            // moved objects new generations; the fill's If-Match then failed with ESTALE).
-            let stale = |n: &crate::inode::Node| !self.fresh(n.validated) || n.version == Version::Unknown;
-            if let Some(cur) = self.node(node.ino).ok().filter(|n| stale(n) && n.size > 0) {
-                if let Err(e) = self.revalidate(&cur, false).await {
-                    self.unstage(node.ino);
-                    return Err(e);
-                }
-            }
-        }
-        if let Some(n) = self.table.lock().unwrap().get_mut(node.ino) {
-            n.local = true; // from now on no listing or HEAD changes its size (see `unstage`)
-        }
-        let fresh = guard.is_some();
-        let mut st = match guard {
-            Some(g) => g,
-            None => shared.clone().lock_owned().await,
-        };
-        if !fresh && !self.staged.lock().unwrap().get(&node.ino).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
-            return Ok(None);
-        }
-        if truncate && !fresh && self.wb.queued(node.ino) {
-            // Write-back: a version closed while this open waited for the lock is queued,
-            // and the truncate would destroy it before its upload (a crash then lost it):
-            // it goes up first (its intent before the staged lock), then try again.
-            drop(st);
-            self.upload_before_change(node.ino).await?;
-            return Ok(None);
-        }
-        self.observe(node.ino, &mut st)?; // what the kernel wrote directly (passthrough) counts below
-                                          // The node as of now: with our entry in the map no other open changes it, and the
-                                          // caller's copy may predate a whole write-close cycle of another handle.
-        let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
-        // A version whole in the disk cache is taken over, not fetched (passthrough.rs).
-        let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st, truncate)?;
-        if fresh && !truncate && node.size > 0 && !adopted {
-            if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.version.tag()).await {
-                self.unstage(node.ino);
-                drop(st);
-                return Err(e);
-            }
-        }
-        // O_TRUNC of an object with bytes (in the bucket or staged) must upload the empty file.
-        if truncate && (!st.is_empty() || fresh && node.size > 0) {
-            st.set_key(&node.key)?;
-            st.truncate_on_open(fresh.then(|| self.reader_for(node)))?;
-            self.set_local_size(node.ino, 0);
-        }
-        st.handles += 1;
-        drop(st);
-        Ok(Some(shared))
-    }
-
-    /// Catch up with what the kernel wrote to `ino`'s staged file directly (passthrough):
-    /// the staged state and the node's size (listings and renames copy it) follow the file.
-    pub(crate) fn observe(&self, ino: u64, st: &mut Staged) -> Result<(), FsError> {
-        if st.observe()? {
-            self.set_local_size(ino, st.size);
-        }
-        Ok(())
-    }
-
-    fn set_local_size(&self, ino: u64, size: u64) {
-        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
-            n.size = size;
-            n.mtime = SystemTime::now();
-        }
     }
 
     pub(crate) fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>, FsError> {

@@ -32,6 +32,7 @@ pub mod error;
 pub mod events;
 pub mod fs;
 pub(crate) mod fs_names;
+pub(crate) mod fs_stage;
 pub(crate) mod fs_write;
 pub mod inode;
 pub(crate) mod intents;
