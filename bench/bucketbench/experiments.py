@@ -15,6 +15,7 @@
 7  memory: peak and steady RSS of the filesystem process during 2 and 6
 8  copy tools, 1 GiB up and down, against the link's limit (see cptools.py)
 9  the peers' own fio job files: mountpoint-s3's and gcsfuse's (see peerfio.py)
+10 the million-key bucket: mount, ls -l, find, stat, RSS, requests (see keysexp.py)
 
 A write that fails with EROFS ("Read-only file system", as on a read-only
 bucketfs mount) is recorded as "n/a (read-only)" rather than an error.
@@ -661,6 +662,7 @@ class Memory(Experiment):
 def all_experiments():
     from .cptools import CopyTools
     from .fiobench import Fio
+    from .keysexp import ManyKeys
     from .peerfio import PeerFio
     return {e.id: e for e in (MountFind(), Reads(), Fio(), SmallFiles(), CopySweep(),
-                              DevWorkload(), Memory(), CopyTools(), PeerFio())}
+                              DevWorkload(), Memory(), CopyTools(), PeerFio(), ManyKeys())}

@@ -28,7 +28,7 @@ from .util import CmdError, error, log, na, run
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(BENCH_DIR)
 DEFAULT_BIN = os.path.join(REPO, "target", "release", "bucketfs")
-LAST_EXPERIMENT = 9
+LAST_EXPERIMENT = 10
 
 
 class Context:
@@ -111,9 +111,19 @@ def parse_args(argv):
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help="comma-separated, from: " + ",".join(ALL_SYSTEMS))
     p.add_argument("--experiments", default="1,2,3,4,5,6,7,9",
-                   help="comma-separated experiment numbers 1-%d (8, copy tools, runs only "
-                   "when named)" % LAST_EXPERIMENT)
+                   help="comma-separated experiment numbers 1-%d (8, copy tools, and 10, the "
+                   "million-key bucket, run only when named)" % LAST_EXPERIMENT)
     p.add_argument("--runs", type=int, default=3, help="repeats per measurement (full mode)")
+    p.add_argument("--keys", default="1000x1000+100000", metavar="DxK+B",
+                   help="experiment 10's bucket: D directories of K keys and big/ of B keys "
+                   "(default 1000x1000+100000: 1,100,000 keys; e.g. 1000x10+10000 to test)")
+    p.add_argument("--gcs-keys", type=int, default=100000, metavar="N",
+                   help="experiment 10: seed the GCS emulator (in memory) with at most N keys")
+    p.add_argument("--gcs-seed-limit", type=float, default=300.0, metavar="S",
+                   help="experiment 10: stop seeding the GCS emulator after S seconds (it slows "
+                   "as it fills) and run its systems on the keys that went in")
+    p.add_argument("--seed-limit", type=float, default=25.0, metavar="MIN",
+                   help="experiment 10: seed only if the trial's estimate is under MIN minutes")
     p.add_argument("--workdir", default="/tmp/bucketbench", help="scratch space (data, mounts)")
     p.add_argument("--port-offset", type=int, default=0,
                    help="add this to every port (MinIO 19000/19001, GCS 14443, toxiproxy "
@@ -151,6 +161,11 @@ def parse_args(argv):
         p.error("--experiments takes numbers like 1,2,5")
     if not all(1 <= e <= LAST_EXPERIMENT for e in a.experiment_list):
         p.error("experiments are numbered 1 to %d" % LAST_EXPERIMENT)
+    try:
+        from .keyseed import parse_layout
+        parse_layout(a.keys)
+    except ValueError as e:
+        p.error(str(e))
     return a
 
 

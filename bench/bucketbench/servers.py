@@ -31,6 +31,8 @@ MINIO_PORT, MINIO_CONSOLE_PORT = 19000, 19001
 GCS_PORT = 14443
 TOXI_API_PORT = 18474
 S3_PROXY_PORT, GCS_PROXY_PORT = 29000, 24443
+# experiment 10's MinIO of its own (keyseed.py: its data is kept between runs) and its proxy
+KEYS_MINIO_PORT, KEYS_CONSOLE_PORT, KEYS_PROXY_PORT = 19002, 19003, 29002
 BUCKET = "bench"
 ACCESS_KEY = "bucketbench"
 SECRET_KEY = "bucketbench-secret-key"
@@ -38,6 +40,7 @@ REGION = "us-east-1"
 
 S3_ENDPOINT = "http://127.0.0.1:%d" % S3_PROXY_PORT
 GCS_ENDPOINT = "http://127.0.0.1:%d" % GCS_PROXY_PORT
+KEYS_ENDPOINT = "http://127.0.0.1:%d" % KEYS_PROXY_PORT
 
 TREE_FILES, TREE_DIRS = 2000, 100
 
@@ -47,7 +50,11 @@ def set_port_offset(offset):
     process already holds the default ones."""
     global MINIO_PORT, MINIO_CONSOLE_PORT, GCS_PORT, TOXI_API_PORT
     global S3_PROXY_PORT, GCS_PROXY_PORT, S3_ENDPOINT, GCS_ENDPOINT
+    global KEYS_MINIO_PORT, KEYS_CONSOLE_PORT, KEYS_PROXY_PORT, KEYS_ENDPOINT
     MINIO_PORT, MINIO_CONSOLE_PORT = 19000 + offset, 19001 + offset
+    KEYS_MINIO_PORT, KEYS_CONSOLE_PORT = 19002 + offset, 19003 + offset
+    KEYS_PROXY_PORT = 29002 + offset
+    KEYS_ENDPOINT = "http://127.0.0.1:%d" % KEYS_PROXY_PORT
     GCS_PORT, TOXI_API_PORT = 14443 + offset, 18474 + offset
     S3_PROXY_PORT, GCS_PROXY_PORT = 29000 + offset, 24443 + offset
     S3_ENDPOINT = "http://127.0.0.1:%d" % S3_PROXY_PORT
@@ -82,6 +89,7 @@ class Servers:
         self.profile = profile
         self.bandwidth = bandwidth
         self.procs = []  # (name, Popen, logfile)
+        self.on_stop = []  # more to stop at the end (experiment 10's MinIO)
         self.logdir = os.path.join(workdir, "logs")
         os.makedirs(self.logdir, exist_ok=True)
 
@@ -98,7 +106,7 @@ class Servers:
 
     def start(self):
         for port in (MINIO_PORT, MINIO_CONSOLE_PORT, GCS_PORT, TOXI_API_PORT,
-                     S3_PROXY_PORT, GCS_PROXY_PORT):
+                     S3_PROXY_PORT, GCS_PROXY_PORT, KEYS_PROXY_PORT):
             if not port_free(port):
                 raise RuntimeError("port %d on 127.0.0.1 is already in use by a process "
                                    "this run did not start; try --port-offset" % port)
@@ -126,6 +134,9 @@ class Servers:
                  "upstream": "127.0.0.1:%d" % MINIO_PORT, "enabled": True},
                 {"name": "gcs", "listen": "127.0.0.1:%d" % GCS_PROXY_PORT,
                  "upstream": "127.0.0.1:%d" % GCS_PORT, "enabled": True},
+                # experiment 10's MinIO (keyseed.py), started only when it runs
+                {"name": "keys", "listen": "127.0.0.1:%d" % KEYS_PROXY_PORT,
+                 "upstream": "127.0.0.1:%d" % KEYS_MINIO_PORT, "enabled": True},
             ], f)
         self._spawn_proxy(cfg)
         checks = [
@@ -171,7 +182,7 @@ class Servers:
             del self.procs[i]
             break
         if not wait_for(lambda: port_free(TOXI_API_PORT) and port_free(S3_PROXY_PORT)
-                        and port_free(GCS_PROXY_PORT), 30, 0.2):
+                        and port_free(GCS_PROXY_PORT) and port_free(KEYS_PROXY_PORT), 30, 0.2):
             raise RuntimeError("toxiproxy's ports stayed busy after it stopped")
         self._spawn_proxy(os.path.join(self.workdir, "toxiproxy.json"))
         self._wait_ready("toxiproxy", "http://127.0.0.1:%d/version" % TOXI_API_PORT)
@@ -196,6 +207,11 @@ class Servers:
                                    % (name, p.returncode, self.logdir, name))
 
     def stop(self):
+        for f in self.on_stop:
+            try:
+                f()
+            except Exception as e:  # the rest must still stop
+                log("stopping: %s" % e)
         for name, p, logf in reversed(self.procs):
             self._end(p)
             logf.close()
@@ -289,7 +305,7 @@ class Servers:
             for stream in ("upstream", "downstream"):
                 toxics.append({"name": "bandwidth_" + stream, "type": "bandwidth",
                                "stream": stream, "attributes": {"rate": rate_kb}})
-        for proxy in ("minio", "gcs"):
+        for proxy in ("minio", "gcs", "keys"):
             for t in toxics:
                 self._toxi("POST", "/proxies/%s/toxics" % proxy, t)
         if toxics and not quiet:

@@ -85,6 +85,19 @@ class System:
     def prepare_fresh(self):
         """Called before a fresh mount: clear local caches of the system."""
 
+    # What a mount reaches: the bench bucket through the proxies, unless `target` says
+    # otherwise ({"bucket", "s3", "gcs"}: experiment 10 mounts its own bucket and MinIO).
+    target = None
+
+    def bucket(self):
+        return (self.target or {}).get("bucket", S.BUCKET)
+
+    def s3_endpoint(self):
+        return (self.target or {}).get("s3", S.S3_ENDPOINT)
+
+    def gcs_endpoint(self):
+        return (self.target or {}).get("gcs", S.GCS_ENDPOINT)
+
 
 class Native(System):
     name = "native"
@@ -291,10 +304,10 @@ class Bucketfs(FuseSystem):
         self.metrics_url = "http://127.0.0.1:%d/metrics" % port
         common = ["--cache-dir", cache, "--metrics-addr", "127.0.0.1:%d" % port] + self.extra
         if self.store == "s3":
-            return [self.binary, "mount", "s3://%s" % S.BUCKET, self.mp,
-                    "--endpoint", S.S3_ENDPOINT] + common
-        return [self.binary, "mount", "gs://%s" % S.BUCKET, self.mp,
-                "--endpoint", S.GCS_ENDPOINT, "--anonymous"] + common
+            return [self.binary, "mount", "s3://%s" % self.bucket(), self.mp,
+                    "--endpoint", self.s3_endpoint()] + common
+        return [self.binary, "mount", "gs://%s" % self.bucket(), self.mp,
+                "--endpoint", self.gcs_endpoint(), "--anonymous"] + common
 
     def _unmount_cmd(self):
         return [self.binary, "unmount", self.mp]
@@ -338,8 +351,8 @@ class S3fs(FuseSystem):
         with open(pw, "w") as f:
             f.write("%s:%s\n" % (S.ACCESS_KEY, S.SECRET_KEY))
         os.chmod(pw, 0o600)
-        return ["s3fs", S.BUCKET, self.mp, "-f", "-o", "passwd_file=" + pw,
-                "-o", "url=" + S.S3_ENDPOINT, "-o", "use_path_request_style",
+        return ["s3fs", self.bucket(), self.mp, "-f", "-o", "passwd_file=" + pw,
+                "-o", "url=" + self.s3_endpoint(), "-o", "use_path_request_style",
                 "-o", "endpoint=" + S.REGION, "-o", "dbglevel=warn"]
 
 
@@ -386,7 +399,7 @@ class Mountpoint(FuseSystem):
         return "%s (%s)" % (out, ", ".join("%s %s" % kv for kv in pins.items())) if pins else out
 
     def command(self):
-        return [self.binary, S.BUCKET, self.mp, "--endpoint-url", S.S3_ENDPOINT,
+        return [self.binary, self.bucket(), self.mp, "--endpoint-url", self.s3_endpoint(),
                 "--force-path-style", "--region", S.REGION,
                 "--allow-delete", "--allow-overwrite", "--foreground"]
 
@@ -432,9 +445,9 @@ class Rclone(FuseSystem):
         with open(conf, "w") as f:
             f.write("[minio]\ntype = s3\nprovider = Minio\naccess_key_id = %s\n"
                     "secret_access_key = %s\nendpoint = %s\nregion = %s\n"
-                    % (S.ACCESS_KEY, S.SECRET_KEY, S.S3_ENDPOINT, S.REGION))
+                    % (S.ACCESS_KEY, S.SECRET_KEY, self.s3_endpoint(), S.REGION))
         os.makedirs(self.cache_dir, exist_ok=True)
-        return [go_binary("rclone"), "mount", "minio:" + S.BUCKET, self.mp,
+        return [go_binary("rclone"), "mount", "minio:" + self.bucket(), self.mp,
                 "--config", conf, "--vfs-cache-mode", self.mode,
                 "--cache-dir", self.cache_dir, "--log-level", "NOTICE"]
 
@@ -455,10 +468,10 @@ class Gcsfuse(FuseSystem):
         # renames ("Metadata in the request couldn't decode"), which breaks
         # git; the hidden flag makes gcsfuse rename by copy + delete instead.
         return [go_binary("gcsfuse"), "--foreground",
-                "--custom-endpoint", S.GCS_ENDPOINT + "/storage/v1/",
+                "--custom-endpoint", self.gcs_endpoint() + "/storage/v1/",
                 "--anonymous-access", "--implicit-dirs",
                 "--enable-atomic-rename-object=false", "--log-severity=warning",
-                S.BUCKET, self.mp]
+                self.bucket(), self.mp]
 
 
 _SNAPSHOTS = {}

@@ -64,6 +64,7 @@ impl Fs {
                     let meta = crate::inode::ChildMeta { attrs: Some(attrs), ..meta };
                     let new = t.upsert(node.parent, &meta);
                     t.listing_insert(node.parent, meta);
+                    t.note_store_answer(node.parent);
                     tracing::debug!(ino = node.ino, new, key = %node.key, "replaced by another client: a new inode");
                     return Ok((self.attr(t.get(node.ino).ok_or(FsError::NotFound)?), None));
                 }
@@ -92,6 +93,7 @@ impl Fs {
                 }
                 if t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
                     t.unlink(node.parent, &node.name);
+                    t.note_store_answer(node.parent);
                 }
                 // Deleted behind the mount while a handle is open: like a file unlinked while
                 // open, it still has attributes (st_nlink 0); reads through the handle fail

@@ -105,7 +105,10 @@ impl Fs {
             subtree: true,
             overtaken: false,
         };
-        t.set_listing(ino, empty);
+        // Recorded as a listing sent now: one of an older directory of this name, still on
+        // its way (a recursive listing of an ancestor), is older news (`has_newer_listing`).
+        let now = t.change_seq();
+        t.set_listing_since(ino, empty, now);
         let n = t.get_mut(ino).expect("just inserted");
         n.perm = mode.or(n.perm);
         Ok(self.attr(n))

@@ -430,3 +430,35 @@ async fn an_open_after_a_rename_whose_head_failed_learns_the_version() {
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"bytes of f");
     fs.release(fh).await.unwrap();
 }
+
+/// A recursive listing sent before `rm -rf P/a && mkdir P/a` (write-back makes the `rm`
+/// fast), landing after: the new, empty `a` must not get the old `a`'s listing, trusted,
+/// which showed the deleted `f` in it (review of the listing merge). Covered twice: `mkdir`
+/// records its empty listing as answered now, and listings below a directory changed since
+/// the listing began land overtaken.
+#[tokio::test]
+async fn a_recursive_listing_from_before_rm_and_mkdir_does_not_fill_the_new_directory() {
+    let (_, fs) = fs_with(&[("P/a/f", b"1"), ("P/g", b"2")]).await;
+    let p = fs.lookup(ROOT_INO, "P").await.unwrap().ino;
+    let a = fs.lookup(p, "a").await.unwrap().ino;
+    fs.lookup(a, "f").await.unwrap();
+    let since = fs.table.lock().unwrap().change_seq(); // the recursive listing is sent
+    let root = fs.node(ROOT_INO).unwrap();
+    let mut dirs = fs.list_subtree("", 1000).await.unwrap().dirs;
+    dirs.insert(String::new(), fs.list_children(&root).await.unwrap());
+    assert!(dirs["P/a/"].contains_key("f"));
+    fs.unlink(a, "f").await.unwrap();
+    fs.rmdir(p, "a").await.unwrap();
+    let new_a = fs.mkdir(p, "a", None).await.unwrap().ino;
+    let template = crate::inode::Listing {
+        at: fs.cfg.clock.now(),
+        valid_for: Duration::from_secs(60),
+        children: HashMap::new(),
+        subtree: false,
+        overtaken: false,
+    };
+    fs.install_subtree("", ROOT_INO, dirs, template, since, &std::collections::HashSet::new());
+    assert_eq!(fs.lookup(p, "a").await.unwrap().ino, new_a);
+    assert_eq!(names(&fs, new_a).await, [".", ".."], "the deleted f came back in the new a");
+    assert!(matches!(fs.lookup(new_a, "f").await, Err(FsError::NotFound)));
+}

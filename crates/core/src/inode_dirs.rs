@@ -228,6 +228,14 @@ impl InodeTable {
         self.unlink(dir, name);
     }
 
+    /// A store answer (a HEAD: a name gone, or replaced by another client) changed what
+    /// `dir` shows. Not a change made here, so a listing sent before it is not merged with
+    /// the mount's state for that name (it may be newer than the answer): it lands
+    /// overtaken, as after any change of the directory as a whole.
+    pub fn note_store_answer(&mut self, dir: u64) {
+        self.note_change(dir);
+    }
+
     /// Forget `dir`'s cached listing so the next readdir asks the store.
     pub fn invalidate_listing(&mut self, dir: u64) {
         self.note_change(dir);

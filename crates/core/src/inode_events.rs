@@ -119,6 +119,7 @@ impl InodeTable {
         let ino = self.child(dir, name).map(|n| n.ino);
         if let Some(d) = ino.filter(|i| self.nodes.get(i).is_some_and(|n| n.kind == Kind::Dir)) {
             self.drop_listing(d);
+            self.note_remote_change(d); // and a listing of it on its way lands overtaken
         }
         if let Some(n) = ino.and_then(|i| self.nodes.get_mut(&i)) {
             n.validated = at;
@@ -185,7 +186,10 @@ impl InodeTable {
         };
         match &meta {
             Some(m) if exact && same(m) => return EventApplied::Nothing,
-            None if exact && node.is_none() && listed.is_none() => return EventApplied::Nothing,
+            None if exact && node.is_none() && listed.is_none() => {
+                self.note_remote_change(dir); // a listing on its way may still show it
+                return EventApplied::Nothing;
+            }
             // Something new below a directory the listing already shows: it still shows.
             Some(_) if !exact && listed.as_ref().is_some_and(|l| l.kind == Kind::Dir) => return EventApplied::Nothing,
             _ => {}

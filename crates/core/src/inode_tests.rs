@@ -40,15 +40,7 @@ fn a_listing_of_a_directory_fetched_before_it_moved_is_not_trusted() {
     // ...while the directory moves to "b/" (every object copied: new identities).
     t.relocate(d, ROOT_INO, "b");
     t.expire_below("b/", t.now());
-    let old = HashMap::from([("x".to_string(), meta("x", Kind::File))]);
-    let listing = Listing {
-        at: t.now(),
-        valid_for: std::time::Duration::from_secs(60),
-        children: old,
-        subtree: false,
-        overtaken: false,
-    };
-    t.set_listing_since(d, listing, since);
+    t.set_listing_since(d, listing_of(&t, &["x"]), since);
     assert!(!t.listing_fresh(d), "the old keys' listing must not answer for the moved directory");
     assert!(t.listing(d).unwrap().overtaken);
 }
@@ -228,4 +220,20 @@ fn a_store_event_after_a_listing_was_sent_distrusts_it() {
         assert!(!t.listing_fresh(d) || !shows_b, "{how}: b came back as fresh");
         t.check_invariants();
     }
+}
+
+/// A HEAD's answer (the name gone) recorded after a listing was sent: the listing may be
+/// newer than the HEAD (another client made the name again), so it is not merged with
+/// the HEAD's answer as if that were the mount's own change: it lands overtaken.
+#[test]
+fn a_store_answer_recorded_after_a_listing_was_sent_does_not_merge_into_it() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+    t.upsert(d, &meta("x", Kind::File));
+    let since = t.change_seq(); // the listing is sent, after the HEAD
+    t.unlink(d, "x"); // the HEAD said NotFound
+    t.note_store_answer(d);
+    t.set_listing_since(d, listing_of(&t, &["x"]), since);
+    assert!(!t.listing_fresh(d), "x may be there again: the listing is not trusted without it");
+    t.check_invariants();
 }

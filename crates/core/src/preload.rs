@@ -201,6 +201,11 @@ impl Fs {
         let mut keys: Vec<String> = dirs.keys().cloned().collect();
         keys.sort_by_key(|k| k.matches('/').count());
         let mut inos: HashMap<String, u64> = HashMap::from([(String::new(), root_ino)]);
+        // Directories changed here since the listing began, and all below them: a
+        // directory this install makes has no change records of its own, and what was
+        // changed above it (moved, removed and made again, an event about it) may be
+        // missing from its listing, so that lands overtaken too.
+        let mut distrusted: HashSet<String> = HashSet::new();
         for key in keys {
             let Some(&ino) = inos.get(&key) else { continue };
             let mut children = dirs.remove(&key).unwrap_or_default();
@@ -215,7 +220,11 @@ impl Fs {
             }
             // Changed here since the listing began: a directory it has that the mount
             // removed or moved meanwhile stays so.
-            let overtaken = t.changed_at(ino) > since;
+            let inherited = parent_key(&key).is_some_and(|p| distrusted.contains(p));
+            let overtaken = t.changed_at(ino) > since || inherited;
+            if overtaken {
+                distrusted.insert(key.clone());
+            }
             // A change below the subtree's root since the listing began (a store event
             // resolves to the deepest directory the table held then) may be missing from
             // every listing of it: they all land overtaken.
@@ -227,7 +236,7 @@ impl Fs {
             }
             if !incomplete.contains(&key) {
                 let mut listing = Listing { children, ..template.clone() };
-                if root_changed {
+                if root_changed || inherited {
                     listing.valid_for = std::time::Duration::ZERO;
                     listing.overtaken = true;
                 }
@@ -237,5 +246,23 @@ impl Fs {
         tracing::debug!(root, dirs = inos.len() - incomplete.len(), "subtree listed");
         self.trim_names();
         inos
+    }
+}
+
+/// The key of the directory holding directory `key` (both relative to a subtree's root,
+/// ending in '/'; the root is ""), `None` for the root itself.
+fn parent_key(key: &str) -> Option<&str> {
+    let inner = key.strip_suffix('/')?;
+    Some(inner.rfind('/').map_or("", |i| &key[..=i]))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parent_key_of_a_subtree_directory() {
+        assert_eq!(super::parent_key(""), None);
+        assert_eq!(super::parent_key("d/"), Some(""));
+        assert_eq!(super::parent_key("d/e/"), Some("d/"));
+        assert_eq!(super::parent_key("d/e/f/"), Some("d/e/"));
     }
 }
