@@ -61,20 +61,11 @@ impl InodeTable {
         self.removed.contains_key(&(dir, name.to_string()))
     }
 
-    /// The names removed from `dir`, as a range of [`InodeTable::removed`].
-    pub(super) fn removed_in(&self, dir: u64) -> impl Iterator<Item = (&(u64, String), &u64)> {
-        self.removed.range((dir, String::new())..).take_while(move |((d, _), _)| *d == dir)
-    }
-
     /// Drop the removal records of `dir` made at or before change count `upto` (a listing
     /// sent after them is recorded: it knows), or all of them (`u64::MAX`: the directory
     /// itself went).
     pub(super) fn forget_removed_in(&mut self, dir: u64, upto: u64) {
-        let gone: Vec<(u64, String)> =
-            self.removed_in(dir).filter(|(_, s)| **s <= upto).map(|(k, _)| k.clone()).collect();
-        for k in gone {
-            self.removed.remove(&k);
-        }
+        forget_in(&mut self.removed, dir, upto);
     }
 
     /// A change here of `dir` as a whole (see `whole`).
@@ -107,16 +98,7 @@ impl InodeTable {
 
     /// Drop the per-name change records of `dir` made at or before change count `upto`.
     pub(super) fn forget_named_in(&mut self, dir: u64, upto: u64) {
-        let gone: Vec<(u64, String)> = self
-            .named
-            .range((dir, String::new())..)
-            .take_while(|((d, _), _)| *d == dir)
-            .filter(|(_, s)| **s <= upto)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in gone {
-            self.named.remove(&k);
-        }
+        forget_in(&mut self.named, dir, upto);
     }
 
     /// `listing` of `dir`, sent at change count `since`, with the mount's state for the
@@ -124,8 +106,7 @@ impl InodeTable {
     /// removed here. `false` if a changed name has neither (its node forgotten by the
     /// kernel meanwhile): the listing cannot be told right for it, and is distrusted whole.
     fn merge_own_changes(&self, dir: u64, listing: &mut Listing, since: u64) -> bool {
-        let changed = self.named.range((dir, String::new())..).take_while(|((d, _), _)| *d == dir);
-        for ((_, name), _) in changed.filter(|(_, s)| **s > since) {
+        for ((_, name), _) in names_in(&self.named, dir).filter(|(_, s)| **s > since) {
             if let Some(n) = self.child(dir, name) {
                 listing.children.insert(name.clone(), n.entry());
             } else if self.removed_here(dir, name) {
@@ -330,5 +311,21 @@ impl InodeTable {
     /// listing sent after change count `since` (see [`InodeTable::set_listing_since`]).
     pub fn has_newer_listing(&self, dir: u64, since: u64) -> bool {
         self.answered.get(&dir).is_some_and(|&at| at > since)
+    }
+}
+
+/// A per-name record map (`removed`, `named`: change count by (directory, name)).
+type NameRecords = std::collections::BTreeMap<(u64, String), u64>;
+
+/// The records of `dir` in `map`, as a range.
+fn names_in(map: &NameRecords, dir: u64) -> impl Iterator<Item = (&(u64, String), &u64)> {
+    map.range((dir, String::new())..).take_while(move |((d, _), _)| *d == dir)
+}
+
+/// Drop the records of `dir` in `map` made at or before change count `upto`.
+fn forget_in(map: &mut NameRecords, dir: u64, upto: u64) {
+    let gone: Vec<(u64, String)> = names_in(map, dir).filter(|(_, s)| **s <= upto).map(|(k, _)| k.clone()).collect();
+    for k in gone {
+        map.remove(&k);
     }
 }

@@ -61,16 +61,9 @@ fn removals_last_until_a_listing_sent_after_them() {
         t.listing_remove(d, n);
     }
     assert!(names.iter().all(|n| t.removed_here(d, n)), "every removal is remembered");
-    let empty = || Listing {
-        at: Instant::now(),
-        valid_for: std::time::Duration::from_secs(60),
-        children: HashMap::new(),
-        subtree: false,
-        overtaken: false,
-    };
-    t.set_listing_since(d, empty(), before);
+    t.set_listing_since(d, listing_of(&t, &[]), before);
     assert!(t.removed_here(d, "f0000"), "a listing sent before the removals does not clear them");
-    t.set_listing_since(d, empty(), t.change_seq());
+    t.set_listing_since(d, listing_of(&t, &[]), t.change_seq());
     assert!(!t.removed_here(d, "f0000") && !t.removed_here(d, "f4999"), "a listing sent after does");
     t.check_invariants();
 }
@@ -85,16 +78,9 @@ fn a_listing_older_than_one_dropped_does_not_bring_back_a_removed_name() {
         let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
         let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
         t.upsert(d, &meta("x", Kind::File));
-        let listing = |names: &[&str]| Listing {
-            at: Instant::now(),
-            valid_for: std::time::Duration::from_secs(60),
-            children: names.iter().map(|n| (n.to_string(), meta(n, Kind::File))).collect(),
-            subtree: false,
-            overtaken: false,
-        };
         let old = t.change_seq(); // a listing sent now, answered late, shows x
         t.listing_remove(d, "x");
-        t.set_listing_since(d, listing(&[]), t.change_seq());
+        t.set_listing_since(d, listing_of(&t, &[]), t.change_seq());
         assert!(!t.removed_here(d, "x"), "a listing sent after the removal clears its record");
         if forgotten {
             t.remember(d);
@@ -102,7 +88,7 @@ fn a_listing_older_than_one_dropped_does_not_bring_back_a_removed_name() {
         } else {
             t.evict_dir(d);
         }
-        t.set_listing_since(d, listing(&["x"]), old);
+        t.set_listing_since(d, listing_of(&t, &["x"]), old);
         assert!(t.listing(d).is_none_or(|l| !l.children.contains_key("x")), "x came back (forgotten: {forgotten})");
         t.check_invariants();
     }
