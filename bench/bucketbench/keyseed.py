@@ -158,13 +158,9 @@ class KeysMinio:
             self.ensure_bucket(b)
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        from .util import end_process
+
+        end_process(self.proc, 30)
         self.proc = None
 
     def client(self, pool=16):

@@ -25,7 +25,7 @@ import urllib.parse
 import urllib.request
 
 from .install import go_binary
-from .util import log, port_free, wait_for
+from .util import end_process, log, port_free, wait_for
 
 MINIO_PORT, MINIO_CONSOLE_PORT = 19000, 19001
 GCS_PORT = 14443
@@ -156,13 +156,7 @@ class Servers:
     @staticmethod
     def _end(p):
         """Stop process `p`: SIGTERM, then SIGKILL after 15 s."""
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        end_process(p, 15)
 
     def _spawn_proxy(self, cfg):
         self._spawn("toxiproxy", [go_binary("server"), "-host", "127.0.0.1",

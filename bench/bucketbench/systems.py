@@ -29,7 +29,7 @@ import time
 from . import servers as S
 from .install import MOUNTPOINT_SRC, go_binary, mountpoint_binary
 from .pairs import PAIR_EXPERIMENTS
-from .util import CmdError, is_mounted, log, run, tail
+from .util import CmdError, end_process, is_mounted, log, run, tail
 
 ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-nopt", "bucketfs-wb", "bucketfs-tuned",
                "bucketfs-gcs", "s3fs", "mountpoint-s3", "rclone-full", "rclone-off", "gcsfuse"]
@@ -236,13 +236,7 @@ class FuseSystem(System):
         self._pid = None
 
     def _kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        end_process(self.proc, 10)
 
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": S.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S.SECRET_KEY,

@@ -38,6 +38,17 @@ class CmdError(Exception):
         self.err = err
 
 
+def end_process(p, grace):
+    """Stop process `p` (a Popen): SIGTERM, then SIGKILL if it is still there after `grace` s."""
+    if p and p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
 def _kill_group(proc):
     try:
         os.killpg(proc.pid, signal.SIGKILL)
