@@ -25,11 +25,7 @@ impl Fs {
     /// Drop `ino`'s staged file from the map (called under that file's lock), and with it
     /// the node's claim that its attributes are owned here (`Node::local`).
     pub(crate) fn unstage(&self, ino: u64) {
-        self.staged.lock().unwrap().remove(&ino);
-        self.unwatch(ino);
-        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
-            n.local = false;
-        }
+        self.unmap(ino, None);
     }
 
     /// The name is gone (unlink, or replaced by a rename): never upload these bytes; drop
@@ -55,16 +51,35 @@ impl Fs {
     /// found it earlier must not drop a newer one an open made since (write_back.rs). A
     /// clean one's crash-recovery sidecars go with it ([`Staged::leave_clean`]).
     pub(crate) fn unstage_this(&self, ino: u64, staged: &SharedStaged, st: &mut Staged) {
-        let mut map = self.staged.lock().unwrap();
-        if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, staged)) {
-            map.remove(&ino);
-            drop(map);
+        if self.unmap(ino, Some(staged)) {
             st.leave_clean();
-            self.unwatch(ino);
-            if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
-                n.local = false;
-            }
         }
+    }
+
+    /// Remove `ino`'s entry from the staging map (only if it is `this`, when given), stop
+    /// watching its file and clear `Node::local`, all under the table lock: an open staging
+    /// the file again meanwhile (map entry, then `local`, then the kernel's backing file)
+    /// comes wholly after, so no step of this removal undoes one of its (a late `unwatch`
+    /// dropped the new file's watch: `stat` then showed the old size while the kernel wrote
+    /// the new file; model test). Lock order: table, map, watched.
+    fn unmap(&self, ino: u64, this: Option<&SharedStaged>) -> bool {
+        let mut t = self.table.lock().unwrap();
+        {
+            let mut map = self.staged.lock().unwrap();
+            if this.is_some_and(|this| !map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, this))) {
+                return false;
+            }
+            map.remove(&ino);
+        }
+        let watched_len = self.unwatch_locked(ino);
+        if let Some(n) = t.get_mut(ino) {
+            if let Some(len) = watched_len.filter(|len| *len != n.size) {
+                n.size = len;
+                n.mtime = SystemTime::now();
+            }
+            n.local = false;
+        }
+        true
     }
 
     /// Children of `dir` that exist only locally so far (created, not yet uploaded).

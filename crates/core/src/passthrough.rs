@@ -153,7 +153,10 @@ impl Fs {
         let staged = self.staged_of_pub(ino).ok_or("not staged any more")?;
         let key = self.node(ino).map_err(|_| "gone")?.key;
         let mut st = staged.lock().await;
-        if staged_identity(&staged) != identity {
+        // Still the map's (its upload may have dropped it while this waited for the lock):
+        // a watch on a dropped file would outlive it.
+        let current = self.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged));
+        if !current || staged_identity(&staged) != identity {
             return Err("staged again meanwhile");
         }
         let file = st.watch_external(&key).map_err(|e| {
@@ -219,25 +222,20 @@ impl Fs {
         Some((m.len(), m.modified().ok()?))
     }
 
-    /// `ino`'s staged file is gone: stop reading attributes from it, and keep its last
-    /// length in the node (what an upload outside `publish` did not record). Not its
-    /// mtime: on a store without ETags the node's size and mtime name the version for the
-    /// caches, and the staged file's mtime could name an older upload (one clock tick).
-    pub(crate) fn unwatch(&self, ino: u64) {
+    /// `ino`'s staged file is gone: stop reading attributes from it, and return its last
+    /// length, for the node to keep (what an upload outside `publish` did not record). Not
+    /// its mtime: on a store without ETags the node's size and mtime name the version for
+    /// the caches, and the staged file's mtime could name an older upload (one clock tick).
+    /// Called with the table locked ([`Fs::unstage`]).
+    pub(crate) fn unwatch_locked(&self, ino: u64) -> Option<u64> {
         let file = {
             let mut w = self.passthrough.watched.lock().unwrap();
             if w.is_empty() {
-                return;
+                return None;
             }
             w.remove(&ino)
         };
-        let Some(m) = file.and_then(|f| f.metadata().ok()) else { return };
-        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
-            if n.size != m.len() {
-                n.size = m.len();
-                n.mtime = SystemTime::now();
-            }
-        }
+        file.and_then(|f| f.metadata().ok()).map(|m| m.len())
     }
 
     /// At the close of a handle that read through the store: if all but a few blocks of the
