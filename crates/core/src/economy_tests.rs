@@ -187,6 +187,33 @@ async fn absent_names_in_a_wide_directory_are_probed_after_one_listing() {
     let used = requests(&store) - before;
     assert!((10..=13).contains(&used), "{used} requests for 10 absent names");
     assert_eq!(fs.lookup(d.ino, "f00500").await.unwrap().size, 1);
+    // `wide` itself, then each name: a LIST of `k` per name on S3 and GCS.
+    assert_eq!(store.plain_prefix_lists.load(Ordering::Relaxed), 12, "a LIST of the plain prefix per name");
+}
+
+/// On a store whose plain-prefix LIST reads the whole directory (MinIO), names in a
+/// directory known wide are asked about key by key (HEADs and a LIST of `k/` at once): no
+/// LIST of a plain prefix after the first, and each kind of entry still found.
+#[tokio::test]
+async fn a_wide_directory_on_minio_is_probed_key_by_key() {
+    let store = Arc::new(MemStore::new().with_prefix_list_reading_dir());
+    for i in 0..=crate::fs::RELIST_MAX {
+        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
+    }
+    store.put("wide/sub/inner", Bytes::from_static(b"i"), PutOpts::default()).await.unwrap();
+    store.put("wide/ln.rclonelink", Bytes::from_static(b"f00001"), PutOpts::default()).await.unwrap();
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(60_000) });
+    let d = fs.lookup(ROOT_INO, "wide").await.unwrap();
+    let plain = || store.plain_prefix_lists.load(Ordering::Relaxed);
+    let before = plain();
+    for i in 0..10 {
+        assert!(matches!(fs.lookup(d.ino, &format!("x{i}")).await, Err(FsError::NotFound)));
+    }
+    assert_eq!(fs.lookup(d.ino, "f00500").await.unwrap().size, 1);
+    assert_eq!(fs.lookup(d.ino, "sub").await.unwrap().kind, Kind::Dir);
+    assert_eq!(fs.lookup(d.ino, "ln").await.unwrap().kind, Kind::Symlink);
+    // The first absent name's probe; then a listing cut short marks it wide.
+    assert_eq!(plain() - before, 1, "one plain-prefix LIST, before the directory was known wide");
 }
 
 #[tokio::test]

@@ -106,14 +106,14 @@ impl Fs {
                 }
             }
         }
-        let since = {
+        let (since, wide) = {
             let t = self.table.lock().unwrap();
             if t.known_absent(dir.ino, name, self.cfg.metadata_ttl) {
                 return Ok(None);
             }
-            t.change_seq()
+            (t.change_seq(), t.is_wide(dir.ino))
         };
-        match self.probe(&dir.key, name).await {
+        match self.probe(&dir.key, name, wide).await {
             Ok(m) => Ok(Some(m)),
             Err(FsError::NotFound) => {
                 self.table.lock().unwrap().note_absent(dir.ino, name, since);
@@ -189,11 +189,14 @@ impl Fs {
 
     /// Ask the store whether `name` under `prefix` is a directory, a file, or nothing: on an
     /// object store one LIST of the plain prefix `prefix+name` (a HEAD more for a file whose
-    /// mode and owner the store keeps), else [`Fs::probe_each`].
-    pub(crate) async fn probe(&self, prefix: &str, name: &str) -> Result<ChildMeta, FsError> {
+    /// mode and owner the store keeps), else [`Fs::probe_each`]. Also `probe_each` in a
+    /// directory known `wide` on a store where that LIST reads the whole directory
+    /// (`Capabilities::prefix_list_reads_dir`: MinIO, 133 ms against 7 ms per name among
+    /// 100,000 keys): there its requests, all at once, cost less than the one.
+    pub(crate) async fn probe(&self, prefix: &str, name: &str, wide: bool) -> Result<ChildMeta, FsError> {
         let file_key = format!("{prefix}{name}");
         let caps = self.store.capabilities();
-        if caps.prefix_dirs && caps.addressable(&file_key) {
+        if caps.prefix_dirs && caps.addressable(&file_key) && !(wide && caps.prefix_list_reads_dir) {
             if let Some(found) = self.probe_by_list(&file_key, name).await? {
                 return found.ok_or(FsError::NotFound);
             }

@@ -26,6 +26,12 @@ impl InodeTable {
         self.missed.insert(dir, (self.clock.now(), name.to_string()));
     }
 
+    /// Whether `dir` holds more children than one listing is worth: a listing for lookups
+    /// stopped there ([`InodeTable::mark_wide`]), or its last listing (fresh or not) held more.
+    pub fn is_wide(&self, dir: u64) -> bool {
+        self.wide.contains(&dir) || self.listing(dir).is_some_and(|l| l.children.len() > RELIST_MAX)
+    }
+
     /// Whether a probe found another name than `name` absent from `dir` less than `ttl` ago,
     /// and `dir` is not known to be too wide to list for that.
     pub fn missed_another(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {

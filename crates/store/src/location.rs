@@ -307,7 +307,7 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     let err = |e: opendal::Error| StoreError::from_opendal("configure", &loc.to_url(), e);
     let (op, prefix_dirs) = match loc {
         Location::S3 { bucket, prefix } => {
-            let endpoint = opts.endpoint.clone().or(env_endpoint);
+            let endpoint = opts.endpoint.clone().or(env_endpoint.clone());
             let (region, source) = crate::region::resolve(
                 opts.region.as_deref(),
                 opts.profile.as_deref(),
@@ -437,12 +437,34 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     if let Some(c) = compose_op {
         store = store.with_compose_operator(c);
     }
+    if matches!(loc, Location::S3 { .. }) && s3_compatible_server(opts.endpoint.as_deref().or(env_endpoint.as_deref()))
+    {
+        store = store.with_prefix_list_reading_dir();
+    }
     Ok(Arc::new(store))
+}
+
+/// Whether an S3 endpoint is a server of its own (MinIO, Ceph, ...) rather than AWS S3: see
+/// [`crate::Capabilities::prefix_list_reads_dir`]. No endpoint: AWS.
+fn s3_compatible_server(endpoint: Option<&str>) -> bool {
+    let Some(ep) = endpoint else { return false };
+    let host = url::Url::parse(ep).ok().and_then(|u| u.host_str().map(str::to_ascii_lowercase));
+    !host.is_some_and(|h| h.ends_with(".amazonaws.com") || h.ends_with(".amazonaws.com.cn"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_aws_endpoints_list_prefixes_from_an_index() {
+        assert!(!s3_compatible_server(None));
+        assert!(!s3_compatible_server(Some("https://s3.eu-west-1.amazonaws.com")));
+        assert!(!s3_compatible_server(Some("https://S3.cn-north-1.amazonaws.com.cn/")));
+        assert!(s3_compatible_server(Some("http://127.0.0.1:9000")));
+        assert!(s3_compatible_server(Some("https://minio.example.org")));
+        assert!(s3_compatible_server(Some("https://amazonaws.com.evil.example")));
+    }
 
     #[test]
     fn parses_supported_urls() {

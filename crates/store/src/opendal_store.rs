@@ -61,6 +61,8 @@ pub struct OpendalStore {
     /// of one size would look alike (and a cache would serve the older). Each upload here
     /// stamps its key with a new version, reported as the ETag, and the time it ended.
     stamps: Option<Arc<Mutex<Stamps>>>,
+    /// See [`Capabilities::prefix_list_reads_dir`].
+    prefix_list_reads_dir: bool,
 }
 
 /// Builds this store's operator with the given I/O timeout (`location` layers it).
@@ -105,7 +107,14 @@ impl OpendalStore {
             max_file_name_len,
             content_type,
             stamps,
+            prefix_list_reads_dir: false,
         }
+    }
+
+    /// An S3-compatible server on its own endpoint: see [`Capabilities::prefix_list_reads_dir`].
+    pub fn with_prefix_list_reading_dir(mut self) -> Self {
+        self.prefix_list_reads_dir = true;
+        self
     }
 
     /// `mem://`: `key` now holds a new version (see `stamps`).
@@ -222,6 +231,7 @@ impl Store for OpendalStore {
             moves: false,
             // S3 with native `UploadPartCopy` (not when OpenDAL checksums uploads), GCS.
             patches: self.generation_identity || (self.op.info().scheme() == "s3" && cap.write_can_copy_from),
+            prefix_list_reads_dir: self.prefix_list_reads_dir,
         }
     }
 

@@ -388,6 +388,7 @@ impl Store for GdriveStore {
             keeps_attrs: true,
             moves: true,
             patches: false,
+            prefix_list_reads_dir: false,
         }
     }
 

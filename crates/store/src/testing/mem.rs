@@ -51,6 +51,10 @@ pub struct MemStore {
     /// patches refused for reaching it.
     pieces: Arc<Mutex<std::collections::HashMap<String, u32>>>,
     pub patch_refused: AtomicU64,
+    /// Report [`Capabilities::prefix_list_reads_dir`] (listings cost the same here).
+    prefix_list_reads_dir: bool,
+    /// Listings of a plain prefix (`d/name`, not ending in `/`), for tests of the probes.
+    pub plain_prefix_lists: AtomicU64,
 }
 
 impl MemStore {
@@ -88,6 +92,12 @@ impl MemStore {
     /// does with `UploadPartCopy` (any shape here).
     pub fn with_patches(mut self) -> Self {
         self.patches = true;
+        self
+    }
+
+    /// Report that a plain prefix's listing reads the whole directory, as MinIO's does.
+    pub fn with_prefix_list_reading_dir(mut self) -> Self {
+        self.prefix_list_reads_dir = true;
         self
     }
 
@@ -139,6 +149,7 @@ impl Store for MemStore {
             keeps_attrs: true,
             moves: self.moves,
             patches: self.patches,
+            prefix_list_reads_dir: self.prefix_list_reads_dir,
         }
     }
 
@@ -178,6 +189,9 @@ impl Store for MemStore {
     }
 
     fn list(&self, prefix: &str, recursive: bool) -> ListStream {
+        if !prefix.is_empty() && !prefix.ends_with('/') {
+            self.plain_prefix_lists.fetch_add(1, Ordering::Relaxed);
+        }
         let objects = self.objects.lock().unwrap();
         let mut out: Vec<ObjectMeta> = Vec::new();
         for (key, (data, etag, mtime)) in objects.range(prefix.to_string()..) {
