@@ -216,6 +216,38 @@ async fn a_wide_directory_on_minio_is_probed_key_by_key() {
     assert_eq!(plain() - before, 1, "one plain-prefix LIST, before the directory was known wide");
 }
 
+/// The same for existing names only (`stat` of paths: no absent name marks the directory
+/// wide): the second name found checks the width with one listing, and the rest are asked
+/// about key by key. A narrow directory keeps its one LIST per name and shows each file's
+/// mode from its HEAD (the check installs no listing).
+#[tokio::test]
+async fn the_second_name_found_on_minio_checks_the_directory_width() {
+    let store = Arc::new(MemStore::new().with_prefix_list_reading_dir());
+    for i in 0..=crate::fs::RELIST_MAX {
+        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
+    }
+    let attrs = bucketfs_store::FileAttrs { mode: Some(0o100600), ..Default::default() };
+    for i in 0..5 {
+        let opts = PutOpts { attrs, ..PutOpts::default() };
+        store.put(&format!("narrow/g{i}"), Bytes::from_static(b"n"), opts).await.unwrap();
+    }
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(60_000) });
+    let plain = || store.plain_prefix_lists.load(Ordering::Relaxed);
+    let d = fs.lookup(ROOT_INO, "wide").await.unwrap();
+    let p0 = plain();
+    for i in 0..20 {
+        assert_eq!(fs.lookup(d.ino, &format!("f{:05}", i * 37)).await.unwrap().size, 1);
+    }
+    assert_eq!(plain() - p0, 1, "only the first name by a plain-prefix LIST");
+    let n = fs.lookup(ROOT_INO, "narrow").await.unwrap();
+    let (p0, r0) = (plain(), requests(&store));
+    for i in 0..5 {
+        assert_eq!(fs.lookup(n.ino, &format!("g{i}")).await.unwrap().perm, 0o600, "the mode from the HEAD");
+    }
+    assert_eq!(plain() - p0, 5, "a narrow directory keeps its LIST per name");
+    assert_eq!(requests(&store) - r0, 11, "a LIST and a HEAD per name, and one check of the width");
+}
+
 #[tokio::test]
 async fn a_wide_directory_that_shrank_is_listed_for_lookups_again() {
     let store = Arc::new(MemStore::new());

@@ -213,6 +213,25 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether `dir` is wide, from one listing of at most `RELIST_MAX` children, for a store
+    /// whose plain-prefix LIST reads the whole directory (`Fs::probe`): marked so if it is.
+    /// The listing is not installed: it carries no mode or owner, and names `stat`ed one by
+    /// one show what their HEAD brings (SEMANTICS.md, `chmod`). False if the listing failed.
+    pub(crate) async fn check_width(&self, dir: &Node) -> bool {
+        match self.list_children_upto(dir, Some(RELIST_MAX)).await {
+            Ok(Some(_)) => false,
+            Ok(None) => {
+                tracing::debug!(dir = %dir.key, "a wide directory: its names are asked about key by key");
+                self.table.lock().unwrap().mark_wide(dir.ino);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(dir = %dir.key, "width of a directory not checked: {e}");
+                false
+            }
+        }
+    }
+
     /// The lock that lets one listing of directory `ino` run at a time.
     fn listing_flight(&self, ino: u64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
         self.listing_flights.lock().unwrap().entry(ino).or_default().clone()

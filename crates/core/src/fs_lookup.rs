@@ -106,15 +106,25 @@ impl Fs {
                 }
             }
         }
+        let ttl = self.cfg.metadata_ttl;
+        let mut check_width = false;
         let (since, wide) = {
-            let t = self.table.lock().unwrap();
-            if t.known_absent(dir.ino, name, self.cfg.metadata_ttl) {
+            let mut t = self.table.lock().unwrap();
+            if t.known_absent(dir.ino, name, ttl) {
                 return Ok(None);
+            }
+            if self.store.capabilities().prefix_list_reads_dir && t.width_worth_checking(dir.ino, name, ttl) {
+                t.note_width_checked(dir.ino);
+                check_width = true;
             }
             (t.change_seq(), t.is_wide(dir.ino))
         };
+        let wide = wide || check_width && self.check_width(dir).await;
         match self.probe(&dir.key, name, wide).await {
-            Ok(m) => Ok(Some(m)),
+            Ok(m) => {
+                self.table.lock().unwrap().note_found(dir.ino, name);
+                Ok(Some(m))
+            }
             Err(FsError::NotFound) => {
                 self.table.lock().unwrap().note_absent(dir.ino, name, since);
                 Ok(None)

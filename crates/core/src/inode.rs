@@ -279,6 +279,12 @@ pub struct InodeTable {
     /// Directories with more children than one listing is worth (`RELIST_MAX`): their
     /// absent names are probed one by one, until a listing shows at most that many.
     wide: std::collections::HashSet<u64>,
+    /// The name a probe last found in each directory, and when each directory's width was
+    /// last checked: where a plain-prefix LIST reads the whole directory, a second name
+    /// found within the TTL checks whether it is wide (`Fs::check_width`). Cleared past
+    /// [`ABSENT_MAX`].
+    found: HashMap<u64, (Instant, String)>,
+    width_checked: HashMap<u64, Instant>,
     /// Names this mount removed (unlink, rmdir, renamed away) and has not seen since: a
     /// listing overtaken by the removal may still show them, and must not bring them back
     /// (see [`InodeTable::removed_here`]). Each with the change count of its removal; dropped
@@ -388,6 +394,8 @@ impl InodeTable {
             absent: HashMap::new(),
             missed: HashMap::new(),
             wide: Default::default(),
+            found: HashMap::new(),
+            width_checked: HashMap::new(),
             removed: Default::default(),
             moving: Vec::new(),
             moves_begun: 0,
@@ -534,6 +542,8 @@ impl InodeTable {
             self.changed_when.remove(&ino);
             self.missed.remove(&ino);
             self.wide.remove(&ino);
+            self.found.remove(&ino);
+            self.width_checked.remove(&ino);
             if self.index.get(&(parent, name.clone())) == Some(&ino) {
                 self.index.remove(&(parent, name));
             }

@@ -26,6 +26,32 @@ impl InodeTable {
         self.missed.insert(dir, (self.clock.now(), name.to_string()));
     }
 
+    /// A probe found `name` in `dir` (see `found`).
+    pub fn note_found(&mut self, dir: u64, name: &str) {
+        if self.found.len() >= ABSENT_MAX {
+            self.found.clear();
+        }
+        self.found.insert(dir, (self.clock.now(), name.to_string()));
+    }
+
+    /// Whether to check `dir`'s width before probing `name` (see `found`): a probe found
+    /// another name in it less than `ttl` ago, and its width is neither known nor checked
+    /// within `ttl`.
+    pub fn width_worth_checking(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {
+        let recent = |at: &Instant| self.clock.since(*at) < ttl;
+        self.found.get(&dir).is_some_and(|(at, n)| n != name && recent(at))
+            && !self.width_checked.get(&dir).is_some_and(recent)
+            && !self.is_wide(dir)
+    }
+
+    /// `dir`'s width is being checked now: no other lookup checks it within the TTL.
+    pub fn note_width_checked(&mut self, dir: u64) {
+        if self.width_checked.len() >= ABSENT_MAX {
+            self.width_checked.clear();
+        }
+        self.width_checked.insert(dir, self.clock.now());
+    }
+
     /// Whether `dir` holds more children than one listing is worth: a listing for lookups
     /// stopped there ([`InodeTable::mark_wide`]), or its last listing (fresh or not) held more.
     pub fn is_wide(&self, dir: u64) -> bool {
