@@ -216,6 +216,28 @@ async fn a_wide_directory_on_minio_is_probed_key_by_key() {
     assert_eq!(plain() - before, 1, "one plain-prefix LIST, before the directory was known wide");
 }
 
+/// Key by key, a file found while the LIST of `k/` fails is no answer: a directory `k/`
+/// would hide it (as the one LIST's failure is an error on other stores).
+#[tokio::test]
+async fn a_file_found_beside_a_failed_directory_probe_is_an_error() {
+    use bucketfs_store::testing::{FailStore, Op};
+    let mem = Arc::new(MemStore::new().with_prefix_list_reading_dir());
+    for i in 0..=crate::fs::RELIST_MAX {
+        mem.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
+    }
+    mem.put("wide/k", Bytes::from_static(b"file"), PutOpts::default()).await.unwrap();
+    mem.put("wide/k/x", Bytes::from_static(b"in the dir"), PutOpts::default()).await.unwrap();
+    // LISTs: `wide` in the root, `x0`, the listing cut short, `x1/`; then all fail.
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::List, 5, 1_000_000, bucketfs_store::StoreErrorKind::Other));
+    let fs = Fs::new(fail, FsConfig { list_ahead_keys: 0, ..cfg(60_000) });
+    let d = fs.lookup(ROOT_INO, "wide").await.unwrap();
+    for i in 0..2 {
+        assert!(matches!(fs.lookup(d.ino, &format!("x{i}")).await, Err(FsError::NotFound)));
+    }
+    let got = fs.lookup(d.ino, "k").await;
+    assert!(got.is_err(), "the file was taken for the answer: {:?}", got.map(|a| a.kind));
+}
+
 /// The same for existing names only (`stat` of paths: no absent name marks the directory
 /// wide): the second name found checks the width with one listing, and the rest are asked
 /// about key by key. A narrow directory keeps its one LIST per name and shows each file's

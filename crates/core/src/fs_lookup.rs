@@ -303,6 +303,17 @@ impl Fs {
             }
         };
         let (file, child, marker, link) = tokio::join!(file, first_child, marker, link);
+        // A file found beside a directory that could not be asked about may be shadowed by it
+        // (a directory wins): an error, as the LIST of `probe_by_list` failing is.
+        let unsettled = |e: &bucketfs_store::StoreError| file.is_ok() && e.kind != StoreErrorKind::NotFound;
+        let child = match child {
+            Some(Err(e)) if unsettled(&e) => return Err(e.into()),
+            c => c,
+        };
+        let marker = match marker {
+            Err(e) if unsettled(&e) => return Err(e.into()),
+            m => m,
+        };
         let dir_meta = ObjectMeta { key: dir_key, size: 0, etag: None, mtime: None, size_unknown: false };
         if matches!(child, Some(Ok(_))) || marker.is_ok() {
             let mtime = marker.as_ref().ok().and_then(|m| m.mtime);

@@ -110,8 +110,21 @@ impl Fs {
     /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
     pub(crate) async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
         loop {
-            if let Some(s) = self.stage_once(node, truncate).await? {
-                return Ok(s);
+            match self.stage_once(node, truncate).await {
+                Ok(Some(s)) => return Ok(s),
+                Ok(None) => {}
+                Err(e) => {
+                    // A try that claimed the node (`Node::local`) and then failed to stage it
+                    // (the staging directory unwritable) must not leave the claim behind:
+                    // listings would never correct its size again.
+                    let mut t = self.table.lock().unwrap();
+                    if !self.is_staged(node.ino) {
+                        if let Some(n) = t.get_mut(node.ino) {
+                            n.local = false;
+                        }
+                    }
+                    return Err(e);
+                }
             }
         }
     }

@@ -445,11 +445,14 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
 }
 
 /// Whether an S3 endpoint is a server of its own (MinIO, Ceph, ...) rather than AWS S3: see
-/// [`crate::Capabilities::prefix_list_reads_dir`]. No endpoint: AWS.
+/// [`crate::Capabilities::prefix_list_reads_dir`]. No endpoint: AWS. An address without a
+/// scheme gets `https://`, as OpenDAL gives it.
 fn s3_compatible_server(endpoint: Option<&str>) -> bool {
+    const AWS: [&str; 5] = [".amazonaws.com", ".amazonaws.com.cn", ".amazonaws.eu", ".c2s.ic.gov", ".sc2s.sgov.gov"];
     let Some(ep) = endpoint else { return false };
-    let host = url::Url::parse(ep).ok().and_then(|u| u.host_str().map(str::to_ascii_lowercase));
-    !host.is_some_and(|h| h.ends_with(".amazonaws.com") || h.ends_with(".amazonaws.com.cn"))
+    let ep = if ep.contains("://") { ep.to_string() } else { format!("https://{ep}") };
+    let host = url::Url::parse(&ep).ok().and_then(|u| u.host_str().map(str::to_ascii_lowercase));
+    !host.is_some_and(|h| AWS.iter().any(|d| h.trim_end_matches('.').ends_with(d)))
 }
 
 #[cfg(test)]
@@ -461,6 +464,11 @@ mod tests {
         assert!(!s3_compatible_server(None));
         assert!(!s3_compatible_server(Some("https://s3.eu-west-1.amazonaws.com")));
         assert!(!s3_compatible_server(Some("https://S3.cn-north-1.amazonaws.com.cn/")));
+        assert!(!s3_compatible_server(Some("s3.eu-west-1.amazonaws.com")));
+        assert!(!s3_compatible_server(Some("bucket.s3.amazonaws.com:443")));
+        assert!(!s3_compatible_server(Some("https://s3.amazonaws.com.")));
+        assert!(!s3_compatible_server(Some("https://s3.dualstack.us-east-1.amazonaws.com")));
+        assert!(!s3_compatible_server(Some("https://s3-fips.us-gov-west-1.amazonaws.com")));
         assert!(s3_compatible_server(Some("http://127.0.0.1:9000")));
         assert!(s3_compatible_server(Some("https://minio.example.org")));
         assert!(s3_compatible_server(Some("https://amazonaws.com.evil.example")));

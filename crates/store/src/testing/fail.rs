@@ -94,7 +94,7 @@ impl FailStore {
             return Ok(());
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if n >= self.fail_from && n < self.fail_from + self.fail_count {
+        if n >= self.fail_from && n < self.fail_from.saturating_add(self.fail_count) {
             return Err(StoreError::new(self.kind, format!("injected failure on {op:?} call {n}")));
         }
         Ok(())
