@@ -25,6 +25,13 @@ async fn new_file(fs: &Fs, dir: u64, name: &str, data: &[u8]) {
     fs.release(fh).await.unwrap();
 }
 
+/// `wide/` with one entry more than a listing for lookups takes (`RELIST_MAX`).
+async fn seed_wide(store: &MemStore) {
+    for i in 0..=crate::fs::RELIST_MAX {
+        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn new_files_in_a_directory_made_here_cost_one_request_each() {
     let store = Arc::new(MemStore::new());
@@ -174,9 +181,7 @@ async fn files_copied_into_a_directory_never_listed_cost_a_put_each_and_two_list
 #[tokio::test]
 async fn absent_names_in_a_wide_directory_are_probed_after_one_listing() {
     let store = Arc::new(MemStore::new());
-    for i in 0..=crate::fs::RELIST_MAX {
-        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
-    }
+    seed_wide(&store).await;
     let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(60_000) });
     let d = fs.lookup(ROOT_INO, "wide").await.unwrap();
     let before = requests(&store);
@@ -197,9 +202,7 @@ async fn absent_names_in_a_wide_directory_are_probed_after_one_listing() {
 #[tokio::test]
 async fn a_wide_directory_on_minio_is_probed_key_by_key() {
     let store = Arc::new(MemStore::new().with_prefix_list_reading_dir());
-    for i in 0..=crate::fs::RELIST_MAX {
-        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
-    }
+    seed_wide(&store).await;
     store.put("wide/sub/inner", Bytes::from_static(b"i"), PutOpts::default()).await.unwrap();
     store.put("wide/ln.rclonelink", Bytes::from_static(b"f00001"), PutOpts::default()).await.unwrap();
     let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(60_000) });
@@ -222,9 +225,7 @@ async fn a_wide_directory_on_minio_is_probed_key_by_key() {
 async fn a_file_found_beside_a_failed_directory_probe_is_an_error() {
     use bucketfs_store::testing::{FailStore, Op};
     let mem = Arc::new(MemStore::new().with_prefix_list_reading_dir());
-    for i in 0..=crate::fs::RELIST_MAX {
-        mem.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
-    }
+    seed_wide(&mem).await;
     mem.put("wide/k", Bytes::from_static(b"file"), PutOpts::default()).await.unwrap();
     mem.put("wide/k/x", Bytes::from_static(b"in the dir"), PutOpts::default()).await.unwrap();
     // LISTs: `wide` in the root, `x0`, the listing cut short, `x1/`; then all fail.
@@ -245,9 +246,7 @@ async fn a_file_found_beside_a_failed_directory_probe_is_an_error() {
 #[tokio::test]
 async fn the_second_name_found_on_minio_checks_the_directory_width() {
     let store = Arc::new(MemStore::new().with_prefix_list_reading_dir());
-    for i in 0..=crate::fs::RELIST_MAX {
-        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
-    }
+    seed_wide(&store).await;
     let attrs = bucketfs_store::FileAttrs { mode: Some(0o100600), ..Default::default() };
     for i in 0..5 {
         let opts = PutOpts { attrs, ..PutOpts::default() };
@@ -273,9 +272,7 @@ async fn the_second_name_found_on_minio_checks_the_directory_width() {
 #[tokio::test]
 async fn a_wide_directory_that_shrank_is_listed_for_lookups_again() {
     let store = Arc::new(MemStore::new());
-    for i in 0..=crate::fs::RELIST_MAX {
-        store.put(&format!("wide/f{i:05}"), Bytes::from_static(b"w"), PutOpts::default()).await.unwrap();
-    }
+    seed_wide(&store).await;
     let ttl = 100;
     let clock = crate::Clock::manual();
     let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, clock: clock.clone(), ..cfg(ttl) });
