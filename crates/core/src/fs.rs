@@ -275,11 +275,14 @@ impl Fs {
             Some(d) => d.clone(),
             None => store,
         };
+        let mut table = InodeTable::with_clock(now, cfg.clock.clone());
+        // Google Drive (the store that moves items whole) holds repeated names.
+        table.names_alias = store.capabilities().moves;
         Self {
             store,
             deletes,
             mounted_at: now,
-            table: Mutex::new(InodeTable::with_clock(now, cfg.clock.clone())),
+            table: Mutex::new(table),
             handles: Mutex::new(HashMap::new()),
             staged: Mutex::new(HashMap::new()),
             read_cache: Arc::new(read_cache(&cfg)),

@@ -262,6 +262,10 @@ pub struct InodeTable {
     /// before takes the mount's state for these names and stands for the rest
     /// ([`InodeTable::set_listing_since`]). Past [`NAMED_MAX`] they fold into `whole`.
     named: std::collections::BTreeMap<(u64, String), u64>,
+    /// A change of one name may show or hide others (Google Drive's repeated names: a
+    /// rename replacing a file holds two items under one name until the old is trashed, and
+    /// a listing then shows `stem~ID8`): every change counts as the directory's whole.
+    pub(crate) names_alias: bool,
     /// The change count each directory's newest recorded listing was sent at: an answer
     /// sent before it (held up in the network) arrives with older news, and is not
     /// recorded over it (see [`InodeTable::set_listing_since`]).
@@ -389,6 +393,7 @@ impl InodeTable {
             changed: HashMap::new(),
             whole: HashMap::new(),
             named: Default::default(),
+            names_alias: false,
             answered: HashMap::new(),
             big_subtrees: Default::default(),
             absent: HashMap::new(),

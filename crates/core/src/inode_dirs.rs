@@ -108,6 +108,9 @@ impl InodeTable {
 
     /// A change here of `name` in `dir` alone (see `named`).
     pub(super) fn note_name_change(&mut self, dir: u64, name: &str) {
+        if self.names_alias {
+            return self.note_change(dir);
+        }
         self.note_dir_change(dir);
         if self.named.len() >= NAMED_MAX {
             // Folded into whole changes, later than any of them: it errs on the safe side.

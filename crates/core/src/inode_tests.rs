@@ -161,6 +161,29 @@ fn a_listing_overtaken_by_changes_of_some_names_stands_for_the_rest() {
     t.check_invariants();
 }
 
+/// On Google Drive (`names_alias`) a change of one name distrusts the whole listing: sent
+/// while a rename replaced `f1` (Drive holds both items until the old is trashed), it shows
+/// the repeated-name form `f1~ID8`, a name the mount never changed (model test, gdrive:
+/// a worker's own listing showed it).
+#[test]
+fn on_drive_a_listing_overtaken_by_a_rename_is_distrusted_whole() {
+    for alias in [false, true] {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        t.names_alias = alias;
+        let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+        for n in ["f1", "f5"] {
+            t.upsert(d, &meta(n, Kind::File));
+        }
+        let since = t.change_seq(); // the listing is sent
+        let f5 = t.child(d, "f5").unwrap().ino;
+        t.listing_remove(d, "f1"); // `mv f5 f1`: the old f1 goes, f5 takes its name
+        t.relocate(f5, d, "f1");
+        t.set_listing_since(d, listing_of(&t, &["f1", "f1~abcdefgh"]), since);
+        let shown = t.listing(d).unwrap().children.contains_key("f1~abcdefgh") && t.listing_fresh(d);
+        assert_eq!(shown, !alias, "alias {alias}: the repeated-name form answers lookups");
+    }
+}
+
 /// A name changed here whose node the kernel forgot before the listing landed: the
 /// mount's state of it is not held, so the listing is not taken as right about it (it was
 /// taken as removed: a file made here answered ENOENT from the merged listing).
