@@ -2,7 +2,8 @@
 //! absent, names removed here, the change count that decides whether a store answer may
 //! still be recorded (`changed_at`, `set_listing_since`), and the renames moving objects.
 
-use std::time::Instant;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use super::{ChildMeta, InodeTable, Kind, Listing, Moving, ABSENT_MAX, NAMED_MAX, RELIST_MAX};
 
@@ -20,36 +21,32 @@ impl InodeTable {
             self.absent.retain(|_, at| *at > cut);
         }
         self.absent.insert((dir, name.to_string()), self.clock.now());
-        if self.missed.len() >= ABSENT_MAX {
-            self.missed.clear();
-        }
-        self.missed.insert(dir, (self.clock.now(), name.to_string()));
+        capped_insert(&mut self.missed, dir, (self.clock.now(), name.to_string()));
     }
 
     /// A probe found `name` in `dir` (see `found`).
     pub fn note_found(&mut self, dir: u64, name: &str) {
-        if self.found.len() >= ABSENT_MAX {
-            self.found.clear();
-        }
-        self.found.insert(dir, (self.clock.now(), name.to_string()));
+        capped_insert(&mut self.found, dir, (self.clock.now(), name.to_string()));
+    }
+
+    /// Whether `last` (`missed` or `found`) holds another name than `name` for `dir`, recorded
+    /// less than `ttl` ago.
+    fn other_name_recent(&self, last: &HashMap<u64, (Instant, String)>, dir: u64, name: &str, ttl: Duration) -> bool {
+        last.get(&dir).is_some_and(|(at, n)| n != name && self.clock.since(*at) < ttl)
     }
 
     /// Whether to check `dir`'s width before probing `name` (see `found`): a probe found
     /// another name in it less than `ttl` ago, and its width is neither known nor checked
     /// within `ttl`.
-    pub fn width_worth_checking(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {
-        let recent = |at: &Instant| self.clock.since(*at) < ttl;
-        self.found.get(&dir).is_some_and(|(at, n)| n != name && recent(at))
-            && !self.width_checked.get(&dir).is_some_and(recent)
+    pub fn width_worth_checking(&self, dir: u64, name: &str, ttl: Duration) -> bool {
+        self.other_name_recent(&self.found, dir, name, ttl)
+            && self.width_checked.get(&dir).is_none_or(|at| self.clock.since(*at) >= ttl)
             && !self.is_wide(dir)
     }
 
     /// `dir`'s width is being checked now: no other lookup checks it within the TTL.
     pub fn note_width_checked(&mut self, dir: u64) {
-        if self.width_checked.len() >= ABSENT_MAX {
-            self.width_checked.clear();
-        }
-        self.width_checked.insert(dir, self.clock.now());
+        capped_insert(&mut self.width_checked, dir, self.clock.now());
     }
 
     /// Whether `dir` holds more children than one listing is worth: a listing for lookups
@@ -60,9 +57,8 @@ impl InodeTable {
 
     /// Whether a probe found another name than `name` absent from `dir` less than `ttl` ago,
     /// and `dir` is not known to be too wide to list for that.
-    pub fn missed_another(&self, dir: u64, name: &str, ttl: std::time::Duration) -> bool {
-        let recent = self.missed.get(&dir).is_some_and(|(at, n)| n != name && self.clock.since(*at) < ttl);
-        recent && !self.wide.contains(&dir)
+    pub fn missed_another(&self, dir: u64, name: &str, ttl: Duration) -> bool {
+        self.other_name_recent(&self.missed, dir, name, ttl) && !self.wide.contains(&dir)
     }
 
     /// A listing of `dir` for lookups failed: its names are probed until the next miss.
@@ -363,4 +359,13 @@ fn forget_in(map: &mut NameRecords, dir: u64, upto: u64) {
     for k in gone {
         map.remove(&k);
     }
+}
+
+/// Record `k` in a per-directory map of recent probes, emptied past [`ABSENT_MAX`] entries
+/// (they only save requests: losing them costs a probe).
+fn capped_insert<V>(map: &mut HashMap<u64, V>, k: u64, v: V) {
+    if map.len() >= ABSENT_MAX {
+        map.clear();
+    }
+    map.insert(k, v);
 }

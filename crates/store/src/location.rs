@@ -282,7 +282,7 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
         // The services sign requests with their own credentials; a `user:password@` in the
         // address is never sent (S3 refused such requests), and must never be logged. An
         // address without a scheme gets `https://` from OpenDAL: checked as such.
-        let as_url = if e.contains("://") { e.clone() } else { format!("https://{e}") };
+        let as_url = with_scheme(e);
         if crate::redact_urls(&as_url) != as_url {
             return Err(config_err(format!(
                 "the endpoint {} has a user name or password in it (`user:password@`), which \
@@ -444,14 +444,21 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     Ok(Arc::new(store))
 }
 
+/// An endpoint as OpenDAL reads it: an address without a scheme gets `https://`.
+fn with_scheme(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("https://{endpoint}")
+    }
+}
+
 /// Whether an S3 endpoint is a server of its own (MinIO, Ceph, ...) rather than AWS S3: see
-/// [`crate::Capabilities::prefix_list_reads_dir`]. No endpoint: AWS. An address without a
-/// scheme gets `https://`, as OpenDAL gives it.
+/// [`crate::Capabilities::prefix_list_reads_dir`]. No endpoint: AWS.
 fn s3_compatible_server(endpoint: Option<&str>) -> bool {
     const AWS: [&str; 5] = [".amazonaws.com", ".amazonaws.com.cn", ".amazonaws.eu", ".c2s.ic.gov", ".sc2s.sgov.gov"];
     let Some(ep) = endpoint else { return false };
-    let ep = if ep.contains("://") { ep.to_string() } else { format!("https://{ep}") };
-    let host = url::Url::parse(&ep).ok().and_then(|u| u.host_str().map(str::to_ascii_lowercase));
+    let host = url::Url::parse(&with_scheme(ep)).ok().and_then(|u| u.host_str().map(str::to_ascii_lowercase));
     !host.is_some_and(|h| AWS.iter().any(|d| h.trim_end_matches('.').ends_with(d)))
 }
 
