@@ -52,6 +52,7 @@ pub(crate) mod patch;
 mod upload;
 use crate::FsError;
 use patch::{Stored, Sums};
+pub(crate) use upload::send_file;
 
 /// State of one staged inode. Guarded by the `tokio::sync::Mutex` that holds it
 /// ([`SharedStaged`], lock level 2 in docs/ARCHITECTURE.md).
@@ -676,29 +677,6 @@ impl Drop for Staged {
     }
 }
 
-/// Feed bytes `from..size` of `file` to `w`, one part (one buffer) at a time.
-pub(crate) async fn send_file(
-    file: &File,
-    from: u64,
-    size: u64,
-    w: &mut dyn ObjectWriter,
-    opts: WriteOptions,
-    mut sums: Option<&mut Sums>,
-) -> Result<(), FsError> {
-    let mut off = from;
-    while off < size {
-        let n = (opts.part_size as u64).min(size - off) as usize;
-        let mut buf = vec![0u8; n];
-        file.read_exact_at(&mut buf, off).map_err(local)?;
-        if let Some(s) = sums.as_deref_mut() {
-            s.record(off, &buf);
-        }
-        w.write(buf.into()).await?;
-        off += n as u64;
-    }
-    Ok(())
-}
-
 /// A staged inode shared by its handles; async because uploads hold it across awaits.
 /// Lock level 2: taken before `Fs::table` and the staged map, never while holding them
 /// (a new one is only try-locked, uncontended, under the map before the map publishes it).
@@ -715,28 +693,5 @@ pub(crate) fn unique() -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::FileExt;
-
-    /// A kernel write (passthrough) that lands between an upload's last check and its
-    /// commit is not absorbed as committed: the next check still sees it.
-    #[test]
-    fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-write-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut st = Staged::create(&dir, 1, PartBudget::new(1 << 20)).unwrap();
-        let kernel = st.watch_external("k").unwrap();
-        kernel.write_all_at(b"first", 0).unwrap();
-        assert!(st.observe().unwrap(), "a kernel write is seen");
-        // (the upload of "first" happens here)
-        std::thread::sleep(std::time::Duration::from_millis(5)); // a new mtime
-        kernel.write_all_at(b"second write", 0).unwrap();
-        st.mark_committed_as_is().unwrap();
-        assert!(st.observe().unwrap(), "the later write is still a change");
-        assert!(st.dirty);
-        assert_eq!(st.size, 12);
-        let _ = std::fs::remove_file(&st.path);
-        let _ = std::fs::remove_file(st.open_path());
-    }
-}
+#[path = "write_tests.rs"]
+mod tests;

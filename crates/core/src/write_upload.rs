@@ -202,3 +202,26 @@ impl Staged {
         })
     }
 }
+
+/// Feed bytes `from..size` of `file` to `w`, one part (one buffer) at a time.
+pub(crate) async fn send_file(
+    file: &File,
+    from: u64,
+    size: u64,
+    w: &mut dyn ObjectWriter,
+    opts: WriteOptions,
+    mut sums: Option<&mut Sums>,
+) -> Result<(), FsError> {
+    let mut off = from;
+    while off < size {
+        let n = (opts.part_size as u64).min(size - off) as usize;
+        let mut buf = vec![0u8; n];
+        file.read_exact_at(&mut buf, off).map_err(local)?;
+        if let Some(s) = sums.as_deref_mut() {
+            s.record(off, &buf);
+        }
+        w.write(buf.into()).await?;
+        off += n as u64;
+    }
+    Ok(())
+}
