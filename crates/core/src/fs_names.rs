@@ -142,8 +142,9 @@ impl Fs {
         }
         // No upload of it may be in flight while it goes (intents.rs): one landing after
         // the delete would bring the file back. Uploads of other keys go on; its own, in
-        // flight, is cancelled rather than waited for (the store may hang; write_back.rs).
-        self.cancel_upload(node.ino).await;
+        // flight, is cancelled rather than waited for past a moment (the store may hang;
+        // write_back.rs).
+        self.cancel_uploads_of(&node.key, None, crate::write_back::CANCEL_GRACE).await;
         let mut key = node.key.clone();
         let (_intent, node) = loop {
             let intent = self.intent_cancelling(vec![crate::intents::Scope::Key(key.clone())], &key, None).await;

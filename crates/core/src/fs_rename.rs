@@ -48,8 +48,8 @@ impl Fs {
         check_new_name(newname)?;
         let src = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
         // An upload of the file (or of one below the directory, or of the target) in flight
-        // is cancelled, not waited for: the store may hang (write_back.rs).
-        self.cancel_uploads_of(&src.key, Some((newparent, newname))).await;
+        // is cancelled, not waited for past a moment: the store may hang (write_back.rs).
+        self.cancel_uploads_of(&src.key, Some((newparent, newname)), crate::write_back::CANCEL_GRACE).await;
         if let Some(staged) = self.staged_of_pub(src.ino) {
             // The kernel may have written it directly: the entry moved carries its size.
             self.observe(src.ino, &mut *staged.lock().await)?;
@@ -340,7 +340,7 @@ impl Fs {
                         self.delete_removed(&src.key, true).await?;
                         st.maybe_landed = false;
                     }
-                } else if st.in_store || st.replaces {
+                } else if st.in_store || st.replaces || st.maybe_landed {
                     // Journaled and sent in the background: no wait on the store (issue 48).
                     match self.delete_removed(&src.key, st.maybe_landed).await {
                         Err(FsError::Store(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
@@ -366,7 +366,7 @@ impl Fs {
                 // a rename replaces (an O_EXCL create was about the old name).
                 st.create_only = false;
                 // The old key holds another writer's object if ours never went up there.
-                let old_is_ours = st.in_store;
+                let old_is_ours = st.in_store || st.maybe_landed;
                 st.upload(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
                 if !old_is_ours {

@@ -75,7 +75,8 @@ impl Fs {
     }
 
     /// Whether the bucket may hold an object of `ino` under its key: not for a file created
-    /// here and never uploaded (its unlink or rename needs no request).
+    /// here and never uploaded (its unlink or rename needs no request), unless an upload of
+    /// it was cut off and may still land.
     pub(crate) async fn stored(&self, ino: u64) -> bool {
         self.stored_how(ino).await.0
     }
@@ -86,7 +87,7 @@ impl Fs {
         match self.staged_of(ino) {
             Some(s) => {
                 let st = s.lock().await;
-                (st.in_store || st.replaces, st.maybe_landed)
+                (st.in_store || st.replaces || st.maybe_landed, st.maybe_landed)
             }
             None => (true, false),
         }

@@ -833,3 +833,55 @@ async fn a_refused_exclusive_upload_waits_for_a_rename_and_sync_names_it() {
     assert_eq!(object(mem.as_ref(), "lock.mine").await.as_deref(), Some(&b"ours"[..]));
     assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]));
 }
+
+/// An `O_EXCL` file's first upload hangs after the store took the PUT (it landed); `rm`
+/// cancels it. The object that landed is this file's: it is deleted (twice), never left
+/// under the removed name (model test: `f1`, unlinked, came back in a directory renamed to
+/// its old parent's name).
+#[tokio::test]
+async fn an_exclusive_create_whose_cancelled_upload_landed_is_gone_after_rm() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-cancelled");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let _hang = held.hold(Op::Put, 1);
+    let (_, fh) = fs.create(ROOT_INO, "x", libc::O_EXCL, None).await.unwrap();
+    fs.write(fh, 0, b"created exclusively").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let started = tokio::time::timeout(Duration::from_secs(5), async {
+        while object(mem.as_ref(), "x").await.is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    started.await.expect("the PUT reaches the store");
+    fs.unlink(ROOT_INO, "x").await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the landed object of a removed file");
+}
+
+/// An `O_EXCL` file's first upload times out and the PUT lands after a rename moved the
+/// name: the old name is deleted, and once more later, as for any other file.
+#[tokio::test]
+async fn an_exclusive_create_whose_timed_out_upload_lands_late_is_renamed_cleanly() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-late-put");
+    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
+    let fs = Fs::new(flaky, cfg(&dir, 0));
+    fs.start_write_back();
+    let (_, fh) = fs.create(ROOT_INO, "p", libc::O_EXCL, None).await.unwrap();
+    fs.write(fh, 0, b"pending").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let failed = tokio::time::timeout(Duration::from_secs(5), async {
+        while fs.write_back_status().failing.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    failed.await.expect("the first upload fails (a timeout)");
+    fs.rename(ROOT_INO, "p", ROOT_INO, "q", false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the rename's delete of `p` is done
+    mem.put("p", bytes::Bytes::from_static(b"pending"), Default::default()).await.unwrap(); // it lands
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["q"], "the late object under the old name was deleted again");
+    assert_eq!(object(mem.as_ref(), "q").await.unwrap(), b"pending");
+}

@@ -149,11 +149,12 @@ impl Staged {
         let meta = match result {
             Ok(meta) => meta,
             Err(e) => {
-                // Not refused outright: the request may still land (never for a create-only
-                // upload, whose key another writer's object may hold).
+                // Not refused outright: the request may still land. A create-only one lands
+                // only where no object was, so the key is not taken as holding an older
+                // version (`in_store`), but a rename away or an unlink deletes what landed.
                 let refused = matches!(&e, FsError::Store(s) if !matches!(s.kind, StoreErrorKind::Unavailable | StoreErrorKind::Other));
-                if !refused && !self.create_only {
-                    self.in_store = true;
+                if !refused {
+                    self.in_store |= !self.create_only;
                     self.maybe_landed = true;
                 }
                 return Err(e);
