@@ -290,8 +290,9 @@ impl Fs {
             if node.key == key || node.key.starts_with(key) && key.ends_with('/') {
                 self.wb.set_key(ino, &node.key); // what `bucketfs status` names
                 let mut st = s.lock().await;
-                let _ = self.observe(ino, &mut st); // a failed check keeps what is known
-                                                    // Clean ones too: a file the kernel writes keeps its sidecar naming the key.
+                // A failed check keeps what is known. Clean ones too: a file the kernel writes
+                // keeps its sidecar naming the key.
+                let _ = self.observe(ino, &mut st);
                 if !st.unlinked && st.key().is_some_and(|k| k != node.key) {
                     name_staged(&mut st, &node.key);
                 }

@@ -182,9 +182,10 @@ impl Fs {
             self.upload_before_change(node.ino).await?;
             return Ok(None);
         }
-        self.observe(node.ino, &mut st)?; // what the kernel wrote directly (passthrough) counts below
-                                          // The node as of now: with our entry in the map no other open changes it, and the
-                                          // caller's copy may predate a whole write-close cycle of another handle.
+        // What the kernel wrote directly (passthrough) counts below.
+        self.observe(node.ino, &mut st)?;
+        // The node as of now: with our entry in the map no other open changes it, and the
+        // caller's copy may predate a whole write-close cycle of another handle.
         let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
         // A version whole in the disk cache is taken over, not fetched (passthrough.rs).
         let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st, truncate)?;

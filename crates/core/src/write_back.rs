@@ -301,9 +301,10 @@ impl Fs {
         }
         tracing::info!(ino, "upload in flight cancelled by a rename or unlink of its file");
         if let Some(s) = self.staged_of_pub(ino) {
-            let mut st = s.lock().await; // free once the cancelled attempt is dropped
-                                         // Also for a create-only upload: if it lands, the object is this file's (it
-                                         // replaces nothing), and an unlink or rename must delete it.
+            // Free once the cancelled attempt is dropped.
+            let mut st = s.lock().await;
+            // Also for a create-only upload: if it lands, the object is this file's (it
+            // replaces nothing), and an unlink or rename must delete it.
             st.maybe_landed = true;
             st.in_store |= !st.create_only;
         }
