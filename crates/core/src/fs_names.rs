@@ -123,7 +123,7 @@ impl Fs {
         // The intent before the staged lock, as in `unlink`.
         let _intent = self.wb.intents.try_acquire(vec![crate::intents::Scope::Key(node.key.clone())], true)?;
         let mut st = staged.try_lock().ok()?;
-        if st.in_store || st.replaces || st.uploading_eagerly() {
+        if st.in_store || st.replaces || st.maybe_landed || st.uploading_eagerly() {
             return None; // the bucket may hold it (a DELETE is due), or parts to abort
         }
         self.discard_locked(node.ino, &staged, &mut st);
@@ -142,9 +142,8 @@ impl Fs {
         }
         // No upload of it may be in flight while it goes (intents.rs): one landing after
         // the delete would bring the file back. Uploads of other keys go on; its own, in
-        // flight, is cancelled rather than waited for past a moment (the store may hang;
-        // write_back.rs).
-        self.cancel_uploads_of(&node.key, None, crate::write_back::CANCEL_GRACE).await;
+        // flight, is cancelled rather than waited for (the store may hang; write_back.rs).
+        self.cancel_upload(node.ino).await;
         let mut key = node.key.clone();
         let (_intent, node) = loop {
             let intent = self.intent_cancelling(vec![crate::intents::Scope::Key(key.clone())], &key, None).await;

@@ -48,8 +48,8 @@ impl Fs {
         check_new_name(newname)?;
         let src = self.resolve(parent, name).await?.ok_or(FsError::NotFound)?;
         // An upload of the file (or of one below the directory, or of the target) in flight
-        // is cancelled, not waited for past a moment: the store may hang (write_back.rs).
-        self.cancel_uploads_of(&src.key, Some((newparent, newname)), crate::write_back::CANCEL_GRACE).await;
+        // is cancelled, not waited for: the store may hang (write_back.rs).
+        self.cancel_uploads_of(&src.key, Some((newparent, newname))).await;
         if let Some(staged) = self.staged_of_pub(src.ino) {
             // The kernel may have written it directly: the entry moved carries its size.
             self.observe(src.ino, &mut *staged.lock().await)?;
@@ -462,6 +462,12 @@ impl Fs {
                     let old = format!("{}{}", src.key, &st.key().unwrap_or_default()[new_key.len()..]);
                     self.delete_removed(&old, true).await?;
                     st.maybe_landed = false;
+                    if st.create_only {
+                        // What landed before the listing above moved here with the rest: not
+                        // another writer's, so the upload may replace it (a rename's target
+                        // is replaced), and until it does an unlink or a rename deletes it.
+                        (st.create_only, st.replaces) = (false, true);
+                    }
                 }
             }
         }

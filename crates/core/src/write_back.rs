@@ -84,12 +84,6 @@ pub struct WriteBackStatus {
 /// How many waiting keys [`WriteBackStatus::pending`] names.
 pub const PENDING_NAMED: usize = 20;
 
-/// How long an unlink or rename lets an upload in flight of its file finish before it
-/// cancels it ([`Fs::cancel_uploads_of`]). A cancelled upload may still land (the store
-/// may finish the request it received), so its old key is deleted twice, and on MinIO a
-/// PUT cut off mid-body can leave an empty folder that its listings show as a directory.
-pub const CANCEL_GRACE: Duration = Duration::from_millis(500);
-
 /// The queue of committed files waiting for upload.
 #[derive(Default)]
 pub(crate) struct Queue {
@@ -328,7 +322,7 @@ impl Fs {
             if let Some(i) = self.wb.intents.try_acquire(scopes.clone(), true) {
                 return i;
             }
-            self.cancel_uploads_of(key, target, Duration::ZERO).await;
+            self.cancel_uploads_of(key, target).await;
             let wait = self.wb.intents.acquire(scopes.clone(), true);
             if let Ok(i) = tokio::time::timeout(Duration::from_millis(100), wait).await {
                 return i;
@@ -337,32 +331,17 @@ impl Fs {
     }
 
     /// [`Fs::cancel_upload`] of every file whose key is `key` or below it (a directory's,
-    /// ending in `/`), and of the file named `name` in `parent` (a rename's target), once
-    /// they had `grace` to finish: an upload that ends leaves no request behind that may
-    /// still land, and a store that answers ends a small one well within [`CANCEL_GRACE`].
-    pub(crate) async fn cancel_uploads_of(&self, key: &str, target: Option<(u64, &str)>, grace: Duration) {
+    /// ending in `/`), and of the file named `name` in `parent` (a rename's target).
+    pub(crate) async fn cancel_uploads_of(&self, key: &str, target: Option<(u64, &str)>) {
         if !self.write_back() {
             return;
         }
         let target = target.and_then(|(p, n)| self.table.lock().unwrap().child(p, n).map(|n| n.ino));
-        let deadline = Instant::now() + grace;
-        loop {
-            let hits: Vec<u64> = (self.wb.in_flight_inos().into_iter())
-                .filter(|&ino| {
-                    target == Some(ino)
-                        || self.node(ino).is_ok_and(|n| n.key == key || key.ends_with('/') && n.key.starts_with(key))
-                })
-                .collect();
-            if hits.is_empty() {
-                return;
+        for ino in self.wb.in_flight_inos() {
+            let hit = self.node(ino).is_ok_and(|n| n.key == key || key.ends_with('/') && n.key.starts_with(key));
+            if hit || target == Some(ino) {
+                self.cancel_upload(ino).await;
             }
-            if Instant::now() >= deadline {
-                for ino in hits {
-                    self.cancel_upload(ino).await;
-                }
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 

@@ -152,10 +152,15 @@ impl Staged {
                 // Not refused outright: the request may still land. A create-only one lands
                 // only where no object was, so the key is not taken as holding an older
                 // version (`in_store`), but a rename away or an unlink deletes what landed.
+                // A create-only upload refused (the key holds an object: another client's,
+                // or an earlier try of ours that landed late; which, nothing tells) leaves
+                // the key alone from then on.
                 let refused = matches!(&e, FsError::Store(s) if !matches!(s.kind, StoreErrorKind::Unavailable | StoreErrorKind::Other));
                 if !refused {
                     self.in_store |= !self.create_only;
                     self.maybe_landed = true;
+                } else if self.create_only && matches!(&e, FsError::Store(s) if s.kind == StoreErrorKind::Exists) {
+                    self.maybe_landed = false;
                 }
                 return Err(e);
             }
