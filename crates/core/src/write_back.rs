@@ -554,3 +554,7 @@ async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
 #[cfg(test)]
 #[path = "write_back_tests.rs"]
 pub(crate) mod tests;
+
+#[cfg(test)]
+#[path = "write_back_excl_tests.rs"]
+mod excl_tests;

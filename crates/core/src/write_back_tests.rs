@@ -759,12 +759,26 @@ async fn a_hanging_upload_stalls_no_call_on_other_files() {
 /// new name is left (issue 48: both names stayed, 2 runs in 4).
 #[tokio::test]
 async fn a_timed_out_upload_landing_after_a_rename_leaves_no_object_behind() {
+    late_landing_after_a_rename("late-put", 0).await;
+}
+
+/// The same for an `O_EXCL` file: its create-only PUT, landing late, made the object.
+#[tokio::test]
+async fn an_exclusive_create_whose_timed_out_upload_lands_late_is_renamed_cleanly() {
+    late_landing_after_a_rename("excl-late-put", libc::O_EXCL).await;
+}
+
+/// A file created with `flags` whose first upload times out; it is renamed, and the PUT
+/// lands after the rename's delete of the old name.
+async fn late_landing_after_a_rename(name: &str, flags: i32) {
     let mem = Arc::new(MemStore::new());
-    let dir = staging("late-put");
+    let dir = staging(name);
     let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
     let fs = Fs::new(flaky, cfg(&dir, 0));
     fs.start_write_back();
-    write_file(&fs, "p", b"pending").await;
+    let (_, fh) = fs.create(ROOT_INO, "p", flags, None).await.unwrap();
+    fs.write(fh, 0, b"pending").await.unwrap();
+    fs.release(fh).await.unwrap();
     let failed = tokio::time::timeout(Duration::from_secs(5), async {
         while fs.write_back_status().failing.is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -832,133 +846,4 @@ async fn a_refused_exclusive_upload_waits_for_a_rename_and_sync_names_it() {
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(object(mem.as_ref(), "lock.mine").await.as_deref(), Some(&b"ours"[..]));
     assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]));
-}
-
-/// An `O_EXCL` file's first upload hangs after the store took the PUT (it landed); `rm`
-/// cancels it. The object that landed is this file's: it is deleted (twice), never left
-/// under the removed name (model test: `f1`, unlinked, came back in a directory renamed to
-/// its old parent's name).
-#[tokio::test]
-async fn an_exclusive_create_whose_cancelled_upload_landed_is_gone_after_rm() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("excl-cancelled");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 0));
-    fs.start_write_back();
-    let _hang = held.hold(Op::Put, 1);
-    let (_, fh) = fs.create(ROOT_INO, "x", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"created exclusively").await.unwrap();
-    fs.release(fh).await.unwrap();
-    let started = tokio::time::timeout(Duration::from_secs(5), async {
-        while object(mem.as_ref(), "x").await.is_none() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
-    started.await.expect("the PUT reaches the store");
-    fs.unlink(ROOT_INO, "x").await.unwrap();
-    assert!(fs.sync_write_back().await.is_empty());
-    assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the landed object of a removed file");
-}
-
-/// An `O_EXCL` file's first upload times out and the PUT lands after a rename moved the
-/// name: the old name is deleted, and once more later, as for any other file.
-#[tokio::test]
-async fn an_exclusive_create_whose_timed_out_upload_lands_late_is_renamed_cleanly() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("excl-late-put");
-    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
-    let fs = Fs::new(flaky, cfg(&dir, 0));
-    fs.start_write_back();
-    let (_, fh) = fs.create(ROOT_INO, "p", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"pending").await.unwrap();
-    fs.release(fh).await.unwrap();
-    let failed = tokio::time::timeout(Duration::from_secs(5), async {
-        while fs.write_back_status().failing.is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
-    failed.await.expect("the first upload fails (a timeout)");
-    fs.rename(ROOT_INO, "p", ROOT_INO, "q", false).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await; // the rename's delete of `p` is done
-    mem.put("p", bytes::Bytes::from_static(b"pending"), Default::default()).await.unwrap(); // it lands
-    assert!(fs.sync_write_back().await.is_empty());
-    assert_eq!(keys(mem.as_ref()).await, ["q"], "the late object under the old name was deleted again");
-    assert_eq!(object(mem.as_ref(), "q").await.unwrap(), b"pending");
-}
-
-/// The kernel's `rm` first tries [`Fs::unlink_now`] (no request). An `O_EXCL` file whose
-/// upload timed out, and whose PUT then landed, is not one it may take: the DELETE is due.
-#[tokio::test]
-async fn rm_of_an_exclusive_create_whose_upload_may_have_landed_sends_the_delete() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("excl-rm-now");
-    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
-    let fs = Fs::new(flaky, cfg(&dir, 60_000));
-    fs.start_write_back();
-    let (_, fh) = fs.create(ROOT_INO, "p", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"pending").await.unwrap();
-    fs.release(fh).await.unwrap();
-    let failed = fs.upload_pub(fs.lookup(ROOT_INO, "p").await.unwrap().ino).await;
-    assert!(failed.is_err(), "the first upload fails (a timeout)");
-    mem.put("p", bytes::Bytes::from_static(b"pending"), Default::default()).await.unwrap(); // it lands
-    match fs.unlink_now(ROOT_INO, "p") {
-        Some(r) => r.unwrap(),
-        None => fs.unlink(ROOT_INO, "p").await.unwrap(),
-    }
-    assert!(fs.sync_write_back().await.is_empty());
-    assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the landed object of a removed file");
-}
-
-/// An `O_EXCL` file's first upload times out without landing, another client then creates
-/// the key, and the retry is refused: the key is another writer's, and a rename of our file
-/// leaves it alone.
-#[tokio::test]
-async fn a_refused_retry_of_an_exclusive_create_never_deletes_the_other_object() {
-    use bucketfs_store::PutOpts;
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("excl-refused-retry");
-    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
-    let fs = Fs::new(flaky, cfg(&dir, 60_000));
-    fs.start_write_back();
-    let (_, fh) = fs.create(ROOT_INO, "lock", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"ours").await.unwrap();
-    fs.release(fh).await.unwrap();
-    let ino = fs.lookup(ROOT_INO, "lock").await.unwrap().ino;
-    assert!(fs.upload_pub(ino).await.is_err(), "the first upload fails (a timeout)");
-    mem.put("lock", bytes::Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
-    assert!(matches!(fs.upload_pub(ino).await, Err(crate::FsError::Exists)), "the retry is refused");
-    fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.unwrap();
-    assert!(fs.sync_write_back().await.is_empty());
-    assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]));
-    assert_eq!(object(mem.as_ref(), "lock.mine").await.as_deref(), Some(&b"ours"[..]));
-}
-
-/// An `O_EXCL` file's PUT lands while its upload hangs, and `mv` of its directory cancels
-/// the upload and moves what landed with the rest: the file goes up over that copy (it is
-/// its own), not refused as if another client had made it; `rm` then leaves nothing.
-#[tokio::test]
-async fn an_exclusive_create_moved_with_its_directory_uploads_over_its_own_copy() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("excl-dir-move");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 0));
-    fs.start_write_back();
-    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
-    assert!(fs.sync_write_back().await.is_empty());
-    let _hang = held.hold(Op::Put, 1);
-    let (_, fh) = fs.create(d.ino, "f", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"created exclusively").await.unwrap();
-    fs.release(fh).await.unwrap();
-    let landed = tokio::time::timeout(Duration::from_secs(5), async {
-        while object(mem.as_ref(), "d/f").await.is_none() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
-    landed.await.expect("the PUT reaches the store");
-    fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap();
-    assert!(fs.sync_write_back().await.is_empty(), "the upload of e/f was refused by its own copy");
-    assert_eq!(keys(mem.as_ref()).await, ["e/", "e/f"]);
-    fs.unlink(fs.lookup(ROOT_INO, "e").await.unwrap().ino, "f").await.unwrap();
-    assert!(fs.sync_write_back().await.is_empty());
-    assert_eq!(keys(mem.as_ref()).await, ["e/"]);
 }

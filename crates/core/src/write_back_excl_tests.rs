@@ -1,0 +1,114 @@
+//! Write-back mode and `O_EXCL` files (create-only uploads): an upload cut off by a rename
+//! or unlink, or timed out, may still land, and what lands is the file's own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bucketfs_store::testing::{FailStore, MemStore, Op};
+use bucketfs_store::{Store, StoreErrorKind};
+
+use super::tests::{cfg, keys, object, staging};
+use crate::fs::{Fs, ROOT_INO};
+
+/// An `O_EXCL` file's first upload hangs after the store took the PUT (it landed); `rm`
+/// cancels it. The object that landed is this file's: it is deleted (twice), never left
+/// under the removed name (model test: `f1`, unlinked, came back in a directory renamed to
+/// its old parent's name).
+#[tokio::test]
+async fn an_exclusive_create_whose_cancelled_upload_landed_is_gone_after_rm() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-cancelled");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let _hang = held.hold(Op::Put, 1);
+    let (_, fh) = fs.create(ROOT_INO, "x", libc::O_EXCL, None).await.unwrap();
+    fs.write(fh, 0, b"created exclusively").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let started = tokio::time::timeout(Duration::from_secs(5), async {
+        while object(mem.as_ref(), "x").await.is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    started.await.expect("the PUT reaches the store");
+    fs.unlink(ROOT_INO, "x").await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the landed object of a removed file");
+}
+
+/// The kernel's `rm` first tries [`Fs::unlink_now`] (no request). An `O_EXCL` file whose
+/// upload timed out, and whose PUT then landed, is not one it may take: the DELETE is due.
+#[tokio::test]
+async fn rm_of_an_exclusive_create_whose_upload_may_have_landed_sends_the_delete() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-rm-now");
+    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
+    let fs = Fs::new(flaky, cfg(&dir, 60_000));
+    fs.start_write_back();
+    let (_, fh) = fs.create(ROOT_INO, "p", libc::O_EXCL, None).await.unwrap();
+    fs.write(fh, 0, b"pending").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let failed = fs.upload_pub(fs.lookup(ROOT_INO, "p").await.unwrap().ino).await;
+    assert!(failed.is_err(), "the first upload fails (a timeout)");
+    mem.put("p", bytes::Bytes::from_static(b"pending"), Default::default()).await.unwrap(); // it lands
+    match fs.unlink_now(ROOT_INO, "p") {
+        Some(r) => r.unwrap(),
+        None => fs.unlink(ROOT_INO, "p").await.unwrap(),
+    }
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the landed object of a removed file");
+}
+
+/// An `O_EXCL` file's first upload times out without landing, another client then creates
+/// the key, and the retry is refused: the key is another writer's, and a rename of our file
+/// leaves it alone.
+#[tokio::test]
+async fn a_refused_retry_of_an_exclusive_create_never_deletes_the_other_object() {
+    use bucketfs_store::PutOpts;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-refused-retry");
+    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
+    let fs = Fs::new(flaky, cfg(&dir, 60_000));
+    fs.start_write_back();
+    let (_, fh) = fs.create(ROOT_INO, "lock", libc::O_EXCL, None).await.unwrap();
+    fs.write(fh, 0, b"ours").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let ino = fs.lookup(ROOT_INO, "lock").await.unwrap().ino;
+    assert!(fs.upload_pub(ino).await.is_err(), "the first upload fails (a timeout)");
+    mem.put("lock", bytes::Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
+    assert!(matches!(fs.upload_pub(ino).await, Err(crate::FsError::Exists)), "the retry is refused");
+    fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]));
+    assert_eq!(object(mem.as_ref(), "lock.mine").await.as_deref(), Some(&b"ours"[..]));
+}
+
+/// An `O_EXCL` file's PUT lands while its upload hangs, and `mv` of its directory cancels
+/// the upload and moves what landed with the rest: the file goes up over that copy (it is
+/// its own), not refused as if another client had made it; `rm` then leaves nothing.
+#[tokio::test]
+async fn an_exclusive_create_moved_with_its_directory_uploads_over_its_own_copy() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-dir-move");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    let _hang = held.hold(Op::Put, 1);
+    let (_, fh) = fs.create(d.ino, "f", libc::O_EXCL, None).await.unwrap();
+    fs.write(fh, 0, b"created exclusively").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let landed = tokio::time::timeout(Duration::from_secs(5), async {
+        while object(mem.as_ref(), "d/f").await.is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    landed.await.expect("the PUT reaches the store");
+    fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty(), "the upload of e/f was refused by its own copy");
+    assert_eq!(keys(mem.as_ref()).await, ["e/", "e/f"]);
+    fs.unlink(fs.lookup(ROOT_INO, "e").await.unwrap().ino, "f").await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["e/"]);
+}
