@@ -10,6 +10,13 @@ use bucketfs_store::{Store, StoreErrorKind};
 use super::tests::{cfg, keys, object, staging};
 use crate::fs::{Fs, ROOT_INO};
 
+/// Create `name` in `parent` with `O_EXCL`, write `data` and close it.
+async fn create_exclusive(fs: &Fs, parent: u64, name: &str, data: &[u8]) {
+    let (_, fh) = fs.create(parent, name, libc::O_EXCL, None).await.unwrap();
+    fs.write(fh, 0, data).await.unwrap();
+    fs.release(fh).await.unwrap();
+}
+
 /// An `O_EXCL` file's first upload hangs after the store took the PUT (it landed); `rm`
 /// cancels it. The object that landed is this file's: it is deleted (twice), never left
 /// under the removed name (model test: `f1`, unlinked, came back in a directory renamed to
@@ -22,9 +29,7 @@ async fn an_exclusive_create_whose_cancelled_upload_landed_is_gone_after_rm() {
     let fs = Fs::new(held.clone(), cfg(&dir, 0));
     fs.start_write_back();
     let _hang = held.hold(Op::Put, 1);
-    let (_, fh) = fs.create(ROOT_INO, "x", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"created exclusively").await.unwrap();
-    fs.release(fh).await.unwrap();
+    create_exclusive(&fs, ROOT_INO, "x", b"created exclusively").await;
     let started = tokio::time::timeout(Duration::from_secs(5), async {
         while object(mem.as_ref(), "x").await.is_none() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -45,9 +50,7 @@ async fn rm_of_an_exclusive_create_whose_upload_may_have_landed_sends_the_delete
     let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
     let fs = Fs::new(flaky, cfg(&dir, 60_000));
     fs.start_write_back();
-    let (_, fh) = fs.create(ROOT_INO, "p", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"pending").await.unwrap();
-    fs.release(fh).await.unwrap();
+    create_exclusive(&fs, ROOT_INO, "p", b"pending").await;
     let failed = fs.upload_pub(fs.lookup(ROOT_INO, "p").await.unwrap().ino).await;
     assert!(failed.is_err(), "the first upload fails (a timeout)");
     mem.put("p", bytes::Bytes::from_static(b"pending"), Default::default()).await.unwrap(); // it lands
@@ -70,9 +73,7 @@ async fn a_refused_retry_of_an_exclusive_create_never_deletes_the_other_object()
     let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
     let fs = Fs::new(flaky, cfg(&dir, 60_000));
     fs.start_write_back();
-    let (_, fh) = fs.create(ROOT_INO, "lock", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"ours").await.unwrap();
-    fs.release(fh).await.unwrap();
+    create_exclusive(&fs, ROOT_INO, "lock", b"ours").await;
     let ino = fs.lookup(ROOT_INO, "lock").await.unwrap().ino;
     assert!(fs.upload_pub(ino).await.is_err(), "the first upload fails (a timeout)");
     mem.put("lock", bytes::Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
@@ -96,9 +97,7 @@ async fn an_exclusive_create_moved_with_its_directory_uploads_over_its_own_copy(
     let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
     assert!(fs.sync_write_back().await.is_empty());
     let _hang = held.hold(Op::Put, 1);
-    let (_, fh) = fs.create(d.ino, "f", libc::O_EXCL, None).await.unwrap();
-    fs.write(fh, 0, b"created exclusively").await.unwrap();
-    fs.release(fh).await.unwrap();
+    create_exclusive(&fs, d.ino, "f", b"created exclusively").await;
     let landed = tokio::time::timeout(Duration::from_secs(5), async {
         while object(mem.as_ref(), "d/f").await.is_none() {
             tokio::time::sleep(Duration::from_millis(5)).await;
