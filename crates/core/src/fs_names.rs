@@ -123,7 +123,7 @@ impl Fs {
         // The intent before the staged lock, as in `unlink`.
         let _intent = self.wb.intents.try_acquire(vec![crate::intents::Scope::Key(node.key.clone())], true)?;
         let mut st = staged.try_lock().ok()?;
-        if st.in_store || st.replaces || st.maybe_landed || st.uploading_eagerly() {
+        if st.may_be_stored() || st.uploading_eagerly() {
             return None; // the bucket may hold it (a DELETE is due), or parts to abort
         }
         self.discard_locked(node.ino, &staged, &mut st);

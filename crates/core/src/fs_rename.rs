@@ -341,7 +341,7 @@ impl Fs {
                         self.delete_removed(&src.key, true).await?;
                         st.maybe_landed = false;
                     }
-                } else if st.in_store || st.replaces || st.maybe_landed {
+                } else if st.may_be_stored() {
                     // Journaled and sent in the background: no wait on the store (issue 48).
                     match self.delete_removed(&src.key, st.maybe_landed).await {
                         Err(FsError::Store(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),

@@ -87,7 +87,7 @@ impl Fs {
         match self.staged_of(ino) {
             Some(s) => {
                 let st = s.lock().await;
-                (st.in_store || st.replaces || st.maybe_landed, st.maybe_landed)
+                (st.may_be_stored(), st.maybe_landed)
             }
             None => (true, false),
         }

@@ -5,6 +5,13 @@
 use super::*;
 
 impl Staged {
+    /// Whether the key may hold an object a rename away or an unlink must delete: one of
+    /// these bytes' ([`Staged::in_store`]), the replaced file's ([`Staged::replaces`]), or
+    /// one an upload cut off may still write ([`Staged::maybe_landed`]).
+    pub fn may_be_stored(&self) -> bool {
+        self.in_store || self.replaces || self.maybe_landed
+    }
+
     /// Whether parts of it are being sent ahead of its close (an eager upload to abort).
     pub fn uploading_eagerly(&self) -> bool {
         self.eager.is_some()
