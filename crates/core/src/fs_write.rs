@@ -331,16 +331,12 @@ impl Fs {
         let size = st.size;
         // Write-through: what was just uploaded is read back soon (make after a clone, a
         // test after its build), so small files go into the block caches under the new ETag.
-        let mut blocks = Vec::new();
         // Only with the upload's own identity: without it a cached block could be claimed
-        // by another writer's version.
-        if size <= WRITE_THROUGH_MAX && (meta.etag.is_some() || !self.store.capabilities().prefix_dirs) {
-            let mut off = 0;
-            while off < size {
-                blocks.push(st.read(off, crate::read::BLOCK as u32)?);
-                off += crate::read::BLOCK;
-            }
-        }
+        // by another writer's version. While handles stay open (an fsync), the staged file
+        // serves the reads and the next fsync makes a new version: the bytes go into the
+        // caches at the last close instead (each fsync of an appender copied the whole file).
+        let through = size <= WRITE_THROUGH_MAX && (meta.etag.is_some() || !self.store.capabilities().prefix_dirs);
+        let blocks = if through && st.handles == 0 { Self::blocks_of(st)? } else { Vec::new() };
         // The node, caches and readers are updated before the staged lock is released: two
         // uploads of one file (a flush, then the next open's flush) must publish their
         // versions in order, or the node would go back to the older ETag for its whole TTL.
@@ -362,6 +358,7 @@ impl Fs {
         let now = self.node(ino)?;
         let identity = now.identity();
         tracing::debug!(ino, key = %now.key, %identity, size, "uploaded");
+        st.cache_pending = (through && st.handles > 0).then(|| identity.clone());
         for (i, data) in blocks.into_iter().enumerate() {
             self.read_cache.remember(&now.key, &identity, size, i as u64, data);
         }
@@ -369,6 +366,35 @@ impl Fs {
         let fresh = self.reader_for(&now);
         self.replace_readers(ino, &fresh);
         Ok(())
+    }
+
+    /// The staged bytes as read-cache blocks.
+    fn blocks_of(st: &Staged) -> Result<Vec<Bytes>, FsError> {
+        let mut blocks = Vec::new();
+        let mut off = 0;
+        while off < st.size {
+            blocks.push(st.read(off, crate::read::BLOCK as u32)?);
+            off += crate::read::BLOCK;
+        }
+        Ok(blocks)
+    }
+
+    /// At the last close: the write-through [`Fs::publish`] left for it, if the node still
+    /// shows the version uploaded then (nothing changed since: the file is clean).
+    fn write_through_pending(&self, ino: u64, st: &mut Staged) {
+        let Some(identity) = st.cache_pending.take() else { return };
+        let Ok(node) = self.node(ino) else { return };
+        if st.dirty || node.size != st.size || node.identity() != identity {
+            return;
+        }
+        match Self::blocks_of(st) {
+            Ok(blocks) => {
+                for (i, data) in blocks.into_iter().enumerate() {
+                    self.read_cache.remember(&node.key, &identity, node.size, i as u64, data);
+                }
+            }
+            Err(e) => tracing::debug!(ino, "no write-through at close: {e}"),
+        }
     }
 
     /// Point the handles open on `ino` that read through the store at `reader`.
@@ -477,6 +503,9 @@ impl Fs {
                 // A shared mapping outlives the handles and may still write the file.
                 self.linger(file.ino, staged.clone());
             } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
+                if !st.unlinked {
+                    self.write_through_pending(file.ino, &mut st);
+                }
                 // The version just uploaded stays on disk for reading back (passthrough.rs).
                 self.keep_as_whole(file.ino, &mut st).await;
                 // Under the staged lock: an open racing this re-checks the map (`stage`).

@@ -113,6 +113,9 @@ pub struct Staged {
     /// The kernel may change the file without us (FUSE passthrough, see
     /// [`Staged::watch_external`]): its state as we last saw it, `None` if it never could.
     seen: Option<Stamp>,
+    /// Uploaded while handles stayed open (an fsync): that version's identity. Its bytes go
+    /// into the block caches at the last close, not at each fsync ([`crate::Fs::publish`]).
+    pub cache_pending: Option<String>,
     /// The last committed version, while it may not be in the bucket: its length, and
     /// where it is (see the module doc).
     base: Option<Base>,
@@ -199,6 +202,7 @@ impl Staged {
             create_only: false,
             maybe_landed: false,
             seen: None,
+            cache_pending: None,
             base: None,
             stored: None,
         })
