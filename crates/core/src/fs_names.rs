@@ -60,7 +60,7 @@ impl Fs {
             st.set_key(&node.key)?;
             st.truncate(0)?; // marks it dirty: even an empty file is uploaded
             st.in_store = false; // a new name: nothing to delete when it goes before upload
-            st.create_only = flags & libc::O_EXCL != 0; // O_EXCL: never replace an object made meanwhile
+            st.set_create_only(flags & libc::O_EXCL != 0); // O_EXCL: never replace an object made meanwhile
         }
         let file = OpenFile {
             ino,

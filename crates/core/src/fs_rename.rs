@@ -349,7 +349,7 @@ impl Fs {
                         _ => (st.in_store, st.replaces, st.maybe_landed) = (false, false, false),
                     }
                 }
-                st.create_only = false; // a rename replaces its target
+                st.set_create_only(false); // a rename replaces its target
                 let named = st.set_key(new_key);
                 drop(journal);
                 return named.map(|()| false);
@@ -365,7 +365,7 @@ impl Fs {
             if st.dirty && !st.unlinked {
                 // Not in the bucket yet (or changed): upload straight to the new name, which
                 // a rename replaces (an O_EXCL create was about the old name).
-                st.create_only = false;
+                st.set_create_only(false);
                 // The old key holds another writer's object if ours never went up there.
                 let old_is_ours = st.in_store || st.maybe_landed;
                 st.upload(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
@@ -462,11 +462,12 @@ impl Fs {
                     let old = format!("{}{}", src.key, &st.key().unwrap_or_default()[new_key.len()..]);
                     self.delete_removed(&old, true).await?;
                     st.maybe_landed = false;
-                    if st.create_only {
+                    if st.create_only() {
                         // What landed before the listing above moved here with the rest: not
                         // another writer's, so the upload may replace it (a rename's target
                         // is replaced), and until it does an unlink or a rename deletes it.
-                        (st.create_only, st.replaces) = (false, true);
+                        st.set_create_only(false);
+                        st.replaces = true;
                     }
                 }
             }

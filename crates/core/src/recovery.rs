@@ -91,11 +91,17 @@ pub async fn recover(
                 continue;
             }
         };
+        // Made with O_EXCL and never uploaded: create-only here too, never over an object
+        // another writer made meanwhile.
+        let excl_file = data.with_extension("excl");
+        let create_only = excl_file.exists();
         let result = async {
             let file = File::open(&source).map_err(local)?;
             let size = file.metadata().map_err(local)?.len();
             let size = len.map_or(size, |n| n.min(size));
             let _share = budget.upload(size, opts).await;
+            let mut opts = opts;
+            opts.put.if_not_exists |= create_only;
             let mut w = store.writer(&key, opts).await?;
             if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts, None).await {
                 let _ = w.abort().await;
@@ -117,7 +123,13 @@ pub async fn recover(
                 let _ = std::fs::remove_file(&data);
                 let _ = std::fs::remove_file(data.with_extension("open"));
                 let _ = std::fs::remove_file(&base_file);
+                let _ = std::fs::remove_file(&excl_file);
                 done.push(key);
+            }
+            Err(FsError::Store(e)) if create_only && e.kind == bucketfs_store::StoreErrorKind::Exists => {
+                tracing::error!(%key, "created with O_EXCL, but another writer made this object before the recovered upload: not replaced; the bytes go to lost+found");
+                set_aside(dir, &data, &key);
+                let _ = std::fs::remove_file(&base_file);
             }
             Err(e) => {
                 tracing::error!(%key, "recovered staged data still cannot be uploaded: {e}");
@@ -136,7 +148,7 @@ fn sweep_orphans(dir: &Path) {
         let p = e.path();
         let orphan = match p.extension().and_then(|x| x.to_str()) {
             Some("tmp" | "basetmp") => true,
-            Some("key" | "open" | "base") => !p.with_extension("data").exists(),
+            Some("key" | "open" | "base" | "excl") => !p.with_extension("data").exists(),
             _ => false,
         };
         if orphan && e.file_type().is_ok_and(|t| t.is_file()) {
@@ -190,6 +202,7 @@ pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) {
             let _ = std::fs::remove_file(data.with_extension("key"));
             let _ = std::fs::remove_file(data.with_extension("open"));
             let _ = std::fs::remove_file(data.with_extension("base"));
+            let _ = std::fs::remove_file(data.with_extension("excl"));
         }
         Err(e) => tracing::error!(%key, data = %data.display(), "cannot set aside unclosed staged bytes: {e}"),
     }

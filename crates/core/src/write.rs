@@ -20,7 +20,8 @@
 //! (`write_gen` is unchanged across the upload); `unlinked` files are never uploaded.
 //!
 //! Crash safety: while a staged file is dirty, a sidecar `<file>.key` beside it names the
-//! object key it belongs to. A staged file is deleted only when clean or unlinked, never
+//! object key it belongs to (and `<file>.excl`, while its upload is create-only). A staged
+//! file is deleted only when clean or unlinked, never
 //! while it holds data the bucket lacks; after a crash (or an unmount whose uploads kept
 //! failing) the next mount of the same mount point finds the pairs and uploads them
 //! ([`crate::recovery::recover`]).
@@ -108,8 +109,9 @@ pub struct Staged {
     pub maybe_landed: bool,
     /// Made by an `O_EXCL` create and not uploaded yet: the first upload is create-only
     /// ([`PutOpts::if_not_exists`]), so an object another writer made meanwhile is never
-    /// replaced (the upload fails with `Exists`; the bytes stay here).
-    pub create_only: bool,
+    /// replaced (the upload fails with `Exists`; the bytes stay here). While the key is
+    /// named, the `<file>.excl` sidecar says so to crash recovery ([`Staged::set_create_only`]).
+    create_only: bool,
     /// The kernel may change the file without us (FUSE passthrough, see
     /// [`Staged::watch_external`]): its state as we last saw it, `None` if it never could.
     seen: Option<Stamp>,
@@ -267,14 +269,46 @@ impl Staged {
             self.mark_open(Some(u64::MAX))?; // where the change lands, it says itself
         }
         crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
+        let first = self.key.is_none();
         self.key = Some(key.to_string());
+        if first && self.create_only {
+            self.mark_excl(true);
+        }
         Ok(())
+    }
+
+    /// Whether the next upload is create-only (see the field).
+    pub fn create_only(&self) -> bool {
+        self.create_only
+    }
+
+    /// Make the next upload create-only, or not; crash recovery learns it from the
+    /// `<file>.excl` sidecar (a recovered upload of an `O_EXCL` file never replaces an
+    /// object another writer made meanwhile).
+    pub fn set_create_only(&mut self, on: bool) {
+        if self.create_only != on {
+            self.create_only = on;
+            if self.key.is_some() {
+                self.mark_excl(on);
+            }
+        }
+    }
+
+    fn mark_excl(&self, on: bool) {
+        let path = self.path.with_extension("excl");
+        let done = if on { crate::recycle::write(&path, b"O_EXCL") } else { crate::recycle::remove(&path) };
+        if let Err(e) = done.or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }) {
+            tracing::warn!(key = ?self.key, on, "cannot mark the staged file create-only for crash recovery: {e}");
+        }
     }
 
     /// These bytes will never be uploaded (unlinked, or replaced by a rename): drop the
     /// sidecar, so crash recovery does not upload them either, even while handles hold them.
     pub fn drop_key(&mut self) {
         let _ = crate::recycle::remove(&self.key_path());
+        if self.create_only {
+            self.mark_excl(false);
+        }
         let _ = crate::recycle::remove(&self.open_path());
         self.open_marked = false;
         self.marked_as = None;

@@ -300,7 +300,7 @@ impl Fs {
             // Also for a create-only upload: if it lands, the object is this file's (it
             // replaces nothing), and an unlink or rename must delete it.
             st.maybe_landed = true;
-            st.in_store |= !st.create_only;
+            st.in_store |= !st.create_only();
         }
     }
 

@@ -111,3 +111,47 @@ async fn an_exclusive_create_moved_with_its_directory_uploads_over_its_own_copy(
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(keys(mem.as_ref()).await, ["e/"]);
 }
+
+/// A mount killed before an `O_EXCL` file's upload: the next mount's recovery uploads it
+/// create-only too, so an object another client made meanwhile stays, and the bytes go to
+/// `lost+found`. Without another object, the file goes up as usual.
+#[tokio::test]
+async fn recovery_after_a_crash_keeps_an_exclusive_create_create_only() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-recovered");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    create_exclusive(&fs, ROOT_INO, "taken", b"ours").await;
+    create_exclusive(&fs, ROOT_INO, "free", b"ours too").await;
+    mem.put("taken", bytes::Bytes::from_static(b"theirs"), Default::default()).await.unwrap();
+    // A crash now (`fs` never drops): the next mount of the staging directory.
+    let fs2 = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    let (done, _) = fs2.recover_staged().await;
+    assert_eq!(object(mem.as_ref(), "taken").await.unwrap(), b"theirs", "recovery replaced another client's object");
+    assert_eq!(object(mem.as_ref(), "free").await.unwrap(), b"ours too");
+    assert_eq!(done, vec!["free".to_string()]);
+    let kept: Vec<_> = std::fs::read_dir(dir.join("lost+found")).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(kept.iter().any(|p| std::fs::read(p).is_ok_and(|b| b == b"ours")), "the refused bytes are kept: {kept:?}");
+    drop((fs, fs2));
+}
+
+/// A rename makes an `O_EXCL` file's upload a plain one (a rename replaces its target),
+/// and so is the recovery of it after a crash.
+#[tokio::test]
+async fn recovery_after_a_crash_replaces_the_target_of_a_rename() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-renamed");
+    mem.put("target", bytes::Bytes::from_static(b"old"), Default::default()).await.unwrap();
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    create_exclusive(&fs, ROOT_INO, "new", b"renamed over").await;
+    fs.rename(ROOT_INO, "new", ROOT_INO, "target", false).await.unwrap();
+    // The key holds an object again at the crash (the rename's delete, or another client):
+    // the renamed file replaces it, as its own upload would have.
+    mem.put("target", bytes::Bytes::from_static(b"other"), Default::default()).await.unwrap();
+    let fs2 = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    let (done, failed) = fs2.recover_staged().await;
+    assert_eq!((done, failed), (vec!["target".to_string()], vec![]));
+    assert_eq!(object(mem.as_ref(), "target").await.unwrap(), b"renamed over");
+    drop((fs, fs2));
+}

@@ -175,7 +175,7 @@ impl Staged {
         self.maybe_landed = false;
         self.in_store = true;
         self.replaces = false;
-        self.create_only = false;
+        self.set_create_only(false);
         self.stored = meta.etag.clone().map(|identity| Stored {
             key: key.to_string(),
             identity,
