@@ -22,7 +22,8 @@
 //! the background ([`DeferredDeletes::defer_marker`]), and the same rule holds: a listing
 //! of its prefix or a HEAD of the key waits for it, and so does every write below it (a
 //! store with real folders, Drive, must not make the folder twice). A marker's journal
-//! entry is `m`, NUL, the key; a delete's is the key alone (no key holds a NUL). One key
+//! entry is `m`, NUL, the key; a delete's is the key alone (no key holds a NUL), or `l`,
+//! NUL, the key for a key an upload may still land on (sent twice: [`DeferredDeletes::defer_landing`]). One key
 //! has at most one pending change: a later one takes the place of one not yet sent, or
 //! goes out after the one in flight.
 
@@ -147,12 +148,13 @@ impl DeferredDeletes {
             }
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(text)) if !text.is_empty() => {
-                    let (op, key) = match text.split_once('\0') {
-                        Some(("m", key)) => (Op::Marker, key.to_string()),
-                        _ => (Op::Delete, text),
+                    let (op, again, key) = match text.split_once('\0') {
+                        Some(("m", key)) => (Op::Marker, false, key.to_string()),
+                        Some(("l", key)) => (Op::Delete, true, key.to_string()),
+                        _ => (Op::Delete, false, text),
                     };
                     tracing::info!(%key, ?op, "change left pending by an earlier mount: sending it");
-                    p.insert(key, Pending { op, ..Pending::new(path) });
+                    p.insert(key, Pending { op, again, ..Pending::new(path) });
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -209,6 +211,7 @@ impl DeferredDeletes {
     async fn defer_op(&self, key: &str, op: Op, again: bool) -> Result<(), StoreError> {
         let Some(dir) = &self.journal_dir else { return self.apply(key, op).await };
         let text = match op {
+            Op::Delete if again => format!("l\0{key}"),
             Op::Delete => key.to_string(),
             Op::Marker => format!("m\0{key}"),
         };

@@ -141,3 +141,32 @@ async fn a_marker_pending_at_a_crash_is_made_by_the_next_mount() {
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(keys(mem.as_ref()).await, ["d/"]);
 }
+
+/// A delete of a key an upload may still land on is sent twice, 3 s apart; a crash
+/// between the two left the next mount sending it once only, so an object landing late
+/// stayed. The journal says which kind it is.
+#[tokio::test]
+async fn a_landing_delete_pending_at_a_crash_is_still_sent_twice() {
+    use bucketfs_store::Store;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("landing-crash");
+    std::fs::create_dir_all(&dir).unwrap();
+    {
+        let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir);
+        dd.defer_landing("late").await.unwrap(); // journaled; never sent: the "crash"
+    }
+    mem.put("late", bytes::Bytes::from_static(b"landed"), Default::default()).await.unwrap();
+    let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir);
+    crate::deletes::DeferredDeletes::start(&dd);
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while object(mem.as_ref(), "late").await.is_some() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first delete");
+    // The upload that hung lands now, after the first delete.
+    mem.put("late", bytes::Bytes::from_static(b"landed late"), Default::default()).await.unwrap();
+    assert!(dd.drain_all().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "late").await, None, "the second delete was not sent");
+}
