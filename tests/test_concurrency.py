@@ -191,7 +191,15 @@ def test_two_mounts_racing_reader_never_sees_a_mix(s3_bucket):
         for name, mp in (("writer A's mount", m1), ("writer B's mount", m2), ("reader's mount", m3)):
             stale_for = None
             while True:
-                got = read_file(os.path.join(mp, "k.bin"))
+                try:
+                    got = read_file(os.path.join(mp, "k.bin"))
+                except OSError as e:
+                    # Within the TTL an open may pin the version this mount last knew (its
+                    # own upload), which the other writer's replaced: its read is ESTALE,
+                    # as SEMANTICS says. Not converged yet, like a stale read.
+                    if e.errno != errno.ESTALE:
+                        raise
+                    got = b""
                 waited = time.monotonic() - t_end
                 if got == held:
                     break
