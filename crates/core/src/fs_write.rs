@@ -503,11 +503,12 @@ impl Fs {
                 // A shared mapping outlives the handles and may still write the file.
                 self.linger(file.ino, staged.clone());
             } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
-                if !st.unlinked {
+                // The version just uploaded stays on disk for reading back (passthrough.rs),
+                // or else its blocks go into the block caches (no copy when it stays).
+                self.keep_as_whole(file.ino, &mut st).await;
+                if !st.unlinked && !st.is_given() {
                     self.write_through_pending(file.ino, &mut st);
                 }
-                // The version just uploaded stays on disk for reading back (passthrough.rs).
-                self.keep_as_whole(file.ino, &mut st).await;
                 // Under the staged lock: an open racing this re-checks the map (`stage`).
                 self.unstage_this(file.ino, &staged, &mut st);
             }

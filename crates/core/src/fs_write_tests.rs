@@ -693,6 +693,7 @@ async fn a_file_just_written_is_read_back_from_local_disk() {
         fs.read_cache.disk().unwrap().is_complete("f", &node.identity(), node.size),
         "kept as the whole file at release"
     );
+    assert_eq!(fs.read_cache.cached_bytes(), 0, "kept whole, yet also copied into the block caches");
     let before = mem.requests.load(Ordering::Relaxed);
     let fh = fs.open(attr.ino, false, false).await.unwrap();
     let backing = fs.backing_file(fh).await.expect("passes through to the kept file");

@@ -553,6 +553,11 @@ impl Staged {
         self.given = true;
     }
 
+    /// Whether the disk cache took the file over ([`Staged::given_away`]).
+    pub fn is_given(&self) -> bool {
+        self.given
+    }
+
     /// Its path, if its bytes are exactly the version last uploaded (clean, in the bucket,
     /// nothing pending) and no other open file description may write it (a mapping): the
     /// disk cache may take the file over once this staged file goes (a rename; dropping it
