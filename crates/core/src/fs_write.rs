@@ -336,7 +336,6 @@ impl Fs {
         // serves the reads and the next fsync makes a new version: the bytes go into the
         // caches at the last close instead (each fsync of an appender copied the whole file).
         let through = size <= WRITE_THROUGH_MAX && (meta.etag.is_some() || !self.store.capabilities().prefix_dirs);
-        let blocks = if through && st.handles == 0 { Self::blocks_of(st)? } else { Vec::new() };
         // The node, caches and readers are updated before the staged lock is released: two
         // uploads of one file (a flush, then the next open's flush) must publish their
         // versions in order, or the node would go back to the older ETag for its whole TTL.
@@ -359,24 +358,24 @@ impl Fs {
         let identity = now.identity();
         tracing::debug!(ino, key = %now.key, %identity, size, "uploaded");
         st.cache_pending = (through && st.handles > 0).then(|| identity.clone());
-        for (i, data) in blocks.into_iter().enumerate() {
-            self.read_cache.remember(&now.key, &identity, size, i as u64, data);
-        }
         // Handles that read through the store must now read the version we just wrote.
         let fresh = self.reader_for(&now);
         self.replace_readers(ino, &fresh);
+        if through && st.handles == 0 {
+            self.write_through(&now.key, &identity, st)?;
+        }
         Ok(())
     }
 
-    /// The staged bytes as read-cache blocks.
-    fn blocks_of(st: &Staged) -> Result<Vec<Bytes>, FsError> {
-        let mut blocks = Vec::new();
+    /// Put the staged bytes (the version `identity` of `key`) into the block caches.
+    fn write_through(&self, key: &str, identity: &str, st: &Staged) -> Result<(), FsError> {
         let mut off = 0;
         while off < st.size {
-            blocks.push(st.read(off, crate::read::BLOCK as u32)?);
+            let data = st.read(off, crate::read::BLOCK as u32)?;
+            self.read_cache.remember(key, identity, st.size, off / crate::read::BLOCK, data);
             off += crate::read::BLOCK;
         }
-        Ok(blocks)
+        Ok(())
     }
 
     /// At the last close: the write-through [`Fs::publish`] left for it, if the node still
@@ -387,13 +386,8 @@ impl Fs {
         if st.dirty || node.size != st.size || node.identity() != identity {
             return;
         }
-        match Self::blocks_of(st) {
-            Ok(blocks) => {
-                for (i, data) in blocks.into_iter().enumerate() {
-                    self.read_cache.remember(&node.key, &identity, node.size, i as u64, data);
-                }
-            }
-            Err(e) => tracing::debug!(ino, "no write-through at close: {e}"),
+        if let Err(e) = self.write_through(&node.key, &identity, st) {
+            tracing::debug!(ino, "no write-through at close: {e}");
         }
     }
 
