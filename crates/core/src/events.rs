@@ -202,6 +202,7 @@ impl Fs {
             etag,
             attrs: None,
             size_unknown: false,
+            asked: 0,
         });
         let (applied, emptied) = {
             let mut table = self.table.lock().unwrap();

@@ -346,6 +346,7 @@ impl Fs {
             etag: m.etag.clone(),
             attrs: None,
             size_unknown: kind == Kind::File && m.size_unknown,
+            asked: 0,
         }
     }
 

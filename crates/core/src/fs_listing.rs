@@ -40,7 +40,7 @@ impl Fs {
             // Unlinked or replaced while open: its key names another file now, if any.
             return Ok((self.attr(gone), None));
         }
-        let since = self.table.lock().unwrap().change_seq();
+        let since = self.table.lock().unwrap().ask();
         let head = self.store.head(&node.key, HeadOpts::default()).await;
         // Checked and recorded under one lock: an upload finishing between the two would
         // otherwise be overwritten by this older answer.
@@ -56,12 +56,17 @@ impl Fs {
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
                 return Ok((self.attr(cur), Some(false)));
             }
+            if let Some(cur) = t.get(node.ino).filter(|n| n.answered > since) {
+                // A request sent after this one was answered first: the node holds newer news.
+                tracing::debug!(ino = cur.ino, key = %cur.key, "revalidation answered after a later one");
+                return Ok((self.attr(cur), Some(true)));
+            }
         }
         match head {
             Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
-                let meta = self.child_meta(&node.name, &m, Kind::File);
+                let meta = ChildMeta { asked: since, ..self.child_meta(&node.name, &m, Kind::File) };
                 if split && t.get(node.ino).is_some_and(|n| n.replaced_by(&meta)) {
-                    let meta = crate::inode::ChildMeta { attrs: Some(attrs), ..meta };
+                    let meta = ChildMeta { attrs: Some(attrs), ..meta };
                     let new = t.upsert(node.parent, &meta);
                     t.listing_insert(node.parent, meta);
                     t.note_store_answer(node.parent);
@@ -80,6 +85,7 @@ impl Fs {
                 }
                 cur.version = Version::from_store(meta.etag.as_deref());
                 cur.validated = self.cfg.clock.now();
+                cur.answered = since;
                 cur.fill_attrs(&attrs);
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidated");
                 Ok((self.attr(cur), Some(true)))
@@ -137,10 +143,10 @@ impl Fs {
             return Ok(());
         }
         let (since, ahead, dir) = {
-            let t = self.table.lock().unwrap();
+            let mut t = self.table.lock().unwrap();
             let listing = t.listing(dir.ino);
             let ahead = self.cfg.list_ahead_keys > 0 && listing.is_none_or(|l| l.subtree) && !t.is_big_subtree(dir.ino);
-            (t.change_seq(), ahead, current(&t, dir))
+            (t.ask(), ahead, current(&t, dir))
         };
         let dir = &dir;
         let started = self.cfg.clock.now();
@@ -245,11 +251,11 @@ impl Fs {
         let flight = self.listing_flight(dir.ino);
         let _one = flight.lock().await;
         let (since, dir) = {
-            let t = self.table.lock().unwrap();
+            let mut t = self.table.lock().unwrap();
             if t.listing_fresh(dir.ino) {
                 return Ok(());
             }
-            (t.change_seq(), current(&t, dir))
+            (t.ask(), current(&t, dir))
         };
         let dir = &dir;
         let started = self.cfg.clock.now();

@@ -117,13 +117,13 @@ impl Fs {
                 t.note_width_checked(dir.ino);
                 check_width = true;
             }
-            (t.change_seq(), t.is_wide(dir.ino))
+            (t.ask(), t.is_wide(dir.ino))
         };
         let wide = wide || check_width && self.check_width(dir).await;
         match self.probe(&dir.key, name, wide).await {
             Ok(m) => {
                 self.table.lock().unwrap().note_found(dir.ino, name);
-                Ok(Some(m))
+                Ok(Some(ChildMeta { asked: since, ..m }))
             }
             Err(FsError::NotFound) => {
                 self.table.lock().unwrap().note_absent(dir.ino, name, since);

@@ -42,6 +42,7 @@ impl Fs {
             etag: None,
             attrs: None,
             size_unknown: false,
+            asked: 0,
         };
         let ino = {
             let mut t = self.table.lock().unwrap();
@@ -91,6 +92,7 @@ impl Fs {
             etag: None,
             attrs: None,
             size_unknown: false,
+            asked: 0,
         };
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &meta);

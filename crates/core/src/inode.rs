@@ -81,6 +81,9 @@ pub struct Node {
     /// The store could not tell the size without reading the object: `size` is a
     /// placeholder until a HEAD answers it (see `Fs::open`, which opens such a file direct).
     pub size_unknown: bool,
+    /// The ticket ([`InodeTable::ask`]) of the newest store answer recorded here: one sent
+    /// earlier and answered later is older news, and `upsert` does not lay it over this.
+    pub answered: u64,
 }
 
 impl Node {
@@ -94,6 +97,7 @@ impl Node {
             etag: self.version.tag().map(str::to_owned),
             attrs: None,
             size_unknown: self.size_unknown,
+            asked: 0,
         }
     }
 
@@ -218,6 +222,9 @@ pub struct ChildMeta {
     /// `size` is a placeholder the store cannot tell without reading (a Drive Doc's export;
     /// `ObjectMeta::size_unknown`).
     pub size_unknown: bool,
+    /// The ticket ([`InodeTable::ask`]) of the request this answer came from; 0: not the
+    /// store's answer (the mount's own state, a store event), applied whatever came before.
+    pub asked: u64,
 }
 
 /// A directory's children as of `at`: the listing cache used by lookup and readdir.
@@ -383,6 +390,7 @@ impl InodeTable {
             replaced: false,
             ctime: None,
             size_unknown: false,
+            answered: 0,
         };
         Self {
             nodes: HashMap::from([(ROOT_INO, root)]),
@@ -446,6 +454,12 @@ impl InodeTable {
                     // moved by a rename in progress: it may describe the other file.
                     return ino;
                 }
+                if meta.asked != 0 && meta.asked < node.answered {
+                    // Sent before the answer the node holds (a listing sent before a HEAD
+                    // and answered after it): older news, of this name alone.
+                    return ino;
+                }
+                node.answered = node.answered.max(meta.asked);
                 let replaced = node.replaced_by(meta);
                 node.replaced = replaced;
                 if node.kind == meta.kind && !replaced {
@@ -498,6 +512,7 @@ impl InodeTable {
                 replaced: false,
                 ctime: None,
                 size_unknown: meta.size_unknown,
+                answered: meta.asked,
             },
         );
         if let (Some(a), Some(n)) = (&meta.attrs, self.nodes.get_mut(&ino)) {

@@ -155,6 +155,15 @@ impl InodeTable {
         self.change_seq
     }
 
+    /// A ticket for a request about to be sent: the change count, moved on so that no two
+    /// requests share one. An answer is recorded on a name only if no change here to that
+    /// name, and no answer to a request sent later, is newer (`set_listing_since`,
+    /// `upsert`, `ChildMeta::asked`).
+    pub fn ask(&mut self) -> u64 {
+        self.change_seq += 1;
+        self.change_seq
+    }
+
     /// A recursive page showed `dir`'s subtree to be bigger than a page.
     pub fn mark_big_subtree(&mut self, dir: u64) {
         self.big_subtrees.insert(dir);
@@ -318,6 +327,9 @@ impl InodeTable {
             return; // older news, or a directory gone meanwhile
         }
         self.answered.insert(dir, since);
+        for c in listing.children.values_mut() {
+            c.asked = since; // its entries are answers sent at `since` (see `upsert`)
+        }
         if self.changed_whole_at(dir) > since || !self.merge_own_changes(dir, &mut listing, since) {
             listing.valid_for = std::time::Duration::ZERO;
             listing.overtaken = true;

@@ -214,6 +214,7 @@ impl InodeTable {
                 etag: None,
                 attrs: None,
                 size_unknown: false,
+                asked: 0,
             };
             if l.children.insert(name.clone(), d).is_none() {
                 self.listed += 1;

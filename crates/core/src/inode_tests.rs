@@ -10,6 +10,7 @@ fn meta(name: &str, kind: Kind) -> ChildMeta {
         etag: None,
         attrs: None,
         size_unknown: false,
+        asked: 0,
     }
 }
 

@@ -167,6 +167,7 @@ mod tests {
                     etag: Some("e".into()),
                     attrs: None,
                     size_unknown: false,
+                    asked: 0,
                 };
                 (n.to_string(), m)
             })
@@ -183,6 +184,7 @@ mod tests {
             etag: None,
             attrs: None,
             size_unknown: false,
+            asked: 0,
         };
         let ino = t.upsert(ROOT_INO, &m);
         t.remember(ino); // the kernel holds it

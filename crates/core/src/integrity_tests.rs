@@ -290,6 +290,55 @@ async fn a_listing_overtaken_by_an_upload_does_not_bring_back_the_older_version(
     assert_eq!(&fs.read(fh, 0, 100).await.unwrap()[..], b"version 3");
 }
 
+#[tokio::test]
+async fn a_head_answered_after_a_later_one_does_not_undo_it() {
+    // Two HEADs of one file; another client replaces the object between their sends, and
+    // the first answer (the older version) arrives last. Recorded, it put the node back on
+    // a version the bucket no longer holds.
+    let (mem, store, fs, ino) = overtaken_setup(b"version one").await;
+    let node = fs.node(ino).unwrap();
+    let late = store.hold(Op::Head, 1);
+    let first = fs.revalidate(&node, false);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(50)).await; // the first HEAD has its answer
+        mem.put("f", Bytes::from_static(b"version two, longer"), PutOpts::default()).await.unwrap();
+        let attr = fs.revalidate(&node, false).await.unwrap();
+        late.add_permits(1);
+        attr
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(second.size, 19);
+    assert_eq!(first.unwrap().size, 19, "the late answer reports what the node holds");
+    let now = mem.stat("f").await.unwrap();
+    let n = fs.node(ino).unwrap();
+    assert_eq!((n.size, n.version.tag()), (19, now.etag.as_deref()), "on the version the later HEAD saw");
+}
+
+#[tokio::test]
+async fn a_listing_answered_after_a_later_head_does_not_undo_it() {
+    // `ls` is sent; another client replaces a file; a `stat` past the TTL HEADs it and sees
+    // the new version; then the listing (the old version) arrives. Its entry must not put
+    // the node back on the old version, nor split a new inode off for it.
+    let (mem, store, fs, ino) = overtaken_setup(b"version 1").await;
+    fs.table.lock().unwrap().invalidate_listing(ROOT_INO);
+    let listing = store.hold(Op::List, 1);
+    let ls = fs.dir_snapshot(ROOT_INO);
+    let stat = async {
+        tokio::time::sleep(Duration::from_millis(50)).await; // the listing has its answer
+        mem.put("f", Bytes::from_static(b"version 2, longer"), PutOpts::default()).await.unwrap();
+        let attr = fs.revalidate(&fs.node(ino).unwrap(), true).await.unwrap();
+        listing.add_permits(1);
+        attr
+    };
+    let (snapshot, attr) = tokio::join!(ls, stat);
+    assert_eq!(attr.size, 17);
+    assert!(snapshot.unwrap().iter().any(|e| e.name == "f"));
+    let found = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let now = mem.stat("f").await.unwrap();
+    assert_eq!((found.ino, found.size), (ino, 17), "the name still leads to the node, at the new size");
+    assert_eq!(fs.node(ino).unwrap().version.tag(), now.etag.as_deref());
+}
+
 /// The kernel asks to create a name it believes absent (a negative entry it cached); if
 /// another client made the object meanwhile, it is opened as open(2) opens an existing
 /// file: emptied only with O_TRUNC, so `echo line >> shared.log` appends to what is there.

@@ -102,6 +102,7 @@ mod tests {
             etag: None,
             attrs: None,
             size_unknown: false,
+            asked: 0,
         }
     }
 

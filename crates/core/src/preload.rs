@@ -57,7 +57,7 @@ impl Fs {
     /// Load every key into the listing cache; returns the number of entries loaded.
     pub async fn preload_tree(&self, max_entries: usize, valid_for: Duration) -> Result<usize, FsError> {
         let started = self.cfg.clock.now();
-        let since = self.table.lock().unwrap().change_seq();
+        let since = self.table.lock().unwrap().ask();
         let root = self.node(ROOT_INO)?;
         let (own, subtree) = tokio::join!(self.list_children(&root), self.list_subtree("", max_entries));
         let Seen { mut dirs, count, whole: true, .. } = subtree? else {
