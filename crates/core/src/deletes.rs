@@ -512,6 +512,9 @@ impl Store for DeferredDeletes {
     async fn clean_parts(&self, owner: &str) -> Result<usize, StoreError> {
         self.inner.clean_parts(owner).await
     }
+    async fn settle(&self) {
+        self.inner.settle().await
+    }
 }
 
 #[cfg(test)]

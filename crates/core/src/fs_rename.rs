@@ -675,6 +675,7 @@ impl Fs {
                 failed.push(key);
             }
         }
+        self.store.settle().await; // no temporary object left in the bucket
         failed
     }
 }

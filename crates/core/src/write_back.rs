@@ -509,6 +509,7 @@ impl Fs {
                 if let Some(d) = &self.deletes {
                     failed.extend(d.drain_all().await);
                 }
+                self.store.settle().await; // and its temporary objects are gone
                 return failed;
             }
             let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;

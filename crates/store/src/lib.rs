@@ -22,6 +22,7 @@
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
 
 pub mod attrs;
+pub mod background;
 pub mod content_type;
 mod error;
 pub mod events;

@@ -394,7 +394,8 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
                     .ok_or_else(|| config_err(format!("--billing-project {p:?} is not a project ID")))?;
                 transport = opendal::HttpTransporter::new(billed);
             }
-            let check = crate::gcs::generation::GenerationCheck { inner: transport };
+            let in_place = crate::gcs::in_place::InPlaceCompose { inner: transport };
+            let check = crate::gcs::generation::GenerationCheck { inner: opendal::HttpTransporter::new(in_place) };
             let ctx = op.context().with_http_transport(opendal::HttpTransporter::new(check));
             (op.with_context(ctx), true)
         }
@@ -436,6 +437,9 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     .with_upload_operators(Arc::new(move |io| layered(base.clone(), request_timeout, retries, io)));
     if let Some(c) = compose_op {
         store = store.with_compose_operator(c);
+    }
+    if matches!(loc, Location::Gcs { .. }) {
+        store = store.with_in_place_compose(); // its transport is wrapped above
     }
     if matches!(loc, Location::S3 { .. }) && s3_compatible_server(opts.endpoint.as_deref().or(env_endpoint.as_deref()))
     {

@@ -374,6 +374,9 @@ impl Store for MeteredStore {
     async fn clean_parts(&self, owner: &str) -> Result<usize, StoreError> {
         self.inner.clean_parts(owner).await
     }
+    async fn settle(&self) {
+        self.inner.settle().await
+    }
 
     /// The upload is recorded when the writer closes or aborts.
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {

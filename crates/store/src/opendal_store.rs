@@ -63,6 +63,11 @@ pub struct OpendalStore {
     stamps: Option<Arc<Mutex<Stamps>>>,
     /// See [`Capabilities::prefix_list_reads_dir`].
     prefix_list_reads_dir: bool,
+    /// GCS: the transport lets a compose into the key itself through
+    /// ([`crate::gcs::in_place`]), which appends need.
+    in_place_compose: bool,
+    /// Requests sent without waiting (an append's temporary object deleted): `settle`.
+    background: crate::background::Background,
 }
 
 /// Builds this store's operator with the given I/O timeout (`location` layers it).
@@ -108,6 +113,8 @@ impl OpendalStore {
             content_type,
             stamps,
             prefix_list_reads_dir: false,
+            in_place_compose: false,
+            background: Default::default(),
         }
     }
 
@@ -154,6 +161,13 @@ impl OpendalStore {
     }
 
     /// Use `op` (the same service, other layers) for GCS compose requests.
+    /// The operator's transport is wrapped in [`crate::gcs::in_place::InPlaceCompose`]: GCS
+    /// appends are composed into the key (else they upload whole).
+    pub fn with_in_place_compose(mut self) -> Self {
+        self.in_place_compose = true;
+        self
+    }
+
     pub fn with_compose_operator(mut self, op: Operator) -> Self {
         self.compose_op = Some(op);
         self
@@ -415,6 +429,15 @@ impl Store for OpendalStore {
         Ok(keys.len())
     }
 
+    async fn settle(&self) {
+        let within = std::time::Duration::from_secs(10);
+        if !self.background.settle(within).await {
+            tracing::warn!(
+                "temporary objects not deleted within {within:?}: the next mount of this mount point deletes them"
+            );
+        }
+    }
+
     async fn patch(&self, key: &str, p: Patch<'_>, opts: WriteOptions) -> Result<Patched, StoreError> {
         if !self.capabilities().patches || p.put.if_not_exists {
             return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("patch {key:?}: upload whole")));
@@ -431,6 +454,9 @@ impl Store for OpendalStore {
             let (meta, sent, copied) = crate::patch::s3(&op, &t, &p).await?;
             self.stamp(key);
             return Ok(Patched { meta, sent, copied, pieces: None });
+        }
+        if !self.in_place_compose {
+            return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("patch {key:?}: upload whole")));
         }
         let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
         let (base_len, len, part) = (p.base_len, p.len, opts.part_size as u64);
@@ -453,7 +479,7 @@ impl Store for OpendalStore {
             w.close().await?;
             Ok((len - base_len).div_ceil(part).max(1) as u32)
         };
-        let (meta, sent, pieces) = crate::patch::gcs(&compose_op, &t, &p, upload).await?;
+        let (meta, sent, pieces) = crate::patch::gcs(&compose_op, &t, &p, upload, &self.background).await?;
         Ok(Patched { meta, sent, copied: base_len, pieces })
     }
 }

@@ -11,11 +11,11 @@
 //!   kept ranges. Until the completion the object is untouched; an abandoned upload leaves
 //!   no object (its parts are aborted, or expire by the bucket's lifecycle rule).
 //! - **GCS**: appends only. The tail goes up as a temporary object under
-//!   [`PARTS_PREFIX`], `compose` joins the current generation and the tail into a second
-//!   temporary object, and a one-source `compose` makes that the key with
-//!   `ifGenerationMatch` on the current generation (OpenDAL refuses a compose whose
-//!   destination is one of its sources). A composite object has at most 1,024 components:
-//!   past [`MAX_PIECES`] the caller uploads whole.
+//!   [`PARTS_PREFIX`], and one `compose` of the current generation and the tail into the
+//!   key itself, with `ifGenerationMatch` on the current generation, makes the new version
+//!   (OpenDAL refuses a compose whose destination is one of its sources: see
+//!   [`crate::gcs::in_place`]). The tail is deleted in the background. A composite object
+//!   has at most 1,024 components: past [`MAX_PIECES`] the caller uploads whole.
 //!
 //! Both go through OpenDAL's public API: its `Writer::copy_from` is `UploadPartCopy`, its
 //! `compose_with` takes source generations and destination preconditions.
@@ -200,14 +200,16 @@ fn pieces(r: Range<u64>, part: u64) -> Vec<Range<u64>> {
     out
 }
 
-/// GCS: the tail as a temporary object, composed after the current generation (see the
-/// module doc). `upload` stores the tail under the given temporary key and returns how many
-/// pieces it is made of.
+/// GCS: the tail as a temporary object, composed after the current generation into the
+/// key itself (see the module doc). `upload` stores the tail under the given temporary key
+/// and returns how many pieces it is made of. The tail is deleted in `background`: the
+/// append is done (and durable) when the compose answers.
 pub async fn gcs<F, Fut>(
     compose_op: &Operator,
     t: &Target<'_>,
     p: &Patch<'_>,
     upload: F,
+    background: &crate::background::Background,
 ) -> Result<(ObjectMeta, u64, Option<u32>), StoreError>
 where
     F: FnOnce(String) -> Fut,
@@ -221,8 +223,7 @@ where
     if p.base_pieces.is_some_and(|n| n >= MAX_PIECES) {
         return Err(unsupported(key, "the object has too many components to compose again"));
     }
-    let dir = format!("{PARTS_PREFIX}{}/", crate::gcs::compose::upload_id());
-    let (tail, joined) = (format!("{dir}tail"), format!("{dir}joined"));
+    let tail = format!("{PARTS_PREFIX}{}/tail", crate::gcs::compose::upload_id());
     let result = async {
         // GCS refuses the compose below when the generation moved; fake-gcs-server ignores
         // both the source generation and `ifGenerationMatch`, so ask as well (while the
@@ -234,11 +235,9 @@ where
             return Err(StoreError::new(StoreErrorKind::Changed, format!("patch {key:?}: the object changed")));
         }
         let base = opendal::options::ComposeSourceOptions { version: Some(p.base.to_string()), ..Default::default() };
-        compose_op
-            .compose_with([(key.to_string(), base), (tail.clone(), Default::default())], &joined)
-            .await
-            .map_err(|e| StoreError::from_opendal("patch (compose)", key, e))?;
-        let mut req = compose_op.compose_with([joined.as_str()], key).if_version_match(p.base);
+        let sources = [(key.to_string(), base), (tail.clone(), Default::default())];
+        let into = crate::gcs::in_place::in_place(key);
+        let mut req = compose_op.compose_with(sources, &into).if_version_match(p.base);
         if let Some(ct) = &t.content_type {
             req = req.content_type(ct);
         }
@@ -249,13 +248,13 @@ where
         Ok((meta_of(key, &m, true), p.base_pieces.map(|n| n + tail_pieces)))
     }
     .await;
-    // Both at once; one that fails is left for the next mount's clean-up.
-    let (a, b) = futures::join!(compose_op.delete(&tail), compose_op.delete(&joined));
-    for (k, r) in [(&tail, a), (&joined, b)] {
-        if let Err(e) = r {
-            tracing::warn!(key = %k, "a temporary object of an append is left: {e}");
+    // One that fails is left for the next mount's clean-up (`Store::clean_parts`).
+    let op = compose_op.clone();
+    background.spawn(async move {
+        if let Err(e) = op.delete(&tail).await {
+            tracing::warn!(key = %tail, "the temporary object of an append is left: {e}");
         }
-    }
+    });
     let (meta, pieces) = result?;
     Ok((meta, p.len - p.base_len, pieces))
 }

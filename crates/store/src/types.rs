@@ -171,6 +171,11 @@ pub trait Store: Send + Sync + 'static {
         let _ = owner;
         Ok(0)
     }
+
+    /// Wait for the requests this store sent in the background (the deletes of an
+    /// append's temporary objects, [`crate::background`]), for a bounded time: at unmount
+    /// and `bucketfs sync`, so a clean unmount leaves none of them in the bucket.
+    async fn settle(&self) {}
 }
 
 /// Reads the bytes of a new version for [`Store::patch`] (the caller's local file).

@@ -172,6 +172,9 @@ impl Store for FailStore {
     async fn clean_parts(&self, owner: &str) -> Result<usize, StoreError> {
         self.inner.clean_parts(owner).await
     }
+    async fn settle(&self) {
+        self.inner.settle().await
+    }
     async fn patch(&self, key: &str, p: crate::Patch<'_>, opts: WriteOptions) -> Result<crate::Patched, StoreError> {
         self.gate(Op::Patch)?;
         let held = self.held(Op::Patch);
