@@ -486,39 +486,16 @@ impl Store for OpendalStore {
 
 /// `md5Hash` as GCS reports it (base64 of 16 bytes), or 32 hex digits.
 fn parse_md5(s: &str) -> Option<[u8; 16]> {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+    use base64::Engine as _;
     let s = s.trim().trim_matches('"');
-    let mut out = [0u8; 16];
     if s.len() == 32 && s.bytes().all(|c| c.is_ascii_hexdigit()) {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-        }
-        return Some(out);
+        return u128::from_str_radix(s, 16).ok().map(u128::to_be_bytes);
     }
-    // Base64: 16 bytes are 22 symbols plus "==".
-    let val = |c: u8| match c {
-        b'A'..=b'Z' => Some(c - b'A'),
-        b'a'..=b'z' => Some(c - b'a' + 26),
-        b'0'..=b'9' => Some(c - b'0' + 52),
-        b'+' | b'-' => Some(62),
-        b'/' | b'_' => Some(63),
-        _ => None,
-    };
-    let sym: Vec<u8> = s.trim_end_matches('=').bytes().map(val).collect::<Option<_>>()?;
-    if sym.len() != 22 {
-        return None;
-    }
-    let mut bits: u32 = 0;
-    let (mut nbits, mut i) = (0, 0);
-    for v in sym {
-        bits = (bits << 6) | u32::from(v);
-        nbits += 6;
-        if nbits >= 8 && i < 16 {
-            nbits -= 8;
-            out[i] = (bits >> nbits) as u8;
-            i += 1;
-        }
-    }
-    (i == 16).then_some(out)
+    // Base64 (either alphabet): 16 bytes are 22 symbols plus "==".
+    let s = s.trim_end_matches('=');
+    let bytes = STANDARD_NO_PAD.decode(s).or_else(|_| URL_SAFE_NO_PAD.decode(s)).ok()?;
+    bytes.try_into().ok()
 }
 
 /// OpenDAL's writer: multipart on S3, resumable upload on GCS, a temp file on fs.
@@ -546,6 +523,9 @@ fn parses_md5_forms() {
     assert_eq!(parse_md5("f814893777bcc2295fff05f00e508da6"), Some(want));
     assert_eq!(parse_md5(""), None);
     assert_eq!(parse_md5("abc-2"), None);
+    assert_eq!(parse_md5("-BSJN3e8wilf_wXwDlCNpg"), Some(want), "URL-safe, unpadded");
+    assert_eq!(parse_md5("\"f814893777bcc2295fff05f00e508da6-3\""), None, "a multipart ETag");
+    assert_eq!(parse_md5("+BSJN3e8wilf/wXwDlCNpgAA"), None, "17 bytes");
 }
 
 #[async_trait]
