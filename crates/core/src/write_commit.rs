@@ -1,0 +1,169 @@
+//! Commit points. A commit point (close, fsync) makes the bytes as they are the version a
+//! crash recovers. Until that version is in the bucket, a later change must not destroy it:
+//! the first change after a commit that lands at or past the committed length (an
+//! appender) only records the length in the `.open` marker (`base N`: the first N bytes are
+//! the committed version); a change inside it first copies the committed bytes to
+//! `<file>.base` (in the kernel, with `copy_file_range`). A file the kernel writes unseen
+//! (passthrough) is copied at an fsync itself, since its next change cannot be caught
+//! before it lands. So a `kill -9` after `fsync` and more writes still uploads the fsync'd
+//! version, and the later bytes go to `lost+found`, never over it.
+
+use std::fs::File;
+use std::path::PathBuf;
+
+use super::{local, Staged};
+use crate::FsError;
+
+/// Where the last committed version is, while the bytes change after it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Base {
+    pub(super) len: u64,
+    /// `<file>.base` holds it; otherwise the data file's first `len` bytes still do.
+    copied: bool,
+    /// Committed by an fsync: its copy reaches the disk before the data file changes.
+    synced: bool,
+}
+
+/// What tells us a file changed without seeing the change: its length and mtime (Linux
+/// 6.13+ gives a change after a query a distinct timestamp: multigrain timestamps).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Stamp {
+    pub(super) len: u64,
+    mtime_ns: i128,
+}
+
+impl Stamp {
+    pub(crate) fn of(file: &File) -> Result<Self, FsError> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata().map_err(local)?;
+        Ok(Self { len: m.len(), mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128 })
+    }
+
+    /// The `.open` marker's text for "committed as of this state" (see [`crate::recovery::recover`]).
+    pub(crate) fn marker(&self) -> String {
+        format!("{} {}", self.len, self.mtime_ns)
+    }
+}
+
+impl Staged {
+    pub(super) fn open_path(&self) -> PathBuf {
+        self.path.with_extension("open")
+    }
+
+    pub(super) fn base_path(&self) -> PathBuf {
+        self.path.with_extension("base")
+    }
+
+    /// The bytes are about to change from offset `from` on (`None`: they already changed,
+    /// somewhere: the kernel wrote them): from now until the next [`Staged::commit`] they
+    /// are not a version a close returned for, and crash recovery must not upload them. The
+    /// last committed version stays recoverable (module doc): as the data file's prefix
+    /// while the change lands past it, else as a copy made first.
+    pub(super) fn mark_open(&mut self, from: Option<u64>) -> Result<(), FsError> {
+        if let Some(b) = self.base.filter(|b| !b.copied) {
+            match from {
+                Some(at) if at >= b.len => {}
+                Some(_) => self.copy_base(b)?,
+                None => self.base = None, // changed already: nothing left to keep
+            }
+        }
+        let text = match self.base {
+            Some(Base { len, copied: false, .. }) => format!("base {len}"),
+            // Any text but a stamp or `base N` says "open" (a `.base` beside it, if any, is
+            // the committed version). Not empty: emptying a spare frees its block.
+            _ => "open".to_string(),
+        };
+        if !self.open_marked || self.open_text.as_deref() != Some(&text) {
+            crate::recycle::write(&self.open_path(), text.as_bytes()).map_err(local)?;
+            self.open_marked = true;
+            self.marked_as = None;
+            self.open_text = Some(text);
+        }
+        Ok(())
+    }
+
+    /// Copy the committed version (the data file's first `b.len` bytes) to `<file>.base`,
+    /// before a change would overwrite it. Through a temporary, so recovery sees it whole
+    /// or not at all; synced first when an fsync committed it.
+    pub(super) fn copy_base(&mut self, b: Base) -> Result<(), FsError> {
+        let tmp = self.path.with_extension("basetmp");
+        let copy = || -> std::io::Result<()> {
+            std::fs::copy(&self.path, &tmp)?; // copy_file_range: no bytes through user space
+            let f = File::options().write(true).open(&tmp)?;
+            f.set_len(b.len)?;
+            if b.synced {
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, self.base_path())?;
+            if b.synced {
+                if let Some(dir) = self.path.parent() {
+                    File::open(dir)?.sync_all()?;
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = copy() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(local(e));
+        }
+        self.base = Some(Base { copied: true, ..b });
+        Ok(())
+    }
+
+    /// The committed version is in the bucket (or will never be uploaded): no copy kept.
+    pub(super) fn forget_base(&mut self) {
+        if self.base.take().is_some_and(|b| b.copied) {
+            let _ = std::fs::remove_file(self.base_path());
+        }
+    }
+
+    /// A commit point (close): the bytes as they are now are what a crash recovers.
+    pub fn commit(&mut self) -> Result<(), FsError> {
+        self.commit_as(false)
+    }
+
+    /// A commit point; `fsync`: the caller syncs the file to disk, and the version must
+    /// survive the writes that may follow (a file the kernel writes unseen is copied now).
+    pub fn commit_as(&mut self, fsync: bool) -> Result<(), FsError> {
+        // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
+        self.settle()?;
+        if self.seen.is_some() {
+            self.mark_committed_as_is()?;
+        } else if self.open_marked {
+            crate::recycle::remove(&self.open_path()).map_err(local)?;
+            self.open_marked = false;
+            self.marked_as = None;
+            self.open_text = None;
+        }
+        // The marker says "committed" now: an older version's copy is obsolete.
+        self.forget_base();
+        let b = Base { len: self.size, copied: false, synced: fsync };
+        self.base = Some(b);
+        if fsync && self.seen.is_some() {
+            self.copy_base(b)?;
+        }
+        Ok(())
+    }
+
+    /// For a file the kernel may change unseen: the marker says "committed as of this
+    /// length and mtime" instead of going away, so recovery uploads the file only if
+    /// nothing changed it since (a change we did not see yet would make it a torn version).
+    ///
+    /// The stamp is the one last compared ([`Staged::observe`]), not a new one: a kernel
+    /// write landing after that check was not part of what the caller uploaded or
+    /// committed, so it must still show as a change at the next `observe`.
+    pub(super) fn mark_committed_as_is(&mut self) -> Result<(), FsError> {
+        let now = match self.seen {
+            Some(seen) => seen,
+            None => Stamp::of(&self.file)?,
+        };
+        self.seen = Some(now);
+        if self.open_marked || self.marked_as != Some(now) {
+            crate::recycle::write(&self.open_path(), now.marker().as_bytes()).map_err(local)?;
+            self.open_marked = false;
+            self.marked_as = Some(now);
+            self.open_text = None;
+        }
+        Ok(())
+    }
+}
