@@ -341,6 +341,9 @@ impl Fs {
         // versions in order, or the node would go back to the older ETag for its whole TTL.
         {
             let mut t = self.table.lock().unwrap();
+            // The upload's own answer is the newest news: one to a request sent before it
+            // (a HEAD or listing in flight meanwhile) is not recorded over it.
+            let ticket = t.ask();
             // No ETag in the response (some stores): ask the store at the next access.
             let (version, validated) = match meta.etag.as_deref() {
                 Some(tag) => (Version::Tag(tag.to_string()), self.cfg.clock.now()),
@@ -352,6 +355,7 @@ impl Fs {
             n.version = version;
             n.mtime = meta.mtime.unwrap_or_else(SystemTime::now);
             n.validated = validated;
+            n.answered = ticket;
             t.relist(ino);
         }
         let now = self.node(ino)?;

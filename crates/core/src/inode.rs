@@ -551,6 +551,14 @@ impl InodeTable {
         }
         if n.lookups == 0 && !has_overrides {
             let (parent, name) = (n.parent, n.name.clone());
+            let (linked, answered, entry) = (n.linked, n.answered, n.entry());
+            if linked && answered > self.answered.get(&parent).copied().unwrap_or(0) {
+                // The node holds newer news than its parent's listing (a HEAD answered after
+                // it): the entry keeps it, or the next lookup would rebuild the node older.
+                if let Some(e) = self.listings.get_mut(&parent).and_then(|l| l.children.get_mut(&name)) {
+                    *e = ChildMeta { asked: answered, ..entry };
+                }
+            }
             self.nodes.remove(&ino);
             self.drop_listing(ino);
             self.big_subtrees.remove(&ino);

@@ -155,6 +155,11 @@ impl InodeTable {
         self.change_seq
     }
 
+    /// The change count of `dir`'s latest record of a name removed or changed here (0: none).
+    pub(super) fn last_name_record(&self, dir: u64) -> u64 {
+        names_in(&self.removed, dir).chain(names_in(&self.named, dir)).map(|(_, s)| *s).max().unwrap_or(0)
+    }
+
     /// A ticket for a request about to be sent: the change count, moved on so that no two
     /// requests share one. An answer is recorded on a name only if no change here to that
     /// name, and no answer to a request sent later, is newer (`set_listing_since`,

@@ -86,10 +86,13 @@ impl InodeTable {
     pub fn evict_dir(&mut self, dir: u64) -> usize {
         // Its next listing tries list-ahead again.
         self.big_subtrees.remove(&dir);
-        // Its records of names removed here go with it (`forget`): a listing sent before
-        // now, still in flight, could bring one back, so none of those is recorded.
-        let now = self.change_seq();
-        self.answered.entry(dir).and_modify(|at| *at = (*at).max(now)).or_insert(now);
+        // Its records of names removed or changed here go with it (`forget`): a listing sent
+        // before the last of them, still in flight, could bring one back, so none of those
+        // is recorded.
+        let last = self.last_name_record(dir);
+        if last > 0 {
+            self.answered.entry(dir).and_modify(|at| *at = (*at).max(last)).or_insert(last);
+        }
         let Some(listing) = self.drop_listing(dir) else { return 0 };
         let mut dropped = listing.children.len();
         for name in listing.children.into_keys() {

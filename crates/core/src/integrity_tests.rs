@@ -337,6 +337,13 @@ async fn a_listing_answered_after_a_later_head_does_not_undo_it() {
     let now = mem.stat("f").await.unwrap();
     assert_eq!((found.ino, found.size), (ino, 17), "the name still leads to the node, at the new size");
     assert_eq!(fs.node(ino).unwrap().version.tag(), now.etag.as_deref());
+    // The kernel forgets the inode; the listing (still fresh) answers the next lookup with
+    // a new node, which must be the newer version too.
+    fs.forget(ino, u64::MAX);
+    assert!(fs.node(ino).is_err(), "forgotten");
+    let again = fs.lookup(ROOT_INO, "f").await.unwrap();
+    assert_eq!(again.size, 17, "rebuilt from the listing at the newer version");
+    assert_eq!(fs.node(again.ino).unwrap().version.tag(), now.etag.as_deref());
 }
 
 /// The kernel asks to create a name it believes absent (a negative entry it cached); if

@@ -231,7 +231,11 @@ impl Fs {
             let root_changed = t.events_flowing() && t.changed_at(root_ino) > since;
             for (name, meta) in &children {
                 if meta.kind == Kind::Dir && !(overtaken && t.removed_here(ino, name)) {
-                    inos.insert(format!("{key}{name}/"), t.upsert(ino, meta));
+                    // An answer sent at `since` (a node holding newer news keeps it).
+                    let child = t.upsert(ino, &ChildMeta { asked: since, ..meta.clone() });
+                    if t.get(child).is_some_and(|n| n.kind == Kind::Dir) {
+                        inos.insert(format!("{key}{name}/"), child);
+                    }
                 }
             }
             if !incomplete.contains(&key) {

@@ -21,10 +21,13 @@ impl Background {
     }
 
     /// Wait for everything begun so far, for `within` at most (a store that hangs must not
-    /// hang an unmount): what is left then is cancelled, and false returned.
+    /// hang an unmount): what is left then runs on untracked (not waited for again), and
+    /// false is returned.
     pub async fn settle(&self, within: Duration) -> bool {
         let mut set = std::mem::take(&mut *self.0.lock().unwrap());
-        tokio::time::timeout(within, async { while set.join_next().await.is_some() {} }).await.is_ok()
+        let done = tokio::time::timeout(within, async { while set.join_next().await.is_some() {} }).await.is_ok();
+        set.detach_all();
+        done
     }
 }
 
@@ -43,8 +46,16 @@ mod tests {
         });
         assert!(bg.settle(Duration::from_secs(10)).await);
         assert!(done.load(std::sync::atomic::Ordering::SeqCst), "settled before the work ended");
-        bg.spawn(std::future::pending());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let d = done.clone();
+        bg.spawn(async move {
+            let _ = rx.await; // hangs until told
+            d.store(false, std::sync::atomic::Ordering::SeqCst);
+        });
         assert!(!bg.settle(Duration::from_millis(50)).await, "a hang is reported");
         assert!(bg.settle(Duration::from_millis(50)).await, "and not waited for again");
+        tx.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!done.load(std::sync::atomic::Ordering::SeqCst), "what was left ran on, not cancelled");
     }
 }

@@ -394,7 +394,8 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
                     .ok_or_else(|| config_err(format!("--billing-project {p:?} is not a project ID")))?;
                 transport = opendal::HttpTransporter::new(billed);
             }
-            let in_place = crate::gcs::in_place::InPlaceCompose { inner: transport };
+            let root = op.info().root().trim_start_matches('/').to_string();
+            let in_place = crate::gcs::in_place::InPlaceCompose { inner: transport, root };
             let check = crate::gcs::generation::GenerationCheck { inner: opendal::HttpTransporter::new(in_place) };
             let ctx = op.context().with_http_transport(opendal::HttpTransporter::new(check));
             (op.with_context(ctx), true)
