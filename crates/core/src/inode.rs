@@ -551,15 +551,16 @@ impl InodeTable {
         }
         if n.lookups == 0 && !has_overrides {
             let (parent, name) = (n.parent, n.name.clone());
-            let (linked, answered, entry) = (n.linked, n.answered, n.entry());
+            let (linked, answered) = (n.linked, n.answered);
+            let removed = self.nodes.remove(&ino);
             if linked && answered > self.answered.get(&parent).copied().unwrap_or(0) {
                 // The node holds newer news than its parent's listing (a HEAD answered after
                 // it): the entry keeps it, or the next lookup would rebuild the node older.
-                if let Some(e) = self.listings.get_mut(&parent).and_then(|l| l.children.get_mut(&name)) {
-                    *e = ChildMeta { asked: answered, ..entry };
+                let entry = self.listings.get_mut(&parent).and_then(|l| l.children.get_mut(&name));
+                if let (Some(e), Some(n)) = (entry, removed) {
+                    *e = ChildMeta { asked: answered, ..n.entry() };
                 }
             }
-            self.nodes.remove(&ino);
             self.drop_listing(ino);
             self.big_subtrees.remove(&ino);
             self.forget_removed_in(ino, u64::MAX);

@@ -160,7 +160,6 @@ impl OpendalStore {
         }
     }
 
-    /// Use `op` (the same service, other layers) for GCS compose requests.
     /// The operator's transport is wrapped in [`crate::gcs::in_place::InPlaceCompose`]: GCS
     /// appends are composed into the key (else they upload whole).
     pub fn with_in_place_compose(mut self) -> Self {
@@ -168,6 +167,7 @@ impl OpendalStore {
         self
     }
 
+    /// Use `op` (the same service, other layers) for GCS compose requests.
     pub fn with_compose_operator(mut self, op: Operator) -> Self {
         self.compose_op = Some(op);
         self
@@ -439,7 +439,9 @@ impl Store for OpendalStore {
     }
 
     async fn patch(&self, key: &str, p: Patch<'_>, opts: WriteOptions) -> Result<Patched, StoreError> {
-        if !self.capabilities().patches || p.put.if_not_exists {
+        // GCS appends need the transport that composes into the key itself.
+        let gcs_unable = self.generation_identity && !self.in_place_compose;
+        if !self.capabilities().patches || p.put.if_not_exists || gcs_unable {
             return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("patch {key:?}: upload whole")));
         }
         let t = crate::patch::Target {
@@ -454,9 +456,6 @@ impl Store for OpendalStore {
             let (meta, sent, copied) = crate::patch::s3(&op, &t, &p).await?;
             self.stamp(key);
             return Ok(Patched { meta, sent, copied, pieces: None });
-        }
-        if !self.in_place_compose {
-            return Err(StoreError::new(crate::StoreErrorKind::Unsupported, format!("patch {key:?}: upload whole")));
         }
         let compose_op = self.compose_op.clone().unwrap_or_else(|| self.op.clone());
         let (base_len, len, part) = (p.base_len, p.len, opts.part_size as u64);
