@@ -33,6 +33,7 @@ use crate::read::{FileReader, ReadCache};
 use crate::write::SharedStaged;
 use crate::{names, FsError};
 
+pub use crate::dir_cache::DirEntry;
 pub use crate::inode::{Kind, ROOT_INO};
 
 pub(crate) use crate::inode::RELIST_MAX;
@@ -50,14 +51,6 @@ pub struct Attr {
     pub uid: u32,
     pub gid: u32,
     pub nlink: u32,
-}
-
-/// One entry of a directory snapshot, in readdir order (`.` and `..` first).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirEntry {
-    pub ino: u64,
-    pub kind: Kind,
-    pub name: String,
 }
 
 #[derive(Debug, Clone)]
@@ -244,6 +237,9 @@ fn read_cache(cfg: &FsConfig) -> ReadCache {
     }
 }
 
+/// Background listings in flight at once, mount-wide; more are skipped, not queued.
+pub(crate) const LISTINGS_AHEAD: usize = 8;
+
 /// Forgets between two [`trim_heap`]s: `find` over a big bucket, then the kernel forgetting
 /// it (memory pressure, `drop_caches`), frees many small allocations (nodes, listings).
 const TRIM_EVERY: u64 = 10_000;
@@ -290,7 +286,7 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             cfg,
             me: Weak::new(),
-            listing_ahead: Arc::new(tokio::sync::Semaphore::new(crate::preload::LISTINGS_AHEAD)),
+            listing_ahead: Arc::new(tokio::sync::Semaphore::new(LISTINGS_AHEAD)),
             dir_cache: Default::default(),
             listing_flights: Mutex::new(HashMap::new()),
             wb: Default::default(),

@@ -82,7 +82,7 @@ impl InodeTable {
     }
 
     /// Drop `dir`'s cached listing and those of its children that nothing but the listing
-    /// needs ([`Node::droppable`]). Returns the number of entries dropped.
+    /// needs (`Node::droppable`). Returns the number of entries dropped.
     pub fn evict_dir(&mut self, dir: u64) -> usize {
         // Its next listing tries list-ahead again.
         self.big_subtrees.remove(&dir);

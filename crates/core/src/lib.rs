@@ -7,14 +7,16 @@
 //! - [`read`]: the per-handle read path with sequential prefetch and the memory cache;
 //!   [`disk_cache`]: the checksummed on-disk block cache that survives remounts;
 //!   [`block_pool`]: the bounded pool of aligned buffers blocks are read into.
-//! - [`write`]: staged writes and their upload on flush/fsync/unmount; [`recovery`]: what
+//! - [`write`](mod@write): staged writes and their upload on flush/fsync/unmount; [`recovery`]: what
 //!   a mount that died left staged, uploaded by the next;
 //!   [`part_budget`]: the mount-wide bound on upload buffers; [`write_back`]: the
 //!   background upload queue of `--write-back` mounts; [`deletes`]: their deferred,
 //!   journaled deletes and directory markers; `moves`: moves (directories, files copied
 //!   then deleted) journaled so a crash never leaves both names.
-//! - [`fs`]: lookup, getattr and directory reading; `fs_write`: open, read and write;
-//!   `fs_names`: create, mkdir, unlink, rmdir; `fs_rename`: rename, setattr.
+//! - [`fs`]: the `Fs` state and getattr; its operations live in `fs_*` modules, one
+//!   concern each (`fs_lookup`, `fs_listing`, `fs_readdir`, `fs_write`, `fs_names`,
+//!   `fs_links`, `fs_rename`, `fs_write_back`, `fs_passthrough`, `fs_events`). The component
+//!   modules never import `Fs`.
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
 //!   directly (FUSE passthrough) instead of asking us.
 //! - [`events`]: change events the store pushes (`--notify`), applied as they come.
@@ -31,9 +33,14 @@ pub mod disk_cache;
 pub mod error;
 pub mod events;
 pub mod fs;
+pub(crate) mod fs_events;
+pub(crate) mod fs_links;
 pub(crate) mod fs_names;
+pub(crate) mod fs_passthrough;
+pub(crate) mod fs_readdir;
 pub(crate) mod fs_stage;
 pub(crate) mod fs_write;
+pub(crate) mod fs_write_back;
 pub mod inode;
 pub(crate) mod intents;
 pub mod links;

@@ -27,12 +27,11 @@
 //! through the store as before; close-to-open holds as without passthrough. A staged
 //! file is this mount's newest bytes: every handle of its inode reads it.
 
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering::Relaxed};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::disk_cache::WholePin;
-use crate::Fs;
 
 /// Objects smaller than this get no whole file: one or two of the kernel's 1 MiB requests
 /// cost less than an extra file on disk per small object.
@@ -40,7 +39,7 @@ pub const WHOLE_MIN: u64 = 1024 * 1024;
 
 /// How long an open (or a close preparing the next open) waits for blocks still queued
 /// for the disk cache: they land within milliseconds unless the disk is saturated.
-const SETTLE: Duration = Duration::from_secs(2);
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
 
 /// A local file for the kernel to use directly: exactly the bytes of one object version
 /// (a whole-object cache file), or an inode's staged file.
@@ -50,21 +49,21 @@ pub struct Backing {
     /// file's own identity (every handle of a staged inode shares it).
     pub identity: String,
     /// Keeps a cache file from eviction while the kernel reads it.
-    _pin: Option<WholePin>,
+    pub(crate) _pin: Option<WholePin>,
 }
 
 /// Counters for status and metrics.
 #[derive(Default)]
 pub(crate) struct Counters {
     /// The adapter found the kernel able to pass through (see [`Fs::set_passthrough`]).
-    on: AtomicBool,
-    opens: AtomicU64,
+    pub(crate) on: AtomicBool,
+    pub(crate) opens: AtomicU64,
     /// Staged files the kernel may write directly, by inode: their attributes come from the
     /// file itself. Lock order: after `table` (attributes are built under it).
-    watched: Mutex<HashMap<u64, Arc<std::fs::File>>>,
+    pub(crate) watched: Mutex<HashMap<u64, Arc<std::fs::File>>>,
     /// Inodes with a task feeding their parts to an eager upload ([`Fs::feed_watched`]).
     /// A leaf lock.
-    feeding: Mutex<std::collections::HashSet<u64>>,
+    pub(crate) feeding: Mutex<std::collections::HashSet<u64>>,
     /// Inodes whose staged file outlived its handles in a shared mapping, watched until it
     /// goes ([`Fs::linger`]). A leaf lock.
     pub(crate) lingering: Mutex<std::collections::HashSet<u64>>,
@@ -72,315 +71,13 @@ pub(crate) struct Counters {
 
 /// The identity of a staged file's backing (every handle of its inode shares it): the
 /// shared staged state's address, unique while any handle holds it.
-fn staged_identity(staged: &crate::write::SharedStaged) -> String {
+pub(crate) fn staged_identity(staged: &crate::write::SharedStaged) -> String {
     format!("{STAGED}{:p}", Arc::as_ptr(staged))
 }
 
 const STAGED: &str = "staged:";
 
-/// Handle `f`, opened before its file was staged, reads the staged file `st` from now on
-/// and counts among its handles (the file then lives until it closes). Once per handle.
-fn join_staged(f: &crate::fs::OpenFile, st: &mut crate::write::Staged) {
-    if !f.staged.swap(true, Relaxed) {
-        st.handles += 1;
-    }
-}
-
 /// Whether a backing identity names a staged file (else a cached object version).
 pub fn is_staged_identity(identity: &str) -> bool {
     identity.starts_with(STAGED)
-}
-
-impl Fs {
-    /// What the kernel would use for handle `fh`, if it can use a local file: the staged
-    /// file of a staged inode (any handle), or the version a read-only handle pinned if it is
-    /// large enough to be kept whole. `None` for an `O_RDONLY|O_TRUNC` handle (emptied at
-    /// its flush, through us) and for small objects.
-    ///
-    /// A handle opened before its file was staged (a writer came meanwhile) reads the staged
-    /// file, as [`Fs::read`] does: it joins it here, counted among the staged file's
-    /// handles, so the file lives while the kernel reads it for this handle.
-    pub async fn passthrough_identity(&self, fh: u64) -> Option<String> {
-        let f = self.open_file(fh).ok()?;
-        if f.truncate_at_flush.load(Relaxed) {
-            return None;
-        }
-        if !f.staged.load(Relaxed) {
-            if let Some(staged) = self.staged_of_pub(f.ino) {
-                let mut st = staged.lock().await;
-                if self.staged_of_pub(f.ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
-                    join_staged(&f, &mut st);
-                }
-            }
-        }
-        if f.staged.load(Relaxed) {
-            return self.staged_of_pub(f.ino).map(|s| staged_identity(&s));
-        }
-        let r = f.reader.lock().unwrap().clone();
-        (r.size >= WHOLE_MIN).then(|| r.identity().to_string())
-    }
-
-    /// The local file for handle `fh` (see [`Fs::passthrough_identity`]): for a staged
-    /// inode, its staged file, watched from now on; else the whole-object file of the version
-    /// `fh` pinned, built from the disk cache's blocks if they are all there. `Err`: why
-    /// not, for the log.
-    pub async fn backing_file(&self, fh: u64) -> Result<Backing, &'static str> {
-        let identity = self.passthrough_identity(fh).await.ok_or("truncating or small")?;
-        let f = self.open_file(fh).map_err(|_| "handle gone")?;
-        if is_staged_identity(&identity) {
-            return self.staged_backing(f.ino, identity).await;
-        }
-        let r = f.reader.lock().unwrap().clone();
-        let disk = self.read_cache.disk().ok_or("no disk cache")?.clone();
-        let (key, size) = (r.key.to_string(), r.size);
-        if !disk.is_complete(&key, &identity, size) {
-            self.read_cache.disk_settled(SETTLE).await;
-        }
-        let id = identity.clone();
-        let found = tokio::task::spawn_blocking(move || {
-            if !disk.is_complete(&key, &id, size) {
-                return Err("not all of it on local disk");
-            }
-            disk.whole(&key, &id, size).ok_or("disk cache file unusable")
-        })
-        .await
-        .map_err(|_| "task failed")??;
-        Ok(Backing { file: found.file, identity, _pin: Some(found.pin) })
-    }
-
-    /// `ino`'s staged file for the kernel, watched from now on (see the module doc).
-    async fn staged_backing(&self, ino: u64, identity: String) -> Result<Backing, &'static str> {
-        let staged = self.staged_of_pub(ino).ok_or("not staged any more")?;
-        let key = self.node(ino).map_err(|_| "gone")?.key;
-        let mut st = staged.lock().await;
-        // Still the map's (its upload may have dropped it while this waited for the lock):
-        // a watch on a dropped file would outlive it.
-        let current = self.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged));
-        if !current || staged_identity(&staged) != identity {
-            return Err("staged again meanwhile");
-        }
-        let file = st.watch_external(&key).map_err(|e| {
-            tracing::warn!(ino, "staged file not handed to the kernel: {e}");
-            "staged file unusable"
-        })?;
-        let second = st.dup().map_err(|_| "cannot duplicate the staged file")?;
-        self.passthrough.watched.lock().unwrap().insert(ino, Arc::new(second));
-        drop(st);
-        self.feed_watched(ino, staged);
-        Ok(Backing { file, identity, _pin: None })
-    }
-
-    /// A staged file the kernel writes, on a durable mount: hand the parts it completes to
-    /// an eager upload, as bucketfs's own writes do, so close sends only the tail. Parts may
-    /// change after they were sent (the kernel writes anywhere): the upload checks each
-    /// against the file before it completes, and sends the file whole if one changed
-    /// (write.rs). Ticks every 200 ms while the file stays staged and watched; feeds only
-    /// while the file grows (a file rewritten in place, a database, would waste uploads).
-    fn feed_watched(&self, ino: u64, staged: crate::write::SharedStaged) {
-        const TICK: Duration = Duration::from_millis(200);
-        if self.write_back() || !self.passthrough.feeding.lock().unwrap().insert(ino) {
-            return;
-        }
-        let me = self.me.clone();
-        tokio::spawn(async move {
-            let mut last = 0;
-            loop {
-                tokio::time::sleep(TICK).await;
-                let Some(fs) = me.upgrade() else { return };
-                if !fs.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
-                    break;
-                }
-                let mut st = staged.lock().await;
-                if !st.watched() || st.unlinked || fs.observe(ino, &mut st).is_err() {
-                    break;
-                }
-                let grew = std::mem::replace(&mut last, st.size) < st.size;
-                if !grew || st.size < fs.cfg.write.part_size as u64 {
-                    continue;
-                }
-                let Ok(node) = fs.node(ino) else { break };
-                if let Err(e) =
-                    st.eager_feed(fs.store.as_ref(), &node.key, fs.cfg.write, &fs.attrs_to_keep(&node)).await
-                {
-                    tracing::debug!(key = %node.key, "eager upload stopped: {e}");
-                }
-            }
-            if let Some(fs) = me.upgrade() {
-                fs.passthrough.feeding.lock().unwrap().remove(&ino);
-            }
-        });
-    }
-
-    /// A watched staged file's length and mtime, read from the file (the kernel may have
-    /// written it without us); `None` if `ino` is not watched.
-    pub(crate) fn watched_state(&self, ino: u64) -> Option<(u64, SystemTime)> {
-        let w = self.passthrough.watched.lock().unwrap();
-        if w.is_empty() {
-            return None;
-        }
-        let m = w.get(&ino)?.metadata().ok()?;
-        Some((m.len(), m.modified().ok()?))
-    }
-
-    /// `ino`'s staged file is gone: stop reading attributes from it, and return its last
-    /// length, for the node to keep (what an upload outside `publish` did not record). Not
-    /// its mtime: on a store without ETags the node's size and mtime name the version for
-    /// the caches, and the staged file's mtime could name an older upload (one clock tick).
-    /// Called with the table locked ([`Fs::unstage`]).
-    pub(crate) fn unwatch_locked(&self, ino: u64) -> Option<u64> {
-        let file = {
-            let mut w = self.passthrough.watched.lock().unwrap();
-            if w.is_empty() {
-                return None;
-            }
-            w.remove(&ino)
-        };
-        file.and_then(|f| f.metadata().ok()).map(|m| m.len())
-    }
-
-    /// At the close of a handle that read through the store: if all but a few blocks of the
-    /// version are on disk now, fetch those in the background, so the next open passes
-    /// through.
-    pub(crate) fn prepare_backing(&self, file: &crate::fs::OpenFile) {
-        if file.staged.load(Relaxed) || !self.passthrough.on.load(Relaxed) {
-            return;
-        }
-        let r = file.reader.lock().unwrap().clone();
-        let Some(disk) = self.read_cache.disk().cloned() else { return };
-        if r.size < WHOLE_MIN || disk.is_complete(&r.key, r.identity(), r.size) {
-            return;
-        }
-        let cache = self.read_cache.clone();
-        tokio::spawn(async move {
-            cache.disk_settled(SETTLE).await;
-            // Blocks that skipped a lagging disk are fetched again, up to a quarter of them.
-            r.fill_disk(r.size.div_ceil(crate::read::BLOCK) / 4 + 1).await;
-        });
-    }
-
-    /// The last close of a staged file holding the version just uploaded: the disk cache
-    /// takes the file over as that version's whole file (a rename; its CRC32C read once), so
-    /// reading back what was just written passes through to it, with no download. Only
-    /// with passthrough on, and where an ETag names the version (size and mtime could name
-    /// an older one). The caller holds the staged lock and drops the staged file next.
-    pub(crate) async fn keep_as_whole(&self, ino: u64, st: &mut crate::write::Staged) {
-        if !self.passthrough.on.load(Relaxed) {
-            return;
-        }
-        let Some(disk) = self.read_cache.disk().cloned() else { return };
-        let Ok(node) = self.node(ino) else { return };
-        if node.version.tag().is_none() || node.size != st.size || node.size < WHOLE_MIN || !node.linked {
-            return;
-        }
-        let identity = node.identity();
-        if disk.is_complete(&node.key, &identity, node.size) {
-            return;
-        }
-        let Some(path) = st.as_uploaded() else { return };
-        let (key, size) = (node.key.clone(), node.size);
-        let given = crate::sync::blocking(move || disk.give_whole(&key, &identity, size, &path)).await;
-        if given == Some(true) {
-            st.given_away();
-        } else {
-            tracing::debug!(ino, "staged file not kept as a whole-object file");
-        }
-    }
-
-    /// A fresh staged file of `node` takes over the whole-object file of the node's version,
-    /// if the disk cache has one: no download, and readers passing through that file (the
-    /// kernel's one backing file of the inode) read the staged file from now on, so the
-    /// writer can pass through to it too. The handles already open on the file count as
-    /// the staged file's from then on: it lives while the kernel reads it for them.
-    ///
-    /// An `O_TRUNC` open (`truncate`) takes it only while readers pass through it (the
-    /// kernel's one backing file): otherwise it needs none of its bytes, and handles reading
-    /// the version through the store must keep reading it, not the emptied file.
-    pub(crate) fn adopt_whole(
-        &self,
-        node: &crate::inode::Node,
-        st: &mut crate::write::Staged,
-        truncate: bool,
-    ) -> Result<bool, crate::FsError> {
-        let Some(disk) = self.read_cache.disk() else { return Ok(false) };
-        let identity = node.identity();
-        if !self.passthrough.on.load(Relaxed) || node.size < WHOLE_MIN {
-            return Ok(false);
-        }
-        let pinned = disk.whole_pinned(&node.key, &identity);
-        if truncate && !pinned {
-            return Ok(false);
-        }
-        if !st.adopt(node.size, |to| disk.take_whole(&node.key, &identity, node.size, to))? {
-            return Ok(false);
-        }
-        // Its version is the bucket's: the first upload sends only what changed.
-        let patches = self.store.capabilities().patches && node.size >= crate::write::patch::MIN_PATCH;
-        if let Some(etag) = node.version.tag().filter(|_| patches && !truncate) {
-            if let Err(e) = st.remember_stored(&node.key, etag) {
-                tracing::debug!(key = %node.key, "the first upload will be whole: {e}");
-            }
-        }
-        if pinned {
-            self.join_handles(node.ino, st);
-        } // else handles reading it through the store keep their version
-        Ok(true)
-    }
-
-    /// Every handle open on `ino` reads its staged file `st` from now on ([`join_staged`]).
-    pub(crate) fn join_handles(&self, ino: u64, st: &mut crate::write::Staged) {
-        for h in self.handles.lock().unwrap().values() {
-            if let crate::fs::Handle::File(f) = h {
-                if f.ino == ino {
-                    join_staged(f, st);
-                }
-            }
-        }
-    }
-
-    /// Close `fh`, a handle opened only to stage its file (the adapter's, while a writer's
-    /// open is answered): while other handles of the file remain it uploads nothing (they
-    /// do, at their own close); the last one closes as [`Fs::release`] does.
-    pub async fn release_quietly(&self, fh: u64) -> Result<(), crate::FsError> {
-        let file = self.open_file(fh)?;
-        if let Some(staged) = self.staged_of_pub(file.ino) {
-            let mut st = staged.lock().await;
-            if file.staged.load(Relaxed) && st.handles > 1 && self.handles.lock().unwrap().remove(&fh).is_some() {
-                self.count_open(file.ino, false);
-                st.handles -= 1;
-                return Ok(());
-            }
-        }
-        self.release(fh).await
-    }
-
-    /// Whether opens may pass through: set by the adapter once the kernel granted it (and
-    /// cleared if registering a backing file fails). Whole files are built ahead only then.
-    pub fn set_passthrough(&self, on: bool) {
-        self.passthrough.on.store(on, Relaxed);
-    }
-
-    /// Whether backing files can exist at all: they live in the disk cache.
-    pub fn passthrough_possible(&self) -> bool {
-        self.read_cache.disk().is_some()
-    }
-
-    pub fn passthrough_on(&self) -> bool {
-        self.passthrough.on.load(Relaxed)
-    }
-
-    /// Count an open the kernel serves from a backing file; a writable one writes unseen,
-    /// so its flush publishes whatever changed.
-    pub fn note_passthrough_open(&self, fh: u64) {
-        self.passthrough.opens.fetch_add(1, Relaxed);
-        if let Ok(f) = self.open_file(fh) {
-            if f.writable {
-                f.writes_unseen.store(true, Relaxed);
-            }
-        }
-    }
-
-    /// Opens served from a backing file since mount.
-    pub fn passthrough_opens(&self) -> u64 {
-        self.passthrough.opens.load(Relaxed)
-    }
 }

@@ -24,9 +24,6 @@ use crate::fs::{Fs, Kind};
 use crate::inode::{ChildMeta, Listing, ROOT_INO};
 use crate::{names, FsError};
 
-/// Background listings in flight at once, mount-wide; more are skipped, not queued.
-pub(crate) const LISTINGS_AHEAD: usize = 8;
-
 /// A directory with more subdirectories than this does not have them listed ahead (an
 /// `ls` of a bucket's root with thousands of prefixes costs nothing extra).
 pub(crate) const MAX_SUBDIRS_AHEAD: usize = 16;

@@ -47,9 +47,7 @@ use crate::FsError;
 mod fetch;
 use fetch::Source;
 
-/// Block size: 2 MiB per GET amortizes a ~20 ms round trip while keeping a random
-/// reader's over-fetch (when it hits a cached neighbour) small.
-pub const BLOCK: u64 = 2 * 1024 * 1024;
+pub use crate::disk_cache::BLOCK;
 
 /// Bytes of block `b` of an object of `size` bytes (the last one may be short).
 fn block_len(size: u64, b: u64) -> u64 {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use bucketfs_store::{Store, WriteOptions};
 
 use crate::part_budget::PartBudget;
-use crate::write::{local, send_file, unique, Stamp};
+use crate::write::{local, send_file, set_aside, Stamp};
 use crate::FsError;
 
 /// The tag of this mount point's temporary objects in the bucket (parts of uploads, tails
@@ -180,30 +180,5 @@ fn committed_on_disk(data: &Path) -> Committed {
     match !marker.is_empty() && matches!(now, Ok(Ok(s)) if s.marker() == marker) {
         true => Committed::Whole,
         false => Committed::Open,
-    }
-}
-
-/// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
-/// named after their key, instead of uploading them: a half-written rewrite must never
-/// replace the version its last close left in the bucket.
-pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) {
-    let found = dir.join("lost+found");
-    // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.
-    let mut base = key.rsplit('/').next().unwrap_or("").to_string();
-    base.truncate(base.char_indices().map(|(i, c)| i + c.len_utf8()).take_while(|&end| end <= 150).last().unwrap_or(0));
-    let stem = format!("{}-{base}", unique());
-    let to = found.join(&stem);
-    let moved = std::fs::create_dir_all(&found)
-        .and_then(|_| std::fs::write(found.join(format!("{stem}.key")), key))
-        .and_then(|_| std::fs::rename(data, &to));
-    match moved {
-        Ok(()) => {
-            tracing::warn!(%key, kept = %to.display(), "bytes written but never closed before the mount stopped: not uploaded, kept here");
-            let _ = std::fs::remove_file(data.with_extension("key"));
-            let _ = std::fs::remove_file(data.with_extension("open"));
-            let _ = std::fs::remove_file(data.with_extension("base"));
-            let _ = std::fs::remove_file(data.with_extension("excl"));
-        }
-        Err(e) => tracing::error!(%key, data = %data.display(), "cannot set aside unclosed staged bytes: {e}"),
     }
 }

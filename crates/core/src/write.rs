@@ -113,7 +113,7 @@ pub struct Staged {
     /// [`Staged::watch_external`]): its state as we last saw it, `None` if it never could.
     seen: Option<Stamp>,
     /// Uploaded while handles stayed open (an fsync): that version's identity. Its bytes go
-    /// into the block caches at the last close, not at each fsync ([`crate::Fs::publish`]).
+    /// into the block caches at the last close, not at each fsync (`Fs::publish`).
     pub cache_pending: Option<String>,
     /// The last committed version, while it may not be in the bucket: its length, and
     /// where it is (see the module doc).
@@ -547,7 +547,7 @@ impl Drop for Staged {
         if self.dirty && !self.unlinked && self.create_only {
             // Recovery uploads unconditionally: never over another writer's object.
             if let (Some(dir), Some(key)) = (self.path.parent(), self.key.clone()) {
-                crate::recovery::set_aside(dir, &self.path, &key);
+                set_aside(dir, &self.path, &key);
                 return;
             }
         }
@@ -578,6 +578,31 @@ pub(crate) fn unique() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};
     let n = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{:x}-{:x}", std::process::id(), n)
+}
+
+/// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
+/// named after their key, instead of uploading them: a half-written rewrite must never
+/// replace the version its last close left in the bucket.
+pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) {
+    let found = dir.join("lost+found");
+    // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.
+    let mut base = key.rsplit('/').next().unwrap_or("").to_string();
+    base.truncate(base.char_indices().map(|(i, c)| i + c.len_utf8()).take_while(|&end| end <= 150).last().unwrap_or(0));
+    let stem = format!("{}-{base}", unique());
+    let to = found.join(&stem);
+    let moved = std::fs::create_dir_all(&found)
+        .and_then(|_| std::fs::write(found.join(format!("{stem}.key")), key))
+        .and_then(|_| std::fs::rename(data, &to));
+    match moved {
+        Ok(()) => {
+            tracing::warn!(%key, kept = %to.display(), "bytes written but never closed before the mount stopped: not uploaded, kept here");
+            let _ = std::fs::remove_file(data.with_extension("key"));
+            let _ = std::fs::remove_file(data.with_extension("open"));
+            let _ = std::fs::remove_file(data.with_extension("base"));
+            let _ = std::fs::remove_file(data.with_extension("excl"));
+        }
+        Err(e) => tracing::error!(%key, data = %data.display(), "cannot set aside unclosed staged bytes: {e}"),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,174 @@
+//! Directory reads: opendir, readdir and releasedir, with and without opendir, over the
+//! snapshots the kernel's readdir cache holds ([`crate::dir_cache`] says how it is kept true).
+
+use crate::dir_cache::{uncookie, InvalidateDir};
+use crate::error::FsError;
+use crate::fs::{DirEntry, Fs, Kind};
+use crate::inode::{ChildMeta, Node};
+use crate::sync::Arc;
+use std::time::Duration;
+
+impl Fs {
+    /// The kernel may keep directories' entries without opendir ([`Fs::readdir_unopened`]);
+    /// `invalidate` drops them when their listing goes stale. Not with a TTL of 0: every
+    /// read of a directory then lists it again.
+    pub fn cache_dirs_without_opendir(&self, invalidate: InvalidateDir) -> bool {
+        if self.cfg.metadata_ttl.is_zero() {
+            return false;
+        }
+        let _ = self.dir_cache.invalidate.set(invalidate);
+        true
+    }
+
+    /// The kernel invalidator, if the adapter gave one.
+    pub(crate) fn invalidate_hook_of(&self) -> Option<InvalidateDir> {
+        self.dir_cache.invalidate.get().cloned()
+    }
+
+    /// Whether [`Fs::cache_dirs_without_opendir`] was accepted.
+    pub fn dirs_without_opendir(&self) -> bool {
+        self.dir_cache.invalidate.get().is_some()
+    }
+
+    /// A readdir without opendir: the snapshot to answer from and its number (offsets are
+    /// [`crate::dir_cache::cookie`]s). Offset 0 starts a read: it takes a new snapshot unless the listing is
+    /// the one the current snapshot came from (so two readers of a directory page through
+    /// the same one); later offsets page through the snapshot they name (else the current).
+    pub async fn readdir_unopened(&self, ino: u64, offset: u64) -> Result<(Arc<Vec<DirEntry>>, u32), FsError> {
+        self.dir_cache.touch(ino, self.cfg.clock.now());
+        let current = self.dir_cache.current(ino);
+        if offset > 0 {
+            let (snap, _) = uncookie(offset);
+            if let Some(entries) = self.dir_cache.recent(ino, snap) {
+                return Ok((entries, snap));
+            }
+            if let Some((entries, _, snap)) = current {
+                return Ok((entries, snap));
+            }
+        }
+        let dir = self.listed_dir(ino).await?;
+        let source = {
+            let t = self.table.lock().unwrap();
+            t.listing(ino).map(|l| (l.at, t.changed_at(ino)))
+        };
+        if let (Some((entries, was, snap)), Some(now)) = (&current, source) {
+            if *was == now {
+                // The kernel caches this read too: its drop may be due again (the last
+                // one fired before this listing's end).
+                if self.dir_cache.arm_expiry(ino) {
+                    self.expire_dir_later(ino);
+                }
+                return Ok((entries.clone(), *snap));
+            }
+        }
+        let entries = self.snapshot_of(&dir);
+        let mut snap = 0;
+        if let Some(source) = source {
+            let (n, arm) = self.dir_cache.set_current(ino, &entries, source);
+            snap = n;
+            if arm {
+                self.expire_dir_later(ino);
+            }
+        }
+        Ok((entries, snap))
+    }
+
+    /// Over `--max-cached-entries`: drop the cached state of directories not in use (see
+    /// `inode_trim.rs`), and what the kernel cached of their entries (their inode numbers
+    /// are not kept). Called after a listing is installed.
+    pub(crate) fn trim_names(&self) {
+        let max = self.cfg.max_cached_entries;
+        if max == 0 {
+            return;
+        }
+        let dropped = {
+            let mut t = self.table.lock().unwrap();
+            let now = t.now();
+            // The snapshots go with the nodes they name, under the table's lock: a readdir
+            // either began before (in use: kept) or lists the directory again.
+            let dropped = t.trim(max, max / 4 * 3, &|dir| !self.dir_cache.drop_if_idle(dir, now));
+            if !dropped.is_empty() {
+                t.shrink();
+            }
+            dropped
+        };
+        if dropped.is_empty() {
+            return;
+        }
+        tracing::debug!(dirs = dropped.len(), max, "cached state of directories not in use dropped");
+        if let Some(invalidate) = self.dir_cache.invalidate.get().cloned() {
+            // Not from the request that installed the listing: the kernel may hold a lock
+            // that the notification waits for.
+            crate::sync::spawn(async move {
+                for dir in dropped {
+                    invalidate(dir);
+                }
+            });
+        }
+    }
+
+    /// Drop the kernel's cache of `ino` when its listing's TTL runs out.
+    fn expire_dir_later(&self, ino: u64) {
+        // The listing's end by the mount's clock, as a real wait (the timer runs on tokio's).
+        let now = self.cfg.clock.now();
+        let left = self
+            .table
+            .lock()
+            .unwrap()
+            .listing(ino)
+            .map_or(Duration::ZERO, |l| (l.at + l.valid_for).saturating_duration_since(now));
+        let me = self.me.clone();
+        crate::sync::spawn(async move {
+            tokio::time::sleep(left).await;
+            if let Some(fs) = me.upgrade() {
+                fs.dir_cache.expired(ino);
+            }
+        });
+    }
+
+    /// The entries of directory `ino`, sorted by name, `.` and `..` first.
+    pub(crate) async fn dir_snapshot(&self, ino: u64) -> Result<Arc<Vec<DirEntry>>, FsError> {
+        let dir = self.listed_dir(ino).await?;
+        Ok(self.snapshot_of(&dir))
+    }
+
+    /// Directory `ino`, with a listing to take a snapshot from.
+    async fn listed_dir(&self, ino: u64) -> Result<Node, FsError> {
+        let dir = self.node(ino)?;
+        if dir.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        self.ensure_listing(&dir, true).await?;
+        if !self.cfg.metadata_ttl.is_zero() && !self.table.lock().unwrap().listing_fresh(ino) {
+            // Fetched while this mount changed the directory (see the module doc).
+            self.ensure_listing(&dir, false).await?;
+        }
+        Ok(dir)
+    }
+
+    fn snapshot_of(&self, dir: &Node) -> Arc<Vec<DirEntry>> {
+        let ino = dir.ino;
+        let mut t = self.table.lock().unwrap();
+        let overtaken = t.listing(ino).is_some_and(|l| l.overtaken);
+        let mut metas: Vec<ChildMeta> =
+            t.listing(ino).map(|l| l.children.values().cloned().collect()).unwrap_or_default();
+        metas.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut out = Vec::with_capacity(metas.len() + 2);
+        out.push(DirEntry { ino, kind: Kind::Dir, name: ".".into() });
+        out.push(DirEntry { ino: dir.parent, kind: Kind::Dir, name: "..".into() });
+        for m in &metas {
+            // A listing entry updates what is known of the child, unless the mount's own
+            // state is newer (`Node::local`): then the node, not the listing, is shown. An
+            // overtaken listing may hold an entry older than an upload made here since: it
+            // only names children (a known one keeps what the mount holds).
+            let known = t.child(ino, &m.name).filter(|n| overtaken && n.kind == m.kind).map(|n| n.ino);
+            if overtaken && known.is_none() && t.removed_here(ino, &m.name) {
+                continue; // removed here after the listing began
+            }
+            let child = known.unwrap_or_else(|| t.upsert(ino, m));
+            let kind = t.get(child).map_or(m.kind, |n| n.kind);
+            out.push(DirEntry { ino: child, kind, name: m.name.clone() });
+        }
+        Arc::new(out)
+    }
+}
