@@ -51,7 +51,8 @@ impl Fs {
             // store): the answer may predate it or describe another file now under the key,
             // and must not put the node back on an older version, give it another file's
             // size (or unlink a file just made). What the mount holds answers.
-            let overtaken = |n: &Node| t.changed_at(n.parent) > since || !n.linked || n.key != node.key;
+            let overtaken =
+                |n: &Node| t.changed_at(n.parent) > since || !n.linked || n.key != node.key || t.moving_key(&n.key);
             if let Some(cur) = t.get(node.ino).filter(|n| overtaken(n)) {
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
                 return Ok((self.attr(cur), Some(false)));

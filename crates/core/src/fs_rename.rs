@@ -23,8 +23,8 @@ fn name_staged(st: &mut crate::write::Staged, key: &str) {
 struct Moving<'a>(&'a Fs, u64);
 
 impl<'a> Moving<'a> {
-    fn begin(fs: &'a Fs, from_dir: u64, to_dir: u64, keys: Vec<String>) -> Self {
-        let id = fs.table.lock().unwrap().begin_move(from_dir, to_dir, keys);
+    fn begin(fs: &'a Fs, from: (u64, &str), to: (u64, &str), keys: Vec<String>) -> Self {
+        let id = fs.table.lock().unwrap().begin_move(from, to, keys);
         Moving(fs, id)
     }
 }
@@ -83,7 +83,7 @@ impl Fs {
         // answers about these names are not recorded (a lister's HEAD or listing in between).
         let mut keys = vec![src.key.clone(), new_key.clone()];
         keys.extend(dst.as_ref().filter(|d| d.key != new_key).map(|d| d.key.clone()));
-        let moving = Moving::begin(self, parent, newparent, keys);
+        let moving = Moving::begin(self, (parent, name), (newparent, newname), keys);
         if let Some(dst) = dst {
             if noreplace {
                 return Err(FsError::Exists);

@@ -327,7 +327,8 @@ pub struct InodeTable {
 
 /// What a rename in progress is moving (see [`InodeTable::begin_move`]).
 struct Moving {
-    dirs: [u64; 2],
+    /// The source's and the target's name, each in its directory.
+    names: [(u64, String); 2],
     keys: Vec<String>,
 }
 
@@ -447,7 +448,7 @@ impl InodeTable {
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
         let key_of = |m: &ChildMeta| key_for(&parent_key, &m.name, m.kind);
         if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
-            let moving = self.moving.iter().any(|(_, m)| self.nodes.get(&ino).is_some_and(|n| m.covers(&n.key)));
+            let moving = self.nodes.get(&ino).is_some_and(|n| self.moving_key(&n.key));
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.local || moving {
                     // Staged here: the store's answer predates what this mount holds. Or

@@ -11,7 +11,8 @@ impl InodeTable {
     /// A probe begun at change count `since` found `name` absent from `dir`; not recorded if
     /// `dir` changed here meanwhile (the answer may predate a create).
     pub fn note_absent(&mut self, dir: u64, name: &str, since: u64) {
-        if self.changed_at(dir) > since || self.index.contains_key(&(dir, name.to_string())) {
+        let here = self.index.contains_key(&(dir, name.to_string()));
+        if self.changed_at(dir) > since || here || self.moving_name(dir, name) {
             return;
         }
         if self.absent.len() >= ABSENT_MAX {
@@ -136,11 +137,16 @@ impl InodeTable {
     /// names of `dir` changed here since: each as its node holds it, or absent if it was
     /// removed here. `false` if a changed name has neither (its node forgotten by the
     /// kernel meanwhile): the listing cannot be told right for it, and is distrusted whole.
+    /// A name a rename moves now counts as changed here too: it shows as the mount holds
+    /// it (a target not yet taken is absent), whatever the store showed mid-move.
     fn merge_own_changes(&self, dir: u64, listing: &mut Listing, since: u64) -> bool {
-        for ((_, name), _) in names_in(&self.named, dir).filter(|(_, s)| **s > since) {
+        let changed = names_in(&self.named, dir).filter(|(_, s)| **s > since).map(|((_, name), _)| name);
+        let moving = self.moving.iter().flat_map(|(_, m)| &m.names).filter(|(d, _)| *d == dir).map(|(_, n)| n);
+        let names: std::collections::BTreeSet<&String> = changed.chain(moving).collect();
+        for name in names {
             if let Some(n) = self.child(dir, name) {
                 listing.children.insert(name.clone(), n.entry());
-            } else if self.removed_here(dir, name) {
+            } else if self.removed_here(dir, name) || self.moving_name(dir, name) {
                 listing.children.remove(name);
             } else {
                 return false;
@@ -179,10 +185,10 @@ impl InodeTable {
     }
 
     /// The count at `dir`'s latest change recorded here (0: none); `u64::MAX` while a
-    /// rename moves objects of `dir` in the store: every answer about it taken meanwhile
-    /// counts as overtaken.
+    /// rename moves the objects below `dir` (it is the directory moved, or inside it):
+    /// every answer about it taken meanwhile counts as overtaken.
     pub fn changed_at(&self, dir: u64) -> u64 {
-        if self.moving_now(dir) {
+        if self.moving_below(dir) {
             return u64::MAX;
         }
         self.changed.get(&dir).copied().unwrap_or(0)
@@ -190,41 +196,58 @@ impl InodeTable {
 
     /// [`InodeTable::changed_at`], counting only changes of `dir` as a whole (`whole`).
     fn changed_whole_at(&self, dir: u64) -> u64 {
-        if self.moving_now(dir) {
+        if self.moving_below(dir) {
             return u64::MAX;
         }
         self.whole.get(&dir).copied().unwrap_or(0)
     }
 
-    fn moving_now(&self, dir: u64) -> bool {
-        self.moving.iter().any(|(_, m)| m.dirs.contains(&dir) || self.nodes.get(&dir).is_some_and(|d| m.covers(&d.key)))
+    /// Whether a rename in progress moves `dir`'s objects (`dir` is moved, or is below).
+    fn moving_below(&self, dir: u64) -> bool {
+        self.nodes.get(&dir).is_some_and(|d| self.moving_key(&d.key))
     }
 
-    /// A rename is about to change the store: key `from` (in directory `from_dir`) goes to
-    /// `to` (in `to_dir`). Until [`InodeTable::end_move`], after the table records the move, the
-    /// store shows what the table does not yet (the target's object already replaced, the
-    /// source's gone, a directory half copied): a HEAD, probe or listing answered meanwhile
-    /// must not be recorded on the nodes still under those names (it put the new file's
-    /// size on the replaced one, whose open handle then read nothing: model test), nor a
-    /// missing object unlink them. Both directories count as changed (`changed_at`), and
-    /// `upsert` leaves nodes under the two keys as they are.
-    /// `keys`: `from`, `to`, and a replaced target's key where it differs (a link's).
-    /// Returns the move's id, for [`InodeTable::end_move`].
-    pub fn begin_move(&mut self, from_dir: u64, to_dir: u64, keys: Vec<String>) -> u64 {
-        self.note_change(from_dir);
-        self.note_change(to_dir);
+    /// Whether a rename in progress moves `key` (it is a source, a target or a replaced
+    /// key, or below a directory moved): the store's answers about it may describe either
+    /// file, or neither.
+    pub fn moving_key(&self, key: &str) -> bool {
+        self.moving.iter().any(|(_, m)| m.covers(key))
+    }
+
+    /// Whether a rename in progress moves a file from or to `name` in `dir`.
+    pub fn moving_name(&self, dir: u64, name: &str) -> bool {
+        self.moving.iter().any(|(_, m)| m.names.iter().any(|(d, n)| *d == dir && n == name))
+    }
+
+    /// A rename is about to change the store: `from_name` in `from_dir` (key `keys[0]`)
+    /// goes to `to_name` in `to_dir`. Until [`InodeTable::end_move`], after the table
+    /// records the move, the store shows what the table does not yet (the target's object
+    /// already replaced, the source's gone, a directory half copied). For those two names
+    /// alone, an answer taken meanwhile is not the truth: a listing of either directory
+    /// takes the mount's state for them (`merge_own_changes`) and stands for its other
+    /// names; a HEAD of a key moved is not recorded (it put the new file's size on the
+    /// replaced one, whose open handle then read nothing: model test), nor a missing
+    /// object unlinks its node, and `upsert` leaves the nodes under those keys as they
+    /// are. Answers about a directory moved, or below it, are distrusted whole
+    /// (`changed_at`). `keys`: the source's, the target's, and a replaced target's key
+    /// where it differs (a link's). Returns the move's id, for [`InodeTable::end_move`].
+    pub fn begin_move(&mut self, from: (u64, &str), to: (u64, &str), keys: Vec<String>) -> u64 {
+        self.note_name_change(from.0, from.1);
+        self.note_name_change(to.0, to.1);
         self.moves_begun += 1;
-        self.moving.push((self.moves_begun, Moving { dirs: [from_dir, to_dir], keys }));
+        let names = [(from.0, from.1.to_string()), (to.0, to.1.to_string())];
+        self.moving.push((self.moves_begun, Moving { names, keys }));
         self.moves_begun
     }
 
-    /// The move begun by [`InodeTable::begin_move`] is recorded (or failed): answers count
-    /// from now on; both directories count as changed once more.
+    /// The move begun by [`InodeTable::begin_move`] is recorded (or failed): answers about
+    /// its names count from now on, those sent before count as overtaken by it.
     pub fn end_move(&mut self, id: u64) {
         if let Some(i) = self.moving.iter().position(|(m, _)| *m == id) {
             let (_, m) = self.moving.swap_remove(i);
-            self.note_change(m.dirs[0]);
-            self.note_change(m.dirs[1]);
+            for (dir, name) in &m.names {
+                self.note_name_change(*dir, name);
+            }
         }
     }
 

@@ -162,6 +162,38 @@ fn a_listing_overtaken_by_changes_of_some_names_stands_for_the_rest() {
     t.check_invariants();
 }
 
+/// A rename in a busy directory: a listing taken while the rename moves `a` to `b` in the
+/// store (which already shows `b`, and `a` gone) stands for the directory's other names,
+/// and shows `a` and `b` as the mount holds them until the move is recorded; one sent
+/// before the move is recorded and answered after shows them as recorded. (A window of
+/// the whole directory distrusted every such listing.)
+#[test]
+fn a_listing_taken_during_a_rename_stands_for_the_other_names() {
+    let names = |t: &InodeTable, d: u64| {
+        let mut n: Vec<String> = t.listing(d).unwrap().children.keys().cloned().collect();
+        n.sort();
+        n
+    };
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+    let a = t.upsert(d, &meta("a", Kind::File));
+    t.upsert(d, &meta("x", Kind::File));
+    let id = t.begin_move((d, "a"), (d, "b"), vec!["d/a".into(), "d/b".into()]);
+    let since = t.change_seq(); // sent mid-move; `y` made by another client
+    t.set_listing_since(d, listing_of(&t, &["b", "x", "y"]), since);
+    assert!(!t.listing(d).unwrap().overtaken && t.listing_fresh(d), "it answers lookups");
+    assert_eq!(names(&t, d), ["a", "x", "y"], "the moving names as the mount holds them");
+    let before_end = t.change_seq();
+    t.listing_remove(d, "a"); // the move recorded
+    t.relocate(a, d, "b");
+    t.relist(a);
+    t.end_move(id);
+    t.set_listing_since(d, listing_of(&t, &["a", "x", "y"]), before_end);
+    assert!(t.listing_fresh(d));
+    assert_eq!(names(&t, d), ["b", "x", "y"], "the move as recorded");
+    t.check_invariants();
+}
+
 /// On Google Drive (`names_alias`) a change of one name distrusts the whole listing: sent
 /// while a rename replaced `f1` (Drive holds both items until the old is trashed), it shows
 /// the repeated-name form `f1~ID8`, a name the mount never changed (model test, gdrive:

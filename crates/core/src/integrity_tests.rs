@@ -507,25 +507,28 @@ async fn a_head_answered_while_a_rename_replaces_the_file_keeps_the_replaced_one
     // reaches the store after the copy put `new` under `f` but before the mount recorded
     // the move. Recorded on the replaced inode, the new file's size cut the reader's
     // reads short at it (model test, S3, seed 2091778498: reads of 0 bytes, fstat 0).
-    let (store, fs, f, new, reader) = rename_over_setup().await;
-    let node = fs.node(f).unwrap();
-    let paused = store.hold(Op::Delete, 1); // the rename waits after deleting `new`
-    let mv = fs.rename(ROOT_INO, "new", ROOT_INO, "f", false);
-    let stat = async {
-        tokio::time::sleep(Duration::from_millis(50)).await; // `f` is the copy of `new`
-        let attr = fs.revalidate(&node, true).await.unwrap();
-        paused.add_permits(1);
-        attr
-    };
-    let (moved, attr) = tokio::join!(mv, stat);
-    moved.unwrap();
-    assert_eq!(attr.size, 25, "the replaced file's own size while the rename runs");
-    assert_eq!(fs.getattr(f).await.unwrap().size, 25, "fstat of the replaced file, still open");
-    // Its reads: the cached bytes, else ESTALE (the version is gone), never a short read.
-    assert!(matches!(fs.read(reader, 0, 100).await, Err(FsError::Stale(_))));
-    let now = fs.lookup(ROOT_INO, "f").await.unwrap();
-    assert_eq!((now.ino, now.size), (new, 5));
-    fs.check_invariants();
+    // `split` false: an open's revalidation, which records the answer on the node itself.
+    for split in [true, false] {
+        let (store, fs, f, new, reader) = rename_over_setup().await;
+        let node = fs.node(f).unwrap();
+        let paused = store.hold(Op::Delete, 1); // the rename waits after deleting `new`
+        let mv = fs.rename(ROOT_INO, "new", ROOT_INO, "f", false);
+        let stat = async {
+            tokio::time::sleep(Duration::from_millis(50)).await; // `f` is the copy of `new`
+            let attr = fs.revalidate(&node, split).await.unwrap();
+            paused.add_permits(1);
+            attr
+        };
+        let (moved, attr) = tokio::join!(mv, stat);
+        moved.unwrap();
+        assert_eq!(attr.size, 25, "split {split}: the replaced file's own size while the rename runs");
+        assert_eq!(fs.getattr(f).await.unwrap().size, 25, "fstat of the replaced file, still open");
+        // Its reads: the cached bytes, else ESTALE (the version is gone), never a short read.
+        assert!(matches!(fs.read(reader, 0, 100).await, Err(FsError::Stale(_))));
+        let now = fs.lookup(ROOT_INO, "f").await.unwrap();
+        assert_eq!((now.ino, now.size), (new, 5));
+        fs.check_invariants();
+    }
 }
 
 #[tokio::test]

@@ -227,7 +227,8 @@ impl Fs {
             // every listing of it: they all land overtaken.
             let root_changed = t.events_flowing() && t.changed_at(root_ino) > since;
             for (name, meta) in &children {
-                if meta.kind == Kind::Dir && !(overtaken && t.removed_here(ino, name)) {
+                // A name a rename moves now stays as the mount holds it (`begin_move`).
+                if meta.kind == Kind::Dir && !(overtaken && t.removed_here(ino, name)) && !t.moving_name(ino, name) {
                     // An answer sent at `since` (a node holding newer news keeps it).
                     let child = t.upsert(ino, &ChildMeta { asked: since, ..meta.clone() });
                     if t.get(child).is_some_and(|n| n.kind == Kind::Dir) {
