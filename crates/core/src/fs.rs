@@ -514,3 +514,11 @@ mod economy_tests;
 #[cfg(test)]
 #[path = "patch_tests.rs"]
 mod patch_tests;
+
+impl Fs {
+    /// [`crate::inode::InodeTable::check_invariants`] on this mount's table (for tests).
+    #[doc(hidden)]
+    pub fn check_invariants(&self) {
+        self.table.lock().unwrap().check_invariants();
+    }
+}
