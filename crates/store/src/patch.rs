@@ -244,7 +244,9 @@ where
         if let Some(m) = &t.metadata {
             req = req.user_metadata(m.clone());
         }
-        let m = req.await.map_err(|e| StoreError::from_opendal("patch (compose)", key, e))?;
+        let m = crate::gcs::in_place::composing_in_place(std::future::IntoFuture::into_future(req))
+            .await
+            .map_err(|e| StoreError::from_opendal("patch (compose)", key, e))?;
         Ok((meta_of(key, &m, true), p.base_pieces.map(|n| n + tail_pieces)))
     }
     .await;

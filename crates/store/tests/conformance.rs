@@ -387,8 +387,29 @@ async fn gcs_emulator() {
     streams_in_chunks(location::open(&loc, &opts).unwrap().as_ref()).await;
     digests(location::open(&loc, &opts).unwrap().as_ref(), false, true).await;
     patches(location::open(&loc, &opts).unwrap().as_ref(), false).await;
+    a_users_key_under_the_in_place_marker_is_a_plain_key(location::open(&loc, &opts).unwrap().as_ref()).await;
     let parts = Location::Gcs { bucket, prefix: format!("{prefix}.bucketfs-parts/") };
     no_parts_left(location::open(&parts, &opts).unwrap()).await;
+}
+
+/// A file of the user's named like the marker of GCS's in-place compose
+/// (`.bucketfs-in-place/<key>`), uploaded in parts (joined by compose on an emulator):
+/// it lands under its own name, and the key the marker would name is untouched.
+async fn a_users_key_under_the_in_place_marker_is_a_plain_key(s: &dyn Store) {
+    s.put("m.bin", Bytes::from_static(b"keep me"), PutOpts::default()).await.unwrap();
+    let opts = bucketfs_store::WriteOptions { part_size: 5 * 1024 * 1024, concurrency: 2, ..Default::default() };
+    let big: Bytes = (0..11 * 1024 * 1024u32).map(|i| (i % 239) as u8).collect::<Vec<_>>().into();
+    let mut w = s.writer(".bucketfs-in-place/m.bin", opts).await.unwrap();
+    for chunk in big.chunks(1 << 20) {
+        w.write(Bytes::copy_from_slice(chunk)).await.unwrap();
+    }
+    assert_eq!(w.close().await.unwrap().size, big.len() as u64);
+    assert_eq!(s.stat(".bucketfs-in-place/m.bin").await.unwrap().size, big.len() as u64);
+    let kept = s.get_range("m.bin", 0..7, GetOpts::default()).await.unwrap();
+    assert_eq!(&kept[..], b"keep me", "{}: the marker's key was written", s.describe());
+    for k in ["m.bin", ".bucketfs-in-place/m.bin"] {
+        s.delete(k).await.unwrap();
+    }
 }
 
 /// A new folder in the Drive emulator's My Drive (through its test-control API).

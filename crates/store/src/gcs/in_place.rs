@@ -2,7 +2,8 @@
 //! (`compose` of the object's generation and a tail, into the object itself). OpenDAL
 //! refuses such a compose before sending it, so the request names the destination
 //! [`in_place`]`(key)`, and this HTTP transport wrapper takes the marker out of the URL on
-//! the way (only right after the store's root: a key that merely contains the marker is
+//! the way (only for a compose sent inside [`composing_in_place`], and only right after
+//! the store's root: a user's key under the marker, or one that merely contains it, is
 //! never touched): GCS then composes into `key`. If the wrapper ever stopped matching, the
 //! compose would make `.bucketfs-in-place/<key>` instead; the store conformance test reads
 //! the appended key back, so it would fail. The destination is named only in the URL (the
@@ -16,6 +17,23 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, NON_ALPHANUMERIC
 
 /// The marker before a key that makes a compose's destination that key itself.
 const MARKER: &str = ".bucketfs-in-place/";
+
+tokio::task_local! {
+    /// Set by [`composing_in_place`]: only a compose sent in its scope is rewritten. A
+    /// user's own key under the marker (`.bucketfs-in-place/big`, composed from its parts
+    /// on an emulator, or by `bucketfs cp`) is never taken for one.
+    static IN_PLACE: ();
+}
+
+/// Run `f`, a compose into [`in_place`]`(key)`, so that it goes into `key` itself.
+pub async fn composing_in_place<T>(f: impl std::future::Future<Output = T>) -> T {
+    IN_PLACE.scope((), f).await
+}
+
+/// Whether the request being sent belongs to a [`composing_in_place`].
+fn in_scope() -> bool {
+    IN_PLACE.try_with(|_| ()).is_ok()
+}
 
 /// The destination to give OpenDAL's compose for a compose into `key` itself.
 pub fn in_place(key: &str) -> String {
@@ -32,7 +50,7 @@ pub struct InPlaceCompose {
 
 impl HttpTransport for InPlaceCompose {
     async fn fetch(&self, mut req: http::Request<Buffer>) -> opendal::Result<http::Response<HttpBody>> {
-        if req.method() == http::Method::POST {
+        if req.method() == http::Method::POST && in_scope() {
             if let Some(uri) = rewritten(req.uri(), &self.root) {
                 *req.uri_mut() = uri;
             }
@@ -63,6 +81,13 @@ mod tests {
 
     fn rw(s: &str, root: &str) -> Option<String> {
         rewritten(&s.parse().unwrap(), root).map(|u| u.to_string())
+    }
+
+    #[tokio::test]
+    async fn only_a_compose_in_place_is_in_scope() {
+        assert!(!in_scope(), "a compose of a user's key under the marker");
+        assert!(composing_in_place(async { in_scope() }).await);
+        assert!(!in_scope());
     }
 
     #[test]
