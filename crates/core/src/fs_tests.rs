@@ -295,6 +295,20 @@ async fn names_minio_takes_for_directory_markers_are_refused() {
     fs.create(ROOT_INO, "x__XLDIR__y", 0, None).await.unwrap(); // only the end is MinIO's
 }
 
+/// `.bucketfs-parts/` at the top holds the store's temporary upload parts and is never
+/// listed: a directory made there (or moved there) would hide what is written into it.
+#[tokio::test]
+async fn the_directory_of_temporary_parts_is_refused_at_the_top() {
+    let (store, fs) = fs_with(&[("f", b"f")]).await;
+    let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    assert!(matches!(fs.mkdir(ROOT_INO, ".bucketfs-parts", None).await, Err(FsError::InvalidName)));
+    assert!(matches!(fs.rename(ROOT_INO, "d", ROOT_INO, ".bucketfs-parts", false).await, Err(FsError::InvalidName)));
+    assert!(store.stat(".bucketfs-parts/").await.is_err());
+    // A file of that name, and the directory anywhere below the top, are plain names.
+    fs.create(ROOT_INO, ".bucketfs-parts", 0, None).await.unwrap();
+    fs.mkdir(d.ino, ".bucketfs-parts", None).await.unwrap();
+}
+
 #[tokio::test]
 async fn keys_past_the_store_limit_are_name_too_long_without_a_request() {
     let store = Arc::new(MemStore::new().with_max_key_len(12));

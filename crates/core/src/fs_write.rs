@@ -37,13 +37,20 @@ pub(crate) fn check_new_name(name: &str) -> Result<(), FsError> {
     Ok(())
 }
 
+/// Whether `name`, at the top of a mount, is the directory of the store's temporary upload
+/// parts (`bucketfs_store::gcs::compose::PARTS_PREFIX`), which listings never show.
+fn is_parts_dir(name: &str) -> bool {
+    bucketfs_store::gcs::compose::PARTS_PREFIX.strip_suffix('/') == Some(name)
+}
+
 impl Fs {
     /// The key a new `name` of `kind` in directory `parent` gets, or why it cannot exist:
     /// an invalid name (`EINVAL`), or one the store would not keep byte for byte (OpenDAL
     /// trims whitespace at a key's ends: `"dup "` would overwrite `"dup"`), also `EINVAL`.
     /// A file named `x.rclonelink` would be the object of the link `x` (links.rs): one
     /// object for two names, so `EINVAL` too, as is a name MinIO would take for a directory
-    /// marker ([`names::MINIO_DIR_SUFFIX`]). A link whose object's name (`x.rclonelink`)
+    /// marker ([`names::MINIO_DIR_SUFFIX`]), or a directory `.bucketfs-parts` at the top
+    /// (`is_parts_dir`). A link whose object's name (`x.rclonelink`)
     /// would pass NAME_MAX gets `ENAMETOOLONG`, also when renamed there.
     pub(crate) fn new_key(&self, parent: u64, name: &str, kind: Kind) -> Result<String, FsError> {
         check_new_name(name)?;
@@ -55,6 +62,12 @@ impl Fs {
         }
         let caps = self.store.capabilities();
         if caps.prefix_dirs && name.ends_with(names::MINIO_DIR_SUFFIX) {
+            return Err(FsError::InvalidName);
+        }
+        if kind == Kind::Dir && parent == crate::inode::ROOT_INO && is_parts_dir(name) {
+            // The store's temporary upload parts live there, hidden from every listing: a
+            // directory of that name would hide whatever is written into it.
+            tracing::warn!("{name:?} is reserved at the top of a mount (bucketfs's temporary upload parts)");
             return Err(FsError::InvalidName);
         }
         let key = crate::inode::key_for(&self.node(parent)?.key, name, kind);
