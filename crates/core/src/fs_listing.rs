@@ -8,7 +8,7 @@ use bucketfs_store::{HeadOpts, ObjectHead, StoreError, StoreErrorKind};
 use futures::StreamExt;
 
 use crate::fs::{Attr, Fs, Kind, RELIST_MAX};
-use crate::inode::{ChildMeta, Listing, Node, Version};
+use crate::inode::{ChildMeta, Listing, Node};
 use crate::{names, FsError};
 
 impl Fs {
@@ -57,7 +57,7 @@ impl Fs {
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
                 return Ok((self.attr(cur), Some(false)));
             }
-            if let Some(cur) = t.get(node.ino).filter(|n| n.answered > since) {
+            if let Some(cur) = t.get(node.ino).filter(|n| n.holds_newer_than(since)) {
                 // A request sent after this one was answered first: the node holds newer news.
                 tracing::debug!(ino = cur.ino, key = %cur.key, "revalidation answered after a later one");
                 return Ok((self.attr(cur), Some(true)));
@@ -74,20 +74,7 @@ impl Fs {
                     tracing::debug!(ino = node.ino, new, key = %node.key, "replaced by another client: a new inode");
                     return Ok((self.attr(t.get(node.ino).ok_or(FsError::NotFound)?), None));
                 }
-                let cur = t.get_mut(node.ino).ok_or(FsError::NotFound)?;
-                if cur.version.other_than(meta.etag.as_deref()) && !cur.local {
-                    cur.forget_attrs(); // changed by someone else: what it carries is the truth
-                }
-                if !cur.local {
-                    // Staged here: the size and mtime are the mount's own (see `Node::local`).
-                    cur.size = meta.size;
-                    cur.size_unknown = meta.size_unknown;
-                    cur.mtime = meta.mtime;
-                }
-                cur.version = Version::from_store(meta.etag.as_deref());
-                cur.validated = self.cfg.clock.now();
-                cur.answered = since;
-                cur.fill_attrs(&attrs);
+                let cur = t.record_head(node.ino, &meta, &attrs).ok_or(FsError::NotFound)?;
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidated");
                 Ok((self.attr(cur), Some(true)))
             }

@@ -242,6 +242,30 @@ impl InodeTable {
         self.index.get(&(parent, name.to_string())).and_then(|i| self.nodes.get(i))
     }
 
+    /// A HEAD of node `ino`'s own key answered `meta` (sent at ticket `meta.asked`): record
+    /// it on that node, keeping its inode even for another version (an open's revalidation;
+    /// `upsert` is the entrance that may split one off). The caller has checked the rules
+    /// of `upsert` (`moving_key`, `Node::holds_newer_than`) and that no change here to the
+    /// directory overtook the answer. A staged node keeps its size and mtime (the mount's
+    /// own), and takes the store's identity.
+    pub fn record_head(&mut self, ino: u64, meta: &ChildMeta, attrs: &bucketfs_store::FileAttrs) -> Option<&Node> {
+        let now = self.clock.now();
+        let cur = self.nodes.get_mut(&ino)?;
+        if cur.version.other_than(meta.etag.as_deref()) && !cur.local {
+            cur.forget_attrs(); // changed by someone else: what it carries is the truth
+        }
+        if !cur.local {
+            cur.size = meta.size;
+            cur.size_unknown = meta.size_unknown;
+            cur.mtime = meta.mtime;
+        }
+        cur.version = Version::from_store(meta.etag.as_deref());
+        cur.validated = now;
+        cur.answered = cur.answered.max(meta.asked);
+        cur.fill_attrs(attrs);
+        Some(cur)
+    }
+
     /// Record `meta` as the current state of `name` in `parent` and return its inode.
     /// Reuses the existing inode when it is the same file (same kind, and for a file the
     /// same identity, or one not known), otherwise allocates a new one.
@@ -258,7 +282,7 @@ impl InodeTable {
                     // moved by a rename in progress: it may describe the other file.
                     return ino;
                 }
-                if meta.asked != 0 && meta.asked < node.answered {
+                if node.holds_newer_than(meta.asked) {
                     // Sent before the answer the node holds (a listing sent before a HEAD
                     // and answered after it): older news, of this name alone.
                     return ino;

@@ -97,6 +97,13 @@ impl Node {
             && self.version.tag() != meta.etag.as_deref()
     }
 
+    /// Whether an answer to a request sent at ticket `asked` (0: not ticketed) is older
+    /// news than the one this node holds (`answered`): the one rule `upsert` and a HEAD's
+    /// revalidation both apply.
+    pub fn holds_newer_than(&self, asked: u64) -> bool {
+        asked != 0 && asked < self.answered
+    }
+
     /// The object was replaced by someone else: drop what we knew of its attributes.
     pub fn forget_attrs(&mut self) {
         self.perm = None;
