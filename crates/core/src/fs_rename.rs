@@ -20,18 +20,23 @@ fn name_staged(st: &mut crate::write::Staged, key: &str) {
 
 /// A rename's changes to the store in progress ([`crate::inode::InodeTable::begin_move`]),
 /// over when dropped: at the end, or at an error on the way.
-struct Moving<'a>(&'a Fs, u64);
+/// `done` once the table has recorded the move (else it failed on the way).
+struct Moving<'a> {
+    fs: &'a Fs,
+    id: u64,
+    done: bool,
+}
 
 impl<'a> Moving<'a> {
     fn begin(fs: &'a Fs, from: (u64, &str), to: (u64, &str), keys: Vec<String>) -> Self {
         let id = fs.table.lock().unwrap().begin_move(from, to, keys);
-        Moving(fs, id)
+        Moving { fs, id, done: false }
     }
 }
 
 impl Drop for Moving<'_> {
     fn drop(&mut self) {
-        self.0.table.lock().unwrap().end_move(self.1);
+        self.fs.table.lock().unwrap().end_move(self.id, self.done);
     }
 }
 
@@ -83,7 +88,7 @@ impl Fs {
         // answers about these names are not recorded (a lister's HEAD or listing in between).
         let mut keys = vec![src.key.clone(), new_key.clone()];
         keys.extend(dst.as_ref().filter(|d| d.key != new_key).map(|d| d.key.clone()));
-        let moving = Moving::begin(self, (parent, name), (newparent, newname), keys);
+        let mut moving = Moving::begin(self, (parent, name), (newparent, newname), keys);
         if let Some(dst) = dst {
             if noreplace {
                 return Err(FsError::Exists);
@@ -171,6 +176,7 @@ impl Fs {
             }
             t.relist(src.ino);
         }
+        moving.done = true;
         drop(moving); // before `learn_moved`: its HEAD answers after the move
         if self.write_back() {
             self.rekey_staged_below(&new_key).await;

@@ -185,10 +185,10 @@ impl InodeTable {
     }
 
     /// The count at `dir`'s latest change recorded here (0: none); `u64::MAX` while a
-    /// rename moves the objects below `dir` (it is the directory moved, or inside it):
-    /// every answer about it taken meanwhile counts as overtaken.
+    /// rename moves the objects below `dir` (it is the directory moved, or inside it; see
+    /// `moving_now`): every answer about it taken meanwhile counts as overtaken.
     pub fn changed_at(&self, dir: u64) -> u64 {
-        if self.moving_below(dir) {
+        if self.moving_now(dir) {
             return u64::MAX;
         }
         self.changed.get(&dir).copied().unwrap_or(0)
@@ -196,15 +196,19 @@ impl InodeTable {
 
     /// [`InodeTable::changed_at`], counting only changes of `dir` as a whole (`whole`).
     fn changed_whole_at(&self, dir: u64) -> u64 {
-        if self.moving_below(dir) {
+        if self.moving_now(dir) {
             return u64::MAX;
         }
         self.whole.get(&dir).copied().unwrap_or(0)
     }
 
-    /// Whether a rename in progress moves `dir`'s objects (`dir` is moved, or is below).
-    fn moving_below(&self, dir: u64) -> bool {
-        self.nodes.get(&dir).is_some_and(|d| self.moving_key(&d.key))
+    /// Whether a rename in progress moves `dir`'s objects (`dir` is moved, or is below),
+    /// or, on Google Drive (`names_alias`), moves a name in or out of `dir`: there a
+    /// listing taken meanwhile may show the name twice, the second as `stem~ID8`, a name
+    /// the merge of the two moving ones does not cover.
+    fn moving_now(&self, dir: u64) -> bool {
+        let alias = |m: &Moving| self.names_alias && m.names.iter().any(|(d, _)| *d == dir);
+        self.nodes.get(&dir).is_some_and(|d| self.moving_key(&d.key)) || self.moving.iter().any(|(_, m)| alias(m))
     }
 
     /// Whether a rename in progress moves `key` (it is a source, a target or a replaced
@@ -240,13 +244,20 @@ impl InodeTable {
         self.moves_begun
     }
 
-    /// The move begun by [`InodeTable::begin_move`] is recorded (or failed): answers about
-    /// its names count from now on, those sent before count as overtaken by it.
-    pub fn end_move(&mut self, id: u64) {
+    /// The move begun by [`InodeTable::begin_move`] is recorded (`done`), or failed: answers
+    /// about its names count from now on, those sent before count as overtaken by it. A
+    /// move that failed half-way may have left the store in a state the table does not
+    /// hold (a target copied, a source not deleted, a directory half moved): both
+    /// directories then count as changed whole, so a listing taken meanwhile is not
+    /// trusted and their names are asked for again.
+    pub fn end_move(&mut self, id: u64, done: bool) {
         if let Some(i) = self.moving.iter().position(|(m, _)| *m == id) {
             let (_, m) = self.moving.swap_remove(i);
             for (dir, name) in &m.names {
-                self.note_name_change(*dir, name);
+                match done {
+                    true => self.note_name_change(*dir, name),
+                    false => self.note_change(*dir),
+                }
             }
         }
     }
