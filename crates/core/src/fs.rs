@@ -15,7 +15,7 @@
 //!    awaits, only overlapping ones wait);
 //! 2. a directory's listing flight or a staged file's own tokio mutex (held across awaits:
 //!    a listing, an upload), independent of each other;
-//! 3. `table`, then the `staged` map (`Fs::unstaged_node` holds both; nothing takes `table`
+//! 3. `table`, then the staging area's map (`Fs::unstaged_node` holds both; nothing takes `table`
 //!    while holding the map);
 //! 4. `handles`, never held with `table` or the map;
 //! 5. leaf locks (the write-back queue's entries, `dir_cache`, readers, caches).
@@ -30,7 +30,6 @@ use bucketfs_store::{ObjectMeta, Store, WriteOptions};
 
 use crate::inode::{ChildMeta, InodeTable, Node};
 use crate::read::{FileReader, ReadCache};
-use crate::write::SharedStaged;
 use crate::{names, FsError};
 
 pub use crate::dir_cache::DirEntry;
@@ -189,16 +188,17 @@ pub struct Fs {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) cfg: FsConfig,
     mounted_at: SystemTime,
-    /// Lock level 3: taken after a staged file's mutex, before the `staged` map.
+    /// Lock level 3: taken after a staged file's mutex, before the staging area's maps.
     pub(crate) table: Mutex<InodeTable>,
     /// Lock level 4: never held with `table` or `staged`.
     pub(crate) handles: Mutex<HashMap<u64, Handle>>,
-    /// Inodes with staged (local) data. Lock level 3, after `table` when both are needed;
-    /// neither is held across an await (the per-file tokio mutex, level 2, is).
-    pub(crate) staged: Mutex<HashMap<u64, SharedStaged>>,
+    /// The files being written: staged files (lock level 3, after `table`), the upload
+    /// budget, the write-back queue, the passthrough watch (`staging.rs`).
+    pub(crate) staging: crate::staging::Staging,
+    /// The keys uploads, unlinks and renames are changing now (intents.rs): lock level 1,
+    /// the outermost, held across awaits.
+    pub(crate) intents: crate::intents::Intents,
     pub(crate) read_cache: Arc<ReadCache>,
-    /// Upload part buffers of every file, bounded together.
-    pub(crate) part_budget: crate::part_budget::PartBudget,
     next_fh: AtomicU64,
     /// This filesystem, for work it starts in the background (listing subdirectories
     /// ahead); dangling only while [`Fs::new`] builds it.
@@ -210,8 +210,6 @@ pub struct Fs {
     /// Per directory, held while its listing is fetched (see `ensure_listing`): lock level
     /// 2 (the tokio mutex, across the listing's awaits); the map itself is a leaf.
     listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
-    /// Files committed and waiting for upload (write-back mode only).
-    pub(crate) wb: Arc<crate::write_back::Queue>,
     /// Kernel forgets so far (the heap is trimmed every [`TRIM_EVERY`]).
     forgets: AtomicU64,
     /// Write-back mode: unlinks journaled and sent in the background (deletes.rs); `store`
@@ -280,16 +278,15 @@ impl Fs {
             mounted_at: now,
             table: Mutex::new(table),
             handles: Mutex::new(HashMap::new()),
-            staged: Mutex::new(HashMap::new()),
+            staging: crate::staging::Staging::new(cfg.staging_dir.clone(), cfg.upload_budget),
+            intents: Default::default(),
             read_cache: Arc::new(read_cache(&cfg)),
-            part_budget: crate::part_budget::PartBudget::new(cfg.upload_budget),
             next_fh: AtomicU64::new(1),
             cfg,
             me: Weak::new(),
             listing_ahead: Arc::new(tokio::sync::Semaphore::new(LISTINGS_AHEAD)),
             dir_cache: Default::default(),
             listing_flights: Mutex::new(HashMap::new()),
-            wb: Default::default(),
             forgets: AtomicU64::new(0),
             passthrough: Default::default(),
             events: Default::default(),
@@ -305,7 +302,7 @@ impl Fs {
     pub(crate) fn attr(&self, n: &Node) -> Attr {
         let (uid, gid) = n.owner.unwrap_or((self.cfg.uid, self.cfg.gid));
         // A staged file the kernel writes directly (passthrough): its size is the file's.
-        let watched = if n.local { self.watched_state(n.ino) } else { None };
+        let watched = if n.local { self.staging.watched_state(n.ino) } else { None };
         let (size, mtime) = watched.unwrap_or((n.size, n.mtime));
         let mtime = n.mtime_set.unwrap_or(mtime);
         Attr {
@@ -389,7 +386,7 @@ impl Fs {
         };
         // Staged files are ours: their size and mtime are the local ones until uploaded.
         // A file no longer linked (unlinked while open) has no object left to ask about.
-        if node.kind == Kind::File && node.linked && !self.fresh(node.validated) && !self.is_staged(ino) {
+        if node.kind == Kind::File && node.linked && !self.fresh(node.validated) && !self.staging.contains(ino) {
             return None;
         }
         Some(Ok(self.attr(&node)))
@@ -503,6 +500,10 @@ mod tests;
 #[cfg(test)]
 #[path = "fs_write_tests.rs"]
 mod write_tests;
+
+#[cfg(test)]
+#[path = "fs_write_model_tests.rs"]
+mod write_model_tests;
 
 #[cfg(test)]
 #[path = "integrity_tests.rs"]

@@ -121,9 +121,9 @@ impl Fs {
     /// [`Fs::unlink`]. The adapter replies on the thread that got the request.
     pub fn unlink_now(&self, parent: u64, name: &str) -> Option<Result<(), FsError>> {
         let node = self.table.lock().unwrap().child(parent, name).cloned()?;
-        let staged = self.staged_of(node.ino)?;
+        let staged = self.staging.get(node.ino)?;
         // The intent before the staged lock, as in `unlink`.
-        let _intent = self.wb.intents.try_acquire(vec![crate::intents::Scope::Key(node.key.clone())], true)?;
+        let _intent = self.intents.try_acquire(vec![crate::intents::Scope::Key(node.key.clone())], true)?;
         let mut st = staged.try_lock().ok()?;
         if st.may_be_stored() || st.uploading_eagerly() {
             return None; // the bucket may hold it (a DELETE is due), or parts to abort

@@ -4,7 +4,7 @@
 use crate::passthrough::{is_staged_identity, staged_identity, Backing, SETTLE, WHOLE_MIN};
 use crate::sync::{Arc, Ordering::Relaxed};
 use crate::Fs;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 impl Fs {
     /// What the kernel would use for handle `fh`, if it can use a local file: the staged
@@ -21,15 +21,15 @@ impl Fs {
             return None;
         }
         if !f.staged.load(Relaxed) {
-            if let Some(staged) = self.staged_of_pub(f.ino) {
+            if let Some(staged) = self.staging.get(f.ino) {
                 let mut st = staged.lock().await;
-                if self.staged_of_pub(f.ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+                if self.staging.is_current(f.ino, &staged) {
                     join_staged(&f, &mut st);
                 }
             }
         }
         if f.staged.load(Relaxed) {
-            return self.staged_of_pub(f.ino).map(|s| staged_identity(&s));
+            return self.staging.get(f.ino).map(|s| staged_identity(&s));
         }
         let r = f.reader.lock().unwrap().clone();
         (r.size >= WHOLE_MIN).then(|| r.identity().to_string())
@@ -52,25 +52,25 @@ impl Fs {
             self.read_cache.disk_settled(SETTLE).await;
         }
         let id = identity.clone();
-        let found = tokio::task::spawn_blocking(move || {
+        let found = crate::sync::blocking(move || {
             if !disk.is_complete(&key, &id, size) {
                 return Err("not all of it on local disk");
             }
             disk.whole(&key, &id, size).ok_or("disk cache file unusable")
         })
         .await
-        .map_err(|_| "task failed")??;
+        .ok_or("task failed")??;
         Ok(Backing { file: found.file, identity, _pin: Some(found.pin) })
     }
 
     /// `ino`'s staged file for the kernel, watched from now on (see the module doc).
     async fn staged_backing(&self, ino: u64, identity: String) -> Result<Backing, &'static str> {
-        let staged = self.staged_of_pub(ino).ok_or("not staged any more")?;
+        let staged = self.staging.get(ino).ok_or("not staged any more")?;
         let key = self.node(ino).map_err(|_| "gone")?.key;
         let mut st = staged.lock().await;
         // Still the map's (its upload may have dropped it while this waited for the lock):
         // a watch on a dropped file would outlive it.
-        let current = self.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged));
+        let current = self.staging.is_current(ino, &staged);
         if !current || staged_identity(&staged) != identity {
             return Err("staged again meanwhile");
         }
@@ -79,7 +79,7 @@ impl Fs {
             "staged file unusable"
         })?;
         let second = st.dup().map_err(|_| "cannot duplicate the staged file")?;
-        self.passthrough.watched.lock().unwrap().insert(ino, Arc::new(second));
+        self.staging.watched.lock().unwrap().insert(ino, Arc::new(second));
         drop(st);
         self.feed_watched(ino, staged);
         Ok(Backing { file, identity, _pin: None })
@@ -93,16 +93,16 @@ impl Fs {
     /// while the file grows (a file rewritten in place, a database, would waste uploads).
     fn feed_watched(&self, ino: u64, staged: crate::write::SharedStaged) {
         const TICK: Duration = Duration::from_millis(200);
-        if self.write_back() || !self.passthrough.feeding.lock().unwrap().insert(ino) {
+        if self.write_back() || !self.staging.feeding.lock().unwrap().insert(ino) {
             return;
         }
         let me = self.me.clone();
-        tokio::spawn(async move {
+        crate::sync::spawn(async move {
             let mut last = 0;
             loop {
                 tokio::time::sleep(TICK).await;
                 let Some(fs) = me.upgrade() else { return };
-                if !fs.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+                if !fs.staging.is_current(ino, &staged) {
                     break;
                 }
                 let mut st = staged.lock().await;
@@ -121,36 +121,9 @@ impl Fs {
                 }
             }
             if let Some(fs) = me.upgrade() {
-                fs.passthrough.feeding.lock().unwrap().remove(&ino);
+                fs.staging.feeding.lock().unwrap().remove(&ino);
             }
         });
-    }
-
-    /// A watched staged file's length and mtime, read from the file (the kernel may have
-    /// written it without us); `None` if `ino` is not watched.
-    pub(crate) fn watched_state(&self, ino: u64) -> Option<(u64, SystemTime)> {
-        let w = self.passthrough.watched.lock().unwrap();
-        if w.is_empty() {
-            return None;
-        }
-        let m = w.get(&ino)?.metadata().ok()?;
-        Some((m.len(), m.modified().ok()?))
-    }
-
-    /// `ino`'s staged file is gone: stop reading attributes from it, and return its last
-    /// length, for the node to keep (what an upload outside `publish` did not record). Not
-    /// its mtime: on a store without ETags the node's size and mtime name the version for
-    /// the caches, and the staged file's mtime could name an older upload (one clock tick).
-    /// Called with the table locked ([`Fs::unstage`]).
-    pub(crate) fn unwatch_locked(&self, ino: u64) -> Option<u64> {
-        let file = {
-            let mut w = self.passthrough.watched.lock().unwrap();
-            if w.is_empty() {
-                return None;
-            }
-            w.remove(&ino)
-        };
-        file.and_then(|f| f.metadata().ok()).map(|m| m.len())
     }
 
     /// At the close of a handle that read through the store: if all but a few blocks of the
@@ -166,7 +139,7 @@ impl Fs {
             return;
         }
         let cache = self.read_cache.clone();
-        tokio::spawn(async move {
+        crate::sync::spawn(async move {
             cache.disk_settled(SETTLE).await;
             // Blocks that skipped a lagging disk are fetched again, up to a quarter of them.
             r.fill_disk(r.size.div_ceil(crate::read::BLOCK) / 4 + 1).await;
@@ -257,7 +230,7 @@ impl Fs {
     /// do, at their own close); the last one closes as [`Fs::release`] does.
     pub async fn release_quietly(&self, fh: u64) -> Result<(), crate::FsError> {
         let file = self.open_file(fh)?;
-        if let Some(staged) = self.staged_of_pub(file.ino) {
+        if let Some(staged) = self.staging.get(file.ino) {
             let mut st = staged.lock().await;
             if file.staged.load(Relaxed) && st.handles > 1 && self.handles.lock().unwrap().remove(&fh).is_some() {
                 self.count_open(file.ino, false);

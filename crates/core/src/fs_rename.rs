@@ -55,7 +55,7 @@ impl Fs {
         // An upload of the file (or of one below the directory, or of the target) in flight
         // is cancelled, not waited for: the store may hang (write_back.rs).
         self.cancel_uploads_of(&src.key, Some((newparent, newname))).await;
-        if let Some(staged) = self.staged_of_pub(src.ino) {
+        if let Some(staged) = self.staging.get(src.ino) {
             // The kernel may have written it directly: the entry moved carries its size.
             self.observe(src.ino, &mut *staged.lock().await)?;
         }
@@ -129,7 +129,7 @@ impl Fs {
         };
         if took_object {
             // Still the replaced file's object under the name until ours goes up.
-            if let Some(staged) = self.staged_of_pub(src.ino) {
+            if let Some(staged) = self.staging.get(src.ino) {
                 let mut st = staged.lock().await;
                 st.replaces = !st.in_store;
             }
@@ -198,7 +198,7 @@ impl Fs {
                     let t = self.table.lock().unwrap();
                     t.nodes()
                         .filter(|n| n.kind == Kind::File && n.linked && n.key.starts_with(&new_key))
-                        .filter(|n| n.opens > 0 || open_moved.contains_key(&n.ino) || self.is_staged(n.ino))
+                        .filter(|n| n.opens > 0 || open_moved.contains_key(&n.ino) || self.staging.contains(n.ino))
                         .map(|n| {
                             let old_identity = open_moved.get(&n.ino).cloned().unwrap_or_else(|| n.identity());
                             (n.ino, format!("{}{}", src.key, &n.key[new_key.len()..]), old_identity)
@@ -289,12 +289,11 @@ impl Fs {
     /// Write-back: staged files at or below `key` (just moved there) name their new keys in
     /// their sidecars, so a crash now recovers them under the new names.
     async fn rekey_staged_below(&self, key: &str) {
-        let staged: Vec<(u64, crate::write::SharedStaged)> =
-            self.staged.lock().unwrap().iter().map(|(i, s)| (*i, s.clone())).collect();
+        let staged = self.staging.all();
         for (ino, s) in staged {
             let Ok(node) = self.node(ino) else { continue };
             if node.key == key || node.key.starts_with(key) && key.ends_with('/') {
-                self.wb.set_key(ino, &node.key); // what `bucketfs status` names
+                self.staging.queue.set_key(ino, &node.key); // what `bucketfs status` names
                 let mut st = s.lock().await;
                 // A failed check keeps what is known. Clean ones too: a file the kernel writes
                 // keeps its sidecar naming the key.
@@ -309,14 +308,14 @@ impl Fs {
     /// `winner` took the name of staged `loser`: make recovery prefer it should the mount
     /// die before `loser` is dropped.
     async fn outrank_staged(&self, winner: u64, loser: u64) {
-        let (Some(w), Some(l)) = (self.staged_of_pub(winner), self.staged_of_pub(loser)) else { return };
+        let (Some(w), Some(l)) = (self.staging.get(winner), self.staging.get(loser)) else { return };
         let Some(at) = l.lock().await.key_written() else { return };
         w.lock().await.key_written_after(at);
     }
 
     /// A write-back file whose bytes are not in the bucket yet.
     async fn pending_here(&self, ino: u64) -> bool {
-        match self.staged_of_pub(ino) {
+        match self.staging.get(ino) {
             Some(s) if self.write_back() => {
                 let mut st = s.lock().await;
                 let _ = self.observe(ino, &mut st); // a failed check keeps what is known
@@ -330,7 +329,7 @@ impl Fs {
     /// `Ok(false)` if it uploaded the staged file's bytes (changed since the version the
     /// node knew), `Ok(true)` if the object moved as it was.
     async fn move_file(&self, src: &crate::inode::Node, new_key: &str, replaced: Option<u64>) -> Result<bool, FsError> {
-        if let Some(staged) = self.staged_of_pub(src.ino) {
+        if let Some(staged) = self.staging.get(src.ino) {
             let mut st = staged.lock().await;
             self.observe(src.ino, &mut st)?;
             if st.dirty && !st.unlinked && self.write_back() {
@@ -386,7 +385,7 @@ impl Fs {
             }
         }
         let journal = self.move_object(&src.key, new_key, replaced).await?;
-        if let Some(staged) = self.staged_of_pub(src.ino) {
+        if let Some(staged) = self.staging.get(src.ino) {
             // Its sidecar may still name the old key (a file the kernel writes keeps it
             // named): renamed before the journal entry goes, so recovery never uploads it there.
             let mut st = staged.lock().await;
@@ -416,7 +415,7 @@ impl Fs {
 
     async fn copy_then_delete(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<(), FsError> {
         self.store.copy(from, to).await?;
-        if let Some(dst) = replaced.and_then(|d| self.staged_of_pub(d)) {
+        if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
             // The target's staged bytes must not be recovered over the copy should the
             // mount die before the source's delete (which then lost the source).
             dst.lock().await.drop_key();
@@ -462,7 +461,7 @@ impl Fs {
             // An upload to an old key that was cancelled or timed out may still land there
             // after the listing above (a store that hung): deleted, and once more later.
             for ino in below {
-                let Some(s) = self.staged_of_pub(ino) else { continue };
+                let Some(s) = self.staging.get(ino) else { continue };
                 let mut st = s.lock().await;
                 if st.maybe_landed && st.key().is_some_and(|k| k.starts_with(new_key)) {
                     let old = format!("{}{}", src.key, &st.key().unwrap_or_default()[new_key.len()..]);
@@ -485,7 +484,7 @@ impl Fs {
     /// be below `to` (crash recovery reads the name from the sidecar).
     async fn rekey_staged_moving(&self, inos: &[u64], from: &str, to: &str) {
         for &ino in inos {
-            let Some(s) = self.staged_of_pub(ino) else { continue };
+            let Some(s) = self.staging.get(ino) else { continue };
             let mut st = s.lock().await;
             let Some(key) = st.key().filter(|k| k.starts_with(from)).map(str::to_string) else { continue };
             let _ = self.observe(ino, &mut st); // a failed check keeps what is known
@@ -529,14 +528,14 @@ impl Fs {
             if node.kind == Kind::Dir {
                 return Err(FsError::IsDir);
             }
-            let temp = match fh.filter(|_| self.is_staged(ino)) {
+            let temp = match fh.filter(|_| self.staging.contains(ino)) {
                 Some(_) => None,
                 None => Some(self.open(ino, true, size == 0).await?),
             };
             if let Some(h) = temp.or(fh) {
                 self.mark_wrote(h);
             }
-            if let Some(staged) = self.staged_of_pub(ino) {
+            if let Some(staged) = self.staging.get(ino) {
                 let mut st = staged.lock().await;
                 self.observe(ino, &mut st)?;
                 st.set_key(&node.key)?;
@@ -566,7 +565,7 @@ impl Fs {
     /// at its close, or (closed files up to 64 MiB) by uploading it again now. Larger closed
     /// files keep the change for the mount's life only (SEMANTICS.md).
     async fn persist_attrs(&self, node: &crate::inode::Node, fh: Option<u64>) -> Result<(), FsError> {
-        if let Some(staged) = self.staged_of_pub(node.ino) {
+        if let Some(staged) = self.staging.get(node.ino) {
             let mut st = staged.lock().await;
             st.set_key(&node.key)?;
             st.mark_changed();
@@ -580,7 +579,7 @@ impl Fs {
             return Ok(());
         }
         let temp = self.open(node.ino, true, false).await?;
-        if let Some(staged) = self.staged_of_pub(node.ino) {
+        if let Some(staged) = self.staging.get(node.ino) {
             let mut st = staged.lock().await;
             st.set_key(&node.key)?;
             st.mark_changed();
@@ -641,7 +640,7 @@ impl Fs {
             &self.cfg.staging_dir,
             self.store.as_ref(),
             self.cfg.write,
-            &self.part_budget,
+            &self.staging.budget,
             &moved,
         )
         .await;
@@ -651,8 +650,7 @@ impl Fs {
 
     /// Keys whose staged data the bucket does not have yet.
     pub async fn pending_keys(&self) -> Vec<String> {
-        let staged: Vec<(u64, crate::write::SharedStaged)> =
-            self.staged.lock().unwrap().iter().map(|(i, s)| (*i, s.clone())).collect();
+        let staged = self.staging.all();
         let mut keys = Vec::new();
         for (ino, s) in staged {
             let mut st = s.lock().await;
@@ -672,7 +670,7 @@ impl Fs {
                 tracing::warn!(%key, "write-back upload failing at unmount, trying once more: {e}");
             }
         }
-        let inos: Vec<u64> = self.staged.lock().unwrap().keys().copied().collect();
+        let inos = self.staging.inos();
         let mut failed = Vec::new();
         for ino in inos {
             if let Err(e) = self.upload_pub(ino).await {

@@ -1,11 +1,10 @@
-//! The staging map: which files have staged bytes on local disk (`Fs::staged`), and the
-//! steps that create, join, observe and drop a staged file. The bytes and their uploads
+//! The steps that need both the namespace and the staging area (`staging.rs`): create,
+//! join, observe and drop a staged file. The bytes and their uploads
 //! are [`crate::write`]; opening, reading and writing through handles is `fs_write.rs`.
 //!
 //! Lock order (docs/ARCHITECTURE.md, "Locking"): a staged file's own mutex, then
-//! `Fs::table`, then the `Fs::staged` map; nothing takes the table while holding the map.
+//! `Fs::table`, then the staging area's map; nothing takes the table while holding the map.
 
-use crate::sync::Arc;
 use std::time::SystemTime;
 
 use crate::fs::Fs;
@@ -14,14 +13,6 @@ use crate::write::{SharedStaged, Staged};
 use crate::FsError;
 
 impl Fs {
-    pub(crate) fn is_staged(&self, ino: u64) -> bool {
-        self.staged.lock().unwrap().contains_key(&ino)
-    }
-
-    pub(crate) fn staged_of(&self, ino: u64) -> Option<SharedStaged> {
-        self.staged.lock().unwrap().get(&ino).cloned()
-    }
-
     /// Drop `ino`'s staged file from the map (called under that file's lock), and with it
     /// the node's claim that its attributes are owned here (`Node::local`).
     pub(crate) fn unstage(&self, ino: u64) {
@@ -31,7 +22,7 @@ impl Fs {
     /// The name is gone (unlink, or replaced by a rename): never upload these bytes; drop
     /// them now unless a handle still reads them (then at its last close).
     pub(crate) async fn discard_staged(&self, ino: u64) {
-        let Some(staged) = self.staged_of(ino) else { return };
+        let Some(staged) = self.staging.get(ino) else { return };
         let mut st = staged.lock().await;
         self.discard_locked(ino, &staged, &mut st);
     }
@@ -40,7 +31,7 @@ impl Fs {
     pub(crate) fn discard_locked(&self, ino: u64, staged: &SharedStaged, st: &mut Staged) {
         st.unlinked = true;
         st.drop_key();
-        self.wb.forget(ino);
+        self.staging.queue.forget(ino);
         if st.handles == 0 {
             // Removed under the staged lock: `stage` re-checks the map after taking it.
             self.unstage_this(ino, staged, st);
@@ -64,14 +55,10 @@ impl Fs {
     /// the new file; model test). Lock order: table, map, watched.
     fn unmap(&self, ino: u64, this: Option<&SharedStaged>) -> bool {
         let mut t = self.table.lock().unwrap();
-        {
-            let mut map = self.staged.lock().unwrap();
-            if this.is_some_and(|this| !map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, this))) {
-                return false;
-            }
-            map.remove(&ino);
+        if !self.staging.remove(ino, this) {
+            return false;
         }
-        let watched_len = self.unwatch_locked(ino);
+        let watched_len = self.staging.unwatch(ino);
         if let Some(n) = t.get_mut(ino) {
             if let Some(len) = watched_len.filter(|len| *len != n.size) {
                 n.size = len;
@@ -84,7 +71,7 @@ impl Fs {
 
     /// Children of `dir` that exist only locally so far (created, not yet uploaded).
     pub(crate) fn staged_children(&self, dir: u64) -> Vec<ChildMeta> {
-        let inos: Vec<u64> = self.staged.lock().unwrap().keys().copied().collect();
+        let inos = self.staging.inos();
         let t = self.table.lock().unwrap();
         inos.iter()
             .filter_map(|i| t.get(*i))
@@ -101,7 +88,7 @@ impl Fs {
         // Lock order table -> staged map, as elsewhere. Staging inserts into the map before it
         // changes the node's size, and an upload updates the node before the map entry goes.
         let t = self.table.lock().unwrap();
-        if self.is_staged(ino) {
+        if self.staging.contains(ino) {
             return Ok(None);
         }
         t.get(ino).cloned().map(Some).ok_or(FsError::NotFound)
@@ -118,7 +105,7 @@ impl Fs {
                     // (the staging directory unwritable) must not leave the claim behind:
                     // listings would never correct its size again.
                     let mut t = self.table.lock().unwrap();
-                    if !self.is_staged(node.ino) {
+                    if !self.staging.contains(node.ino) {
                         if let Some(n) = t.get_mut(node.ino) {
                             n.local = false;
                         }
@@ -134,23 +121,7 @@ impl Fs {
     async fn stage_once(&self, node: &crate::inode::Node, truncate: bool) -> Result<Option<SharedStaged>, FsError> {
         // A new staged file is locked before it is published in the map, so no other open
         // sees it half-filled (an O_TRUNC open would otherwise have its empty file filled).
-        let (shared, guard) = {
-            let mut map = self.staged.lock().unwrap();
-            match map.get(&node.ino) {
-                Some(s) => (s.clone(), None),
-                None => {
-                    std::fs::create_dir_all(&self.cfg.staging_dir).map_err(|e| FsError::Local(e.to_string()))?;
-                    let s = Arc::new(tokio::sync::Mutex::new(Staged::create(
-                        &self.cfg.staging_dir,
-                        node.ino,
-                        self.part_budget.clone(),
-                    )?));
-                    let g = s.clone().try_lock_owned().expect("a new mutex is free");
-                    map.insert(node.ino, s.clone());
-                    (s, Some(g))
-                }
-            }
-        };
+        let (shared, guard) = self.staging.get_or_create(node.ino)?;
         if guard.is_some() && !truncate {
             // To be filled from the store, pinned to the version the node names: one not
             // validated within the TTL is asked about first (a directory rename gives the
@@ -171,10 +142,10 @@ impl Fs {
             Some(g) => g,
             None => shared.clone().lock_owned().await,
         };
-        if !fresh && !self.staged.lock().unwrap().get(&node.ino).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
+        if !fresh && !self.staging.is_current(node.ino, &shared) {
             return Ok(None);
         }
-        if truncate && !fresh && self.wb.queued(node.ino) {
+        if truncate && !fresh && self.staging.queue.queued(node.ino) {
             // Write-back: a version closed while this open waited for the lock is queued,
             // and the truncate would destroy it before its upload (a crash then lost it):
             // it goes up first (its intent before the staged lock), then try again.

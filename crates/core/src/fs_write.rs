@@ -19,7 +19,7 @@ use bytes::Bytes;
 
 use crate::fs::{Fs, Handle, Kind, OpenFile};
 use crate::inode::Version;
-use crate::write::{SharedStaged, Staged};
+use crate::write::Staged;
 use crate::{names, FsError};
 
 /// Files up to this size are copied into the block caches after upload (write-through);
@@ -97,7 +97,7 @@ impl Fs {
     /// [`Fs::stored`], and whether an upload of it that failed may still land
     /// ([`crate::write::Staged::maybe_landed`]).
     pub(crate) async fn stored_how(&self, ino: u64) -> (bool, bool) {
-        match self.staged_of(ino) {
+        match self.staging.get(ino) {
             Some(s) => {
                 let st = s.lock().await;
                 (st.may_be_stored(), st.maybe_landed)
@@ -138,10 +138,6 @@ impl Fs {
         }
     }
 
-    pub(crate) fn staged_of_pub(&self, ino: u64) -> Option<SharedStaged> {
-        self.staged_of(ino)
-    }
-
     pub(crate) async fn upload_pub(&self, ino: u64) -> Result<(), FsError> {
         self.upload_ino(ino, false).await
     }
@@ -149,7 +145,7 @@ impl Fs {
     /// Resolve (parent, name) without taking a kernel reference.
     pub(crate) async fn resolve(&self, parent: u64, name: &str) -> Result<Option<crate::inode::Node>, FsError> {
         if let Some(n) = self.table.lock().unwrap().child(parent, name).cloned() {
-            if self.is_staged(n.ino) || n.kind == Kind::Dir && self.fresh(n.validated) {
+            if self.staging.contains(n.ino) || n.kind == Kind::Dir && self.fresh(n.validated) {
                 return Ok(Some(n));
             }
         }
@@ -178,13 +174,13 @@ impl Fs {
         // the kernel may hold, even if the refresh below learns the real one: such a handle
         // is opened direct (reads come here whatever size the kernel believes).
         let placeholder = node.size_unknown;
-        if node.version == Version::Unknown && node.linked && !self.is_staged(ino) {
+        if node.version == Version::Unknown && node.linked && !self.staging.contains(ino) {
             // Moved here, the copy's tag not learned yet (`Fs::learn_moved` failed): asked
             // now, so reads are pinned to the version again (without it an S3 read went
             // unpinned for up to a TTL).
             self.revalidate(&node, false).await?;
             node = self.node(ino)?;
-        } else if !self.fresh(node.validated) && !self.is_staged(ino) {
+        } else if !self.fresh(node.validated) && !self.staging.contains(ino) {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
@@ -194,7 +190,7 @@ impl Fs {
             // and open that one (the VFS retries an open once so), as NFS does.
             return Err(FsError::Stale(format!("{} was replaced in the bucket", node.key)));
         }
-        let direct = (placeholder || node.size_unknown) && !write && !self.is_staged(ino);
+        let direct = (placeholder || node.size_unknown) && !write && !self.staging.contains(ino);
         if direct && node.size_unknown {
             // A HEAD learns the size; still unknown: the store refused to read it, and a
             // read's error says why.
@@ -208,7 +204,7 @@ impl Fs {
             // Write-back: a queued version goes up before it changes again (write_back.rs).
             self.upload_before_change(ino).await?;
         }
-        let staged = if write || self.is_staged(ino) {
+        let staged = if write || self.staging.contains(ino) {
             let staged = self.stage(&node, truncate && write).await?;
             if write && !truncate {
                 // A close that queued its version after the check above (while this open
@@ -260,7 +256,7 @@ impl Fs {
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let file = self.open_file(fh)?;
-        if let Some(staged) = self.staged_of(file.ino) {
+        if let Some(staged) = self.staging.get(file.ino) {
             let mut st = staged.lock().await;
             self.observe(file.ino, &mut st)?;
             if file.wrote.load(Ordering::Relaxed) {
@@ -289,7 +285,7 @@ impl Fs {
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let file = self.open_file(fh)?;
-        let staged = self.staged_of(file.ino).ok_or(FsError::BadHandle)?;
+        let staged = self.staging.get(file.ino).ok_or(FsError::BadHandle)?;
         file.wrote.store(true, Ordering::Relaxed);
         let mut st = staged.lock().await;
         self.observe(file.ino, &mut st)?;
@@ -312,7 +308,7 @@ impl Fs {
     /// Upload `ino`'s staged data if it changed; the durability point of flush and fsync.
     /// `only_if_sole`: only if no other handle has it open, decided under the staged lock.
     async fn upload_ino(&self, ino: u64, only_if_sole: bool) -> Result<(), FsError> {
-        let Some(staged) = self.staged_of(ino) else { return Ok(()) };
+        let Some(staged) = self.staging.get(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
         self.observe(ino, &mut st)?;
         if !st.dirty || st.unlinked || only_if_sole && st.handles > 1 {
@@ -493,9 +489,9 @@ impl Fs {
         file.writes_unseen.store(false, Ordering::Relaxed);
         let result = if self.write_back() { self.commit_for(&file, false).await } else { self.upload_for(&file).await };
         self.prepare_backing(&file);
-        if let Some(staged) = self.staged_of(file.ino) {
+        if let Some(staged) = self.staging.get(file.ino) {
             let mut st = staged.lock().await;
-            if !self.staged_of(file.ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+            if !self.staging.is_current(file.ino, &staged) {
                 // Dropped by another handle's release while we waited (a newer staged
                 // file of the node may be in the map now: not ours to drop).
                 return result;
@@ -534,17 +530,17 @@ impl Fs {
     /// last change goes up and the staged file is dropped as at a last release. Without
     /// this, a linker's output (mapped, fd closed, then written) never reached the bucket.
     pub(crate) fn linger(&self, ino: u64, staged: crate::write::SharedStaged) {
-        if !self.passthrough.lingering.lock().unwrap().insert(ino) {
+        if !self.staging.lingering.lock().unwrap().insert(ino) {
             return;
         }
         tracing::debug!(ino, "staged file still mapped after its last close: watched until unmapped");
         let me = self.me.clone();
-        tokio::spawn(async move {
+        crate::sync::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let Some(fs) = me.upgrade() else { return };
                 if fs.linger_tick(ino, &staged).await {
-                    fs.passthrough.lingering.lock().unwrap().remove(&ino);
+                    fs.staging.lingering.lock().unwrap().remove(&ino);
                     return;
                 }
             }
@@ -553,7 +549,7 @@ impl Fs {
 
     /// One look at a lingering staged file; `true` when lingering is over.
     async fn linger_tick(&self, ino: u64, staged: &crate::write::SharedStaged) -> bool {
-        let ours = || self.staged_of(ino).is_some_and(|s| Arc::ptr_eq(&s, staged));
+        let ours = || self.staging.is_current(ino, staged);
         if !ours() {
             return true;
         }
@@ -585,7 +581,7 @@ impl Fs {
             if self.write_back() {
                 let key = self.node(ino).map(|n| n.key).unwrap_or_default();
                 let cfg = self.cfg.write_back.expect("write-back mode");
-                self.wb.enqueue(ino, key, st.len(), cfg.delay);
+                self.staging.queue.enqueue(ino, key, st.len(), cfg.delay);
             } else if let Err(e) = self.publish(ino, &mut st).await {
                 tracing::warn!(ino, "upload of a mapped file's writes failed, retried: {e}");
                 return false;

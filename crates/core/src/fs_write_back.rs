@@ -22,7 +22,7 @@ impl Fs {
         }
         let Some(cfg) = self.cfg.write_back else { return };
         let me = Arc::downgrade(self);
-        let queue = self.wb.clone();
+        let queue = self.staging.queue.clone();
         crate::sync::spawn(schedule(me, queue, cfg));
     }
 
@@ -31,9 +31,9 @@ impl Fs {
     pub(crate) async fn upload_intent(&self, ino: u64) -> crate::intents::Intent<'_> {
         loop {
             let Ok(key) = self.node(ino).map(|n| n.key) else {
-                return self.wb.intents.acquire(Vec::new(), false).await; // gone: nothing to guard
+                return self.intents.acquire(Vec::new(), false).await; // gone: nothing to guard
             };
-            let intent = self.wb.intents.acquire(vec![crate::intents::Scope::Key(key.clone())], false).await;
+            let intent = self.intents.acquire(vec![crate::intents::Scope::Key(key.clone())], false).await;
             if self.node(ino).is_ok_and(|n| n.key == key) {
                 return intent;
             }
@@ -45,11 +45,11 @@ impl Fs {
     /// and, since the store may still complete the request it received, its key is taken
     /// as possibly holding the file ([`crate::write::Staged::maybe_landed`]).
     pub(crate) async fn cancel_upload(&self, ino: u64) {
-        if !self.write_back() || !self.wb.cancel(ino) {
+        if !self.write_back() || !self.staging.queue.cancel(ino) {
             return;
         }
         tracing::info!(ino, "upload in flight cancelled by a rename or unlink of its file");
-        if let Some(s) = self.staged_of_pub(ino) {
+        if let Some(s) = self.staging.get(ino) {
             // Free once the cancelled attempt is dropped.
             let mut st = s.lock().await;
             // Also for a create-only upload: if it lands, the object is this file's (it
@@ -71,14 +71,14 @@ impl Fs {
     ) -> crate::intents::Intent<'_> {
         if !self.write_back() {
             // No upload is cancelled without write-back: wait (no timer, so shuttle runs it).
-            return self.wb.intents.acquire(scopes, true).await;
+            return self.intents.acquire(scopes, true).await;
         }
         loop {
-            if let Some(i) = self.wb.intents.try_acquire(scopes.clone(), true) {
+            if let Some(i) = self.intents.try_acquire(scopes.clone(), true) {
                 return i;
             }
             self.cancel_uploads_of(key, target).await;
-            let wait = self.wb.intents.acquire(scopes.clone(), true);
+            let wait = self.intents.acquire(scopes.clone(), true);
             if let Ok(i) = tokio::time::timeout(Duration::from_millis(100), wait).await {
                 return i;
             }
@@ -92,7 +92,7 @@ impl Fs {
             return;
         }
         let target = target.and_then(|(p, n)| self.table.lock().unwrap().child(p, n).map(|n| n.ino));
-        for ino in self.wb.in_flight_inos() {
+        for ino in self.staging.queue.in_flight_inos() {
             let hit = self.node(ino).is_ok_and(|n| n.key == key || key.ends_with('/') && n.key.starts_with(key));
             if hit || target == Some(ino) {
                 self.cancel_upload(ino).await;
@@ -102,7 +102,7 @@ impl Fs {
 
     /// What the write-back queue holds now.
     pub fn write_back_status(&self) -> WriteBackStatus {
-        let mut s = self.wb.status();
+        let mut s = self.staging.queue.status();
         s.deletes = self.deletes.as_ref().map_or(0, |d| d.pending() as u64);
         s
     }
@@ -121,7 +121,7 @@ impl Fs {
         if !wrote && !file.staged.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let Some(staged) = self.staged_of_pub(file.ino) else {
+        let Some(staged) = self.staging.get(file.ino) else {
             tracing::debug!(ino = file.ino, "write-back commit point: nothing staged");
             return Ok(());
         };
@@ -149,7 +149,7 @@ impl Fs {
             if queue && other_writer {
                 match self.publish(file.ino, &mut st).await {
                     Ok(()) => {
-                        self.wb.forget(file.ino);
+                        self.staging.queue.forget(file.ino);
                         file.wrote.store(false, Ordering::Relaxed);
                         return Ok(());
                     }
@@ -171,7 +171,7 @@ impl Fs {
                 // Queued under the staged lock: an open for writing that stages the file
                 // after this finds it queued (and uploads this version before changing it).
                 let key = self.node(file.ino).map(|n| n.key).unwrap_or_default();
-                self.wb.enqueue(file.ino, key, st.len(), cfg.delay);
+                self.staging.queue.enqueue(file.ino, key, st.len(), cfg.delay);
             }
             queue
         };
@@ -185,8 +185,8 @@ impl Fs {
         // Back-pressure: wait while the queue holds more than its bound (a file larger than
         // the bound alone goes through: it cannot wait for itself).
         loop {
-            let notified = self.wb.progress.notified();
-            if self.wb.bytes() <= cfg.max_bytes || self.wb.len() <= 1 {
+            let notified = self.staging.queue.progress.notified();
+            if self.staging.queue.bytes() <= cfg.max_bytes || self.staging.queue.len() <= 1 {
                 return Ok(());
             }
             notified.await;
@@ -196,19 +196,19 @@ impl Fs {
     /// Before a queued file is changed again (opened for writing): upload its committed
     /// version, so a crash during the change still finds it in the bucket.
     pub(crate) async fn upload_before_change(&self, ino: u64) -> Result<(), FsError> {
-        if !self.write_back() || !self.wb.queued(ino) {
+        if !self.write_back() || !self.staging.queue.queued(ino) {
             return Ok(());
         }
         let _intent = self.upload_intent(ino).await;
         self.upload_committed(ino).await?;
-        self.wb.forget(ino);
+        self.staging.queue.forget(ino);
         Ok(())
     }
 
     /// Upload `ino`'s staged bytes if they are a committed version not yet in the bucket,
     /// and drop the staged copy once clean and unused. Caller holds its upload intent.
     pub(crate) async fn upload_committed(&self, ino: u64) -> Result<(), FsError> {
-        let Some(staged) = self.staged_of_pub(ino) else { return Ok(()) };
+        let Some(staged) = self.staging.get(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
         self.observe(ino, &mut st)?;
         if st.dirty && !st.unlinked && st.committed() {
@@ -216,9 +216,9 @@ impl Fs {
         }
         // Not committed: a writer is changing it; its close queues it again. Still mapped:
         // its lingering watch drops it (fs_write.rs).
-        let lingering = self.passthrough.lingering.lock().unwrap().contains(&ino);
+        let lingering = self.staging.lingering.lock().unwrap().contains(&ino);
         if st.handles == 0 && (!st.dirty || st.unlinked) && !lingering {
-            if !st.unlinked && self.staged_of_pub(ino).is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+            if !st.unlinked && self.staging.is_current(ino, &staged) {
                 self.keep_as_whole(ino, &mut st).await; // for reading back (passthrough.rs)
             }
             self.unstage_this(ino, &staged, &mut st);
@@ -231,11 +231,11 @@ impl Fs {
     /// stays queued and retried).
     pub async fn sync_write_back(&self) -> Vec<(String, String)> {
         let started = Instant::now();
-        let wanted = self.wb.all_due_now(started);
-        self.wb.work.notify_one();
+        let wanted = self.staging.queue.all_due_now(started);
+        self.staging.queue.work.notify_one();
         loop {
-            let notified = self.wb.progress.notified();
-            let (mut failed, waiting) = self.wb.sync_state(&wanted, started);
+            let notified = self.staging.queue.progress.notified();
+            let (mut failed, waiting) = self.staging.queue.sync_state(&wanted, started);
             if !waiting {
                 // And every unlink so far is done in the bucket.
                 if let Some(d) = &self.deletes {
@@ -245,7 +245,7 @@ impl Fs {
                 return failed;
             }
             let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
-            self.wb.work.notify_one();
+            self.staging.queue.work.notify_one();
         }
     }
 }

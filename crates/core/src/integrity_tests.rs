@@ -203,7 +203,7 @@ async fn a_reader_keeps_the_bytes_of_a_file_unlinked_while_it_is_open() {
     fs.release(writer).await.unwrap();
     assert_eq!(fs.read(reader, 0, 65_536).await.unwrap()[..], data[..]);
     fs.release(reader).await.unwrap();
-    assert!(!fs.is_staged(f.ino), "dropped with the last handle");
+    assert!(!fs.staging.contains(f.ino), "dropped with the last handle");
     assert!(store.stat("f2").await.is_err(), "never uploaded");
 }
 

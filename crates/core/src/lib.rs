@@ -7,6 +7,8 @@
 //! - [`read`]: the per-handle read path with sequential prefetch and the memory cache;
 //!   [`disk_cache`]: the checksummed on-disk block cache that survives remounts;
 //!   [`block_pool`]: the bounded pool of aligned buffers blocks are read into.
+//! - `staging`: the files being written (staged files, the upload budget, the write-back
+//!   queue, the passthrough watch), a component beside the inode table and the read path.
 //! - [`write`](mod@write): staged writes and their upload on flush/fsync/unmount; [`recovery`]: what
 //!   a mount that died left staged, uploaded by the next;
 //!   [`part_budget`]: the mount-wide bound on upload buffers; [`write_back`]: the
@@ -52,6 +54,7 @@ mod preload;
 pub mod read;
 pub mod recovery;
 pub(crate) mod recycle;
+pub(crate) mod staging;
 pub mod stats;
 pub(crate) mod sync;
 pub mod write;

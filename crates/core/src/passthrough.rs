@@ -27,8 +27,7 @@
 //! through the store as before; close-to-open holds as without passthrough. A staged
 //! file is this mount's newest bytes: every handle of its inode reads it.
 
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
-use std::collections::HashMap;
+use crate::sync::{Arc, AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use crate::disk_cache::WholePin;
@@ -58,15 +57,6 @@ pub(crate) struct Counters {
     /// The adapter found the kernel able to pass through (see [`Fs::set_passthrough`]).
     pub(crate) on: AtomicBool,
     pub(crate) opens: AtomicU64,
-    /// Staged files the kernel may write directly, by inode: their attributes come from the
-    /// file itself. Lock order: after `table` (attributes are built under it).
-    pub(crate) watched: Mutex<HashMap<u64, Arc<std::fs::File>>>,
-    /// Inodes with a task feeding their parts to an eager upload ([`Fs::feed_watched`]).
-    /// A leaf lock.
-    pub(crate) feeding: Mutex<std::collections::HashSet<u64>>,
-    /// Inodes whose staged file outlived its handles in a shared mapping, watched until it
-    /// goes ([`Fs::linger`]). A leaf lock.
-    pub(crate) lingering: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// The identity of a staged file's backing (every handle of its inode shares it): the

@@ -20,13 +20,12 @@ impl Fs {
     /// Staged files with changes not yet in the bucket. A file whose state is locked right
     /// now (being written or uploaded) counts as pending.
     pub fn pending_uploads(&self) -> usize {
-        let staged: Vec<_> = self.staged.lock().unwrap().values().cloned().collect();
-        staged.iter().filter(|s| s.try_lock().map(|st| st.dirty && !st.unlinked).unwrap_or(true)).count()
+        self.staging.pending()
     }
 
     /// Staged files, dirty or not (open for writing, or waiting for their last close).
     pub fn staged_files(&self) -> usize {
-        self.staged.lock().unwrap().len()
+        self.staging.len()
     }
 
     /// How much the block caches hold.

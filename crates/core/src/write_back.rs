@@ -95,9 +95,6 @@ pub(crate) struct Queue {
     pub(crate) work: tokio::sync::Notify,
     /// Wakes closes waiting for room, and `sync` waiting for uploads.
     pub(crate) progress: tokio::sync::Notify,
-    /// The keys uploads, unlinks and renames are changing now (intents.rs): lock level 1,
-    /// the outermost (docs/ARCHITECTURE.md), held across awaits.
-    pub(crate) intents: crate::intents::Intents,
 }
 
 /// The store refused a create-only upload: the key holds another client's object.
@@ -298,3 +295,7 @@ pub(crate) mod tests;
 #[cfg(test)]
 #[path = "write_back_excl_tests.rs"]
 mod excl_tests;
+
+#[cfg(test)]
+#[path = "write_back_crash_tests.rs"]
+mod crash_tests;

@@ -1,0 +1,147 @@
+//! The staging area: the files this mount is writing, beside the namespace (the inode
+//! table) and the read path.
+//!
+//! It holds which inodes have a staged file on local disk (the bytes and their uploads are
+//! [`crate::write`]), the mount-wide bound on upload part buffers, the write-back queue of
+//! committed files, and the bookkeeping of staged files the kernel writes without us
+//! (FUSE passthrough: watched, fed to an eager upload, lingering after their last close).
+//! Nothing here looks at names or keys; the steps that need both the namespace and a
+//! staged file (stage, unstage, observe) are `Fs`'s, in `fs_stage.rs`.
+//!
+//! Locks (docs/ARCHITECTURE.md, "Locking"): the map is level 3, taken after `Fs::table`
+//! when both are needed, never the other way round; `watched` likewise comes after the
+//! table (attributes are built under it); `feeding`, `lingering` and the queue's entries
+//! are leaves. None is held across an await; a staged file's own tokio mutex (level 2)
+//! is taken before any of them.
+
+use crate::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+
+use crate::part_budget::PartBudget;
+use crate::write::{SharedStaged, Staged};
+use crate::write_back::Queue;
+use crate::FsError;
+
+pub(crate) struct Staging {
+    /// Where staged files live (`FsConfig::staging_dir`).
+    dir: PathBuf,
+    /// Inodes with staged (local) data. Lock level 3, after `Fs::table`.
+    map: Mutex<HashMap<u64, SharedStaged>>,
+    /// Upload part buffers of every file, bounded together.
+    pub(crate) budget: PartBudget,
+    /// Files committed and waiting for upload (write-back mode only).
+    pub(crate) queue: Arc<Queue>,
+    /// Staged files the kernel may write directly, by inode: their attributes come from
+    /// the file itself. After `Fs::table`.
+    pub(crate) watched: Mutex<HashMap<u64, Arc<std::fs::File>>>,
+    /// Inodes with a task feeding their parts to an eager upload (`Fs::feed_watched`).
+    /// A leaf lock.
+    pub(crate) feeding: Mutex<HashSet<u64>>,
+    /// Inodes whose staged file outlived its handles in a shared mapping, watched until it
+    /// goes (`Fs::linger`). A leaf lock.
+    pub(crate) lingering: Mutex<HashSet<u64>>,
+}
+
+impl Staging {
+    pub(crate) fn new(dir: PathBuf, upload_budget: u64) -> Self {
+        Self {
+            dir,
+            map: Mutex::new(HashMap::new()),
+            budget: PartBudget::new(upload_budget),
+            queue: Default::default(),
+            watched: Mutex::new(HashMap::new()),
+            feeding: Mutex::new(HashSet::new()),
+            lingering: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub(crate) fn contains(&self, ino: u64) -> bool {
+        self.map.lock().unwrap().contains_key(&ino)
+    }
+
+    /// `ino`'s staged file, if it has one.
+    pub(crate) fn get(&self, ino: u64) -> Option<SharedStaged> {
+        self.map.lock().unwrap().get(&ino).cloned()
+    }
+
+    /// Whether `staged` is still `ino`'s staged file: a task that found it earlier must
+    /// not act on a newer one an open made since.
+    pub(crate) fn is_current(&self, ino: u64, staged: &SharedStaged) -> bool {
+        self.map.lock().unwrap().get(&ino).is_some_and(|s| Arc::ptr_eq(s, staged))
+    }
+
+    /// Every staged file, at this moment.
+    pub(crate) fn all(&self) -> Vec<(u64, SharedStaged)> {
+        self.map.lock().unwrap().iter().map(|(i, s)| (*i, s.clone())).collect()
+    }
+
+    /// The inodes with a staged file, at this moment.
+    pub(crate) fn inos(&self) -> Vec<u64> {
+        self.map.lock().unwrap().keys().copied().collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().unwrap().len()
+    }
+
+    /// Staged files with changes not yet in the bucket. One locked right now (being
+    /// written or uploaded) counts as pending.
+    pub(crate) fn pending(&self) -> usize {
+        let staged: Vec<SharedStaged> = self.map.lock().unwrap().values().cloned().collect();
+        staged.iter().filter(|s| s.try_lock().map(|st| st.dirty && !st.unlinked).unwrap_or(true)).count()
+    }
+
+    /// `ino`'s staged file, and if this call made it (empty, on disk), its lock: a new
+    /// staged file is locked before it is published, so no other open sees it half-filled
+    /// (an O_TRUNC open would otherwise have its empty file filled).
+    pub(crate) fn get_or_create(
+        &self,
+        ino: u64,
+    ) -> Result<(SharedStaged, Option<tokio::sync::OwnedMutexGuard<Staged>>), FsError> {
+        let mut map = self.map.lock().unwrap();
+        if let Some(s) = map.get(&ino) {
+            return Ok((s.clone(), None));
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| FsError::Local(e.to_string()))?;
+        let s = Arc::new(tokio::sync::Mutex::new(Staged::create(&self.dir, ino, self.budget.clone())?));
+        let g = s.clone().try_lock_owned().expect("a new mutex is free");
+        map.insert(ino, s.clone());
+        Ok((s, Some(g)))
+    }
+
+    /// Remove `ino`'s staged file from the map (only if it is `this`, when given); whether
+    /// it was removed. The caller holds the table (`Fs::unmap`).
+    pub(crate) fn remove(&self, ino: u64, this: Option<&SharedStaged>) -> bool {
+        let mut map = self.map.lock().unwrap();
+        if this.is_some_and(|this| !map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, this))) {
+            return false;
+        }
+        map.remove(&ino);
+        true
+    }
+
+    /// Stop reading `ino`'s attributes from its staged file; its length now, if it was
+    /// watched.
+    pub(crate) fn unwatch(&self, ino: u64) -> Option<u64> {
+        let file = {
+            let mut w = self.watched.lock().unwrap();
+            if w.is_empty() {
+                return None;
+            }
+            w.remove(&ino)
+        };
+        file.and_then(|f| f.metadata().ok()).map(|m| m.len())
+    }
+
+    /// A watched staged file's length and mtime, read from the file (the kernel may have
+    /// written it without us); `None` if `ino` is not watched.
+    pub(crate) fn watched_state(&self, ino: u64) -> Option<(u64, std::time::SystemTime)> {
+        let w = self.watched.lock().unwrap();
+        if w.is_empty() {
+            return None;
+        }
+        let m = w.get(&ino)?.metadata().ok()?;
+        Some((m.len(), m.modified().ok()?))
+    }
+}
