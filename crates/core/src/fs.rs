@@ -190,7 +190,7 @@ pub struct Fs {
     mounted_at: SystemTime,
     /// Lock level 3: taken after a staged file's mutex, before the staging area's maps.
     pub(crate) table: Mutex<InodeTable>,
-    /// Lock level 4: never held with `table` or `staged`.
+    /// Lock level 4: never held with `table` or the staging area's map.
     pub(crate) handles: Mutex<HashMap<u64, Handle>>,
     /// The files being written: staged files (lock level 3, after `table`), the upload
     /// budget, the write-back queue, the passthrough watch (`staging.rs`).

@@ -1,4 +1,4 @@
-//! Opening, reading and writing files; the map of staged files is `fs_stage.rs`,
+//! Opening, reading and writing files; staged files are `staging.rs` and `fs_stage.rs`,
 //! creating and removing names `fs_names.rs`, renaming `fs_rename.rs`.
 //!
 //! Data: see [`crate::write`] (staging, upload on flush/fsync, eager multipart upload).

@@ -15,7 +15,8 @@
 //! - `moka`'s caches (their own internal locks, never held across our code).
 //! - `OnceLock` (set once at start-up) and `block_pool`'s free list (a leaf).
 //! - tokio timers (`tokio::time`): code that sleeps or times out needs a tokio runtime and is
-//!   not run under shuttle (the write-back scheduler, the readdir-cache timer).
+//!   not run under shuttle (the write-back scheduler, the readdir-cache timer, and the
+//!   passthrough tasks that tick: feeding a watched staged file, lingering, settling).
 //!
 //! With the feature on, the core's locks work only inside a shuttle test: the feature is for
 //! `cargo test -p bucketfs-core --features shuttle --test shuttle` (and `--test model`), never
