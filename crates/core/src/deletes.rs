@@ -23,7 +23,8 @@
 //! of its prefix or a HEAD of the key waits for it, and so does every write below it (a
 //! store with real folders, Drive, must not make the folder twice). A marker's journal
 //! entry is `m`, NUL, the key; a delete's is the key alone (no key holds a NUL), or `l`,
-//! NUL, the key for a key an upload may still land on (sent twice: [`DeferredDeletes::defer_landing`]). One key
+//! NUL, the key for a key an upload may still land on (sent twice: [`DeferredDeletes::defer_landing`]),
+//! then, if only an object with given MD5s is to go, NUL and those MD5s in hex, comma-separated. One key
 //! has at most one pending change: a later one takes the place of one not yet sent, or
 //! goes out after the one in flight.
 
@@ -38,11 +39,51 @@ use futures::StreamExt;
 
 use bucketfs_store::{
     ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
-    StoreError, StoreErrorKind, WriteOptions,
+    StoreError, StoreErrorKind, StoreExt, WriteOptions,
 };
 
 use crate::clock::retry_backoff;
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+
+/// Delete `key`, or with `only`, only an object there whose MD5 is one of these: what a
+/// create-only upload of ours that was cut off sent. Such an upload lands only where no
+/// object was, so an object with other bytes is another client's, made first, and stays.
+/// The MD5 the store keeps (GCS, Drive) decides; an S3 ETag only where it matches (with
+/// SSE-KMS it is no MD5). Otherwise (no MD5 told) the object is read and hashed here if it
+/// is small enough to be one of ours
+/// ([`crate::write::LANDING_MD5_MAX`]).
+pub(crate) async fn delete_if_ours(store: &dyn Store, key: &str, only: Option<&[[u8; 16]]>) -> Result<(), StoreError> {
+    if let Some(only) = only {
+        let head = match store.head(key, HeadOpts { digests: true }).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
+            r => r?,
+        };
+        let ours = match (head.md5, head.content_md5()) {
+            (Some(md5), _) => only.contains(&md5), // the store's own MD5 of the content
+            (None, Some(md5)) if only.contains(&md5) => true, // an ETag that is this MD5
+            _ if head.meta.size > crate::write::LANDING_MD5_MAX => false,
+            _ => match store.get_range(key, 0..head.meta.size, GetOpts::default()).await {
+                Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
+                r => only.contains(&<md5::Md5 as md5::Digest>::digest(&r?[..]).into()),
+            },
+        };
+        if !ours {
+            tracing::info!(%key, "left another client's object, made before our cut-off create-only upload");
+            return Ok(());
+        }
+    }
+    store.delete(key).await
+}
+
+fn hex_md5s(md5s: &[[u8; 16]]) -> String {
+    let hex = |m: &[u8; 16]| m.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    md5s.iter().map(hex).collect::<Vec<_>>().join(",")
+}
+
+/// [`hex_md5s`] read back; `None` (delete whatever is there) if none reads as an MD5.
+fn parse_md5s(text: &str) -> Option<Vec<[u8; 16]>> {
+    Some(text.split(',').filter_map(bucketfs_store::parse_md5_hex).collect::<Vec<_>>()).filter(|v| !v.is_empty())
+}
 
 /// DELETEs in flight at once, in the background.
 const PARALLEL: usize = 16;
@@ -76,6 +117,8 @@ struct Pending {
     again: bool,
     /// The second delete waits until then, also for a drain (`bucketfs sync`).
     not_before: Option<Instant>,
+    /// Delete only an object with one of these MD5s (see [`delete_if_ours`]).
+    only: Option<Vec<[u8; 16]>>,
 }
 
 /// The store seen by the mount in write-back mode; see the module doc.
@@ -148,13 +191,16 @@ impl DeferredDeletes {
             }
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(text)) if !text.is_empty() => {
-                    let (op, again, key) = match text.split_once('\0') {
-                        Some(("m", key)) => (Op::Marker, false, key.to_string()),
-                        Some(("l", key)) => (Op::Delete, true, key.to_string()),
-                        _ => (Op::Delete, false, text),
+                    let (op, again, key, only) = match text.split_once('\0') {
+                        Some(("m", key)) => (Op::Marker, false, key.to_string(), None),
+                        Some(("l", rest)) => match rest.split_once('\0') {
+                            Some((key, md5s)) => (Op::Delete, true, key.to_string(), parse_md5s(md5s)),
+                            None => (Op::Delete, true, rest.to_string(), None),
+                        },
+                        _ => (Op::Delete, false, text, None),
                     };
                     tracing::info!(%key, ?op, "change left pending by an earlier mount: sending it");
-                    p.insert(key, Pending { op, again, ..Pending::new(path) });
+                    p.insert(key, Pending { op, again, only, ..Pending::new(path) });
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -188,32 +234,30 @@ impl DeferredDeletes {
     /// Journal a delete of `key` and return; it is sent in the background. Without a
     /// journal (or if writing it fails) the DELETE is sent now instead.
     pub async fn defer(&self, key: &str) -> Result<(), StoreError> {
-        self.defer_as(key, false).await
+        self.defer_op(key, Op::Delete, false, None).await
     }
 
     /// [`DeferredDeletes::defer`] of a key an upload that failed (a timeout) may still
     /// write: after the delete succeeds, it is sent once more `LANDING_GRACE` (3 s) later, and
-    /// `bucketfs sync` waits for that one too.
-    pub async fn defer_landing(&self, key: &str) -> Result<(), StoreError> {
-        self.defer_as(key, true).await
+    /// `bucketfs sync` waits for that one too. `only`: each of the two deletes only takes
+    /// an object with one of these MD5s ([`delete_if_ours`]).
+    pub async fn defer_landing(&self, key: &str, only: Option<Vec<[u8; 16]>>) -> Result<(), StoreError> {
+        self.defer_op(key, Op::Delete, true, only).await
     }
 
     /// Journal the creation of directory marker `key` (`mkdir`) and return; it is created
     /// in the background. Without a journal it is created now.
     pub async fn defer_marker(&self, key: &str) -> Result<(), StoreError> {
-        self.defer_op(key, Op::Marker, false).await
+        self.defer_op(key, Op::Marker, false, None).await
     }
 
-    async fn defer_as(&self, key: &str, again: bool) -> Result<(), StoreError> {
-        self.defer_op(key, Op::Delete, again).await
-    }
-
-    async fn defer_op(&self, key: &str, op: Op, again: bool) -> Result<(), StoreError> {
-        let Some(dir) = &self.journal_dir else { return self.apply(key, op).await };
-        let text = match op {
-            Op::Delete if again => format!("l\0{key}"),
-            Op::Delete => key.to_string(),
-            Op::Marker => format!("m\0{key}"),
+    async fn defer_op(&self, key: &str, op: Op, again: bool, only: Option<Vec<[u8; 16]>>) -> Result<(), StoreError> {
+        let Some(dir) = &self.journal_dir else { return self.apply(key, op, only.as_deref()).await };
+        let text = match (op, &only) {
+            (Op::Delete, Some(md5s)) if again => format!("l\0{key}\0{}", hex_md5s(md5s)),
+            (Op::Delete, _) if again => format!("l\0{key}"),
+            (Op::Delete, _) => key.to_string(),
+            (Op::Marker, _) => format!("m\0{key}"),
         };
         // A change already pending for the key keeps its journal entry, rewritten in one
         // step (a crash leaves the old change or the new one, never both).
@@ -230,18 +274,18 @@ impl DeferredDeletes {
         });
         if let Err(e) = crate::recycle::write(&path, text.as_bytes()) {
             tracing::warn!(%key, ?op, "journaling a change failed ({e}): sending it now");
-            return self.apply(key, op).await;
+            return self.apply(key, op, only.as_deref()).await;
         }
         let mut p = self.pending.lock().unwrap();
         match p.get_mut(key) {
             // The later change takes the place of the pending one; one in flight ends first
             // (its end sees the new generation and leaves this pending).
             Some(e) if e.journal == path => {
-                (e.op, e.again, e.gen) = (op, again, e.gen + 1);
+                (e.op, e.again, e.only, e.gen) = (op, again, only, e.gen + 1);
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
             }
             _ => {
-                if let Some(old) = p.insert(key.to_string(), Pending { op, again, ..Pending::new(path) }) {
+                if let Some(old) = p.insert(key.to_string(), Pending { op, again, only, ..Pending::new(path) }) {
                     old.forget_journal(); // sent and ended between the two locks
                 }
             }
@@ -292,18 +336,21 @@ impl DeferredDeletes {
         (due, next)
     }
 
-    /// `op` on `key`, in the store itself.
-    async fn apply(&self, key: &str, op: Op) -> Result<(), StoreError> {
+    /// `op` on `key`, in the store itself (a delete restricted to objects of `only`).
+    async fn apply(&self, key: &str, op: Op, only: Option<&[[u8; 16]]>) -> Result<(), StoreError> {
         match op {
-            Op::Delete => self.inner.delete(key).await,
+            Op::Delete => delete_if_ours(self.inner.as_ref(), key, only).await,
             Op::Marker => self.inner.create_dir(key).await,
         }
     }
 
     /// One attempt at `key`'s pending change (marked in flight by the caller).
     async fn send(&self, key: String) {
-        let Some((op, gen)) = self.pending.lock().unwrap().get(&key).map(|e| (e.op, e.gen)) else { return };
-        let r = self.apply(&key, op).await;
+        let Some((op, gen, only)) = self.pending.lock().unwrap().get(&key).map(|e| (e.op, e.gen, e.only.clone()))
+        else {
+            return;
+        };
+        let r = self.apply(&key, op, only.as_deref()).await;
         let mut p = self.pending.lock().unwrap();
         let Some(e) = p.get_mut(&key) else { return };
         if e.gen != gen {
@@ -418,6 +465,7 @@ impl Pending {
             next_try: Instant::now(),
             again: false,
             not_before: None,
+            only: None,
         }
     }
 

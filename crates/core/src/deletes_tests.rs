@@ -153,7 +153,7 @@ async fn a_landing_delete_pending_at_a_crash_is_still_sent_twice() {
     std::fs::create_dir_all(&dir).unwrap();
     {
         let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir);
-        dd.defer_landing("late").await.unwrap(); // journaled; never sent: the "crash"
+        dd.defer_landing("late", None).await.unwrap(); // journaled; never sent: the "crash"
     }
     mem.put("late", bytes::Bytes::from_static(b"landed"), Default::default()).await.unwrap();
     let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir);
@@ -169,4 +169,45 @@ async fn a_landing_delete_pending_at_a_crash_is_still_sent_twice() {
     mem.put("late", bytes::Bytes::from_static(b"landed late"), Default::default()).await.unwrap();
     assert!(dd.drain_all().await.is_empty());
     assert_eq!(object(mem.as_ref(), "late").await, None, "the second delete was not sent");
+}
+
+/// A landing delete that names the MD5s of what was sent (a create-only upload cut off)
+/// takes only an object with those bytes, at both of its deletes, also when a crash left
+/// it journaled: an object another client made first, with other bytes, stays.
+#[tokio::test]
+async fn a_landing_delete_with_md5s_takes_only_those_bytes_also_after_a_crash() {
+    for told in [true, false] {
+        landing_delete_with_md5s(told).await;
+    }
+}
+
+/// `told`: the store tells the MD5 in a head; else the delete reads the object to hash it.
+async fn landing_delete_with_md5s(told: bool) {
+    use bucketfs_store::Store;
+    let md5 = |b: &[u8]| -> [u8; 16] { <md5::Md5 as md5::Digest>::digest(b).into() };
+    let mem = Arc::new(if told { MemStore::new() } else { MemStore::new().without_md5() });
+    let dir = staging(&format!("landing-md5-{told}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    {
+        let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir);
+        dd.defer_landing("ours", Some(vec![md5(b"ours")])).await.unwrap();
+        dd.defer_landing("theirs", Some(vec![md5(b"ours too")])).await.unwrap();
+    }
+    mem.put("ours", bytes::Bytes::from_static(b"ours"), Default::default()).await.unwrap();
+    mem.put("theirs", bytes::Bytes::from_static(b"another client's"), Default::default()).await.unwrap();
+    let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir);
+    crate::deletes::DeferredDeletes::start(&dd);
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while object(mem.as_ref(), "ours").await.is_some() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first delete of our bytes");
+    // Between the two deletes: ours lands late, and another client writes the other key.
+    mem.put("ours", bytes::Bytes::from_static(b"ours"), Default::default()).await.unwrap();
+    mem.put("theirs", bytes::Bytes::from_static(b"theirs, rewritten"), Default::default()).await.unwrap();
+    assert!(dd.drain_all().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "ours").await, None, "our late bytes were left (MD5 told: {told})");
+    assert_eq!(object(mem.as_ref(), "theirs").await.as_deref(), Some(&b"theirs, rewritten"[..]), "told: {told}");
 }

@@ -157,7 +157,7 @@ impl Fs {
                 _ => return Err(FsError::NotFound),
             }
         };
-        if let (true, landing) = self.stored_how(node.ino).await {
+        if let Some(landing) = self.stored_how(node.ino).await {
             self.delete_removed(&node.key, landing).await?; // write-back: journaled, sent soon
         }
         self.discard_staged(node.ino).await;
@@ -200,7 +200,7 @@ impl Fs {
             return Err(FsError::NotEmpty);
         }
         // Journaled and sent in the background in write-back mode, as an unlink.
-        match self.delete_removed(&node.key, false).await {
+        match self.delete_removed(&node.key, crate::write::Landing::Stored).await {
             Err(FsError::Store(e)) if e.kind == StoreErrorKind::NotFound => {}
             r => r?,
         }

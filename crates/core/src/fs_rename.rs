@@ -343,15 +343,18 @@ impl Fs {
                     journal = Some(self.move_object(&src.key, new_key, None).await?);
                     if st.maybe_landed {
                         // An upload this rename cancelled may land after the move's delete.
-                        self.delete_removed(&src.key, true).await?;
-                        st.maybe_landed = false;
+                        self.delete_removed(&src.key, crate::write::Landing::Any).await?;
+                        st.landing_settled();
                     }
                 } else if st.may_be_stored() {
                     // Journaled and sent in the background: no wait on the store (issue 48).
-                    match self.delete_removed(&src.key, st.maybe_landed).await {
+                    match self.delete_removed(&src.key, st.landing()).await {
                         Err(FsError::Store(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
                         Err(e @ FsError::Local(_)) => return Err(e),
-                        _ => (st.in_store, st.replaces, st.maybe_landed) = (false, false, false),
+                        _ => {
+                            (st.in_store, st.replaces) = (false, false);
+                            st.landing_settled();
+                        }
                     }
                 }
                 st.set_create_only(false); // a rename replaces its target
@@ -372,14 +375,13 @@ impl Fs {
                 // a rename replaces (an O_EXCL create was about the old name).
                 st.set_create_only(false);
                 // The old key holds another writer's object if ours never went up there.
-                let old_is_ours = st.in_store || st.maybe_landed;
+                let old = (st.in_store || st.maybe_landed).then(|| st.landing());
                 st.upload(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
-                if !old_is_ours {
-                    return Ok(false);
-                }
-                match self.store.delete(&src.key).await {
-                    Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+                let Some(old) = old else { return Ok(false) };
+                match self.delete_removed(&src.key, old).await {
+                    Err(FsError::Store(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+                    Err(e @ FsError::Local(_)) => return Err(e),
                     _ => return Ok(false),
                 }
             }
@@ -465,8 +467,8 @@ impl Fs {
                 let mut st = s.lock().await;
                 if st.maybe_landed && st.key().is_some_and(|k| k.starts_with(new_key)) {
                     let old = format!("{}{}", src.key, &st.key().unwrap_or_default()[new_key.len()..]);
-                    self.delete_removed(&old, true).await?;
-                    st.maybe_landed = false;
+                    self.delete_removed(&old, st.landing()).await?;
+                    st.landing_settled();
                     if st.create_only() {
                         // What landed before the listing above moved here with the rest: not
                         // another writer's, so the upload may replace it (a rename's target

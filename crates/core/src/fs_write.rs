@@ -19,7 +19,7 @@ use bytes::Bytes;
 
 use crate::fs::{Fs, Handle, Kind, OpenFile};
 use crate::inode::Version;
-use crate::write::Staged;
+use crate::write::{Landing, Staged};
 use crate::{names, FsError};
 
 /// Files up to this size are copied into the block caches after upload (write-through);
@@ -91,29 +91,33 @@ impl Fs {
     /// here and never uploaded (its unlink or rename needs no request), unless an upload of
     /// it was cut off and may still land.
     pub(crate) async fn stored(&self, ino: u64) -> bool {
-        self.stored_how(ino).await.0
+        self.stored_how(ino).await.is_some()
     }
 
-    /// [`Fs::stored`], and whether an upload of it that failed may still land
-    /// ([`crate::write::Staged::maybe_landed`]).
-    pub(crate) async fn stored_how(&self, ino: u64) -> (bool, bool) {
+    /// [`Fs::stored`], and how its key is deleted (an upload of it that failed may still
+    /// land: [`Landing`]); `None`: nothing of it can be in the bucket.
+    pub(crate) async fn stored_how(&self, ino: u64) -> Option<Landing> {
         match self.staging.get(ino) {
             Some(s) => {
                 let st = s.lock().await;
-                (st.may_be_stored(), st.maybe_landed)
+                st.may_be_stored().then(|| st.landing())
             }
-            None => (true, false),
+            None => Some(Landing::Stored),
         }
     }
 
     /// Delete `key` of a file this mount removes or renames away: journaled and sent in
-    /// the background on a write-back mount (`landing`: twice, see
+    /// the background on a write-back mount (one an upload may still land on: twice, see
     /// [`crate::deletes::DeferredDeletes::defer_landing`]), else now.
-    pub(crate) async fn delete_removed(&self, key: &str, landing: bool) -> Result<(), FsError> {
+    pub(crate) async fn delete_removed(&self, key: &str, landing: Landing) -> Result<(), FsError> {
+        let only = match &landing {
+            Landing::IfMd5(md5s) => Some(md5s.clone()),
+            _ => None,
+        };
         match &self.deletes {
-            Some(d) if self.write_back() && landing => d.defer_landing(key).await?,
+            Some(d) if self.write_back() && landing != Landing::Stored => d.defer_landing(key, only).await?,
             Some(d) if self.write_back() => d.defer(key).await?,
-            _ => self.store.delete(key).await?,
+            _ => crate::deletes::delete_if_ours(self.store.as_ref(), key, only.as_deref()).await?,
         }
         Ok(())
     }

@@ -53,9 +53,9 @@ impl Fs {
             // Free once the cancelled attempt is dropped.
             let mut st = s.lock().await;
             // Also for a create-only upload: if it lands, the object is this file's (it
-            // replaces nothing), and an unlink or rename must delete it.
-            st.maybe_landed = true;
-            st.in_store |= !st.create_only();
+            // replaces nothing), and an unlink or rename must delete it (only it: see
+            // `Staged::cut_off`).
+            st.cut_off();
         }
     }
 

@@ -104,6 +104,11 @@ pub struct Staged {
     /// again a moment later (deletes.rs), or the late object would stay under a name the
     /// file no longer has.
     pub maybe_landed: bool,
+    /// While `maybe_landed`: the MD5 of each create-only single-request upload cut off;
+    /// `None` once one that was not (in parts, or not create-only) was cut off.
+    landed_md5s: Option<Vec<[u8; 16]>>,
+    /// The MD5 of the create-only single-request upload being sent now (for `landed_md5s`).
+    sending_md5: Option<[u8; 16]>,
     /// Made by an `O_EXCL` create and not uploaded yet: the first upload is create-only
     /// ([`PutOpts::if_not_exists`]), so an object another writer made meanwhile is never
     /// replaced (the upload fails with `Exists`; the bytes stay here). While the key is
@@ -121,6 +126,24 @@ pub struct Staged {
     /// The version the bucket holds of these bytes, as this mount last stored or read it:
     /// the next upload sends only the blocks that differ from it (write_patch.rs).
     stored: Option<Stored>,
+}
+
+/// The largest upload whose MD5 is kept when it is cut off ([`Landing::IfMd5`]): the
+/// delete then reads an object of up to this size to hash it where the store tells no MD5.
+pub(crate) const LANDING_MD5_MAX: u64 = 64 * 1024 * 1024;
+
+/// What a rename away or an unlink deletes under a staged file's key ([`Staged::landing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Landing {
+    /// The object there is this file's, or the one it replaced: deleted once.
+    Stored,
+    /// An upload cut off may still land: deleted, and once more a moment later.
+    Any,
+    /// Only create-only uploads were cut off, and such an upload lands only where no object
+    /// was: an object there is this file's only if its MD5 is one of these (what they
+    /// sent); another client's, made first (the store refused ours), stays. Checked before
+    /// each of the two deletes; an object whose store tells no MD5 is deleted as before.
+    IfMd5(Vec<[u8; 16]>),
 }
 
 /// A multipart upload fed while a sequential writer is still writing.
@@ -169,6 +192,8 @@ impl Staged {
             replaces: false,
             create_only: false,
             maybe_landed: false,
+            landed_md5s: Some(Vec::new()),
+            sending_md5: None,
             seen: None,
             cache_pending: None,
             base: None,

@@ -155,3 +155,40 @@ async fn recovery_after_a_crash_replaces_the_target_of_a_rename() {
     assert_eq!(object(mem.as_ref(), "target").await.unwrap(), b"renamed over");
     drop((fs, fs2));
 }
+
+/// An `O_EXCL` file's create-only upload times out without landing; another client then
+/// creates the key; `rm` (or `mv`) of our file follows before any retry. The cut-off
+/// upload could only have landed where no object was, and the object there has other
+/// bytes: it is the other client's, and stays. (Before, the key was deleted.) In
+/// write-back mode and on a durable mount.
+#[tokio::test]
+async fn a_cut_off_exclusive_create_never_deletes_an_object_made_first_by_another_client() {
+    use bucketfs_store::{PutOpts, Store};
+    for (rename, write_back) in [(false, true), (true, true), (false, false), (true, false)] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging(&format!("excl-made-first-{rename}-{write_back}"));
+        let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
+        let mut config = cfg(&dir, 60_000);
+        if !write_back {
+            config.write_back = None;
+        }
+        let fs = Fs::new(flaky, config);
+        fs.start_write_back();
+        let (_, fh) = fs.create(ROOT_INO, "lock", libc::O_EXCL, None).await.unwrap();
+        fs.write(fh, 0, b"ours").await.unwrap();
+        let closed = fs.release(fh).await; // a durable mount uploads here
+        let ino = fs.lookup(ROOT_INO, "lock").await.unwrap().ino;
+        let failed = if write_back { fs.upload_pub(ino).await } else { closed };
+        assert!(failed.is_err(), "the first upload fails (a timeout)");
+        mem.put("lock", bytes::Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
+        match rename {
+            false => fs.unlink(ROOT_INO, "lock").await.unwrap(),
+            true => fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.unwrap(),
+        }
+        assert!(fs.sync_write_back().await.is_empty());
+        let case = format!("rename {rename}, write-back {write_back}");
+        assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]), "{case}");
+        let mine = object(mem.as_ref(), "lock.mine").await;
+        assert_eq!(mine.as_deref(), rename.then_some(&b"ours"[..]), "{case}");
+    }
+}

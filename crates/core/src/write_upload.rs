@@ -12,6 +12,37 @@ impl Staged {
         self.in_store || self.replaces || self.maybe_landed
     }
 
+    /// How a rename away or an unlink deletes the key, when [`Staged::may_be_stored`].
+    pub fn landing(&self) -> Landing {
+        match (&self.landed_md5s, self.maybe_landed, self.in_store || self.replaces) {
+            (_, false, _) => Landing::Stored,
+            (Some(md5s), true, false) => Landing::IfMd5(md5s.clone()),
+            _ => Landing::Any,
+        }
+    }
+
+    /// An upload was cut off (a timeout, a dropped connection, or cancelled by a rename or
+    /// unlink): the store may still complete it. A create-only one lands only where no
+    /// object was, so the key is not taken as holding an older version (`in_store`), and
+    /// what it sent is remembered to tell its object from another client's.
+    pub fn cut_off(&mut self) {
+        self.maybe_landed = true;
+        self.in_store |= !self.create_only;
+        match (self.create_only, self.sending_md5.take(), self.landed_md5s.as_mut()) {
+            (true, Some(md5), Some(all)) if all.contains(&md5) => {}
+            (true, Some(md5), Some(all)) => all.push(md5),
+            _ => self.landed_md5s = None,
+        }
+    }
+
+    /// No upload cut off can land under the key any more (one succeeded there, the store
+    /// refused one, or the key's object was deleted after it).
+    pub fn landing_settled(&mut self) {
+        self.maybe_landed = false;
+        self.landed_md5s = Some(Vec::new());
+        self.sending_md5 = None;
+    }
+
     /// Whether parts of it are being sent ahead of its close (an eager upload to abort).
     pub fn uploading_eagerly(&self) -> bool {
         self.eager.is_some()
@@ -103,6 +134,7 @@ impl Staged {
         let gen = self.write_gen;
         let size = self.size;
         let put = self.put_opts(attrs);
+        self.sending_md5 = None; // set below for a create-only single PUT
         if self.eager.as_ref().is_some_and(|e| e.put != put) {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
         }
@@ -139,6 +171,9 @@ impl Staged {
                 let _share = self.budget.upload(self.len(), opts).await;
                 let data = self.read(0, self.size as u32)?;
                 sums.record(0, &data);
+                if put.if_not_exists && self.size <= LANDING_MD5_MAX {
+                    self.sending_md5 = Some(<md5::Md5 as md5::Digest>::digest(&data[..]).into());
+                }
                 store.put(key, data, put).await.map_err(FsError::from)
             }
             (None, None) => {
@@ -164,15 +199,15 @@ impl Staged {
                 // the key alone from then on.
                 let refused = matches!(&e, FsError::Store(s) if !matches!(s.kind, StoreErrorKind::Unavailable | StoreErrorKind::Other));
                 if !refused {
-                    self.in_store |= !self.create_only;
-                    self.maybe_landed = true;
+                    self.cut_off();
                 } else if self.create_only && matches!(&e, FsError::Store(s) if s.kind == StoreErrorKind::Exists) {
-                    self.maybe_landed = false;
+                    self.landing_settled();
                 }
+                self.sending_md5 = None;
                 return Err(e);
             }
         };
-        self.maybe_landed = false;
+        self.landing_settled();
         self.in_store = true;
         self.replaces = false;
         self.set_create_only(false);

@@ -291,6 +291,26 @@ impl ObjectHead {
     pub fn of(meta: ObjectMeta) -> Self {
         Self { meta, attrs: FileAttrs::default(), etag: None, md5: None, checksum: None }
     }
+
+    /// The MD5 of the whole content, where the head tells it: the store's own (`md5`), or
+    /// S3's ETag of a single-request upload (32 hex digits). Needs [`HeadOpts::digests`].
+    pub fn content_md5(&self) -> Option<[u8; 16]> {
+        if self.md5.is_some() {
+            return self.md5;
+        }
+        parse_md5_hex(self.etag.as_deref()?)
+    }
+}
+
+/// An MD5 written as 32 hex digits (S3's ETag of a single-request upload, Drive's
+/// `md5Checksum`); `None` for anything else.
+pub fn parse_md5_hex(h: &str) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    (h.len() == 32).then_some(())?;
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// An S3 additional checksum as HeadObject reports it with `x-amz-checksum-mode: ENABLED`.
@@ -352,5 +372,22 @@ mod tests {
         }
         assert!(!folder.addressable("dir /x") && !folder.addressable("d /") && folder.addressable("sp ace/x"));
         assert!(Capabilities::default().addressable(" any "), "Drive keeps every name");
+    }
+
+    #[test]
+    fn the_content_md5_is_the_stores_own_or_an_etag_of_one_request() {
+        use super::{ObjectHead, ObjectMeta};
+        let meta = ObjectMeta { key: "k".into(), size: 3, etag: None, mtime: None, size_unknown: false };
+        let head = |etag: Option<&str>, md5: Option<[u8; 16]>| ObjectHead {
+            etag: etag.map(Into::into),
+            md5,
+            ..ObjectHead::of(meta.clone())
+        };
+        let abc = [0x90, 0x01, 0x50, 0x98, 0x3c, 0xd2, 0x4f, 0xb0, 0xd6, 0x96, 0x3f, 0x7d, 0x28, 0xe1, 0x7f, 0x72];
+        assert_eq!(head(Some("900150983cd24fb0d6963f7d28e17f72"), None).content_md5(), Some(abc));
+        assert_eq!(head(Some("900150983cd24fb0d6963f7d28e17f72-2"), None).content_md5(), None, "a multipart ETag");
+        assert_eq!(head(Some("zz0150983cd24fb0d6963f7d28e17f72"), None).content_md5(), None);
+        assert_eq!(head(Some("1234"), Some(abc)).content_md5(), Some(abc), "the store's own first");
+        assert_eq!(head(None, None).content_md5(), None);
     }
 }

@@ -404,7 +404,7 @@ impl Store for GdriveStore {
         let f = self.lookup(key).ok_or_else(|| StoreError::not_found(format!("head {key:?}: not found")))?;
         let meta = self.sized_meta(key, &f).await?;
         let attrs = FileAttrs::from_metadata(&f.properties);
-        let md5 = f.md5_checksum.as_deref().filter(|_| opts.digests).and_then(parse_md5_hex);
+        let md5 = f.md5_checksum.as_deref().filter(|_| opts.digests).and_then(crate::parse_md5_hex);
         Ok(ObjectHead { attrs, md5, ..ObjectHead::of(meta) })
     }
 
@@ -533,15 +533,6 @@ impl Store for GdriveStore {
 }
 
 /// Drive's `md5Checksum` (32 hex digits) as bytes.
-fn parse_md5_hex(h: &str) -> Option<[u8; 16]> {
-    let mut out = [0u8; 16];
-    (h.len() == 32).then_some(())?;
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
 /// The metadata part of an upload: name and parent for a new file, and the attributes as
 /// `properties` (a key missing from `attrs` stays as it was on an existing file).
 fn upload_meta(placed: Option<(String, String)>, attrs: &FileAttrs) -> serde_json::Value {

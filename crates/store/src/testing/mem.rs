@@ -40,6 +40,8 @@ pub struct MemStore {
     trims_whitespace: bool,
     /// Report no `read_if_match` and ignore `if_match`, as stores that cannot pin a read do.
     no_if_match: bool,
+    /// Tell no MD5 in heads, as a local folder does (or S3 with SSE-KMS, whose ETags are no MD5).
+    no_md5: bool,
     /// Report [`Capabilities::moves`] and move in one request, keeping ETags, as Drive does.
     moves: bool,
     /// Report [`Capabilities::patches`] and build patched versions ([`Store::patch`]).
@@ -72,6 +74,12 @@ impl MemStore {
     /// still kept exactly), so the core's refusal of such names can be tested.
     pub fn trimming_whitespace(mut self) -> Self {
         self.trims_whitespace = true;
+        self
+    }
+
+    /// Tell no MD5 of an object in a head asked for digests, as a local folder does.
+    pub fn without_md5(mut self) -> Self {
+        self.no_md5 = true;
         self
     }
 
@@ -158,7 +166,7 @@ impl Store for MemStore {
         Ok(())
     }
 
-    async fn head(&self, key: &str, _opts: HeadOpts) -> Result<ObjectHead, StoreError> {
+    async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         self.request().await;
         let (data, etag, mtime) = self.snapshot(key).ok_or_else(|| StoreError::not_found(key))?;
         let meta = ObjectMeta {
@@ -169,7 +177,9 @@ impl Store for MemStore {
             size_unknown: false,
         };
         let attrs = self.attrs.lock().unwrap().get(key).copied().unwrap_or_default();
-        Ok(ObjectHead { attrs, ..ObjectHead::of(meta) })
+        // As GCS keeps it: the MD5 of the whole content.
+        let md5 = (opts.digests && !self.no_md5).then(|| <md5::Md5 as md5::Digest>::digest(&data[..]).into());
+        Ok(ObjectHead { attrs, md5, ..ObjectHead::of(meta) })
     }
 
     async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
