@@ -185,7 +185,7 @@ async fn a_landing_delete_with_md5s_takes_only_those_bytes_also_after_a_crash() 
 async fn landing_delete_with_md5s(told: bool) {
     use bucketfs_store::Store;
     let md5 = |b: &[u8]| -> [u8; 16] { <md5::Md5 as md5::Digest>::digest(b).into() };
-    let mem = Arc::new(if told { MemStore::new() } else { MemStore::new().without_md5() });
+    let mem = Arc::new(if told { MemStore::new().with_md5() } else { MemStore::new() });
     let dir = staging(&format!("landing-md5-{told}"));
     std::fs::create_dir_all(&dir).unwrap();
     {

@@ -40,8 +40,9 @@ pub struct MemStore {
     trims_whitespace: bool,
     /// Report no `read_if_match` and ignore `if_match`, as stores that cannot pin a read do.
     no_if_match: bool,
-    /// Tell no MD5 in heads, as a local folder does (or S3 with SSE-KMS, whose ETags are no MD5).
-    no_md5: bool,
+    /// Tell the MD5 of the content in heads asked for digests, as GCS does (off: none, as
+    /// a local folder, or S3 with SSE-KMS, whose ETags are no MD5).
+    md5: bool,
     /// Report [`Capabilities::moves`] and move in one request, keeping ETags, as Drive does.
     moves: bool,
     /// Report [`Capabilities::patches`] and build patched versions ([`Store::patch`]).
@@ -77,9 +78,9 @@ impl MemStore {
         self
     }
 
-    /// Tell no MD5 of an object in a head asked for digests, as a local folder does.
-    pub fn without_md5(mut self) -> Self {
-        self.no_md5 = true;
+    /// Tell the MD5 of an object in a head asked for digests, as GCS does.
+    pub fn with_md5(mut self) -> Self {
+        self.md5 = true;
         self
     }
 
@@ -177,8 +178,7 @@ impl Store for MemStore {
             size_unknown: false,
         };
         let attrs = self.attrs.lock().unwrap().get(key).copied().unwrap_or_default();
-        // As GCS keeps it: the MD5 of the whole content.
-        let md5 = (opts.digests && !self.no_md5).then(|| <md5::Md5 as md5::Digest>::digest(&data[..]).into());
+        let md5 = (opts.digests && self.md5).then(|| <md5::Md5 as md5::Digest>::digest(&data[..]).into());
         Ok(ObjectHead { attrs, md5, ..ObjectHead::of(meta) })
     }
 
