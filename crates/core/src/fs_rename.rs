@@ -343,7 +343,7 @@ impl Fs {
                     journal = Some(self.move_object(&src.key, new_key, None).await?);
                     if st.maybe_landed {
                         // An upload this rename cancelled may land after the move's delete.
-                        self.delete_removed(&src.key, crate::write::Landing::Any).await?;
+                        self.delete_removed(&src.key, st.landing()).await?;
                         st.landing_settled();
                     }
                 } else if st.may_be_stored() {

@@ -306,7 +306,8 @@ impl ObjectHead {
 /// `md5Checksum`); `None` for anything else.
 pub fn parse_md5_hex(h: &str) -> Option<[u8; 16]> {
     let mut out = [0u8; 16];
-    (h.len() == 32).then_some(())?;
+    // Digits only: `from_str_radix` alone would take a sign (`+f`).
+    (h.len() == 32 && h.bytes().all(|c| c.is_ascii_hexdigit())).then_some(())?;
     for (i, b) in out.iter_mut().enumerate() {
         *b = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
@@ -387,6 +388,7 @@ mod tests {
         assert_eq!(head(Some("900150983cd24fb0d6963f7d28e17f72"), None).content_md5(), Some(abc));
         assert_eq!(head(Some("900150983cd24fb0d6963f7d28e17f72-2"), None).content_md5(), None, "a multipart ETag");
         assert_eq!(head(Some("zz0150983cd24fb0d6963f7d28e17f72"), None).content_md5(), None);
+        assert_eq!(head(Some("+00150983cd24fb0d6963f7d28e17f72"), None).content_md5(), None, "a sign");
         assert_eq!(head(Some("1234"), Some(abc)).content_md5(), Some(abc), "the store's own first");
         assert_eq!(head(None, None).content_md5(), None);
     }

@@ -222,14 +222,10 @@ pub fn expect(kind: Kind, d: &ObjectHead) -> Expect {
     let Some(etag) = d.etag.as_deref().filter(|_| kind == Kind::S3) else {
         return Expect::Reread;
     };
-    let is_hex = |s: &str| s.len() == 32 && s.bytes().all(|c| c.is_ascii_hexdigit());
-    if is_hex(etag) {
-        let mut md5 = [0u8; 16];
-        for (i, b) in md5.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&etag[2 * i..2 * i + 2], 16).unwrap_or_default();
-        }
+    if let Some(md5) = bucketfs_store::parse_md5_hex(etag) {
         return Expect::WholeMd5(md5);
     }
+    let is_hex = |s: &str| s.len() == 32 && s.bytes().all(|c| c.is_ascii_hexdigit());
     match etag.split_once('-') {
         Some((h, n)) if is_hex(h) => match n.parse::<u64>() {
             Ok(parts) if parts > 0 => Expect::Composite { etag: etag.to_ascii_lowercase(), parts },
