@@ -260,8 +260,13 @@ impl DeferredDeletes {
             (Op::Marker, _) => format!("m\0{key}"),
         };
         // A change already pending for the key keeps its journal entry, rewritten in one
-        // step (a crash leaves the old change or the new one, never both).
-        let existing = self.pending.lock().unwrap().get(key).map(|e| e.journal.clone());
+        // step (a crash leaves the old change or the new one, never both). Its generation
+        // moves on first: a send of it in flight now ends leaving the entry (and the file
+        // being rewritten) in place, instead of forgetting the new change's journal.
+        let existing = self.pending.lock().unwrap().get_mut(key).map(|e| {
+            e.gen += 1;
+            e.journal.clone()
+        });
         // Unique across processes: a mount started after a crash may get the same pid, and
         // must not write over an entry it adopted.
         let path = existing.unwrap_or_else(|| {
@@ -430,7 +435,20 @@ impl DeferredDeletes {
                     send.push(k.clone());
                 }
             }
-            futures::future::join_all(send.into_iter().map(|k| self.send(k))).await;
+            // Sent by tasks of their own, which `changed` reports on: a caller dropped while
+            // waiting (an upload cancelled by a rename or an unlink) cannot leave an entry
+            // marked in flight and never sent, which would hold every later drain for good.
+            match self.me.upgrade() {
+                Some(me) => {
+                    for k in send {
+                        let me = me.clone();
+                        crate::sync::spawn(async move { me.send(k).await });
+                    }
+                }
+                None => {
+                    futures::future::join_all(send.into_iter().map(|k| self.send(k))).await;
+                }
+            }
             changed.await;
         }
     }

@@ -211,3 +211,27 @@ async fn landing_delete_with_md5s(told: bool) {
     assert_eq!(object(mem.as_ref(), "ours").await, None, "our late bytes were left (MD5 told: {told})");
     assert_eq!(object(mem.as_ref(), "theirs").await.as_deref(), Some(&b"theirs, rewritten"[..]), "told: {told}");
 }
+
+/// A write whose caller gives up (an upload cancelled by a rename or an unlink) while the
+/// pending delete it sent first is still in flight leaves that delete to finish: no later
+/// request over the key, `bucketfs sync` or unmount waits on it for good.
+#[tokio::test]
+async fn a_request_cut_off_while_it_sends_a_pending_delete_leaves_nothing_stuck() {
+    use bucketfs_store::{PutOpts, Store};
+    let mem = Arc::new(MemStore::new());
+    mem.put("f", bytes::Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 0, StoreErrorKind::Unavailable));
+    let dir = staging("deferred-cut-off");
+    let store = crate::deletes::DeferredDeletes::new(fail.clone(), &dir);
+    store.defer("f").await.unwrap();
+    let permits = fail.hold(Op::Delete, 1);
+    // The PUT sends the pending DELETE first and waits for it; its caller is dropped.
+    let put = store.put("f", bytes::Bytes::from_static(b"new"), PutOpts::default());
+    assert!(tokio::time::timeout(Duration::from_millis(100), put).await.is_err(), "the DELETE was held");
+    permits.add_permits(1);
+    let left = tokio::time::timeout(Duration::from_secs(10), store.drain_all()).await;
+    assert_eq!(left.expect("a pending delete stayed in flight for good"), []);
+    assert!(object(mem.as_ref(), "f").await.is_none());
+    let put = store.put("f", bytes::Bytes::from_static(b"new"), PutOpts::default());
+    tokio::time::timeout(Duration::from_secs(10), put).await.expect("the PUT waited for good").unwrap();
+}
