@@ -154,7 +154,18 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<(String, St
             continue;
         };
         let keys: Vec<String> = parts.filter(|k| k.starts_with(from)).map(str::to_string).collect();
-        match run(store, from, to, &keys, true).await {
+        let done = if store.capabilities().moves {
+            // One request moves the folder (Drive), so it moved whole or not at all. `run`'s
+            // create-copy-delete would delete `from`, and deleting a folder there takes
+            // everything in it.
+            match store.rename(from, to).await {
+                Err(e) if e.kind == StoreErrorKind::NotFound => Ok(()), // moved before the crash
+                r => r,
+            }
+        } else {
+            run(store, from, to, &keys, true).await
+        };
+        match done {
             Ok(()) => {
                 tracing::warn!(%from, %to, keys = keys.len(), "finished a move an earlier mount began");
                 let _ = std::fs::remove_file(&path);

@@ -298,6 +298,63 @@ async fn pending_files_of_a_journaled_move_are_recovered_under_the_new_name() {
     assert_eq!(keys(mem.as_ref()).await, ["e/", "e/p0", "e/p1"], "the marker moved too");
 }
 
+/// Two handles write one file through the kernel (passthrough), with the store down: one
+/// closes, and its version is queued. The other then writes the file in place before the
+/// upload, and the daemon is killed: the next mount uploads the closed version (kept as a
+/// copy at the close), never loses it to `lost+found`.
+#[tokio::test]
+async fn a_version_closed_beside_another_kernel_writer_survives_a_crash() {
+    use std::os::unix::fs::FileExt;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("closed-beside-writer");
+    {
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1_000_000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg(&dir, 60_000));
+        fs.start_write_back();
+        let (attr, fa) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+        let fb = fs.open(attr.ino, true, false).await.unwrap();
+        let backing = fs.backing_file(fa).await.unwrap();
+        fs.note_passthrough_open(fa);
+        fs.note_passthrough_open(fb);
+        backing.file.write_all_at(b"closed", 0).unwrap(); // as the kernel would
+        fs.flush(fa).await.unwrap();
+        fs.release(fa).await.unwrap();
+        backing.file.write_all_at(b"LATER!", 0).unwrap(); // fb's write, never closed
+        std::mem::forget(fs); // the crash
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert_eq!((done, failed), (vec!["f".to_string()], vec![]));
+    assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"closed");
+}
+
+/// On a store that moves a folder in one request (Drive), a directory move cut by a crash
+/// is finished with that request: deleting the source folder, as a copy-then-delete move
+/// does, would take the files still in it.
+#[tokio::test]
+async fn a_journaled_move_on_a_store_that_moves_folders_keeps_their_files() {
+    use bucketfs_store::{PutOpts, Store};
+    for moved_before_the_crash in [false, true] {
+        let mem = Arc::new(MemStore::new().with_moves());
+        let dir = staging("dir-move-journal-drive");
+        for (k, v) in [("d/", ""), ("d/x", "x"), ("d/s/y", "y")] {
+            mem.put(k, bytes::Bytes::from(v), PutOpts::default()).await.unwrap();
+        }
+        if moved_before_the_crash {
+            mem.rename("d/", "e/").await.unwrap();
+        }
+        std::mem::forget(crate::moves::Entry::begin(&dir, "d/", "e/", &[])); // the crash
+        let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+        assert_eq!(fs.recover_staged().await, (vec![], vec![]));
+        assert_eq!(
+            keys(mem.as_ref()).await,
+            ["e/", "e/s/y", "e/x"],
+            "moved before the crash: {moved_before_the_crash}"
+        );
+        assert_eq!(object(mem.as_ref(), "e/x").await.unwrap(), b"x");
+    }
+}
+
 /// Write-back O_EXCL create, and another client makes the key before the upload: the upload
 /// is refused once and not tried again (no retry storm against their object), `sync` names
 /// it, and a rename sends our bytes under the new name.

@@ -125,6 +125,14 @@ impl Staged {
     /// A commit point; `fsync`: the caller syncs the file to disk, and the version must
     /// survive the writes that may follow (a file the kernel writes unseen is copied now).
     pub fn commit_as(&mut self, fsync: bool) -> Result<(), FsError> {
+        self.commit_kept(fsync, fsync)
+    }
+
+    /// [`Staged::commit_as`]; `keep`: a file the kernel writes unseen is copied now even
+    /// without an fsync (another handle may write it through the kernel before this
+    /// version is uploaded: its marker alone would then no longer match, and a crash
+    /// would lose the version a close returned for).
+    pub fn commit_kept(&mut self, fsync: bool, keep: bool) -> Result<(), FsError> {
         // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
         self.settle()?;
         if self.seen.is_some() {
@@ -139,7 +147,7 @@ impl Staged {
         self.forget_base();
         let b = Base { len: self.size, copied: false, synced: fsync };
         self.base = Some(b);
-        if fsync && self.seen.is_some() {
+        if keep && self.seen.is_some() {
             self.copy_base(b)?;
         }
         Ok(())

@@ -91,7 +91,8 @@ impl MemStore {
     }
 
     /// Move files and directories in one request that keeps each object's ETag and mtime
-    /// ([`Capabilities::moves`]), as Google Drive does.
+    /// ([`Capabilities::moves`]), and delete a directory (`d/`) with everything in it, as
+    /// Google Drive does.
     pub fn with_moves(mut self) -> Self {
         self.moves = true;
         self
@@ -245,8 +246,19 @@ impl Store for MemStore {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.request().await;
-        self.objects.lock().unwrap().remove(key);
-        self.attrs.lock().unwrap().remove(key);
+        let mut objects = self.objects.lock().unwrap();
+        let mut attrs = self.attrs.lock().unwrap();
+        // As Drive does (`with_moves`), deleting a folder takes everything in it.
+        let below: Vec<String> = match self.moves && key.ends_with('/') {
+            true => {
+                objects.range(key.to_string()..).map(|(k, _)| k).take_while(|k| k.starts_with(key)).cloned().collect()
+            }
+            false => vec![key.to_string()],
+        };
+        for k in below {
+            objects.remove(&k);
+            attrs.remove(&k);
+        }
         Ok(())
     }
 
