@@ -1,4 +1,4 @@
-//! rename, setattr and the unmount-time sync: the namespace changes that move data.
+//! rename and setattr: the namespace changes that move data.
 
 use std::time::SystemTime;
 
@@ -357,8 +357,11 @@ impl Fs {
                         }
                     }
                 }
-                st.set_create_only(false); // a rename replaces its target
+                // A rename replaces its target. The new key is named first: a crash between
+                // the two leaves a create-only upload to the new name (refused if it is
+                // taken, the bytes kept for the user), never a plain one to the old name.
                 let named = st.set_key(new_key);
+                st.set_create_only(false);
                 drop(journal);
                 return named.map(|()| false);
             }
@@ -373,10 +376,13 @@ impl Fs {
             if st.dirty && !st.unlinked {
                 // Not in the bucket yet (or changed): upload straight to the new name, which
                 // a rename replaces (an O_EXCL create was about the old name).
-                st.set_create_only(false);
                 // The old key holds another writer's object if ours never went up there.
                 let old = (st.in_store || st.maybe_landed).then(|| st.landing());
-                st.upload(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
+                st.upload_replacing(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
+                if st.key() == Some(src.key.as_str()) {
+                    // Still named (the kernel writes it): recovery must not bring the old name back.
+                    name_staged(&mut st, new_key);
+                }
                 drop(st);
                 let Some(old) = old else { return Ok(false) };
                 match self.delete_removed(&src.key, old).await {
@@ -621,67 +627,5 @@ impl Fs {
             n.size = size;
             n.mtime = SystemTime::now();
         }
-    }
-
-    /// Finish what an earlier mount left: directory moves it began, then uploads of what it
-    /// left in the staging directory (a crash, or an unmount whose uploads kept failing).
-    /// Returns (uploaded keys, keys still failing).
-    /// Then the spare files it left are adopted in the background (see `recycle::warm`).
-    pub async fn recover_staged(&self) -> (Vec<String>, Vec<String>) {
-        // Directory moves a crash cut short first: staged files may be named below their
-        // new directories already (moves.rs).
-        let moved = crate::moves::replay(&self.cfg.staging_dir, self.store.as_ref()).await;
-        // Temporary objects of uploads a crash cut short (before any upload of this mount).
-        let owner = crate::recovery::parts_owner(&self.cfg.staging_dir);
-        match self.store.clean_parts(&owner).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(n, "deleted temporary objects an earlier mount left in the bucket"),
-            Err(e) => tracing::warn!("cannot delete temporary objects an earlier mount left: {e}"),
-        }
-        let r = crate::recovery::recover(
-            &self.cfg.staging_dir,
-            self.store.as_ref(),
-            self.cfg.write,
-            &self.staging.budget,
-            &moved,
-        )
-        .await;
-        crate::recycle::warm(&self.cfg.staging_dir);
-        r
-    }
-
-    /// Keys whose staged data the bucket does not have yet.
-    pub async fn pending_keys(&self) -> Vec<String> {
-        let staged = self.staging.all();
-        let mut keys = Vec::new();
-        for (ino, s) in staged {
-            let mut st = s.lock().await;
-            let _ = self.observe(ino, &mut st); // a failed check keeps what is known
-            if st.dirty && !st.unlinked {
-                keys.push(self.node(ino).map(|n| n.key).unwrap_or_default());
-            }
-        }
-        keys
-    }
-
-    /// Upload every dirty staged file (unmount). Returns the keys that could not be uploaded.
-    pub async fn sync_all(&self) -> Vec<String> {
-        if self.write_back() {
-            // The queue first, in parallel; what is left (still open, failing) one by one.
-            for (key, e) in self.sync_write_back().await {
-                tracing::warn!(%key, "write-back upload failing at unmount, trying once more: {e}");
-            }
-        }
-        let inos = self.staging.inos();
-        let mut failed = Vec::new();
-        for ino in inos {
-            if let Err(e) = self.upload_pub(ino).await {
-                let key = self.node(ino).map(|n| n.key).unwrap_or_default();
-                tracing::error!(%key, "not uploaded at unmount, kept in staging: {e}");
-                failed.push(key);
-            }
-        }
-        self.store.settle().await; // no temporary object left in the bucket
-        failed
     }
 }

@@ -603,3 +603,5 @@ impl Fs {
 
 #[path = "fs_rename.rs"]
 mod rename;
+#[path = "fs_sync.rs"]
+mod sync_all;

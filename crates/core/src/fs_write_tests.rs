@@ -500,6 +500,32 @@ async fn a_clean_file_out_of_staging_is_never_recovered_under_its_old_name() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A durable mount renames a file the kernel is still writing (open, changed since its
+/// last upload): its bytes go up under the new name, and its sidecar, which stays while
+/// the kernel may still write, names the new key. A crash then never brings the old
+/// name back.
+#[tokio::test]
+async fn a_renamed_file_the_kernel_writes_is_never_recovered_under_its_old_name() {
+    use std::os::unix::fs::FileExt;
+    let mem = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-rename-watched-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let (_, fh) = fs.create(ROOT_INO, "a", 0, None).await.unwrap();
+    let backing = fs.backing_file(fh).await.unwrap();
+    fs.note_passthrough_open(fh);
+    backing.file.write_all_at(b"kernel bytes", 0).unwrap(); // as the kernel would
+    fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await.unwrap();
+    assert_eq!(object(&mem, "b").await.unwrap(), b"kernel bytes");
+    std::mem::forget(fs); // a crash, with the file still open
+    let fs2 = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let _ = fs2.recover_staged().await;
+    assert!(object(&mem, "a").await.is_none(), "the old name came back");
+    assert_eq!(object(&mem, "b").await.unwrap(), b"kernel bytes");
+    drop(fs2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A file the kernel wrote (passthrough) is fed to an eager upload every 200 ms while it
 /// grows; a tick after the close's upload must not start the whole file again (it did:
 /// a 256 MiB `cp` was sent twice, and its release held the file for a second).

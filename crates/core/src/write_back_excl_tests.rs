@@ -192,3 +192,35 @@ async fn a_cut_off_exclusive_create_never_deletes_an_object_made_first_by_anothe
         assert_eq!(mine.as_deref(), rename.then_some(&b"ours"[..]), "{case}");
     }
 }
+
+/// A durable mount: an `O_EXCL` file's close is refused (another client made the name
+/// first), and the rename that would keep our bytes under another name fails in its upload.
+/// The file is still create-only under its old name: neither a later upload nor the next
+/// mount's recovery replaces the other client's object.
+#[tokio::test]
+async fn a_failed_rename_of_a_refused_exclusive_create_keeps_it_exclusive() {
+    use bucketfs_store::PutOpts;
+    for crash in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging(&format!("excl-rename-fails-{crash}"));
+        // PUT 1 is the close's (refused: the key is taken), PUT 2 the rename's upload.
+        let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 2, 1, StoreErrorKind::Unavailable));
+        let mut config = cfg(&dir, 0);
+        config.write_back = None;
+        let fs = Fs::new(flaky, config);
+        let (_, fh) = fs.create(ROOT_INO, "lock", libc::O_EXCL, None).await.unwrap();
+        fs.write(fh, 0, b"ours").await.unwrap();
+        mem.put("lock", bytes::Bytes::from_static(b"theirs"), PutOpts::default()).await.unwrap();
+        assert!(fs.release(fh).await.is_err(), "the close is refused");
+        assert!(fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.is_err(), "the upload failed");
+        if crash {
+            std::mem::forget(fs);
+            let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+            let _ = fs.recover_staged().await;
+        } else {
+            let ino = fs.lookup(ROOT_INO, "lock").await.unwrap().ino;
+            assert!(fs.upload_pub(ino).await.is_err(), "a later upload is refused too");
+        }
+        assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]), "crash {crash}");
+    }
+}

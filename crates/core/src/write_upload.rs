@@ -119,6 +119,34 @@ impl Staged {
         Ok(())
     }
 
+    /// [`Staged::upload`] to `key` replacing whatever it holds (a rename's target), though
+    /// the file may be create-only under its own name. That stays so, `.excl` sidecar
+    /// included, unless the upload succeeds: after a failed rename, or a crash during it,
+    /// no later upload replaces another client's object under the old name.
+    pub async fn upload_replacing(
+        &mut self,
+        store: &dyn Store,
+        key: &str,
+        opts: WriteOptions,
+        attrs: &FileAttrs,
+    ) -> Result<ObjectMeta, FsError> {
+        if !self.create_only {
+            return self.upload(store, key, opts, attrs).await;
+        }
+        // What a cut-off upload would note is about `key`, not the name kept on failure.
+        let kept = (self.in_store, self.maybe_landed, self.landed_md5s.clone());
+        self.create_only = false;
+        let r = self.upload(store, key, opts, attrs).await;
+        match r {
+            Ok(_) => self.mark_excl(false),
+            Err(_) => {
+                self.create_only = true;
+                (self.in_store, self.maybe_landed, self.landed_md5s) = kept;
+            }
+        }
+        r
+    }
+
     /// Upload the staged bytes to `key`; returns the new object's metadata.
     /// `attrs` (mode, owner, mtime) go with it where the store keeps them. Where the bucket
     /// holds a version this mount stored or read, only what changed is sent (write_patch.rs).

@@ -1,0 +1,84 @@
+//! The mount's start and end: what an earlier mount left is finished (directory moves,
+//! staged files), and at unmount every staged change goes up or stays staged.
+
+use futures::StreamExt;
+
+use crate::fs::Fs;
+
+/// Staged files uploaded at once at unmount (see [`Fs::sync_all`]).
+const UNMOUNT_PARALLEL: usize = 4;
+
+impl Fs {
+    /// Finish what an earlier mount left: directory moves it began, then uploads of what it
+    /// left in the staging directory (a crash, or an unmount whose uploads kept failing).
+    /// Returns (uploaded keys, keys still failing).
+    /// Then the spare files it left are adopted in the background (see `recycle::warm`).
+    pub async fn recover_staged(&self) -> (Vec<String>, Vec<String>) {
+        // Directory moves a crash cut short first: staged files may be named below their
+        // new directories already (moves.rs).
+        let moved = crate::moves::replay(&self.cfg.staging_dir, self.store.as_ref()).await;
+        // Temporary objects of uploads a crash cut short (before any upload of this mount).
+        let owner = crate::recovery::parts_owner(&self.cfg.staging_dir);
+        match self.store.clean_parts(&owner).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(n, "deleted temporary objects an earlier mount left in the bucket"),
+            Err(e) => tracing::warn!("cannot delete temporary objects an earlier mount left: {e}"),
+        }
+        let r = crate::recovery::recover(
+            &self.cfg.staging_dir,
+            self.store.as_ref(),
+            self.cfg.write,
+            &self.staging.budget,
+            &moved,
+        )
+        .await;
+        crate::recycle::warm(&self.cfg.staging_dir);
+        r
+    }
+
+    /// Keys whose staged data the bucket does not have yet.
+    pub async fn pending_keys(&self) -> Vec<String> {
+        let staged = self.staging.all();
+        let mut keys = Vec::new();
+        for (ino, s) in staged {
+            let mut st = s.lock().await;
+            let _ = self.observe(ino, &mut st); // a failed check keeps what is known
+            if st.dirty && !st.unlinked {
+                keys.push(self.node(ino).map(|n| n.key).unwrap_or_default());
+            }
+        }
+        keys
+    }
+
+    /// Upload every dirty staged file (unmount). Returns the keys that could not be uploaded.
+    /// In write-back mode a file whose upload the queue just tried and failed is not tried
+    /// again: against a store that hangs each try is a timeout, and one after another they
+    /// kept an unmount waiting for an hour. Its bytes stay staged for the next mount.
+    pub async fn sync_all(&self) -> Vec<String> {
+        let mut failed = Vec::new();
+        if self.write_back() {
+            for (key, e) in self.sync_write_back().await {
+                tracing::error!(%key, "not uploaded at unmount, kept in staging: {e}");
+                failed.push(key);
+            }
+        }
+        // What is left (files still open, and every staged file of a durable mount), a few
+        // at a time.
+        let staged = self.staging.inos();
+        let left: Vec<u64> = {
+            let t = self.table.lock().unwrap();
+            staged.into_iter().filter(|ino| !t.get(*ino).is_some_and(|n| failed.contains(&n.key))).collect()
+        };
+        let uploads = futures::stream::iter(left).map(|ino| async move { (ino, self.upload_pub(ino).await) });
+        let results: Vec<_> = uploads.buffer_unordered(UNMOUNT_PARALLEL).collect().await;
+        for (ino, r) in results {
+            if let Err(e) = r {
+                let key = self.node(ino).map(|n| n.key).unwrap_or_default();
+                tracing::error!(%key, "not uploaded at unmount, kept in staging: {e}");
+                failed.push(key);
+            }
+        }
+        self.store.settle().await; // no temporary object left in the bucket
+        failed
+    }
+}
