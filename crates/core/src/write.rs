@@ -446,6 +446,15 @@ impl Staged {
     /// crash), with the directory entries that name them.
     pub fn sync_local(&self) -> Result<(), FsError> {
         self.file.sync_data().map_err(local)?;
+        // The sidecars too: a new one is made under a temporary name and renamed over, or
+        // written over a spare in place, and neither orders its bytes before the rename.
+        for side in ["key", "excl", "open", "base"] {
+            match File::open(self.path.with_extension(side)) {
+                Ok(f) => f.sync_all().map_err(local)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(local(e)),
+            }
+        }
         if let Some(dir) = self.path.parent() {
             File::open(dir).and_then(|d| d.sync_all()).map_err(local)?;
         }
