@@ -83,8 +83,10 @@ pub struct GdriveStore {
     client: Client,
     cfg: DriveConfig,
     state: Mutex<Option<State>>,
-    /// Serialises loads and change reads so one runs at a time.
-    refresh: tokio::sync::Mutex<()>,
+    /// Serialises loads and change reads so one runs at a time; holds when the last one
+    /// failed, and why: that answers every call that waited for it (against a store that
+    /// hangs, each waiter sending the request again made the k-th wait k times as long).
+    refresh: tokio::sync::Mutex<Option<(Instant, StoreError)>>,
     exports: Mutex<Vec<Export>>,
     /// By file ID: what the export of its current version gave (see the module docs).
     export_sizes: Mutex<std::collections::HashMap<String, ExportSize>>,
@@ -159,7 +161,18 @@ impl GdriveStore {
         if !due(&self.state.lock().unwrap()) {
             return Ok(());
         }
-        let _one = self.refresh.lock().await;
+        let asked = Instant::now();
+        let mut failed = self.refresh.lock().await;
+        if let Some((_, e)) = failed.as_ref().filter(|(at, _)| *at >= asked) {
+            return Err(e.clone());
+        }
+        let r = self.refresh_now(force).await;
+        *failed = r.as_ref().err().map(|e| (Instant::now(), e.clone()));
+        r
+    }
+
+    /// [`Self::fresh`]'s work, under its lock.
+    async fn refresh_now(&self, force: bool) -> Result<(), StoreError> {
         let token = match self.state.lock().unwrap().as_ref() {
             Some(s) if !force && s.refreshed.elapsed() < self.cfg.poll => return Ok(()),
             Some(s) => Some((s.page_token.clone(), s.drive.clone())),
