@@ -689,6 +689,42 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
         unmount(mp)
 
 
+def test_a_file_whose_upload_hangs_is_read_at_once(hung_minio, tmp_path):
+    """A file closed moments ago is being uploaded (--write-back-delay 0) when the store hangs
+    (SIGSTOP): opening, reading and closing it returns its bytes within the local-call limit,
+    twice (before, the open waited for the upload's lock: 84 s here). Once the store
+    continues, `bucketfs sync` exits 0 and the bucket holds those bytes."""
+    pm = hung_minio
+    bucket = pm.new_bucket()
+    mp = mount(pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "0"))
+    try:
+        path = os.path.join(mp, "d", "f.bin")
+        os.mkdir(os.path.dirname(path))
+        assert sync(mp).returncode == 0
+        data = random.Random(7).randbytes(MiB)
+
+        def read_back():
+            assert read_file(path) == data
+
+        pm.stop()
+        try:
+            write_file(path, data)
+            uploading = lambda: "d/f.bin (uploading)" in status(mp)["write_back_pending"]  # noqa: E731
+            assert wait_until(uploading, 10, 0.05), status(mp)
+            outs = bounded_calls({"first read": read_back, "second read": read_back}, LOCAL_CALL_LIMIT)
+            print("while the store hangs: " + outcome_table(outs))
+            assert uploading(), "the upload was not hanging during the reads"
+        finally:
+            pm.cont()
+        for name, o in outs.items():
+            assert not o.hung and o.error is None and o.elapsed <= LOCAL_CALL_LIMIT, (name, o)
+        assert sync(mp).returncode == 0
+        assert pm.objects(bucket)["d/f.bin"] == data
+        read_back()
+    finally:
+        unmount(mp)
+
+
 def test_a_name_renamed_away_during_an_outage_stays_away(hung_minio, tmp_path):
     """A file closed while the store hangs (its upload in flight, then timed out in the later
     rounds) is renamed while the store still hangs. When the store continues, `bucketfs sync`

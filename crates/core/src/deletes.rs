@@ -240,7 +240,7 @@ impl DeferredDeletes {
     /// [`DeferredDeletes::defer`] of a key an upload that failed (a timeout) may still
     /// write: after the delete succeeds, it is sent once more `LANDING_GRACE` (3 s) later, and
     /// `bucketfs sync` waits for that one too. `only`: each of the two deletes only takes
-    /// an object with one of these MD5s ([`delete_if_ours`]).
+    /// an object with one of these MD5s (`delete_if_ours`).
     pub async fn defer_landing(&self, key: &str, only: Option<Vec<[u8; 16]>>) -> Result<(), StoreError> {
         self.defer_op(key, Op::Delete, true, only).await
     }

@@ -67,7 +67,12 @@ impl Fs {
     async fn staged_backing(&self, ino: u64, identity: String) -> Result<Backing, &'static str> {
         let staged = self.staging.get(ino).ok_or("not staged any more")?;
         let key = self.node(ino).map_err(|_| "gone")?.key;
-        let mut st = staged.lock().await;
+        // An upload holds it (and the store may hang): this open reads through us instead.
+        let mut st = match staged.try_lock() {
+            Ok(st) => st,
+            Err(_) if self.staging.view(ino).is_some() => return Err("being uploaded"),
+            Err(_) => staged.lock().await,
+        };
         // Still the map's (its upload may have dropped it while this waited for the lock):
         // a watch on a dropped file would outlive it.
         let current = self.staging.is_current(ino, &staged);

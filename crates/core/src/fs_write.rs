@@ -208,7 +208,11 @@ impl Fs {
             // Write-back: a queued version goes up before it changes again (write_back.rs).
             self.upload_before_change(ino).await?;
         }
-        let staged = if write || self.staging.contains(ino) {
+        // A reader of a file an upload holds joins it without waiting (staging.rs).
+        let shown = if write || truncate { None } else { self.staging.join_shown(ino) };
+        let staged = if shown.is_some() {
+            shown
+        } else if write || self.staging.contains(ino) {
             let staged = self.stage(&node, truncate && write).await?;
             if write && !truncate {
                 // A close that queued its version after the check above (while this open
@@ -261,7 +265,14 @@ impl Fs {
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let file = self.open_file(fh)?;
         if let Some(staged) = self.staging.get(file.ino) {
-            let mut st = staged.lock().await;
+            let mut st = match staged.try_lock() {
+                Ok(st) => st,
+                Err(_) => match self.staging.view(file.ino) {
+                    // An upload holds it: the bytes it shows (the same for every handle).
+                    Some((f, len)) => return crate::write::read_at(&f, offset, size, len),
+                    None => staged.lock().await,
+                },
+            };
             self.observe(file.ino, &mut st)?;
             if file.wrote.load(Ordering::Relaxed) {
                 return st.read(offset, size);

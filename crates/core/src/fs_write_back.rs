@@ -125,6 +125,11 @@ impl Fs {
             tracing::debug!(ino = file.ino, "write-back commit point: nothing staged");
             return Ok(());
         };
+        if !wrote && !file.writable && self.staging.view(file.ino).is_some() {
+            // An upload holds it (staging.rs), sending the version a reader's close would
+            // commit: `cat` does not wait for a store that hangs.
+            return Ok(());
+        }
         let other_writer = self.handles.lock().unwrap().values().any(
             |h| matches!(h, Handle::File(f) if f.ino == file.ino && f.writable && !std::ptr::eq(f.as_ref(), file)),
         );
@@ -212,7 +217,11 @@ impl Fs {
         let mut st = staged.lock().await;
         self.observe(ino, &mut st)?;
         if st.dirty && !st.unlinked && st.committed() {
-            self.publish(ino, &mut st).await?;
+            // Readers go on without the lock while the store takes its time (staging.rs).
+            let showing = self.staging.show(ino, &staged, &st);
+            let published = self.publish(ino, &mut st).await;
+            st.handles += showing.map_or(0, |s| s.end());
+            published?;
         }
         // Not committed: a writer is changing it; its close queues it again. Still mapped:
         // its lingering watch drops it (fs_write.rs).

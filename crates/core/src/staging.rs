@@ -41,6 +41,50 @@ pub(crate) struct Staging {
     /// Inodes whose staged file outlived its handles in a shared mapping, watched until it
     /// goes (`Fs::linger`). A leaf lock.
     pub(crate) lingering: Mutex<HashSet<u64>>,
+    /// Staged files a background upload holds locked, with the bytes every handle reads
+    /// (see [`Staging::show`]). A leaf lock.
+    views: Mutex<HashMap<u64, Shown>>,
+}
+
+/// The bytes of a staged file while an upload holds its lock: a descriptor of the file
+/// and its length. Nothing but the kernel (passthrough) writes it meanwhile.
+pub(crate) type View = (Arc<std::fs::File>, u64);
+
+/// A shown staged file: its bytes, the file, and the read-only opens that joined it
+/// meanwhile (not counted in its `handles` yet: that needs its lock).
+struct Shown {
+    view: View,
+    staged: SharedStaged,
+    joins: usize,
+}
+
+/// Shows a staged file's bytes while alive ([`Staging::show`]).
+pub(crate) struct Showing<'a> {
+    staging: &'a Staging,
+    ino: u64,
+}
+
+impl Showing<'_> {
+    /// Stop showing; returns the opens that joined meanwhile, for the caller (still
+    /// holding the lock) to count in `handles`.
+    pub(crate) fn end(self) -> usize {
+        let joins = self.staging.views.lock().unwrap().remove(&self.ino).map_or(0, |s| s.joins);
+        std::mem::forget(self);
+        joins
+    }
+}
+
+impl Drop for Showing<'_> {
+    /// Ended without [`Showing::end`] (the upload was cancelled): the joins are counted
+    /// once the lock is free.
+    fn drop(&mut self) {
+        let Some(shown) = self.staging.views.lock().unwrap().remove(&self.ino) else { return };
+        if shown.joins > 0 {
+            crate::sync::spawn(async move {
+                shown.staged.lock().await.handles += shown.joins;
+            });
+        }
+    }
 }
 
 impl Staging {
@@ -53,7 +97,33 @@ impl Staging {
             watched: Mutex::new(HashMap::new()),
             feeding: Mutex::new(HashSet::new()),
             lingering: Mutex::new(HashSet::new()),
+            views: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// While the guard lives, reads and read-only opens of `ino` use `st`'s bytes without
+    /// its lock: a background upload (write-back) holds the lock for as long as the store
+    /// takes, and a store that hangs must not stall readers of a closed file. Shows nothing
+    /// while an `O_TRUNC` is pending (handles then read different bytes). Call with `st`
+    /// locked, and drop the guard before unlocking it.
+    pub(crate) fn show(&self, ino: u64, staged: &SharedStaged, st: &Staged) -> Option<Showing<'_>> {
+        let view = st.read_view()?;
+        self.views.lock().unwrap().insert(ino, Shown { view, staged: staged.clone(), joins: 0 });
+        Some(Showing { staging: self, ino })
+    }
+
+    /// The bytes of `ino` shown by an upload holding its staged file (see [`Staging::show`]).
+    pub(crate) fn view(&self, ino: u64) -> Option<View> {
+        self.views.lock().unwrap().get(&ino).map(|s| s.view.clone())
+    }
+
+    /// A read-only open joins `ino`'s shown staged file without its lock: counted among
+    /// its handles when the upload ends. `None`: not shown (stage it as usual).
+    pub(crate) fn join_shown(&self, ino: u64) -> Option<SharedStaged> {
+        let mut views = self.views.lock().unwrap();
+        let shown = views.get_mut(&ino)?;
+        shown.joins += 1;
+        Some(shown.staged.clone())
     }
 
     pub(crate) fn contains(&self, ino: u64) -> bool {

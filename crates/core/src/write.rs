@@ -547,13 +547,17 @@ impl Staged {
     }
 
     fn read_raw(&self, offset: u64, len: u32, size: u64) -> Result<Bytes, FsError> {
-        if offset >= size {
-            return Ok(Bytes::new());
+        read_at(&self.file, offset, len, size)
+    }
+
+    /// What every handle reads now (a second descriptor of the file and its length), for
+    /// reads while an upload holds the lock; `None` while an `O_TRUNC` is pending (the
+    /// handles that wrote and those that did not read different bytes then).
+    pub fn read_view(&self) -> Option<(Arc<File>, u64)> {
+        if self.trunc_pending {
+            return None;
         }
-        let n = (len as u64).min(size - offset) as usize;
-        let mut buf = vec![0u8; n];
-        self.file.read_exact_at(&mut buf, offset).map_err(local)?;
-        Ok(buf.into())
+        self.file.try_clone().ok().map(|f| (Arc::new(f), self.size))
     }
 
     pub fn truncate(&mut self, size: u64) -> Result<(), FsError> {
@@ -642,3 +646,14 @@ pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) {
 #[cfg(test)]
 #[path = "write_tests.rs"]
 mod tests;
+
+/// Up to `len` bytes of `file` at `offset`, of its first `size`.
+pub fn read_at(file: &File, offset: u64, len: u32, size: u64) -> Result<Bytes, FsError> {
+    if offset >= size {
+        return Ok(Bytes::new());
+    }
+    let n = (len as u64).min(size - offset) as usize;
+    let mut buf = vec![0u8; n];
+    file.read_exact_at(&mut buf, offset).map_err(local)?;
+    Ok(buf.into())
+}
