@@ -267,11 +267,16 @@ impl Fs {
         if let Some(staged) = self.staging.get(file.ino) {
             let mut st = match staged.try_lock() {
                 Ok(st) => st,
-                Err(_) => match self.staging.view(file.ino) {
+                Err(_) => {
                     // An upload holds it: the bytes it shows (the same for every handle).
-                    Some((f, len)) => return crate::write::read_at(&f, offset, size, len),
-                    None => staged.lock().await,
-                },
+                    // Changed under this read (the upload ended and a writer truncated the
+                    // file), the lock decides.
+                    let view = self.staging.view(file.ino);
+                    if let Some(b) = view.and_then(|(f, len)| crate::write::read_at(&f, offset, size, len).ok()) {
+                        return Ok(b);
+                    }
+                    staged.lock().await
+                }
             };
             self.observe(file.ino, &mut st)?;
             if file.wrote.load(Ordering::Relaxed) {

@@ -125,9 +125,10 @@ impl Fs {
             tracing::debug!(ino = file.ino, "write-back commit point: nothing staged");
             return Ok(());
         };
-        if !wrote && !file.writable && self.staging.view(file.ino).is_some() {
+        if !wrote && !file.writable && !durable && self.staging.view(file.ino).is_some() {
             // An upload holds it (staging.rs), sending the version a reader's close would
-            // commit: `cat` does not wait for a store that hangs.
+            // commit: `cat` does not wait for a store that hangs. (An fsync, even through a
+            // reader, `sync FILE`, still waits to make the file durable here.)
             return Ok(());
         }
         let other_writer = self.handles.lock().unwrap().values().any(
@@ -218,9 +219,9 @@ impl Fs {
         self.observe(ino, &mut st)?;
         if st.dirty && !st.unlinked && st.committed() {
             // Readers go on without the lock while the store takes its time (staging.rs).
-            let showing = self.staging.show(ino, &staged, &st);
-            let published = self.publish(ino, &mut st).await;
-            st.handles += showing.map_or(0, |s| s.end());
+            let mut showing = self.staging.show(ino, &staged, &mut st);
+            let published = self.publish(ino, &mut showing).await;
+            drop(showing);
             published?;
         }
         // Not committed: a writer is changing it; its close queues it again. Still mapped:

@@ -58,31 +58,32 @@ struct Shown {
     joins: usize,
 }
 
-/// Shows a staged file's bytes while alive ([`Staging::show`]).
-pub(crate) struct Showing<'a> {
+/// A locked staged file whose bytes are shown while this lives ([`Staging::show`]); it
+/// derefs to the file. Dropped (the upload done, failed or cancelled), it stops showing
+/// and counts the opens that joined meanwhile in `handles`, before the lock is released.
+pub(crate) struct Showing<'a, 'b> {
     staging: &'a Staging,
     ino: u64,
+    st: &'b mut Staged,
 }
 
-impl Showing<'_> {
-    /// Stop showing; returns the opens that joined meanwhile, for the caller (still
-    /// holding the lock) to count in `handles`.
-    pub(crate) fn end(self) -> usize {
-        let joins = self.staging.views.lock().unwrap().remove(&self.ino).map_or(0, |s| s.joins);
-        std::mem::forget(self);
-        joins
+impl std::ops::Deref for Showing<'_, '_> {
+    type Target = Staged;
+    fn deref(&self) -> &Staged {
+        self.st
     }
 }
 
-impl Drop for Showing<'_> {
-    /// Ended without [`Showing::end`] (the upload was cancelled): the joins are counted
-    /// once the lock is free.
+impl std::ops::DerefMut for Showing<'_, '_> {
+    fn deref_mut(&mut self) -> &mut Staged {
+        self.st
+    }
+}
+
+impl Drop for Showing<'_, '_> {
     fn drop(&mut self) {
-        let Some(shown) = self.staging.views.lock().unwrap().remove(&self.ino) else { return };
-        if shown.joins > 0 {
-            crate::sync::spawn(async move {
-                shown.staged.lock().await.handles += shown.joins;
-            });
+        if let Some(shown) = self.staging.views.lock().unwrap().remove(&self.ino) {
+            self.st.handles += shown.joins;
         }
     }
 }
@@ -101,15 +102,16 @@ impl Staging {
         }
     }
 
-    /// While the guard lives, reads and read-only opens of `ino` use `st`'s bytes without
-    /// its lock: a background upload (write-back) holds the lock for as long as the store
-    /// takes, and a store that hangs must not stall readers of a closed file. Shows nothing
-    /// while an `O_TRUNC` is pending (handles then read different bytes). Call with `st`
-    /// locked, and drop the guard before unlocking it.
-    pub(crate) fn show(&self, ino: u64, staged: &SharedStaged, st: &Staged) -> Option<Showing<'_>> {
-        let view = st.read_view()?;
-        self.views.lock().unwrap().insert(ino, Shown { view, staged: staged.clone(), joins: 0 });
-        Some(Showing { staging: self, ino })
+    /// While the returned guard lives, reads and read-only opens of `ino` use `st`'s bytes
+    /// without its lock: a background upload (write-back) holds the lock for as long as the
+    /// store takes, and a store that hangs must not stall readers of a closed file. Shows
+    /// nothing while an `O_TRUNC` is pending (handles then read different bytes). `st` is
+    /// `staged`, locked by the caller; the guard borrows it, so it ends before the lock.
+    pub(crate) fn show<'b>(&self, ino: u64, staged: &SharedStaged, st: &'b mut Staged) -> Showing<'_, 'b> {
+        if let Some(view) = st.read_view() {
+            self.views.lock().unwrap().insert(ino, Shown { view, staged: staged.clone(), joins: 0 });
+        }
+        Showing { staging: self, ino, st }
     }
 
     /// The bytes of `ino` shown by an upload holding its staged file (see [`Staging::show`]).

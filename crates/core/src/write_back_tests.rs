@@ -531,3 +531,54 @@ async fn a_pending_file_stays_in_its_directory_after_the_kernel_forgets_both() {
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(object(mem.as_ref(), "d/f").await.unwrap(), b"pending");
 }
+
+/// A reader of a file whose upload hangs opens, reads and closes it at once (the upload
+/// shows the bytes: staging.rs). Its open is counted in the staged file's handles when
+/// the upload ends, whether it succeeds or a rename cancels it: the staged file stays
+/// while the reader is open and goes once everything is closed.
+#[tokio::test]
+async fn a_reader_of_a_file_whose_upload_hangs_is_served_and_counted() {
+    for cancel in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging(&format!("shown-{cancel}"));
+        let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+        let fs = Fs::new(held.clone(), cfg(&dir, 0));
+        fs.start_write_back();
+        let hang = held.hold(Op::Put, 1);
+        let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+        fs.write(fh, 0, b"closed bytes").await.unwrap();
+        fs.release(fh).await.unwrap();
+        let quick = Duration::from_secs(5);
+        // The upload has begun (and waits for the store) once the reader finds it shown.
+        let shown = async {
+            while fs.staging.view(attr.ino).is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(quick, shown).await.expect("the upload never began");
+        let (reader, read) = tokio::time::timeout(quick, async {
+            let r = fs.open(attr.ino, false, false).await.unwrap();
+            (r, fs.read(r, 0, 100).await.unwrap())
+        })
+        .await
+        .expect("the reader waited for the upload");
+        assert_eq!(&read[..], b"closed bytes");
+        tokio::time::timeout(quick, fs.flush(reader)).await.expect("the reader's close waited").unwrap();
+        let second = fs.open(attr.ino, false, false).await.unwrap();
+        let ending = async {
+            if cancel {
+                fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await.unwrap();
+            }
+            hang.add_permits(1);
+            assert!(fs.sync_write_back().await.is_empty());
+        };
+        tokio::time::timeout(quick, ending).await.expect("the upload did not end");
+        fs.release(reader).await.unwrap();
+        assert!(fs.staging.contains(attr.ino), "dropped while a reader is open (cancel {cancel})");
+        assert_eq!(&fs.read(second, 0, 100).await.unwrap()[..], b"closed bytes");
+        fs.release(second).await.unwrap();
+        assert!(!fs.staging.contains(attr.ino), "still staged with nothing open (cancel {cancel})");
+        let key = if cancel { "g" } else { "f" };
+        assert_eq!(object(mem.as_ref(), key).await.unwrap(), b"closed bytes");
+    }
+}
