@@ -146,7 +146,7 @@ impl Fs {
             self.observe(file.ino, &mut st)?;
             let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1);
             if queue {
-                st.commit_kept(durable, durable || other_writer)?;
+                st.commit_as(durable, durable || other_writer)?;
                 // The committed version is this mount's file now (it reaches the store later):
                 // handles that read the stored version read it from here on, as an upload
                 // would have switched them (read your writes; model test, seed 704951275).

@@ -648,7 +648,7 @@ pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) {
 mod tests;
 
 /// Up to `len` bytes of `file` at `offset`, of its first `size`.
-pub fn read_at(file: &File, offset: u64, len: u32, size: u64) -> Result<Bytes, FsError> {
+pub(crate) fn read_at(file: &File, offset: u64, len: u32, size: u64) -> Result<Bytes, FsError> {
     if offset >= size {
         return Ok(Bytes::new());
     }

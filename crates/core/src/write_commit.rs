@@ -119,20 +119,15 @@ impl Staged {
 
     /// A commit point (close): the bytes as they are now are what a crash recovers.
     pub fn commit(&mut self) -> Result<(), FsError> {
-        self.commit_as(false)
+        self.commit_as(false, false)
     }
 
-    /// A commit point; `fsync`: the caller syncs the file to disk, and the version must
-    /// survive the writes that may follow (a file the kernel writes unseen is copied now).
-    pub fn commit_as(&mut self, fsync: bool) -> Result<(), FsError> {
-        self.commit_kept(fsync, fsync)
-    }
-
-    /// [`Staged::commit_as`]; `keep`: a file the kernel writes unseen is copied now even
-    /// without an fsync (another handle may write it through the kernel before this
-    /// version is uploaded: its marker alone would then no longer match, and a crash
-    /// would lose the version a close returned for).
-    pub fn commit_kept(&mut self, fsync: bool, keep: bool) -> Result<(), FsError> {
+    /// A commit point; `fsync`: the caller syncs the file to disk. `keep`: the version must
+    /// survive the writes that may follow, so a file the kernel writes unseen is copied now
+    /// (at an fsync; and at a close beside another handle that may write it through the
+    /// kernel before this version is uploaded: its marker alone would then no longer
+    /// match, and a crash would lose the version the close returned for).
+    pub fn commit_as(&mut self, fsync: bool, keep: bool) -> Result<(), FsError> {
         // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
         self.settle()?;
         if self.seen.is_some() {

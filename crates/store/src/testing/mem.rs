@@ -18,6 +18,11 @@ use crate::{
 use std::sync::Arc;
 
 type Objects = BTreeMap<String, (Bytes, String, SystemTime)>;
+
+/// Every key of `objects` starting with `dir` (a directory `d/` and all below it).
+fn keys_below(objects: &Objects, dir: &str) -> Vec<String> {
+    objects.range(dir.to_string()..).map(|(k, _)| k).take_while(|k| k.starts_with(dir)).cloned().collect()
+}
 type AttrMap = std::collections::HashMap<String, crate::FileAttrs>;
 
 #[derive(Default)]
@@ -249,10 +254,8 @@ impl Store for MemStore {
         let mut objects = self.objects.lock().unwrap();
         let mut attrs = self.attrs.lock().unwrap();
         // As Drive does (`with_moves`), deleting a folder takes everything in it.
-        let below: Vec<String> = match self.moves && key.ends_with('/') {
-            true => {
-                objects.range(key.to_string()..).map(|(k, _)| k).take_while(|k| k.starts_with(key)).cloned().collect()
-            }
+        let below = match self.moves && key.ends_with('/') {
+            true => keys_below(&objects, key),
             false => vec![key.to_string()],
         };
         for k in below {
@@ -276,9 +279,7 @@ impl Store for MemStore {
         let mut attrs = self.attrs.lock().unwrap();
         // A directory (`d/`) moves with every key below it; a file alone.
         let keys: Vec<String> = match from.ends_with('/') {
-            true => {
-                objects.range(from.to_string()..).map(|(k, _)| k).take_while(|k| k.starts_with(from)).cloned().collect()
-            }
+            true => keys_below(&objects, from),
             false => objects.contains_key(from).then(|| from.to_string()).into_iter().collect(),
         };
         if keys.is_empty() {
