@@ -48,6 +48,9 @@ from conftest import (BIN, Bucket, bounded_calls, bucketfs_env, daemon_pids, for
 MiB = 1024 * 1024
 # How long a local call may take while the store hangs (the store stays stopped far longer).
 LOCAL_CALL_LIMIT = 5.0
+# How long a writer may take while its file's upload hangs: the daemon waits 5 s for the
+# upload (WRITER_PATIENCE), then cuts it off; an open and a write may each wait once.
+WRITER_LIMIT = 30.0
 # How long the store stays stopped in the hang test.
 HANG_SECS = 30.0
 # How long `bucketfs sync` may take to report a hung store where it has no --timeout option,
@@ -721,6 +724,53 @@ def test_a_file_whose_upload_hangs_is_read_at_once(hung_minio, tmp_path):
         assert sync(mp).returncode == 0
         assert pm.objects(bucket)["d/f.bin"] == data
         read_back()
+    finally:
+        unmount(mp)
+
+
+@pytest.mark.parametrize("passthrough", ["on", "off"])
+def test_a_file_whose_upload_hangs_is_written_within_seconds(hung_minio, tmp_path, passthrough):
+    """A file closed moments ago is being uploaded (--write-back-delay 0) when the store hangs
+    (SIGSTOP). An append to it, and then a rewrite (O_TRUNC), each return within
+    WRITER_LIMIT, reading back what they wrote: a writer waits for the upload a few seconds,
+    then cuts it off (before: the open waited for the upload, up to the store's 2-minute
+    timeout, and then failed). Once the store continues, `bucketfs sync` exits 0 and the
+    bucket holds the last closed version."""
+    pm = hung_minio
+    bucket = pm.new_bucket()
+    mp = mount(pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "0", "--passthrough", passthrough))
+    try:
+        path = os.path.join(mp, "d", "f.bin")
+        os.mkdir(os.path.dirname(path))
+        assert sync(mp).returncode == 0
+        rng = random.Random(11)
+        data, tail, new = rng.randbytes(MiB), b"appended line\n", rng.randbytes(MiB // 2 + 3)
+
+        def append():
+            with open(path, "ab") as f:
+                f.write(tail)
+            assert read_file(path) == data + tail
+
+        def rewrite():
+            write_file(path, new)
+            assert read_file(path) == new
+
+        pm.stop()
+        try:
+            write_file(path, data)
+            uploading = lambda: "d/f.bin (uploading)" in status(mp)["write_back_pending"]  # noqa: E731
+            assert wait_until(uploading, 10, 0.05), status(mp)
+            outs = bounded_calls({"append": append}, WRITER_LIMIT)
+            if not outs["append"].hung:
+                outs.update(bounded_calls({"rewrite": rewrite}, WRITER_LIMIT))
+            print(f"passthrough {passthrough}, while the store hangs: " + outcome_table(outs))
+        finally:
+            pm.cont()
+        for name, o in outs.items():
+            assert not o.hung and o.error is None, (name, o)
+        assert sync(mp).returncode == 0
+        assert pm.objects(bucket)["d/f.bin"] == new
+        assert read_file(path) == new
     finally:
         unmount(mp)
 

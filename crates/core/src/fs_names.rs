@@ -55,7 +55,7 @@ impl Fs {
             ino
         };
         let node = self.node(ino)?;
-        let staged = self.stage(&node, true).await?;
+        let staged = self.stage(&node, true, true, true).await?;
         {
             let mut st = staged.lock().await;
             st.set_key(&node.key)?;

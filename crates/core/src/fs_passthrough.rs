@@ -43,7 +43,7 @@ impl Fs {
         let identity = self.passthrough_identity(fh).await.ok_or("truncating or small")?;
         let f = self.open_file(fh).map_err(|_| "handle gone")?;
         if is_staged_identity(&identity) {
-            return self.staged_backing(f.ino, identity).await;
+            return self.staged_backing(f.ino, identity, f.writable).await;
         }
         let r = f.reader.lock().unwrap().clone();
         let disk = self.read_cache.disk().ok_or("no disk cache")?.clone();
@@ -63,8 +63,26 @@ impl Fs {
         Ok(Backing { file: found.file, identity, _pin: Some(found.pin) })
     }
 
-    /// `ino`'s staged file for the kernel, watched from now on (see the module doc).
-    async fn staged_backing(&self, ino: u64, identity: String) -> Result<Backing, &'static str> {
+    /// Before a writable handle `fh` of a staged file passes through to it (a backing file
+    /// already given to the kernel included): its writes land unseen, so the committed
+    /// version not yet uploaded is copied aside first (write_commit.rs). `Err`: why not.
+    pub async fn keep_committed_for(&self, fh: u64) -> Result<(), &'static str> {
+        let f = self.open_file(fh).map_err(|_| "handle gone")?;
+        let staged = match self.staging.get(f.ino) {
+            Some(s) if f.writable => s,
+            _ => return Ok(()),
+        };
+        let mut st = self.lock_to_change(f.ino, &staged).await;
+        self.observe(f.ino, &mut st).and_then(|()| st.keep_committed()).map_err(|e| {
+            tracing::warn!(ino = f.ino, "the committed version could not be kept aside: {e}");
+            "staged file unusable"
+        })
+    }
+
+    /// `ino`'s staged file for the kernel, watched from now on (see the module doc); for a
+    /// `writable` handle, whose writes we will not see before they land, with the committed
+    /// version not yet uploaded copied first (write_commit.rs).
+    async fn staged_backing(&self, ino: u64, identity: String, writable: bool) -> Result<Backing, &'static str> {
         let staged = self.staging.get(ino).ok_or("not staged any more")?;
         let key = self.node(ino).map_err(|_| "gone")?.key;
         // An upload holds it (and the store may hang): this open reads through us instead.
@@ -78,6 +96,14 @@ impl Fs {
         let current = self.staging.is_current(ino, &staged);
         if !current || staged_identity(&staged) != identity {
             return Err("staged again meanwhile");
+        }
+        let kept = match writable {
+            true => self.observe(ino, &mut st).and_then(|()| st.keep_committed()),
+            false => Ok(()),
+        };
+        if let Err(e) = kept {
+            tracing::warn!(ino, "the committed version could not be kept aside: {e}");
+            return Err("staged file unusable");
         }
         let file = st.watch_external(&key).map_err(|e| {
             tracing::warn!(ino, "staged file not handed to the kernel: {e}");

@@ -544,7 +544,7 @@ impl Fs {
                 self.mark_wrote(h);
             }
             if let Some(staged) = self.staging.get(ino) {
-                let mut st = staged.lock().await;
+                let mut st = self.lock_to_change(ino, &staged).await;
                 self.observe(ino, &mut st)?;
                 st.set_key(&node.key)?;
                 st.truncate(size)?;

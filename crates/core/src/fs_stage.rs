@@ -95,9 +95,19 @@ impl Fs {
     }
 
     /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
-    pub(crate) async fn stage(&self, node: &crate::inode::Node, truncate: bool) -> Result<SharedStaged, FsError> {
+    /// `writer`: for a handle that changes it (an upload in flight is waited for only so
+    /// long: `Fs::lock_to_change`). `upload_first`: an `O_TRUNC` of a version still queued
+    /// (write-back) tries to upload it first (`false` once that failed: the store is not
+    /// answering).
+    pub(crate) async fn stage(
+        &self,
+        node: &crate::inode::Node,
+        truncate: bool,
+        writer: bool,
+        mut upload_first: bool,
+    ) -> Result<SharedStaged, FsError> {
         loop {
-            match self.stage_once(node, truncate).await {
+            match self.stage_once(node, truncate, writer, std::mem::take(&mut upload_first)).await {
                 Ok(Some(s)) => return Ok(s),
                 Ok(None) => {}
                 Err(e) => {
@@ -117,8 +127,15 @@ impl Fs {
     }
 
     /// One try of [`Fs::stage`]; `None` if the staged file was dropped (its last handle
-    /// closed) between finding it and locking it: then try again.
-    async fn stage_once(&self, node: &crate::inode::Node, truncate: bool) -> Result<Option<SharedStaged>, FsError> {
+    /// closed) between finding it and locking it: then try again. `upload_first`: an
+    /// `O_TRUNC` of a queued version may try to upload it first (write-back).
+    async fn stage_once(
+        &self,
+        node: &crate::inode::Node,
+        truncate: bool,
+        writer: bool,
+        upload_first: bool,
+    ) -> Result<Option<SharedStaged>, FsError> {
         // A new staged file is locked before it is published in the map, so no other open
         // sees it half-filled (an O_TRUNC open would otherwise have its empty file filled).
         let (shared, guard) = self.staging.get_or_create(node.ino)?;
@@ -140,17 +157,20 @@ impl Fs {
         let fresh = guard.is_some();
         let mut st = match guard {
             Some(g) => g,
+            // A writer waits for an upload in flight only so long (write-back).
+            None if writer => self.lock_to_change(node.ino, &shared).await,
             None => shared.clone().lock_owned().await,
         };
         if !fresh && !self.staging.is_current(node.ino, &shared) {
             return Ok(None);
         }
-        if truncate && !fresh && self.staging.queue.queued(node.ino) {
-            // Write-back: a version closed while this open waited for the lock is queued,
-            // and the truncate would destroy it before its upload (a crash then lost it):
-            // it goes up first (its intent before the staged lock), then try again.
+        if truncate && !fresh && upload_first && self.staging.queue.queued_version(node.ino) {
+            // Write-back: a version closed while this open waited for the lock is queued:
+            // it goes up first (its intent before the staged lock), then try again. If the
+            // store does not take it in time, the truncate keeps it as `<file>.base` for a
+            // crash to recover (write_commit.rs) until its upload.
             drop(st);
-            self.upload_before_change(node.ino).await?;
+            self.upload_before_change(node.ino).await;
             return Ok(None);
         }
         // What the kernel wrote directly (passthrough) counts below.

@@ -204,23 +204,20 @@ impl Fs {
                 drop(self.store.get(&node.key, 0..1, Default::default()).await?);
             }
         }
-        if write {
-            // Write-back: a queued version goes up before it changes again (write_back.rs).
-            self.upload_before_change(ino).await?;
-        }
+        // Write-back: a queued version goes up before it changes again, if the store takes
+        // it within a few seconds (`Fs::upload_before_change`).
+        let went_up = !write || self.upload_before_change(ino).await;
         // A reader of a file an upload holds joins it without waiting (staging.rs).
         let shown = if write || truncate { None } else { self.staging.join_shown(ino) };
         let staged = if shown.is_some() {
             shown
         } else if write || self.staging.contains(ino) {
-            let staged = self.stage(&node, truncate && write).await?;
-            if write && !truncate {
+            let staged = self.stage(&node, truncate && write, write, went_up).await?;
+            if write && !truncate && went_up {
                 // A close that queued its version after the check above (while this open
                 // waited for the staged lock) is uploaded before this handle changes it. (No
                 // early return once staged: the staged file counts this handle.)
-                if let Err(e) = self.upload_before_change(ino).await {
-                    tracing::warn!(ino, "a version closed meanwhile could not be uploaded first, still queued: {e}");
-                }
+                self.upload_before_change(ino).await;
             }
             Some(staged)
         } else if let Some(now) = self.unstaged_node(ino)? {
@@ -228,7 +225,7 @@ impl Fs {
             node = now;
             None
         } else {
-            Some(self.stage(&node, false).await?) // a writer staged it meanwhile
+            Some(self.stage(&node, false, false, false).await?) // a writer staged it meanwhile
         };
         // Close-to-open for the kernel's page cache: keep it only if the object is the same
         // version the kernel cached at the previous open (and nothing is staged).
@@ -307,7 +304,7 @@ impl Fs {
         let file = self.open_file(fh)?;
         let staged = self.staging.get(file.ino).ok_or(FsError::BadHandle)?;
         file.wrote.store(true, Ordering::Relaxed);
-        let mut st = staged.lock().await;
+        let mut st = self.lock_to_change(file.ino, &staged).await;
         self.observe(file.ino, &mut st)?;
         let node = self.node(file.ino)?;
         let key = node.key.clone();

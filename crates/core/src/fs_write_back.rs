@@ -8,6 +8,17 @@ use crate::write_back::{Queue, WriteBackConfig, WriteBackStatus};
 use crate::FsError;
 use std::time::{Duration, Instant};
 
+/// How long a writer of a file waits for its upload in flight (write-back mode) before it
+/// cuts that upload off and goes ahead: a store that hangs must not stall writes. A second
+/// more per [`PATIENCE_PER_SEC`] bytes of the file, so a large file's upload that is only
+/// slow is not cut off (and started over) by every writer.
+pub(crate) const WRITER_PATIENCE: Duration = Duration::from_secs(5);
+const PATIENCE_PER_SEC: u64 = 16 << 20;
+
+/// How long after an upload that followed a cut-off one the file goes up again: the store
+/// may still complete the older request (as for deletes: deletes.rs).
+const LANDING_GRACE: Duration = Duration::from_secs(3);
+
 impl Fs {
     /// Whether this mount runs in write-back mode.
     pub fn write_back(&self) -> bool {
@@ -115,7 +126,8 @@ impl Fs {
     /// If another handle has the file open for writing, the version is uploaded now, as
     /// without write-back: that writer may change the staged bytes at any moment (the
     /// kernel writes them itself with passthrough), and the closed version would then exist
-    /// nowhere. Should that upload fail, the file is queued as usual.
+    /// nowhere (it is also kept aside: write_commit.rs). Should that upload fail or take
+    /// longer than [`WRITER_PATIENCE`], the file is queued as usual.
     pub(crate) async fn commit_for(&self, file: &OpenFile, durable: bool) -> Result<(), FsError> {
         let wrote = file.wrote.load(Ordering::Relaxed) || file.writes_unseen.load(Ordering::Relaxed);
         if !wrote && !file.staged.load(Ordering::Relaxed) {
@@ -142,7 +154,7 @@ impl Fs {
             false => None,
         };
         let queued = {
-            let mut st = staged.lock().await;
+            let mut st = self.lock_to_change(file.ino, &staged).await;
             self.observe(file.ino, &mut st)?;
             let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1);
             if queue {
@@ -153,13 +165,18 @@ impl Fs {
                 self.join_handles(file.ino, &mut st);
             }
             if queue && other_writer {
-                match self.publish(file.ino, &mut st).await {
-                    Ok(()) => {
+                // Not longer than a writer waits (the version is kept aside meanwhile).
+                match tokio::time::timeout(self.patience(file.ino), self.publish(file.ino, &mut st)).await {
+                    Ok(Ok(())) => {
                         self.staging.queue.forget(file.ino);
                         file.wrote.store(false, Ordering::Relaxed);
                         return Ok(());
                     }
-                    Err(e) => tracing::warn!(ino = file.ino, "upload beside another writer failed, queued: {e}"),
+                    Ok(Err(e)) => tracing::warn!(ino = file.ino, "upload beside another writer failed, queued: {e}"),
+                    Err(_) => {
+                        st.cut_off();
+                        tracing::warn!(ino = file.ino, "upload beside another writer took too long, queued");
+                    }
                 }
             }
             if durable {
@@ -199,16 +216,89 @@ impl Fs {
         }
     }
 
+    /// How long a writer of `ino` waits for its upload ([`WRITER_PATIENCE`]).
+    fn patience(&self, ino: u64) -> Duration {
+        let size = self.node(ino).map_or(0, |n| n.size);
+        WRITER_PATIENCE + Duration::from_secs(size / PATIENCE_PER_SEC)
+    }
+
     /// Before a queued file is changed again (opened for writing): upload its committed
-    /// version, so a crash during the change still finds it in the bucket.
-    pub(crate) async fn upload_before_change(&self, ino: u64) -> Result<(), FsError> {
-        if !self.write_back() || !self.staging.queue.queued(ino) {
-            return Ok(());
+    /// version, so it is in the bucket before the change, as without write-back. `false`:
+    /// the upload failed, or the store did not take it within [`WRITER_PATIENCE`] (slow or
+    /// hanging: the attempt is cut off); the file stays queued and the change goes ahead
+    /// anyway: the committed version stays recoverable on local disk until it is uploaded
+    /// (write_commit.rs).
+    pub(crate) async fn upload_before_change(&self, ino: u64) -> bool {
+        if !self.write_back() || !self.staging.queue.queued_version(ino) {
+            return true;
         }
-        let _intent = self.upload_intent(ino).await;
-        self.upload_committed(ino).await?;
-        self.staging.queue.forget(ino);
-        Ok(())
+        let Some(staged) = self.staging.get(ino) else { return true };
+        let sending = crate::sync::AtomicBool::new(false);
+        let attempt = async {
+            let _intent = self.upload_intent(ino).await;
+            let mut st = staged.lock().await;
+            sending.store(true, Ordering::Relaxed);
+            // Only sent, not unstaged after: the writer stages it again right away.
+            self.publish_committed(ino, &staged, &mut st).await
+        };
+        let patience = self.patience(ino);
+        match tokio::time::timeout(patience, attempt).await {
+            Ok(Ok(settled)) => {
+                if settled {
+                    self.staging.queue.forget(ino);
+                }
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    ino,
+                    "a closed version could not be uploaded before a writer changes it, still queued: {e}"
+                );
+                false
+            }
+            Err(_) => {
+                let queued = self.staging.queue.cancel(ino);
+                tracing::info!(ino, queued, "the store took no upload within {patience:?}: a writer goes ahead, the closed version stays queued");
+                if queued || sending.load(Ordering::Relaxed) {
+                    staged.lock().await.cut_off(); // what was sent may still land
+                }
+                false
+            }
+        }
+    }
+
+    /// `staged`'s lock, for a change of `ino` (a write, a truncate, an open for writing).
+    /// In write-back mode an upload sending the file holds it for as long as the store
+    /// takes: past [`WRITER_PATIENCE`] that upload is cancelled (queued still: it goes up
+    /// after the writer's close, and its version stays recoverable: write_commit.rs), so a
+    /// writer does not wait for a store that hangs. Other holders are waited for.
+    pub(crate) async fn lock_to_change(
+        &self,
+        ino: u64,
+        staged: &crate::write::SharedStaged,
+    ) -> tokio::sync::OwnedMutexGuard<crate::write::Staged> {
+        if let Ok(st) = staged.clone().try_lock_owned() {
+            return st;
+        }
+        if !self.write_back() {
+            return staged.clone().lock_owned().await;
+        }
+        let patience = self.patience(ino);
+        loop {
+            if let Ok(st) = tokio::time::timeout(patience, staged.clone().lock_owned()).await {
+                return st;
+            }
+            // Shown: an upload is sending it (not a local step after, nor a close's).
+            if self.staging.view(ino).is_some() && self.staging.queue.cancel(ino) {
+                let mut st = staged.clone().lock_owned().await;
+                tracing::info!(
+                    ino,
+                    "upload in flight cancelled after {patience:?}: a writer waited for it (retried after its close)"
+                );
+                st.cut_off();
+                return st;
+            }
+        }
     }
 
     /// Upload `ino`'s staged bytes if they are a committed version not yet in the bucket,
@@ -216,16 +306,8 @@ impl Fs {
     pub(crate) async fn upload_committed(&self, ino: u64) -> Result<(), FsError> {
         let Some(staged) = self.staging.get(ino) else { return Ok(()) };
         let mut st = staged.lock().await;
-        self.observe(ino, &mut st)?;
-        if st.dirty && !st.unlinked && st.committed() {
-            // Readers go on without the lock while the store takes its time (staging.rs).
-            let mut showing = self.staging.show(ino, &staged, &mut st);
-            let published = self.publish(ino, &mut showing).await;
-            drop(showing);
-            published?;
-        }
-        // Not committed: a writer is changing it; its close queues it again. Still mapped:
-        // its lingering watch drops it (fs_write.rs).
+        self.publish_committed(ino, &staged, &mut st).await?;
+        // Still mapped: its lingering watch drops it (fs_write.rs).
         let lingering = self.staging.lingering.lock().unwrap().contains(&ino);
         if st.handles == 0 && (!st.dirty || st.unlinked) && !lingering {
             if !st.unlinked && self.staging.is_current(ino, &staged) {
@@ -234,6 +316,45 @@ impl Fs {
             self.unstage_this(ino, &staged, &mut st);
         }
         Ok(())
+    }
+
+    /// The sending half of [`Fs::upload_committed`], with the staged file locked. A version
+    /// a writer is changing fails (it stays queued; its copy kept aside is the closed one:
+    /// write_commit.rs), so `bucketfs sync` never reports it in the bucket. After an
+    /// upload that followed one cut off, the file goes up once more `LANDING_GRACE` later
+    /// (the older bytes may land after these: a request the store still held); `false`
+    /// then: queued again.
+    async fn publish_committed(
+        &self,
+        ino: u64,
+        staged: &crate::write::SharedStaged,
+        st: &mut crate::write::Staged,
+    ) -> Result<bool, FsError> {
+        self.observe(ino, st)?;
+        if !st.dirty || st.unlinked {
+            return Ok(true);
+        }
+        if !st.committed() {
+            return Err(FsError::Local(
+                "open for writing and changed since its last close: that version goes up after the writer's close"
+                    .into(),
+            ));
+        }
+        let followed_cut = st.maybe_landed && !st.resending;
+        // Readers go on without the lock while the store takes its time (staging.rs).
+        let mut showing = self.staging.show(ino, staged, st);
+        let published = self.publish(ino, &mut showing).await;
+        drop(showing);
+        published?;
+        st.resending = false;
+        if followed_cut && !st.unlinked {
+            let key = self.node(ino)?.key;
+            st.send_again(&key)?;
+            tracing::info!(%key, "uploaded after an upload cut off: sent again {LANDING_GRACE:?} later, over anything that lands late");
+            self.staging.queue.enqueue_resend(ino, key, st.len(), LANDING_GRACE);
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// `bucketfs sync`: upload everything committed so far, now, and send every pending
@@ -276,7 +397,9 @@ async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
                     fs.upload_committed(ino).await
                 };
                 let result = futures::future::Abortable::new(attempt, registration).await.unwrap_or_else(|_| {
-                    Err(FsError::Local("upload cancelled: the file was renamed or removed meanwhile".into()))
+                    Err(FsError::Local(
+                        "upload cancelled: the file was renamed, removed or opened for writing meanwhile".into(),
+                    ))
                 });
                 queue.finished(ino, seq, result);
             });

@@ -104,6 +104,9 @@ pub struct Staged {
     /// again a moment later (deletes.rs), or the late object would stay under a name the
     /// file no longer has.
     pub maybe_landed: bool,
+    /// Sent again after an upload that followed a cut-off one ([`Staged::send_again`]):
+    /// its success ends that, with no further round.
+    pub resending: bool,
     /// While `maybe_landed`: the MD5 of each create-only single-request upload cut off;
     /// `None` once one that was not (in parts, or not create-only) was cut off.
     landed_md5s: Option<Vec<[u8; 16]>>,
@@ -192,6 +195,7 @@ impl Staged {
             replaces: false,
             create_only: false,
             maybe_landed: false,
+            resending: false,
             landed_md5s: Some(Vec::new()),
             sending_md5: None,
             seen: None,

@@ -63,6 +63,9 @@ struct Entry {
     /// the key. Not tried again until the file is committed again or renamed; `bucketfs
     /// sync` names it.
     refused: bool,
+    /// Queued to go up again after an upload that followed a cut-off one (fs_write_back.rs):
+    /// not a version a writer must upload first, and due only after its grace.
+    resend: bool,
 }
 
 /// What `bucketfs status` and the metrics show about the queue.
@@ -108,8 +111,8 @@ impl Queue {
     /// Returns the files queued.
     pub(crate) fn all_due_now(&self, started: Instant) -> Vec<u64> {
         let mut q = self.entries.lock().unwrap();
-        for e in q.values_mut() {
-            e.due = started;
+        for e in q.values_mut().filter(|e| !e.resend) {
+            e.due = started; // a resend keeps its grace (waited for all the same)
         }
         q.keys().copied().collect()
     }
@@ -150,9 +153,12 @@ impl Queue {
             attempts: 0,
             last_error: None,
             refused: false,
+            resend: false,
         });
         e.key = key;
         e.refused = false;
+        e.resend = false;
+        (e.attempts, e.last_error) = (0, None); // a new version: its own attempts
         e.bytes = bytes;
         e.due = now + delay;
         e.seq = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
@@ -231,9 +237,17 @@ impl Queue {
         self.work.notify_one();
     }
 
-    /// Whether `ino` has a version waiting for its upload.
-    pub(crate) fn queued(&self, ino: u64) -> bool {
-        self.entries.lock().unwrap().contains_key(&ino)
+    /// Whether `ino` has a version waiting for its first upload (not only a resend).
+    pub(crate) fn queued_version(&self, ino: u64) -> bool {
+        self.entries.lock().unwrap().get(&ino).is_some_and(|e| !e.resend)
+    }
+
+    /// Queue `ino` to go up again after `delay` (see `Entry::resend`).
+    pub(crate) fn enqueue_resend(&self, ino: u64, key: String, bytes: u64, delay: Duration) {
+        self.enqueue(ino, key, bytes, delay);
+        if let Some(e) = self.entries.lock().unwrap().get_mut(&ino) {
+            e.resend = true;
+        }
     }
 
     /// Files whose upload is in flight now.

@@ -383,3 +383,166 @@ async fn a_refused_exclusive_upload_waits_for_a_rename_and_sync_names_it() {
     assert_eq!(object(mem.as_ref(), "lock.mine").await.as_deref(), Some(&b"ours"[..]));
     assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]));
 }
+
+/// A writer of a file whose upload hangs goes ahead after `WRITER_PATIENCE`: the upload is
+/// cut off and its open, write and close return. The closed version it changes stays
+/// recoverable: a crash before the writer's close uploads that version at the next mount;
+/// with no crash, the writer's version goes up once the store answers.
+#[tokio::test]
+async fn a_writer_of_a_file_whose_upload_hangs_goes_ahead_and_keeps_the_closed_version() {
+    let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
+    for crash in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging(&format!("writer-hang-{crash}"));
+        let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+        let ino = {
+            let fs = Fs::new(held.clone(), cfg(&dir, 0));
+            fs.start_write_back();
+            let hang = held.hold(Op::Put, 100);
+            let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+            fs.write(fh, 0, b"closed version").await.unwrap();
+            fs.release(fh).await.unwrap();
+            let begun = async {
+                while fs.staging.view(attr.ino).is_none() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            };
+            tokio::time::timeout(limit, begun).await.expect("the upload never began");
+            let writer = tokio::time::timeout(limit, async {
+                let w = fs.open(attr.ino, true, false).await.unwrap();
+                fs.write(w, 0, b"CHANGED").await.unwrap();
+                w
+            })
+            .await
+            .expect("the writer waited for the upload that hangs");
+            if crash {
+                std::mem::forget(fs); // dies before the writer's close
+                attr.ino
+            } else {
+                hang.add_permits(100);
+                // The closed version is not known to be in the bucket while the writer
+                // changes it: sync says so.
+                let failed = fs.sync_write_back().await;
+                assert_eq!(failed.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["f"], "{failed:?}");
+                tokio::time::timeout(limit, fs.flush(writer)).await.expect("the writer's close waited").unwrap();
+                fs.release(writer).await.unwrap();
+                assert!(fs.sync_write_back().await.is_empty());
+                assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"CHANGEDversion");
+                continue;
+            }
+        };
+        let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+        let (done, failed) = fs.recover_staged().await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(done, ["f"], "the closed version was not recovered (inode {ino})");
+        assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"closed version");
+    }
+}
+
+/// A handle that flushed (its version queued) writes again while that version's upload
+/// hangs: the write cuts the upload off after `WRITER_PATIENCE` instead of waiting for the
+/// store, and its close's version goes up once the store answers.
+#[tokio::test]
+async fn a_write_after_a_flush_does_not_wait_for_its_upload_that_hangs() {
+    let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("write-after-flush-hang");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let hang = held.hold(Op::Put, 100);
+    let (attr, fh) = fs.create(ROOT_INO, "log", 0, None).await.unwrap();
+    fs.write(fh, 0, b"first line\n").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    let begun = async {
+        while fs.staging.view(attr.ino).is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(limit, begun).await.expect("the upload never began");
+    tokio::time::timeout(limit, fs.write(fh, 11, b"second line\n")).await.expect("the write waited").unwrap();
+    tokio::time::timeout(limit, fs.flush(fh)).await.expect("the close waited").unwrap();
+    fs.release(fh).await.unwrap();
+    hang.add_permits(100);
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "log").await.unwrap(), b"first line\nsecond line\n");
+}
+
+/// A file closed while the store refuses uploads is opened for writing, and the kernel is
+/// given its staged file (passthrough): its writes land unseen, so the closed version is
+/// copied aside first, and a crash before the writer's close recovers that version.
+#[tokio::test]
+async fn a_passthrough_writer_of_a_queued_file_keeps_its_closed_version_through_a_crash() {
+    use std::os::unix::fs::FileExt;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("passthrough-writer-queued");
+    {
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, u64::MAX, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg(&dir, 0));
+        fs.start_write_back();
+        let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+        fs.write(fh, 0, b"closed version").await.unwrap();
+        fs.release(fh).await.unwrap();
+        let writer = fs.open(attr.ino, true, false).await.unwrap(); // the upload first fails
+        let backing = fs.backing_file(writer).await.unwrap();
+        fs.note_passthrough_open(writer);
+        backing.file.write_all_at(b"TORN", 0).unwrap(); // as the kernel would
+        std::mem::forget(fs); // dies before the writer's close
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(done, ["f"], "the closed version was not kept aside");
+    assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"closed version");
+}
+
+/// The older version's request, cut off while the store hung, lands after the newer
+/// version's upload (the store still held it): the newer version goes up once more a
+/// moment later, so the bucket ends with it; a crash before that recovers it.
+#[tokio::test]
+async fn an_upload_cut_off_that_lands_late_is_overwritten_by_the_newer_version() {
+    let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
+    for crash in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging(&format!("cut-off-lands-late-{crash}"));
+        let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+        let fs = Fs::new(held.clone(), cfg(&dir, 0));
+        fs.start_write_back();
+        let hang = held.hold(Op::Put, 1);
+        let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+        fs.write(fh, 0, b"older").await.unwrap();
+        fs.release(fh).await.unwrap();
+        let begun = async {
+            while fs.staging.view(attr.ino).is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(limit, begun).await.expect("the upload never began");
+        let w = tokio::time::timeout(limit, fs.open(attr.ino, true, true)).await.expect("the writer waited").unwrap();
+        fs.write(w, 0, b"newer").await.unwrap();
+        fs.release(w).await.unwrap();
+        let uploaded = async {
+            while object(mem.as_ref(), "f").await.as_deref() != Some(b"newer".as_slice()) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        };
+        tokio::time::timeout(limit, uploaded).await.expect("the newer version never went up");
+        mem.put("f", bytes::Bytes::from_static(b"older"), Default::default()).await.unwrap(); // lands late
+        if crash {
+            std::mem::forget(fs); // before the second upload
+            let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+            let (done, failed) = fs.recover_staged().await;
+            assert!(failed.is_empty() && done == ["f"], "{done:?} {failed:?}");
+        } else {
+            assert!(fs.sync_write_back().await.is_empty());
+            let settled = async {
+                while fs.write_back_status().files > 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            tokio::time::timeout(limit, settled).await.expect("never sent again");
+        }
+        assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"newer", "crash {crash}");
+        drop(hang);
+    }
+}

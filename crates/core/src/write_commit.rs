@@ -110,6 +110,22 @@ impl Staged {
         Ok(())
     }
 
+    /// The bytes as they are are a version still to go up (sent again after a cut-off
+    /// upload): kept aside before a change, as after a commit.
+    pub(super) fn keep_as_committed(&mut self) {
+        self.forget_base();
+        self.base = Some(Base { len: self.size, copied: false, synced: false });
+    }
+
+    /// Someone is about to change the bytes unseen (a writer the kernel serves from this
+    /// file: passthrough): copy the committed version not yet in the bucket, if any, now.
+    pub fn keep_committed(&mut self) -> Result<(), FsError> {
+        match self.base.filter(|b| !b.copied) {
+            Some(b) if b.len > 0 => self.copy_base(b),
+            _ => Ok(()),
+        }
+    }
+
     /// The committed version is in the bucket (or will never be uploaded): no copy kept.
     pub(super) fn forget_base(&mut self) {
         if self.base.take().is_some_and(|b| b.copied) {

@@ -27,6 +27,7 @@ impl Staged {
     /// what it sent is remembered to tell its object from another client's.
     pub fn cut_off(&mut self) {
         self.maybe_landed = true;
+        self.resending = false; // the next upload that succeeds goes again, as after any
         self.in_store |= !self.create_only;
         match (self.create_only, self.sending_md5.take(), self.landed_md5s.as_mut()) {
             (true, Some(md5), Some(all)) if all.contains(&md5) => {}
@@ -41,6 +42,21 @@ impl Staged {
         self.maybe_landed = false;
         self.landed_md5s = Some(Vec::new());
         self.sending_md5 = None;
+    }
+
+    /// Uploaded to `key`, but an older upload cut off may still land over it: due to go up
+    /// again, whole (what the bucket holds is not known to be these bytes). Until then a
+    /// crash recovers it (its key named again) and an unlink deletes the key twice.
+    pub fn send_again(&mut self, key: &str) -> Result<(), FsError> {
+        crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
+        self.key = Some(key.to_string());
+        self.dirty = true;
+        self.write_gen += 1;
+        self.stored = None;
+        self.maybe_landed = true;
+        self.resending = true;
+        self.keep_as_committed();
+        Ok(())
     }
 
     /// Whether parts of it are being sent ahead of its close (an eager upload to abort).

@@ -284,6 +284,11 @@ impl Passthrough {
             self.settle(ino, |io| io.ordinary == 0, ORDINARY_WAIT).await;
             self.settle(ino, |io| !other(io), RELEASE_WAIT).await;
         }
+        // A writer's bytes land unseen from now on: the version a close returned for, not
+        // uploaded yet, is copied aside first (refused if it cannot be).
+        if identity.is_some() && fs.keep_committed_for(fh).await.is_err() {
+            return Some(reply);
+        }
         {
             let mut st = self.state.lock().unwrap();
             match plan(st.inodes.get(&ino), identity) {
