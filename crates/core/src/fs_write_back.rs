@@ -166,9 +166,12 @@ impl Fs {
             }
             if queue && other_writer {
                 // Not longer than a writer waits (the version is kept aside meanwhile).
+                let followed_cut = st.maybe_landed && !st.resending;
                 match tokio::time::timeout(self.patience(file.ino), self.publish(file.ino, &mut st)).await {
                     Ok(Ok(())) => {
-                        self.staging.queue.forget(file.ino);
+                        if !self.resend_after_cut(file.ino, &mut st, followed_cut)? {
+                            self.staging.queue.forget(file.ino);
+                        }
                         file.wrote.store(false, Ordering::Relaxed);
                         return Ok(());
                     }
@@ -334,6 +337,10 @@ impl Fs {
         if !st.dirty || st.unlinked {
             return Ok(true);
         }
+        if !st.committed() && st.resending {
+            // Changed since it was sent again: the writer's close sends a newer version.
+            return Ok(true);
+        }
         if !st.committed() {
             return Err(FsError::Local(
                 "open for writing and changed since its last close: that version goes up after the writer's close"
@@ -346,14 +353,20 @@ impl Fs {
         let published = self.publish(ino, &mut showing).await;
         drop(showing);
         published?;
+        Ok(!self.resend_after_cut(ino, st, followed_cut)?)
+    }
+
+    /// After an upload of `ino` succeeded: if it `followed_cut` (one before it was cut off
+    /// and may land late), queue it to go up once more `LANDING_GRACE` later; whether so.
+    fn resend_after_cut(&self, ino: u64, st: &mut crate::write::Staged, followed_cut: bool) -> Result<bool, FsError> {
         st.resending = false;
-        if followed_cut && !st.unlinked {
-            let key = self.node(ino)?.key;
-            st.send_again(&key)?;
-            tracing::info!(%key, "uploaded after an upload cut off: sent again {LANDING_GRACE:?} later, over anything that lands late");
-            self.staging.queue.enqueue_resend(ino, key, st.len(), LANDING_GRACE);
+        if !followed_cut || st.unlinked {
             return Ok(false);
         }
+        let key = self.node(ino)?.key;
+        st.send_again(&key)?;
+        tracing::info!(%key, "uploaded after an upload cut off: sent again {LANDING_GRACE:?} later, over anything that lands late");
+        self.staging.queue.enqueue_resend(ino, key, st.len(), LANDING_GRACE);
         Ok(true)
     }
 

@@ -111,8 +111,8 @@ impl Queue {
     /// Returns the files queued.
     pub(crate) fn all_due_now(&self, started: Instant) -> Vec<u64> {
         let mut q = self.entries.lock().unwrap();
-        for e in q.values_mut().filter(|e| !e.resend) {
-            e.due = started; // a resend keeps its grace (waited for all the same)
+        for e in q.values_mut().filter(|e| !e.resend || e.attempts > 0) {
+            e.due = started; // a resend keeps its grace (waited for all the same), not a backoff
         }
         q.keys().copied().collect()
     }

@@ -546,3 +546,29 @@ async fn an_upload_cut_off_that_lands_late_is_overwritten_by_the_newer_version()
         drop(hang);
     }
 }
+
+/// A close beside another writer uploads at once; one cut off while the store hung may
+/// land after the next such close's upload: that one goes up again a moment later too.
+#[tokio::test]
+async fn a_close_beside_a_writer_after_a_cut_off_one_is_sent_again() {
+    let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("beside-writer-cut-off");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    let (attr, daemon) = fs.create(ROOT_INO, "log", 0, None).await.unwrap();
+    let hang = held.hold(Op::Put, 1);
+    let script = fs.open(attr.ino, true, false).await.unwrap();
+    fs.write(script, 0, b"older").await.unwrap();
+    tokio::time::timeout(limit, fs.flush(script)).await.expect("the close waited for the store").unwrap();
+    fs.write(script, 0, b"newer").await.unwrap();
+    fs.flush(script).await.unwrap(); // the store answers again: uploaded at once
+    assert_eq!(object(mem.as_ref(), "log").await.unwrap(), b"newer");
+    mem.put("log", bytes::Bytes::from_static(b"older"), Default::default()).await.unwrap(); // lands late
+    fs.release(script).await.unwrap();
+    fs.release(daemon).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "log").await.unwrap(), b"newer");
+    drop(hang);
+}
