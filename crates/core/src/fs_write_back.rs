@@ -260,10 +260,10 @@ impl Fs {
                 false
             }
             Err(_) => {
-                let queued = self.staging.queue.cancel(ino);
+                let queued = self.staging.queue.cancel_for_writer(ino);
                 tracing::info!(ino, queued, "the store took no upload within {patience:?}: a writer goes ahead, the closed version stays queued");
                 if queued || sending.load(Ordering::Relaxed) {
-                    staged.lock().await.cut_off(); // what was sent may still land
+                    self.lock_to_change(ino, &staged).await.cut_off(); // what was sent may still land
                 }
                 false
             }
@@ -292,7 +292,7 @@ impl Fs {
                 return st;
             }
             // Shown: an upload is sending it (not a local step after, nor a close's).
-            if self.staging.view(ino).is_some() && self.staging.queue.cancel(ino) {
+            if self.staging.view(ino).is_some() && self.staging.queue.cancel_for_writer(ino) {
                 let mut st = staged.clone().lock_owned().await;
                 tracing::info!(
                     ino,

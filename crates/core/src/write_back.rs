@@ -66,7 +66,14 @@ struct Entry {
     /// Queued to go up again after an upload that followed a cut-off one (fs_write_back.rs):
     /// not a version a writer must upload first, and due only after its grace.
     resend: bool,
+    /// Its attempt was cancelled for a writer ([`Queue::cancel_for_writer`]): not tried
+    /// again until that writer's close queues it (or `WRITER_HOLD` passes).
+    writer_cut: bool,
 }
+
+/// How long an upload cancelled for a writer waits before it is tried again, if that
+/// writer's close has not queued a newer version by then.
+const WRITER_HOLD: Duration = Duration::from_secs(30);
 
 /// What `bucketfs status` and the metrics show about the queue.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -154,10 +161,11 @@ impl Queue {
             last_error: None,
             refused: false,
             resend: false,
+            writer_cut: false,
         });
         e.key = key;
         e.refused = false;
-        e.resend = false;
+        (e.resend, e.writer_cut) = (false, false);
         (e.attempts, e.last_error) = (0, None); // a new version: its own attempts
         e.bytes = bytes;
         e.due = now + delay;
@@ -224,6 +232,11 @@ impl Queue {
                         ),
                     ));
                 }
+                Err(_) if std::mem::take(&mut e.writer_cut) => {
+                    // Not a failure: a writer changes it, and its close queues it again.
+                    e.due = Instant::now() + WRITER_HOLD;
+                    tracing::debug!(key = %e.key, "write-back upload cancelled for a writer");
+                }
                 Err(err) => {
                     e.attempts += 1;
                     e.due = Instant::now() + retry_backoff(e.attempts);
@@ -261,6 +274,23 @@ impl Queue {
         match q.get(&ino).filter(|e| e.in_flight).and_then(|e| e.abort.as_ref()) {
             Some(a) => {
                 a.abort();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// [`Queue::cancel`] for a writer of the file: the upload waits for that writer's close
+    /// (which queues it again) instead of taking the file back a second later.
+    pub(crate) fn cancel_for_writer(&self, ino: u64) -> bool {
+        let mut q = self.entries.lock().unwrap();
+        match q.get_mut(&ino).filter(|e| e.in_flight) {
+            Some(e) => {
+                e.writer_cut = true;
+                e.due = Instant::now() + WRITER_HOLD;
+                if let Some(a) = e.abort.as_ref() {
+                    a.abort();
+                }
                 true
             }
             None => false,
