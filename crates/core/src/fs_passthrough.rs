@@ -73,8 +73,14 @@ impl Fs {
             _ => return Ok(()),
         };
         let mut st = self.lock_to_change(f.ino, &staged).await;
-        self.observe(f.ino, &mut st).and_then(|()| st.keep_committed()).map_err(|e| {
-            tracing::warn!(ino = f.ino, "the committed version could not be kept aside: {e}");
+        self.keep_aside(f.ino, &mut st)
+    }
+
+    /// The committed version of `ino` not yet uploaded, copied aside before a writer the
+    /// kernel serves changes it (the caller holds the staged lock).
+    fn keep_aside(&self, ino: u64, st: &mut crate::write::Staged) -> Result<(), &'static str> {
+        self.observe(ino, st).and_then(|()| st.keep_committed()).map_err(|e| {
+            tracing::warn!(ino, "the committed version could not be kept aside: {e}");
             "staged file unusable"
         })
     }
@@ -97,13 +103,8 @@ impl Fs {
         if !current || staged_identity(&staged) != identity {
             return Err("staged again meanwhile");
         }
-        let kept = match writable {
-            true => self.observe(ino, &mut st).and_then(|()| st.keep_committed()),
-            false => Ok(()),
-        };
-        if let Err(e) = kept {
-            tracing::warn!(ino, "the committed version could not be kept aside: {e}");
-            return Err("staged file unusable");
+        if writable {
+            self.keep_aside(ino, &mut st)?;
         }
         let file = st.watch_external(&key).map_err(|e| {
             tracing::warn!(ino, "staged file not handed to the kernel: {e}");

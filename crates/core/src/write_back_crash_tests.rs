@@ -8,7 +8,7 @@ use std::time::Duration;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{Store, StoreErrorKind};
 
-use super::tests::{cfg, cfg_ttl0, keys, listed, object, staging, uploaded_files, write_file};
+use super::tests::{cfg, cfg_ttl0, keys, listed, object, staging, upload_shown, uploaded_files, write_file};
 use crate::fs::{Fs, FsConfig, ROOT_INO};
 
 /// `mv a b` over a pending `b` dies between the copy of `a` and its delete: the next mount
@@ -402,12 +402,7 @@ async fn a_writer_of_a_file_whose_upload_hangs_goes_ahead_and_keeps_the_closed_v
             let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
             fs.write(fh, 0, b"closed version").await.unwrap();
             fs.release(fh).await.unwrap();
-            let begun = async {
-                while fs.staging.view(attr.ino).is_none() {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            };
-            tokio::time::timeout(limit, begun).await.expect("the upload never began");
+            upload_shown(&fs, attr.ino, limit).await;
             let writer = tokio::time::timeout(limit, async {
                 let w = fs.open(attr.ino, true, false).await.unwrap();
                 fs.write(w, 0, b"CHANGED").await.unwrap();
@@ -454,12 +449,7 @@ async fn a_write_after_a_flush_does_not_wait_for_its_upload_that_hangs() {
     let (attr, fh) = fs.create(ROOT_INO, "log", 0, None).await.unwrap();
     fs.write(fh, 0, b"first line\n").await.unwrap();
     fs.flush(fh).await.unwrap();
-    let begun = async {
-        while fs.staging.view(attr.ino).is_none() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(limit, begun).await.expect("the upload never began");
+    upload_shown(&fs, attr.ino, limit).await;
     tokio::time::timeout(limit, fs.write(fh, 11, b"second line\n")).await.expect("the write waited").unwrap();
     tokio::time::timeout(limit, fs.flush(fh)).await.expect("the close waited").unwrap();
     fs.release(fh).await.unwrap();
@@ -512,12 +502,7 @@ async fn an_upload_cut_off_that_lands_late_is_overwritten_by_the_newer_version()
         let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
         fs.write(fh, 0, b"older").await.unwrap();
         fs.release(fh).await.unwrap();
-        let begun = async {
-            while fs.staging.view(attr.ino).is_none() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(limit, begun).await.expect("the upload never began");
+        upload_shown(&fs, attr.ino, limit).await;
         let w = tokio::time::timeout(limit, fs.open(attr.ino, true, true)).await.expect("the writer waited").unwrap();
         fs.write(w, 0, b"newer").await.unwrap();
         fs.release(w).await.unwrap();

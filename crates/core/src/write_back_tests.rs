@@ -409,6 +409,17 @@ async fn a_staged_file_moved_with_its_directory_is_read_under_its_new_identity()
     fs.release(fh).await.unwrap();
 }
 
+/// Wait until an upload of `ino` has begun and shows its bytes (staging.rs); panics after
+/// `limit`.
+pub(crate) async fn upload_shown(fs: &Fs, ino: u64, limit: Duration) {
+    let shown = async {
+        while fs.staging.view(ino).is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(limit, shown).await.expect("the upload never began");
+}
+
 pub(crate) async fn listed(fs: &Fs, ino: u64) -> Result<Vec<String>, crate::FsError> {
     let fh = fs.opendir(ino).await?;
     let v = fs.readdir(fh).map(|v| v.iter().map(|e| e.name.clone()).collect());
@@ -550,12 +561,7 @@ async fn a_reader_of_a_file_whose_upload_hangs_is_served_and_counted() {
         fs.release(fh).await.unwrap();
         let quick = Duration::from_secs(5);
         // The upload has begun (and waits for the store) once the reader finds it shown.
-        let shown = async {
-            while fs.staging.view(attr.ino).is_none() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(quick, shown).await.expect("the upload never began");
+        upload_shown(&fs, attr.ino, quick).await;
         let (reader, read) = tokio::time::timeout(quick, async {
             let r = fs.open(attr.ino, false, false).await.unwrap();
             (r, fs.read(r, 0, 100).await.unwrap())
