@@ -156,11 +156,12 @@ impl Fs {
         let queued = {
             let mut st = self.lock_to_change(file.ino, &staged).await;
             self.observe(file.ino, &mut st)?;
-            // A last handle that wrote nothing commits a dirty file not queued yet; one
-            // queued already stays as it is (re-queued, an upload a writer held back
-            // would start again at once and take the file from that writer).
-            let last_of_unqueued = st.handles <= 1 && !self.staging.queue.queued_version(file.ino);
-            let queue = st.dirty && !st.unlinked && (wrote || last_of_unqueued);
+            // A last handle that wrote nothing commits a dirty file not queued yet, or one
+            // changed since its commit (a mapping's writes). A committed version queued
+            // already stays as it is (re-queued, an upload a writer held back would start
+            // again at once and take the file from that writer).
+            let queued_as_is = st.committed() && self.staging.queue.queued_version(file.ino);
+            let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1 && !queued_as_is);
             if queue {
                 st.commit_as(durable, durable || other_writer)?;
                 // The committed version is this mount's file now (it reaches the store later):
