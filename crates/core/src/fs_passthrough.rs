@@ -22,7 +22,8 @@ impl Fs {
         }
         if !f.staged.load(Relaxed) {
             if let Some(staged) = self.staging.get(f.ino) {
-                let mut st = staged.lock().await;
+                // An upload shows it: reads go through us (`Fs::read` uses the shown bytes).
+                let mut st = self.staging.lock_unless_shown(f.ino, &staged).await?;
                 if self.staging.is_current(f.ino, &staged) {
                     join_staged(&f, &mut st);
                 }
@@ -92,10 +93,8 @@ impl Fs {
         let staged = self.staging.get(ino).ok_or("not staged any more")?;
         let key = self.node(ino).map_err(|_| "gone")?.key;
         // An upload holds it (and the store may hang): this open reads through us instead.
-        let mut st = match staged.try_lock() {
-            Ok(st) => st,
-            Err(_) if self.staging.view(ino).is_some() => return Err("being uploaded"),
-            Err(_) => staged.lock().await,
+        let Some(mut st) = self.staging.lock_unless_shown(ino, &staged).await else {
+            return Err("being uploaded");
         };
         // Still the map's (its upload may have dropped it while this waited for the lock):
         // a watch on a dropped file would outlive it.

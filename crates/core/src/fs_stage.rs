@@ -159,7 +159,11 @@ impl Fs {
             Some(g) => g,
             // A writer waits for an upload in flight only so long (write-back).
             None if writer => self.lock_to_change(node.ino, &shared).await,
-            None => shared.clone().lock_owned().await,
+            // A reader joins the bytes an upload shows rather than wait for the store.
+            None => match self.staging.lock_unless_shown(node.ino, &shared).await {
+                Some(g) => g,
+                None => return Ok(self.staging.join_shown(node.ino)),
+            },
         };
         if !fresh && !self.staging.is_current(node.ino, &shared) {
             return Ok(None);

@@ -262,18 +262,20 @@ impl Fs {
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let file = self.open_file(fh)?;
         if let Some(staged) = self.staging.get(file.ino) {
-            let mut st = match staged.try_lock() {
+            // An upload holds it: the bytes it shows (the same for every handle). Changed
+            // under this read (the upload ended and a writer truncated the file), the lock
+            // decides.
+            let mut st = match staged.clone().try_lock_owned() {
                 Ok(st) => st,
-                Err(_) => {
-                    // An upload holds it: the bytes it shows (the same for every handle).
-                    // Changed under this read (the upload ended and a writer truncated the
-                    // file), the lock decides.
+                Err(_) => loop {
                     let view = self.staging.view(file.ino);
                     if let Some(b) = view.and_then(|(f, len)| crate::write::read_at(&f, offset, size, len).ok()) {
                         return Ok(b);
                     }
-                    staged.lock().await
-                }
+                    if let Some(st) = self.staging.lock_unless_shown(file.ino, &staged).await {
+                        break st;
+                    }
+                },
             };
             self.observe(file.ino, &mut st)?;
             if file.wrote.load(Ordering::Relaxed) {

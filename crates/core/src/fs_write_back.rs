@@ -137,10 +137,11 @@ impl Fs {
             tracing::debug!(ino = file.ino, "write-back commit point: nothing staged");
             return Ok(());
         };
-        if !wrote && !file.writable && !durable && self.staging.view(file.ino).is_some() {
-            // An upload holds it (staging.rs), sending the version a reader's close would
-            // commit: `cat` does not wait for a store that hangs. (An fsync, even through a
-            // reader, `sync FILE`, still waits to make the file durable here.)
+        // A reader's close while an upload holds the file (staging.rs) returns: the upload
+        // sends the version it would commit, and `cat` does not wait for a store that hangs.
+        // (An fsync, even through a reader, `sync FILE`, still waits to make it durable.)
+        let reader = !wrote && !file.writable && !durable;
+        if reader && self.staging.view(file.ino).is_some() {
             return Ok(());
         }
         let other_writer = self.handles.lock().unwrap().values().any(
@@ -154,7 +155,13 @@ impl Fs {
             false => None,
         };
         let queued = {
-            let mut st = self.lock_to_change(file.ino, &staged).await;
+            let mut st = match reader {
+                true => match self.staging.lock_unless_shown(file.ino, &staged).await {
+                    Some(st) => st,
+                    None => return Ok(()),
+                },
+                false => self.lock_to_change(file.ino, &staged).await,
+            };
             self.observe(file.ino, &mut st)?;
             // A last handle that wrote nothing commits a dirty file not queued yet, or one
             // changed since its commit (a mapping's writes). A committed version queued

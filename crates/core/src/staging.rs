@@ -128,6 +128,32 @@ impl Staging {
         Some(shown.staged.clone())
     }
 
+    /// A reader's wait for `staged`'s lock (`ino`'s staged file): `None` as soon as an
+    /// upload holding it shows its bytes, which the reader takes instead of waiting for
+    /// the store. (An upload can take the lock, or be ahead in its queue, before it shows:
+    /// a reader that only looked once waited for a hanging store, 2 minutes.)
+    pub(crate) async fn lock_unless_shown(
+        &self,
+        ino: u64,
+        staged: &SharedStaged,
+    ) -> Option<tokio::sync::OwnedMutexGuard<Staged>> {
+        const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_millis(10);
+        if let Ok(g) = staged.clone().try_lock_owned() {
+            return Some(g);
+        }
+        // One lock future throughout: the reader keeps its place in the mutex's queue.
+        let lock = staged.clone().lock_owned();
+        tokio::pin!(lock);
+        loop {
+            if self.views.lock().unwrap().get(&ino).is_some_and(|s| Arc::ptr_eq(&s.staged, staged)) {
+                return None;
+            }
+            if let Ok(g) = tokio::time::timeout(LOOK_AGAIN, &mut lock).await {
+                return Some(g);
+            }
+        }
+    }
+
     pub(crate) fn contains(&self, ino: u64) -> bool {
         self.map.lock().unwrap().contains_key(&ino)
     }

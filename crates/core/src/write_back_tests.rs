@@ -588,3 +588,54 @@ async fn a_reader_of_a_file_whose_upload_hangs_is_served_and_counted() {
         assert_eq!(object(mem.as_ref(), key).await.unwrap(), b"closed bytes");
     }
 }
+
+/// A reader that comes while an upload waits for the staged file's lock (the writer's
+/// RELEASE held it) queues behind that upload; once the upload shows the bytes and waits
+/// for a store that hangs, the reader's open, read and close go on at once (before, they
+/// waited for the store: CI saw a rewrite's read-back blocked for more than 30 s).
+#[tokio::test]
+async fn a_reader_queued_behind_an_upload_is_served_once_it_shows() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("queued-reader");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    let hang = held.hold(Op::Put, 1);
+    let ino = write_file(&fs, "f", b"closed bytes").await;
+    let early = fs.open(ino, false, false).await.unwrap(); // a reader open before the upload
+    let staged = fs.staging.get(ino).expect("staged");
+    let lock = staged.clone().lock_owned().await; // as a RELEASE holds it
+    let sync = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.sync_write_back().await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // the upload waits for the lock
+    let closing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.flush(early).await }
+    });
+    let opening = tokio::spawn({
+        let fs = fs.clone();
+        async move {
+            let r = fs.open(ino, false, false).await.unwrap();
+            let read = fs.read(r, 0, 100).await.unwrap();
+            fs.flush(r).await.unwrap();
+            (r, read)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // the readers wait behind it
+    drop(lock);
+    let quick = Duration::from_secs(3); // under a writer's patience (5 s)
+    upload_shown(&fs, ino, quick).await;
+    let waited = "a reader waited for the store";
+    tokio::time::timeout(quick, closing).await.expect(waited).unwrap().unwrap();
+    let (late, read) = tokio::time::timeout(quick, opening).await.expect(waited).unwrap();
+    assert!(fs.staging.view(ino).is_some(), "a reader cancelled the upload");
+    assert_eq!(&read[..], b"closed bytes");
+    hang.add_permits(1);
+    assert!(tokio::time::timeout(quick, sync).await.expect("the upload did not end").unwrap().is_empty());
+    fs.release(late).await.unwrap();
+    fs.release(early).await.unwrap();
+    assert!(!fs.staging.contains(ino), "still staged with nothing open");
+    assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"closed bytes");
+}
