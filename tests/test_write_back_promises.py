@@ -738,22 +738,32 @@ def test_a_file_whose_upload_hangs_is_written_within_seconds(hung_minio, tmp_pat
     bucket holds the last closed version."""
     pm = hung_minio
     bucket = pm.new_bucket()
-    mp = mount(pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "0", "--passthrough", passthrough))
+    log = tmp_path / "daemon.log"
+    mp = mount(pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "0", "--passthrough", passthrough,
+                          "--log-file", str(log)))
     try:
         path = os.path.join(mp, "d", "f.bin")
         os.mkdir(os.path.dirname(path))
         assert sync(mp).returncode == 0
         rng = random.Random(11)
         data, tail, new = rng.randbytes(MiB), b"appended line\n", rng.randbytes(MiB // 2 + 3)
+        steps = []  # what each call got through, for a call that hangs
 
         def append():
             with open(path, "ab") as f:
+                steps.append("append: opened")
                 f.write(tail)
+            steps.append("append: closed")
             assert read_file(path) == data + tail
+            steps.append("append: read back")
 
         def rewrite():
-            write_file(path, new)
+            with open(path, "wb") as f:
+                steps.append("rewrite: opened")
+                f.write(new)
+            steps.append("rewrite: closed")
             assert read_file(path) == new
+            steps.append("rewrite: read back")
 
         pm.stop()
         try:
@@ -767,7 +777,8 @@ def test_a_file_whose_upload_hangs_is_written_within_seconds(hung_minio, tmp_pat
         finally:
             pm.cont()
         for name, o in outs.items():
-            assert not o.hung and o.error is None, (name, o)
+            tail_of_log = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+            assert not o.hung and o.error is None, (name, o, steps, tail_of_log)
         assert sync(mp).returncode == 0
         assert pm.objects(bucket)["d/f.bin"] == new
         assert read_file(path) == new
