@@ -574,7 +574,8 @@ impl Fs {
     /// files keep the change for the mount's life only (SEMANTICS.md).
     async fn persist_attrs(&self, node: &crate::inode::Node, fh: Option<u64>) -> Result<(), FsError> {
         if let Some(staged) = self.staging.get(node.ino) {
-            let mut st = staged.lock().await;
+            // A change: waits for an upload in flight only so long (write-back).
+            let mut st = self.lock_to_change(node.ino, &staged).await;
             st.set_key(&node.key)?;
             st.mark_changed();
             if let Some(h) = fh {

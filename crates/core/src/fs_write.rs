@@ -268,9 +268,11 @@ impl Fs {
             let mut st = match staged.clone().try_lock_owned() {
                 Ok(st) => st,
                 Err(_) => loop {
-                    let view = self.staging.view(file.ino);
-                    if let Some(b) = view.and_then(|(f, len)| crate::write::read_at(&f, offset, size, len).ok()) {
-                        return Ok(b);
+                    if let Some((f, len)) = self.staging.view(file.ino) {
+                        match crate::write::read_at(&f, offset, size, len) {
+                            Ok(b) => return Ok(b),
+                            Err(_) => break staged.clone().lock_owned().await, // the lock decides
+                        }
                     }
                     if let Some(st) = self.staging.lock_unless_shown(file.ino, &staged).await {
                         break st;

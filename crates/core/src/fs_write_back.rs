@@ -137,10 +137,12 @@ impl Fs {
             tracing::debug!(ino = file.ino, "write-back commit point: nothing staged");
             return Ok(());
         };
-        // A reader's close while an upload holds the file (staging.rs) returns: the upload
-        // sends the version it would commit, and `cat` does not wait for a store that hangs.
-        // (An fsync, even through a reader, `sync FILE`, still waits to make it durable.)
-        let reader = !wrote && !file.writable && !durable;
+        // A close of a handle that wrote nothing while an upload holds the file (staging.rs)
+        // returns: the upload sends the version it would commit, and `cat` does not wait
+        // for a store that hangs. Nor does it cancel that upload (a writer's RELEASE after
+        // its FLUSH queued the file did, and held the upload back 30 s). (An fsync, even
+        // through a reader, `sync FILE`, still waits to make the file durable.)
+        let reader = !wrote && !durable;
         if reader && self.staging.view(file.ino).is_some() {
             return Ok(());
         }
@@ -299,13 +301,17 @@ impl Fs {
             return staged.clone().lock_owned().await;
         }
         let patience = self.patience(ino);
+        // One lock future throughout: the writer keeps its place in the mutex's queue (a
+        // new one each round put it behind an upload queued meanwhile: 5 s more a round).
+        let lock = staged.clone().lock_owned();
+        tokio::pin!(lock);
         loop {
-            if let Ok(st) = tokio::time::timeout(patience, staged.clone().lock_owned()).await {
+            if let Ok(st) = tokio::time::timeout(patience, &mut lock).await {
                 return st;
             }
             // Shown: an upload is sending it (not a local step after, nor a close's).
             if self.staging.view(ino).is_some() && self.staging.queue.cancel_for_writer(ino) {
-                let mut st = staged.clone().lock_owned().await;
+                let mut st = lock.await;
                 tracing::info!(
                     ino,
                     "upload in flight cancelled after {patience:?}: a writer waited for it (retried after its close)"

@@ -639,3 +639,32 @@ async fn a_reader_queued_behind_an_upload_is_served_once_it_shows() {
     assert!(!fs.staging.contains(ino), "still staged with nothing open");
     assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"closed bytes");
 }
+
+/// A writer's RELEASE after its FLUSH queued the file (a close sends both) leaves the
+/// upload that hangs alone: before, it waited a writer's patience (5 s) and cancelled it,
+/// holding the upload back 30 s.
+#[tokio::test]
+async fn a_writers_release_does_not_cancel_its_upload() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("release-keeps-upload");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let hang = held.hold(Op::Put, 1);
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+    fs.write(fh, 0, b"closed bytes").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    upload_shown(&fs, attr.ino, Duration::from_secs(5)).await;
+    let release = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(fh).await }
+    });
+    tokio::time::sleep(Duration::from_secs(6)).await; // past a writer's patience
+    assert!(fs.staging.view(attr.ino).is_some(), "the release cancelled the upload");
+    hang.add_permits(1);
+    let quick = Duration::from_secs(5);
+    tokio::time::timeout(quick, release).await.expect("the release never ended").unwrap().unwrap();
+    assert!(tokio::time::timeout(quick, fs.sync_write_back()).await.expect("the upload did not end").is_empty());
+    assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"closed bytes");
+    assert!(!fs.staging.contains(attr.ino), "still staged with nothing open");
+}

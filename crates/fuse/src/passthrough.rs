@@ -235,10 +235,11 @@ impl Passthrough {
         let reply = self.answer_inner(fs, ino, fh, flags, reply).await;
         self.end_change(fs, ino, change).await;
         if let Some(reply) = reply {
-            // Not truncating, or checked by `before_open`: closing it changes nothing.
-            let _ = fs.release(fh).await;
             tracing::info!(ino, "open refused (EBUSY): the file is open for passthrough reads of another version");
-            reply.error(Errno::EBUSY)
+            reply.error(Errno::EBUSY);
+            // Not truncating, or checked by `before_open`: closing it changes nothing. After
+            // the answer: a release may wait for an upload in flight, the open must not.
+            let _ = fs.release(fh).await;
         }
     }
 
