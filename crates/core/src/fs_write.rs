@@ -530,6 +530,11 @@ impl Fs {
             if st.handles == 0 && !st.unlinked && st.watched() && st.mapped_elsewhere() {
                 // A shared mapping outlives the handles and may still write the file.
                 self.linger(file.ino, staged.clone());
+            } else if st.handles == 0 && !st.unlinked && !st.committed() && self.write_back() {
+                // Changed since its last commit and no handle left to commit it: a mapping's
+                // writes while an upload held the file (this RELEASE did not wait for it:
+                // `Fs::commit_for`). Committed and queued here, as a last close does.
+                self.commit_last(file.ino, &mut st);
             } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
                 // The version just uploaded stays on disk for reading back (passthrough.rs),
                 // or else its blocks go into the block caches (no copy when it stays).
@@ -542,6 +547,18 @@ impl Fs {
             }
         }
         result
+    }
+
+    /// Commit `ino`'s staged file `st` and queue it (write-back), as a last close does.
+    fn commit_last(&self, ino: u64, st: &mut Staged) {
+        if let Err(e) = st.commit() {
+            tracing::warn!(ino, "cannot commit the staged file at its last close: {e}");
+            return;
+        }
+        self.join_handles(ino, st);
+        let key = self.node(ino).map(|n| n.key).unwrap_or_default();
+        let cfg = self.cfg.write_back.expect("write-back mode");
+        self.staging.queue.enqueue(ino, key, st.len(), cfg.delay);
     }
 
     /// Keep a staged file whose last handle closed while a process still maps it (FUSE

@@ -668,3 +668,36 @@ async fn a_writers_release_does_not_cancel_its_upload() {
     assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"closed bytes");
     assert!(!fs.staging.contains(attr.ino), "still staged with nothing open");
 }
+
+/// Passthrough: a mapping's writes (the kernel's, straight into the staged file) made while
+/// the upload of the file's last close hangs, and its RELEASE did not wait for that upload,
+/// are committed and queued when the RELEASE ends: `bucketfs sync` puts them in the bucket
+/// (before, nothing committed them and the bucket kept the closed version).
+#[tokio::test]
+async fn a_mappings_writes_during_an_upload_reach_the_bucket() {
+    use std::os::unix::fs::FileExt;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("mapped-during-upload");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let hang = held.hold(Op::Put, 1);
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+    fs.write(fh, 0, b"closed bytes").await.unwrap();
+    let backing = fs.backing_file(fh).await.unwrap();
+    fs.note_passthrough_open(fh);
+    fs.flush(fh).await.unwrap();
+    let quick = Duration::from_secs(5);
+    upload_shown(&fs, attr.ino, quick).await;
+    let release = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(fh).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // the release waits for the upload
+    backing.file.write_all_at(b"MAPPED", 0).unwrap(); // as the kernel writes a mapping's pages
+    drop(backing); // and lets go of the file, the mapping gone
+    hang.add_permits(1);
+    tokio::time::timeout(quick, release).await.expect("the release never ended").unwrap().unwrap();
+    assert!(tokio::time::timeout(quick, fs.sync_write_back()).await.expect("sync hung").is_empty());
+    assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"MAPPED bytes");
+}
