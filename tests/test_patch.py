@@ -23,7 +23,7 @@ import pytest
 
 import seed
 from conftest import Bucket, mount, mounted, require_bin, require_store, run_cli, unmount
-from test_write_back_promises import kill_daemon, remount, sync
+from hangkit import kill_daemon, remount, sync
 from proxykit import HttpProxy
 
 MIB = 1024 * 1024
