@@ -556,9 +556,7 @@ impl Fs {
             return;
         }
         self.join_handles(ino, st);
-        let key = self.node(ino).map(|n| n.key).unwrap_or_default();
-        let cfg = self.cfg.write_back.expect("write-back mode");
-        self.staging.queue.enqueue(ino, key, st.len(), cfg.delay);
+        self.queue_committed(ino, st);
     }
 
     /// Keep a staged file whose last handle closed while a process still maps it (FUSE
@@ -617,9 +615,7 @@ impl Fs {
                 return false;
             }
             if self.write_back() {
-                let key = self.node(ino).map(|n| n.key).unwrap_or_default();
-                let cfg = self.cfg.write_back.expect("write-back mode");
-                self.staging.queue.enqueue(ino, key, st.len(), cfg.delay);
+                self.queue_committed(ino, &st);
             } else if let Err(e) = self.publish(ino, &mut st).await {
                 tracing::warn!(ino, "upload of a mapped file's writes failed, retried: {e}");
                 return false;

@@ -210,8 +210,7 @@ impl Fs {
             if queue {
                 // Queued under the staged lock: an open for writing that stages the file
                 // after this finds it queued (and uploads this version before changing it).
-                let key = self.node(file.ino).map(|n| n.key).unwrap_or_default();
-                self.staging.queue.enqueue(file.ino, key, st.len(), cfg.delay);
+                self.queue_committed(file.ino, &st);
             }
             queue
         };
@@ -372,6 +371,13 @@ impl Fs {
         drop(showing);
         published?;
         Ok(!self.resend_after_cut(ino, st, followed_cut)?)
+    }
+
+    /// Queue `ino`'s committed version `st` for upload after the write-back delay.
+    pub(crate) fn queue_committed(&self, ino: u64, st: &crate::write::Staged) {
+        let key = self.node(ino).map(|n| n.key).unwrap_or_default();
+        let delay = self.cfg.write_back.expect("write-back mode").delay;
+        self.staging.queue.enqueue(ino, key, st.len(), delay);
     }
 
     /// After an upload of `ino` succeeded: if it `followed_cut` (one before it was cut off
