@@ -8,7 +8,9 @@ use std::time::Duration;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{Store, StoreErrorKind};
 
-use super::tests::{cfg, cfg_ttl0, keys, listed, object, staging, upload_shown, uploaded_files, write_file};
+use super::tests::{
+    cfg, cfg_ttl0, keys, listed, object, over_held_puts, staging, upload_shown, uploaded_files, write_file,
+};
 use crate::fs::{Fs, FsConfig, ROOT_INO};
 
 /// `mv a b` over a pending `b` dies between the copy of `a` and its delete: the next mount
@@ -200,11 +202,7 @@ async fn a_directory_move_cut_by_a_crash_is_finished_by_the_next_mount() {
 /// mount-wide gate); nor a rename of the file being uploaded (its upload is cancelled).
 #[tokio::test]
 async fn a_hanging_upload_stalls_no_call_on_other_files() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("hang");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 0));
-    fs.start_write_back();
+    let (mem, held, fs) = over_held_puts("hang", 0);
     write_file(&fs, "uploaded", b"in the bucket").await;
     assert!(fs.sync_write_back().await.is_empty());
     let _hang = held.hold(Op::Put, 1);
@@ -440,11 +438,7 @@ async fn a_writer_of_a_file_whose_upload_hangs_goes_ahead_and_keeps_the_closed_v
 #[tokio::test]
 async fn a_write_after_a_flush_does_not_wait_for_its_upload_that_hangs() {
     let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("write-after-flush-hang");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 0));
-    fs.start_write_back();
+    let (mem, held, fs) = over_held_puts("write-after-flush-hang", 0);
     let hang = held.hold(Op::Put, 100);
     let (attr, fh) = fs.create(ROOT_INO, "log", 0, None).await.unwrap();
     fs.write(fh, 0, b"first line\n").await.unwrap();
@@ -537,11 +531,7 @@ async fn an_upload_cut_off_that_lands_late_is_overwritten_by_the_newer_version()
 #[tokio::test]
 async fn a_close_beside_a_writer_after_a_cut_off_one_is_sent_again() {
     let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("beside-writer-cut-off");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 60_000));
-    fs.start_write_back();
+    let (mem, held, fs) = over_held_puts("beside-writer-cut-off", 60_000);
     let (attr, daemon) = fs.create(ROOT_INO, "log", 0, None).await.unwrap();
     let hang = held.hold(Op::Put, 1);
     let script = fs.open(attr.ino, true, false).await.unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{Store, StoreErrorKind};
 
-use super::tests::{cfg, keys, object, staging};
+use super::tests::{cfg, keys, object, over_held_puts, staging};
 use crate::fs::{Fs, ROOT_INO};
 
 /// Create `name` in `parent` with `O_EXCL`, write `data` and close it.
@@ -23,11 +23,7 @@ async fn create_exclusive(fs: &Fs, parent: u64, name: &str, data: &[u8]) {
 /// its old parent's name).
 #[tokio::test]
 async fn an_exclusive_create_whose_cancelled_upload_landed_is_gone_after_rm() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("excl-cancelled");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 0));
-    fs.start_write_back();
+    let (mem, held, fs) = over_held_puts("excl-cancelled", 0);
     let _hang = held.hold(Op::Put, 1);
     create_exclusive(&fs, ROOT_INO, "x", b"created exclusively").await;
     let started = tokio::time::timeout(Duration::from_secs(5), async {
@@ -89,11 +85,7 @@ async fn a_refused_retry_of_an_exclusive_create_never_deletes_the_other_object()
 /// its own), not refused as if another client had made it; `rm` then leaves nothing.
 #[tokio::test]
 async fn an_exclusive_create_moved_with_its_directory_uploads_over_its_own_copy() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("excl-dir-move");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 0));
-    fs.start_write_back();
+    let (mem, held, fs) = over_held_puts("excl-dir-move", 0);
     let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
     assert!(fs.sync_write_back().await.is_empty());
     let _hang = held.hold(Op::Put, 1);

@@ -409,6 +409,16 @@ async fn a_staged_file_moved_with_its_directory_is_read_under_its_new_identity()
     fs.release(fh).await.unwrap();
 }
 
+/// A write-back mount over a memory store whose PUTs the test can hold (`FailStore::hold`),
+/// staging in `staging(name)`: the memory store, the holding store and the mount.
+pub(crate) fn over_held_puts(name: &str, delay_ms: u64) -> (Arc<MemStore>, Arc<FailStore>, Arc<Fs>) {
+    let mem = Arc::new(MemStore::new());
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(held.clone(), cfg(&staging(name), delay_ms));
+    fs.start_write_back();
+    (mem, held, fs)
+}
+
 /// Wait until an upload of `ino` has begun and shows its bytes (staging.rs); panics after
 /// `limit`.
 pub(crate) async fn upload_shown(fs: &Fs, ino: u64, limit: Duration) {
@@ -550,11 +560,7 @@ async fn a_pending_file_stays_in_its_directory_after_the_kernel_forgets_both() {
 #[tokio::test]
 async fn a_reader_of_a_file_whose_upload_hangs_is_served_and_counted() {
     for cancel in [false, true] {
-        let mem = Arc::new(MemStore::new());
-        let dir = staging(&format!("shown-{cancel}"));
-        let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-        let fs = Fs::new(held.clone(), cfg(&dir, 0));
-        fs.start_write_back();
+        let (mem, held, fs) = over_held_puts(&format!("shown-{cancel}"), 0);
         let hang = held.hold(Op::Put, 1);
         let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
         fs.write(fh, 0, b"closed bytes").await.unwrap();
@@ -595,11 +601,7 @@ async fn a_reader_of_a_file_whose_upload_hangs_is_served_and_counted() {
 /// waited for the store: CI saw a rewrite's read-back blocked for more than 30 s).
 #[tokio::test]
 async fn a_reader_queued_behind_an_upload_is_served_once_it_shows() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("queued-reader");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 60_000));
-    fs.start_write_back();
+    let (mem, held, fs) = over_held_puts("queued-reader", 60_000);
     let hang = held.hold(Op::Put, 1);
     let ino = write_file(&fs, "f", b"closed bytes").await;
     let early = fs.open(ino, false, false).await.unwrap(); // a reader open before the upload
@@ -645,11 +647,7 @@ async fn a_reader_queued_behind_an_upload_is_served_once_it_shows() {
 /// holding the upload back 30 s.
 #[tokio::test]
 async fn a_writers_release_does_not_cancel_its_upload() {
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("release-keeps-upload");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 0));
-    fs.start_write_back();
+    let (mem, held, fs) = over_held_puts("release-keeps-upload", 0);
     let hang = held.hold(Op::Put, 1);
     let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     fs.write(fh, 0, b"closed bytes").await.unwrap();
@@ -676,11 +674,7 @@ async fn a_writers_release_does_not_cancel_its_upload() {
 #[tokio::test]
 async fn a_mappings_writes_during_an_upload_reach_the_bucket() {
     use std::os::unix::fs::FileExt;
-    let mem = Arc::new(MemStore::new());
-    let dir = staging("mapped-during-upload");
-    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(held.clone(), cfg(&dir, 0));
-    fs.start_write_back();
+    let (mem, held, fs) = over_held_puts("mapped-during-upload", 0);
     let hang = held.hold(Op::Put, 1);
     let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     fs.write(fh, 0, b"closed bytes").await.unwrap();
