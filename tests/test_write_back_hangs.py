@@ -305,3 +305,71 @@ def test_sync_during_a_hang_names_what_is_pending_and_returns(hung_minio, tmp_pa
     finally:
         pm.cont()
         unmount(mp)
+
+
+def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp_path):
+    """With --metadata-ttl 1, what the mount knows answers once the TTL ran out and the store
+    hangs (SIGSTOP): each call returns within 5 s, with what the mount knew: stat of a file,
+    listdir of a listed directory (and of a subdirectory listed with it), unlink of a file, a
+    new file in a listed directory, a read of a file read before. (A rename of an uploaded
+    file moves its object in the store: it waits for the store, as SEMANTICS.md says.) When
+    the store continues, `bucketfs sync` exits 0 and the bucket matches the mount."""
+    pm = hung_minio
+    bucket = pm.new_bucket()
+    mp = mount(pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "0", "--metadata-ttl", "1"))
+    try:
+        p = lambda *a: os.path.join(mp, *a)  # noqa: E731
+        os.makedirs(p("d", "sub"))
+        names = {"st": b"to be stat'ed", "un": b"to be unlinked", "rd": b"read before and after"}
+        for n, data in names.items():
+            write_file(p("d", n), data)
+        write_file(p("d", "sub", "inner"), b"inner")
+        assert sync(mp).returncode == 0
+        assert sorted(os.listdir(p("d"))) == sorted(list(names) + ["sub"])
+        assert os.listdir(p("d", "sub")) == ["inner"]
+        assert read_file(p("d", "rd")) == names["rd"]
+        time.sleep(2.5)  # every name and listing is past its TTL
+        outs = {}
+        pm.stop()
+        t_stop = time.monotonic()
+        try:
+            def op(name, fn):
+                outs[name] = bounded_calls({name: fn}, LOCAL_CALL_LIMIT)[name]
+
+            op("stat of a known file", lambda: os.stat(p("d", "st")).st_size)
+            op("listdir of a listed directory", lambda: sorted(os.listdir(p("d"))))
+            op("listdir of its subdirectory", lambda: os.listdir(p("d", "sub")))
+            op("unlink of a known file", lambda: os.unlink(p("d", "un")))
+            op("a new file in a listed directory", lambda: write_file(p("d", "new"), b"made during the hang"))
+            op("read of a file read before", lambda: read_file(p("d", "rd")))
+            print("while the store hangs: " + outcome_table(outs))
+            time.sleep(max(0.0, HANG_SECS - (time.monotonic() - t_stop)))
+        finally:
+            pm.cont()
+        stalled = {k: o for k, o in outs.items() if o.hung or o.error is not None or o.elapsed > LOCAL_CALL_LIMIT}
+        assert wait_until(lambda: all(o.done for o in list(outs.values())), 150), \
+            f"calls still blocked 150s after the store continued: {outcome_table(outs)}"
+        r = sync(mp)
+        problems = []
+        if stalled:
+            problems.append(f"calls stalled by the hanging store (limit {LOCAL_CALL_LIMIT}s): {outcome_table(stalled)}")
+        wrong = {k: outs[k].value for k, want in [("stat of a known file", len(names["st"])),
+                                                  ("listdir of its subdirectory", ["inner"]),
+                                                  ("read of a file read before", names["rd"])]
+                 if outs[k].done and outs[k].error is None and outs[k].value != want}
+        if wrong:
+            problems.append(f"wrong answers during the hang: {wrong}")
+        if r.returncode != 0:
+            problems.append(f"sync after the store came back exited {r.returncode}: {r.err.strip()[-500:]}")
+        else:
+            files, _ = mount_view(mp)
+            got = {k: md5(v) for k, v in files_only(pm.objects(bucket)).items()}
+            want = {f"d/{n}": md5(v) for n, v in names.items() if n != "un"}
+            want.update({"d/new": md5(b"made during the hang"), "d/sub/inner": md5(b"inner")})
+            if got != want or files != want:
+                problems.append(f"after the hang: bucket {sorted(got.items())}, mount {sorted(files.items())}, "
+                                f"expected {sorted(want.items())}")
+        assert not problems, "; ".join(problems)
+    finally:
+        pm.cont()
+        unmount(mp)

@@ -212,6 +212,9 @@ pub struct Fs {
     listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Kernel forgets so far (the heap is trimmed every [`TRIM_EVERY`]).
     forgets: AtomicU64,
+    /// Refreshes that outlasted their caller's patience and go on (`Fs::refresh_within`):
+    /// while any does, the store is slow, and callers do not wait again.
+    pub(crate) overdue_refreshes: Arc<AtomicU64>,
     /// Write-back mode: unlinks journaled and sent in the background (deletes.rs); `store`
     /// is this wrapper then.
     pub(crate) deletes: Option<std::sync::Arc<crate::deletes::DeferredDeletes>>,
@@ -288,6 +291,7 @@ impl Fs {
             dir_cache: Default::default(),
             listing_flights: Mutex::new(HashMap::new()),
             forgets: AtomicU64::new(0),
+            overdue_refreshes: Default::default(),
             passthrough: Default::default(),
             events: Default::default(),
         }
@@ -515,6 +519,9 @@ mod economy_tests;
 #[cfg(test)]
 #[path = "patch_tests.rs"]
 mod patch_tests;
+#[cfg(test)]
+#[path = "refresh_tests.rs"]
+mod refresh_tests;
 
 impl Fs {
     /// [`crate::inode::InodeTable::check_invariants`] on this mount's table (for tests).

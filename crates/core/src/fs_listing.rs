@@ -3,15 +3,75 @@
 //! of `fs`) and a file's HEAD, with what each answers while the store is unreachable.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
 
 use bucketfs_store::{HeadOpts, ObjectHead, StoreError, StoreErrorKind};
 use futures::StreamExt;
 
 use crate::fs::{Attr, Fs, Kind, RELIST_MAX};
 use crate::inode::{ChildMeta, Listing, Node};
+use crate::sync::{Arc, AtomicBool, Ordering};
 use crate::{names, FsError};
 
+/// How long a call of a write-back mount waits for the store to refresh what the mount
+/// already knows (a listing or a file's attributes past their TTL, a known name's probe)
+/// before it answers with what it knows, as when the store is unreachable: such a mount is
+/// its bucket's main writer, and a store that hangs must not stall `ls` or `stat` for the
+/// minutes its requests take to time out (docs/SEMANTICS.md, "Freshness").
+pub(crate) const KNOWN_ANSWER_WAIT: Duration = Duration::from_secs(2);
+
 impl Fs {
+    /// `work` (a refresh of something the mount knows), run on a write-back mount in a task
+    /// of its own and waited for at most [`KNOWN_ANSWER_WAIT`]: past it the task goes on in
+    /// the background (a listing or a HEAD is recorded when it comes, by the sequence rule)
+    /// and the caller gets an `Unavailable` error, which it answers as an unreachable store.
+    /// While such a task is still going on, the store is slow: the next callers do not wait
+    /// at all (a path's every level would otherwise cost the wait again). On other mounts
+    /// `work` is awaited.
+    pub(crate) async fn refresh_within<T, Fut>(&self, work: impl FnOnce(Arc<Fs>) -> Fut) -> Result<T, FsError>
+    where
+        Fut: Future<Output = Result<T, FsError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let me = self.me.upgrade().expect("an Fs lives in an Arc (Fs::new)");
+        if self.cfg.write_back.is_none() {
+            return work(me).await;
+        }
+        let overdue = self.overdue_refreshes.clone();
+        let patience = match overdue.load(Ordering::Acquire) {
+            0 => KNOWN_ANSWER_WAIT,
+            _ => Duration::ZERO,
+        };
+        // Whoever of the caller (given up) and the task (ended) comes second settles the count.
+        let given_up = Arc::new(AtomicBool::new(false));
+        let task = {
+            let (overdue, given_up) = (overdue.clone(), given_up.clone());
+            let work = work(me);
+            async move {
+                let done = work.await;
+                if given_up.swap(true, Ordering::AcqRel) {
+                    overdue.fetch_sub(1, Ordering::AcqRel);
+                }
+                done
+            }
+        };
+        if let Some(done) = crate::sync::within(patience, task).await {
+            return done;
+        }
+        overdue.fetch_add(1, Ordering::AcqRel);
+        if given_up.swap(true, Ordering::AcqRel) {
+            overdue.fetch_sub(1, Ordering::AcqRel); // it ended meanwhile
+        }
+        Err(FsError::Store(StoreError::new(
+            StoreErrorKind::Unavailable,
+            format!(
+                "the store did not answer within {patience:?} (refreshes overdue: {})",
+                overdue.load(Ordering::Acquire)
+            ),
+        )))
+    }
+
     /// Whether `dir`'s last listing (kept current by this mount's own changes) answers for
     /// another TTL because the store cannot be reached (`e`), so lookups,
     /// creates and `ls` go on through an outage (docs/SEMANTICS.md, "Freshness").
@@ -36,6 +96,25 @@ impl Fs {
     /// yes, `Some(false)` not because a change here overtook it (asking again may do),
     /// `None` not for another reason (unlinked, staged, the store unreachable).
     pub(crate) async fn revalidate_recorded(&self, node: &Node, split: bool) -> Result<(Attr, Option<bool>), FsError> {
+        let n = node.clone();
+        match self.refresh_within(|me| async move { me.head_and_record(&n, split).await }).await {
+            Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => self.serve_known_attrs(node, &e),
+            done => done,
+        }
+    }
+
+    /// What the mount knows of `node`'s attributes, for another TTL, because the store
+    /// cannot be reached or did not answer in time (`e`).
+    fn serve_known_attrs(&self, node: &Node, e: &StoreError) -> Result<(Attr, Option<bool>), FsError> {
+        let mut t = self.table.lock().unwrap();
+        let cur = t.get_mut(node.ino).ok_or(FsError::Store(e.clone()))?;
+        tracing::warn!(key = %node.key, "store unreachable, serving the last attributes: {e}");
+        cur.validated = self.cfg.clock.now();
+        Ok((self.attr(cur), None))
+    }
+
+    /// The HEAD of [`Fs::revalidate_recorded`], and its answer recorded.
+    async fn head_and_record(&self, node: &Node, split: bool) -> Result<(Attr, Option<bool>), FsError> {
         if let Some(gone) = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked) {
             // Unlinked or replaced while open: its key names another file now, if any.
             return Ok((self.attr(gone), None));
@@ -98,13 +177,8 @@ impl Fs {
                     _ => Err(FsError::NotFound),
                 }
             }
-            // Stale if the store is down, as for listings (`serve_stale_listing`).
-            Err(e) if e.kind == StoreErrorKind::Unavailable => {
-                let cur = t.get_mut(node.ino).ok_or(FsError::Store(e.clone()))?;
-                tracing::warn!(key = %node.key, "store unreachable, serving the last attributes: {e}");
-                cur.validated = self.cfg.clock.now();
-                Ok((self.attr(cur), None))
-            }
+            // Stale if the store is down, as for listings (`serve_stale_listing`): the caller
+            // answers with what the mount knows (`Fs::serve_known_attrs`).
             Err(e) => Err(e.into()),
         }
     }
@@ -114,7 +188,27 @@ impl Fs {
     /// the same time; if it holds the whole subtree, every directory below is listed too.
     /// If not, and `subdirs_ahead`, its subdirectories are listed in the background
     /// (preload.rs).
+    /// A listing known before but past its TTL is refreshed within [`Fs::refresh_within`].
     pub(crate) async fn ensure_listing(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
+        let known = {
+            let t = self.table.lock().unwrap();
+            if t.listing_fresh(dir.ino) {
+                return Ok(());
+            }
+            t.listing(dir.ino).is_some()
+        };
+        if !known {
+            return self.list_dir(dir, subdirs_ahead).await;
+        }
+        let d = dir.clone();
+        match self.refresh_within(|me| async move { me.list_dir(&d, subdirs_ahead).await }).await {
+            Err(FsError::Store(e)) if self.serve_stale_listing(dir, &e) => Ok(()),
+            done => done,
+        }
+    }
+
+    /// The listing of [`Fs::ensure_listing`].
+    async fn list_dir(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
         if self.table.lock().unwrap().listing_fresh(dir.ino) {
             return Ok(());
         }

@@ -120,7 +120,15 @@ impl Fs {
             (t.ask(), t.is_wide(dir.ino))
         };
         let wide = wide || check_width && self.check_width(dir).await;
-        match self.probe(&dir.key, name, wide).await {
+        let probed = match self.known_child(dir.ino, name) {
+            // A name the mount knows answers if the probe takes long (`Fs::refresh_within`).
+            Some(_) => {
+                let (key, name) = (dir.key.clone(), name.to_string());
+                self.refresh_within(|me| async move { me.probe(&key, &name, wide).await }).await
+            }
+            None => self.probe(&dir.key, name, wide).await,
+        };
+        match probed {
             Ok(m) => {
                 self.table.lock().unwrap().note_found(dir.ino, name);
                 Ok(Some(ChildMeta { asked: since, ..m }))
@@ -131,16 +139,21 @@ impl Fs {
             }
             // Stale if the store is down: what this mount last knew of the name answers.
             Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => {
-                let t = self.table.lock().unwrap();
-                let known = match t.listing(dir.ino) {
-                    Some(l) => Some(l.children.get(name).cloned()),
-                    None => t.child(dir.ino, name).map(|n| Some(n.entry())),
-                };
-                let Some(answer) = known else { return Err(FsError::Store(e)) };
+                let Some(answer) = self.known_child(dir.ino, name) else { return Err(FsError::Store(e)) };
                 tracing::warn!(dir = %dir.key, name, "store unreachable, answering from what the mount knows: {e}");
                 Ok(answer)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// What the mount knows of `name` in `dir`, fresh or not: its last listing's word, else
+    /// the inode it has for the name; `None`: nothing.
+    fn known_child(&self, dir: u64, name: &str) -> Option<Option<ChildMeta>> {
+        let t = self.table.lock().unwrap();
+        match t.listing(dir) {
+            Some(l) => Some(l.children.get(name).cloned()),
+            None => t.child(dir, name).map(|n| Some(n.entry())),
         }
     }
 

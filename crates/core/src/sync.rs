@@ -53,6 +53,27 @@ where
     shuttle::future::spawn(fut);
 }
 
+/// Run `fut` in a task of its own and wait for it at most `patience`: `None` if it is still
+/// running then (it goes on, detached, and its end is not awaited) or panicked.
+#[cfg(not(feature = "shuttle"))]
+pub(crate) async fn within<F>(patience: std::time::Duration, fut: F) -> Option<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::time::timeout(patience, tokio::spawn(fut)).await.ok()?.ok()
+}
+
+/// Under shuttle (no timer): the task is awaited.
+#[cfg(feature = "shuttle")]
+pub(crate) async fn within<F>(_patience: std::time::Duration, fut: F) -> Option<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    shuttle::future::spawn(fut).await.ok()
+}
+
 /// Run blocking work (disk I/O) off the async threads; `None` if it panicked.
 #[cfg(not(feature = "shuttle"))]
 pub(crate) async fn blocking<F, T>(f: F) -> Option<T>

@@ -1,0 +1,92 @@
+//! A write-back mount answers with what it knows when the store is slow to refresh it
+//! (`Fs::refresh_within`): a listing or a file's attributes past their TTL, with the
+//! store's answers held (`FailStore::hold`). The held answers are recorded once they come.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bucketfs_store::testing::{FailStore, MemStore, Op};
+use bucketfs_store::{Store, StoreErrorKind};
+
+use crate::fs::{Fs, FsConfig, ROOT_INO};
+use crate::write_back::tests::{cfg, listed, staging};
+
+/// Comfortably past `KNOWN_ANSWER_WAIT` (fs_listing.rs), far below a hanging store's minutes.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(4);
+
+struct Held {
+    mem: Arc<MemStore>,
+    lists: Arc<FailStore>,
+    heads: Arc<FailStore>,
+    fs: Arc<Fs>,
+    clock: crate::Clock,
+}
+
+/// A mount (write-back or not) of a memory store holding `d/a` and `d/b`, whose LISTs and
+/// HEADs a test can hold; `d` listed and `d/a` stat'ed, TTL 1 s on a manual clock.
+async fn mount(name: &str, write_back: bool) -> (Held, u64, u64) {
+    let mem = Arc::new(MemStore::new());
+    for k in ["d/a", "d/b"] {
+        mem.put(k, bytes::Bytes::from_static(b"known"), Default::default()).await.unwrap();
+    }
+    let never = |inner: Arc<dyn Store>, op| Arc::new(FailStore::new(inner, op, u64::MAX, 0, StoreErrorKind::Other));
+    let lists = never(mem.clone(), Op::List);
+    let heads = never(lists.clone(), Op::Head);
+    let clock = crate::Clock::manual();
+    let mut c = FsConfig { metadata_ttl: Duration::from_secs(1), clock: clock.clone(), ..cfg(&staging(name), 0) };
+    if !write_back {
+        c.write_back = None;
+    }
+    let fs = Fs::new(heads.clone(), c);
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    assert_eq!(listed(&fs, d).await.unwrap(), [".", "..", "a", "b"]);
+    let a = fs.lookup(d, "a").await.unwrap().ino;
+    (Held { mem, lists, heads, fs, clock }, d, a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_mount_answers_what_it_knows_while_the_store_is_slow() {
+    let (h, d, a) = mount("known-answers", true).await;
+    h.mem.put("d/c", bytes::Bytes::from_static(b"another client's"), Default::default()).await.unwrap();
+    h.clock.advance(Duration::from_secs(2)); // past the TTL of the listing and of `a`
+    let list_permits = h.lists.hold(Op::List, 100);
+    let head_permits = h.heads.hold(Op::Head, 100);
+
+    let names = tokio::time::timeout(ANSWERED_WITHIN, listed(&h.fs, d)).await;
+    assert_eq!(names.expect("ls waited for the held listing").unwrap(), [".", "..", "a", "b"]);
+    let attr = tokio::time::timeout(ANSWERED_WITHIN, h.fs.getattr(a)).await;
+    assert_eq!(attr.expect("stat waited for the held answer").unwrap().size, 5);
+    assert!(h.fs.overdue_refreshes.load(std::sync::atomic::Ordering::SeqCst) > 0);
+
+    // The answers come: the listing goes on in the background and is recorded.
+    list_permits.add_permits(100);
+    head_permits.add_permits(100);
+    h.lists.disarm();
+    h.heads.disarm();
+    let recorded = async {
+        while listed(&h.fs, d).await.unwrap() != [".", "..", "a", "b", "c"] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), recorded).await.expect("the held listing was never recorded");
+    let settled = async {
+        while h.fs.overdue_refreshes.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), settled).await.expect("refreshes still counted overdue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_without_write_back_waits_for_the_store() {
+    let (h, d, _) = mount("known-answers-wait", false).await;
+    h.mem.put("d/c", bytes::Bytes::from_static(b"another client's"), Default::default()).await.unwrap();
+    h.clock.advance(Duration::from_secs(2));
+    let permits = h.lists.hold(Op::List, 100);
+    let fs = h.fs.clone();
+    let ls = tokio::spawn(async move { listed(&fs, d).await });
+    tokio::time::sleep(ANSWERED_WITHIN).await;
+    assert!(!ls.is_finished(), "ls answered without the store's listing");
+    permits.add_permits(100);
+    assert_eq!(ls.await.unwrap().unwrap(), [".", "..", "a", "b", "c"]);
+}
