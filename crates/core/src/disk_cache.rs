@@ -81,7 +81,7 @@ pub struct DiskCache {
 type Entries = Arc<Mutex<HashMap<String, Entry>>>;
 
 /// The index's value: which entry (a name created again is another one) and its weight.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Slot {
     gen: u64,
     kib: u32,
@@ -451,7 +451,7 @@ impl DiskCache {
             }
         };
         if let Some(slot) = slot {
-            self.index.insert(name, slot);
+            self.index_current(&name, slot);
         }
         // Settle evictions now (moka batches them): the bound holds on disk.
         self.index.run_pending_tasks();
@@ -521,7 +521,23 @@ impl DiskCache {
             self.append_record(name, block, 0, 0);
             e.slot()
         };
-        self.index.insert(name.to_string(), slot);
+        self.index_current(name, slot);
+    }
+
+    /// Index `name` with `slot`, read from its entry under the entries' lock, or the newer
+    /// one the entry has by then. The index is written after that lock is let go (its
+    /// eviction listener takes it), so two writers of one file's blocks could index in the
+    /// other order and leave the smaller size counted (seen: a file's last block missing
+    /// from `used_bytes`): inserted again until what was inserted is still the entry's.
+    fn index_current(&self, name: &str, mut slot: Slot) {
+        loop {
+            self.index.insert(name.to_string(), slot);
+            let now = self.entries.lock().unwrap().get(name).filter(|e| e.gen == slot.gen).map(Entry::slot);
+            match now {
+                Some(s) if s != slot => slot = s,
+                _ => return,
+            }
+        }
     }
 
     fn append_record(&self, name: &str, block: u64, len: u64, crc: u32) {

@@ -41,17 +41,32 @@ fn fresh_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// Wait (up to 10 s) until the disk cache under `c` holds every block of a `len`-byte file
-/// (its bytes in KiB, and 4 KiB for its sidecar): disk writes are asynchronous, and the
-/// file exists before its blocks are written, so only the cache's own count (kept once a
-/// write is whole) tells.
-async fn disk_holds(c: &ReadCache, len: u64) {
+/// Wait (up to 10 s) until the disk cache under `c` holds every block of the `len`-byte
+/// file `r` read (its bytes in KiB, and 4 KiB for its sidecar): disk writes are
+/// asynchronous, and the file exists before its blocks are written, so only the cache's own
+/// count (kept once a write is whole) tells. Blocks that skipped the disk because its
+/// writes lagged (a busy machine) are put there first, as an open does (`fill_disk`).
+async fn disk_holds(c: &ReadCache, r: &FileReader, len: u64) {
+    c.disk_settled(Duration::from_secs(10)).await;
+    assert!(r.fill_disk(u64::MAX).await, "blocks that skipped the disk were put there");
     let whole = len.div_ceil(1024) * 1024 + 4096;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while c.disk_bytes() < whole && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(c.disk_bytes(), whole, "every block reached the disk cache");
+}
+
+/// The process ends: `c`'s lock on its disk cache directory goes, once the reader's
+/// prefetch tasks and disk writes (which hold the caches too) are done. Dropped while one still held it, the
+/// next mount's cache took another slot (`mount-1`), empty, and asked the store.
+async fn release(c: Arc<ReadCache>) {
+    let held = |c: &Arc<ReadCache>| Arc::strong_count(c) > 1 || c.disk().is_some_and(|d| Arc::strong_count(d) > 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while held(&c) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!held(&c), "a task still holds the cache after 10 s");
 }
 
 /// What a new mount starts with: an empty [`cache`] over the disk cache in `dir`.
@@ -195,10 +210,12 @@ async fn the_disk_cache_serves_a_new_mount_and_survives_corruption() {
     let dir = fresh_dir("disk");
     let open = |c| reader(store.clone(), c, m.etag.clone(), body.len() as u64);
     let first = cache_on_disk(&dir);
-    assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
-    disk_holds(&first, body.len() as u64).await;
-    drop(first); // the process ends: its lock on the directory goes
-                 // A new memory cache (a remount): every block comes from disk, no GET.
+    let r0 = open(first.clone());
+    assert_eq!(read_all(&r0, 1 << 20).await, body);
+    disk_holds(&first, &r0, body.len() as u64).await;
+    drop(r0);
+    release(first).await;
+    // A new memory cache (a remount): every block comes from disk, no GET.
     let before = store.requests.load(Ordering::Relaxed);
     assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "served from the disk cache");
@@ -222,9 +239,11 @@ async fn random_reads_of_blocks_on_disk_make_no_request() {
     let dir = fresh_dir("random");
     let open = |c| reader(store.clone(), c, m.etag.clone(), body.len() as u64);
     let first = cache_on_disk(&dir);
-    read_checked(&open(first.clone()), &body, 1 << 20).await;
-    disk_holds(&first, body.len() as u64).await;
-    drop(first);
+    let r0 = open(first.clone());
+    read_checked(&r0, &body, 1 << 20).await;
+    disk_holds(&first, &r0, body.len() as u64).await;
+    drop(r0);
+    release(first).await;
     let r = open(cache_on_disk(&dir));
     let before = store.requests.load(Ordering::Relaxed);
     let reads =
@@ -455,9 +474,11 @@ async fn blocks_streamed_in_pieces_across_block_boundaries_are_served_from_disk(
     let dir = fresh_dir("pieces");
     let open = |c| reader_of(store.clone(), c, m.etag.clone(), body.len() as u64, 32 * BLOCK);
     let first = cache_on_disk(&dir);
-    assert_eq!(read_all(&open(first.clone()), 1 << 20).await, body);
-    disk_holds(&first, body.len() as u64).await;
-    drop(first);
+    let r0 = open(first.clone());
+    assert_eq!(read_all(&r0, 1 << 20).await, body);
+    disk_holds(&first, &r0, body.len() as u64).await;
+    drop(r0);
+    release(first).await;
     let before = store.ranges.lock().unwrap().len();
     assert_eq!(read_all(&open(cache_on_disk(&dir)), 1 << 20).await, body);
     assert_eq!(store.ranges.lock().unwrap().len(), before, "every block came from the disk cache");
