@@ -11,8 +11,31 @@ use futures::StreamExt;
 
 use crate::fs::{Attr, Fs, Kind, RELIST_MAX};
 use crate::inode::{ChildMeta, Listing, Node};
-use crate::sync::{Arc, AtomicBool, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use crate::{names, FsError};
+
+/// One refresh's share of [`Fs::overdue_refreshes`], shared by its caller and its task:
+/// counted from when the caller gives up on it ([`Overdue::give_up`]) until the last of the
+/// two lets go of it, which is when the work ends, panics or is cancelled.
+struct Overdue {
+    count: Arc<AtomicU64>,
+    given_up: AtomicBool,
+}
+
+impl Overdue {
+    fn give_up(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        self.given_up.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Overdue {
+    fn drop(&mut self) {
+        if self.given_up.load(Ordering::Acquire) {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
 
 /// How long a call of a write-back mount waits for the store to refresh what the mount
 /// already knows (a listing or a file's attributes past their TTL, a known name's probe)
@@ -26,10 +49,15 @@ impl Fs {
     /// of its own and waited for at most [`KNOWN_ANSWER_WAIT`]: past it the task goes on in
     /// the background (a listing or a HEAD is recorded when it comes, by the sequence rule)
     /// and the caller gets an `Unavailable` error, which it answers as an unreachable store.
-    /// While such a task is still going on, the store is slow: the next callers do not wait
-    /// at all (a path's every level would otherwise cost the wait again). On other mounts
-    /// `work` is awaited.
-    pub(crate) async fn refresh_within<T, Fut>(&self, work: impl FnOnce(Arc<Fs>) -> Fut) -> Result<T, FsError>
+    /// `one_request`: `work` is one small request (a HEAD, a probe), so its being overdue
+    /// shows the store hangs (a listing may page for long); while such a one is still out,
+    /// the next callers do not wait at all (a path's every level would otherwise cost the
+    /// wait again). On other mounts `work` is awaited.
+    pub(crate) async fn refresh_within<T, Fut>(
+        &self,
+        one_request: bool,
+        work: impl FnOnce(Arc<Fs>) -> Fut,
+    ) -> Result<T, FsError>
     where
         Fut: Future<Output = Result<T, FsError>> + Send + 'static,
         T: Send + 'static,
@@ -43,30 +71,23 @@ impl Fs {
             0 => KNOWN_ANSWER_WAIT,
             _ => Duration::ZERO,
         };
-        // Whoever of the caller (given up) and the task (ended) comes second settles the count.
-        let given_up = Arc::new(AtomicBool::new(false));
+        let settle = Arc::new(Overdue { count: overdue.clone(), given_up: AtomicBool::new(false) });
         let task = {
-            let (overdue, given_up) = (overdue.clone(), given_up.clone());
+            let settle = settle.clone();
             let work = work(me);
-            async move {
-                let done = work.await;
-                if given_up.swap(true, Ordering::AcqRel) {
-                    overdue.fetch_sub(1, Ordering::AcqRel);
-                }
-                done
-            }
+            // `settle` drops when the work ends, panics or is cancelled.
+            async move { (work.await, settle).0 }
         };
         if let Some(done) = crate::sync::within(patience, task).await {
             return done;
         }
-        overdue.fetch_add(1, Ordering::AcqRel);
-        if given_up.swap(true, Ordering::AcqRel) {
-            overdue.fetch_sub(1, Ordering::AcqRel); // it ended meanwhile
+        if one_request {
+            settle.give_up();
         }
         Err(FsError::Store(StoreError::new(
             StoreErrorKind::Unavailable,
             format!(
-                "the store did not answer within {patience:?} (refreshes overdue: {})",
+                "the store did not answer within {patience:?} (requests overdue: {})",
                 overdue.load(Ordering::Acquire)
             ),
         )))
@@ -96,11 +117,22 @@ impl Fs {
     /// yes, `Some(false)` not because a change here overtook it (asking again may do),
     /// `None` not for another reason (unlinked, staged, the store unreachable).
     pub(crate) async fn revalidate_recorded(&self, node: &Node, split: bool) -> Result<(Attr, Option<bool>), FsError> {
-        let n = node.clone();
-        match self.refresh_within(|me| async move { me.head_and_record(&n, split).await }).await {
+        match self.head_and_record(node, split).await {
             Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => self.serve_known_attrs(node, &e),
             done => done,
         }
+    }
+
+    /// [`Fs::revalidate`] (`split`) of a file whose attributes ran past the TTL (`getattr`,
+    /// `open`), within [`Fs::refresh_within`]. Callers that must have the store's word (a
+    /// rename learning the copy's identity, a fill pinned to the version) wait for it.
+    pub(crate) async fn revalidate_within(&self, node: &Node) -> Result<Attr, FsError> {
+        let n = node.clone();
+        let answer = match self.refresh_within(true, |me| async move { me.head_and_record(&n, true).await }).await {
+            Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => self.serve_known_attrs(node, &e),
+            done => done,
+        };
+        answer.map(|(attr, _)| attr)
     }
 
     /// What the mount knows of `node`'s attributes, for another TTL, because the store
@@ -201,7 +233,7 @@ impl Fs {
             return self.list_dir(dir, subdirs_ahead).await;
         }
         let d = dir.clone();
-        match self.refresh_within(|me| async move { me.list_dir(&d, subdirs_ahead).await }).await {
+        match self.refresh_within(false, |me| async move { me.list_dir(&d, subdirs_ahead).await }).await {
             Err(FsError::Store(e)) if self.serve_stale_listing(dir, &e) => Ok(()),
             done => done,
         }

@@ -124,7 +124,7 @@ impl Fs {
             // A name the mount knows answers if the probe takes long (`Fs::refresh_within`).
             Some(_) => {
                 let (key, name) = (dir.key.clone(), name.to_string());
-                self.refresh_within(|me| async move { me.probe(&key, &name, wide).await }).await
+                self.refresh_within(true, |me| async move { me.probe(&key, &name, wide).await }).await
             }
             None => self.probe(&dir.key, name, wide).await,
         };
@@ -149,11 +149,16 @@ impl Fs {
 
     /// What the mount knows of `name` in `dir`, fresh or not: its last listing's word, else
     /// the inode it has for the name; `None`: nothing.
+    /// A listing overtaken by a change here (not merged with it) yields to the node, or to
+    /// the name's removal here.
     fn known_child(&self, dir: u64, name: &str) -> Option<Option<ChildMeta>> {
         let t = self.table.lock().unwrap();
+        let node = t.child(dir, name).map(|n| n.entry());
         match t.listing(dir) {
+            Some(l) if l.overtaken && node.is_some() => Some(node),
+            Some(l) if l.overtaken && t.removed_here(dir, name) => Some(None),
             Some(l) => Some(l.children.get(name).cloned()),
-            None => t.child(dir, name).map(|n| Some(n.entry())),
+            None => node.map(Some),
         }
     }
 
@@ -207,7 +212,7 @@ impl Fs {
                 }
             }
         }
-        self.revalidate(node, true).await
+        self.revalidate_within(node).await
     }
 
     /// Ask the store whether `name` under `prefix` is a directory, a file, or nothing: on an

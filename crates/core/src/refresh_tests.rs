@@ -22,12 +22,17 @@ struct Held {
     clock: crate::Clock,
 }
 
-/// A mount (write-back or not) of a memory store holding `d/a` and `d/b`, whose LISTs and
-/// HEADs a test can hold; `d` listed and `d/a` stat'ed, TTL 1 s on a manual clock.
+/// A mount (write-back or not) of a memory store holding `d/a`, `d/b` and `w/a` beside
+/// 1,000 other files (a directory too wide to list again for a `stat`: a HEAD answers),
+/// whose LISTs and HEADs a test can hold; `d` listed and `w/a` stat'ed, TTL 1 s on a
+/// manual clock.
 async fn mount(name: &str, write_back: bool) -> (Held, u64, u64) {
     let mem = Arc::new(MemStore::new());
-    for k in ["d/a", "d/b"] {
+    for k in ["d/a", "d/b", "w/a"] {
         mem.put(k, bytes::Bytes::from_static(b"known"), Default::default()).await.unwrap();
+    }
+    for i in 0..crate::fs::RELIST_MAX {
+        mem.put(&format!("w/f{i:04}"), bytes::Bytes::new(), Default::default()).await.unwrap();
     }
     let never = |inner: Arc<dyn Store>, op| Arc::new(FailStore::new(inner, op, u64::MAX, 0, StoreErrorKind::Other));
     let lists = never(mem.clone(), Op::List);
@@ -40,7 +45,9 @@ async fn mount(name: &str, write_back: bool) -> (Held, u64, u64) {
     let fs = Fs::new(heads.clone(), c);
     let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
     assert_eq!(listed(&fs, d).await.unwrap(), [".", "..", "a", "b"]);
-    let a = fs.lookup(d, "a").await.unwrap().ino;
+    let w = fs.lookup(ROOT_INO, "w").await.unwrap().ino;
+    assert_eq!(listed(&fs, w).await.unwrap().len(), 2 + 1 + crate::fs::RELIST_MAX);
+    let a = fs.lookup(w, "a").await.unwrap().ino;
     (Held { mem, lists, heads, fs, clock }, d, a)
 }
 
@@ -52,11 +59,12 @@ async fn a_write_back_mount_answers_what_it_knows_while_the_store_is_slow() {
     let list_permits = h.lists.hold(Op::List, 100);
     let head_permits = h.heads.hold(Op::Head, 100);
 
-    let names = tokio::time::timeout(ANSWERED_WITHIN, listed(&h.fs, d)).await;
-    assert_eq!(names.expect("ls waited for the held listing").unwrap(), [".", "..", "a", "b"]);
+    // A HEAD overdue: the store hangs, and the listing after it does not wait at all.
     let attr = tokio::time::timeout(ANSWERED_WITHIN, h.fs.getattr(a)).await;
     assert_eq!(attr.expect("stat waited for the held answer").unwrap().size, 5);
-    assert!(h.fs.overdue_refreshes.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    assert_eq!(h.fs.overdue_refreshes.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let names = tokio::time::timeout(Duration::from_millis(500), listed(&h.fs, d)).await;
+    assert_eq!(names.expect("ls waited though a HEAD was overdue").unwrap(), [".", "..", "a", "b"]);
 
     // The answers come: the listing goes on in the background and is recorded.
     list_permits.add_permits(100);
