@@ -21,8 +21,9 @@
 //! An entry is `from`, `to` and the keys, separated by NUL bytes (no shown key has one).
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
-use bucketfs_store::{Store, StoreError, StoreErrorKind};
+use bucketfs_store::{Store, StoreError, StoreErrorKind, StoreExt};
 
 /// The journal directory of moves for a mount staging in `staging`.
 fn dir_for(staging: &Path) -> Option<PathBuf> {
@@ -81,17 +82,32 @@ impl Drop for Entry {
 
 /// Move `keys` (every key below `from`, markers included) to `to`: markers are created and
 /// objects copied first, then sources go (objects first, markers deepest first), so a
-/// failure midway loses nothing. `again`: finishing a journaled move, where a source
-/// already gone was moved before the crash.
+/// failure midway loses nothing. `began`: finishing a journaled move begun then, where a
+/// source already gone was moved before the crash, and one written since (by more than
+/// [`CLOCK_SLACK`]) is another file made there later, which stays.
 pub(crate) async fn run(
     store: &dyn Store,
     from: &str,
     to: &str,
     keys: &[String],
-    again: bool,
+    began: Option<SystemTime>,
 ) -> Result<(), StoreError> {
     let gone = |e: &StoreError| e.kind == StoreErrorKind::NotFound;
-    let (markers, objects): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| k.ends_with('/'));
+    let again = began.is_some();
+    let (markers, mut objects): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| k.ends_with('/'));
+    if let Some(began) = began {
+        let mut journaled = Vec::with_capacity(objects.len());
+        for k in objects {
+            match store.stat(k).await {
+                Ok(m) if m.mtime.is_some_and(|t| t > began + CLOCK_SLACK) => {
+                    tracing::warn!(key = %k, "written after the move an earlier mount began: left where it is");
+                }
+                Err(e) if !gone(&e) => return Err(e),
+                _ => journaled.push(k),
+            }
+        }
+        objects = journaled;
+    }
     let dir = from.ends_with('/');
     if dir {
         store.create_dir(to).await?;
@@ -128,11 +144,28 @@ pub(crate) async fn run(
     }
 }
 
+/// How far the store's clock may be ahead of this machine's when a journaled move's
+/// sources are told from files written there since (see [`run`]).
+const CLOCK_SLACK: Duration = Duration::from_secs(120);
+
+/// A journaled move: its source and target, and when its entry was written (on the clock
+/// of the staging directory's file system).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Move {
+    pub from: String,
+    pub to: String,
+    pub at: SystemTime,
+}
+
 /// Finish the moves an earlier mount of `staging` journaled and did not complete (see the
-/// module doc). Returns every journaled move (from, to), in the order begun, finished or
-/// not (a failure is kept for the next try): staged files still named below `from` belong
-/// below `to` (the crash fell before they were renamed).
-pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<(String, String)> {
+/// module doc). Returns every journaled move, in the order begun, finished or not (a
+/// failure is kept for the next try): staged files named below `from` before the move
+/// began belong below `to` (the crash fell before they were renamed).
+///
+/// An entry kept by a failure is tried again at the next mount, maybe much later: a source
+/// key written after the move began is another file made there since (by a later mount),
+/// and stays ([`run`]'s `began`).
+pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
     let mut moves = Vec::new();
     let Some(dir) = dir_for(staging) else { return moves };
     let Ok(entries) = std::fs::read_dir(&dir) else { return moves };
@@ -143,6 +176,7 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<(String, St
             let _ = std::fs::remove_file(&path); // never complete: its move never began
             continue;
         }
+        let at = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
         let Ok(text) = std::fs::read(&path).map(String::from_utf8) else { continue };
         let Ok(text) = text else {
             let _ = std::fs::remove_file(&path);
@@ -163,7 +197,7 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<(String, St
                 r => r,
             }
         } else {
-            run(store, from, to, &keys, true).await
+            run(store, from, to, &keys, Some(at)).await
         };
         match done {
             Ok(()) => {
@@ -174,18 +208,21 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<(String, St
                 tracing::error!(%from, %to, "cannot finish a move an earlier mount began (kept, retried at the next mount): {e}");
             }
         }
-        moves.push((from.to_string(), to.to_string()));
+        moves.push(Move { from: from.to_string(), to: to.to_string(), at });
     }
     moves
 }
 
-/// `key` as it is after the `moves` (from, to), applied in order.
-pub(crate) fn moved_key(key: &str, moves: &[(String, String)]) -> String {
+/// `key`, named by a staged file's sidecar written at `named`, as it is after the `moves`,
+/// applied in order. A move begun before the sidecar was written does not apply: the file
+/// was named after it (renamed there by the move itself, or made by a later mount in a
+/// directory of the same name while the entry was kept for another try).
+pub(crate) fn moved_key(key: &str, named: SystemTime, moves: &[Move]) -> String {
     let mut key = key.to_string();
-    for (from, to) in moves {
-        match key.strip_prefix(from.as_str()) {
+    for m in moves.iter().filter(|m| named <= m.at) {
+        match key.strip_prefix(m.from.as_str()) {
             // A directory's keys below it; a file's key itself only.
-            Some(rest) if from.ends_with('/') || rest.is_empty() => key = format!("{to}{rest}"),
+            Some(rest) if m.from.ends_with('/') || rest.is_empty() => key = format!("{}{rest}", m.to),
             _ => {}
         }
     }
@@ -206,13 +243,45 @@ mod tests {
     use bucketfs_store::testing::MemStore;
     use bucketfs_store::{PutOpts, StoreExt};
 
+    fn journaled(from: &str, to: &str, at: SystemTime) -> Move {
+        Move { from: from.to_string(), to: to.to_string(), at }
+    }
+
     #[test]
     fn a_file_move_renames_that_key_only() {
-        let moves = vec![("a/f".to_string(), "b/g".to_string()), ("d/".to_string(), "e/".to_string())];
-        assert_eq!(moved_key("a/f", &moves), "b/g");
-        assert_eq!(moved_key("a/f2", &moves), "a/f2");
-        assert_eq!(moved_key("a/f/x", &moves), "a/f/x");
-        assert_eq!(moved_key("d/x/y", &moves), "e/x/y");
+        let t = SystemTime::now();
+        let moves = vec![journaled("a/f", "b/g", t), journaled("d/", "e/", t)];
+        assert_eq!(moved_key("a/f", t, &moves), "b/g");
+        assert_eq!(moved_key("a/f2", t, &moves), "a/f2");
+        assert_eq!(moved_key("a/f/x", t, &moves), "a/f/x");
+        assert_eq!(moved_key("d/x/y", t, &moves), "e/x/y");
+    }
+
+    #[test]
+    fn a_file_named_after_a_move_began_stays_where_it_was_named() {
+        // A move's entry kept by a failed replay: a later mount made d/new in a directory
+        // of the same name; its staged bytes belong there, not below the move's target.
+        let t = SystemTime::now();
+        let moves = vec![journaled("d/", "e/", t)];
+        assert_eq!(moved_key("d/old", t - Duration::from_secs(1), &moves), "e/old");
+        assert_eq!(moved_key("d/new", t + Duration::from_millis(1), &moves), "d/new");
+    }
+
+    #[tokio::test]
+    async fn a_kept_move_finished_later_leaves_files_made_since() {
+        let mem = MemStore::new();
+        for key in ["d/a", "d/b"] {
+            mem.put(key, bytes::Bytes::from_static(b"journaled"), PutOpts::default()).await.unwrap();
+        }
+        let keys = ["d/a".to_string(), "d/b".to_string()];
+        // Begun long before the objects were written (by a later mount, after a failed replay).
+        let long_ago = SystemTime::now() - Duration::from_secs(3600);
+        run(&mem, "d/", "e/", &keys, Some(long_ago)).await.unwrap();
+        assert_eq!(&mem.get_range("d/a", 0..9, Default::default()).await.unwrap()[..], b"journaled");
+        assert!(mem.stat("e/a").await.is_err(), "a file written since the move began was moved");
+        // Begun just now: the same objects are the journaled ones, and move.
+        run(&mem, "d/", "e/", &keys, Some(SystemTime::now())).await.unwrap();
+        assert!(mem.stat("d/a").await.is_err() && mem.stat("e/a").await.is_ok());
     }
 
     #[tokio::test]
@@ -226,7 +295,8 @@ mod tests {
         // The crash: journaled and copied, the source not yet deleted.
         std::mem::forget(Entry::begin(&staging, "a/f", "b/g", &["a/f".to_string()]));
         mem.copy("a/f", "b/g").await.unwrap();
-        assert_eq!(replay(&staging, &mem).await, [("a/f".to_string(), "b/g".to_string())]);
+        let moved = replay(&staging, &mem).await;
+        assert_eq!(moved.iter().map(|m| (m.from.as_str(), m.to.as_str())).collect::<Vec<_>>(), [("a/f", "b/g")]);
         let mut keys: Vec<String> = futures::TryStreamExt::try_collect::<Vec<_>>(mem.list("", true))
             .await
             .unwrap()

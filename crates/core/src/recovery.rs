@@ -32,12 +32,12 @@ pub fn parts_owner(staging_dir: &Path) -> String {
 /// uploaded and the keys that still failed (their files stay for the next try).
 /// `moved`: directory moves a crash cut short (moves.rs): a sidecar naming a key below a
 /// move's source names it below its target.
-pub async fn recover(
+pub(crate) async fn recover(
     dir: &Path,
     store: &dyn Store,
     opts: WriteOptions,
     budget: &PartBudget,
-    moved: &[(String, String)],
+    moved: &[crate::moves::Move],
 ) -> (Vec<String>, Vec<String>) {
     let (mut done, mut failed) = (Vec::new(), Vec::new());
     let Ok(entries) = std::fs::read_dir(dir) else { return (done, failed) };
@@ -54,8 +54,8 @@ pub async fn recover(
             let _ = std::fs::remove_file(data.with_extension("open"));
             continue;
         };
-        let key = crate::moves::moved_key(&key, moved);
         let at = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+        let key = crate::moves::moved_key(&key, at, moved);
         // Two staged files name one key only when a crash fell inside a rename over a file
         // not yet uploaded (the source names the key before the target is dropped): the
         // one named last is the file that now has the name; the other was replaced.
