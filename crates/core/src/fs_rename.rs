@@ -459,7 +459,7 @@ impl Fs {
         }
         let moved = match moves {
             true => self.store.rename(&src.key, new_key).await,
-            false => crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, None).await,
+            false => crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, false, None).await,
         };
         if moved.is_err() && self.write_back() {
             self.rekey_staged_moving(&below, new_key, &src.key).await; // as they were

@@ -82,28 +82,40 @@ impl Drop for Entry {
 
 /// Move `keys` (every key below `from`, markers included) to `to`: markers are created and
 /// objects copied first, then sources go (objects first, markers deepest first), so a
-/// failure midway loses nothing. `began`: finishing a journaled move begun then, where a
-/// source already gone was moved before the crash, and one written since (by more than
-/// [`CLOCK_SLACK`]) is another file made there later, which stays.
+/// failure midway loses nothing. `again`: finishing a journaled move (begun at `began`, if
+/// known), where a source already gone was moved before the crash. There, a source object
+/// written since (by more than [`CLOCK_SLACK`]) is another file made there later, and
+/// stays; a target written since is newer than the source (an edit after an earlier
+/// replay copied it), and is not copied over.
 pub(crate) async fn run(
     store: &dyn Store,
     from: &str,
     to: &str,
     keys: &[String],
+    again: bool,
     began: Option<SystemTime>,
 ) -> Result<(), StoreError> {
     let gone = |e: &StoreError| e.kind == StoreErrorKind::NotFound;
-    let again = began.is_some();
     let (markers, mut objects): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| k.ends_with('/'));
-    if let Some(began) = began {
+    let since = |t: Option<SystemTime>| matches!((t, began), (Some(t), Some(b)) if t > b + CLOCK_SLACK);
+    let mut copied = std::collections::HashSet::new();
+    if again && began.is_some() {
         let mut journaled = Vec::with_capacity(objects.len());
         for k in objects {
             match store.stat(k).await {
-                Ok(m) if m.mtime.is_some_and(|t| t > began + CLOCK_SLACK) => {
+                Ok(m) if since(m.mtime) => {
                     tracing::warn!(key = %k, "written after the move an earlier mount began: left where it is");
+                    continue;
                 }
                 Err(e) if !gone(&e) => return Err(e),
                 _ => journaled.push(k),
+            }
+            match store.stat(&format!("{to}{}", &k[from.len()..])).await {
+                Ok(m) if since(m.mtime) => {
+                    copied.insert(k.to_string());
+                }
+                Err(e) if !gone(&e) => return Err(e),
+                _ => {}
             }
         }
         objects = journaled;
@@ -117,7 +129,7 @@ pub(crate) async fn run(
     for k in &sorted_markers {
         store.create_dir(&format!("{to}{}", &k[from.len()..])).await?;
     }
-    for k in &objects {
+    for k in objects.iter().filter(|k| !copied.contains(k.as_str())) {
         match store.copy(k, &format!("{to}{}", &k[from.len()..])).await {
             Err(e) if again && gone(&e) => {} // copied before the crash, its source deleted
             r => r?,
@@ -148,35 +160,42 @@ pub(crate) async fn run(
 /// sources are told from files written there since (see [`run`]).
 const CLOCK_SLACK: Duration = Duration::from_secs(120);
 
-/// A journaled move: its source and target, and when its entry was written (on the clock
-/// of the staging directory's file system).
+/// A journaled move: its source and target, and until when staged files named below its
+/// source are the crashed mount's (see [`replay`]).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Move {
     pub from: String,
     pub to: String,
-    pub at: SystemTime,
+    pub named_before: SystemTime,
 }
+
+/// What a kept entry's name gets when a replay first fails: the time of that replay.
+const KEPT: &str = ".kept-";
 
 /// Finish the moves an earlier mount of `staging` journaled and did not complete (see the
 /// module doc). Returns every journaled move, in the order begun, finished or not (a
-/// failure is kept for the next try): staged files named below `from` before the move
-/// began belong below `to` (the crash fell before they were renamed).
+/// failure is kept for the next try): staged files the crashed mount left named below
+/// `from` belong below `to` (the crash fell before they were renamed).
 ///
-/// An entry kept by a failure is tried again at the next mount, maybe much later: a source
-/// key written after the move began is another file made there since (by a later mount),
-/// and stays ([`run`]'s `began`).
+/// An entry kept by a failure is tried again at each mount after, maybe much later. Its
+/// name then carries the time of the first replay ([`KEPT`]): staged files named after it
+/// are a later mount's and stay where they were named, and so do source objects written
+/// after the move began and targets written since ([`run`]'s `began`).
 pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
     let mut moves = Vec::new();
     let Some(dir) = dir_for(staging) else { return moves };
     let Ok(entries) = std::fs::read_dir(&dir) else { return moves };
     let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
     paths.sort(); // by time: the order they were begun in
+    let now = SystemTime::now();
     for path in paths {
         if path.extension().is_some_and(|x| x == "tmp") {
             let _ = std::fs::remove_file(&path); // never complete: its move never began
             continue;
         }
-        let at = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        let began = nanos_at(name.split('-').next().unwrap_or(""));
+        let kept = name.split_once(KEPT).and_then(|(_, t)| nanos_at(t));
         let Ok(text) = std::fs::read(&path).map(String::from_utf8) else { continue };
         let Ok(text) = text else {
             let _ = std::fs::remove_file(&path);
@@ -197,7 +216,7 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
                 r => r,
             }
         } else {
-            run(store, from, to, &keys, Some(at)).await
+            run(store, from, to, &keys, true, began).await
         };
         match done {
             Ok(()) => {
@@ -206,20 +225,36 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
             }
             Err(e) => {
                 tracing::error!(%from, %to, "cannot finish a move an earlier mount began (kept, retried at the next mount): {e}");
+                if kept.is_none() {
+                    let stamped = path.with_file_name(format!("{name}{KEPT}{:032x}", nanos_of(now)));
+                    if let Err(e) = std::fs::rename(&path, &stamped) {
+                        tracing::warn!(%from, %to, "cannot mark a kept move ({e}): files made under its source may be moved by a later mount");
+                    }
+                }
             }
         }
-        moves.push(Move { from: from.to_string(), to: to.to_string(), at });
+        moves.push(Move { from: from.to_string(), to: to.to_string(), named_before: kept.unwrap_or(now) });
     }
     moves
 }
 
+/// The time a hex count of nanoseconds since the epoch stands for (an entry's name).
+fn nanos_at(hex: &str) -> Option<SystemTime> {
+    let n = u128::from_str_radix(hex, 16).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_nanos(u64::try_from(n).ok()?))
+}
+
+fn nanos_of(t: SystemTime) -> u128 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
 /// `key`, named by a staged file's sidecar written at `named`, as it is after the `moves`,
-/// applied in order. A move begun before the sidecar was written does not apply: the file
-/// was named after it (renamed there by the move itself, or made by a later mount in a
-/// directory of the same name while the entry was kept for another try).
+/// applied in order. A move whose entry was kept by an earlier replay does not apply to a
+/// sidecar written after that replay: a later mount named that file, in a directory of the
+/// same name, and it stays there.
 pub(crate) fn moved_key(key: &str, named: SystemTime, moves: &[Move]) -> String {
     let mut key = key.to_string();
-    for m in moves.iter().filter(|m| named <= m.at) {
+    for m in moves.iter().filter(|m| named <= m.named_before) {
         match key.strip_prefix(m.from.as_str()) {
             // A directory's keys below it; a file's key itself only.
             Some(rest) if m.from.ends_with('/') || rest.is_empty() => key = format!("{}{rest}", m.to),
@@ -232,7 +267,7 @@ pub(crate) fn moved_key(key: &str, named: SystemTime, moves: &[Move]) -> String 
 /// An entry's name: sorts by the time it was begun (then process, then a counter).
 fn unique_name() -> String {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nanos = nanos_of(SystemTime::now());
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("{nanos:032x}-{:x}-{seq}", std::process::id())
 }
@@ -244,7 +279,7 @@ mod tests {
     use bucketfs_store::{PutOpts, StoreExt};
 
     fn journaled(from: &str, to: &str, at: SystemTime) -> Move {
-        Move { from: from.to_string(), to: to.to_string(), at }
+        Move { from: from.to_string(), to: to.to_string(), named_before: at }
     }
 
     #[test]
@@ -257,31 +292,62 @@ mod tests {
         assert_eq!(moved_key("d/x/y", t, &moves), "e/x/y");
     }
 
-    #[test]
-    fn a_file_named_after_a_move_began_stays_where_it_was_named() {
-        // A move's entry kept by a failed replay: a later mount made d/new in a directory
-        // of the same name; its staged bytes belong there, not below the move's target.
-        let t = SystemTime::now();
-        let moves = vec![journaled("d/", "e/", t)];
-        assert_eq!(moved_key("d/old", t - Duration::from_secs(1), &moves), "e/old");
-        assert_eq!(moved_key("d/new", t + Duration::from_millis(1), &moves), "d/new");
-    }
-
     #[tokio::test]
     async fn a_kept_move_finished_later_leaves_files_made_since() {
         let mem = MemStore::new();
-        for key in ["d/a", "d/b"] {
-            mem.put(key, bytes::Bytes::from_static(b"journaled"), PutOpts::default()).await.unwrap();
+        for key in ["d/a", "d/b", "e/b"] {
+            mem.put(key, bytes::Bytes::from_static(b"written now"), PutOpts::default()).await.unwrap();
         }
         let keys = ["d/a".to_string(), "d/b".to_string()];
-        // Begun long before the objects were written (by a later mount, after a failed replay).
+        // Begun an hour ago: d/a and d/b were written by a later mount, after a failed
+        // replay (and e/b is an edit of the copy that replay made).
         let long_ago = SystemTime::now() - Duration::from_secs(3600);
-        run(&mem, "d/", "e/", &keys, Some(long_ago)).await.unwrap();
-        assert_eq!(&mem.get_range("d/a", 0..9, Default::default()).await.unwrap()[..], b"journaled");
-        assert!(mem.stat("e/a").await.is_err(), "a file written since the move began was moved");
-        // Begun just now: the same objects are the journaled ones, and move.
-        run(&mem, "d/", "e/", &keys, Some(SystemTime::now())).await.unwrap();
+        run(&mem, "d/", "e/", &keys, true, Some(long_ago)).await.unwrap();
+        assert!(mem.stat("d/a").await.is_ok() && mem.stat("e/a").await.is_err(), "a file made since was moved");
+        // Begun just now: the same objects are the journaled ones and move, but e/b,
+        // written since, is not copied over.
+        mem.put("d/b", bytes::Bytes::from_static(b"journaled"), PutOpts::default()).await.unwrap();
+        run(&mem, "d/", "e/", &keys, true, Some(SystemTime::now())).await.unwrap();
         assert!(mem.stat("d/a").await.is_err() && mem.stat("e/a").await.is_ok());
+        assert_eq!(&mem.get_range("e/b", 0..9, Default::default()).await.unwrap()[..], b"journaled");
+        // The copy an earlier replay made, edited past the slack after the move began: kept,
+        // and the journaled source (written before that) goes.
+        let began = SystemTime::now() - CLOCK_SLACK + Duration::from_millis(300);
+        mem.put("d/b", bytes::Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        mem.put("e/b", bytes::Bytes::from_static(b"edited"), PutOpts::default()).await.unwrap();
+        run(&mem, "d/", "e/", &keys[1..], true, Some(began)).await.unwrap();
+        assert_eq!(&mem.get_range("e/b", 0..6, Default::default()).await.unwrap()[..], b"edited");
+        assert!(mem.stat("d/b").await.is_err(), "the journaled source went");
+    }
+
+    #[tokio::test]
+    async fn a_move_kept_by_a_failed_replay_applies_to_the_crashed_mounts_files_only() {
+        let staging = std::env::temp_dir().join(format!("bucketfs-moves-kept-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(dir_for(&staging).unwrap());
+        let mem = MemStore::new();
+        mem.put("d/x", bytes::Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
+        std::mem::forget(Entry::begin(&staging, "d/", "e/", &["d/x".to_string()]));
+        let before = SystemTime::now();
+        // The store refuses the copy: the replay fails, and the entry is kept, marked.
+        let refusing = bucketfs_store::testing::FailStore::new(
+            std::sync::Arc::new(mem),
+            bucketfs_store::testing::Op::Copy,
+            1,
+            u64::MAX,
+            StoreErrorKind::PermissionDenied,
+        );
+        let first = replay(&staging, &refusing).await;
+        assert_eq!(first.len(), 1);
+        // Every staged file the crashed mount left counts as named before the move ended.
+        assert_eq!(moved_key("d/old", before, &first), "e/old");
+        let after_first = SystemTime::now() + Duration::from_millis(5);
+        let again = replay(&staging, &refusing).await;
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].named_before, first[0].named_before, "the first replay's time is kept");
+        assert_eq!(moved_key("d/old", before, &again), "e/old");
+        assert_eq!(moved_key("d/new", after_first, &again), "d/new", "a later mount's file was moved");
+        let _ = std::fs::remove_dir_all(dir_for(&staging).unwrap());
     }
 
     #[tokio::test]
