@@ -532,7 +532,8 @@ impl DiskCache {
     fn index_current(&self, name: &str, mut slot: Slot) {
         loop {
             self.index.insert(name.to_string(), slot);
-            let now = self.entries.lock().unwrap().get(name).filter(|e| e.gen == slot.gen).map(Entry::slot);
+            // (A newer entry of the name, made meanwhile, gets its own slot back.)
+            let now = self.entries.lock().unwrap().get(name).map(Entry::slot);
             match now {
                 Some(s) if s != slot => slot = s,
                 _ => return,
