@@ -24,7 +24,7 @@
 //! file is deleted only when clean or unlinked, never
 //! while it holds data the bucket lacks; after a crash (or an unmount whose uploads kept
 //! failing) the next mount of the same mount point finds the pairs and uploads them
-//! ([`crate::recovery::recover`]).
+//! (`recovery::recover`).
 //!
 //! Commit points (close, fsync) and what keeps the committed version recoverable while
 //! the bytes change after it: `write_commit.rs` (module `commit`).
@@ -331,7 +331,7 @@ impl Staged {
     }
 
     /// Make the sidecar count as written after `other` (recovery keeps, of two staged files
-    /// naming one key, the one named last: see [`crate::recovery::recover`]); timestamps are coarse.
+    /// naming one key, the one named last: see `recovery::recover`); timestamps are coarse.
     pub fn key_written_after(&self, other: std::time::SystemTime) {
         let at = std::time::SystemTime::now().max(other + std::time::Duration::from_millis(1));
         let set = File::options().write(true).open(self.key_path()).and_then(|f| f.set_modified(at));
