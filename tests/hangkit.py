@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -73,6 +74,38 @@ def mount_view(mp: str) -> tuple[dict[str, str], set[str]]:
 
 def outcome_table(outs: dict) -> str:
     return "; ".join(f"{name}: {o!r}" for name, o in outs.items())
+
+
+@contextlib.contextmanager
+def store_hangs(pm: "PrivateMinio"):
+    """The store hangs (SIGSTOP) for HANG_SECS while the body makes calls through
+    `op(name, fn)`, each given LOCAL_CALL_LIMIT (a call still blocked then goes on in its
+    thread); yields (op, outs: {name: Outcome, or a str saying why it was not run}). The
+    store is always continued."""
+    outs: dict = {}
+
+    def op(name, fn):
+        outs[name] = conftest.bounded_calls({name: fn}, LOCAL_CALL_LIMIT)[name]
+
+    pm.stop()
+    t_stop = time.monotonic()
+    try:
+        yield op, outs
+        print("while the store hangs: " + outcome_table(outs))
+        time.sleep(max(0.0, HANG_SECS - (time.monotonic() - t_stop)))
+    finally:
+        pm.cont()
+
+
+def stalled_calls(outs: dict, settle: float) -> dict:
+    """The calls of [`store_hangs`]'s `outs` that did not return within LOCAL_CALL_LIMIT
+    without an error (or were not run). Then waits up to `settle` seconds for every call
+    held by the hang to end, and fails if one does not."""
+    stalled = {k: o for k, o in outs.items() if isinstance(o, str) or o.hung or o.error is not None
+               or o.elapsed > LOCAL_CALL_LIMIT}
+    assert wait_until(lambda: all(getattr(o, "done", True) for o in list(outs.values())), settle), \
+        f"calls still blocked {settle:.0f}s after the store continued: {outcome_table(outs)}"
+    return stalled
 
 
 class PrivateMinio:

@@ -25,8 +25,8 @@ import pytest
 
 from conftest import (BIN, bounded_calls, bucketfs_env, md5, mount, read_file, run_cli, unmount, wait_until,
                       write_file)
-from hangkit import (HANG_SECS, LOCAL_CALL_LIMIT, MiB, SYNC_HANG_LIMIT, SYNC_TIMEOUT, WRITER_LIMIT, files_only,
-                     mount_view, outcome_table, sync, hung_minio, private_minio)  # noqa: F401 - fixtures
+from hangkit import (LOCAL_CALL_LIMIT, MiB, SYNC_HANG_LIMIT, SYNC_TIMEOUT, WRITER_LIMIT, files_only, mount_view,
+                     outcome_table, stalled_calls, store_hangs, sync, hung_minio, private_minio)  # noqa: F401 - fixtures
 from test_write_back import status
 
 
@@ -60,13 +60,7 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
         wait_until(lambda: status(mp)["bytes_written"] > sent, 0.5, 0.05)
         print(f"before the hang: {status(mp)['bytes_written'] - sent} bytes of big.bin sent")
 
-        outs = {}
-        pm.stop()
-        t_stop = time.monotonic()
-        try:
-            def op(name, fn):
-                outs[name] = bounded_calls({name: fn}, LOCAL_CALL_LIMIT)[name]
-
+        with store_hangs(pm) as (op, outs):
             op("close of a new small file", lambda: write_file(p("c", "new.txt"), b"closed while the store hangs"))
             # With --write-back-delay 0 its upload has begun (and hangs): the rename must not wait for it.
             ren = "rename of that pending file (its upload hanging)"
@@ -80,16 +74,9 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
             op("mkdir", lambda: os.mkdir(p("m", "sub")))
             op("rmdir of a directory in the bucket", lambda: os.rmdir(p("m", "old")))
             op("mkdir, then rmdir", lambda: (os.mkdir(p("m", "brief")), os.rmdir(p("m", "brief"))))
-            print("while the store hangs: " + outcome_table(outs))
-            time.sleep(max(0.0, HANG_SECS - (time.monotonic() - t_stop)))
-        finally:
-            pm.cont()
         t_cont = time.monotonic()
-        stalled = {k: o for k, o in outs.items() if isinstance(o, str) or o.hung or o.error is not None
-                   or o.elapsed > LOCAL_CALL_LIMIT}
-        # Let every call held by the hang finish before looking at the result.
-        assert wait_until(lambda: all(getattr(o, "done", True) for o in list(outs.values())), 120), \
-            f"calls still blocked 120s after the store continued: {outcome_table(outs)}"
+        # Every call held by the hang finishes before the result is looked at.
+        stalled = stalled_calls(outs, 120)
         print("calls held by the hang returned after (s): " + ", ".join(
             f"{k} {o.elapsed:.1f}" for k, o in list(outs.items()) if not isinstance(o, str) and o.hung))
         r = sync(mp)
@@ -329,26 +316,14 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
         assert os.listdir(p("d", "sub")) == ["inner"]
         assert read_file(p("d", "rd")) == names["rd"]
         time.sleep(2.5)  # every name and listing is past its TTL
-        outs = {}
-        pm.stop()
-        t_stop = time.monotonic()
-        try:
-            def op(name, fn):
-                outs[name] = bounded_calls({name: fn}, LOCAL_CALL_LIMIT)[name]
-
+        with store_hangs(pm) as (op, outs):
             op("stat of a known file", lambda: os.stat(p("d", "st")).st_size)
             op("listdir of a listed directory", lambda: sorted(os.listdir(p("d"))))
             op("listdir of its subdirectory", lambda: os.listdir(p("d", "sub")))
             op("unlink of a known file", lambda: os.unlink(p("d", "un")))
             op("a new file in a listed directory", lambda: write_file(p("d", "new"), b"made during the hang"))
             op("read of a file read before", lambda: read_file(p("d", "rd")))
-            print("while the store hangs: " + outcome_table(outs))
-            time.sleep(max(0.0, HANG_SECS - (time.monotonic() - t_stop)))
-        finally:
-            pm.cont()
-        stalled = {k: o for k, o in outs.items() if o.hung or o.error is not None or o.elapsed > LOCAL_CALL_LIMIT}
-        assert wait_until(lambda: all(o.done for o in list(outs.values())), 150), \
-            f"calls still blocked 150s after the store continued: {outcome_table(outs)}"
+        stalled = stalled_calls(outs, 150)
         r = sync(mp)
         problems = []
         if stalled:

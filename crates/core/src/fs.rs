@@ -212,8 +212,9 @@ pub struct Fs {
     listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Kernel forgets so far (the heap is trimmed every [`TRIM_EVERY`]).
     forgets: AtomicU64,
-    /// Refreshes that outlasted their caller's patience and go on (`Fs::refresh_within`):
-    /// while any does, the store is slow, and callers do not wait again.
+    /// Single-request refreshes (a HEAD, a probe) that outlasted their caller's patience
+    /// and go on (`Fs::refresh_within`): while any does, the store hangs, and callers do
+    /// not wait again.
     pub(crate) overdue_refreshes: Arc<AtomicU64>,
     /// Write-back mode: unlinks journaled and sent in the background (deletes.rs); `store`
     /// is this wrapper then.
