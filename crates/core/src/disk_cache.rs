@@ -66,7 +66,7 @@ pub struct DiskCache {
     /// Index name (the hash) -> its entry's generation and weight; evicting an entry deletes
     /// its files (or marks them evicted while pinned). Never called under `entries`' lock:
     /// its eviction listener takes that lock.
-    index: moka::sync::Cache<String, Slot>,
+    index: crate::weighted::WeightedCache<String, Slot>,
     /// Index name -> what the sidecar says. Lock level 5: a leaf but for a pin's name.
     entries: Entries,
     /// Cleared the first time the file system refuses `O_DIRECT`; plain I/O from then on.
@@ -226,6 +226,7 @@ impl DiskCache {
                 }
             })
             .build();
+        let index = crate::weighted::WeightedCache::new(index);
         let c = Self {
             _lock: lock,
             dir: dir.to_path_buf(),

@@ -57,6 +57,7 @@ pub(crate) mod recycle;
 pub(crate) mod staging;
 pub mod stats;
 pub(crate) mod sync;
+pub(crate) mod weighted;
 pub mod write;
 pub mod write_back;
 

@@ -144,7 +144,7 @@ type BlockKey = (Arc<str>, Arc<str>, u64);
 
 /// Shared by every handle of a mount: the block cache and the prefetch budget.
 pub struct ReadCache {
-    blocks: moka::sync::Cache<BlockKey, Bytes>,
+    blocks: crate::weighted::WeightedCache<BlockKey, Bytes>,
     disk: Option<Arc<crate::disk_cache::DiskCache>>,
     /// Blocks waiting to be written to the disk cache; when the disk lags, new blocks are
     /// not queued (skipped), so the queue never holds more than this many blocks in memory.
@@ -168,6 +168,7 @@ impl ReadCache {
             .weigher(|_k: &BlockKey, v: &Bytes| v.len().try_into().unwrap_or(u32::MAX))
             .max_capacity(cache_bytes)
             .build();
+        let blocks = crate::weighted::WeightedCache::new(blocks);
         Self {
             blocks,
             disk: None,
