@@ -285,6 +285,23 @@ async fn blocks_reuse_pooled_buffers_within_the_bound() {
     assert!(c.pool.free() > 0, "buffers no longer viewed are back in the pool");
 }
 
+#[tokio::test]
+async fn cached_small_files_hold_no_block_buffer() {
+    // The memory cache weighs bytes; a 4 KB file cached as a view of its 2 MiB buffer kept
+    // the whole buffer (and, past the pool, a mapping of its own) for as long as it stayed.
+    let store = Arc::new(MemStore::new());
+    let c = cache();
+    for i in 0..100 {
+        let (key, body) = (format!("f{i}"), data(4000 + i));
+        let m = store.put(&key, body.clone(), PutOpts::default()).await.unwrap();
+        let etag = m.etag.unwrap();
+        let r = FileReader::new(store.clone(), c.clone(), key, Some(etag.clone()), etag, body.len() as u64, BLOCK);
+        assert_eq!(read_all(&r, 1 << 20).await, body);
+    }
+    assert_eq!(c.cached_bytes(), (0..100).map(|i| 4000 + i).sum::<u64>(), "every file cached");
+    assert_eq!(c.pool.free(), c.pool.pooled(), "no buffer held by the cache");
+}
+
 /// A store whose streamed GETs arrive in 256 KiB chunks, `delay` apart, and record their
 /// ranges; the GET covering more than one block whose number is `cut_group` (1-based)
 /// fails after `cut_after` bytes.
