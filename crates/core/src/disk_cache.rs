@@ -99,6 +99,9 @@ struct Entry {
     checked: bool,
     /// Out of the index while pinned: deleted at the last unpin.
     evicted: bool,
+    /// Block writes under way into the data file ([`DiskCache::put`]): it is not handed to
+    /// a writer meanwhile, or a late write of the old bytes would land over the writer's.
+    writing: u32,
     gen: u64,
     pin: Arc<whole::Pins>,
 }
@@ -305,7 +308,7 @@ impl DiskCache {
     fn new_entry(&self, size: u64) -> Entry {
         let pin = Arc::new(whole::Pins::default());
         let crcs = vec![None; size.div_ceil(self.block) as usize];
-        Entry { size, crcs, present: 0, bytes: 0, checked: true, evicted: false, gen: next_gen(), pin }
+        Entry { size, crcs, present: 0, bytes: 0, checked: true, evicted: false, writing: 0, gen: next_gen(), pin }
     }
 
     fn block_len(&self, size: u64, b: u64) -> u64 {
@@ -429,7 +432,11 @@ impl DiskCache {
         let written = self.write_block(&name, block * self.block, padded, len);
         let slot = {
             let mut m = self.entries.lock().unwrap();
-            match (m.get_mut(&name).filter(|e| e.gen == gen), written) {
+            let mut entry = m.get_mut(&name).filter(|e| e.gen == gen);
+            if let Some(e) = &mut entry {
+                e.writing -= 1;
+            }
+            match (entry, written) {
                 (Some(e), Ok(())) => {
                     if e.crcs[block as usize].is_none() {
                         e.record(block, len as u64, crc);
@@ -464,6 +471,7 @@ impl DiskCache {
         let mut m = self.entries.lock().unwrap();
         if let Some(e) = m.get_mut(name).filter(|e| e.size == size) {
             let missing = e.crcs[block as usize].is_none().then_some(e.gen);
+            e.writing += u32::from(missing.is_some());
             if std::mem::replace(&mut e.evicted, false) {
                 // Evicted while pinned, and read again: back in the index.
                 let slot = e.slot();
@@ -502,7 +510,8 @@ impl DiskCache {
             let _ = std::fs::remove_file(self.data_path(name));
             return None;
         }
-        let e = self.new_entry(size);
+        let mut e = self.new_entry(size);
+        e.writing = 1;
         let gen = e.gen;
         m.insert(name.to_string(), e);
         Some(gen)

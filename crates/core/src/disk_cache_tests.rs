@@ -235,6 +235,31 @@ fn renamed_with_its_object_then_taken_over_by_a_writer() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+#[test]
+fn a_file_a_block_is_being_written_into_is_not_taken_over() {
+    // Two readers fetch the same missing block: one completes the file, the other is still
+    // writing its (old) copy when a writer's open takes the file over. That late write
+    // would land over the writer's bytes in its staged file.
+    let (d, p) = (dir("writing"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(5 * B as usize / 2, 9);
+    let size = data.len() as u64;
+    put_blocks(&c, &p, "k", "e", &data, [0, 2]);
+    let name = DiskCache::name("k", "e");
+    let late = c.entry_for(&name, "k", size, 1).expect("block 1 missing: a put begins");
+    put_blocks(&c, &p, "k", "e", &data, [1]);
+    assert!(c.is_complete("k", "e", size));
+    let staged = d.join("staged.data");
+    assert!(!c.take_whole("k", "e", size, &staged), "taken over while a block is written into it");
+    // The late put ends (its block was there already).
+    let mut m = c.entries.lock().unwrap();
+    let e = m.get_mut(&name).filter(|e| e.gen == late).unwrap();
+    e.writing -= 1;
+    drop(m);
+    assert!(c.take_whole("k", "e", size, &staged) && std::fs::read(&staged).unwrap() == data);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 /// A directory moved away and back (Drive and S3 keep a moved object's identity): the
 /// file readers pass through meets a copy of the same version left at the old name. It
 /// must take the name, so a writer's takeover gets the readers' file (was EBUSY).

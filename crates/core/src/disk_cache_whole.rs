@@ -241,7 +241,8 @@ impl DiskCache {
             // Under the map's lock: an eviction (which deletes by name) waits, then finds
             // no entry and deletes nothing.
             let mut m = self.entries.lock().unwrap();
-            let Some(_) = m.get(&name).filter(|e| e.checked && e.complete() && e.size == size) else {
+            // (Not while a block is being written into it: see `Entry::writing`.)
+            let Some(_) = m.get(&name).filter(|e| e.checked && e.complete() && e.size == size && e.writing == 0) else {
                 tracing::debug!(%key, %identity, known = m.contains_key(&name), "no checked whole file to take over");
                 return false;
             };
