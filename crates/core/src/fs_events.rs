@@ -93,6 +93,11 @@ impl Fs {
     }
 
     fn apply_event(&self, ev: Event) {
+        if !self.store.capabilities().addressable(ev.key()) {
+            // Never shown (a listing skips it too): `dup ` would read and write `dup`.
+            tracing::debug!(key = ?ev.key(), "store event for a key this store cannot address; ignored");
+            return;
+        }
         let mut key = ev.key().to_string();
         let mut last = key.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string();
         // A link's object `x.rclonelink` is the name `x` (links.rs): checked under that name.
