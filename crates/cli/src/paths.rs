@@ -175,7 +175,7 @@ fn staging_dir_in(base: &Path, mountpoint: &Path) -> PathBuf {
 }
 
 /// Claim `staging` for the store at `url` (bucket and prefix): the files a mount leaves
-/// there (uploads not done, and deletes journaled beside it in write-back mode) belong to
+/// there (uploads not done, and deletes and moves journaled beside it) belong to
 /// the store it mounted, and the next mount sends them to its own store. If an earlier
 /// mount of another store left such files, refuse, naming that store, rather than upload
 /// them into the wrong bucket (over whatever its keys hold) or delete its keys there.
@@ -194,11 +194,13 @@ pub fn claim_staging(staging: &Path, url: &str) -> Result<(), String> {
         let staged = count(staging, &|n| n.ends_with(".key"));
         let journal = bucketfs_core::deletes::journal_dir_for(staging);
         let deletes = journal.map_or(0, |j| count(&j, &|n| !n.starts_with('.')));
-        if staged + deletes > 0 {
+        let moves = bucketfs_core::unfinished_moves(staging);
+        if staged + deletes + moves > 0 {
             return Err(format!(
-                "the staging directory {} holds {staged} file(s) not yet uploaded and {deletes} delete(s) not \
-                 yet done for {owner}, left by an earlier mount of it on this mount point: mount {owner} \
-                 here first to finish them (or move them away), or give this mount its own --staging-dir",
+                "the staging directory {} holds {staged} file(s) not yet uploaded, {deletes} delete(s) and \
+                 {moves} move(s) not yet done for {owner}, left by an earlier mount of it on this mount point: \
+                 mount {owner} here first to finish them (or move them away), or give this mount its own \
+                 --staging-dir",
                 staging.display()
             ));
         }
@@ -297,6 +299,23 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn a_staging_directory_with_a_move_left_unfinished_is_not_claimed_by_another_store() {
+        // A mount of s3://a died during `mv d e`: the next mount finishes the move in its
+        // store, so a mount of s3://b there would copy b's d/ over e/ and delete d/.
+        let base = tmp("claim");
+        let staging = base.join("mnt");
+        std::fs::create_dir_all(&staging).unwrap();
+        claim_staging(&staging, "s3://a").unwrap();
+        let journal = base.join(".mnt.moves");
+        std::fs::create_dir_all(&journal).unwrap();
+        std::fs::write(journal.join("0000000000000001-1"), "d/\0e/\0d/x").unwrap();
+        let refused = claim_staging(&staging, "s3://b").unwrap_err();
+        assert!(refused.contains("1 move(s)") && refused.contains("s3://a"), "{refused}");
+        claim_staging(&staging, "s3://a").expect("its own store finishes it");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -31,6 +31,13 @@ fn dir_for(staging: &Path) -> Option<PathBuf> {
     Some(staging.with_file_name(format!(".{name}.moves")))
 }
 
+/// Moves an earlier mount staging in `staging` journaled and did not finish: the next
+/// mount finishes them in its store, so it must be the same store (the CLI's claim).
+pub fn unfinished(staging: &Path) -> usize {
+    let entries = dir_for(staging).and_then(|d| std::fs::read_dir(d).ok());
+    entries.map_or(0, |d| d.flatten().filter(|e| e.path().extension().is_none_or(|x| x != "tmp")).count())
+}
+
 /// A journaled move in progress. Its entry goes when this is dropped: at the end, or at an
 /// error on the way (the process lives on, and the error says what was done: SEMANTICS.md).
 /// Only a process that dies midway leaves the entry, for the next mount to finish.
