@@ -23,10 +23,22 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 }
 
+/// Crates whose debug lines can carry credentials: the signing library's credential chain
+/// logs each provider with `Debug`, and its static providers print their keys (a service
+/// account's JSON, with its private key). Held at `info` whatever the filter asks for.
+const SECRET_BEARING: [&str; 4] =
+    ["reqsign_core=info", "reqsign_aws_v4=info", "reqsign_google=info", "reqsign_aws_core=info"];
+
+/// `BUCKETFS_LOG`'s filter, or `default_filter`, with [`SECRET_BEARING`] capped.
+fn filter(default_filter: &str) -> tracing_subscriber::EnvFilter {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BUCKETFS_LOG").unwrap_or_else(|_| default_filter.into());
+    SECRET_BEARING.iter().fold(filter, |f, d| f.add_directive(d.parse().expect("a valid directive")))
+}
+
 /// Install the process's logger: `default_filter` unless `BUCKETFS_LOG` is set; to `file`
 /// (appended) if given and it opens, else stderr.
 pub fn init(default_filter: &str, format: LogFormat, file: Option<&Path>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BUCKETFS_LOG").unwrap_or_else(|_| default_filter.into());
+    let filter = filter(default_filter);
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
     let file = file.and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok());
     let result = match (format, file) {
@@ -37,5 +49,18 @@ pub fn init(default_filter: &str, format: LogFormat, file: Option<&Path>) {
     };
     if let Err(e) = result {
         eprintln!("bucketfs: logging not set up: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn credential_chains_are_never_logged_at_debug() {
+        // `bucketfs csi --verbose` logs at debug: the signing library's "Trying credential
+        // provider: {provider:?}" printed static keys.
+        for asked in ["debug", "trace,reqsign_core=trace"] {
+            let f = super::filter(asked).to_string();
+            assert!(f.contains("reqsign_core=info") && !f.contains("reqsign_core=trace"), "{asked}: {f}");
+        }
     }
 }
