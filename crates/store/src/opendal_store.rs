@@ -68,6 +68,9 @@ pub struct OpendalStore {
     in_place_compose: bool,
     /// Requests sent without waiting (an append's temporary object deleted): `settle`.
     background: crate::background::Background,
+    /// The local folder's root: symbolic links below it are never followed (see
+    /// [`OpendalStore::beneath`]).
+    local_root: Option<std::path::PathBuf>,
 }
 
 /// Builds this store's operator with the given I/O timeout (`location` layers it).
@@ -101,6 +104,7 @@ impl OpendalStore {
         let max_file_name_len = (info.scheme() == "fs").then_some(FS_TMP_NAME_MAX);
         let content_type = crate::ContentType::default();
         let stamps = (info.scheme() == "memory").then(Default::default);
+        let local_root = (info.scheme() == "fs").then(|| std::path::PathBuf::from(info.root()));
         Self {
             op,
             description,
@@ -115,7 +119,36 @@ impl OpendalStore {
             prefix_list_reads_dir: false,
             in_place_compose: false,
             background: Default::default(),
+            local_root,
         }
+    }
+
+    /// The local folder: `key` names a path whose every component below the root is no
+    /// symbolic link. OpenDAL's fs service follows links, so a link `d -> /etc` in the
+    /// folder showed `/etc` in the mount, readable and writable by whoever may use the
+    /// mount (`allow_other`, a CSI volume). Links are skipped, as other sync tools skip
+    /// them unless asked: not listed, not found, not written through. Components that do
+    /// not exist yet end the walk (a write creates them as directories).
+    fn beneath(&self, op: &str, key: &str) -> Result<(), StoreError> {
+        let Some(root) = &self.local_root else { return Ok(()) };
+        let mut path = root.clone();
+        for part in key.split('/').filter(|p| !p.is_empty()) {
+            path.push(part);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(StoreError::new(
+                        crate::StoreErrorKind::NotFound,
+                        format!(
+                            "{op} {key}: {} is a symbolic link, which a local folder store does not follow",
+                            path.display()
+                        ),
+                    ));
+                }
+                Ok(_) => {}
+                Err(_) => return Ok(()),
+            }
+        }
+        Ok(())
     }
 
     /// An S3-compatible server on its own endpoint: see [`Capabilities::prefix_list_reads_dir`].
@@ -261,6 +294,7 @@ impl Store for OpendalStore {
     }
 
     async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
+        self.beneath("head", key)?;
         // An S3 operator built with `s3_checksum_mode` answers with the object's checksum.
         let (m, checksum) = match opts.digests {
             true => crate::s3::checksum_mode::asking(self.op.stat(od_path(key))).await,
@@ -289,6 +323,7 @@ impl Store for OpendalStore {
     }
 
     async fn get(&self, key: &str, range: Range<u64>, opts: GetOpts<'_>) -> Result<ByteStream, StoreError> {
+        self.beneath("get", key)?;
         if range.start >= range.end {
             return Ok(Box::pin(futures::stream::empty()));
         }
@@ -309,6 +344,7 @@ impl Store for OpendalStore {
         let prefix = prefix.to_string();
         let this = self.clone();
         let stream = async move {
+            this.beneath("list", &prefix)?;
             let lister = op
                 .lister_with(od_path(&prefix))
                 .recursive(recursive)
@@ -323,7 +359,12 @@ impl Store for OpendalStore {
                     // The directory itself is not its own entry; a plain prefix (`d/name`,
                     // see `Store::list`) lists its exact key like any other.
                     let own = key == prefix && prefix.ends_with('/');
-                    let keep = !own && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
+                    // A local folder's symbolic link is skipped (`beneath`).
+                    let link = this.local_root.as_ref().is_some_and(|root| {
+                        let path = root.join(key.trim_end_matches('/'));
+                        std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+                    });
+                    let keep = !own && !link && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
                     let m = this.meta(&key, entry.metadata());
                     async move { Ok(keep.then_some(m)) }
                 },
@@ -333,6 +374,7 @@ impl Store for OpendalStore {
     }
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        self.beneath("put", key)?;
         let op = self.upload_operator(data.len() as u64);
         let mut req = op.write_with(key, data);
         if let Some(ct) = self.content_type_for(key) {
@@ -353,6 +395,7 @@ impl Store for OpendalStore {
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.beneath("delete", key)?;
         self.op.delete(od_path(key)).await.map_err(|e| StoreError::from_opendal("delete", key, e))?;
         if let Some(s) = &self.stamps {
             s.lock().unwrap().remove(key);
@@ -361,6 +404,8 @@ impl Store for OpendalStore {
     }
 
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.beneath("copy", from)?;
+        self.beneath("copy", to)?;
         if !self.op.info().capability().copy {
             // OpenDAL's memory service has no copy; the data is local, so read and write.
             let data = self.op.read(from).await.map_err(|e| StoreError::from_opendal("copy", from, e))?;
@@ -374,10 +419,12 @@ impl Store for OpendalStore {
     }
 
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
+        self.beneath("mkdir", key)?;
         self.op.create_dir(key).await.map_err(|e| StoreError::from_opendal("mkdir", key, e))
     }
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
+        self.beneath("put", key)?;
         if let Some(compose_op) = self.compose_op.clone().filter(|_| self.op.info().scheme() == "gcs") {
             // OpenDAL's GCS writer needs the XML multipart API; parts + compose need only
             // the JSON API (which emulators have too), and `location` sets a compose
@@ -571,4 +618,42 @@ async fn memory_versions_differ_by_upload() {
     s.delete("k").await.unwrap();
     let c = s.put("k", Bytes::from_static(b"cccc"), PutOpts::default()).await.unwrap();
     assert!(c.etag != b.etag && c.etag != a.etag);
+}
+
+/// A local folder's symbolic links are never followed: a link to a file or a directory
+/// outside the folder is neither listed, found, read nor written through.
+#[cfg(test)]
+#[tokio::test]
+async fn a_local_folder_never_follows_its_links() {
+    let base = std::env::temp_dir().join(format!("bucketfs-links-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let (root, outside) = (base.join("root"), base.join("outside"));
+    std::fs::create_dir_all(root.join("real")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(root.join("real/f"), b"mine").unwrap();
+    std::fs::write(outside.join("secret"), b"theirs").unwrap();
+    std::os::unix::fs::symlink(outside.join("secret"), root.join("l")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("d")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("real/d")).unwrap();
+    let op = Operator::new(opendal::services::Fs::default().root(&root.to_string_lossy())).unwrap();
+    let s = OpendalStore::new(op, "file://".into(), false);
+    let keys = |l: Vec<ObjectMeta>| {
+        let mut k: Vec<String> = l.into_iter().map(|m| m.key).collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(s.list("", false).try_collect().await.unwrap()), ["real/"]);
+    assert_eq!(keys(s.list("", true).try_collect().await.unwrap()), ["real/", "real/f"]);
+    assert_eq!(keys(s.list("real/", false).try_collect().await.unwrap()), ["real/f"]);
+    assert!(s.list("d/", false).try_collect::<Vec<_>>().await.is_err(), "listed through a link");
+    let not_found = |r: Result<_, StoreError>| matches!(r, Err(e) if e.kind == crate::StoreErrorKind::NotFound);
+    assert!(not_found(s.head("l", HeadOpts::default()).await.map(|_| ())));
+    assert!(not_found(s.head("d/secret", HeadOpts::default()).await.map(|_| ())));
+    assert!(not_found(s.get("real/d/secret", 0..6, GetOpts::default()).await.map(|_| ())));
+    assert!(s.put("d/new", Bytes::from_static(b"x"), PutOpts::default()).await.is_err());
+    assert!(s.delete("d/secret").await.is_err());
+    assert!(s.copy("real/f", "d/copy").await.is_err());
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1, "nothing written or deleted outside");
+    assert_eq!(s.head("real/f", HeadOpts::default()).await.unwrap().meta.size, 4);
+    std::fs::remove_dir_all(&base).unwrap();
 }
