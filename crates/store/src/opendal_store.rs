@@ -151,6 +151,14 @@ impl OpendalStore {
         Ok(())
     }
 
+    /// The local folder: a listed `key` is a symbolic link (skipped, as [`Self::beneath`]
+    /// refuses it; the listed prefix was checked by `beneath` once).
+    fn listed_link(&self, key: &str) -> bool {
+        self.local_root.as_ref().is_some_and(|root| {
+            std::fs::symlink_metadata(root.join(key.trim_end_matches('/'))).is_ok_and(|m| m.file_type().is_symlink())
+        })
+    }
+
     /// An S3-compatible server on its own endpoint: see [`Capabilities::prefix_list_reads_dir`].
     pub fn with_prefix_list_reading_dir(mut self) -> Self {
         self.prefix_list_reads_dir = true;
@@ -245,8 +253,8 @@ impl OpendalStore {
     async fn copy_keeping_mtime(&self, from: &str, to: &str) -> Result<(), StoreError> {
         let mtime = self.op.stat(from).await.map_err(|e| StoreError::from_opendal("copy", from, e))?.last_modified();
         self.op.copy(from, to).await.map_err(|e| StoreError::from_opendal("copy", from, e))?;
-        let Some(mtime) = mtime else { return Ok(()) };
-        let path = std::path::Path::new(&self.op.info().root()).join(to.trim_start_matches('/'));
+        let (Some(mtime), Some(root)) = (mtime, &self.local_root) else { return Ok(()) };
+        let path = root.join(to.trim_start_matches('/'));
         let set = std::fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(mtime.into()));
         if let Err(e) = set {
             tracing::debug!(key = to, "copy made with a new mtime: {e}");
@@ -359,12 +367,7 @@ impl Store for OpendalStore {
                     // The directory itself is not its own entry; a plain prefix (`d/name`,
                     // see `Store::list`) lists its exact key like any other.
                     let own = key == prefix && prefix.ends_with('/');
-                    // A local folder's symbolic link is skipped (`beneath`).
-                    let link = this.local_root.as_ref().is_some_and(|root| {
-                        let path = root.join(key.trim_end_matches('/'));
-                        std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
-                    });
-                    let keep = !own && !link && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
+                    let keep = !own && !this.listed_link(&key) && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
                     let m = this.meta(&key, entry.metadata());
                     async move { Ok(keep.then_some(m)) }
                 },
