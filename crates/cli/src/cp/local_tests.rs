@@ -268,3 +268,31 @@ async fn only_empty_directory_markers_are_made_on_the_other_side() {
         .collect();
     assert_eq!(jobs, [(PathBuf::from("out/a/x"), false), (PathBuf::from("out/e"), true)]);
 }
+
+/// A key that is not a safe local path is skipped and named; the rest of the prefix is
+/// still copied (one such key used to fail the whole `cp -r`).
+#[tokio::test]
+async fn unsafe_keys_are_skipped_and_the_rest_is_copied() {
+    let mem = Arc::new(MemStore::new());
+    for k in ["p/ok", "p/x//y", "p/../evil", "p/a/./b", "p/sub/z"] {
+        mem.put(k, Bytes::from_static(b"v"), PutOpts::default()).await.unwrap();
+    }
+    let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "p".into(), crc_confirmed: false };
+    let d = temp_dir("unsafe-keys");
+    let walk = Walk { recursive: true, follow_symlinks: true };
+    let out = plan::expand(vec![Side::Remote(r)], Side::Local(d.join("out")), walk).await.unwrap();
+    let mut jobs: Vec<PathBuf> = out
+        .jobs
+        .iter()
+        .map(|j| match &j.dst {
+            Dst::Local(p) => p.strip_prefix(&d).unwrap().to_path_buf(),
+            _ => panic!("a local destination"),
+        })
+        .collect();
+    jobs.sort();
+    assert_eq!(jobs, [PathBuf::from("out/ok"), PathBuf::from("out/sub/z")]);
+    let mut skipped: Vec<String> = out.skipped.iter().map(|s| s.path.display().to_string()).collect();
+    skipped.sort();
+    assert_eq!(skipped, ["mem://p/../evil", "mem://p/a/./b", "mem://p/x//y"]);
+    assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnsafeKey));
+}

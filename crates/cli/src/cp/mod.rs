@@ -55,7 +55,8 @@ followed (inside the tree or out of it); an empty directory as a marker object D
 marker object downloads as an empty directory). Skipped, each named on stderr as
 'skipped PATH: REASON' and in --json's \"skipped\": FIFOs, sockets and devices (never
 opened), dangling symlinks, symlink loops (a directory link back to a directory that
-contains it), and every symlink with --no-follow-symlinks. A named source is treated the
+contains it), every symlink with --no-follow-symlinks, and, downloading, keys that are
+not safe local paths (an empty, '.' or '..' segment). A named source is treated the
 same way (exit status 2, or 0 with --skip-special; the exit statuses are listed at the end).
 
 A local file that changes while it is read (its size, mtime or ctime differ after the last

@@ -10,7 +10,7 @@ use futures::TryStreamExt;
 
 use super::endpoint::{Remote, Side};
 use super::error::CpError;
-use super::walk::{self, Expanded, Walk};
+use super::walk::{self, Expanded, SkipReason, Skipped, Walk};
 use bucketfs_store::{HeadOpts, ObjectHead, StoreErrorKind};
 
 pub const MIB: u64 = 1 << 20;
@@ -177,7 +177,7 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
         match src {
             Side::Stdio => unreachable!("handled above"),
             Side::Local(path) => walk::expand_local(&path, &dst, into_dir, walk, &mut out)?,
-            Side::Remote(r) => expand_remote(&r, &dst, into_dir, recursive, &mut out.jobs).await?,
+            Side::Remote(r) => expand_remote(&r, &dst, into_dir, recursive, &mut out).await?,
         }
     }
     let jobs = &mut out.jobs;
@@ -222,6 +222,11 @@ pub(super) fn target(dst: &Side, base_name: Option<&str>, rel: &str, into_dir: b
     })
 }
 
+/// A listed key not copied: named by its URL (a key can hold bytes a path cannot, so lossily).
+fn unsafe_key(r: &Remote, key: &str) -> Skipped {
+    Skipped { path: format!("{}{key}", r.base).into(), reason: SkipReason::UnsafeKey }
+}
+
 /// A key's relative part must be safe as a local path: no empty, `.` or `..` segments.
 fn safe_rel(rel: &str) -> bool {
     !rel.is_empty() && rel.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
@@ -232,14 +237,14 @@ async fn expand_remote(
     dst: &Side,
     into_dir: bool,
     recursive: bool,
-    jobs: &mut Vec<Job>,
+    out: &mut Expanded,
 ) -> Result<(), CpError> {
     let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string);
     if !r.key.is_empty() && !r.key.ends_with('/') {
         match r.store.head(&r.key, HeadOpts { digests: true }).await {
             Ok(d) => {
                 let dst = target(dst, name.as_deref(), "", into_dir)?;
-                jobs.push(Job {
+                out.jobs.push(Job {
                     src: Src::Remote { remote: r.clone(), size: d.meta.size, head: Some(Box::new(d)) },
                     dst,
                 });
@@ -271,10 +276,11 @@ async fn expand_remote(
         }
         let rel = m.key.strip_prefix(&prefix).unwrap_or(&m.key);
         if matches!(dst, Side::Local(_)) && !safe_rel(rel) {
-            return Err(format!("{}{}: key is not a safe local path; refusing to copy it", r.base, m.key).into());
+            out.skipped.push(unsafe_key(r, &m.key));
+            continue;
         }
         let dst = target(dst, name.as_deref(), rel, into_dir)?;
-        jobs.push(Job { src: Src::Remote { remote: r.with_key(m.key.clone()), size: m.size, head: None }, dst });
+        out.jobs.push(Job { src: Src::Remote { remote: r.with_key(m.key.clone()), size: m.size, head: None }, dst });
         objects.insert(m.key);
     }
     // An empty directory marker (`dir/`, what a mount's mkdir makes) is made on the other
@@ -286,9 +292,10 @@ async fn expand_remote(
         }
         let rel = key.strip_prefix(&prefix).unwrap_or(&key).trim_end_matches('/');
         if matches!(dst, Side::Local(_)) && !safe_rel(rel) {
-            return Err(format!("{}{key}: key is not a safe local path; refusing to copy it", r.base).into());
+            out.skipped.push(unsafe_key(r, &key));
+            continue;
         }
-        jobs.push(Job { src: Src::Dir, dst: target(dst, name.as_deref(), rel, into_dir)? });
+        out.jobs.push(Job { src: Src::Dir, dst: target(dst, name.as_deref(), rel, into_dir)? });
     }
     Ok(())
 }

@@ -55,6 +55,10 @@ pub enum SkipReason {
     NotFollowed {
         target: PathBuf,
     },
+    /// A key whose part below the copied prefix is not a safe local path (an empty, `.`
+    /// or `..` segment, as in `a//b` or `../x`): never written, so never outside the
+    /// destination.
+    UnsafeKey,
 }
 
 impl SkipReason {
@@ -93,6 +97,9 @@ impl fmt::Display for SkipReason {
             }
             SkipReason::NotFollowed { target } => {
                 write!(f, "symlink (to {}), not followed (--no-follow-symlinks)", target.display())
+            }
+            SkipReason::UnsafeKey => {
+                write!(f, "key is not a safe local path (an empty, '.' or '..' segment); rename the object to copy it")
             }
         }
     }
