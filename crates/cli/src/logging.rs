@@ -35,12 +35,24 @@ fn filter(default_filter: &str) -> tracing_subscriber::EnvFilter {
     SECRET_BEARING.iter().fold(filter, |f, d| f.add_directive(d.parse().expect("a valid directive")))
 }
 
+/// Open a log file the user named (`--log-file`), appending. A new one is made readable
+/// by its owner only (0600), as the mount's own log is: a debug log names every key read.
+/// An existing file keeps the mode it has.
+pub fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path)
+}
+
 /// Install the process's logger: `default_filter` unless `BUCKETFS_LOG` is set; to `file`
 /// (appended) if given and it opens, else stderr.
 pub fn init(default_filter: &str, format: LogFormat, file: Option<&Path>) {
     let filter = filter(default_filter);
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
-    let file = file.and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok());
+    let file = file.and_then(|p| {
+        open_file(p)
+            .map_err(|e| eprintln!("bucketfs: cannot open log file {}: {e}; logging to stderr", p.display()))
+            .ok()
+    });
     let result = match (format, file) {
         (LogFormat::Text, Some(f)) => builder.with_writer(std::sync::Mutex::new(f)).try_init(),
         (LogFormat::Text, None) => builder.with_writer(std::io::stderr).try_init(),
@@ -54,6 +66,19 @@ pub fn init(default_filter: &str, format: LogFormat, file: Option<&Path>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_new_log_file_is_the_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("bucketfs-log-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("new.log");
+        let _ = std::fs::remove_file(&p);
+        super::open_file(&p).unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(mode, 0o600, "{mode:o}");
+    }
+
     #[test]
     fn credential_chains_are_never_logged_at_debug() {
         // `bucketfs csi --verbose` logs at debug: the signing library's "Trying credential

@@ -74,7 +74,7 @@ fn spawn_daemon(args: &MountArgs, argv: &[std::ffi::OsString], mp: &Path) -> Res
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the bucketfs executable: {e}"))?;
     let log = args.log_file.clone().unwrap_or_else(|| paths::log_file(mp));
     let log_file = match &args.log_file {
-        Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p),
+        Some(p) => crate::logging::open_file(p),
         None => paths::open_log(&log),
     }
     .map_err(|e| format!("cannot open log file {}: {e}", log.display()))?;
