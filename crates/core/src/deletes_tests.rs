@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bucketfs_store::testing::{FailStore, MemStore, Op};
-use bucketfs_store::StoreErrorKind;
+use bucketfs_store::{Store, StoreErrorKind};
 
 use crate::fs::{Fs, FsConfig, ROOT_INO};
 use crate::write_back::tests::{cfg, cfg_ttl0, keys, listed, object, staging, uploaded_files, write_file};
@@ -234,4 +234,39 @@ async fn a_request_cut_off_while_it_sends_a_pending_delete_leaves_nothing_stuck(
     assert!(object(mem.as_ref(), "f").await.is_none());
     let put = store.put("f", bytes::Bytes::from_static(b"new"), PutOpts::default());
     tokio::time::timeout(Duration::from_secs(10), put).await.expect("the PUT waited for good").unwrap();
+}
+
+/// docs/SEMANTICS.md: a directory whose only keys are not shown is shown empty, and `rmdir`
+/// fails with ENOTEMPTY; in write-back mode too, where an empty listing in cache answers
+/// `rmdir` without the store. Each way the directory gets listed: on its own, and from a
+/// listing ahead (one recursive page).
+#[tokio::test]
+async fn rmdir_of_a_directory_holding_only_keys_not_shown_fails() {
+    for ahead in [0, 999] {
+        let mem = Arc::new(MemStore::new());
+        for k in ["d//y", "e/../z", "g/"] {
+            mem.put(k, bytes::Bytes::from_static(b""), Default::default()).await.unwrap();
+        }
+        let dir = staging(&format!("hidden-{ahead}"));
+        let fs = Fs::new(mem.clone(), FsConfig { list_ahead_keys: ahead, ..cfg(&dir, 0) });
+        fs.start_write_back();
+        // Before their own listings: with a listing ahead, the root's page lists them.
+        assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "d", "e", "g"]);
+        for d in ["d", "e"] {
+            let r = fs.rmdir(ROOT_INO, d).await;
+            assert!(matches!(r, Err(crate::FsError::NotEmpty)), "rmdir {d} (ahead {ahead}): {r:?}");
+        }
+        for d in ["d", "e", "g"] {
+            let ino = fs.lookup(ROOT_INO, d).await.unwrap().ino;
+            assert_eq!(listed(&fs, ino).await.unwrap(), [".", ".."], "{d} (ahead {ahead})");
+        }
+        for d in ["d", "e"] {
+            let r = fs.rmdir(ROOT_INO, d).await;
+            assert!(matches!(r, Err(crate::FsError::NotEmpty)), "rmdir {d}, listed (ahead {ahead}): {r:?}");
+        }
+        // A directory that is really empty still goes at once.
+        fs.rmdir(ROOT_INO, "g").await.unwrap();
+        assert!(fs.sync_write_back().await.is_empty());
+        assert_eq!(keys(mem.as_ref()).await, ["d//y", "e/../z"], "ahead {ahead}");
+    }
 }

@@ -428,6 +428,7 @@ impl Fs {
         if skipped > 0 {
             tracing::debug!(dir = %dir.key, skipped, "keys that are not valid file names are not shown");
         }
+        self.table.lock().unwrap().note_hidden(&dir.key, skipped > 0);
         Ok(Some(children))
     }
 }

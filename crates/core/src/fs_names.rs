@@ -174,8 +174,9 @@ impl Fs {
             // Answered locally from a listing within its TTL, as `ls` is: no wait on the
             // store (a file another client put there since keeps the directory in the
             // bucket; only the marker goes).
+            // A directory holding keys it does not show asks the store, which names them.
             let t = self.table.lock().unwrap();
-            if let Some(l) = t.listing(ino).filter(|l| !l.overtaken && t.trusted(l)) {
+            if let Some(l) = t.listing(ino).filter(|l| !l.overtaken && t.trusted(l) && !t.holds_hidden(key)) {
                 return Ok(!l.children.is_empty());
             }
         }

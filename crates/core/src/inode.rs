@@ -83,6 +83,10 @@ pub struct InodeTable {
     /// Directories whose subtree a recursive page showed to be too big for one page: no
     /// recursive page is asked for with their listings (see `preload.rs`).
     big_subtrees: std::collections::HashSet<u64>,
+    /// Keys of directories whose last listing held keys the mount does not show (names.rs):
+    /// whether such a directory is empty is the store's to say (see `Fs::has_children`).
+    /// A renamed directory's entry stays under its old key (then the cached listing answers).
+    hidden_in: std::collections::HashSet<String>,
     /// Names a probe found absent, and when: within the TTL a second question about the
     /// same name (the kernel's LOOKUP, then `mkdir`/`create` asking again) costs nothing.
     /// Any name recorded here through [`InodeTable::upsert`] or a listing change is dropped.
@@ -208,6 +212,7 @@ impl InodeTable {
             names_alias: false,
             answered: HashMap::new(),
             big_subtrees: Default::default(),
+            hidden_in: Default::default(),
             absent: HashMap::new(),
             missed: HashMap::new(),
             wide: Default::default(),

@@ -184,6 +184,21 @@ impl InodeTable {
         self.big_subtrees.contains(&dir)
     }
 
+    /// A listing of the directory with key `dir` held (`hidden`) keys that are not shown,
+    /// or held none.
+    pub fn note_hidden(&mut self, dir: &str, hidden: bool) {
+        if hidden {
+            self.hidden_in.insert(dir.to_string());
+        } else if !self.hidden_in.is_empty() {
+            self.hidden_in.remove(dir);
+        }
+    }
+
+    /// Whether the directory with key `dir` was last listed with keys that are not shown.
+    pub fn holds_hidden(&self, dir: &str) -> bool {
+        self.hidden_in.contains(dir)
+    }
+
     /// The count at `dir`'s latest change recorded here (0: none); `u64::MAX` while a
     /// rename moves the objects below `dir` (it is the directory moved, or inside it; see
     /// `moving_now`): every answer about it taken meanwhile counts as overtaken.

@@ -80,6 +80,8 @@ impl Fs {
         let mut in_order = caps.prefix_dirs;
         let (mut first, mut last) = (None, String::new());
         let mut stream = self.store.list(root, true);
+        // Keys of the directories holding keys that are not shown (`InodeTable::note_hidden`).
+        let mut hidden: HashSet<String> = HashSet::new();
         while let Some(m) = stream.try_next().await? {
             seen += 1;
             in_order &= m.key >= last;
@@ -99,6 +101,7 @@ impl Fs {
                     }
                     false => (dirs.keys().cloned().collect(), HashSet::new()),
                 };
+                self.note_hidden(&hidden);
                 return Ok(Seen { dirs, count, whole: false, incomplete, too_big });
             }
             if first.is_none() {
@@ -106,17 +109,22 @@ impl Fs {
             }
             last.clone_from(&m.key);
             let Some(rel) = m.key.strip_prefix(root).filter(|r| !r.is_empty()) else { continue };
+            let segments: Vec<&str> = rel.trim_end_matches('/').split('/').collect();
             if !caps.addressable(&m.key) {
                 // Another object's bytes would be read for it (see `Capabilities::addressable`);
                 // a key with leading whitespace is a whole directory the store cannot reach.
+                // Every directory above it holds a key not shown.
+                hidden.extend((0..segments.len()).map(|i| dir_key(root, &segments[..i])));
                 continue;
             }
-            let segments: Vec<&str> = rel.trim_end_matches('/').split('/').collect();
             // A key with a segment that is not a valid file name is never exposed (see
             // names.rs); the directories above that segment still show, as a delimited
             // listing shows them.
             let valid = segments.iter().take_while(|s| names::valid_segment(s)).count();
             count += usize::from(valid == segments.len());
+            if valid < segments.len() {
+                hidden.extend((0..=valid).map(|i| dir_key(root, &segments[..i])));
+            }
             let mut parent = String::new();
             for (i, seg) in segments[..valid].iter().enumerate() {
                 let is_dir = i + 1 < segments.len() || rel.ends_with('/');
@@ -141,7 +149,16 @@ impl Fs {
                 }
             }
         }
+        self.note_hidden(&hidden);
         Ok(Seen { dirs, count, whole: true, incomplete: HashSet::new(), too_big: HashSet::new() })
+    }
+
+    /// Record `dirs` (keys) as holding keys that are not shown.
+    fn note_hidden(&self, dirs: &HashSet<String>) {
+        let mut t = self.table.lock().unwrap();
+        for d in dirs {
+            t.note_hidden(d, true);
+        }
     }
 
     /// List the subdirectories of `dir` that have no fresh listing, in the background.
@@ -249,6 +266,11 @@ impl Fs {
         self.trim_names();
         inos
     }
+}
+
+/// The key of the directory `segments` (names below `root`, a directory key) name.
+fn dir_key(root: &str, segments: &[&str]) -> String {
+    segments.iter().fold(root.to_string(), |k, s| format!("{k}{s}/"))
 }
 
 /// The key of the directory holding directory `key` (both relative to a subtree's root,
