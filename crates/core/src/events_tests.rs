@@ -361,3 +361,60 @@ async fn a_name_below_an_expired_directory_is_asked_again() {
     assert!(matches!(fs.lookup(w.ino, "x").await, Err(FsError::NotFound)), "x was confirmed before w was asked again");
     fs.check_invariants();
 }
+
+/// A listing from before the events began, served again while the store is unreachable,
+/// stays on its TTL: serving it must not make it look fetched while events flowed (they
+/// never told what changed before they began), or it would be trusted for good.
+#[tokio::test]
+async fn a_listing_served_through_an_outage_is_not_vouched_for_by_events() {
+    use bucketfs_store::testing::{FailStore, Op};
+    use bucketfs_store::StoreErrorKind;
+    let mem = Arc::new(MemStore::new());
+    mem.put("a.txt", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
+    // The second LIST finds the store unreachable; the others answer.
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::List, 2, 1, StoreErrorKind::Unavailable));
+    let clock = Clock::manual();
+    let dir = std::env::temp_dir().join(format!("bucketfs-events-outage-{}", std::process::id()));
+    let cfg = FsConfig { staging_dir: dir, clock: clock.clone(), list_ahead_keys: 0, ..FsConfig::default() };
+    let fs = Fs::new(fail.clone(), cfg);
+    let (tx, rx) = mpsc::channel(1);
+    fs.follow_events(rx);
+    std::mem::forget(tx);
+    assert_eq!(names(&fs).await, ["a.txt"]);
+    // Another client's change before the events began: no event tells it.
+    mem.put("b.txt", Bytes::from_static(b"b"), PutOpts::default()).await.unwrap();
+    clock.advance(Duration::from_millis(100));
+    fs.on_feed(Feed::Up);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(names(&fs).await, ["a.txt"], "the last listing, served through the outage");
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(names(&fs).await, ["a.txt", "b.txt"], "past the TTL again, the store is asked");
+}
+
+/// The same for a file's attributes served through an outage (`getattr`'s HEAD fails).
+#[tokio::test]
+async fn attributes_served_through_an_outage_are_not_vouched_for_by_events() {
+    use bucketfs_store::testing::{FailStore, Op};
+    use bucketfs_store::StoreErrorKind;
+    let mem = Arc::new(MemStore::new());
+    mem.put("a.txt", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let dir = std::env::temp_dir().join(format!("bucketfs-events-outage-attrs-{}", std::process::id()));
+    let cfg = FsConfig { staging_dir: dir, clock: clock.clone(), list_ahead_keys: 0, ..FsConfig::default() };
+    // The lookup's HEAD answers; the next finds the store unreachable; the others answer.
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::Head, 2, 1, StoreErrorKind::Unavailable));
+    let fs = Fs::new(fail.clone(), cfg);
+    let (tx, rx) = mpsc::channel(1);
+    fs.follow_events(rx);
+    std::mem::forget(tx);
+    let ino = fs.lookup(ROOT_INO, "a.txt").await.unwrap().ino;
+    assert_eq!(fs.getattr(ino).await.unwrap().size, 1);
+    // Another client's change before the events began: no event tells it.
+    mem.put("a.txt", Bytes::from_static(b"bbb"), PutOpts::default()).await.unwrap();
+    clock.advance(Duration::from_millis(100));
+    fs.on_feed(Feed::Up);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(fs.getattr(ino).await.unwrap().size, 1, "the last attributes, served through the outage");
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(fs.getattr(ino).await.unwrap().size, 3, "past the TTL again, the store is asked");
+}

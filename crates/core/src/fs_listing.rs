@@ -100,7 +100,7 @@ impl Fs {
         if e.kind != StoreErrorKind::Unavailable {
             return false;
         }
-        let Some(age) = self.table.lock().unwrap().renew_listing(dir.ino) else { return false };
+        let Some(age) = self.table.lock().unwrap().renew_listing(dir.ino, self.cfg.metadata_ttl) else { return false };
         tracing::warn!(dir = %dir.key, age_s = age.as_secs(), "store unreachable, serving the last listing: {e}");
         true
     }
@@ -141,7 +141,12 @@ impl Fs {
         let mut t = self.table.lock().unwrap();
         let cur = t.get_mut(node.ino).ok_or(FsError::Store(e.clone()))?;
         tracing::warn!(key = %node.key, "store unreachable, serving the last attributes: {e}");
-        cur.validated = self.cfg.clock.now();
+        // Served for another TTL, unless store events began after it was checked: marking
+        // it checked now would make them vouch for it for good (the next access asks again).
+        let now = self.cfg.clock.now();
+        if self.events.vouches_for(cur.validated) || !self.events.vouches_for(now) {
+            cur.validated = now;
+        }
         Ok((self.attr(cur), None))
     }
 

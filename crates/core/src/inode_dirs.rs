@@ -350,11 +350,15 @@ impl InodeTable {
     }
 
     /// Let `dir`'s listing answer for another TTL from now, as it is; its age before.
-    pub fn renew_listing(&mut self, dir: u64) -> Option<std::time::Duration> {
+    pub fn renew_listing(&mut self, dir: u64, ttl: std::time::Duration) -> Option<std::time::Duration> {
         let l = self.listings.get_mut(&dir)?;
         let now = self.clock.now();
         let age = now.saturating_duration_since(l.at);
-        l.at = now;
+        // Fresh for `ttl` more, from when it was fetched: moving `at` to now would make a
+        // listing from before the store's events began look vouched for by them.
+        if !l.valid_for.is_zero() {
+            l.valid_for = age.saturating_add(ttl);
+        }
         Some(age)
     }
 
