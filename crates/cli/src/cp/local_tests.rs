@@ -296,3 +296,25 @@ async fn unsafe_keys_are_skipped_and_the_rest_is_copied() {
     assert_eq!(skipped, ["mem://p/../evil", "mem://p/a/./b", "mem://p/x//y"]);
     assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnsafeKey));
 }
+
+/// A source prefix whose last segment is `..` (`s3://b/t/..`, a key prefix like any other on
+/// an object store) copies its keys into the destination, never into its parent.
+#[tokio::test]
+async fn a_source_named_dot_dot_never_leads_out_of_the_destination() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("t/../x", Bytes::from_static(b"v"), PutOpts::default()).await.unwrap();
+    let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "t/..".into(), crc_confirmed: false };
+    let d = temp_dir("dot-dot-source");
+    std::fs::create_dir(d.join("out")).unwrap();
+    let walk = Walk { recursive: true, follow_symlinks: true };
+    let out = plan::expand(vec![Side::Remote(r)], Side::Local(d.join("out")), walk).await.unwrap();
+    let jobs: Vec<PathBuf> = out
+        .jobs
+        .iter()
+        .map(|j| match &j.dst {
+            Dst::Local(p) => p.strip_prefix(&d).unwrap().to_path_buf(),
+            _ => panic!("a local destination"),
+        })
+        .collect();
+    assert_eq!(jobs, [PathBuf::from("out/x")]);
+}

@@ -239,7 +239,8 @@ async fn expand_remote(
     recursive: bool,
     out: &mut Expanded,
 ) -> Result<(), CpError> {
-    let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string);
+    // A last segment `.` or `..` names no directory of its own: its keys go into `dst`.
+    let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| safe_rel(n)).map(str::to_string);
     if !r.key.is_empty() && !r.key.ends_with('/') {
         match r.store.head(&r.key, HeadOpts { digests: true }).await {
             Ok(d) => {
