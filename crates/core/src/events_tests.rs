@@ -391,30 +391,21 @@ async fn a_listing_served_through_an_outage_is_not_vouched_for_by_events() {
     assert_eq!(names(&fs).await, ["a.txt", "b.txt"], "past the TTL again, the store is asked");
 }
 
-/// The same for a file's attributes served through an outage (`getattr`'s HEAD fails).
+/// An event for a key not shown (`d//y`) marks the directories above it as holding it:
+/// `rmdir` asks the store there instead of its cached, empty listing.
 #[tokio::test]
-async fn attributes_served_through_an_outage_are_not_vouched_for_by_events() {
-    use bucketfs_store::testing::{FailStore, Op};
-    use bucketfs_store::StoreErrorKind;
-    let mem = Arc::new(MemStore::new());
-    mem.put("a.txt", Bytes::from_static(b"a"), PutOpts::default()).await.unwrap();
+async fn an_event_for_a_key_not_shown_keeps_its_directory_from_rmdir() {
+    let store = Arc::new(MemStore::new());
+    store.put("d/", Bytes::new(), PutOpts::default()).await.unwrap();
     let clock = Clock::manual();
-    let dir = std::env::temp_dir().join(format!("bucketfs-events-outage-attrs-{}", std::process::id()));
-    let cfg = FsConfig { staging_dir: dir, clock: clock.clone(), list_ahead_keys: 0, ..FsConfig::default() };
-    // The lookup's HEAD answers; the next finds the store unreachable; the others answer.
-    let fail = Arc::new(FailStore::new(mem.clone(), Op::Head, 2, 1, StoreErrorKind::Unavailable));
-    let fs = Fs::new(fail.clone(), cfg);
-    let (tx, rx) = mpsc::channel(1);
-    fs.follow_events(rx);
-    std::mem::forget(tx);
-    let ino = fs.lookup(ROOT_INO, "a.txt").await.unwrap().ino;
-    assert_eq!(fs.getattr(ino).await.unwrap().size, 1);
-    // Another client's change before the events began: no event tells it.
-    mem.put("a.txt", Bytes::from_static(b"bbb"), PutOpts::default()).await.unwrap();
-    clock.advance(Duration::from_millis(100));
+    let fs = fs_on(&store, &clock);
     fs.on_feed(Feed::Up);
-    clock.advance(Duration::from_secs(2));
-    assert_eq!(fs.getattr(ino).await.unwrap().size, 1, "the last attributes, served through the outage");
-    clock.advance(Duration::from_secs(2));
-    assert_eq!(fs.getattr(ino).await.unwrap().size, 3, "past the TTL again, the store is asked");
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    let fh = fs.opendir(d).await.unwrap();
+    assert_eq!(fs.readdir(fh).unwrap().len(), 2, "empty");
+    fs.releasedir(fh);
+    store.put("d//y", Bytes::from_static(b"y"), PutOpts::default()).await.unwrap();
+    fs.on_feed(put("d//y", 1, "e-y"));
+    assert!(fs.table.lock().unwrap().holds_hidden("d/"));
+    assert!(matches!(fs.rmdir(ROOT_INO, "d").await, Err(FsError::NotEmpty)));
 }

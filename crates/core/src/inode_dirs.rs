@@ -357,7 +357,7 @@ impl InodeTable {
         // Fresh for `ttl` more, from when it was fetched: moving `at` to now would make a
         // listing from before the store's events began look vouched for by them.
         if !l.valid_for.is_zero() {
-            l.valid_for = age.saturating_add(ttl);
+            l.valid_for = l.valid_for.max(age.saturating_add(ttl));
         }
         Some(age)
     }

@@ -43,6 +43,14 @@ pub fn shown_below(prefix: &str, key: &str) -> bool {
     rest.split('/').all(valid_segment)
 }
 
+/// The keys of the directories above `key` that a listing can show: the root (`""`) and
+/// each leading segment up to the first that is not a valid file name.
+pub fn ancestors(key: &str) -> Vec<String> {
+    let segments: Vec<&str> = key.strip_suffix('/').unwrap_or(key).split('/').collect();
+    let valid = segments[..segments.len() - 1].iter().take_while(|s| valid_segment(s)).count();
+    (0..=valid).map(|i| segments[..i].iter().map(|s| format!("{s}/")).collect()).collect()
+}
+
 /// The key of child `name` in the directory whose key is `parent_key` (`""` or ending in
 /// `/`): the inverse of [`child_name`], so `child_name(p, &child_key(p, n, d)) == Some((n, d))`
 /// for every valid `n` (checked by the `names` fuzz target).

@@ -109,7 +109,8 @@ impl Fs {
             }
             last.clone_from(&m.key);
             let Some(rel) = m.key.strip_prefix(root).filter(|r| !r.is_empty()) else { continue };
-            let segments: Vec<&str> = rel.trim_end_matches('/').split('/').collect();
+            // One trailing '/' is a marker's; `d//` holds an empty segment (not shown).
+            let segments: Vec<&str> = rel.strip_suffix('/').unwrap_or(rel).split('/').collect();
             if !caps.addressable(&m.key) {
                 // Another object's bytes would be read for it (see `Capabilities::addressable`);
                 // a key with leading whitespace is a whole directory the store cannot reach.
