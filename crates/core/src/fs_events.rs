@@ -93,15 +93,15 @@ impl Fs {
     }
 
     fn apply_event(&self, ev: Event) {
-        let shown = crate::names::shown_below("", ev.key()) && self.store.capabilities().addressable(ev.key());
-        if !shown && matches!(ev, Event::Put { .. }) {
+        let addressable = self.store.capabilities().addressable(ev.key());
+        if !(addressable && crate::names::shown_below("", ev.key())) && matches!(ev, Event::Put { .. }) {
             // The directories above a key not shown hold it: `rmdir` asks the store there.
             let mut t = self.table.lock().unwrap();
-            for dir in crate::names::ancestors(ev.key()) {
+            for dir in crate::names::ancestors("", ev.key()) {
                 t.note_hidden(&dir, true);
             }
         }
-        if !self.store.capabilities().addressable(ev.key()) {
+        if !addressable {
             // Never shown (a listing skips it too): `dup ` would read and write `dup`.
             tracing::debug!(key = ?ev.key(), "store event for a key this store cannot address; ignored");
             return;

@@ -43,12 +43,14 @@ pub fn shown_below(prefix: &str, key: &str) -> bool {
     rest.split('/').all(valid_segment)
 }
 
-/// The keys of the directories above `key` that a listing can show: the root (`""`) and
-/// each leading segment up to the first that is not a valid file name.
-pub fn ancestors(key: &str) -> Vec<String> {
-    let segments: Vec<&str> = key.strip_suffix('/').unwrap_or(key).split('/').collect();
+/// The keys of the directories above `key` (listed below directory key `prefix`) that a
+/// listing can show: `prefix` and each leading segment up to the first that is not a valid
+/// file name. One trailing `/` is a marker's; `d//` holds an empty segment.
+pub fn ancestors(prefix: &str, key: &str) -> Vec<String> {
+    let rest = key.strip_prefix(prefix).unwrap_or(key);
+    let segments: Vec<&str> = rest.strip_suffix('/').unwrap_or(rest).split('/').collect();
     let valid = segments[..segments.len() - 1].iter().take_while(|s| valid_segment(s)).count();
-    (0..=valid).map(|i| segments[..i].iter().map(|s| format!("{s}/")).collect()).collect()
+    (0..=valid).map(|i| segments[..i].iter().fold(prefix.to_string(), |k, s| format!("{k}{s}/"))).collect()
 }
 
 /// The key of child `name` in the directory whose key is `parent_key` (`""` or ending in

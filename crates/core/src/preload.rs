@@ -115,7 +115,7 @@ impl Fs {
                 // Another object's bytes would be read for it (see `Capabilities::addressable`);
                 // a key with leading whitespace is a whole directory the store cannot reach.
                 // Every directory above it holds a key not shown.
-                hidden.extend((0..segments.len()).map(|i| dir_key(root, &segments[..i])));
+                hidden.extend(names::ancestors(root, &m.key));
                 continue;
             }
             // A key with a segment that is not a valid file name is never exposed (see
@@ -124,7 +124,7 @@ impl Fs {
             let valid = segments.iter().take_while(|s| names::valid_segment(s)).count();
             count += usize::from(valid == segments.len());
             if valid < segments.len() {
-                hidden.extend((0..=valid).map(|i| dir_key(root, &segments[..i])));
+                hidden.extend(names::ancestors(root, &m.key));
             }
             let mut parent = String::new();
             for (i, seg) in segments[..valid].iter().enumerate() {
@@ -267,11 +267,6 @@ impl Fs {
         self.trim_names();
         inos
     }
-}
-
-/// The key of the directory `segments` (names below `root`, a directory key) name.
-fn dir_key(root: &str, segments: &[&str]) -> String {
-    segments.iter().fold(root.to_string(), |k, s| format!("{k}{s}/"))
 }
 
 /// The key of the directory holding directory `key` (both relative to a subtree's root,

@@ -269,6 +269,15 @@ async fn only_empty_directory_markers_are_made_on_the_other_side() {
     assert_eq!(jobs, [(PathBuf::from("out/a/x"), false), (PathBuf::from("out/e"), true)]);
 }
 
+/// Where each job of a download writes, relative to `base`.
+fn local_targets(jobs: &[plan::Job], base: &Path) -> Vec<PathBuf> {
+    let target = |j: &plan::Job| match &j.dst {
+        Dst::Local(p) => p.strip_prefix(base).unwrap().to_path_buf(),
+        _ => panic!("a local destination"),
+    };
+    jobs.iter().map(target).collect()
+}
+
 /// A key that is not a safe local path is skipped and named; the rest of the prefix is
 /// still copied (one such key used to fail the whole `cp -r`).
 #[tokio::test]
@@ -281,14 +290,7 @@ async fn unsafe_keys_are_skipped_and_the_rest_is_copied() {
     let d = temp_dir("unsafe-keys");
     let walk = Walk { recursive: true, follow_symlinks: true };
     let out = plan::expand(vec![Side::Remote(r)], Side::Local(d.join("out")), walk).await.unwrap();
-    let mut jobs: Vec<PathBuf> = out
-        .jobs
-        .iter()
-        .map(|j| match &j.dst {
-            Dst::Local(p) => p.strip_prefix(&d).unwrap().to_path_buf(),
-            _ => panic!("a local destination"),
-        })
-        .collect();
+    let mut jobs = local_targets(&out.jobs, &d);
     jobs.sort();
     assert_eq!(jobs, [PathBuf::from("out/ok"), PathBuf::from("out/sub/z")]);
     let mut skipped: Vec<String> = out.skipped.iter().map(|s| s.path.display().to_string()).collect();
@@ -308,13 +310,6 @@ async fn a_source_named_dot_dot_never_leads_out_of_the_destination() {
     std::fs::create_dir(d.join("out")).unwrap();
     let walk = Walk { recursive: true, follow_symlinks: true };
     let out = plan::expand(vec![Side::Remote(r)], Side::Local(d.join("out")), walk).await.unwrap();
-    let jobs: Vec<PathBuf> = out
-        .jobs
-        .iter()
-        .map(|j| match &j.dst {
-            Dst::Local(p) => p.strip_prefix(&d).unwrap().to_path_buf(),
-            _ => panic!("a local destination"),
-        })
-        .collect();
+    let jobs = local_targets(&out.jobs, &d);
     assert_eq!(jobs, [PathBuf::from("out/x")]);
 }
