@@ -298,16 +298,17 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
     """With --metadata-ttl 1, what the mount knows answers once the TTL ran out and the store
     hangs (SIGSTOP): each call returns within 5 s, with what the mount knew: stat of a file,
     listdir of a listed directory (and of a subdirectory listed with it), unlink of a file, a
-    new file in a listed directory, a read of a file read before. (A rename of an uploaded
-    file moves its object in the store: it waits for the store, as SEMANTICS.md says.) When
-    the store continues, `bucketfs sync` exits 0 and the bucket matches the mount."""
+    rename of a file in the bucket (its move is journaled and sent once the store answers),
+    a new file in a listed directory, a read of a file read before. When the store
+    continues, `bucketfs sync` exits 0 and the bucket matches the mount."""
     pm = hung_minio
     bucket = pm.new_bucket()
     mp = mount(pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "0", "--metadata-ttl", "1"))
     try:
         p = lambda *a: os.path.join(mp, *a)  # noqa: E731
         os.makedirs(p("d", "sub"))
-        names = {"st": b"to be stat'ed", "un": b"to be unlinked", "rd": b"read before and after"}
+        names = {"st": b"to be stat'ed", "un": b"to be unlinked", "rd": b"read before and after",
+                 "mv": b"renamed during the hang"}
         for n, data in names.items():
             write_file(p("d", n), data)
         write_file(p("d", "sub", "inner"), b"inner")
@@ -321,6 +322,7 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
             op("listdir of a listed directory", lambda: sorted(os.listdir(p("d"))))
             op("listdir of its subdirectory", lambda: os.listdir(p("d", "sub")))
             op("unlink of a known file", lambda: os.unlink(p("d", "un")))
+            op("rename of a file in the bucket", lambda: os.rename(p("d", "mv"), p("d", "moved")))
             op("a new file in a listed directory", lambda: write_file(p("d", "new"), b"made during the hang"))
             op("read of a file read before", lambda: read_file(p("d", "rd")))
         stalled = stalled_calls(outs, 150)
@@ -339,7 +341,8 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
         else:
             files, _ = mount_view(mp)
             got = {k: md5(v) for k, v in files_only(pm.objects(bucket)).items()}
-            want = {f"d/{n}": md5(v) for n, v in names.items() if n != "un"}
+            want = {f"d/{n}": md5(v) for n, v in names.items() if n not in ("un", "mv")}
+            want["d/moved"] = md5(names["mv"])
             want.update({"d/new": md5(b"made during the hang"), "d/sub/inner": md5(b"inner")})
             if got != want or files != want:
                 problems.append(f"after the hang: bucket {sorted(got.items())}, mount {sorted(files.items())}, "

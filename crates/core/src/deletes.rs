@@ -27,6 +27,12 @@
 //! then, if only an object with given MD5s is to go, NUL and those MD5s in hex, comma-separated. One key
 //! has at most one pending change: a later one takes the place of one not yet sent, or
 //! goes out after the one in flight.
+//!
+//! A rename of a file in the bucket goes the same way ([`DeferredDeletes::defer_move`]):
+//! pending under its new key, it copies the old key's object there and then deletes the
+//! old key, and every request that could see either key waits for it. Its entry is `v`,
+//! NUL, the new key, NUL, the old key: one entry, so a crash can never leave the delete
+//! without the copy before it.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -99,6 +105,8 @@ enum Op {
     Delete,
     /// Create the directory marker (`mkdir`).
     Marker,
+    /// Copy [`Pending::source`] to the key, then delete the source (a file's rename).
+    Move,
 }
 
 struct Pending {
@@ -119,6 +127,8 @@ struct Pending {
     not_before: Option<Instant>,
     /// Delete only an object with one of these MD5s (see [`delete_if_ours`]).
     only: Option<Vec<[u8; 16]>>,
+    /// [`Op::Move`]'s old key: a request that could see it waits as for the key itself.
+    source: Option<String>,
 }
 
 /// The store seen by the mount in write-back mode; see the module doc.
@@ -191,16 +201,23 @@ impl DeferredDeletes {
             }
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(text)) if !text.is_empty() => {
-                    let (op, again, key, only) = match text.split_once('\0') {
-                        Some(("m", key)) => (Op::Marker, false, key.to_string(), None),
+                    let (op, again, key, only, source) = match text.split_once('\0') {
+                        Some(("m", key)) => (Op::Marker, false, key.to_string(), None, None),
                         Some(("l", rest)) => match rest.split_once('\0') {
-                            Some((key, md5s)) => (Op::Delete, true, key.to_string(), parse_md5s(md5s)),
-                            None => (Op::Delete, true, rest.to_string(), None),
+                            Some((key, md5s)) => (Op::Delete, true, key.to_string(), parse_md5s(md5s), None),
+                            None => (Op::Delete, true, rest.to_string(), None, None),
                         },
-                        _ => (Op::Delete, false, text, None),
+                        Some(("v", rest)) => match rest.split_once('\0') {
+                            Some((to, from)) => (Op::Move, false, to.to_string(), None, Some(from.to_string())),
+                            None => {
+                                let _ = std::fs::remove_file(&path); // never written so
+                                continue;
+                            }
+                        },
+                        _ => (Op::Delete, false, text, None, None),
                     };
                     tracing::info!(%key, ?op, "change left pending by an earlier mount: sending it");
-                    p.insert(key, Pending { op, again, only, ..Pending::new(path) });
+                    p.insert(key, Pending { op, again, only, source, ..Pending::new(path) });
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -251,13 +268,58 @@ impl DeferredDeletes {
         self.defer_op(key, Op::Marker, false, None).await
     }
 
+    /// Journal the rename of file `from` to `to` and return `true`; the copy and the delete
+    /// go in the background (see the module doc). `false`, with nothing done, where it
+    /// cannot wait: no journal, or a change of either key still pending (the caller moves
+    /// the object itself, which sends that change first).
+    pub async fn defer_move(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+        let Some(dir) = &self.journal_dir else { return Ok(false) };
+        let busy = |p: &BTreeMap<String, Pending>| {
+            let hit = |k: &str| k == from || k == to;
+            p.iter().any(|(k, e)| hit(k) || e.source.as_deref().is_some_and(hit))
+        };
+        if busy(&self.pending.lock().unwrap()) {
+            return Ok(false);
+        }
+        let path = self.new_entry(dir);
+        if let Err(e) = crate::recycle::write(&path, format!("v\0{to}\0{from}").as_bytes()) {
+            tracing::warn!(%from, %to, "journaling a rename failed ({e}): moving the object now");
+            return Ok(false);
+        }
+        let mut p = self.pending.lock().unwrap();
+        if busy(&p) {
+            // A change of either key was journaled meanwhile: the caller's move sends it first.
+            drop(p);
+            let _ = crate::recycle::remove(&path);
+            return Ok(false);
+        }
+        p.insert(to.to_string(), Pending { op: Op::Move, source: Some(from.to_string()), ..Pending::new(path) });
+        drop(p);
+        self.work.notify_one();
+        Ok(true)
+    }
+
+    /// A name for a new journal entry in `dir`, unique across processes: a mount started
+    /// after a crash may get the same pid, and must not write over an entry it adopted.
+    fn new_entry(&self, dir: &Path) -> PathBuf {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        dir.join(format!("{:x}-{:x}-{:x}", std::process::id(), self.started, seq))
+    }
+
     async fn defer_op(&self, key: &str, op: Op, again: bool, only: Option<Vec<[u8; 16]>>) -> Result<(), StoreError> {
         let Some(dir) = &self.journal_dir else { return self.apply(key, op, only.as_deref()).await };
+        // A delete of a file renamed here whose move is still pending: its old key goes too
+        // (journaled first, so a crash in between leaves both deletes or the move).
+        let moved_from = self.pending.lock().unwrap().get(key).and_then(|e| e.source.clone());
+        if let Some(from) = moved_from.filter(|_| op == Op::Delete) {
+            Box::pin(self.defer_op(&from, Op::Delete, false, None)).await?;
+        }
         let text = match (op, &only) {
             (Op::Delete, Some(md5s)) if again => format!("l\0{key}\0{}", hex_md5s(md5s)),
             (Op::Delete, _) if again => format!("l\0{key}"),
             (Op::Delete, _) => key.to_string(),
             (Op::Marker, _) => format!("m\0{key}"),
+            (Op::Move, _) => unreachable!("a move is journaled by `defer_move`"),
         };
         // A change already pending for the key keeps its journal entry, rewritten in one
         // step (a crash leaves the old change or the new one, never both). Its generation
@@ -267,16 +329,7 @@ impl DeferredDeletes {
             e.gen += 1;
             e.journal.clone()
         });
-        // Unique across processes: a mount started after a crash may get the same pid, and
-        // must not write over an entry it adopted.
-        let path = existing.unwrap_or_else(|| {
-            dir.join(format!(
-                "{:x}-{:x}-{:x}",
-                std::process::id(),
-                self.started,
-                self.seq.fetch_add(1, Ordering::Relaxed)
-            ))
-        });
+        let path = existing.unwrap_or_else(|| self.new_entry(dir));
         if let Err(e) = crate::recycle::write(&path, text.as_bytes()) {
             tracing::warn!(%key, ?op, "journaling a change failed ({e}): sending it now");
             return self.apply(key, op, only.as_deref()).await;
@@ -286,7 +339,7 @@ impl DeferredDeletes {
             // The later change takes the place of the pending one; one in flight ends first
             // (its end sees the new generation and leaves this pending).
             Some(e) if e.journal == path => {
-                (e.op, e.again, e.only, e.gen) = (op, again, only, e.gen + 1);
+                (e.op, e.again, e.only, e.gen, e.source) = (op, again, only, e.gen + 1, None);
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
             }
             _ => {
@@ -317,7 +370,11 @@ impl DeferredDeletes {
                     let text = f.as_ref().map_or(e.to_string(), |(_, err)| err.to_string());
                     text.split_once(": ").map_or(text.clone(), |(_, why)| why.to_string())
                 };
-                p.iter().map(|(k, entry)| (k.clone(), format!("delete not done yet: {}", why(&entry.failed)))).collect()
+                let what = |e: &Pending| match e.op {
+                    Op::Move => format!("rename from {} not done yet", e.source.as_deref().unwrap_or_default()),
+                    _ => "delete not done yet".to_string(),
+                };
+                p.iter().map(|(k, entry)| (k.clone(), format!("{}: {}", what(entry), why(&entry.failed)))).collect()
             }
         };
         failed.append(&mut self.refused.lock().unwrap());
@@ -346,16 +403,43 @@ impl DeferredDeletes {
         match op {
             Op::Delete => delete_if_ours(self.inner.as_ref(), key, only).await,
             Op::Marker => self.inner.create_dir(key).await,
+            Op::Move => unreachable!("sent by `send`, with its source"),
         }
     }
 
-    /// One attempt at `key`'s pending change (marked in flight by the caller).
-    async fn send(&self, key: String) {
-        let Some((op, gen, only)) = self.pending.lock().unwrap().get(&key).map(|e| (e.op, e.gen, e.only.clone()))
+    /// [`Op::Move`]: copy `from` to `to`, then delete `from`. Idempotent: a source already
+    /// gone was copied before (a crash after the delete), or deleted by another client.
+    async fn apply_move(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        match self.inner.copy(from, to).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
+            r => r?,
+        }
+        match self.inner.delete(from).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+
+    /// One attempt at `key`'s pending change (marked in flight by the caller). Boxed: it
+    /// may wait for a rename from the key, whose send it spawns (a type holding itself).
+    fn send(&self, key: String) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.send_now(key))
+    }
+
+    async fn send_now(&self, key: String) {
+        let Some((op, gen, only, source)) =
+            self.pending.lock().unwrap().get(&key).map(|e| (e.op, e.gen, e.only.clone(), e.source.clone()))
         else {
             return;
         };
-        let r = self.apply(&key, op, only.as_deref()).await;
+        // A rename pending from this key goes first: a change of the key before it would
+        // delete or replace the file being moved.
+        let moved_first = self.drain_where(|_, e| e.source.as_deref() == Some(key.as_str())).await;
+        let r = match (moved_first, source) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(from)) => self.apply_move(&from, &key).await,
+            (Ok(()), None) => self.apply(&key, op, only.as_deref()).await,
+        };
         let mut p = self.pending.lock().unwrap();
         let Some(e) = p.get_mut(&key) else { return };
         if e.gen != gen {
@@ -369,7 +453,7 @@ impl DeferredDeletes {
         match r {
             Err(err) if err.kind == StoreErrorKind::Unavailable || err.kind == StoreErrorKind::RateLimited => {
                 e.attempts += 1;
-                tracing::warn!(%key, attempts = e.attempts, "deferred delete failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
+                tracing::warn!(%key, ?op, attempts = e.attempts, "deferred change failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
                 let now = Instant::now();
                 e.next_try = now + retry_backoff(e.attempts);
                 e.failed = Some((now, err));
@@ -391,6 +475,11 @@ impl DeferredDeletes {
                         tracing::error!(%key, "the store refused the marker of a directory made here; the directory is not in the bucket: {err}");
                         self.refused.lock().unwrap().push((key.clone(), format!("directory marker refused: {err}")));
                     }
+                    (Err(err), Op::Move) => {
+                        let from = e.source.as_deref().unwrap_or_default();
+                        tracing::error!(%key, %from, "the store refused the move of a file renamed here; it is still under its old name in the bucket: {err}");
+                        self.refused.lock().unwrap().push((key.clone(), format!("rename from {from} refused: {err}")));
+                    }
                     _ => {}
                 }
                 if let Some(e) = p.remove(&key) {
@@ -406,6 +495,12 @@ impl DeferredDeletes {
     /// Wait until no pending delete's key satisfies `hit`, sending due ones now. An outage
     /// that keeps one pending gives its error (once an attempt made since has failed).
     async fn drain(&self, hit: impl Fn(&str) -> bool) -> Result<(), StoreError> {
+        // A pending rename is seen under its old key as well.
+        self.drain_where(|k, e| hit(k) || e.source.as_deref().is_some_and(&hit)).await
+    }
+
+    /// [`DeferredDeletes::drain`] of the entries `hit` takes (key, entry).
+    async fn drain_where(&self, hit: impl Fn(&str, &Pending) -> bool) -> Result<(), StoreError> {
         let started = Instant::now();
         loop {
             let changed = self.changed.notified();
@@ -418,7 +513,7 @@ impl DeferredDeletes {
                 // not sent would stay in flight for good (its key never deleted, every
                 // listing over it waiting).
                 let mut any = false;
-                for (_, e) in p.iter().filter(|(k, _)| hit(k)) {
+                for (_, e) in p.iter().filter(|(k, e)| hit(k, e)) {
                     any = true;
                     if let Some((_, err)) = e.failed.as_ref().filter(|(at, _)| *at >= started && !e.in_flight) {
                         return Err(err.clone());
@@ -429,7 +524,7 @@ impl DeferredDeletes {
                 }
                 let now = Instant::now();
                 for (k, e) in
-                    p.iter_mut().filter(|(k, e)| hit(k) && !e.in_flight && e.not_before.is_none_or(|t| t <= now))
+                    p.iter_mut().filter(|(k, e)| hit(k, e) && !e.in_flight && e.not_before.is_none_or(|t| t <= now))
                 {
                     e.in_flight = true;
                     send.push(k.clone());
@@ -484,6 +579,7 @@ impl Pending {
             again: false,
             not_before: None,
             only: None,
+            source: None,
         }
     }
 

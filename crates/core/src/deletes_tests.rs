@@ -270,3 +270,41 @@ async fn rmdir_of_a_directory_holding_only_keys_not_shown_fails() {
         assert_eq!(keys(mem.as_ref()).await, ["d//y", "e/../z", "k//"], "ahead {ahead}");
     }
 }
+
+/// docs/SEMANTICS.md "What waits for the store": in write-back mode a rename of a file in
+/// the bucket answers locally. Here no copy succeeds (the store is down for them), yet the
+/// renames return and the mount shows them; then a "crash", and the next mount finishes
+/// every move before anything sees the keys, in order: a file unlinked after its rename
+/// leaves neither name, and a file made again under the old name keeps its new bytes.
+#[tokio::test]
+async fn a_rename_of_an_uploaded_file_waits_for_no_copy_and_a_crash_finishes_it() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("deferred-move");
+    {
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Copy, 1, 1_000_000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg(&dir, 0));
+        fs.start_write_back();
+        uploaded_files(&fs, 3).await;
+        fs.rename(ROOT_INO, "f00", ROOT_INO, "g", false).await.expect("the rename waited for its copy");
+        fs.rename(ROOT_INO, "f01", ROOT_INO, "h", false).await.unwrap();
+        fs.unlink(ROOT_INO, "h").await.unwrap();
+        fs.rename(ROOT_INO, "f02", ROOT_INO, "g2", false).await.unwrap();
+        write_file(&fs, "f02", b"new").await;
+        assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "f02", "g", "g2"]);
+        assert!(fs.lookup(ROOT_INO, "f00").await.is_err());
+        assert_eq!(fs.lookup(ROOT_INO, "g").await.unwrap().size, 3);
+        assert!(!fs.sync_write_back().await.is_empty(), "sync says the moves are not done");
+    } // the "crash"
+    assert!(object(mem.as_ref(), "g").await.is_none());
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    // The moves are done first; the new `f02` goes up with the recovery, after its move.
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "g", "g2"]);
+    let (done, failed) = fs.recover_staged().await;
+    assert!(done.contains(&"f02".to_string()) && failed.is_empty(), "{done:?} {failed:?}");
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["f02", "g", "g2"]);
+    assert_eq!(object(mem.as_ref(), "g").await.as_deref(), Some(&b"f00"[..]));
+    assert_eq!(object(mem.as_ref(), "g2").await.as_deref(), Some(&b"f02"[..]));
+    assert_eq!(object(mem.as_ref(), "f02").await.as_deref(), Some(&b"new"[..]));
+}

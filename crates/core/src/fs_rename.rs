@@ -119,12 +119,13 @@ impl Fs {
         }
         tracing::debug!(ino = src.ino, from = %src.key, to = %new_key, "rename");
         // Whether the object under the new key holds the bytes of the version the node knew
-        // (else the rename uploaded newer ones: nothing cached of the old one may follow).
+        // (else the rename uploaded newer ones: nothing cached of the old one may follow);
+        // `None`: the object moves in the background (write-back), nothing to learn yet.
         let same_bytes = match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key, discard_after).await?,
             Kind::Dir => {
                 self.move_dir(&src, &new_key).await?;
-                true
+                Some(true)
             }
         };
         if took_object {
@@ -174,6 +175,12 @@ impl Fs {
                     n.version = Version::Unknown;
                 }
             }
+            if same_bytes.is_none() {
+                // The copy's identity is asked for at the next open, which waits for the move.
+                if let Some(n) = t.get_mut(src.ino).filter(|n| !n.local) {
+                    n.version = Version::Unknown;
+                }
+            }
             t.relist(src.ino);
         }
         moving.done = true;
@@ -182,10 +189,11 @@ impl Fs {
             self.rekey_staged_below(&new_key).await;
         }
         match src.kind {
+            Kind::File if same_bytes.is_none() => {} // moved in the background: learnt at the next open
             Kind::File if self.pending_here(src.ino).await => {} // no object to learn from yet
             Kind::File => {
                 let old_identity = open_moved.remove(&src.ino).unwrap_or_else(|| src.identity());
-                self.learn_moved(src.ino, &src.key, &old_identity, same_bytes).await
+                self.learn_moved(src.ino, &src.key, &old_identity, same_bytes == Some(true)).await
             }
             Kind::Dir => {
                 // Handles open on files below read the moved objects from now on (their old
@@ -326,9 +334,15 @@ impl Fs {
     }
 
     /// `replaced`: the target's staged file, if write-back keeps it until the move is done.
-    /// `Ok(false)` if it uploaded the staged file's bytes (changed since the version the
-    /// node knew), `Ok(true)` if the object moved as it was.
-    async fn move_file(&self, src: &crate::inode::Node, new_key: &str, replaced: Option<u64>) -> Result<bool, FsError> {
+    /// `Some(false)` if it uploaded the staged file's bytes (changed since the version the
+    /// node knew), `Some(true)` if the object moved as it was, `None` if it moves in the
+    /// background ([`Fs::defer_move`]).
+    async fn move_file(
+        &self,
+        src: &crate::inode::Node,
+        new_key: &str,
+        replaced: Option<u64>,
+    ) -> Result<Option<bool>, FsError> {
         if let Some(staged) = self.staging.get(src.ino) {
             let mut st = staged.lock().await;
             self.observe(src.ino, &mut st)?;
@@ -363,7 +377,7 @@ impl Fs {
                 let named = st.set_key(new_key);
                 st.set_create_only(false);
                 drop(journal);
-                return named.map(|()| false);
+                return named.map(|()| Some(false));
             }
             if st.dirty && !st.unlinked && st.in_store && self.store.capabilities().moves {
                 // Changed since its upload: the new bytes go up under the old name, then the
@@ -371,7 +385,7 @@ impl Fs {
                 st.upload(self.store.as_ref(), &src.key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
                 self.store.rename(&src.key, new_key).await?;
-                return Ok(false);
+                return Ok(Some(false));
             }
             if st.dirty && !st.unlinked {
                 // Not in the bucket yet (or changed): upload straight to the new name, which
@@ -384,15 +398,19 @@ impl Fs {
                     name_staged(&mut st, new_key);
                 }
                 drop(st);
-                let Some(old) = old else { return Ok(false) };
+                let Some(old) = old else { return Ok(Some(false)) };
                 match self.delete_removed(&src.key, old).await {
                     Err(FsError::Store(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
                     Err(e @ FsError::Local(_)) => return Err(e),
-                    _ => return Ok(false),
+                    _ => return Ok(Some(false)),
                 }
             }
         }
-        let journal = self.move_object(&src.key, new_key, replaced).await?;
+        let deferred = self.defer_move(src, new_key).await?;
+        let journal = match deferred {
+            true => None,
+            false => Some(self.move_object(&src.key, new_key, replaced).await?),
+        };
         if let Some(staged) = self.staging.get(src.ino) {
             // Its sidecar may still name the old key (a file the kernel writes keeps it
             // named): renamed before the journal entry goes, so recovery never uploads it there.
@@ -402,7 +420,21 @@ impl Fs {
             }
         }
         drop(journal);
-        Ok(true)
+        Ok((!deferred).then_some(true))
+    }
+
+    /// In write-back mode, journal the move of `src`'s object to `new_key` and leave it to
+    /// the background (deletes.rs), so the rename waits for no store. Only for a file no
+    /// handle has open (a reader's handle reads the moved object at once) on a store that
+    /// moves by copy and delete; `false` where the caller moves it now.
+    async fn defer_move(&self, src: &crate::inode::Node, new_key: &str) -> Result<bool, FsError> {
+        let Some(d) = self.deletes.as_ref().filter(|_| self.write_back() && !self.store.capabilities().moves) else {
+            return Ok(false);
+        };
+        if self.node(src.ino)?.opens > 0 {
+            return Ok(false);
+        }
+        Ok(d.defer_move(&src.key, new_key).await?)
     }
 
     /// Move one object: in one request where the store moves (Drive), else copy, then

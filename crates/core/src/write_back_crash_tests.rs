@@ -15,26 +15,37 @@ use crate::fs::{Fs, FsConfig, ROOT_INO};
 
 /// `mv a b` over a pending `b` dies between the copy of `a` and its delete: the next mount
 /// must not recover `b`'s old staged bytes over the copy (then `a` was lost once deleted).
+/// With a handle open on `a` the rename moves the object itself (and fails at the delete);
+/// without, it journals the move and returns, and the next mount finishes it.
 #[tokio::test]
 async fn a_rename_over_a_pending_file_that_dies_midway_keeps_the_source() {
-    let mem = Arc::new(MemStore::new());
-    mem.put("a", bytes::Bytes::from_static(b"source"), Default::default()).await.unwrap();
-    let dir = staging("rename-crash");
-    {
-        let down = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1_000_000, StoreErrorKind::Unavailable));
-        let fs = Fs::new(down, cfg(&dir, 60_000));
+    for open_a in [true, false] {
+        let mem = Arc::new(MemStore::new());
+        mem.put("a", bytes::Bytes::from_static(b"source"), Default::default()).await.unwrap();
+        let dir = staging(&format!("rename-crash-{open_a}"));
+        {
+            let down = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1_000_000, StoreErrorKind::Unavailable));
+            let fs = Fs::new(down, cfg(&dir, 60_000));
+            fs.start_write_back();
+            write_file(&fs, "b", b"old b").await;
+            let a = fs.lookup(ROOT_INO, "a").await.unwrap().ino;
+            let _fh = if open_a { Some(fs.open(a, false, false).await.unwrap()) } else { None };
+            let renamed = fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await;
+            assert_eq!(renamed.is_err(), open_a, "the source's delete fails, or the move is journaled");
+        } // the "crash"
+        let copied = object(mem.as_ref(), "b").await;
+        assert_eq!(copied.as_deref(), open_a.then_some(&b"source"[..]), "copied only by the rename itself");
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+        let (done, failed) = fs.recover_staged().await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert!(!done.contains(&"b".to_string()), "b's replaced bytes were recovered over the copy");
         fs.start_write_back();
-        write_file(&fs, "b", b"old b").await;
-        fs.lookup(ROOT_INO, "a").await.unwrap();
-        assert!(fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await.is_err(), "the source's delete fails");
-    } // the "crash"
-    assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"source", "copied");
-    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
-    let (done, failed) = fs.recover_staged().await;
-    assert!(failed.is_empty(), "{failed:?}");
-    assert!(!done.contains(&"b".to_string()), "b's replaced bytes were recovered over the copy");
-    assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"source");
-    assert_eq!(object(mem.as_ref(), "a").await.unwrap(), b"source", "the source is still there");
+        assert!(fs.sync_write_back().await.is_empty());
+        assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"source");
+        // A failed rename leaves the source; a journaled one is finished.
+        let source = object(mem.as_ref(), "a").await;
+        assert_eq!(source.as_deref(), open_a.then_some(&b"source"[..]), "open_a {open_a}");
+    }
 }
 
 /// A delete journaled by a write-back mount that died is finished by the next mount even
