@@ -102,8 +102,8 @@ pub struct CpArgs {
     #[arg(long)]
     no_follow_symlinks: bool,
     /// Exit 0 when paths were skipped (FIFOs, sockets, devices, dangling symlinks, symlink
-    /// loops, symlinks with --no-follow-symlinks). They are named on stderr either way;
-    /// without this flag the exit status is then 2.
+    /// loops, symlinks with --no-follow-symlinks, keys that are not safe local paths). They
+    /// are named on stderr either way; without this flag the exit status is then 2.
     #[arg(long)]
     skip_special: bool,
     #[command(flatten)]
