@@ -332,6 +332,8 @@ impl DeferredDeletes {
         let path = existing.unwrap_or_else(|| self.new_entry(dir));
         if let Err(e) = crate::recycle::write(&path, text.as_bytes()) {
             tracing::warn!(%key, ?op, "journaling a change failed ({e}): sending it now");
+            // After a move pending to the key (else the move would bring it back).
+            self.drain_key(key).await?;
             return self.apply(key, op, only.as_deref()).await;
         }
         let mut p = self.pending.lock().unwrap();
@@ -416,7 +418,8 @@ impl DeferredDeletes {
         }
         match self.inner.delete(from).await {
             Err(e) if e.kind == StoreErrorKind::NotFound => Ok(()),
-            r => r,
+            Err(e) => Err(StoreError { message: format!("copied, but the old key stays: {}", e.message), ..e }),
+            Ok(()) => Ok(()),
         }
     }
 
@@ -477,7 +480,7 @@ impl DeferredDeletes {
                     }
                     (Err(err), Op::Move) => {
                         let from = e.source.as_deref().unwrap_or_default();
-                        tracing::error!(%key, %from, "the store refused the move of a file renamed here; it is still under its old name in the bucket: {err}");
+                        tracing::error!(%key, %from, "the store refused the move of a file renamed here; the bucket keeps the old name: {err}");
                         self.refused.lock().unwrap().push((key.clone(), format!("rename from {from} refused: {err}")));
                     }
                     _ => {}

@@ -189,11 +189,13 @@ impl Fs {
             self.rekey_staged_below(&new_key).await;
         }
         match src.kind {
-            Kind::File if same_bytes.is_none() => {} // moved in the background: learnt at the next open
+            // Moved in the background: learnt at the next open. (A handle opened during the
+            // rename reads from the old key: learn now, which waits for the move.)
+            Kind::File if same_bytes.is_none() && !open_moved.contains_key(&src.ino) => {}
             Kind::File if self.pending_here(src.ino).await => {} // no object to learn from yet
             Kind::File => {
                 let old_identity = open_moved.remove(&src.ino).unwrap_or_else(|| src.identity());
-                self.learn_moved(src.ino, &src.key, &old_identity, same_bytes == Some(true)).await
+                self.learn_moved(src.ino, &src.key, &old_identity, same_bytes != Some(false)).await
             }
             Kind::Dir => {
                 // Handles open on files below read the moved objects from now on (their old
@@ -408,7 +410,14 @@ impl Fs {
         }
         let deferred = self.defer_move(src, new_key).await?;
         let journal = match deferred {
-            true => None,
+            true => {
+                // The move replaces the target: its staged bytes must not be recovered
+                // over the copy should the mount die before they are discarded.
+                if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
+                    dst.lock().await.drop_key();
+                }
+                None
+            }
             false => Some(self.move_object(&src.key, new_key, replaced).await?),
         };
         if let Some(staged) = self.staging.get(src.ino) {
@@ -425,13 +434,14 @@ impl Fs {
 
     /// In write-back mode, journal the move of `src`'s object to `new_key` and leave it to
     /// the background (deletes.rs), so the rename waits for no store. Only for a file no
-    /// handle has open (a reader's handle reads the moved object at once) on a store that
-    /// moves by copy and delete; `false` where the caller moves it now.
+    /// handle has open (a reader's handle reads the moved object at once) and with no
+    /// staged file (its sidecar names a key, and it keeps the node's version) on a store
+    /// that moves by copy and delete; `false` where the caller moves it now.
     async fn defer_move(&self, src: &crate::inode::Node, new_key: &str) -> Result<bool, FsError> {
         let Some(d) = self.deletes.as_ref().filter(|_| self.write_back() && !self.store.capabilities().moves) else {
             return Ok(false);
         };
-        if self.node(src.ino)?.opens > 0 {
+        if self.node(src.ino)?.opens > 0 || self.staging.contains(src.ino) {
             return Ok(false);
         }
         Ok(d.defer_move(&src.key, new_key).await?)
