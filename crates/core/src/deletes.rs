@@ -274,10 +274,7 @@ impl DeferredDeletes {
     /// the object itself, which sends that change first).
     pub async fn defer_move(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         let Some(dir) = &self.journal_dir else { return Ok(false) };
-        let busy = |p: &BTreeMap<String, Pending>| {
-            let hit = |k: &str| k == from || k == to;
-            p.iter().any(|(k, e)| hit(k) || e.source.as_deref().is_some_and(hit))
-        };
+        let busy = |p: &BTreeMap<String, Pending>| p.iter().any(|(k, e)| e.seen(k, |x| x == from || x == to));
         if busy(&self.pending.lock().unwrap()) {
             return Ok(false);
         }
@@ -498,8 +495,7 @@ impl DeferredDeletes {
     /// Wait until no pending delete's key satisfies `hit`, sending due ones now. An outage
     /// that keeps one pending gives its error (once an attempt made since has failed).
     async fn drain(&self, hit: impl Fn(&str) -> bool) -> Result<(), StoreError> {
-        // A pending rename is seen under its old key as well.
-        self.drain_where(|k, e| hit(k) || e.source.as_deref().is_some_and(&hit)).await
+        self.drain_where(|k, e| e.seen(k, &hit)).await
     }
 
     /// [`DeferredDeletes::drain`] of the entries `hit` takes (key, entry).
@@ -584,6 +580,12 @@ impl Pending {
             only: None,
             source: None,
         }
+    }
+
+    /// Whether `hit` takes this entry, pending under `key`: a pending rename is seen under
+    /// its old key as well.
+    fn seen(&self, key: &str, hit: impl Fn(&str) -> bool) -> bool {
+        hit(key) || self.source.as_deref().is_some_and(hit)
     }
 
     fn forget_journal(self) {
