@@ -76,18 +76,20 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
         }
         _ => {}
     }
-    let listener = tokio::net::UnixListener::bind(&path)
-        .map_err(|e| format!("cannot listen on {}: {e} (is the directory writable?)", path.display()))?;
     let mut router = tonic::transport::Server::builder()
         .add_service(pb::identity_server::IdentityServer::new(identity::Identity { mode: cfg.mode }));
     if cfg.mode != Mode::Controller {
         let node = node::Node::new(&cfg)?;
-        node.adopt();
+        node.adopt().await;
         router = router.add_service(pb::node_server::NodeServer::new(node));
     }
     if cfg.mode != Mode::Node {
         router = router.add_service(pb::controller_server::ControllerServer::new(controller::Controller));
     }
+    // Listen only once the mounts of an earlier run are adopted: a caller that sees the
+    // socket sees a plugin that knows its mounts.
+    let listener = tokio::net::UnixListener::bind(&path)
+        .map_err(|e| format!("cannot listen on {}: {e} (is the directory writable?)", path.display()))?;
     tracing::info!(endpoint = %path.display(), mode = ?cfg.mode, node = %cfg.node_id, "CSI driver serving");
     let stop = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");

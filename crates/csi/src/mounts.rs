@@ -83,18 +83,8 @@ pub fn is_dead(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED))
 }
 
-/// Whether the mount at `path` answers (a `statfs`, as `df` asks).
-pub fn answers(path: &Path) -> Result<(), String> {
-    match std::fs::metadata(path).and_then(|_| statvfs(path)) {
-        Ok(_) => Ok(()),
-        Err(e) if is_dead(&e) => {
-            Err(format!("the bucketfs process of this mount is gone ({e}); unstage and stage the volume again"))
-        }
-        Err(e) => Err(format!("cannot stat {}: {e}", path.display())),
-    }
-}
-
-/// [`answers`] off the async threads and bounded in time: a hung daemon counts as gone.
+/// Whether the mount at `path` answers (a `statfs`, as `df` asks), off the async threads
+/// and bounded in time: a hung daemon counts as gone.
 pub async fn answers_bounded(path: &Path) -> Result<(), String> {
     match statvfs_bounded(path).await {
         Ok(_) => Ok(()),

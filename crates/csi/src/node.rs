@@ -60,7 +60,8 @@ impl Node {
     }
 
     /// At start: find the mounts an earlier run of the plugin made, and say how each is.
-    pub fn adopt(&self) {
+    /// A hung mount holds the start for at most the stat timeout, then is reported.
+    pub async fn adopt(&self) {
         let Ok(dir) = std::fs::read_dir(self.state.join("volumes")) else { return };
         for entry in dir.flatten() {
             let Ok(rec) = std::fs::read(entry.path())
@@ -70,10 +71,14 @@ impl Node {
                 continue;
             };
             let p = rec.staging_path.display().to_string();
-            match (mounts::mounted_at(&rec.staging_path), mounts::answers(&rec.staging_path)) {
-                (Some(_), Ok(())) => tracing::info!(volume = %rec.volume_id, staging = %p, "adopted a running mount"),
-                (Some(_), Err(e)) => tracing::warn!(volume = %rec.volume_id, staging = %p, "mount found dead: {e}"),
-                (None, _) => tracing::warn!(
+            let answers = match mounts::mounted_at(&rec.staging_path) {
+                Some(_) => Some(mounts::answers_bounded(&rec.staging_path).await),
+                None => None,
+            };
+            match answers {
+                Some(Ok(())) => tracing::info!(volume = %rec.volume_id, staging = %p, "adopted a running mount"),
+                Some(Err(e)) => tracing::warn!(volume = %rec.volume_id, staging = %p, "mount found dead: {e}"),
+                None => tracing::warn!(
                     volume = %rec.volume_id, staging = %p,
                     "staged volume not mounted (the node restarted?); the next stage mounts it"
                 ),
