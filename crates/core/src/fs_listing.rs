@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bucketfs_store::{HeadOpts, ObjectHead, StoreError, StoreErrorKind};
 use futures::StreamExt;
@@ -230,28 +230,32 @@ impl Fs {
             if t.listing_fresh(dir.ino) {
                 return Ok(());
             }
-            t.listing(dir.ino).is_some()
+            t.listing(dir.ino).map(|l| l.at)
         };
-        if !known {
-            return self.list_dir(dir, subdirs_ahead).await;
-        }
+        let Some(stale) = known else { return self.list_dir(dir, subdirs_ahead, None).await };
         let d = dir.clone();
-        match self.refresh_within(false, |me| async move { me.list_dir(&d, subdirs_ahead).await }).await {
+        match self.refresh_within(false, |me| async move { me.list_dir(&d, subdirs_ahead, Some(stale)).await }).await {
             Err(FsError::Store(e)) if self.serve_stale_listing(dir, &e) => Ok(()),
             done => done,
         }
     }
 
-    /// The listing of [`Fs::ensure_listing`].
-    async fn list_dir(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
-        if self.table.lock().unwrap().listing_fresh(dir.ino) {
+    /// The listing of [`Fs::ensure_listing`]. `stale`: when the listing the caller found past
+    /// its TTL was fetched. That one does not count as fresh even if it was renewed since
+    /// (`serve_stale_listing`, as the caller stopped waiting for this refresh): the refresh
+    /// goes on and is recorded.
+    async fn list_dir(&self, dir: &Node, subdirs_ahead: bool, stale: Option<Instant>) -> Result<(), FsError> {
+        let listed = |t: &crate::inode::InodeTable| {
+            t.listing_fresh(dir.ino) && t.listing(dir.ino).is_some_and(|l| Some(l.at) != stale)
+        };
+        if listed(&self.table.lock().unwrap()) {
             return Ok(());
         }
         // One listing of a directory at a time: a walk and the listing ahead often ask for
         // the same one together; the second finds it fresh when the first is done.
         let flight = self.listing_flight(dir.ino);
         let _one = flight.lock().await;
-        if self.table.lock().unwrap().listing_fresh(dir.ino) {
+        if listed(&self.table.lock().unwrap()) {
             // Listed meanwhile by another caller (often the listing ahead, which does not
             // go further down): this one still asks for the next level ahead.
             if subdirs_ahead {
@@ -356,7 +360,7 @@ impl Fs {
     }
 
     /// The lock that lets one listing of directory `ino` run at a time.
-    fn listing_flight(&self, ino: u64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn listing_flight(&self, ino: u64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
         self.listing_flights.lock().unwrap().entry(ino).or_default().clone()
     }
 

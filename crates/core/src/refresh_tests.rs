@@ -85,6 +85,27 @@ async fn a_write_back_mount_answers_what_it_knows_while_the_store_is_slow() {
     tokio::time::timeout(Duration::from_secs(10), settled).await.expect("refreshes still counted overdue");
 }
 
+/// A refresh the caller stopped waiting for still lists and is recorded, though the stale
+/// listing was renewed meanwhile (`serve_stale_listing`): here the refresh waits behind
+/// another listing of the directory until after the renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_given_up_on_is_recorded_though_the_listing_was_renewed() {
+    let (h, d, _) = mount("given-up-refresh", true).await;
+    h.mem.put("d/c", bytes::Bytes::from_static(b"another client's"), Default::default()).await.unwrap();
+    h.clock.advance(Duration::from_secs(2));
+    let flight = h.fs.listing_flight(d);
+    let other_listing = flight.lock().await;
+    let names = tokio::time::timeout(ANSWERED_WITHIN, listed(&h.fs, d)).await;
+    assert_eq!(names.expect("ls waited past the known-answer wait").unwrap(), [".", "..", "a", "b"]);
+    drop(other_listing);
+    let recorded = async {
+        while listed(&h.fs, d).await.unwrap() != [".", "..", "a", "b", "c"] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), recorded).await.expect("the refresh was dropped");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_without_write_back_waits_for_the_store() {
     let (h, d, _) = mount("known-answers-wait", false).await;
