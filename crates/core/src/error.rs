@@ -29,7 +29,7 @@ pub enum FsError {
     #[error("{0}")]
     CrossDevice(String),
     #[error("upload failed, data kept locally: {0}")]
-    UploadFailed(String),
+    UploadFailed(Box<FsError>),
     #[error("local staging failed: {0}")]
     Local(String),
     #[error("{0}")]
@@ -37,6 +37,16 @@ pub enum FsError {
 }
 
 impl FsError {
+    /// The store did not answer (a timeout, a refused connection; its retries ran out),
+    /// as opposed to an answer that refused this one request.
+    pub fn store_unreachable(&self) -> bool {
+        match self {
+            FsError::Store(e) => e.kind == StoreErrorKind::Unavailable,
+            FsError::UploadFailed(e) => e.store_unreachable(),
+            _ => false,
+        }
+    }
+
     /// The one error-to-errno map of bucketfs. docs/SEMANTICS.md lists the same table.
     pub fn errno(&self) -> i32 {
         match self {

@@ -355,7 +355,7 @@ impl Fs {
                 }
                 e => {
                     tracing::warn!(key = %node.key, "upload failed; data kept in staging: {e}");
-                    FsError::UploadFailed(e.to_string())
+                    FsError::UploadFailed(Box::new(e))
                 }
             })?;
         let size = st.size;

@@ -181,7 +181,7 @@ async fn a_failed_upload_is_reported_and_retried_never_dropped() {
     let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
     fs.write(fh, 0, b"precious").await.unwrap();
     assert!(matches!(fs.flush(fh).await, Err(FsError::UploadFailed(_))));
-    assert_eq!(FsError::UploadFailed(String::new()).errno(), libc::EIO);
+    assert_eq!(FsError::UploadFailed(Box::new(FsError::Local(String::new()))).errno(), libc::EIO);
     assert!(fs.release(fh).await.is_err(), "second attempt fails too");
     assert!(fs.staging.contains(attr.ino), "data kept after failed uploads");
     assert_eq!(fs.sync_all().await, Vec::<String>::new(), "third attempt (unmount) succeeds");

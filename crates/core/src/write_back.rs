@@ -59,6 +59,9 @@ struct Entry {
     abort: Option<futures::future::AbortHandle>,
     attempts: u32,
     last_error: Option<(Instant, String)>,
+    /// Its last attempt failed because the store did not answer (its retries ran out):
+    /// every other file would fail the same way (see [`Queue::sync_state`]).
+    store_down: bool,
     /// The store refused its create-only upload (O_EXCL): another client's object holds
     /// the key. Not tried again until the file is committed again or renamed; `bucketfs
     /// sync` names it.
@@ -125,21 +128,33 @@ impl Queue {
     }
 
     /// Of the files a sync begun at `started` waits for (`wanted`): (key, error) of those
-    /// that failed since, and whether any is still to be tried.
+    /// that failed since, and whether any is still to be tried. Once an attempt begun since
+    /// found the store not answering, the files not done are named at once: each would
+    /// wait for a try of its own that fails the same way (20 closes against a dead store
+    /// kept `bucketfs sync` waiting three minutes).
     pub(crate) fn sync_state(&self, wanted: &[u64], started: Instant) -> (Vec<(String, String)>, bool) {
         let (mut failed, mut waiting) = (Vec::new(), false);
         let q = self.entries.lock().unwrap();
+        // Failed in an attempt begun since: an attempt that was hanging when the sync
+        // began (a store that stalled, then came back) is tried again first.
+        let failed_since = |e: &Entry| {
+            e.tried_at.is_some_and(|t| t >= started)
+                && !e.in_flight
+                && e.last_error.as_ref().is_some_and(|(at, _)| *at >= started)
+        };
+        let down = q.values().find(|e| e.store_down && failed_since(e)).map(|e| {
+            let msg = e.last_error.as_ref().map_or("", |(_, m)| m.as_str());
+            format!("not uploaded yet: the store did not answer an upload since the sync began ({}: {msg})", e.key)
+        });
         for ino in wanted {
             let Some(e) = q.get(ino) else { continue };
-            // Failed in an attempt begun since: an attempt that was hanging when the sync
-            // began (a store that stalled, then came back) is tried again first.
-            let tried_since = e.tried_at.is_some_and(|t| t >= started);
             match &e.last_error {
                 Some((_, msg)) if e.refused => failed.push((e.key.clone(), msg.clone())),
-                Some((at, msg)) if *at >= started && tried_since && !e.in_flight => {
-                    failed.push((e.key.clone(), msg.clone()))
-                }
-                _ => waiting = true,
+                Some((_, msg)) if failed_since(e) => failed.push((e.key.clone(), msg.clone())),
+                _ => match &down {
+                    Some(why) => failed.push((e.key.clone(), why.clone())),
+                    None => waiting = true,
+                },
             }
         }
         (failed, waiting)
@@ -159,6 +174,7 @@ impl Queue {
             abort: None,
             attempts: 0,
             last_error: None,
+            store_down: false,
             refused: false,
             resend: false,
             writer_cut: false,
@@ -166,7 +182,7 @@ impl Queue {
         e.key = key;
         e.refused = false;
         (e.resend, e.writer_cut) = (false, false);
-        (e.attempts, e.last_error) = (0, None); // a new version: its own attempts
+        (e.attempts, e.last_error, e.store_down) = (0, None, false); // a new version: its own attempts
         e.bytes = bytes;
         e.due = now + delay;
         e.seq = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
@@ -242,6 +258,7 @@ impl Queue {
                     e.due = Instant::now() + retry_backoff(e.attempts);
                     tracing::warn!(key = %e.key, attempts = e.attempts, "write-back upload failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
                     e.last_error = Some((Instant::now(), err.to_string()));
+                    e.store_down = err.store_unreachable();
                 }
             }
         }

@@ -121,6 +121,52 @@ async fn failing_uploads_stay_queued_and_sync_reports_them() {
     assert_eq!(object(mem.as_ref(), "x").await.unwrap(), b"keep me");
 }
 
+/// Six closed files and a store whose every PUT fails with `kind`, tried one at a time,
+/// of which only `answered` get their answer (the rest wait, as on a store that hangs):
+/// what `sync` names, or `None` if it still waited after `patience`.
+async fn sync_against_failing_puts(
+    name: &str,
+    kind: StoreErrorKind,
+    answered: usize,
+    patience: Duration,
+) -> Option<Vec<(String, String)>> {
+    let failing = Arc::new(FailStore::new(Arc::new(MemStore::new()), Op::Put, 1, u64::MAX, kind));
+    let held = Arc::new(FailStore::new(failing, Op::Put, u64::MAX, 0, StoreErrorKind::Other));
+    let permits = held.hold(Op::Put, 100);
+    let mut c = cfg(&staging(name), 60_000);
+    c.write_back.as_mut().unwrap().parallel = 1;
+    let fs = Fs::new(held.clone(), c);
+    fs.start_write_back();
+    for i in 0..6 {
+        write_file(&fs, &format!("f{i}"), b"staged").await;
+    }
+    permits.add_permits(answered);
+    let mut failed = tokio::time::timeout(patience, fs.sync_write_back()).await.ok()?;
+    failed.sort();
+    Some(failed)
+}
+
+/// A store that does not answer: `sync` names every file once one attempt since it began
+/// says so, rather than waiting for a try of each (minutes each on a store that hangs). A
+/// store that refuses a file for a reason of its own says nothing of the others: each gets
+/// its try.
+#[tokio::test]
+async fn sync_against_a_store_that_does_not_answer_names_every_file_after_one_try() {
+    let failed = sync_against_failing_puts("down", StoreErrorKind::Unavailable, 1, Duration::from_secs(30)).await;
+    let failed = failed.expect("sync waited for every file to be tried");
+    let keys: Vec<_> = failed.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["f0", "f1", "f2", "f3", "f4", "f5"], "{failed:?}");
+    let untried = failed.iter().filter(|(_, why)| why.starts_with("not uploaded yet: the store did not answer"));
+    assert_eq!(untried.count(), 5, "one was tried, five named for it: {failed:?}");
+
+    let refused =
+        sync_against_failing_puts("refused", StoreErrorKind::PermissionDenied, 1, Duration::from_secs(1)).await;
+    assert!(refused.is_none(), "sync answered before each file was tried: {refused:?}");
+    let refused =
+        sync_against_failing_puts("refused-all", StoreErrorKind::PermissionDenied, 6, Duration::from_secs(30)).await;
+    assert_eq!(refused.expect("each file tried").len(), 6);
+}
+
 #[tokio::test]
 async fn unclosed_bytes_are_set_aside_and_closed_ones_recovered_after_a_crash() {
     let mem = Arc::new(MemStore::new());

@@ -58,6 +58,11 @@ impl FailStore {
         permits
     }
 
+    /// How many calls of its op (the one it fails) were made.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
     /// Calls of the op armed by [`FailStore::hold`] not made yet answer at once again.
     /// Returns how many were left.
     pub fn disarm(&self) -> u32 {
