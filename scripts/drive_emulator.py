@@ -196,27 +196,28 @@ def set_properties(f: dict, meta: dict):
             props[k] = str(v)
 
 
-def match_query(f: dict, q: str) -> bool:
+def compile_query(q: str):
+    """A `q` as a predicate on a file, parsed once (a listing tests every file held)."""
+    preds = []
     for clause in [c.strip() for c in re.split(r"\s+and\s+", q) if c.strip()]:
         m = re.fullmatch(r"'([^']*)'\s+in\s+parents", clause)
         if m:
             pid = ROOT_ID if m.group(1) == "root" else m.group(1)
-            if pid not in f["parents"]:
-                return False
+            preds.append(lambda f, pid=pid: pid in f["parents"])
             continue
         m = re.fullmatch(r"trashed\s*=\s*(true|false)", clause)
         if m:
-            if f["trashed"] != (m.group(1) == "true"):
-                return False
+            want = m.group(1) == "true"
+            preds.append(lambda f, want=want: f["trashed"] == want)
             continue
         m = re.fullmatch(r"(name|mimeType)\s*(=|!=)\s*'((?:[^'\\]|\\.)*)'", clause)
         if m:
             val = m.group(3).replace("\\'", "'").replace("\\\\", "\\")
-            if (f.get(m.group(1)) == val) != (m.group(2) == "="):
-                return False
+            field, eq = m.group(1), m.group(2) == "="
+            preds.append(lambda f, field=field, val=val, eq=eq: (f.get(field) == val) == eq)
             continue
         raise ApiError(400, "invalid", f"Invalid Value: unsupported query clause {clause!r}")
-    return True
+    return lambda f: all(p(f) for p in preds)
 
 
 def parse_fields(sel: str) -> dict:
@@ -703,9 +704,10 @@ class Handler(BaseHTTPRequestHandler):
             if corpora == "drive":
                 return f.get("driveId") == drive_id
             return not f.get("driveId") or (all_drives and corpora == "allDrives")
+        match = compile_query(q)
         with d.lock:
             hits = [f for f in d.files.values() if f["id"] != ROOT_ID and f["id"] not in d.drives
-                    and seen(f) and match_query(f, q)]
+                    and seen(f) and match(f)]
         page = hits[start:start + size]
         out = {"kind": "drive#fileList", "files": page}
         if start + size < len(hits):

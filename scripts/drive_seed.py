@@ -92,7 +92,12 @@ def children(folder: str) -> list[dict]:
 
 
 def child(folder: str, name: str, folder_only: bool = False) -> dict | None:
-    hits = [f for f in children(folder) if f["name"] == name and (not folder_only or f["mimeType"] == FOLDER)]
+    # Asked by name: listing the whole folder for each put made seeding quadratic.
+    quoted = name.replace("\\", "\\\\").replace("'", "\\'")
+    q = {"q": f"'{folder}' in parents and name = '{quoted}' and trashed=false", "pageSize": "1000"}
+    st, out = api("GET", "/drive/v3/files", q)
+    assert st == 200, out
+    hits = [f for f in out["files"] if f["name"] == name and (not folder_only or f["mimeType"] == FOLDER)]
     return hits[0] if hits else None
 
 

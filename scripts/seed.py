@@ -38,6 +38,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 S3_ENDPOINT = os.environ.get("BUCKETFS_TEST_S3_ENDPOINT", "http://127.0.0.1:9000")
@@ -304,8 +305,9 @@ def delete_bucket(store: str, bucket: str) -> None:
     if store == "file":
         shutil.rmtree(os.path.join(file_root(), bucket), ignore_errors=True)
         return
-    for k in list_keys(store, bucket):
-        delete(store, bucket, k)
+    # Eight at a time: one by one, a test's 2,000 keys took over 10 s to clean up.
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda k: delete(store, bucket, k), list_keys(store, bucket)))
     if store == "s3":
         s3_client().delete_bucket(Bucket=bucket)
     elif store == "gcs":
