@@ -209,7 +209,7 @@ pub struct Fs {
     pub(crate) dir_cache: crate::dir_cache::DirCache,
     /// Per directory, held while its listing is fetched (see `ensure_listing`): lock level
     /// 2 (the tokio mutex, across the listing's awaits); the map itself is a leaf.
-    listing_flights: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    listing_flights: Mutex<HashMap<u64, Arc<listing::Flight>>>,
     /// Kernel forgets so far (the heap is trimmed every [`TRIM_EVERY`]).
     forgets: AtomicU64,
     /// Single-request refreshes (a HEAD, a probe) that outlasted their caller's patience

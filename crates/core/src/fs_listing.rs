@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bucketfs_store::{HeadOpts, ObjectHead, StoreError, StoreErrorKind};
 use futures::StreamExt;
@@ -34,6 +34,33 @@ impl Drop for Overdue {
         if self.given_up.load(Ordering::Acquire) {
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+}
+
+/// One directory's listing lock: one listing of it runs at a time (a walk and the listing
+/// ahead often ask for the same one together), and `done` counts the listings that ended
+/// under it, however they ended, so a caller queued behind one can tell it was answered
+/// meanwhile (see `Fs::list_dir`).
+#[derive(Default)]
+pub(crate) struct Flight {
+    pub(crate) lock: tokio::sync::Mutex<()>,
+    done: AtomicU64,
+}
+
+/// What [`Fs::list_dir`] was asked for over: the directory's [`Flight::done`] then, and
+/// when the listing it had then (past its TTL) was fetched.
+#[derive(Clone, Copy)]
+struct Asked {
+    done: u64,
+    at: Option<std::time::Instant>,
+}
+
+/// Counts a listing in [`Flight::done`] as it ends, however it ends.
+struct Done<'a>(&'a AtomicU64);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -225,36 +252,42 @@ impl Fs {
     /// (preload.rs).
     /// A listing known before but past its TTL is refreshed within [`Fs::refresh_within`].
     pub(crate) async fn ensure_listing(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
-        let known = {
+        let done = self.listing_flight(dir.ino).done.load(Ordering::Acquire);
+        let asked = {
             let t = self.table.lock().unwrap();
             if t.listing_fresh(dir.ino) {
                 return Ok(());
             }
-            t.listing(dir.ino).map(|l| l.at)
+            Asked { done, at: t.listing(dir.ino).map(|l| l.at) }
         };
-        let Some(stale) = known else { return self.list_dir(dir, subdirs_ahead, None).await };
+        if asked.at.is_none() {
+            return self.list_dir(dir, subdirs_ahead, asked).await;
+        }
         let d = dir.clone();
-        match self.refresh_within(false, |me| async move { me.list_dir(&d, subdirs_ahead, Some(stale)).await }).await {
+        match self.refresh_within(false, |me| async move { me.list_dir(&d, subdirs_ahead, asked).await }).await {
             Err(FsError::Store(e)) if self.serve_stale_listing(dir, &e) => Ok(()),
             done => done,
         }
     }
 
-    /// The listing of [`Fs::ensure_listing`]. `stale`: when the listing the caller found past
-    /// its TTL was fetched. That one does not count as fresh even if it was renewed since
-    /// (`serve_stale_listing`, as the caller stopped waiting for this refresh): the refresh
-    /// goes on and is recorded.
-    async fn list_dir(&self, dir: &Node, subdirs_ahead: bool, stale: Option<Instant>) -> Result<(), FsError> {
+    /// The listing of [`Fs::ensure_listing`]. Skipped if the directory's listing is fresh
+    /// and came since it was `asked` for, or a listing of it ended since (one that failed
+    /// renews what was known): not for a listing only renewed by this one's caller as it
+    /// stopped waiting (`serve_stale_listing`), so this refresh goes on and is recorded.
+    async fn list_dir(&self, dir: &Node, subdirs_ahead: bool, asked: Asked) -> Result<(), FsError> {
+        let flight = self.listing_flight(dir.ino);
         let listed = |t: &crate::inode::InodeTable| {
-            t.listing_fresh(dir.ino) && t.listing(dir.ino).is_some_and(|l| Some(l.at) != stale)
+            t.listing_fresh(dir.ino)
+                && (t.listing(dir.ino).is_some_and(|l| Some(l.at) != asked.at)
+                    || flight.done.load(Ordering::Acquire) != asked.done)
         };
         if listed(&self.table.lock().unwrap()) {
             return Ok(());
         }
         // One listing of a directory at a time: a walk and the listing ahead often ask for
         // the same one together; the second finds it fresh when the first is done.
-        let flight = self.listing_flight(dir.ino);
-        let _one = flight.lock().await;
+        let _one = flight.lock.lock().await;
+        let _done = Done(&flight.done);
         if listed(&self.table.lock().unwrap()) {
             // Listed meanwhile by another caller (often the listing ahead, which does not
             // go further down): this one still asks for the next level ahead.
@@ -360,7 +393,7 @@ impl Fs {
     }
 
     /// The lock that lets one listing of directory `ino` run at a time.
-    pub(crate) fn listing_flight(&self, ino: u64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn listing_flight(&self, ino: u64) -> std::sync::Arc<Flight> {
         self.listing_flights.lock().unwrap().entry(ino).or_default().clone()
     }
 
@@ -370,7 +403,8 @@ impl Fs {
     /// marked so, and its names are probed one by one.
     pub(crate) async fn list_if_small(&self, dir: &Node) -> Result<(), FsError> {
         let flight = self.listing_flight(dir.ino);
-        let _one = flight.lock().await;
+        let _one = flight.lock.lock().await;
+        let _done = Done(&flight.done);
         let (since, dir) = {
             let mut t = self.table.lock().unwrap();
             if t.listing_fresh(dir.ino) {

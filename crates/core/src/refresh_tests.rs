@@ -94,7 +94,7 @@ async fn a_refresh_given_up_on_is_recorded_though_the_listing_was_renewed() {
     h.mem.put("d/c", bytes::Bytes::from_static(b"another client's"), Default::default()).await.unwrap();
     h.clock.advance(Duration::from_secs(2));
     let flight = h.fs.listing_flight(d);
-    let other_listing = flight.lock().await;
+    let other_listing = flight.lock.lock().await;
     let names = tokio::time::timeout(ANSWERED_WITHIN, listed(&h.fs, d)).await;
     assert_eq!(names.expect("ls waited past the known-answer wait").unwrap(), [".", "..", "a", "b"]);
     drop(other_listing);
