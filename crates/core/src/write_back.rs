@@ -58,6 +58,7 @@ struct Entry {
     tried_at: Option<Instant>,
     abort: Option<futures::future::AbortHandle>,
     attempts: u32,
+    /// When the attempt that failed last began, and its error.
     last_error: Option<(Instant, String)>,
     /// Its last attempt failed because the store did not answer (its retries ran out):
     /// every other file would fail the same way (see [`Queue::sync_state`]).
@@ -137,24 +138,20 @@ impl Queue {
         let q = self.entries.lock().unwrap();
         // Failed in an attempt begun since: an attempt that was hanging when the sync
         // began (a store that stalled, then came back) is tried again first.
-        let failed_since = |e: &Entry| {
-            e.tried_at.is_some_and(|t| t >= started)
-                && !e.in_flight
-                && e.last_error.as_ref().is_some_and(|(at, _)| *at >= started)
-        };
+        let failed_since =
+            |e: &Entry| !e.in_flight && e.last_error.as_ref().is_some_and(|(began, _)| *began >= started);
         let down = q.values().find(|e| e.store_down && failed_since(e)).map(|e| {
             let msg = e.last_error.as_ref().map_or("", |(_, m)| m.as_str());
-            format!("not uploaded yet: the store did not answer an upload since the sync began ({}: {msg})", e.key)
+            format!("the store did not answer an upload since the sync began ({}: {msg})", e.key)
         });
         for ino in wanted {
             let Some(e) = q.get(ino) else { continue };
-            match &e.last_error {
-                Some((_, msg)) if e.refused => failed.push((e.key.clone(), msg.clone())),
-                Some((_, msg)) if failed_since(e) => failed.push((e.key.clone(), msg.clone())),
-                _ => match &down {
-                    Some(why) => failed.push((e.key.clone(), why.clone())),
-                    None => waiting = true,
-                },
+            match (&e.last_error, &down) {
+                (Some((_, msg)), _) if e.refused || failed_since(e) => failed.push((e.key.clone(), msg.clone())),
+                // Named as not in the bucket yet: one in flight may still get there.
+                (_, Some(why)) if e.in_flight => failed.push((e.key.clone(), format!("upload still in flight; {why}"))),
+                (_, Some(why)) => failed.push((e.key.clone(), format!("not uploaded yet: {why}"))),
+                (_, None) => waiting = true,
             }
         }
         (failed, waiting)
@@ -230,6 +227,7 @@ impl Queue {
         let mut q = self.entries.lock().unwrap();
         if let Some(e) = q.get_mut(&ino) {
             (e.in_flight, e.abort) = (false, None);
+            let began = e.tried_at.unwrap_or_else(Instant::now);
             match result {
                 Ok(()) if e.seq == seq => {
                     q.remove(&ino);
@@ -239,9 +237,9 @@ impl Queue {
                 Err(err) if is_refused_create(&err) && e.seq == seq => {
                     tracing::error!(key = %e.key, "another client created this key first (the file was created with O_EXCL): \
                         not uploaded, kept here; rename the file to upload it under another name");
-                    (e.refused, e.attempts) = (true, e.attempts + 1);
+                    (e.refused, e.attempts, e.store_down) = (true, e.attempts + 1, false);
                     e.last_error = Some((
-                        Instant::now(),
+                        began,
                         format!(
                             "{err}: another client created it first (O_EXCL); \
                         kept locally, rename it to upload it under another name"
@@ -257,7 +255,7 @@ impl Queue {
                     e.attempts += 1;
                     e.due = Instant::now() + retry_backoff(e.attempts);
                     tracing::warn!(key = %e.key, attempts = e.attempts, "write-back upload failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
-                    e.last_error = Some((Instant::now(), err.to_string()));
+                    e.last_error = Some((began, err.to_string()));
                     e.store_down = err.store_unreachable();
                 }
             }
