@@ -72,7 +72,11 @@ pub fn run(args: CsiArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    rt.block_on(bucketfs_csi::serve(cfg))
+    let served = rt.block_on(bucketfs_csi::serve(cfg));
+    // A statfs of a hung mount may still be waiting in the kernel on a blocking thread:
+    // the plugin exits without it (a plain drop of the runtime would wait for it).
+    rt.shutdown_background();
+    served
 }
 
 fn hostname() -> Result<String, String> {
