@@ -199,7 +199,10 @@ def set_properties(f: dict, meta: dict):
 def compile_query(q: str):
     """A `q` as a predicate on a file, parsed once (a listing tests every file held)."""
     preds = []
-    for clause in [c.strip() for c in re.split(r"\s+and\s+", q) if c.strip()]:
+    # Split on `and` outside quoted values: a name may hold " and " itself.
+    parts = re.split(r"('(?:[^'\\]|\\.)*')", q)
+    marked = "".join(p if i % 2 else re.sub(r"\s+and\s+", "\0", p) for i, p in enumerate(parts))
+    for clause in [c.strip() for c in marked.split("\0") if c.strip()]:
         m = re.fullmatch(r"'([^']*)'\s+in\s+parents", clause)
         if m:
             pid = ROOT_ID if m.group(1) == "root" else m.group(1)
