@@ -76,14 +76,15 @@ def api(method: str, path: str, query: dict | None = None, body=None, headers: d
     return st, (out if raw or not out else json.loads(out))
 
 
-def children(folder: str) -> list[dict]:
-    """Every child, page after page (a folder may hold more than one page of 1,000)."""
+def find_files(q: str) -> list[dict]:
+    """Every file matching a Drive query, page after page (a folder may hold more than one
+    page of 1,000)."""
     files, page = [], None
     while True:
-        q = {"q": f"'{folder}' in parents and trashed=false", "pageSize": "1000"}
+        args = {"q": q, "pageSize": "1000"}
         if page:
-            q["pageToken"] = page
-        st, out = api("GET", "/drive/v3/files", q)
+            args["pageToken"] = page
+        st, out = api("GET", "/drive/v3/files", args)
         assert st == 200, out
         files += out["files"]
         page = out.get("nextPageToken")
@@ -91,13 +92,15 @@ def children(folder: str) -> list[dict]:
             return files
 
 
+def children(folder: str) -> list[dict]:
+    return find_files(f"'{folder}' in parents and trashed=false")
+
+
 def child(folder: str, name: str, folder_only: bool = False) -> dict | None:
     # Asked by name: listing the whole folder for each put made seeding quadratic.
     quoted = name.replace("\\", "\\\\").replace("'", "\\'")
-    q = {"q": f"'{folder}' in parents and name = '{quoted}' and trashed=false", "pageSize": "1000"}
-    st, out = api("GET", "/drive/v3/files", q)
-    assert st == 200, out
-    hits = [f for f in out["files"] if f["name"] == name and (not folder_only or f["mimeType"] == FOLDER)]
+    hits = find_files(f"'{folder}' in parents and name = '{quoted}' and trashed=false")
+    hits = [f for f in hits if f["name"] == name and (not folder_only or f["mimeType"] == FOLDER)]
     return hits[0] if hits else None
 
 
