@@ -126,6 +126,11 @@ const DISK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// skipped (the close fetches it again, or the memory cache keeps it).
 const DISK_QUEUE: usize = 4;
 
+/// Blocks fetched at once for the disk cache after their readers closed, across the mount
+/// ([`FileReader::fill_disk`]): 300 handles closed together each fetched theirs at once
+/// (700 MB in flight).
+const FILLS: usize = 4;
+
 /// A block for the disk cache: block `block` of a version of `size` bytes, the first `len`
 /// bytes of `padded` (see [`crate::disk_cache::DiskCache::put`]), their CRC32C if the
 /// caller has it (else computed there).
@@ -151,6 +156,13 @@ pub struct ReadCache {
     disk_queue: Arc<Semaphore>,
     /// Permits are KiB of prefetch in flight; a prefetch that finds none is skipped.
     budget: Arc<Semaphore>,
+    /// Permits are KiB of the blocks readers keep that are not ahead of them (see
+    /// [`FileReader::hold`]): as many as `budget`, so open handles never hold more than
+    /// twice the prefetch budget, however many there are and however long they stay idle.
+    held: Arc<Semaphore>,
+    /// Blocks being fetched for the disk cache after their reader closed
+    /// ([`FileReader::fill_disk`]): [`FILLS`] at once across the mount.
+    fills: Arc<Semaphore>,
     /// Buffers blocks are fetched into; see [`ReadCache::new`] for its bound.
     pub(crate) pool: BlockPool,
 }
@@ -158,12 +170,13 @@ pub struct ReadCache {
 impl ReadCache {
     /// `cache_bytes` bounds the cached blocks; `prefetch_bytes` the bytes being prefetched.
     ///
-    /// The buffer pool holds at most as many blocks as those bounds and the disk queue
-    /// allow to be alive at once, plus a few for demand reads: `(cache_bytes +
-    /// prefetch_bytes) / BLOCK + DISK_QUEUE + 4` (56 blocks, 112 MiB, with the defaults).
-    /// Blocks past that are plain allocations, freed when dropped.
+    /// The buffer pool holds at most as many blocks as those bounds (the blocks readers
+    /// hold count twice the prefetch budget) and the disk queue allow to be alive at once,
+    /// plus a few for demand reads: `(cache_bytes + 2 * prefetch_bytes) / BLOCK +
+    /// DISK_QUEUE + 4` (88 blocks, 176 MiB, with the defaults). Blocks past that are plain
+    /// allocations, freed when dropped.
     pub fn new(cache_bytes: u64, prefetch_bytes: u64) -> Self {
-        let pool_max = ((cache_bytes + prefetch_bytes) / BLOCK) as usize + DISK_QUEUE + 4;
+        let pool_max = ((cache_bytes + 2 * prefetch_bytes) / BLOCK) as usize + DISK_QUEUE + 4;
         let blocks = moka::sync::Cache::builder()
             .weigher(|_k: &BlockKey, v: &Bytes| v.len().try_into().unwrap_or(u32::MAX))
             .max_capacity(cache_bytes)
@@ -174,6 +187,8 @@ impl ReadCache {
             disk: None,
             disk_queue: Arc::new(Semaphore::new(DISK_QUEUE)),
             budget: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)),
+            held: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)),
+            fills: Arc::new(Semaphore::new(FILLS)),
             // Room for a whole block file (block and trailer page) read with O_DIRECT.
             pool: BlockPool::new(BLOCK as usize + ALIGN, pool_max),
         }
@@ -293,7 +308,8 @@ struct ReadState {
     window: u64,
     /// Blocks fetched or being fetched for this reader, not yet passed. A prefetched block
     /// holds its share of the global budget until the reader moves past it, so the budget
-    /// bounds prefetched memory, not just requests in flight.
+    /// bounds prefetched memory, not just requests in flight; a block it has passed or
+    /// asked for itself holds a share of the held budget once fetched ([`FileReader::hold`]).
     inflight: HashMap<u64, (Fetch, Option<OwnedSemaphorePermit>)>,
 }
 
@@ -359,7 +375,12 @@ impl FileReader {
                     // give their share of the budget back once the reader has passed them.
                     let keep = st.next.saturating_sub(REORDER) / BLOCK;
                     st.inflight.retain(|b, _| *b >= first.min(keep));
-                    st.inflight.iter_mut().filter(|(b, _)| **b < first).for_each(|(_, (_, p))| drop(p.take()));
+                    let ahead = |p: &OwnedSemaphorePermit| Arc::ptr_eq(p.semaphore(), &self.cache.budget);
+                    for (_, (_, p)) in st.inflight.iter_mut().filter(|(b, _)| **b < first) {
+                        if p.as_ref().is_some_and(ahead) {
+                            *p = None; // [`Self::hold`] takes a held share for it
+                        }
+                    }
                     self.prefetch(&mut st, last + 1);
                 }
                 Ok(needed)
@@ -393,7 +414,33 @@ impl FileReader {
                 },
             });
         }
+        self.hold();
         self.assemble(blocks, offset, end)
+    }
+
+    /// Give every fetched block this reader keeps that is not prefetched ahead of it (one
+    /// it asked for itself, or has passed and keeps for reordered requests) a share of the
+    /// mount's held budget, or stop keeping it if there is no room: the memory cache or the
+    /// disk cache serve it if it is read again, else the store. Without this, each open
+    /// handle kept its first block (2 MiB) for as long as it stayed open: 300 handles that
+    /// had read 4 KiB each held 700 MB. A small block is kept as a copy, so it does not keep
+    /// its whole 2 MiB buffer alive.
+    fn hold(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.inflight.retain(|_, (f, p)| {
+            if p.is_some() {
+                return true; // ahead of the reader, or held already
+            }
+            let Some(Ok(data)) = f.peek().cloned() else { return true }; // in flight, or failed
+            let share = (data.len() as u64).div_ceil(1024) as u32;
+            let Ok(permit) = self.cache.held.clone().try_acquire_many_owned(share) else { return false };
+            if (data.len() as u64) < BLOCK / 2 {
+                *f = futures::future::ready(Ok(Bytes::copy_from_slice(&data))).boxed().shared();
+                let _ = f.clone().now_or_never(); // resolved, so `peek` sees it
+            }
+            *p = Some(permit);
+            true
+        });
     }
 
     /// Forget fetches that ended in an error, so the next read of their blocks asks the
@@ -562,6 +609,7 @@ impl FileReader {
         let fill = |b: u64| {
             let disk = disk.clone();
             async move {
+                let _fill = self.cache.fills.acquire().await.ok()?;
                 let want = block_len(self.size, b);
                 let data = match self.cache.blocks.get(&self.block_key(b)) {
                     Some(d) => d,

@@ -314,6 +314,9 @@ struct Chunked {
     chunk: usize,
     groups: std::sync::atomic::AtomicU64,
     ranges: std::sync::Mutex<Vec<std::ops::Range<u64>>>,
+    /// GETs whose body is being sent now, and the most at once.
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Chunked {
@@ -326,6 +329,8 @@ impl Chunked {
             chunk: 256 << 10,
             groups: Default::default(),
             ranges: Default::default(),
+            open: Default::default(),
+            peak: Default::default(),
         }
     }
 }
@@ -364,7 +369,15 @@ impl Store for Chunked {
         if cut {
             items.push(Err(bucketfs_store::StoreError::new(StoreErrorKind::Unavailable, "connection reset")));
         }
-        Ok(futures::stream::iter(items)
+        let open = self.open.clone();
+        self.peak.fetch_max(open.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+        let done = futures::stream::once(async move {
+            open.fetch_sub(1, Ordering::SeqCst);
+            None
+        });
+        Ok(futures::stream::iter(items.into_iter().map(Some))
+            .chain(done)
+            .filter_map(|c| async move { c })
             .then(move |c| async move {
                 tokio::time::sleep(delay).await;
                 c
@@ -538,6 +551,36 @@ async fn fill_disk_completes_a_version_pinned_by_its_etag() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[tokio::test]
+async fn readers_closed_together_fill_the_disk_cache_a_few_blocks_at_a_time() {
+    // 300 handles closed at once each fetched their missing blocks at once: 700 MB in
+    // flight. Across the mount, at most FILLS blocks are fetched for the disk at once.
+    let mem = Arc::new(MemStore::new());
+    let store = Arc::new(Chunked::new(mem.clone(), Duration::from_millis(5)));
+    let dir = fresh_dir("fills");
+    let c = cache_on_disk(&dir);
+    let mut readers = Vec::new();
+    for i in 0..6 {
+        let key = format!("f{i}");
+        let body = data(5 * BLOCK as usize + i);
+        let etag = mem.put(&key, body.clone(), PutOpts::default()).await.unwrap().etag.unwrap();
+        readers.push(FileReader::new(
+            store.clone(),
+            c.clone(),
+            key,
+            Some(etag.clone()),
+            etag,
+            body.len() as u64,
+            BLOCK,
+        ));
+    }
+    let filled = futures::future::join_all(readers.iter().map(|r| r.fill_disk(u64::MAX))).await;
+    assert!(filled.iter().all(|f| *f), "every version completed on disk");
+    let peak = store.peak.load(Ordering::SeqCst);
+    assert!(peak <= FILLS, "{peak} blocks fetched at once for the disk cache");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Blocks of `r` filled (in the memory cache: no disk cache here), and fetches in flight.
 fn filled(r: &FileReader) -> (Vec<u64>, usize) {
     let done = (0..r.size.div_ceil(BLOCK)).filter(|&b| r.cache.blocks.contains_key(&r.block_key(b))).collect();
@@ -581,4 +624,54 @@ async fn a_wide_window_fills_only_so_far_ahead_of_a_slow_reader() {
     drop(r);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(pool.free(), pool.pooled(), "every buffer back in the pool");
+}
+
+/// Bytes of fetched blocks `r` keeps (ahead of it, asked for, or passed).
+fn kept(r: &FileReader) -> u64 {
+    let st = r.state.lock().unwrap();
+    st.inflight.values().filter_map(|(f, _)| f.peek().and_then(|d| d.as_ref().ok())).map(|d| d.len() as u64).sum()
+}
+
+#[tokio::test]
+async fn idle_open_readers_keep_no_more_than_the_budgets() {
+    // Each open handle kept the first block it read (2 MiB) for as long as it stayed open:
+    // 300 handles that had read 4 KiB each held 700 MB. Now what readers keep is bounded by
+    // the prefetch budget (ahead of them) and as much again (asked for, or passed).
+    let store = Arc::new(MemStore::new());
+    let c = Arc::new(ReadCache::new(4 * BLOCK, 4 * BLOCK));
+    let mut readers = Vec::new();
+    for i in 0..40 {
+        let (key, body) = (format!("f{i}"), data(3 * BLOCK as usize + i));
+        let m = store.put(&key, body.clone(), PutOpts::default()).await.unwrap();
+        let etag = m.etag.unwrap();
+        let r = FileReader::new(store.clone(), c.clone(), key, Some(etag.clone()), etag, body.len() as u64, 16 * BLOCK);
+        assert_eq!(r.read(0, 4096).await.unwrap(), body.slice(..4096));
+        readers.push((r, body));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await; // prefetches land
+    let total: u64 = readers.iter().map(|(r, _)| kept(r)).sum();
+    assert!(total <= 8 * BLOCK, "40 idle readers keep {} MiB", total >> 20);
+    // Each still reads on correctly, whatever it no longer keeps.
+    for (r, body) in &readers {
+        read_checked(r, body, 1 << 20).await;
+    }
+    drop(readers);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Small files: a kept block is a copy, not a view of its pooled 2 MiB buffer.
+    let in_use = |c: &ReadCache| c.pool.pooled() - c.pool.free();
+    let before = in_use(&c); // the memory cache's views of big blocks
+    let small: Vec<FileReader> = futures::future::join_all((0..20).map(|i| {
+        let (store, c) = (store.clone(), c.clone());
+        async move {
+            let (key, body) = (format!("s{i}"), data(4000 + i));
+            let m = store.put(&key, body.clone(), PutOpts::default()).await.unwrap();
+            let etag = m.etag.unwrap();
+            let r = FileReader::new(store, c, key, Some(etag.clone()), etag, body.len() as u64, BLOCK);
+            assert_eq!(r.read(0, 100).await.unwrap(), body.slice(..100));
+            r
+        }
+    }))
+    .await;
+    assert!(small.iter().all(|r| kept(r) > 0), "each small reader keeps its block");
+    assert_eq!(in_use(&c), before, "no pooled buffer held by the small readers");
 }
