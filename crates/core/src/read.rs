@@ -32,8 +32,9 @@
 //! and the disk-cache writer all hold views of that one buffer, which goes back to the
 //! pool when the last view drops.
 
-use crate::sync::{Arc, Mutex, Ordering::Relaxed};
+use crate::sync::{Arc, Mutex, Ordering::Relaxed, Weak};
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use bucketfs_store::{GetOpts, Store, StoreErrorKind, StoreExt};
 use bytes::{Buf, Bytes, BytesMut};
@@ -131,6 +132,12 @@ const DISK_QUEUE: usize = 4;
 /// (700 MB in flight).
 const FILLS: usize = 4;
 
+/// A reader that has not read for this long gives the budgets back when another reader
+/// finds none ([`ReadCache::reclaim`]).
+const IDLE: Duration = Duration::from_secs(1);
+/// [`ReadCache::reclaim`] scans the readers at most this often.
+const RECLAIM_EVERY: Duration = Duration::from_millis(100);
+
 /// A block for the disk cache: block `block` of a version of `size` bytes, the first `len`
 /// bytes of `padded` (see [`crate::disk_cache::DiskCache::put`]), their CRC32C if the
 /// caller has it (else computed there).
@@ -163,6 +170,12 @@ pub struct ReadCache {
     /// Blocks being fetched for the disk cache after their reader closed
     /// ([`FileReader::fill_disk`]): [`FILLS`] at once across the mount.
     fills: Arc<Semaphore>,
+    /// Every reader's state, for [`ReadCache::reclaim`] (dead ones pruned now and then).
+    /// A leaf lock: taken with one reader's state held, never the other way round.
+    readers: Mutex<Vec<Weak<Mutex<ReadState>>>>,
+    /// When [`ReadCache::reclaim`] last ran (ms since `born`): at most every [`RECLAIM_EVERY`].
+    reclaimed: crate::sync::AtomicU64,
+    born: Instant,
     /// Buffers blocks are fetched into; see [`ReadCache::new`] for its bound.
     pub(crate) pool: BlockPool,
 }
@@ -189,6 +202,9 @@ impl ReadCache {
             budget: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)),
             held: Arc::new(Semaphore::new((prefetch_bytes / 1024) as usize)),
             fills: Arc::new(Semaphore::new(FILLS)),
+            readers: Mutex::default(),
+            reclaimed: Default::default(),
+            born: Instant::now(),
             // Room for a whole block file (block and trailer page) read with O_DIRECT.
             pool: BlockPool::new(BLOCK as usize + ALIGN, pool_max),
         }
@@ -269,6 +285,44 @@ impl ReadCache {
         self.disk.as_ref()
     }
 
+    /// A reader found a budget spent: the readers idle for [`IDLE`] give back the fetched
+    /// blocks they keep (their shares of both budgets), so handles left open and unread do
+    /// not starve the readers that read. At most every [`RECLAIM_EVERY`]; a reader busy now
+    /// (its state locked) is skipped. The blocks stay in the caches; an idle reader that
+    /// reads again fetches what it needs again.
+    /// A new reader's state, known to [`ReadCache::reclaim`].
+    fn register(&self) -> Arc<Mutex<ReadState>> {
+        let state = Arc::new(Mutex::new(ReadState::default()));
+        let mut all = self.readers.lock().unwrap();
+        if all.len() >= 64 && all.len().is_power_of_two() {
+            all.retain(|w| w.strong_count() > 0); // closed readers, now and then
+        }
+        all.push(Arc::downgrade(&state));
+        state
+    }
+
+    fn reclaim(&self) {
+        let now = self.born.elapsed().as_millis() as u64;
+        let last = self.reclaimed.load(Relaxed);
+        if now < last + RECLAIM_EVERY.as_millis() as u64
+            || self.reclaimed.compare_exchange(last, now, Relaxed, Relaxed).is_err()
+        {
+            return;
+        }
+        let readers: Vec<Arc<Mutex<ReadState>>> = {
+            let mut all = self.readers.lock().unwrap();
+            all.retain(|w| w.strong_count() > 0);
+            all.iter().filter_map(Weak::upgrade).collect()
+        };
+        for r in readers {
+            let Ok(mut st) = r.try_lock() else { continue };
+            if st.last.is_some_and(|t| t.elapsed() >= IDLE) {
+                // Polled, not peeked: nobody awaited a block prefetched and not read yet.
+                st.inflight.retain(|_, (f, p)| p.is_none() || f.clone().now_or_never().is_none());
+            }
+        }
+    }
+
     /// Wait (up to `limit`) until no block is queued for the disk cache.
     pub(crate) async fn disk_settled(&self, limit: std::time::Duration) {
         let until = tokio::time::Instant::now() + limit;
@@ -288,8 +342,9 @@ pub struct FileReader {
     identity: Arc<str>,
     pub size: u64,
     max_window: u64,
-    /// Lock level 5 (a leaf): never held across an await or while taking another lock.
-    state: Mutex<ReadState>,
+    /// Lock level 5: never held across an await; held, only [`ReadCache::reclaim`]'s locks
+    /// are taken (another reader's with `try_lock`).
+    state: Arc<Mutex<ReadState>>,
     pace: Arc<Pace>,
 }
 
@@ -301,6 +356,8 @@ impl Drop for FileReader {
 
 #[derive(Default)]
 struct ReadState {
+    /// When the last read began.
+    last: Option<Instant>,
     /// Where the furthest sequential read ended (where the last read ended after a random
     /// one): a read starting here is sequential, or near here while a window is open.
     next: u64,
@@ -325,6 +382,7 @@ impl FileReader {
         max_window: u64,
     ) -> Self {
         Self {
+            state: cache.register(),
             store,
             cache,
             key: key.into(),
@@ -332,7 +390,6 @@ impl FileReader {
             identity: identity.into(),
             size,
             max_window: (max_window / BLOCK).max(1),
-            state: Mutex::default(),
             pace: Arc::default(),
         }
     }
@@ -352,6 +409,7 @@ impl FileReader {
         let cached: Vec<Option<Bytes>> = (first..=last).map(|b| self.cache.blocks.get(&self.block_key(b))).collect();
         let fetches = {
             let mut st = self.state.lock().unwrap();
+            st.last = Some(Instant::now());
             let near = st.window > 0 && offset.abs_diff(st.next) <= REORDER;
             let sequential = offset == st.next || near || st.inflight.contains_key(&first);
             tracing::trace!(key = %self.key, offset, len, sequential, next = st.next, window = st.window, "read");
@@ -431,9 +489,15 @@ impl FileReader {
             if p.is_some() {
                 return true; // ahead of the reader, or held already
             }
-            let Some(Ok(data)) = f.peek().cloned() else { return true }; // in flight, or failed
+            let Some(Ok(data)) = f.clone().now_or_never() else { return true }; // in flight, or failed
             let share = (data.len() as u64).div_ceil(1024) as u32;
-            let Ok(permit) = self.cache.held.clone().try_acquire_many_owned(share) else { return false };
+            let take = || self.cache.held.clone().try_acquire_many_owned(share);
+            let Ok(permit) = take().or_else(|_| {
+                self.cache.reclaim();
+                take()
+            }) else {
+                return false;
+            };
             if (data.len() as u64) < BLOCK / 2 {
                 *f = futures::future::ready(Ok(Bytes::copy_from_slice(&data))).boxed().shared();
                 let _ = f.clone().now_or_never(); // resolved, so `peek` sees it
@@ -499,7 +563,7 @@ impl FileReader {
         let starving = !st.inflight.keys().any(|&x| x >= from);
         let have =
             |st: &ReadState, b: u64| st.inflight.contains_key(&b) || self.cache.blocks.contains_key(&self.block_key(b));
-        let mut b = from;
+        let (mut b, mut reclaimed) = (from, false);
         while b < stop {
             if have(st, b) {
                 b += 1;
@@ -515,7 +579,12 @@ impl FileReader {
             let min = if starving { 1 } else { n };
             match self.start_fetch(st, b, n, min, true) {
                 Some(started) if started == n => b += n,
-                _ => return, // the budget is spent
+                // The budget is spent: once, ask idle readers to give theirs back.
+                _ if !reclaimed => {
+                    reclaimed = true;
+                    self.cache.reclaim();
+                }
+                _ => return,
             }
         }
     }

@@ -675,3 +675,39 @@ async fn idle_open_readers_keep_no_more_than_the_budgets() {
     assert!(small.iter().all(|r| kept(r) > 0), "each small reader keeps its block");
     assert_eq!(in_use(&c), before, "no pooled buffer held by the small readers");
 }
+
+/// Prefetched blocks `r` keeps ahead of it (each holding a share of the prefetch budget).
+fn ahead(r: &FileReader) -> usize {
+    let st = r.state.lock().unwrap();
+    st.inflight
+        .values()
+        .filter(|(_, p)| p.as_ref().is_some_and(|p| Arc::ptr_eq(p.semaphore(), &r.cache.budget)))
+        .count()
+}
+
+#[tokio::test]
+async fn a_reader_left_idle_gives_its_budget_to_one_that_reads() {
+    // A handle left open after a sequential read kept its prefetched blocks, and their share
+    // of the prefetch budget, for as long as it stayed open: enough such handles left every
+    // other reader with no prefetch at all.
+    let store = Arc::new(MemStore::new());
+    let body = data(20 * BLOCK as usize);
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
+    let c = Arc::new(ReadCache::new(0, 4 * BLOCK));
+    let idle = reader(store.clone(), c.clone(), m.etag.clone(), body.len() as u64);
+    assert_eq!(idle.read(0, 1 << 20).await.unwrap(), body.slice(..1 << 20));
+    tokio::time::sleep(IDLE + Duration::from_millis(200)).await;
+    assert!(ahead(&idle) > 0 && c.budget.available_permits() == 0, "the idle reader holds the whole budget");
+    let busy = reader(store.clone(), c.clone(), m.etag.clone(), body.len() as u64);
+    assert_eq!(busy.read(0, 1 << 20).await.unwrap(), body.slice(..1 << 20));
+    assert!(
+        ahead(&busy) > 0,
+        "the reader that reads prefetches: idle {} avail {}",
+        ahead(&idle),
+        c.budget.available_permits()
+    );
+    assert_eq!(ahead(&idle), 0, "the idle reader gave its prefetched blocks back");
+    // Both read on correctly.
+    read_checked(&busy, &body, 1 << 20).await;
+    assert_eq!(idle.read(1 << 20, 1 << 20).await.unwrap(), body.slice(1 << 20..2 << 20));
+}
