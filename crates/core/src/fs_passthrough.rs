@@ -169,6 +169,7 @@ impl Fs {
         if r.size < WHOLE_MIN || disk.is_complete(&r.key, r.identity(), r.size) {
             return;
         }
+        r.quiesce(); // the fill keeps the reader; not its blocks and fetches ahead
         let cache = self.read_cache.clone();
         crate::sync::spawn(async move {
             cache.disk_settled(SETTLE).await;

@@ -86,6 +86,9 @@ struct Pace {
     at: crate::sync::AtomicU64,
     /// Set when the reader is dropped: its paused fetches end.
     closed: crate::sync::AtomicBool,
+    /// Bumped when an idle reader's fetches are dropped ([`ReadCache::reclaim`]): fetches
+    /// started before end as if their reader were gone.
+    epoch: crate::sync::AtomicU64,
     moved: tokio::sync::Notify,
 }
 
@@ -101,13 +104,25 @@ impl Pace {
         self.moved.notify_waiters();
     }
 
-    /// Wait until block `b` is within [`AHEAD`] of the reader: `false` if the reader is gone.
-    async fn near(&self, b: u64) -> bool {
+    /// End the fetches started so far (those paused included).
+    fn drop_fetches(&self) {
+        self.epoch.fetch_add(1, Relaxed);
+        self.moved.notify_waiters();
+    }
+
+    /// Whether a fetch started in `epoch` is to end: its reader is gone or dropped it.
+    fn gone(&self, epoch: u64) -> bool {
+        self.closed.load(Relaxed) || self.epoch.load(Relaxed) != epoch
+    }
+
+    /// Wait until block `b` is within [`AHEAD`] of the reader: `false` if the reader is gone
+    /// (or dropped the fetch started in `epoch`).
+    async fn near(&self, b: u64, epoch: u64) -> bool {
         loop {
             let moved = self.moved.notified();
             tokio::pin!(moved);
             moved.as_mut().enable();
-            if self.closed.load(Relaxed) {
+            if self.gone(epoch) {
                 return false;
             }
             if b < self.at.load(Relaxed) + AHEAD {
@@ -291,8 +306,8 @@ impl ReadCache {
     /// (its state locked) is skipped. The blocks stay in the caches; an idle reader that
     /// reads again fetches what it needs again.
     /// A new reader's state, known to [`ReadCache::reclaim`].
-    fn register(&self) -> Arc<Mutex<ReadState>> {
-        let state = Arc::new(Mutex::new(ReadState::default()));
+    fn register(&self, pace: Arc<Pace>) -> Arc<Mutex<ReadState>> {
+        let state = Arc::new(Mutex::new(ReadState { pace, ..Default::default() }));
         let mut all = self.readers.lock().unwrap();
         if all.len() >= 64 && all.len().is_power_of_two() {
             all.retain(|w| w.strong_count() > 0); // closed readers, now and then
@@ -316,9 +331,8 @@ impl ReadCache {
         };
         for r in readers {
             let Ok(mut st) = r.try_lock() else { continue };
-            if st.last.is_some_and(|t| t.elapsed() >= IDLE) {
-                // Polled, not peeked: nobody awaited a block prefetched and not read yet.
-                st.inflight.retain(|_, (f, p)| p.is_none() || f.clone().now_or_never().is_none());
+            if st.reading == 0 && st.last.is_some_and(|t| t.elapsed() >= IDLE) {
+                st.quiesce();
             }
         }
     }
@@ -356,8 +370,11 @@ impl Drop for FileReader {
 
 #[derive(Default)]
 struct ReadState {
-    /// When the last read began.
+    /// Reads in progress, and when the last one ended: idle is none for [`IDLE`].
+    reading: u32,
     last: Option<Instant>,
+    /// The reader's [`Pace`], for [`ReadCache::reclaim`].
+    pace: Arc<Pace>,
     /// Where the furthest sequential read ended (where the last read ended after a random
     /// one): a read starting here is sequential, or near here while a window is open.
     next: u64,
@@ -368,6 +385,26 @@ struct ReadState {
     /// bounds prefetched memory, not just requests in flight; a block it has passed or
     /// asked for itself holds a share of the held budget once fetched ([`FileReader::hold`]).
     inflight: HashMap<u64, (Fetch, Option<OwnedSemaphorePermit>)>,
+}
+
+impl ReadState {
+    /// Keep nothing and end every fetch (paused ones too): their shares of the budgets go
+    /// back. The blocks that arrived stay in the caches; reading on fetches again.
+    fn quiesce(&mut self) {
+        self.inflight.clear();
+        self.pace.drop_fetches();
+    }
+}
+
+/// A read in progress, counted in its reader's state until it ends (or is cancelled).
+struct Reading(Arc<Mutex<ReadState>>);
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let mut st = self.0.lock().unwrap();
+        st.reading -= 1;
+        st.last = Some(Instant::now());
+    }
 }
 
 impl FileReader {
@@ -381,8 +418,10 @@ impl FileReader {
         size: u64,
         max_window: u64,
     ) -> Self {
+        let pace = Arc::<Pace>::default();
         Self {
-            state: cache.register(),
+            state: cache.register(pace.clone()),
+            pace,
             store,
             cache,
             key: key.into(),
@@ -390,8 +429,13 @@ impl FileReader {
             identity: identity.into(),
             size,
             max_window: (max_window / BLOCK).max(1),
-            pace: Arc::default(),
         }
+    }
+
+    /// The handle closed: keep nothing and end the fetches ahead (before a fill of the disk
+    /// cache keeps the reader alive).
+    pub(crate) fn quiesce(&self) {
+        self.state.lock().unwrap().quiesce();
     }
 
     /// The version this reader pinned at open (see [`FileReader::new`]).
@@ -404,12 +448,13 @@ impl FileReader {
         if offset >= self.size || len == 0 {
             return Ok(Bytes::new());
         }
+        self.state.lock().unwrap().reading += 1;
+        let _reading = Reading(self.state.clone());
         let end = (offset + len as u64).min(self.size);
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
         let cached: Vec<Option<Bytes>> = (first..=last).map(|b| self.cache.blocks.get(&self.block_key(b))).collect();
         let fetches = {
             let mut st = self.state.lock().unwrap();
-            st.last = Some(Instant::now());
             let near = st.window > 0 && offset.abs_diff(st.next) <= REORDER;
             let sequential = offset == st.next || near || st.inflight.contains_key(&first);
             tracing::trace!(key = %self.key, offset, len, sequential, next = st.next, window = st.window, "read");
@@ -624,6 +669,7 @@ impl FileReader {
             etag: self.etag.clone(),
             size: self.size,
             pace: prefetch.then(|| self.pace.clone()),
+            epoch: self.pace.epoch.load(Relaxed),
         };
         // A task, so the GETs proceed while nobody awaits them (that is what prefetch is).
         crate::sync::spawn(async move { src.fetch_blocks(run).await });
@@ -679,6 +725,9 @@ impl FileReader {
             let disk = disk.clone();
             async move {
                 let _fill = self.cache.fills.acquire().await.ok()?;
+                if disk.contains(&self.key, &self.identity, b) {
+                    return Some(()); // another handle's fill, meanwhile
+                }
                 let want = block_len(self.size, b);
                 let data = match self.cache.blocks.get(&self.block_key(b)) {
                     Some(d) => d,

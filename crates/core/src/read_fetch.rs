@@ -17,6 +17,8 @@ pub(super) struct Source {
     pub(super) size: u64,
     /// A prefetch's reader: its blocks are filled at most [`AHEAD`] blocks ahead of it.
     pub(super) pace: Option<Arc<Pace>>,
+    /// The pace's epoch when the fetch started (see [`Pace::drop_fetches`]).
+    pub(super) epoch: u64,
 }
 
 impl Source {
@@ -27,13 +29,13 @@ impl Source {
     /// Wait until block `b` may be filled (see [`AHEAD`]); `false`: the reader is gone.
     async fn near(&self, b: u64) -> bool {
         match &self.pace {
-            Some(p) => p.near(b).await,
+            Some(p) => p.near(b, self.epoch).await,
             None => true,
         }
     }
 
     fn abandoned(&self) -> bool {
-        self.pace.as_ref().is_some_and(|p| p.closed.load(Relaxed))
+        self.pace.as_ref().is_some_and(|p| p.gone(self.epoch))
     }
 
     /// Fetch consecutive blocks: those in the disk cache from there, each run of the rest

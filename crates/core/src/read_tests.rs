@@ -629,7 +629,12 @@ async fn a_wide_window_fills_only_so_far_ahead_of_a_slow_reader() {
 /// Bytes of fetched blocks `r` keeps (ahead of it, asked for, or passed).
 fn kept(r: &FileReader) -> u64 {
     let st = r.state.lock().unwrap();
-    st.inflight.values().filter_map(|(f, _)| f.peek().and_then(|d| d.as_ref().ok())).map(|d| d.len() as u64).sum()
+    // Polled, not peeked: a prefetched block nobody awaited shows no output to `peek`.
+    st.inflight
+        .values()
+        .filter_map(|(f, _)| f.clone().now_or_never().and_then(Result::ok))
+        .map(|d| d.len() as u64)
+        .sum()
 }
 
 #[tokio::test]
@@ -673,7 +678,8 @@ async fn idle_open_readers_keep_no_more_than_the_budgets() {
     }))
     .await;
     assert!(small.iter().all(|r| kept(r) > 0), "each small reader keeps its block");
-    assert_eq!(in_use(&c), before, "no pooled buffer held by the small readers");
+    // (The memory cache may have let one of its big blocks go meanwhile.)
+    assert!(in_use(&c) <= before, "pooled buffers held by the small readers: {} > {before}", in_use(&c));
 }
 
 /// Prefetched blocks `r` keeps ahead of it (each holding a share of the prefetch budget).
@@ -710,4 +716,35 @@ async fn a_reader_left_idle_gives_its_budget_to_one_that_reads() {
     // Both read on correctly.
     read_checked(&busy, &body, 1 << 20).await;
     assert_eq!(idle.read(1 << 20, 1 << 20).await.unwrap(), body.slice(1 << 20..2 << 20));
+}
+
+#[tokio::test]
+async fn an_idle_reader_with_fetches_paused_or_a_read_cancelled_gives_everything_back() {
+    // A wide window (16 blocks, more than AHEAD): most of an idle reader's prefetches are
+    // paused GETs, not blocks that arrived, and they hold their budget shares too.
+    let store = Arc::new(MemStore::new());
+    let body = data(40 * BLOCK as usize);
+    let m = store.put("f", body.clone(), PutOpts::default()).await.unwrap();
+    let c = Arc::new(ReadCache::new(0, 16 * BLOCK));
+    let all = c.budget.available_permits();
+    let idle = reader(store.clone(), c.clone(), m.etag.clone(), body.len() as u64);
+    for off in (0..3 << 20).step_by(1 << 20) {
+        assert_eq!(idle.read(off, 1 << 20).await.unwrap(), body.slice(off as usize..off as usize + (1 << 20)));
+    }
+    tokio::time::sleep(IDLE + Duration::from_millis(200)).await;
+    assert!(ahead(&idle) > AHEAD as usize, "fetches beyond AHEAD are paused: {}", ahead(&idle));
+    // A read cancelled midway (its caller gave up) still ends, so its reader can be idle.
+    let slow = Arc::new(Chunked::new(store.clone(), Duration::from_millis(50)));
+    let cancelled = reader_of(slow, c.clone(), m.etag.clone(), body.len() as u64, 16 * BLOCK);
+    assert!(tokio::time::timeout(Duration::from_millis(20), cancelled.read(0, 1 << 20)).await.is_err());
+    tokio::time::sleep(IDLE + Duration::from_millis(200)).await;
+    let busy = reader(store.clone(), c.clone(), m.etag.clone(), body.len() as u64);
+    read_checked(&busy, &body, 1 << 20).await;
+    assert_eq!(idle.state.lock().unwrap().inflight.len(), 0, "the idle reader keeps nothing");
+    assert_eq!(cancelled.state.lock().unwrap().inflight.len(), 0, "nor does the cancelled one");
+    drop(busy);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(c.budget.available_permits(), all, "the whole prefetch budget is back");
+    // The idle reader reads on correctly.
+    assert_eq!(idle.read(3 << 20, 1 << 20).await.unwrap(), body.slice(3 << 20..4 << 20));
 }
