@@ -300,11 +300,6 @@ impl ReadCache {
         self.disk.as_ref()
     }
 
-    /// A reader found a budget spent: the readers idle for [`IDLE`] give back the fetched
-    /// blocks they keep (their shares of both budgets), so handles left open and unread do
-    /// not starve the readers that read. At most every [`RECLAIM_EVERY`]; a reader busy now
-    /// (its state locked) is skipped. The blocks stay in the caches; an idle reader that
-    /// reads again fetches what it needs again.
     /// A new reader's state, known to [`ReadCache::reclaim`].
     fn register(&self, pace: Arc<Pace>) -> Arc<Mutex<ReadState>> {
         let state = Arc::new(Mutex::new(ReadState { pace, ..Default::default() }));
@@ -316,6 +311,11 @@ impl ReadCache {
         state
     }
 
+    /// A reader found a budget spent: the readers idle for [`IDLE`] keep nothing and end
+    /// their fetches (their shares of both budgets go back), so handles left open and
+    /// unread do not starve the readers that read. At most every [`RECLAIM_EVERY`]; a
+    /// reader busy now (its state locked) is skipped. The blocks stay in the caches; an
+    /// idle reader that reads again fetches what it needs again.
     fn reclaim(&self) {
         let now = self.born.elapsed().as_millis() as u64;
         let last = self.reclaimed.load(Relaxed);
@@ -335,6 +335,12 @@ impl ReadCache {
                 st.quiesce();
             }
         }
+    }
+
+    /// Whether `p` is a share of the prefetch budget (a block ahead of its reader), not of
+    /// the held one.
+    fn is_prefetch_share(&self, p: &OwnedSemaphorePermit) -> bool {
+        Arc::ptr_eq(p.semaphore(), &self.budget)
     }
 
     /// Wait (up to `limit`) until no block is queued for the disk cache.
@@ -478,9 +484,8 @@ impl FileReader {
                     // give their share of the budget back once the reader has passed them.
                     let keep = st.next.saturating_sub(REORDER) / BLOCK;
                     st.inflight.retain(|b, _| *b >= first.min(keep));
-                    let ahead = |p: &OwnedSemaphorePermit| Arc::ptr_eq(p.semaphore(), &self.cache.budget);
                     for (_, (_, p)) in st.inflight.iter_mut().filter(|(b, _)| **b < first) {
-                        if p.as_ref().is_some_and(ahead) {
+                        if p.as_ref().is_some_and(|p| self.cache.is_prefetch_share(p)) {
                             *p = None; // [`Self::hold`] takes a held share for it
                         }
                     }
@@ -545,7 +550,6 @@ impl FileReader {
             };
             if (data.len() as u64) < BLOCK / 2 {
                 *f = futures::future::ready(Ok(Bytes::copy_from_slice(&data))).boxed().shared();
-                let _ = f.clone().now_or_never(); // resolved, so `peek` sees it
             }
             *p = Some(permit);
             true

@@ -685,10 +685,7 @@ async fn idle_open_readers_keep_no_more_than_the_budgets() {
 /// Prefetched blocks `r` keeps ahead of it (each holding a share of the prefetch budget).
 fn ahead(r: &FileReader) -> usize {
     let st = r.state.lock().unwrap();
-    st.inflight
-        .values()
-        .filter(|(_, p)| p.as_ref().is_some_and(|p| Arc::ptr_eq(p.semaphore(), &r.cache.budget)))
-        .count()
+    st.inflight.values().filter(|(_, p)| p.as_ref().is_some_and(|p| r.cache.is_prefetch_share(p))).count()
 }
 
 #[tokio::test]
