@@ -113,6 +113,37 @@ def test_file_plus_empty_marker_of_the_same_name(bucket):
         assert os.listdir(os.path.join(mp, "a")) == []
 
 
+def test_a_marker_holding_bytes_is_never_deleted_or_moved(bucket):
+    """Another client can put bytes at a marker `d/`. No name shows them: `d` is an empty
+    directory, and the mount never deletes or re-creates that marker (`rmdir` ENOTEMPTY, a
+    rename EXDEV), in either write mode (SEMANTICS: Keys, names and directories)."""
+    if bucket.store in ("file", "gdrive"):
+        pytest.skip(f"{bucket.store} has no directory markers to put bytes in")
+    keys = {"d/": b"payload", "p/e/": b"more", "p/f": b"1"}
+    bucket.put_all(keys)
+    if not set(keys) <= set(seed.list_keys(bucket.store, bucket.name)):
+        pytest.skip(f"{bucket.store} server cannot hold bytes at a marker")
+    for extra in ([], ["--write-back"]):
+        bucket.put("m/", b"")
+        with bucket.mounted(extra=extra) as mp:
+            assert sorted(os.listdir(mp)) == ["d", "m", "p"]
+            assert os.listdir(os.path.join(mp, "d")) == []
+            assert os.listdir(os.path.join(mp, "p/e")) == []
+            for path in ("d", "p/e"):
+                with pytest.raises(OSError) as ei:
+                    os.rmdir(os.path.join(mp, path))
+                assert ei.value.errno == errno.ENOTEMPTY, f"{extra}: rmdir {path}: {ei.value}"
+            for path in ("d", "p"):
+                with pytest.raises(OSError) as ei:
+                    os.rename(os.path.join(mp, path), os.path.join(mp, path + "2"))
+                assert ei.value.errno == errno.EXDEV, f"{extra}: rename {path}: {ei.value}"
+            os.rmdir(os.path.join(mp, "m"))  # an empty marker goes as before
+            os.sync()
+        for k, v in keys.items():
+            assert seed.get(bucket.store, bucket.name, k) == v, f"{extra}: {k} lost its bytes"
+        assert "m/" not in seed.list_keys(bucket.store, bucket.name), f"{extra}: the empty marker stayed"
+
+
 def test_bucket_changed_mid_listing(bucket):
     """Keys added and deleted by another client while `readdir` pages through a directory:
     the listing is the snapshot taken at `opendir` (no duplicates, nothing missing, nothing

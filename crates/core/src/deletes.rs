@@ -60,7 +60,7 @@ use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 /// ([`crate::write::LANDING_MD5_MAX`]).
 pub(crate) async fn delete_if_ours(store: &dyn Store, key: &str, only: Option<&[[u8; 16]]>) -> Result<(), StoreError> {
     if let Some(only) = only {
-        let head = match store.head(key, HeadOpts { digests: true }).await {
+        let head = match store.head(key, HeadOpts { digests: true, ..Default::default() }).await {
             Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
             r => r?,
         };

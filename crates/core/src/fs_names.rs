@@ -6,7 +6,7 @@
 use crate::sync::{Arc, AtomicBool, Mutex};
 use std::time::SystemTime;
 
-use bucketfs_store::StoreErrorKind;
+use bucketfs_store::{HeadOpts, StoreErrorKind};
 use futures::StreamExt;
 
 use crate::fs::{Attr, Fs, Handle, Kind, OpenFile};
@@ -165,6 +165,27 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether listed marker `m` (`d/`) holds bytes, which no file name shows and which
+    /// deleting or re-creating the marker would lose (another client can put content
+    /// there). A stat answers where the listing could not tell.
+    pub(crate) async fn marker_holds_bytes(&self, m: &bucketfs_store::ObjectMeta) -> Result<bool, FsError> {
+        if !m.may_hold_bytes() {
+            return Ok(false);
+        }
+        let holds = match m.size {
+            0 => match self.store.head(&m.key, HeadOpts { marker_bytes: true, ..Default::default() }).await {
+                Ok(now) => now.meta.size > 0 || now.meta.size_unknown,
+                Err(e) if e.kind == StoreErrorKind::NotFound => false,
+                Err(e) => return Err(e.into()),
+            },
+            _ => true,
+        };
+        if holds {
+            tracing::warn!(key = %m.key, "a directory marker holds bytes no file name shows, so the directory is kept as it is: move or delete that key with another client");
+        }
+        Ok(holds)
+    }
+
     /// Whether the directory with key `key` (and inode `ino`) has any child.
     pub(crate) async fn has_children(&self, ino: u64, key: &str) -> Result<bool, FsError> {
         if !self.staged_children(ino).is_empty() {
@@ -180,15 +201,24 @@ impl Fs {
                 return Ok(!l.children.is_empty());
             }
         }
-        match self.store.list(key, false).next().await {
-            Some(Ok(m)) => {
-                if !self.shown_below(key, &m.key) {
-                    tracing::warn!(dir = %key, key = %m.key, "directory holds a key with no file name here (not shown), so it is not empty: move or delete that key with another client");
+        let mut stream = self.store.list(key, false);
+        loop {
+            match stream.next().await {
+                // Its own marker, listed when it may hold bytes: those make it not empty.
+                Some(Ok(m)) if m.key == key => {
+                    if self.marker_holds_bytes(&m).await? {
+                        return Ok(true);
+                    }
                 }
-                Ok(true)
+                Some(Ok(m)) => {
+                    if !self.shown_below(key, &m.key) {
+                        tracing::warn!(dir = %key, key = %m.key, "directory holds a key with no file name here (not shown), so it is not empty: move or delete that key with another client");
+                    }
+                    return Ok(true);
+                }
+                Some(Err(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
+                _ => return Ok(false),
             }
-            Some(Err(e)) if e.kind != StoreErrorKind::NotFound => Err(e.into()),
-            _ => Ok(false),
         }
     }
 

@@ -551,6 +551,13 @@ impl Fs {
         let mut keys = Vec::new();
         let mut stream = self.store.list(&src.key, true);
         while let Some(m) = stream.try_next().await? {
+            // A marker's bytes would be lost: `moves::run` makes each marker anew, empty.
+            if self.marker_holds_bytes(&m).await? {
+                return Err(FsError::CrossDevice(format!("marker {:?} holds bytes no file name shows", m.key)));
+            }
+            if m.key == src.key {
+                continue; // its own marker, listed because it might have held bytes
+            }
             keys.push(m.key);
             if keys.len() > self.cfg.max_rename_keys {
                 return Err(FsError::CrossDevice(format!(

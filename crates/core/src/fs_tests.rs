@@ -476,3 +476,44 @@ async fn a_recursive_listing_from_before_rm_and_mkdir_does_not_fill_the_new_dire
     assert_eq!(names(&fs, new_a).await, [".", ".."], "the deleted f came back in the new a");
     assert!(matches!(fs.lookup(new_a, "f").await, Err(FsError::NotFound)));
 }
+
+/// Another client can put bytes at a marker (`d/`): no name shows them, so the mount never
+/// deletes or re-creates such a marker. `rmdir` says ENOTEMPTY and a directory rename EXDEV
+/// (`mv` copies what it shows), in either write mode, listed ahead or not; an empty marker
+/// goes as before.
+#[tokio::test]
+async fn a_marker_holding_bytes_is_never_deleted_or_moved() {
+    use crate::write_back::tests::{cfg, object, staging};
+    for (wb, ahead) in [(false, 0), (false, 20), (true, 0), (true, 20)] {
+        let store = mem_with(&[("d/", b"payload"), ("p/e/", b"more"), ("p/f", b"1"), ("m/", b"")]).await;
+        let dir = staging(&format!("marker-bytes-{ahead}"));
+        let base = if wb { cfg(&dir, 60_000) } else { FsConfig::default() };
+        let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: ahead, ..base });
+        if wb {
+            fs.start_write_back();
+        }
+        assert_eq!(names(&fs, ROOT_INO).await, [".", "..", "d", "m", "p"]);
+        let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+        assert_eq!(names(&fs, d.ino).await, [".", ".."], "{wb} {ahead}");
+        let p = fs.lookup(ROOT_INO, "p").await.unwrap();
+        assert_eq!(names(&fs, p.ino).await, [".", "..", "e", "f"]);
+        let e = fs.lookup(p.ino, "e").await.unwrap();
+        assert_eq!(names(&fs, e.ino).await, [".", ".."]);
+        let r = fs.rmdir(ROOT_INO, "d").await;
+        assert!(matches!(r, Err(FsError::NotEmpty)), "{wb} {ahead}: {r:?}");
+        let r = fs.rmdir(p.ino, "e").await;
+        assert!(matches!(r, Err(FsError::NotEmpty)), "{wb} {ahead}: {r:?}");
+        let r = fs.rename(ROOT_INO, "d", ROOT_INO, "d2", false).await;
+        assert!(matches!(r, Err(FsError::CrossDevice(_))), "{wb} {ahead}: {r:?}");
+        let r = fs.rename(ROOT_INO, "p", ROOT_INO, "p2", false).await;
+        assert!(matches!(r, Err(FsError::CrossDevice(_))), "{wb} {ahead}: {r:?}");
+        fs.rmdir(ROOT_INO, "m").await.unwrap();
+        if wb {
+            assert!(fs.sync_write_back().await.is_empty());
+        }
+        assert_eq!(object(store.as_ref(), "d/").await.as_deref(), Some(&b"payload"[..]), "{wb} {ahead}");
+        assert_eq!(object(store.as_ref(), "p/e/").await.as_deref(), Some(&b"more"[..]), "{wb} {ahead}");
+        assert_eq!(object(store.as_ref(), "m/").await, None, "{wb} {ahead}: the empty marker stayed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

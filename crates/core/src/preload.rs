@@ -108,6 +108,10 @@ impl Fs {
                 first = Some(m.key.clone());
             }
             last.clone_from(&m.key);
+            if m.may_hold_bytes() {
+                // A marker's bytes show under no name: its directory holds a key not shown.
+                hidden.insert(m.key.clone());
+            }
             let Some(rel) = m.key.strip_prefix(root).filter(|r| !r.is_empty()) else { continue };
             // One trailing '/' is a marker's; `d//` holds an empty segment (not shown).
             let segments: Vec<&str> = rel.strip_suffix('/').unwrap_or(rel).split('/').collect();

@@ -314,10 +314,13 @@ impl Store for OpendalStore {
             .map(|u| FileAttrs::from_metadata(&u.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
             .unwrap_or_default();
         // A real directory (local fs) reports as a prefix, like a marker object would.
-        let meta = match m.is_dir() && !key.ends_with('/') && !key.is_empty() {
+        let mut meta = match m.is_dir() && !key.ends_with('/') && !key.is_empty() {
             true => self.meta(&format!("{key}/"), &m),
             false => self.meta(key, &m),
         };
+        if opts.marker_bytes && meta.is_prefix() && self.prefix_dirs {
+            (meta.size, meta.size_unknown) = self.marker_bytes(key).await?;
+        }
         if !opts.digests {
             return Ok(ObjectHead { attrs, ..ObjectHead::of(meta) });
         }
@@ -364,11 +367,15 @@ impl Store for OpendalStore {
                 move |entry| {
                     let key = entry.path().trim_start_matches('/').to_string();
                     // Temporary upload parts (gcs::compose) are never part of a listing.
-                    // The directory itself is not its own entry; a plain prefix (`d/name`,
-                    // see `Store::list`) lists its exact key like any other.
-                    let own = key == prefix && prefix.ends_with('/');
+                    // A marker is listed with no size: one whose MD5 is known and not the
+                    // empty content's may hold bytes (`ObjectMeta::may_hold_bytes`).
+                    let mut m = this.meta(&key, entry.metadata());
+                    m.size_unknown = m.is_prefix() && this.prefix_dirs && md5_says_bytes(entry.metadata());
+                    // The directory itself is not its own entry unless it may hold bytes; a
+                    // plain prefix (`d/name`, see `Store::list`) lists its exact key like any
+                    // other.
+                    let own = key == prefix && prefix.ends_with('/') && !m.size_unknown;
                     let keep = !own && !this.listed_link(&key) && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
-                    let m = this.meta(&key, entry.metadata());
                     async move { Ok(keep.then_some(m)) }
                 },
             ))
@@ -533,6 +540,57 @@ impl Store for OpendalStore {
     }
 }
 
+impl OpendalStore {
+    /// Whether marker `key` holds bytes, as (size, size unknown). OpenDAL takes a key ending
+    /// in `/` for a directory: its `stat` answers from a listing with no length, and it
+    /// reads no such key. The marker's listed MD5 tells an empty one; past that, a HEAD of
+    /// the key (presigned, sent through the operator's own transport) gives the length, as
+    /// an encrypted object's ETag is no MD5. Unknown (a mount that cannot sign) counts as
+    /// holding bytes.
+    async fn marker_bytes(&self, key: &str) -> Result<(u64, bool), StoreError> {
+        let err = |e| StoreError::from_opendal("head", key, e);
+        let mut lister = self.op.lister_with(key).limit(1).await.map_err(err)?;
+        let own = match lister.next().await.transpose().map_err(err)? {
+            Some(e) if e.path().trim_start_matches('/') == key => e,
+            _ => return Ok((0, false)),
+        };
+        if !md5_says_bytes(own.metadata()) {
+            return Ok((0, false));
+        }
+        let p = match self.op.presign_stat(key, std::time::Duration::from_secs(60)).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(key, "size of a marker whose MD5 is not the empty one: no HEAD ({e})");
+                return Ok((0, true));
+            }
+        };
+        let mut req = http::Request::builder().method(p.method()).uri(p.uri());
+        for (k, v) in p.header() {
+            req = req.header(k, v);
+        }
+        let Ok(req) = req.body(opendal::Buffer::new()) else { return Ok((0, true)) };
+        match self.op.context().http_transport().fetch(req).await {
+            Ok(r) if r.status().is_success() => {
+                let len = r.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+                tracing::debug!(key, ?len, "size of a marker whose MD5 is not the empty one");
+                Ok(len.map_or((0, true), |n| (n, false)))
+            }
+            _ => Ok((0, true)),
+        }
+    }
+}
+
+/// The MD5 of no bytes, as S3's ETag of a single-part upload or GCS's `md5Hash` tells it.
+const EMPTY_MD5: [u8; 16] =
+    [0xd4, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04, 0xe9, 0x80, 0x09, 0x98, 0xec, 0xf8, 0x42, 0x7e];
+
+/// Whether an entry's MD5 (GCS's `md5Hash`, else the ETag, an MD5 for S3's single-part
+/// uploads) is known and not that of no bytes. An encrypted object's ETag looks like an
+/// MD5 and is none: true then, and a HEAD's length answers (`s3::marker_size`).
+fn md5_says_bytes(m: &Metadata) -> bool {
+    m.content_md5().or(m.etag()).and_then(parse_md5).is_some_and(|md5| md5 != EMPTY_MD5)
+}
+
 /// `md5Hash` as GCS reports it (base64 of 16 bytes), or 32 hex digits.
 fn parse_md5(s: &str) -> Option<[u8; 16]> {
     use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
@@ -569,6 +627,8 @@ impl OpendalWriter {
 fn parses_md5_forms() {
     let want = [0xf8, 0x14, 0x89, 0x37, 0x77, 0xbc, 0xc2, 0x29, 0x5f, 0xff, 0x05, 0xf0, 0x0e, 0x50, 0x8d, 0xa6];
     assert_eq!(parse_md5("+BSJN3e8wilf/wXwDlCNpg=="), Some(want));
+    assert_eq!(parse_md5("1B2M2Y8AsgTpgAmY7PhCfg=="), Some(EMPTY_MD5), "GCS's md5Hash of no bytes");
+    assert_eq!(parse_md5("\"d41d8cd98f00b204e9800998ecf8427e\""), Some(EMPTY_MD5), "S3's ETag of no bytes");
     assert_eq!(parse_md5("f814893777bcc2295fff05f00e508da6"), Some(want));
     assert_eq!(parse_md5(""), None);
     assert_eq!(parse_md5("abc-2"), None);

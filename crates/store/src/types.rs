@@ -19,14 +19,22 @@ pub struct ObjectMeta {
     pub etag: Option<String>,
     pub mtime: Option<SystemTime>,
     /// `size` is a placeholder (0): the store learns the real size only by reading the object
-    /// (a Google Doc's export, which a listing never makes). A `head` of the key answers the
-    /// real size; readers must not stop at `size`.
+    /// (a Google Doc's export, which a listing never makes), or, for a listed marker, the
+    /// listing does not tell its size ([`ObjectMeta::may_hold_bytes`]). A `head` or `stat`
+    /// of the key answers the real size; readers must not stop at `size`.
     pub size_unknown: bool,
 }
 
 impl ObjectMeta {
     pub fn is_prefix(&self) -> bool {
         self.key.ends_with('/')
+    }
+
+    /// A marker (`d/`) that holds bytes, or may: no file name can show them, and deleting
+    /// or re-creating the marker would lose them. A listing tells an empty marker by its
+    /// MD5; where it cannot, it says `size_unknown` and a `stat` of the key answers.
+    pub fn may_hold_bytes(&self) -> bool {
+        self.is_prefix() && (self.size > 0 || self.size_unknown)
     }
 }
 
@@ -114,7 +122,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Entries under `prefix` (which is empty or ends with `/`). Non-recursive: direct
     /// children, with sub-prefixes reported once each as keys ending in `/`. The prefix
-    /// itself (a directory marker) is not reported. On stores with `prefix_dirs`, a plain
+    /// itself (a directory marker) is not reported, unless it may hold bytes
+    /// ([`ObjectMeta::may_hold_bytes`]: another client can put content at `d/`). On stores with `prefix_dirs`, a plain
     /// prefix (`d/na`, non-recursive) lists the entries of `d/` whose keys start with it, in
     /// key order, its exact key included: one request tells a file `d/na`, a directory
     /// `d/na/` and a link `d/na.rclonelink` apart.
@@ -247,6 +256,9 @@ impl<S: Store + ?Sized> StoreExt for S {}
 pub struct HeadOpts {
     /// Fill [`ObjectHead`]'s digests (`etag`, `md5`, `checksum`) where the store has them.
     pub digests: bool,
+    /// For a marker (`d/`), learn whether it holds bytes ([`ObjectMeta::may_hold_bytes`]):
+    /// its size, else `size_unknown` (on S3 and GCS, a listing and maybe a HEAD more).
+    pub marker_bytes: bool,
 }
 
 /// Options of [`Store::get`].

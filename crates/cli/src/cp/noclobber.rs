@@ -55,7 +55,7 @@ async fn digests(ctx: &Ctx, r: &Remote) -> Result<Option<ObjectHead>, CpError> {
     let _slot = ctx.slot().await;
     let mut attempt = 0;
     loop {
-        match r.store.head(&r.key, HeadOpts { digests: true }).await {
+        match r.store.head(&r.key, HeadOpts { digests: true, ..Default::default() }).await {
             Ok(d) => return Ok(Some(d)),
             Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(None),
             Err(e) => super::again(ctx, "head", &r.key, &mut attempt, e).await?,

@@ -242,7 +242,7 @@ async fn expand_remote(
     // A last segment `.` or `..` names no directory of its own: its keys go into `dst`.
     let name = r.key.trim_end_matches('/').rsplit('/').next().filter(|n| safe_rel(n)).map(str::to_string);
     if !r.key.is_empty() && !r.key.ends_with('/') {
-        match r.store.head(&r.key, HeadOpts { digests: true }).await {
+        match r.store.head(&r.key, HeadOpts { digests: true, ..Default::default() }).await {
             Ok(d) => {
                 let dst = target(dst, name.as_deref(), "", into_dir)?;
                 out.jobs.push(Job {

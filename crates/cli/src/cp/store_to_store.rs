@@ -69,7 +69,9 @@ async fn server_side(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::
             retry(ctx, "copy", &src.key, || src.store.copy(&src.key, &dst.key)).await?;
         }
         ctx.progress.moved(size);
-        let got = retry(ctx, "head", &dst.key, || dst.store.head(&dst.key, HeadOpts { digests: true })).await?;
+        let got =
+            retry(ctx, "head", &dst.key, || dst.store.head(&dst.key, HeadOpts { digests: true, ..Default::default() }))
+                .await?;
         match compare_copies(ctx, src, dst, d, &got).await {
             Ok((how, crc)) => return Ok(Report { bytes: size, verified: how.into(), crc32c: crc }),
             Err(e) => {

@@ -307,7 +307,10 @@ pub(super) async fn verify_upload(
             ObjectHead { etag: Some(etag.trim_matches('"').to_string()), ..ObjectHead::of(meta.clone()) }
         }
         (Kind::Other, _) => ObjectHead::of(meta.clone()),
-        _ => retry(ctx, "head", &dst.key, || dst.store.head(&dst.key, HeadOpts { digests: true })).await?,
+        _ => {
+            retry(ctx, "head", &dst.key, || dst.store.head(&dst.key, HeadOpts { digests: true, ..Default::default() }))
+                .await?
+        }
     };
     match verify::check(&verify::expect(dst.kind, &digests), &d.sums, whole, false) {
         Check::Ok(how) => Ok(how),

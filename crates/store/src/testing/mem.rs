@@ -212,7 +212,7 @@ impl Store for MemStore {
         let mut out: Vec<ObjectMeta> = Vec::new();
         for (key, (data, etag, mtime)) in objects.range(prefix.to_string()..) {
             let Some(rest) = key.strip_prefix(prefix) else { break };
-            if rest.is_empty() && (prefix.is_empty() || prefix.ends_with('/')) {
+            if rest.is_empty() && (prefix.is_empty() || prefix.ends_with('/')) && data.is_empty() {
                 continue; // the directory marker itself (a plain prefix lists its exact key)
             }
             match (recursive, rest.find('/')) {

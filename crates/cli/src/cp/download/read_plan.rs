@@ -28,7 +28,10 @@ pub(super) struct ReadPlan {
 pub(in crate::cp) async fn head(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<ObjectHead, CpError> {
     match head {
         Some(d) => Ok(d.clone()),
-        None => retry(ctx, "head", &src.key, || src.store.head(&src.key, HeadOpts { digests: true })).await,
+        None => {
+            retry(ctx, "head", &src.key, || src.store.head(&src.key, HeadOpts { digests: true, ..Default::default() }))
+                .await
+        }
     }
 }
 
