@@ -409,3 +409,24 @@ async fn an_event_for_a_key_not_shown_keeps_its_directory_from_rmdir() {
     assert!(fs.table.lock().unwrap().holds_hidden("d/"));
     assert!(matches!(fs.rmdir(ROOT_INO, "d").await, Err(FsError::NotEmpty)));
 }
+
+/// Another client puts bytes at a marker already listed empty: the directory then holds a
+/// key not shown, so write-back's `rmdir` asks the store and keeps those bytes.
+#[tokio::test]
+async fn an_event_putting_bytes_at_a_marker_keeps_its_directory_from_rmdir() {
+    let store = Arc::new(MemStore::new());
+    store.put("d/", Bytes::new(), PutOpts::default()).await.unwrap();
+    let clock = Clock::manual();
+    let fs = fs_on(&store, &clock);
+    fs.on_feed(Feed::Up);
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    let fh = fs.opendir(d).await.unwrap();
+    assert_eq!(fs.readdir(fh).unwrap().len(), 2, "empty");
+    fs.releasedir(fh);
+    assert!(!fs.table.lock().unwrap().holds_hidden("d/"));
+    store.put("d/", Bytes::from_static(b"payload"), PutOpts::default()).await.unwrap();
+    fs.on_feed(put("d/", 7, "e-d"));
+    assert!(fs.table.lock().unwrap().holds_hidden("d/"));
+    assert!(matches!(fs.rmdir(ROOT_INO, "d").await, Err(FsError::NotEmpty)));
+    assert_eq!(bucketfs_store::StoreExt::stat(store.as_ref(), "d/").await.unwrap().size, 7);
+}

@@ -101,6 +101,12 @@ impl Fs {
                 t.note_hidden(&dir, true);
             }
         }
+        if let Event::Put { key, size, .. } = &ev {
+            if key.ends_with('/') && *size > 0 {
+                // A marker another client put bytes in: no name shows them (`rmdir` asks).
+                self.table.lock().unwrap().note_hidden(key, true);
+            }
+        }
         if !addressable {
             // Never shown (a listing skips it too): `dup ` would read and write `dup`.
             tracing::debug!(key = ?ev.key(), "store event for a key this store cannot address; ignored");

@@ -569,13 +569,22 @@ impl OpendalStore {
             req = req.header(k, v);
         }
         let Ok(req) = req.body(opendal::Buffer::new()) else { return Ok((0, true)) };
-        match self.op.context().http_transport().fetch(req).await {
-            Ok(r) if r.status().is_success() => {
+        // Outside the operator's timeout layer: bounded here. A failure is an error (the
+        // caller's operation fails and can be tried again), not a guess either way.
+        let failed = |why: String| StoreError::new(crate::StoreErrorKind::Other, format!("HEAD {key}: {why}"));
+        let fetch = self.op.context().http_transport().fetch(req);
+        let r = match tokio::time::timeout(std::time::Duration::from_secs(30), fetch).await {
+            Err(_) => return Err(failed("no answer in 30 s".into())),
+            Ok(r) => r.map_err(err)?,
+        };
+        match r.status() {
+            s if s.is_success() => {
                 let len = r.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
                 tracing::debug!(key, ?len, "size of a marker whose MD5 is not the empty one");
                 Ok(len.map_or((0, true), |n| (n, false)))
             }
-            _ => Ok((0, true)),
+            http::StatusCode::NOT_FOUND => Ok((0, false)),
+            s => Err(failed(s.to_string())),
         }
     }
 }
@@ -586,7 +595,7 @@ const EMPTY_MD5: [u8; 16] =
 
 /// Whether an entry's MD5 (GCS's `md5Hash`, else the ETag, an MD5 for S3's single-part
 /// uploads) is known and not that of no bytes. An encrypted object's ETag looks like an
-/// MD5 and is none: true then, and a HEAD's length answers (`s3::marker_size`).
+/// MD5 and is none: true then, and a HEAD's length answers (`OpendalStore::marker_bytes`).
 fn md5_says_bytes(m: &Metadata) -> bool {
     m.content_md5().or(m.etag()).and_then(parse_md5).is_some_and(|md5| md5 != EMPTY_MD5)
 }

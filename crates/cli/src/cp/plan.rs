@@ -271,6 +271,9 @@ async fn expand_remote(
     let mut objects = std::collections::BTreeSet::new();
     let mut markers = Vec::new();
     while let Some(m) = list.try_next().await.map_err(|e| CpError::store(format!("{}: {e}", r.url()), &e))? {
+        if m.key == prefix {
+            continue; // the prefix's own marker, listed when it may hold bytes (no name shows them)
+        }
         if m.is_prefix() {
             markers.push(m.key);
             continue;
