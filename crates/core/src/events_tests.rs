@@ -391,19 +391,24 @@ async fn a_listing_served_through_an_outage_is_not_vouched_for_by_events() {
     assert_eq!(names(&fs).await, ["a.txt", "b.txt"], "past the TTL again, the store is asked");
 }
 
-/// An event for a key not shown (`d//y`) marks the directories above it as holding it:
-/// `rmdir` asks the store there instead of its cached, empty listing.
-#[tokio::test]
-async fn an_event_for_a_key_not_shown_keeps_its_directory_from_rmdir() {
-    let store = Arc::new(MemStore::new());
+/// A mount of `store` following events, with directory `d` (an empty marker) listed.
+async fn with_d_listed_empty(store: &Arc<MemStore>) -> Arc<Fs> {
     store.put("d/", Bytes::new(), PutOpts::default()).await.unwrap();
-    let clock = Clock::manual();
-    let fs = fs_on(&store, &clock);
+    let fs = fs_on(store, &Clock::manual());
     fs.on_feed(Feed::Up);
     let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
     let fh = fs.opendir(d).await.unwrap();
     assert_eq!(fs.readdir(fh).unwrap().len(), 2, "empty");
     fs.releasedir(fh);
+    fs
+}
+
+/// An event for a key not shown (`d//y`) marks the directories above it as holding it:
+/// `rmdir` asks the store there instead of its cached, empty listing.
+#[tokio::test]
+async fn an_event_for_a_key_not_shown_keeps_its_directory_from_rmdir() {
+    let store = Arc::new(MemStore::new());
+    let fs = with_d_listed_empty(&store).await;
     store.put("d//y", Bytes::from_static(b"y"), PutOpts::default()).await.unwrap();
     fs.on_feed(put("d//y", 1, "e-y"));
     assert!(fs.table.lock().unwrap().holds_hidden("d/"));
@@ -415,14 +420,7 @@ async fn an_event_for_a_key_not_shown_keeps_its_directory_from_rmdir() {
 #[tokio::test]
 async fn an_event_putting_bytes_at_a_marker_keeps_its_directory_from_rmdir() {
     let store = Arc::new(MemStore::new());
-    store.put("d/", Bytes::new(), PutOpts::default()).await.unwrap();
-    let clock = Clock::manual();
-    let fs = fs_on(&store, &clock);
-    fs.on_feed(Feed::Up);
-    let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
-    let fh = fs.opendir(d).await.unwrap();
-    assert_eq!(fs.readdir(fh).unwrap().len(), 2, "empty");
-    fs.releasedir(fh);
+    let fs = with_d_listed_empty(&store).await;
     assert!(!fs.table.lock().unwrap().holds_hidden("d/"));
     store.put("d/", Bytes::from_static(b"payload"), PutOpts::default()).await.unwrap();
     fs.on_feed(put("d/", 7, "e-d"));

@@ -94,17 +94,17 @@ impl Fs {
 
     fn apply_event(&self, ev: Event) {
         let addressable = self.store.capabilities().addressable(ev.key());
-        if !(addressable && crate::names::shown_below("", ev.key())) && matches!(ev, Event::Put { .. }) {
-            // The directories above a key not shown hold it: `rmdir` asks the store there.
-            let mut t = self.table.lock().unwrap();
-            for dir in crate::names::ancestors("", ev.key()) {
-                t.note_hidden(&dir, true);
-            }
-        }
         if let Event::Put { key, size, .. } = &ev {
+            let mut t = self.table.lock().unwrap();
+            if !(addressable && crate::names::shown_below("", key)) {
+                // The directories above a key not shown hold it: `rmdir` asks the store there.
+                for dir in crate::names::ancestors("", key) {
+                    t.note_hidden(&dir, true);
+                }
+            }
             if key.ends_with('/') && *size > 0 {
-                // A marker another client put bytes in: no name shows them (`rmdir` asks).
-                self.table.lock().unwrap().note_hidden(key, true);
+                // A marker another client put bytes in: no name shows them either.
+                t.note_hidden(key, true);
             }
         }
         if !addressable {

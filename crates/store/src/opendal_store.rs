@@ -543,32 +543,33 @@ impl Store for OpendalStore {
 impl OpendalStore {
     /// Whether marker `key` holds bytes, as (size, size unknown). OpenDAL takes a key ending
     /// in `/` for a directory: its `stat` answers from a listing with no length, and it
-    /// reads no such key. The marker's listed MD5 tells an empty one; past that, a HEAD of
-    /// the key (presigned, sent through the operator's own transport) gives the length, as
-    /// an encrypted object's ETag is no MD5. Unknown (a mount that cannot sign) counts as
-    /// holding bytes.
+    /// reads no such key. So a HEAD of the key (presigned, sent through the operator's own
+    /// transport) gives the length; an encrypted object's ETag is no MD5. A mount that
+    /// cannot sign one asks a listing for the marker's MD5, and an MD5 that is not the
+    /// empty content's counts as holding bytes.
     async fn marker_bytes(&self, key: &str) -> Result<(u64, bool), StoreError> {
         let err = |e| StoreError::from_opendal("head", key, e);
-        let mut lister = self.op.lister_with(key).limit(1).await.map_err(err)?;
-        let own = match lister.next().await.transpose().map_err(err)? {
-            Some(e) if e.path().trim_start_matches('/') == key => e,
-            _ => return Ok((0, false)),
-        };
-        if !md5_says_bytes(own.metadata()) {
-            return Ok((0, false));
-        }
-        let p = match self.op.presign_stat(key, std::time::Duration::from_secs(60)).await {
-            Ok(p) => p,
+        let req = match self.op.presign_stat(key, std::time::Duration::from_secs(60)).await {
+            Ok(p) => {
+                let mut req = http::Request::builder().method(p.method()).uri(p.uri());
+                for (k, v) in p.header() {
+                    req = req.header(k, v);
+                }
+                req.body(opendal::Buffer::new()).ok()
+            }
             Err(e) => {
-                tracing::debug!(key, "size of a marker whose MD5 is not the empty one: no HEAD ({e})");
-                return Ok((0, true));
+                tracing::debug!(key, "size of a marker: no HEAD ({e}); its listed MD5 answers");
+                None
             }
         };
-        let mut req = http::Request::builder().method(p.method()).uri(p.uri());
-        for (k, v) in p.header() {
-            req = req.header(k, v);
-        }
-        let Ok(req) = req.body(opendal::Buffer::new()) else { return Ok((0, true)) };
+        let Some(req) = req else {
+            let mut lister = self.op.lister_with(key).limit(1).await.map_err(err)?;
+            let says = match lister.next().await.transpose().map_err(err)? {
+                Some(e) if e.path().trim_start_matches('/') == key => md5_says_bytes(e.metadata()),
+                _ => false,
+            };
+            return Ok((0, says));
+        };
         // Outside the operator's timeout layer: bounded here. A failure is an error (the
         // caller's operation fails and can be tried again), not a guess either way.
         let failed = |why: String| StoreError::new(crate::StoreErrorKind::Other, format!("HEAD {key}: {why}"));
@@ -580,7 +581,7 @@ impl OpendalStore {
         match r.status() {
             s if s.is_success() => {
                 let len = r.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
-                tracing::debug!(key, ?len, "size of a marker whose MD5 is not the empty one");
+                tracing::debug!(key, ?len, "size of a marker");
                 Ok(len.map_or((0, true), |n| (n, false)))
             }
             http::StatusCode::NOT_FOUND => Ok((0, false)),

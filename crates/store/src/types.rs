@@ -123,10 +123,10 @@ pub trait Store: Send + Sync + 'static {
     /// Entries under `prefix` (which is empty or ends with `/`). Non-recursive: direct
     /// children, with sub-prefixes reported once each as keys ending in `/`. The prefix
     /// itself (a directory marker) is not reported, unless it may hold bytes
-    /// ([`ObjectMeta::may_hold_bytes`]: another client can put content at `d/`). On stores with `prefix_dirs`, a plain
-    /// prefix (`d/na`, non-recursive) lists the entries of `d/` whose keys start with it, in
-    /// key order, its exact key included: one request tells a file `d/na`, a directory
-    /// `d/na/` and a link `d/na.rclonelink` apart.
+    /// ([`ObjectMeta::may_hold_bytes`]: another client can put content at `d/`). On stores
+    /// with `prefix_dirs`, a plain prefix (`d/na`, non-recursive) lists the entries of `d/`
+    /// whose keys start with it, in key order, its exact key included: one request tells a
+    /// file `d/na`, a directory `d/na/` and a link `d/na.rclonelink` apart.
     fn list(&self, prefix: &str, recursive: bool) -> ListStream;
 
     /// Store `data` as `key`, replacing any existing object. The returned `etag` is the
@@ -257,7 +257,8 @@ pub struct HeadOpts {
     /// Fill [`ObjectHead`]'s digests (`etag`, `md5`, `checksum`) where the store has them.
     pub digests: bool,
     /// For a marker (`d/`), learn whether it holds bytes ([`ObjectMeta::may_hold_bytes`]):
-    /// its size, else `size_unknown` (on S3 and GCS, a listing and maybe a HEAD more).
+    /// its size, else `size_unknown` (on S3 and GCS, one HEAD more, or a listing where
+    /// the mount cannot sign one).
     pub marker_bytes: bool,
 }
 
