@@ -327,10 +327,16 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         let _ = session_done.send("session ended");
         r
     });
+    // Register the handlers here, before READY=1: a SIGTERM that arrives before a spawned
+    // task first runs would otherwise take the default action and kill the mount uncleanly.
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _rt = rt.enter();
+        (signal(SignalKind::terminate()).expect("SIGTERM"), signal(SignalKind::interrupt()).expect("SIGINT"))
+    };
     rt.spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
         let _ = done_tx.send("signal");
