@@ -88,14 +88,18 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     }
     // Listen only once the mounts of an earlier run are adopted: a caller that sees the
     // socket sees a plugin that knows its mounts.
+    // The handlers exist before the socket does: a SIGTERM sent the moment the socket shows
+    // would otherwise take the default action and skip removing it.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
     let listener = tokio::net::UnixListener::bind(&path)
         .map_err(|e| format!("cannot listen on {}: {e} (is the directory writable?)", path.display()))?;
     tracing::info!(endpoint = %path.display(), mode = ?cfg.mode, node = %cfg.node_id, "CSI driver serving");
-    let stop = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+    let stop = async move {
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
         }
         tracing::info!("CSI driver stopping; its mounts keep serving");
     };
