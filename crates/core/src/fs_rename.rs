@@ -356,7 +356,7 @@ impl Fs {
                 // A move's journal entry lives until the sidecar names the new key, below.
                 let mut journal = None;
                 if st.in_store && !st.committed() {
-                    journal = Some(self.move_object(&src.key, new_key, None).await?);
+                    journal = Some(self.move_object(&src.key, new_key, replaced).await?);
                     if st.maybe_landed {
                         // An upload this rename cancelled may land after the move's delete.
                         self.delete_removed(&src.key, st.landing()).await?;
@@ -458,7 +458,19 @@ impl Fs {
             self.store.rename(from, to).await?;
             return Ok(crate::moves::Entry::none());
         }
-        let journal = crate::moves::Entry::begin(&self.cfg.staging_dir, from, to, &[from.to_string()]);
+        // A crash before the target's sidecar goes (below) must not recover its bytes over
+        // the copy: the entry names that staged file, for the replay to drop.
+        let target = match replaced.and_then(|d| self.staging.get(d)) {
+            Some(dst) => Some(dst.lock().await.data_path().to_path_buf()),
+            None => None,
+        };
+        let journal = crate::moves::Entry::begin_replacing(
+            &self.cfg.staging_dir,
+            from,
+            to,
+            &[from.to_string()],
+            target.as_deref(),
+        );
         self.copy_then_delete(from, to, replaced).await?;
         Ok(journal)
     }
@@ -627,6 +639,7 @@ impl Fs {
             let mut st = self.lock_to_change(node.ino, &staged).await;
             st.set_key(&node.key)?;
             st.mark_changed();
+            self.keep_attrs(node.ino, &mut st);
             if let Some(h) = fh {
                 self.mark_wrote(h);
             }
@@ -641,6 +654,7 @@ impl Fs {
             let mut st = staged.lock().await;
             st.set_key(&node.key)?;
             st.mark_changed();
+            self.keep_attrs(node.ino, &mut st);
         }
         self.mark_wrote(temp);
         let flushed = self.flush(temp).await;

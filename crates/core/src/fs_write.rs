@@ -142,6 +142,15 @@ impl Fs {
         }
     }
 
+    /// Record the attributes `ino`'s upload is to carry beside its staged bytes, for crash
+    /// recovery ([`crate::write::Staged::keep_attrs`]): at each commit point and change.
+    pub(crate) fn keep_attrs(&self, ino: u64, st: &mut Staged) {
+        let Ok(node) = self.node(ino) else { return };
+        if let Err(e) = st.keep_attrs(&self.attrs_to_keep(&node)) {
+            tracing::warn!(key = %node.key, "mode, owner and mtime not kept for crash recovery: {e}");
+        }
+    }
+
     pub(crate) async fn upload_pub(&self, ino: u64) -> Result<(), FsError> {
         self.upload_ino(ino, false).await
     }
@@ -338,6 +347,7 @@ impl Fs {
         // What goes up is a version someone closed: if the upload fails, the next mount
         // recovers these bytes (write.rs).
         st.commit()?;
+        self.keep_attrs(ino, &mut st);
         self.publish(ino, &mut st).await
     }
 
@@ -555,6 +565,7 @@ impl Fs {
             tracing::warn!(ino, "cannot commit the staged file at its last close: {e}");
             return;
         }
+        self.keep_attrs(ino, st);
         self.join_handles(ino, st);
         self.queue_committed(ino, st);
     }
@@ -614,6 +625,7 @@ impl Fs {
                 tracing::warn!(ino, "cannot commit a mapped staged file: {e}");
                 return false;
             }
+            self.keep_attrs(ino, &mut st);
             if self.write_back() {
                 self.queue_committed(ino, &st);
             } else if let Err(e) = self.publish(ino, &mut st).await {

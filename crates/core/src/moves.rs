@@ -19,6 +19,10 @@
 //! Finishing is idempotent: a source that is gone was copied (sources go only after every
 //! copy), so it is skipped; one still there is copied again, then every source goes.
 //! An entry is `from`, `to` and the keys, separated by NUL bytes (no shown key has one).
+//! A file move over a staged file not uploaded yet adds an empty part, then `/` and that
+//! file's name in the staging directory: the move replaces it, so a replay that finishes
+//! the move drops it ([`Move::replaces`]) rather than recover it over the copy. (A part
+//! starting with `/` is never taken for a key: no key starts with one.)
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -50,11 +54,27 @@ impl Entry {
     /// it happens. Without a journal (it cannot be written) the move goes on unjournaled,
     /// as before, and says so.
     pub(crate) fn begin(staging: &Path, from: &str, to: &str, keys: &[String]) -> Self {
+        Self::begin_replacing(staging, from, to, keys, None)
+    }
+
+    /// [`Entry::begin`] for a file move over `replaces`, the staged data file (in
+    /// `staging`) of a target not uploaded yet.
+    pub(crate) fn begin_replacing(
+        staging: &Path,
+        from: &str,
+        to: &str,
+        keys: &[String],
+        replaces: Option<&Path>,
+    ) -> Self {
         let Some(dir) = dir_for(staging) else { return Self { path: None } };
         let mut text = format!("{from}\0{to}");
         for k in keys {
             text.push('\0');
             text.push_str(k);
+        }
+        if let Some(name) = replaces.and_then(Path::file_name) {
+            text.push_str("\0\0/");
+            text.push_str(&name.to_string_lossy());
         }
         let path = dir.join(unique_name());
         let tmp = path.with_extension("tmp");
@@ -174,6 +194,9 @@ pub(crate) struct Move {
     pub from: String,
     pub to: String,
     pub named_before: SystemTime,
+    /// The staged data file (its name in the staging directory) of a target this move
+    /// replaced and finished now: never recovered (it would land over the copy).
+    pub replaces: Option<String>,
 }
 
 /// What a kept entry's name gets when a replay first fails: the time of that replay.
@@ -213,7 +236,12 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
             let _ = std::fs::remove_file(&path);
             continue;
         };
-        let keys: Vec<String> = parts.filter(|k| k.starts_with(from)).map(str::to_string).collect();
+        let mut parts: Vec<&str> = parts.collect();
+        let replaces = match parts.iter().position(|p| p.is_empty()) {
+            Some(i) => parts.split_off(i).iter().find_map(|p| p.strip_prefix('/')).map(str::to_string),
+            None => None,
+        };
+        let keys: Vec<String> = parts.into_iter().filter(|k| k.starts_with(from)).map(str::to_string).collect();
         let done = if store.capabilities().moves {
             // One request moves the folder (Drive), so it moved whole or not at all. `run`'s
             // create-copy-delete would delete `from`, and deleting a folder there takes
@@ -225,6 +253,7 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
         } else {
             run(store, from, to, &keys, true, began).await
         };
+        let finished = done.is_ok();
         match done {
             Ok(()) => {
                 tracing::warn!(%from, %to, keys = keys.len(), "finished a move an earlier mount began");
@@ -240,7 +269,12 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
                 }
             }
         }
-        moves.push(Move { from: from.to_string(), to: to.to_string(), named_before: kept.unwrap_or(now) });
+        moves.push(Move {
+            from: from.to_string(),
+            to: to.to_string(),
+            named_before: kept.unwrap_or(now),
+            replaces: replaces.filter(|_| finished),
+        });
     }
     moves
 }
@@ -286,7 +320,7 @@ mod tests {
     use bucketfs_store::{PutOpts, StoreExt};
 
     fn journaled(from: &str, to: &str, at: SystemTime) -> Move {
-        Move { from: from.to_string(), to: to.to_string(), named_before: at }
+        Move { from: from.to_string(), to: to.to_string(), named_before: at, replaces: None }
     }
 
     #[test]

@@ -40,6 +40,17 @@ pub(crate) async fn recover(
     moved: &[crate::moves::Move],
 ) -> (Vec<String>, Vec<String>) {
     let (mut done, mut failed) = (Vec::new(), Vec::new());
+    // The staged bytes of a target a rename replaced, where the crash fell before they were
+    // dropped (during the copy): the finished move holds the name, they never go up.
+    for (m, name) in moved.iter().filter_map(|m| Some((m, m.replaces.as_deref()?))) {
+        let data = dir.join(name);
+        if !name.contains('/') && data.extension().is_some_and(|x| x == "data") && data.exists() {
+            tracing::info!(from = %m.from, to = %m.to, "staged bytes replaced by a rename a crash cut short: dropped");
+            for ext in ["data", "key", "open", "base", "excl", "attrs"] {
+                let _ = std::fs::remove_file(data.with_extension(ext));
+            }
+        }
+    }
     let Ok(entries) = std::fs::read_dir(dir) else { return (done, failed) };
     // key -> (its newest sidecar's mtime, data file)
     let mut newest: HashMap<String, (std::time::SystemTime, PathBuf)> = HashMap::new();
@@ -69,7 +80,7 @@ pub(crate) async fn recover(
         };
         if let Some(old) = older {
             tracing::info!(%key, "staged bytes replaced by a rename before the crash: dropped");
-            for ext in ["data", "key", "open"] {
+            for ext in ["data", "key", "open", "base", "excl", "attrs"] {
                 let _ = std::fs::remove_file(old.with_extension(ext));
             }
         }
@@ -102,6 +113,11 @@ pub(crate) async fn recover(
             let _share = budget.upload(size, opts).await;
             let mut opts = opts;
             opts.put.if_not_exists |= create_only;
+            // The mode, owner and mtime the crashed mount's upload would have carried.
+            if let Ok(text) = std::fs::read_to_string(data.with_extension("attrs")) {
+                let kv = text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string()));
+                opts.put.attrs = bucketfs_store::FileAttrs::from_metadata(&kv.collect());
+            }
             let mut w = store.writer(&key, opts).await?;
             if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts, None).await {
                 let _ = w.abort().await;
@@ -124,6 +140,7 @@ pub(crate) async fn recover(
                 let _ = std::fs::remove_file(data.with_extension("open"));
                 let _ = std::fs::remove_file(&base_file);
                 let _ = std::fs::remove_file(&excl_file);
+                let _ = std::fs::remove_file(data.with_extension("attrs"));
                 done.push(key);
             }
             Err(FsError::Store(e)) if create_only && e.kind == bucketfs_store::StoreErrorKind::Exists => {
@@ -148,7 +165,7 @@ fn sweep_orphans(dir: &Path) {
         let p = e.path();
         let orphan = match p.extension().and_then(|x| x.to_str()) {
             Some("tmp" | "basetmp") => true,
-            Some("key" | "open" | "base" | "excl") => !p.with_extension("data").exists(),
+            Some("key" | "open" | "base" | "excl" | "attrs") => !p.with_extension("data").exists(),
             _ => false,
         };
         if orphan && e.file_type().is_ok_and(|t| t.is_file()) {

@@ -85,6 +85,8 @@ pub struct Staged {
     marked_as: Option<Stamp>,
     /// Its text while `open_marked` (`open`, or `base N`: see [`Staged::mark_open`]).
     open_text: Option<String>,
+    /// What the `.attrs` sidecar holds, if written ([`Staged::keep_attrs`]).
+    attrs_kept: Option<bucketfs_store::FileAttrs>,
     /// The disk cache took the file over ([`Staged::given_away`]): its inode is the cache's
     /// (and a later staged file of the same node may adopt and rewrite it).
     given: bool,
@@ -189,6 +191,7 @@ impl Staged {
             open_marked: false,
             marked_as: None,
             open_text: None,
+            attrs_kept: None,
             given: false,
             adopted: false,
             in_store: true,
@@ -307,6 +310,7 @@ impl Staged {
         let _ = crate::recycle::remove(&self.open_path());
         self.open_marked = false;
         self.marked_as = None;
+        self.forget_attrs();
         self.forget_base();
     }
 
@@ -338,6 +342,11 @@ impl Staged {
         if let Err(e) = set {
             tracing::warn!(key = ?self.key, "cannot order staged sidecars: {e}");
         }
+    }
+
+    /// The staged data file.
+    pub(crate) fn data_path(&self) -> &std::path::Path {
+        &self.path
     }
 
     fn key_path(&self) -> PathBuf {
@@ -586,8 +595,9 @@ impl Drop for Staged {
             self.drop_key();
             return;
         }
-        if self.dirty && !self.unlinked && self.create_only {
-            // Recovery uploads unconditionally: never over another writer's object.
+        if self.dirty && !self.unlinked && self.create_only && !self.path.with_extension("excl").exists() {
+            // Without its `.excl` sidecar recovery would upload it over another writer's
+            // object; with it, recovery uploads it create-only (a store down at unmount).
             if let (Some(dir), Some(key)) = (self.path.parent(), self.key.clone()) {
                 set_aside(dir, &self.path, &key);
                 return;
@@ -642,6 +652,7 @@ pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) {
             let _ = std::fs::remove_file(data.with_extension("open"));
             let _ = std::fs::remove_file(data.with_extension("base"));
             let _ = std::fs::remove_file(data.with_extension("excl"));
+            let _ = std::fs::remove_file(data.with_extension("attrs"));
         }
         Err(e) => tracing::error!(%key, data = %data.display(), "cannot set aside unclosed staged bytes: {e}"),
     }

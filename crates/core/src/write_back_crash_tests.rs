@@ -558,3 +558,136 @@ async fn a_close_beside_a_writer_after_a_cut_off_one_is_sent_again() {
     assert_eq!(object(mem.as_ref(), "log").await.unwrap(), b"newer");
     drop(hang);
 }
+
+/// What a `kill -9` at this instant leaves on local disk: the staging directory and its
+/// journals beside it, copied under a new name (`<dir>-crash`) while the mount goes on.
+fn crash_image(dir: &std::path::Path) -> std::path::PathBuf {
+    fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+        let Ok(entries) = std::fs::read_dir(from) else { return };
+        std::fs::create_dir_all(to).unwrap();
+        for e in entries.flatten() {
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            if e.file_type().unwrap().is_dir() {
+                copy_tree(&src, &dst);
+            } else {
+                let _ = std::fs::copy(&src, &dst);
+            }
+        }
+    }
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    let image = dir.with_file_name(format!("{name}-crash"));
+    for (from, to) in [
+        (dir.to_path_buf(), image.clone()),
+        (dir.with_file_name(format!(".{name}.moves")), dir.with_file_name(format!(".{name}-crash.moves"))),
+        (dir.with_file_name(format!(".{name}.deletes")), dir.with_file_name(format!(".{name}-crash.deletes"))),
+    ] {
+        let _ = std::fs::remove_dir_all(&to);
+        copy_tree(&from, &to);
+    }
+    image
+}
+
+/// `mv a b` over a pending `b`, with `a` open (it moves now, by copy then delete): the
+/// daemon dies during the copy. The next mount finishes the move and must not recover `b`'s
+/// replaced bytes over the copy: `a`'s bytes hold `b`, never lost. `a` is either only read
+/// or being written (its last closed version is the one that moves).
+#[tokio::test]
+async fn a_rename_over_a_pending_file_cut_during_its_copy_keeps_the_source() {
+    for writing in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        mem.put("a", bytes::Bytes::from_static(b"source"), Default::default()).await.unwrap();
+        let dir = staging(&format!("rename-copy-crash-{writing}"));
+        let held = Arc::new(FailStore::new(mem.clone(), Op::Copy, u64::MAX, 0, StoreErrorKind::Unavailable));
+        let copy = held.hold(Op::Copy, 1);
+        let fs = Arc::new(Fs::new(held.clone(), cfg(&dir, 60_000)));
+        fs.start_write_back();
+        write_file(&fs, "b", b"old b").await;
+        let a = fs.lookup(ROOT_INO, "a").await.unwrap().ino;
+        let fh = fs.open(a, writing, false).await.unwrap();
+        if writing {
+            fs.write(fh, 0, b"never closed").await.unwrap();
+        }
+        let f = fs.clone();
+        let rename = tokio::spawn(async move { f.rename(ROOT_INO, "a", ROOT_INO, "b", false).await });
+        for _ in 0..500 {
+            if held.calls() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(held.calls(), 1, "the rename copies a");
+        let image = crash_image(&dir); // the crash, during the copy
+        rename.abort();
+        let _ = rename.await;
+        drop((fs, copy));
+        let fs = Fs::new(mem.clone(), cfg(&image, 60_000));
+        let (done, failed) = fs.recover_staged().await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert!(!done.contains(&"b".to_string()), "writing {writing}: b's replaced bytes were recovered over the copy");
+        assert_eq!(keys(mem.as_ref()).await, ["b"], "writing {writing}: one name");
+        assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"source", "writing {writing}");
+    }
+}
+
+/// Files closed (or changed by `chmod`/`touch -d`) and killed before their upload: the next
+/// mount uploads them with the mode and mtime the upload would have carried (an executable
+/// stays one; `make` sees the mtime `tar -x` set).
+#[tokio::test]
+async fn a_crash_keeps_the_mode_and_mtime_of_pending_files() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("attrs-crash");
+    let old = std::time::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    {
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+        fs.start_write_back();
+        let (made, fh) = fs.create(ROOT_INO, "made-755", 0, Some(0o755)).await.unwrap();
+        fs.write(fh, 0, b"#!/bin/sh\n").await.unwrap();
+        fs.release(fh).await.unwrap();
+        let later = write_file(&fs, "chmod-later", b"x").await;
+        let set = |mode, mtime| crate::fs::SetAttr { size: None, mode, uid: None, gid: None, mtime, fh: None };
+        fs.setattr(later, set(Some(0o100700), Some(old))).await.unwrap();
+        assert_eq!(made.perm, 0o755);
+        std::mem::forget(fs); // the crash
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    let (mut done, failed) = fs.recover_staged().await;
+    done.sort();
+    assert_eq!((done, failed), (vec!["chmod-later".to_string(), "made-755".to_string()], vec![]));
+    let attrs = |key: &'static str| {
+        let mem = mem.clone();
+        async move { mem.head(key, Default::default()).await.unwrap().attrs }
+    };
+    assert_eq!(attrs("made-755").await.mode, Some(0o100755));
+    let a = attrs("chmod-later").await;
+    assert_eq!((a.mode, a.mtime), (Some(0o100700), Some(old)));
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "attrs"))
+        .collect();
+    assert!(left.is_empty(), "sidecars left: {left:?}");
+}
+
+/// An `O_EXCL` file whose upload fails at a clean unmount (the store down) stays staged
+/// for the next mount, which uploads it (create-only), as any other pending file; it is
+/// not set aside in `lost+found` as if refused.
+#[tokio::test]
+async fn an_exclusive_file_pending_at_unmount_is_uploaded_by_the_next_mount() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-unmount");
+    {
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, u64::MAX, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down.clone(), cfg(&dir, 0));
+        fs.start_write_back();
+        let (_, fh) = fs.create(ROOT_INO, "lock", libc::O_EXCL, None).await.unwrap();
+        fs.write(fh, 0, b"pid 42").await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert_eq!(fs.sync_all().await, ["lock"], "the unmount names it");
+        assert!(down.calls() > 0, "the upload was tried");
+    } // the unmount
+    assert!(!dir.join("lost+found").exists(), "set aside as if refused");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert_eq!((done, failed), (vec!["lock".to_string()], vec![]));
+    assert_eq!(object(mem.as_ref(), "lock").await.unwrap(), b"pid 42");
+}

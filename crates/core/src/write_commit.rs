@@ -126,6 +126,34 @@ impl Staged {
         }
     }
 
+    /// The mode, owner and mtime the upload is to carry (`a`, empty: none), in a `.attrs`
+    /// sidecar, so a crash recovers them with the bytes (an executable stays one). Written
+    /// only when they change; for a file with a key (one whose bytes go up).
+    pub fn keep_attrs(&mut self, a: &bucketfs_store::FileAttrs) -> Result<(), FsError> {
+        if self.key.is_none() || self.attrs_kept.as_ref() == Some(a) || a.is_empty() && self.attrs_kept.is_none() {
+            return Ok(());
+        }
+        if a.is_empty() {
+            self.forget_attrs();
+            return Ok(());
+        }
+        let mut text: Vec<String> = a.to_metadata().into_iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        text.sort();
+        crate::recycle::write(&self.attrs_path(), text.concat().as_bytes()).map_err(local)?;
+        self.attrs_kept = Some(*a);
+        Ok(())
+    }
+
+    pub(super) fn forget_attrs(&mut self) {
+        if self.attrs_kept.take().is_some() {
+            let _ = crate::recycle::remove(&self.attrs_path());
+        }
+    }
+
+    fn attrs_path(&self) -> PathBuf {
+        self.path.with_extension("attrs")
+    }
+
     /// The committed version is in the bucket (or will never be uploaded): no copy kept.
     pub(super) fn forget_base(&mut self) {
         if self.base.take().is_some_and(|b| b.copied) {

@@ -48,7 +48,8 @@ impl FailStore {
         }
     }
 
-    /// The next `count` calls of `op` (`Head`, `List`, `Put` or `Delete`) reach the store at once
+    /// The next `count` calls of `op` (`Head`, `List`, `Put` or `Delete`; `Copy` waits before it
+    /// reaches the store) reach the store at once
     /// (a listing when first polled) but answer only as the returned semaphore gets
     /// permits, one each: replies overtaken by what happens meanwhile, or a caller paused
     /// after its change to the store (a rename between its delete and what follows).
@@ -160,6 +161,10 @@ impl Store for FailStore {
     }
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         self.gate(Op::Copy)?;
+        // Held before it reaches the store: a process that dies meanwhile never copied.
+        if let Some(p) = self.held(Op::Copy) {
+            p.acquire().await.expect("never closed").forget();
+        }
         self.inner.copy(from, to).await
     }
     async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
