@@ -7,7 +7,9 @@ each request to `upstream` as it came (headers, body) and keeps (method, path, l
 request headers) of every request in `.requests` (`.take()` returns and clears them), and
 counts the request bodies' bytes in `.sent` (what a client uploaded, measured outside it). On
 the way back it can drop answer headers (`drop`) and flip one byte of the body of the
-first `flip_gets` GET answers with a body. It buffers whole bodies: for test-sized objects.
+first `flip_gets` GET answers with a body. Requests whose method is in `.refuse` (a set the
+test may change at any time) are answered `500 InternalError` without reaching the store.
+It buffers whole bodies: for test-sized objects.
 Use it as a context manager, or call `.close()`.
 """
 
@@ -29,7 +31,8 @@ class HttpProxy:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._lock = threading.Lock()
         self._sent = [0]
-        seen, lock, flips, sent = self.requests, self._lock, [flip_gets], self._sent
+        self.refuse: set[str] = set()
+        seen, lock, flips, sent, proxy = self.requests, self._lock, [flip_gets], self._sent, self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -43,6 +46,14 @@ class HttpProxy:
                 with lock:
                     seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
                     sent[0] += n
+                if self.command in proxy.refuse:
+                    err = b"<Error><Code>InternalError</Code><Message>refused by the test proxy</Message></Error>"
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(err)))
+                    self.end_headers()
+                    self.wfile.write(err)
+                    return
                 c = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
                 c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
                 r = c.getresponse()

@@ -155,6 +155,40 @@ def test_sync_names_a_failed_upload_and_the_file_arrives_later(s3_bucket, tmp_pa
         px.delete()
 
 
+def test_a_mount_whose_recovery_fails_is_refused_and_loses_nothing(s3_bucket, tmp_path):
+    """A file closed, then `kill -9` before its upload. The next mount reaches the bucket but
+    the store refuses every upload (500 from a proxy): the mount is refused, saying why and
+    where the bytes are, rather than serve the bucket's older view (a later mount would then
+    upload the old bytes over newer ones). With the store back, the mount uploads the file."""
+    from proxykit import HttpProxy
+    staging = str(tmp_path / "staging")
+    mp = mount(wb_args(s3_bucket, staging, "--write-back-delay", "3600"))
+    data = os.urandom(300_000)
+    with open(os.path.join(mp, "kept.bin"), "wb") as f:
+        f.write(data)
+    for p in daemon_pids(mp):
+        os.kill(p, signal.SIGKILL)
+    force_unmount(mp)
+    assert "kept.bin" not in bucket_objects(s3_bucket), "uploaded before the kill (delay 3600 s)"
+    with HttpProxy(seed.S3_ENDPOINT) as px:
+        px.refuse = {"PUT", "POST"}
+        args = [seed.mount_url("s3", s3_bucket.name), "--endpoint", px.url, "--write-back", "--staging-dir", staging]
+        os.makedirs(mp, exist_ok=True)
+        r = run_cli(["mount", args[0], mp] + args[1:], timeout=300)
+        assert r.returncode != 0, "mounted although the staged file could not be uploaded"
+        assert "kept.bin" in r.err and staging in r.err and "cannot be uploaded" in r.err, r.err[-1500:]
+        assert not os.path.ismount(mp)
+        assert "kept.bin" not in bucket_objects(s3_bucket)
+        px.refuse = set()
+        r = run_cli(["mount", args[0], mp] + args[1:], timeout=300)
+        assert r.returncode == 0, r.err[-1500:]
+        try:
+            assert bucket_objects(s3_bucket).get("kept.bin") == data, "recovered once the store took it"
+            assert read_file(os.path.join(mp, "kept.bin")) == data
+        finally:
+            unmount(mp)
+
+
 def test_requests_are_one_per_file_written(s3_bucket, tmp_path):
     """Goal of the issue: a project unpacked into a new directory (a `git clone`, `tar -x`)
     costs one request per file written and one per directory made, plus the first lookup of

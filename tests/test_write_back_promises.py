@@ -319,6 +319,28 @@ def test_editor_save_right_before_kill_9(s3_bucket, tmp_path):
         unmount(mp)
 
 
+def test_mode_and_mtime_of_pending_files_survive_kill_9(s3_bucket, tmp_path):
+    """`chmod +x` and `touch -d` (as `tar -x` and `make` rely on) of files not uploaded yet,
+    then `kill -9`: the next mount uploads them with that mode and mtime."""
+    args = wb_args(s3_bucket, tmp_path / "staging", "--write-back-delay", "600")
+    mp = mount(args)
+    try:
+        old = 1_600_000_000.25
+        write_file(os.path.join(mp, "run.sh"), b"#!/bin/sh\necho hi\n")
+        os.chmod(os.path.join(mp, "run.sh"), 0o755)
+        write_file(os.path.join(mp, "dated.txt"), b"extracted")
+        os.utime(os.path.join(mp, "dated.txt"), (old, old))
+        kill_daemon(mp)
+        remount(mp, args)
+        assert sync(mp).returncode == 0
+        s3 = seed.s3_client()
+        meta = {k: s3.head_object(Bucket=s3_bucket.name, Key=k)["Metadata"] for k in ("run.sh", "dated.txt")}
+        assert meta["run.sh"].get("mode") == "100755", meta
+        assert float(meta["dated.txt"].get("mtime", "0")) == pytest.approx(old, abs=1e-3), meta
+    finally:
+        unmount(mp)
+
+
 # --------------------------------------------------------------------------- 3. rm -rf racing
 
 def test_rm_rf_racing_creators_and_find_leaves_mount_and_bucket_agreeing(s3_bucket, tmp_path):

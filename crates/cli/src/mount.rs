@@ -239,6 +239,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     }
     // Temporary objects in the bucket carry this mount point's tag (see recover_staged).
     bucketfs_store::gcs::compose::set_parts_owner(&bucketfs_core::recovery::parts_owner(&cfg.staging_dir));
+    let staging_dir = cfg.staging_dir.clone();
     let fs = Fs::new(store, cfg);
     // Staged data an earlier mount of this mount point could not upload (a crash, or a
     // store that was down at unmount) goes up before anything else.
@@ -247,7 +248,20 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         tracing::warn!(files = ?recovered, "uploaded data staged by an earlier mount");
     }
     if !still_failing.is_empty() {
-        tracing::error!(files = ?still_failing, "staged data from an earlier mount still cannot be uploaded; kept");
+        // Serving now would show the bucket's older objects, and the next mount would upload
+        // these over whatever was written meanwhile: refused, nothing lost.
+        let mut keys = still_failing.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        if still_failing.len() > 5 {
+            keys.push_str(&format!(" and {} more", still_failing.len() - 5));
+        }
+        let e = format!(
+            "{} file(s) an earlier mount left staged in {} cannot be uploaded yet ({keys}): the store failed (see the log). \
+             Nothing is lost; mount again once the store answers (or move those files, named by their .key sidecars, out of that directory to give them up)",
+            still_failing.len(),
+            staging_dir.display()
+        );
+        report(is_child, &Err(e.clone()));
+        return Err(e);
     }
     let notify = match args.notify.as_deref().map(with_host).transpose() {
         Ok(n) => n,

@@ -29,7 +29,9 @@ pub fn parts_owner(staging_dir: &Path) -> String {
 }
 
 /// Upload what a crashed (or failed) earlier mount left staged in `dir`; returns the keys
-/// uploaded and the keys that still failed (their files stay for the next try).
+/// uploaded and the keys that still failed (their files stay for the next try: the caller
+/// must not serve meanwhile, or a later mount would upload them over newer versions). An
+/// upload the store refuses for good (permission, the key's name) goes to `lost+found`.
 /// `moved`: directory moves a crash cut short (moves.rs): a sidecar naming a key below a
 /// move's source names it below its target.
 pub(crate) async fn recover(
@@ -85,7 +87,14 @@ pub(crate) async fn recover(
             }
         }
     }
+    // Once the store fails as a whole (down, hanging, throttling), the other files are not
+    // tried: each would wait out the same timeouts, and the mount is refused anyway.
+    let mut store_failing = false;
     for (key, (_, data)) in newest {
+        if store_failing {
+            failed.push(key);
+            continue;
+        }
         let key_file = data.with_extension("key");
         let base_file = data.with_extension("base");
         // What to upload: the file, or the last committed version a later change kept
@@ -148,14 +157,28 @@ pub(crate) async fn recover(
                 set_aside(dir, &data, &key);
                 let _ = std::fs::remove_file(&base_file);
             }
+            // Refused for this key for good (its name, a policy on it): kept for the user,
+            // not retried at every mount.
+            Err(FsError::Store(e)) if refused_for_good(e.kind) => {
+                tracing::error!(%key, "the store refuses the staged data an earlier mount left: {e}; the bytes go to lost+found");
+                set_aside(dir, &data, &key);
+                let _ = std::fs::remove_file(&base_file);
+            }
             Err(e) => {
                 tracing::error!(%key, "recovered staged data still cannot be uploaded: {e}");
+                store_failing |= matches!(&e, FsError::Store(e) if !refused_for_good(e.kind));
                 failed.push(key);
             }
         }
     }
     sweep_orphans(dir);
     (done, failed)
+}
+
+/// An upload refused for this key whatever the retries: kept aside, not tried again.
+fn refused_for_good(kind: bucketfs_store::StoreErrorKind) -> bool {
+    use bucketfs_store::StoreErrorKind::*;
+    matches!(kind, PermissionDenied | InvalidName | Unsupported)
 }
 
 /// Remove what a crash left beside no staged data: a sidecar whose data file went (the

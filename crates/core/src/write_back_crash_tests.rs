@@ -691,3 +691,41 @@ async fn an_exclusive_file_pending_at_unmount_is_uploaded_by_the_next_mount() {
     assert_eq!((done, failed), (vec!["lock".to_string()], vec![]));
     assert_eq!(object(mem.as_ref(), "lock").await.unwrap(), b"pid 42");
 }
+
+/// Recovery against a store that fails: once an upload fails for want of the store, the
+/// other files are not tried (each would wait out the same timeouts) and all are named, kept
+/// for the next try; one the store refuses for good (permission) goes to `lost+found`.
+#[tokio::test]
+async fn recovery_stops_at_a_failing_store_and_sets_aside_a_refusal() {
+    for (kind, tries, aside) in [(StoreErrorKind::Unavailable, 1, false), (StoreErrorKind::PermissionDenied, 3, true)] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging(&format!("recovery-fails-{kind:?}"));
+        {
+            let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+            fs.start_write_back();
+            for name in ["f0", "f1", "f2"] {
+                write_file(&fs, name, name.as_bytes()).await;
+            }
+            std::mem::forget(fs); // the crash
+        }
+        let failing = Arc::new(FailStore::new(mem.clone(), Op::Upload, 1, u64::MAX, kind));
+        let fs = Fs::new(failing.clone(), cfg(&dir, 60_000));
+        let (done, mut failed) = fs.recover_staged().await;
+        failed.sort();
+        assert!(done.is_empty(), "{kind:?}: {done:?}");
+        assert_eq!(failing.calls(), tries, "{kind:?}: uploads tried");
+        let found = std::fs::read_dir(dir.join("lost+found")).map_or(0, |d| d.count());
+        if aside {
+            assert!(failed.is_empty(), "{kind:?}: {failed:?}");
+            assert_eq!(found, 6, "{kind:?}: each file and its .key in lost+found");
+        } else {
+            assert_eq!(failed, ["f0", "f1", "f2"], "{kind:?}");
+            assert_eq!(found, 0);
+            // Kept: the next mount, with the store back, uploads them.
+            let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+            let (mut done, failed) = fs.recover_staged().await;
+            done.sort();
+            assert_eq!((done, failed), (vec!["f0".to_string(), "f1".into(), "f2".into()], vec![]));
+        }
+    }
+}
