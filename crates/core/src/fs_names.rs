@@ -194,8 +194,18 @@ impl Fs {
         if self.write_back() {
             // Answered locally from a listing within its TTL, as `ls` is: no wait on the
             // store (a file another client put there since keeps the directory in the
-            // bucket; only the marker goes).
+            // bucket; only the marker goes). One past its TTL is refreshed as `ls` would
+            // refresh it: waited for briefly, else renewed while the store does not answer.
             // A directory holding keys it does not show asks the store, which names them.
+            let stale = {
+                let t = self.table.lock().unwrap();
+                t.listing(ino).is_some_and(|l| !t.trusted(l)) && !t.holds_hidden(key)
+            };
+            if stale {
+                if let Ok(dir) = self.node(ino) {
+                    let _ = self.ensure_listing(&dir, false).await; // a failure: asked below
+                }
+            }
             let t = self.table.lock().unwrap();
             if let Some(l) = t.listing(ino).filter(|l| !l.overtaken && t.trusted(l) && !t.holds_hidden(key)) {
                 return Ok(!l.children.is_empty());

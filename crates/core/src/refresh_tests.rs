@@ -119,3 +119,20 @@ async fn a_mount_without_write_back_waits_for_the_store() {
     permits.add_permits(100);
     assert_eq!(ls.await.unwrap().unwrap(), [".", "..", "a", "b", "c"]);
 }
+
+/// `rmdir` of a directory whose listing is past its TTL, while the store does not answer
+/// listings: a write-back mount answers from the listing it knows (renewed, as `ls` is),
+/// within moments, not when the store's requests time out; one the listing shows holding
+/// a file is still not empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmdir_past_the_ttl_answers_what_it_knows_while_the_store_is_slow() {
+    let (h, _, _) = mount("rmdir-known", true).await;
+    h.fs.mkdir(ROOT_INO, "e", None).await.unwrap();
+    h.clock.advance(Duration::from_secs(2)); // past the TTL of both listings
+    let _permits = h.lists.hold(Op::List, 100);
+    let r = tokio::time::timeout(ANSWERED_WITHIN, h.fs.rmdir(ROOT_INO, "d")).await;
+    assert!(matches!(r.expect("rmdir of d waited for the held listing"), Err(crate::FsError::NotEmpty)));
+    let r = tokio::time::timeout(ANSWERED_WITHIN, h.fs.rmdir(ROOT_INO, "e")).await;
+    r.expect("rmdir of e waited for the held listing").unwrap();
+    h.lists.disarm();
+}
