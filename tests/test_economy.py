@@ -109,3 +109,22 @@ def test_a_missing_name_is_asked_about_once_per_ttl(metered):
     b.put("inc/missing.h", b"now here")
     time.sleep(TTL + 0.3)
     assert os.path.exists(os.path.join(mp, "inc", "missing.h"))
+
+
+@pytest.mark.parametrize("metered", [60.0], indirect=True)
+def test_a_link_read_again_costs_no_request(metered):
+    """Every path walk through a link asks readlink: a link made here (and one read once)
+    is answered again from what the mount knows, within the TTL."""
+    b, mp, requests = metered
+    b.put("lib/real.so", b"\x7fELF")
+    os.symlink("real.so", os.path.join(mp, "lib", "made.so"))
+    assert os.listdir(os.path.join(mp, "lib")) == sorted(["made.so", "real.so"])
+    before = requests()
+    for _ in range(20):
+        assert os.readlink(os.path.join(mp, "lib", "made.so")) == "real.so"
+        with open(os.path.join(mp, "lib", "made.so"), "rb") as f:
+            assert f.read() == b"\x7fELF"
+    d = _delta(before, requests())
+    # The first read of real.so's bytes; the link, made here, costs nothing (the kernel keeps
+    # a target it read once; before, the first readlink asked the store with a HEAD and a GET).
+    assert sum(d.values()) <= 1 and d.get("head", 0) == 0, d

@@ -308,3 +308,29 @@ async fn one_new_file_in_a_directory_never_listed_costs_a_probe_and_its_put() {
     new_file(&fs, d.ino, "new", b"n").await;
     assert_eq!(requests(&store) - before, 2, "the probe and the PUT");
 }
+
+/// Each path walk through a link asks `readlink`: within the TTL a link read (or made) here
+/// costs no request again; another client's change shows once the node learns the new
+/// version (its next lookup past the TTL).
+#[tokio::test]
+async fn readlink_within_the_ttl_costs_no_request() {
+    let store = Arc::new(MemStore::new());
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(store.clone(), FsConfig { clock: clock.clone(), ..cfg(1_000) });
+    let made = fs.symlink(ROOT_INO, "made", "target/one").await.unwrap();
+    let before = requests(&store);
+    for _ in 0..10 {
+        assert_eq!(&fs.readlink(made.ino).await.unwrap()[..], b"target/one");
+    }
+    assert_eq!(requests(&store) - before, 0, "a link made here, read again");
+    let key = fs.node(made.ino).unwrap().key;
+    store.put(&key, Bytes::from_static(b"elsewhere"), PutOpts::default()).await.unwrap();
+    clock.advance(Duration::from_secs(2));
+    let ino = fs.lookup(ROOT_INO, "made").await.unwrap().ino;
+    assert_eq!(&fs.readlink(ino).await.unwrap()[..], b"elsewhere", "another client's change");
+    let before = requests(&store);
+    for _ in 0..10 {
+        assert_eq!(&fs.readlink(ino).await.unwrap()[..], b"elsewhere");
+    }
+    assert_eq!(requests(&store) - before, 0, "a link read once, read again");
+}

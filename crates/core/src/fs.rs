@@ -223,6 +223,9 @@ pub struct Fs {
     pub(crate) passthrough: crate::passthrough::Counters,
     /// The store's change events, if followed (`events.rs`).
     pub(crate) events: crate::events::EventState,
+    /// Link targets read or made here, by inode, with the version they belong to
+    /// (fs_links.rs); bounded by their bytes.
+    pub(crate) links: moka::sync::Cache<u64, (crate::inode::Version, bytes::Bytes)>,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -295,6 +298,7 @@ impl Fs {
             overdue_refreshes: Default::default(),
             passthrough: Default::default(),
             events: Default::default(),
+            links: crate::fs_links::cache(),
         }
     }
 

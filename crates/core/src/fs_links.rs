@@ -1,11 +1,29 @@
 //! Symbolic links: symlink(2) and readlink(2) over link objects ([`crate::links`] says
 //! how they are stored).
+//!
+//! The kernel asks `readlink` at every path walk through a link (`ls -l`, a build opening
+//! files through a linked directory), so a target is kept for the version of the link
+//! object the node knows ([`Fs::links`]): read again while the node is fresh (within the
+//! TTL, or on a write-back mount, the bucket's main writer) costs no request, and another
+//! client's change shows once a listing or HEAD gives the node a new version.
 
-use crate::inode::Kind;
+use crate::fs::Fs;
+use crate::inode::{Kind, Version};
 use crate::links::{may_be_link, TARGET_MAX};
 use bucketfs_store::{GetOpts, PutOpts, StoreExt};
 
-impl crate::fs::Fs {
+/// Bytes of link targets kept in memory at most.
+const CACHED_TARGETS_BYTES: u64 = 16 << 20;
+
+/// The cache of link targets ([`Fs::links`]), weighed by bytes.
+pub(crate) fn cache() -> moka::sync::Cache<u64, (Version, bytes::Bytes)> {
+    moka::sync::Cache::builder()
+        .weigher(|_, (_, t): &(Version, bytes::Bytes)| (t.len() + 96) as u32)
+        .max_capacity(CACHED_TARGETS_BYTES)
+        .build()
+}
+
+impl Fs {
     /// symlink(2): write the link object (`PUT <name>.rclonelink`, content = target).
     pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<crate::fs::Attr, crate::FsError> {
         use crate::FsError;
@@ -19,7 +37,8 @@ impl crate::fs::Fs {
         if self.resolve(parent, name).await?.is_some() {
             return Err(FsError::Exists);
         }
-        let meta = self.store.put(&key, bytes::Bytes::copy_from_slice(target.as_bytes()), PutOpts::default()).await?;
+        let body = bytes::Bytes::copy_from_slice(target.as_bytes());
+        let meta = self.store.put(&key, body.clone(), PutOpts::default()).await?;
         let child = self.child_meta(name, &meta, Kind::Symlink);
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &child);
@@ -29,6 +48,9 @@ impl crate::fs::Fs {
             n.size = target.len() as u64; // stores that answer without a size
         }
         let n = t.get(ino).expect("just inserted");
+        if matches!(n.version, Version::Tag(_)) {
+            self.links.insert(ino, (n.version.clone(), body));
+        }
         Ok(self.attr(n))
     }
 
@@ -38,8 +60,17 @@ impl crate::fs::Fs {
         if node.kind != Kind::Symlink {
             return Err(crate::FsError::InvalidName); // EINVAL: not a link
         }
+        let known = matches!(node.version, Version::Tag(_)) && (self.write_back() || self.fresh(node.validated));
+        if let Some((_, target)) = self.links.get(&ino).filter(|(v, _)| known && *v == node.version) {
+            return Ok(target);
+        }
         let meta = self.store.stat(&node.key).await?;
         let size = meta.size.min(TARGET_MAX as u64);
-        Ok(self.store.get_range(&node.key, 0..size, GetOpts { if_match: meta.etag.as_deref() }).await?)
+        let target = self.store.get_range(&node.key, 0..size, GetOpts { if_match: meta.etag.as_deref() }).await?;
+        let version = Version::from_store(meta.etag.as_deref());
+        if matches!(version, Version::Tag(_)) && version == node.version {
+            self.links.insert(ino, (version, target.clone()));
+        }
+        Ok(target)
     }
 }
