@@ -48,7 +48,9 @@ impl Fs {
             n.size = target.len() as u64; // stores that answer without a size
         }
         let n = t.get(ino).expect("just inserted");
-        if matches!(n.version, Version::Tag(_)) {
+        // The version this mount wrote: a lookup racing this one may have recorded another
+        // client's link of that name.
+        if matches!(n.version, Version::Tag(_)) && n.version == Version::from_store(meta.etag.as_deref()) {
             self.links.insert(ino, (n.version.clone(), body));
         }
         Ok(self.attr(n))

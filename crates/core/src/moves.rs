@@ -195,8 +195,12 @@ pub(crate) struct Move {
     pub to: String,
     pub named_before: SystemTime,
     /// The staged data file (its name in the staging directory) of a target this move
-    /// replaced and finished now: never recovered (it would land over the copy).
+    /// replaced: never recovered over the copy. Dropped once the move is `finished`; kept
+    /// back (not uploaded) while it is not, or a later replay would find the target
+    /// written since and skip the copy, losing the source.
     pub replaces: Option<String>,
+    /// The replay finished the move (else its entry is kept for the next mount).
+    pub finished: bool,
 }
 
 /// What a kept entry's name gets when a replay first fails: the time of that replay.
@@ -273,7 +277,8 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
             from: from.to_string(),
             to: to.to_string(),
             named_before: kept.unwrap_or(now),
-            replaces: replaces.filter(|_| finished),
+            replaces,
+            finished,
         });
     }
     moves
@@ -320,7 +325,7 @@ mod tests {
     use bucketfs_store::{PutOpts, StoreExt};
 
     fn journaled(from: &str, to: &str, at: SystemTime) -> Move {
-        Move { from: from.to_string(), to: to.to_string(), named_before: at, replaces: None }
+        Move { from: from.to_string(), to: to.to_string(), named_before: at, replaces: None, finished: true }
     }
 
     #[test]

@@ -43,14 +43,21 @@ pub(crate) async fn recover(
 ) -> (Vec<String>, Vec<String>) {
     let (mut done, mut failed) = (Vec::new(), Vec::new());
     // The staged bytes of a target a rename replaced, where the crash fell before they were
-    // dropped (during the copy): the finished move holds the name, they never go up.
+    // dropped (during the copy): once the move is finished it holds the name, and they never
+    // go up; until then they are kept back, neither uploaded nor dropped (`Move::replaces`).
+    let mut held_back = std::collections::HashSet::new();
     for (m, name) in moved.iter().filter_map(|m| Some((m, m.replaces.as_deref()?))) {
         let data = dir.join(name);
-        if !name.contains('/') && data.extension().is_some_and(|x| x == "data") && data.exists() {
+        if name.contains('/') || data.extension().is_none_or(|x| x != "data") || !data.exists() {
+            continue;
+        }
+        if m.finished {
             tracing::info!(from = %m.from, to = %m.to, "staged bytes replaced by a rename a crash cut short: dropped");
             for ext in ["data", "key", "open", "base", "excl", "attrs"] {
                 let _ = std::fs::remove_file(data.with_extension(ext));
             }
+        } else {
+            held_back.insert(data);
         }
     }
     let Ok(entries) = std::fs::read_dir(dir) else { return (done, failed) };
@@ -68,7 +75,18 @@ pub(crate) async fn recover(
             continue;
         };
         let at = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-        let key = crate::moves::moved_key(&key, at, moved);
+        if held_back.contains(&data) {
+            tracing::error!(%key, "staged bytes a rename replaced, kept until the next mount finishes that rename");
+            failed.push(key);
+            continue;
+        }
+        let named = crate::moves::moved_key(&key, at, moved);
+        if named != key {
+            // Named under the move's target on disk too: a finished move's entry is gone by
+            // the next mount, and a file not uploaded now must not go up under the old name.
+            rename_staged(&key_file, &named, at);
+        }
+        let key = named;
         // Two staged files name one key only when a crash fell inside a rename over a file
         // not yet uploaded (the source names the key before the target is dropped): the
         // one named last is the file that now has the name; the other was replaced.
@@ -164,6 +182,12 @@ pub(crate) async fn recover(
                 set_aside(dir, &data, &key);
                 let _ = std::fs::remove_file(&base_file);
             }
+            // The staged file itself cannot be read: kept for the user (no store will help).
+            Err(e @ FsError::Local(_)) => {
+                tracing::error!(%key, "cannot read the staged data an earlier mount left: {e}; moved to lost+found");
+                set_aside(dir, &data, &key);
+                let _ = std::fs::remove_file(&base_file);
+            }
             Err(e) => {
                 tracing::error!(%key, "recovered staged data still cannot be uploaded: {e}");
                 store_failing |= matches!(&e, FsError::Store(e) if !refused_for_good(e.kind));
@@ -175,10 +199,25 @@ pub(crate) async fn recover(
     (done, failed)
 }
 
+/// Make the sidecar `key_file` name `key`, keeping its time (`at`: what orders two sidecars
+/// naming one key, and moves kept by a failed replay).
+fn rename_staged(key_file: &Path, key: &str, at: std::time::SystemTime) {
+    let tmp = key_file.with_extension("tmp");
+    let done = std::fs::write(&tmp, key)
+        .and_then(|()| File::options().write(true).open(&tmp)?.set_modified(at))
+        .and_then(|()| std::fs::rename(&tmp, key_file));
+    if let Err(e) = done {
+        tracing::warn!(%key, "cannot name a staged file under its moved directory: {e}");
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 /// An upload refused for this key whatever the retries: kept aside, not tried again.
 fn refused_for_good(kind: bucketfs_store::StoreErrorKind) -> bool {
     use bucketfs_store::StoreErrorKind::*;
-    matches!(kind, PermissionDenied | InvalidName | Unsupported)
+    // Not a denied permission: read-only or expired credentials deny every key alike, and
+    // the files must wait for credentials that can write, not go to lost+found.
+    matches!(kind, InvalidName | Unsupported)
 }
 
 /// Remove what a crash left beside no staged data: a sidecar whose data file went (the

@@ -620,6 +620,15 @@ async fn a_rename_over_a_pending_file_cut_during_its_copy_keeps_the_source() {
         rename.abort();
         let _ = rename.await;
         drop((fs, copy));
+        // A first remount cannot finish the move (its copy fails): b's replaced bytes are
+        // kept back, neither uploaded (a later replay would take them for a newer b and
+        // skip the copy) nor dropped.
+        let no_copy = Arc::new(FailStore::new(mem.clone(), Op::Copy, 1, u64::MAX, StoreErrorKind::Unavailable));
+        let fs = Fs::new(no_copy, cfg(&image, 60_000));
+        let (done, failed) = fs.recover_staged().await;
+        assert!(!done.contains(&"b".to_string()) && failed.contains(&"b".to_string()), "{done:?} {failed:?}");
+        assert_eq!(object(mem.as_ref(), "b").await, None, "writing {writing}: b uploaded while its move is unfinished");
+        drop(fs);
         let fs = Fs::new(mem.clone(), cfg(&image, 60_000));
         let (done, failed) = fs.recover_staged().await;
         assert!(failed.is_empty(), "{failed:?}");
@@ -694,10 +703,15 @@ async fn an_exclusive_file_pending_at_unmount_is_uploaded_by_the_next_mount() {
 
 /// Recovery against a store that fails: once an upload fails for want of the store, the
 /// other files are not tried (each would wait out the same timeouts) and all are named, kept
-/// for the next try; one the store refuses for good (permission) goes to `lost+found`.
+/// for the next try (a denied permission too: credentials that cannot write deny every key);
+/// one the store refuses for good (the key's name) goes to `lost+found`.
 #[tokio::test]
 async fn recovery_stops_at_a_failing_store_and_sets_aside_a_refusal() {
-    for (kind, tries, aside) in [(StoreErrorKind::Unavailable, 1, false), (StoreErrorKind::PermissionDenied, 3, true)] {
+    for (kind, tries, aside) in [
+        (StoreErrorKind::Unavailable, 1, false),
+        (StoreErrorKind::PermissionDenied, 1, false),
+        (StoreErrorKind::InvalidName, 3, true),
+    ] {
         let mem = Arc::new(MemStore::new());
         let dir = staging(&format!("recovery-fails-{kind:?}"));
         {
@@ -728,4 +742,35 @@ async fn recovery_stops_at_a_failing_store_and_sets_aside_a_refusal() {
             assert_eq!((done, failed), (vec!["f0".to_string(), "f1".into(), "f2".into()], vec![]));
         }
     }
+}
+
+/// A directory move a crash cut short is finished by the next mount, whose recovery then
+/// stops at a failing store: the files it did not upload are named under the new directory
+/// on disk, so the mount after (the move's entry gone) uploads them there, not under the old.
+#[tokio::test]
+async fn files_of_a_finished_move_kept_by_a_failed_recovery_stay_under_the_new_name() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("dir-move-kept");
+    {
+        let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+        let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+        for name in ["p0", "p1"] {
+            let (_, fh) = fs.create(d.ino, name, 0, None).await.unwrap();
+            fs.write(fh, 0, name.as_bytes()).await.unwrap();
+            fs.release(fh).await.unwrap();
+        }
+        std::mem::forget(crate::moves::Entry::begin(&dir, "d/", "e/", &["d/".to_string()])); // the crash
+        std::mem::forget(fs);
+    }
+    let down = Arc::new(FailStore::new(mem.clone(), Op::Upload, 1, u64::MAX, StoreErrorKind::Unavailable));
+    let fs = Fs::new(down, cfg(&dir, 0));
+    let (done, mut failed) = fs.recover_staged().await;
+    failed.sort();
+    assert_eq!((done, failed), (vec![], vec!["e/p0".to_string(), "e/p1".to_string()]));
+    drop(fs);
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (mut done, failed) = fs.recover_staged().await;
+    done.sort();
+    assert_eq!((done, failed), (vec!["e/p0".to_string(), "e/p1".to_string()], vec![]));
+    assert_eq!(keys(mem.as_ref()).await, ["e/", "e/p0", "e/p1"]);
 }

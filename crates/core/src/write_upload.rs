@@ -271,7 +271,6 @@ impl Staged {
             self.dirty = false;
             let _ = crate::recycle::remove(&self.key_path());
             self.key = None;
-            self.forget_attrs();
             if self.open_marked {
                 let _ = crate::recycle::remove(&self.open_path());
                 self.open_marked = false;
