@@ -255,8 +255,8 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             keys.push_str(&format!(" and {} more", still_failing.len() - 5));
         }
         let e = format!(
-            "{} file(s) an earlier mount left staged in {} cannot be uploaded yet ({keys}): the store failed (see the log). \
-             Nothing is lost; mount again once the store answers (or move those files, named by their .key sidecars, out of that directory to give them up)",
+            "{} file(s) an earlier mount left staged in {} cannot be uploaded yet: {keys}. \
+             Nothing is lost; mount again once the store takes them (or move those files, named by their .key sidecars, out of that directory to give them up)",
             still_failing.len(),
             staging_dir.display()
         );

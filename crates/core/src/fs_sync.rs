@@ -32,6 +32,7 @@ impl Fs {
             &moved,
         )
         .await;
+        moved.iter().for_each(crate::moves::Move::done);
         crate::recycle::warm(&self.cfg.staging_dir);
         r
     }

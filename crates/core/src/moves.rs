@@ -201,6 +201,19 @@ pub(crate) struct Move {
     pub replaces: Option<String>,
     /// The replay finished the move (else its entry is kept for the next mount).
     pub finished: bool,
+    /// A finished move's journal entry: removed by [`Move::done`] once recovery has named
+    /// the staged files below it under the target and dropped the replaced ones (a crash
+    /// before then replays the move again, which is idempotent).
+    entry: Option<PathBuf>,
+}
+
+impl Move {
+    /// Recovery acted on this move: a finished one's entry goes.
+    pub(crate) fn done(&self) {
+        if let Some(p) = &self.entry {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// What a kept entry's name gets when a replay first fails: the time of that replay.
@@ -261,7 +274,6 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
         match done {
             Ok(()) => {
                 tracing::warn!(%from, %to, keys = keys.len(), "finished a move an earlier mount began");
-                let _ = std::fs::remove_file(&path);
             }
             Err(e) => {
                 tracing::error!(%from, %to, "cannot finish a move an earlier mount began (kept, retried at the next mount): {e}");
@@ -279,6 +291,7 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
             named_before: kept.unwrap_or(now),
             replaces,
             finished,
+            entry: finished.then_some(path),
         });
     }
     moves
@@ -324,8 +337,22 @@ mod tests {
     use bucketfs_store::testing::MemStore;
     use bucketfs_store::{PutOpts, StoreExt};
 
+    async fn keys_of(mem: &MemStore) -> Vec<String> {
+        let all = futures::TryStreamExt::try_collect::<Vec<_>>(mem.list("", true)).await.unwrap();
+        let mut keys: Vec<String> = all.into_iter().map(|m| m.key).collect();
+        keys.sort();
+        keys
+    }
+
     fn journaled(from: &str, to: &str, at: SystemTime) -> Move {
-        Move { from: from.to_string(), to: to.to_string(), named_before: at, replaces: None, finished: true }
+        Move {
+            from: from.to_string(),
+            to: to.to_string(),
+            named_before: at,
+            replaces: None,
+            finished: true,
+            entry: None,
+        }
     }
 
     #[test]
@@ -409,15 +436,13 @@ mod tests {
         mem.copy("a/f", "b/g").await.unwrap();
         let moved = replay(&staging, &mem).await;
         assert_eq!(moved.iter().map(|m| (m.from.as_str(), m.to.as_str())).collect::<Vec<_>>(), [("a/f", "b/g")]);
-        let mut keys: Vec<String> = futures::TryStreamExt::try_collect::<Vec<_>>(mem.list("", true))
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| m.key)
-            .collect();
-        keys.sort();
-        assert_eq!(keys, ["a/f2", "b/g"]);
+        assert_eq!(keys_of(&mem).await, ["a/f2", "b/g"]);
         assert_eq!(&mem.get_range("b/g", 0..5, Default::default()).await.unwrap()[..], b"moved");
+        // Kept until recovery acted on it (a crash before then replays it again, harmlessly).
+        let again = replay(&staging, &mem).await;
+        assert_eq!(again.iter().map(|m| (m.from.as_str(), m.finished)).collect::<Vec<_>>(), [("a/f", true)]);
+        assert_eq!(keys_of(&mem).await, ["a/f2", "b/g"]);
+        moved.iter().for_each(Move::done);
         assert!(replay(&staging, &mem).await.is_empty(), "the entry went once finished");
     }
 }

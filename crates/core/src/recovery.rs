@@ -29,7 +29,7 @@ pub fn parts_owner(staging_dir: &Path) -> String {
 }
 
 /// Upload what a crashed (or failed) earlier mount left staged in `dir`; returns the keys
-/// uploaded and the keys that still failed (their files stay for the next try: the caller
+/// uploaded and the keys that still failed, each with why in parentheses (their files stay for the next try: the caller
 /// must not serve meanwhile, or a later mount would upload them over newer versions). An
 /// upload the store refuses for good (permission, the key's name) goes to `lost+found`.
 /// `moved`: directory moves a crash cut short (moves.rs): a sidecar naming a key below a
@@ -77,7 +77,7 @@ pub(crate) async fn recover(
         let at = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
         if held_back.contains(&data) {
             tracing::error!(%key, "staged bytes a rename replaced, kept until the next mount finishes that rename");
-            failed.push(key);
+            failed.push(format!("{key} (replaced by a rename not finished yet)"));
             continue;
         }
         let named = crate::moves::moved_key(&key, at, moved);
@@ -110,7 +110,7 @@ pub(crate) async fn recover(
     let mut store_failing = false;
     for (key, (_, data)) in newest {
         if store_failing {
-            failed.push(key);
+            failed.push(format!("{key} (not tried)"));
             continue;
         }
         let key_file = data.with_extension("key");
@@ -172,31 +172,45 @@ pub(crate) async fn recover(
             }
             Err(FsError::Store(e)) if create_only && e.kind == bucketfs_store::StoreErrorKind::Exists => {
                 tracing::error!(%key, "created with O_EXCL, but another writer made this object before the recovered upload: not replaced; the bytes go to lost+found");
-                set_aside(dir, &data, &key);
-                let _ = std::fs::remove_file(&base_file);
+                if !keep_aside(dir, &data, &source, &key) {
+                    failed.push(format!("{key} (cannot be set aside)"));
+                }
             }
-            // Refused for this key for good (its name, a policy on it): kept for the user,
-            // not retried at every mount.
+            // Refused for this key for good (its name): kept for the user, not retried at
+            // every mount.
             Err(FsError::Store(e)) if refused_for_good(e.kind) => {
                 tracing::error!(%key, "the store refuses the staged data an earlier mount left: {e}; the bytes go to lost+found");
-                set_aside(dir, &data, &key);
-                let _ = std::fs::remove_file(&base_file);
+                if !keep_aside(dir, &data, &source, &key) {
+                    failed.push(format!("{key} ({e})"));
+                }
             }
             // The staged file itself cannot be read: kept for the user (no store will help).
             Err(e @ FsError::Local(_)) => {
                 tracing::error!(%key, "cannot read the staged data an earlier mount left: {e}; moved to lost+found");
-                set_aside(dir, &data, &key);
-                let _ = std::fs::remove_file(&base_file);
+                if !keep_aside(dir, &data, &source, &key) {
+                    failed.push(format!("{key} ({e})"));
+                }
             }
             Err(e) => {
                 tracing::error!(%key, "recovered staged data still cannot be uploaded: {e}");
                 store_failing |= matches!(&e, FsError::Store(e) if !refused_for_good(e.kind));
-                failed.push(key);
+                failed.push(format!("{key} ({e})"));
             }
         }
     }
     sweep_orphans(dir);
     (done, failed)
+}
+
+/// Move a staged file that will not be uploaded to `lost+found`: the committed version
+/// (`source`, the `.base` copy where it is not the data file) first, then the bytes written
+/// after it. Whether the committed version is kept there.
+fn keep_aside(dir: &Path, data: &Path, source: &Path, key: &str) -> bool {
+    let kept = set_aside(dir, source, key);
+    if kept && source != data {
+        set_aside(dir, data, key);
+    }
+    kept
 }
 
 /// Make the sidecar `key_file` name `key`, keeping its time (`at`: what orders two sidecars

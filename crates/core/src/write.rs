@@ -635,7 +635,7 @@ pub(crate) fn unique() -> String {
 /// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
 /// named after their key, instead of uploading them: a half-written rewrite must never
 /// replace the version its last close left in the bucket.
-pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) {
+pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) -> bool {
     let found = dir.join("lost+found");
     // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.
     let mut base = key.rsplit('/').next().unwrap_or("").to_string();
@@ -653,8 +653,12 @@ pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) {
             let _ = std::fs::remove_file(data.with_extension("base"));
             let _ = std::fs::remove_file(data.with_extension("excl"));
             let _ = std::fs::remove_file(data.with_extension("attrs"));
+            true
         }
-        Err(e) => tracing::error!(%key, data = %data.display(), "cannot set aside unclosed staged bytes: {e}"),
+        Err(e) => {
+            tracing::error!(%key, data = %data.display(), "cannot set aside staged bytes: {e}");
+            false
+        }
     }
 }
 
