@@ -50,9 +50,7 @@ impl Fs {
         let n = t.get(ino).expect("just inserted");
         // The version this mount wrote: a lookup racing this one may have recorded another
         // client's link of that name.
-        if matches!(n.version, Version::Tag(_)) && n.version == Version::from_store(meta.etag.as_deref()) {
-            self.links.insert(ino, (n.version.clone(), body));
-        }
+        self.keep_target(ino, &n.version, meta.etag.as_deref(), body);
         Ok(self.attr(n))
     }
 
@@ -69,10 +67,16 @@ impl Fs {
         let meta = self.store.stat(&node.key).await?;
         let size = meta.size.min(TARGET_MAX as u64);
         let target = self.store.get_range(&node.key, 0..size, GetOpts { if_match: meta.etag.as_deref() }).await?;
-        let version = Version::from_store(meta.etag.as_deref());
-        if matches!(version, Version::Tag(_)) && version == node.version {
-            self.links.insert(ino, (version, target.clone()));
-        }
+        self.keep_target(ino, &node.version, meta.etag.as_deref(), target.clone());
         Ok(target)
+    }
+
+    /// Keep `target`, read or written as the object with `etag`, if that is the version
+    /// the node knows (`known`) and a tagged one.
+    fn keep_target(&self, ino: u64, known: &Version, etag: Option<&str>, target: bytes::Bytes) {
+        let version = Version::from_store(etag);
+        if matches!(version, Version::Tag(_)) && version == *known {
+            self.links.insert(ino, (version, target));
+        }
     }
 }

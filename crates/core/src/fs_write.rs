@@ -151,6 +151,14 @@ impl Fs {
         }
     }
 
+    /// A commit point of `ino`'s staged file ([`Staged::commit_as`]), with the attributes its
+    /// upload is to carry recorded beside it: what a crash recovers from here on.
+    pub(crate) fn commit_staged(&self, ino: u64, st: &mut Staged, fsync: bool, keep: bool) -> Result<(), FsError> {
+        st.commit_as(fsync, keep)?;
+        self.keep_attrs(ino, st);
+        Ok(())
+    }
+
     pub(crate) async fn upload_pub(&self, ino: u64) -> Result<(), FsError> {
         self.upload_ino(ino, false).await
     }
@@ -346,8 +354,7 @@ impl Fs {
         }
         // What goes up is a version someone closed: if the upload fails, the next mount
         // recovers these bytes (write.rs).
-        st.commit()?;
-        self.keep_attrs(ino, &mut st);
+        self.commit_staged(ino, &mut st, false, false)?;
         self.publish(ino, &mut st).await
     }
 
@@ -561,11 +568,10 @@ impl Fs {
 
     /// Commit `ino`'s staged file `st` and queue it (write-back), as a last close does.
     fn commit_last(&self, ino: u64, st: &mut Staged) {
-        if let Err(e) = st.commit() {
+        if let Err(e) = self.commit_staged(ino, st, false, false) {
             tracing::warn!(ino, "cannot commit the staged file at its last close: {e}");
             return;
         }
-        self.keep_attrs(ino, st);
         self.join_handles(ino, st);
         self.queue_committed(ino, st);
     }
@@ -621,11 +627,10 @@ impl Fs {
             }
         }
         if st.dirty {
-            if let Err(e) = st.commit() {
+            if let Err(e) = self.commit_staged(ino, &mut st, false, false) {
                 tracing::warn!(ino, "cannot commit a mapped staged file: {e}");
                 return false;
             }
-            self.keep_attrs(ino, &mut st);
             if self.write_back() {
                 self.queue_committed(ino, &st);
             } else if let Err(e) = self.publish(ino, &mut st).await {

@@ -172,8 +172,7 @@ impl Fs {
             let queued_as_is = st.committed() && self.staging.queue.queued_version(file.ino);
             let queue = st.dirty && !st.unlinked && (wrote || st.handles <= 1 && !queued_as_is);
             if queue {
-                st.commit_as(durable, durable || other_writer)?;
-                self.keep_attrs(file.ino, &mut st);
+                self.commit_staged(file.ino, &mut st, durable, durable || other_writer)?;
                 // The committed version is this mount's file now (it reaches the store later):
                 // handles that read the stored version read it from here on, as an upload
                 // would have switched them (read your writes; model test, seed 704951275).

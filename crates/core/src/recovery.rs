@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use bucketfs_store::{Store, WriteOptions};
 
 use crate::part_budget::PartBudget;
-use crate::write::{local, send_file, set_aside, Stamp};
+use crate::write::{local, remove_staged, send_file, set_aside, Stamp, SIDECARS};
 use crate::FsError;
 
 /// The tag of this mount point's temporary objects in the bucket (parts of uploads, tails
@@ -29,9 +29,10 @@ pub fn parts_owner(staging_dir: &Path) -> String {
 }
 
 /// Upload what a crashed (or failed) earlier mount left staged in `dir`; returns the keys
-/// uploaded and the keys that still failed, each with why in parentheses (their files stay for the next try: the caller
-/// must not serve meanwhile, or a later mount would upload them over newer versions). An
-/// upload the store refuses for good (permission, the key's name) goes to `lost+found`.
+/// uploaded and the keys that still failed, each with why in parentheses (their files stay
+/// for the next try: the caller must not serve meanwhile, or a later mount would upload them
+/// over newer versions). An upload the store refuses for good (the key's name) and a staged
+/// file that cannot be read go to `lost+found`.
 /// `moved`: directory moves a crash cut short (moves.rs): a sidecar naming a key below a
 /// move's source names it below its target.
 pub(crate) async fn recover(
@@ -53,9 +54,7 @@ pub(crate) async fn recover(
         }
         if m.finished {
             tracing::info!(from = %m.from, to = %m.to, "staged bytes replaced by a rename a crash cut short: dropped");
-            for ext in ["data", "key", "open", "base", "excl", "attrs"] {
-                let _ = std::fs::remove_file(data.with_extension(ext));
-            }
+            remove_staged(&data, true);
         } else {
             held_back.insert(data);
         }
@@ -100,9 +99,7 @@ pub(crate) async fn recover(
         };
         if let Some(old) = older {
             tracing::info!(%key, "staged bytes replaced by a rename before the crash: dropped");
-            for ext in ["data", "key", "open", "base", "excl", "attrs"] {
-                let _ = std::fs::remove_file(old.with_extension(ext));
-            }
+            remove_staged(&old, true);
         }
     }
     // Once the store fails as a whole (down, hanging, throttling), the other files are not
@@ -113,7 +110,6 @@ pub(crate) async fn recover(
             failed.push(format!("{key} (not tried)"));
             continue;
         }
-        let key_file = data.with_extension("key");
         let base_file = data.with_extension("base");
         // What to upload: the file, or the last committed version a later change kept
         // (its first `len` bytes, or its `.base` copy: see the module doc).
@@ -162,12 +158,7 @@ pub(crate) async fn recover(
                 done.push(key);
             }
             Ok(_) => {
-                let _ = std::fs::remove_file(&key_file);
-                let _ = std::fs::remove_file(&data);
-                let _ = std::fs::remove_file(data.with_extension("open"));
-                let _ = std::fs::remove_file(&base_file);
-                let _ = std::fs::remove_file(&excl_file);
-                let _ = std::fs::remove_file(data.with_extension("attrs"));
+                remove_staged(&data, true);
                 done.push(key);
             }
             Err(FsError::Store(e)) if create_only && e.kind == bucketfs_store::StoreErrorKind::Exists => {
@@ -241,7 +232,7 @@ fn sweep_orphans(dir: &Path) {
         let p = e.path();
         let orphan = match p.extension().and_then(|x| x.to_str()) {
             Some("tmp" | "basetmp") => true,
-            Some("key" | "open" | "base" | "excl" | "attrs") => !p.with_extension("data").exists(),
+            Some(x) if SIDECARS.contains(&x) => !p.with_extension("data").exists(),
             _ => false,
         };
         if orphan && e.file_type().is_ok_and(|t| t.is_file()) {

@@ -635,6 +635,20 @@ pub(crate) fn unique() -> String {
 /// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
 /// named after their key, instead of uploading them: a half-written rewrite must never
 /// replace the version its last close left in the bucket.
+/// The sidecars beside a staged data file `<id>.data` (`<id>.<ext>`): its key, its open
+/// or committed marker, the committed version's copy, the create-only mark, its attributes.
+pub(crate) const SIDECARS: [&str; 5] = ["key", "open", "base", "excl", "attrs"];
+
+/// Remove a staged data file's sidecars, and the data file itself if `with_data`.
+pub(crate) fn remove_staged(data: &Path, with_data: bool) {
+    if with_data {
+        let _ = std::fs::remove_file(data);
+    }
+    for ext in SIDECARS {
+        let _ = std::fs::remove_file(data.with_extension(ext));
+    }
+}
+
 pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) -> bool {
     let found = dir.join("lost+found");
     // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.
@@ -648,11 +662,7 @@ pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) -> bool {
     match moved {
         Ok(()) => {
             tracing::warn!(%key, kept = %to.display(), "bytes written but never closed before the mount stopped: not uploaded, kept here");
-            let _ = std::fs::remove_file(data.with_extension("key"));
-            let _ = std::fs::remove_file(data.with_extension("open"));
-            let _ = std::fs::remove_file(data.with_extension("base"));
-            let _ = std::fs::remove_file(data.with_extension("excl"));
-            let _ = std::fs::remove_file(data.with_extension("attrs"));
+            remove_staged(data, false);
             true
         }
         Err(e) => {
