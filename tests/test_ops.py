@@ -203,24 +203,18 @@ def test_fstab_line_read_only(mount_helper, tmp_path):
 
 # --------------------------------------------------------------------------- systemd
 
-def test_notify_socket_ready_and_stopping(tmp_path):
-    require_bin()
-    path = str(tmp_path / "notify.sock")
+@contextlib.contextmanager
+def notified_mount(sock: str):
+    """A foreground `mem://` mount told to report to the datagram socket SOCK (systemd's
+    NOTIFY_SOCKET): yields (receiving socket, mount point, process); always cleaned up."""
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    rx.bind(path)
+    rx.bind(sock)
     rx.settimeout(60)
     mp = new_mountpoint()
-    proc = subprocess.Popen([BIN, "mount", "mem://", mp, "--foreground"], env=bucketfs_env(NOTIFY_SOCKET=path),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([BIN, "mount", "mem://", mp, "--foreground"], env=bucketfs_env(NOTIFY_SOCKET=sock),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        msg = rx.recv(256)
-        assert msg == b"READY=1", msg
-        assert is_mounted(mp), "READY=1 before the mount existed"
-        os.listdir(mp)
-        proc.send_signal(signal.SIGTERM)
-        assert rx.recv(256) == b"STOPPING=1"
-        assert proc.wait(timeout=30) == 0
-        assert not is_mounted(mp)
+        yield rx, mp, proc
     finally:
         rx.close()
         if proc.poll() is None:
@@ -230,32 +224,31 @@ def test_notify_socket_ready_and_stopping(tmp_path):
         unmount(mp)
 
 
+def test_notify_socket_ready_and_stopping(tmp_path):
+    require_bin()
+    with notified_mount(str(tmp_path / "notify.sock")) as (rx, mp, proc):
+        msg = rx.recv(256)
+        assert msg == b"READY=1", msg
+        assert is_mounted(mp), "READY=1 before the mount existed"
+        os.listdir(mp)
+        proc.send_signal(signal.SIGTERM)
+        assert rx.recv(256) == b"STOPPING=1"
+        assert proc.wait(timeout=30) == 0
+        assert not is_mounted(mp)
+
+
 def test_sigterm_the_moment_ready_arrives_still_unmounts_cleanly(tmp_path):
     """The signal handlers exist before READY=1 is sent: a service manager may stop the
     mount at once, and a SIGTERM that beat the handler would kill it with the default action."""
     require_bin()
     for i in range(8):
-        path = str(tmp_path / f"notify{i}.sock")
-        rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        rx.bind(path)
-        rx.settimeout(60)
-        mp = new_mountpoint()
-        proc = subprocess.Popen([BIN, "mount", "mem://", mp, "--foreground"], env=bucketfs_env(NOTIFY_SOCKET=path),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
+        with notified_mount(str(tmp_path / f"notify{i}.sock")) as (rx, mp, proc):
             assert rx.recv(256) == b"READY=1"
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=30)
             assert rc == 0, f"round {i}: exit {rc}; a negative code means SIGTERM beat the handler"
             assert rx.recv(256) == b"STOPPING=1"
             assert not is_mounted(mp)
-        finally:
-            rx.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
-            force_unmount(mp)
-            unmount(mp)
 
 
 # --------------------------------------------------------------------------- logs
