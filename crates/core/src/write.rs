@@ -461,7 +461,7 @@ impl Staged {
         self.file.sync_data().map_err(local)?;
         // The sidecars too: a new one is made under a temporary name and renamed over, or
         // written over a spare in place, and neither orders its bytes before the rename.
-        for side in ["key", "excl", "open", "base"] {
+        for side in SIDECARS {
             match File::open(self.path.with_extension(side)) {
                 Ok(f) => f.sync_all().map_err(local)?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

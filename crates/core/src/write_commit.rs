@@ -60,6 +60,9 @@ impl Staged {
     /// last committed version stays recoverable (module doc): as the data file's prefix
     /// while the change lands past it, else as a copy made first.
     pub(super) fn mark_open(&mut self, from: Option<u64>) -> Result<(), FsError> {
+        // After an fsync the marker reaches the disk before the bytes change: a power cut
+        // that kept the change but lost the marker would upload unclosed bytes.
+        let synced = self.base.is_some_and(|b| b.synced);
         if let Some(b) = self.base.filter(|b| !b.copied) {
             match from {
                 Some(at) if at >= b.len => {}
@@ -75,11 +78,22 @@ impl Staged {
         };
         if !self.open_marked || self.open_text.as_deref() != Some(&text) {
             crate::recycle::write(&self.open_path(), text.as_bytes()).map_err(local)?;
+            if synced {
+                self.sync_marker().map_err(local)?;
+            }
             self.open_marked = true;
             self.marked_as = None;
             self.open_text = Some(text);
         }
         Ok(())
+    }
+
+    fn sync_marker(&self) -> std::io::Result<()> {
+        File::open(self.open_path())?.sync_all()?;
+        match self.path.parent() {
+            Some(dir) => File::open(dir)?.sync_all(),
+            None => Ok(()),
+        }
     }
 
     /// Copy the committed version (the data file's first `b.len` bytes) to `<file>.base`,
