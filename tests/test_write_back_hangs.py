@@ -37,7 +37,8 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
     returns within 5 s, with no error: close of a new small file (in a directory made here),
     rename of that pending file (its upload begun and hanging: --write-back-delay 0), unlink
     of an uploaded file, stat of a known file, listdir of a listed directory, mkdir, rmdir
-    of a directory in the bucket, and of one made during the hang. Then the store continues: `bucketfs
+    of a directory in the bucket, and of one made during the hang, symlink, readlink of that link
+    and a lookup beside it. Then the store continues: `bucketfs
     sync` exits 0 and the bucket matches the mount (unlinked and renamed-away names absent)."""
     pm = hung_minio
     bucket = pm.new_bucket()
@@ -74,6 +75,11 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
             op("mkdir", lambda: os.mkdir(p("m", "sub")))
             op("rmdir of a directory in the bucket", lambda: os.rmdir(p("m", "old")))
             op("mkdir, then rmdir", lambda: (os.mkdir(p("m", "brief")), os.rmdir(p("m", "brief"))))
+            # The kernel holds the directory locked during a symlink: one waiting for the
+            # store stalled every lookup of a new name there.
+            op("symlink in a listed directory", lambda: os.symlink("../s/st.txt", p("l", "link")))
+            op("readlink of it", lambda: os.readlink(p("l", "link")))
+            op("lookup of a missing name beside it", lambda: os.path.lexists(p("l", "missing")))
         t_cont = time.monotonic()
         # Every call held by the hang finishes before the result is looked at.
         stalled = stalled_calls(outs, 120)
@@ -88,7 +94,10 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
             problems.append(f"sync after the store came back exited {r.returncode}: {r.err.strip()[-500:]}")
         else:
             files, _ = mount_view(mp)
+            files.pop("l/link", None)  # read through the link: st.txt's bytes
             got = {k: md5(v) for k, v in files_only(pm.objects(bucket)).items()}
+            if got.pop("l/link.rclonelink", None) != md5(b"../s/st.txt"):
+                problems.append("the symlink made during the hang is not in the bucket as l/link.rclonelink")
             if files != got:
                 problems.append(f"mount vs bucket: only in the mount {sorted(set(files) - set(got))}, only in the "
                                 f"bucket {sorted(set(got) - set(files))}, different "

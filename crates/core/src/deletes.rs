@@ -28,6 +28,12 @@
 //! has at most one pending change: a later one takes the place of one not yet sent, or
 //! goes out after the one in flight.
 //!
+//! `symlink` too ([`DeferredDeletes::defer_link`]): the link object (`<name>.rclonelink`,
+//! its content the target) is journaled as `s`, NUL, the key, NUL, the target, and put in
+//! the background, after the markers of the directories above it; until then
+//! [`DeferredDeletes::pending_link`] answers `readlink`. (In the kernel a `symlink` holds
+//! its directory locked: one waiting for a store that hangs stalled every lookup there.)
+//!
 //! A rename of a file in the bucket goes the same way ([`DeferredDeletes::defer_move`]):
 //! pending under its new key, it copies the old key's object there and then deletes the
 //! old key, and every request that could see either key waits for it. Its entry is `v`,
@@ -107,6 +113,8 @@ enum Op {
     Marker,
     /// Copy [`Pending::source`] to the key, then delete the source (a file's rename).
     Move,
+    /// Put the link object [`Pending::target`] (`symlink`).
+    Link,
 }
 
 struct Pending {
@@ -129,6 +137,8 @@ struct Pending {
     only: Option<Vec<[u8; 16]>>,
     /// [`Op::Move`]'s old key: a request that could see it waits as for the key itself.
     source: Option<String>,
+    /// [`Op::Link`]'s target: the link object's content.
+    target: Option<String>,
 }
 
 /// The store seen by the mount in write-back mode; see the module doc.
@@ -203,6 +213,15 @@ impl DeferredDeletes {
                 Ok(Ok(text)) if !text.is_empty() => {
                     let (op, again, key, only, source) = match text.split_once('\0') {
                         Some(("m", key)) => (Op::Marker, false, key.to_string(), None, None),
+                        Some(("s", rest)) => match rest.split_once('\0') {
+                            Some((key, target)) if !target.is_empty() => {
+                                (Op::Link, false, key.to_string(), None, Some(target.to_string()))
+                            }
+                            _ => {
+                                let _ = std::fs::remove_file(&path); // never written so
+                                continue;
+                            }
+                        },
                         Some(("l", rest)) => match rest.split_once('\0') {
                             Some((key, md5s)) => (Op::Delete, true, key.to_string(), parse_md5s(md5s), None),
                             None => (Op::Delete, true, rest.to_string(), None, None),
@@ -217,7 +236,8 @@ impl DeferredDeletes {
                         _ => (Op::Delete, false, text, None, None),
                     };
                     tracing::info!(%key, ?op, "change left pending by an earlier mount: sending it");
-                    p.insert(key, Pending { op, again, only, source, ..Pending::new(path) });
+                    let (source, target) = if op == Op::Link { (None, source) } else { (source, None) };
+                    p.insert(key, Pending { op, again, only, source, target, ..Pending::new(path) });
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -268,6 +288,18 @@ impl DeferredDeletes {
         self.defer_op(key, Op::Marker, false, None).await
     }
 
+    /// Journal the making of link object `key` with content `target` (`symlink`) and
+    /// return; it is put in the background. Without a journal it is put now.
+    pub async fn defer_link(&self, key: &str, target: &str) -> Result<(), StoreError> {
+        self.defer_change(key, Op::Link, false, None, Some(target.to_string())).await
+    }
+
+    /// The target of link `key` if its object is still to be made (`defer_link`).
+    pub fn pending_link(&self, key: &str) -> Option<String> {
+        let p = self.pending.lock().unwrap();
+        p.get(key).filter(|e| e.op == Op::Link).and_then(|e| e.target.clone())
+    }
+
     /// Journal the rename of file `from` to `to` and return `true`; the copy and the delete
     /// go in the background (see the module doc). `false`, with nothing done, where it
     /// cannot wait: no journal, or a change of either key still pending (the caller moves
@@ -304,7 +336,18 @@ impl DeferredDeletes {
     }
 
     async fn defer_op(&self, key: &str, op: Op, again: bool, only: Option<Vec<[u8; 16]>>) -> Result<(), StoreError> {
-        let Some(dir) = &self.journal_dir else { return self.apply(key, op, only.as_deref()).await };
+        self.defer_change(key, op, again, only, None).await
+    }
+
+    async fn defer_change(
+        &self,
+        key: &str,
+        op: Op,
+        again: bool,
+        only: Option<Vec<[u8; 16]>>,
+        target: Option<String>,
+    ) -> Result<(), StoreError> {
+        let Some(dir) = &self.journal_dir else { return self.apply(key, op, only.as_deref(), target.as_deref()).await };
         // A delete of a file renamed here whose move is still pending: its old key goes too
         // (journaled first, so a crash in between leaves both deletes or the move).
         let moved_from = self.pending.lock().unwrap().get(key).and_then(|e| e.source.clone());
@@ -316,6 +359,7 @@ impl DeferredDeletes {
             (Op::Delete, _) if again => format!("l\0{key}"),
             (Op::Delete, _) => key.to_string(),
             (Op::Marker, _) => format!("m\0{key}"),
+            (Op::Link, _) => format!("s\0{key}\0{}", target.as_deref().unwrap_or_default()),
             (Op::Move, _) => unreachable!("a move is journaled by `defer_move`"),
         };
         // A change already pending for the key keeps its journal entry, rewritten in one
@@ -331,18 +375,19 @@ impl DeferredDeletes {
             tracing::warn!(%key, ?op, "journaling a change failed ({e}): sending it now");
             // After a move pending to the key (else the move would bring it back).
             self.drain_key(key).await?;
-            return self.apply(key, op, only.as_deref()).await;
+            return self.apply(key, op, only.as_deref(), target.as_deref()).await;
         }
         let mut p = self.pending.lock().unwrap();
         match p.get_mut(key) {
             // The later change takes the place of the pending one; one in flight ends first
             // (its end sees the new generation and leaves this pending).
             Some(e) if e.journal == path => {
-                (e.op, e.again, e.only, e.gen, e.source) = (op, again, only, e.gen + 1, None);
+                (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
             }
             _ => {
-                if let Some(old) = p.insert(key.to_string(), Pending { op, again, only, ..Pending::new(path) }) {
+                if let Some(old) = p.insert(key.to_string(), Pending { op, again, only, target, ..Pending::new(path) })
+                {
                     old.forget_journal(); // sent and ended between the two locks
                 }
             }
@@ -371,6 +416,8 @@ impl DeferredDeletes {
                 };
                 let what = |e: &Pending| match e.op {
                     Op::Move => format!("rename from {} not done yet", e.source.as_deref().unwrap_or_default()),
+                    Op::Link => "symbolic link not made yet".to_string(),
+                    Op::Marker => "directory marker not made yet".to_string(),
                     _ => "delete not done yet".to_string(),
                 };
                 p.iter().map(|(k, entry)| (k.clone(), format!("{}: {}", what(entry), why(&entry.failed)))).collect()
@@ -397,11 +444,22 @@ impl DeferredDeletes {
         (due, next)
     }
 
-    /// `op` on `key`, in the store itself (a delete restricted to objects of `only`).
-    async fn apply(&self, key: &str, op: Op, only: Option<&[[u8; 16]]>) -> Result<(), StoreError> {
+    /// `op` on `key`, in the store itself (a delete restricted to objects of `only`; a
+    /// link with content `target`).
+    async fn apply(
+        &self,
+        key: &str,
+        op: Op,
+        only: Option<&[[u8; 16]]>,
+        target: Option<&str>,
+    ) -> Result<(), StoreError> {
         match op {
             Op::Delete => delete_if_ours(self.inner.as_ref(), key, only).await,
             Op::Marker => self.inner.create_dir(key).await,
+            Op::Link => {
+                let body = Bytes::copy_from_slice(target.unwrap_or_default().as_bytes());
+                self.inner.put(key, body, PutOpts::default()).await.map(|_| ())
+            }
             Op::Move => unreachable!("sent by `send`, with its source"),
         }
     }
@@ -427,18 +485,25 @@ impl DeferredDeletes {
     }
 
     async fn send_now(&self, key: String) {
-        let Some((op, gen, only, source)) =
-            self.pending.lock().unwrap().get(&key).map(|e| (e.op, e.gen, e.only.clone(), e.source.clone()))
+        let Some((op, gen, only, source, target)) = self
+            .pending
+            .lock()
+            .unwrap()
+            .get(&key)
+            .map(|e| (e.op, e.gen, e.only.clone(), e.source.clone(), e.target.clone()))
         else {
             return;
         };
         // A rename pending from this key goes first: a change of the key before it would
-        // delete or replace the file being moved.
-        let moved_first = self.drain_where(|_, e| e.source.as_deref() == Some(key.as_str())).await;
-        let r = match (moved_first, source) {
+        // delete or replace the file being moved. A link goes after the markers above it
+        // (a store with real folders would make its folder twice).
+        let above = |k: &str| k != key && k.ends_with('/') && key.starts_with(k);
+        let first =
+            self.drain_where(|k, e| e.source.as_deref() == Some(key.as_str()) || op == Op::Link && above(k)).await;
+        let r = match (first, source) {
             (Err(e), _) => Err(e),
             (Ok(()), Some(from)) => self.apply_move(&from, &key).await,
-            (Ok(()), None) => self.apply(&key, op, only.as_deref()).await,
+            (Ok(()), None) => self.apply(&key, op, only.as_deref(), target.as_deref()).await,
         };
         let mut p = self.pending.lock().unwrap();
         let Some(e) = p.get_mut(&key) else { return };
@@ -474,6 +539,10 @@ impl DeferredDeletes {
                     (Err(err), Op::Marker) => {
                         tracing::error!(%key, "the store refused the marker of a directory made here; the directory is not in the bucket: {err}");
                         self.refused.lock().unwrap().push((key.clone(), format!("directory marker refused: {err}")));
+                    }
+                    (Err(err), Op::Link) => {
+                        tracing::error!(%key, "the store refused the object of a symbolic link made here; the link is not in the bucket: {err}");
+                        self.refused.lock().unwrap().push((key.clone(), format!("symbolic link refused: {err}")));
                     }
                     (Err(err), Op::Move) => {
                         let from = e.source.as_deref().unwrap_or_default();
@@ -579,6 +648,7 @@ impl Pending {
             not_before: None,
             only: None,
             source: None,
+            target: None,
         }
     }
 

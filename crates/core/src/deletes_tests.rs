@@ -308,3 +308,60 @@ async fn a_rename_of_an_uploaded_file_waits_for_no_copy_and_a_crash_finishes_it(
     assert_eq!(object(mem.as_ref(), "g2").await.as_deref(), Some(&b"f02"[..]));
     assert_eq!(object(mem.as_ref(), "f02").await.as_deref(), Some(&b"new"[..]));
 }
+
+/// `symlink` on a write-back mount returns before its PUT (in the kernel it holds its
+/// directory locked: a store that hangs stalled every lookup there), reads back from the
+/// journal meanwhile, goes after the marker of the directory made before it, and a crash
+/// leaves it for the next mount; unlinked before it is sent, it never reaches the bucket.
+#[tokio::test]
+async fn a_symlink_waits_for_no_put_and_a_crash_leaves_it_pending() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("deferred-link");
+    {
+        let hung = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+        let _held = hung.hold(Op::Put, u32::MAX); // every PUT hangs
+        let fs = Fs::new(hung, cfg(&dir, 0));
+        fs.start_write_back();
+        assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
+        let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap().ino;
+        let made = tokio::time::timeout(Duration::from_secs(5), async {
+            let l = fs.symlink(d, "l", "../target").await.unwrap();
+            fs.symlink(ROOT_INO, "gone", "x").await.unwrap();
+            fs.unlink(ROOT_INO, "gone").await.unwrap();
+            l
+        })
+        .await
+        .expect("symlink waited for its PUT");
+        assert_eq!(made.size, 9);
+        assert_eq!(&fs.readlink(made.ino).await.unwrap()[..], b"../target");
+        assert_eq!(fs.lookup(d, "l").await.unwrap().ino, made.ino);
+        assert_eq!(listed(&fs, d).await.unwrap(), [".", "..", "l"]);
+    } // the "crash"
+    assert!(keys(mem.as_ref()).await.is_empty());
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["d/", "d/l.rclonelink"]);
+    assert_eq!(object(mem.as_ref(), "d/l.rclonelink").await.as_deref(), Some(&b"../target"[..]));
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    let l = fs.lookup(d, "l").await.unwrap();
+    assert_eq!(&fs.readlink(l.ino).await.unwrap()[..], b"../target");
+}
+
+/// Once its object is made in the background, the link reads from the store, and a
+/// listing past the TTL keeps its inode.
+#[tokio::test]
+async fn a_symlink_made_in_the_background_keeps_its_inode() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("deferred-link-tag");
+    let clock = crate::Clock::manual();
+    let fs = Fs::new(mem.clone(), FsConfig { clock: clock.clone(), ..cfg(&dir, 0) });
+    fs.start_write_back();
+    let l = fs.symlink(ROOT_INO, "l", "t").await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "l.rclonelink").await.as_deref(), Some(&b"t"[..]));
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "l"]);
+    assert_eq!(fs.lookup(ROOT_INO, "l").await.unwrap().ino, l.ino);
+    assert_eq!(&fs.readlink(l.ino).await.unwrap()[..], b"t");
+}

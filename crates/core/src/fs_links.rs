@@ -6,6 +6,9 @@
 //! object the node knows ([`Fs::links`]): read again while the node is fresh (within the
 //! TTL, or on a write-back mount, the bucket's main writer) costs no request, and another
 //! client's change shows once a listing or HEAD gives the node a new version.
+//!
+//! On a write-back mount `symlink` journals the link object and returns; it is put in the
+//! background (deletes.rs), and `readlink` answers from the journal until then.
 
 use crate::fs::Fs;
 use crate::inode::{Kind, Version};
@@ -24,7 +27,8 @@ pub(crate) fn cache() -> moka::sync::Cache<u64, (Version, bytes::Bytes)> {
 }
 
 impl Fs {
-    /// symlink(2): write the link object (`PUT <name>.rclonelink`, content = target).
+    /// symlink(2): write the link object (`PUT <name>.rclonelink`, content = target), or on
+    /// a write-back mount journal it and return.
     pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<crate::fs::Attr, crate::FsError> {
         use crate::FsError;
         let key = self.new_key(parent, name, Kind::Symlink)?;
@@ -38,15 +42,31 @@ impl Fs {
             return Err(FsError::Exists);
         }
         let body = bytes::Bytes::copy_from_slice(target.as_bytes());
-        let meta = self.store.put(&key, body.clone(), PutOpts::default()).await?;
-        let child = self.child_meta(name, &meta, Kind::Symlink);
+        let meta = match self.deletes.as_ref().filter(|_| self.write_back()) {
+            // Journaled, put in the background (deletes.rs): the kernel holds the directory
+            // locked for this call, so a store that hangs would stall every lookup there.
+            Some(d) => {
+                d.defer_link(&key, target).await?;
+                None
+            }
+            None => Some(self.store.put(&key, body.clone(), PutOpts::default()).await?),
+        };
+        let child = match &meta {
+            Some(m) => self.child_meta(name, m, Kind::Symlink),
+            None => self.child_meta(name, &Default::default(), Kind::Symlink),
+        };
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &child);
         t.remember(ino);
         t.listing_insert(parent, child);
-        if let Some(n) = t.get_mut(ino) {
-            n.size = target.len() as u64; // stores that answer without a size
-        }
+        let Some(n) = t.get_mut(ino) else { return Err(FsError::NotFound) };
+        n.size = target.len() as u64; // stores that answer without a size
+        let Some(meta) = meta else {
+            // Ours, its tag not known until the object is made: a listing's tag is taken as
+            // this link's, not as another client's object.
+            (n.version, n.mtime) = (Version::Unknown, std::time::SystemTime::now());
+            return Ok(self.attr(n));
+        };
         let n = t.get(ino).expect("just inserted");
         // The version this mount wrote: a lookup racing this one may have recorded another
         // client's link of that name.
@@ -64,10 +84,21 @@ impl Fs {
         if let Some((_, target)) = self.links.get(&ino).filter(|(v, _)| known && *v == node.version) {
             return Ok(target);
         }
+        if let Some(target) = self.deletes.as_ref().and_then(|d| d.pending_link(&node.key)) {
+            return Ok(bytes::Bytes::from(target)); // made here, its object still to come
+        }
         let meta = self.store.stat(&node.key).await?;
         let size = meta.size.min(TARGET_MAX as u64);
         let target = self.store.get_range(&node.key, 0..size, GetOpts { if_match: meta.etag.as_deref() }).await?;
-        self.keep_target(ino, &node.version, meta.etag.as_deref(), target.clone());
+        let mut known = node.version;
+        if known == Version::Unknown {
+            // Ours (made in the background, or moved): the object read is its version.
+            if let Some(n) = self.table.lock().unwrap().get_mut(ino).filter(|n| n.version == Version::Unknown) {
+                n.version = Version::from_store(meta.etag.as_deref());
+                known = n.version.clone();
+            }
+        }
+        self.keep_target(ino, &known, meta.etag.as_deref(), target.clone());
         Ok(target)
     }
 
