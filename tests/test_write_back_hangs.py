@@ -32,13 +32,20 @@ from test_write_back import status
 
 # --------------------------------------------------------------------------- 4-6. a hanging store
 
+
+def append(path: str, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
 def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
     """With a 64 MiB upload in flight, the store hangs (SIGSTOP) for 30 s. Each of these
     returns within 5 s, with no error: close of a new small file (in a directory made here),
     rename of that pending file (its upload begun and hanging: --write-back-delay 0), unlink
     of an uploaded file, stat of a known file, listdir of a listed directory, mkdir, rmdir
     of a directory in the bucket, and of one made during the hang, symlink, readlink of that link
-    and a lookup beside it. Then the store continues: `bucketfs
+    and a lookup beside it, an append to and a chmod of files uploaded before it. Then the store
+    continues: `bucketfs
     sync` exits 0 and the bucket matches the mount (unlinked and renamed-away names absent)."""
     pm = hung_minio
     bucket = pm.new_bucket()
@@ -80,6 +87,9 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
             op("symlink in a listed directory", lambda: os.symlink("../s/st.txt", p("l", "link")))
             op("readlink of it", lambda: os.readlink(p("l", "link")))
             op("lookup of a missing name beside it", lambda: os.path.lexists(p("l", "missing")))
+            # Files uploaded by this mount are staged again from its read caches: no GET.
+            op("append to a file uploaded before", lambda: append(p("l", "b"), b"+appended"))
+            op("chmod of a file uploaded before", lambda: os.chmod(p("l", "c"), 0o600))
         t_cont = time.monotonic()
         # Every call held by the hang finishes before the result is looked at.
         stalled = stalled_calls(outs, 120)

@@ -12,6 +12,9 @@ use crate::inode::{ChildMeta, Version};
 use crate::write::{SharedStaged, Staged};
 use crate::FsError;
 
+/// The largest file a staging fills from the read caches (all its blocks in memory at once).
+const CACHED_FILL_MAX: u64 = 64 << 20;
+
 impl Fs {
     /// Drop `ino`'s staged file from the map (called under that file's lock), and with it
     /// the node's claim that its attributes are owned here (`Node::local`).
@@ -185,7 +188,13 @@ impl Fs {
         // A version whole in the disk cache is taken over, not fetched (passthrough.rs).
         let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st, truncate)?;
         if fresh && !truncate && node.size > 0 && !adopted {
-            if let Err(e) = st.fill_from(self.store.as_ref(), &node.key, node.size, node.version.tag()).await {
+            // From the read caches if they hold the whole version (a file just written or
+            // read here: `chmod`, an append), else from the store.
+            let filled = match self.reader_for(node).cached_whole(CACHED_FILL_MAX).await {
+                Some(blocks) => st.fill_with(&blocks, &node.key, node.size, node.version.tag()),
+                None => st.fill_from(self.store.as_ref(), &node.key, node.size, node.version.tag()).await,
+            };
+            if let Err(e) = filled {
                 self.unstage(node.ino);
                 drop(st);
                 return Err(e);

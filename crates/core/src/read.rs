@@ -712,6 +712,23 @@ impl FileReader {
         Some(blocks)
     }
 
+    /// Every block of this version, if the caches hold them all (the memory cache, else the
+    /// disk cache); `None` if one is missing or the file is over `max` bytes. Staging a
+    /// file just written or read here (a `chmod`, an append) then costs no GET.
+    pub(crate) async fn cached_whole(&self, max: u64) -> Option<Vec<Bytes>> {
+        if self.size > max || self.etag.is_none() {
+            return None;
+        }
+        let cached: Vec<Option<Bytes>> =
+            (0..self.size.div_ceil(BLOCK)).map(|b| self.cache.blocks.get(&self.block_key(b))).collect();
+        let blocks = match cached.iter().all(Option::is_some) {
+            true => cached.into_iter().flatten().collect(),
+            false => self.blocks_on_disk(0, cached).await?,
+        };
+        let whole = blocks.iter().enumerate().all(|(b, d)| d.len() as u64 == block_len(self.size, b as u64));
+        whole.then_some(blocks)
+    }
+
     /// Put on disk every block of this version the disk cache lacks (from the memory cache,
     /// else a ranged GET pinned by If-Match, four at once), unless more than `max_missing`
     /// are missing. A reader's blocks skip the disk when its writers lag ([`ReadCache::

@@ -245,6 +245,27 @@ impl Staged {
             sums.record(off, &data);
             off = end;
         }
+        self.filled(key, size, etag, sums);
+        Ok(())
+    }
+
+    /// [`Staged::fill_from`] with the version's bytes at hand (`blocks`, in order, from the
+    /// read caches): no request.
+    pub fn fill_with(&mut self, blocks: &[Bytes], key: &str, size: u64, etag: Option<&str>) -> Result<(), FsError> {
+        let (mut off, mut sums) = (0, Sums::default());
+        for data in blocks {
+            self.file.write_all_at(data, off).map_err(local)?;
+            sums.record(off, data);
+            off += data.len() as u64;
+        }
+        if off != size {
+            return Err(FsError::Stale(format!("{key}: cached bytes are not the whole version")));
+        }
+        self.filled(key, size, etag, sums);
+        Ok(())
+    }
+
+    fn filled(&mut self, key: &str, size: u64, etag: Option<&str>, sums: Sums) {
         self.size = size;
         self.stored = etag.map(|e| Stored {
             key: key.to_string(),
@@ -253,7 +274,6 @@ impl Staged {
             pieces: None,
             sums: sums.finish(size),
         });
-        Ok(())
     }
 
     /// Record which key these bytes belong to, for recovery after a crash. Called on the

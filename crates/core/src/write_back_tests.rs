@@ -747,3 +747,31 @@ async fn a_mappings_writes_during_an_upload_reach_the_bucket() {
     assert!(tokio::time::timeout(quick, fs.sync_write_back()).await.expect("sync hung").is_empty());
     assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"MAPPED bytes");
 }
+
+/// A file this mount just wrote and uploaded is staged again from the read caches when it
+/// changes (an append, a truncate, a `chmod` where the store keeps modes): no GET, so such
+/// a call neither pays for one nor stalls on a store that hangs.
+#[tokio::test]
+async fn a_file_just_uploaded_is_staged_again_from_the_caches() {
+    use crate::fs::SetAttr;
+    let mem = Arc::new(MemStore::new());
+    let no_get = Arc::new(FailStore::new(mem.clone(), Op::Get, 1, 1_000_000, StoreErrorKind::Unavailable));
+    let dir = staging("cached-fill");
+    let fs = Fs::new(no_get.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let data: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+    let (a, b) = (write_file(&fs, "a", &data).await, write_file(&fs, "b", &data).await);
+    assert!(fs.sync_write_back().await.is_empty());
+    let fh = fs.open(a, true, false).await.expect("the append waited for a GET");
+    fs.write(fh, data.len() as u64, b"tail").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    fs.setattr(b, SetAttr { size: Some(3), ..Default::default() }).await.expect("the truncate waited for a GET");
+    fs.setattr(a, SetAttr { mode: Some(0o100755), ..Default::default() }).await.expect("the chmod waited for a GET");
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(no_get.calls(), 0, "GETs sent");
+    let mut want = data.clone();
+    want.extend_from_slice(b"tail");
+    assert_eq!(object(mem.as_ref(), "a").await.as_deref(), Some(&want[..]));
+    assert_eq!(object(mem.as_ref(), "b").await.as_deref(), Some(&data[..3]));
+}
