@@ -347,7 +347,17 @@ impl DeferredDeletes {
         only: Option<Vec<[u8; 16]>>,
         target: Option<String>,
     ) -> Result<(), StoreError> {
-        let Some(dir) = &self.journal_dir else { return self.apply(key, op, only.as_deref(), target.as_deref()).await };
+        let Some(dir) = &self.journal_dir else { return self.apply_now(key, op, only, target).await };
+        // A delete of a link whose PUT was sent (and may have been cut off, to land later):
+        // deleted twice, as a file's upload that may still land.
+        let again = again
+            || op == Op::Delete
+                && self
+                    .pending
+                    .lock()
+                    .unwrap()
+                    .get(key)
+                    .is_some_and(|e| e.op == Op::Link && (e.in_flight || e.attempts > 0));
         // A delete of a file renamed here whose move is still pending: its old key goes too
         // (journaled first, so a crash in between leaves both deletes or the move).
         let moved_from = self.pending.lock().unwrap().get(key).and_then(|e| e.source.clone());
@@ -373,9 +383,7 @@ impl DeferredDeletes {
         let path = existing.unwrap_or_else(|| self.new_entry(dir));
         if let Err(e) = crate::recycle::write(&path, text.as_bytes()) {
             tracing::warn!(%key, ?op, "journaling a change failed ({e}): sending it now");
-            // After a move pending to the key (else the move would bring it back).
-            self.drain_key(key).await?;
-            return self.apply(key, op, only.as_deref(), target.as_deref()).await;
+            return self.apply_now(key, op, only, target).await;
         }
         let mut p = self.pending.lock().unwrap();
         match p.get_mut(key) {
@@ -462,6 +470,22 @@ impl DeferredDeletes {
             }
             Op::Move => unreachable!("sent by `send`, with its source"),
         }
+    }
+
+    /// `op` on `key` now, unjournaled: after what is pending on the key (a move to it would
+    /// bring it back), and for a link after the markers above it too, as a PUT would wait.
+    async fn apply_now(
+        &self,
+        key: &str,
+        op: Op,
+        only: Option<Vec<[u8; 16]>>,
+        target: Option<String>,
+    ) -> Result<(), StoreError> {
+        match op {
+            Op::Link => self.drain_under(key).await?,
+            _ => self.drain_key(key).await?,
+        }
+        self.apply(key, op, only.as_deref(), target.as_deref()).await
     }
 
     /// [`Op::Move`]: copy `from` to `to`, then delete `from`. Idempotent: a source already

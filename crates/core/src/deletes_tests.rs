@@ -334,7 +334,9 @@ async fn a_symlink_waits_for_no_put_and_a_crash_leaves_it_pending() {
         .expect("symlink waited for its PUT");
         assert_eq!(made.size, 9);
         assert_eq!(&fs.readlink(made.ino).await.unwrap()[..], b"../target");
-        assert_eq!(fs.lookup(d, "l").await.unwrap().ino, made.ino);
+        let found = fs.lookup(d, "l").await.unwrap(); // from the listing kept here
+        assert_eq!((found.ino, found.size), (made.ino, 9));
+        assert!(found.mtime > std::time::SystemTime::now() - Duration::from_secs(60), "mtime {:?}", found.mtime);
         assert_eq!(listed(&fs, d).await.unwrap(), [".", "..", "l"]);
     } // the "crash"
     assert!(keys(mem.as_ref()).await.is_empty());

@@ -51,20 +51,25 @@ impl Fs {
             }
             None => Some(self.store.put(&key, body.clone(), PutOpts::default()).await?),
         };
-        let child = match &meta {
+        let mut child = match &meta {
             Some(m) => self.child_meta(name, m, Kind::Symlink),
             None => self.child_meta(name, &Default::default(), Kind::Symlink),
         };
+        // Stores that answer without a size; a link not made yet has neither (the listing
+        // kept here answers lookups with this entry).
+        child.size = target.len() as u64;
+        if meta.is_none() {
+            child.mtime = std::time::SystemTime::now();
+        }
         let mut t = self.table.lock().unwrap();
         let ino = t.upsert(parent, &child);
         t.remember(ino);
         t.listing_insert(parent, child);
         let Some(n) = t.get_mut(ino) else { return Err(FsError::NotFound) };
-        n.size = target.len() as u64; // stores that answer without a size
         let Some(meta) = meta else {
             // Ours, its tag not known until the object is made: a listing's tag is taken as
             // this link's, not as another client's object.
-            (n.version, n.mtime) = (Version::Unknown, std::time::SystemTime::now());
+            n.version = Version::Unknown;
             return Ok(self.attr(n));
         };
         let n = t.get(ino).expect("just inserted");

@@ -12,7 +12,7 @@ use crate::inode::{ChildMeta, Version};
 use crate::write::{SharedStaged, Staged};
 use crate::FsError;
 
-/// The largest file a staging fills from the read caches (all its blocks in memory at once).
+/// The largest file a staging fills from the read caches, not the store.
 const CACHED_FILL_MAX: u64 = 64 << 20;
 
 impl Fs {
@@ -188,11 +188,19 @@ impl Fs {
         // A version whole in the disk cache is taken over, not fetched (passthrough.rs).
         let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st, truncate)?;
         if fresh && !truncate && node.size > 0 && !adopted {
-            // From the read caches if they hold the whole version (a file just written or
-            // read here: `chmod`, an append), else from the store.
-            let filled = match self.reader_for(node).cached_whole(CACHED_FILL_MAX).await {
-                Some(blocks) => st.fill_with(&blocks, &node.key, node.size, node.version.tag()),
-                None => st.fill_from(self.store.as_ref(), &node.key, node.size, node.version.tag()).await,
+            // On a write-back mount (the bucket's main writer) from the read caches if they
+            // hold the whole version (a file just written or read here: `chmod`, an append),
+            // else from the store (whose If-Match finds another client's replacement).
+            let (key, size, tag) = (&node.key, node.size, node.version.tag());
+            let reader = self.reader_for(node);
+            let cached = match self.write_back() && reader.all_cached(CACHED_FILL_MAX) {
+                true => st.fill_cached(key, size, tag, crate::read::BLOCK, |b| reader.cached_block(b)).await,
+                false => Ok(false),
+            };
+            let filled = match cached {
+                Ok(true) => Ok(()),
+                Ok(false) => st.fill_from(self.store.as_ref(), key, size, tag).await,
+                Err(e) => Err(e),
             };
             if let Err(e) = filled {
                 self.unstage(node.ino);

@@ -712,21 +712,27 @@ impl FileReader {
         Some(blocks)
     }
 
-    /// Every block of this version, if the caches hold them all (the memory cache, else the
-    /// disk cache); `None` if one is missing or the file is over `max` bytes. Staging a
-    /// file just written or read here (a `chmod`, an append) then costs no GET.
-    pub(crate) async fn cached_whole(&self, max: u64) -> Option<Vec<Bytes>> {
-        if self.size > max || self.etag.is_none() {
-            return None;
-        }
-        let cached: Vec<Option<Bytes>> =
-            (0..self.size.div_ceil(BLOCK)).map(|b| self.cache.blocks.get(&self.block_key(b))).collect();
-        let blocks = match cached.iter().all(Option::is_some) {
-            true => cached.into_iter().flatten().collect(),
-            false => self.blocks_on_disk(0, cached).await?,
+    /// Whether the caches (memory, else disk) hold every block of this version, for a
+    /// tagged file of at most `max` bytes. Nothing is read: [`FileReader::cached_block`]
+    /// then gives them one at a time.
+    pub(crate) fn all_cached(&self, max: u64) -> bool {
+        let disk = self.cache.disk.as_ref();
+        self.size <= max
+            && self.etag.is_some()
+            && (0..self.size.div_ceil(BLOCK)).all(|b| {
+                self.cache.blocks.contains_key(&self.block_key(b))
+                    || disk.is_some_and(|d| d.contains(&self.key, &self.identity, b))
+            })
+    }
+
+    /// Block `b` of this version from the memory cache, else the disk cache (not then kept
+    /// in memory: a staging reads each block once), if it is there whole.
+    pub(crate) fn cached_block(&self, b: u64) -> Option<Bytes> {
+        let data = match self.cache.blocks.get(&self.block_key(b)) {
+            Some(d) => d,
+            None => self.cache.disk.as_ref()?.get(&self.key, &self.identity, b, &self.cache.pool)?,
         };
-        let whole = blocks.iter().enumerate().all(|(b, d)| d.len() as u64 == block_len(self.size, b as u64));
-        whole.then_some(blocks)
+        (data.len() as u64 == block_len(self.size, b)).then_some(data)
     }
 
     /// Put on disk every block of this version the disk cache lacks (from the memory cache,

@@ -249,20 +249,27 @@ impl Staged {
         Ok(())
     }
 
-    /// [`Staged::fill_from`] with the version's bytes at hand (`blocks`, in order, from the
-    /// read caches): no request.
-    pub fn fill_with(&mut self, blocks: &[Bytes], key: &str, size: u64, etag: Option<&str>) -> Result<(), FsError> {
+    /// [`Staged::fill_from`] from the read caches: `block(i)` is the version's `i`-th
+    /// block of `block_size` bytes, read one at a time. `false` (nothing usable) if one is
+    /// no longer there: the caller fills from the store instead.
+    pub async fn fill_cached(
+        &mut self,
+        key: &str,
+        size: u64,
+        etag: Option<&str>,
+        block_size: u64,
+        mut block: impl FnMut(u64) -> Option<Bytes>,
+    ) -> Result<bool, FsError> {
         let (mut off, mut sums) = (0, Sums::default());
-        for data in blocks {
-            self.file.write_all_at(data, off).map_err(local)?;
-            sums.record(off, data);
+        while off < size {
+            let _room = self.budget.buffer(block_size.min(size - off)).await; // until written out
+            let Some(data) = block(off / block_size) else { return Ok(false) };
+            self.file.write_all_at(&data, off).map_err(local)?;
+            sums.record(off, &data);
             off += data.len() as u64;
         }
-        if off != size {
-            return Err(FsError::Stale(format!("{key}: cached bytes are not the whole version")));
-        }
         self.filled(key, size, etag, sums);
-        Ok(())
+        Ok(true)
     }
 
     fn filled(&mut self, key: &str, size: u64, etag: Option<&str>, sums: Sums) {
