@@ -367,3 +367,32 @@ async fn a_symlink_made_in_the_background_keeps_its_inode() {
     assert_eq!(fs.lookup(ROOT_INO, "l").await.unwrap().ino, l.ino);
     assert_eq!(&fs.readlink(l.ino).await.unwrap()[..], b"t");
 }
+
+/// A link unlinked while its PUT is out (it may have been cut off and land later) is
+/// deleted as a landing key: twice, the journal says so (`l`, NUL, the key).
+#[tokio::test]
+async fn a_link_unlinked_while_its_put_is_out_is_deleted_twice() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("link-landing");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Other)); // counts PUTs
+    let permits = held.hold(Op::Put, 1);
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
+    fs.symlink(ROOT_INO, "l", "t").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while held.calls() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the link's PUT was sent");
+    fs.unlink(ROOT_INO, "l").await.unwrap();
+    let journal = crate::deletes::journal_dir_for(&dir).unwrap();
+    let entries: Vec<Vec<u8>> =
+        std::fs::read_dir(&journal).unwrap().flatten().map(|e| std::fs::read(e.path()).unwrap()).collect();
+    assert_eq!(entries, [b"l\0l.rclonelink".to_vec()]);
+    permits.add_permits(1);
+    assert!(fs.sync_write_back().await.is_empty());
+    assert!(keys(mem.as_ref()).await.is_empty());
+}
