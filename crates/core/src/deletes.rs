@@ -211,7 +211,8 @@ impl DeferredDeletes {
             }
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(text)) if !text.is_empty() => {
-                    let (op, again, key, only, source) = match text.split_once('\0') {
+                    // `second`: a move's source key, a link's target.
+                    let (op, again, key, only, second) = match text.split_once('\0') {
                         Some(("m", key)) => (Op::Marker, false, key.to_string(), None, None),
                         Some(("s", rest)) => match rest.split_once('\0') {
                             Some((key, target)) if !target.is_empty() => {
@@ -236,7 +237,7 @@ impl DeferredDeletes {
                         _ => (Op::Delete, false, text, None, None),
                     };
                     tracing::info!(%key, ?op, "change left pending by an earlier mount: sending it");
-                    let (source, target) = if op == Op::Link { (None, source) } else { (source, None) };
+                    let (source, target) = if op == Op::Link { (None, second) } else { (second, None) };
                     p.insert(key, Pending { op, again, only, source, target, ..Pending::new(path) });
                 }
                 _ => {
@@ -348,19 +349,15 @@ impl DeferredDeletes {
         target: Option<String>,
     ) -> Result<(), StoreError> {
         let Some(dir) = &self.journal_dir else { return self.apply_now(key, op, only, target).await };
-        // A delete of a link whose PUT was sent (and may have been cut off, to land later):
-        // deleted twice, as a file's upload that may still land.
-        let again = again
-            || op == Op::Delete
-                && self
-                    .pending
-                    .lock()
-                    .unwrap()
-                    .get(key)
-                    .is_some_and(|e| e.op == Op::Link && (e.in_flight || e.attempts > 0));
-        // A delete of a file renamed here whose move is still pending: its old key goes too
-        // (journaled first, so a crash in between leaves both deletes or the move).
-        let moved_from = self.pending.lock().unwrap().get(key).and_then(|e| e.source.clone());
+        // What is pending for the key now: a delete of a file renamed here whose move is still
+        // pending takes its old key too (journaled first, so a crash in between leaves both
+        // deletes or the move); a delete of a link whose PUT was sent (and may have been cut
+        // off, to land later) is sent twice, as for a file's upload that may still land.
+        let (moved_from, link_sent) = match self.pending.lock().unwrap().get(key) {
+            Some(e) => (e.source.clone(), e.op == Op::Link && (e.in_flight || e.attempts > 0)),
+            None => (None, false),
+        };
+        let again = again || op == Op::Delete && link_sent;
         if let Some(from) = moved_from.filter(|_| op == Op::Delete) {
             Box::pin(self.defer_op(&from, Op::Delete, false, None)).await?;
         }

@@ -72,7 +72,6 @@ impl Fs {
             n.version = Version::Unknown;
             return Ok(self.attr(n));
         };
-        let n = t.get(ino).expect("just inserted");
         // The version this mount wrote: a lookup racing this one may have recorded another
         // client's link of that name.
         self.keep_target(ino, &n.version, meta.etag.as_deref(), body);

@@ -192,16 +192,17 @@ impl Fs {
             // hold the whole version (a file just written or read here: `chmod`, an append),
             // else from the store (whose If-Match finds another client's replacement).
             let (key, size, tag) = (&node.key, node.size, node.version.tag());
-            let reader = self.reader_for(node);
-            let cached = match self.write_back() && reader.all_cached(CACHED_FILL_MAX) {
-                true => st.fill_cached(key, size, tag, crate::read::BLOCK, |b| reader.cached_block(b)).await,
-                false => Ok(false),
-            };
-            let filled = match cached {
-                Ok(true) => Ok(()),
-                Ok(false) => st.fill_from(self.store.as_ref(), key, size, tag).await,
-                Err(e) => Err(e),
-            };
+            let filled = async {
+                if self.write_back() {
+                    let reader = self.reader_for(node);
+                    let whole = reader.all_cached(CACHED_FILL_MAX);
+                    if whole && st.fill_cached(key, size, tag, crate::read::BLOCK, |b| reader.cached_block(b)).await? {
+                        return Ok(());
+                    }
+                }
+                st.fill_from(self.store.as_ref(), key, size, tag).await
+            }
+            .await;
             if let Err(e) = filled {
                 self.unstage(node.ino);
                 drop(st);

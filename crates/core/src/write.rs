@@ -495,10 +495,7 @@ impl Staged {
                 Err(e) => return Err(local(e)),
             }
         }
-        if let Some(dir) = self.path.parent() {
-            File::open(dir).and_then(|d| d.sync_all()).map_err(local)?;
-        }
-        Ok(())
+        self.sync_dir().map_err(local)
     }
 
     /// Empty the file for an `open(O_TRUNC)`: the new size is 0 from now on, but the old
@@ -659,9 +656,6 @@ pub(crate) fn unique() -> String {
     format!("{:x}-{:x}", std::process::id(), n)
 }
 
-/// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
-/// named after their key, instead of uploading them: a half-written rewrite must never
-/// replace the version its last close left in the bucket.
 /// The sidecars beside a staged data file `<id>.data` (`<id>.<ext>`): its key, its open
 /// or committed marker, the committed version's copy, the create-only mark, its attributes.
 pub(crate) const SIDECARS: [&str; 5] = ["key", "open", "base", "excl", "attrs"];
@@ -676,6 +670,9 @@ pub(crate) fn remove_staged(data: &Path, with_data: bool) {
     }
 }
 
+/// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
+/// named after their key, instead of uploading them: a half-written rewrite must never
+/// replace the version its last close left in the bucket. `false` if they could not be moved.
 pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) -> bool {
     let found = dir.join("lost+found");
     // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.

@@ -90,6 +90,11 @@ impl Staged {
 
     fn sync_marker(&self) -> std::io::Result<()> {
         File::open(self.open_path())?.sync_all()?;
+        self.sync_dir()
+    }
+
+    /// Sync the staging directory: the entries naming the file and its sidecars.
+    pub(super) fn sync_dir(&self) -> std::io::Result<()> {
         match self.path.parent() {
             Some(dir) => File::open(dir)?.sync_all(),
             None => Ok(()),
@@ -110,9 +115,7 @@ impl Staged {
             }
             std::fs::rename(&tmp, self.base_path())?;
             if b.synced {
-                if let Some(dir) = self.path.parent() {
-                    File::open(dir)?.sync_all()?;
-                }
+                self.sync_dir()?;
             }
             Ok(())
         };
