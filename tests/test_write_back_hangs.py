@@ -316,7 +316,9 @@ def test_sync_during_a_hang_names_what_is_pending_and_returns(hung_minio, tmp_pa
 def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp_path):
     """With --metadata-ttl 1, what the mount knows answers once the TTL ran out and the store
     hangs (SIGSTOP): each call returns within 5 s, with what the mount knew: stat of a file,
-    listdir of a listed directory (and of a subdirectory listed with it), unlink of a file, a
+    listdir of a listed directory (and of a subdirectory listed with it), a walk of four
+    listed directories (the first listing overdue shows the store hangs: the next ones do
+    not wait again), unlink of a file, a
     rename of a file in the bucket (its move is journaled and sent once the store answers),
     a new file in a listed directory, a read of a file read before. When the store
     continues, `bucketfs sync` exits 0 and the bucket matches the mount."""
@@ -331,12 +333,18 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
         for n, data in names.items():
             write_file(p("d", n), data)
         write_file(p("d", "sub", "inner"), b"inner")
+        walk = [p("w"), p("w", "x"), p("w", "x", "y"), p("w", "x", "y", "z")]
+        os.makedirs(walk[-1])
+        write_file(p("w", "x", "y", "z", "leaf"), b"leaf")
         assert sync(mp).returncode == 0
+        assert [os.listdir(d) for d in walk] == [["x"], ["y"], ["z"], ["leaf"]]
         assert sorted(os.listdir(p("d"))) == sorted(list(names) + ["sub"])
         assert os.listdir(p("d", "sub")) == ["inner"]
         assert read_file(p("d", "rd")) == names["rd"]
         time.sleep(2.5)  # every name and listing is past its TTL
         with store_hangs(pm) as (op, outs):
+            # First: a HEAD overdue would spare the walk its waits (it shows the store hangs too).
+            op("a walk of four listed directories", lambda: [os.listdir(d) for d in walk])
             op("stat of a known file", lambda: os.stat(p("d", "st")).st_size)
             op("listdir of a listed directory", lambda: sorted(os.listdir(p("d"))))
             op("listdir of its subdirectory", lambda: os.listdir(p("d", "sub")))
@@ -351,6 +359,8 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
             problems.append(f"calls stalled by the hanging store (limit {LOCAL_CALL_LIMIT}s): {outcome_table(stalled)}")
         wrong = {k: outs[k].value for k, want in [("stat of a known file", len(names["st"])),
                                                   ("listdir of its subdirectory", ["inner"]),
+                                                  ("a walk of four listed directories",
+                                                   [["x"], ["y"], ["z"], ["leaf"]]),
                                                   ("read of a file read before", names["rd"])]
                  if outs[k].done and outs[k].error is None and outs[k].value != want}
         if wrong:
@@ -362,7 +372,8 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
             got = {k: md5(v) for k, v in files_only(pm.objects(bucket)).items()}
             want = {f"d/{n}": md5(v) for n, v in names.items() if n not in ("un", "mv")}
             want["d/moved"] = md5(names["mv"])
-            want.update({"d/new": md5(b"made during the hang"), "d/sub/inner": md5(b"inner")})
+            want.update({"d/new": md5(b"made during the hang"), "d/sub/inner": md5(b"inner"),
+                         "w/x/y/z/leaf": md5(b"leaf")})
             if got != want or files != want:
                 problems.append(f"after the hang: bucket {sorted(got.items())}, mount {sorted(files.items())}, "
                                 f"expected {sorted(want.items())}")

@@ -76,8 +76,9 @@ impl Fs {
     /// of its own and waited for at most [`KNOWN_ANSWER_WAIT`]: past it the task goes on in
     /// the background (a listing or a HEAD is recorded when it comes, by the sequence rule)
     /// and the caller gets an `Unavailable` error, which it answers as an unreachable store.
-    /// `one_request`: `work` is one small request (a HEAD, a probe), so its being overdue
-    /// shows the store hangs (a listing may page for long); while such a one is still out,
+    /// `one_request`: `work` is one small request (a HEAD, a probe, a listing that fit one
+    /// page), so its being overdue shows the store hangs (a longer listing may page for
+    /// long); while such a one is still out,
     /// the next callers do not wait at all (a path's every level would otherwise cost the
     /// wait again). On other mounts `work` is awaited.
     pub(crate) async fn refresh_within<T, Fut>(
@@ -253,18 +254,22 @@ impl Fs {
     /// A listing known before but past its TTL is refreshed within [`Fs::refresh_within`].
     pub(crate) async fn ensure_listing(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
         let done = self.listing_flight(dir.ino).done.load(Ordering::Acquire);
-        let asked = {
+        let (asked, one_page) = {
             let t = self.table.lock().unwrap();
             if t.listing_fresh(dir.ino) {
                 return Ok(());
             }
-            Asked { done, at: t.listing(dir.ino).map(|l| l.at) }
+            let last = t.listing(dir.ino);
+            (Asked { done, at: last.map(|l| l.at) }, last.is_some_and(|l| l.children.len() <= RELIST_MAX))
         };
         if asked.at.is_none() {
             return self.list_dir(dir, subdirs_ahead, asked).await;
         }
         let d = dir.clone();
-        match self.refresh_within(false, |me| async move { me.list_dir(&d, subdirs_ahead, asked).await }).await {
+        // A directory that fit one page last time is listed in one small request: its being
+        // overdue shows the store hangs, as a HEAD's does (a path's every level would
+        // otherwise wait again).
+        match self.refresh_within(one_page, |me| async move { me.list_dir(&d, subdirs_ahead, asked).await }).await {
             Err(FsError::Store(e)) if self.serve_stale_listing(dir, &e) => Ok(()),
             done => done,
         }

@@ -85,6 +85,39 @@ async fn a_write_back_mount_answers_what_it_knows_while_the_store_is_slow() {
     tokio::time::timeout(Duration::from_secs(10), settled).await.expect("refreshes still counted overdue");
 }
 
+/// A listing of a directory that fit one page, overdue, shows the store hangs as a HEAD
+/// does: the next listing does not wait at all (`ls -R`, `find` and a path's every level
+/// would otherwise wait again). One of a directory wider than a page does not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overdue_listing_of_one_page_shows_the_store_hangs() {
+    let (h, d, a) = mount("overdue-listing", true).await;
+    let w = h.fs.node(a).unwrap().parent;
+    h.mem.put("e/a", bytes::Bytes::from_static(b"known"), Default::default()).await.unwrap();
+    let e = h.fs.lookup(ROOT_INO, "e").await.unwrap().ino;
+    assert_eq!(listed(&h.fs, e).await.unwrap(), [".", "..", "a"]);
+    h.clock.advance(Duration::from_secs(2)); // past the TTL of every listing
+    let list_permits = h.lists.hold(Op::List, 100);
+    let overdue = || h.fs.overdue_refreshes.load(std::sync::atomic::Ordering::SeqCst);
+
+    let wide = tokio::time::timeout(ANSWERED_WITHIN, listed(&h.fs, w)).await;
+    assert_eq!(wide.expect("ls of the wide directory waited").unwrap().len(), 2 + 1 + crate::fs::RELIST_MAX);
+    assert_eq!(overdue(), 0, "a listing of many pages counted as one small request");
+    let names = tokio::time::timeout(ANSWERED_WITHIN, listed(&h.fs, d)).await;
+    assert_eq!(names.expect("ls waited for the held listing").unwrap(), [".", "..", "a", "b"]);
+    assert_eq!(overdue(), 1);
+    let next = tokio::time::timeout(Duration::from_millis(500), listed(&h.fs, e)).await;
+    assert_eq!(next.expect("ls waited though a listing was overdue").unwrap(), [".", "..", "a"]);
+
+    list_permits.add_permits(100);
+    h.lists.disarm();
+    let settled = async {
+        while overdue() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), settled).await.expect("refreshes still counted overdue");
+}
+
 /// A refresh the caller stopped waiting for still lists and is recorded, though the stale
 /// listing was renewed meanwhile (`serve_stale_listing`): here the refresh waits behind
 /// another listing of the directory until after the renewal.
