@@ -78,9 +78,9 @@ impl Fs {
     /// and the caller gets an `Unavailable` error, which it answers as an unreachable store.
     /// `one_request`: `work` is one small request (a HEAD, a probe, a listing that fit one
     /// page), so its being overdue shows the store hangs (a longer listing may page for
-    /// long); while such a one is still out,
-    /// the next callers do not wait at all (a path's every level would otherwise cost the
-    /// wait again). On other mounts `work` is awaited.
+    /// long); while such a one is still out, the next callers do not wait at all (a path's
+    /// every level would otherwise cost the wait again), and are not counted themselves.
+    /// On other mounts `work` is awaited.
     pub(crate) async fn refresh_within<T, Fut>(
         &self,
         one_request: bool,
@@ -109,7 +109,9 @@ impl Fs {
         if let Some(done) = crate::sync::within(patience, task).await {
             return done;
         }
-        if one_request {
+        // Only one waited for counts: one given no wait would keep the count up for as long
+        // as calls come (a walk), though the store answers again.
+        if one_request && !patience.is_zero() {
             settle.give_up();
         }
         Err(FsError::Store(StoreError::new(
@@ -262,6 +264,8 @@ impl Fs {
             let last = t.listing(dir.ino);
             (Asked { done, at: last.map(|l| l.at) }, last.is_some_and(|l| l.children.len() <= RELIST_MAX))
         };
+        // One queued behind another listing of the directory may wait for two.
+        let one_page = one_page && self.listing_flight(dir.ino).lock.try_lock().is_ok();
         if asked.at.is_none() {
             return self.list_dir(dir, subdirs_ahead, asked).await;
         }

@@ -65,6 +65,8 @@ async fn a_write_back_mount_answers_what_it_knows_while_the_store_is_slow() {
     assert_eq!(h.fs.overdue_refreshes.load(std::sync::atomic::Ordering::SeqCst), 1);
     let names = tokio::time::timeout(Duration::from_millis(500), listed(&h.fs, d)).await;
     assert_eq!(names.expect("ls waited though a HEAD was overdue").unwrap(), [".", "..", "a", "b"]);
+    // Given no wait, it does not count: the count falls once the store answers the HEAD.
+    assert_eq!(h.fs.overdue_refreshes.load(std::sync::atomic::Ordering::SeqCst), 1);
 
     // The answers come: the listing goes on in the background and is recorded.
     list_permits.add_permits(100);
@@ -107,6 +109,7 @@ async fn an_overdue_listing_of_one_page_shows_the_store_hangs() {
     assert_eq!(overdue(), 1);
     let next = tokio::time::timeout(Duration::from_millis(500), listed(&h.fs, e)).await;
     assert_eq!(next.expect("ls waited though a listing was overdue").unwrap(), [".", "..", "a"]);
+    assert_eq!(overdue(), 1, "a refresh given no wait counted");
 
     list_permits.add_permits(100);
     h.lists.disarm();
