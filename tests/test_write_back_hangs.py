@@ -318,9 +318,9 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
     hangs (SIGSTOP): each call returns within 5 s, with what the mount knew: stat of a file,
     listdir of a listed directory (and of a subdirectory listed with it), a walk of four
     listed directories (the first listing overdue shows the store hangs: the next ones do
-    not wait again), unlink of a file, a
-    rename of a file in the bucket (its move is journaled and sent once the store answers),
-    a new file in a listed directory, a read of a file read before. When the store
+    not wait again), unlink of a file, a rename of a file in the bucket and a second rename
+    of it (their moves are journaled and sent in order once the store answers), a new file
+    in a listed directory, a read of a file read before. When the store
     continues, `bucketfs sync` exits 0 and the bucket matches the mount."""
     pm = hung_minio
     bucket = pm.new_bucket()
@@ -350,6 +350,7 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
             op("listdir of its subdirectory", lambda: os.listdir(p("d", "sub")))
             op("unlink of a known file", lambda: os.unlink(p("d", "un")))
             op("rename of a file in the bucket", lambda: os.rename(p("d", "mv"), p("d", "moved")))
+            op("a second rename of it", lambda: os.rename(p("d", "moved"), p("d", "moved2")))
             op("a new file in a listed directory", lambda: write_file(p("d", "new"), b"made during the hang"))
             op("read of a file read before", lambda: read_file(p("d", "rd")))
         stalled = stalled_calls(outs, 150)
@@ -371,7 +372,7 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
             files, _ = mount_view(mp)
             got = {k: md5(v) for k, v in files_only(pm.objects(bucket)).items()}
             want = {f"d/{n}": md5(v) for n, v in names.items() if n not in ("un", "mv")}
-            want["d/moved"] = md5(names["mv"])
+            want["d/moved2"] = md5(names["mv"])
             want.update({"d/new": md5(b"made during the hang"), "d/sub/inner": md5(b"inner"),
                          "w/x/y/z/leaf": md5(b"leaf")})
             if got != want or files != want:

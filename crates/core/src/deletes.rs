@@ -38,7 +38,10 @@
 //! pending under its new key, it copies the old key's object there and then deletes the
 //! old key, and every request that could see either key waits for it. Its entry is `v`,
 //! NUL, the new key, NUL, the old key: one entry, so a crash can never leave the delete
-//! without the copy before it.
+//! without the copy before it. A rename of a file whose own move is still pending
+//! (`mv a b; mv b c`) is journaled as `w` instead of `v`: it goes after that move. A
+//! rename onto the old key of a pending move (a rotation, `mv l.2 l.3; mv l.1 l.2`) goes
+//! after it as any change of that key does.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -85,6 +88,28 @@ pub(crate) async fn delete_if_ours(store: &dyn Store, key: &str, only: Option<&[
         }
     }
     store.delete(key).await
+}
+
+/// Whether the move of `from` to `to` can be journaled beside what is `pending`, and if
+/// so whether it goes after a pending move to `from` (`Some(true)`: the file's next rename,
+/// `mv a b; mv b c`). `None` where a pending change of either key must be sent first (the
+/// caller moves now): any change of `to`, any but a move of `from` itself, and a move
+/// from `from`. A pending move from `to` is no obstacle: it goes before any change of its
+/// old key ([`DeferredDeletes::send_now`]), as a rotation (`mv l.2 l.3; mv l.1 l.2`) needs.
+fn move_order(pending: &BTreeMap<String, Pending>, from: &str, to: &str) -> Option<bool> {
+    let mut after = false;
+    for (k, e) in pending {
+        if k == to || k != from && e.source.as_deref() == Some(from) {
+            return None;
+        }
+        if k == from {
+            if e.op != Op::Move {
+                return None;
+            }
+            after = true;
+        }
+    }
+    Some(after)
 }
 
 fn hex_md5s(md5s: &[[u8; 16]]) -> String {
@@ -137,6 +162,9 @@ struct Pending {
     only: Option<Vec<[u8; 16]>>,
     /// [`Op::Move`]'s old key: a request that could see it waits as for the key itself.
     source: Option<String>,
+    /// [`Op::Move`] of a file whose move to [`Pending::source`] is pending too (journaled
+    /// before it): that one goes first, not after as for any other change of the key.
+    after: bool,
     /// [`Op::Link`]'s target: the link object's content.
     target: Option<String>,
 }
@@ -212,6 +240,7 @@ impl DeferredDeletes {
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(text)) if !text.is_empty() => {
                     // `second`: a move's source key, a link's target.
+                    let mut after = false;
                     let (op, again, key, only, second) = match text.split_once('\0') {
                         Some(("m", key)) => (Op::Marker, false, key.to_string(), None, None),
                         Some(("s", rest)) => match rest.split_once('\0') {
@@ -227,8 +256,11 @@ impl DeferredDeletes {
                             Some((key, md5s)) => (Op::Delete, true, key.to_string(), parse_md5s(md5s), None),
                             None => (Op::Delete, true, rest.to_string(), None, None),
                         },
-                        Some(("v", rest)) => match rest.split_once('\0') {
-                            Some((to, from)) => (Op::Move, false, to.to_string(), None, Some(from.to_string())),
+                        Some((tag @ ("v" | "w"), rest)) => match rest.split_once('\0') {
+                            Some((to, from)) => {
+                                after = tag == "w";
+                                (Op::Move, false, to.to_string(), None, Some(from.to_string()))
+                            }
                             None => {
                                 let _ = std::fs::remove_file(&path); // never written so
                                 continue;
@@ -238,7 +270,7 @@ impl DeferredDeletes {
                     };
                     tracing::info!(%key, ?op, "change left pending by an earlier mount: sending it");
                     let (source, target) = if op == Op::Link { (None, second) } else { (second, None) };
-                    p.insert(key, Pending { op, again, only, source, target, ..Pending::new(path) });
+                    p.insert(key, Pending { op, again, only, source, after, target, ..Pending::new(path) });
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -303,27 +335,26 @@ impl DeferredDeletes {
 
     /// Journal the rename of file `from` to `to` and return `true`; the copy and the delete
     /// go in the background (see the module doc). `false`, with nothing done, where it
-    /// cannot wait: no journal, or a change of either key still pending (the caller moves
-    /// the object itself, which sends that change first).
+    /// cannot wait: no journal, or a change of either key pending that must go first
+    /// (`move_order`; the caller moves the object itself, which sends that change first).
     pub async fn defer_move(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         let Some(dir) = &self.journal_dir else { return Ok(false) };
-        let busy = |p: &BTreeMap<String, Pending>| p.iter().any(|(k, e)| e.seen(k, |x| x == from || x == to));
-        if busy(&self.pending.lock().unwrap()) {
-            return Ok(false);
-        }
+        let Some(after) = move_order(&self.pending.lock().unwrap(), from, to) else { return Ok(false) };
         let path = self.new_entry(dir);
-        if let Err(e) = crate::recycle::write(&path, format!("v\0{to}\0{from}").as_bytes()) {
+        let tag = if after { 'w' } else { 'v' };
+        if let Err(e) = crate::recycle::write(&path, format!("{tag}\0{to}\0{from}").as_bytes()) {
             tracing::warn!(%from, %to, "journaling a rename failed ({e}): moving the object now");
             return Ok(false);
         }
         let mut p = self.pending.lock().unwrap();
-        if busy(&p) {
+        if move_order(&p, from, to) != Some(after) {
             // A change of either key was journaled meanwhile: the caller's move sends it first.
             drop(p);
             let _ = crate::recycle::remove(&path);
             return Ok(false);
         }
-        p.insert(to.to_string(), Pending { op: Op::Move, source: Some(from.to_string()), ..Pending::new(path) });
+        let source = Some(from.to_string());
+        p.insert(to.to_string(), Pending { op: Op::Move, source, after, ..Pending::new(path) });
         drop(p);
         self.work.notify_one();
         Ok(true)
@@ -388,6 +419,7 @@ impl DeferredDeletes {
             // (its end sees the new generation and leaves this pending).
             Some(e) if e.journal == path => {
                 (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);
+                e.after = false;
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
             }
             _ => {
@@ -506,21 +538,27 @@ impl DeferredDeletes {
     }
 
     async fn send_now(&self, key: String) {
-        let Some((op, gen, only, source, target)) = self
+        let Some((op, gen, only, source, after, target)) = self
             .pending
             .lock()
             .unwrap()
             .get(&key)
-            .map(|e| (e.op, e.gen, e.only.clone(), e.source.clone(), e.target.clone()))
+            .map(|e| (e.op, e.gen, e.only.clone(), e.source.clone(), e.after, e.target.clone()))
         else {
             return;
         };
         // A rename pending from this key goes first: a change of the key before it would
-        // delete or replace the file being moved. A link goes after the markers above it
-        // (a store with real folders would make its folder twice).
+        // delete or replace the file being moved. Unless it is the file's next rename
+        // (`after`): that one waits for this move instead. A link goes after the markers
+        // above it (a store with real folders would make its folder twice).
         let above = |k: &str| k != key && k.ends_with('/') && key.starts_with(k);
-        let first =
-            self.drain_where(|k, e| e.source.as_deref() == Some(key.as_str()) || op == Op::Link && above(k)).await;
+        let first = self
+            .drain_where(|k, e| {
+                e.source.as_deref() == Some(key.as_str()) && !e.after
+                    || after && source.as_deref() == Some(k)
+                    || op == Op::Link && above(k)
+            })
+            .await;
         let r = match (first, source) {
             (Err(e), _) => Err(e),
             (Ok(()), Some(from)) => self.apply_move(&from, &key).await,
@@ -669,6 +707,7 @@ impl Pending {
             not_before: None,
             only: None,
             source: None,
+            after: false,
             target: None,
         }
     }

@@ -309,6 +309,47 @@ async fn a_rename_of_an_uploaded_file_waits_for_no_copy_and_a_crash_finishes_it(
     assert_eq!(object(mem.as_ref(), "f02").await.as_deref(), Some(&b"new"[..]));
 }
 
+/// A second rename of a file whose first move is still pending (`mv f00 b; mv b c`) and a
+/// rotation (`mv f02 f03; mv f01 f02`: the target is the old key of a pending move) are
+/// journaled too: with every copy held, all four renames return. Each move goes after
+/// the one it depends on, sent in the background or, after a "crash", by the next mount.
+#[tokio::test]
+async fn chained_and_rotating_renames_wait_for_no_copy_and_keep_their_order() {
+    for crash in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging(&format!("chained-moves-{crash}"));
+        {
+            let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+            let fs = Fs::new(held.clone(), cfg(&dir, 0));
+            fs.start_write_back();
+            uploaded_files(&fs, 3).await;
+            let copies = held.hold(Op::Copy, u32::MAX); // every copy waits
+            tokio::time::timeout(Duration::from_secs(5), async {
+                fs.rename(ROOT_INO, "f00", ROOT_INO, "b", false).await.unwrap();
+                fs.rename(ROOT_INO, "b", ROOT_INO, "c", false).await.unwrap();
+                fs.rename(ROOT_INO, "f02", ROOT_INO, "f03", false).await.unwrap();
+                fs.rename(ROOT_INO, "f01", ROOT_INO, "f02", false).await.unwrap();
+            })
+            .await
+            .expect("a rename waited for a copy");
+            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "c", "f02", "f03"]);
+            assert_eq!(keys(mem.as_ref()).await, ["f00", "f01", "f02"], "a move was sent while copies were held");
+            if !crash {
+                copies.add_permits(1_000);
+                assert!(fs.sync_write_back().await.is_empty());
+            }
+        } // with `crash`, the "crash": the next mount sends them
+        if crash {
+            let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "c", "f02", "f03"]);
+        }
+        assert_eq!(keys(mem.as_ref()).await, ["c", "f02", "f03"], "crash {crash}");
+        for (key, bytes) in [("c", b"f00"), ("f03", b"f02"), ("f02", b"f01")] {
+            assert_eq!(object(mem.as_ref(), key).await.as_deref(), Some(&bytes[..]), "{key}, crash {crash}");
+        }
+    }
+}
+
 /// `symlink` on a write-back mount returns before its PUT (in the kernel it holds its
 /// directory locked: a store that hangs stalled every lookup there), reads back from the
 /// journal meanwhile, goes after the marker of the directory made before it, and a crash
