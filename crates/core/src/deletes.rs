@@ -39,9 +39,8 @@
 //! old key, and every request that could see either key waits for it. Its entry is `v`,
 //! NUL, the new key, NUL, the old key: one entry, so a crash can never leave the delete
 //! without the copy before it. A rename of a file whose own move is still pending
-//! (`mv a b; mv b c`) is journaled as `w` instead of `v`: it goes after that move. A
-//! rename onto the old key of a pending move (a rotation, `mv l.2 l.3; mv l.1 l.2`) goes
-//! after it as any change of that key does.
+//! (`mv a b; mv b c`) is journaled as `w` instead of `v`: it goes after that move, and
+//! until it is sent any other change of the key between (`b`) waits for it.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -93,13 +92,12 @@ pub(crate) async fn delete_if_ours(store: &dyn Store, key: &str, only: Option<&[
 /// Whether the move of `from` to `to` can be journaled beside what is `pending`, and if
 /// so whether it goes after a pending move to `from` (`Some(true)`: the file's next rename,
 /// `mv a b; mv b c`). `None` where a pending change of either key must be sent first (the
-/// caller moves now): any change of `to`, any but a move of `from` itself, and a move
-/// from `from`. A pending move from `to` is no obstacle: it goes before any change of its
-/// old key ([`DeferredDeletes::send_now`]), as a rotation (`mv l.2 l.3; mv l.1 l.2`) needs.
+/// caller moves now): any change of `to` or a move from it (so no chain closes a cycle),
+/// any but a move of `from` itself, and a move from `from`.
 fn move_order(pending: &BTreeMap<String, Pending>, from: &str, to: &str) -> Option<bool> {
     let mut after = false;
     for (k, e) in pending {
-        if k == to || k != from && e.source.as_deref() == Some(from) {
+        if k == to || e.source.as_deref() == Some(to) || k != from && e.source.as_deref() == Some(from) {
             return None;
         }
         if k == from {
@@ -110,6 +108,14 @@ fn move_order(pending: &BTreeMap<String, Pending>, from: &str, to: &str) -> Opti
         }
     }
     Some(after)
+}
+
+/// The pending change of `key` is done: a move that went after it ([`Pending::after`])
+/// is a plain move from `key` now, which any later change of the key waits for.
+fn settle_after(pending: &mut BTreeMap<String, Pending>, key: &str) {
+    for e in pending.values_mut().filter(|e| e.after && e.source.as_deref() == Some(key)) {
+        e.after = false;
+    }
 }
 
 fn hex_md5s(md5s: &[[u8; 16]]) -> String {
@@ -277,6 +283,12 @@ impl DeferredDeletes {
                 }
             }
         }
+        // A `w` move whose earlier move was done before the crash is a plain one now.
+        let done: Vec<String> =
+            p.values().filter(|e| e.after).filter_map(|e| e.source.clone()).filter(|s| !p.contains_key(s)).collect();
+        for source in done {
+            settle_after(&mut p, &source);
+        }
     }
 
     /// Send the pending deletes in the background until `me` is dropped.
@@ -304,6 +316,7 @@ impl DeferredDeletes {
     /// Journal a delete of `key` and return; it is sent in the background. Without a
     /// journal (or if writing it fails) the DELETE is sent now instead.
     pub async fn defer(&self, key: &str) -> Result<(), StoreError> {
+        self.send_next_moves(key).await?;
         self.defer_op(key, Op::Delete, false, None).await
     }
 
@@ -312,6 +325,7 @@ impl DeferredDeletes {
     /// `bucketfs sync` waits for that one too. `only`: each of the two deletes only takes
     /// an object with one of these MD5s (`delete_if_ours`).
     pub async fn defer_landing(&self, key: &str, only: Option<Vec<[u8; 16]>>) -> Result<(), StoreError> {
+        self.send_next_moves(key).await?;
         self.defer_op(key, Op::Delete, true, only).await
     }
 
@@ -324,7 +338,20 @@ impl DeferredDeletes {
     /// Journal the making of link object `key` with content `target` (`symlink`) and
     /// return; it is put in the background. Without a journal it is put now.
     pub async fn defer_link(&self, key: &str, target: &str) -> Result<(), StoreError> {
+        self.send_next_moves(key).await?;
         self.defer_change(key, Op::Link, false, None, Some(target.to_string())).await
+    }
+
+    /// A change of `key` that another file's pending move still needs as its way through
+    /// (`mv a b; mv b c`, then a new `b` unlinked or made a link): that move goes first,
+    /// with the one into `key` before it. (The deletes of an unlinked file's earlier keys,
+    /// `defer_change`'s own, take its moves' places instead.)
+    async fn send_next_moves(&self, key: &str) -> Result<(), StoreError> {
+        let needed = |_: &str, e: &Pending| e.after && e.source.as_deref() == Some(key);
+        if !self.pending.lock().unwrap().iter().any(|(k, e)| needed(k, e)) {
+            return Ok(());
+        }
+        self.drain_where(needed).await
     }
 
     /// The target of link `key` if its object is still to be made (`defer_link`).
@@ -613,6 +640,7 @@ impl DeferredDeletes {
                 if let Some(e) = p.remove(&key) {
                     e.forget_journal();
                 }
+                settle_after(&mut p, &key);
             }
         }
         drop(p);

@@ -309,12 +309,12 @@ async fn a_rename_of_an_uploaded_file_waits_for_no_copy_and_a_crash_finishes_it(
     assert_eq!(object(mem.as_ref(), "f02").await.as_deref(), Some(&b"new"[..]));
 }
 
-/// A second rename of a file whose first move is still pending (`mv f00 b; mv b c`) and a
-/// rotation (`mv f02 f03; mv f01 f02`: the target is the old key of a pending move) are
-/// journaled too: with every copy held, all four renames return. Each move goes after
-/// the one it depends on, sent in the background or, after a "crash", by the next mount.
+/// A second and a third rename of a file whose first move is still pending
+/// (`mv f00 b; mv b c; mv c d`) are journaled too: with every copy held, the renames
+/// return. Each move goes after the one before it, sent in the background or, after a
+/// "crash", by the next mount.
 #[tokio::test]
-async fn chained_and_rotating_renames_wait_for_no_copy_and_keep_their_order() {
+async fn chained_renames_wait_for_no_copy_and_keep_their_order() {
     for crash in [false, true] {
         let mem = Arc::new(MemStore::new());
         let dir = staging(&format!("chained-moves-{crash}"));
@@ -327,12 +327,12 @@ async fn chained_and_rotating_renames_wait_for_no_copy_and_keep_their_order() {
             tokio::time::timeout(Duration::from_secs(5), async {
                 fs.rename(ROOT_INO, "f00", ROOT_INO, "b", false).await.unwrap();
                 fs.rename(ROOT_INO, "b", ROOT_INO, "c", false).await.unwrap();
-                fs.rename(ROOT_INO, "f02", ROOT_INO, "f03", false).await.unwrap();
-                fs.rename(ROOT_INO, "f01", ROOT_INO, "f02", false).await.unwrap();
+                fs.rename(ROOT_INO, "c", ROOT_INO, "d", false).await.unwrap();
+                fs.rename(ROOT_INO, "f01", ROOT_INO, "g", false).await.unwrap();
             })
             .await
             .expect("a rename waited for a copy");
-            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "c", "f02", "f03"]);
+            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "d", "f02", "g"]);
             assert_eq!(keys(mem.as_ref()).await, ["f00", "f01", "f02"], "a move was sent while copies were held");
             if !crash {
                 copies.add_permits(1_000);
@@ -341,13 +341,40 @@ async fn chained_and_rotating_renames_wait_for_no_copy_and_keep_their_order() {
         } // with `crash`, the "crash": the next mount sends them
         if crash {
             let fs = Fs::new(mem.clone(), cfg(&dir, 0));
-            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "c", "f02", "f03"]);
+            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "d", "f02", "g"]);
         }
-        assert_eq!(keys(mem.as_ref()).await, ["c", "f02", "f03"], "crash {crash}");
-        for (key, bytes) in [("c", b"f00"), ("f03", b"f02"), ("f02", b"f01")] {
+        assert_eq!(keys(mem.as_ref()).await, ["d", "f02", "g"], "crash {crash}");
+        for (key, bytes) in [("d", b"f00"), ("f02", b"f02"), ("g", b"f01")] {
             assert_eq!(object(mem.as_ref(), key).await.as_deref(), Some(&bytes[..]), "{key}, crash {crash}");
         }
     }
+}
+
+/// Which renames `move_order` lets wait: the file's next rename after its pending move,
+/// never one that closes a cycle (`mv a b; mv b a`) or lands on a pending move's old key;
+/// once the earlier move is done, the next one is a plain move from that key.
+#[test]
+fn a_move_goes_after_its_files_earlier_move_and_never_closes_a_cycle() {
+    use super::{move_order, settle_after, Op as Change, Pending};
+    let mv = |from: &str| Pending {
+        op: Change::Move,
+        source: Some(from.to_string()),
+        ..Pending::new(std::path::PathBuf::from("/nonexistent"))
+    };
+    let mut p = std::collections::BTreeMap::new();
+    p.insert("b".to_string(), mv("a"));
+    assert_eq!(move_order(&p, "b", "c"), Some(true), "mv a b; mv b c");
+    assert_eq!(move_order(&p, "x", "y"), Some(false));
+    assert_eq!(move_order(&p, "b", "a"), None, "mv a b; mv b a");
+    assert_eq!(move_order(&p, "x", "a"), None, "onto a pending move's old key");
+    assert_eq!(move_order(&p, "a", "y"), None, "the old key again");
+    assert_eq!(move_order(&p, "x", "b"), None, "onto a pending move's new key");
+    p.insert("c".to_string(), Pending { after: true, ..mv("b") });
+    assert_eq!(move_order(&p, "c", "d"), Some(true), "a third rename");
+    assert_eq!(move_order(&p, "c", "a"), None, "mv a b; mv b c; mv c a");
+    p.remove("b");
+    settle_after(&mut p, "b");
+    assert!(!p["c"].after, "the earlier move done, a later change of `b` must wait for `c`'s");
 }
 
 /// `symlink` on a write-back mount returns before its PUT (in the kernel it holds its
