@@ -283,9 +283,16 @@ impl DeferredDeletes {
                 }
             }
         }
-        // A `w` move whose earlier move was done before the crash is a plain one now.
-        let done: Vec<String> =
-            p.values().filter(|e| e.after).filter_map(|e| e.source.clone()).filter(|s| !p.contains_key(s)).collect();
+        // A `w` move whose earlier move was done before the crash is a plain one now (its
+        // entry says `w` still: `settle_after` changes only the one in memory). A change
+        // of the key since, not a move (none can be journaled onto a pending move's old
+        // key), waits for it, as it did in the mount that journaled it.
+        let done: Vec<String> = p
+            .values()
+            .filter(|e| e.after)
+            .filter_map(|e| e.source.clone())
+            .filter(|s| p.get(s).is_none_or(|e| e.op != Op::Move))
+            .collect();
         for source in done {
             settle_after(&mut p, &source);
         }

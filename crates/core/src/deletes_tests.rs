@@ -171,6 +171,26 @@ async fn a_landing_delete_pending_at_a_crash_is_still_sent_twice() {
     assert_eq!(object(mem.as_ref(), "late").await, None, "the second delete was not sent");
 }
 
+/// A crash after `mv a b` was sent, while `mv b c` (journaled `w`, after it) waits and a
+/// delete of a new file at `b` is journaled: the next mount copies `b` to `c` before that
+/// delete, as the mount that journaled them would have.
+#[tokio::test]
+async fn a_chained_move_whose_first_was_sent_goes_before_a_later_delete_after_a_crash() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("chained-after-crash");
+    let journal = crate::deletes::journal_dir_for(&dir).unwrap();
+    std::fs::create_dir_all(&journal).unwrap();
+    std::fs::write(journal.join("1-1-1"), "w\0c\0b").unwrap();
+    std::fs::write(journal.join("1-1-2"), "l\0b").unwrap();
+    mem.put("b", bytes::Bytes::from_static(b"moved from a"), Default::default()).await.unwrap();
+    let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir);
+    crate::deletes::DeferredDeletes::start(&dd); // the landing delete's second send
+    let drained = tokio::time::timeout(Duration::from_secs(20), dd.drain_all()).await;
+    assert!(drained.expect("the journal was never drained").is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["c"]);
+    assert_eq!(object(mem.as_ref(), "c").await.as_deref(), Some(&b"moved from a"[..]));
+}
+
 /// A landing delete that names the MD5s of what was sent (a create-only upload cut off)
 /// takes only an object with those bytes, at both of its deletes, also when a crash left
 /// it journaled: an object another client made first, with other bytes, stays.
