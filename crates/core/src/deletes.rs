@@ -354,11 +354,7 @@ impl DeferredDeletes {
     /// with the one into `key` before it. (The deletes of an unlinked file's earlier keys,
     /// `defer_change`'s own, take its moves' places instead.)
     async fn send_next_moves(&self, key: &str) -> Result<(), StoreError> {
-        let needed = |_: &str, e: &Pending| e.after && e.source.as_deref() == Some(key);
-        if !self.pending.lock().unwrap().iter().any(|(k, e)| needed(k, e)) {
-            return Ok(());
-        }
-        self.drain_where(needed).await
+        self.drain_where(|_, e| e.after && e.source.as_deref() == Some(key)).await
     }
 
     /// The target of link `key` if its object is still to be made (`defer_link`).

@@ -255,7 +255,8 @@ impl Fs {
     /// (preload.rs).
     /// A listing known before but past its TTL is refreshed within [`Fs::refresh_within`].
     pub(crate) async fn ensure_listing(&self, dir: &Node, subdirs_ahead: bool) -> Result<(), FsError> {
-        let done = self.listing_flight(dir.ino).done.load(Ordering::Acquire);
+        let flight = self.listing_flight(dir.ino);
+        let done = flight.done.load(Ordering::Acquire);
         let (asked, one_page) = {
             let t = self.table.lock().unwrap();
             if t.listing_fresh(dir.ino) {
@@ -264,11 +265,11 @@ impl Fs {
             let last = t.listing(dir.ino);
             (Asked { done, at: last.map(|l| l.at) }, last.is_some_and(|l| l.children.len() <= RELIST_MAX))
         };
-        // One queued behind another listing of the directory may wait for two.
-        let one_page = one_page && self.listing_flight(dir.ino).lock.try_lock().is_ok();
         if asked.at.is_none() {
             return self.list_dir(dir, subdirs_ahead, asked).await;
         }
+        // One queued behind another listing of the directory may wait for two.
+        let one_page = one_page && flight.lock.try_lock().is_ok();
         let d = dir.clone();
         // A directory that fit one page last time is listed in one small request: its being
         // overdue shows the store hangs, as a HEAD's does (a path's every level would
