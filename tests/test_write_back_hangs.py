@@ -43,7 +43,8 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
     returns within 5 s, with no error: close of a new small file (in a directory made here),
     rename of that pending file (its upload begun and hanging: --write-back-delay 0), unlink
     of an uploaded file, stat of a known file, listdir of a listed directory, mkdir, rmdir
-    of a directory in the bucket, and of one made during the hang, symlink, readlink of that link
+    of a directory in the bucket, and of one made during the hang, a directory made, written
+    and renamed (a checkpoint), symlink, readlink of that link
     and a lookup beside it, an append to and a chmod of files uploaded before it. Then the store
     continues: `bucketfs
     sync` exits 0 and the bucket matches the mount (unlinked and renamed-away names absent)."""
@@ -82,6 +83,13 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
             op("mkdir", lambda: os.mkdir(p("m", "sub")))
             op("rmdir of a directory in the bucket", lambda: os.rmdir(p("m", "old")))
             op("mkdir, then rmdir", lambda: (os.mkdir(p("m", "brief")), os.rmdir(p("m", "brief"))))
+
+            def checkpoint():  # a training job's: written under a temporary name, then renamed
+                os.makedirs(p("m", "tmp", "shard"))
+                write_file(p("m", "tmp", "model.bin"), b"weights")
+                write_file(p("m", "tmp", "shard", "0.bin"), b"shard 0")
+                os.rename(p("m", "tmp"), p("m", "ckpt"))
+            op("mkdir, write, rename of the directory", checkpoint)
             # The kernel holds the directory locked during a symlink: one waiting for the
             # store stalled every lookup of a new name there.
             op("symlink in a listed directory", lambda: os.symlink("../s/st.txt", p("l", "link")))
@@ -121,6 +129,8 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
             for gone in ("m/old/", "m/brief/"):
                 if gone in keys:
                     problems.append(f"{gone} (removed during the hang) is in the bucket")
+            if {"m/ckpt/", "m/ckpt/shard/"} - keys or any(k.startswith("m/tmp/") for k in keys):
+                problems.append(f"a directory renamed during the hang: {sorted(k for k in keys if '/tmp/' in k or '/ckpt/' in k)}")
             if got.get("big/big.bin") != md5(big):
                 problems.append("big/big.bin is not in the bucket whole")
         assert not problems, "; ".join(problems)

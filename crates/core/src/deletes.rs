@@ -357,6 +357,46 @@ impl DeferredDeletes {
         self.drain_where(|_, e| e.after && e.source.as_deref() == Some(key)).await
     }
 
+    /// The directory markers pending at and below `dir`, if `dir`'s own is one of them and
+    /// nothing else is pending there but deletes: a directory made here that no request
+    /// has written below yet (every write below waits for its marker), which a rename may
+    /// move by journaling its markers anew ([`DeferredDeletes::withdraw_marker`]).
+    pub fn markers_only_below(&self, dir: &str) -> Option<Vec<String>> {
+        let p = self.pending.lock().unwrap();
+        if p.get(dir)?.op != Op::Marker || p.values().any(|e| e.source.as_deref().is_some_and(|s| s.starts_with(dir))) {
+            return None;
+        }
+        let mut markers = Vec::new();
+        for (k, e) in p.range(dir.to_string()..).take_while(|(k, _)| k.starts_with(dir)) {
+            match e.op {
+                Op::Marker => markers.push(k.clone()),
+                Op::Delete => {}
+                Op::Move | Op::Link => return None,
+            }
+        }
+        Some(markers)
+    }
+
+    /// Withdraw the pending marker `key` (its directory was renamed before it went up):
+    /// forgotten if it was never sent, else deleted after the attempt that may have made it.
+    pub async fn withdraw_marker(&self, key: &str) -> Result<(), StoreError> {
+        let unsent = {
+            let mut p = self.pending.lock().unwrap();
+            match p.get(key) {
+                Some(e) if e.op == Op::Marker && !e.in_flight && e.attempts == 0 => p.remove(key),
+                _ => None,
+            }
+        };
+        match unsent {
+            Some(e) => {
+                e.forget_journal();
+                self.changed.notify_waiters();
+                Ok(())
+            }
+            None => self.defer(key).await,
+        }
+    }
+
     /// The target of link `key` if its object is still to be made (`defer_link`).
     pub fn pending_link(&self, key: &str) -> Option<String> {
         let p = self.pending.lock().unwrap();

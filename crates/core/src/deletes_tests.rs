@@ -484,3 +484,55 @@ async fn a_link_unlinked_while_its_put_is_out_is_deleted_twice() {
     assert!(fs.sync_write_back().await.is_empty());
     assert!(keys(mem.as_ref()).await.is_empty());
 }
+
+/// The checkpoint pattern on a store that hangs: `mkdir tmp`, files written in it and in a
+/// directory below, `mv tmp ckpt`. Nothing of `tmp` is in the store yet (its markers hang,
+/// and every write below waits for them), so the rename lists and copies nothing: it
+/// returns, and the bucket ends with `ckpt` alone, in the background or after a crash.
+#[tokio::test]
+async fn a_directory_made_here_is_renamed_with_no_request_while_its_marker_hangs() {
+    for crash in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging(&format!("checkpoint-{crash}"));
+        {
+            let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+            let fs = Fs::new(held.clone(), cfg(&dir, 0));
+            fs.start_write_back();
+            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
+            let markers = held.hold(Op::CreateDir, u32::MAX); // made, but never answered
+            let put = |parent: u64, name: &'static str| {
+                let fs = fs.clone();
+                async move {
+                    let (_, fh) = fs.create(parent, name, 0, None).await.unwrap();
+                    fs.write(fh, 0, name.as_bytes()).await.unwrap();
+                    fs.release(fh).await.unwrap();
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(5), async {
+                let tmp = fs.mkdir(ROOT_INO, "tmp", None).await.unwrap().ino;
+                let sub = fs.mkdir(tmp, "sub", None).await.unwrap().ino;
+                put(tmp, "a").await;
+                put(sub, "b").await;
+                tokio::time::sleep(Duration::from_millis(50)).await; // the markers are in flight
+                fs.rename(ROOT_INO, "tmp", ROOT_INO, "ckpt", false).await.unwrap();
+            })
+            .await
+            .expect("the rename waited for the store");
+            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "ckpt"]);
+            if !crash {
+                markers.add_permits(1_000);
+                assert!(fs.sync_write_back().await.is_empty());
+            }
+        }
+        if crash {
+            let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+            let (done, failed) = fs.recover_staged().await;
+            assert!(done.len() == 2 && failed.is_empty(), "{done:?} {failed:?}");
+            fs.start_write_back();
+            assert!(fs.sync_write_back().await.is_empty());
+            assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "ckpt"]);
+        }
+        assert_eq!(keys(mem.as_ref()).await, ["ckpt/", "ckpt/a", "ckpt/sub/", "ckpt/sub/b"], "crash {crash}");
+        assert_eq!(object(mem.as_ref(), "ckpt/sub/b").await.as_deref(), Some(&b"b"[..]));
+    }
+}

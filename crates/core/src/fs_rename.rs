@@ -98,7 +98,8 @@ impl Fs {
                 (Kind::Dir, Kind::File | Kind::Symlink) => return Err(FsError::NotDir),
                 (Kind::Dir, Kind::Dir) if self.has_children(dst.ino, &dst.key).await? => return Err(FsError::NotEmpty),
                 (Kind::Dir, Kind::Dir) => {
-                    let _ = self.store.delete(&dst.key).await;
+                    // Journaled in write-back mode, as an rmdir.
+                    let _ = self.delete_removed(&dst.key, crate::write::Landing::Stored).await;
                 }
                 (_, _) => {
                     took_object = dst.kind == src.kind && self.stored(dst.ino).await;
@@ -356,7 +357,15 @@ impl Fs {
                 // A move's journal entry lives until the sidecar names the new key, below.
                 let mut journal = None;
                 if st.in_store && !st.committed() {
-                    journal = Some(self.move_object(&src.key, new_key, replaced).await?);
+                    // Journaled and sent in the background where it can be (a log renamed
+                    // while its writer appends: logrotate), else moved now.
+                    if self.defer_object_move(&src.key, new_key).await? {
+                        if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
+                            dst.lock().await.drop_key();
+                        }
+                    } else {
+                        journal = Some(self.move_object(&src.key, new_key, replaced).await?);
+                    }
                     if st.maybe_landed {
                         // An upload this rename cancelled may land after the move's delete.
                         self.delete_removed(&src.key, st.landing()).await?;
@@ -438,13 +447,19 @@ impl Fs {
     /// staged file (its sidecar names a key, and it keeps the node's version) on a store
     /// that moves by copy and delete; `false` where the caller moves it now.
     async fn defer_move(&self, src: &crate::inode::Node, new_key: &str) -> Result<bool, FsError> {
-        let Some(d) = self.deletes.as_ref().filter(|_| self.write_back() && !self.store.capabilities().moves) else {
-            return Ok(false);
-        };
         if self.node(src.ino)?.opens > 0 || self.staging.contains(src.ino) {
             return Ok(false);
         }
-        Ok(d.defer_move(&src.key, new_key).await?)
+        self.defer_object_move(&src.key, new_key).await
+    }
+
+    /// Journal the move of object `from` to `to` for the background, on a write-back mount
+    /// of a store that moves by copy and delete; `false` where the caller moves it now.
+    async fn defer_object_move(&self, from: &str, to: &str) -> Result<bool, FsError> {
+        let Some(d) = self.deletes.as_ref().filter(|_| self.write_back() && !self.store.capabilities().moves) else {
+            return Ok(false);
+        };
+        Ok(d.defer_move(from, to).await?)
     }
 
     /// Move one object: in one request where the store moves (Drive), else copy, then
@@ -501,19 +516,33 @@ impl Fs {
             }
         }
         let moves = self.store.capabilities().moves; // one request moves the folder (Drive)
-        let keys = if moves { Vec::new() } else { self.keys_to_move(src).await? };
+                                                     // Made here and not in the store yet (write-back): nothing to list or copy.
+        let here = self.made_here_below(src).await;
+        let keys = if moves || here.is_some() { Vec::new() } else { self.keys_to_move(src).await? };
         // Journaled before anything changes, here or in the store: a crash from now on is
         // finished by the next mount, store keys and staged files alike (moves.rs).
         let _journal = crate::moves::Entry::begin(&self.cfg.staging_dir, &src.key, new_key, &keys);
+        if let (Some(d), Some(markers)) = (&self.deletes, &here) {
+            for k in markers {
+                d.defer_marker(&format!("{new_key}{}", &k[src.key.len()..])).await?;
+            }
+        }
         if self.write_back() {
             // Files not uploaded yet are named under the new directory, with no request:
             // they go up there from the queue. (Their older objects, and the last closed
             // version of a file still being written, move with the directory.)
             self.rekey_staged_moving(&below, &src.key, new_key).await;
         }
-        let moved = match moves {
-            true => self.store.rename(&src.key, new_key).await,
-            false => crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, false, None).await,
+        if here.is_some() {
+            self.never_stored(&below).await;
+        }
+        let moved = match (&self.deletes, &here) {
+            // Its markers were journaled anew above: the old ones are not made, or go.
+            (Some(d), Some(markers)) => {
+                futures::future::try_join_all(markers.iter().map(|k| d.withdraw_marker(k))).await.map(|_| ())
+            }
+            _ if moves => self.store.rename(&src.key, new_key).await,
+            _ => crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, false, None).await,
         };
         if moved.is_err() && self.write_back() {
             self.rekey_staged_moving(&below, new_key, &src.key).await; // as they were
@@ -540,6 +569,43 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// Write-back: the pending markers at and below directory `src`, if it was made here and
+    /// nothing below it can be in the store yet (the checkpoint pattern: `mkdir tmp`, write,
+    /// `mv tmp ckpt`): its marker not made yet (every write below waits for it, so no
+    /// upload below has reached the store), every directory below one made here too, every
+    /// file below a staged one.
+    /// Such a directory moves with no request, which a store that hangs would hold.
+    async fn made_here_below(&self, src: &crate::inode::Node) -> Option<Vec<String>> {
+        let d = self.deletes.as_ref().filter(|_| self.write_back())?;
+        let markers = d.markers_only_below(&src.key)?;
+        let nodes: Vec<crate::inode::Node> = {
+            let t = self.table.lock().unwrap();
+            t.nodes().filter(|n| n.linked && n.ino != src.ino && n.key.starts_with(&src.key)).cloned().collect()
+        };
+        for n in nodes {
+            match n.kind {
+                Kind::Dir if markers.contains(&n.key) => {}
+                // (Staged ones only. One whose upload was cut off, by this rename too, is not
+                // in the store: that upload waited for the marker.)
+                Kind::File if self.staging.contains(n.ino) => {}
+                _ => return None,
+            }
+        }
+        Some(markers)
+    }
+
+    /// The staged files among `inos` are known never to have reached the store (below a
+    /// marker not made yet, see [`Fs::made_here_below`]): an upload cut off left nothing.
+    async fn never_stored(&self, inos: &[u64]) {
+        for &ino in inos {
+            if let Some(s) = self.staging.get(ino) {
+                let mut st = s.lock().await;
+                (st.in_store, st.replaces) = (false, false);
+                st.landing_settled();
+            }
+        }
     }
 
     /// Name the pending staged files among `inos` whose keys are below `from` as they will

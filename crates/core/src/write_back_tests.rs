@@ -343,12 +343,13 @@ async fn a_file_renamed_while_written_keeps_its_last_closed_version_through_a_cr
         let fh = fs.open(ino, true, false).await.unwrap();
         fs.write(fh, 9, b" + appended").await.unwrap();
         fs.rename(ROOT_INO, "app.log", ROOT_INO, "app.log.1", false).await.unwrap();
-        assert_eq!(object(mem.as_ref(), "app.log.1").await.unwrap(), b"v0 closed");
-        std::mem::forget(fs); // dies before the app's close
+        std::mem::forget(fs); // dies before the app's close (and before the move is sent)
     }
     let fs = Fs::new(mem.clone(), cfg(&dir, 0));
     let (done, failed) = fs.recover_staged().await;
     assert!(done.is_empty() && failed.is_empty(), "{done:?} {failed:?}");
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(object(mem.as_ref(), "app.log.1").await.unwrap(), b"v0 closed");
     assert!(object(mem.as_ref(), "app.log").await.is_none());
 }
@@ -369,6 +370,34 @@ async fn a_file_renamed_while_written_arrives_whole_under_its_new_name() {
     fs.write(fh, 20, b"!").await.unwrap();
     fs.flush(fh).await.unwrap();
     fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["app.log.1"]);
+    assert_eq!(object(mem.as_ref(), "app.log.1").await.unwrap(), b"v0 closed + appended!");
+}
+
+/// The same rename while every copy hangs: the move is journaled and the rename returns;
+/// the copy goes in the background, before the writer's close sends the rest.
+#[tokio::test]
+async fn a_file_renamed_while_written_does_not_wait_for_a_hanging_copy() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("rename-open-hang");
+    mem.put("app.log", bytes::Bytes::from_static(b"v0 closed"), Default::default()).await.unwrap();
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    let ino = fs.lookup(ROOT_INO, "app.log").await.unwrap().ino;
+    let fh = fs.open(ino, true, false).await.unwrap();
+    fs.write(fh, 9, b" + appended").await.unwrap();
+    let copies = held.hold(Op::Copy, u32::MAX);
+    tokio::time::timeout(Duration::from_secs(5), fs.rename(ROOT_INO, "app.log", ROOT_INO, "app.log.1", false))
+        .await
+        .expect("the rename waited for the copy")
+        .unwrap();
+    assert_eq!(keys(mem.as_ref()).await, ["app.log"], "moved while copies were held");
+    fs.write(fh, 20, b"!").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    copies.add_permits(1_000);
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(keys(mem.as_ref()).await, ["app.log.1"]);
     assert_eq!(object(mem.as_ref(), "app.log.1").await.unwrap(), b"v0 closed + appended!");

@@ -48,7 +48,7 @@ impl FailStore {
         }
     }
 
-    /// The next `count` calls of `op` (`Head`, `List`, `Put` or `Delete`; `Copy` waits before it
+    /// The next `count` calls of `op` (`Head`, `List`, `Put`, `Delete` or `CreateDir`; `Copy` waits before it
     /// reaches the store) reach the store at once
     /// (a listing when first polled) but answer only as the returned semaphore gets
     /// permits, one each: replies overtaken by what happens meanwhile, or a caller paused
@@ -173,7 +173,8 @@ impl Store for FailStore {
     }
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {
         self.gate(Op::CreateDir)?;
-        self.inner.create_dir(key).await
+        let held = self.held(Op::CreateDir);
+        Self::answer_when_allowed(held, self.inner.create_dir(key).await).await
     }
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.gate(Op::Upload)?;
