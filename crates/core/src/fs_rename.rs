@@ -359,11 +359,7 @@ impl Fs {
                 if st.in_store && !st.committed() {
                     // Journaled and sent in the background where it can be (a log renamed
                     // while its writer appends: logrotate), else moved now.
-                    if self.defer_object_move(&src.key, new_key).await? {
-                        if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
-                            dst.lock().await.drop_key();
-                        }
-                    } else {
+                    if !self.defer_object_move(&src.key, new_key, replaced).await? {
                         journal = Some(self.move_object(&src.key, new_key, replaced).await?);
                     }
                     if st.maybe_landed {
@@ -417,16 +413,9 @@ impl Fs {
                 }
             }
         }
-        let deferred = self.defer_move(src, new_key).await?;
+        let deferred = self.defer_move(src, new_key, replaced).await?;
         let journal = match deferred {
-            true => {
-                // The move replaces the target: its staged bytes must not be recovered
-                // over the copy should the mount die before they are discarded.
-                if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
-                    dst.lock().await.drop_key();
-                }
-                None
-            }
+            true => None,
             false => Some(self.move_object(&src.key, new_key, replaced).await?),
         };
         if let Some(staged) = self.staging.get(src.ino) {
@@ -446,20 +435,33 @@ impl Fs {
     /// handle has open (a reader's handle reads the moved object at once) and with no
     /// staged file (its sidecar names a key, and it keeps the node's version) on a store
     /// that moves by copy and delete; `false` where the caller moves it now.
-    async fn defer_move(&self, src: &crate::inode::Node, new_key: &str) -> Result<bool, FsError> {
+    async fn defer_move(
+        &self,
+        src: &crate::inode::Node,
+        new_key: &str,
+        replaced: Option<u64>,
+    ) -> Result<bool, FsError> {
         if self.node(src.ino)?.opens > 0 || self.staging.contains(src.ino) {
             return Ok(false);
         }
-        self.defer_object_move(&src.key, new_key).await
+        self.defer_object_move(&src.key, new_key, replaced).await
     }
 
     /// Journal the move of object `from` to `to` for the background, on a write-back mount
     /// of a store that moves by copy and delete; `false` where the caller moves it now.
-    async fn defer_object_move(&self, from: &str, to: &str) -> Result<bool, FsError> {
+    /// `replaced`: the target's staged file, whose bytes the move replaces: they must not be
+    /// recovered over the copy should the mount die before they are discarded.
+    async fn defer_object_move(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<bool, FsError> {
         let Some(d) = self.deletes.as_ref().filter(|_| self.write_back() && !self.store.capabilities().moves) else {
             return Ok(false);
         };
-        Ok(d.defer_move(from, to).await?)
+        if !d.defer_move(from, to).await? {
+            return Ok(false);
+        }
+        if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
+            dst.lock().await.drop_key();
+        }
+        Ok(true)
     }
 
     /// Move one object: in one request where the store moves (Drive), else copy, then

@@ -616,7 +616,7 @@ async fn a_rename_over_a_pending_file_cut_during_its_copy_keeps_the_source() {
         let f = fs.clone();
         let rename = tokio::spawn(async move { f.rename(ROOT_INO, "a", ROOT_INO, "b", false).await });
         for _ in 0..500 {
-            if held.calls() > 0 || rename.is_finished() {
+            if held.calls() > 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
