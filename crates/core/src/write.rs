@@ -128,6 +128,9 @@ pub struct Staged {
     /// The last committed version, while it may not be in the bucket: its length, and
     /// where it is (see the module doc).
     base: Option<Base>,
+    /// The last commit point was an fsync: a version sent again ([`Staged::send_again`])
+    /// keeps the promise that it survives a power cut, as its first upload did.
+    fsynced: bool,
     /// The version the bucket holds of these bytes, as this mount last stored or read it:
     /// the next upload sends only the blocks that differ from it (write_patch.rs).
     stored: Option<Stored>,
@@ -204,6 +207,7 @@ impl Staged {
             seen: None,
             cache_pending: None,
             base: None,
+            fsynced: false,
             stored: None,
         })
     }

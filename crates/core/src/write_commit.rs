@@ -128,10 +128,17 @@ impl Staged {
     }
 
     /// The bytes as they are are a version still to go up (sent again after a cut-off
-    /// upload): kept aside before a change, as after a commit.
+    /// upload): kept aside before a change, as after a commit; and, if an fsync committed
+    /// them, still synced ahead of every change, as after that fsync.
     pub(super) fn keep_as_committed(&mut self) {
         self.forget_base();
-        self.base = Some(Base { len: self.size, copied: false, synced: false });
+        self.base = Some(Base { len: self.size, copied: false, synced: self.fsynced });
+    }
+
+    /// Whether the version kept aside before a change was committed by an fsync.
+    #[cfg(test)]
+    pub(super) fn keeps_synced(&self) -> bool {
+        self.base.is_some_and(|b| b.synced)
     }
 
     /// Someone is about to change the bytes unseen (a writer the kernel serves from this
@@ -189,6 +196,9 @@ impl Staged {
     /// kernel before this version is uploaded: its marker alone would then no longer
     /// match, and a crash would lose the version the close returned for).
     pub fn commit_as(&mut self, fsync: bool, keep: bool) -> Result<(), FsError> {
+        // A close right after an fsync, nothing changed between, commits the fsync'd
+        // version again: it stays synced ahead of later changes.
+        let fsync = fsync || self.fsynced && !self.open_marked && !self.trunc_pending && self.seen.is_none();
         // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
         self.settle()?;
         if self.seen.is_some() {
@@ -201,6 +211,7 @@ impl Staged {
         }
         // The marker says "committed" now: an older version's copy is obsolete.
         self.forget_base();
+        self.fsynced = fsync;
         let b = Base { len: self.size, copied: false, synced: fsync };
         self.base = Some(b);
         if keep && self.seen.is_some() {

@@ -23,3 +23,28 @@ fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
     let _ = std::fs::remove_file(&st.path);
     let _ = std::fs::remove_file(st.open_path());
 }
+
+/// A version committed by an fsync and sent again after a cut-off upload (one that may still
+/// land over it) keeps the fsync's promise: a change after it copies it aside, synced, as
+/// after the fsync itself; not as an unsynced close would.
+#[tokio::test]
+async fn an_fsynced_version_sent_again_is_still_kept_synced() {
+    let dir = std::env::temp_dir().join(format!("bucketfs-write-test-sent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut st = Staged::create(&dir, 2, PartBudget::new(1 << 20)).unwrap();
+    st.set_key("k").unwrap();
+    st.write(0, b"the fsynced version").unwrap();
+    st.commit_as(true, false).unwrap();
+    st.commit().unwrap(); // the close after the fsync
+    assert!(st.keeps_synced(), "a close after an fsync commits the same version");
+    let mem = bucketfs_store::testing::MemStore::new();
+    st.upload(&mem, "k", WriteOptions::default(), &FileAttrs::default()).await.unwrap();
+    st.send_again("k").unwrap();
+    assert!(st.keeps_synced(), "sent again, the version is still the fsync's");
+    assert_eq!(st.key(), Some("k"));
+    st.write(0, b"X").unwrap();
+    assert_eq!(std::fs::read(st.base_path()).unwrap(), b"the fsynced version");
+    st.commit().unwrap(); // a plain close of new bytes: not synced
+    assert!(!st.keeps_synced());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -49,6 +49,12 @@ impl Staged {
     /// crash recovers it (its key named again) and an unlink deletes the key twice.
     pub fn send_again(&mut self, key: &str) -> Result<(), FsError> {
         crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
+        if self.fsynced {
+            // An fsync'd version: its key is named again on disk before anything else
+            // happens, or a power cut would forget that it must go up again.
+            File::open(self.key_path()).and_then(|f| f.sync_all()).map_err(local)?;
+            self.sync_dir().map_err(local)?;
+        }
         self.key = Some(key.to_string());
         self.dirty = true;
         self.write_gen += 1;
