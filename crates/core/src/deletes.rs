@@ -26,7 +26,8 @@
 //! NUL, the key for a key an upload may still land on (sent twice: [`DeferredDeletes::defer_landing`]),
 //! then, if only an object with given MD5s is to go, NUL and those MD5s in hex, comma-separated. One key
 //! has at most one pending change: a later one takes the place of one not yet sent, or
-//! goes out after the one in flight.
+//! goes out after the one in flight. A delete of a marker or a link whose request was
+//! sent (it may have been cut off, and land later) is sent twice, as `l`.
 //!
 //! `symlink` too ([`DeferredDeletes::defer_link`]): the link object (`<name>.rclonelink`,
 //! its content the target) is journaled as `s`, NUL, the key, NUL, the target, and put in
@@ -36,7 +37,8 @@
 //!
 //! A rename of a file in the bucket goes the same way ([`DeferredDeletes::defer_move`]):
 //! pending under its new key, it copies the old key's object there and then deletes the
-//! old key, and every request that could see either key waits for it. Its entry is `v`,
+//! old key, after the markers of the directories above the new key (as an upload there
+//! would), and every request that could see either key waits for it. Its entry is `v`,
 //! NUL, the new key, NUL, the old key: one entry, so a crash can never leave the delete
 //! without the copy before it. A rename of a file whose own move is still pending
 //! (`mv a b; mv b c`) is journaled as `w` instead of `v`: it goes after that move, and
@@ -452,13 +454,14 @@ impl DeferredDeletes {
         let Some(dir) = &self.journal_dir else { return self.apply_now(key, op, only, target).await };
         // What is pending for the key now: a delete of a file renamed here whose move is still
         // pending takes its old key too (journaled first, so a crash in between leaves both
-        // deletes or the move); a delete of a link whose PUT was sent (and may have been cut
-        // off, to land later) is sent twice, as for a file's upload that may still land.
-        let (moved_from, link_sent) = match self.pending.lock().unwrap().get(key) {
-            Some(e) => (e.source.clone(), e.op == Op::Link && (e.in_flight || e.attempts > 0)),
+        // deletes or the move); a delete of a link or a marker whose request was sent (and
+        // may have been cut off, to land later) is sent twice, as for a file's upload that
+        // may still land.
+        let (moved_from, sent) = match self.pending.lock().unwrap().get(key) {
+            Some(e) => (e.source.clone(), matches!(e.op, Op::Link | Op::Marker) && (e.in_flight || e.attempts > 0)),
             None => (None, false),
         };
-        let again = again || op == Op::Delete && link_sent;
+        let again = again || op == Op::Delete && sent;
         if let Some(from) = moved_from.filter(|_| op == Op::Delete) {
             Box::pin(self.defer_op(&from, Op::Delete, false, None)).await?;
         }
@@ -619,14 +622,16 @@ impl DeferredDeletes {
         };
         // A rename pending from this key goes first: a change of the key before it would
         // delete or replace the file being moved. Unless it is the file's next rename
-        // (`after`): that one waits for this move instead. A link goes after the markers
-        // above it (a store with real folders would make its folder twice).
+        // (`after`): that one waits for this move instead. A link or a move goes after the
+        // markers above it, as a write would (a store with real folders would make its
+        // folder twice; and a directory made here is renamed with no request only while
+        // nothing below it can be in the store, `markers_only_below`).
         let above = |k: &str| k != key && k.ends_with('/') && key.starts_with(k);
         let first = self
             .drain_where(|k, e| {
                 e.source.as_deref() == Some(key.as_str()) && !e.after
                     || after && source.as_deref() == Some(k)
-                    || op == Op::Link && above(k)
+                    || matches!(op, Op::Link | Op::Move) && above(k)
             })
             .await;
         let r = match (first, source) {

@@ -536,3 +536,142 @@ async fn a_directory_made_here_is_renamed_with_no_request_while_its_marker_hangs
         assert_eq!(object(mem.as_ref(), "ckpt/sub/b").await.as_deref(), Some(&b"b"[..]));
     }
 }
+
+/// `mv app.log tmp/` of a log being written (its last closed version in the bucket) into a
+/// directory made here whose marker hangs: the object's move goes after the marker, as an
+/// upload there would. (Done before it, `mv tmp ckpt` next took the rename with no request,
+/// which left the log's old version at `tmp/app.log` in the bucket.)
+#[tokio::test]
+async fn a_file_moved_into_a_directory_made_here_goes_after_its_marker() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("move-into-made");
+    mem.put("app.log", bytes::Bytes::from_static(b"v0 closed"), Default::default()).await.unwrap();
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "app.log"]);
+    let ino = fs.lookup(ROOT_INO, "app.log").await.unwrap().ino;
+    let fh = fs.open(ino, true, false).await.unwrap();
+    fs.write(fh, 9, b" + appended").await.unwrap();
+    let markers = held.hold(Op::CreateDir, u32::MAX); // made, but never answered
+    let tmp = fs.mkdir(ROOT_INO, "tmp", None).await.unwrap().ino;
+    fs.rename(ROOT_INO, "app.log", tmp, "app.log", false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // a move not waiting is done by now
+    let renamed = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.rename(ROOT_INO, "tmp", ROOT_INO, "ckpt", false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    markers.add_permits(1_000);
+    tokio::time::timeout(Duration::from_secs(10), renamed).await.expect("the rename").unwrap().unwrap();
+    fs.write(fh, 20, b"!").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["ckpt/", "ckpt/app.log"]);
+    assert_eq!(object(mem.as_ref(), "ckpt/app.log").await.as_deref(), Some(&b"v0 closed + appended!"[..]));
+}
+
+/// A directory's marker whose request was cut off (it may still land) and which is then
+/// withdrawn (`rmdir`, or `mv tmp ckpt` before it went up) is deleted twice, as a link is:
+/// the marker landing after the first delete does not bring the directory back.
+#[tokio::test]
+async fn a_marker_withdrawn_after_a_cut_off_attempt_is_deleted_twice() {
+    use crate::deletes::DeferredDeletes;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("marker-landing");
+    std::fs::create_dir_all(&dir).unwrap();
+    let deletes = Arc::new(FailStore::new(mem.clone(), Op::Delete, u64::MAX, 0, StoreErrorKind::Other)); // counts
+    let cut = Arc::new(FailStore::new(deletes.clone(), Op::CreateDir, 1, 1, StoreErrorKind::Unavailable));
+    let dd = DeferredDeletes::new(cut.clone(), &dir);
+    DeferredDeletes::start(&dd);
+    dd.defer_marker("tmp/").await.unwrap();
+    let wait = |what: &'static str, done: Box<dyn Fn() -> bool + Send>| async move {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect(what)
+    };
+    let c = cut.clone();
+    wait("the marker's first attempt", Box::new(move || c.calls() == 1)).await;
+    dd.withdraw_marker("tmp/").await.unwrap();
+    let d = deletes.clone();
+    wait("the first delete", Box::new(move || d.calls() == 1)).await;
+    mem.create_dir("tmp/").await.unwrap(); // the cut-off attempt lands now
+    assert!(dd.drain_all().await.is_empty());
+    assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
+}
+
+/// What is on disk for staging directory `dir` now, it and the journals beside it, put
+/// back by the returned closure: a crash at this point, though the test goes on.
+fn disk_now(dir: &std::path::Path) -> impl FnOnce() {
+    let parent = dir.parent().unwrap().to_path_buf();
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    let saved = parent.join(format!("{name}.crash"));
+    let _ = std::fs::remove_dir_all(&saved);
+    std::fs::create_dir_all(&saved).unwrap();
+    let ours: Vec<String> = std::fs::read_dir(&parent)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| *n == name || n.starts_with(&format!(".{name}.")))
+        .collect();
+    for n in &ours {
+        let ok = std::process::Command::new("cp").arg("-a").arg(parent.join(n)).arg(&saved).status().unwrap();
+        assert!(ok.success());
+    }
+    move || {
+        for n in &ours {
+            let _ = std::fs::remove_dir_all(parent.join(n));
+            let ok = std::process::Command::new("cp").arg("-a").arg(saved.join(n)).arg(&parent).status().unwrap();
+            assert!(ok.success());
+        }
+        let _ = std::fs::remove_dir_all(&saved);
+    }
+}
+
+/// A crash amid the rename with no request of a directory made here (its markers journaled
+/// under the new name, the old ones not yet withdrawn, the files not yet renamed): the next
+/// mount ends with the new name and every directory below it, and nothing of the old one.
+#[tokio::test]
+async fn a_crash_amid_a_rename_with_no_request_leaves_one_name() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("checkpoint-torn");
+    let journal = crate::deletes::journal_dir_for(&dir).unwrap();
+    let crash = {
+        // Every marker fails as if the store were unreachable: they stay pending.
+        let down = Arc::new(FailStore::new(mem.clone(), Op::CreateDir, 1, u64::MAX, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg(&dir, 0));
+        fs.start_write_back();
+        assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
+        let tmp = fs.mkdir(ROOT_INO, "tmp", None).await.unwrap().ino;
+        fs.mkdir(tmp, "sub", None).await.unwrap();
+        let (_, fh) = fs.create(tmp, "a", 0, None).await.unwrap();
+        fs.write(fh, 0, b"a").await.unwrap();
+        fs.release(fh).await.unwrap();
+        let pause = crate::pause::arm(&dir, "move_dir: new markers journaled");
+        let renamed = tokio::spawn({
+            let fs = fs.clone();
+            async move { fs.rename(ROOT_INO, "tmp", ROOT_INO, "ckpt", false).await }
+        });
+        tokio::time::timeout(Duration::from_secs(10), pause.reached()).await.expect("the rename's pause");
+        let entries: Vec<Vec<u8>> =
+            std::fs::read_dir(&journal).unwrap().flatten().map(|e| std::fs::read(e.path()).unwrap()).collect();
+        assert!(entries.iter().any(|e| e == b"m\0ckpt/sub/"), "{entries:?}");
+        let crash = disk_now(&dir);
+        pause.go();
+        renamed.await.unwrap().unwrap();
+        crash
+    };
+    crash();
+    let fs = Fs::new(mem.clone(), cfg(&dir, 0));
+    let (done, failed) = fs.recover_staged().await;
+    assert!(done.len() == 1 && failed.is_empty(), "{done:?} {failed:?}");
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["ckpt/", "ckpt/a", "ckpt/sub/"]);
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "ckpt"]);
+}

@@ -520,7 +520,13 @@ impl Fs {
         let moves = self.store.capabilities().moves; // one request moves the folder (Drive)
                                                      // Made here and not in the store yet (write-back): nothing to list or copy.
         let here = self.made_here_below(src).await;
-        let keys = if moves || here.is_some() { Vec::new() } else { self.keys_to_move(src).await? };
+        let keys = match &here {
+            // Its markers below it, to be made under the new name and withdrawn under the
+            // old one should a crash cut what follows short.
+            Some(markers) => markers.iter().filter(|k| **k != src.key).cloned().collect(),
+            None if moves => Vec::new(),
+            None => self.keys_to_move(src).await?,
+        };
         // Journaled before anything changes, here or in the store: a crash from now on is
         // finished by the next mount, store keys and staged files alike (moves.rs).
         let _journal = crate::moves::Entry::begin(&self.cfg.staging_dir, &src.key, new_key, &keys);
@@ -528,6 +534,7 @@ impl Fs {
             for k in markers {
                 d.defer_marker(&format!("{new_key}{}", &k[src.key.len()..])).await?;
             }
+            crate::pause::point(&self.cfg.staging_dir, "move_dir: new markers journaled").await;
         }
         if self.write_back() {
             // Files not uploaded yet are named under the new directory, with no request:

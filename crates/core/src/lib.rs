@@ -50,6 +50,7 @@ pub(crate) mod moves;
 pub mod names;
 pub mod part_budget;
 pub mod passthrough;
+pub(crate) mod pause;
 mod preload;
 pub mod read;
 pub mod recovery;
