@@ -645,10 +645,13 @@ class Memory(Experiment):
             return {m["key"]: na("no filesystem process") for m in self.metrics(ctx)}
         res = {}
         mem = ctx.memory.get(system.name, {})
+        only = getattr(system, "only", None)
         for exp in ("2", "6"):
             r = mem.get(exp)
             if exp not in mem:
                 why = (na("experiment %s not run" % exp) if int(exp) not in ctx.experiment_ids
+                       else na("%s does not run experiment %s" % (system.name, exp))
+                       if only and exp not in only
                        else na("experiment %s failed for this system" % exp))
                 res["peak_" + exp] = res["steady_" + exp] = why
             elif r is None:

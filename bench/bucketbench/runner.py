@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from . import install, report, util
+from . import install, plan, report, util
 from . import servers as S
 from .experiments import all_experiments
 from .systems import ALL_SYSTEMS, DEFAULT_SYSTEMS, MountError, make_system
@@ -42,7 +42,9 @@ class Context:
         self.seed_dir = os.path.join(self.workdir, "seed")
         self.repo = REPO
         self.bucketfs_bin = os.path.abspath(getattr(args, "bucketfs_bin", None) or DEFAULT_BIN)
-        self.full_runs = args.runs
+        # {experiment id (str): repetitions} (plan.py); which experiment is running now
+        self.repetitions = plan.repetitions(args.experiment_list, args.runs, args.quick)
+        self.exp_id = None
         self.read_sizes = [1, 10, 50, 100, 200] + ([] if args.quick else [1024])
         self.copy_sizes = ([4, 8, 16, 32, 64] if args.quick else
                            [4 << i for i in range(9)])  # 4 MB .. 1 GB
@@ -60,7 +62,9 @@ class Context:
         self.experiment_ids = []
 
     def runs(self, quick_n):
-        return quick_n if self.quick else self.full_runs
+        """Repetitions of the experiment running now: quick_n in --quick, else the plan's
+        or --runs N (plan.py)."""
+        return quick_n if self.quick else self.repetitions.get(str(self.exp_id), 1)
 
     def timeout(self, seconds):
         return seconds * self.timeout_scale
@@ -113,7 +117,10 @@ def parse_args(argv):
     p.add_argument("--experiments", default="1,2,3,4,5,6,7,9",
                    help="comma-separated experiment numbers 1-%d (8, copy tools, and 10, the "
                    "million-key bucket, run only when named)" % LAST_EXPERIMENT)
-    p.add_argument("--runs", type=int, default=3, help="repeats per measurement (full mode)")
+    p.add_argument("--runs", type=int, metavar="N",
+                   help="repetitions of every experiment that repeats (full mode; 7, 9 and 10 "
+                   "are one pass); default: bucketbench/plan.py's, 3 where figures move between "
+                   "runs and 1 where they do not")
     p.add_argument("--keys", default="1000x1000+100000", metavar="DxK+B",
                    help="experiment 10's bucket: D directories of K keys and big/ of B keys "
                    "(default 1000x1000+100000: 1,100,000 keys; e.g. 1000x10+10000 to test)")
@@ -161,6 +168,8 @@ def parse_args(argv):
         p.error("--experiments takes numbers like 1,2,5")
     if not all(1 <= e <= LAST_EXPERIMENT for e in a.experiment_list):
         p.error("experiments are numbered 1 to %d" % LAST_EXPERIMENT)
+    if a.runs is not None and a.runs < 1:
+        p.error("--runs takes a number from 1")
     try:
         from .keyseed import parse_layout
         parse_layout(a.keys)
@@ -216,6 +225,9 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
     ctx = Context(args)
+    if prior is not None and not any(a.split("=")[0] == "--runs" for a in argv):
+        # a resumed run goes on with the repetitions it began with
+        ctx.repetitions.update(plan.recorded(prior["meta"], args.experiment_list))
     os.makedirs(os.path.join(ctx.workdir, "logs"), exist_ok=True)
     util.LOG_FILE = os.path.join(ctx.workdir, "logs", "run.log")
     t_start = time.monotonic()
@@ -247,6 +259,7 @@ def main(argv=None):
                     "latency": "10 ms each direction (toxiproxy)" if args.profile == "cloud"
                     else "none (loopback through toxiproxy)",
                     "quick": args.quick, "runs": 1 if args.quick else args.runs,
+                    "repetitions": ctx.repetitions,
                     "argv": sys.argv[1:] if argv is None else argv,
                     "machine": util.machine_info(), "install_failures": install_failures,
                     "phases": phases,
@@ -258,6 +271,7 @@ def main(argv=None):
     doc["meta"]["commit"] = git_commit()
     if prior is not None:
         doc = _resumed_doc(prior, doc, started)
+        doc["meta"]["repetitions"] = ctx.repetitions
         ctx.memory = doc.get("memory", {})
     doc["memory"] = ctx.memory
 
@@ -316,9 +330,10 @@ def main(argv=None):
         counter = Counting(srv)
         for eid in args.experiment_list:
             exp = exps[eid]
+            ctx.exp_id = eid
             entry = doc["experiments"].get(str(eid)) or {}
             entry.update({"title": exp.title, "metrics": exp.metrics(ctx),
-                          "charts": exp.charts(ctx)})
+                          "charts": exp.charts(ctx), "runs": ctx.runs(1)})
             for k in ("results", "seconds", "requests"):
                 entry.setdefault(k, {})
             if hasattr(exp, "describe") and not getattr(exp, "standalone", False):
@@ -338,9 +353,8 @@ def main(argv=None):
                     log("experiment %d on %s: kept from the interrupted run" % (eid, sysobj.name))
                     continue
                 if getattr(sysobj, "only", None) and str(eid) not in sysobj.only:
-                    entry["results"][sysobj.name] = {m["key"]: na(
-                        "not run: %s runs in experiments %s only" % (sysobj.name, ", ".join(sysobj.only)))
-                        for m in entry["metrics"]}
+                    entry["results"][sysobj.name] = {m["key"]: na(plan.not_run_reason(sysobj.name))
+                                                     for m in entry["metrics"]}
                     continue
                 ran = True
                 st = doc["systems"][sysobj.name]

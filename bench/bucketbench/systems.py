@@ -6,8 +6,8 @@ version, and unmount.
 | native       | a plain directory on local disk        | -             |
 | bucketfs     | target/release/bucketfs, s3:// mount (passthrough on where possible, the default) | MinIO |
 | bucketfs-gcs | target/release/bucketfs, gs:// mount   | fake-gcs      |
-| bucketfs-tuned | s3:// with --preload-tree --metadata-ttl 10 | MinIO |
-| bucketfs-wb  | s3:// with --write-back (close returns once staged) | MinIO |
+| bucketfs-tuned | s3:// with --preload-tree --metadata-ttl 10 (experiments 1, 4, 6, 7, 10) | MinIO |
+| bucketfs-wb  | s3:// with --write-back: close returns once staged (experiments 2-7, 9) | MinIO |
 | bucketfs-nopt | s3:// with --passthrough off (experiments 2, 3, 5 only: the on/off pairs) | MinIO |
 | s3fs         | s3fs-fuse (Debian)                     | MinIO         |
 | mountpoint-s3 | bench/mountpoint: mount-s3's defaults over the published mountpoint-s3-fs crate, with --allow-delete --allow-overwrite | MinIO |
@@ -26,9 +26,9 @@ import shutil
 import subprocess
 import time
 
+from . import plan
 from . import servers as S
 from .install import MOUNTPOINT_SRC, go_binary, mountpoint_binary
-from .pairs import PAIR_EXPERIMENTS
 from .util import CmdError, end_process, is_mounted, log, run, tail
 
 ALL_SYSTEMS = ["native", "bucketfs", "bucketfs-nopt", "bucketfs-wb", "bucketfs-tuned",
@@ -508,13 +508,15 @@ def make_system(ctx, name):
     if name == "bucketfs-wb":
         # Write-back, as rclone's full cache: close returns once the file is on local disk
         # and uploads follow; unmount (timed by the harness only for mount) drains them.
-        return Bucketfs(ctx, "s3", ["--write-back"], "bucketfs-wb")
+        return Bucketfs(ctx, "s3", ["--write-back"], "bucketfs-wb", only=plan.only(name))
     if name == "bucketfs-nopt":
         # FUSE passthrough off (it is on by default): every read and write goes through
-        # bucketfs, for the report's on/off pairs; those experiments only (pairs.py).
-        return Bucketfs(ctx, "s3", ["--passthrough", "off"], "bucketfs-nopt", only=PAIR_EXPERIMENTS)
+        # bucketfs, for the report's on/off pairs; those experiments only (pairs.py). Each
+        # variant runs only where its flags change what is measured (plan.py).
+        return Bucketfs(ctx, "s3", ["--passthrough", "off"], "bucketfs-nopt", only=plan.only(name))
     if name == "bucketfs-tuned":
-        return Bucketfs(ctx, "s3", ["--preload-tree", "--metadata-ttl", "10"], "bucketfs-tuned")
+        return Bucketfs(ctx, "s3", ["--preload-tree", "--metadata-ttl", "10"], "bucketfs-tuned",
+                        only=plan.only(name))
     if name == "s3fs":
         return S3fs(ctx)
     if name == "mountpoint-s3":
