@@ -160,7 +160,8 @@ pub struct MountArgs {
     /// sync DIR` waits for them. Default: every close waits for its upload.
     #[arg(long)]
     write_back: bool,
-    /// Write-back: MiB of closed files waiting for upload above which `close` waits for room.
+    /// Write-back: MiB of closed files waiting for upload above which `close` waits for room
+    /// (at most 2 minutes without an upload done, while the staging disk keeps as much free).
     #[arg(long, default_value_t = 1024, value_name = "MIB")]
     write_back_max_mib: u64,
     /// Write-back: seconds a closed file waits before its upload (a rewrite within it is

@@ -222,14 +222,44 @@ impl Fs {
             return Ok(());
         }
         // Back-pressure: wait while the queue holds more than its bound (a file larger than
-        // the bound alone goes through: it cannot wait for itself).
+        // the bound alone goes through: it cannot wait for itself); not for good while the
+        // store takes no upload (write_back.rs).
+        let q = &self.staging.queue;
+        let (mut seen, mut since) = (q.uploaded(), self.cfg.clock.now());
         loop {
-            let notified = self.staging.queue.progress.notified();
-            if self.staging.queue.bytes() <= cfg.max_bytes || self.staging.queue.len() <= 1 {
+            let notified = q.progress.notified();
+            if q.bytes() <= cfg.max_bytes || q.len() <= 1 {
+                q.over_bound.store(false, Ordering::Relaxed);
                 return Ok(());
             }
-            notified.await;
+            if q.uploaded() != seen {
+                (seen, since) = (q.uploaded(), self.cfg.clock.now());
+            } else if self.cfg.clock.since(since) >= crate::write_back::STALLED && self.staging_room(cfg.max_bytes) {
+                if !q.over_bound.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        waiting_mib = q.bytes() >> 20,
+                        bound_mib = cfg.max_bytes >> 20,
+                        "the store took no upload for {:?}: closes go on over --write-back-max-mib while the staging disk has room",
+                        crate::write_back::STALLED
+                    );
+                }
+                return Ok(());
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
         }
+    }
+
+    /// Whether the staging directory's file system has `bytes` free for its user.
+    fn staging_room(&self, bytes: u64) -> bool {
+        let Ok(path) = std::ffi::CString::new(self.cfg.staging_dir.as_os_str().as_encoded_bytes()) else {
+            return false;
+        };
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a NUL-terminated path and a zeroed statvfs for the call to fill.
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return false;
+        }
+        (st.f_bavail as u64).saturating_mul(st.f_frsize as u64) >= bytes
     }
 
     /// How long a writer of `ino` waits for its upload ([`WRITER_PATIENCE`]).

@@ -7,7 +7,10 @@
 //! files, after `delay` since their last commit (a file rewritten within it goes up once).
 //! A failed upload stays queued and is retried with backoff (1 s doubling to 60 s), forever;
 //! nothing is dropped. Closes wait (back-pressure) while more than `max_bytes` of committed
-//! bytes wait for upload, so local disk use is bounded and a close never fails for room.
+//! bytes wait for upload, so local disk use is bounded and a close never fails for room;
+//! but not for good: once the store has taken no upload for [`STALLED`], a close goes over
+//! the bound while the staging disk keeps `max_bytes` free (a hung store must not hang
+//! every writer; the data is as safe on disk as the rest of the queue).
 //!
 //! Reopening a queued file for writing uploads the committed version first, so a crash while
 //! it is being rewritten still finds the last closed version in the bucket (the rewrite's
@@ -25,6 +28,10 @@ use std::time::{Duration, Instant};
 
 use crate::clock::retry_backoff;
 use crate::FsError;
+
+/// How long a close waits at the bound for a store that takes no upload: the two minutes
+/// any call waits for a store that hangs (30 s a request, tried 4 times).
+pub(crate) const STALLED: Duration = Duration::from_secs(120);
 
 /// How write-back behaves; `None` in [`crate::FsConfig::write_back`] means durable at close.
 #[derive(Debug, Clone, Copy)]
@@ -103,6 +110,9 @@ pub(crate) struct Queue {
     /// Lock level 5 (a leaf): taken alone, never across an await.
     entries: Mutex<HashMap<u64, Entry>>,
     uploaded: AtomicU64,
+    /// Closes went over `max_bytes` while the store took no upload (said once, until the
+    /// queue is back under the bound).
+    pub(crate) over_bound: crate::sync::AtomicBool,
     /// Commit numbers, queue-wide: an upload's end never matches a later entry's commit.
     commits: AtomicU64,
     /// Wakes the scheduler: a file was queued, or `sync` wants everything now.
@@ -190,6 +200,11 @@ impl Queue {
     /// Files queued.
     pub(crate) fn len(&self) -> usize {
         self.entries.lock().unwrap().len()
+    }
+
+    /// Uploads done since the mount began.
+    pub(crate) fn uploaded(&self) -> u64 {
+        self.uploaded.load(Ordering::Relaxed)
     }
 
     pub(crate) fn bytes(&self) -> u64 {

@@ -216,6 +216,33 @@ async fn close_waits_for_room_when_the_queue_is_full() {
     assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"0123456789");
 }
 
+/// A store that takes no upload (down, or hanging) holds a close at the bound for
+/// `STALLED` at most: then the close goes on over the bound, the staging disk having room,
+/// and the files stay queued for the store's return.
+#[tokio::test]
+async fn a_close_at_the_bound_goes_on_when_the_store_takes_no_upload() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("room-stalled");
+    let down = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, u64::MAX, StoreErrorKind::Unavailable));
+    let clock = crate::Clock::manual();
+    let mut c = FsConfig { clock: clock.clone(), ..cfg(&dir, 0) };
+    c.write_back.as_mut().unwrap().max_bytes = 10;
+    let fs = Fs::new(down, c);
+    fs.start_write_back();
+    write_file(&fs, "a", b"0123456789").await;
+    let b = tokio::spawn({
+        let fs = fs.clone();
+        async move { write_file(&fs, "b", b"0123456789").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!b.is_finished(), "20 bytes > 10 and the store is up as far as anyone knows: the close waits");
+    clock.advance(crate::write_back::STALLED);
+    tokio::time::timeout(Duration::from_secs(10), b).await.expect("the close waited past the stall").unwrap();
+    let st = fs.write_back_status();
+    assert_eq!((st.files, st.bytes, st.uploaded), (2, 20, 0));
+    assert!(object(mem.as_ref(), "a").await.is_none());
+}
+
 #[tokio::test]
 async fn a_truncating_rewrite_closed_before_a_crash_is_recovered_empty() {
     // O_TRUNC keeps the old bytes on disk for readers until it settles; the commit at close
