@@ -225,16 +225,13 @@ impl Fs {
         // the bound alone goes through: it cannot wait for itself); not for good while the
         // store takes no upload (write_back.rs).
         let q = &self.staging.queue;
-        let (mut seen, mut since) = (q.uploaded(), self.cfg.clock.now());
         loop {
             let notified = q.progress.notified();
             if q.bytes() <= cfg.max_bytes || q.len() <= 1 {
-                q.over_bound.store(false, Ordering::Relaxed);
+                q.under_bound();
                 return Ok(());
             }
-            if q.uploaded() != seen {
-                (seen, since) = (q.uploaded(), self.cfg.clock.now());
-            } else if self.cfg.clock.since(since) >= crate::write_back::STALLED && self.staging_room(cfg.max_bytes) {
+            if q.stalled(self.cfg.clock.now()) && self.staging_room(cfg.max_bytes) {
                 if !q.over_bound.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         waiting_mib = q.bytes() >> 20,

@@ -113,6 +113,10 @@ pub(crate) struct Queue {
     /// Closes went over `max_bytes` while the store took no upload (said once, until the
     /// queue is back under the bound).
     pub(crate) over_bound: crate::sync::AtomicBool,
+    /// Closes at the bound: (uploads done when last seen, since when none was done while
+    /// the queue was over the bound). One for the mount: a store that takes no upload holds
+    /// the closes [`STALLED`] once, not each of them.
+    at_bound: Mutex<(u64, Option<Instant>)>,
     /// Commit numbers, queue-wide: an upload's end never matches a later entry's commit.
     commits: AtomicU64,
     /// Wakes the scheduler: a file was queued, or `sync` wants everything now.
@@ -205,6 +209,26 @@ impl Queue {
     /// Uploads done since the mount began.
     pub(crate) fn uploaded(&self) -> u64 {
         self.uploaded.load(Ordering::Relaxed)
+    }
+
+    /// A close waiting at the bound looks at `now`: whether no upload has been done for
+    /// [`STALLED`] while the queue was over the bound.
+    pub(crate) fn stalled(&self, now: Instant) -> bool {
+        let done = self.uploaded();
+        let mut at = self.at_bound.lock().unwrap();
+        match *at {
+            (seen, Some(since)) if seen == done => now.saturating_duration_since(since) >= STALLED,
+            _ => {
+                *at = (done, Some(now));
+                false
+            }
+        }
+    }
+
+    /// A close found the queue under its bound: a later wait at it starts afresh.
+    pub(crate) fn under_bound(&self) {
+        self.at_bound.lock().unwrap().1 = None;
+        self.over_bound.store(false, Ordering::Relaxed);
     }
 
     pub(crate) fn bytes(&self) -> u64 {

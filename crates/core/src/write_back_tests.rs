@@ -216,9 +216,9 @@ async fn close_waits_for_room_when_the_queue_is_full() {
     assert_eq!(object(mem.as_ref(), "b").await.unwrap(), b"0123456789");
 }
 
-/// A store that takes no upload (down, or hanging) holds a close at the bound for
-/// `STALLED` at most: then the close goes on over the bound, the staging disk having room,
-/// and the files stay queued for the store's return.
+/// A store that takes no upload (down, or hanging) holds closes at the bound for
+/// `STALLED` at most, once for all of them: then they go on over the bound, the staging
+/// disk having room, and the files stay queued for the store's return.
 #[tokio::test]
 async fn a_close_at_the_bound_goes_on_when_the_store_takes_no_upload() {
     let mem = Arc::new(MemStore::new());
@@ -238,8 +238,15 @@ async fn a_close_at_the_bound_goes_on_when_the_store_takes_no_upload() {
     assert!(!b.is_finished(), "20 bytes > 10 and the store is up as far as anyone knows: the close waits");
     clock.advance(crate::write_back::STALLED);
     tokio::time::timeout(Duration::from_secs(10), b).await.expect("the close waited past the stall").unwrap();
+    // The store is still taking nothing: later closes do not wait the stall out again.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        write_file(&fs, "c", b"0123456789").await;
+        write_file(&fs, "d", b"0123456789").await;
+    })
+    .await
+    .expect("a later close waited for the stall again");
     let st = fs.write_back_status();
-    assert_eq!((st.files, st.bytes, st.uploaded), (2, 20, 0));
+    assert_eq!((st.files, st.bytes, st.uploaded), (4, 40, 0));
     assert!(object(mem.as_ref(), "a").await.is_none());
 }
 
