@@ -675,3 +675,44 @@ async fn a_crash_amid_a_rename_with_no_request_leaves_one_name() {
     assert_eq!(keys(mem.as_ref()).await, ["ckpt/", "ckpt/a", "ckpt/sub/"]);
     assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", "..", "ckpt"]);
 }
+
+/// Names made or removed inside a directory while its rename is under way (the kernel locks
+/// the parent for a rename, not the directory moved: `mkdir tmp/x` may run during `mv tmp
+/// ckpt`) end under the new name in the bucket, never under the old one.
+#[tokio::test]
+async fn names_made_inside_a_directory_being_renamed_go_up_under_its_new_name() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("made-during-rename");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let fs = Fs::new(held.clone(), cfg(&dir, 0));
+    fs.start_write_back();
+    assert_eq!(listed(&fs, ROOT_INO).await.unwrap(), [".", ".."]);
+    let markers = held.hold(Op::CreateDir, u32::MAX); // made, but never answered
+    let tmp = fs.mkdir(ROOT_INO, "tmp", None).await.unwrap().ino;
+    fs.mkdir(tmp, "sub", None).await.unwrap();
+    let pause = crate::pause::arm(&dir, "move_dir: new markers journaled");
+    let renamed = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.rename(ROOT_INO, "tmp", ROOT_INO, "ckpt", false).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), pause.reached()).await.expect("the rename's pause");
+    let made = tokio::spawn({
+        let fs = fs.clone();
+        async move {
+            fs.rmdir(tmp, "sub").await.unwrap();
+            fs.mkdir(tmp, "x", None).await.unwrap();
+            let (_, fh) = fs.create(tmp, "f", 0, None).await.unwrap();
+            fs.write(fh, 0, b"f").await.unwrap();
+            fs.release(fh).await.unwrap();
+            fs.symlink(tmp, "l", "f").await.unwrap();
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    pause.go();
+    markers.add_permits(1_000); // (an rmdir after the rename may ask the store)
+    tokio::time::timeout(Duration::from_secs(10), renamed).await.expect("the rename").unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), made).await.expect("the names made").unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["ckpt/", "ckpt/f", "ckpt/l.rclonelink", "ckpt/x/"]);
+    assert_eq!(listed(&fs, tmp).await.unwrap(), [".", "..", "f", "l", "x"]);
+}

@@ -31,7 +31,7 @@ impl Fs {
     /// a write-back mount journal it and return.
     pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<crate::fs::Attr, crate::FsError> {
         use crate::FsError;
-        let key = self.new_key(parent, name, Kind::Symlink)?;
+        let (key, _intent) = self.name_intent(parent, name, Kind::Symlink).await?;
         if target.is_empty() || target.contains('\0') {
             return Err(FsError::NotFound); // ENOENT, as Linux answers an empty target
         }

@@ -78,8 +78,27 @@ impl Fs {
         Ok((self.attr(&node), fh))
     }
 
+    /// The key `name` has in `parent`, with an intent on it held while the caller makes or
+    /// removes it there: a rename of a directory above (exclusive below it) goes before or
+    /// after, never between the key's choice and the change. (The kernel locks a renamed
+    /// directory's parent, not the directory: `mkdir tmp/x` may run during `mv tmp ckpt`.)
+    pub(crate) async fn name_intent(
+        &self,
+        parent: u64,
+        name: &str,
+        kind: Kind,
+    ) -> Result<(String, crate::intents::Intent<'_>), FsError> {
+        loop {
+            let key = self.new_key(parent, name, kind)?;
+            let intent = self.intents.acquire(vec![crate::intents::Scope::Key(key.clone())], false).await;
+            if self.new_key(parent, name, kind)? == key {
+                return Ok((key, intent));
+            }
+        }
+    }
+
     pub async fn mkdir(&self, parent: u64, name: &str, mode: Option<u16>) -> Result<Attr, FsError> {
-        let key = self.new_key(parent, name, Kind::Dir)?;
+        let (key, _intent) = self.name_intent(parent, name, Kind::Dir).await?;
         if self.resolve(parent, name).await?.is_some() {
             return Err(FsError::Exists);
         }
@@ -237,6 +256,11 @@ impl Fs {
         if node.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
+        let (key, _intent) = self.name_intent(parent, name, Kind::Dir).await?;
+        let node = match self.table.lock().unwrap().child(parent, name) {
+            Some(n) if n.ino == node.ino && n.key == key => n.clone(),
+            _ => return Err(FsError::NotFound), // gone or replaced while the intent waited
+        };
         if self.has_children(node.ino, &node.key).await? {
             return Err(FsError::NotEmpty);
         }
