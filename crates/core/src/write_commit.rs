@@ -196,9 +196,10 @@ impl Staged {
     /// kernel before this version is uploaded: its marker alone would then no longer
     /// match, and a crash would lose the version the close returned for).
     pub fn commit_as(&mut self, fsync: bool, keep: bool) -> Result<(), FsError> {
-        // A close right after an fsync, nothing changed between, commits the fsync'd
-        // version again: it stays synced ahead of later changes.
-        let fsync = fsync || self.fsynced && !self.open_marked && !self.trunc_pending && self.seen.is_none();
+        // A close right after an fsync, nothing changed between (every change marks the
+        // file open; the kernel's are found by `observe`, run before each commit point),
+        // commits the fsync'd version again: it stays synced ahead of later changes.
+        let fsync = fsync || self.fsynced && !self.open_marked && !self.trunc_pending;
         // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
         self.settle()?;
         if self.seen.is_some() {

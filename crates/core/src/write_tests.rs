@@ -48,3 +48,24 @@ async fn an_fsynced_version_sent_again_is_still_kept_synced() {
     assert!(!st.keeps_synced());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// As above for a file the kernel writes unseen (passthrough): a close after the fsync that
+/// found no change keeps the fsync'd version synced, also once it is sent again.
+#[tokio::test]
+async fn an_fsynced_version_the_kernel_wrote_is_still_kept_synced() {
+    let dir = std::env::temp_dir().join(format!("bucketfs-write-test-kernel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut st = Staged::create(&dir, 3, PartBudget::new(1 << 20)).unwrap();
+    let kernel = st.watch_external("k").unwrap();
+    kernel.write_all_at(b"the fsynced version", 0).unwrap();
+    assert!(st.observe().unwrap());
+    st.commit_as(true, true).unwrap(); // the fsync
+    assert!(!st.observe().unwrap(), "nothing changed since");
+    st.commit().unwrap(); // the close after it
+    assert!(st.keeps_synced(), "a close after an fsync commits the same version");
+    let mem = bucketfs_store::testing::MemStore::new();
+    st.upload(&mem, "k", WriteOptions::default(), &FileAttrs::default()).await.unwrap();
+    st.send_again("k").unwrap();
+    assert!(st.keeps_synced(), "sent again, the version is still the fsync's");
+    let _ = std::fs::remove_dir_all(&dir);
+}
