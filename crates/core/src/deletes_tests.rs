@@ -581,9 +581,10 @@ async fn a_marker_withdrawn_after_a_cut_off_attempt_is_deleted_twice() {
     let mem = Arc::new(MemStore::new());
     let dir = staging("marker-landing");
     std::fs::create_dir_all(&dir).unwrap();
-    let deletes = Arc::new(FailStore::new(mem.clone(), Op::Delete, u64::MAX, 0, StoreErrorKind::Other)); // counts
-                                                                                                         // Every attempt is cut off (the test lands the marker itself): the withdraw finds it
-                                                                                                         // sent however long the test takes to get there.
+    // Counts the deletes.
+    let deletes = Arc::new(FailStore::new(mem.clone(), Op::Delete, u64::MAX, 0, StoreErrorKind::Other));
+    // Every attempt is cut off (the test lands the marker itself): the withdraw finds it
+    // sent however long the test takes to get there.
     let cut = Arc::new(FailStore::new(deletes.clone(), Op::CreateDir, 1, u64::MAX, StoreErrorKind::Unavailable));
     let dd = DeferredDeletes::new(cut.clone(), &dir);
     DeferredDeletes::start(&dd);

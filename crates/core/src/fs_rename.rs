@@ -517,8 +517,9 @@ impl Fs {
                 self.upload_pub(ino).await?;
             }
         }
-        let moves = self.store.capabilities().moves; // one request moves the folder (Drive)
-                                                     // Made here and not in the store yet (write-back): nothing to list or copy.
+        // One request moves the folder (Drive).
+        let moves = self.store.capabilities().moves;
+        // Made here and not in the store yet (write-back): nothing to list or copy.
         let here = self.made_here_below(src).await;
         let keys = match &here {
             // Its markers below it, to be made under the new name and withdrawn under the

@@ -52,8 +52,7 @@ impl Staged {
         if self.fsynced {
             // An fsync'd version: its key is named again on disk before anything else
             // happens, or a power cut would forget that it must go up again.
-            File::open(self.key_path()).and_then(|f| f.sync_all()).map_err(local)?;
-            self.sync_dir().map_err(local)?;
+            self.sync_local()?;
         }
         self.key = Some(key.to_string());
         self.dirty = true;
