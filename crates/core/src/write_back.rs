@@ -8,7 +8,7 @@
 //! A failed upload stays queued and is retried with backoff (1 s doubling to 60 s), forever;
 //! nothing is dropped. Closes wait (back-pressure) while more than `max_bytes` of committed
 //! bytes wait for upload, so local disk use is bounded and a close never fails for room;
-//! but not for good: once the store has taken no upload for [`STALLED`], a close goes over
+//! but not for good: once the store has taken no upload for `STALLED` (2 minutes), a close goes over
 //! the bound while the staging disk keeps `max_bytes` free (a hung store must not hang
 //! every writer; the data is as safe on disk as the rest of the queue).
 //!
