@@ -1,12 +1,11 @@
-//! rename and setattr: the namespace changes that move data.
-
-use std::time::SystemTime;
+//! rename: the namespace change that moves data (files, directories, and their staged
+//! and pending state).
 
 use bucketfs_store::StoreErrorKind;
 use futures::TryStreamExt;
 
 use super::check_new_name;
-use crate::fs::{Attr, Fs, Kind, SetAttr};
+use crate::fs::{Fs, Kind};
 use crate::inode::Version;
 use crate::FsError;
 
@@ -662,110 +661,5 @@ impl Fs {
             return Err(FsError::CrossDevice(format!("{} holds {k:?}, which has no file name here", src.key)));
         }
         Ok(keys)
-    }
-
-    /// chmod, chown, utimens, truncate. Size changes are staged (and uploaded at once when
-    /// no handle is given, since no close will follow a truncate(2)).
-    pub async fn setattr(&self, ino: u64, change: SetAttr) -> Result<Attr, FsError> {
-        let SetAttr { size, mode, uid, gid, mtime, fh } = change;
-        let node = self.node(ino)?;
-        if let Some(size) = size {
-            if node.kind == Kind::Dir {
-                return Err(FsError::IsDir);
-            }
-            let temp = match fh.filter(|_| self.staging.contains(ino)) {
-                Some(_) => None,
-                None => Some(self.open(ino, true, size == 0).await?),
-            };
-            if let Some(h) = temp.or(fh) {
-                self.mark_wrote(h);
-            }
-            if let Some(staged) = self.staging.get(ino) {
-                let mut st = self.lock_to_change(ino, &staged).await;
-                self.observe(ino, &mut st)?;
-                st.set_key(&node.key)?;
-                st.truncate(size)?;
-            }
-            self.set_size(ino, size);
-            if let Some(tfh) = temp {
-                self.flush(tfh).await?;
-                self.release(tfh).await?;
-            }
-        }
-        let (before, attr) = {
-            let mut t = self.table.lock().unwrap();
-            let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
-            let before = n.attrs();
-            self.set_attrs(n, mode, uid, gid, mtime);
-            (before, self.attr(n))
-        };
-        let node = self.node(ino)?;
-        if node.kind == Kind::File && node.attrs() != before && self.store.capabilities().keeps_attrs {
-            self.persist_attrs(&node, fh).await?;
-        }
-        Ok(attr)
-    }
-
-    /// Keep a file's new mode, owner or mtime in the bucket: with the staged file's upload
-    /// at its close, or (closed files up to 64 MiB) by uploading it again now. Larger closed
-    /// files keep the change for the mount's life only (SEMANTICS.md).
-    async fn persist_attrs(&self, node: &crate::inode::Node, fh: Option<u64>) -> Result<(), FsError> {
-        if let Some(staged) = self.staging.get(node.ino) {
-            // A change: waits for an upload in flight only so long (write-back).
-            let mut st = self.lock_to_change(node.ino, &staged).await;
-            st.set_key(&node.key)?;
-            st.mark_changed();
-            self.keep_attrs(node.ino, &mut st);
-            if let Some(h) = fh {
-                self.mark_wrote(h);
-            }
-            return Ok(());
-        }
-        if node.size > super::WRITE_THROUGH_MAX {
-            tracing::debug!(key = %node.key, "mode/owner/mtime of a large closed file kept for this mount only");
-            return Ok(());
-        }
-        let temp = self.open(node.ino, true, false).await?;
-        if let Some(staged) = self.staging.get(node.ino) {
-            let mut st = staged.lock().await;
-            st.set_key(&node.key)?;
-            st.mark_changed();
-            self.keep_attrs(node.ino, &mut st);
-        }
-        self.mark_wrote(temp);
-        let flushed = self.flush(temp).await;
-        self.release(temp).await?;
-        flushed
-    }
-
-    fn set_attrs(
-        &self,
-        n: &mut crate::inode::Node,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        mtime: Option<SystemTime>,
-    ) {
-        if let Some(m) = mode {
-            n.perm = Some((m & 0o7777) as u16);
-        }
-        if uid.is_some() || gid.is_some() {
-            let (u, g) = n.owner.unwrap_or((self.cfg.uid, self.cfg.gid));
-            n.owner = Some((uid.unwrap_or(u), gid.unwrap_or(g)));
-        }
-        if let Some(t) = mtime {
-            n.mtime = t;
-            n.mtime_set = Some(t);
-        }
-        if mode.is_some() || uid.is_some() || gid.is_some() || mtime.is_some() {
-            n.ctime = Some(SystemTime::now());
-        }
-    }
-
-    fn set_size(&self, ino: u64, size: u64) {
-        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
-            n.size = size;
-            n.mtime = SystemTime::now();
-        }
     }
 }

@@ -650,5 +650,7 @@ impl Fs {
 
 #[path = "fs_rename.rs"]
 mod rename;
+#[path = "fs_setattr.rs"]
+mod setattr;
 #[path = "fs_sync.rs"]
 mod sync_all;

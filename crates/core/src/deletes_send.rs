@@ -1,0 +1,238 @@
+//! Sending the pending changes of [`DeferredDeletes`]: one attempt at a key's change, its
+//! outcome (retried with backoff while the store is out, dropped with an error if refused),
+//! and the drains that make a request wait for the pending changes it could see.
+
+use super::*;
+
+impl DeferredDeletes {
+    pub(super) fn take_due(&self, room: usize) -> (Vec<String>, Option<Instant>) {
+        let now = Instant::now();
+        let mut p = self.pending.lock().unwrap();
+        let in_flight = p.values().filter(|e| e.in_flight).count();
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (k, e) in p.iter_mut().filter(|(_, e)| !e.in_flight) {
+            if e.next_try <= now && in_flight + due.len() < room {
+                e.in_flight = true;
+                due.push(k.clone());
+            } else {
+                next = Some(next.map_or(e.next_try, |n| n.min(e.next_try)));
+            }
+        }
+        (due, next)
+    }
+
+    /// `op` on `key`, in the store itself (a delete restricted to objects of `only`; a
+    /// link with content `target`).
+    pub(super) async fn apply(
+        &self,
+        key: &str,
+        op: Op,
+        only: Option<&[[u8; 16]]>,
+        target: Option<&str>,
+    ) -> Result<(), StoreError> {
+        match op {
+            Op::Delete => delete_if_ours(self.inner.as_ref(), key, only).await,
+            Op::Marker => self.inner.create_dir(key).await,
+            Op::Link => {
+                let body = Bytes::copy_from_slice(target.unwrap_or_default().as_bytes());
+                self.inner.put(key, body, PutOpts::default()).await.map(|_| ())
+            }
+            Op::Move => unreachable!("sent by `send`, with its source"),
+        }
+    }
+
+    /// `op` on `key` now, unjournaled: after what is pending on the key (a move to it would
+    /// bring it back), and for a link after the markers above it too, as a PUT would wait.
+    pub(super) async fn apply_now(
+        &self,
+        key: &str,
+        op: Op,
+        only: Option<Vec<[u8; 16]>>,
+        target: Option<String>,
+    ) -> Result<(), StoreError> {
+        match op {
+            Op::Link => self.drain_under(key).await?,
+            _ => self.drain_key(key).await?,
+        }
+        self.apply(key, op, only.as_deref(), target.as_deref()).await
+    }
+
+    /// [`Op::Move`]: copy `from` to `to`, then delete `from`. Idempotent: a source already
+    /// gone was copied before (a crash after the delete), or deleted by another client.
+    pub(super) async fn apply_move(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        match self.inner.copy(from, to).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
+            r => r?,
+        }
+        match self.inner.delete(from).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError { message: format!("copied, but the old key stays: {}", e.message), ..e }),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// One attempt at `key`'s pending change (marked in flight by the caller). Boxed: it
+    /// may wait for a rename from the key, whose send it spawns (a type holding itself).
+    pub(super) fn send(&self, key: String) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.send_now(key))
+    }
+
+    pub(super) async fn send_now(&self, key: String) {
+        let Some((op, gen, only, source, after, target)) = self
+            .pending
+            .lock()
+            .unwrap()
+            .get(&key)
+            .map(|e| (e.op, e.gen, e.only.clone(), e.source.clone(), e.after, e.target.clone()))
+        else {
+            return;
+        };
+        // A rename pending from this key goes first: a change of the key before it would
+        // delete or replace the file being moved. Unless it is the file's next rename
+        // (`after`): that one waits for this move instead. A link or a move goes after the
+        // markers above it, as a write would (a store with real folders would make its
+        // folder twice; and a directory made here is renamed with no request only while
+        // nothing below it can be in the store, `markers_only_below`).
+        let above = |k: &str| k != key && k.ends_with('/') && key.starts_with(k);
+        let first = self
+            .drain_where(|k, e| {
+                e.source.as_deref() == Some(key.as_str()) && !e.after
+                    || after && source.as_deref() == Some(k)
+                    || matches!(op, Op::Link | Op::Move) && above(k)
+            })
+            .await;
+        let r = match (first, source) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(from)) => self.apply_move(&from, &key).await,
+            (Ok(()), None) => self.apply(&key, op, only.as_deref(), target.as_deref()).await,
+        };
+        let mut p = self.pending.lock().unwrap();
+        let Some(e) = p.get_mut(&key) else { return };
+        if e.gen != gen {
+            // A later change took this one's place while it was sent: that one goes next.
+            e.in_flight = false;
+            drop(p);
+            self.changed.notify_waiters();
+            self.work.notify_one();
+            return;
+        }
+        match r {
+            Err(err) if err.kind == StoreErrorKind::Unavailable || err.kind == StoreErrorKind::RateLimited => {
+                e.attempts += 1;
+                tracing::warn!(%key, ?op, attempts = e.attempts, "deferred change failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
+                let now = Instant::now();
+                e.next_try = now + retry_backoff(e.attempts);
+                e.failed = Some((now, err));
+                e.in_flight = false;
+            }
+            Ok(()) | Err(StoreError { kind: StoreErrorKind::NotFound, .. }) if e.again && op == Op::Delete => {
+                // Deleted; an upload that timed out may still land after it: once more soon.
+                let at = Instant::now() + LANDING_GRACE;
+                (e.again, e.in_flight, e.attempts, e.failed) = (false, false, 0, None);
+                (e.next_try, e.not_before) = (at, Some(at));
+            }
+            r => {
+                match (r.as_ref(), op) {
+                    (Err(err), Op::Delete) if err.kind != StoreErrorKind::NotFound => {
+                        tracing::error!(%key, "the store refused the delete of an unlinked file; the file is back in the bucket: {err}");
+                        self.refused.lock().unwrap().push((key.clone(), format!("delete refused: {err}")));
+                    }
+                    (Err(err), Op::Marker) => {
+                        tracing::error!(%key, "the store refused the marker of a directory made here; the directory is not in the bucket: {err}");
+                        self.refused.lock().unwrap().push((key.clone(), format!("directory marker refused: {err}")));
+                    }
+                    (Err(err), Op::Link) => {
+                        tracing::error!(%key, "the store refused the object of a symbolic link made here; the link is not in the bucket: {err}");
+                        self.refused.lock().unwrap().push((key.clone(), format!("symbolic link refused: {err}")));
+                    }
+                    (Err(err), Op::Move) => {
+                        let from = e.source.as_deref().unwrap_or_default();
+                        tracing::error!(%key, %from, "the store refused the move of a file renamed here; the bucket keeps the old name: {err}");
+                        self.refused.lock().unwrap().push((key.clone(), format!("rename from {from} refused: {err}")));
+                    }
+                    _ => {}
+                }
+                if let Some(e) = p.remove(&key) {
+                    e.forget_journal();
+                }
+                settle_after(&mut p, &key);
+            }
+        }
+        drop(p);
+        self.changed.notify_waiters();
+        self.work.notify_one();
+    }
+
+    /// Wait until no pending delete's key satisfies `hit`, sending due ones now. An outage
+    /// that keeps one pending gives its error (once an attempt made since has failed).
+    pub(super) async fn drain(&self, hit: impl Fn(&str) -> bool) -> Result<(), StoreError> {
+        self.drain_where(|k, e| e.seen(k, &hit)).await
+    }
+
+    /// [`DeferredDeletes::drain`] of the entries `hit` takes (key, entry).
+    pub(super) async fn drain_where(&self, hit: impl Fn(&str, &Pending) -> bool) -> Result<(), StoreError> {
+        let started = Instant::now();
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let mut send = Vec::new();
+            {
+                let mut p = self.pending.lock().unwrap();
+                // The error first, before any entry is marked in flight: one marked and then
+                // not sent would stay in flight for good (its key never deleted, every
+                // listing over it waiting).
+                let mut any = false;
+                for (_, e) in p.iter().filter(|(k, e)| hit(k, e)) {
+                    any = true;
+                    if let Some((_, err)) = e.failed.as_ref().filter(|(at, _)| *at >= started && !e.in_flight) {
+                        return Err(err.clone());
+                    }
+                }
+                if !any {
+                    return Ok(());
+                }
+                let now = Instant::now();
+                for (k, e) in
+                    p.iter_mut().filter(|(k, e)| hit(k, e) && !e.in_flight && e.not_before.is_none_or(|t| t <= now))
+                {
+                    e.in_flight = true;
+                    send.push(k.clone());
+                }
+            }
+            // Sent by tasks of their own, which `changed` reports on: a caller dropped while
+            // waiting (an upload cancelled by a rename or an unlink) cannot leave an entry
+            // marked in flight and never sent, which would hold every later drain for good.
+            match self.me.upgrade() {
+                Some(me) => {
+                    for k in send {
+                        let me = me.clone();
+                        crate::sync::spawn(async move { me.send(k).await });
+                    }
+                }
+                None => {
+                    futures::future::join_all(send.into_iter().map(|k| self.send(k))).await;
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Keys that could be `key` or below it (`key` itself, `key/…`, and names starting so),
+    /// and the markers of the directories above it: a write goes after them.
+    pub(super) async fn drain_under(&self, key: &str) -> Result<(), StoreError> {
+        if self.pending.lock().unwrap().is_empty() {
+            return Ok(());
+        }
+        let k = key.trim_end_matches('/');
+        self.drain(|p| p.starts_with(k) || (p.ends_with('/') && k.starts_with(p))).await
+    }
+
+    pub(super) async fn drain_key(&self, key: &str) -> Result<(), StoreError> {
+        if self.pending.lock().unwrap().is_empty() {
+            return Ok(());
+        }
+        self.drain(|p| p == key).await
+    }
+}
