@@ -286,10 +286,12 @@ impl DiskCache {
         }
         let mut e = self.new_entry(size);
         e.checked = false;
+        let mut good = HEADER;
         for r in meta[HEADER..].chunks_exact(RECORD) {
             if le32(&r[12..]) != crc32c::crc32c(&r[..12]) {
                 break; // torn at a crash: the records after it were never written
             }
+            good += RECORD;
             let (b, len) = (le32(r) as u64, le32(&r[4..]) as u64);
             if b >= e.crcs.len() as u64 {
                 continue;
@@ -301,6 +303,12 @@ impl DiskCache {
                 e.present -= 1;
                 e.bytes -= self.block_len(size, b);
             }
+        }
+        if meta.len() > good {
+            // Cut the torn tail, so the records appended from now on follow the good ones
+            // (after it, they would be misaligned and lost at every later start-up).
+            let cut = std::fs::OpenOptions::new().write(true).open(self.meta_path(name));
+            cut.and_then(|f| f.set_len(good as u64)).ok()?;
         }
         (e.present > 0).then_some(e)
     }

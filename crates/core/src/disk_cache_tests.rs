@@ -138,8 +138,16 @@ fn a_torn_sidecar_keeps_what_it_recorded_and_other_files_go() {
     }
     assert!(c.contains("k", "e", 1) && !c.contains("k", "e", 2), "records up to the torn one");
     assert!(c.get("k", "e", 1, &p).unwrap() == data[B as usize..2 * B as usize]);
+    // The torn tail is cut: a block recorded after it is still known at the next start-up.
+    assert_eq!(std::fs::metadata(&meta).unwrap().len(), (HEADER + 2 * RECORD) as u64);
+    put_blocks(&c, &p, "k", "e", &data, [2]);
+    drop(c);
+    let c = cache(&d, 64 << 20);
+    assert!(c.contains("k", "e", 2), "a record appended after the cut is read back");
+    assert!(c.get("k", "e", 2, &p).unwrap() == data[2 * B as usize..]);
     // A header of another block size (or format): the version is dropped.
     drop(c);
+    let mut raw = std::fs::read(&meta).unwrap();
     raw[12] ^= 1;
     std::fs::write(&meta, &raw).unwrap();
     let c = cache(&d, 64 << 20);
