@@ -9,7 +9,9 @@ import os
 import stat
 import time
 
-from conftest import md5, read_file
+import pytest
+
+from conftest import BIN, md5, read_file
 import writekit
 from writekit import expect_errno, fs_tree, make_existing, read_fd, rename_or_report, run, write_path
 
@@ -42,6 +44,29 @@ def test_touch_creates_empty_object(tgt):
     if tgt.persistent:
         with tgt.mounted() as mp:
             assert os.stat(os.path.join(mp, "empty")).st_size == 0
+
+
+@pytest.mark.parametrize("write_back", [False, True], ids=["default", "write-back"])
+def test_a_file_beside_a_longer_directory_is_found_before_any_listing(btgt, write_back):
+    """`log` beside `logs/` on a fresh mount, before anything lists the root: the listing
+    that probes `log` sends `logs/` first (S3 and GCS send a page's prefixes before its
+    objects). It was not found: `>>` replaced the file, `mkdir log` made a directory."""
+    for k, v in [("log", b"line1\nline2\n"), ("logs/old.gz", b"z"), ("dir/x", b"x")]:
+        btgt.put(k, v)
+    flags = ["--write-back"] if write_back else []
+    with btgt.mounted(flags) as mp:
+        with open(os.path.join(mp, "log"), "ab") as f:
+            f.write(b"line3\n")
+        assert read_file(os.path.join(mp, "log")) == b"line1\nline2\nline3\n"
+        if write_back:
+            run([BIN, "sync", mp])
+    assert btgt.get("log") == b"line1\nline2\nline3\n", "the append kept what the file held"
+    with btgt.mounted(flags) as mp:
+        expect_errno("mkdir over a file", lambda: os.mkdir(os.path.join(mp, "log")), errno.EEXIST)
+        expect_errno("rename a directory over a file",
+                     lambda: os.rename(os.path.join(mp, "dir"), os.path.join(mp, "log")), errno.ENOTDIR)
+        assert os.path.isfile(os.path.join(mp, "log"))
+    assert sorted(btgt.keys()) == ["dir/x", "log", "logs/old.gz"]
 
 
 def test_mkdir_persists_and_rmdir(tgt):

@@ -232,14 +232,18 @@ impl Fs {
         self.probe_each(prefix, name).await
     }
 
-    /// `name` (key `file_key`) from one listing of the plain prefix `file_key`: keys come in
-    /// byte order, so everything that decides (`k`, `k.rclonelink`, `k/`) comes before the
-    /// first key past `k/`. `None` if the store's answer did not settle it.
+    /// `name` (key `file_key`) from one listing of the plain prefix `file_key`. The listing
+    /// has two sorted groups, objects and common prefixes (`d/`), each page in key order but
+    /// its groups in either order (S3 and GCS send a page's prefixes first): so everything
+    /// that decides (`k`, `k.rclonelink`, `k/`) has come once an object and a prefix past
+    /// `k/` have both come (`logs/` alone says nothing about the file `log`), or the listing
+    /// ended. `None` if the store's answer did not settle it.
     async fn probe_by_list(&self, file_key: &str, name: &str) -> Result<Option<Option<ChildMeta>>, FsError> {
         let dir_key = format!("{file_key}/");
         let link_key = format!("{file_key}{}", crate::links::LINK_SUFFIX);
         let (mut file, mut link, mut dir) = (None, None, false);
-        // Read until the first key past `k/` (or the end): the rest cannot decide.
+        // Read until an object and a prefix past `k/` came (or the end): the rest cannot decide.
+        let (mut object_past, mut prefix_past) = (false, false);
         let mut stream = self.store.list(file_key, false);
         while let Some(m) = stream.next().await {
             let m = m?;
@@ -249,13 +253,18 @@ impl Fs {
             if m.key.starts_with(&dir_key) {
                 dir = true;
             }
-            let past = m.key.as_str() >= dir_key.as_str();
+            if m.key.as_str() > dir_key.as_str() {
+                match m.is_prefix() {
+                    true => prefix_past = true,
+                    false => object_past = true,
+                }
+            }
             if m.key == file_key && !is_link_object(name) {
                 file = Some(m);
             } else if m.key == link_key && crate::links::may_be_link(name) {
                 link = Some(m);
             }
-            if past {
+            if object_past && prefix_past {
                 break;
             }
         }

@@ -50,6 +50,34 @@ async fn lookup_without_listing_finds_files_dirs_and_markers() {
     assert!(matches!(fs.lookup(ROOT_INO, "nope").await, Err(FsError::NotFound)));
 }
 
+/// A name that starts a sibling directory's name (`log` beside `logs/`), found by its
+/// probe before anything lists its directory: the listing sends `logs/` before the file
+/// `log` (a page's prefixes first, as S3 and GCS do). It was not found, so `>>` replaced it.
+#[tokio::test]
+async fn a_name_beside_a_longer_directory_is_found_before_any_listing() {
+    let keys: &[(&str, &[u8])] = &[
+        ("log", b"line1\n"),
+        ("logs/old.gz", b"z"),
+        ("lib.rclonelink", b"lib64"),
+        ("lib64/a", b"a"),
+        ("d", b"1234"),
+        ("d/x", b"x"),
+        ("d0/y", b"y"),
+        ("s/report", b"r"),
+        ("s/reports/r1", b"r"),
+    ];
+    let store = mem_with(keys).await;
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..FsConfig::default() });
+    let log = fs.lookup(ROOT_INO, "log").await.unwrap();
+    assert_eq!((log.kind, log.size), (Kind::File, 6));
+    assert_eq!(fs.lookup(ROOT_INO, "lib").await.unwrap().kind, Kind::Symlink);
+    assert_eq!(fs.lookup(ROOT_INO, "d").await.unwrap().kind, Kind::Dir, "a directory wins over a file");
+    let s = fs.lookup(ROOT_INO, "s").await.unwrap();
+    assert_eq!(fs.lookup(s.ino, "report").await.unwrap().kind, Kind::File);
+    assert!(matches!(fs.lookup(ROOT_INO, "lo").await, Err(FsError::NotFound)));
+    assert!(matches!(fs.mkdir(ROOT_INO, "log", Some(0o755)).await, Err(FsError::Exists)), "mkdir over the file");
+}
+
 #[tokio::test]
 async fn invalid_keys_are_skipped_and_never_escape() {
     let (_, fs) = fs_with(&[

@@ -19,6 +19,9 @@ use std::sync::Arc;
 
 type Objects = BTreeMap<String, (Bytes, String, SystemTime)>;
 
+/// Entries in one page of a listing (S3's and GCS's default).
+const LIST_PAGE: usize = 1000;
+
 /// Every key of `objects` starting with `dir` (a directory `d/` and all below it).
 fn keys_below(objects: &Objects, dir: &str) -> Vec<String> {
     objects.range(dir.to_string()..).map(|(k, _)| k).take_while(|k| k.starts_with(dir)).cloned().collect()
@@ -229,6 +232,13 @@ impl Store for MemStore {
                     mtime: Some(*mtime),
                     size_unknown: false,
                 }),
+            }
+        }
+        if !recursive {
+            // As S3 and GCS send them: each page of 1,000 entries in key order, its common
+            // prefixes first, then its objects (so `logs/` comes before the file `log`).
+            for page in out.chunks_mut(LIST_PAGE) {
+                page.sort_by_key(|m| !m.is_prefix());
             }
         }
         let latency = self.latency;
