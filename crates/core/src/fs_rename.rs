@@ -527,6 +527,7 @@ impl Fs {
             None if moves => Vec::new(),
             None => self.keys_to_move(src).await?,
         };
+        self.check_moved_lengths(src, new_key, &keys)?;
         // Journaled before anything changes, here or in the store: a crash from now on is
         // finished by the next mount, store keys and staged files alike (moves.rs).
         let _journal = crate::moves::Entry::begin(&self.cfg.staging_dir, &src.key, new_key, &keys);
@@ -578,6 +579,26 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// `ENAMETOOLONG` before anything moves if a key below directory `src` (in the store,
+    /// `keys`, or known here: staged files, markers, links) would be longer under `new_key`
+    /// than the store holds (S3, GCS: 1,024 bytes): the store would refuse it, or keep a key
+    /// no lookup can reach.
+    fn check_moved_lengths(&self, src: &crate::inode::Node, new_key: &str, keys: &[String]) -> Result<(), FsError> {
+        let Some(max) = self.store.capabilities().max_key_len else { return Ok(()) };
+        let longest = {
+            let t = self.table.lock().unwrap();
+            let known = t.nodes().filter(|n| n.key.starts_with(&src.key)).map(|n| n.key.len()).max();
+            keys.iter().filter(|k| k.starts_with(&src.key)).map(|k| k.len()).max().max(known)
+        };
+        match longest {
+            Some(len) if new_key.len() + (len - src.key.len()) > max => {
+                tracing::warn!(from = %src.key, to = %new_key, "cannot rename the directory: a key below it would be longer than the store holds ({max} bytes)");
+                Err(FsError::NameTooLong)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Write-back: the pending markers at and below directory `src`, if it was made here and

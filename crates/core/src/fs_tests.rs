@@ -352,6 +352,43 @@ async fn keys_past_the_store_limit_are_name_too_long_without_a_request() {
     assert!(matches!(fs.lookup(d, "12345678").await, Err(FsError::NotFound)));
 }
 
+/// The key limit counts a directory's marker `/`, a link's `.rclonelink`, and every key a
+/// directory rename would make below it: each is `ENAMETOOLONG` before any request, not
+/// an `EINVAL` from the store, or (write-back) an upload refused after the call returned.
+#[tokio::test]
+async fn markers_links_and_keys_below_a_renamed_directory_count_in_the_key_limit() {
+    let store = Arc::new(MemStore::new().with_max_key_len(12));
+    store.put("a/bcdefgh", Bytes::from_static(b"x"), PutOpts::default()).await.unwrap();
+    let fs = Fs::new(store.clone(), FsConfig::default());
+    let before = store.requests.load(Ordering::Relaxed);
+    assert!(matches!(fs.mkdir(ROOT_INO, "123456789012", None).await, Err(FsError::NameTooLong)), "13-byte marker");
+    assert!(matches!(fs.symlink(ROOT_INO, "ab", "t").await, Err(FsError::NameTooLong)), "ab.rclonelink");
+    assert_eq!(store.requests.load(Ordering::Relaxed), before, "no request for an impossible key");
+    fs.mkdir(ROOT_INO, "12345678901", None).await.unwrap(); // a 12-byte marker fits
+                                                            // a/bcdefgh as abcde/bcdefgh is 13 bytes: refused, nothing moved.
+    assert!(matches!(fs.rename(ROOT_INO, "a", ROOT_INO, "abcde", false).await, Err(FsError::NameTooLong)));
+    assert!(store.stat("a/bcdefgh").await.is_ok() && store.stat("abcde/bcdefgh").await.is_err());
+    fs.rename(ROOT_INO, "a", ROOT_INO, "abcd", false).await.unwrap(); // abcd/bcdefgh: 12
+    assert!(store.stat("abcd/bcdefgh").await.is_ok());
+
+    // Write-back: a file known only here (queued, not uploaded) counts too.
+    use crate::write_back::tests::{cfg, staging};
+    let store = Arc::new(MemStore::new().with_max_key_len(12));
+    let dir = staging("key-limit-rename");
+    let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(&dir, 60_000) });
+    fs.start_write_back();
+    let _ = names(&fs, ROOT_INO).await;
+    let q = fs.mkdir(ROOT_INO, "q", None).await.unwrap().ino;
+    let (_, fh) = fs.create(q, "f2345678", 0, None).await.unwrap(); // q/f2345678: 10
+    fs.write(fh, 0, b"x").await.unwrap();
+    fs.release(fh).await.unwrap();
+    fs.rename(ROOT_INO, "q", ROOT_INO, "qqq", false).await.unwrap(); // qqq/f2345678: 12
+    assert!(matches!(fs.rename(ROOT_INO, "qqq", ROOT_INO, "qqqq", false).await, Err(FsError::NameTooLong)));
+    assert!(fs.sync_all().await.is_empty(), "nothing left unsent");
+    assert!(store.stat("qqq/f2345678").await.is_ok(), "it went up under the name it kept");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn a_file_name_past_the_store_limit_is_name_too_long_at_create_and_rename() {
     // The local folder writes through a temporary name longer than the file's own.

@@ -51,7 +51,8 @@ impl Fs {
     /// object for two names, so `EINVAL` too, as is a name MinIO would take for a directory
     /// marker ([`names::MINIO_DIR_SUFFIX`]), or a directory `.bucketfs-parts` at the top
     /// (`is_parts_dir`). A link whose object's name (`x.rclonelink`)
-    /// would pass NAME_MAX gets `ENAMETOOLONG`, also when renamed there.
+    /// would pass NAME_MAX gets `ENAMETOOLONG`, also when renamed there, as does a key
+    /// longer than the store holds (S3, GCS: 1,024 bytes).
     pub(crate) fn new_key(&self, parent: u64, name: &str, kind: Kind) -> Result<String, FsError> {
         check_new_name(name)?;
         if kind == Kind::File && crate::links::link_name(name).is_some() {
@@ -71,6 +72,10 @@ impl Fs {
             return Err(FsError::InvalidName);
         }
         let key = crate::inode::key_for(&self.node(parent)?.key, name, kind);
+        // A directory's marker (`d/`) and a link's object (`l.rclonelink`) count too.
+        if caps.max_key_len.is_some_and(|max| key.len() > max) {
+            return Err(FsError::NameTooLong);
+        }
         if !caps.addressable(&key) {
             return Err(FsError::InvalidName);
         }
