@@ -299,6 +299,37 @@ async fn unsafe_keys_are_skipped_and_the_rest_is_copied() {
     assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnsafeKey));
 }
 
+/// Local names the store would change (OpenDAL trims whitespace at a key's ends) are
+/// skipped and named: `x `, `x\t` and `x` all landed on `x`, the last one winning, and
+/// the copy said three files verified.
+#[tokio::test]
+async fn names_the_store_would_trim_are_skipped_not_written_over_another() {
+    let d = temp_dir("trimmed-names");
+    let src = d.join("t");
+    std::fs::create_dir_all(&src).unwrap();
+    for (n, v) in [("x", "AAA"), ("x ", "BBB"), ("x\t", "CCC"), (" y", "DDD")] {
+        std::fs::write(src.join(n), v).unwrap();
+    }
+    let mem = Arc::new(MemStore::new().trimming_whitespace());
+    let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "p/".into(), crc_confirmed: false };
+    let walk = Walk { recursive: true, follow_symlinks: true };
+    let out = plan::expand(vec![Side::Local(src.clone())], Side::Remote(r), walk).await.unwrap();
+    let keys: Vec<String> = out
+        .jobs
+        .iter()
+        .map(|j| match &j.dst {
+            Dst::Remote(r) => r.key.clone(),
+            _ => panic!("a remote destination"),
+        })
+        .collect();
+    assert_eq!(keys, ["p/t/ y", "p/t/x"], "whitespace inside a key is kept");
+    let mut skipped: Vec<PathBuf> =
+        out.skipped.iter().map(|s| s.path.strip_prefix(&src).unwrap().to_path_buf()).collect();
+    skipped.sort();
+    assert_eq!(skipped, [PathBuf::from("x\t"), PathBuf::from("x ")]);
+    assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnaddressableKey));
+}
+
 /// A source prefix whose last segment is `..` (`s3://b/t/..`, a key prefix like any other on
 /// an object store) copies its keys into the destination, never into its parent.
 #[tokio::test]

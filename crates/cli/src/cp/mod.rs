@@ -102,7 +102,8 @@ pub struct CpArgs {
     #[arg(long)]
     no_follow_symlinks: bool,
     /// Exit 0 when paths were skipped (FIFOs, sockets, devices, dangling symlinks, symlink
-    /// loops, symlinks with --no-follow-symlinks, keys that are not safe local paths). They
+    /// loops, symlinks with --no-follow-symlinks, keys that are not safe local paths, names the
+    /// store would change: whitespace at a key's start or end). They
     /// are named on stderr either way; without this flag the exit status is then 2.
     #[arg(long)]
     skip_special: bool,

@@ -180,6 +180,20 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
             Side::Remote(r) => expand_remote(&r, &dst, into_dir, recursive, &mut out).await?,
         }
     }
+    // A destination key the store would change (OpenDAL trims whitespace at a key's ends
+    // and, on S3, its segments' ends): `x ` would land on `x`, over another file.
+    let (jobs, unaddressable): (Vec<Job>, Vec<Job>) = std::mem::take(&mut out.jobs)
+        .into_iter()
+        .partition(|j| !matches!(&j.dst, Dst::Remote(r) if !r.store.capabilities().addressable(&r.key)));
+    out.jobs = jobs;
+    for j in unaddressable {
+        let path = match (&j.src, &j.dst) {
+            (Src::Local { path, .. }, _) => path.clone(),
+            (_, Dst::Remote(r)) => r.url().into(),
+            _ => unreachable!("partitioned on a remote destination"),
+        };
+        out.skipped.push(Skipped { path, reason: SkipReason::UnaddressableKey });
+    }
     let jobs = &mut out.jobs;
     if jobs.len() > 1 {
         // A later job may start minutes from now: it asks for the object again then.

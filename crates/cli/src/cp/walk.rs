@@ -59,6 +59,9 @@ pub enum SkipReason {
     /// or `..` segment, as in `a//b` or `../x`): never written, so never outside the
     /// destination.
     UnsafeKey,
+    /// A destination key the store would change (whitespace at the start or end of a name):
+    /// never written, since it would land on another name (`x ` on `x`).
+    UnaddressableKey,
 }
 
 impl SkipReason {
@@ -101,6 +104,10 @@ impl fmt::Display for SkipReason {
             SkipReason::UnsafeKey => {
                 write!(f, "key is not a safe local path (an empty, '.' or '..' segment); rename the object to copy it")
             }
+            SkipReason::UnaddressableKey => write!(
+                f,
+                "the store would change its name (whitespace at the start or end of a name) and write over another; rename the file to copy it"
+            ),
         }
     }
 }
