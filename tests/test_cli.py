@@ -176,6 +176,22 @@ def test_error_file_url_missing_dir(mp):
     assert_cli_error(p, ["exist", "no such", "not found", "missing", "directory"], mp)
 
 
+@pytest.mark.parametrize("flag", ["--staging-dir", "--cache-dir", "file-store"])
+def test_error_a_directory_the_mount_needs_inside_its_mount_point(mp, flag):
+    """The staging or cache directory (or a local folder store) inside the mount point: the
+    daemon wrote it through its own mount, and the first write hung in D state for good."""
+    require_bin()
+    inner = os.path.join(mp, "inner")
+    if flag == "file-store":
+        os.makedirs(inner)
+        args = ["mount", "file://" + inner, mp]
+    else:
+        args = ["mount", "mem://", mp, flag, inner]
+    p = run_cli(args)
+    assert_cli_error(p, ["inside the mount point"], inner)
+    assert not is_mounted(mp)
+
+
 def test_error_unmount_not_mounted(mp):
     require_bin()
     p = run_cli(["unmount", mp])

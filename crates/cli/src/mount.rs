@@ -50,6 +50,11 @@ pub fn run(mut args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), Strin
             Location::File { path: dir }
         }
     };
+    checks::outside_mountpoint(&mp, "the staging directory", args.staging_dir.as_deref())?;
+    checks::outside_mountpoint(&mp, "the cache directory", args.cache_dir.as_deref())?;
+    if let Location::File { path } = &location {
+        checks::outside_mountpoint(&mp, "the local folder", Some(path))?;
+    }
     if matches!(location, Location::Gdrive { .. }) {
         let scope = bucketfs_store::gdrive::auth::effective_scope(args.store.gdrive_scope).map_err(|e| e.message)?;
         if scope == bucketfs_store::gdrive::auth::Scope::ReadOnly && !args.read_only {
