@@ -330,6 +330,25 @@ async fn names_the_store_would_trim_are_skipped_not_written_over_another() {
     assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnaddressableKey));
 }
 
+/// A listed key the store's client would change (`dup ` read as `dup`) is skipped and
+/// named: the download gave the local `dup ` the bytes of the object `dup`.
+#[tokio::test]
+async fn keys_the_store_would_trim_are_not_read_as_another() {
+    let mem = Arc::new(MemStore::new().trimming_whitespace());
+    for k in ["p/dup", "p/dup ", "p/only\t"] {
+        mem.put(k, Bytes::from_static(b"v"), PutOpts::default()).await.unwrap();
+    }
+    let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "p".into(), crc_confirmed: false };
+    let d = temp_dir("trimmed-keys");
+    let walk = Walk { recursive: true, follow_symlinks: true };
+    let out = plan::expand(vec![Side::Remote(r)], Side::Local(d.join("out")), walk).await.unwrap();
+    assert_eq!(local_targets(&out.jobs, &d), [PathBuf::from("out/dup")]);
+    let mut skipped: Vec<String> = out.skipped.iter().map(|s| s.path.display().to_string()).collect();
+    skipped.sort();
+    assert_eq!(skipped, ["mem://p/dup ", "mem://p/only\t"]);
+    assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnaddressableKey));
+}
+
 /// A source prefix whose last segment is `..` (`s3://b/t/..`, a key prefix like any other on
 /// an object store) copies its keys into the destination, never into its parent.
 #[tokio::test]

@@ -180,17 +180,20 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
             Side::Remote(r) => expand_remote(&r, &dst, into_dir, recursive, &mut out).await?,
         }
     }
-    // A destination key the store would change (OpenDAL trims whitespace at a key's ends
-    // and, on S3, its segments' ends): `x ` would land on `x`, over another file.
-    let (jobs, unaddressable): (Vec<Job>, Vec<Job>) = std::mem::take(&mut out.jobs)
-        .into_iter()
-        .partition(|j| !matches!(&j.dst, Dst::Remote(r) if !r.store.capabilities().addressable(&r.key)));
+    // A key the store would change (OpenDAL trims whitespace at a key's ends): a
+    // destination `x ` would land on `x`, over another file; a source `x ` would read `x`.
+    let reaches = |r: &Remote| r.store.capabilities().addressable(&r.key);
+    let (jobs, unaddressable): (Vec<Job>, Vec<Job>) = std::mem::take(&mut out.jobs).into_iter().partition(|j| {
+        !matches!(&j.dst, Dst::Remote(r) if !reaches(r))
+            && !matches!(&j.src, Src::Remote { remote, .. } if !reaches(remote))
+    });
     out.jobs = jobs;
     for j in unaddressable {
         let path = match (&j.src, &j.dst) {
+            (Src::Remote { remote, .. }, _) if !reaches(remote) => remote.url().into(),
             (Src::Local { path, .. }, _) => path.clone(),
             (_, Dst::Remote(r)) => r.url().into(),
-            _ => unreachable!("partitioned on a remote destination"),
+            _ => unreachable!("partitioned on a remote source or destination"),
         };
         out.skipped.push(Skipped { path, reason: SkipReason::UnaddressableKey });
     }

@@ -30,7 +30,9 @@ pub async fn apply_to_local(remote: &Remote, path: &Path) -> Result<(), CpError>
         set_mtime(path, t).map_err(what)?;
     }
     if let Some(mode) = attrs.mode {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777)).map_err(what)?;
+        // Permission bits only: setuid, setgid and sticky from an object's metadata (anyone
+        // who can write the bucket sets them) are dropped, as cp -p does without ownership.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o777)).map_err(what)?;
     }
     Ok(())
 }

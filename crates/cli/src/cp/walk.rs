@@ -59,8 +59,9 @@ pub enum SkipReason {
     /// or `..` segment, as in `a//b` or `../x`): never written, so never outside the
     /// destination.
     UnsafeKey,
-    /// A destination key the store would change (whitespace at the start or end of a name):
-    /// never written, since it would land on another name (`x ` on `x`).
+    /// A key the store would change (whitespace at the start or end of a name): never
+    /// written, since it would land on another name (`x ` on `x`), nor read, since the
+    /// request would read another object.
     UnaddressableKey,
 }
 
@@ -106,7 +107,7 @@ impl fmt::Display for SkipReason {
             }
             SkipReason::UnaddressableKey => write!(
                 f,
-                "the store would change its name (whitespace at the start or end of a name) and write over another; rename the file to copy it"
+                "the store would change its name (whitespace at the start or end of a name): it would write over or read another; rename it to copy it"
             ),
         }
     }
