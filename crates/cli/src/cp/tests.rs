@@ -234,6 +234,21 @@ async fn failed_reads_are_retried_to_a_correct_result() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A download whose final rename fails (a directory holds the name) leaves no hidden
+/// temporary beside it: the docs say a failed download leaves no file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_that_cannot_take_its_name_leaves_no_temporary() {
+    let mem: Arc<dyn Store> = Arc::new(MemStore::new());
+    mem.put("obj", Bytes::from_static(b"data"), PutOpts::default()).await.unwrap();
+    let dir = temp_dir("rename-fails");
+    std::fs::create_dir_all(dir.join("out/keep")).unwrap();
+    let r = download::to_file(&ctx(), &remote(mem, Kind::Other, "obj"), None, &dir.join("out")).await;
+    assert!(r.is_err(), "a directory holds the name");
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, [std::ffi::OsString::from("out")], "only the directory in the way");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_uploads_are_retried() {
     let mem: Arc<dyn Store> = Arc::new(MemStore::new());

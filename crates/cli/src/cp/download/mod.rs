@@ -58,7 +58,11 @@ pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &P
                 let _ = std::os::unix::fs::chown(&tmp, Some(m.uid()), Some(m.gid()));
                 let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(m.mode() & 0o7777));
             }
-            std::fs::rename(&tmp, dst).map_err(|e| CpError::io(dst.display(), &e))?;
+            if let Err(e) = std::fs::rename(&tmp, dst) {
+                // A directory in the way, say: no hidden temporary is left behind either.
+                let _ = std::fs::remove_file(&tmp);
+                return Err(CpError::io(dst.display(), &e));
+            }
             Ok(report)
         }
         Err(e) => {
