@@ -58,8 +58,9 @@ enum Command {
     /// Authorize access to a store that needs a consent step (Google Drive).
     #[command(subcommand)]
     Auth(auth::AuthCommand),
-    /// Wait until everything closed on a mount so far is in the bucket (write-back mode);
-    /// exit 1 naming each file that could not be uploaded and why.
+    /// Wait until everything closed on a mount so far is in the bucket (write-back mode; on
+    /// other mounts, files whose upload failed at their close are tried again now); exit 1
+    /// naming each file that could not be uploaded and why.
     Sync {
         /// The mount point.
         mountpoint: PathBuf,

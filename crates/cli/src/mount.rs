@@ -367,7 +367,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let fs_sync = fs_after.clone();
     let sync: control::SyncFn = Arc::new(move || {
         let fs = fs_sync.clone();
-        Box::pin(async move { control::sync_answer(&fs.sync_write_back().await) })
+        Box::pin(async move { control::sync_answer(&fs.sync_closed().await) })
     });
     let control = control::serve(&rt, &paths::control_socket(mp), Arc::new(move || o.status()), sync)
         .map_err(|e| tracing::warn!("`bucketfs status` will not work: {e}"))

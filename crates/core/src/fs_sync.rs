@@ -51,6 +51,32 @@ impl Fs {
         keys
     }
 
+    /// `bucketfs sync`: on a write-back mount [`Fs::sync_write_back`]; on a durable one,
+    /// every closed file whose upload failed at its close (still staged and changed, no
+    /// handle open) is uploaded now. Returns (key, error) of each still not in the bucket.
+    pub async fn sync_closed(&self) -> Vec<(String, String)> {
+        if self.write_back() {
+            return self.sync_write_back().await;
+        }
+        let mut closed = Vec::new();
+        for (ino, staged) in self.staging.all() {
+            let st = staged.lock().await;
+            if st.dirty && !st.unlinked && st.handles == 0 && !self.has_open_handle(ino) {
+                closed.push(ino);
+            }
+        }
+        let uploads = futures::stream::iter(closed).map(|ino| async move { (ino, self.upload_pub(ino).await) });
+        let results: Vec<_> = uploads.buffer_unordered(UNMOUNT_PARALLEL).collect().await;
+        let mut failed = Vec::new();
+        for (ino, r) in results {
+            if let Err(e) = r {
+                failed.push((self.node(ino).map(|n| n.key).unwrap_or_default(), e.to_string()));
+            }
+        }
+        self.store.settle().await;
+        failed
+    }
+
     /// Upload every dirty staged file (unmount). Returns the keys that could not be uploaded.
     /// In write-back mode a file whose upload the queue just tried and failed is not tried
     /// again: against a store that hangs each try is a timeout, and one after another they

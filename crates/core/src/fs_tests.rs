@@ -78,6 +78,31 @@ async fn a_name_beside_a_longer_directory_is_found_before_any_listing() {
     assert!(matches!(fs.mkdir(ROOT_INO, "log", Some(0o755)).await, Err(FsError::Exists)), "mkdir over the file");
 }
 
+/// `bucketfs sync` on a mount without write-back: a file whose close failed to upload
+/// (the store down) is still staged; sync uploads it now, or names it while it cannot.
+#[tokio::test]
+async fn sync_uploads_a_file_whose_close_failed_or_names_it() {
+    use bucketfs_store::testing::{FailStore, Op};
+    let mem = Arc::new(MemStore::new());
+    let down = |inner: Arc<dyn bucketfs_store::Store>, op| {
+        Arc::new(FailStore::new(inner, op, 1, 2, bucketfs_store::StoreErrorKind::Unavailable))
+    };
+    let store = down(down(mem.clone(), Op::Put), Op::Upload);
+    let fs = Fs::new(store, FsConfig::default());
+    let _ = names(&fs, ROOT_INO).await;
+    let (_, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+    fs.write(fh, 0, b"data").await.unwrap();
+    assert!(fs.flush(fh).await.is_err(), "the close's upload fails");
+    fs.release(fh).await.ok();
+    assert!(mem.stat("f").await.is_err());
+    let first = fs.sync_closed().await;
+    let second = if first.is_empty() { Vec::new() } else { fs.sync_closed().await };
+    assert!(first.iter().chain(&second).all(|(k, _)| k == "f"), "{first:?} {second:?}");
+    assert!(second.is_empty(), "uploaded once the store takes it: {second:?}");
+    let got = crate::write_back::tests::object(mem.as_ref(), "f").await;
+    assert_eq!(got.as_deref(), Some(&b"data"[..]));
+}
+
 #[tokio::test]
 async fn invalid_keys_are_skipped_and_never_escape() {
     let (_, fs) = fs_with(&[
