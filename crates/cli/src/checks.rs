@@ -82,27 +82,21 @@ pub fn fuse_device() -> Result<(), String> {
 }
 
 /// Refuse a directory the mount itself needs (`what`: the staging or cache directory, a
-/// local folder store) inside the mount point `mp`: the daemon would make and write its
-/// files through its own mount, and wait on itself for good.
+/// local folder store) inside the mount point `mp` (canonical, as [`mountpoint`] returns
+/// it): the daemon would make and write its files through its own mount, and wait on
+/// itself for good. Inside as given (once mounted, that path goes through the mount) or
+/// with its symlinks resolved.
 pub fn outside_mountpoint(mp: &Path, what: &str, dir: Option<&Path>) -> Result<(), String> {
     let Some(dir) = dir else { return Ok(()) };
     let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
-    // The part that exists, with its symlinks resolved, and the rest as given.
-    let mut existing = abs.clone();
-    let mut rest = Vec::new();
-    while !existing.exists() {
-        match (existing.file_name().map(|n| n.to_os_string()), existing.parent()) {
-            (Some(n), Some(p)) => {
-                rest.push(n);
-                existing = p.to_path_buf();
-            }
-            _ => break,
-        }
-    }
-    let mut real = std::fs::canonicalize(&existing).unwrap_or(existing);
-    real.extend(rest.iter().rev());
-    let mp_real = std::fs::canonicalize(mp).unwrap_or_else(|_| mp.to_path_buf());
-    if real.starts_with(&mp_real) || abs.starts_with(mp) {
+    // Its deepest part that exists, symlinks resolved, then the rest as given.
+    let real = match abs.ancestors().find(|a| a.exists()) {
+        Some(existing) => std::fs::canonicalize(existing)
+            .unwrap_or_else(|_| existing.to_path_buf())
+            .join(abs.strip_prefix(existing).unwrap_or(Path::new(""))),
+        None => abs.clone(),
+    };
+    if real.starts_with(mp) || abs.starts_with(mp) {
         return Err(format!(
             "{what} {} is inside the mount point {}: bucketfs would write it through its own mount and wait on itself; choose a directory outside it",
             dir.display(),

@@ -65,16 +65,17 @@ impl Fs {
                 closed.push(ino);
             }
         }
-        let uploads = futures::stream::iter(closed).map(|ino| async move { (ino, self.upload_pub(ino).await) });
-        let results: Vec<_> = uploads.buffer_unordered(UNMOUNT_PARALLEL).collect().await;
-        let mut failed = Vec::new();
-        for (ino, r) in results {
-            if let Err(e) = r {
-                failed.push((self.node(ino).map(|n| n.key).unwrap_or_default(), e.to_string()));
-            }
-        }
+        let failed = self.upload_each(closed).await;
         self.store.settle().await;
-        failed
+        failed.into_iter().map(|(key, e)| (key, e.to_string())).collect()
+    }
+
+    /// Upload each of `inos`, a few at a time; the key and error of each that failed.
+    async fn upload_each(&self, inos: Vec<u64>) -> Vec<(String, crate::FsError)> {
+        let uploads = futures::stream::iter(inos).map(|ino| async move { (ino, self.upload_pub(ino).await) });
+        let results: Vec<_> = uploads.buffer_unordered(UNMOUNT_PARALLEL).collect().await;
+        let key = |ino| self.node(ino).map(|n| n.key).unwrap_or_default();
+        results.into_iter().filter_map(|(ino, r)| r.err().map(|e| (key(ino), e))).collect()
     }
 
     /// Upload every dirty staged file (unmount). Returns the keys that could not be uploaded.
@@ -96,14 +97,9 @@ impl Fs {
             let t = self.table.lock().unwrap();
             staged.into_iter().filter(|ino| !t.get(*ino).is_some_and(|n| failed.contains(&n.key))).collect()
         };
-        let uploads = futures::stream::iter(left).map(|ino| async move { (ino, self.upload_pub(ino).await) });
-        let results: Vec<_> = uploads.buffer_unordered(UNMOUNT_PARALLEL).collect().await;
-        for (ino, r) in results {
-            if let Err(e) = r {
-                let key = self.node(ino).map(|n| n.key).unwrap_or_default();
-                tracing::error!(%key, "not uploaded at unmount, kept in staging: {e}");
-                failed.push(key);
-            }
+        for (key, e) in self.upload_each(left).await {
+            tracing::error!(%key, "not uploaded at unmount, kept in staging: {e}");
+            failed.push(key);
         }
         self.store.settle().await; // no temporary object left in the bucket
         failed
