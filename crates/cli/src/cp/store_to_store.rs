@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use bucketfs_store::{HeadOpts, ObjectHead, ObjectMeta, PutOpts, StoreErrorKind, WriteOptions};
+use bucketfs_store::{HeadOpts, ObjectHead, ObjectMeta, PutOpts, WriteOptions};
 use bytes::Bytes;
 use futures::StreamExt;
 use md5::{Digest, Md5};
@@ -75,8 +75,8 @@ async fn server_side(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::
         match compare_copies(ctx, src, dst, d, &got).await {
             Ok((how, crc)) => return Ok(Report { bytes: size, verified: how.into(), crc32c: crc }),
             Err(e) => {
+                super::upload::remove_bad_copy(ctx, dst, &e).await;
                 last = e;
-                let _ = dst.store.delete(&dst.key).await;
             }
         }
     }
@@ -96,13 +96,13 @@ async fn compare_copies(
     }
     let (ea, eb) = (verify::expect(src.kind, a), verify::expect(dst.kind, b));
     let same_digest = match (&ea, &eb) {
-        (Expect::WholeMd5(x), Expect::WholeMd5(y)) => x == y,
+        (Expect::WholeMd5 { md5: x, .. }, Expect::WholeMd5 { md5: y, .. }) => x == y,
         (Expect::Composite { etag: x, .. }, Expect::Composite { etag: y, .. }) => x == y,
         _ => false,
     };
     if same_digest {
         // The crc32c is not known without reading.
-        return Ok((if matches!(ea, Expect::WholeMd5(_)) { "copy:md5" } else { "copy:s3-etag" }, None));
+        return Ok((if matches!(ea, Expect::WholeMd5 { .. }) { "copy:md5" } else { "copy:s3-etag" }, None));
     }
     let ranges = slices(a.meta.size, plan::tuning(Some(a.meta.size), ctx.slice, Some(ctx.parallel)).slice);
     let sums = read_sums(ctx, src, &ranges, a.meta.etag.as_deref()).await?;
@@ -171,31 +171,26 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
             ctx.progress.retrying(size);
             tokio::time::sleep(ctx.backoff(attempt)).await;
         }
-        let want_whole = matches!(src_expect, Expect::WholeMd5(_)) || dst.kind == Kind::Gcs;
+        let want_whole = matches!(src_expect, Expect::WholeMd5 { .. }) || dst.kind == Kind::Gcs;
         let want_parts = matches!(src_expect, Expect::Composite { .. }) || (dst.kind == Kind::S3 && !dst.crc_confirmed);
         let want = Want { parts: want_parts, whole: want_whole, crc32: src_expect.wants_crc32() };
         let once = stream_once(ctx, src, dst, size, piece, if_match.as_deref(), want);
         let failed = match once.await {
-            Ok((meta, digests)) => match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match)
-                .await
-            {
-                Ok(how) => {
-                    return Ok(Report {
-                        bytes: size,
-                        verified: how.into(),
-                        crc32c: verify::combined_crc(&digests.sums),
-                    });
-                }
-                Err(f) => {
-                    if let Err(e) = dst.store.delete(&dst.key).await {
-                        if e.kind != StoreErrorKind::NotFound {
-                            ctx.progress
-                                .println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
-                        }
+            Ok((meta, digests)) => {
+                match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match).await {
+                    Ok(how) => {
+                        return Ok(Report {
+                            bytes: size,
+                            verified: how.into(),
+                            crc32c: verify::combined_crc(&digests.sums),
+                        });
                     }
-                    Failed { err: f.err.context("verification failed"), retry: f.retry }
+                    Err(f) => {
+                        super::upload::remove_bad_copy(ctx, dst, &f.err).await;
+                        Failed { err: f.err.context("verification failed"), retry: f.retry }
+                    }
                 }
-            },
+            }
             Err(f) => f,
         };
         last = failed.err;

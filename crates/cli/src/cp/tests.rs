@@ -96,12 +96,25 @@ fn digests_and_checks() {
     };
     let exp = verify::expect(Kind::S3, &d(&etag));
     assert_eq!(verify::check(&exp, &[a.clone(), b.clone()], None, false), Check::Ok(verify::BY_ETAG));
-    assert!(matches!(verify::check(&exp, &[b.clone(), a.clone()], None, false), Check::Mismatch(_)));
-    // A guessed part size that does not rebuild the ETag is not proof of corruption.
+    // An ETag that differs proves nothing (a guessed part size, SSE-KMS): re-read, which
+    // decides; never a mismatch that deletes the upload.
+    assert_eq!(verify::check(&exp, &[b.clone(), a.clone()], None, false), Check::Reread);
     assert_eq!(verify::check(&exp, &[b, a], None, true), Check::Reread);
     // Plain MD5 ETag (hex); other services' ETags mean nothing.
     let md5_abc = "900150983cd24fb0d6963f7d28e17f72";
-    assert!(matches!(verify::expect(Kind::S3, &d(md5_abc)), Expect::WholeMd5(_)));
+    let exp = verify::expect(Kind::S3, &d(md5_abc));
+    assert!(matches!(exp, Expect::WholeMd5 { etag: true, .. }));
+    let md5_of = |b: &[u8]| -> [u8; 16] {
+        use md5::Digest;
+        md5::Md5::digest(b).into()
+    };
+    assert_eq!(verify::check(&exp, &[], Some(md5_of(b"abc")), false), Check::Ok(verify::BY_MD5));
+    // An SSE-KMS object's ETag looks like an MD5 but is not the content's.
+    assert_eq!(verify::check(&exp, &[], Some(md5_of(b"abd")), false), Check::Reread);
+    // The store's own MD5 (GCS's md5Hash) that differs is a mismatch.
+    let gcs = ObjectHead { md5: Some(md5_of(b"abc")), ..d("1") };
+    let exp = verify::expect(Kind::Gcs, &gcs);
+    assert!(matches!(verify::check(&exp, &[], Some(md5_of(b"abd")), false), Check::Mismatch(_)));
     assert_eq!(verify::expect(Kind::Gcs, &d(md5_abc)), Expect::Reread);
     assert_eq!(verify::expect(Kind::S3, &d("not-an-md5")), Expect::Reread);
     assert_eq!(verify::guess_part_size(20 * MIB, 3, 8 * MIB), Some(8 * MIB));
@@ -272,12 +285,16 @@ async fn failed_uploads_are_retried() {
 
 /// A store that damages data: reads numbered in `flip_reads` (1-based) come back with one
 /// byte flipped, `flip_puts` stores flipped data, `wrong_md5` reports a bad MD5,
-/// `checksum` is reported as the object's S3 checksum.
+/// `checksum` is reported as the object's S3 checksum, `kms_etag` an ETag that looks like
+/// an MD5 but is not the content's (as S3 gives for SSE-KMS objects), `changed_reads`
+/// makes every read fail as if another writer had replaced the object.
 struct Corrupt {
     inner: Arc<MemStore>,
     flip_reads: Vec<u64>,
     flip_puts: bool,
     wrong_md5: bool,
+    kms_etag: bool,
+    changed_reads: bool,
     checksum: Option<ObjectChecksum>,
     reads: AtomicU64,
     /// Bytes returned by all reads.
@@ -291,6 +308,8 @@ impl Corrupt {
             flip_reads: vec![],
             flip_puts: false,
             wrong_md5: false,
+            kms_etag: false,
+            changed_reads: false,
             checksum: None,
             reads: AtomicU64::new(0),
             read_bytes: AtomicU64::new(0),
@@ -341,10 +360,16 @@ impl Store for Corrupt {
         if !opts.digests {
             return Ok(head);
         }
-        Ok(ObjectHead { etag: None, md5: self.wrong_md5.then_some([7; 16]), checksum: self.checksum.clone(), ..head })
+        let etag = self.kms_etag.then(|| KMS_ETAG.to_string());
+        Ok(ObjectHead { etag, md5: self.wrong_md5.then_some([7; 16]), checksum: self.checksum.clone(), ..head })
     }
     async fn get(&self, key: &str, r: Range<u64>, opts: GetOpts<'_>) -> Result<bucketfs_store::ByteStream, StoreError> {
+        if self.changed_reads {
+            return Err(StoreError::new(StoreErrorKind::Changed, format!("{key}: precondition failed")));
+        }
         let n = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+        // The fake ETag is not the inner store's: reads pinned to it go unpinned.
+        let opts = if self.kms_etag { GetOpts::default() } else { opts };
         let b = self.inner.get_range(key, r, opts).await?;
         self.read_bytes.fetch_add(b.len() as u64, Ordering::SeqCst);
         let b = if self.flip_reads.contains(&n) { flip(b) } else { b };
@@ -354,7 +379,8 @@ impl Store for Corrupt {
         self.inner.list(prefix, recursive)
     }
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
-        self.inner.put(key, if self.flip_puts { flip(data) } else { data }, opts).await
+        let meta = self.inner.put(key, if self.flip_puts { flip(data) } else { data }, opts).await?;
+        Ok(ObjectMeta { etag: if self.kms_etag { Some(KMS_ETAG.into()) } else { meta.etag }, ..meta })
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
@@ -480,6 +506,47 @@ async fn a_digest_mismatch_is_an_error_not_a_success() {
         .unwrap_err();
     assert!(matches!(e, CpError::Mismatch(_)) && e.to_string().contains("verification failed"), "{e}");
     assert_eq!(mem.stat("up").await.unwrap_err().kind, StoreErrorKind::NotFound);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// 32 hex digits, as S3's ETag of an SSE-KMS object: not the MD5 of its content.
+const KMS_ETAG: &str = "0123456789abcdef0123456789abcdef";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etag_that_is_not_the_md5_is_settled_by_rereading() {
+    // An upload: verified by the re-read, and the object stays (it was deleted as "bad").
+    let mem = Arc::new(MemStore::new());
+    let mut c = Corrupt::new(mem.clone());
+    c.kms_etag = true;
+    let c: Arc<dyn Store> = Arc::new(c);
+    let dir = temp_dir("kms");
+    let body = data(1000);
+    std::fs::write(dir.join("f"), &body).unwrap();
+    let rep =
+        upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &remote(c.clone(), Kind::S3, "up"))
+            .await
+            .unwrap();
+    assert_eq!(rep.verified, verify::BY_REREAD);
+    assert_eq!(mem.get_range("up", 0..1000, GetOpts::default()).await.unwrap(), body);
+    // A download: verified by the re-read, not fetched again and again.
+    let rep = download::to_file(&ctx(), &remote(c, Kind::S3, "up"), None, &dir.join("out")).await.unwrap();
+    assert_eq!(rep.verified, verify::BY_REREAD);
+    assert_eq!(std::fs::read(dir.join("out")).unwrap(), body);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_object_changed_during_verification_leaves_it() {
+    // The pinned re-read finds another writer's version: not ours to delete.
+    let mem = Arc::new(MemStore::new());
+    let mut c = Corrupt::new(mem.clone());
+    c.changed_reads = true;
+    let dir = temp_dir("changed");
+    std::fs::write(dir.join("f"), data(1000)).unwrap();
+    let r = remote(Arc::new(c), Kind::Other, "f");
+    let e = upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &r).await.unwrap_err();
+    assert!(matches!(e, CpError::Changed(_)) && e.exit_code() == 5, "{e}");
+    assert!(mem.stat("f").await.is_ok(), "the object another writer holds was deleted");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -342,6 +342,21 @@ pub(super) fn part_size(ctx: &Ctx, dst: &Remote, size: Option<u64>) -> usize {
     usize::try_from(part).unwrap_or(usize::MAX)
 }
 
+/// Delete a copy that failed verification: a known-bad object must not stay behind looking
+/// like a good copy. Not when the object changed meanwhile (`CpError::Changed`, from a
+/// re-read pinned to the version written): the key then holds another writer's newer
+/// version, which is not ours to delete.
+pub(super) async fn remove_bad_copy(ctx: &Ctx, dst: &Remote, err: &CpError) {
+    if matches!(err, CpError::Changed(_)) {
+        return;
+    }
+    if let Err(e) = dst.store.delete(&dst.key).await {
+        if e.kind != StoreErrorKind::NotFound {
+            ctx.progress.println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
+        }
+    }
+}
+
 /// Upload `src` (of `size` bytes if known) to `dst`, verified; files retry as a whole.
 pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote) -> Result<Report, CpError> {
     let part = part_size(ctx, dst, size);
@@ -361,13 +376,7 @@ pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote)
                     return Ok(Report { bytes, verified: how.into(), crc32c: verify::combined_crc(&d.sums) });
                 }
                 Err(f) => {
-                    // A known-bad object must not stay behind looking like a good copy.
-                    if let Err(e) = dst.store.delete(&dst.key).await {
-                        if e.kind != StoreErrorKind::NotFound {
-                            ctx.progress
-                                .println(&format!("bucketfs cp: {}: could not delete the bad copy: {e}", dst.url()));
-                        }
-                    }
+                    remove_bad_copy(ctx, dst, &f.err).await;
                     Failed { err: f.err.context("verification failed"), retry: f.retry }
                 }
             },

@@ -17,7 +17,9 @@
 //! - S3's ETag is the MD5 of the content for a single-request upload, and
 //!   `md5(md5(part 1) ‖ … ‖ md5(part N))-N` for a multipart upload: compare whichever it is
 //!   (for downloads the part size must be guessed from N; a wrong guess is not an error,
-//!   it falls back to re-reading).
+//!   it falls back to re-reading). An ETag is that MD5 only for objects stored plain or
+//!   with SSE-S3; under SSE-KMS or SSE-C it is not, and HEAD does not say which, so an
+//!   ETag that differs is settled by re-reading, never taken as a mismatch.
 //! - Otherwise (local fs, memory, encrypted S3 objects, composed GCS objects): read the
 //!   object again, ranged and in parallel, and compare the crc32c of every range.
 //!
@@ -174,8 +176,11 @@ pub enum Expect {
     /// S3's checksum of the object: the crc of the whole content, or with `parts` the
     /// COMPOSITE crc of that many parts' crcs.
     Crc { algo: Crc, crc: u32, parts: Option<u64> },
-    /// The MD5 of the whole content.
-    WholeMd5([u8; 16]),
+    /// The MD5 of the whole content: the store's own (GCS's `md5Hash`), or `etag` when it
+    /// is an S3 ETag that looks like one. An ETag is an MD5 only for objects stored plain
+    /// or with SSE-S3 (not SSE-KMS or SSE-C, which no HEAD here reveals), so a mismatch
+    /// with an ETag is not proof: it is settled by re-reading.
+    WholeMd5 { md5: [u8; 16], etag: bool },
     /// An S3 multipart ETag `hex-N`.
     Composite { etag: String, parts: u64 },
     /// Nothing usable: verify by re-reading.
@@ -217,13 +222,13 @@ pub fn expect(kind: Kind, d: &ObjectHead) -> Expect {
         return e;
     }
     if let Some(md5) = d.md5 {
-        return Expect::WholeMd5(md5);
+        return Expect::WholeMd5 { md5, etag: false };
     }
     let Some(etag) = d.etag.as_deref().filter(|_| kind == Kind::S3) else {
         return Expect::Reread;
     };
     if let Some(md5) = bucketfs_store::parse_md5_hex(etag) {
-        return Expect::WholeMd5(md5);
+        return Expect::WholeMd5 { md5, etag: true };
     }
     let is_hex = |s: &str| s.len() == 32 && s.bytes().all(|c| c.is_ascii_hexdigit());
     match etag.split_once('-') {
@@ -260,24 +265,25 @@ pub enum Check {
     Ok(&'static str),
     /// The store's digest says the content differs.
     Mismatch(String),
-    /// Nothing to compare with (or a guessed part size was wrong): re-read.
+    /// Nothing to compare with, or a difference that proves nothing (an ETag, a guessed
+    /// part size): re-read.
     Reread,
 }
 
 /// Compare the digests of what passed through (`sums`, `whole_md5`) with `expect`.
-/// `guessed`: the part size of a composite ETag was guessed, so a mismatch is not proof.
+/// `guessed`: the part size of a COMPOSITE checksum was guessed, so a mismatch is not proof.
 pub fn check(expect: &Expect, sums: &[SliceSum], whole_md5: Option<[u8; 16]>, guessed: bool) -> Check {
     match expect {
-        Expect::WholeMd5(want) => match whole_md5 {
+        Expect::WholeMd5 { md5: want, etag } => match whole_md5 {
             Some(got) if got == *want => Check::Ok(BY_MD5),
-            Some(got) => Check::Mismatch(format!("MD5 {} but the store has {}", hex(&got), hex(want))),
-            None => Check::Reread,
+            Some(got) if !etag => Check::Mismatch(format!("MD5 {} but the store has {}", hex(&got), hex(want))),
+            _ => Check::Reread,
         },
-        Expect::Composite { etag, parts } => match composite_etag(sums) {
+        // A multipart ETag that differs is no proof either (a guessed part size, an
+        // encrypted object): re-read.
+        Expect::Composite { etag, .. } => match composite_etag(sums) {
             Some(got) if got == *etag => Check::Ok(BY_ETAG),
-            Some(_) if guessed || sums.len() as u64 != *parts => Check::Reread,
-            Some(got) => Check::Mismatch(format!("multipart ETag {got} but the store has {etag}")),
-            None => Check::Reread,
+            _ => Check::Reread,
         },
         Expect::Crc { algo, crc, parts } => {
             let got = match parts {

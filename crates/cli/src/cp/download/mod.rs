@@ -80,7 +80,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
             ctx.progress.retrying(p.size);
         }
         // The whole-file MD5 reads back what landed, best from the page cache: no O_DIRECT.
-        let whole_md5 = matches!(p.expect, Expect::WholeMd5(_));
+        let whole_md5 = matches!(p.expect, Expect::WholeMd5 { .. });
         let file = Arc::new(open_reserved(tmp, !whole_md5, p.size).await?);
         let md5 = whole_md5.then(|| TrailingMd5::start(file.file.clone(), p.size));
         let all = groups(p.ranges.len(), p.ranges.first().map_or(1, |r| r.end - r.start), ctx.parallel);

@@ -16,7 +16,7 @@ use bucketfs_store::ObjectHead;
 /// is those slices. A mismatch found afterwards can only be reported (the bytes are out).
 pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Result<Report, CpError> {
     let p = read_plan(ctx, src, head).await?;
-    let want_whole = matches!(p.expect, Expect::WholeMd5(_));
+    let want_whole = matches!(p.expect, Expect::WholeMd5 { .. });
     let if_match = p.if_match.as_deref();
     let mut stream = futures::stream::iter(p.ranges.clone())
         .map(|range| async move {
