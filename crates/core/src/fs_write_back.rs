@@ -198,6 +198,9 @@ impl Fs {
             }
             if durable {
                 st.sync_local()?;
+                if !queue && st.dirty {
+                    st.fsynced_as_is();
+                }
             }
             tracing::debug!(
                 ino = file.ino,

@@ -166,6 +166,27 @@ async fn an_fsyncd_version_survives_later_writes_and_a_crash() {
     assert!(left.is_empty(), "staging left behind: {:?}", left.iter().map(|e| e.path()).collect::<Vec<_>>());
 }
 
+/// `sync f` on a file closed and queued, through a handle that reads, makes that
+/// version durable as the fsync of its writer would: a change after it copies it aside,
+/// synced (before, that fsync synced the file but left the version unmarked, so a later
+/// change kept it aside unsynced and a power cut could lose the version `sync` returned for).
+#[tokio::test]
+async fn an_fsync_that_wrote_nothing_keeps_the_queued_version_synced() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("fsync-as-is");
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    fs.start_write_back();
+    let ino = write_file(&fs, "f", b"closed and queued").await;
+    let staged = fs.staging.get(ino).expect("staged");
+    assert!(!staged.lock().await.keeps_synced(), "a close alone syncs nothing");
+    let fh = fs.open(ino, false, false).await.unwrap(); // as `sync f` opens it
+    fs.fsync(fh).await.unwrap();
+    assert!(staged.lock().await.keeps_synced(), "the fsync'd version is not kept synced");
+    fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"closed and queued");
+}
+
 /// `mv d e` with files in `d` not uploaded yet and others in the bucket, the mount dies
 /// in the middle of the move (after a source's delete): the next mount finishes the move
 /// and uploads the pending files under `e/`. Nothing is left or made again under `d/` (issue

@@ -135,9 +135,21 @@ impl Staged {
         self.base = Some(Base { len: self.size, copied: false, synced: self.fsynced });
     }
 
+    /// An fsync found the committed version as it is (queued, through a handle that did not
+    /// write), and synced it: from now on it is kept synced ahead of every change, as after
+    /// the fsync that committed it.
+    pub(crate) fn fsynced_as_is(&mut self) {
+        if self.committed() {
+            self.fsynced = true;
+            if let Some(b) = self.base.as_mut() {
+                b.synced = true;
+            }
+        }
+    }
+
     /// Whether the version kept aside before a change was committed by an fsync.
     #[cfg(test)]
-    pub(super) fn keeps_synced(&self) -> bool {
+    pub(crate) fn keeps_synced(&self) -> bool {
         self.base.is_some_and(|b| b.synced)
     }
 
@@ -202,6 +214,12 @@ impl Staged {
         let fsync = fsync || self.fsynced && !self.open_marked && !self.trunc_pending;
         // The file on disk must hold exactly the committed bytes: recovery uploads it whole.
         self.settle()?;
+        if fsync {
+            // The bytes reach the disk before the marker that said "not committed" (or the
+            // copy of the version before) goes: a power cut between must not leave a file
+            // that says "committed" over bytes half old, half new.
+            self.file.sync_data().map_err(local)?;
+        }
         if self.seen.is_some() {
             self.mark_committed_as_is()?;
         } else if self.open_marked {
