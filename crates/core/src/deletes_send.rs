@@ -4,6 +4,21 @@
 
 use super::*;
 
+/// Attempts of a change that failed with an error of no known kind (an HTTP 500 past
+/// OpenDAL's own retries: a brownout, as uploads take it) before it counts as refused for
+/// good: about 7 minutes at `retry_backoff`.
+const UNKNOWN_ERROR_ATTEMPTS: u32 = 12;
+
+/// Whether a deferred change that failed with `err` after `attempts` earlier failures is
+/// tried again (else it is refused for good: dropped, logged and named by `bucketfs sync`).
+fn transient(err: &StoreError, attempts: u32) -> bool {
+    match err.kind {
+        StoreErrorKind::Unavailable | StoreErrorKind::RateLimited => true,
+        StoreErrorKind::Other => attempts + 1 < UNKNOWN_ERROR_ATTEMPTS,
+        _ => false,
+    }
+}
+
 impl DeferredDeletes {
     pub(super) fn take_due(&self, room: usize) -> (Vec<String>, Option<Instant>) {
         let now = Instant::now();
@@ -118,7 +133,7 @@ impl DeferredDeletes {
             return;
         }
         match r {
-            Err(err) if err.kind == StoreErrorKind::Unavailable || err.kind == StoreErrorKind::RateLimited => {
+            Err(err) if transient(&err, e.attempts) => {
                 e.attempts += 1;
                 tracing::warn!(%key, ?op, attempts = e.attempts, "deferred change failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
                 let now = Instant::now();

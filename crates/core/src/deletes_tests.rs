@@ -256,6 +256,31 @@ async fn a_request_cut_off_while_it_sends_a_pending_delete_leaves_nothing_stuck(
     tokio::time::timeout(Duration::from_secs(10), put).await.expect("the PUT waited for good").unwrap();
 }
 
+/// A delete that fails with an error of no known kind (an HTTP 500 past retries: a
+/// brownout) is tried again, as an upload is; before, it was dropped at once as refused for
+/// good, and the unlinked file came back for good.
+#[tokio::test]
+async fn a_delete_that_meets_a_server_error_is_tried_again() {
+    use bucketfs_store::{PutOpts, Store};
+    let mem = Arc::new(MemStore::new());
+    mem.put("f", bytes::Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1, StoreErrorKind::Other));
+    let dir = staging("deferred-500");
+    let store = crate::deletes::DeferredDeletes::new(fail.clone(), &dir);
+    store.defer("f").await.unwrap();
+    // `bucketfs sync` names it while it fails (as in an outage), and it stays pending.
+    let first = store.drain_all().await;
+    assert!(first.len() == 1 && first[0].1.contains("not done yet"), "{first:?}");
+    let drained = async {
+        while !store.drain_all().await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), drained).await.expect("the delete stayed pending");
+    assert!(object(mem.as_ref(), "f").await.is_none(), "the delete was dropped after one server error");
+    assert_eq!(fail.calls(), 2);
+}
+
 /// docs/SEMANTICS.md: a directory whose only keys are not shown is shown empty, and `rmdir`
 /// fails with ENOTEMPTY; in write-back mode too, where an empty listing in cache answers
 /// `rmdir` without the store. Each way the directory gets listed: on its own, and from a
