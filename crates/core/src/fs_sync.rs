@@ -9,6 +9,35 @@ use crate::fs::Fs;
 const UNMOUNT_PARALLEL: usize = 4;
 
 impl Fs {
+    /// `fsync` of a directory. Without write-back a name changes in the store before its
+    /// call returns: nothing to do. With it, the changes of names journaled on local disk
+    /// (a rename's `.key` sidecar, the deletes and moves journals, their directories) reach
+    /// the disk, as a local filesystem's would: one `syncfs` of the staging directory's
+    /// filesystem (and the journal's, if apart). It also writes out staged bytes not synced
+    /// yet, as `sync` does.
+    pub async fn fsync_dir(&self) -> Result<(), crate::FsError> {
+        if !self.write_back() {
+            return Ok(());
+        }
+        let mut dirs = vec![self.cfg.staging_dir.clone()];
+        dirs.extend(crate::deletes::journal_dir_for(&self.cfg.staging_dir));
+        let synced = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::os::fd::AsRawFd;
+            for d in dirs {
+                match std::fs::File::open(&d) {
+                    // SAFETY: a valid descriptor, open for the call's duration.
+                    Ok(f) if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 => return Err(std::io::Error::last_os_error()),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })
+        .await;
+        synced.unwrap_or_else(|e| Err(std::io::Error::other(e))).map_err(crate::write::local)
+    }
+
     /// Finish what an earlier mount left: directory moves it began, then uploads of what it
     /// left in the staging directory (a crash, or an unmount whose uploads kept failing).
     /// Returns (uploaded keys, keys still failing).

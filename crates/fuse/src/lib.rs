@@ -334,7 +334,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        reply.ok(); // directory changes are applied to the store as they happen
+        spawn_empty!(self, reply, |fs| fs.fsync_dir())
     }
 
     fn create(
