@@ -392,7 +392,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         let staging = args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp));
         let note = format!("{}\n{}\n", staging.display(), pending.join("\n"));
         let _ = paths::write_private(&paths::pending_file(mp), &note);
-        tracing::error!(files = ?pending, "unmounted with uploads pending; kept in {} for the next mount", staging.display());
+        tracing::error!(changes = ?pending, "unmounted with changes pending; kept in {} for the next mount", staging.display());
     }
     let _ = std::fs::remove_file(paths::pid_file(mp));
     drop(control);

@@ -52,7 +52,7 @@ pub fn run(mp: &Path) -> Result<(), String> {
         let staging = lines.next().unwrap_or_default().to_string();
         let keys: Vec<&str> = lines.collect();
         return Err(format!(
-            "unmounted, but {} file(s) could not be uploaded and are kept in {staging}; mounting {} again uploads them: {}",
+            "unmounted, but {} change(s) could not be made in the bucket and are kept on local disk ({staging}); mounting {} again makes them: {}",
             keys.len(),
             canonical.display(),
             keys.join(", ")

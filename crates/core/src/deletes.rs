@@ -507,6 +507,22 @@ impl DeferredDeletes {
         Ok(())
     }
 
+    /// The changes still pending, one line each (the key and what), for the unmount's note.
+    pub fn pending_changes(&self) -> Vec<String> {
+        let p = self.pending.lock().unwrap();
+        let mut out: Vec<String> = p
+            .iter()
+            .map(|(k, e)| match e.op {
+                Op::Move => format!("{k} (rename from {})", e.source.as_deref().unwrap_or_default()),
+                Op::Link => format!("{k} (symbolic link)"),
+                Op::Marker => format!("{k} (directory)"),
+                _ => format!("{k} (delete)"),
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Deletes pending now.
     pub fn pending(&self) -> usize {
         self.pending.lock().unwrap().len()

@@ -68,6 +68,8 @@ async fn a_delete_pending_at_a_crash_is_done_by_the_next_mount() {
         assert!(listed(&fs, ROOT_INO).await.map_or(true, |l| !l.contains(&"f01".to_string())));
         assert_eq!(fs.write_back_status().deletes, 1);
         assert!(!fs.sync_write_back().await.is_empty(), "sync says the delete is not done");
+        // And an unmount now names it (before, it named staged files only, and exited 0).
+        assert_eq!(fs.pending_keys().await, ["f01 (delete)"]);
     } // the "crash": the process goes with the delete pending
     assert!(object(mem.as_ref(), "f01").await.is_some());
     let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));

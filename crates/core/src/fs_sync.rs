@@ -66,7 +66,8 @@ impl Fs {
         r
     }
 
-    /// Keys whose staged data the bucket does not have yet.
+    /// Keys whose staged data the bucket does not have yet, then the changes of names it
+    /// does not have yet (`key (what)`): what an unmount leaves for the next mount.
     pub async fn pending_keys(&self) -> Vec<String> {
         let staged = self.staging.all();
         let mut keys = Vec::new();
@@ -77,6 +78,8 @@ impl Fs {
                 keys.push(self.node(ino).map(|n| n.key).unwrap_or_default());
             }
         }
+        // Renames, unlinks, directories and links the bucket does not have yet (write-back).
+        keys.extend(self.deletes.iter().flat_map(|d| d.pending_changes()));
         keys
     }
 
