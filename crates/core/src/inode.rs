@@ -268,13 +268,28 @@ impl InodeTable {
         cur.validated = now;
         cur.answered = cur.answered.max(meta.asked);
         cur.fill_attrs(attrs);
-        Some(cur)
+        // The parent's cached entry learns the identity too (no change of ours: no record).
+        // Left untagged, it later told the node "replaced" (an ETag against none), which
+        // dropped a chmod kept here and the reads' If-Match (`mv`, open, `ls -l`).
+        let (parent, name, entry) = (cur.parent, cur.name.clone(), ChildMeta { asked: cur.answered, ..cur.entry() });
+        if let Some(e) = self.listings.get_mut(&parent).and_then(|l| l.children.get_mut(&name)) {
+            *e = entry;
+        }
+        self.nodes.get(&ino)
     }
 
     /// Record `meta` as the current state of `name` in `parent` and return its inode.
     /// Reuses the existing inode when it is the same file (same kind, and for a file the
     /// same identity, or one not known), otherwise allocates a new one.
     pub fn upsert(&mut self, parent: u64, meta: &ChildMeta) -> u64 {
+        if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
+            if self.changed_here_after(parent, &meta.name, meta.asked) {
+                // The mount changed this name after the request was sent (a symlink or a
+                // directory made over a name removed here, a rename onto it): its state
+                // wins; the answer describes what was there before.
+                return ino;
+            }
+        }
         self.absent.remove(&(parent, meta.name.clone()));
         self.removed.remove(&(parent, meta.name.clone()));
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();

@@ -128,6 +128,14 @@ impl InodeTable {
         }
     }
 
+    /// Whether this mount changed `name` in `dir` (or `dir` as a whole) after a request
+    /// sent at change count `asked` (0: an answer of no known age, never older).
+    pub(super) fn changed_here_after(&self, dir: u64, name: &str, asked: u64) -> bool {
+        asked != 0
+            && (self.named.get(&(dir, name.to_string())).is_some_and(|&s| s > asked)
+                || self.whole.get(&dir).is_some_and(|&s| s > asked))
+    }
+
     /// Drop the per-name change records of `dir` made at or before change count `upto`.
     pub(super) fn forget_named_in(&mut self, dir: u64, upto: u64) {
         forget_in(&mut self.named, dir, upto);

@@ -162,6 +162,52 @@ fn a_listing_overtaken_by_changes_of_some_names_stands_for_the_rest() {
     t.check_invariants();
 }
 
+/// A store answer sent before the mount made a name anew (`rm -rf current && ln -s r42
+/// current`, or `mkdir x` over a removed file) does not replace what the mount made: the
+/// answer describes the old name. Before, a recursive page or an overtaken listing
+/// landing after it turned the new symlink into the old directory (or the new directory
+/// into the deleted file) until the TTL.
+#[test]
+fn an_answer_sent_before_a_name_was_made_here_leaves_it() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let old = t.upsert(ROOT_INO, &meta("current", Kind::Dir));
+    let asked = t.ask(); // a listing or a recursive page is sent
+    t.listing_remove(ROOT_INO, "current"); // rm -rf current
+    let link = t.upsert(ROOT_INO, &meta("current", Kind::Symlink)); // ln -s r42 current
+    t.listing_insert(ROOT_INO, meta("current", Kind::Symlink));
+    assert_ne!(link, old);
+    // The answer lands: it still shows the old directory.
+    let stale = ChildMeta { asked, ..meta("current", Kind::Dir) };
+    assert_eq!(t.upsert(ROOT_INO, &stale), link, "the old directory replaced the new link");
+    assert_eq!(t.child(ROOT_INO, "current").unwrap().kind, Kind::Symlink);
+    // An answer sent after the change is the store's word again.
+    let fresh = ChildMeta { asked: t.ask(), ..meta("current", Kind::Dir) };
+    assert_ne!(t.upsert(ROOT_INO, &fresh), link);
+    assert_eq!(t.child(ROOT_INO, "current").unwrap().kind, Kind::Dir);
+    t.check_invariants();
+}
+
+/// A file renamed here (its cached entry untagged: the copy's ETag not known yet), then
+/// opened (a HEAD learns the ETag), then listed from the cache: the chmod kept here stays.
+/// Before, the untagged entry told the node it was replaced, dropping the mode.
+#[test]
+fn a_head_teaches_the_cached_entry_so_a_listing_keeps_the_mode() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let f = t.upsert(ROOT_INO, &meta("run.sh", Kind::File));
+    t.put_listing(ROOT_INO, listing_of(&t, &["run.sh"]));
+    t.get_mut(f).unwrap().perm = Some(0o755);
+    t.get_mut(f).unwrap().version = Version::Unknown; // moved here: the copy's tag not known
+    t.relist(f);
+    let asked = t.ask();
+    let head = ChildMeta { asked, etag: Some("\"t\"".into()), ..meta("run.sh", Kind::File) };
+    t.record_head(f, &head, &Default::default());
+    let entry = t.listing(ROOT_INO).unwrap().children["run.sh"].clone();
+    assert_eq!(entry.etag.as_deref(), Some("\"t\""), "the cached entry did not learn the ETag");
+    assert_eq!(t.upsert(ROOT_INO, &entry), f);
+    assert_eq!(t.get(f).unwrap().perm, Some(0o755), "the mode kept here was dropped");
+    t.check_invariants();
+}
+
 /// A rename in a busy directory: a listing taken while the rename moves `a` to `b` in the
 /// store (which already shows `b`, and `a` gone) stands for the directory's other names,
 /// and shows `a` and `b` as the mount holds them until the move is recorded; one sent
