@@ -11,12 +11,20 @@ use bucketfs_core::block_pool::ALIGN;
 
 use super::super::CpError;
 
-/// A temp file beside `dst`, so a half-written file never has the final name.
+/// A temp file beside `dst`, so a half-written file never has the final name. Its name
+/// is the destination's, cut short where needed to stay within 255 bytes (a legal final
+/// name of 230 bytes made an illegal temporary one: ENAMETOOLONG).
 pub(super) fn temp_path(dst: &Path) -> PathBuf {
+    const NAME_MAX: usize = 255;
     let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let n =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
-    dst.with_file_name(format!(".{name}.bucketfs-{:x}-{n:x}", std::process::id()))
+    let suffix = format!(".bucketfs-{:x}-{n:x}", std::process::id());
+    let mut keep = name.len().min(NAME_MAX - 1 - suffix.len());
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    dst.with_file_name(format!(".{}{suffix}", &name[..keep]))
 }
 
 /// The temp file being filled. Where the file system allows it, aligned writes go through
@@ -89,4 +97,19 @@ pub(super) async fn open_reserved(tmp: &Path, direct: bool, size: u64) -> Result
     })
     .await
     .map_err(|e| CpError::from(e.to_string()))?
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_temp_name_stays_within_255_bytes() {
+        for len in [1, 200, 230, 255] {
+            let name = "é".repeat(len / 2) + &"x".repeat(len % 2);
+            let t = super::temp_path(&std::path::Path::new("/d").join(&name));
+            let tname = t.file_name().unwrap().to_str().unwrap();
+            assert!(tname.len() <= 255, "{len}: {} bytes", tname.len());
+            assert!(tname.starts_with(&format!(".{}", &name[..name.len().min(20)])), "{tname}");
+            assert_eq!(t.parent(), Some(std::path::Path::new("/d")));
+        }
+    }
 }
