@@ -58,10 +58,17 @@ impl StoreError {
     pub(crate) fn from_opendal(op: &str, key: &str, e: opendal::Error) -> Self {
         use opendal::ErrorKind as K;
         let full = format!("{e:?}");
+        // Matched on the parts a key cannot forge: the S3 error code, OpenDAL's own message,
+        // the causes' text (the context and a response's `resource` name the key: a key
+        // holding `NoSuchBucket` or `timeout` changed the kind of every error about it).
+        let code = s3_code(e.message());
+        let causes = causes_text(&e);
         let kind = match e.kind() {
-            _ if full.contains("NoSuchBucket") => StoreErrorKind::NotFound,
-            _ if full.contains("failed to load signing credential") => StoreErrorKind::PermissionDenied,
-            _ if ["InvalidObjectName", "KeyTooLongError", "File name too long"].iter().any(|c| full.contains(c)) => {
+            _ if code == Some("NoSuchBucket") => StoreErrorKind::NotFound,
+            _ if e.message().contains("failed to load signing credential") => StoreErrorKind::PermissionDenied,
+            _ if code.is_some_and(|c| c.ends_with("InvalidObjectName") || c == "KeyTooLongError")
+                || causes.contains("file name too long") =>
+            {
                 StoreErrorKind::InvalidName
             }
             K::NotFound => StoreErrorKind::NotFound,
@@ -97,19 +104,31 @@ pub fn redact_urls(text: &str) -> String {
     out
 }
 
-/// OpenDAL reports transport failures (refused, reset, timeout) as `Unexpected` with a
-/// source chain; we look for the usual phrases so the user gets "unreachable", not noise.
-fn is_unreachable(e: &opendal::Error) -> bool {
-    // Only the cause chain: the context of an OpenDAL error names layers and URLs that
-    // would match these phrases by accident.
+/// The code of an S3 error response as OpenDAL gives it (`S3Error { code: "NoSuchBucket",
+/// ... }`): the key can appear in it only escaped, inside `resource: "..."`.
+fn s3_code(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("S3Error { code: \"")?;
+    rest.split_once('"').map(|(code, _)| code)
+}
+
+/// The text of an error's cause chain, lower case.
+fn causes_text(e: &opendal::Error) -> String {
     let mut causes = Vec::new();
     let mut src = std::error::Error::source(e);
     while let Some(c) = src {
         causes.push(c.to_string().to_lowercase());
         src = c.source();
     }
-    let text = causes.join(" ");
-    e.kind() == opendal::ErrorKind::Unexpected && e.to_string().contains("timeout")
+    causes.join(" ")
+}
+
+/// OpenDAL reports transport failures (refused, reset, timeout) as `Unexpected` with a
+/// source chain; we look for the usual phrases so the user gets "unreachable", not noise.
+fn is_unreachable(e: &opendal::Error) -> bool {
+    // Only the cause chain and OpenDAL's timeout message: the context of an OpenDAL error
+    // names layers, URLs and the key, which would match these phrases by accident.
+    let text = causes_text(e);
+    e.kind() == opendal::ErrorKind::Unexpected && e.message().ends_with("timeout reached")
         || [
             "error sending request",
             "connection refused",
@@ -165,4 +184,34 @@ fn urls_lose_their_credentials() {
     );
     assert_eq!(redact_urls("no url"), "no url");
     assert_eq!(redact_urls("http://host?x=a@b and http://u:p@h#f@g"), "http://host?x=a@b and http://h#f@g");
+}
+
+/// The kind comes from what the store said, never from the key: a key holding
+/// `NoSuchBucket` or `timeout` changed the kind of every error about it.
+#[test]
+fn kinds_do_not_depend_on_the_key() {
+    use opendal::{Error, ErrorKind as K};
+    let s3 = |code: &str, key: &str| {
+        Error::new(
+            K::Unexpected,
+            format!(
+                "S3Error {{ code: {code:?}, message: \"m\", resource: {:?}, request_id: \"r\" }}",
+                format!("/b/{key}")
+            ),
+        )
+        .with_context("path", key)
+    };
+    let kind = |e: Error, key: &str| StoreError::from_opendal("op", key, e).kind;
+    assert_eq!(kind(s3("InvalidRequest", "logs/timeout.json"), "logs/timeout.json"), StoreErrorKind::Other);
+    let changed = Error::new(K::ConditionNotMatch, "precondition failed").with_context("path", "NoSuchBucket/x");
+    assert_eq!(kind(changed, "NoSuchBucket/x"), StoreErrorKind::Changed);
+    assert_eq!(kind(s3("InvalidRequest", "InvalidObjectName"), "InvalidObjectName"), StoreErrorKind::Other);
+    // What the store says still counts.
+    assert_eq!(kind(s3("NoSuchBucket", "k"), "k"), StoreErrorKind::NotFound);
+    assert_eq!(kind(s3("XMinioInvalidObjectName", "k"), "k"), StoreErrorKind::InvalidName);
+    assert_eq!(kind(s3("KeyTooLongError", "k"), "k"), StoreErrorKind::InvalidName);
+    assert_eq!(kind(Error::new(K::Unexpected, "operation timeout reached"), "k"), StoreErrorKind::Unavailable);
+    let long = Error::new(K::Unexpected, "write failed")
+        .set_source(std::io::Error::from_raw_os_error(36 /* ENAMETOOLONG */));
+    assert_eq!(kind(long, "k"), StoreErrorKind::InvalidName);
 }
