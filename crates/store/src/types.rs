@@ -56,7 +56,8 @@ pub struct Capabilities {
     pub max_file_name_len: Option<usize>,
     /// The store cannot address a key that starts or ends with whitespace: OpenDAL trims
     /// leading and trailing whitespace (`char::is_whitespace`) from every path it is given,
-    /// so `"dup "` would read and write `"dup"`. Such keys are never shown or created.
+    /// so `"dup "` would read and write `"dup"`. Such keys are never shown or created. It
+    /// also drops a leading `/` and empty segments (`"a//b"` reaches `"a/b"`).
     pub trims_whitespace: bool,
     /// Every segment of a listed key comes back trimmed too (OpenDAL's fs service lists a
     /// directory `a ` as `a/`), so a segment with whitespace at an end is never addressable.
@@ -82,7 +83,8 @@ impl Capabilities {
     pub fn addressable(&self, key: &str) -> bool {
         let edge = |c: Option<char>| c.is_some_and(char::is_whitespace);
         let trimmed = |s: &str| edge(s.chars().next()) || edge(s.chars().next_back());
-        !(self.trims_whitespace && trimmed(key) || self.trims_segments && key.split('/').any(trimmed))
+        let normalized = key.starts_with('/') || key.contains("//");
+        !(self.trims_whitespace && (trimmed(key) || normalized) || self.trims_segments && key.split('/').any(trimmed))
     }
 }
 
@@ -377,7 +379,7 @@ mod tests {
     fn keys_a_store_would_change_are_not_addressable() {
         let object = Capabilities { trims_whitespace: true, ..Default::default() };
         let folder = Capabilities { trims_whitespace: true, trims_segments: true, ..Default::default() };
-        for key in ["dup ", " lead", "d/x\t", "\u{3000}a/b"] {
+        for key in ["dup ", " lead", "d/x\t", "\u{3000}a/b", "p/x//y", "/abs", "d//"] {
             assert!(!object.addressable(key) && !folder.addressable(key), "{key:?}");
         }
         // Inside a key only the local folder changes names.

@@ -363,3 +363,35 @@ async fn a_source_named_dot_dot_never_leads_out_of_the_destination() {
     let jobs = local_targets(&out.jobs, &d);
     assert_eq!(jobs, [PathBuf::from("out/x")]);
 }
+
+/// A store-to-store copy of keys the store's client rewrites (`p/x//y` reaches `p/x/y`,
+/// `/abs` reaches `abs`): skipped and named. Before, both jobs read `p/x/y` and wrote
+/// `q/p/x/y`; `p/x//y` was never copied and cp counted two files.
+#[tokio::test]
+async fn keys_the_store_would_rewrite_are_not_copied_as_another() {
+    let mem = Arc::new(MemStore::new().trimming_whitespace());
+    for k in ["p/x/y", "p/x//y"] {
+        mem.put(k, Bytes::from_static(b"v"), PutOpts::default()).await.unwrap();
+    }
+    let remote = |key: &str| Remote {
+        store: mem.clone(),
+        kind: Kind::Other,
+        base: "mem://".into(),
+        key: key.into(),
+        crc_confirmed: false,
+    };
+    let walk = Walk { recursive: true, follow_symlinks: true };
+    let out = plan::expand(vec![Side::Remote(remote("p"))], Side::Remote(remote("q/")), walk).await.unwrap();
+    let pairs: Vec<(String, String)> = out
+        .jobs
+        .iter()
+        .map(|j| match (&j.src, &j.dst) {
+            (Src::Remote { remote, .. }, Dst::Remote(r)) => (remote.key.clone(), r.key.clone()),
+            _ => panic!("store to store"),
+        })
+        .collect();
+    assert_eq!(pairs, [("p/x/y".to_string(), "q/p/x/y".to_string())]);
+    let skipped: Vec<String> = out.skipped.iter().map(|s| s.path.display().to_string()).collect();
+    assert_eq!(skipped, ["mem://p/x//y"]);
+    assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnaddressableKey));
+}
