@@ -23,14 +23,23 @@ impl Fs {
         dirs.extend(crate::deletes::journal_dir_for(&self.cfg.staging_dir));
         let synced = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             use std::os::fd::AsRawFd;
+            use std::os::unix::fs::MetadataExt;
+            let mut done = Vec::new(); // filesystems synced (the journal is usually beside)
             for d in dirs {
-                match std::fs::File::open(&d) {
-                    // SAFETY: a valid descriptor, open for the call's duration.
-                    Ok(f) if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 => return Err(std::io::Error::last_os_error()),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                let f = match std::fs::File::open(&d) {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e),
+                };
+                let dev = f.metadata()?.dev();
+                if done.contains(&dev) {
+                    continue;
                 }
+                // SAFETY: a valid descriptor, open for the call's duration.
+                if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                done.push(dev);
             }
             Ok(())
         })

@@ -282,19 +282,18 @@ impl InodeTable {
     /// Reuses the existing inode when it is the same file (same kind, and for a file the
     /// same identity, or one not known), otherwise allocates a new one.
     pub fn upsert(&mut self, parent: u64, meta: &ChildMeta) -> u64 {
-        if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
-            if self.changed_here_after(parent, &meta.name, meta.asked) {
-                // The mount changed this name after the request was sent (a symlink or a
-                // directory made over a name removed here, a rename onto it): its state
-                // wins; the answer describes what was there before.
-                return ino;
-            }
+        let known = self.index.get(&(parent, meta.name.clone())).copied();
+        if let Some(ino) = known.filter(|_| self.changed_here_after(parent, &meta.name, meta.asked)) {
+            // The mount changed this name after the request was sent (a symlink or a
+            // directory made over a name removed here, a rename onto it): its state wins;
+            // the answer describes what was there before.
+            return ino;
         }
         self.absent.remove(&(parent, meta.name.clone()));
         self.removed.remove(&(parent, meta.name.clone()));
         let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
         let key_of = |m: &ChildMeta| key_for(&parent_key, &m.name, m.kind);
-        if let Some(&ino) = self.index.get(&(parent, meta.name.clone())) {
+        if let Some(ino) = known {
             let moving = self.nodes.get(&ino).is_some_and(|n| self.moving_key(&n.key));
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.local || moving {
