@@ -49,8 +49,11 @@ impl Fs {
             let ino = t.upsert(parent, &meta);
             t.remember(ino);
             t.listing_insert(parent, meta);
-            if let Some(n) = t.get_mut(ino) {
-                n.perm = mode.or(n.perm);
+            // The default mode is what the node shows without one: left unset, the node
+            // can go once its upload is done and nothing refers to it (inode_trim.rs).
+            if let (Some(n), Some(m)) = (t.get_mut(ino), mode.filter(|&m| m != self.cfg.file_mode)) {
+                n.perm = Some(m);
+                n.attrs_here = true;
             }
             ino
         };
@@ -131,7 +134,10 @@ impl Fs {
         let now = t.change_seq();
         t.set_listing_since(ino, empty, now);
         let n = t.get_mut(ino).expect("just inserted");
-        n.perm = mode.or(n.perm);
+        if let Some(m) = mode.filter(|&m| m != self.cfg.dir_mode) {
+            n.perm = Some(m);
+            n.attrs_here = true;
+        }
         Ok(self.attr(n))
     }
 

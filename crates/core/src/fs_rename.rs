@@ -149,7 +149,7 @@ impl Fs {
         let mut open_moved = std::collections::HashMap::new();
         {
             let mut t = self.table.lock().unwrap();
-            t.listing_remove(parent, name);
+            t.listing_move_out(parent, name);
             t.relocate(src.ino, newparent, newname);
             // Moved objects are new objects (a new GCS generation; on S3 a new ETag for a
             // multipart source): a read pinned to the old identity would fail with ESTALE.

@@ -101,6 +101,7 @@ impl Fs {
         }
         if mode.is_some() || uid.is_some() || gid.is_some() || mtime.is_some() {
             n.ctime = Some(SystemTime::now());
+            n.attrs_here = true; // kept for the mount's life (`Node::attrs_here`)
         }
     }
 

@@ -607,3 +607,29 @@ async fn a_marker_holding_bytes_is_never_deleted_or_moved() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A file written here with the default mode keeps no node once it is uploaded and the
+/// kernel forgets it (a `cp -r` of a million files kept a million nodes); one made with
+/// another mode keeps its node, and so its mode, for the mount's life.
+#[tokio::test]
+async fn a_file_made_with_the_default_mode_goes_when_the_kernel_forgets_it() {
+    let (_, fs) = fs_with(&[]).await;
+    let _ = names(&fs, ROOT_INO).await;
+    let mut inos = Vec::new();
+    for (name, mode) in [("plain", 0o644), ("private", 0o600)] {
+        let (attr, fh) = fs.create(ROOT_INO, name, 0, Some(mode)).await.unwrap();
+        assert_eq!(attr.perm, mode);
+        fs.write(fh, 0, b"data").await.unwrap();
+        fs.flush(fh).await.unwrap();
+        fs.release(fh).await.unwrap();
+        fs.forget(attr.ino, 1);
+        inos.push(attr.ino);
+    }
+    {
+        let t = fs.table.lock().unwrap();
+        assert!(t.get(inos[0]).is_none(), "the default mode kept the node");
+        assert_eq!(t.get(inos[1]).map(|n| n.perm), Some(Some(0o600)));
+    }
+    assert_eq!(fs.lookup(ROOT_INO, "plain").await.unwrap().perm, 0o644);
+    assert_eq!(fs.lookup(ROOT_INO, "private").await.unwrap().perm, 0o600);
+}

@@ -192,6 +192,7 @@ impl InodeTable {
             owner: None,
             kernel_cached: None,
             mtime_set: None,
+            attrs_here: false,
             linked: true,
             local: false,
             opens: 0,
@@ -353,6 +354,7 @@ impl InodeTable {
                 owner: None,
                 kernel_cached: None,
                 mtime_set: None,
+                attrs_here: false,
                 linked: true,
                 local: false,
                 opens: 0,
@@ -387,7 +389,7 @@ impl InodeTable {
         // whenever their dentries expire, and those settings must last for the mount.
         // A staged node is kept too: its upload still needs its key.
         // (Not one unlinked: no path leads to it again.)
-        let has_overrides = n.linked && (n.perm.is_some() || n.owner.is_some() || n.mtime_set.is_some()) || n.local;
+        let has_overrides = n.linked && n.attrs_here || n.local;
         if n.lookups == 0 && n.kind == Kind::Dir && n.linked {
             // A directory stays (its listing goes): a child kept past its own forget (staged,
             // chmod'ed) is indexed under this inode, and under a new one it was lost (an
@@ -434,10 +436,20 @@ impl InodeTable {
 
     fn unlink_path(&mut self, parent: u64, name: &str) {
         if let Some(ino) = self.index.remove(&(parent, name.to_string())) {
-            if let Some(n) = self.nodes.get_mut(&ino) {
-                n.linked = false;
-            }
+            self.unlinked(ino);
             self.note_removed(parent, name);
+        }
+    }
+
+    /// No path leads to `ino` any more: it stays while something refers to it (the
+    /// kernel, a handle, staged bytes: `forget` or release drop it later); a file or link
+    /// nothing refers to goes now (a name removed by another client, which the kernel
+    /// never looked up, would otherwise stay for the life of the mount).
+    fn unlinked(&mut self, ino: u64) {
+        let Some(n) = self.nodes.get_mut(&ino) else { return };
+        n.linked = false;
+        if n.unreferenced() && n.kind != Kind::Dir {
+            self.nodes.remove(&ino);
         }
     }
 
@@ -458,9 +470,7 @@ impl InodeTable {
             if old != ino {
                 // The replaced target stays until the kernel forgets it, unreachable by path.
                 self.drop_listing(old);
-                if let Some(n) = self.nodes.get_mut(&old) {
-                    n.linked = false;
-                }
+                self.unlinked(old);
             }
         }
         if kind == Kind::Dir {

@@ -304,11 +304,17 @@ impl InodeTable {
 
     /// Drop `name` from `dir`'s cached listing and from the path index.
     pub fn listing_remove(&mut self, dir: u64, name: &str) {
+        self.listing_move_out(dir, name);
+        self.unlink(dir, name);
+    }
+
+    /// Drop `name` from `dir`'s cached listing: its node moves (the caller relocates it
+    /// next; unlinked, a node nothing refers to would go).
+    pub fn listing_move_out(&mut self, dir: u64, name: &str) {
         self.note_name_change(dir, name);
         if let Some(l) = self.listings.get_mut(&dir) {
             l.children.remove(name);
         }
-        self.unlink(dir, name);
     }
 
     /// A store answer (a HEAD: a name gone, or replaced by another client) changed what

@@ -37,6 +37,12 @@ pub struct Node {
     /// An mtime set by utimens here or carried by the object; shown instead of the
     /// object's Last-Modified until the object is changed by someone else.
     pub mtime_set: Option<SystemTime>,
+    /// `perm`, `owner` or `mtime_set` was set here (chmod, chown, utimens, a create's or
+    /// mkdir's mode other than the default): kept with the node for the life of the mount,
+    /// where the store's listings, which carry no attributes, could not bring it back.
+    /// Attributes a HEAD found on the object are not: they go with the node and the next
+    /// HEAD finds them again (until then the parent's cached entry keeps them).
+    pub attrs_here: bool,
     /// Whether a path still leads here; false once unlinked, replaced or deleted behind the
     /// mount while the kernel still holds the inode (it then shows `st_nlink` 0).
     pub linked: bool,
@@ -72,7 +78,7 @@ impl Node {
             size: self.size,
             mtime: self.mtime,
             etag: self.version.tag().map(str::to_owned),
-            attrs: None,
+            attrs: self.has_attrs().then(|| self.attrs()),
             size_unknown: self.size_unknown,
             asked: 0,
         }
@@ -106,6 +112,7 @@ impl Node {
 
     /// The object was replaced by someone else: drop what we knew of its attributes.
     pub fn forget_attrs(&mut self) {
+        self.attrs_here = false;
         self.perm = None;
         self.owner = None;
         self.mtime_set = None;
@@ -122,6 +129,11 @@ impl Node {
         if self.mtime_set.is_none() {
             self.mtime_set = a.mtime;
         }
+    }
+
+    /// Whether it shows any attribute of its own (set here or carried by the object).
+    pub fn has_attrs(&self) -> bool {
+        self.perm.is_some() || self.owner.is_some() || self.mtime_set.is_some()
     }
 
     /// The attributes to keep with the object at its next upload.

@@ -108,7 +108,8 @@ fn forget_drops_node_at_zero() {
     // chmod'ed nodes outlive the kernel's references: the mode must survive eviction.
     let b = t.upsert(ROOT_INO, &meta("b", Kind::File));
     t.remember(b);
-    t.get_mut(b).unwrap().perm = Some(0o600);
+    let n = t.get_mut(b).unwrap();
+    (n.perm, n.attrs_here) = (Some(0o600), true);
     t.forget(b, 1);
     assert_eq!(t.child(ROOT_INO, "b").map(|n| n.ino), Some(b));
     assert!(t.child(ROOT_INO, "a").is_none());
@@ -230,7 +231,7 @@ fn a_listing_taken_during_a_rename_stands_for_the_other_names() {
     assert!(!t.listing(d).unwrap().overtaken && t.listing_fresh(d), "it answers lookups");
     assert_eq!(names(&t, d), ["a", "x", "y"], "the moving names as the mount holds them");
     let before_end = t.change_seq();
-    t.listing_remove(d, "a"); // the move recorded
+    t.listing_move_out(d, "a"); // the move recorded
     t.relocate(a, d, "b");
     t.relist(a);
     t.end_move(id, true);

@@ -28,25 +28,37 @@ pub const MIN_IDLE: Duration = Duration::from_secs(2);
 impl Node {
     /// Nothing here needs this node but its parent's cached listing: the kernel holds no
     /// reference to it, no handle is open on it, it has no staged bytes and no attributes
-    /// set here. Not a directory (children may be indexed below it).
-    fn droppable(&self) -> bool {
-        self.lookups == 0
-            && self.opens == 0
-            && !self.local
-            && self.kind != Kind::Dir
-            && self.perm.is_none()
-            && self.owner.is_none()
-            && self.mtime_set.is_none()
+    /// set here (those a HEAD found, a HEAD finds again). Not a directory (children may be
+    /// indexed below it).
+    pub(super) fn droppable(&self) -> bool {
+        self.unreferenced() && self.kind != Kind::Dir && !self.attrs_here
+    }
+
+    /// Nothing refers to this node: no kernel reference, no open handle, no staged bytes.
+    pub(super) fn unreferenced(&self) -> bool {
+        self.lookups == 0 && self.opens == 0 && !self.local
     }
 }
 
 impl InodeTable {
-    /// Install `dir`'s listing, counting its entries.
+    /// Install `dir`'s listing, counting its entries. Nodes of names that left it (removed
+    /// by another client) go when nothing here needs them ([`Node::droppable`]): nothing
+    /// else would ever drop them (`evict_dir` drops a listing's own names).
     pub(super) fn put_listing(&mut self, dir: u64, listing: Listing) {
         self.listed += listing.children.len();
         self.listed_at.insert(dir, self.clock.now());
-        if let Some(old) = self.listings.insert(dir, listing) {
-            self.listed = self.listed.saturating_sub(old.children.len());
+        let Some(old) = self.listings.insert(dir, listing) else { return };
+        self.listed = self.listed.saturating_sub(old.children.len());
+        let new = &self.listings[&dir].children;
+        let gone: Vec<String> = old.children.into_keys().filter(|name| !new.contains_key(name)).collect();
+        for name in gone {
+            let at = (dir, name);
+            if let Some(&ino) = self.index.get(&at) {
+                if self.nodes.get(&ino).is_some_and(Node::droppable) {
+                    self.index.remove(&at);
+                    self.nodes.remove(&ino);
+                }
+            }
         }
     }
 
@@ -221,7 +233,10 @@ mod tests {
         let held = t.child(a, "f1").unwrap().ino;
         t.remember(held);
         let set = t.child(a, "f2").unwrap().ino;
-        t.get_mut(set).unwrap().perm = Some(0o600);
+        let n = t.get_mut(set).unwrap();
+        (n.perm, n.attrs_here) = (Some(0o600), true);
+        // One whose mode a HEAD found on the object: the next HEAD finds it again.
+        t.get_mut(t.child(a, "f4").unwrap().ino).unwrap().perm = Some(0o600);
         let before = t.cached_entries();
         assert_eq!(before, 1 + 3 + 300 + 300);
         // Under the bound: nothing goes.
@@ -234,6 +249,7 @@ mod tests {
         assert_eq!(t.child(a, "f1").map(|n| n.ino), Some(held), "a node the kernel holds stays");
         assert_eq!(t.child(a, "f2").map(|n| n.ino), Some(set), "a node with a chmod stays");
         assert!(t.child(a, "f3").is_none(), "an unreferenced node goes with its listing");
+        assert!(t.child(a, "f4").is_none(), "so does one whose mode the store keeps");
         assert_eq!(t.cached_entries(), 1 + 3 + 2 + 400);
         t.check_invariants();
         // Later, with nothing busy: b (older) goes before c, and the trim stops at target.
@@ -241,6 +257,44 @@ mod tests {
         let dropped = t.trim(200, 250, &|_| false);
         assert_eq!(dropped, vec![b]);
         assert!(t.listing(c).is_some());
+        t.check_invariants();
+    }
+
+    #[test]
+    fn names_another_client_removed_do_not_keep_their_nodes() {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        let d = listed_dir(&mut t, "d", 4);
+        let ino = |t: &InodeTable, name: &str| t.child(d, name).unwrap().ino;
+        let (gone, held, set, evented) = (ino(&t, "f0"), ino(&t, "f1"), ino(&t, "f2"), ino(&t, "f3"));
+        t.remember(held);
+        t.get_mut(set).unwrap().attrs_here = true;
+        // A new listing without f0-f2 (removed by another client).
+        let l = listing(t.now(), &["f3"]);
+        t.set_listing(d, l);
+        assert!(t.get(gone).is_none(), "a node nothing refers to goes with its name");
+        assert!(t.get(held).is_some() && t.get(set).is_some(), "one the kernel holds or set here stays");
+        t.forget(held, 1);
+        assert!(t.get(held).is_none(), "and goes when the kernel forgets it");
+        // A store event (or a HEAD's 404) removes f3, which the kernel never looked up.
+        t.unlink(d, "f3");
+        assert!(t.get(evented).is_none(), "an unlinked node nothing refers to goes at once");
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_mode_a_head_found_leaves_with_its_node_and_stays_in_the_entry() {
+        let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+        let d = listed_dir(&mut t, "d", 1);
+        let ino = t.child(d, "f0").unwrap().ino;
+        let meta = t.listing(d).unwrap().children["f0"].clone();
+        let attrs = bucketfs_store::FileAttrs { mode: Some(0o100755), ..Default::default() };
+        t.remember(ino);
+        t.record_head(ino, &meta, &attrs);
+        t.forget(ino, 1);
+        assert!(t.get(ino).is_none(), "nothing set here: the node goes when the kernel forgets it");
+        let entry = t.listing(d).unwrap().children["f0"].clone();
+        let again = t.upsert(d, &entry);
+        assert_eq!(t.get(again).unwrap().perm, Some(0o755), "its listing entry kept what the HEAD found");
         t.check_invariants();
     }
 
