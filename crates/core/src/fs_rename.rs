@@ -140,9 +140,11 @@ impl Fs {
             self.discard_staged(dst).await;
         }
         if let Some(key) = replaced {
-            match self.store.delete(&key).await {
-                Err(e) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
-                _ => {}
+            // Journaled in write-back mode, as an unlink: a file's rename there never waits
+            // for the store (it waited, and could fail after the move was journaled).
+            match self.delete_removed(&key, crate::write::Landing::Stored).await {
+                Err(FsError::Store(e)) if e.kind == StoreErrorKind::NotFound => {}
+                r => r?,
             }
         }
         // Files moved that handles are open on, with their old identities.
@@ -454,11 +456,19 @@ impl Fs {
         let Some(d) = self.deletes.as_ref().filter(|_| self.write_back() && !self.store.capabilities().moves) else {
             return Ok(false);
         };
+        // The target's staged file is held first: between the move's journal entry and its
+        // key's removal a crash would recover both, its bytes over the moved file; waiting
+        // for its lock there (an upload of it in flight) made that window seconds long.
+        let dst = replaced.and_then(|d| self.staging.get(d));
+        let mut held = match &dst {
+            Some(s) => Some(s.lock().await),
+            None => None,
+        };
         if !d.defer_move(from, to).await? {
             return Ok(false);
         }
-        if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
-            dst.lock().await.drop_key();
+        if let Some(st) = held.as_mut() {
+            st.drop_key();
         }
         Ok(true)
     }
@@ -493,12 +503,25 @@ impl Fs {
 
     async fn copy_then_delete(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<(), FsError> {
         self.store.copy(from, to).await?;
+        match self.store.delete(from).await {
+            Ok(()) => {}
+            Err(e) if e.kind == StoreErrorKind::NotFound => {}
+            Err(e) if self.write_back() && self.deletes.is_some() => {
+                // The copy holds the name: the source's delete is journaled and retried in
+                // the background, as an unlink's. (Failing the rename here left the copy
+                // over the target, which the target's staged bytes then replaced: the
+                // source lost if its delete landed after all.)
+                tracing::info!(%from, "the source's delete failed ({e}); sent in the background");
+                self.delete_removed(from, crate::write::Landing::Stored).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
         if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
-            // The target's staged bytes must not be recovered over the copy should the
-            // mount die before the source's delete (which then lost the source).
+            // The move is done: the target's staged bytes must never be recovered over it.
+            // (A crash between the copy and here: the move's journal entry names them, and
+            // its replay drops them.)
             dst.lock().await.drop_key();
         }
-        self.store.delete(from).await?;
         Ok(())
     }
 
