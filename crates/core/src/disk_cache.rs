@@ -151,6 +151,24 @@ fn lock_slot(dir: &Path) -> std::io::Result<(PathBuf, File)> {
     )))
 }
 
+/// Whether `file` is a name a disk cache writes, in this layout or an older one: 32
+/// lowercase hex digits (an object version's hash) and a known ending, or a numbered spare
+/// block. Endings: data and sidecar (`.d`, `.m`); the layouts before: blocks (`.blk`,
+/// `.b2`, `.b3`), whole files (`.w`, `.<crc>.w`), their temporaries (`.tmp` after any).
+fn is_cache_file(file: &str) -> bool {
+    let hex = |s: &str| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if let Some(n) = file.strip_suffix(".spare") {
+        return !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    }
+    let Some((hash, rest)) = file.split_at_checked(32) else { return false };
+    let rest = rest.strip_suffix(".tmp").map_or(rest, |r| if r.is_empty() { ".tmp" } else { r });
+    let rest = match rest.strip_suffix(".w") {
+        Some(crc) if crc.len() == 9 && crc.starts_with('.') && hex(&crc[1..]) => ".w",
+        _ => rest,
+    };
+    hex(hash) && matches!(rest, ".d" | ".m" | ".blk" | ".b2" | ".b3" | ".w" | ".tmp")
+}
+
 fn next_gen() -> u64 {
     // A plain counter (std's even under shuttle: a static needs a const constructor).
     static GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -265,7 +283,7 @@ impl DiskCache {
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
             let file = entry.file_name().to_string_lossy().to_string();
             let name = file.strip_suffix(META_EXT).or_else(|| file.strip_suffix(DATA_EXT));
-            if !name.is_some_and(|n| keep.contains(n)) {
+            if !name.is_some_and(|n| keep.contains(n)) && is_cache_file(&file) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }

@@ -128,8 +128,10 @@ fn a_torn_sidecar_keeps_what_it_recorded_and_other_files_go() {
     raw.truncate(HEADER + 2 * RECORD + 5); // the third record torn at a crash
     std::fs::write(&meta, &raw).unwrap();
     // Files of older formats, a spare, a temp file, a data file without its sidecar.
-    let junk = ["00000000000000000000000000000000.b3", "0000.spare", "ab.tmp", "ab.00000000.w", "cd.d", "x.blk"];
-    for j in junk {
+    let h = "00000000000000000000000000000000";
+    let junk = [".b3", ".tmp", ".00000000.w", ".d", ".blk", ".b2.tmp", ".w"].map(|e| format!("{h}{e}"));
+    let junk = junk.iter().map(String::as_str).chain(["0000.spare"]);
+    for j in junk.clone() {
         std::fs::write(d.join(j), vec![0u8; 2 * ALIGN]).unwrap();
     }
     let c = cache(&d, 64 << 20);
@@ -391,4 +393,26 @@ fn blocks_of_one_file_put_at_once_are_all_counted() {
         assert_eq!(c.used_bytes() - before, want, "round {round}: every block of {k} counted");
     }
     std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// `--cache-dir` may name a directory holding the user's own files: the start-up sweep
+/// deletes what a cache wrote (a data file without its sidecar, older layouts' files) and
+/// nothing else (it deleted every file there).
+#[test]
+fn only_the_caches_own_files_are_swept_at_start() {
+    let d = dir("sweep");
+    std::fs::create_dir_all(&d).unwrap();
+    let hash = "0123456789abcdef0123456789abcdef";
+    let theirs = ["notes.txt", "photo.d", "ABCDEF0123456789ABCDEF0123456789.m", "7.spare.bak", "Makefile"];
+    let ours = [format!("{hash}.d"), format!("{hash}.b3"), format!("{hash}.0badf00d.w"), "12.spare".to_string()];
+    for f in theirs.iter().map(|s| s.to_string()).chain(ours.iter().cloned()) {
+        std::fs::write(d.join(&f), b"x").unwrap();
+    }
+    let _c = cache(&d, 64 << 20);
+    for f in theirs {
+        assert!(d.join(f).exists(), "{f}: a file the cache did not write was deleted");
+    }
+    for f in &ours {
+        assert!(!d.join(f).exists(), "{f}: a stale cache file was kept");
+    }
 }
