@@ -263,8 +263,10 @@ impl DiskCache {
         Ok(c)
     }
 
-    /// At start-up: index the files an earlier mount left; delete everything else (files of
-    /// older formats, a data file without its sidecar, a sidecar that does not parse).
+    /// At start-up: index the files an earlier mount left; delete the rest of what a cache
+    /// writes (files of older formats, a data file without its sidecar, a sidecar that does
+    /// not parse). Nothing else: `--cache-dir` may name a directory of the user's own files
+    /// (every file in it was deleted).
     fn adopt_all(&self) -> std::io::Result<()> {
         let mut keep = HashSet::new();
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
@@ -392,6 +394,15 @@ impl DiskCache {
     }
 
     /// Whether every block of the version (`size` bytes) is cached. No I/O.
+    /// How many blocks of the version are not on disk (all of them if none is).
+    pub fn missing_blocks(&self, key: &str, identity: &str, size: u64) -> u64 {
+        let m = self.entries.lock().unwrap();
+        match m.get(&Self::name(key, identity)).filter(|e| !e.evicted && e.size == size) {
+            Some(e) => e.crcs.len() as u64 - e.present,
+            None => size.div_ceil(self.block),
+        }
+    }
+
     pub fn is_complete(&self, key: &str, identity: &str, size: u64) -> bool {
         let m = self.entries.lock().unwrap();
         m.get(&Self::name(key, identity)).is_some_and(|e| !e.evicted && e.size == size && e.complete())

@@ -416,3 +416,25 @@ fn only_the_caches_own_files_are_swept_at_start() {
         assert!(!d.join(f).exists(), "{f}: a stale cache file was kept");
     }
 }
+
+/// A block being written when its file's object is renamed: the write ends under the old
+/// name. Rekeyed meanwhile, the entry stayed counted as being written for good (a writer's
+/// takeover then refused the file: EBUSY) and the block was lost; it is not rekeyed then.
+#[test]
+fn a_file_with_a_block_being_written_is_not_rekeyed() {
+    let (d, p) = (dir("rekey-writing"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(5 * B as usize / 2, 9);
+    let size = data.len() as u64;
+    put_blocks(&c, &p, "k", "e", &data, 0..2);
+    let name = DiskCache::name("k", "e");
+    let gen = c.entry_for(&name, "k", size, 2).expect("block 2 is missing: a write begins");
+    assert!(!c.rekey_whole("k", "e", "k2", "e"), "rekeyed under a block's write");
+    c.entries.lock().unwrap().get_mut(&name).filter(|e| e.gen == gen).unwrap().writing -= 1; // it ends
+    put_blocks(&c, &p, "k", "e", &data, [2]);
+    assert!(c.rekey_whole("k", "e", "k2", "e"));
+    assert!(c.is_complete("k2", "e", size));
+    let to = d.join("taken");
+    assert!(c.take_whole("k2", "e", size, &to), "a writer cannot take it over");
+    assert!(std::fs::read(&to).unwrap() == data);
+}

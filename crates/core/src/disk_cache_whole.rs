@@ -195,7 +195,13 @@ impl DiskCache {
             return true;
         }
         let mut m = self.entries.lock().unwrap();
-        let Some(pinned) = m.get(&old).filter(|e| !e.evicted).map(|e| e.pin.count() > 0) else { return false };
+        // Not while a block is being written to it: that write ends under the old name,
+        // which it would no longer find (its block lost, the entry counted as being
+        // written for good, so never taken over by a writer: EBUSY). Not carried over then;
+        // the new name's reads fetch again.
+        let Some(pinned) = m.get(&old).filter(|e| !e.evicted && e.writing == 0).map(|e| e.pin.count() > 0) else {
+            return false;
+        };
         // The new name may hold a copy of the same version already (key and identity name
         // the bytes), left there when a directory moved away with it and came back (Drive
         // and S3 keep a moved object's identity). The file readers pass through must win: a

@@ -49,7 +49,11 @@ impl Fs {
         let r = f.reader.lock().unwrap().clone();
         let disk = self.read_cache.disk().ok_or("no disk cache")?.clone();
         let (key, size) = (r.key.to_string(), r.size);
-        if !disk.is_complete(&key, &identity, size) {
+        // Blocks still queued for the disk may complete it: worth a short wait, but only
+        // when few enough are missing for the queue to hold them all. A cold file waited
+        // for the whole mount's queue at every open (2 s under parallel streams).
+        let missing = disk.missing_blocks(&key, &identity, size);
+        if missing > 0 && missing <= crate::read::DISK_QUEUE as u64 {
             self.read_cache.disk_settled(SETTLE).await;
         }
         let id = identity.clone();
@@ -167,6 +171,15 @@ impl Fs {
         let r = file.reader.lock().unwrap().clone();
         let Some(disk) = self.read_cache.disk().cloned() else { return };
         if r.size < WHOLE_MIN || disk.is_complete(&r.key, r.identity(), r.size) {
+            return;
+        }
+        // Another handle open on the file may read through the same reader (they share one
+        // after an upload or a rename: `Fs::replace_readers`): its close prepares instead.
+        let shared = self.handles.lock().unwrap().values().any(|h| match h {
+            crate::fs::Handle::File(f) => Arc::ptr_eq(&f.reader.lock().unwrap(), &r),
+            _ => false,
+        });
+        if shared {
             return;
         }
         r.quiesce(); // the fill keeps the reader; not its blocks and fetches ahead

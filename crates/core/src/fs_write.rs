@@ -387,7 +387,10 @@ impl Fs {
         // by another writer's version. While handles stay open (an fsync), the staged file
         // serves the reads and the next fsync makes a new version: the bytes go into the
         // caches at the last close instead (each fsync of an appender copied the whole file).
-        let through = size <= WRITE_THROUGH_MAX && (meta.etag.is_some() || !self.store.capabilities().prefix_dirs);
+        // Not when the staged file changed during the upload (a shared mapping's writes,
+        // seen by the upload's last look: dirty again): its bytes are not that version's.
+        let through =
+            !st.dirty && size <= WRITE_THROUGH_MAX && (meta.etag.is_some() || !self.store.capabilities().prefix_dirs);
         // The node, caches and readers are updated before the staged lock is released: two
         // uploads of one file (a flush, then the next open's flush) must publish their
         // versions in order, or the node would go back to the older ETag for its whole TTL.

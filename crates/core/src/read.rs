@@ -144,7 +144,7 @@ const DISK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// Blocks queued for the disk cache at most (8 MiB): `O_DIRECT` writes of 2 MiB keep up
 /// with a streaming reader; a block that finds the queue full waits a moment, then is
 /// skipped (the close fetches it again, or the memory cache keeps it).
-const DISK_QUEUE: usize = 4;
+pub(crate) const DISK_QUEUE: usize = 4;
 
 /// Blocks fetched at once for the disk cache after their readers closed, across the mount
 /// ([`FileReader::fill_disk`]): 300 handles closed together each fetched theirs at once
@@ -249,7 +249,11 @@ impl FileReader {
     /// The handle closed: keep nothing and end the fetches ahead (before a fill of the disk
     /// cache keeps the reader alive).
     pub(crate) fn quiesce(&self) {
-        self.state.lock().unwrap().quiesce();
+        let mut st = self.state.lock().unwrap();
+        // Not under a read in progress: it waits for fetches this would end (EIO).
+        if st.reading == 0 {
+            st.quiesce();
+        }
     }
 
     /// The version this reader pinned at open (see [`FileReader::new`]).
