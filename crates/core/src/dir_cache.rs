@@ -60,8 +60,12 @@ struct DirState {
     read_at: Option<Instant>,
 }
 
-/// Snapshots kept per directory for reads still paging through them.
-const RECENT: usize = 3;
+/// Snapshots kept per directory for reads still paging through them, the least recently
+/// paged through going first: a reader touches its own at every page, so it outlives the
+/// snapshots of up to this many other readers begun after changes meanwhile (concurrent
+/// listers of a directory being written to). One past that pages on in the current
+/// snapshot, where names may repeat or be missed.
+const RECENT: usize = 8;
 
 /// The readdir offset of the entry after index `next` of snapshot number `snap`: the
 /// snapshot in the high half, so a read continues in the snapshot it started on.
@@ -145,10 +149,15 @@ impl DirCache {
         self.dirs.lock().unwrap().get(&ino).and_then(|st| st.current.clone())
     }
 
-    /// Snapshot number `snap` of `ino`, if still kept.
+    /// Snapshot number `snap` of `ino`, if still kept; it becomes the last to go.
     pub(crate) fn recent(&self, ino: u64, snap: u32) -> Option<Arc<Vec<DirEntry>>> {
-        let dirs = self.dirs.lock().unwrap();
-        dirs.get(&ino)?.recent.iter().find(|(n, _)| *n == snap).map(|(_, e)| e.clone())
+        let mut dirs = self.dirs.lock().unwrap();
+        let recent = &mut dirs.get_mut(&ino)?.recent;
+        let at = recent.iter().position(|(n, _)| *n == snap)?;
+        let kept = recent.remove(at)?;
+        let entries = kept.1.clone();
+        recent.push_back(kept);
+        Some(entries)
     }
 
     /// Page through `entries` from now on; returns its number, and true when no drop of
@@ -266,6 +275,23 @@ mod tests {
         assert!(Arc::ptr_eq(&third, &later), "a later offset pages through the same snapshot");
         let (again, _) = fs.readdir_unopened(crate::ROOT_INO, 0).await.unwrap();
         assert_eq!(names(&again), [".", "..", "0", "a", "b"], "offset 0 lists again");
+    }
+
+    /// Listers that each began after a change (a directory being written to) page through
+    /// their own snapshots; one still paging keeps its snapshot however many began after it.
+    #[test]
+    fn a_reader_paging_keeps_its_snapshot_while_others_begin() {
+        let c = DirCache::default();
+        let source = (Instant::now(), 0);
+        let first = snap(&["a", "b"]);
+        let (n1, _) = c.set_current(1, &first, source);
+        for i in 0..3 * RECENT {
+            let (n, _) = c.set_current(1, &snap(&["a", "b", &format!("n{i}")]), (source.0, i as u64 + 1));
+            assert!(c.recent(1, n).is_some());
+            let page = c.recent(1, n1).unwrap_or_else(|| panic!("snapshot gone after {} others", i + 1));
+            assert!(Arc::ptr_eq(&page, &first));
+        }
+        assert_eq!(c.dirs.lock().unwrap()[&1].recent.len(), RECENT, "bounded");
     }
 
     #[test]
