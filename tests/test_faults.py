@@ -518,6 +518,50 @@ def test_uploads_over_a_slow_link_finish(proxy_for, fresh_bucket, rng, tmp_path)
     assert in_bucket("s3", b.name, "cp.bin") == data
 
 
+def test_a_second_interrupt_stops_a_cp_whose_cleanup_waits_on_a_silent_store(proxy_for, fresh_bucket, rng,
+                                                                               tmp_path):
+    """Ctrl-C stops `bucketfs cp` cleanly: it aborts its multipart upload, which waits for
+    the store's answer. A store that stopped answering held it there for minutes, and a
+    second Ctrl-C did nothing (only `kill -9` stopped it). The second now stops it at once,
+    exit status 130, saying what may be left behind."""
+    import subprocess
+    from conftest import bucketfs_env, require_bin, require_store
+    require_store("s3")
+    b = fresh_bucket("s3")
+    src = os.path.join(str(tmp_path), "big.bin")
+    with open(src, "wb") as f:
+        f.write(rng.randbytes(64 * MiB))
+    px = proxy_for("s3")
+    px.toxic("bandwidth", "upstream", rate=2000)  # 2 MB/s: under way for half a minute
+    proc = subprocess.Popen([require_bin(), "cp", "-q", src, seed.mount_url("s3", b.name) + "/big.bin",
+                             "--endpoint", px.endpoint, "--slice-size", "5M", "--parallel", "2"],
+                            env=bucketfs_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        s3 = seed.s3_client()
+        deadline = time.monotonic() + 60
+        while not s3.list_multipart_uploads(Bucket=b.name).get("Uploads"):
+            assert proc.poll() is None and time.monotonic() < deadline, "the upload never began"
+            time.sleep(0.05)
+        px.toxic("timeout", "downstream", timeout=0)
+        px.toxic("timeout", "upstream", timeout=0)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a second SIGINT did not stop bucketfs cp within 30 s")
+        err = err.decode(errors="replace")
+        assert proc.returncode == 130, (proc.returncode, err)
+        assert "interrupted again" in err and "multipart" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        px.clear()
+
+
 # --------------------------------------------------------------------------- black hole
 
 # SEMANTICS: a request times out after 30 s and is retried 3 times with backoff up to 4 s:

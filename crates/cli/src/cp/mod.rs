@@ -459,15 +459,29 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
                     }
                 }
             };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = on(SignalKind::terminate()) => {}
-                // Not under nohup: a hang-up it set to be ignored stays ignored.
-                _ = async { if hangup_ignored { std::future::pending().await } else { on(SignalKind::hangup()).await } } => {}
-            }
+            let any = || async {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = on(SignalKind::terminate()) => {}
+                    // Not under nohup: a hang-up it set to be ignored stays ignored.
+                    _ = async { if hangup_ignored { std::future::pending().await } else { on(SignalKind::hangup()).await } } => {}
+                }
+            };
+            any().await;
             ctx.cancel();
-            ctx.progress.println("bucketfs cp: interrupted; aborting uploads and removing partial files");
-            std::future::pending::<()>().await
+            ctx.progress.println(
+                "bucketfs cp: interrupted; aborting uploads and removing partial files (interrupt again to stop now)",
+            );
+            // A second signal stops at once, as the user asks (the cleanup may be waiting
+            // on a store that does not answer).
+            any().await;
+            ctx.progress.finish();
+            eprintln!(
+                "bucketfs cp: interrupted again: stopped without cleaning up; partial downloads (hidden files \
+                 named .NAME.bucketfs-PID-N) may remain beside their destinations, and unfinished \
+                 multipart uploads in the bucket until its lifecycle rule removes them"
+            );
+            std::process::exit(130)
         };
         let (reports, errors) = tokio::select! {
             r = run_jobs(&ctx, &jobs) => r,
@@ -517,7 +531,7 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
 }
 
 /// Whether `sig` is set to be ignored (as `nohup` sets SIGHUP), before any handler of ours.
-fn signal_ignored(sig: libc::c_int) -> bool {
+pub(crate) fn signal_ignored(sig: libc::c_int) -> bool {
     // SAFETY: a query only (no new action); `old` is written by the call.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
