@@ -314,7 +314,8 @@ def test_unmount_while_file_open_then_retry():
         assert not is_mounted(mp)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGHUP: the terminal of a foreground mount closed (it killed the process: a dead mount).
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 @pytest.mark.parametrize("store", ["mem", "s3"])
 def test_foreground_signal_unmounts(sig, store):
     require_bin()
@@ -327,9 +328,11 @@ def test_foreground_signal_unmounts(sig, store):
         b.put("fg.txt", b"foreground")
         args = b.args()
     mp = new_mountpoint()
+    # (SIGHUP as a terminal's sessions have it, even when this run itself ignores it: nohup)
     proc = subprocess.Popen([BIN, "mount", args[0], mp] + args[1:] + ["--foreground"],
                             env=bucketfs_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         assert wait_until(lambda: is_mounted(mp) or proc.poll() is not None, 60), "foreground mount never appeared"
         assert proc.poll() is None, f"--foreground exited early ({proc.returncode}): {proc.stderr.read()!r}"

@@ -122,7 +122,7 @@ pub struct MountArgs {
     allow_other: bool,
     /// Seconds that listings and attributes are trusted before asking the store again
     /// [default: 1, or 60 with --write-back, where this mount is the bucket's main writer].
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = parse_ttl)]
     metadata_ttl: Option<f64>,
     /// Largest sequential prefetch window per open file, in MiB.
     #[arg(long, default_value_t = 64)]
@@ -340,5 +340,13 @@ fn main() -> ExitCode {
             eprintln!("bucketfs: {msg}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `--metadata-ttl`: seconds, from 0 to a year (`inf` or `1e30` made the mount panic).
+fn parse_ttl(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=365.0 * 86400.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds from 0 to 31536000 (a year)")),
     }
 }

@@ -97,14 +97,34 @@ fn spawn_daemon(args: &MountArgs, argv: &[std::ffi::OsString], mp: &Path) -> Res
     let stdout = child.stdout.take().expect("piped");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
+        let mut lines = BufReader::new(stdout);
+        loop {
+            let mut line = String::new();
+            let _ = lines.read_line(&mut line);
+            let last = !line.starts_with(WORKING);
+            let _ = tx.send(line);
+            if last {
+                break;
+            }
+        }
     });
     // The child bounds its own store checks by --connect-timeout and its wait for the
-    // staging directory by STAGING_WAIT; allow for those and more.
+    // staging directory by STAGING_WAIT; allow for those and more. Work that takes as long
+    // as it must (uploading files an earlier mount left staged) says it is alive every
+    // `HEARTBEAT`, and each such line starts the wait again.
     let wait = Duration::from_secs(args.connect_timeout + 30) + STAGING_WAIT;
-    match rx.recv_timeout(wait) {
+    let mut said = false;
+    let first = loop {
+        match rx.recv_timeout(wait) {
+            Ok(line) if line.starts_with(WORKING) => {
+                if !std::mem::replace(&mut said, true) {
+                    eprintln!("bucketfs mount: {}; waiting", line[WORKING.len()..].trim());
+                }
+            }
+            other => break other,
+        }
+    };
+    match first {
         Ok(line) if line.trim() == "ready" => Ok(()),
         Ok(line) if line.starts_with("error: ") => {
             // The child exits right after reporting; reap it so nothing outlives the command.
@@ -129,6 +149,42 @@ fn init_logging(args: &MountArgs) {
         _ => "debug,bucketfs=trace,bucketfs_core=trace,bucketfs_store=trace,bucketfs_fuse=trace",
     };
     crate::logging::init(level, args.log.log_format, args.log_file.as_deref());
+}
+
+/// The line a mount's child sends its waiting parent while it works before it is ready.
+const WORKING: &str = "working: ";
+/// How often the child says so.
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Tells the waiting parent every [`HEARTBEAT`] that the child is still at `what`, until
+/// dropped: a recovery that uploads gigabytes was killed by the parent's wait (70 s).
+struct Heartbeat {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start(what: &'static str) -> Self {
+        let (stop, stopped) = mpsc::channel::<()>();
+        // Nothing is said of work that ends within the first beat (most mounts).
+        let thread = std::thread::spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(HEARTBEAT) {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{WORKING}{what}");
+                let _ = out.flush();
+            }
+        });
+        Heartbeat { stop: Some(stop), thread: Some(thread) }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Tell the waiting parent (if any) how the mount went, then detach stdout.
@@ -248,7 +304,10 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let fs = Fs::new(store, cfg);
     // Staged data an earlier mount of this mount point could not upload (a crash, or a
     // store that was down at unmount) goes up before anything else.
-    let (recovered, still_failing) = rt.block_on(fs.recover_staged());
+    let (recovered, still_failing) = {
+        let _alive = is_child.then(|| Heartbeat::start("uploading files an earlier mount left staged"));
+        rt.block_on(fs.recover_staged())
+    };
     if !recovered.is_empty() {
         tracing::warn!(files = ?recovered, "uploaded data staged by an earlier mount");
     }
@@ -348,15 +407,25 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     });
     // Register the handlers here, before READY=1: a SIGTERM that arrives before a spawned
     // task first runs would otherwise take the default action and kill the mount uncleanly.
-    let (mut term, mut int) = {
+    // SIGHUP too (the terminal of a `--foreground` mount closed: it killed the process and
+    // left a dead mount), unless it was set to be ignored (`nohup`).
+    let (mut term, mut int, mut hup) = {
         use tokio::signal::unix::{signal, SignalKind};
         let _rt = rt.enter();
-        (signal(SignalKind::terminate()).expect("SIGTERM"), signal(SignalKind::interrupt()).expect("SIGINT"))
+        let hup = (!crate::cp::signal_ignored(libc::SIGHUP)).then(|| signal(SignalKind::hangup()).expect("SIGHUP"));
+        (signal(SignalKind::terminate()).expect("SIGTERM"), signal(SignalKind::interrupt()).expect("SIGINT"), hup)
     };
     rt.spawn(async move {
+        let hung_up = async {
+            match hup.as_mut() {
+                Some(h) => h.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = int.recv() => {}
             _ = term.recv() => {}
+            _ = hung_up => {}
         }
         let _ = done_tx.send("signal");
     });
