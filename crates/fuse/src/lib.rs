@@ -423,8 +423,11 @@ impl Filesystem for FuseAdapter {
         let (Some(name), Some(newname)) = (name_str(name), name_str(newname)) else {
             return reply.error(Errno::EINVAL);
         };
-        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            return reply.error(Errno::EINVAL); // an atomic swap is impossible on a bucket
+        if flags.bits() & !RenameFlags::RENAME_NOREPLACE.bits() != 0 {
+            // RENAME_EXCHANGE: an atomic swap is impossible on a bucket. RENAME_WHITEOUT
+            // (overlayfs) would leave a whiteout device, which a bucket cannot hold: a plain
+            // rename reported success without it.
+            return reply.error(Errno::EINVAL);
         }
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         spawn_empty!(self, reply, |fs| fs.rename(parent.0, &name, newparent.0, &newname, noreplace))
