@@ -327,6 +327,9 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         report(is_child, &Err(e.clone()));
         return Err(e);
     }
+    // What an earlier mount left pending is done now: its note must not outlive it (an
+    // unmount after this mount crashed reported those changes as still pending).
+    let _ = std::fs::remove_file(paths::pending_file(mp));
     let notify = match args.notify.as_deref().map(with_host).transpose() {
         Ok(n) => n,
         Err(e) => {
@@ -374,7 +377,9 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         }
     }
     let spec = MountSpec {
-        fsname: location.to_url(),
+        // A comma would end the option in the mount's option string (fusermount3 read
+        // the rest as another option and refused the mount): written as a URL writes it.
+        fsname: location.to_url().replace(',', "%2C").replace('\\', "%5C"),
         allow_other: args.allow_other,
         allow_root: args.access.allow_root,
         auto_unmount: args.access.auto_unmount,

@@ -16,8 +16,12 @@ pub fn run(mp: &Path) -> Result<(), String> {
         Some(t) => return Err(format!("{} is a {t} mount, not a bucketfs one", canonical.display())),
         None => return Err(format!("{} is not mounted", canonical.display())),
     }
-    let pid: Option<i32> =
-        std::fs::read_to_string(paths::pid_file(&canonical)).ok().and_then(|s| s.trim().parse().ok());
+    // The mount's process, if its pid file names one that still serves this mount point
+    // (after a crash the file stays, and its pid may be another process's by now).
+    let pid: Option<i32> = std::fs::read_to_string(paths::pid_file(&canonical))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&pid| serves(pid, &canonical));
     let out = Command::new("fusermount3")
         .arg("-u")
         .arg(&canonical)
@@ -59,6 +63,18 @@ pub fn run(mp: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Whether process `pid` looks like the bucketfs mount of `mp`: its program is bucketfs and
+/// an argument ends with the mount point's name (paths are not resolved: a hung mount would
+/// hang that).
+fn serves(pid: i32, mp: &Path) -> bool {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    let is_bucketfs = exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("bucketfs"));
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let name = mp.file_name().map(|n| n.as_encoded_bytes().to_vec()).unwrap_or_default();
+    let trimmed = |a: &[u8]| a.strip_suffix(b"/").unwrap_or(a).to_vec();
+    is_bucketfs && cmdline.split(|&b| b == 0).any(|a| !name.is_empty() && trimmed(a).ends_with(&name))
 }
 
 fn is_zombie(pid: i32) -> bool {
