@@ -637,8 +637,8 @@ async fn an_o_trunc_rewrite_of_a_kept_file_leaves_its_readers_their_version() {
 }
 
 /// Two handles read one file; a rename gives them one reader (`Fs::replace_readers`). The
-/// close of one ended that reader's fetches (to fill the disk cache), and the other's read
-/// waiting on one failed with EIO.
+/// close of one ended that reader's fetches ahead (to fill the disk cache), and a read of
+/// the other waiting on one of them failed with EIO ("the reader is gone").
 #[tokio::test]
 async fn closing_one_reader_leaves_another_reading_the_same_file() {
     let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(300)));
@@ -649,20 +649,27 @@ async fn closing_one_reader_leaves_another_reading_the_same_file() {
         FsConfig { staging_dir: dir.join("staging"), disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg() },
     );
     fs.set_passthrough(true);
-    let body: Vec<u8> = (0..4 << 20).map(|i| (i * 7 % 253) as u8).collect();
+    let body: Vec<u8> = (0..8 << 20).map(|i| (i * 7 % 253) as u8).collect();
     mem.put("f", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     let attr = fs.lookup(ROOT_INO, "f").await.unwrap();
     let (one, two) = (fs.open(attr.ino, false, false).await.unwrap(), fs.open(attr.ino, false, false).await.unwrap());
     assert_eq!(fs.read(one, 0, 4096).await.unwrap()[..], body[..4096]);
     fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await.unwrap();
+    {
+        let (a, b) = (fs.open_file(one).unwrap(), fs.open_file(two).unwrap());
+        assert!(Arc::ptr_eq(&a.reader.lock().unwrap(), &b.reader.lock().unwrap()), "one reader");
+    }
+    // `two` streams: its window fetches the blocks ahead of it.
+    assert!(fs.read(two, 0, 1 << 20).await.unwrap()[..] == body[..1 << 20]);
+    assert!(fs.read(two, 1 << 20, 1 << 20).await.unwrap()[..] == body[1 << 20..2 << 20]);
     let reading = {
         let fs = fs.clone();
-        tokio::spawn(async move { fs.read(two, 3 << 20, 4096).await })
+        tokio::spawn(async move { fs.read(two, 4 << 20, 4096).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await; // its GET is on its way
+    tokio::time::sleep(Duration::from_millis(100)).await; // its block's GET is on its way
     fs.release(one).await.unwrap();
     let got = reading.await.unwrap().expect("a read through the other handle failed");
-    assert!(got[..] == body[3 << 20..(3 << 20) + 4096]);
+    assert!(got[..] == body[4 << 20..(4 << 20) + 4096]);
     fs.release(two).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
