@@ -254,8 +254,18 @@ impl pb::node_server::Node for Node {
         let staging = PathBuf::from(required(&r.staging_target_path, "staging_target_path")?);
         let target = PathBuf::from(required(&r.target_path, "target_path")?);
         let (read_only, _, single_writer) = check_capability(r.volume_capability.as_ref())?;
-        if mounts::mounted_at(&target).is_some() {
-            return Ok(Response::new(pb::NodePublishVolumeResponse {}));
+        if let Some(bound) = mounts::mounted_at(&target) {
+            // Published already, if it is a bind of the staged mount and it answers. A bind
+            // of an earlier one (the daemon died, the volume was staged again) answers
+            // ENOTCONN for good: it is bound again.
+            let current = mounts::mounted_at(&staging).is_some_and(|s| s.dev == bound.dev);
+            if current && mounts::answers_bounded(&target).await.is_ok() {
+                return Ok(Response::new(pb::NodePublishVolumeResponse {}));
+            }
+            tracing::warn!(volume = %r.volume_id, target = %target.display(), "published bind is stale; binding again");
+            while mounts::mounted_at(&target).is_some() {
+                mounts::detach(&target).map_err(Status::internal)?;
+            }
         }
         if single_writer {
             if let Some(other) = mounts::binds_of(&staging).first() {

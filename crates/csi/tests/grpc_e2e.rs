@@ -290,15 +290,13 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     };
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("gone"), "{}", err.message());
-    for t in [&t1, &t2] {
-        node.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            target_path: t.display().to_string(),
-        })
-        .await
-        .unwrap();
-        assert!(!t.exists(), "unpublish removes the target directory");
-    }
+    node.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        target_path: t2.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(!t2.exists(), "unpublish removes the target directory");
     let stage = pb::NodeStageVolumeRequest {
         volume_id: vol.volume_id.clone(),
         staging_target_path: staging.display().to_string(),
@@ -310,6 +308,25 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     node.node_stage_volume(stage).await.unwrap();
     assert_eq!(std::fs::read(staging.join("model.bin")).unwrap(), data, "what was closed before the kill");
     assert_eq!(std::fs::read(staging.join("after-restart.txt")).unwrap(), b"still here");
+    // t1 still holds a bind of the dead mount: publishing it again binds the new one (it
+    // answered OK and left the pod ENOTCONN for good).
+    node.node_publish_volume(pb::NodePublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: t1.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read(t1.join("model.bin")).unwrap(), data, "the republished bind is dead");
+    node.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        target_path: t1.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(!t1.exists(), "unpublish removes the target directory");
     std::fs::write(staging.join("last.txt"), b"unstage uploads me").unwrap();
     node.node_unstage_volume(pb::NodeUnstageVolumeRequest {
         volume_id: vol.volume_id.clone(),
