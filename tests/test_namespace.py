@@ -290,6 +290,27 @@ def test_rename_directory_errors(tgt):
             assert read_file(os.path.join(mp, "emptytarget/keep.txt")) == b"k"
 
 
+def test_renameat2_flags_a_bucket_cannot_honour_are_einval(tgt):
+    """RENAME_EXCHANGE (an atomic swap) and RENAME_WHITEOUT (overlayfs: a whiteout device
+    left at the source) fail with EINVAL and change nothing; RENAME_WHITEOUT did a plain
+    rename and reported success. RENAME_NOREPLACE works."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, noreplace, exchange, whiteout = -100, 1, 2, 4
+    with tgt.mounted() as mp:
+        a, b = os.path.join(mp, "a"), os.path.join(mp, "b")
+        write_path(a, b"A")
+        write_path(b, b"B")
+        # (An exchange needs both names to exist, or the kernel says ENOENT itself.)
+        for flag, target in ((exchange, b), (whiteout, os.path.join(mp, "c"))):
+            rc = libc.renameat2(at_fdcwd, a.encode(), at_fdcwd, target.encode(), flag)
+            assert rc == -1 and ctypes.get_errno() == errno.EINVAL, (flag, rc, ctypes.get_errno())
+        rc = libc.renameat2(at_fdcwd, a.encode(), at_fdcwd, b.encode(), noreplace)
+        assert rc == -1 and ctypes.get_errno() == errno.EEXIST, (rc, ctypes.get_errno())
+        assert sorted(os.listdir(mp)) == ["a", "b"]
+        assert read_file(a) == b"A" and read_file(b) == b"B"
+
+
 def test_rename_directory_made_with_mkdir(tgt, rng):
     """mkdir -p makes a marker per directory; renaming the tree moves markers and files."""
     with tgt.mounted() as mp:
