@@ -194,8 +194,12 @@ def test_unmount_after_a_crash_trusts_no_stale_pid_or_note():
     try:
         assert not os.path.exists(note), "an earlier mount's note outlived the changes it named"
         assert wait_until(lambda: os.path.isfile(pidf), 5), pidf
+        # As if the mount's pid had been reused: the file, written long ago, names a
+        # process started after it.
+        written = os.stat(pidf).st_mtime - 10
         with open(pidf, "w") as f:
-            f.write(str(other.pid))  # as if the mount's pid had been reused
+            f.write(str(other.pid))
+        os.utime(pidf, (written, written))
         p = run_cli(["unmount", mp], env=env)
         assert p.returncode == 0, p.err
         assert not is_mounted(mp)

@@ -16,12 +16,12 @@ pub fn run(mp: &Path) -> Result<(), String> {
         Some(t) => return Err(format!("{} is a {t} mount, not a bucketfs one", canonical.display())),
         None => return Err(format!("{} is not mounted", canonical.display())),
     }
-    // The mount's process, if its pid file names one that still serves this mount point
-    // (after a crash the file stays, and its pid may be another process's by now).
+    // The mount's process, if its pid file names the process that wrote it (after a crash
+    // the file stays, and its pid may be another process's by now).
     let pid: Option<i32> = std::fs::read_to_string(paths::pid_file(&canonical))
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .filter(|&pid| serves(pid, &canonical));
+        .filter(|&pid| wrote(pid, &paths::pid_file(&canonical)));
     let out = Command::new("fusermount3")
         .arg("-u")
         .arg(&canonical)
@@ -65,16 +65,32 @@ pub fn run(mp: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether process `pid` looks like the bucketfs mount of `mp`: its program is bucketfs and
-/// an argument ends with the mount point's name (paths are not resolved: a hung mount would
-/// hang that).
-fn serves(pid: i32, mp: &Path) -> bool {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-    let is_bucketfs = exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("bucketfs"));
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
-    let name = mp.file_name().map(|n| n.as_encoded_bytes().to_vec()).unwrap_or_default();
-    let trimmed = |a: &[u8]| a.strip_suffix(b"/").unwrap_or(a).to_vec();
-    is_bucketfs && cmdline.split(|&b| b == 0).any(|a| !name.is_empty() && trimmed(a).ends_with(&name))
+/// Whether process `pid` is the one that wrote the pid file `file`: it started before the
+/// file was written (a pid reused after a crash belongs to a process started later). By
+/// times, not names: `bucketfs mount s3://b .` or a mount point reached through a symlink
+/// name it otherwise than its canonical path.
+fn wrote(pid: i32, file: &Path) -> bool {
+    let Ok(written) = std::fs::metadata(file).and_then(|m| m.modified()) else { return false };
+    started_at(pid).is_some_and(|started| started <= written + Duration::from_secs(1))
+}
+
+/// When process `pid` started: its start in clock ticks after boot (`/proc/PID/stat`, field
+/// 22) and the boot time (`/proc/stat`, `btime`).
+fn started_at(pid: i32) -> Option<std::time::SystemTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) in parentheses: state is field 3.
+    let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&h| h > 0)?;
+    let at = Duration::from_secs(boot) + Duration::from_millis(ticks * 1000 / hz);
+    Some(std::time::UNIX_EPOCH + at)
 }
 
 fn is_zombie(pid: i32) -> bool {
