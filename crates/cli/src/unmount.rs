@@ -18,10 +18,11 @@ pub fn run(mp: &Path) -> Result<(), String> {
     }
     // The mount's process, if its pid file names the process that wrote it (after a crash
     // the file stays, and its pid may be another process's by now).
-    let pid: Option<i32> = std::fs::read_to_string(paths::pid_file(&canonical))
+    let pid_file = paths::pid_file(&canonical);
+    let pid: Option<i32> = std::fs::read_to_string(&pid_file)
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .filter(|&pid| wrote(pid, &paths::pid_file(&canonical)));
+        .filter(|&pid| wrote(pid, &pid_file));
     let out = Command::new("fusermount3")
         .arg("-u")
         .arg(&canonical)
@@ -77,9 +78,8 @@ fn wrote(pid: i32, file: &Path) -> bool {
 /// When process `pid` started: its start in clock ticks after boot (`/proc/PID/stat`, field
 /// 22) and the boot time (`/proc/stat`, `btime`).
 fn started_at(pid: i32) -> Option<std::time::SystemTime> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command (which may hold spaces) in parentheses: state is field 3.
-    let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    // After the command, state is field 3: start time is the 20th field from it.
+    let ticks: u64 = stat_fields(pid)?.split_whitespace().nth(19)?.parse().ok()?;
     let boot: u64 = std::fs::read_to_string("/proc/stat")
         .ok()?
         .lines()
@@ -93,8 +93,13 @@ fn started_at(pid: i32) -> Option<std::time::SystemTime> {
     Some(std::time::UNIX_EPOCH + at)
 }
 
+/// The fields of `/proc/PID/stat` after the command (which may hold spaces and
+/// parentheses), from field 3 (state) on.
+fn stat_fields(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(')')?.1.trim_start().to_string())
+}
+
 fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
-        .unwrap_or(true)
+    stat_fields(pid).is_none_or(|f| f.starts_with('Z'))
 }

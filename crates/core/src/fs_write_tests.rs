@@ -554,7 +554,12 @@ async fn a_file_uploaded_at_close_is_not_fed_again() {
 
 /// A mount with passthrough on and a disk cache under a fresh temporary directory.
 fn passthrough_with_disk_cache(name: &str) -> (Arc<MemStore>, std::path::PathBuf, Arc<Fs>) {
-    let mem = Arc::new(MemStore::new());
+    passthrough_with_disk_cache_on(name, MemStore::new())
+}
+
+/// [`passthrough_with_disk_cache`] of `store`.
+fn passthrough_with_disk_cache_on(name: &str, store: MemStore) -> (Arc<MemStore>, std::path::PathBuf, Arc<Fs>) {
+    let mem = Arc::new(store);
     let dir = std::env::temp_dir().join(format!("bucketfs-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let fs = Fs::new(
@@ -641,14 +646,8 @@ async fn an_o_trunc_rewrite_of_a_kept_file_leaves_its_readers_their_version() {
 /// the other waiting on one of them failed with EIO ("the reader is gone").
 #[tokio::test]
 async fn closing_one_reader_leaves_another_reading_the_same_file() {
-    let mem = Arc::new(MemStore::new().with_latency(Duration::from_millis(300)));
-    let dir = std::env::temp_dir().join(format!("bucketfs-sharedreader-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let fs = Fs::new(
-        mem.clone(),
-        FsConfig { staging_dir: dir.join("staging"), disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg() },
-    );
-    fs.set_passthrough(true);
+    let (mem, dir, fs) =
+        passthrough_with_disk_cache_on("sharedreader", MemStore::new().with_latency(Duration::from_millis(300)));
     let body: Vec<u8> = (0..8 << 20).map(|i| (i * 7 % 253) as u8).collect();
     mem.put("f", Bytes::from(body.clone()), PutOpts::default()).await.unwrap();
     let attr = fs.lookup(ROOT_INO, "f").await.unwrap();

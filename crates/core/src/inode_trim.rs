@@ -52,14 +52,21 @@ impl InodeTable {
         let new = &self.listings[&dir].children;
         let gone: Vec<String> = old.children.into_keys().filter(|name| !new.contains_key(name)).collect();
         for name in gone {
-            let at = (dir, name);
-            if let Some(&ino) = self.index.get(&at) {
-                if self.nodes.get(&ino).is_some_and(Node::droppable) {
-                    self.index.remove(&at);
-                    self.nodes.remove(&ino);
-                }
-            }
+            self.drop_if_unneeded(dir, name);
         }
+    }
+
+    /// Drop the node of `name` in `dir` if nothing but a listing needs it
+    /// ([`Node::droppable`]); whether one went.
+    fn drop_if_unneeded(&mut self, dir: u64, name: String) -> bool {
+        let at = (dir, name);
+        let Some(&ino) = self.index.get(&at) else { return false };
+        if !self.nodes.get(&ino).is_some_and(Node::droppable) {
+            return false;
+        }
+        self.index.remove(&at);
+        self.nodes.remove(&ino);
+        true
     }
 
     /// Drop `dir`'s cached listing, if any; its children stay.
@@ -108,13 +115,7 @@ impl InodeTable {
         let Some(listing) = self.drop_listing(dir) else { return 0 };
         let mut dropped = listing.children.len();
         for name in listing.children.into_keys() {
-            let at = (dir, name);
-            let Some(&ino) = self.index.get(&at) else { continue };
-            if self.nodes.get(&ino).is_some_and(Node::droppable) {
-                self.index.remove(&at);
-                self.nodes.remove(&ino);
-                dropped += 1;
-            }
+            dropped += usize::from(self.drop_if_unneeded(dir, name));
         }
         dropped
     }

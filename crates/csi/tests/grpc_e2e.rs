@@ -117,6 +117,17 @@ async fn channel(sock: PathBuf) -> Channel {
         .unwrap()
 }
 
+/// Unpublish `volume` from `target`, which must succeed and remove the target directory.
+async fn unpublish(node: &mut NodeClient<Channel>, volume: &str, target: &Path) {
+    node.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+        volume_id: volume.to_string(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(!target.exists(), "unpublish removes the target directory");
+}
+
 fn capability(mode: vc::access_mode::Mode) -> pb::VolumeCapability {
     pb::VolumeCapability {
         access_mode: Some(vc::AccessMode { mode: mode as i32 }),
@@ -290,13 +301,7 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     };
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("gone"), "{}", err.message());
-    node.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        target_path: t2.display().to_string(),
-    })
-    .await
-    .unwrap();
-    assert!(!t2.exists(), "unpublish removes the target directory");
+    unpublish(&mut node, &vol.volume_id, &t2).await;
     let stage = pb::NodeStageVolumeRequest {
         volume_id: vol.volume_id.clone(),
         staging_target_path: staging.display().to_string(),
@@ -320,13 +325,7 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     .await
     .unwrap();
     assert_eq!(std::fs::read(t1.join("model.bin")).unwrap(), data, "the republished bind is dead");
-    node.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        target_path: t1.display().to_string(),
-    })
-    .await
-    .unwrap();
-    assert!(!t1.exists(), "unpublish removes the target directory");
+    unpublish(&mut node, &vol.volume_id, &t1).await;
     std::fs::write(staging.join("last.txt"), b"unstage uploads me").unwrap();
     node.node_unstage_volume(pb::NodeUnstageVolumeRequest {
         volume_id: vol.volume_id.clone(),
