@@ -27,7 +27,8 @@
 //! then, if only an object with given MD5s is to go, NUL and those MD5s in hex, comma-separated. One key
 //! has at most one pending change: a later one takes the place of one not yet sent, or
 //! goes out after the one in flight. A delete of a marker or a link whose request was
-//! sent (it may have been cut off, and land later) is sent twice, as `l`.
+//! sent (it may have been cut off, and land later) is sent twice, as `l`; so is a delete
+//! whose own attempt was cut off (no answer), `LANDING_GRACE` after one succeeds.
 //!
 //! `symlink` too ([`DeferredDeletes::defer_link`]): the link object (`<name>.rclonelink`,
 //! its content the target) is journaled as `s`, NUL, the key, NUL, the target, and put in

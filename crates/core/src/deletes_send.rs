@@ -134,6 +134,12 @@ impl DeferredDeletes {
         }
         match r {
             Err(err) if transient(&err, e.attempts) => {
+                // Cut off (no answer: a timeout or a broken connection), the request may
+                // be held by the store and land after a file made again under the name.
+                // So once deleted, the key stays pending `LANDING_GRACE` more and is
+                // deleted once more, as for an upload cut off (`defer_landing`); writes
+                // to it wait till then.
+                e.again |= op == Op::Delete && err.kind == StoreErrorKind::Unavailable;
                 e.attempts += 1;
                 tracing::warn!(%key, ?op, attempts = e.attempts, "deferred change failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
                 let now = Instant::now();

@@ -283,6 +283,36 @@ async fn a_delete_that_meets_a_server_error_is_tried_again() {
     assert_eq!(fail.calls(), 2);
 }
 
+/// A DELETE cut off (a timeout: the store may hold the request and act on it later) and
+/// then retried is sent once more after `LANDING_GRACE`, and a file made again under the
+/// name goes up after that: the late DELETE does not remove the new file.
+#[tokio::test]
+async fn a_file_made_again_after_a_delete_cut_off_survives_the_late_delete() {
+    use bucketfs_store::{PutOpts, Store};
+    let mem = Arc::new(MemStore::new());
+    mem.put("f", bytes::Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1, StoreErrorKind::Unavailable));
+    let dir = staging("deferred-delete-cut");
+    let store = crate::deletes::DeferredDeletes::new(fail.clone(), &dir);
+    crate::deletes::DeferredDeletes::start(&store);
+    store.defer("f").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while fail.calls() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the delete was not tried again");
+    let put = tokio::spawn({
+        let store = store.clone();
+        async move { store.put("f", bytes::Bytes::from_static(b"new"), PutOpts::default()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    mem.delete("f").await.unwrap(); // the first DELETE lands now, late
+    tokio::time::timeout(Duration::from_secs(10), put).await.expect("the PUT waited for good").unwrap().unwrap();
+    assert_eq!(object(mem.as_ref(), "f").await.as_deref(), Some(&b"new"[..]), "the late DELETE removed the new file");
+}
+
 /// docs/SEMANTICS.md: a directory whose only keys are not shown is shown empty, and `rmdir`
 /// fails with ENOTEMPTY; in write-back mode too, where an empty listing in cache answers
 /// `rmdir` without the store. Each way the directory gets listed: on its own, and from a
