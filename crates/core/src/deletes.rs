@@ -115,7 +115,10 @@ fn move_order(pending: &BTreeMap<String, Pending>, from: &str, to: &str) -> Opti
 
 /// The pending change of `key` is done: a move that went after it ([`Pending::after`])
 /// is a plain move from `key` now, which any later change of the key waits for.
-fn settle_after(pending: &mut BTreeMap<String, Pending>, key: &str) {
+fn settle_after(pending: &mut Table, key: &str) {
+    if !pending.any_move() {
+        return;
+    }
     for e in pending.values_mut().filter(|e| e.after && e.source.as_deref() == Some(key)) {
         e.after = false;
     }
@@ -184,7 +187,7 @@ pub struct DeferredDeletes {
     inner: Arc<dyn Store>,
     journal_dir: Option<PathBuf>,
     /// Lock level: a leaf, never held across an await.
-    pending: Mutex<BTreeMap<String, Pending>>,
+    pending: Mutex<Table>,
     /// Every change of `pending` (a delete done or failed), for waiters.
     changed: tokio::sync::Notify,
     /// A new delete to send, for the background task.
@@ -225,7 +228,7 @@ impl DeferredDeletes {
             me: std::sync::Weak::new(),
             inner,
             journal_dir,
-            pending: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(Table::default()),
             changed: tokio::sync::Notify::new(),
             work: Default::default(),
             refused: Mutex::new(Vec::new()),
@@ -305,16 +308,23 @@ impl DeferredDeletes {
     pub fn start(me: &Arc<Self>) {
         let weak = Arc::downgrade(me);
         let notify = me.work.clone();
+        // Sends this task started that have not ended (a drain's own sends aside).
+        let busy = Arc::new(AtomicU64::new(0));
         crate::sync::spawn(async move {
             loop {
                 let work = notify.notified();
                 tokio::pin!(work);
                 work.as_mut().enable();
                 let Some(me) = weak.upgrade() else { return };
-                let (due, next) = me.take_due(PARALLEL);
+                let room = PARALLEL.saturating_sub(busy.load(Ordering::SeqCst) as usize);
+                let (due, next) = me.take_due(room);
                 for key in due {
-                    let me = me.clone();
-                    crate::sync::spawn(async move { me.send(key).await });
+                    let (me, busy) = (me.clone(), busy.clone());
+                    busy.fetch_add(1, Ordering::SeqCst);
+                    crate::sync::spawn(async move {
+                        me.send(key).await;
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                    });
                 }
                 let wait = next.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
                 drop(me);
@@ -357,6 +367,9 @@ impl DeferredDeletes {
     /// with the one into `key` before it. (The deletes of an unlinked file's earlier keys,
     /// `defer_change`'s own, take its moves' places instead.)
     async fn send_next_moves(&self, key: &str) -> Result<(), StoreError> {
+        if !self.pending.lock().unwrap().any_move() {
+            return Ok(());
+        }
         self.drain_where(|_, e| e.after && e.source.as_deref() == Some(key)).await
     }
 
@@ -495,6 +508,7 @@ impl DeferredDeletes {
                 (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);
                 e.after = false;
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
+                p.hint(Instant::now(), key);
             }
             _ => {
                 if let Some(old) = p.insert(key.to_string(), Pending { op, again, only, target, ..Pending::new(path) })
@@ -678,6 +692,9 @@ impl Store for DeferredDeletes {
 
 #[path = "deletes_send.rs"]
 mod send;
+#[path = "deletes_table.rs"]
+mod table;
+use table::Table;
 
 #[cfg(test)]
 #[path = "deletes_tests.rs"]

@@ -20,21 +20,9 @@ fn transient(err: &StoreError, attempts: u32) -> bool {
 }
 
 impl DeferredDeletes {
+    /// Up to `room` changes due now, marked in flight, and when the next is due.
     pub(super) fn take_due(&self, room: usize) -> (Vec<String>, Option<Instant>) {
-        let now = Instant::now();
-        let mut p = self.pending.lock().unwrap();
-        let in_flight = p.values().filter(|e| e.in_flight).count();
-        let mut due = Vec::new();
-        let mut next: Option<Instant> = None;
-        for (k, e) in p.iter_mut().filter(|(_, e)| !e.in_flight) {
-            if e.next_try <= now && in_flight + due.len() < room {
-                e.in_flight = true;
-                due.push(k.clone());
-            } else {
-                next = Some(next.map_or(e.next_try, |n| n.min(e.next_try)));
-            }
-        }
-        (due, next)
+        self.pending.lock().unwrap().take_due(room, Instant::now())
     }
 
     /// `op` on `key`, in the store itself (a delete restricted to objects of `only`; a
@@ -110,13 +98,23 @@ impl DeferredDeletes {
         // folder twice; and a directory made here is renamed with no request only while
         // nothing below it can be in the store, `markers_only_below`).
         let above = |k: &str| k != key && k.ends_with('/') && key.starts_with(k);
-        let first = self
-            .drain_where(|k, e| {
-                e.source.as_deref() == Some(key.as_str()) && !e.after
-                    || after && source.as_deref() == Some(k)
-                    || matches!(op, Op::Link | Op::Move) && above(k)
-            })
-            .await;
+        let wait = {
+            // With no move pending, only markers above can be in the way, found by key.
+            let p = self.pending.lock().unwrap();
+            let marker_above = || key.match_indices('/').any(|(i, _)| i + 1 < key.len() && p.contains_key(&key[..=i]));
+            p.any_move() || matches!(op, Op::Link | Op::Move) && marker_above()
+        };
+        let first = match wait {
+            false => Ok(()),
+            true => {
+                self.drain_where(|k, e| {
+                    e.source.as_deref() == Some(key.as_str()) && !e.after
+                        || after && source.as_deref() == Some(k)
+                        || matches!(op, Op::Link | Op::Move) && above(k)
+                })
+                .await
+            }
+        };
         let r = match (first, source) {
             (Err(e), _) => Err(e),
             (Ok(()), Some(from)) => self.apply_move(&from, &key).await,
@@ -127,6 +125,8 @@ impl DeferredDeletes {
         if e.gen != gen {
             // A later change took this one's place while it was sent: that one goes next.
             e.in_flight = false;
+            let at = e.next_try;
+            p.hint(at, &key);
             drop(p);
             self.changed.notify_waiters();
             self.work.notify_one();
@@ -146,12 +146,15 @@ impl DeferredDeletes {
                 e.next_try = now + retry_backoff(e.attempts);
                 e.failed = Some((now, err));
                 e.in_flight = false;
+                let at = e.next_try;
+                p.hint(at, &key);
             }
             Ok(()) | Err(StoreError { kind: StoreErrorKind::NotFound, .. }) if e.again && op == Op::Delete => {
                 // Deleted; an upload that timed out may still land after it: once more soon.
                 let at = Instant::now() + LANDING_GRACE;
                 (e.again, e.in_flight, e.attempts, e.failed) = (false, false, 0, None);
                 (e.next_try, e.not_before) = (at, Some(at));
+                p.hint(at, &key);
             }
             r => {
                 match (r.as_ref(), op) {
@@ -191,9 +194,17 @@ impl DeferredDeletes {
         self.drain_where(|k, e| e.seen(k, &hit)).await
     }
 
-    /// [`DeferredDeletes::drain`] of the entries `hit` takes (key, entry).
+    /// [`DeferredDeletes::drain`] of the entries `hit` takes (key, entry): those pending
+    /// when it starts (one look at every entry; a change journaled later is not waited
+    /// for). Then each wake looks at the first `PARALLEL` still pending, in key order, and
+    /// sends those not in flight (the background sends the rest), so waiting for many
+    /// changes costs a look at each once, not at all of them at every change.
     pub(super) async fn drain_where(&self, hit: impl Fn(&str, &Pending) -> bool) -> Result<(), StoreError> {
         let started = Instant::now();
+        let mut keys: std::collections::VecDeque<String> = {
+            let p = self.pending.lock().unwrap();
+            p.iter().filter(|(k, e)| hit(k, e)).map(|(k, _)| k.clone()).collect()
+        };
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -201,25 +212,28 @@ impl DeferredDeletes {
             let mut send = Vec::new();
             {
                 let mut p = self.pending.lock().unwrap();
+                while keys.front().is_some_and(|k| p.get(k).is_none_or(|e| !hit(k, e))) {
+                    keys.pop_front();
+                }
+                if keys.is_empty() {
+                    return Ok(());
+                }
+                let window = || keys.iter().take(PARALLEL);
                 // The error first, before any entry is marked in flight: one marked and then
                 // not sent would stay in flight for good (its key never deleted, every
                 // listing over it waiting).
-                let mut any = false;
-                for (_, e) in p.iter().filter(|(k, e)| hit(k, e)) {
-                    any = true;
+                for e in window().filter_map(|k| p.get(k)) {
                     if let Some((_, err)) = e.failed.as_ref().filter(|(at, _)| *at >= started && !e.in_flight) {
                         return Err(err.clone());
                     }
                 }
-                if !any {
-                    return Ok(());
-                }
                 let now = Instant::now();
-                for (k, e) in
-                    p.iter_mut().filter(|(k, e)| hit(k, e) && !e.in_flight && e.not_before.is_none_or(|t| t <= now))
-                {
-                    e.in_flight = true;
-                    send.push(k.clone());
+                for k in window() {
+                    let Some(e) = p.get_mut(k) else { continue };
+                    if hit(k, e) && !e.in_flight && e.not_before.is_none_or(|t| t <= now) {
+                        e.in_flight = true;
+                        send.push(k.clone());
+                    }
                 }
             }
             // Sent by tasks of their own, which `changed` reports on: a caller dropped while
@@ -243,16 +257,24 @@ impl DeferredDeletes {
     /// Keys that could be `key` or below it (`key` itself, `key/…`, and names starting so),
     /// and the markers of the directories above it: a write goes after them.
     pub(super) async fn drain_under(&self, key: &str) -> Result<(), StoreError> {
-        if self.pending.lock().unwrap().is_empty() {
-            return Ok(());
-        }
         let k = key.trim_end_matches('/');
+        {
+            let p = self.pending.lock().unwrap();
+            let below = p.range(k.to_string()..).next().is_some_and(|(p, _)| p.starts_with(k));
+            let above = k.match_indices('/').any(|(i, _)| p.contains_key(&k[..=i]));
+            if !p.any_move() && !below && !above {
+                return Ok(()); // as `drain_key`
+            }
+        }
         self.drain(|p| p.starts_with(k) || (p.ends_with('/') && k.starts_with(p))).await
     }
 
     pub(super) async fn drain_key(&self, key: &str) -> Result<(), StoreError> {
-        if self.pending.lock().unwrap().is_empty() {
-            return Ok(());
+        {
+            let p = self.pending.lock().unwrap();
+            if !p.any_move() && !p.contains_key(key) {
+                return Ok(()); // nothing to wait for, found without a look at every entry
+            }
         }
         self.drain(|p| p == key).await
     }

@@ -438,7 +438,7 @@ fn a_move_goes_after_its_files_earlier_move_and_never_closes_a_cycle() {
         source: Some(from.to_string()),
         ..Pending::new(std::path::PathBuf::from("/nonexistent"))
     };
-    let mut p = std::collections::BTreeMap::new();
+    let mut p = super::Table::default();
     p.insert("b".to_string(), mv("a"));
     assert_eq!(move_order(&p, "b", "c"), Some(true), "mv a b; mv b c");
     assert_eq!(move_order(&p, "x", "y"), Some(false));
