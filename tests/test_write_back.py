@@ -374,3 +374,38 @@ def test_kill_9_loses_nothing_closed(s3_bucket, tmp_path, rng):
             print(f"set aside (never uploaded, never closed): {len(os.listdir(lost))} files")
     finally:
         unmount(mp)
+
+
+def test_unmount_that_gave_up_waiting_is_called_again_and_waits(s3_bucket, tmp_path, toxiproxy):
+    """docs/SEMANTICS.md: `bucketfs unmount` waits for the mount's process to finish what was
+    closed. One that gives up (`--wait`) has unmounted already; called again, it still waits
+    for that process (the CSI plugin's unstage is retried so), and returns once the upload
+    is in the bucket. Before, the second call found nothing mounted and failed at once, and
+    the plugin's returned success with the upload still going."""
+    from conftest import upstream_of
+    px = toxiproxy.proxy(upstream_of("s3"))
+    try:
+        args = [seed.mount_url("s3", s3_bucket.name), "--endpoint", px.endpoint, "--write-back",
+                "--write-back-delay", "600", "--staging-dir", str(tmp_path)]
+        mp = mount(args)
+        data = os.urandom(900_000)
+        try:
+            with open(os.path.join(mp, "slow.bin"), "wb") as f:
+                f.write(data)
+            px.toxic("bandwidth", stream="upstream", rate=150)  # KB/s: about 6 s for the file
+            pids = daemon_pids(mp)
+            r = run_cli(["unmount", "--wait", "1", mp], timeout=120)
+            assert r.returncode == 1 and "still running" in r.err, (r.returncode, r.err)
+            assert all(os.path.exists(f"/proc/{p}") for p in pids), "the upload was over already"
+            r = run_cli(["unmount", mp], timeout=120)
+            assert r.returncode == 0, (r.returncode, r.err)
+            assert not daemon_pids(mp), "returned before the process ended"
+            assert seed.get("s3", s3_bucket.name, "slow.bin") == data
+            r = run_cli(["unmount", mp], timeout=60)
+            assert r.returncode == 1 and "not mounted" in r.err, (r.returncode, r.err)
+            assert run_cli(["unmount", "--missing-ok", mp], timeout=60).returncode == 0
+        finally:
+            px.clear()
+            force_unmount(mp)
+    finally:
+        px.delete()

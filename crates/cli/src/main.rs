@@ -50,6 +50,14 @@ enum Command {
     Unmount {
         /// The mount point.
         mountpoint: PathBuf,
+        /// How long to wait for the mount's process to finish what was closed (its
+        /// uploads) after the kernel lets go, in seconds; 0: as long as it takes. A mount
+        /// point already unmounted whose process still works is waited for too.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+        wait: u64,
+        /// Succeed when nothing is mounted there and no mount's process is finishing.
+        #[arg(long)]
+        missing_ok: bool,
     },
     /// Copy files to and from a bucket: parallel, verified end to end (see --help).
     Cp(cp::CpArgs),
@@ -309,7 +317,10 @@ fn main() -> ExitCode {
     };
     let result = match cli.cmd {
         Command::Mount(args) => mount::run(args, &argv[1..]),
-        Command::Unmount { mountpoint } => unmount::run(&mountpoint),
+        Command::Unmount { mountpoint, wait, missing_ok } => {
+            let wait = (wait > 0).then(|| std::time::Duration::from_secs(wait));
+            unmount::run(&mountpoint, &unmount::Opts { wait, missing_ok })
+        }
         Command::Cp(args) => {
             return cp::run(args).map_or_else(
                 |e| {

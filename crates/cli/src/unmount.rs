@@ -1,4 +1,8 @@
 //! `bucketfs unmount`: unmount, then wait for the mount's process to finish its work.
+//!
+//! A mount point the kernel has let go of while its process still uploads (an earlier
+//! unmount that gave up waiting, `fusermount3 -u`) is waited for as well: a call that is
+//! retried, as the CSI plugin's unstage is, returns only once that work is done.
 
 use std::path::Path;
 use std::process::Command;
@@ -6,46 +10,41 @@ use std::time::{Duration, Instant};
 
 use crate::{checks, paths};
 
-/// How long to wait for the mount process to exit after the kernel let go.
-const EXIT_WAIT: Duration = Duration::from_secs(60);
+/// What `bucketfs unmount` does besides unmounting.
+pub struct Opts {
+    /// How long to wait for the mount's process to exit after the kernel let go (`None`:
+    /// as long as it takes).
+    pub wait: Option<Duration>,
+    /// Succeed when nothing is mounted there and no mount's process is finishing.
+    pub missing_ok: bool,
+}
 
-pub fn run(mp: &Path) -> Result<(), String> {
+pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
     let canonical = std::fs::canonicalize(mp).map_err(|e| format!("cannot resolve {}: {e}", mp.display()))?;
-    match checks::mounted_fstype(&canonical) {
-        Some(t) if t.starts_with("fuse") => {}
-        Some(t) => return Err(format!("{} is a {t} mount, not a bucketfs one", canonical.display())),
-        None => return Err(format!("{} is not mounted", canonical.display())),
-    }
     // The mount's process, if its pid file names the process that wrote it (after a crash
     // the file stays, and its pid may be another process's by now).
     let pid_file = paths::pid_file(&canonical);
     let pid: Option<i32> = std::fs::read_to_string(&pid_file)
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .filter(|&pid| wrote(pid, &pid_file));
-    let out = Command::new("fusermount3")
-        .arg("-u")
-        .arg(&canonical)
-        .output()
-        .map_err(|e| format!("cannot run fusermount3 (install fuse3): {e}"))?;
-    if !out.status.success() {
-        let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        if why.contains("busy") {
-            return Err(format!(
-                "{} is busy: a process still uses it (find it with: fuser -vm {})",
-                canonical.display(),
-                canonical.display()
-            ));
-        }
-        return Err(format!("cannot unmount {}: {why}", canonical.display()));
+        .filter(|&pid| running(pid) && wrote(pid, &pid_file));
+    match checks::mounted_fstype(&canonical) {
+        Some(t) if t.starts_with("fuse") => unmount(&canonical)?,
+        Some(t) => return Err(format!("{} is a {t} mount, not a bucketfs one", canonical.display())),
+        // Unmounted already, its process still at work: wait for it below.
+        None if pid.is_some() => {}
+        None if opts.missing_ok => return Ok(()),
+        None => return Err(format!("{} is not mounted", canonical.display())),
     }
     if let Some(pid) = pid {
         let start = Instant::now();
-        while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
-            if start.elapsed() > EXIT_WAIT {
+        while running(pid) {
+            if opts.wait.is_some_and(|w| start.elapsed() > w) {
                 return Err(format!(
-                    "unmounted, but the mount process {pid} is still running after {}s",
-                    EXIT_WAIT.as_secs()
+                    "unmounted, but the mount process {pid} is still running after {}s, uploading what was closed \
+                     (its log says what); run `bucketfs unmount {}` again to wait for it",
+                    start.elapsed().as_secs(),
+                    canonical.display()
                 ));
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -64,6 +63,31 @@ pub fn run(mp: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Detach the kernel's mount at `canonical` (fails while a process uses it).
+fn unmount(canonical: &Path) -> Result<(), String> {
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(canonical)
+        .output()
+        .map_err(|e| format!("cannot run fusermount3 (install fuse3): {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if why.contains("busy") {
+        return Err(format!(
+            "{} is busy: a process still uses it (find it with: fuser -vm {})",
+            canonical.display(),
+            canonical.display()
+        ));
+    }
+    Err(format!("cannot unmount {}: {why}", canonical.display()))
+}
+
+fn running(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid)
 }
 
 /// Whether process `pid` is the one that wrote the pid file `file`: it started before the

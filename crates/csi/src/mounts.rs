@@ -162,11 +162,19 @@ pub async fn mount(
 }
 
 /// Unmount the bucketfs mount at `path`, waiting for its uploads; a dead one is detached.
+/// Also when the kernel let go of it already (an earlier call that gave up waiting): its
+/// process may still be uploading, and this returns once it is done.
 pub async fn unmount(bin: &Path, path: &Path) -> Result<(), String> {
     if answers_bounded(path).await.is_err() {
         return detach(path);
     }
-    let run = Command::new(bin).arg("unmount").arg(path).stdin(std::process::Stdio::null()).output();
+    // `bucketfs unmount` gives up first, with its own message (it names the process).
+    let wait = (UNMOUNT_TIMEOUT - Duration::from_secs(10)).as_secs().to_string();
+    let run = Command::new(bin)
+        .args(["unmount", "--missing-ok", "--wait", &wait])
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .output();
     let out = tokio::time::timeout(UNMOUNT_TIMEOUT, run)
         .await
         .map_err(|_| {

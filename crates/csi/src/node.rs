@@ -185,7 +185,8 @@ impl pb::node_server::Node for Node {
             None => return Err(crate::invalid(format!("volume {volume_id:?} has no url attribute and is not a URL"))),
         };
         let _one = self.lock(&staging).await;
-        if mounts::mounted_at(&staging).is_some() {
+        let mounted = mounts::mounted_at(&staging).is_some();
+        if mounted {
             match mounts::answers_bounded(&staging).await {
                 Ok(()) => return Ok(Response::new(pb::NodeStageVolumeResponse {})),
                 Err(e) => {
@@ -227,7 +228,8 @@ impl pb::node_server::Node for Node {
         required(&r.volume_id, "volume_id")?;
         let staging = PathBuf::from(required(&r.staging_target_path, "staging_target_path")?);
         let _one = self.lock(&staging).await;
-        if mounts::mounted_at(&staging).is_some() {
+        let mounted = mounts::mounted_at(&staging).is_some();
+        if mounted {
             // The CO unpublishes first: a pod still using the volume keeps the daemon
             // serving, and its last uploads could not be waited for.
             if let Some(other) = mounts::binds_of(&staging).first() {
@@ -237,6 +239,11 @@ impl pb::node_server::Node for Node {
                     other.display()
                 )));
             }
+        }
+        // Also when nothing is mounted but the volume's record is here: an earlier call
+        // unmounted and gave up waiting while the mount's process still uploads. The record
+        // goes only once that is done, so every retry waits again.
+        if mounted || self.record_path(&staging).exists() {
             mounts::unmount(&self.bin, &staging).await.map_err(Status::internal)?;
         }
         let _ = std::fs::remove_file(self.record_path(&staging));
