@@ -189,6 +189,41 @@ def test_a_mount_whose_recovery_fails_is_refused_and_loses_nothing(s3_bucket, tm
             unmount(mp)
 
 
+def test_a_rename_left_unfinished_is_finished_before_the_mount_serves(s3_bucket, tmp_path):
+    """A crash in the middle of `mv d d2` leaves its journal entry beside the staging
+    directory and both names in the bucket. The next mount finishes the move before it
+    serves; one that cannot (the store refuses the copies) is refused, naming the rename,
+    rather than serve both names. With the store back, the mount finishes it."""
+    from proxykit import HttpProxy
+    staging = tmp_path / "staging"
+    s3_bucket.put("d/a", b"first")
+    s3_bucket.put("d/b", b"second")
+    s3_bucket.put("d2/a", b"first")  # copied before the crash; d/b was not
+    journal = tmp_path / ".staging.moves"
+    journal.mkdir()
+    began = time.time_ns() - 10**9
+    (journal / f"{began:032x}-1-0").write_bytes(b"d/\0d2/\0d/a\0d/b")
+    with HttpProxy(seed.S3_ENDPOINT) as px:
+        px.refuse = {"PUT", "POST"}
+        args = [seed.mount_url("s3", s3_bucket.name), "--endpoint", px.url, "--write-back",
+                "--staging-dir", str(staging)]
+        mp = str(tmp_path / "mnt")
+        os.makedirs(mp, exist_ok=True)
+        r = run_cli(["mount", args[0], mp] + args[1:], timeout=300)
+        assert r.returncode != 0, "mounted with a rename half done"
+        assert "rename" in r.err and "d/ to d2/" in r.err, r.err[-1500:]
+        assert not os.path.ismount(mp)
+        px.refuse = set()
+        r = run_cli(["mount", args[0], mp] + args[1:], timeout=300)
+        assert r.returncode == 0, r.err[-1500:]
+        try:
+            assert sorted(os.listdir(mp)) == ["d2"]
+            assert read_file(os.path.join(mp, "d2", "b")) == b"second"
+            assert not list(journal.iterdir())
+        finally:
+            unmount(mp)
+
+
 def test_requests_are_one_per_file_written(s3_bucket, tmp_path):
     """Goal of the issue: a project unpacked into a new directory (a `git clone`, `tar -x`)
     costs one request per file written and one per directory made, plus the first lookup of

@@ -327,6 +327,21 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         report(is_child, &Err(e.clone()));
         return Err(e);
     }
+    // A directory or file move an earlier mount began and this one could not finish: both
+    // names are in the bucket. Serving would show both, and a later replay could copy the
+    // old object over a file written meanwhile: refused too, until the store takes it.
+    let moves = bucketfs_core::moves_left(&staging_dir);
+    if let Some((from, to, entry)) = moves.first() {
+        let e = format!(
+            "{} rename(s) an earlier mount began cannot be finished in the bucket yet (the first: {from} to {to}; \
+             the log says why). Nothing is lost; mount again once the store takes it (or remove its journal entry \
+             {} to give it up: both names then stay in the bucket)",
+            moves.len(),
+            entry.display()
+        );
+        report(is_child, &Err(e.clone()));
+        return Err(e);
+    }
     // What an earlier mount left pending is done now: its note must not outlive it (an
     // unmount after this mount crashed reported those changes as still pending).
     let _ = std::fs::remove_file(paths::pending_file(mp));

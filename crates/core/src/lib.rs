@@ -66,6 +66,6 @@ pub use clock::Clock;
 pub use dir_cache::InvalidateDir;
 pub use error::FsError;
 pub use fs::{Attr, DirEntry, Fs, FsConfig, Kind, SetAttr, StatFs, ROOT_INO};
-pub use moves::unfinished as unfinished_moves;
+pub use moves::{left as moves_left, unfinished as unfinished_moves};
 pub use stats::CacheStats;
 pub use write_back::{WriteBackConfig, WriteBackStatus};

@@ -42,6 +42,24 @@ pub fn unfinished(staging: &Path) -> usize {
     entries.map_or(0, |d| d.flatten().filter(|e| e.path().extension().is_none_or(|x| x != "tmp")).count())
 }
 
+/// The moves an earlier mount of `staging` left unfinished (`from`, `to`, the entry's
+/// path), as [`replay`] left them: a mount must not serve while one is (both names would
+/// show, and the next replay could copy the old object over a file written meanwhile).
+pub fn left(staging: &Path) -> Vec<(String, String, PathBuf)> {
+    let Some(entries) = dir_for(staging).and_then(|d| std::fs::read_dir(d).ok()) else { return Vec::new() };
+    let mut out = Vec::new();
+    for path in entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_none_or(|x| x != "tmp")) {
+        let Ok(text) = std::fs::read(&path) else { continue };
+        let text = String::from_utf8_lossy(&text);
+        let mut parts = text.split('\0');
+        if let (Some(from), Some(to)) = (parts.next(), parts.next()) {
+            out.push((from.to_string(), to.to_string(), path.clone()));
+        }
+    }
+    out.sort_by(|a, b| a.2.cmp(&b.2));
+    out
+}
+
 /// A journaled move in progress. Its entry goes when this is dropped: at the end, or at an
 /// error on the way (the process lives on, and the error says what was done: SEMANTICS.md).
 /// Only a process that dies midway leaves the entry, for the next mount to finish.
