@@ -210,6 +210,7 @@ impl DeferredDeletes {
             tokio::pin!(changed);
             changed.as_mut().enable();
             let mut send = Vec::new();
+            let mut wake: Option<Instant> = None;
             {
                 let mut p = self.pending.lock().unwrap();
                 while keys.front().is_some_and(|k| p.get(k).is_none_or(|e| !hit(k, e))) {
@@ -230,9 +231,15 @@ impl DeferredDeletes {
                 let now = Instant::now();
                 for k in window() {
                     let Some(e) = p.get_mut(k) else { continue };
-                    if hit(k, e) && !e.in_flight && e.not_before.is_none_or(|t| t <= now) {
-                        e.in_flight = true;
-                        send.push(k.clone());
+                    match e.not_before.filter(|t| *t > now) {
+                        _ if !hit(k, e) || e.in_flight => {}
+                        // Its second send is due later: woken then (the background may not
+                        // run yet: a mount's recovery drains before it starts).
+                        Some(t) => wake = Some(wake.map_or(t, |w: Instant| w.min(t))),
+                        None => {
+                            e.in_flight = true;
+                            send.push(k.clone());
+                        }
                     }
                 }
             }
@@ -250,12 +257,16 @@ impl DeferredDeletes {
                     futures::future::join_all(send.into_iter().map(|k| self.send(k))).await;
                 }
             }
-            changed.await;
+            match wake {
+                Some(at) => drop(tokio::time::timeout_at(at.into(), changed).await),
+                None => changed.await,
+            }
         }
     }
 
-    /// Keys that could be `key` or below it (`key` itself, `key/…`, and names starting so),
-    /// and the markers of the directories above it: a write goes after them.
+    /// Keys that could be `key` or below it (`key` itself, `key/…`), and the markers of the
+    /// directories above it: a write goes after them. (Not `key1` beside `key`: a file's
+    /// recovery waited on an unrelated landing delete.)
     pub(super) async fn drain_under(&self, key: &str) -> Result<(), StoreError> {
         let k = key.trim_end_matches('/');
         {
@@ -266,7 +277,9 @@ impl DeferredDeletes {
                 return Ok(()); // as `drain_key`
             }
         }
-        self.drain(|p| p.starts_with(k) || (p.ends_with('/') && k.starts_with(p))).await
+        let below =
+            |p: &str| p.strip_prefix(k).is_some_and(|rest| k.is_empty() || rest.is_empty() || rest.starts_with('/'));
+        self.drain(|p| below(p) || (p.ends_with('/') && k.starts_with(p))).await
     }
 
     pub(super) async fn drain_key(&self, key: &str) -> Result<(), StoreError> {

@@ -234,6 +234,31 @@ async fn landing_delete_with_md5s(told: bool) {
     assert_eq!(object(mem.as_ref(), "theirs").await.as_deref(), Some(&b"theirs, rewritten"[..]), "told: {told}");
 }
 
+/// A mount's recovery uploads what a crash left staged before the background sender of
+/// deferred changes starts. A landing delete the crash left (`l`: deleted twice, 3 s apart)
+/// of a key beside the one uploaded (`f12` beside `f1`) held that upload for good: the
+/// drain sent the first delete, then waited for a second one only the background sends.
+/// Now the upload waits for no key but its own and those below it, and a drain sends a
+/// second delete itself when it is due.
+#[tokio::test]
+async fn recovery_before_the_sender_starts_waits_for_no_landing_delete_for_good() {
+    use bucketfs_store::{PutOpts, Store};
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("landing-before-start");
+    std::fs::create_dir_all(&dir).unwrap();
+    {
+        let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir);
+        dd.defer_landing("f12", None).await.unwrap();
+        dd.defer_landing("f1", None).await.unwrap();
+    } // the crash: both journaled, never sent
+    let dd = crate::deletes::DeferredDeletes::new(mem.clone(), &dir); // not started
+    mem.put("f12", bytes::Bytes::from_static(b"landed late"), PutOpts::default()).await.unwrap();
+    let put = dd.put("f1", bytes::Bytes::from_static(b"recovered"), PutOpts::default());
+    tokio::time::timeout(Duration::from_secs(20), put).await.expect("the upload waited for good").unwrap();
+    assert_eq!(object(mem.as_ref(), "f1").await.as_deref(), Some(&b"recovered"[..]));
+    assert!(object(mem.as_ref(), "f12").await.is_some(), "f12's delete was sent for f1's upload");
+}
+
 /// A write whose caller gives up (an upload cancelled by a rename or an unlink) while the
 /// pending delete it sent first is still in flight leaves that delete to finish: no later
 /// request over the key, `bucketfs sync` or unmount waits on it for good.
