@@ -209,19 +209,20 @@ def test_a_rename_left_unfinished_is_finished_before_the_mount_serves(s3_bucket,
                 "--staging-dir", str(staging)]
         mp = str(tmp_path / "mnt")
         os.makedirs(mp, exist_ok=True)
-        r = run_cli(["mount", args[0], mp] + args[1:], timeout=300)
-        assert r.returncode != 0, "mounted with a rename half done"
-        assert "rename" in r.err and "d/ to d2/" in r.err, r.err[-1500:]
-        assert not os.path.ismount(mp)
-        px.refuse = set()
-        r = run_cli(["mount", args[0], mp] + args[1:], timeout=300)
-        assert r.returncode == 0, r.err[-1500:]
         try:
+            r = run_cli(["mount", args[0], mp] + args[1:], timeout=300)
+            assert r.returncode != 0, "mounted with a rename half done"
+            assert "rename" in r.err and "d/ to d2/" in r.err, r.err[-1500:]
+            assert not os.path.ismount(mp)
+            px.refuse = set()
+            r = run_cli(["mount", args[0], mp] + args[1:], timeout=300)
+            assert r.returncode == 0, r.err[-1500:]
             assert sorted(os.listdir(mp)) == ["d2"]
             assert read_file(os.path.join(mp, "d2", "b")) == b"second"
             assert not list(journal.iterdir())
         finally:
             unmount(mp)
+            force_unmount(mp)
 
 
 def test_requests_are_one_per_file_written(s3_bucket, tmp_path):
