@@ -120,3 +120,24 @@ def test_mode_owner_and_mtime_persist_across_mounts(lt, tmp_path):
             assert (stat.S_IMODE(st.st_mode), int(st.st_mtime)) == (0o750, when), p
         assert run([os.path.join(mp, "tool")]).out == "hi\n"
     assert lt.get("f") == b"x" * 1000
+
+
+def test_an_edit_of_a_file_first_seen_in_a_listing_keeps_its_mode(lt):
+    """A file's mode lives in its object's metadata, which a listing does not carry. An
+    append to a file the mount knows only from `ls` (within the TTL, no HEAD yet) uploaded
+    it without that metadata: an edited script lost its x bit for good."""
+    with lt.mounted() as mp:
+        f = os.path.join(mp, "script")
+        with open(f, "wb") as fh:
+            fh.write(b"#!/bin/sh\necho one\n")
+        os.chmod(f, 0o750)
+    with lt.mounted() as mp:
+        os.listdir(mp)
+        run(["ls", "-l", mp])  # the attributes from the listing
+        with open(os.path.join(mp, "script"), "ab") as fh:
+            fh.write(b"echo two\n")
+        os.truncate(os.path.join(mp, "script"), 28)
+    with lt.mounted() as mp:
+        st = os.stat(os.path.join(mp, "script"))
+        assert stat.S_IMODE(st.st_mode) == 0o750
+        assert run([os.path.join(mp, "script")]).out == "one\ntwo\n"

@@ -201,10 +201,17 @@ impl Fs {
                 tracing::debug!(ino = cur.ino, key = %cur.key, identity = %cur.identity(), "revalidation raced a change here");
                 return Ok((self.attr(cur), Some(false)));
             }
-            if let Some(cur) = t.get(node.ino).filter(|n| n.holds_newer_than(since)) {
+            if let Some(cur) = t.get_mut(node.ino).filter(|n| n.holds_newer_than(since)) {
                 // A request sent after this one was answered first: the node holds newer news.
+                // A listing's carries no mode, owner or mtime: this HEAD's, of the same
+                // version, still count (an upload carries them: `Fs::open`).
+                if let Some(h) =
+                    head.as_ref().ok().filter(|h| h.meta.etag.is_some() && cur.version.tag() == h.meta.etag.as_deref())
+                {
+                    cur.fill_attrs(&h.attrs);
+                }
                 tracing::debug!(ino = cur.ino, key = %cur.key, "revalidation answered after a later one");
-                return Ok((self.attr(cur), Some(true)));
+                return Ok((self.attr(t.get(node.ino).ok_or(FsError::NotFound)?), Some(true)));
             }
         }
         match head {

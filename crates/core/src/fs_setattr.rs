@@ -55,13 +55,18 @@ impl Fs {
         if let Some(staged) = self.staging.get(node.ino) {
             // A change: waits for an upload in flight only so long (write-back).
             let mut st = self.lock_to_change(node.ino, &staged).await;
-            st.set_key(&node.key)?;
-            st.mark_changed();
-            self.keep_attrs(node.ino, &mut st);
-            if let Some(h) = fh {
-                self.mark_wrote(h);
+            // Else the last handle's RELEASE (which comes after close returned) dropped it
+            // while this waited: marked there, the change was never uploaded, and the next
+            // mount set the file aside as never closed. It goes up as a closed file's.
+            if self.staging.is_current(node.ino, &staged) {
+                st.set_key(&node.key)?;
+                st.mark_changed();
+                self.keep_attrs(node.ino, &mut st);
+                if let Some(h) = fh {
+                    self.mark_wrote(h);
+                }
+                return Ok(());
             }
-            return Ok(());
         }
         if node.size > super::WRITE_THROUGH_MAX {
             tracing::debug!(key = %node.key, "mode/owner/mtime of a large closed file kept for this mount only");

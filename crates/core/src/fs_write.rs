@@ -210,6 +210,13 @@ impl Fs {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
+        if write && !node.has_attrs() && self.store.capabilities().keeps_attrs && !self.staging.contains(ino) {
+            // The mode, owner and mtime the object may carry go with the upload, and a
+            // listing does not tell them: a HEAD does (else an edit of a file first seen in
+            // a listing uploaded it without them, and a script lost its x bit).
+            self.revalidate(&node, false).await?;
+            node = self.node(ino)?;
+        }
         if node.replaced {
             // Replaced by another client since the kernel looked the name up (a new inode
             // has it now, `Node::replaced_by`): ESTALE makes the kernel look it up again
