@@ -314,6 +314,9 @@ def test_clear_errors(cp_bucket, tmp):
     # Exit statuses (see `bucketfs cp --help`): 3 not found, 1 anything else.
     p = cp(cp_bucket, url(cp_bucket, "nope"), str(tmp / "x"), expect_ok=False)
     assert p.returncode == 3 and "no such object" in p.err, (p.returncode, p.err)
+    for src in ("nope", "nope/"):  # a missing prefix, with or without its slash
+        p = cp(cp_bucket, "-r", url(cp_bucket, src), str(tmp / "x"), expect_ok=False)
+        assert p.returncode == 3 and "no such object" in p.err, (src, p.returncode, p.err)
     p = cp(cp_bucket, str(tmp / "missing"), url(cp_bucket, "m"), expect_ok=False)
     assert p.returncode == 3 and str(tmp / "missing") in p.err, (p.returncode, p.err)
     (tmp / "dir").mkdir()

@@ -287,7 +287,9 @@ async fn expand_remote(
     // Keys of objects (to tell empty directory markers from markers with objects under them).
     let mut objects = std::collections::BTreeSet::new();
     let mut markers = Vec::new();
+    let mut listed_any = false;
     while let Some(m) = list.try_next().await.map_err(|e| CpError::store(format!("{}: {e}", r.url()), &e))? {
+        listed_any = true;
         if m.key == prefix {
             continue; // the prefix's own marker, listed when it may hold bytes (no name shows them)
         }
@@ -303,6 +305,11 @@ async fn expand_remote(
         let dst = target(dst, name.as_deref(), rel, into_dir)?;
         out.jobs.push(Job { src: Src::Remote { remote: r.with_key(m.key.clone()), size: m.size, head: None }, dst });
         objects.insert(m.key);
+    }
+    if !listed_any && !prefix.is_empty() {
+        // Nothing at or below `dir/`, not even its marker: as missing as `dir` without the
+        // slash (exit 3, not "nothing to copy").
+        return Err(CpError::NotFound(format!("{}: no such object or prefix", r.url())));
     }
     // An empty directory marker (`dir/`, what a mount's mkdir makes) is made on the other
     // side too: an empty local directory, or a marker object. One with objects under it
