@@ -43,7 +43,7 @@ pub fn unfinished(staging: &Path) -> usize {
 }
 
 /// The moves an earlier mount of `staging` left unfinished (`from`, `to`, the entry's
-/// path), as [`replay`] left them: a mount must not serve while one is (both names would
+/// path), as the mount's replay left them: a mount must not serve while one is (both names would
 /// show, and the next replay could copy the old object over a file written meanwhile).
 pub fn left(staging: &Path) -> Vec<(String, String, PathBuf)> {
     let Some(entries) = dir_for(staging).and_then(|d| std::fs::read_dir(d).ok()) else { return Vec::new() };
