@@ -505,10 +505,14 @@ impl DeferredDeletes {
             // The later change takes the place of the pending one; one in flight ends first
             // (its end sees the new generation and leaves this pending).
             Some(e) if e.journal == path => {
+                let was_move = e.source.is_some();
                 (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);
                 e.after = false;
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
                 p.hint(Instant::now(), key);
+                if was_move {
+                    p.source_cleared();
+                }
             }
             _ => {
                 if let Some(old) = p.insert(key.to_string(), Pending { op, again, only, target, ..Pending::new(path) })

@@ -217,7 +217,14 @@ impl DeferredDeletes {
                     keys.pop_front();
                 }
                 if keys.is_empty() {
-                    return Ok(());
+                    // One look at every entry before returning: a change made while this
+                    // waited may have taken over a duty it waited for (`mv a b; rm b` turns
+                    // the move into a delete of `a`, a new entry, while a HEAD of `a` waits).
+                    keys = p.iter().filter(|(k, e)| hit(k, e)).map(|(k, _)| k.clone()).collect();
+                    if keys.is_empty() {
+                        return Ok(());
+                    }
+                    continue;
                 }
                 let window = || keys.iter().take(PARALLEL);
                 // The error first, before any entry is marked in flight: one marked and then

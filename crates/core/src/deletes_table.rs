@@ -16,8 +16,8 @@ pub(super) struct Table {
     /// in flight or is due later (a later hint says when): it is skipped. Every change that
     /// leaves an entry waiting to be sent pushes one ([`Table::insert`], [`Table::hint`]).
     due: BinaryHeap<Reverse<(Instant, String)>>,
-    /// Entries with a source (moves), counted at insert and removal: at least as many as
-    /// there are (an entry whose source is cleared in place stays counted until it goes).
+    /// Entries with a source (moves), counted at insert and removal, and where a change in
+    /// place clears one ([`Table::source_cleared`]).
     moves: usize,
 }
 
@@ -49,6 +49,11 @@ impl Table {
         let old = self.entries.remove(key);
         self.moves -= old.as_ref().is_some_and(|o| o.source.is_some()) as usize;
         old
+    }
+
+    /// An entry's source was cleared in place (a later change took the move's place).
+    pub(super) fn source_cleared(&mut self) {
+        self.moves = self.moves.saturating_sub(1);
     }
 
     /// `key`'s entry waits to be sent at `at` (again: after a failure, a replacement).

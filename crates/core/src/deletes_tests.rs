@@ -259,6 +259,40 @@ async fn recovery_before_the_sender_starts_waits_for_no_landing_delete_for_good(
     assert!(object(mem.as_ref(), "f12").await.is_some(), "f12's delete was sent for f1's upload");
 }
 
+/// A HEAD of a file's old name waits for its pending move (`mv a b`). `rm b` meanwhile
+/// turns the move into a delete of `a`, a new entry: the HEAD waits for that one too, and
+/// never sees the file renamed away (the drain looked only at the entries it began with).
+#[tokio::test]
+async fn a_request_waiting_for_a_move_waits_for_the_delete_that_takes_its_place() {
+    use bucketfs_store::{PutOpts, Store};
+    let mem = Arc::new(MemStore::new());
+    mem.put("a", bytes::Bytes::from_static(b"renamed away"), PutOpts::default()).await.unwrap();
+    let deletes = Arc::new(FailStore::new(mem.clone(), Op::Delete, 0, 0, StoreErrorKind::Other));
+    // The move's copy is held, then cut off: the move ends leaving `a` in place.
+    let cut = Arc::new(FailStore::new(deletes.clone(), Op::Copy, 1, 1, StoreErrorKind::Unavailable));
+    let copies = Arc::new(FailStore::new(cut, Op::Copy, 0, 0, StoreErrorKind::Other));
+    let dir = staging("move-then-rm");
+    let dd = crate::deletes::DeferredDeletes::new(copies.clone(), &dir);
+    crate::deletes::DeferredDeletes::start(&dd);
+    let copy = copies.hold(Op::Copy, 1);
+    let del = deletes.hold(Op::Delete, 3);
+    assert!(dd.defer_move("a", "b").await.unwrap());
+    let head = tokio::spawn({
+        let dd = dd.clone();
+        async move { dd.head("a", Default::default()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    dd.defer("b").await.unwrap(); // rm b: a delete of `a` too, and `b`'s move becomes a delete
+    copy.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!head.is_finished(), "the HEAD went out with the delete of `a` still pending: {:?}", head.await);
+    del.add_permits(3);
+    let got = tokio::time::timeout(Duration::from_secs(10), head).await.expect("the HEAD waited for good").unwrap();
+    assert!(got.is_err_and(|e| e.kind == StoreErrorKind::NotFound));
+    assert!(dd.drain_all().await.is_empty());
+    assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
+}
+
 /// A write whose caller gives up (an upload cancelled by a rename or an unlink) while the
 /// pending delete it sent first is still in flight leaves that delete to finish: no later
 /// request over the key, `bucketfs sync` or unmount waits on it for good.
