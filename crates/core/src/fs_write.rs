@@ -168,6 +168,28 @@ impl Fs {
         self.upload_ino(ino, false).await
     }
 
+    /// The mode, owner and mtime `node`'s object may carry, which go with its upload: a
+    /// listing does not tell them, a HEAD does (else an edit of a file first seen in a
+    /// listing uploaded it without them, and a script lost its x bit). Only for the version
+    /// the node holds, and only what the store answers within `KNOWN_ANSWER_WAIT`: any
+    /// other outcome (an error, another version, no answer yet) leaves the open as before.
+    async fn learn_attrs(&self, node: &crate::inode::Node) {
+        let (store, key) = (self.store.clone(), node.key.clone());
+        let head = async move { store.head(&key, Default::default()).await };
+        let Some(Ok(h)) = crate::sync::within(crate::fs::KNOWN_ANSWER_WAIT, head).await else { return };
+        let mut t = self.table.lock().unwrap();
+        // The same version: its ETag, or on a store without ETags (a local folder) its size.
+        let same = |n: &&mut crate::inode::Node| {
+            n.linked
+                && n.key == node.key
+                && n.version.tag() == h.meta.etag.as_deref()
+                && (h.meta.etag.is_some() || n.size == h.meta.size)
+        };
+        if let Some(n) = t.get_mut(node.ino).filter(same) {
+            n.fill_attrs(&h.attrs);
+        }
+    }
+
     /// Resolve (parent, name) without taking a kernel reference.
     pub(crate) async fn resolve(&self, parent: u64, name: &str) -> Result<Option<crate::inode::Node>, FsError> {
         if let Some(n) = self.table.lock().unwrap().child(parent, name).cloned() {
@@ -211,10 +233,7 @@ impl Fs {
             node = self.node(ino)?;
         }
         if write && !node.has_attrs() && self.store.capabilities().keeps_attrs && !self.staging.contains(ino) {
-            // The mode, owner and mtime the object may carry go with the upload, and a
-            // listing does not tell them: a HEAD does (else an edit of a file first seen in
-            // a listing uploaded it without them, and a script lost its x bit).
-            self.revalidate(&node, false).await?;
+            self.learn_attrs(&node).await;
             node = self.node(ino)?;
         }
         if node.replaced {
