@@ -101,8 +101,7 @@ impl DeferredDeletes {
         let wait = {
             // With no move pending, only markers above can be in the way, found by key.
             let p = self.pending.lock().unwrap();
-            let marker_above = || key.match_indices('/').any(|(i, _)| i + 1 < key.len() && p.contains_key(&key[..=i]));
-            p.any_move() || matches!(op, Op::Link | Op::Move) && marker_above()
+            p.any_move() || matches!(op, Op::Link | Op::Move) && p.marker_above(&key)
         };
         let first = match wait {
             false => Ok(()),
@@ -201,10 +200,10 @@ impl DeferredDeletes {
     /// changes costs a look at each once, not at all of them at every change.
     pub(super) async fn drain_where(&self, hit: impl Fn(&str, &Pending) -> bool) -> Result<(), StoreError> {
         let started = Instant::now();
-        let mut keys: std::collections::VecDeque<String> = {
-            let p = self.pending.lock().unwrap();
+        let matching = |p: &Table| -> std::collections::VecDeque<String> {
             p.iter().filter(|(k, e)| hit(k, e)).map(|(k, _)| k.clone()).collect()
         };
+        let mut keys = matching(&self.pending.lock().unwrap());
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -220,7 +219,7 @@ impl DeferredDeletes {
                     // One look at every entry before returning: a change made while this
                     // waited may have taken over a duty it waited for (`mv a b; rm b` turns
                     // the move into a delete of `a`, a new entry, while a HEAD of `a` waits).
-                    keys = p.iter().filter(|(k, e)| hit(k, e)).map(|(k, _)| k.clone()).collect();
+                    keys = matching(&p);
                     if keys.is_empty() {
                         return Ok(());
                     }
@@ -279,8 +278,7 @@ impl DeferredDeletes {
         {
             let p = self.pending.lock().unwrap();
             let below = p.range(k.to_string()..).next().is_some_and(|(p, _)| p.starts_with(k));
-            let above = k.match_indices('/').any(|(i, _)| p.contains_key(&k[..=i]));
-            if !p.any_move() && !below && !above {
+            if !p.any_move() && !below && !p.marker_above(k) {
                 return Ok(()); // as `drain_key`
             }
         }

@@ -61,6 +61,12 @@ impl Table {
         self.due.push(Reverse((at, key.to_string())));
     }
 
+    /// Whether a change is pending at the marker of a directory above `key` (`a/` and
+    /// `a/b/` for `a/b/c` or `a/b/c/`), found by key.
+    pub(super) fn marker_above(&self, key: &str) -> bool {
+        key.match_indices('/').any(|(i, _)| i + 1 < key.len() && self.entries.contains_key(&key[..=i]))
+    }
+
     /// Whether a move may be pending: if not, no entry has a source to look at.
     pub(super) fn any_move(&self) -> bool {
         self.moves > 0

@@ -205,9 +205,9 @@ impl Fs {
                 // A request sent after this one was answered first: the node holds newer news.
                 // A listing's carries no mode, owner or mtime: this HEAD's, of the same
                 // version, still count (an upload carries them: `Fs::open`).
-                if let Some(h) =
-                    head.as_ref().ok().filter(|h| h.meta.etag.is_some() && cur.version.tag() == h.meta.etag.as_deref())
-                {
+                let same =
+                    |h: &&ObjectHead| h.meta.etag.is_some() && cur.holds_version(h.meta.etag.as_deref(), h.meta.size);
+                if let Some(h) = head.as_ref().ok().filter(same) {
                     cur.fill_attrs(&h.attrs);
                 }
                 tracing::debug!(ino = cur.ino, key = %cur.key, "revalidation answered after a later one");

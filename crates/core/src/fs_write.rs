@@ -178,12 +178,8 @@ impl Fs {
         let head = async move { store.head(&key, Default::default()).await };
         let Some(Ok(h)) = crate::sync::within(crate::fs::KNOWN_ANSWER_WAIT, head).await else { return };
         let mut t = self.table.lock().unwrap();
-        // The same version: its ETag, or on a store without ETags (a local folder) its size.
         let same = |n: &&mut crate::inode::Node| {
-            n.linked
-                && n.key == node.key
-                && n.version.tag() == h.meta.etag.as_deref()
-                && (h.meta.etag.is_some() || n.size == h.meta.size)
+            n.linked && n.key == node.key && n.holds_version(h.meta.etag.as_deref(), h.meta.size)
         };
         if let Some(n) = t.get_mut(node.ino).filter(same) {
             n.fill_attrs(&h.attrs);

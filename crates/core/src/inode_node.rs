@@ -131,6 +131,12 @@ impl Node {
         }
     }
 
+    /// Whether a store's answer (`etag`, `size`) is of the version this node holds: its
+    /// ETag, or on a store without ETags (a local folder) its size.
+    pub fn holds_version(&self, etag: Option<&str>, size: u64) -> bool {
+        self.version.tag() == etag && (etag.is_some() || self.size == size)
+    }
+
     /// Whether it shows any attribute of its own (set here or carried by the object).
     pub fn has_attrs(&self) -> bool {
         self.perm.is_some() || self.owner.is_some() || self.mtime_set.is_some()
