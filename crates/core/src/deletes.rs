@@ -124,16 +124,6 @@ fn settle_after(pending: &mut Table, key: &str) {
     }
 }
 
-fn hex_md5s(md5s: &[[u8; 16]]) -> String {
-    let hex = |m: &[u8; 16]| m.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    md5s.iter().map(hex).collect::<Vec<_>>().join(",")
-}
-
-/// [`hex_md5s`] read back; `None` (delete whatever is there) if none reads as an MD5.
-fn parse_md5s(text: &str) -> Option<Vec<[u8; 16]>> {
-    Some(text.split(',').filter_map(bucketfs_store::parse_md5_hex).collect::<Vec<_>>()).filter(|v| !v.is_empty())
-}
-
 /// DELETEs in flight at once, in the background.
 const PARALLEL: usize = 16;
 
@@ -141,45 +131,6 @@ const PARALLEL: usize = 16;
 /// more: a server that hung processes the request it had received (its body already in
 /// the socket) within moments of resuming, possibly after our DELETE.
 const LANDING_GRACE: Duration = Duration::from_secs(3);
-
-/// What is pending for a key.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Op {
-    Delete,
-    /// Create the directory marker (`mkdir`).
-    Marker,
-    /// Copy [`Pending::source`] to the key, then delete the source (a file's rename).
-    Move,
-    /// Put the link object [`Pending::target`] (`symlink`).
-    Link,
-}
-
-struct Pending {
-    journal: PathBuf,
-    op: Op,
-    /// Bumped when a later change takes this one's place: an attempt of the older one that
-    /// ends afterwards does not end the newer.
-    gen: u64,
-    in_flight: bool,
-    attempts: u32,
-    /// When the last attempt failed, and why (only an outage keeps a delete pending).
-    failed: Option<(Instant, StoreError)>,
-    next_try: Instant,
-    /// An upload to the key may still land: delete it again `LANDING_GRACE` after the
-    /// first success (see [`DeferredDeletes::defer_landing`]).
-    again: bool,
-    /// The second delete waits until then, also for a drain (`bucketfs sync`).
-    not_before: Option<Instant>,
-    /// Delete only an object with one of these MD5s (see [`delete_if_ours`]).
-    only: Option<Vec<[u8; 16]>>,
-    /// [`Op::Move`]'s old key: a request that could see it waits as for the key itself.
-    source: Option<String>,
-    /// [`Op::Move`] of a file whose move to [`Pending::source`] is pending too (journaled
-    /// before it): that one goes first, not after as for any other change of the key.
-    after: bool,
-    /// [`Op::Link`]'s target: the link object's content.
-    target: Option<String>,
-}
 
 /// The store seen by the mount in write-back mode; see the module doc.
 pub struct DeferredDeletes {
@@ -573,36 +524,6 @@ impl DeferredDeletes {
     }
 }
 
-impl Pending {
-    fn new(journal: PathBuf) -> Self {
-        Self {
-            journal,
-            op: Op::Delete,
-            gen: 0,
-            in_flight: false,
-            attempts: 0,
-            failed: None,
-            next_try: Instant::now(),
-            again: false,
-            not_before: None,
-            only: None,
-            source: None,
-            after: false,
-            target: None,
-        }
-    }
-
-    /// Whether `hit` takes this entry, pending under `key`: a pending rename is seen under
-    /// its old key as well.
-    fn seen(&self, key: &str, hit: impl Fn(&str) -> bool) -> bool {
-        hit(key) || self.source.as_deref().is_some_and(hit)
-    }
-
-    fn forget_journal(self) {
-        let _ = crate::recycle::remove(&self.journal);
-    }
-}
-
 #[async_trait]
 impl Store for DeferredDeletes {
     fn describe(&self) -> String {
@@ -698,7 +619,7 @@ impl Store for DeferredDeletes {
 mod send;
 #[path = "deletes_table.rs"]
 mod table;
-use table::Table;
+use table::{hex_md5s, parse_md5s, Op, Pending, Table};
 
 #[cfg(test)]
 #[path = "deletes_tests.rs"]

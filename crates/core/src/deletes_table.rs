@@ -1,13 +1,14 @@
-//! The pending changes of [`DeferredDeletes`] by key, with what keeps the background's
+//! The pending changes of [`DeferredDeletes`] by key (each a [`Pending`] entry, journaled), with what keeps the background's
 //! work per change independent of how many are pending (an `rm -rf` of 100,000 files
 //! against a slow store queues that many): when each is due, as a queue of hints, and
 //! whether any move is pending (most drains then look at one key, not every entry).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use super::Pending;
+use bucketfs_store::StoreError;
 
 #[derive(Default)]
 pub(super) struct Table {
@@ -88,4 +89,83 @@ impl Table {
         }
         (due, self.due.peek().map(|Reverse((at, _))| *at))
     }
+}
+
+/// What is pending for a key.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Op {
+    Delete,
+    /// Create the directory marker (`mkdir`).
+    Marker,
+    /// Copy [`Pending::source`] to the key, then delete the source (a file's rename).
+    Move,
+    /// Put the link object [`Pending::target`] (`symlink`).
+    Link,
+}
+
+pub(super) struct Pending {
+    pub(super) journal: PathBuf,
+    pub(super) op: Op,
+    /// Bumped when a later change takes this one's place: an attempt of the older one that
+    /// ends afterwards does not end the newer.
+    pub(super) gen: u64,
+    pub(super) in_flight: bool,
+    pub(super) attempts: u32,
+    /// When the last attempt failed, and why (only an outage keeps a delete pending).
+    pub(super) failed: Option<(Instant, StoreError)>,
+    pub(super) next_try: Instant,
+    /// An upload to the key may still land: delete it again `LANDING_GRACE` after the
+    /// first success (see [`DeferredDeletes::defer_landing`]).
+    pub(super) again: bool,
+    /// The second delete waits until then, also for a drain (`bucketfs sync`).
+    pub(super) not_before: Option<Instant>,
+    /// Delete only an object with one of these MD5s (see [`delete_if_ours`]).
+    pub(super) only: Option<Vec<[u8; 16]>>,
+    /// [`Op::Move`]'s old key: a request that could see it waits as for the key itself.
+    pub(super) source: Option<String>,
+    /// [`Op::Move`] of a file whose move to [`Pending::source`] is pending too (journaled
+    /// before it): that one goes first, not after as for any other change of the key.
+    pub(super) after: bool,
+    /// [`Op::Link`]'s target: the link object's content.
+    pub(super) target: Option<String>,
+}
+
+impl Pending {
+    pub(super) fn new(journal: PathBuf) -> Self {
+        Self {
+            journal,
+            op: Op::Delete,
+            gen: 0,
+            in_flight: false,
+            attempts: 0,
+            failed: None,
+            next_try: Instant::now(),
+            again: false,
+            not_before: None,
+            only: None,
+            source: None,
+            after: false,
+            target: None,
+        }
+    }
+
+    /// Whether `hit` takes this entry, pending under `key`: a pending rename is seen under
+    /// its old key as well.
+    pub(super) fn seen(&self, key: &str, hit: impl Fn(&str) -> bool) -> bool {
+        hit(key) || self.source.as_deref().is_some_and(hit)
+    }
+
+    pub(super) fn forget_journal(self) {
+        let _ = crate::recycle::remove(&self.journal);
+    }
+}
+
+pub(super) fn hex_md5s(md5s: &[[u8; 16]]) -> String {
+    let hex = |m: &[u8; 16]| m.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    md5s.iter().map(hex).collect::<Vec<_>>().join(",")
+}
+
+/// [`hex_md5s`] read back; `None` (delete whatever is there) if none reads as an MD5.
+pub(super) fn parse_md5s(text: &str) -> Option<Vec<[u8; 16]>> {
+    Some(text.split(',').filter_map(bucketfs_store::parse_md5_hex).collect::<Vec<_>>()).filter(|v| !v.is_empty())
 }

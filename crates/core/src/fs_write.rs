@@ -1,5 +1,5 @@
 //! Opening, reading and writing files; staged files are `staging.rs` and `fs_stage.rs`,
-//! creating and removing names `fs_names.rs`, renaming `fs_rename.rs`.
+//! creating and removing names `fs_names.rs`, renaming `fs_rename.rs` (directories `fs_rename_dir.rs`).
 //!
 //! Data: see [`crate::write`] (staging, upload on flush/fsync, eager multipart upload).
 //! Namespace changes go to the store first and to the caches only once the store agreed,
