@@ -334,3 +334,23 @@ async fn readlink_within_the_ttl_costs_no_request() {
     }
     assert_eq!(requests(&store) - before, 0, "a link read once, read again");
 }
+
+/// `echo >> log` again and again on a file another tool put (no mode, owner or mtime of
+/// ours): the first write-open asks a HEAD for them, the next opens of that version do not.
+#[tokio::test]
+async fn write_opens_of_a_file_with_no_attributes_ask_for_them_once() {
+    let store = Arc::new(MemStore::new());
+    store.put("log", Bytes::from_static(b"line\n"), PutOpts::default()).await.unwrap();
+    let fs = Fs::new(store.clone(), cfg(60_000));
+    fs.dir_snapshot(ROOT_INO).await.unwrap(); // known from a listing, which carries no attributes
+    let ino = fs.lookup(ROOT_INO, "log").await.unwrap().ino;
+    let mut costs = Vec::new();
+    for _ in 0..4 {
+        let before = requests(&store);
+        let fh = fs.open(ino, true, false).await.unwrap(); // loads the bytes to stage them
+        fs.release(fh).await.unwrap();
+        costs.push(requests(&store) - before);
+    }
+    let later = costs[1];
+    assert_eq!(costs, [later + 1, later, later, later], "one HEAD, at the first write-open only");
+}

@@ -173,6 +173,7 @@ impl Fs {
     /// listing uploaded it without them, and a script lost its x bit). Only for the version
     /// the node holds, and only what the store answers within `KNOWN_ANSWER_WAIT`: any
     /// other outcome (an error, another version, no answer yet) leaves the open as before.
+    /// An answer with none is remembered for that version ([`crate::inode::Node::attrs_asked`]).
     async fn learn_attrs(&self, node: &crate::inode::Node) {
         let (store, key) = (self.store.clone(), node.key.clone());
         let head = async move { store.head(&key, Default::default()).await };
@@ -183,6 +184,7 @@ impl Fs {
         };
         if let Some(n) = t.get_mut(node.ino).filter(same) {
             n.fill_attrs(&h.attrs);
+            n.attrs_asked = n.version_mark(); // none there: the next open does not ask again
         }
     }
 
@@ -228,7 +230,9 @@ impl Fs {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
-        if write && !node.has_attrs() && self.store.capabilities().keeps_attrs && !self.staging.contains(ino) {
+        let asked = node.attrs_asked == node.version_mark();
+        if write && !node.has_attrs() && !asked && self.store.capabilities().keeps_attrs && !self.staging.contains(ino)
+        {
             self.learn_attrs(&node).await;
             node = self.node(ino)?;
         }

@@ -200,6 +200,7 @@ impl InodeTable {
             ctime: None,
             size_unknown: false,
             answered: 0,
+            attrs_asked: 0,
         };
         Self {
             nodes: HashMap::from([(ROOT_INO, root)]),
@@ -362,6 +363,7 @@ impl InodeTable {
                 ctime: None,
                 size_unknown: meta.size_unknown,
                 answered: meta.asked,
+                attrs_asked: 0,
             },
         );
         if let (Some(a), Some(n)) = (&meta.attrs, self.nodes.get_mut(&ino)) {

@@ -67,6 +67,9 @@ pub struct Node {
     /// The ticket ([`super::InodeTable::ask`]) of the newest store answer recorded here: one sent
     /// earlier and answered later is older news, and `upsert` does not lay it over this.
     pub answered: u64,
+    /// [`Node::version_mark`] of the version a HEAD found no attributes on (`Fs::open`
+    /// does not ask again for it); 0: none asked.
+    pub attrs_asked: u32,
 }
 
 impl Node {
@@ -135,6 +138,13 @@ impl Node {
     /// ETag, or on a store without ETags (a local folder) its size.
     pub fn holds_version(&self, etag: Option<&str>, size: u64) -> bool {
         self.version.tag() == etag && (etag.is_some() || self.size == size)
+    }
+
+    /// A nonzero mark of the version held ([`Node::holds_version`]'s terms), small enough
+    /// to keep on every node.
+    pub fn version_mark(&self) -> u32 {
+        let tag = self.version.tag().unwrap_or("");
+        crc32c::crc32c_append(crc32c::crc32c(tag.as_bytes()), &self.size.to_le_bytes()) | 1
     }
 
     /// Whether it shows any attribute of its own (set here or carried by the object).
