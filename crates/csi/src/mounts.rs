@@ -174,6 +174,9 @@ pub async fn unmount(bin: &Path, path: &Path) -> Result<(), String> {
         .args(["unmount", "--missing-ok", "--wait", &wait])
         .arg(path)
         .stdin(std::process::Stdio::null())
+        // A call the CO gave up on (its deadline passed) stops its waiting `bucketfs
+        // unmount` (never the mount's own process): the retried call starts another.
+        .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(UNMOUNT_TIMEOUT, run)
         .await
