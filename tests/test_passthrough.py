@@ -8,6 +8,7 @@ counter of opens that passed through.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -283,6 +284,70 @@ def test_a_rename_after_a_kernel_write_never_serves_the_older_version(pbucket, t
         assert md5(in_bucket(pbucket, "b.bin")) == md5(bytes(data))
         with open(b, "rb") as r:
             assert md5(r.read()) == md5(bytes(data)), "read the version before the write"
+
+
+@pytest.mark.parametrize("size", [100_000, 8 * MiB])
+def test_an_edit_never_goes_up_over_another_clients_newer_version(pbucket, tmp_path, size):
+    """A version written here stays on disk for passthrough; another client replaces it
+    within the TTL: an edit here fails with ESTALE, as a fill pinned to the old version
+    does (SEMANTICS.md, open), and never uploads the old bytes over the new."""
+    rng = random.Random(41)
+    cache = str(tmp_path / "cache")
+    with pbucket.mounted(extra=["--cache-dir", cache, "--metadata-ttl", "60", "--passthrough", "on"]) as mp:
+        require_passthrough(mp)
+
+        def pwrite(path):
+            fd = os.open(path, os.O_RDWR)
+            try:
+                os.pwrite(fd, b"!", 0)
+            finally:
+                os.close(fd)
+
+        def append(path):
+            with open(path, "ab") as f:
+                f.write(b"tail")
+
+        def truncate(path):
+            os.truncate(path, 8192)
+
+        for edit in (truncate, pwrite, append):
+            old, new = rng.randbytes(size), rng.randbytes(size)
+            path = os.path.join(mp, edit.__name__)
+            with open(path, "wb") as f:
+                f.write(old)
+            pbucket.put(edit.__name__, new)  # another client, within the TTL
+            try:
+                edit(path)
+            except OSError as e:
+                assert e.errno == errno.ESTALE, e
+            assert in_bucket(pbucket, edit.__name__) == new, f"{edit.__name__}: the old version went up over the new"
+
+
+@pytest.mark.parametrize("mode", ["durable", "write-back"])
+def test_a_handle_that_wrote_nothing_never_publishes_anothers_writes(pbucket, tmp_path, mode):
+    """Both handles pass through (the kernel writes without us): the close of an O_RDWR
+    handle that only read must not publish what the other handle is still writing."""
+    rng = random.Random(42)
+    data = rng.randbytes(3 * MiB)
+    extra = ["--write-back"] if mode == "write-back" else []
+    with pbucket.mounted(extra=["--cache-dir", str(tmp_path / "cache"), "--passthrough", "on", *extra]) as mp:
+        require_passthrough(mp)
+        path = os.path.join(mp, "f")
+        with open(path, "wb") as f:
+            f.write(data)
+        run_cli(["sync", mp])
+        w = os.open(path, os.O_RDWR)
+        try:
+            os.pwrite(w, b"P" * 1000, 100)  # unfinished: this handle is still open
+            other = os.open(path, os.O_RDWR)
+            assert os.pread(other, 10, 0) == data[:10]
+            os.close(other)
+            time.sleep(2)  # (not `bucketfs sync`: it publishes every open file, as sync(1) would)
+            assert in_bucket(pbucket, "f") == data, "a close that wrote nothing published another handle's writes"
+        finally:
+            os.close(w)
+        run_cli(["sync", mp])
+        assert in_bucket(pbucket, "f") == data[:100] + b"P" * 1000 + data[1100:], "the writer's close did not publish"
 
 
 def test_write_back_passthrough_writes_are_uploaded_by_sync(pbucket, tmp_path):

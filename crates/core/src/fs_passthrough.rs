@@ -259,6 +259,25 @@ impl Fs {
         Ok(true)
     }
 
+    /// Whether [`Fs::adopt_whole`] would take `node`'s version over from the disk cache
+    /// (a non-truncating open).
+    pub(crate) fn would_adopt(&self, node: &crate::inode::Node) -> bool {
+        let Some(disk) = self.read_cache.disk() else { return false };
+        self.passthrough.on.load(Relaxed)
+            && node.size >= WHOLE_MIN
+            && disk.is_complete(&node.key, &node.identity(), node.size)
+    }
+
+    /// `Ok` if the bucket still holds the version `node` names (a HEAD); else `ESTALE`, as
+    /// a fill pinned to that version gets (or the store's error).
+    pub(crate) async fn check_still_stored(&self, node: &crate::inode::Node) -> Result<(), crate::FsError> {
+        let h = self.store.head(&node.key, Default::default()).await?;
+        if node.holds_version(h.meta.etag.as_deref(), h.meta.size) {
+            return Ok(());
+        }
+        Err(crate::FsError::Stale(format!("{} was replaced in the bucket", node.key)))
+    }
+
     /// Every handle open on `ino` reads its staged file `st` from now on ([`join_staged`]).
     pub(crate) fn join_handles(&self, ino: u64, st: &mut crate::write::Staged) {
         for h in self.handles.lock().unwrap().values() {

@@ -171,6 +171,15 @@ impl Fs {
         if !fresh && !self.staging.is_current(node.ino, &shared) {
             return Ok(None);
         }
+        if !fresh && !truncate && writer && st.handles == 0 && !st.dirty && !self.write_back() {
+            // A version closed here whose file stays for passthrough, edited again: as a
+            // fill from the store would (its If-Match), only while the bucket still holds it.
+            let current = self.node(node.ino).unwrap_or_else(|_| node.clone());
+            if let Err(e) = self.check_still_stored(&current).await {
+                drop(st);
+                return Err(e);
+            }
+        }
         if truncate && !fresh && upload_first && self.staging.queue.queued_version(node.ino) {
             // Write-back: a version closed while this open waited for the lock is queued:
             // it goes up first (its intent before the staged lock), then try again. If the
@@ -186,7 +195,16 @@ impl Fs {
         // caller's copy may predate a whole write-close cycle of another handle.
         let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
         // A version whole in the disk cache is taken over, not fetched (passthrough.rs).
-        let adopted = fresh && node.size > 0 && self.adopt_whole(node, &mut st, truncate)?;
+        // Without write-back (another client may write the bucket too) only once the store
+        // says it still holds that version, as a fill's If-Match would (else the fill below
+        // fails so): an edit never goes up over another client's newer version.
+        let mut adopted = false;
+        if fresh && node.size > 0 {
+            let unconfirmed = !truncate && !self.write_back() && self.would_adopt(node);
+            if !unconfirmed || self.check_still_stored(node).await.is_ok() {
+                adopted = self.adopt_whole(node, &mut st, truncate)?;
+            }
+        }
         if fresh && !truncate && node.size > 0 && !adopted {
             // On a write-back mount (the bucket's main writer) from the read caches if they
             // hold the whole version (a file just written or read here: `chmod`, an append),
