@@ -182,6 +182,10 @@ pub(crate) struct OpenFile {
     /// Writable and passed through: the kernel writes the staged file without us, so this
     /// handle's flush publishes whatever changed (see `Fs::upload_for`).
     pub writes_unseen: AtomicBool,
+    /// The staged file's `write_gen` when this handle opened it or last published: a
+    /// change before that was another handle's, which this one's flush does not publish
+    /// though its own writes are unseen (see `Fs::changed_by`). `u64::MAX`: not known.
+    pub unseen_mark: AtomicU64,
 }
 
 pub struct Fs {

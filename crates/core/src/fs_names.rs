@@ -3,7 +3,7 @@
 //! deletes the object, `rmdir` refuses a non-empty directory, then deletes the marker. Each
 //! goes to the store first and to the caches only once the store agreed.
 
-use crate::sync::{Arc, AtomicBool, Mutex};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
 use std::time::SystemTime;
 
 use bucketfs_store::{HeadOpts, StoreErrorKind};
@@ -76,6 +76,7 @@ impl Fs {
             truncate_at_flush: AtomicBool::new(false),
             writable: true,
             writes_unseen: Default::default(),
+            unseen_mark: AtomicU64::new(u64::MAX), // it wrote: `wrote` decides
         };
         let fh = self.insert_handle(Handle::File(Arc::new(file)));
         Ok((self.attr(&node), fh))

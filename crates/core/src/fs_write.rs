@@ -12,7 +12,7 @@
 //!   `max_rename_keys` (EXDEV beyond, so `mv` copies instead). Neither is atomic: a crash
 //!   midway can leave both names; SEMANTICS.md says so.
 
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -286,6 +286,9 @@ impl Fs {
             keep
         });
         tracing::debug!(ino, keep_cache, staged = staged.is_some(), write, truncate, identity = %node.identity(), "open");
+        // Where the staged file stands as this handle starts (`OpenFile::unseen_mark`); not
+        // waited for (an upload in flight holds the lock): unknown then, as before.
+        let mark = staged.as_ref().filter(|_| write).and_then(|s| s.try_lock().ok().map(|st| st.write_gen));
         let file = OpenFile {
             ino,
             reader: Mutex::new(self.reader_for(&node)),
@@ -296,6 +299,7 @@ impl Fs {
             truncate_at_flush: AtomicBool::new(truncate && !write),
             writable: write,
             writes_unseen: Default::default(),
+            unseen_mark: AtomicU64::new(mark.unwrap_or(u64::MAX)),
         };
         Ok(self.insert_handle(Handle::File(Arc::new(file))))
     }
@@ -497,10 +501,13 @@ impl Fs {
     /// `open(O_TRUNC)` racing the release of the previous handle (the kernel does not wait
     /// for RELEASE) must not have its pending empty file published by that release.
     async fn upload_for(&self, file: &OpenFile) -> Result<(), FsError> {
-        let wrote = file.wrote.load(Ordering::Relaxed) || file.writes_unseen.load(Ordering::Relaxed);
-        if !wrote && !file.staged.load(Ordering::Relaxed) {
+        if !file.wrote.load(Ordering::Relaxed)
+            && !file.writes_unseen.load(Ordering::Relaxed)
+            && !file.staged.load(Ordering::Relaxed)
+        {
             return Ok(());
         }
+        let (wrote, gen) = self.changed_by(file).await?;
         // Shared: a rename or unlink of this key in progress (exclusive) finishes first, so
         // the upload goes to the name as it is after it.
         let _intent = self.upload_intent(file.ino).await;
@@ -513,7 +520,24 @@ impl Fs {
             r => r?,
         }
         file.wrote.store(false, Ordering::Relaxed);
+        file.unseen_mark.store(gen, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether `file`'s flush publishes as the handle that changed the data: it wrote
+    /// through us, or its writes are unseen (passthrough) and the staged file changed since
+    /// this handle opened it or last published. A change before that was another handle's
+    /// (one still writing: an `O_RDWR` handle that wrote nothing must not publish it). With
+    /// the staged file's write generation now, for the mark once published.
+    pub(crate) async fn changed_by(&self, file: &OpenFile) -> Result<(bool, u64), FsError> {
+        let mark = file.unseen_mark.load(Ordering::Relaxed);
+        if file.wrote.load(Ordering::Relaxed) || !file.writes_unseen.load(Ordering::Relaxed) {
+            return Ok((file.wrote.load(Ordering::Relaxed), mark));
+        }
+        let Some(staged) = self.staging.get(file.ino) else { return Ok((true, mark)) };
+        let mut st = staged.lock().await;
+        self.observe(file.ino, &mut st)?;
+        Ok((mark != st.write_gen, st.write_gen))
     }
 
     /// Mark a handle as having changed the data (a truncate through it).

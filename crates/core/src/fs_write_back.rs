@@ -165,6 +165,11 @@ impl Fs {
                 false => self.lock_to_change(file.ino, &staged).await,
             };
             self.observe(file.ino, &mut st)?;
+            // A handle passed through (its writes unseen) changed the data only if the file
+            // changed since it opened it or last committed (`Fs::changed_by`).
+            let mark = file.unseen_mark.load(Ordering::Relaxed);
+            let wrote = file.wrote.load(Ordering::Relaxed)
+                || file.writes_unseen.load(Ordering::Relaxed) && mark != st.write_gen;
             // A last handle that wrote nothing commits a dirty file not queued yet, or one
             // changed since its commit (a mapping's writes). A committed version queued
             // already stays as it is (re-queued, an upload a writer held back would start
@@ -178,6 +183,7 @@ impl Fs {
                 // would have switched them (read your writes; model test, seed 704951275).
                 self.join_handles(file.ino, &mut st);
             }
+            file.unseen_mark.store(st.write_gen, Ordering::Relaxed);
             if queue && other_writer {
                 // Not longer than a writer waits (the version is kept aside meanwhile).
                 let followed_cut = st.maybe_landed && !st.resending;
