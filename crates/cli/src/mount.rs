@@ -279,7 +279,13 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         ..FsConfig::default()
     };
     (cfg.file_mode, cfg.dir_mode) = args.access.modes();
-    let staged_here = std::fs::create_dir_all(&cfg.staging_dir)
+    if let Some((dir, _)) = &cfg.disk_cache {
+        // Private before the first cached block is written (core creates it as it is).
+        if let Err(e) = paths::create_private_dirs(dir) {
+            tracing::warn!(dir = %dir.display(), "cannot create the cache directory private: {e}");
+        }
+    }
+    let staged_here = paths::create_private_dirs(&cfg.staging_dir)
         .map_err(|e| format!("cannot create staging directory {}: {e}", cfg.staging_dir.display()))
         .and_then(|()| paths::lock_staging(&cfg.staging_dir, STAGING_WAIT));
     // The store the staging directory belongs to: bucket and prefix (any endpoint: one

@@ -92,6 +92,26 @@ fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Create `dir` and its missing parents private to this user (0700): staged files and
+/// cached blocks hold the bucket's data, which other local users must not read there (the
+/// mount itself is private unless `--allow-other`). Under the default location
+/// (`~/.cache/bucketfs`), that directory is made private too if ours (older versions
+/// made it with the umask's mode); a directory the user named that exists is left as is.
+pub fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
+    create_private_dirs_in(&cache_base().join("bucketfs"), dir)
+}
+
+fn create_private_dirs_in(base: &Path, dir: &Path) -> std::io::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    if dir.starts_with(base) {
+        let meta = std::fs::symlink_metadata(base)?;
+        if meta.file_type().is_dir() && meta.uid() == euid() && meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    Ok(())
+}
+
 /// Write `contents` to a new file at `path` (0600), replacing what was there. A symlink
 /// at `path` is removed, never followed.
 pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
@@ -337,6 +357,24 @@ mod tests {
         assert!(runtime_dir_for(None, 1000).ends_with("bucketfs-1000"));
         // A relative XDG_RUNTIME_DIR is invalid by the spec and ignored.
         assert_eq!(runtime_dir_for(Some("rel".into()), 0), PathBuf::from("/run/bucketfs"));
+    }
+
+    #[test]
+    fn staging_and_cache_dirs_are_private() {
+        let base = tmp("priv").join("bucketfs");
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap(); // an older version's
+        let dir = base.join("staging/abc");
+        create_private_dirs_in(&base, &dir).unwrap();
+        for d in [&base, &base.join("staging"), &dir] {
+            assert_eq!(std::fs::metadata(d).unwrap().mode() & 0o777, 0o700, "{}", d.display());
+        }
+        // A directory the user named, existing: left as it is.
+        let named = tmp("named");
+        std::fs::create_dir_all(&named).unwrap();
+        std::fs::set_permissions(&named, std::fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_dirs_in(&base, &named).unwrap();
+        assert_eq!(std::fs::metadata(&named).unwrap().mode() & 0o777, 0o755);
     }
 
     #[test]
