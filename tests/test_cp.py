@@ -323,6 +323,12 @@ def test_clear_errors(cp_bucket, tmp):
     p = cp(cp_bucket, str(tmp / "dir"), url(cp_bucket, "d/"), expect_ok=False)
     assert p.returncode == 1 and "use -r" in p.err, (p.returncode, p.err)
     assert not (tmp / "x").exists()
+    # `BUCKET//victim` names the key `/victim`: refused, never written over `victim`.
+    cp_bucket.put_all({"victim": b"keep"})
+    (tmp / "new").write_bytes(b"new")
+    p = cp(cp_bucket, str(tmp / "new"), url(cp_bucket, "/victim"), expect_ok=False)
+    assert p.returncode != 0 and "starts with '/'" in p.err, (p.returncode, p.err)
+    assert seed.get(cp_bucket.store, cp_bucket.name, "victim") == b"keep"
 
 
 @contextlib.contextmanager

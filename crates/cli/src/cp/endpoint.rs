@@ -87,7 +87,14 @@ impl Opener {
             // Let the URL parser name what is wrong.
             _ => return Err(Location::parse(arg).err().map(|e| e.to_string()).unwrap_or_default()),
         };
-        let key = key.trim_start_matches('/').to_string();
+        if key.starts_with('/') {
+            // `s3://b//x` names the key `/x`, not `x`: refused, never written over another.
+            return Err(format!(
+                "{arg:?}: the key starts with '/' (an empty first segment), which bucketfs does not copy; \
+                 write the key without the extra slash"
+            ));
+        }
+        let key = key.to_string();
         let store = match self.stores.get(&bucket_url) {
             Some(s) => s.clone(),
             None => {
