@@ -32,8 +32,13 @@ impl FileAttrs {
         if let Some(gid) = self.gid {
             m.insert("gid".into(), gid.to_string());
         }
-        if let Some(t) = self.mtime.and_then(|t| t.duration_since(UNIX_EPOCH).ok()) {
-            m.insert("mtime".into(), format!("{}.{:09}", t.as_secs(), t.subsec_nanos()));
+        if let Some(t) = self.mtime {
+            // Seconds as a decimal number, negative before 1970 (`touch -d 1960-...`).
+            let (sign, d) = match t.duration_since(UNIX_EPOCH) {
+                Ok(d) => ("", d),
+                Err(e) => ("-", e.duration()),
+            };
+            m.insert("mtime".into(), format!("{sign}{}.{:09}", d.as_secs(), d.subsec_nanos()));
         }
         m
     }
@@ -42,12 +47,21 @@ impl FileAttrs {
     pub fn from_metadata(m: &HashMap<String, String>) -> Self {
         let get = |k: &str| m.iter().find(|(key, _)| key.eq_ignore_ascii_case(k)).map(|(_, v)| v.trim());
         let mtime = get("mtime").and_then(|v| {
+            let (before, v) = match v.strip_prefix('-') {
+                Some(rest) => (true, rest),
+                None => (false, v),
+            };
             let (secs, frac) = v.split_once('.').unwrap_or((v, ""));
             let secs: u64 = secs.parse().ok()?;
             let digits: String = frac.chars().take(9).collect();
             let nanos =
                 if digits.is_empty() { 0 } else { digits.parse::<u32>().ok()? * 10u32.pow(9 - digits.len() as u32) };
-            Some(UNIX_EPOCH + Duration::new(secs, nanos))
+            let d = Duration::new(secs, nanos);
+            if before {
+                UNIX_EPOCH.checked_sub(d)
+            } else {
+                UNIX_EPOCH.checked_add(d)
+            }
         });
         Self {
             mode: get("mode").and_then(|v| u32::from_str_radix(v, 8).ok()).filter(|m| *m <= 0o177777),
@@ -80,5 +94,17 @@ mod tests {
         assert_eq!(b.mtime, Some(UNIX_EPOCH + Duration::new(1_700_000_000, 500_000_000)));
         assert_eq!(b.mode, None);
         assert!(FileAttrs::from_metadata(&HashMap::new()).is_empty());
+    }
+
+    #[test]
+    fn mtimes_before_1970_round_trip() {
+        for d in [Duration::new(304_776_000, 0), Duration::new(0, 500_000_000), Duration::new(2_208_988_800, 1)] {
+            let a = FileAttrs { mtime: Some(UNIX_EPOCH - d), ..Default::default() };
+            let m = a.to_metadata();
+            assert!(m["mtime"].starts_with('-'), "{m:?}");
+            assert_eq!(FileAttrs::from_metadata(&m), a, "{m:?}");
+        }
+        let m = HashMap::from([("mtime".to_string(), "-304776000".to_string())]); // another tool's
+        assert_eq!(FileAttrs::from_metadata(&m).mtime, Some(UNIX_EPOCH - Duration::new(304_776_000, 0)));
     }
 }
