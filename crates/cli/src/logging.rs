@@ -49,9 +49,7 @@ pub fn init(default_filter: &str, format: LogFormat, file: Option<&Path>) {
     let filter = filter(default_filter);
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
     let file = file.and_then(|p| {
-        open_file(p)
-            .map_err(|e| eprintln!("bucketfs: cannot open log file {}: {e}; logging to stderr", p.display()))
-            .ok()
+        open_file(p).map_err(|e| say!("bucketfs: cannot open log file {}: {e}; logging to stderr", p.display())).ok()
     });
     let result = match (format, file) {
         (LogFormat::Text, Some(f)) => builder.with_writer(std::sync::Mutex::new(f)).try_init(),
@@ -60,7 +58,7 @@ pub fn init(default_filter: &str, format: LogFormat, file: Option<&Path>) {
         (LogFormat::Json, None) => builder.json().with_writer(std::io::stderr).try_init(),
     };
     if let Err(e) = result {
-        eprintln!("bucketfs: logging not set up: {e}");
+        say!("bucketfs: logging not set up: {e}");
     }
 }
 

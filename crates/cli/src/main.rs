@@ -10,6 +10,15 @@
 //! [`cp`] copies files and objects with parallel ranged reads and parts, verified end to end.
 //! [`manual`] prints the man page and shell completions generated from these definitions.
 
+/// `eprintln!` that never panics: a closed stderr (`bucketfs cp ... 2>&1 | head -1`) must
+/// not turn a command's exit status into a panic's 101.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod auth;
 mod checks;
 mod control;
@@ -285,7 +294,7 @@ fn main() -> ExitCode {
             Ok(Some(translated)) => argv = translated.into_iter().map(OsString::from).collect(),
             Ok(None) => return ExitCode::SUCCESS,
             Err(msg) => {
-                eprintln!("bucketfs: {msg}");
+                say!("bucketfs: {msg}");
                 return ExitCode::FAILURE;
             }
         }
@@ -293,7 +302,7 @@ fn main() -> ExitCode {
     argv = match mount_opts::expand_argv(argv) {
         Ok(a) => a,
         Err(msg) => {
-            eprintln!("bucketfs: {msg}");
+            say!("bucketfs: {msg}");
             return ExitCode::FAILURE;
         }
     };
@@ -308,7 +317,7 @@ fn main() -> ExitCode {
                 }
                 K::DisplayHelpOnMissingArgumentOrSubcommand => e.print(),
                 _ => {
-                    eprintln!("bucketfs: {} (see --help)", one_line(&e.to_string()));
+                    say!("bucketfs: {} (see --help)", one_line(&e.to_string()));
                     Ok(())
                 }
             };
@@ -324,7 +333,7 @@ fn main() -> ExitCode {
         Command::Cp(args) => {
             return cp::run(args).map_or_else(
                 |e| {
-                    eprintln!("bucketfs: {e}");
+                    say!("bucketfs: {e}");
                     ExitCode::from(e.exit_code())
                 },
                 |()| ExitCode::SUCCESS,
@@ -348,7 +357,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("bucketfs: {msg}");
+            say!("bucketfs: {msg}");
             ExitCode::FAILURE
         }
     }

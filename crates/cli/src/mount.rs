@@ -59,7 +59,7 @@ pub fn run(mut args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), Strin
         let scope = bucketfs_store::gdrive::auth::effective_scope(args.store.gdrive_scope).map_err(|e| e.message)?;
         if scope == bucketfs_store::gdrive::auth::Scope::ReadOnly && !args.read_only {
             // Drive would refuse every change with 403; the kernel refuses them sooner, with EROFS.
-            eprintln!(
+            say!(
                 "bucketfs: Google Drive access is read-only (scope drive.readonly): mounting read-only, so \
                  writes fail with \"Read-only file system\". For writes, run `bucketfs auth gdrive \
                  --gdrive-scope full`."
@@ -118,7 +118,7 @@ fn spawn_daemon(args: &MountArgs, argv: &[std::ffi::OsString], mp: &Path) -> Res
         match rx.recv_timeout(wait) {
             Ok(line) if line.starts_with(WORKING) => {
                 if !std::mem::replace(&mut said, true) {
-                    eprintln!("bucketfs mount: {}; waiting", line[WORKING.len()..].trim());
+                    say!("bucketfs mount: {}; waiting", line[WORKING.len()..].trim());
                 }
             }
             other => break other,

@@ -45,7 +45,7 @@ pub fn sync(mp: &Path, timeout: Option<Duration>) -> Result<(), String> {
             Ok(0) => break,
             Ok(n) => answer.extend_from_slice(&buf[..n]),
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                eprintln!("bucketfs sync: still waiting after {}s. {}", started.elapsed().as_secs(), pending_now(mp));
+                say!("bucketfs sync: still waiting after {}s. {}", started.elapsed().as_secs(), pending_now(mp));
             }
             Err(e) => return Err(format!("no answer from the mount process: {e}")),
         }

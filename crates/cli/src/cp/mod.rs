@@ -427,7 +427,7 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
         let jobs = filter::apply(jobs, filter.as_ref());
         // Said before the copy starts (and again, counted, at its end).
         for s in &skipped {
-            eprintln!("bucketfs cp: {s}");
+            say!("bucketfs cp: {s}");
         }
         if args.dry_run {
             for j in &jobs {
@@ -476,7 +476,7 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
             // on a store that does not answer).
             any().await;
             ctx.progress.finish();
-            eprintln!(
+            say!(
                 "bucketfs cp: interrupted again: stopped without cleaning up; partial downloads (hidden files \
                  named .NAME.bucketfs-PID-N) may remain beside their destinations, and unfinished \
                  multipart uploads in the bucket until its lifecycle rule removes them"
@@ -490,7 +490,7 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
         ctx.progress.finish();
         let unchanged = reports.iter().filter(|r| r.verified == noclobber::UNCHANGED).count();
         if unchanged > 0 {
-            eprintln!(
+            say!(
                 "bucketfs cp: {unchanged} of {} already at the destination, not copied (--no-clobber)",
                 jobs.len()
             );
@@ -498,7 +498,7 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
         if args.json {
             let line = json_summary(&reports, &skipped, start.elapsed().as_secs_f64(), ctx.summary);
             if to_stdout {
-                eprintln!("{line}");
+                say!("{line}");
             } else {
                 println!("{line}");
             }
@@ -512,7 +512,7 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
             1 => Err(errors.into_iter().next().unwrap_or_else(|| CpError::from("a copy failed"))),
             n => {
                 for e in &errors {
-                    eprintln!("bucketfs cp: {e}");
+                    say!("bucketfs cp: {e}");
                 }
                 Err(CpError::several(&errors, format!("{n} of {} copies failed (see above)", jobs.len())))
             }
@@ -523,7 +523,7 @@ pub fn run(args: CpArgs) -> Result<(), CpError> {
         // main turns every Err into its status; a skip is not a failure of what was copied,
         // and scripts tell the two apart by the status (aws s3 cp's 2), so exit here.
         let what = if skipped == 1 { "path was" } else { "paths were" };
-        eprintln!("bucketfs: {skipped} {what} skipped (see above); exit status {EXIT_SKIPPED} (--skip-special: 0)");
+        say!("bucketfs: {skipped} {what} skipped (see above); exit status {EXIT_SKIPPED} (--skip-special: 0)");
         let _ = std::io::stdout().flush();
         std::process::exit(EXIT_SKIPPED.into());
     }
