@@ -188,6 +188,16 @@ pub(crate) struct OpenFile {
     pub unseen_mark: AtomicU64,
 }
 
+impl OpenFile {
+    /// Whether this handle changed the data since its last upload or commit point, its
+    /// staged file (observed) being at `write_gen`: it wrote through us, or its writes are
+    /// unseen (passthrough) and the file changed since [`OpenFile::unseen_mark`].
+    pub(crate) fn changed_data(&self, write_gen: u64) -> bool {
+        self.wrote.load(Ordering::Relaxed)
+            || self.writes_unseen.load(Ordering::Relaxed) && self.unseen_mark.load(Ordering::Relaxed) != write_gen
+    }
+}
+
 pub struct Fs {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) cfg: FsConfig,

@@ -524,11 +524,11 @@ impl Fs {
         Ok(())
     }
 
-    /// Whether `file`'s flush publishes as the handle that changed the data: it wrote
-    /// through us, or its writes are unseen (passthrough) and the staged file changed since
-    /// this handle opened it or last published. A change before that was another handle's
-    /// (one still writing: an `O_RDWR` handle that wrote nothing must not publish it). With
-    /// the staged file's write generation now, for the mark once published.
+    /// Whether `file`'s flush publishes as the handle that changed the data
+    /// ([`OpenFile::changed_data`]; the staged file is locked and observed only when its
+    /// writes are unseen). A change before its mark was another handle's (one still
+    /// writing: an `O_RDWR` handle that wrote nothing must not publish it). With the
+    /// staged file's write generation now, for the mark once published.
     pub(crate) async fn changed_by(&self, file: &OpenFile) -> Result<(bool, u64), FsError> {
         let mark = file.unseen_mark.load(Ordering::Relaxed);
         if file.wrote.load(Ordering::Relaxed) || !file.writes_unseen.load(Ordering::Relaxed) {
@@ -537,7 +537,7 @@ impl Fs {
         let Some(staged) = self.staging.get(file.ino) else { return Ok((true, mark)) };
         let mut st = staged.lock().await;
         self.observe(file.ino, &mut st)?;
-        Ok((mark != st.write_gen, st.write_gen))
+        Ok((file.changed_data(st.write_gen), st.write_gen))
     }
 
     /// Mark a handle as having changed the data (a truncate through it).

@@ -166,10 +166,8 @@ impl Fs {
             };
             self.observe(file.ino, &mut st)?;
             // A handle passed through (its writes unseen) changed the data only if the file
-            // changed since it opened it or last committed (`Fs::changed_by`).
-            let mark = file.unseen_mark.load(Ordering::Relaxed);
-            let wrote = file.wrote.load(Ordering::Relaxed)
-                || file.writes_unseen.load(Ordering::Relaxed) && mark != st.write_gen;
+            // changed since it opened it or last committed.
+            let wrote = file.changed_data(st.write_gen);
             // A last handle that wrote nothing commits a dirty file not queued yet, or one
             // changed since its commit (a mapping's writes). A committed version queued
             // already stays as it is (re-queued, an upload a writer held back would start
