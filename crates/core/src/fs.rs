@@ -368,10 +368,15 @@ impl Fs {
 
     pub fn forget(&self, ino: u64, count: u64) {
         let mut t = self.table.lock().unwrap();
+        let parent = t.get(ino).map(|n| n.parent);
         t.forget(ino, count);
         match t.get(ino) {
             None => {
                 self.dir_cache.forgotten(ino);
+                if let Some(parent) = parent {
+                    // Its parent's snapshot names an inode gone: the next read takes a new one.
+                    self.dir_cache.forget_snapshot(parent);
+                }
                 self.listing_flights.lock().unwrap().remove(&ino);
             }
             Some(n) if n.lookups == 0 => self.dir_cache.forgotten(ino), // a directory kept
@@ -442,12 +447,21 @@ impl Fs {
     /// inode that left the name must never be handed out under it (writes to the name
     /// would change another file).
     pub fn entry_attr(&self, dir: u64, name: &str, ino: u64) -> Option<Attr> {
-        let t = self.table.lock().unwrap();
-        let node = match name {
-            "." | ".." => t.get(ino),
-            _ => t.child(dir, name).filter(|n| n.linked),
-        };
-        node.map(|n| self.attr(n))
+        let mut t = self.table.lock().unwrap();
+        if let "." | ".." = name {
+            return t.get(ino).map(|n| self.attr(n));
+        }
+        if let Some(n) = t.child(dir, name).filter(|n| n.linked) {
+            return Some(self.attr(n));
+        }
+        // No node under the name: gone since the snapshot, or only forgotten by the kernel
+        // (and dropped) while the listing still holds it. That one is made again: leaving
+        // it out of a readdirplus left it out of what the kernel caches of the directory
+        // (a directory of 220 files then listed 18).
+        let l = t.listing(dir)?;
+        let meta = l.children.get(name).filter(|_| !(l.overtaken && t.removed_here(dir, name)))?.clone();
+        let child = t.upsert(dir, &meta);
+        t.get(child).filter(|n| n.linked).map(|n| self.attr(n))
     }
 
     /// Whether the kernel may keep cached pages for this handle's file (see `open`), or

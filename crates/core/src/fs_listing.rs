@@ -269,6 +269,11 @@ impl Fs {
             if t.listing_fresh(dir.ino) {
                 return Ok(());
             }
+            if t.moving_now(dir.ino) && t.listing(dir.ino).is_some() {
+                // A rename here moves its keys: the store shows them half moved, the
+                // listing held shows its names as they are (the move's end drops it).
+                return Ok(());
+            }
             let last = t.listing(dir.ino);
             (Asked { done, at: last.map(|l| l.at) }, last.is_some_and(|l| l.children.len() <= RELIST_MAX))
         };

@@ -96,11 +96,20 @@ impl Fs {
             return;
         }
         tracing::debug!(dirs = dropped.len(), max, "cached state of directories not in use dropped");
-        if let Some(invalidate) = self.dir_cache.invalidate.get().cloned() {
-            // Not from the request that installed the listing: the kernel may hold a lock
-            // that the notification waits for.
+        self.drop_dir_caches(dropped);
+    }
+
+    /// Readers of `dirs` take new snapshots, and the kernel drops what it cached of their
+    /// entries.
+    pub(crate) fn drop_dir_caches(&self, dirs: Vec<u64>) {
+        for &dir in &dirs {
+            self.dir_cache.forget_snapshot(dir);
+        }
+        if let Some(invalidate) = self.dir_cache.invalidate.get().cloned().filter(|_| !dirs.is_empty()) {
+            // Not from the request that changed them: the kernel may hold a lock that the
+            // notification waits for.
             crate::sync::spawn(async move {
-                for dir in dropped {
+                for dir in dirs {
                     invalidate(dir);
                 }
             });

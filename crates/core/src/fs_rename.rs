@@ -148,6 +148,7 @@ impl Fs {
         }
         // Files moved that handles are open on, with their old identities.
         let mut open_moved = std::collections::HashMap::new();
+        let mut moved_dirs = Vec::new();
         {
             let mut t = self.table.lock().unwrap();
             t.listing_move_out(parent, name);
@@ -156,7 +157,7 @@ impl Fs {
             // multipart source): a read pinned to the old identity would fail with ESTALE.
             if src.kind == Kind::Dir {
                 let stale = t.expired_instant(self.cfg.metadata_ttl);
-                t.expire_below(&new_key, stale);
+                moved_dirs = t.expire_below(&new_key, stale);
             }
             // Their new identities are not known until `learn_moved` asks: none until then,
             // so a lister that sees one first does not take it for another client's file
@@ -186,6 +187,9 @@ impl Fs {
         }
         moving.done = true;
         drop(moving); // before `learn_moved`: its HEAD answers after the move
+                      // What readers saw of them while they moved (a listing the store gave mid-move)
+                      // is not kept by the kernel either.
+        self.drop_dir_caches(moved_dirs);
         if self.write_back() {
             self.rekey_staged_below(&new_key).await;
         }

@@ -229,7 +229,7 @@ impl InodeTable {
     /// or, on Google Drive (`names_alias`), moves a name in or out of `dir`: there a
     /// listing taken meanwhile may show the name twice, the second as `stem~ID8`, a name
     /// the merge of the two moving ones does not cover.
-    fn moving_now(&self, dir: u64) -> bool {
+    pub(crate) fn moving_now(&self, dir: u64) -> bool {
         let alias = |m: &Moving| self.names_alias && m.names.iter().any(|(d, _)| *d == dir);
         self.nodes.get(&dir).is_some_and(|d| self.moving_key(&d.key)) || self.moving.iter().any(|(_, m)| alias(m))
     }
@@ -336,7 +336,8 @@ impl InodeTable {
     /// listings of the directories there (entries carry identities), so that the next
     /// lookup or open asks the store. Each such directory counts as changed: a listing
     /// fetched before (of the old keys, with the old identities) is installed overtaken.
-    pub fn expire_below(&mut self, prefix: &str, at: std::time::Instant) {
+    /// Returns the directories it expired.
+    pub fn expire_below(&mut self, prefix: &str, at: std::time::Instant) -> Vec<u64> {
         let mut dirs = Vec::new();
         for n in self.nodes.values_mut().filter(|n| n.key.starts_with(prefix)) {
             n.validated = at;
@@ -344,7 +345,7 @@ impl InodeTable {
                 dirs.push(n.ino);
             }
         }
-        for d in dirs {
+        for &d in &dirs {
             self.drop_listing(d);
             // A listing or HEAD of the old keys in flight must not land as current.
             self.note_change(d);
@@ -352,6 +353,7 @@ impl InodeTable {
             self.absent.retain(|(dir, _), _| *dir != d);
             self.missed.remove(&d);
         }
+        dirs
     }
 
     pub fn listing(&self, dir: u64) -> Option<&Listing> {

@@ -145,6 +145,9 @@ impl InodeTable {
     /// Something changed at `key` at a time the source cannot place (a late event, maybe
     /// older than what is cached here): nothing of it is believed; the name is asked again.
     pub fn expire_event(&mut self, key: &str, ttl: Duration) -> EventApplied {
+        if self.moving_key(key) {
+            return EventApplied::Nothing; // see `apply_event`
+        }
         let Some((dir, name, _)) = self.nearest(key) else { return EventApplied::Nothing };
         self.note_remote_change(dir);
         if !self.holds_any(dir, &name) {
@@ -157,6 +160,13 @@ impl InodeTable {
     /// `key` (relative to the store root), `None` if it was removed. `ttl`: the metadata
     /// TTL (what an expired name must be older than).
     pub fn apply_event(&mut self, key: &str, meta: Option<ChildMeta>, ttl: Duration) -> EventApplied {
+        if self.moving_key(key) {
+            // A key a rename here moves now: most likely that move's own copy or delete
+            // (applied, a directory's listing lost each moved name as its old key went).
+            // The move's end drops what it covered below a directory and learns a moved
+            // file's identity, so nothing this event could say is kept past it.
+            return EventApplied::Nothing;
+        }
         let Some((dir, name, exact)) = self.nearest(key) else { return EventApplied::Nothing };
         let listed = self.listings.get(&dir).and_then(|l| l.children.get(&name)).cloned();
         let node = self.child(dir, &name).cloned();

@@ -352,3 +352,26 @@ fn a_store_answer_recorded_after_a_listing_was_sent_does_not_merge_into_it() {
     assert!(!t.listing_fresh(d), "x may be there again: the listing is not trusted without it");
     t.check_invariants();
 }
+
+/// The store events of a directory's own rename (each old key deleted, each new one put)
+/// arrive while it runs: they change nothing. Applied, the moved directory's listing lost
+/// a name per event, and readers mid-move saw 220 files shrink to 6 (`--notify minio`).
+#[test]
+fn events_of_a_rename_in_progress_leave_the_moved_directory_as_it_is() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+    t.set_listing(d, listing_of(&t, &["f1", "f2"]));
+    let ttl = std::time::Duration::from_secs(1);
+    let id = t.begin_move((ROOT_INO, "d"), (ROOT_INO, "e"), vec!["d/".into(), "e/".into()]);
+    assert_eq!(t.apply_event("d/f1", None, ttl), EventApplied::Nothing);
+    assert_eq!(t.apply_event("e/f1", Some(meta("f1", Kind::File)), ttl), EventApplied::Nothing);
+    assert_eq!(t.expire_event("d/f2", ttl), EventApplied::Nothing);
+    let mut names: Vec<String> = t.listing(d).unwrap().children.keys().cloned().collect();
+    names.sort();
+    assert_eq!(names, ["f1", "f2"], "the names stay while they move");
+    assert!(t.child(ROOT_INO, "e").is_none(), "nor does the new name show before the move ends");
+    t.end_move(id, true);
+    // Another client's removal after the move is applied as before.
+    assert_ne!(t.apply_event("d/f1", None, ttl), EventApplied::Nothing);
+    t.check_invariants();
+}
