@@ -171,15 +171,6 @@ impl Fs {
         if !fresh && !self.staging.is_current(node.ino, &shared) {
             return Ok(None);
         }
-        if !fresh && !truncate && writer && st.handles == 0 && !st.dirty && !self.write_back() {
-            // A version closed here whose file stays for passthrough, edited again: as a
-            // fill from the store would (its If-Match), only while the bucket still holds it.
-            let current = self.node(node.ino).unwrap_or_else(|_| node.clone());
-            if let Err(e) = self.check_still_stored(&current).await {
-                drop(st);
-                return Err(e);
-            }
-        }
         if truncate && !fresh && upload_first && self.staging.queue.queued_version(node.ino) {
             // Write-back: a version closed while this open waited for the lock is queued:
             // it goes up first (its intent before the staged lock), then try again. If the
@@ -191,6 +182,16 @@ impl Fs {
         }
         // What the kernel wrote directly (passthrough) counts below.
         self.observe(node.ino, &mut st)?;
+        if !fresh && !truncate && writer && !st.dirty && !self.write_back() {
+            // A version closed here whose file stays for passthrough (lingering, or open
+            // for reading), edited again: as a fill from the store would (its If-Match),
+            // only while the bucket still holds it.
+            let current = self.node(node.ino).unwrap_or_else(|_| node.clone());
+            if let Err(e) = self.check_still_stored(&current).await {
+                drop(st);
+                return Err(e);
+            }
+        }
         // The node as of now: with our entry in the map no other open changes it, and the
         // caller's copy may predate a whole write-close cycle of another handle.
         let node = &if fresh { self.node(node.ino).unwrap_or_else(|_| node.clone()) } else { node.clone() };
