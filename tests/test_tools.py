@@ -116,6 +116,27 @@ def test_tools_keep_mtime(tgt, tmp_path):
         assert read_file(os.path.join(mp, "from-tar.txt")) == b"payload\n"
 
 
+@pytest.mark.parametrize("mode", ["durable", "write-back"])
+def test_an_mtime_moves_only_when_the_file_is_written(tgt, mode):
+    """A file's mtime is its last write's, as on a local disk: past the TTL it is not
+    replaced by the store's time of the upload (S3 keeps milliseconds: vim then refused
+    to save, "changed since reading it"), nor moved by the upload a chmod makes (make
+    rebuilt), nor by a write-back upload seconds later."""
+    if tgt.store == "file":
+        pytest.skip("a local folder's file is the version, named by size and mtime: its mtime is the upload's")
+    extra = ["--write-back", "--write-back-delay", "1", "--metadata-ttl", "1"] if mode == "write-back" else []
+    with tgt.mounted(extra=extra) as mp:
+        path = os.path.join(mp, "f.txt")
+        write_path(path, b"line1\n")
+        written = os.stat(path).st_mtime_ns
+        time.sleep(2.5)  # past --metadata-ttl 1 (and the write-back delay)
+        assert os.stat(path).st_mtime_ns == written, "the mtime moved with nobody writing"
+        os.chmod(path, 0o600)
+        time.sleep(2.5)
+        st = os.stat(path)
+        assert (st.st_mtime_ns, st.st_mode & 0o777) == (written, 0o600), "a chmod moved the mtime"
+
+
 @pytest.mark.slow
 def test_large_sequential_dd(btgt, tmp_path):
     """~100 MB written with dd bs=1M (eager multipart upload); md5 via mount and bucket match."""

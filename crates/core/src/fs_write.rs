@@ -13,7 +13,7 @@
 //!   midway can leave both names; SEMANTICS.md says so.
 
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -435,10 +435,14 @@ impl Fs {
                 None if !self.store.capabilities().prefix_dirs => (Version::Untagged, self.cfg.clock.now()),
                 None => (Version::Unknown, t.expired_instant(self.cfg.metadata_ttl)),
             };
+            // Its mtime stays that of its last write here, as a local file's: the store's
+            // is the upload's, so a chmod's upload moved it (make rebuilt), and so did a
+            // write-back upload seconds later.
+            let written = self.staging.watched_state(ino).map(|(_, m)| m);
             let Some(n) = t.get_mut(ino) else { return Ok(()) };
             n.size = size;
             n.version = version;
-            n.mtime = meta.mtime.unwrap_or_else(SystemTime::now);
+            n.mtime = written.unwrap_or(n.mtime);
             n.validated = validated;
             n.answered = ticket;
             t.relist(ino);

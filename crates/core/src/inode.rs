@@ -262,9 +262,11 @@ impl InodeTable {
             cur.forget_attrs(); // changed by someone else: what it carries is the truth
         }
         if !cur.local {
+            if !cur.same_tag(meta.etag.as_deref()) {
+                cur.mtime = meta.mtime;
+            }
             cur.size = meta.size;
             cur.size_unknown = meta.size_unknown;
-            cur.mtime = meta.mtime;
         }
         cur.version = Version::from_store(meta.etag.as_deref());
         cur.validated = now;
@@ -320,9 +322,11 @@ impl InodeTable {
                             _ => node.mtime_set = None,
                         }
                     }
+                    if !node.same_tag(meta.etag.as_deref()) {
+                        node.mtime = meta.mtime;
+                    }
                     node.size = meta.size;
                     node.size_unknown = meta.size_unknown;
-                    node.mtime = meta.mtime;
                     node.version = node.version.merged(meta.etag.as_deref());
                     node.validated = self.clock.now();
                     if let Some(a) = &meta.attrs {

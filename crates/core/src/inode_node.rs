@@ -140,6 +140,13 @@ impl Node {
         self.version.tag() == etag && (etag.is_some() || self.size == size)
     }
 
+    /// Whether `etag` is the ETag of the version held. The mtime known of that version is
+    /// then kept: a listing's is the upload's time (S3: to the millisecond), not the last
+    /// write's here (vim then refused to save: "changed since reading it").
+    pub fn same_tag(&self, etag: Option<&str>) -> bool {
+        etag.is_some() && self.version.tag() == etag
+    }
+
     /// A nonzero mark of the version held ([`Node::holds_version`]'s terms), small enough
     /// to keep on every node.
     pub fn version_mark(&self) -> u32 {
