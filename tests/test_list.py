@@ -199,6 +199,27 @@ def test_a_change_through_the_mount_mid_listing_skips_and_repeats_nothing(bucket
         assert {"a100", "a600"} <= now and not {"f00400", "f00900"} & now
 
 
+def test_a_read_outlasting_many_newer_snapshots_skips_and_repeats_nothing(bucket):
+    """A read goes on in its snapshot while a few are kept; past that (here 20 listings
+    after changes while it paused) it goes on after the last name it was given, not at its
+    index in the newest snapshot, where each name made since (sorted first) repeated one:
+    202 duplicates of 5,000."""
+    n = 1500
+    bucket.put_all({f"d/f{i:05d}": b"" for i in range(n)})
+    with bucket.mounted() as mp:
+        d = os.path.join(mp, "d")
+        seen = []
+        with os.scandir(d) as it:
+            seen += [next(it).name for _ in range(10)]  # one page read, more to come
+            for k in range(20):
+                for j in range(5):
+                    open(os.path.join(d, f"a{k:02d}_{j}"), "w").close()
+                assert len(os.listdir(d)) == n + 5 * (k + 1)
+            seen += [e.name for e in it]
+        assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} names came twice in one listing"
+        assert {f"f{i:05d}" for i in range(n)} <= set(seen), "a name there all along was skipped"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["file", pytest.param("s3", marks=pytest.mark.skipif(
     not os.environ.get("BUCKETFS_TEST_100K_S3"),

@@ -58,6 +58,9 @@ struct DirState {
     expiry_pending: bool,
     /// When a read or open of it last began (the mount's clock): in use for a while after.
     read_at: Option<Instant>,
+    /// Where reads stopped (snapshot number, next index, last name given), the latest last:
+    /// a read whose snapshot is no longer kept resumes after that name.
+    ends: std::collections::VecDeque<(u32, usize, String)>,
 }
 
 /// Snapshots kept per directory for reads still paging through them, the least recently
@@ -66,6 +69,9 @@ struct DirState {
 /// listers of a directory being written to). One past that pages on in the current
 /// snapshot, where names may repeat or be missed.
 const RECENT: usize = 8;
+
+/// Page ends remembered per directory ([`DirCache::page_end`]): readers paging at once.
+const ENDS: usize = 1024;
 
 /// The readdir offset of the entry after index `next` of snapshot number `snap`: the
 /// snapshot in the high half, so a read continues in the snapshot it started on.
@@ -180,6 +186,24 @@ impl DirCache {
     pub(crate) fn arm_expiry(&self, ino: u64) -> bool {
         let mut dirs = self.dirs.lock().unwrap();
         !std::mem::replace(&mut dirs.entry(ino).or_default().expiry_pending, true)
+    }
+
+    /// A read of snapshot `snap` of `ino` stopped before index `next`, the last name it gave
+    /// being `name`: where it goes on should the snapshot no longer be kept.
+    pub(crate) fn page_end(&self, ino: u64, snap: u32, next: usize, name: &str) {
+        let mut dirs = self.dirs.lock().unwrap();
+        let Some(st) = dirs.get_mut(&ino) else { return };
+        if st.ends.len() == ENDS {
+            st.ends.pop_front();
+        }
+        st.ends.push_back((snap, next, name.to_string()));
+    }
+
+    /// The last name a read of snapshot `snap` gave before index `next`, if remembered.
+    pub(crate) fn ended_at(&self, ino: u64, snap: u32, next: usize) -> Option<String> {
+        let dirs = self.dirs.lock().unwrap();
+        let ends = &dirs.get(&ino)?.ends;
+        ends.iter().rev().find(|(s, n, _)| *s == snap && *n == next).map(|(_, _, name)| name.clone())
     }
 
     /// `ino`'s listing changed in place (a store event): readers take a new snapshot (the

@@ -35,13 +35,44 @@ impl Fs {
     /// the one the current snapshot came from (so two readers of a directory page through
     /// the same one); later offsets page through the snapshot they name (else the current).
     pub async fn readdir_unopened(&self, ino: u64, offset: u64) -> Result<(Arc<Vec<DirEntry>>, u32), FsError> {
+        self.readdir_page(ino, offset).await.map(|(entries, snap, _)| (entries, snap))
+    }
+
+    /// [`Fs::readdir_unopened`], with the index to answer from. A read whose snapshot is no
+    /// longer kept (more readers began meanwhile than are kept) goes on in the current one
+    /// after the last name it was given ([`Fs::readdir_page_end`]), so no name still there
+    /// repeats or is skipped (by index, a name made meanwhile repeated one, 202 of 5,198,
+    /// or a page of the new one ended the read: 202 names of 2,559).
+    pub async fn readdir_page(&self, ino: u64, offset: u64) -> Result<(Arc<Vec<DirEntry>>, u32, usize), FsError> {
+        let (snap, next) = uncookie(offset);
+        if offset > 0 {
+            if let Some(entries) = self.dir_cache.recent(ino, snap) {
+                self.dir_cache.touch(ino, self.cfg.clock.now());
+                return Ok((entries, snap, next));
+            }
+        }
+        let (entries, now_snap) = self.readdir_snapshot(ino, offset).await?;
+        let start = match self.dir_cache.ended_at(ino, snap, next).filter(|_| offset > 0 && next > 2) {
+            // `.` and `..` first, then the names in order.
+            Some(last) => 2 + entries.get(2..).unwrap_or_default().partition_point(|e| e.name <= last),
+            None => next,
+        };
+        Ok((entries, now_snap, start))
+    }
+
+    /// A read of `ino`'s snapshot `snap` (a [`Fs::readdir_page`] answer) stopped before
+    /// index `next`, `name` the last name it gave.
+    pub fn readdir_page_end(&self, ino: u64, snap: u32, next: usize, name: &str) {
+        if snap != 0 {
+            self.dir_cache.page_end(ino, snap, next, name);
+        }
+    }
+
+    /// The snapshot [`Fs::readdir_page`] answers from when the one asked for is not kept.
+    async fn readdir_snapshot(&self, ino: u64, offset: u64) -> Result<(Arc<Vec<DirEntry>>, u32), FsError> {
         self.dir_cache.touch(ino, self.cfg.clock.now());
         let current = self.dir_cache.current(ino);
         if offset > 0 {
-            let (snap, _) = uncookie(offset);
-            if let Some(entries) = self.dir_cache.recent(ino, snap) {
-                return Ok((entries, snap));
-            }
             if let Some((entries, _, snap)) = current {
                 return Ok((entries, snap));
             }

@@ -129,12 +129,15 @@ fn file_type(k: Kind) -> FileType {
     }
 }
 
-/// Answer a readdir with `entries` from `offset` on (offsets are indices + 1).
-/// Answer a readdir with `entries` (snapshot number `snap`, 0 for a handle's own) from
-/// `offset` on; each entry's offset names the snapshot and the next index (`cookie`).
-fn fill_dir(entries: &[DirEntry], snap: u32, offset: u64, mut reply: ReplyDirectory) {
-    for (i, e) in entries.iter().enumerate().skip(uncookie(offset).1) {
+/// Answer a readdir of directory `dir` with `entries` (snapshot number `snap`, 0 for a
+/// handle's own) from index `start` on; each entry's offset names the snapshot and the
+/// next index (`cookie`). Where a full reply stops is told to the core.
+fn fill_dir(fs: &Fs, dir: u64, (entries, snap): (&[DirEntry], u32), start: usize, mut reply: ReplyDirectory) {
+    for (i, e) in entries.iter().enumerate().skip(start) {
         if reply.add(INodeNo(e.ino), cookie(snap, i + 1), file_type(e.kind), &e.name) {
+            if let Some(last) = i.checked_sub(1).filter(|&l| l >= start) {
+                fs.readdir_page_end(dir, snap, i, &entries[last].name);
+            }
             break;
         }
     }
@@ -147,15 +150,20 @@ fn fill_dir_plus(
     fs: &Fs,
     dir: u64,
     (entries, snap): (&[DirEntry], u32),
-    offset: u64,
+    start: usize,
     ttl: Duration,
     mut reply: ReplyDirectoryPlus,
 ) {
-    for (i, e) in entries.iter().enumerate().skip(uncookie(offset).1) {
+    let mut given: Option<usize> = None;
+    for (i, e) in entries.iter().enumerate().skip(start) {
         let Some(attr) = fs.entry_attr(dir, &e.name, e.ino) else { continue };
         if reply.add(INodeNo(attr.ino), cookie(snap, i + 1), &e.name, &ttl, &file_attr(&attr), Generation(0)) {
+            if let Some(last) = given {
+                fs.readdir_page_end(dir, snap, last + 1, &entries[last].name);
+            }
             break;
         }
+        given = Some(i);
         // The kernel holds a reference to every entry except `.` and `..`.
         if e.name != "." && e.name != ".." {
             fs.remember(attr.ino);
@@ -507,15 +515,15 @@ impl Filesystem for FuseAdapter {
         if self.no_opendir && fh.0 == 0 {
             let fs = self.fs.clone();
             self.rt.spawn(async move {
-                match fs.readdir_unopened(ino.0, offset).await {
-                    Ok((entries, snap)) => fill_dir(&entries, snap, offset, reply),
+                match fs.readdir_page(ino.0, offset).await {
+                    Ok((entries, snap, start)) => fill_dir(&fs, ino.0, (&entries, snap), start, reply),
                     Err(e) => reply.error(errno(&e)),
                 }
             });
             return;
         }
         match self.fs.readdir(fh.0) {
-            Ok(entries) => fill_dir(&entries, 0, offset, reply),
+            Ok(entries) => fill_dir(&self.fs, ino.0, (&entries, 0), uncookie(offset).1, reply),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -524,15 +532,15 @@ impl Filesystem for FuseAdapter {
         if self.no_opendir && fh.0 == 0 {
             let (fs, ttl) = (self.fs.clone(), self.ttl());
             self.rt.spawn(async move {
-                match fs.readdir_unopened(ino.0, offset).await {
-                    Ok((entries, snap)) => fill_dir_plus(&fs, ino.0, (&entries, snap), offset, ttl, reply),
+                match fs.readdir_page(ino.0, offset).await {
+                    Ok((entries, snap, start)) => fill_dir_plus(&fs, ino.0, (&entries, snap), start, ttl, reply),
                     Err(e) => reply.error(errno(&e)),
                 }
             });
             return;
         }
         match self.fs.readdir(fh.0) {
-            Ok(entries) => fill_dir_plus(&self.fs, ino.0, (&entries, 0), offset, self.ttl(), reply),
+            Ok(entries) => fill_dir_plus(&self.fs, ino.0, (&entries, 0), uncookie(offset).1, self.ttl(), reply),
             Err(e) => reply.error(errno(&e)),
         }
     }
