@@ -369,6 +369,37 @@ impl Filesystem for FuseAdapter {
         });
     }
 
+    /// A regular file only (GNU tar makes files this way with `--xattrs`): an empty file,
+    /// created exclusively and closed at once. Devices, FIFOs and sockets cannot be objects.
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG || rdev != 0 {
+            return reply.error(Errno::ENOSYS);
+        }
+        let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
+        let (fs, ttl) = (self.fs.clone(), self.ttl());
+        self.rt.spawn(async move {
+            let perm = Some((mode & !umask & 0o7777) as u16);
+            let made = async {
+                let (a, fh) = fs.create(parent.0, &name, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, perm).await?;
+                fs.release(fh).await?;
+                Ok::<_, bucketfs_core::FsError>(fs.cached_attr(a.ino).unwrap_or(a))
+            };
+            match made.await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
     fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
         let (fs, ttl) = (self.fs.clone(), self.ttl());
