@@ -437,12 +437,16 @@ impl Fs {
             };
             // Its mtime stays that of its last write here, as a local file's: the store's
             // is the upload's, so a chmod's upload moved it (make rebuilt), and so did a
-            // write-back upload seconds later.
+            // write-back upload seconds later. Not where the mtime names the version (a
+            // local folder: no ETag), which must be the stored file's.
             let written = self.staging.watched_state(ino).map(|(_, m)| m);
             let Some(n) = t.get_mut(ino) else { return Ok(()) };
             n.size = size;
             n.version = version;
-            n.mtime = written.unwrap_or(n.mtime);
+            n.mtime = match meta.etag {
+                Some(_) => written.unwrap_or(n.mtime),
+                None => meta.mtime.unwrap_or_else(std::time::SystemTime::now),
+            };
             n.validated = validated;
             n.answered = ticket;
             t.relist(ino);
