@@ -459,8 +459,8 @@ impl Fs {
         // it out of a readdirplus left it out of what the kernel caches of the directory
         // (a directory of 220 files then listed 18).
         let l = t.listing(dir)?;
-        let meta = l.children.get(name).filter(|_| !(l.overtaken && t.removed_here(dir, name)))?.clone();
-        let child = t.upsert(dir, &meta);
+        let (meta, overtaken) = (l.children.get(name)?.clone(), l.overtaken);
+        let child = crate::fs_readdir::listed_node(&mut t, dir, &meta, overtaken)?;
         t.get(child).filter(|n| n.linked).map(|n| self.attr(n))
     }
 

@@ -52,7 +52,8 @@ impl Fs {
             }
         }
         let (entries, now_snap) = self.readdir_snapshot(ino, offset).await?;
-        let start = match self.dir_cache.ended_at(ino, snap, next).filter(|_| offset > 0 && next > 2) {
+        let resumed = if offset > 0 && next > 2 { self.dir_cache.ended_at(ino, snap, next) } else { None };
+        let start = match resumed {
             // `.` and `..` first, then the names in order.
             Some(last) => 2 + entries.get(2..).unwrap_or_default().partition_point(|e| e.name <= last),
             None => next,
@@ -201,14 +202,20 @@ impl Fs {
             // state is newer (`Node::local`): then the node, not the listing, is shown. An
             // overtaken listing may hold an entry older than an upload made here since: it
             // only names children (a known one keeps what the mount holds).
-            let known = t.child(ino, &m.name).filter(|n| overtaken && n.kind == m.kind).map(|n| n.ino);
-            if overtaken && known.is_none() && t.removed_here(ino, &m.name) {
-                continue; // removed here after the listing began
-            }
-            let child = known.unwrap_or_else(|| t.upsert(ino, m));
+            let Some(child) = listed_node(&mut t, ino, m, overtaken) else { continue };
             let kind = t.get(child).map_or(m.kind, |n| n.kind);
             out.push(DirEntry { ino: child, kind, name: m.name.clone() });
         }
         Arc::new(out)
     }
+}
+
+/// The node of listing entry `m` of directory `dir` (made from it, or updated by it), or
+/// `None` for a name removed here after an `overtaken` listing began.
+pub(crate) fn listed_node(t: &mut crate::inode::InodeTable, dir: u64, m: &ChildMeta, overtaken: bool) -> Option<u64> {
+    let known = t.child(dir, &m.name).filter(|n| overtaken && n.kind == m.kind).map(|n| n.ino);
+    if overtaken && known.is_none() && t.removed_here(dir, &m.name) {
+        return None; // removed here after the listing began
+    }
+    Some(known.unwrap_or_else(|| t.upsert(dir, m)))
 }

@@ -187,8 +187,9 @@ impl Fs {
         }
         moving.done = true;
         drop(moving); // before `learn_moved`: its HEAD answers after the move
-                      // What readers saw of them while they moved (a listing the store gave mid-move)
-                      // is not kept by the kernel either.
+
+        // What readers saw of them while they moved (a listing the store gave mid-move) is
+        // not kept by the kernel either.
         self.drop_dir_caches(moved_dirs);
         if self.write_back() {
             self.rekey_staged_below(&new_key).await;

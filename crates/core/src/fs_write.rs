@@ -13,7 +13,7 @@
 //!   midway can leave both names; SEMANTICS.md says so.
 
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
@@ -439,14 +439,14 @@ impl Fs {
             // is the upload's, so a chmod's upload moved it (make rebuilt), and so did a
             // write-back upload seconds later. Not where the mtime names the version (a
             // local folder: no ETag), which must be the stored file's.
-            let written = self.staging.watched_state(ino).map(|(_, m)| m);
+            let mtime = match meta.etag {
+                Some(_) => self.staging.watched_state(ino).map(|(_, m)| m),
+                None => Some(meta.mtime.unwrap_or_else(SystemTime::now)),
+            };
             let Some(n) = t.get_mut(ino) else { return Ok(()) };
             n.size = size;
             n.version = version;
-            n.mtime = match meta.etag {
-                Some(_) => written.unwrap_or(n.mtime),
-                None => meta.mtime.unwrap_or_else(std::time::SystemTime::now),
-            };
+            n.mtime = mtime.unwrap_or(n.mtime);
             n.validated = validated;
             n.answered = ticket;
             t.relist(ino);

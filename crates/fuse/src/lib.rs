@@ -172,6 +172,11 @@ fn fill_dir_plus(
     reply.ok();
 }
 
+/// The permission bits a create, mknod or mkdir asks for, the umask applied.
+fn perm_bits(mode: u32, umask: u32) -> u16 {
+    (mode & !umask & 0o7777) as u16
+}
+
 fn name_str(name: &OsStr) -> Option<String> {
     name.to_str().map(str::to_string)
 }
@@ -358,7 +363,7 @@ impl Filesystem for FuseAdapter {
         let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
         let (fs, ttl, pt) = (self.fs.clone(), self.ttl(), self.pt.clone());
         self.rt.spawn(async move {
-            let perm = Some((mode & !umask & 0o7777) as u16);
+            let perm = Some(perm_bits(mode, umask));
             match fs.create(parent.0, &name, flags, perm).await {
                 Ok((a, fh)) => {
                     let created = passthrough::Created { reply, ttl, attr: file_attr(&a) };
@@ -387,7 +392,7 @@ impl Filesystem for FuseAdapter {
         let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
         let (fs, ttl) = (self.fs.clone(), self.ttl());
         self.rt.spawn(async move {
-            let perm = Some((mode & !umask & 0o7777) as u16);
+            let perm = Some(perm_bits(mode, umask));
             let made = async {
                 let (a, fh) = fs.create(parent.0, &name, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, perm).await?;
                 fs.release(fh).await?;
@@ -404,7 +409,7 @@ impl Filesystem for FuseAdapter {
         let Some(name) = name_str(name) else { return reply.error(Errno::EINVAL) };
         let (fs, ttl) = (self.fs.clone(), self.ttl());
         self.rt.spawn(async move {
-            match fs.mkdir(parent.0, &name, Some((mode & !umask & 0o7777) as u16)).await {
+            match fs.mkdir(parent.0, &name, Some(perm_bits(mode, umask))).await {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
             }
