@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import stat
 import time
 
@@ -423,3 +424,60 @@ def test_create_mode_is_shown(tgt):
             os.umask(old)
         modes = {n: oct(stat.S_IMODE(os.stat(os.path.join(mp, n)).st_mode)) for n in ("x.sh", "r.txt", "priv")}
         assert modes == {"x.sh": "0o755", "r.txt": "0o600", "priv": "0o700"}, f"modes at create ignored: {modes}"
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs", "file"])
+def test_a_write_by_another_client_during_a_directory_rename_is_never_lost(store, rng):
+    """Another client overwrites files while the mount renames their directory (copy, then
+    delete, key by key): every write it was told succeeded is in the bucket afterwards,
+    under the old name or the new one. Each source goes only while it holds the version
+    that was copied."""
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
+
+    import conftest
+    import seed
+
+    conftest.require_store(store)
+    conftest.require_bin()
+    b = conftest.Bucket(store)
+    try:
+        n = 300
+        b.put_all({f"d/f{i:03}": b"listed" for i in range(n)})
+        last: dict[str, bytes] = {}
+        stop = threading.Event()
+
+        def writer(w: int) -> None:
+            r = random.Random(rng.random())
+            k = 0
+            while not stop.is_set():
+                key, k = f"d/f{r.randrange(w, n, 2):03}", k + 1
+                body = f"writer {w} write {k}".encode()
+                seed.put(store, b.name, key, body)
+                last[key] = body  # acknowledged
+
+        with b.mounted() as mp:
+            assert len(os.listdir(os.path.join(mp, "d"))) == n
+            with ThreadPoolExecutor(2) as ex:
+                writers = [ex.submit(writer, w) for w in range(2)]
+                try:
+                    time.sleep(0.2)
+                    os.rename(os.path.join(mp, "d"), os.path.join(mp, "d2"))
+                    time.sleep(0.2)
+                finally:
+                    stop.set()
+                for f in writers:
+                    f.result()
+            assert len(os.listdir(os.path.join(mp, "d2"))) == n
+        keys = set(seed.list_keys(store, b.name))
+        lost = []
+        for key, body in sorted(last.items()):
+            moved = "d2/" + key[2:]
+            held = [seed.get(store, b.name, k) for k in (key, moved) if k in keys]
+            if body not in held:
+                lost.append((key, body, held))
+        assert last, "the other client wrote nothing"
+        assert not lost, f"{len(lost)} of {len(last)} acknowledged writes lost, e.g. {lost[:3]}"
+        assert all(f"d2/f{i:03}" in keys for i in range(n)), "a file not written to did not move"
+    finally:
+        b.cleanup()

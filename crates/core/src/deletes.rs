@@ -575,6 +575,11 @@ impl Store for DeferredDeletes {
         self.inner.delete(key).await
     }
 
+    async fn delete_version(&self, key: &str, seen: &ObjectMeta) -> Result<(), StoreError> {
+        self.drain_under(key).await?;
+        self.inner.delete_version(key, seen).await
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         self.drain_key(from).await?;
         self.drain_under(to).await?;

@@ -61,18 +61,12 @@ impl DeferredDeletes {
         self.apply(key, op, only.as_deref(), target.as_deref()).await
     }
 
-    /// [`Op::Move`]: copy `from` to `to`, then delete `from`. Idempotent: a source already
-    /// gone was copied before (a crash after the delete), or deleted by another client.
+    /// [`Op::Move`]: copy `from` to `to`, then delete `from` while it holds the version
+    /// copied (`moves::settle`: another client's write meanwhile is not lost). Idempotent:
+    /// a source already gone was copied before (a crash after the delete), or deleted by
+    /// another client.
     pub(super) async fn apply_move(&self, from: &str, to: &str) -> Result<(), StoreError> {
-        match self.inner.copy(from, to).await {
-            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
-            r => r?,
-        }
-        match self.inner.delete(from).await {
-            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(()),
-            Err(e) => Err(StoreError { message: format!("copied, but the old key stays: {}", e.message), ..e }),
-            Ok(()) => Ok(()),
-        }
+        crate::moves::settle(self.inner.as_ref(), from, to, None, false).await.map(|_| ())
     }
 
     /// One attempt at `key`'s pending change (marked in flight by the caller). Boxed: it

@@ -1,7 +1,7 @@
 //! rename: the namespace change that moves data (files, directories, and their staged
 //! and pending state).
 
-use bucketfs_store::StoreErrorKind;
+use bucketfs_store::{StoreErrorKind, StoreExt};
 
 use super::check_new_name;
 use crate::fs::{Fs, Kind};
@@ -365,7 +365,7 @@ impl Fs {
                     // Journaled and sent in the background where it can be (a log renamed
                     // while its writer appends: logrotate), else moved now.
                     if !self.defer_object_move(&src.key, new_key, replaced).await? {
-                        journal = Some(self.move_object(&src.key, new_key, replaced).await?);
+                        journal = Some(self.move_object(src, new_key, replaced).await?);
                     }
                     if st.maybe_landed {
                         // An upload this rename cancelled may land after the move's delete.
@@ -421,7 +421,7 @@ impl Fs {
         let deferred = self.defer_move(src, new_key, replaced).await?;
         let journal = match deferred {
             true => None,
-            false => Some(self.move_object(&src.key, new_key, replaced).await?),
+            false => Some(self.move_object(src, new_key, replaced).await?),
         };
         if let Some(staged) = self.staging.get(src.ino) {
             // Its sidecar may still name the old key (a file the kernel writes keeps it
@@ -483,7 +483,13 @@ impl Fs {
     /// Returns the move's journal entry: the caller drops it once the file's staged
     /// sidecar names the new key (until then a crash is finished by the next mount, which
     /// reads a staged file still named `from` as named `to`: moves.rs).
-    async fn move_object(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<crate::moves::Entry, FsError> {
+    async fn move_object(
+        &self,
+        src: &crate::inode::Node,
+        to: &str,
+        replaced: Option<u64>,
+    ) -> Result<crate::moves::Entry, FsError> {
+        let from = src.key.as_str();
         if self.store.capabilities().moves {
             self.store.rename(from, to).await?;
             return Ok(crate::moves::Entry::none());
@@ -501,14 +507,32 @@ impl Fs {
             &[from.to_string()],
             target.as_deref(),
         );
-        self.copy_then_delete(from, to, replaced).await?;
+        // The version known here (else asked for): the source goes only while it holds the
+        // version copied, so another client's write to it meanwhile is moved too, or stays
+        // under the old name (moves::settle). A stale one costs a copy more.
+        let seen = match src.version.tag() {
+            Some(tag) => {
+                bucketfs_store::ObjectMeta { key: from.to_string(), etag: Some(tag.to_string()), ..Default::default() }
+            }
+            None => self.store.stat(from).await?,
+        };
+        self.copy_then_delete(from, to, replaced, &seen).await?;
         Ok(journal)
     }
 
-    async fn copy_then_delete(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<(), FsError> {
-        self.store.copy(from, to).await?;
-        match self.store.delete(from).await {
-            Ok(()) => {}
+    async fn copy_then_delete(
+        &self,
+        from: &str,
+        to: &str,
+        replaced: Option<u64>,
+        seen: &bucketfs_store::ObjectMeta,
+    ) -> Result<(), FsError> {
+        let copied = match self.store.copy(from, to).await {
+            Err(e) if e.kind == StoreErrorKind::Changed => false, // copied again by `settle`
+            r => r.map(|()| true)?,
+        };
+        match crate::moves::settle(self.store.as_ref(), from, to, Some(seen), copied).await {
+            Ok(_) => {}
             Err(e) if e.kind == StoreErrorKind::NotFound => {}
             Err(e) if self.write_back() && self.deletes.is_some() => {
                 // The copy holds the name: the source's delete is journaled and retried in

@@ -26,12 +26,19 @@ impl Fs {
         let moves = self.store.capabilities().moves;
         // Made here and not in the store yet (write-back): nothing to list or copy.
         let here = self.made_here_below(src).await;
-        let keys = match &here {
+        let (keys, seen): (Vec<String>, _) = match &here {
             // Its markers below it, to be made under the new name and withdrawn under the
             // old one should a crash cut what follows short.
-            Some(markers) => markers.iter().filter(|k| **k != src.key).cloned().collect(),
-            None if moves => Vec::new(),
-            None => self.keys_to_move(src).await?,
+            Some(markers) => (markers.iter().filter(|k| **k != src.key).cloned().collect(), Default::default()),
+            None if moves => Default::default(),
+            None => {
+                // Each object goes only while it holds the version listed here (moves::settle).
+                let listed = self.keys_to_move(src).await?;
+                (
+                    listed.iter().map(|m| m.key.clone()).collect(),
+                    listed.into_iter().map(|m| (m.key.clone(), m)).collect(),
+                )
+            }
         };
         self.check_moved_lengths(src, new_key, &keys)?;
         // Journaled before anything changes, here or in the store: a crash from now on is
@@ -58,7 +65,7 @@ impl Fs {
                 futures::future::try_join_all(markers.iter().map(|k| d.withdraw_marker(k))).await.map(|_| ())
             }
             _ if moves => self.store.rename(&src.key, new_key).await,
-            _ => crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, false, None).await,
+            _ => crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, &seen, false, None).await,
         };
         if moved.is_err() && self.write_back() {
             self.rekey_staged_moving(&below, new_key, &src.key).await; // as they were
@@ -159,9 +166,9 @@ impl Fs {
         }
     }
 
-    /// Every key below directory `src` in the store, for a move: at most
+    /// Every key below directory `src` in the store, as listed, for a move: at most
     /// `max_rename_keys` (EXDEV beyond), and each one a name shown here.
-    async fn keys_to_move(&self, src: &crate::inode::Node) -> Result<Vec<String>, FsError> {
+    async fn keys_to_move(&self, src: &crate::inode::Node) -> Result<Vec<bucketfs_store::ObjectMeta>, FsError> {
         let mut keys = Vec::new();
         let mut stream = self.store.list(&src.key, true);
         while let Some(m) = stream.try_next().await? {
@@ -172,7 +179,7 @@ impl Fs {
             if m.key == src.key {
                 continue; // its own marker, listed because it might have held bytes
             }
-            keys.push(m.key);
+            keys.push(m);
             if keys.len() > self.cfg.max_rename_keys {
                 return Err(FsError::CrossDevice(format!(
                     "{} holds over {} keys; renaming it would copy each (mv copies instead)",
@@ -183,7 +190,7 @@ impl Fs {
         // A key the mount does not show (not a valid file name, or one the store cannot
         // address byte for byte, such as `a ` that OpenDAL trims) cannot be copied: refuse
         // before anything is copied. `mv` then moves what it sees and leaves the directory.
-        if let Some(k) = keys.iter().find(|k| !self.shown_below(&src.key, k)) {
+        if let Some(k) = keys.iter().map(|m| &m.key).find(|k| !self.shown_below(&src.key, k)) {
             tracing::warn!(dir = %src.key, key = %k, "cannot rename a directory that holds a key with no file name here (not shown); move or delete that key with another client");
             return Err(FsError::CrossDevice(format!("{} holds {k:?}, which has no file name here", src.key)));
         }

@@ -24,10 +24,11 @@
 //! the move drops it ([`Move::replaces`]) rather than recover it over the copy. (A part
 //! starting with `/` is never taken for a key: no key starts with one.)
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use bucketfs_store::{Store, StoreError, StoreErrorKind, StoreExt};
+use bucketfs_store::{ObjectMeta, Store, StoreError, StoreErrorKind, StoreExt};
 
 /// The journal directory of moves for a mount staging in `staging`.
 fn dir_for(staging: &Path) -> Option<PathBuf> {
@@ -132,11 +133,17 @@ impl Drop for Entry {
 /// written since (by more than [`CLOCK_SLACK`]) is another file made there later, and
 /// stays; a target written since is newer than the source (an edit after an earlier
 /// replay copied it), and is not copied over.
+///
+/// `seen`: the version of each object as listed before the move. Such a source goes only
+/// while it holds the version copied ([`settle`]): another client's write that lands
+/// mid-move is moved too, or stays under the old name, never lost. A source another
+/// client deleted meanwhile is left out.
 pub(crate) async fn run(
     store: &dyn Store,
     from: &str,
     to: &str,
     keys: &[String],
+    seen: &HashMap<String, ObjectMeta>,
     again: bool,
     began: Option<SystemTime>,
 ) -> Result<(), StoreError> {
@@ -174,30 +181,106 @@ pub(crate) async fn run(
     for k in &sorted_markers {
         store.create_dir(&format!("{to}{}", &k[from.len()..])).await?;
     }
+    let target = |k: &str| format!("{to}{}", &k[from.len()..]);
+    // Sources whose copy did not happen: deleted meanwhile (or before a crash, once
+    // copied), or changed while copied (copied again at their delete, below).
+    let (mut vanished, mut uncopied) = (std::collections::HashSet::new(), std::collections::HashSet::new());
     for k in objects.iter().filter(|k| !copied.contains(k.as_str())) {
-        match store.copy(k, &format!("{to}{}", &k[from.len()..])).await {
-            Err(e) if again && gone(&e) => {} // copied before the crash, its source deleted
+        match store.copy(k, &target(k)).await {
+            Err(e) if gone(&e) => {
+                vanished.insert(k.as_str());
+            }
+            Err(e) if e.kind == StoreErrorKind::Changed && seen.contains_key(k.as_str()) => {
+                uncopied.insert(k.as_str());
+            }
             r => r?,
         }
     }
-    for k in &objects {
-        match store.delete(k).await {
-            Err(e) if again && gone(&e) => {}
-            r => r?,
+    for k in objects.iter().filter(|k| !vanished.contains(k.as_str())) {
+        match seen.get(k.as_str()) {
+            Some(m) => {
+                settle(store, k, &target(k), Some(m), !uncopied.contains(k.as_str())).await?;
+            }
+            None => match store.delete(k).await {
+                Err(e) if again && gone(&e) => {}
+                r => r?,
+            },
         }
     }
     for k in sorted_markers.iter().rev() {
-        match store.delete(k).await {
-            Err(e) if !gone(&e) => return Err(e),
-            _ => {}
-        }
+        delete_dir(store, k).await?;
     }
     if !dir {
         return Ok(()); // the file, its one key, went above
     }
-    match store.delete(from).await {
-        Err(e) if !gone(&e) => Err(e),
+    delete_dir(store, from).await
+}
+
+/// Delete the directory `key` a move emptied. Where directories are real (a local folder),
+/// one that holds a file another client wrote meanwhile, or a source left under its old
+/// name, stays with it: a directory that is not empty cannot go.
+async fn delete_dir(store: &dyn Store, key: &str) -> Result<(), StoreError> {
+    use futures::TryStreamExt;
+    if !store.capabilities().prefix_dirs {
+        if let Some(m) = store.list(key, false).try_next().await? {
+            tracing::info!(dir = %key, holds = %m.key, "a key below it was written or kept during the move: it stays");
+            return Ok(());
+        }
+    }
+    match store.delete(key).await {
+        Err(e) if e.kind != StoreErrorKind::NotFound => Err(e),
         _ => Ok(()),
+    }
+}
+
+/// How many times a source written to during its move is copied again before it is left
+/// under its old name ([`settle`]).
+const RECOPIES: usize = 3;
+
+/// Move one object from `from` to `to`: delete the source only while it holds the version
+/// copied, so a write another client makes during the move is never lost. `seen`: the
+/// version listed (else asked for first); `copied`: whether a copy made since that listing
+/// succeeded (else one is made).
+///
+/// A source found in another version at its delete was written since: that version is
+/// copied in turn, and so on; one still changing after [`RECOPIES`] copies stays where it
+/// is, with what it holds (a warning names it), and `Ok(false)` says so. A source deleted
+/// meanwhile has nothing left to move: `Ok(true)`, as for one moved.
+pub(crate) async fn settle(
+    store: &dyn Store,
+    from: &str,
+    to: &str,
+    seen: Option<&ObjectMeta>,
+    copied: bool,
+) -> Result<bool, StoreError> {
+    let gone = |e: &StoreError| e.kind == StoreErrorKind::NotFound;
+    let mut seen = seen.cloned();
+    let mut copies = 0;
+    loop {
+        if let (Some(m), true) = (&seen, copied || copies > 0) {
+            match store.delete_version(from, m).await {
+                Err(e) if e.kind == StoreErrorKind::Changed => {}
+                r => return r.map(|()| true),
+            }
+        }
+        // Copy the version there now (again, if it changed since).
+        loop {
+            if copies > RECOPIES {
+                tracing::warn!(key = %from, copy = %to, "written to again and again while it moved: left under its old name, with what it holds now");
+                return Ok(false);
+            }
+            copies += 1;
+            seen = match store.stat(from).await {
+                Err(e) if gone(&e) => return Ok(true),
+                r => Some(r?),
+            };
+            match store.copy(from, to).await {
+                Ok(()) => break,
+                Err(e) if gone(&e) => return Ok(true),
+                Err(e) if e.kind == StoreErrorKind::Changed => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -286,7 +369,7 @@ pub(crate) async fn replay(staging: &Path, store: &dyn Store) -> Vec<Move> {
                 r => r,
             }
         } else {
-            run(store, from, to, &keys, true, began).await
+            run(store, from, to, &keys, &HashMap::new(), true, began).await
         };
         let finished = done.is_ok();
         match done {
@@ -354,6 +437,7 @@ mod tests {
     use super::*;
     use bucketfs_store::testing::MemStore;
     use bucketfs_store::{PutOpts, StoreExt};
+    use std::sync::Arc;
 
     async fn keys_of(mem: &MemStore) -> Vec<String> {
         let all = futures::TryStreamExt::try_collect::<Vec<_>>(mem.list("", true)).await.unwrap();
@@ -393,12 +477,12 @@ mod tests {
         // Begun an hour ago: d/a and d/b were written by a later mount, after a failed
         // replay (and e/b is an edit of the copy that replay made).
         let long_ago = SystemTime::now() - Duration::from_secs(3600);
-        run(&mem, "d/", "e/", &keys, true, Some(long_ago)).await.unwrap();
+        run(&mem, "d/", "e/", &keys, &HashMap::new(), true, Some(long_ago)).await.unwrap();
         assert!(mem.stat("d/a").await.is_ok() && mem.stat("e/a").await.is_err(), "a file made since was moved");
         // Begun just now: the same objects are the journaled ones and move, but e/b,
         // written since, is not copied over.
         mem.put("d/b", bytes::Bytes::from_static(b"journaled"), PutOpts::default()).await.unwrap();
-        run(&mem, "d/", "e/", &keys, true, Some(SystemTime::now())).await.unwrap();
+        run(&mem, "d/", "e/", &keys, &HashMap::new(), true, Some(SystemTime::now())).await.unwrap();
         assert!(mem.stat("d/a").await.is_err() && mem.stat("e/a").await.is_ok());
         assert_eq!(&mem.get_range("e/b", 0..9, Default::default()).await.unwrap()[..], b"journaled");
         // The copy an earlier replay made, edited past the slack after the move began: kept,
@@ -407,9 +491,77 @@ mod tests {
         mem.put("d/b", bytes::Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(600)).await;
         mem.put("e/b", bytes::Bytes::from_static(b"edited"), PutOpts::default()).await.unwrap();
-        run(&mem, "d/", "e/", &keys[1..], true, Some(began)).await.unwrap();
+        run(&mem, "d/", "e/", &keys[1..], &HashMap::new(), true, Some(began)).await.unwrap();
         assert_eq!(&mem.get_range("e/b", 0..6, Default::default()).await.unwrap()[..], b"edited");
         assert!(mem.stat("d/b").await.is_err(), "the journaled source went");
+    }
+
+    /// `d/a`, `d/b`, `d/c` moved to `e/` as a directory rename moves them (with the
+    /// versions listed first), while another client changes keys just after each copy:
+    /// `others(source)` names them, with the bytes written (`None`: deleted).
+    async fn move_while(
+        others: impl Fn(&str) -> Vec<(&'static str, Option<&'static [u8]>)> + Send + Sync + 'static,
+    ) -> Arc<MemStore> {
+        use bucketfs_store::testing::{FailStore, Op};
+        let mem = Arc::new(MemStore::new());
+        for key in ["d/a", "d/b", "d/c"] {
+            mem.put(key, bytes::Bytes::from_static(b"listed"), PutOpts::default()).await.unwrap();
+        }
+        let listed: Vec<ObjectMeta> = futures::TryStreamExt::try_collect(mem.list("d/", true)).await.unwrap();
+        let seen: HashMap<String, ObjectMeta> = listed.iter().map(|m| (m.key.clone(), m.clone())).collect();
+        let keys: Vec<String> = listed.into_iter().map(|m| m.key).collect();
+        let other = mem.clone();
+        let store = FailStore::new(mem.clone(), Op::Copy, 0, 0, StoreErrorKind::Other).after_copy(move |from| {
+            let (other, changes) = (other.clone(), others(from));
+            Box::pin(async move {
+                for (key, bytes) in changes {
+                    match bytes {
+                        Some(b) => {
+                            drop(other.put(key, bytes::Bytes::from_static(b), PutOpts::default()).await.unwrap())
+                        }
+                        None => other.delete(key).await.unwrap(),
+                    }
+                }
+            })
+        });
+        run(&store, "d/", "e/", &keys, &seen, false, None).await.unwrap();
+        mem
+    }
+
+    async fn read(mem: &MemStore, key: &str) -> Option<Vec<u8>> {
+        let m = mem.stat(key).await.ok()?;
+        Some(mem.get_range(key, 0..m.size, Default::default()).await.unwrap().to_vec())
+    }
+
+    #[tokio::test]
+    async fn a_write_landing_during_a_directory_move_is_never_lost() {
+        // Written just after its copy: the newer version is copied too, then the source goes.
+        let once = std::sync::atomic::AtomicBool::new(false);
+        let mem =
+            move_while(move |from| match from == "d/b" && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                true => vec![("d/b", Some(&b"newer"[..]))],
+                false => vec![],
+            })
+            .await;
+        assert_eq!(read(&mem, "e/b").await.as_deref(), Some(&b"newer"[..]), "the write that landed mid-move");
+        assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b", "e/c"]);
+
+        // Written after every copy: after a few copies it stays where it is, with its bytes.
+        let mem = move_while(|from| match from {
+            "d/b" => vec![("d/b", Some(&b"again"[..]))],
+            _ => vec![],
+        })
+        .await;
+        assert_eq!(read(&mem, "d/b").await.as_deref(), Some(&b"again"[..]), "a source written to again and again");
+        assert_eq!(read(&mem, "e/a").await.as_deref(), Some(&b"listed"[..]));
+
+        // Deleted by another client before its copy: nothing to move there, the rest moves.
+        let mem = move_while(|from| match from {
+            "d/a" => vec![("d/c", None)],
+            _ => vec![],
+        })
+        .await;
+        assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b"]);
     }
 
     #[tokio::test]

@@ -42,6 +42,6 @@ pub use attrs::FileAttrs;
 pub use content_type::ContentType;
 pub use error::{redact_urls, StoreError, StoreErrorKind};
 pub use types::{
-    parse_md5_hex, ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectChecksum, ObjectHead, ObjectMeta,
-    ObjectWriter, Patch, PatchSource, Patched, PutOpts, Store, StoreExt, WriteOptions,
+    parse_md5_hex, same_version, ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectChecksum, ObjectHead,
+    ObjectMeta, ObjectWriter, Patch, PatchSource, Patched, PutOpts, Store, StoreExt, WriteOptions,
 };

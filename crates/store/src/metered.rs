@@ -337,6 +337,12 @@ impl Store for MeteredStore {
         self.done(Op::Delete, t, r)
     }
 
+    async fn delete_version(&self, key: &str, seen: &ObjectMeta) -> Result<(), StoreError> {
+        let t = Instant::now();
+        let r = self.inner.delete_version(key, seen).await;
+        self.done(Op::Delete, t, r)
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         let t = Instant::now();
         let r = self.inner.copy(from, to).await;

@@ -18,7 +18,7 @@ use opendal::{Metadata, Operator};
 use crate::gcs::compose::{ComposeWriter, OpendalComposeBackend, PARTS_PREFIX};
 use crate::{
     ByteStream, Capabilities, FileAttrs, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, Patch,
-    Patched, PutOpts, Store, StoreError, WriteOptions,
+    Patched, PutOpts, Store, StoreError, StoreErrorKind, StoreExt, WriteOptions,
 };
 
 /// `mem://` versions: key -> (version, when its upload ended).
@@ -413,6 +413,34 @@ impl Store for OpendalStore {
         Ok(())
     }
 
+    async fn delete_version(&self, key: &str, seen: &ObjectMeta) -> Result<(), StoreError> {
+        self.beneath("delete", key)?;
+        // Checked here first: an S3-compatible server may ignore `If-Match` on a DELETE
+        // (MinIO does), and a local folder has no condition to send.
+        let now = match self.stat(key).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
+            r => r?,
+        };
+        if !crate::same_version(&now, seen) {
+            return Err(StoreError::new(StoreErrorKind::Changed, format!("delete {key:?}: another version is there")));
+        }
+        // And sent with the delete where the store takes it (GCS, AWS S3): no moment between.
+        let req = self.op.delete_with(od_path(key));
+        let req = match seen.etag.as_deref() {
+            Some(g) if self.generation_identity => req.if_version_match(g),
+            Some(tag) if self.op.info().capability().delete_with_if_match => req.if_match(tag),
+            _ => req,
+        };
+        match req.await {
+            Err(e) if e.kind() == opendal::ErrorKind::NotFound => {}
+            r => r.map_err(|e| StoreError::from_opendal("delete", key, e))?,
+        }
+        if let Some(s) = &self.stamps {
+            s.lock().unwrap().remove(key);
+        }
+        Ok(())
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         self.beneath("copy", from)?;
         self.beneath("copy", to)?;
@@ -425,7 +453,14 @@ impl Store for OpendalStore {
         if self.op.info().scheme() == "fs" {
             return self.copy_keeping_mtime(from, to).await;
         }
-        self.op.copy(from, to).await.map(|_| ()).map_err(|e| StoreError::from_opendal("copy", from, e))
+        match self.op.copy(from, to).await {
+            Ok(_) => Ok(()),
+            // S3: the source changed between OpenDAL's HEAD and the copy it pinned to it.
+            Err(e) if e.kind() == opendal::ErrorKind::Conflict => {
+                Err(StoreError::new(StoreErrorKind::Changed, format!("copy {from:?}: it changed while being copied")))
+            }
+            Err(e) => Err(StoreError::from_opendal("copy", from, e)),
+        }
     }
 
     async fn create_dir(&self, key: &str) -> Result<(), StoreError> {

@@ -138,6 +138,24 @@ pub trait Store: Send + Sync + 'static {
     /// Delete `key`; deleting a missing key succeeds.
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
 
+    /// Delete `key` only while it holds the version `seen` describes ([`same_version`]):
+    /// what a move copied, so another client's newer version stays (`Changed`, nothing
+    /// deleted). A missing key succeeds. Here: a check, then the delete, with a moment
+    /// between them; a store that can attach the condition to the delete overrides it.
+    async fn delete_version(&self, key: &str, seen: &ObjectMeta) -> Result<(), StoreError> {
+        match self.head(key, HeadOpts::default()).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
+            Ok(now) if !same_version(&now.meta, seen) => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Changed,
+                    format!("delete {key:?}: another version is there"),
+                ))
+            }
+            r => r?,
+        };
+        self.delete(key).await
+    }
+
     /// Server-side copy.
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError>;
 
@@ -314,6 +332,16 @@ impl ObjectHead {
             return self.md5;
         }
         parse_md5_hex(self.etag.as_deref()?)
+    }
+}
+
+/// Whether `a` and `b` describe one version of an object: the same ETag (GCS: generation)
+/// where the store tells one, else (a local folder) the same size and mtime.
+pub fn same_version(a: &ObjectMeta, b: &ObjectMeta) -> bool {
+    match (&a.etag, &b.etag) {
+        (Some(x), Some(y)) => x == y,
+        (None, None) => a.size == b.size && a.mtime == b.mtime,
+        _ => false,
     }
 }
 

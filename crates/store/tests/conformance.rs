@@ -114,6 +114,17 @@ async fn conformance(store: Arc<dyn Store>) {
     // Copy and delete.
     s.copy("dir/a.txt", "dir/b.txt").await.unwrap();
     assert_eq!(&s.get_range("dir/b.txt", 0..5, GetOpts::default()).await.unwrap()[..], b"hello");
+    // A delete pinned to a version (what a move copied) leaves another one (written since).
+    let copied = s.stat("dir/b.txt").await.unwrap();
+    s.put("dir/b.txt", Bytes::from_static(b"written since"), PutOpts::default()).await.unwrap();
+    let refused = s.delete_version("dir/b.txt", &copied).await.unwrap_err();
+    assert_eq!(refused.kind, StoreErrorKind::Changed, "{}: {refused}", s.describe());
+    let now = s.stat("dir/b.txt").await.expect("another version stays");
+    assert_eq!(now.size, 13, "{}", s.describe());
+    s.delete_version("dir/b.txt", &now).await.expect("the version there goes");
+    assert_eq!(s.stat("dir/b.txt").await.unwrap_err().kind, StoreErrorKind::NotFound, "{}", s.describe());
+    s.delete_version("dir/b.txt", &now).await.expect("a missing key succeeds");
+    s.put("dir/b.txt", Bytes::from_static(b"hello"), PutOpts::default()).await.unwrap();
     for k in ["dir/a.txt", "dir/b.txt", "dir/sub/file.bin", "top.txt"] {
         s.delete(k).await.unwrap();
     }

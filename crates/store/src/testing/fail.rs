@@ -31,7 +31,12 @@ pub struct FailStore {
     cut_after: Option<u64>,
     /// Armed by [`FailStore::hold`]: (operation, calls still to hold, the permits they wait for).
     held: std::sync::Mutex<Option<(Op, u32, Arc<tokio::sync::Semaphore>)>>,
+    /// Set by [`FailStore::after_copy`].
+    after_copy: Option<AfterCopy>,
 }
+
+/// What [`FailStore::after_copy`] runs: given the source key of a copy just made.
+type AfterCopy = Box<dyn Fn(&str) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl FailStore {
     /// Fail calls `n..n+count` (1-based) of `op` with an error of `kind`.
@@ -45,7 +50,19 @@ impl FailStore {
             calls: AtomicU64::new(0),
             cut_after: None,
             held: Default::default(),
+            after_copy: None,
         }
+    }
+
+    /// Run `hook` after each copy that succeeded, before it answers, with the copy's source
+    /// key: another client's change landing just after the copy (a write to the source
+    /// while a rename moves it).
+    pub fn after_copy(
+        mut self,
+        hook: impl Fn(&str) -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Self {
+        self.after_copy = Some(Box::new(hook));
+        self
     }
 
     /// The next `count` calls of `op` (`Head`, `List`, `Put`, `Delete` or `CreateDir`; `Copy` waits before it
@@ -159,13 +176,22 @@ impl Store for FailStore {
         let held = self.held(Op::Delete);
         Self::answer_when_allowed(held, self.inner.delete(key).await).await
     }
+    async fn delete_version(&self, key: &str, seen: &ObjectMeta) -> Result<(), StoreError> {
+        self.gate(Op::Delete)?;
+        let held = self.held(Op::Delete);
+        Self::answer_when_allowed(held, self.inner.delete_version(key, seen).await).await
+    }
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         self.gate(Op::Copy)?;
         // Held before it reaches the store: a process that dies meanwhile never copied.
         if let Some(p) = self.held(Op::Copy) {
             p.acquire().await.expect("never closed").forget();
         }
-        self.inner.copy(from, to).await
+        self.inner.copy(from, to).await?;
+        if let Some(hook) = &self.after_copy {
+            hook(from).await;
+        }
+        Ok(())
     }
     async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
         self.gate(Op::Rename)?;
