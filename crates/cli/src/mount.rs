@@ -482,12 +482,15 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let r = worker.join().map_err(|_| "the FUSE session panicked".to_string())?;
     // The session's end uploaded what it could; say what is still only on local disk.
     let pending = rt.block_on(fs_after.pending_keys());
+    let set_aside = fs_after.set_aside();
     let _ = std::fs::remove_file(paths::pending_file(mp));
-    if !pending.is_empty() {
+    if !pending.is_empty() || !set_aside.is_empty() {
         let staging = args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp));
-        let note = format!("{}\n{}\n", staging.display(), pending.join("\n"));
-        let _ = paths::write_private(&paths::pending_file(mp), &note);
-        tracing::error!(changes = ?pending, "unmounted with changes pending; kept in {} for the next mount", staging.display());
+        let note = paths::PendingNote { staging: staging.clone(), pending: pending.clone(), set_aside };
+        let _ = paths::write_private(&paths::pending_file(mp), &note.to_text());
+        if !pending.is_empty() {
+            tracing::error!(changes = ?pending, "unmounted with changes pending; kept in {} for the next mount", staging.display());
+        }
     }
     let _ = std::fs::remove_file(paths::pid_file(mp));
     drop(control);

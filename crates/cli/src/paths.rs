@@ -164,6 +164,44 @@ pub fn pending_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.pending", mount_id(mountpoint)))
 }
 
+/// What a finished mount left for `bucketfs unmount` to report ([`pending_file`]): changes
+/// it could not make in the bucket (kept for the next mount), and the files its recovery
+/// moved to `lost+found` (bytes an earlier mount's crash left never closed: never uploaded).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PendingNote {
+    pub staging: PathBuf,
+    pub pending: Vec<String>,
+    /// (key, file in `lost+found`).
+    pub set_aside: Vec<(String, PathBuf)>,
+}
+
+impl PendingNote {
+    /// The staging directory, then a line per pending key, then a line per file set aside,
+    /// starting with NUL (no key holds one): NUL, key, NUL, path.
+    pub fn to_text(&self) -> String {
+        let mut text = format!("{}\n", self.staging.display());
+        for k in &self.pending {
+            text.push_str(&format!("{k}\n"));
+        }
+        for (k, p) in &self.set_aside {
+            text.push_str(&format!("\0{k}\0{}\n", p.display()));
+        }
+        text
+    }
+
+    pub fn parse(text: &str) -> Self {
+        let mut lines = text.lines();
+        let mut note = PendingNote { staging: lines.next().unwrap_or_default().into(), ..Default::default() };
+        for line in lines {
+            match line.strip_prefix('\0').and_then(|l| l.split_once('\0')) {
+                Some((k, p)) => note.set_aside.push((k.to_string(), p.into())),
+                None => note.pending.push(line.to_string()),
+            }
+        }
+        note
+    }
+}
+
 /// The mount process's control socket (`bucketfs status` talks to it). A socket's path must
 /// fit in 108 bytes (`sun_path`); a longer one is named by the hash of the mount point.
 pub fn control_socket(mountpoint: &Path) -> PathBuf {
@@ -312,6 +350,18 @@ fn default_hasher(store_id: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pending_note_reads_back_as_written() {
+        let note = PendingNote {
+            staging: "/var/stage dir".into(),
+            pending: vec!["a/b c".into(), "d (rename to e)".into()],
+            set_aside: vec![("x/y".into(), "/var/stage dir/lost+found/1-y".into())],
+        };
+        assert_eq!(PendingNote::parse(&note.to_text()), note);
+        let old = PendingNote::parse("/s\nk1\nk2\n"); // as written before files set aside were
+        assert_eq!((old.pending.len(), old.set_aside.len()), (2, 0));
+    }
     use std::os::unix::fs::symlink;
 
     fn tmp(name: &str) -> PathBuf {

@@ -50,19 +50,35 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    // Uploads that still failed at the end are kept on local disk, never dropped: say so.
-    if let Ok(note) = std::fs::read_to_string(paths::pending_file(&canonical)) {
-        let mut lines = note.lines();
-        let staging = lines.next().unwrap_or_default().to_string();
-        let keys: Vec<&str> = lines.collect();
-        return Err(format!(
-            "unmounted, but {} change(s) could not be made in the bucket and are kept on local disk ({staging}); mounting {} again makes them: {}",
-            keys.len(),
+    // Uploads that still failed at the end are kept on local disk, never dropped, and bytes
+    // a crash left never closed were set aside, not uploaded: say so.
+    match std::fs::read_to_string(paths::pending_file(&canonical)) {
+        Ok(text) => Err(report(&paths::PendingNote::parse(&text), &canonical)),
+        Err(_) => Ok(()),
+    }
+}
+
+/// What an unmount says of what the mount left ([`paths::PendingNote`]).
+fn report(note: &paths::PendingNote, canonical: &Path) -> String {
+    let mut parts = Vec::new();
+    if !note.pending.is_empty() {
+        parts.push(format!(
+            "{} change(s) could not be made in the bucket and are kept on local disk ({}); mounting {} again makes them: {}",
+            note.pending.len(),
+            note.staging.display(),
             canonical.display(),
-            keys.join(", ")
+            note.pending.join(", ")
         ));
     }
-    Ok(())
+    if !note.set_aside.is_empty() {
+        let files: Vec<String> = note.set_aside.iter().map(|(k, p)| format!("{k} -> {}", p.display())).collect();
+        parts.push(format!(
+            "{} file(s) were not uploaded and their bytes are kept in lost+found (bytes written but never closed before a mount stopped; the log says why for each; copy back what you want): {}",
+            files.len(),
+            files.join(", ")
+        ));
+    }
+    format!("unmounted, but {}", parts.join("; and "))
 }
 
 /// Detach the kernel's mount at `canonical` (fails while a process uses it).

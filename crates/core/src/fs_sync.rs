@@ -92,6 +92,12 @@ impl Fs {
         keys
     }
 
+    /// (key, file) of each staged file this mount moved to `lost+found` instead of
+    /// uploading it (bytes an earlier mount's crash left never closed): an unmount names them.
+    pub fn set_aside(&self) -> Vec<(String, std::path::PathBuf)> {
+        crate::write::set_aside_in(&self.cfg.staging_dir)
+    }
+
     /// `bucketfs sync`: on a write-back mount [`Fs::sync_write_back`]; on a durable one,
     /// every closed file whose upload failed at its close (still staged and changed, no
     /// handle open) is uploaded now. Returns (key, error) of each still not in the bucket.

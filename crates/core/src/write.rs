@@ -574,6 +574,16 @@ pub(crate) fn remove_staged(data: &Path, with_data: bool) {
     }
 }
 
+/// What [`set_aside`] moved in this process: (staging directory, key, where the bytes are).
+static SET_ASIDE: std::sync::Mutex<Vec<(PathBuf, String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+/// The (key, file) of each staged file of `dir` that this process moved to `lost+found`
+/// (its recovery, or an upload it could not make): what an unmount reports.
+pub(crate) fn set_aside_in(dir: &Path) -> Vec<(String, PathBuf)> {
+    let all = SET_ASIDE.lock().unwrap();
+    all.iter().filter(|(d, _, _)| d == dir).map(|(_, k, p)| (k.clone(), p.clone())).collect()
+}
+
 /// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
 /// named after their key, instead of uploading them: a half-written rewrite must never
 /// replace the version its last close left in the bucket. `false` if they could not be moved.
@@ -591,6 +601,7 @@ pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) -> bool {
         Ok(()) => {
             tracing::warn!(%key, kept = %to.display(), "bytes written but never closed before the mount stopped: not uploaded, kept here");
             remove_staged(data, false);
+            SET_ASIDE.lock().unwrap().push((dir.to_path_buf(), key.to_string(), to));
             true
         }
         Err(e) => {
