@@ -90,6 +90,9 @@ def test_a_hanging_store_does_not_stall_local_calls(hung_minio, tmp_path):
                 write_file(p("m", "tmp", "shard", "0.bin"), b"shard 0")
                 os.rename(p("m", "tmp"), p("m", "ckpt"))
             op("mkdir, write, rename of the directory", checkpoint)
+            op("listdir of the directory renamed", lambda: sorted(os.listdir(p("m", "ckpt"))))
+            op("mkdir, rename of it, listdir",
+               lambda: (os.mkdir(p("m", "e")), os.rename(p("m", "e"), p("m", "e2")), os.listdir(p("m", "e2"))))
             # The kernel holds the directory locked during a symlink: one waiting for the
             # store stalled every lookup of a new name there.
             op("symlink in a listed directory", lambda: os.symlink("../s/st.txt", p("l", "link")))

@@ -344,6 +344,13 @@ impl DeferredDeletes {
         Some(markers)
     }
 
+    /// Whether directory `dir`'s marker is pending here: made by this mount and not
+    /// confirmed in the store, so nothing this mount wrote below it is there either (every
+    /// write below waits for it).
+    pub fn marker_pending(&self, dir: &str) -> bool {
+        self.pending.lock().unwrap().get(dir).is_some_and(|e| e.op == Op::Marker)
+    }
+
     /// Withdraw the pending marker `key` (its directory was renamed before it went up):
     /// forgotten if it was never sent, else deleted after the attempt that may have made it.
     pub async fn withdraw_marker(&self, key: &str) -> Result<(), StoreError> {

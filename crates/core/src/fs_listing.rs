@@ -265,13 +265,20 @@ impl Fs {
         let flight = self.listing_flight(dir.ino);
         let done = flight.done.load(Ordering::Acquire);
         let (asked, one_page) = {
-            let t = self.table.lock().unwrap();
+            let mut t = self.table.lock().unwrap();
             if t.listing_fresh(dir.ino) {
                 return Ok(());
             }
             if t.moving_now(dir.ino) && t.listing(dir.ino).is_some() {
                 // A rename here moves its keys: the store shows them half moved, the
                 // listing held shows its names as they are (the move's end drops it).
+                return Ok(());
+            }
+            if t.listing(dir.ino).is_some() && self.deletes.as_ref().is_some_and(|d| d.marker_pending(&dir.key)) {
+                // Made here (write-back) and its marker not in the store yet: the store has
+                // nothing of ours below it, the listing held has it all. A store that hangs
+                // would hold the call (`mkdir d; mv d d2; ls d2` waited 2 minutes).
+                t.renew_listing(dir.ino, self.cfg.metadata_ttl);
                 return Ok(());
             }
             let last = t.listing(dir.ino);

@@ -120,10 +120,11 @@ impl Fs {
         // Whether the object under the new key holds the bytes of the version the node knew
         // (else the rename uploaded newer ones: nothing cached of the old one may follow);
         // `None`: the object moves in the background (write-back), nothing to learn yet.
+        let mut listings_whole = false;
         let same_bytes = match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key, discard_after).await?,
             Kind::Dir => {
-                self.move_dir(&src, &new_key).await?;
+                listings_whole = self.move_dir(&src, &new_key).await?;
                 Some(true)
             }
         };
@@ -155,7 +156,9 @@ impl Fs {
             t.relocate(src.ino, newparent, newname);
             // Moved objects are new objects (a new GCS generation; on S3 a new ETag for a
             // multipart source): a read pinned to the old identity would fail with ESTALE.
-            if src.kind == Kind::Dir {
+            // (Not a directory moved with no request: the store has nothing below it yet,
+            // its listings are whole, and a store that hangs would hold the next `ls`.)
+            if src.kind == Kind::Dir && !listings_whole {
                 let stale = t.expired_instant(self.cfg.metadata_ttl);
                 moved_dirs = t.expire_below(&new_key, stale);
             }

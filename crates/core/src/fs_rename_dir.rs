@@ -10,8 +10,10 @@ use crate::FsError;
 impl Fs {
     /// Move every key below `src` to `new_key`: in one request where the store moves
     /// folders; else copies first, then deletes, so a failure midway loses nothing (the
-    /// source is complete until every copy succeeded).
-    pub(super) async fn move_dir(&self, src: &crate::inode::Node, new_key: &str) -> Result<(), FsError> {
+    /// source is complete until every copy succeeded). `true`: made here and nothing below
+    /// it in the store yet (write-back), so moved with no request, and the listings held
+    /// below it are still whole.
+    pub(super) async fn move_dir(&self, src: &crate::inode::Node, new_key: &str) -> Result<bool, FsError> {
         let below: Vec<u64> = {
             let t = self.table.lock().unwrap();
             t.nodes().filter(|n| n.key.starts_with(&src.key) && n.kind == Kind::File).map(|n| n.ino).collect()
@@ -91,7 +93,7 @@ impl Fs {
                 }
             }
         }
-        Ok(())
+        Ok(here.is_some())
     }
 
     /// `ENAMETOOLONG` before anything moves if a key below directory `src` (in the store,
