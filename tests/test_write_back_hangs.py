@@ -321,6 +321,8 @@ def test_sync_during_a_hang_names_what_is_pending_and_returns(hung_minio, tmp_pa
         assert took is not None, f"`{what}` was still blocked after {limit:.0f}s of the hang (stderr {err!r})"
         assert rc != 0, f"`{what}` exited 0 after {took:.1f}s while the store hung and w/pending.txt was not uploaded"
         assert "w/pending.txt" in err, f"`{what}` (exit {rc}) did not name w/pending.txt: {err!r}"
+        if has_timeout:
+            assert "have not finished" in err, f"`{what}` did not say its uploads are still waiting: {err!r}"
     finally:
         pm.cont()
         unmount(mp)

@@ -29,13 +29,15 @@ pub fn sync(mp: &Path, timeout: Option<Duration>) -> Result<(), String> {
     let mut conn = connect(mp)?;
     conn.write_all(b"sync\n").map_err(|e| format!("cannot ask the mount process: {e}"))?;
     let mut answer = Vec::new();
+    // Bytes the mount had sent at the last progress line: whether uploads move.
+    let mut sent = bytes_sent(mp);
     loop {
         let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
         if left.is_some_and(|l| l.is_zero()) {
             return Err(format!(
                 "timed out after {}s; the mount keeps uploading and retrying. {}",
                 started.elapsed().as_secs(),
-                pending_now(mp)
+                pending_now(mp, &mut sent)
             ));
         }
         let wait = left.map_or(SYNC_PROGRESS_EVERY, |l| l.min(SYNC_PROGRESS_EVERY));
@@ -45,7 +47,11 @@ pub fn sync(mp: &Path, timeout: Option<Duration>) -> Result<(), String> {
             Ok(0) => break,
             Ok(n) => answer.extend_from_slice(&buf[..n]),
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                say!("bucketfs sync: still waiting after {}s. {}", started.elapsed().as_secs(), pending_now(mp));
+                say!(
+                    "bucketfs sync: still waiting after {}s. {}",
+                    started.elapsed().as_secs(),
+                    pending_now(mp, &mut sent)
+                );
             }
             Err(e) => return Err(format!("no answer from the mount process: {e}")),
         }
@@ -68,8 +74,16 @@ pub fn sync(mp: &Path, timeout: Option<Duration>) -> Result<(), String> {
     Ok(())
 }
 
-/// One sentence of what a sync still waits for, from the mount's status.
-fn pending_now(mp: &Path) -> String {
+/// The bytes the mount has sent to the store so far, from its status.
+fn bytes_sent(mp: &Path) -> Option<u64> {
+    let json = ask(mp, "status json", Some(ANSWER_TIMEOUT)).ok()?;
+    serde_json::from_str::<serde_json::Value>(&json).ok()?["bytes_written"].as_u64()
+}
+
+/// One sentence of what a sync still waits for, from the mount's status. `sent`: the bytes
+/// the mount had sent at the last call (updated), to tell uploads that move from a store
+/// that does not answer.
+fn pending_now(mp: &Path, sent: &mut Option<u64>) -> String {
     let Ok(json) = ask(mp, "status json", Some(ANSWER_TIMEOUT)) else {
         return "The mount process does not answer a status request either.".to_string();
     };
@@ -91,8 +105,20 @@ fn pending_now(mp: &Path) -> String {
         }
     }
     let failing = v["upload_errors"].as_array().cloned().unwrap_or_default();
-    if failing.is_empty() {
-        s.push_str(" No upload has failed yet: the store has not answered those in flight (unreachable or hanging?).");
+    let now_sent = v["bytes_written"].as_u64();
+    let moved = match (now_sent, sent.replace(now_sent.unwrap_or(0))) {
+        (Some(now), Some(before)) => Some(now.saturating_sub(before)),
+        _ => None,
+    };
+    // (Bytes count as sent once handed to an upload: a slow part still counts as moving.)
+    match moved {
+        Some(b) if b > 0 => {
+            s.push_str(&format!(" Uploading: {:.1} MiB sent since the last line.", b as f64 / 1048576.0))
+        }
+        _ if failing.is_empty() => s.push_str(
+            " No upload has failed; those in flight have not finished yet (a slow store, or one that does not answer).",
+        ),
+        _ => {}
     }
     for f in failing.iter().take(10) {
         s.push_str(&format!(
