@@ -429,9 +429,10 @@ def test_create_mode_is_shown(tgt):
 @pytest.mark.parametrize("store", ["s3", "gcs", "file"])
 def test_a_write_by_another_client_during_a_directory_rename_is_never_lost(store, rng):
     """Another client overwrites files while the mount renames their directory (copy, then
-    delete, key by key): every write it was told succeeded is in the bucket afterwards,
-    under the old name or the new one. Each source goes only while it holds the version
-    that was copied."""
+    delete, key by key), one writer putting each file's earlier bytes back (on S3 the same
+    ETag again): every write it was told succeeded is in the bucket afterwards, under the
+    old name or the new one. Each source goes only while it holds the version that was
+    copied."""
     from concurrent.futures import ThreadPoolExecutor
     import threading
 
@@ -451,15 +452,20 @@ def test_a_write_by_another_client_during_a_directory_rename_is_never_lost(store
             r = random.Random(rng.random())
             k = 0
             while not stop.is_set():
-                key, k = f"d/f{r.randrange(w, n, 2):03}", k + 1
+                key, k = f"d/f{r.randrange(w, n, 3):03}", k + 1
                 body = f"writer {w} write {k}".encode()
                 seed.put(store, b.name, key, body)
+                if w == 2:
+                    # Puts the earlier bytes back: on S3 the same ETag again (an MD5).
+                    time.sleep(0.02)
+                    body = last.get(key, b"listed")
+                    seed.put(store, b.name, key, body)
                 last[key] = body  # acknowledged
 
         with b.mounted() as mp:
             assert len(os.listdir(os.path.join(mp, "d"))) == n
-            with ThreadPoolExecutor(2) as ex:
-                writers = [ex.submit(writer, w) for w in range(2)]
+            with ThreadPoolExecutor(3) as ex:
+                writers = [ex.submit(writer, w) for w in range(3)]
                 try:
                     time.sleep(0.2)
                     os.rename(os.path.join(mp, "d"), os.path.join(mp, "d2"))

@@ -201,10 +201,16 @@ pub(crate) async fn run(
             Some(m) => {
                 settle(store, k, &target(k), Some(m), !uncopied.contains(k.as_str())).await?;
             }
-            None => match store.delete(k).await {
+            // Its target edited since an earlier replay copied it: the source goes.
+            None if copied.contains(k.as_str()) => match store.delete(k).await {
                 Err(e) if again && gone(&e) => {}
                 r => r?,
             },
+            // Finishing a journaled move, versions unknown: asked for now, and copied again
+            // so the copy holds the version deleted (a write meanwhile is not lost).
+            None => {
+                settle(store, k, &target(k), None, false).await?;
+            }
         }
     }
     for k in sorted_markers.iter().rev() {
@@ -258,9 +264,11 @@ pub(crate) async fn settle(
     let mut copies = 0;
     loop {
         if let (Some(m), true) = (&seen, copied || copies > 0) {
-            match store.delete_version(from, m).await {
-                Err(e) if e.kind == StoreErrorKind::Changed => {}
-                r => return r.map(|()| true),
+            if copy_holds(store, to, m).await? {
+                match store.delete_version(from, m).await {
+                    Err(e) if e.kind == StoreErrorKind::Changed => {}
+                    r => return r.map(|()| true),
+                }
             }
         }
         // Copy the version there now (again, if it changed since).
@@ -281,6 +289,25 @@ pub(crate) async fn settle(
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Whether the copy at `to` may hold the version `seen` of its source: false only where the
+/// store tells that it holds other bytes. An S3 ETag of a single-request upload is the MD5
+/// of the bytes, and a copy keeps it: the same ETag twice may be two versions, the first
+/// written back (`A`, then `B`, then `A` again), and a copy made while `B` was there would
+/// otherwise pass for `A` and the source's `A` be deleted. (Where a tag names the version
+/// itself, a GCS generation, the source's delete condition covers that; a multipart ETag
+/// may not survive a copy, and is not compared.)
+async fn copy_holds(store: &dyn Store, to: &str, seen: &ObjectMeta) -> Result<bool, StoreError> {
+    let Some(tag) = seen.etag.as_deref().filter(|t| bucketfs_store::parse_md5_hex(t.trim_matches('"')).is_some())
+    else {
+        return Ok(true);
+    };
+    match store.stat(to).await {
+        Ok(m) => Ok(m.etag.as_deref().map(|t| t.trim_matches('"')) == Some(tag.trim_matches('"'))),
+        Err(e) if e.kind == StoreErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -502,6 +529,15 @@ mod tests {
     async fn move_while(
         others: impl Fn(&str) -> Vec<(&'static str, Option<&'static [u8]>)> + Send + Sync + 'static,
     ) -> Arc<MemStore> {
+        move_as(false, others).await
+    }
+
+    /// [`move_while`]; `journaled`: as the next mount finishes a move a crash cut short
+    /// (no versions listed).
+    async fn move_as(
+        journaled: bool,
+        others: impl Fn(&str) -> Vec<(&'static str, Option<&'static [u8]>)> + Send + Sync + 'static,
+    ) -> Arc<MemStore> {
         use bucketfs_store::testing::{FailStore, Op};
         let mem = Arc::new(MemStore::new());
         for key in ["d/a", "d/b", "d/c"] {
@@ -524,7 +560,12 @@ mod tests {
                 }
             })
         });
-        run(&store, "d/", "e/", &keys, &seen, false, None).await.unwrap();
+        let none = HashMap::new();
+        match journaled {
+            true => run(&store, "d/", "e/", &keys, &none, true, None).await,
+            false => run(&store, "d/", "e/", &keys, &seen, false, None).await,
+        }
+        .unwrap();
         mem
     }
 
@@ -562,6 +603,17 @@ mod tests {
         })
         .await;
         assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b"]);
+
+        // Finishing a move a crash cut short: the same for a write that lands meanwhile.
+        let once = std::sync::atomic::AtomicBool::new(false);
+        let mem =
+            move_as(true, move |from| match from == "d/b" && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                true => vec![("d/b", Some(&b"newer"[..]))],
+                false => vec![],
+            })
+            .await;
+        assert_eq!(read(&mem, "e/b").await.as_deref(), Some(&b"newer"[..]), "a write that landed mid-replay");
+        assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b", "e/c"]);
     }
 
     #[tokio::test]
