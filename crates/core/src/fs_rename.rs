@@ -537,13 +537,16 @@ impl Fs {
         match crate::moves::settle(self.store.as_ref(), from, to, Some(seen), copied).await {
             Ok(_) => {}
             Err(e) if e.kind == StoreErrorKind::NotFound => {}
-            Err(e) if self.write_back() && self.deletes.is_some() => {
+            Err(e) if copied && self.write_back() && self.deletes.is_some() => {
                 // The copy holds the name: the source's delete is journaled and retried in
                 // the background, as an unlink's. (Failing the rename here left the copy
                 // over the target, which the target's staged bytes then replaced: the
-                // source lost if its delete landed after all.)
+                // source lost if its delete landed after all.) Only of the bytes copied
+                // where their MD5 is known (an S3 ETag): another client's version stays.
                 tracing::info!(%from, "the source's delete failed ({e}); sent in the background");
-                self.delete_removed(from, crate::write::Landing::Stored).await?;
+                let md5 = seen.etag.as_deref().and_then(|t| bucketfs_store::parse_md5_hex(t.trim_matches('"')));
+                let landing = md5.map_or(crate::write::Landing::Stored, |m| crate::write::Landing::IfMd5(vec![m]));
+                self.delete_removed(from, landing).await?;
             }
             Err(e) => return Err(e.into()),
         }

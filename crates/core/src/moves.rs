@@ -249,9 +249,10 @@ const RECOPIES: usize = 3;
 /// succeeded (else one is made).
 ///
 /// A source found in another version at its delete was written since: that version is
-/// copied in turn, and so on; one still changing after [`RECOPIES`] copies stays where it
-/// is, with what it holds (a warning names it), and `Ok(false)` says so. A source deleted
-/// meanwhile has nothing left to move: `Ok(true)`, as for one moved.
+/// copied in turn, up to [`RECOPIES`] times; one still changing then stays where it is,
+/// with what it holds (a warning names it), and `Ok(false)` says so. A source deleted
+/// meanwhile has nothing left to move: `Ok(true)`, as for one moved. An error where no
+/// copy was made (every one found the source changing): `Changed`.
 pub(crate) async fn settle(
     store: &dyn Store,
     from: &str,
@@ -261,10 +262,13 @@ pub(crate) async fn settle(
 ) -> Result<bool, StoreError> {
     let gone = |e: &StoreError| e.kind == StoreErrorKind::NotFound;
     let mut seen = seen.cloned();
-    let mut copies = 0;
+    let (mut copies, mut made) = (0, copied);
     loop {
-        if let (Some(m), true) = (&seen, copied || copies > 0) {
-            if copy_holds(store, to, m).await? {
+        if let (Some(m), true) = (&seen, made) {
+            // A copy made here just after asking for the version is taken to hold it (where
+            // copies get new ETags, SSE-KMS on S3, `copy_holds` would never pass); one made
+            // before (the caller's) is checked.
+            if copies > 0 || copy_holds(store, to, m).await? {
                 match store.delete_version(from, m).await {
                     Err(e) if e.kind == StoreErrorKind::Changed => {}
                     r => return r.map(|()| true),
@@ -273,7 +277,10 @@ pub(crate) async fn settle(
         }
         // Copy the version there now (again, if it changed since).
         loop {
-            if copies > RECOPIES {
+            if copies >= RECOPIES {
+                if !made {
+                    return Err(StoreError::new(StoreErrorKind::Changed, format!("copy {from:?}: it kept changing")));
+                }
                 tracing::warn!(key = %from, copy = %to, "written to again and again while it moved: left under its old name, with what it holds now");
                 return Ok(false);
             }
@@ -283,7 +290,10 @@ pub(crate) async fn settle(
                 r => Some(r?),
             };
             match store.copy(from, to).await {
-                Ok(()) => break,
+                Ok(()) => {
+                    made = true;
+                    break;
+                }
                 Err(e) if gone(&e) => return Ok(true),
                 Err(e) if e.kind == StoreErrorKind::Changed => {}
                 Err(e) => return Err(e),
@@ -539,7 +549,8 @@ mod tests {
         others: impl Fn(&str) -> Vec<(&'static str, Option<&'static [u8]>)> + Send + Sync + 'static,
     ) -> Arc<MemStore> {
         use bucketfs_store::testing::{FailStore, Op};
-        let mem = Arc::new(MemStore::new());
+        // ETags that are MD5s, as S3's: the same bytes again are the same ETag.
+        let mem = Arc::new(MemStore::new().with_content_etags());
         for key in ["d/a", "d/b", "d/c"] {
             mem.put(key, bytes::Bytes::from_static(b"listed"), PutOpts::default()).await.unwrap();
         }
@@ -588,12 +599,16 @@ mod tests {
         assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b", "e/c"]);
 
         // Written after every copy: after a few copies it stays where it is, with its bytes.
-        let mem = move_while(|from| match from {
-            "d/b" => vec![("d/b", Some(&b"again"[..]))],
+        const AGAIN: [&[u8]; 8] = [b"again 1", b"again 2", b"again 3", b"again 4", b"again 5", b"again 6", b"7", b"8"];
+        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let n = writes.clone();
+        let mem = move_while(move |from| match from {
+            "d/b" => vec![("d/b", Some(AGAIN[n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)]))],
             _ => vec![],
         })
         .await;
-        assert_eq!(read(&mem, "d/b").await.as_deref(), Some(&b"again"[..]), "a source written to again and again");
+        let last = AGAIN[writes.load(std::sync::atomic::Ordering::SeqCst) - 1];
+        assert_eq!(read(&mem, "d/b").await.as_deref(), Some(last), "a source written to again and again");
         assert_eq!(read(&mem, "e/a").await.as_deref(), Some(&b"listed"[..]));
 
         // Deleted by another client before its copy: nothing to move there, the rest moves.
@@ -603,6 +618,17 @@ mod tests {
         })
         .await;
         assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b"]);
+
+        // Written over and then back (`B`, then the listed bytes again: the listed ETag) around
+        // its copy: the copy holds `B`, so it is copied again before the source goes.
+        let mem = move_while(|from| match from {
+            "d/a" => vec![("d/b", Some(&b"B"[..]))],
+            "d/b" => vec![("d/b", Some(&b"listed"[..]))],
+            _ => vec![],
+        })
+        .await;
+        assert_eq!(read(&mem, "e/b").await.as_deref(), Some(&b"listed"[..]), "the bytes written back");
+        assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b", "e/c"]);
 
         // Finishing a move a crash cut short: the same for a write that lands meanwhile.
         let once = std::sync::atomic::AtomicBool::new(false);

@@ -53,6 +53,9 @@ pub struct MemStore {
     md5: bool,
     /// Report [`Capabilities::moves`] and move in one request, keeping ETags, as Drive does.
     moves: bool,
+    /// ETags are the MD5 of the bytes, as S3's of a single-request upload (the same bytes
+    /// written again give the same ETag), not a new one per upload.
+    content_etags: bool,
     /// Report [`Capabilities::patches`] and build patched versions ([`Store::patch`]).
     patches: bool,
     /// Bytes [`Store::patch`] read from its sources, and kept from the base.
@@ -93,6 +96,12 @@ impl MemStore {
     }
 
     /// Report [`Capabilities::read_if_match`] false, as stores that cannot pin a read do.
+    /// ETags that are the MD5 of the bytes, as S3's ([`MemStore::content_etags`]).
+    pub fn with_content_etags(mut self) -> Self {
+        self.content_etags = true;
+        self
+    }
+
     pub fn without_if_match(mut self) -> Self {
         self.no_if_match = true;
         self
@@ -256,7 +265,7 @@ impl Store for MemStore {
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.request().await;
         self.pieces.lock().unwrap().remove(key);
-        store_object(&self.objects, &self.attrs, &self.next_etag, key, data, opts)
+        store_object(&self.objects, &self.attrs, self.etags(), key, data, opts)
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -317,6 +326,7 @@ impl Store for MemStore {
             objects: self.objects.clone(),
             attrs: self.attrs.clone(),
             next_etag: self.next_etag.clone(),
+            content_etags: self.content_etags,
             key: key.into(),
             buf: Vec::new(),
             opts: opts.put,
@@ -348,9 +358,25 @@ impl Store for MemStore {
         let sent = p.len - copied;
         self.patch_sent.fetch_add(sent, Ordering::Relaxed);
         self.patch_copied.fetch_add(copied, Ordering::Relaxed);
-        let meta = store_object(&self.objects, &self.attrs, &self.next_etag, key, data, p.put)?;
+        let meta = store_object(&self.objects, &self.attrs, self.etags(), key, data, p.put)?;
         self.pieces.lock().unwrap().insert(key.to_string(), pieces + 1);
         Ok(Patched { meta, sent, copied, pieces: p.base_pieces.map(|n| n + 1) })
+    }
+}
+
+/// How a [`MemStore`] names versions.
+#[derive(Clone, Copy)]
+enum Etags<'a> {
+    Counter(&'a AtomicU64),
+    Content,
+}
+
+impl MemStore {
+    fn etags(&self) -> Etags<'_> {
+        match self.content_etags {
+            true => Etags::Content,
+            false => Etags::Counter(&self.next_etag),
+        }
     }
 }
 
@@ -358,12 +384,18 @@ impl Store for MemStore {
 fn store_object(
     objects: &Mutex<Objects>,
     attrs: &Mutex<AttrMap>,
-    next_etag: &AtomicU64,
+    etags: Etags<'_>,
     key: &str,
     data: Bytes,
     opts: PutOpts,
 ) -> Result<ObjectMeta, StoreError> {
-    let etag = format!("\"{}\"", next_etag.fetch_add(1, Ordering::Relaxed) + 1);
+    let etag = match etags {
+        Etags::Counter(next) => format!("\"{}\"", next.fetch_add(1, Ordering::Relaxed) + 1),
+        Etags::Content => {
+            let md5: [u8; 16] = <md5::Md5 as md5::Digest>::digest(&data[..]).into();
+            format!("\"{}\"", md5.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        }
+    };
     let mtime = SystemTime::now();
     let size = data.len() as u64;
     let mut objects = objects.lock().unwrap();
@@ -384,6 +416,7 @@ struct MemWriter {
     objects: Arc<Mutex<Objects>>,
     attrs: Arc<Mutex<AttrMap>>,
     next_etag: Arc<AtomicU64>,
+    content_etags: bool,
     key: String,
     buf: Vec<u8>,
     opts: PutOpts,
@@ -397,7 +430,8 @@ impl ObjectWriter for MemWriter {
     }
     async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
         let data = Bytes::from(std::mem::take(&mut self.buf));
-        store_object(&self.objects, &self.attrs, &self.next_etag, &self.key, data, self.opts)
+        let etags = if self.content_etags { Etags::Content } else { Etags::Counter(&self.next_etag) };
+        store_object(&self.objects, &self.attrs, etags, &self.key, data, self.opts)
     }
     async fn abort(&mut self) -> Result<(), StoreError> {
         self.buf.clear();
