@@ -350,6 +350,7 @@ fn default_hasher(store_id: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::symlink;
 
     #[test]
     fn a_pending_note_reads_back_as_written() {
@@ -362,7 +363,6 @@ mod tests {
         let old = PendingNote::parse("/s\nk1\nk2\n"); // as written before files set aside were
         assert_eq!((old.pending.len(), old.set_aside.len()), (2, 0));
     }
-    use std::os::unix::fs::symlink;
 
     fn tmp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("bucketfs-paths-{name}-{}", std::process::id()));

@@ -106,7 +106,7 @@ fn pending_now(mp: &Path, sent: &mut Option<u64>) -> String {
     }
     let failing = v["upload_errors"].as_array().cloned().unwrap_or_default();
     let now_sent = v["bytes_written"].as_u64();
-    let moved = match (now_sent, sent.replace(now_sent.unwrap_or(0))) {
+    let moved = match (now_sent, std::mem::replace(sent, now_sent)) {
         (Some(now), Some(before)) => Some(now.saturating_sub(before)),
         _ => None,
     };

@@ -544,8 +544,8 @@ impl Fs {
                 // source lost if its delete landed after all.) Only of the bytes copied
                 // where their MD5 is known (an S3 ETag): another client's version stays.
                 tracing::info!(%from, "the source's delete failed ({e}); sent in the background");
-                let md5 = seen.etag.as_deref().and_then(|t| bucketfs_store::parse_md5_hex(t.trim_matches('"')));
-                let landing = md5.map_or(crate::write::Landing::Stored, |m| crate::write::Landing::IfMd5(vec![m]));
+                let landing =
+                    seen.etag_md5().map_or(crate::write::Landing::Stored, |m| crate::write::Landing::IfMd5(vec![m]));
                 self.delete_removed(from, landing).await?;
             }
             Err(e) => return Err(e.into()),

@@ -310,12 +310,9 @@ pub(crate) async fn settle(
 /// itself, a GCS generation, the source's delete condition covers that; a multipart ETag
 /// may not survive a copy, and is not compared.)
 async fn copy_holds(store: &dyn Store, to: &str, seen: &ObjectMeta) -> Result<bool, StoreError> {
-    let Some(tag) = seen.etag.as_deref().filter(|t| bucketfs_store::parse_md5_hex(t.trim_matches('"')).is_some())
-    else {
-        return Ok(true);
-    };
+    let Some(md5) = seen.etag_md5() else { return Ok(true) };
     match store.stat(to).await {
-        Ok(m) => Ok(m.etag.as_deref().map(|t| t.trim_matches('"')) == Some(tag.trim_matches('"'))),
+        Ok(m) => Ok(m.etag_md5() == Some(md5)),
         Err(e) if e.kind == StoreErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }

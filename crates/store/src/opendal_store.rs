@@ -417,12 +417,8 @@ impl Store for OpendalStore {
         self.beneath("delete", key)?;
         // Checked here first: an S3-compatible server may ignore `If-Match` on a DELETE
         // (MinIO does), and a local folder has no condition to send.
-        let now = match self.stat(key).await {
-            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
-            r => r?,
-        };
-        if !crate::same_version(&now, seen) {
-            return Err(StoreError::new(StoreErrorKind::Changed, format!("delete {key:?}: another version is there")));
+        if !self.holds_version(key, seen).await? {
+            return Ok(());
         }
         // And sent with the delete where the store takes it (GCS, AWS S3): no moment between.
         let req = self.op.delete_with(od_path(key));

@@ -36,6 +36,12 @@ impl ObjectMeta {
     pub fn may_hold_bytes(&self) -> bool {
         self.is_prefix() && (self.size > 0 || self.size_unknown)
     }
+
+    /// The MD5 of the bytes where the ETag is one (S3's of a single-request upload; it
+    /// may come quoted).
+    pub fn etag_md5(&self) -> Option<[u8; 16]> {
+        parse_md5_hex(self.etag.as_deref()?.trim_matches('"'))
+    }
 }
 
 /// What a store can do; the core adapts instead of failing.
@@ -143,17 +149,10 @@ pub trait Store: Send + Sync + 'static {
     /// deleted). A missing key succeeds. Here: a check, then the delete, with a moment
     /// between them; a store that can attach the condition to the delete overrides it.
     async fn delete_version(&self, key: &str, seen: &ObjectMeta) -> Result<(), StoreError> {
-        match self.head(key, HeadOpts::default()).await {
-            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
-            Ok(now) if !same_version(&now.meta, seen) => {
-                return Err(StoreError::new(
-                    StoreErrorKind::Changed,
-                    format!("delete {key:?}: another version is there"),
-                ))
-            }
-            r => r?,
-        };
-        self.delete(key).await
+        if self.holds_version(key, seen).await? {
+            self.delete(key).await?;
+        }
+        Ok(())
     }
 
     /// Server-side copy.
@@ -248,6 +247,18 @@ pub trait StoreExt: Store {
     /// [`Store::head`]'s metadata alone.
     async fn stat(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         Ok(self.head(key, HeadOpts::default()).await?.meta)
+    }
+
+    /// Whether `key` still holds the version `seen` ([`same_version`]): `false` if it is
+    /// gone, `Changed` if it holds another (what [`Store::delete_version`] checks first).
+    async fn holds_version(&self, key: &str, seen: &ObjectMeta) -> Result<bool, StoreError> {
+        match self.stat(key).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(false),
+            Ok(now) if !same_version(&now, seen) => {
+                Err(StoreError::new(StoreErrorKind::Changed, format!("delete {key:?}: another version is there")))
+            }
+            r => r.map(|_| true),
+        }
     }
 
     /// [`Store::get`] gathered into one buffer.

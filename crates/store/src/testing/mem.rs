@@ -95,13 +95,13 @@ impl MemStore {
         self
     }
 
-    /// Report [`Capabilities::read_if_match`] false, as stores that cannot pin a read do.
     /// ETags that are the MD5 of the bytes, as S3's ([`MemStore::content_etags`]).
     pub fn with_content_etags(mut self) -> Self {
         self.content_etags = true;
         self
     }
 
+    /// Report [`Capabilities::read_if_match`] false, as stores that cannot pin a read do.
     pub fn without_if_match(mut self) -> Self {
         self.no_if_match = true;
         self
@@ -371,12 +371,19 @@ enum Etags<'a> {
     Content,
 }
 
+impl<'a> Etags<'a> {
+    fn new(content: bool, next: &'a AtomicU64) -> Self {
+        if content {
+            Etags::Content
+        } else {
+            Etags::Counter(next)
+        }
+    }
+}
+
 impl MemStore {
     fn etags(&self) -> Etags<'_> {
-        match self.content_etags {
-            true => Etags::Content,
-            false => Etags::Counter(&self.next_etag),
-        }
+        Etags::new(self.content_etags, &self.next_etag)
     }
 }
 
@@ -430,7 +437,7 @@ impl ObjectWriter for MemWriter {
     }
     async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
         let data = Bytes::from(std::mem::take(&mut self.buf));
-        let etags = if self.content_etags { Etags::Content } else { Etags::Counter(&self.next_etag) };
+        let etags = Etags::new(self.content_etags, &self.next_etag);
         store_object(&self.objects, &self.attrs, etags, &self.key, data, self.opts)
     }
     async fn abort(&mut self) -> Result<(), StoreError> {
