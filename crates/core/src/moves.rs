@@ -151,7 +151,10 @@ pub(crate) async fn run(
     let (markers, mut objects): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| k.ends_with('/'));
     let since = |t: Option<SystemTime>| matches!((t, began), (Some(t), Some(b)) if t > b + CLOCK_SLACK);
     let mut copied = std::collections::HashSet::new();
-    if again && began.is_some() {
+    // Finishing a journaled move, versions unknown: each source's is asked for before its
+    // copy, so the copy is checked against it once (a write meanwhile is not lost).
+    let mut found: HashMap<String, ObjectMeta> = HashMap::new();
+    if again {
         let mut journaled = Vec::with_capacity(objects.len());
         for k in objects {
             match store.stat(k).await {
@@ -159,8 +162,15 @@ pub(crate) async fn run(
                     tracing::warn!(key = %k, "written after the move an earlier mount began: left where it is");
                     continue;
                 }
+                Ok(m) if !seen.contains_key(k.as_str()) => {
+                    found.insert(k.to_string(), m);
+                }
                 Err(e) if !gone(&e) => return Err(e),
-                _ => journaled.push(k),
+                _ => {}
+            }
+            journaled.push(k);
+            if began.is_none() {
+                continue;
             }
             match store.stat(&format!("{to}{}", &k[from.len()..])).await {
                 Ok(m) if since(m.mtime) => {
@@ -172,6 +182,7 @@ pub(crate) async fn run(
         }
         objects = journaled;
     }
+    let seen_of = |k: &str| seen.get(k).or_else(|| found.get(k));
     let dir = from.ends_with('/');
     if dir {
         store.create_dir(to).await?;
@@ -190,25 +201,30 @@ pub(crate) async fn run(
             Err(e) if gone(&e) => {
                 vanished.insert(k.as_str());
             }
-            Err(e) if e.kind == StoreErrorKind::Changed && seen.contains_key(k.as_str()) => {
+            Err(e) if e.kind == StoreErrorKind::Changed && seen_of(k).is_some() => {
                 uncopied.insert(k.as_str());
             }
             r => r?,
         }
     }
     for k in objects.iter().filter(|k| !vanished.contains(k.as_str())) {
-        match seen.get(k.as_str()) {
-            Some(m) => {
-                settle(store, k, &target(k), Some(m), !uncopied.contains(k.as_str())).await?;
-            }
-            // Its target edited since an earlier replay copied it: the source goes.
-            None if copied.contains(k.as_str()) => match store.delete(k).await {
-                Err(e) if again && gone(&e) => {}
+        match (seen_of(k), copied.contains(k.as_str())) {
+            // Its target edited since an earlier replay copied it: the source goes, unless
+            // written since it was asked for.
+            (Some(m), true) => match store.delete_version(k, m).await {
+                Err(e) if e.kind == StoreErrorKind::Changed => {
+                    tracing::warn!(key = %k, "written to while its move finished: left under its old name");
+                }
+                Err(e) if gone(&e) => {}
                 r => r?,
             },
-            // Finishing a journaled move, versions unknown: asked for now, and copied again
-            // so the copy holds the version deleted (a write meanwhile is not lost).
-            None => {
+            (Some(m), false) => {
+                settle(store, k, &target(k), Some(m), !uncopied.contains(k.as_str())).await?;
+            }
+            // Gone at its stat, and copied before: nothing to delete.
+            (None, true) => {}
+            // Not found when asked for: copied again if it came back.
+            (None, false) => {
                 settle(store, k, &target(k), None, false).await?;
             }
         }
@@ -637,6 +653,20 @@ mod tests {
             .await;
         assert_eq!(read(&mem, "e/b").await.as_deref(), Some(&b"newer"[..]), "a write that landed mid-replay");
         assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b", "e/c"]);
+    }
+
+    #[tokio::test]
+    async fn finishing_a_journaled_move_copies_each_source_once() {
+        use bucketfs_store::testing::{FailStore, Op};
+        let mem = Arc::new(MemStore::new().with_content_etags());
+        let keys: Vec<String> = ["d/a", "d/b", "d/c"].map(str::to_string).to_vec();
+        for key in &keys {
+            mem.put(key, bytes::Bytes::from(key.clone()), PutOpts::default()).await.unwrap();
+        }
+        let counted = FailStore::new(mem.clone(), Op::Copy, 0, 0, StoreErrorKind::Other);
+        run(&counted, "d/", "e/", &keys, &HashMap::new(), true, None).await.unwrap();
+        assert_eq!(keys_of(&mem).await, ["e/", "e/a", "e/b", "e/c"]);
+        assert_eq!(counted.calls(), 3, "copies made to finish a move of 3 objects");
     }
 
     #[tokio::test]
