@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import time
 
 import pytest
@@ -294,5 +295,54 @@ def test_a_handle_never_mixes_versions_when_another_client_replaces_the_file(sto
                 assert got == old[1 << 20: (1 << 20) + len(got)], "the old handle read bytes of the new version"
             finally:
                 os.close(fd)
+    finally:
+        b.cleanup()
+
+
+@pytest.mark.parametrize("store,write_back", [("s3", False), ("gcs", False), ("s3", True)])
+def test_a_file_written_here_and_held_by_a_reader_shows_another_clients_version(store, write_back, rng):
+    """A reader opens a file while this mount's writer has it open (it joins the staged
+    bytes), the writer closes, another client replaces the object. `stat` and new opens
+    must show the new version after the TTL, while the reader goes on reading its own.
+    Before, the name showed the old version for as long as the reader held it open."""
+    require_store(store)
+    require_bin()
+    b = Bucket(store)
+    try:
+        old, new = rng.randbytes((2 << 20) + 3), rng.randbytes((1 << 20) + 4099)
+        extra = ["--metadata-ttl", TTL] + (["--write-back"] if write_back else [])
+        with b.mounted(extra=extra) as mp:
+            p = os.path.join(mp, "f")
+            w = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            r = -1
+            try:
+                os.write(w, old)
+                r = os.open(p, os.O_RDONLY)
+                os.close(w)
+                w = -1
+                if write_back:
+                    subprocess.run([os.environ["BUCKETFS_BIN"], "sync", mp], check=True, timeout=60)
+                assert os.read(r, 1 << 20) == old[: 1 << 20]
+                b.put("f", new)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    time.sleep(float(TTL) * 2)
+                    if os.stat(p).st_size == len(new):
+                        break
+                assert os.stat(p).st_size == len(new), "stat showed the old version while a reader held it"
+                with open(p, "rb") as f:
+                    assert f.read() == new, "a new open read the old version"
+                assert os.fstat(r).st_size == len(old), "the reader's fstat shows its own version"
+                rest = b""
+                while chunk := os.read(r, 1 << 20):
+                    rest += chunk
+                assert rest == old[1 << 20:], "the reader's bytes changed under it"
+            finally:
+                for fd in (w, r):
+                    if fd >= 0:
+                        os.close(fd)
+            time.sleep(float(TTL) * 2)
+            with open(p, "rb") as f:
+                assert f.read() == new
     finally:
         b.cleanup()

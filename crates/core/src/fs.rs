@@ -414,7 +414,7 @@ impl Fs {
         };
         // Staged files are ours: their size and mtime are the local ones until uploaded.
         // A file no longer linked (unlinked while open) has no object left to ask about.
-        if node.kind == Kind::File && node.linked && !self.fresh(node.validated) && !self.staging.contains(ino) {
+        if node.kind == Kind::File && node.linked && !self.fresh(node.validated) && !self.staging.owns(ino) {
             return None;
         }
         Some(Ok(self.attr(&node)))

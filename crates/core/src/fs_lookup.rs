@@ -53,7 +53,7 @@ impl Fs {
         {
             // Created or written here and maybe not uploaded yet: the local state is the truth.
             let mut t = self.table.lock().unwrap();
-            if let Some(ino) = t.child(parent, name).filter(|n| self.staging.contains(n.ino)).map(|n| n.ino) {
+            if let Some(ino) = t.child(parent, name).filter(|n| self.staging.owns(n.ino)).map(|n| n.ino) {
                 t.remember(ino);
                 return Some(Ok(self.attr(t.get(ino).expect("indexed"))));
             }

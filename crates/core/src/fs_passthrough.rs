@@ -299,6 +299,9 @@ impl Fs {
             if file.staged.load(Relaxed) && st.handles > 1 && self.handles.lock().unwrap().remove(&fh).is_some() {
                 self.count_open(file.ino, false);
                 st.handles -= 1;
+                if file.writable {
+                    st.writers = st.writers.saturating_sub(1);
+                }
                 return Ok(());
             }
         }

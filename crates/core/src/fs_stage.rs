@@ -154,8 +154,10 @@ impl Fs {
                 }
             }
         }
-        if let Some(n) = self.table.lock().unwrap().get_mut(node.ino) {
-            n.local = true; // from now on no listing or HEAD changes its size (see `unstage`)
+        if writer || guard.is_some() || self.staging.owns(node.ino) {
+            // From now on no listing or HEAD changes its size (see `unstage`). A reader
+            // joining a settled file leaves it settled (`Fs::settle_readers`).
+            self.claim(node.ino);
         }
         let fresh = guard.is_some();
         let mut st = match guard {
@@ -235,14 +237,52 @@ impl Fs {
             self.set_local_size(node.ino, 0);
         }
         st.handles += 1;
+        if writer {
+            // Counted under the staged lock: no release settles it from now on, and one
+            // that settled it before this lock is undone here.
+            st.writers += 1;
+            self.claim(node.ino);
+        }
         drop(st);
         Ok(Some(shared))
+    }
+
+    /// `ino`'s attributes are the mount's own (`Node::local`), its staged file not settled.
+    fn claim(&self, ino: u64) {
+        let mut t = self.table.lock().unwrap();
+        if let Some(n) = t.get_mut(ino) {
+            n.local = true;
+        }
+        self.staging.set_settled(ino, false);
+    }
+
+    /// A staged file (`st`, locked) whose writers have all closed, its bytes in the
+    /// bucket, and only readers left: the name is the store's again (`Node::local`
+    /// cleared). Another client's newer version is then seen by `stat` and new opens (a
+    /// new inode: `Node::replaced_by`), while these readers go on reading the bytes they
+    /// opened, as on a local disk; before, the name showed the old version until the last
+    /// reader closed. A writer's open, or a change through a mapping, claims it back.
+    pub(crate) fn settle_readers(&self, ino: u64, st: &Staged) {
+        if st.handles == 0 || st.writers > 0 || st.dirty || st.unlinked || st.replaces || st.maybe_landed {
+            return;
+        }
+        let mut t = self.table.lock().unwrap();
+        // Only with the version's identity known: else nothing tells another client's
+        // version from this one, and a listing would lay its size over the readers' file.
+        let Some(n) = t.get_mut(ino).filter(|n| n.linked && n.version.tag().is_some() && n.size == st.size) else {
+            return;
+        };
+        if self.staging.set_settled(ino, true) {
+            n.local = false;
+            tracing::debug!(ino, readers = st.handles, "written and uploaded, only read now: the store's again");
+        }
     }
 
     /// Catch up with what the kernel wrote to `ino`'s staged file directly (passthrough):
     /// the staged state and the node's size (listings and renames copy it) follow the file.
     pub(crate) fn observe(&self, ino: u64, st: &mut Staged) -> Result<(), FsError> {
         if st.observe()? {
+            self.claim(ino); // changed through a mapping: the mount's own again
             self.set_local_size(ino, st.size);
         }
         Ok(())

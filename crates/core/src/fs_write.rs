@@ -191,7 +191,7 @@ impl Fs {
     /// Resolve (parent, name) without taking a kernel reference.
     pub(crate) async fn resolve(&self, parent: u64, name: &str) -> Result<Option<crate::inode::Node>, FsError> {
         if let Some(n) = self.table.lock().unwrap().child(parent, name).cloned() {
-            if self.staging.contains(n.ino) || n.kind == Kind::Dir && self.fresh(n.validated) {
+            if self.staging.owns(n.ino) || n.kind == Kind::Dir && self.fresh(n.validated) {
                 return Ok(Some(n));
             }
         }
@@ -226,7 +226,7 @@ impl Fs {
             // unpinned for up to a TTL).
             self.revalidate(&node, false).await?;
             node = self.node(ino)?;
-        } else if !self.fresh(node.validated) && !self.staging.contains(ino) {
+        } else if !self.fresh(node.validated) && !self.staging.owns(ino) {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
@@ -605,6 +605,9 @@ impl Fs {
             }
             if file.staged.load(Ordering::Relaxed) {
                 st.handles = st.handles.saturating_sub(1);
+                if file.writable {
+                    st.writers = st.writers.saturating_sub(1);
+                }
             }
             // An unlinked file's bytes exist only here: they stay while any handle is open,
             // a reader opened before the file was staged included (it reads the staged
@@ -627,6 +630,8 @@ impl Fs {
                 }
                 // Under the staged lock: an open racing this re-checks the map (`stage`).
                 self.unstage_this(file.ino, &staged, &mut st);
+            } else if result.is_ok() {
+                self.settle_readers(file.ino, &st);
             }
         }
         result

@@ -368,6 +368,8 @@ impl Fs {
                 self.keep_as_whole(ino, &mut st).await; // for reading back (passthrough.rs)
             }
             self.unstage_this(ino, &staged, &mut st);
+        } else if self.staging.is_current(ino, &staged) {
+            self.settle_readers(ino, &st);
         }
         Ok(())
     }

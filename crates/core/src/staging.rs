@@ -44,6 +44,9 @@ pub(crate) struct Staging {
     /// Staged files a background upload holds locked, with the bytes every handle reads
     /// (see [`Staging::show`]). A leaf lock.
     views: Mutex<HashMap<u64, Shown>>,
+    /// Staged files no longer the mount's own: written, in the bucket, and only read now
+    /// ([`crate::Fs::settle_readers`]). A leaf lock.
+    settled: Mutex<HashSet<u64>>,
 }
 
 /// The bytes of a staged file while an upload holds its lock: a descriptor of the file
@@ -99,6 +102,7 @@ impl Staging {
             feeding: Mutex::new(HashSet::new()),
             lingering: Mutex::new(HashSet::new()),
             views: Mutex::new(HashMap::new()),
+            settled: Mutex::new(HashSet::new()),
         }
     }
 
@@ -156,6 +160,21 @@ impl Staging {
 
     pub(crate) fn contains(&self, ino: u64) -> bool {
         self.map.lock().unwrap().contains_key(&ino)
+    }
+
+    /// Whether `ino` has a staged file that is the mount's own: its attributes answer for
+    /// the name, not the store's (all but a settled one: [`crate::Fs::settle_readers`]).
+    pub(crate) fn owns(&self, ino: u64) -> bool {
+        self.contains(ino) && !self.settled.lock().unwrap().contains(&ino)
+    }
+
+    /// Mark `ino`'s staged file settled (true) or the mount's own again (false); whether
+    /// that changed anything. The caller holds `Fs::table`.
+    pub(crate) fn set_settled(&self, ino: u64, settled: bool) -> bool {
+        match settled {
+            true => self.contains(ino) && self.settled.lock().unwrap().insert(ino),
+            false => self.settled.lock().unwrap().remove(&ino),
+        }
     }
 
     /// `ino`'s staged file, if it has one.
@@ -216,6 +235,7 @@ impl Staging {
             return false;
         }
         map.remove(&ino);
+        self.settled.lock().unwrap().remove(&ino);
         true
     }
 

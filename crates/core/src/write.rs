@@ -66,6 +66,8 @@ pub struct Staged {
     pub unlinked: bool,
     /// Handles open on this inode; the staged file is dropped when the last one closes clean.
     pub handles: usize,
+    /// Those of `handles` opened for writing ([`crate::Fs::settle_readers`]).
+    pub writers: usize,
     /// The key named by the sidecar file, once the file has been dirty.
     key: Option<String>,
     /// Every write so far landed at the end of the file: eager upload is possible.
@@ -187,6 +189,7 @@ impl Staged {
             write_gen: 0,
             unlinked: false,
             handles: 0,
+            writers: 0,
             key: None,
             appends_only: true,
             trunc_pending: false,
