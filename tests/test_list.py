@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
+import struct
 import time
 
 import pytest
 
 import seed
 from conftest import implied_dirs, walk_tree
+
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 # --------------------------------------------------------------------------- tree
 
@@ -218,6 +222,81 @@ def test_a_read_outlasting_many_newer_snapshots_skips_and_repeats_nothing(bucket
             seen += [e.name for e in it]
         assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} names came twice in one listing"
         assert {f"f{i:05d}" for i in range(n)} <= set(seen), "a name there all along was skipped"
+
+
+def getdents(fd: int, size: int = 2048) -> list[str]:
+    """One getdents64 call with a small buffer (a reader part-way through a directory)."""
+    buf = ctypes.create_string_buffer(size)
+    n = LIBC.syscall(217, fd, buf, size)  # SYS_getdents64 on x86_64
+    if n < 0:
+        raise OSError(ctypes.get_errno(), "getdents64")
+    names, off = [], 0
+    while off < n:
+        reclen = struct.unpack_from("H", buf.raw, off + 16)[0]
+        names.append(buf.raw[off + 19:off + reclen].split(b"\0")[0].decode())
+        off += reclen
+    return [x for x in names if x not in (".", "..")]
+
+
+def read_rest(fd: int) -> list[str]:
+    names = []
+    while batch := getdents(fd):
+        names += batch
+    return names
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="getdents64's syscall number")
+def test_a_reader_paused_while_another_fills_a_page_aligned_kernel_cache_gets_every_name(bucket):
+    """254 names of 8 bytes and `.`, `..`: 256 entries of 32 bytes, so the kernel's readdir
+    cache of the directory ends exactly on a page edge. A reader pauses part-way; past the
+    TTL another process lists the directory (a new snapshot fills that cache). The kernel
+    then told the first reader the directory had ended (62 names of 254): a reader whose
+    offset is not in its cache gets end-of-directory there instead of asking the mount."""
+    names = [f"f{i:07d}" for i in range(254)]
+    bucket.put_all({f"d/{n}": b"" for n in names})
+    with bucket.mounted(extra=["--metadata-ttl", "1"]) as mp:
+        d = os.path.join(mp, "d")
+        assert sorted(os.listdir(d)) == names
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            got = getdents(fd)
+            assert 0 < len(got) < len(names)
+            time.sleep(2.5)  # past the TTL: the next listing is a new snapshot
+            assert sorted(os.listdir(d)) == names
+            got += read_rest(fd)
+        finally:
+            os.close(fd)
+        assert len(got) == len(set(got)), "a name came twice"
+        assert sorted(got) == names, f"{len(got)} names of {len(names)}"
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="getdents64's syscall number")
+def test_with_a_ttl_of_0_a_reader_part_way_is_not_continued_in_another_snapshot(bucket):
+    """With `--metadata-ttl 0` every opendir takes its own snapshot. A reader part-way
+    through one, while a name sorting first is made and another process lists the
+    directory, must go on in its own: the kernel had cached the other's entries under the
+    same offsets and went on there, one name off (a name twice, or one missing)."""
+    names = [f"b{i:07d}xxxxxxxx" for i in range(300)]
+    bucket.put_all({f"d/{n}": b"" for n in names})
+    with bucket.mounted(extra=["--metadata-ttl", "0"]) as mp:
+        d = os.path.join(mp, "d")
+        for change in ("create", "remove"):
+            os.listdir(d)
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                got = getdents(fd)
+                extra = os.path.join(d, "a-extra")
+                if change == "create":
+                    open(extra, "w").close()
+                else:
+                    os.unlink(extra)
+                os.listdir(d)  # another process's read: a new snapshot, cached by the kernel
+                got += read_rest(fd)
+            finally:
+                os.close(fd)
+            got = [n for n in got if n != "a-extra"]
+            assert len(got) == len(set(got)), f"{change}: a name came twice"
+            assert sorted(got) == names, f"{change}: {len(got)} names of {len(names)}"
 
 
 @pytest.mark.slow

@@ -138,10 +138,14 @@ impl Default for FsConfig {
 }
 
 pub(crate) enum Handle {
-    /// A directory's snapshot, and whether the kernel may keep its readdir cache.
+    /// A directory's snapshot, its number (readdir offsets carry it: `dir_cache::cookie`),
+    /// whether the kernel may cache what it reads through this handle (`cacheable`), and
+    /// whether it may keep what an earlier open cached.
     Dir {
         ino: u64,
         entries: Arc<Vec<DirEntry>>,
+        snap: u32,
+        cacheable: bool,
         keep_cache: bool,
     },
     File(Arc<OpenFile>),
@@ -424,15 +428,33 @@ impl Fs {
     pub async fn opendir(&self, ino: u64) -> Result<u64, FsError> {
         self.dir_cache.touch(ino, self.cfg.clock.now());
         let entries = self.dir_snapshot(ino).await?;
-        let keep_cache = self.dir_cache.opened(ino, &entries);
-        Ok(self.insert_handle(Handle::Dir { ino, entries, keep_cache }))
+        // Numbered per handle: another handle's snapshot, which the kernel may have cached
+        // since, holds other offsets, so a read part-way through this one is not continued
+        // at the same index of that one (a name repeated or skipped) but asked of us.
+        let snap = self.dir_cache.next_snap();
+        let cacheable = !crate::dir_cache::ends_on_a_page_edge(&entries);
+        let keep_cache = self.dir_cache.opened(ino, &entries) && cacheable;
+        Ok(self.insert_handle(Handle::Dir { ino, entries, snap, cacheable, keep_cache }))
     }
 
+    /// A directory handle's snapshot.
     pub fn readdir(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>, FsError> {
+        self.readdir_numbered(fh).map(|(entries, _)| entries)
+    }
+
+    /// A directory handle's snapshot and its number.
+    pub fn readdir_numbered(&self, fh: u64) -> Result<(Arc<Vec<DirEntry>>, u32), FsError> {
         match self.handles.lock().unwrap().get(&fh) {
-            Some(Handle::Dir { entries, .. }) => Ok(entries.clone()),
+            Some(Handle::Dir { entries, snap, .. }) => Ok((entries.clone(), *snap)),
             _ => Err(FsError::BadHandle),
         }
+    }
+
+    /// Whether the kernel may cache the entries it reads through directory handle `fh`
+    /// (FOPEN_CACHE_DIR): not where its cache would end on a page edge
+    /// ([`crate::dir_cache::ends_on_a_page_edge`]).
+    pub fn dir_cacheable(&self, fh: u64) -> bool {
+        matches!(self.handles.lock().unwrap().get(&fh), Some(Handle::Dir { cacheable: true, .. }))
     }
 
     /// Attributes of an entry for readdirplus, from what the listing just recorded.

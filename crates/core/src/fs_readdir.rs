@@ -69,6 +69,27 @@ impl Fs {
         }
     }
 
+    /// A read without opendir is about to be told that `ino`'s snapshot `entries` ended:
+    /// the kernel then holds all of them in its cache. One that ends on a page edge is
+    /// dropped first ([`crate::dir_cache::ends_on_a_page_edge`]: the kernel would end early
+    /// the reads of other snapshots it holds offsets of), so reads of the directory ask us
+    /// again. Before the reply, not after: a reader going on at once was ahead of a drop
+    /// sent later. (Dropping a directory's pages waits for no request: the kernel holds
+    /// none of its page locks while it waits for this reply.)
+    pub fn readdir_ending(&self, ino: u64, entries: &[DirEntry]) {
+        if !crate::dir_cache::ends_on_a_page_edge(entries) {
+            return;
+        }
+        if let Some(invalidate) = self.invalidate_hook_of() {
+            tracing::debug!(
+                ino,
+                entries = entries.len(),
+                "the kernel's cache of this directory ends on a page edge: dropped"
+            );
+            invalidate(ino);
+        }
+    }
+
     /// The snapshot [`Fs::readdir_page`] answers from when the one asked for is not kept.
     async fn readdir_snapshot(&self, ino: u64, offset: u64) -> Result<(Arc<Vec<DirEntry>>, u32), FsError> {
         self.dir_cache.touch(ino, self.cfg.clock.now());

@@ -144,6 +144,14 @@ fn fill_dir(fs: &Fs, dir: u64, (entries, snap): (&[DirEntry], u32), start: usize
     reply.ok();
 }
 
+/// Before a reply without opendir that tells the kernel the directory ended: see
+/// `Fs::readdir_ending`.
+fn before_dir_end(fs: &Fs, dir: u64, entries: &[DirEntry], start: usize) {
+    if start > 0 && start >= entries.len() {
+        fs.readdir_ending(dir, entries);
+    }
+}
+
 /// Answer a readdirplus of directory `dir` with `entries` from `offset` on, each with the
 /// inode and attributes now under its name (a name gone since the snapshot is left out).
 fn fill_dir_plus(
@@ -536,7 +544,11 @@ impl Filesystem for FuseAdapter {
                 Ok(fh) => {
                     // The kernel caches the entries it reads; it keeps an earlier open's
                     // cache only while our snapshot is unchanged (core's dir_cache.rs).
-                    let mut flags = FopenFlags::FOPEN_CACHE_DIR;
+                    // None where that cache would end on a page edge (`dir_cacheable`).
+                    let mut flags = FopenFlags::empty();
+                    if fs.dir_cacheable(fh) {
+                        flags |= FopenFlags::FOPEN_CACHE_DIR;
+                    }
                     if fs.keep_cache(fh) {
                         flags |= FopenFlags::FOPEN_KEEP_CACHE;
                     }
@@ -552,14 +564,17 @@ impl Filesystem for FuseAdapter {
             let fs = self.fs.clone();
             self.rt.spawn(async move {
                 match fs.readdir_page(ino.0, offset).await {
-                    Ok((entries, snap, start)) => fill_dir(&fs, ino.0, (&entries, snap), start, reply),
+                    Ok((entries, snap, start)) => {
+                        before_dir_end(&fs, ino.0, &entries, start);
+                        fill_dir(&fs, ino.0, (&entries, snap), start, reply);
+                    }
                     Err(e) => reply.error(errno(&e)),
                 }
             });
             return;
         }
-        match self.fs.readdir(fh.0) {
-            Ok(entries) => fill_dir(&self.fs, ino.0, (&entries, 0), uncookie(offset).1, reply),
+        match self.fs.readdir_numbered(fh.0) {
+            Ok((entries, snap)) => fill_dir(&self.fs, ino.0, (&entries, snap), uncookie(offset).1, reply),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -569,14 +584,19 @@ impl Filesystem for FuseAdapter {
             let (fs, ttl) = (self.fs.clone(), self.ttl());
             self.rt.spawn(async move {
                 match fs.readdir_page(ino.0, offset).await {
-                    Ok((entries, snap, start)) => fill_dir_plus(&fs, ino.0, (&entries, snap), start, ttl, reply),
+                    Ok((entries, snap, start)) => {
+                        before_dir_end(&fs, ino.0, &entries, start);
+                        fill_dir_plus(&fs, ino.0, (&entries, snap), start, ttl, reply);
+                    }
                     Err(e) => reply.error(errno(&e)),
                 }
             });
             return;
         }
-        match self.fs.readdir(fh.0) {
-            Ok(entries) => fill_dir_plus(&self.fs, ino.0, (&entries, 0), uncookie(offset).1, self.ttl(), reply),
+        match self.fs.readdir_numbered(fh.0) {
+            Ok((entries, snap)) => {
+                fill_dir_plus(&self.fs, ino.0, (&entries, snap), uncookie(offset).1, self.ttl(), reply)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
