@@ -530,3 +530,29 @@ def test_other_clients_changes_become_visible(bucket):
         # the kernel may keep a dentry for up to the TTL after the listing changed
         assert wait_until(lambda: not os.path.exists(os.path.join(mp, "old.txt")), 10, 0.25), \
             "a deleted object stays reachable by name"
+
+
+def test_a_local_name_that_is_not_utf8_is_not_shown_nor_taken_for_another():
+    """A file:// folder holding a name that is not UTF-8: the store lists it with U+FFFD in
+    place of its bytes. It was shown under that name (`stat`: ESTALE), and once a real
+    file of that very name existed, the name showed the other file's size (1 byte of 17)."""
+    from conftest import Bucket, require_bin, require_store
+    require_store("file")
+    require_bin()
+    b = Bucket("file")
+    try:
+        folder = os.path.join(seed.file_root(), b.name).encode()
+        with open(os.path.join(folder, b"\xff\xfebad"), "wb") as f:
+            f.write(b"x")
+        lossy = "\ufffd\ufffdbad"
+        with b.mounted(extra=["--metadata-ttl", "0.3"]) as mp:
+            assert os.listdir(mp) == [], "a name that is not UTF-8 was shown"
+            with open(os.path.join(folder, lossy.encode()), "wb") as f:
+                f.write(b"REAL-UTF8-CONTENT")
+            time.sleep(1)
+            assert os.listdir(mp) == [lossy]
+            assert os.stat(os.path.join(mp, lossy)).st_size == 17
+            with open(os.path.join(mp, lossy), "rb") as f:
+                assert f.read() == b"REAL-UTF8-CONTENT"
+    finally:
+        b.cleanup()

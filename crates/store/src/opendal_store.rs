@@ -153,6 +153,27 @@ impl OpendalStore {
 
     /// The local folder: a listed `key` is a symbolic link (skipped, as [`Self::beneath`]
     /// refuses it; the listed prefix was checked by `beneath` once).
+    /// A local folder's name that is not UTF-8 is listed with U+FFFD in place of its
+    /// bytes, so its key names another file (one of that very name, whose bytes a read
+    /// would give) or none. Such a key is shown only where a file of that name exists,
+    /// with that file's size and mtime (`m` takes them); else it is left out, and `false`.
+    fn local_name_holds(&self, m: &mut ObjectMeta) -> bool {
+        let Some(root) = self.local_root.as_ref().filter(|_| m.key.contains('\u{FFFD}')) else { return true };
+        match std::fs::symlink_metadata(root.join(m.key.trim_end_matches('/'))) {
+            Ok(md) if md.is_dir() == m.is_prefix() => {
+                if !md.is_dir() {
+                    m.size = md.len();
+                    m.mtime = md.modified().ok().or(m.mtime);
+                }
+                true
+            }
+            _ => {
+                tracing::warn!(key = %m.key, "a name in the folder is not UTF-8: not shown");
+                false
+            }
+        }
+    }
+
     fn listed_link(&self, key: &str) -> bool {
         self.local_root.as_ref().is_some_and(|root| {
             std::fs::symlink_metadata(root.join(key.trim_end_matches('/'))).is_ok_and(|m| m.file_type().is_symlink())
@@ -371,12 +392,13 @@ impl Store for OpendalStore {
                     // empty content's may hold bytes (`ObjectMeta::may_hold_bytes`).
                     let mut m = this.meta(&key, entry.metadata());
                     m.size_unknown = m.is_prefix() && this.prefix_dirs && md5_says_bytes(entry.metadata());
+                    let named = this.local_name_holds(&mut m);
                     // The directory itself is not its own entry unless it may hold bytes; a
                     // plain prefix (`d/name`, see `Store::list`) lists its exact key like any
                     // other.
                     let own = key == prefix && prefix.ends_with('/') && !m.size_unknown;
                     let keep = !own && !this.listed_link(&key) && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
-                    async move { Ok(keep.then_some(m)) }
+                    async move { Ok((keep && named).then_some(m)) }
                 },
             ))
         };
