@@ -344,7 +344,8 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
         p = lambda *a: os.path.join(mp, *a)  # noqa: E731
         os.makedirs(p("d", "sub"))
         names = {"st": b"to be stat'ed", "un": b"to be unlinked", "rd": b"read before and after",
-                 "mv": b"renamed during the hang"}
+                 "mv": b"renamed during the hang", "ap": b"appended to", "tr": b"truncated to 5",
+                 "rw": b"written over in place"}
         for n, data in names.items():
             write_file(p("d", n), data)
         write_file(p("d", "sub", "inner"), b"inner")
@@ -355,8 +356,13 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
         assert [os.listdir(d) for d in walk] == [["x"], ["y"], ["z"], ["leaf"]]
         assert sorted(os.listdir(p("d"))) == sorted(list(names) + ["sub"])
         assert os.listdir(p("d", "sub")) == ["inner"]
-        assert read_file(p("d", "rd")) == names["rd"]
+        for n in ("rd", "ap", "tr", "rw"):
+            assert read_file(p("d", n)) == names[n]
         time.sleep(2.5)  # every name and listing is past its TTL
+
+        def write_over():
+            with open(p("d", "rw"), "r+b") as f:
+                f.write(b"W")
         with store_hangs(pm) as (op, outs):
             # First: a HEAD overdue would spare the walk its waits (it shows the store hangs too).
             op("a walk of four listed directories", lambda: [os.listdir(d) for d in walk])
@@ -368,6 +374,10 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
             op("a second rename of it", lambda: os.rename(p("d", "moved"), p("d", "moved2")))
             op("a new file in a listed directory", lambda: write_file(p("d", "new"), b"made during the hang"))
             op("read of a file read before", lambda: read_file(p("d", "rd")))
+            # Its whole version in the read caches: no store needed (these waited 2 minutes).
+            op("append to a file read before", lambda: append(p("d", "ap"), b"+"))
+            op("truncate of a file read before", lambda: os.truncate(p("d", "tr"), 5))
+            op("a write in place to a file read before", write_over)
         stalled = stalled_calls(outs, 150)
         r = sync(mp)
         problems = []
@@ -388,6 +398,8 @@ def test_names_known_past_their_ttl_answer_while_the_store_hangs(hung_minio, tmp
             got = {k: md5(v) for k, v in files_only(pm.objects(bucket)).items()}
             want = {f"d/{n}": md5(v) for n, v in names.items() if n not in ("un", "mv")}
             want["d/moved2"] = md5(names["mv"])
+            want.update({"d/ap": md5(names["ap"] + b"+"), "d/tr": md5(names["tr"][:5]),
+                         "d/rw": md5(b"W" + names["rw"][1:])})
             want.update({"d/new": md5(b"made during the hang"), "d/sub/inner": md5(b"inner"),
                          "w/x/y/z/leaf": md5(b"leaf")})
             if got != want or files != want:

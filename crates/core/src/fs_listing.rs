@@ -157,8 +157,13 @@ impl Fs {
     /// `open`), within [`Fs::refresh_within`]. Callers that must have the store's word (a
     /// rename learning the copy's identity, a fill pinned to the version) wait for it.
     pub(crate) async fn revalidate_within(&self, node: &Node) -> Result<Attr, FsError> {
+        self.revalidate_within_as(node, true).await
+    }
+
+    /// [`Fs::revalidate_within`], splitting a replaced file off (`split`) or not.
+    pub(crate) async fn revalidate_within_as(&self, node: &Node, split: bool) -> Result<Attr, FsError> {
         let n = node.clone();
-        let answer = match self.refresh_within(true, |me| async move { me.head_and_record(&n, true).await }).await {
+        let answer = match self.refresh_within(true, |me| async move { me.head_and_record(&n, split).await }).await {
             Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => self.serve_known_attrs(node, &e),
             done => done,
         };

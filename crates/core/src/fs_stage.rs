@@ -146,9 +146,16 @@ impl Fs {
             // To be filled from the store, pinned to the version the node names: one not
             // validated within the TTL is asked about first (a directory rename gives the
             // moved objects new generations; the fill's If-Match then failed with ESTALE).
+            // Within a bound, as `open`'s own check: a store that does not answer leaves the
+            // version known here (a fill from the read caches needs no store; appends and
+            // truncates of an uploaded file waited 2 minutes for a hanging one).
             let stale = |n: &crate::inode::Node| !self.fresh(n.validated) || n.version == Version::Unknown;
             if let Some(cur) = self.node(node.ino).ok().filter(|n| stale(n) && n.size > 0) {
-                if let Err(e) = self.revalidate(&cur, false).await {
+                let checked = match cur.version {
+                    Version::Unknown => self.revalidate(&cur, false).await,
+                    _ => self.revalidate_within_as(&cur, false).await,
+                };
+                if let Err(e) = checked {
                     self.unstage(node.ino);
                     return Err(e);
                 }
