@@ -26,14 +26,15 @@ import errno
 import os
 import random
 import shutil
+import subprocess
 import threading
 import time
 
 import pytest
 
 import seed
-from conftest import (bounded_calls, daemon_pids, implied_dirs, md5, mount, read_file, unmount, wait_until,
-                      write_file)
+from conftest import (BIN, bounded_calls, bucketfs_env, daemon_pids, implied_dirs, md5, mount, read_file, unmount,
+                      wait_until, write_file)
 from hangkit import (LOCAL_CALL_LIMIT, MiB, files_only, kill_daemon, mount_view, outcome_table, remount, sync,
                      hung_minio, private_minio)  # noqa: F401 - fixtures
 # wb_args(bucket, staging, *extra), status(mp) and bucket_objects(bucket) (markers included)
@@ -115,6 +116,39 @@ def test_unmount_after_a_recovery_set_bytes_aside_exits_1_naming_them(s3_bucket,
         r = unmount(mp)
         assert r is not None and r.returncode == 0, f"a clean unmount after: {r and r.stderr}"
     finally:
+        unmount(mp)
+
+
+def test_unmount_whose_mount_process_dies_mid_drain_exits_1(hung_minio, tmp_path):
+    """`bucketfs unmount` waits for the mount's process to upload what was closed; a process
+    killed meanwhile (here while the store hangs) never finished. The unmount said nothing and
+    exited 0 though closed files were not in the bucket (tester B: 7 of 7 runs). It exits 1
+    saying so; the next mount uploads them."""
+    pm = hung_minio
+    bucket = pm.new_bucket()
+    args = pm.wb_args(bucket, tmp_path / "staging", "--write-back-delay", "600")
+    mp = mount(args)
+    try:
+        write_file(os.path.join(mp, "closed.txt"), b"closed before the unmount")
+        pids = daemon_pids(mp)
+        pm.stop()
+        try:
+            um = subprocess.Popen([BIN, "unmount", mp], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=bucketfs_env())
+            assert wait_until(lambda: not os.path.ismount(mp), 30), "the kernel kept the mount"
+            time.sleep(0.5)  # the process drains its uploads to a store that hangs
+            kill_daemon(mp, pids)
+            _, err = um.communicate(timeout=60)
+        finally:
+            pm.cont()
+        assert um.returncode == 1, f"unmount exited {um.returncode}: {err.decode()[-500:]}"
+        assert "ended before it finished" in err.decode(), err.decode()
+        remount(mp, args)
+        r = sync(mp)
+        assert r.returncode == 0, r.err
+        assert pm.objects(bucket).get("closed.txt") == b"closed before the unmount"
+    finally:
+        pm.cont()
         unmount(mp)
 
 

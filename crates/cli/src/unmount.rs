@@ -49,6 +49,16 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        // A process that finished its work removed its pid file; one still naming it ended
+        // midway (killed, or crashed): what it had not uploaded yet was not uploaded.
+        if std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse().ok()) == Some(pid) {
+            return Err(format!(
+                "unmounted, but the mount process {pid} ended before it finished its work (killed, or it crashed): \
+                 files closed on it and not uploaded yet are kept in its staging directory; mounting {} again \
+                 uploads them (`bucketfs sync` then waits for them)",
+                canonical.display()
+            ));
+        }
     }
     // Uploads that still failed at the end are kept on local disk, never dropped, and bytes
     // a crash left never closed were set aside, not uploaded: say so.
