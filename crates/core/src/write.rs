@@ -66,7 +66,7 @@ pub struct Staged {
     pub unlinked: bool,
     /// Handles open on this inode; the staged file is dropped when the last one closes clean.
     pub handles: usize,
-    /// Those of `handles` opened for writing ([`crate::Fs::settle_readers`]).
+    /// Those of `handles` opened for writing (see `Fs::settle_readers`).
     pub writers: usize,
     /// The key named by the sidecar file, once the file has been dirty.
     key: Option<String>,
