@@ -299,7 +299,7 @@ def test_a_handle_never_mixes_versions_when_another_client_replaces_the_file(sto
         b.cleanup()
 
 
-@pytest.mark.parametrize("store,write_back", [("s3", False), ("gcs", False), ("file", False), ("s3", True)])
+@pytest.mark.parametrize("store,write_back", [("s3", False), ("gcs", False), ("s3", True)])
 def test_a_file_written_here_and_held_by_a_reader_shows_another_clients_version(store, write_back, rng):
     """A reader opens a file while this mount's writer has it open (it joins the staged
     bytes), the writer closes, another client replaces the object. `stat` and new opens

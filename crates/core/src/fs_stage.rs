@@ -276,8 +276,7 @@ impl Fs {
         let mut t = self.table.lock().unwrap();
         // Only with the version's identity known: else nothing tells another client's
         // version from this one, and a listing would lay its size over the readers' file.
-        let known = |n: &crate::inode::Node| n.version != Version::Unknown;
-        let Some(n) = t.get_mut(ino).filter(|n| n.linked && known(n) && n.size == st.size) else {
+        let Some(n) = t.get_mut(ino).filter(|n| n.linked && n.version.tag().is_some() && n.size == st.size) else {
             return;
         };
         if self.staging.set_settled(ino, true) {

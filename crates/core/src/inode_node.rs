@@ -97,14 +97,13 @@ impl Node {
     /// node takes the new version (the next open drops the kernel's cached pages). Files
     /// staged here never split (`local`: their attributes are the mount's own), nor a
     /// version whose identity is not known (a file this mount just moved: `Fs::rename`).
-    /// Where the store keeps no tags (a local folder), size and mtime name the version.
     pub fn replaced_by(&self, meta: &ChildMeta) -> bool {
-        let other = match (&self.version, meta.etag.as_deref()) {
-            (Version::Tag(tag), Some(etag)) => tag != etag,
-            (Version::Untagged, None) => meta.size != self.size || meta.mtime != self.mtime,
-            _ => false,
-        };
-        self.kind == Kind::File && self.opens > 0 && !self.local && other
+        self.kind == Kind::File
+            && self.opens > 0
+            && !self.local
+            && self.version.tag().is_some()
+            && meta.etag.is_some()
+            && self.version.tag() != meta.etag.as_deref()
     }
 
     /// Whether an answer to a request sent at ticket `asked` (0: not ticketed) is older
