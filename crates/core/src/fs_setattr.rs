@@ -61,6 +61,10 @@ impl Fs {
             if self.staging.is_current(node.ino, &staged) {
                 st.set_key(&node.key)?;
                 st.mark_changed();
+                // A settled file (only read, `Fs::settle_readers`) changed: the mount's own
+                // again, or another client's version would split it off and this upload,
+                // at the last reader's close, go up over that version.
+                self.claim(node.ino);
                 self.keep_attrs(node.ino, &mut st);
                 if let Some(h) = fh {
                     self.mark_wrote(h);

@@ -255,7 +255,7 @@ impl Fs {
     }
 
     /// `ino`'s attributes are the mount's own (`Node::local`), its staged file not settled.
-    fn claim(&self, ino: u64) {
+    pub(crate) fn claim(&self, ino: u64) {
         let mut t = self.table.lock().unwrap();
         if let Some(n) = t.get_mut(ino) {
             n.local = true;
