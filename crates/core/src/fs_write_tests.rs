@@ -672,3 +672,27 @@ async fn closing_one_reader_leaves_another_reading_the_same_file() {
     fs.release(two).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_file_only_read_after_its_writer_closed_is_the_stores_until_changed_again() {
+    // Settled (`Fs::settle_readers`): another client's version may then split it off while
+    // the reader goes on reading these bytes. A chmod makes it the mount's own again: its
+    // upload at the reader's close must not follow such a split.
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    let (attr, w) = fs.create(ROOT_INO, "f", 0o644, None).await.unwrap();
+    fs.write(w, 0, b"written here").await.unwrap();
+    let r = fs.open(attr.ino, false, false).await.unwrap();
+    assert!(fs.staging.contains(attr.ino), "the reader joined the staged file");
+    fs.flush(w).await.unwrap();
+    fs.release(w).await.unwrap();
+    assert!(fs.staging.contains(attr.ino) && !fs.staging.owns(attr.ino), "only read now: settled");
+    assert!(!fs.node(attr.ino).unwrap().local);
+    fs.setattr(attr.ino, SetAttr { mode: Some(0o600), ..Default::default() }).await.unwrap();
+    assert!(fs.staging.owns(attr.ino), "changed by chmod: the mount's own again");
+    assert!(fs.node(attr.ino).unwrap().local);
+    assert_eq!(fs.read(r, 0, 12).await.unwrap()[..], b"written here"[..]);
+    fs.release(r).await.unwrap();
+    assert!(!fs.staging.contains(attr.ino), "dropped at the last close");
+    assert_eq!(object(&store, "f").await.unwrap(), b"written here");
+}
