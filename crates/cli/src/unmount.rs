@@ -83,7 +83,7 @@ fn report(note: &paths::PendingNote, canonical: &Path) -> String {
     if !note.set_aside.is_empty() {
         let files: Vec<String> = note.set_aside.iter().map(|(k, p)| format!("{k} -> {}", p.display())).collect();
         parts.push(format!(
-            "{} file(s) were not uploaded and their bytes are kept in lost+found (bytes written but never closed before a mount stopped; the log says why for each; copy back what you want): {}",
+            "{} file(s) were not uploaded and their bytes are kept in lost+found (bytes never closed before a mount stopped, or that the bucket refused, as an exclusive create whose name another client took; the log says why for each; copy back what you want): {}",
             files.len(),
             files.join(", ")
         ));
