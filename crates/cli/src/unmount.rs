@@ -24,10 +24,7 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
     // The mount's process, if its pid file names the process that wrote it (after a crash
     // the file stays, and its pid may be another process's by now).
     let pid_file = paths::pid_file(&canonical);
-    let pid: Option<i32> = std::fs::read_to_string(&pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .filter(|&pid| running(pid) && wrote(pid, &pid_file));
+    let pid = pid_in(&pid_file).filter(|&pid| running(pid) && wrote(pid, &pid_file));
     match checks::mounted_fstype(&canonical) {
         Some(t) if t.starts_with("fuse") => unmount(&canonical)?,
         Some(t) => return Err(format!("{} is a {t} mount, not a bucketfs one", canonical.display())),
@@ -51,7 +48,7 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
         }
         // A process that finished its work removed its pid file; one still naming it ended
         // midway (killed, or crashed): what it had not uploaded yet was not uploaded.
-        if std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse().ok()) == Some(pid) {
+        if pid_in(&pid_file) == Some(pid) {
             return Err(format!(
                 "unmounted, but the mount process {pid} ended before it finished its work (killed, or it crashed): \
                  files closed on it and not uploaded yet are kept in its staging directory; mounting {} again \
@@ -110,6 +107,11 @@ fn unmount(canonical: &Path) -> Result<(), String> {
         ));
     }
     Err(format!("cannot unmount {}: {why}", canonical.display()))
+}
+
+/// The pid a pid file names, if it names one.
+fn pid_in(file: &Path) -> Option<i32> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
 fn running(pid: i32) -> bool {

@@ -604,10 +604,7 @@ impl Fs {
                 tracing::warn!(ino = file.ino, "cannot check the staged file: {e}");
             }
             if file.staged.load(Ordering::Relaxed) {
-                st.handles = st.handles.saturating_sub(1);
-                if file.writable {
-                    st.writers = st.writers.saturating_sub(1);
-                }
+                st.drop_handle(file.writable);
             }
             // An unlinked file's bytes exist only here: they stay while any handle is open,
             // a reader opened before the file was staged included (it reads the staged

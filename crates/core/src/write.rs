@@ -444,6 +444,14 @@ impl Staged {
         Ok(())
     }
 
+    /// A handle counted in `handles` (and `writers`, if `writable`) closed.
+    pub fn drop_handle(&mut self, writable: bool) {
+        self.handles = self.handles.saturating_sub(1);
+        if writable {
+            self.writers = self.writers.saturating_sub(1);
+        }
+    }
+
     /// The size writers see (0 while an O_TRUNC is pending).
     pub fn len(&self) -> u64 {
         if self.trunc_pending {

@@ -151,8 +151,6 @@ impl OpendalStore {
         Ok(())
     }
 
-    /// The local folder: a listed `key` is a symbolic link (skipped, as [`Self::beneath`]
-    /// refuses it; the listed prefix was checked by `beneath` once).
     /// A local folder's name that is not UTF-8 is listed with U+FFFD in place of its
     /// bytes, so its key names another file (one of that very name, whose bytes a read
     /// would give) or none. Such a key is shown only where a file of that name exists,
@@ -174,6 +172,8 @@ impl OpendalStore {
         }
     }
 
+    /// The local folder: a listed `key` is a symbolic link (skipped, as [`Self::beneath`]
+    /// refuses it; the listed prefix was checked by `beneath` once).
     fn listed_link(&self, key: &str) -> bool {
         self.local_root.as_ref().is_some_and(|root| {
             std::fs::symlink_metadata(root.join(key.trim_end_matches('/'))).is_ok_and(|m| m.file_type().is_symlink())
