@@ -346,3 +346,46 @@ def test_a_file_written_here_and_held_by_a_reader_shows_another_clients_version(
                 assert f.read() == new
     finally:
         b.cleanup()
+
+
+@pytest.mark.parametrize("mode", ["default", "write-back"])
+def test_a_file_renamed_over_one_of_the_same_size_and_mtime_reads_its_own_bytes(mode):
+    """file:// names a version by its size and mtime, and a rename keeps the mtime: a file
+    moved over a cached one of the same size and mtime (a `cp -p` copy, two files written
+    in one clock tick) read the replaced file's bytes from the caches, and so did the
+    swapped pair of a three-rename swap. A reader holding the replaced file keeps its
+    bytes."""
+    require_store("file")
+    require_bin()
+    b = Bucket("file")
+    size = 3 * 1024 * 1024 + 5  # two cache blocks
+    try:
+        folder = os.path.join(seed.file_root(), b.name)
+        for name, fill in (("a", b"A"), ("b", b"B"), ("c", b"C")):
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(fill * size)
+            os.utime(os.path.join(folder, name), ns=(1_700_000_000_123_456_789,) * 2)
+        extra = ["--write-back"] if mode == "write-back" else []
+        with b.mounted(extra=extra) as mp:
+            p = lambda n: os.path.join(mp, n)  # noqa: E731
+            for name in "abc":
+                with open(p(name), "rb") as f:
+                    f.read()  # into the caches
+            with open(p("a"), "rb") as holder:
+                holder.read(1)
+                os.rename(p("b"), p("a"))
+                with open(p("a"), "rb") as f:
+                    got = f.read()
+                assert got == b"B" * size, f"a reads {got[:1]!r} x {got.count(got[:1])}: the replaced file's bytes"
+                holder.seek(0)
+                assert holder.read() == b"A" * size, "the holder of the replaced file lost its bytes"
+            # The swap a -> tmp, c -> a, tmp -> c.
+            os.rename(p("a"), p("tmp"))
+            os.rename(p("c"), p("a"))
+            os.rename(p("tmp"), p("c"))
+            with open(p("a"), "rb") as f:
+                assert f.read(8) == b"C" * 8, "after the swap a reads the bytes it had"
+            with open(p("c"), "rb") as f:
+                assert f.read(8) == b"B" * 8, "after the swap c reads the bytes it had"
+    finally:
+        b.cleanup()

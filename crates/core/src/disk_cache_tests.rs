@@ -438,3 +438,26 @@ fn a_file_with_a_block_being_written_is_not_rekeyed() {
     assert!(c.take_whole("k2", "e", size, &to), "a writer cannot take it over");
     assert!(std::fs::read(&to).unwrap() == data);
 }
+
+/// Another object took the name (a local folder's file of the same size and mtime renamed
+/// over it): its file goes even while pinned, the reader keeps its bytes, and the pin's
+/// end leaves the next file of that name alone.
+#[test]
+fn a_forgotten_file_goes_while_its_reader_keeps_it() {
+    let (d, p) = (dir("forget"), pool());
+    let c = cache(&d, 64 << 20);
+    let (old, new) = (object(5 * B as usize / 2, 3), object(5 * B as usize / 2, 4));
+    let size = old.len() as u64;
+    put_blocks(&c, &p, "k", "e", &old, 0..3);
+    let reader = c.whole("k", "e", size).expect("complete");
+    let path = c.path_of("k", "e");
+    c.forget("k", "e");
+    assert!(!path.exists() && !c.is_complete("k", "e", size) && c.whole("k", "e", size).is_none());
+    assert!(read_all(&reader) == old, "the reader keeps the bytes it passes through");
+    put_blocks(&c, &p, "k", "e", &new, 0..3);
+    drop(reader);
+    assert!(path.exists(), "the old file's last unpin deleted the new one");
+    assert!(read_all(&c.whole("k", "e", size).expect("the new file")) == new);
+    c.forget("x", "e"); // none: nothing happens
+    std::fs::remove_dir_all(&d).unwrap();
+}

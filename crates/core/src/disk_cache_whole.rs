@@ -237,6 +237,28 @@ impl DiskCache {
         true
     }
 
+    /// Drop the version's data file and sidecar, even while pinned: another object now
+    /// answers to this name (see [`crate::read::ReadCache::forget`]). The kernel keeps
+    /// reading a pinned file it holds open; nothing finds it by name from now on. Blocking
+    /// file I/O (deletes).
+    pub fn forget(&self, key: &str, identity: &str) {
+        let name = Self::name(key, identity);
+        {
+            let mut m = self.entries.lock().unwrap();
+            if m.remove(&name).is_none() {
+                return;
+            }
+            // Under the map's lock, before a new entry of that name can be made. (A block
+            // write in flight ends in the deleted file: its entry is gone.)
+            let _ = std::fs::remove_file(self.data_path(&name));
+            let _ = std::fs::remove_file(self.meta_path(&name));
+        }
+        // Its eviction finds no entry (or a newer one, whose files it then drops: a miss).
+        self.index.invalidate(&name);
+        self.index.run_pending_tasks();
+        tracing::debug!(%key, %identity, "disk cache file dropped: another object took its name");
+    }
+
     /// Move the version's data file (complete, `size` bytes, checked by this process) to
     /// `to`, out of the cache: a writer's staged file from now on (see the module doc). Its
     /// pins stop counting; the file lives on while open. `false` if there is none, or the

@@ -87,6 +87,14 @@ impl Fs {
         let mut keys = vec![src.key.clone(), new_key.clone()];
         keys.extend(dst.as_ref().filter(|d| d.key != new_key).map(|d| d.key.clone()));
         let mut moving = Moving::begin(self, (parent, name), (newparent, newname), keys);
+        // Versions named by size and mtime (a local folder) whose cached bytes the moved
+        // file could be served from at its new name: see `forget_named_alike`.
+        let mut alike = Vec::new();
+        if src.kind == Kind::File && src.version.tag().is_none() {
+            alike.push((new_key.clone(), src.identity(), src.size));
+            let replaced_file = dst.as_ref().filter(|d| d.kind == Kind::File && d.version.tag().is_none());
+            alike.extend(replaced_file.map(|d| (d.key.clone(), d.identity(), d.size)));
+        }
         if let Some(dst) = dst {
             if noreplace {
                 return Err(FsError::Exists);
@@ -128,6 +136,7 @@ impl Fs {
                 Some(true)
             }
         };
+        self.forget_named_alike(alike).await;
         if took_object {
             // Still the replaced file's object under the name until ours goes up.
             if let Some(staged) = self.staging.get(src.ino) {
@@ -234,6 +243,25 @@ impl Fs {
             Kind::Symlink => {}
         }
         Ok(())
+    }
+
+    /// A store without ETags names a version by its size and mtime, and a rename keeps the
+    /// mtime: a file moved over another of the same size and mtime (a `cp -p` copy, two
+    /// files written in the same clock tick) would be served the replaced file's cached
+    /// bytes at its new name. What the caches hold under those names goes, before the
+    /// table shows the move. (Readers of the replaced file that pass through its cached
+    /// file keep reading it.)
+    async fn forget_named_alike(&self, alike: Vec<(String, String, u64)>) {
+        if alike.is_empty() {
+            return;
+        }
+        let cache = self.read_cache.clone();
+        crate::sync::blocking(move || {
+            for (key, identity, size) in alike {
+                cache.forget(&key, &identity, size);
+            }
+        })
+        .await;
     }
 
     /// What a rename of `src` to `newname` in the directory keyed `dir_key` changes: the

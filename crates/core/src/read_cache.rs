@@ -97,6 +97,19 @@ impl ReadCache {
         self.insert((k, id, block), data);
     }
 
+    /// Drop what both caches hold of `key`'s version `identity` (`size` bytes). For a store
+    /// whose versions are named by size and mtime (a local folder), which another object
+    /// can share: one this mount moves to `key` (a rename keeps the mtime) must not be
+    /// served the bytes of the one it replaced. Blocking file I/O (deletes).
+    pub fn forget(&self, key: &str, identity: &str, size: u64) {
+        for b in 0..size.div_ceil(BLOCK).max(1) {
+            self.blocks.invalidate(&(Arc::<str>::from(key), Arc::<str>::from(identity), b));
+        }
+        if let Some(disk) = &self.disk {
+            disk.forget(key, identity);
+        }
+    }
+
     /// Queue a block for the disk cache; `false` if there is none, or its queue stayed full
     /// for `wait` (the block is skipped). The read path's fetches arrive in bursts (a
     /// streamed GET hands over [`GROUP`] blocks at memory speed) that a disk faster than the
