@@ -217,9 +217,14 @@ fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError)
     }
     match e.kind {
         StoreErrorKind::NotFound => format!("bucket {url} not found{at}: check the name or create the bucket"),
-        StoreErrorKind::PermissionDenied if e.message.contains("credential") => format!(
-            "no credentials found for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE / --profile) for S3, GOOGLE_APPLICATION_CREDENTIALS or --anonymous for GCS"
-        ),
+        StoreErrorKind::PermissionDenied if e.message.contains("credential") => match location {
+            Location::Gcs { .. } => format!(
+                "no Google Cloud credentials found for {url}: set GOOGLE_APPLICATION_CREDENTIALS to a service account key file or run `gcloud auth application-default login`; --anonymous for a public bucket or an emulator"
+            ),
+            _ => format!(
+                "no AWS credentials found for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE / --profile"
+            ),
+        },
         StoreErrorKind::PermissionDenied => format!(
             "access to {url}{at} denied: check credentials (S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --profile; GCS: GOOGLE_APPLICATION_CREDENTIALS or --anonymous)"
         ),

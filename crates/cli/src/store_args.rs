@@ -8,7 +8,7 @@ use clap::Args;
 pub struct StoreArgs {
     /// Endpoint for S3-compatible stores (MinIO...), a GCS emulator or a Drive API emulator.
     /// Default: the service's own, or AWS_ENDPOINT_URL for S3.
-    #[arg(long)]
+    #[arg(long, value_parser = endpoint_url)]
     pub endpoint: Option<String>,
     /// GCS: send no credentials (public buckets, emulators).
     #[arg(long)]
@@ -57,6 +57,17 @@ pub struct StoreArgs {
     pub gcs_upload: bucketfs_store::location::GcsUpload,
 }
 
+/// An endpoint is a URL with its scheme: without one, the store's client failed later with
+/// "invalid format".
+fn endpoint_url(s: &str) -> Result<String, String> {
+    let lower = s.to_ascii_lowercase();
+    match lower.split_once("://") {
+        Some(("http" | "https", rest)) if !rest.is_empty() => Ok(s.to_string()),
+        Some((scheme, _)) => Err(format!("the endpoint must be an http:// or https:// URL, not {scheme}://")),
+        None => Err(format!("the endpoint has no scheme: write http://{s} (or https://{s})")),
+    }
+}
+
 impl StoreArgs {
     pub fn options(&self) -> StoreOptions {
         StoreOptions {
@@ -80,4 +91,13 @@ impl StoreArgs {
             ..StoreOptions::default()
         }
     }
+}
+
+#[test]
+fn an_endpoint_needs_its_scheme() {
+    assert_eq!(endpoint_url("http://127.0.0.1:9000").unwrap(), "http://127.0.0.1:9000");
+    assert!(endpoint_url("HTTPS://s3.example").is_ok());
+    assert!(endpoint_url("127.0.0.1:9000").unwrap_err().contains("write http://127.0.0.1:9000"));
+    assert!(endpoint_url("ftp://host").unwrap_err().contains("ftp://"));
+    assert!(endpoint_url("http://").is_err());
 }

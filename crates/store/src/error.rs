@@ -65,7 +65,12 @@ impl StoreError {
         let causes = causes_text(&e);
         let kind = match e.kind() {
             _ if code == Some("NoSuchBucket") => StoreErrorKind::NotFound,
-            _ if e.message().contains("failed to load signing credential") => StoreErrorKind::PermissionDenied,
+            // (OpenDAL's message says "signing http request" and its cause the rest.)
+            _ if e.message().contains("failed to load signing credential")
+                || causes.contains("failed to load signing credential") =>
+            {
+                StoreErrorKind::PermissionDenied
+            }
             _ if code.is_some_and(|c| c.ends_with("InvalidObjectName") || c == "KeyTooLongError")
                 || causes.contains("file name too long") =>
             {
