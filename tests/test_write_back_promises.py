@@ -602,3 +602,82 @@ def test_two_mounts_of_mixed_modes_the_last_upload_wins(s3_bucket, tmp_path):
     finally:
         unmount(ma)
         unmount(mb)
+
+
+# --------------------------------------------------------------------------- a full staging disk
+
+
+@pytest.mark.parametrize("passthrough", ["on", "off"])
+def test_a_write_refused_for_a_full_staging_disk_is_never_uploaded(hung_minio, tmp_path, passthrough):
+    """A closed file waits for its upload; the staging disk fills; an append to it fails
+    with `ENOSPC` (was EIO without passthrough). The part of the append that got in before
+    the disk filled stayed in the staged file past its end, and after a `kill -9` the next
+    mount uploaded it: an object longer than any version a close returned for, ending in
+    bytes the writer was told were not written (tester B: 7 of 7 runs). Then, the store
+    hanging, a write inside the file needs room to keep the closed version: `ENOSPC`
+    (with passthrough the open for writing failed with EBUSY)."""
+    pm = hung_minio
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    bucket, mp = pm.new_bucket(), None
+    try:
+        args = pm.wb_args(bucket, small / "staging", "--write-back-delay", "600", "--passthrough", passthrough,
+                          "--cache-dir", str(tmp_path / "cache"))
+        mp = mount(args)
+        committed = os.urandom(2 * MiB)
+        path = os.path.join(mp, "A")
+        write_file(path, committed)
+        # Fill the staging disk but for half a MiB: the first write through FUSE (1 MiB
+        # requests) gets half in, then fails.
+        free = shutil.disk_usage(small).free
+        with open(small / "filler", "wb") as f:
+            f.write(b"\0" * max(0, free - MiB // 2))
+        # The store hangs: the closed version stays here (the open for writing waits 5 s
+        # for its upload, then goes ahead).
+        pm.stop()
+        # Appends until one is refused; a short count says how much of one got in.
+        expected, refused = committed, None
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            for _ in range(16):
+                data = os.urandom(2 * MiB)
+                expected += data[:os.write(fd, data)]
+        except OSError as e:
+            refused = e.errno
+        finally:
+            os.close(fd)
+        assert refused == errno.ENOSPC, f"an append past the staging disk's room: errno {refused}, not ENOSPC"
+        assert os.stat(path).st_size == len(expected), "the refused append shows in the file's size"
+        assert read_file(path) == expected, "the refused append changed the file's bytes"
+        # A write inside the file must keep the closed version first, for which there may
+        # be no room: refused with ENOSPC, or done and then closed as a version of its own;
+        # never EBUSY (was, with passthrough).
+        refused = None
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.pwrite(fd, b"Z" * 4096, 4096)
+        except OSError as e:
+            refused = e.errno
+        else:
+            expected = expected[:4096] + b"Z" * 4096 + expected[8192:]
+        finally:
+            os.close(fd)
+        assert refused in (None, errno.ENOSPC), f"a write inside the file on a full staging disk: errno {refused}"
+        assert read_file(path) == expected, "the mount reads other bytes than the last close left"
+        kill_daemon(mp)
+        pm.cont()
+        os.remove(small / "filler")
+        remount(mp, args)
+        r = sync(mp)
+        assert r.returncode == 0, f"sync after the remount: {r.err}"
+        got = pm.objects(bucket).get("A")
+        assert got is not None and len(got) == len(expected), \
+            f"the bucket holds {None if got is None else len(got)} bytes for A, not the {len(expected)} closed"
+        assert got == expected, "the bucket's A is not the version the close returned for"
+    finally:
+        pm.cont()
+        if mp:
+            unmount(mp)
+        subprocess.run(["umount", "-l", str(small)])

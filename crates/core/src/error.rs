@@ -32,6 +32,9 @@ pub enum FsError {
     UploadFailed(Box<FsError>),
     #[error("local staging failed: {0}")]
     Local(String),
+    /// The staging disk is full (or the user's quota spent): `ENOSPC`, as a local disk's.
+    #[error("the staging disk is full: {0}")]
+    NoSpace(String),
     #[error("{0}")]
     Store(#[from] StoreError),
 }
@@ -63,6 +66,7 @@ impl FsError {
             FsError::NotEmpty => libc::ENOTEMPTY,
             FsError::CrossDevice(_) => libc::EXDEV,
             FsError::UploadFailed(_) | FsError::Local(_) => libc::EIO,
+            FsError::NoSpace(_) => libc::ENOSPC,
             FsError::Store(e) => match e.kind {
                 StoreErrorKind::NotFound => libc::ENOENT,
                 StoreErrorKind::PermissionDenied => libc::EACCES,

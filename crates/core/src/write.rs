@@ -481,7 +481,20 @@ impl Staged {
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), FsError> {
         self.mark_open(Some(if self.trunc_pending { 0 } else { offset }))?;
         self.settle()?;
-        self.file.write_all_at(data, offset).map_err(local)?;
+        if let Err(e) = self.file.write_all_at(data, offset) {
+            // A write cut short (the disk full) may have left some of its bytes past the
+            // file's end: cut them off, or the staged file would hold, and a crash's
+            // recovery upload, bytes the writer was told were not written. Bytes it
+            // changed below the end stay changed (write(2) allows it): the file is dirty.
+            if offset < self.size {
+                self.dirty = true;
+                self.write_gen += 1;
+            }
+            if let Err(cut) = self.file.set_len(self.size) {
+                tracing::warn!(path = %self.path.display(), "a failed write's bytes not cut off: {cut}");
+            }
+            return Err(local(e));
+        }
         let end = offset + data.len() as u64;
         if offset != self.size {
             self.appends_only = false;
@@ -562,7 +575,10 @@ impl Drop for Staged {
 pub type SharedStaged = Arc<tokio::sync::Mutex<Staged>>;
 
 pub(crate) fn local(e: std::io::Error) -> FsError {
-    FsError::Local(format!("staging file: {e}"))
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => FsError::NoSpace(format!("staging file: {e}")),
+        _ => FsError::Local(format!("staging file: {e}")),
+    }
 }
 
 pub(crate) fn unique() -> String {

@@ -286,10 +286,14 @@ impl Passthrough {
             self.settle(ino, |io| !other(io), RELEASE_WAIT).await;
         }
         // A writer's bytes land unseen from now on: the version a close returned for, not
-        // uploaded yet, is copied aside first (refused if it cannot be).
-        if identity.is_some() && fs.keep_committed_for(fh).await.is_err() {
-            return Some(reply);
-        }
+        // uploaded yet, is copied aside first. If it cannot be (the staging disk full), the
+        // writer's bytes come through us instead, which keep that version at the first
+        // write that changes it, or fail that write (`ENOSPC`): an ordinary open, where no
+        // reader passes through (was EBUSY).
+        let identity = match identity {
+            Some(_) if fs.keep_committed_for(fh).await.is_err() => None,
+            id => id,
+        };
         {
             let mut st = self.state.lock().unwrap();
             match plan(st.inodes.get(&ino), identity) {
