@@ -12,10 +12,12 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
 
+import conftest
 import seed
 from conftest import Bucket, daemon_pids, force_unmount, free_port, mount, read_file, run_cli, unmount
 
@@ -445,3 +447,35 @@ def test_unmount_that_gave_up_waiting_is_called_again_and_waits(s3_bucket, tmp_p
             force_unmount(mp)
     finally:
         px.delete()
+
+
+def test_thousands_of_closed_files_waiting_never_run_the_mount_out_of_descriptors(s3_bucket, tmp_path):
+    """A closed file waiting for its upload holds up to two descriptors. A `tar -x` or
+    `git clone` with `--write-back` under a limit of 1,024 open files (a common default)
+    got EIO on every create from about the 500th (tester C): the names still showed, and
+    `bucketfs sync` said all was well with 501 of 1,200 objects in the bucket. The mount
+    raises its soft limit to the hard one, and closes wait for room past what the limit
+    allows (here soft and hard are 1,024)."""
+    mp = conftest.new_mountpoint()
+    conftest._live_mounts.add(mp)
+    argv = ["prlimit", "--nofile=1024:1024", conftest.require_bin(), "mount", s3_bucket.args()[0], mp,
+            *s3_bucket.args()[1:], "--write-back", "--write-back-delay", "1",
+            "--staging-dir", str(tmp_path / "staging")]
+    r = subprocess.run(argv, env=conftest.bucketfs_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    try:
+        n, failed = 1200, []
+        os.mkdir(os.path.join(mp, "d"))
+        for i in range(n):
+            try:
+                with open(os.path.join(mp, "d", f"f{i}"), "wb") as f:
+                    f.write(b"z" * (1 + i % 700))
+            except OSError as e:
+                failed.append((i, e.errno))
+        assert not failed, f"{len(failed)} of {n} creates failed, the first {failed[:3]}"
+        r = run_cli(["sync", mp], timeout=300)
+        assert r.returncode == 0, r.err
+        keys = [k for k in seed.list_keys("s3", s3_bucket.name) if k.startswith("d/f")]
+        assert len(keys) == n, f"{len(keys)} of {n} files in the bucket after sync"
+    finally:
+        unmount(mp)

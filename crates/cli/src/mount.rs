@@ -205,6 +205,26 @@ fn report(is_child: bool, result: &Result<(), String>) {
     }
 }
 
+/// Let the process open as many files as the hard limit allows: staged files waiting for
+/// their upload hold descriptors (a `git clone` or `tar -x` with `--write-back` closes
+/// thousands of files within the delay), and the usual soft limit of 1,024 made creates
+/// fail with EIO from about the 500th. Go programs (gcsfuse, rclone) get this from their
+/// runtime.
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit write and read only the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+            return;
+        }
+        let was = lim.rlim_cur;
+        lim.rlim_cur = lim.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+            tracing::debug!(from = was, to = lim.rlim_max, "open files limit raised");
+        }
+    }
+}
+
 /// Explain a failed store check in words a user can act on.
 fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError) -> String {
     let url = location.to_url();
@@ -235,6 +255,7 @@ fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError)
 
 fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Result<(), String> {
     init_logging(args);
+    raise_open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("bucketfs-io")
@@ -280,6 +301,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             delay: Duration::from_secs_f64(args.write_back_delay.clamp(0.0, 3600.0)),
             max_bytes: args.write_back_max_mib.max(1) * 1024 * 1024,
             parallel: args.write_back_parallel.max(1),
+            ..WriteBackConfig::default() // max_files: from the limit raised in `serve`
         }),
         ..FsConfig::default()
     };

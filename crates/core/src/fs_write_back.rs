@@ -228,13 +228,13 @@ impl Fs {
         if !queued {
             return Ok(());
         }
-        // Back-pressure: wait while the queue holds more than its bound (a file larger than
-        // the bound alone goes through: it cannot wait for itself); not for good while the
-        // store takes no upload (write_back.rs).
+        // Back-pressure: wait while the queue holds more than its bounds, bytes or files (a
+        // file larger than the bound alone goes through: it cannot wait for itself); not
+        // for good while the store takes no upload (write_back.rs).
         let q = &self.staging.queue;
         loop {
             let notified = q.progress.notified();
-            if q.bytes() <= cfg.max_bytes || q.len() <= 1 {
+            if q.bytes() <= cfg.max_bytes && q.len() <= cfg.max_files || q.len() <= 1 {
                 q.under_bound();
                 return Ok(());
             }

@@ -42,12 +42,29 @@ pub struct WriteBackConfig {
     pub max_bytes: u64,
     /// Files uploaded at once.
     pub parallel: usize,
+    /// Closed files waiting for upload above which `close` waits for room, as for
+    /// `max_bytes`: each holds up to two descriptors (its staged file, and the kernel's
+    /// passthrough one), and past the process's limit creates failed with EIO.
+    pub max_files: usize,
 }
 
 impl Default for WriteBackConfig {
     fn default() -> Self {
-        Self { delay: Duration::from_secs(5), max_bytes: 1024 * 1024 * 1024, parallel: 8 }
+        Self { delay: Duration::from_secs(5), max_bytes: 1024 * 1024 * 1024, parallel: 8, max_files: files_bound() }
     }
+}
+
+/// [`WriteBackConfig::max_files`] for this process: what its open files limit leaves two
+/// descriptors each after 512 kept for everything else (readers, the cache, the store's
+/// connections); at least 64.
+pub fn files_bound() -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only the struct passed.
+    let cur = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
+        0 => lim.rlim_cur,
+        _ => 1024,
+    };
+    (cur.min(1 << 20).saturating_sub(512) / 2).max(64) as usize
 }
 
 /// One queued file.

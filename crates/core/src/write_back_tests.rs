@@ -13,7 +13,12 @@ use crate::write_back::WriteBackConfig;
 pub(crate) fn cfg(dir: &std::path::Path, delay_ms: u64) -> FsConfig {
     FsConfig {
         staging_dir: dir.to_path_buf(),
-        write_back: Some(WriteBackConfig { delay: Duration::from_millis(delay_ms), max_bytes: 1 << 30, parallel: 4 }),
+        write_back: Some(WriteBackConfig {
+            delay: Duration::from_millis(delay_ms),
+            max_bytes: 1 << 30,
+            parallel: 4,
+            ..Default::default()
+        }),
         ..FsConfig::default()
     }
 }
