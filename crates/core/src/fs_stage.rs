@@ -249,6 +249,12 @@ impl Fs {
             // that settled it before this lock is undone here.
             st.writers += 1;
             self.claim(node.ino);
+        } else {
+            // A reader joining a file written and uploaded here: its writer's release may
+            // have found it still held (a mapping, or the kernel's passthrough file not
+            // let go yet: `Fs::linger`) and left it the mount's own, hiding another
+            // client's version from then on (tester A).
+            self.settle_readers(node.ino, &st);
         }
         drop(st);
         Ok(Some(shared))
