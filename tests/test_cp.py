@@ -796,3 +796,21 @@ def test_recursive_copy_says_what_it_skips(cp_bucket, tmp):
     p = cp(cp_bucket, str(tree / "fifo"), url(cp_bucket, "f"), expect_ok=False, timeout=30)
     assert p.returncode == 2 and f"skipped {tree / 'fifo'}: " in p.err and "FIFO" in p.err, (p.returncode, p.err)
     assert seed.list_keys(cp_bucket.store, cp_bucket.name, "f") == []
+
+
+def test_preserve_keeps_mode_and_mtime_of_a_file_of_several_parts(cp_bucket, tmp):
+    """`cp -P` of a file over one part (8 MiB): GCS composes it from parts, and the compose
+    request carried no metadata, so mode and mtime were dropped with exit 0 (tester C);
+    S3 multipart kept them. Both stores, up and back down."""
+    src = tmp / "big"
+    src.write_bytes(os.urandom(SLICE + 1))
+    os.chmod(src, 0o640)
+    when = 1_273_035_905.25
+    os.utime(src, (when, when))
+    cp(cp_bucket, "-P", str(src), url(cp_bucket, "big"))
+    back = tmp / "back"
+    cp(cp_bucket, "-P", url(cp_bucket, "big"), str(back))
+    st = os.stat(back)
+    assert (st.st_mode & 0o777, round(st.st_mtime, 2)) == (0o640, when), \
+        f"downloaded with mode {oct(st.st_mode & 0o777)} and mtime {st.st_mtime}, not 0o640 and {when}"
+    assert back.read_bytes() == src.read_bytes()

@@ -50,8 +50,8 @@ pub struct OpendalComposeBackend<S: Store> {
     /// For compose requests, which may take long on emulators (they copy the bytes).
     pub compose_op: Operator,
     pub store: S,
-    /// What the object is stored with: all of it for an object of one part (a plain put);
-    /// a compose request here carries no metadata.
+    /// What the object is stored with: by the plain put of an object of one part, or by
+    /// the final compose request.
     pub put: crate::PutOpts,
     /// The Content-Type of the composed object (an object of one part gets it from `store`).
     pub content_type: Option<String>,
@@ -73,9 +73,15 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
             req = req.content_type(ct);
         }
         // Create only: `ifGenerationMatch=0` on the final compose (not on intermediates).
-        let created = self.put.if_not_exists && !to.starts_with(PARTS_PREFIX);
+        let last = !to.starts_with(PARTS_PREFIX);
+        let created = self.put.if_not_exists && last;
         if created {
             req = req.if_not_exists(true);
+        }
+        // The final object's mode, owner and mtime (`cp -P`, a chmod'ed file): its
+        // destination resource carries them (they were dropped: tester C).
+        if last && !self.put.attrs.is_empty() {
+            req = req.user_metadata(self.put.attrs.to_metadata().into_iter().collect());
         }
         let m = req.await.map_err(|e| StoreError::from_opendal("compose", to, e).if_created(created))?;
         Ok(ObjectMeta {
