@@ -653,17 +653,20 @@ def test_a_write_refused_for_a_full_staging_disk_is_never_uploaded(hung_minio, t
         assert read_file(path) == expected, "the refused append changed the file's bytes"
         # A write inside the file must keep the closed version first, for which there may
         # be no room: refused with ENOSPC, or done and then closed as a version of its own;
-        # never EBUSY (was, with passthrough).
-        refused = None
-        fd = os.open(path, os.O_RDWR)
+        # never EBUSY (was, with passthrough; a reader holds the file meanwhile).
+        refused, fd = None, -1
+        reader = os.open(path, os.O_RDONLY)
         try:
+            fd = os.open(path, os.O_RDWR)
             os.pwrite(fd, b"Z" * 4096, 4096)
         except OSError as e:
             refused = e.errno
         else:
             expected = expected[:4096] + b"Z" * 4096 + expected[8192:]
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
+            os.close(reader)
         assert refused in (None, errno.ENOSPC), f"a write inside the file on a full staging disk: errno {refused}"
         assert read_file(path) == expected, "the mount reads other bytes than the last close left"
         kill_daemon(mp)

@@ -68,6 +68,9 @@ impl Fs {
         Ok(Backing { file: found.file, identity, _pin: Some(found.pin) })
     }
 
+    /// Why [`Fs::keep_committed_for`] failed when the staging disk is full.
+    pub const NO_ROOM: &'static str = "no room on the staging disk";
+
     /// Before a writable handle `fh` of a staged file passes through to it (a backing file
     /// already given to the kernel included): its writes land unseen, so the committed
     /// version not yet uploaded is copied aside first (write_commit.rs). `Err`: why not.
@@ -86,7 +89,10 @@ impl Fs {
     fn keep_aside(&self, ino: u64, st: &mut crate::write::Staged) -> Result<(), &'static str> {
         self.observe(ino, st).and_then(|()| st.keep_committed()).map_err(|e| {
             tracing::warn!(ino, "the committed version could not be kept aside: {e}");
-            "staged file unusable"
+            match e {
+                crate::FsError::NoSpace(_) => Self::NO_ROOM,
+                _ => "staged file unusable",
+            }
         })
     }
 

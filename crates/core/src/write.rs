@@ -479,7 +479,7 @@ impl Staged {
     }
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), FsError> {
-        self.mark_open(Some(if self.trunc_pending { 0 } else { offset }))?;
+        self.mark_open(Some(self.changes_from(offset)))?;
         self.settle()?;
         if let Err(e) = self.file.write_all_at(data, offset) {
             // A write cut short (the disk full) may have left some of its bytes past the
@@ -489,6 +489,8 @@ impl Staged {
             if offset < self.size {
                 self.dirty = true;
                 self.write_gen += 1;
+                self.appends_only = false;
+                self.eager_abandon();
             }
             if let Err(cut) = self.file.set_len(self.size) {
                 tracing::warn!(path = %self.path.display(), "a failed write's bytes not cut off: {cut}");
@@ -504,6 +506,19 @@ impl Staged {
         self.dirty = true;
         self.write_gen += 1;
         Ok(())
+    }
+
+    /// Where a change through us at `offset` changes the file, for [`Staged::mark_open`]:
+    /// from 0 while an `O_TRUNC` is pending, and for a file the kernel may also write
+    /// directly (watched): its next look (`observe`) takes our change for one of the
+    /// kernel's, which leaves no committed prefix to trust, so the committed version is
+    /// copied aside first (or the change fails, `ENOSPC`, with no room for the copy).
+    fn changes_from(&self, offset: u64) -> u64 {
+        if self.trunc_pending || self.watched() {
+            0
+        } else {
+            offset
+        }
     }
 
     /// Read as a writer sees the file.
@@ -526,7 +541,7 @@ impl Staged {
     }
 
     pub fn truncate(&mut self, size: u64) -> Result<(), FsError> {
-        self.mark_open(Some(if self.trunc_pending { 0 } else { size }))?;
+        self.mark_open(Some(self.changes_from(size)))?;
         self.settle()?;
         crate::recycle::set_len(&self.file, &self.path, size).map_err(local)?;
         if size != self.size {

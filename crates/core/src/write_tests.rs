@@ -69,3 +69,24 @@ async fn an_fsynced_version_the_kernel_wrote_is_still_kept_synced() {
     assert!(st.keeps_synced(), "sent again, the version is still the fsync's");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file the kernel writes directly (watched), committed, then appended to through us (an
+/// ordinary open beside it): the next look at the file takes our append for a kernel
+/// write, so the committed version must be copied aside before it, not trusted as the
+/// file's prefix. It was not, and a crash then lost the version the close returned for
+/// (review).
+#[test]
+fn an_append_through_us_to_a_watched_file_keeps_the_committed_version_aside() {
+    let dir = std::env::temp_dir().join(format!("bucketfs-write-test-watched-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut st = Staged::create(&dir, 4, PartBudget::new(1 << 20)).unwrap();
+    let kernel = st.watch_external("k").unwrap();
+    kernel.write_all_at(b"committed", 0).unwrap();
+    assert!(st.observe().unwrap());
+    st.commit().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5)); // a new mtime
+    st.write(9, b"+appended").unwrap();
+    st.observe().unwrap(); // sees the file changed
+    assert_eq!(std::fs::read(st.base_path()).unwrap(), b"committed", "the committed version is not kept aside");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -62,6 +62,9 @@ struct State {
     inodes: HashMap<u64, InodeIo>,
     /// Open handle -> (inode, how it was opened).
     handles: HashMap<u64, (u64, Mode)>,
+    /// Handles being answered whose file's closed version found no room to be copied
+    /// aside: refused with `ENOSPC`, not `EBUSY`.
+    no_room: std::collections::HashSet<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -233,10 +236,18 @@ impl Passthrough {
         reply: impl OpenReply,
     ) {
         let reply = self.answer_inner(fs, ino, fh, flags, reply).await;
+        let no_room = self.state.lock().unwrap().no_room.remove(&fh);
         self.end_change(fs, ino, change).await;
         if let Some(reply) = reply {
-            tracing::info!(ino, "open refused (EBUSY): the file is open for passthrough reads of another version");
-            reply.error(Errno::EBUSY);
+            if no_room {
+                // Handles passing through the file: this one may not go through us beside
+                // them, nor through the kernel with the closed version not kept.
+                tracing::info!(ino, "open refused (ENOSPC): no room on the staging disk to keep the closed version");
+                reply.error(Errno::ENOSPC);
+            } else {
+                tracing::info!(ino, "open refused (EBUSY): the file is open for passthrough reads of another version");
+                reply.error(Errno::EBUSY);
+            }
             // Not truncating, or checked by `before_open`: closing it changes nothing. After
             // the answer: a release may wait for an upload in flight, the open must not.
             let _ = fs.release(fh).await;
@@ -291,8 +302,16 @@ impl Passthrough {
         // write that changes it, or fail that write (`ENOSPC`): an ordinary open, where no
         // reader passes through (was EBUSY).
         let identity = match identity {
-            Some(_) if fs.keep_committed_for(fh).await.is_err() => None,
-            id => id,
+            Some(id) => match fs.keep_committed_for(fh).await {
+                Ok(()) => Some(id),
+                Err(why) => {
+                    if why == Fs::NO_ROOM {
+                        self.state.lock().unwrap().no_room.insert(fh);
+                    }
+                    None
+                }
+            },
+            None => None,
         };
         {
             let mut st = self.state.lock().unwrap();
