@@ -66,8 +66,11 @@ impl StoreError {
         let kind = match e.kind() {
             _ if code == Some("NoSuchBucket") => StoreErrorKind::NotFound,
             // (OpenDAL's message says "signing http request" and its cause the rest.)
-            _ if e.message().contains("failed to load signing credential")
-                || causes.contains("failed to load signing credential") =>
+            // (Not when the credentials' own server did not answer: a timeout of the
+            // instance metadata service is the store being unreachable.)
+            _ if (e.message().contains("failed to load signing credential")
+                || causes.contains("failed to load signing credential"))
+                && !is_unreachable(&e) =>
             {
                 StoreErrorKind::PermissionDenied
             }
