@@ -68,14 +68,12 @@ impl Fs {
         Ok(Backing { file: found.file, identity, _pin: Some(found.pin) })
     }
 
-    /// Why [`Fs::keep_committed_for`] failed when the staging disk is full.
-    pub const NO_ROOM: &'static str = "no room on the staging disk";
-
     /// Before a writable handle `fh` of a staged file passes through to it (a backing file
     /// already given to the kernel included): its writes land unseen, so the committed
-    /// version not yet uploaded is copied aside first (write_commit.rs). `Err`: why not.
-    pub async fn keep_committed_for(&self, fh: u64) -> Result<(), &'static str> {
-        let f = self.open_file(fh).map_err(|_| "handle gone")?;
+    /// version not yet uploaded is copied aside first (write_commit.rs). `Err`: why not
+    /// (`FsError::NoSpace`: no room on the staging disk for the copy).
+    pub async fn keep_committed_for(&self, fh: u64) -> Result<(), crate::FsError> {
+        let f = self.open_file(fh)?;
         let staged = match self.staging.get(f.ino) {
             Some(s) if f.writable => s,
             _ => return Ok(()),
@@ -86,13 +84,9 @@ impl Fs {
 
     /// The committed version of `ino` not yet uploaded, copied aside before a writer the
     /// kernel serves changes it (the caller holds the staged lock).
-    fn keep_aside(&self, ino: u64, st: &mut crate::write::Staged) -> Result<(), &'static str> {
-        self.observe(ino, st).and_then(|()| st.keep_committed()).map_err(|e| {
+    fn keep_aside(&self, ino: u64, st: &mut crate::write::Staged) -> Result<(), crate::FsError> {
+        self.observe(ino, st).and_then(|()| st.keep_committed()).inspect_err(|e| {
             tracing::warn!(ino, "the committed version could not be kept aside: {e}");
-            match e {
-                crate::FsError::NoSpace(_) => Self::NO_ROOM,
-                _ => "staged file unusable",
-            }
         })
     }
 
@@ -113,7 +107,7 @@ impl Fs {
             return Err("staged again meanwhile");
         }
         if writable {
-            self.keep_aside(ino, &mut st)?;
+            self.keep_aside(ino, &mut st).map_err(|_| "staged file unusable")?;
         }
         let file = st.watch_external(&key).map_err(|e| {
             tracing::warn!(ino, "staged file not handed to the kernel: {e}");

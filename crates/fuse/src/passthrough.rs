@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bucketfs_core::passthrough::{is_staged_identity, Backing};
-use bucketfs_core::Fs;
+use bucketfs_core::{Fs, FsError};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FopenFlags, Generation, InitFlags, KernelConfig, ReplyCreate, ReplyOpen,
 };
@@ -304,8 +304,8 @@ impl Passthrough {
         let identity = match identity {
             Some(id) => match fs.keep_committed_for(fh).await {
                 Ok(()) => Some(id),
-                Err(why) => {
-                    if why == Fs::NO_ROOM {
+                Err(e) => {
+                    if matches!(e, FsError::NoSpace(_)) {
                         self.state.lock().unwrap().no_room.insert(fh);
                     }
                     None
