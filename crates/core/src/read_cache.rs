@@ -102,8 +102,9 @@ impl ReadCache {
     /// can share: one this mount moves to `key` (a rename keeps the mtime) must not be
     /// served the bytes of the one it replaced. Blocking file I/O (deletes).
     pub fn forget(&self, key: &str, identity: &str, size: u64) {
+        let (k, id): (Arc<str>, Arc<str>) = (key.into(), identity.into());
         for b in 0..size.div_ceil(BLOCK).max(1) {
-            self.blocks.invalidate(&(Arc::<str>::from(key), Arc::<str>::from(identity), b));
+            self.blocks.invalidate(&(k.clone(), id.clone(), b));
         }
         if let Some(disk) = &self.disk {
             disk.forget(key, identity);

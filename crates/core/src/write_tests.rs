@@ -3,13 +3,19 @@
 use super::*;
 use std::os::unix::fs::FileExt;
 
+/// A fresh staged file (inode `ino`) in a directory of its own, named by `tag`.
+fn staged(tag: &str, ino: u64) -> (std::path::PathBuf, Staged) {
+    let dir = std::env::temp_dir().join(format!("bucketfs-write-test-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let st = Staged::create(&dir, ino, PartBudget::new(1 << 20)).unwrap();
+    (dir, st)
+}
+
 /// A kernel write (passthrough) that lands between an upload's last check and its
 /// commit is not absorbed as committed: the next check still sees it.
 #[test]
 fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
-    let dir = std::env::temp_dir().join(format!("bucketfs-write-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut st = Staged::create(&dir, 1, PartBudget::new(1 << 20)).unwrap();
+    let (dir, mut st) = staged("late", 1);
     let kernel = st.watch_external("k").unwrap();
     kernel.write_all_at(b"first", 0).unwrap();
     assert!(st.observe().unwrap(), "a kernel write is seen");
@@ -20,8 +26,7 @@ fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
     assert!(st.observe().unwrap(), "the later write is still a change");
     assert!(st.dirty);
     assert_eq!(st.size, 12);
-    let _ = std::fs::remove_file(&st.path);
-    let _ = std::fs::remove_file(st.open_path());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A version committed by an fsync and sent again after a cut-off upload (one that may still
@@ -29,9 +34,7 @@ fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
 /// after the fsync itself; not as an unsynced close would.
 #[tokio::test]
 async fn an_fsynced_version_sent_again_is_still_kept_synced() {
-    let dir = std::env::temp_dir().join(format!("bucketfs-write-test-sent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut st = Staged::create(&dir, 2, PartBudget::new(1 << 20)).unwrap();
+    let (dir, mut st) = staged("sent", 2);
     st.set_key("k").unwrap();
     st.write(0, b"the fsynced version").unwrap();
     st.commit_as(true, false).unwrap();
@@ -53,9 +56,7 @@ async fn an_fsynced_version_sent_again_is_still_kept_synced() {
 /// found no change keeps the fsync'd version synced, also once it is sent again.
 #[tokio::test]
 async fn an_fsynced_version_the_kernel_wrote_is_still_kept_synced() {
-    let dir = std::env::temp_dir().join(format!("bucketfs-write-test-kernel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut st = Staged::create(&dir, 3, PartBudget::new(1 << 20)).unwrap();
+    let (dir, mut st) = staged("kernel", 3);
     let kernel = st.watch_external("k").unwrap();
     kernel.write_all_at(b"the fsynced version", 0).unwrap();
     assert!(st.observe().unwrap());
@@ -77,9 +78,7 @@ async fn an_fsynced_version_the_kernel_wrote_is_still_kept_synced() {
 /// (review).
 #[test]
 fn an_append_through_us_to_a_watched_file_keeps_the_committed_version_aside() {
-    let dir = std::env::temp_dir().join(format!("bucketfs-write-test-watched-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut st = Staged::create(&dir, 4, PartBudget::new(1 << 20)).unwrap();
+    let (dir, mut st) = staged("watched", 4);
     let kernel = st.watch_external("k").unwrap();
     kernel.write_all_at(b"committed", 0).unwrap();
     assert!(st.observe().unwrap());
