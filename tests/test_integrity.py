@@ -439,3 +439,39 @@ def test_a_file_renamed_over_one_of_the_same_size_and_mtime_reads_its_own_bytes(
                 assert f.read(8) == b"B" * 8, "after the swap c reads the bytes it had"
     finally:
         b.cleanup()
+
+
+@pytest.mark.parametrize("change", ["renamed-over", "rewritten-in-place"])
+def test_a_local_file_changed_by_another_program_keeping_size_and_mtime_is_read_anew(change):
+    """Another program changes a file of the local folder after the mount cached it, and the
+    file keeps its size and mtime: `mv b a` (b written in the same clock tick), or a rewrite
+    in place with the mtime put back (`cp -p` over an existing file). A read past the TTL
+    gives the new bytes. Size and mtime alone named the version, so both read the old
+    bytes from the caches."""
+    require_store("file")
+    require_bin()
+    b = Bucket("file")
+    size = 3 * 1024 * 1024 + 5  # two cache blocks
+    when = (1_700_000_000_123_456_789,) * 2
+    try:
+        folder = os.path.join(seed.file_root(), b.name)
+        f = lambda n: os.path.join(folder, n)  # noqa: E731
+        for name, fill in (("a", b"A"), ("b", b"B")):
+            with open(f(name), "wb") as out:
+                out.write(fill * size)
+            os.utime(f(name), ns=when)
+        with b.mounted(extra=["--metadata-ttl", TTL]) as mp:
+            with open(os.path.join(mp, "a"), "rb") as r:
+                assert r.read() == b"A" * size
+            if change == "renamed-over":
+                os.rename(f("b"), f("a"))
+            else:
+                with open(f("a"), "r+b") as out:
+                    out.write(b"B" * size)
+                os.utime(f("a"), ns=when)
+            time.sleep(float(TTL) * 3)
+            with open(os.path.join(mp, "a"), "rb") as r:
+                got = r.read()
+            assert got == b"B" * size, f"a reads {got[:1]!r} x {got.count(got[:1])}: the old bytes"
+    finally:
+        b.cleanup()

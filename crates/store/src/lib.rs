@@ -28,6 +28,7 @@ mod error;
 pub mod events;
 pub mod gcs;
 pub mod gdrive;
+mod local;
 pub mod location;
 pub mod metered;
 pub mod opendal_store;

@@ -410,10 +410,7 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
             let root = path.to_string_lossy();
             // Uploads land in a sibling temp directory and are renamed into place at close,
             // so a half-written file is never visible (same filesystem, so rename works).
-            let tmp = match (path.parent(), path.file_name()) {
-                (Some(parent), Some(name)) => parent.join(format!(".{}.bucketfs-tmp", name.to_string_lossy())),
-                _ => std::env::temp_dir().join("bucketfs-atomic"),
-            };
+            let tmp = crate::local::temp_dir(path);
             std::fs::create_dir_all(&tmp).map_err(|e| config_err(format!("cannot create {}: {e}", tmp.display())))?;
             let fs = services::Fs::default().root(&root).atomic_write_dir(&tmp.to_string_lossy());
             (Operator::new(fs).map_err(err)?, false)

@@ -255,6 +255,9 @@ impl OpendalStore {
         if let Some((version, at)) = self.stamps.as_ref().and_then(|s| s.lock().unwrap().get(key).copied()) {
             (meta.etag, meta.mtime) = (Some(format!("\"mem-{version}\"")), Some(at));
         }
+        if let Some(root) = &self.local_root {
+            crate::local::identify(root, &mut meta);
+        }
         meta
     }
 }
@@ -267,23 +270,6 @@ fn od_path(key: &str) -> &str {
     }
 }
 
-impl OpendalStore {
-    /// A local folder names a version by its size and mtime (it has no ETag): a copy keeps
-    /// the mtime, as a rename does, so a file moved by copy (a directory rename) is the same
-    /// version under its new name, not a new one (the caches and open readers keep it).
-    async fn copy_keeping_mtime(&self, from: &str, to: &str) -> Result<(), StoreError> {
-        let mtime = self.op.stat(from).await.map_err(|e| StoreError::from_opendal("copy", from, e))?.last_modified();
-        self.op.copy(from, to).await.map_err(|e| StoreError::from_opendal("copy", from, e))?;
-        let (Some(mtime), Some(root)) = (mtime, &self.local_root) else { return Ok(()) };
-        let path = root.join(to.trim_start_matches('/'));
-        let set = std::fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(mtime.into()));
-        if let Err(e) = set {
-            tracing::debug!(key = to, "copy made with a new mtime: {e}");
-        }
-        Ok(())
-    }
-}
-
 #[async_trait]
 impl Store for OpendalStore {
     fn describe(&self) -> String {
@@ -293,7 +279,8 @@ impl Store for OpendalStore {
     fn capabilities(&self) -> Capabilities {
         let cap = self.op.info().capability();
         Capabilities {
-            read_if_match: cap.read_with_if_match,
+            // The local folder: `get` checks the version itself (`local::read_pinned`).
+            read_if_match: cap.read_with_if_match || self.local_root.is_some(),
             copy: cap.copy,
             prefix_dirs: self.prefix_dirs,
             max_key_len: self.max_key_len,
@@ -358,6 +345,10 @@ impl Store for OpendalStore {
         self.beneath("get", key)?;
         if range.start >= range.end {
             return Ok(Box::pin(futures::stream::empty()));
+        }
+        if let (Some(root), Some(tag)) = (&self.local_root, opts.if_match) {
+            let path = root.join(key.trim_start_matches('/'));
+            return crate::local::read_pinned(&path, key, tag, range).await;
         }
         let req = with_precondition!(self, self.op.reader_with(key), opts.if_match);
         let reader = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;
@@ -468,8 +459,18 @@ impl Store for OpendalStore {
             self.put(to, data.to_bytes(), PutOpts::default()).await?;
             return Ok(());
         }
-        if self.op.info().scheme() == "fs" {
-            return self.copy_keeping_mtime(from, to).await;
+        if let Some(root) = self.local_root.clone() {
+            let (f, t) = (from.to_string(), to.to_string());
+            let copied = tokio::task::spawn_blocking(move || crate::local::copy(&root, &f, &t)).await;
+            let failed = |e: String| StoreError::new(StoreErrorKind::Other, format!("copy {from:?} to {to:?}: {e}"));
+            return match copied {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(StoreError::new(StoreErrorKind::NotFound, format!("copy {from:?}: {e}")))
+                }
+                Ok(Err(e)) => Err(failed(e.to_string())),
+                Err(e) => Err(failed(e.to_string())),
+            };
         }
         match self.op.copy(from, to).await {
             Ok(_) => Ok(()),

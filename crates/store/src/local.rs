@@ -1,0 +1,183 @@
+//! The local folder (`file://`): what OpenDAL's fs service does not do, a version's
+//! identity and reads pinned to it.
+//!
+//! A local file has no ETag. Size and mtime alone named a version until a rename showed
+//! their limit: a rename keeps the mtime, so a file renamed over another of the same size
+//! and mtime (a `cp -p` copy, two files written in one clock tick) was taken for the file
+//! it replaced, and the caches served the replaced file's bytes under the new name. The
+//! inode tells them apart, and a rename keeps it (the same bytes under a new name), while
+//! a rewrite (a new file renamed into place, as OpenDAL and most tools write) or a copy
+//! makes a new one. The ctime too: a file rewritten in place with its size and mtime put
+//! back (`cp -p` over an existing file) is another version. A read pinned to a version
+//! opens the file and checks that the file it opened is that version before reading from
+//! it, as S3's `If-Match` is checked.
+
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::{ByteStream, ObjectMeta, StoreError, StoreErrorKind};
+
+/// Bytes per read of a pinned stream.
+const CHUNK: u64 = 1 << 20;
+
+/// The identity of the version `md` describes: its inode, size, mtime and ctime. Never 32
+/// hex digits (it is not taken for an MD5: [`ObjectMeta::etag_md5`]).
+pub(crate) fn tag(md: &std::fs::Metadata) -> String {
+    let (m, c) = ((md.mtime(), md.mtime_nsec()), (md.ctime(), md.ctime_nsec()));
+    format!("fs-{:x}-{}-{}.{:09}-{}.{:09}", md.ino(), md.len(), m.0, m.1, c.0, c.1)
+}
+
+/// Where uploads to the folder `root` are written before they are renamed into place (a
+/// sibling, so on the same filesystem as a rule): a half-written file is never seen.
+pub fn temp_dir(root: &Path) -> PathBuf {
+    match (root.parent(), root.file_name()) {
+        (Some(parent), Some(name)) => parent.join(format!(".{}.bucketfs-tmp", name.to_string_lossy())),
+        _ => std::env::temp_dir().join("bucketfs-atomic"),
+    }
+}
+
+/// Copy the file `from` to `to` (paths in the folder `root`), keeping its mtime, as a new
+/// file renamed into place as uploads are: a file replaced at `to` keeps its bytes for
+/// whoever holds it open, and the copy is a new version (a new inode), never the replaced
+/// file rewritten in place. Where the temporary directory is on another filesystem (the
+/// folder is a mount point of its own), the copy is made beside `to`.
+pub(crate) fn copy(root: &Path, from: &str, to: &str) -> std::io::Result<()> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let (src, dst) = (root.join(from.trim_start_matches('/')), root.join(to.trim_start_matches('/')));
+    let unique = format!("copy-{}-{}", std::process::id(), NEXT.fetch_add(1, Relaxed));
+    if let Some(parent) = dst.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mtime = std::fs::metadata(&src)?.modified()?;
+    let mut result = Ok(());
+    for dir in [temp_dir(root), dst.parent().unwrap_or(root).to_path_buf()] {
+        let tmp = dir.join(format!(".{unique}"));
+        result = (|| {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::copy(&src, &tmp)?;
+            std::fs::File::options().write(true).open(&tmp)?.set_modified(mtime)?;
+            std::fs::rename(&tmp, &dst)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        match &result {
+            Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => continue,
+            _ => break,
+        }
+    }
+    result
+}
+
+/// `meta` (a file's, from OpenDAL) takes the identity of the file at `root`/`meta.key`,
+/// with the size and mtime of the same `lstat`, so that the three describe one version.
+/// Left as it is where no regular file is there now (gone, a directory, a link).
+pub(crate) fn identify(root: &Path, meta: &mut ObjectMeta) {
+    if meta.is_prefix() || meta.key.is_empty() {
+        return;
+    }
+    match std::fs::symlink_metadata(root.join(meta.key.trim_start_matches('/'))) {
+        Ok(md) if md.is_file() => {
+            meta.size = md.len();
+            meta.mtime = md.modified().ok().or(meta.mtime);
+            meta.etag = Some(tag(&md));
+        }
+        _ => {}
+    }
+}
+
+/// The bytes of `range` of the file at `path` (key `key`), of version `tag` only: another
+/// version there (replaced, rewritten) answers [`StoreErrorKind::Changed`], as a read with
+/// `If-Match` does. The bytes come from the file opened and checked, whatever its name
+/// leads to later. A file cut short in place while read answers `Changed` too.
+pub(crate) async fn read_pinned(path: &Path, key: &str, tag: &str, range: Range<u64>) -> Result<ByteStream, StoreError> {
+    let path = path.to_path_buf();
+    let file = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&path)?;
+        let md = f.metadata()?;
+        Ok::<_, std::io::Error>((f, md))
+    })
+    .await
+    .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("get {key:?}: {e}")))?;
+    let (file, md) = file.map_err(|e| io(key, e))?;
+    if tag != self::tag(&md) {
+        return Err(changed(key));
+    }
+    let (file, key) = (Arc::new(file), key.to_string());
+    let chunks = futures::stream::try_unfold(range.start, move |at| {
+        let (file, key, end) = (file.clone(), key.clone(), range.end);
+        async move {
+            if at >= end {
+                return Ok(None);
+            }
+            let len = (end - at).min(CHUNK) as usize;
+            let read = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0; len];
+                file.read_exact_at(&mut buf, at).map(|()| buf)
+            })
+            .await
+            .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("get {key:?}: {e}")))?;
+            match read {
+                Ok(buf) => Ok(Some((Bytes::from(buf), at + len as u64))),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(changed(&key)),
+                Err(e) => Err(io(&key, e)),
+            }
+        }
+    });
+    Ok(chunks.boxed())
+}
+
+fn io(key: &str, e: std::io::Error) -> StoreError {
+    let kind = match e.kind() {
+        std::io::ErrorKind::NotFound => StoreErrorKind::NotFound,
+        std::io::ErrorKind::PermissionDenied => StoreErrorKind::PermissionDenied,
+        _ => StoreErrorKind::Other,
+    };
+    StoreError::new(kind, format!("get {key:?}: {e}"))
+}
+
+fn changed(key: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Changed, format!("get {key:?}: another version now"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(key: &str) -> ObjectMeta {
+        ObjectMeta { key: key.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn a_rename_keeps_the_identity_and_a_rewrite_of_the_same_size_and_mtime_does_not() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-local-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, b"one").unwrap();
+        std::fs::write(&b, b"two").unwrap();
+        let when = std::fs::metadata(&a).unwrap().modified().unwrap();
+        std::fs::File::options().write(true).open(&b).unwrap().set_modified(when).unwrap();
+        let (mut ma, mut mb) = (meta("a"), meta("b"));
+        identify(&dir, &mut ma);
+        identify(&dir, &mut mb);
+        assert_eq!((ma.size, ma.mtime), (mb.size, mb.mtime), "same size and mtime");
+        assert_ne!(ma.etag, mb.etag);
+        assert!(ma.etag_md5().is_none());
+        // `b` renamed over `a`: `a` is now `b`'s version.
+        std::fs::rename(&b, &a).unwrap();
+        let mut now = meta("a");
+        identify(&dir, &mut now);
+        assert_eq!(now.etag, mb.etag);
+        // A directory, or a name gone, stays as OpenDAL told it.
+        let mut gone = meta("b");
+        identify(&dir, &mut gone);
+        assert_eq!(gone.etag, None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
