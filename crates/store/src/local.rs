@@ -96,7 +96,12 @@ pub(crate) fn identify(root: &Path, meta: &mut ObjectMeta) {
 /// version there (replaced, rewritten) answers [`StoreErrorKind::Changed`], as a read with
 /// `If-Match` does. The bytes come from the file opened and checked, whatever its name
 /// leads to later. A file cut short in place while read answers `Changed` too.
-pub(crate) async fn read_pinned(path: &Path, key: &str, tag: &str, range: Range<u64>) -> Result<ByteStream, StoreError> {
+pub(crate) async fn read_pinned(
+    path: &Path,
+    key: &str,
+    tag: &str,
+    range: Range<u64>,
+) -> Result<ByteStream, StoreError> {
     let path = path.to_path_buf();
     let file = tokio::task::spawn_blocking(move || {
         let f = std::fs::File::open(&path)?;
