@@ -5,12 +5,11 @@
 //! their limit: a rename keeps the mtime, so a file renamed over another of the same size
 //! and mtime (a `cp -p` copy, two files written in one clock tick) was taken for the file
 //! it replaced, and the caches served the replaced file's bytes under the new name. The
-//! inode tells them apart, and a rename keeps it (the same bytes under a new name), while
-//! a rewrite (a new file renamed into place, as OpenDAL and most tools write) or a copy
-//! makes a new one. The ctime too: a file rewritten in place with its size and mtime put
-//! back (`cp -p` over an existing file) is another version. A read pinned to a version
-//! opens the file and checks that the file it opened is that version before reading from
-//! it, as S3's `If-Match` is checked.
+//! inode tells two files apart, and the ctime one file's states: a rename moves it (the
+//! bytes are read again under the new name, a small cost on a local disk), and so does a
+//! rewrite in place with size and mtime put back (`cp -p` over an existing file). A read
+//! pinned to a version opens the file and checks that the file it opened is that version
+//! before reading from it, as S3's `If-Match` is checked.
 
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -160,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rename_keeps_the_identity_and_a_rewrite_of_the_same_size_and_mtime_does_not() {
+    fn files_of_one_size_and_mtime_renamed_or_rewritten_are_other_versions() {
         let dir = std::env::temp_dir().join(format!("bucketfs-local-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (a, b) = (dir.join("a"), dir.join("b"));
@@ -168,21 +167,28 @@ mod tests {
         std::fs::write(&b, b"two").unwrap();
         let when = std::fs::metadata(&a).unwrap().modified().unwrap();
         std::fs::File::options().write(true).open(&b).unwrap().set_modified(when).unwrap();
-        let (mut ma, mut mb) = (meta("a"), meta("b"));
-        identify(&dir, &mut ma);
-        identify(&dir, &mut mb);
+        let tag_of = |name: &str| {
+            let mut m = meta(name);
+            identify(&dir, &mut m);
+            m
+        };
+        let (ma, mb) = (tag_of("a"), tag_of("b"));
         assert_eq!((ma.size, ma.mtime), (mb.size, mb.mtime), "same size and mtime");
         assert_ne!(ma.etag, mb.etag);
         assert!(ma.etag_md5().is_none());
-        // `b` renamed over `a`: `a` is now `b`'s version.
+        // `b` renamed over `a`: never taken for the replaced `a`.
         std::fs::rename(&b, &a).unwrap();
-        let mut now = meta("a");
-        identify(&dir, &mut now);
-        assert_eq!(now.etag, mb.etag);
-        // A directory, or a name gone, stays as OpenDAL told it.
-        let mut gone = meta("b");
-        identify(&dir, &mut gone);
-        assert_eq!(gone.etag, None);
+        let renamed = tag_of("a");
+        assert_ne!(renamed.etag, ma.etag);
+        // Rewritten in place with its mtime put back: another version.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&a, b"new").unwrap();
+        std::fs::File::options().write(true).open(&a).unwrap().set_modified(when).unwrap();
+        let rewritten = tag_of("a");
+        assert_eq!((rewritten.size, rewritten.mtime), (renamed.size, renamed.mtime));
+        assert_ne!(rewritten.etag, renamed.etag);
+        // A name gone stays as OpenDAL told it.
+        assert_eq!(tag_of("b").etag, None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
