@@ -180,6 +180,35 @@ impl OpendalStore {
         })
     }
 
+    /// A listed key holding U+FFFD, on a store whose listings are XML
+    /// ([`Capabilities::lists_xml`]): that key only if the store answers for it (a HEAD
+    /// with the listed ETag; for a prefix, a listing of it) and only once in this listing
+    /// (`shown`). Otherwise the listing lost the object's real key (MinIO sends U+FFFD for
+    /// a control character), and each U+FFFD becomes U+001A, which no key shown here holds:
+    /// the object is not shown, and the directories above know they hold a key not shown.
+    async fn xml_listed(
+        &self,
+        mut m: ObjectMeta,
+        shown: &Mutex<std::collections::HashSet<String>>,
+    ) -> Result<ObjectMeta, StoreError> {
+        let answers = match m.is_prefix() {
+            true => {
+                let mut l = self.list(&m.key, false);
+                l.try_next().await?.is_some()
+            }
+            false => match self.head(&m.key, HeadOpts::default()).await {
+                Ok(h) => m.etag.is_none() || h.meta.etag == m.etag,
+                Err(e) if e.kind == StoreErrorKind::NotFound => false,
+                Err(e) => return Err(e),
+            },
+        };
+        if !(answers && shown.lock().unwrap().insert(m.key.clone())) {
+            tracing::warn!(key = %m.key, "a listed key holds a character the listing could not carry: not shown");
+            m.key = m.key.replace('\u{FFFD}', "\u{1A}");
+        }
+        Ok(m)
+    }
+
     /// An S3-compatible server on its own endpoint: see [`Capabilities::prefix_list_reads_dir`].
     pub fn with_prefix_list_reading_dir(mut self) -> Self {
         self.prefix_list_reads_dir = true;
@@ -295,6 +324,7 @@ impl Store for OpendalStore {
             // S3 with native `UploadPartCopy` (not when OpenDAL checksums uploads), GCS.
             patches: self.generation_identity || (self.op.info().scheme() == "s3" && cap.write_can_copy_from),
             prefix_list_reads_dir: self.prefix_list_reads_dir,
+            lists_xml: self.op.info().scheme() == "s3",
         }
     }
 
@@ -375,6 +405,7 @@ impl Store for OpendalStore {
                 .await
                 .map_err(|e| StoreError::from_opendal("list", &prefix, e))?;
             let p = prefix.clone();
+            let shown = Arc::new(Mutex::new(std::collections::HashSet::new()));
             Ok::<_, StoreError>(lister.map_err(move |e| StoreError::from_opendal("list", &p, e)).try_filter_map(
                 move |entry| {
                     let key = entry.path().trim_start_matches('/').to_string();
@@ -389,7 +420,15 @@ impl Store for OpendalStore {
                     // other.
                     let own = key == prefix && prefix.ends_with('/') && !m.size_unknown;
                     let keep = !own && !this.listed_link(&key) && !key.is_empty() && !key.starts_with(PARTS_PREFIX);
-                    async move { Ok((keep && named).then_some(m)) }
+                    let (this, shown) = (this.clone(), shown.clone());
+                    async move {
+                        match keep && named {
+                            true if this.capabilities().lists_xml && m.key.contains('\u{FFFD}') => {
+                                Ok(Some(this.xml_listed(m, &shown).await?))
+                            }
+                            keep => Ok(keep.then_some(m)),
+                        }
+                    }
                 },
             ))
         };

@@ -81,6 +81,12 @@ pub struct Capabilities {
     /// as files and reads the directory; 133 ms per such LIST in a directory of 100,000
     /// keys, against 5 ms for `d/name/`). AWS S3 and GCS answer from an index.
     pub prefix_list_reads_dir: bool,
+    /// Listings come as XML 1.0 (S3 and S3-compatible servers), which cannot carry most
+    /// control characters: MinIO lists `a\x1fb` as `a\u{FFFD}b`, so a listed key holding
+    /// U+FFFD may name another object, or none (and two objects may list as one name; the
+    /// store checks such keys and lists the lost ones with U+001A). Keys holding such
+    /// control characters are not addressable: never shown, created or moved.
+    pub lists_xml: bool,
 }
 
 impl Capabilities {
@@ -90,7 +96,10 @@ impl Capabilities {
         let edge = |c: Option<char>| c.is_some_and(char::is_whitespace);
         let trimmed = |s: &str| edge(s.chars().next()) || edge(s.chars().next_back());
         let normalized = key.starts_with('/') || key.contains("//");
-        !(self.trims_whitespace && (trimmed(key) || normalized) || self.trims_segments && key.split('/').any(trimmed))
+        let xml_unsafe = |c: char| c < ' ' && !matches!(c, '\t' | '\n' | '\r') || matches!(c, '\u{FFFE}' | '\u{FFFF}');
+        !(self.trims_whitespace && (trimmed(key) || normalized)
+            || self.trims_segments && key.split('/').any(trimmed)
+            || self.lists_xml && key.contains(xml_unsafe))
     }
 }
 
@@ -427,6 +436,11 @@ mod tests {
         }
         assert!(!folder.addressable("dir /x") && !folder.addressable("d /") && folder.addressable("sp ace/x"));
         assert!(Capabilities::default().addressable(" any "), "Drive keeps every name");
+        let s3 = Capabilities { trims_whitespace: true, lists_xml: true, ..Default::default() };
+        for key in ["a\u{1f}b", "d/\u{8}/x", "lost\u{1A}", "x\u{b}y", "a\u{0}b"] {
+            assert!(!s3.addressable(key) && object.addressable(key), "{key:?}");
+        }
+        assert!(s3.addressable("tab\tnew\nline\r/x\u{7f}") && s3.addressable("é/ü\u{FFFD}"));
     }
 
     #[test]

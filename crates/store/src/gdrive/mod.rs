@@ -402,6 +402,7 @@ impl Store for GdriveStore {
             moves: true,
             patches: false,
             prefix_list_reads_dir: false,
+            lists_xml: false,
         }
     }
 

@@ -177,6 +177,7 @@ impl Store for MemStore {
             moves: self.moves,
             patches: self.patches,
             prefix_list_reads_dir: self.prefix_list_reads_dir,
+            lists_xml: false,
         }
     }
 
