@@ -417,6 +417,36 @@ def test_server_down_during_upload(store, recovery, proxy_for, fresh_bucket, rng
             assert in_bucket(store, b.name, "p4/newdir/") == b""
 
 
+def test_sync_right_after_a_failed_close_names_that_file(proxy_for, fresh_bucket):
+    """Without write-back, a close whose upload failed leaves the file for `bucketfs sync`.
+    A sync run right after it found the file's handle still open (the kernel sends the
+    RELEASE after close returns) and left it out: exit 0 after the first failed close, and
+    each later list lacked the newest file. Now each sync names every such file and exits
+    1 while the store is down, and uploads them all once it is back."""
+    from conftest import require_store
+    require_store("s3")
+    b = fresh_bucket("s3")
+    px = proxy_for("s3")
+    with fault_mount("s3", b.name, px) as fm:
+        for i in range(3):
+            write_file(fm.path(f"f{i}.txt"), b"base")
+        px.set_enabled(False)
+        for i in range(3):
+            with pytest.raises(OSError) as e:
+                with open(fm.path(f"f{i}.txt"), "wb") as f:
+                    f.write(b"new%d" % i)
+            assert e.value.errno in DOWN_ERRNOS, e.value
+            r = run_cli(["sync", "--timeout", "60", fm.mp], timeout=HANG_LIMIT)
+            assert r.returncode == 1, f"sync exit {r.returncode} with f{i}.txt not uploaded: {r.err}"
+            for j in range(i + 1):
+                assert f"f{j}.txt" in r.err, f"sync after the close of f{i}.txt does not name f{j}.txt: {r.err}"
+        px.set_enabled(True)
+        r = run_cli(["sync", fm.mp], timeout=HANG_LIMIT)
+        assert r.returncode == 0, r.err
+        for i in range(3):
+            assert in_bucket("s3", b.name, f"f{i}.txt") == b"new%d" % i
+
+
 def test_server_down_unmount_keeps_data(proxy_for, fresh_bucket, rng, tmp_path, monkeypatch):
     """Unmount while the server is still down: `bucketfs unmount` returns within a bounded
     time and says the upload failed (non-zero exit); the bytes are not dropped: they stay in

@@ -8,6 +8,10 @@ use crate::fs::Fs;
 /// Staged files uploaded at once at unmount (see [`Fs::sync_all`]).
 const UNMOUNT_PARALLEL: usize = 4;
 
+/// How long `bucketfs sync` waits for the RELEASE of changed files' handles (a close's
+/// last step, sent by the kernel after close(2) returned).
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Fs {
     /// `fsync` of a directory. Without write-back a name changes in the store before its
     /// call returns: nothing to do. With it, the changes of names journaled on local disk
@@ -100,15 +104,32 @@ impl Fs {
 
     /// `bucketfs sync`: on a write-back mount [`Fs::sync_write_back`]; on a durable one,
     /// every closed file whose upload failed at its close (still staged and changed, no
-    /// handle open) is uploaded now. Returns (key, error) of each still not in the bucket.
+    /// handle open, after [`RELEASE_WAIT`] for handles closing) is uploaded now. Returns (key, error) of each still not in the bucket.
     pub async fn sync_closed(&self) -> Vec<(String, String)> {
         if self.write_back() {
             return self.sync_write_back().await;
         }
+        // A close returns at its FLUSH, and the kernel sends the RELEASE after it: a sync
+        // run right after a close that failed found the handle still open and skipped the
+        // file (exit 0, or a list without it). Handles of changed files get a moment to go.
+        let dirty = |st: &crate::write::Staged| st.dirty && !st.unlinked;
+        let mut open = Vec::new();
+        for (ino, staged) in self.staging.all() {
+            if dirty(&*staged.lock().await) && self.has_open_handle(ino) {
+                open.push(ino);
+            }
+        }
+        let released = async {
+            while open.iter().any(|&ino| self.has_open_handle(ino)) {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        };
+        let _ = tokio::time::timeout(RELEASE_WAIT, released).await;
+        // Closed: no handle open here (one being released counts as closed; its upload and
+        // this one take turns under the staged lock).
         let mut closed = Vec::new();
         for (ino, staged) in self.staging.all() {
-            let st = staged.lock().await;
-            if st.dirty && !st.unlinked && st.handles == 0 && !self.has_open_handle(ino) {
+            if dirty(&*staged.lock().await) && !self.has_open_handle(ino) {
                 closed.push(ino);
             }
         }
