@@ -631,7 +631,8 @@ impl Store for DeferredDeletes {
 mod send;
 #[path = "deletes_table.rs"]
 mod table;
-use table::{hex_md5s, parse_md5s, Op, Pending, Table};
+pub(crate) use table::{hex_md5s, parse_md5s};
+use table::{Op, Pending, Table};
 
 #[cfg(test)]
 #[path = "deletes_tests.rs"]

@@ -222,6 +222,7 @@ impl Staged {
                 sums.record(0, &data);
                 if put.if_not_exists && self.size <= LANDING_MD5_MAX {
                     self.sending_md5 = Some(<md5::Md5 as md5::Digest>::digest(&data[..]).into());
+                    self.note_excl_tries();
                 }
                 store.put(key, data, put).await.map_err(FsError::from)
             }
@@ -309,7 +310,7 @@ impl Staged {
             return false;
         }
         let head = store.head(key, bucketfs_store::HeadOpts { digests: true, ..Default::default() }).await;
-        head.is_ok_and(|h| h.content_md5().is_some_and(|md5| ours.contains(&md5)))
+        head.is_ok_and(|h| h.content_md5().or_else(|| h.meta.etag_md5()).is_some_and(|md5| ours.contains(&md5)))
     }
 
     /// Whether the parts an eager upload sent still hold what was sent (always, unless the
