@@ -330,6 +330,37 @@ async fn names_the_store_would_trim_are_skipped_not_written_over_another() {
     assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnaddressableKey));
 }
 
+/// A local name ending in `__XLDIR__` is skipped and named on an object store: MinIO
+/// stored `report__XLDIR__` as the marker of `report/`, and `cp -r` exited 0 with the
+/// bytes gone (down again: an empty directory `report`).
+#[tokio::test]
+async fn names_minio_keeps_as_directory_markers_are_skipped() {
+    let d = temp_dir("xldir-names");
+    let src = d.join("t");
+    std::fs::create_dir_all(src.join("d__XLDIR__")).unwrap();
+    for (n, v) in [("report__XLDIR__", "AAA"), ("d__XLDIR__/x", "BBB"), ("ok", "CCC")] {
+        std::fs::write(src.join(n), v).unwrap();
+    }
+    let mem = Arc::new(MemStore::new());
+    let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "p/".into(), crc_confirmed: false };
+    let walk = Walk { recursive: true, follow_symlinks: true };
+    let out = plan::expand(vec![Side::Local(src.clone())], Side::Remote(r), walk).await.unwrap();
+    let keys: Vec<String> = out
+        .jobs
+        .iter()
+        .map(|j| match &j.dst {
+            Dst::Remote(r) => r.key.clone(),
+            _ => panic!("a remote destination"),
+        })
+        .collect();
+    assert_eq!(keys, ["p/t/ok"]);
+    let mut skipped: Vec<PathBuf> =
+        out.skipped.iter().map(|s| s.path.strip_prefix(&src).unwrap().to_path_buf()).collect();
+    skipped.sort();
+    assert_eq!(skipped, [PathBuf::from("d__XLDIR__/x"), PathBuf::from("report__XLDIR__")]);
+    assert!(out.skipped.iter().all(|s| s.reason == SkipReason::MarkerName));
+}
+
 /// A listed key the store's client would change (`dup ` read as `dup`) is skipped and
 /// named: the download gave the local `dup ` the bytes of the object `dup`.
 #[tokio::test]

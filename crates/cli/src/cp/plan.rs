@@ -183,7 +183,22 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
     // A key the store would change (OpenDAL trims whitespace at a key's ends): a
     // destination `x ` would land on `x`, over another file; a source `x ` would read `x`.
     let reaches = |r: &Remote| r.store.capabilities().addressable(&r.key);
-    let (jobs, unaddressable): (Vec<Job>, Vec<Job>) = std::mem::take(&mut out.jobs).into_iter().partition(|j| {
+    // A name ending in `__XLDIR__` becomes, on MinIO, the marker of the directory without it.
+    let marker_like = |r: &Remote| {
+        r.store.capabilities().prefix_dirs
+            && r.key.split('/').any(|s| s.ends_with(bucketfs_core::names::MINIO_DIR_SUFFIX))
+    };
+    let (jobs, markers): (Vec<Job>, Vec<Job>) =
+        std::mem::take(&mut out.jobs).into_iter().partition(|j| !matches!(&j.dst, Dst::Remote(r) if marker_like(r)));
+    for j in markers {
+        let path = match (&j.src, &j.dst) {
+            (Src::Local { path, .. }, _) => path.clone(),
+            (_, Dst::Remote(r)) => r.url().into(),
+            _ => unreachable!("partitioned on a remote destination"),
+        };
+        out.skipped.push(Skipped { path, reason: SkipReason::MarkerName });
+    }
+    let (jobs, unaddressable): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| {
         !matches!(&j.dst, Dst::Remote(r) if !reaches(r))
             && !matches!(&j.src, Src::Remote { remote, .. } if !reaches(remote))
     });
