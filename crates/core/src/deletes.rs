@@ -631,8 +631,7 @@ impl Store for DeferredDeletes {
 mod send;
 #[path = "deletes_table.rs"]
 mod table;
-pub(crate) use table::{hex_md5s, parse_md5s};
-use table::{Op, Pending, Table};
+use table::{hex_md5s, parse_md5s, Op, Pending, Table};
 
 #[cfg(test)]
 #[path = "deletes_tests.rs"]

@@ -160,12 +160,12 @@ impl Pending {
     }
 }
 
-pub(crate) fn hex_md5s(md5s: &[[u8; 16]]) -> String {
+pub(super) fn hex_md5s(md5s: &[[u8; 16]]) -> String {
     let hex = |m: &[u8; 16]| m.iter().map(|b| format!("{b:02x}")).collect::<String>();
     md5s.iter().map(hex).collect::<Vec<_>>().join(",")
 }
 
 /// [`hex_md5s`] read back; `None` (delete whatever is there) if none reads as an MD5.
-pub(crate) fn parse_md5s(text: &str) -> Option<Vec<[u8; 16]>> {
+pub(super) fn parse_md5s(text: &str) -> Option<Vec<[u8; 16]>> {
     Some(text.split(',').filter_map(bucketfs_store::parse_md5_hex).collect::<Vec<_>>()).filter(|v| !v.is_empty())
 }

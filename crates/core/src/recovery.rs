@@ -128,11 +128,9 @@ pub(crate) async fn recover(
         // Made with O_EXCL and never uploaded: create-only here too, never over an object
         // another writer made meanwhile.
         let excl_file = data.with_extension("excl");
-        let mut create_only = excl_file.exists();
-        let (key_ref, source_ref, data_ref, budget_ref) = (&key, &source, &data, &budget);
-        let send = |create_only: bool| async move {
-            let (key, source, data, budget) = (key_ref, source_ref, data_ref, budget_ref);
-            let file = File::open(source).map_err(local)?;
+        let create_only = excl_file.exists();
+        let result = async {
+            let file = File::open(&source).map_err(local)?;
             let size = file.metadata().map_err(local)?.len();
             let size = len.map_or(size, |n| n.min(size));
             let _share = budget.upload(size, opts).await;
@@ -143,30 +141,14 @@ pub(crate) async fn recover(
                 let kv = text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string()));
                 opts.put.attrs = bucketfs_store::FileAttrs::from_metadata(&kv.collect());
             }
-            let mut w = store.writer(key, opts).await?;
+            let mut w = store.writer(&key, opts).await?;
             if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts, None).await {
                 let _ = w.abort().await;
                 return Err(e);
             }
             w.close().await.map_err(FsError::from)
-        };
-        let result = loop {
-            let r = send(create_only).await;
-            match &r {
-                Err(FsError::Store(e))
-                    if create_only
-                        && e.kind == bucketfs_store::StoreErrorKind::Exists
-                        && landed_here(store, &key, &excl_file).await =>
-                {
-                    // One of this file's own create-only tries (its answer lost, or cut
-                    // off before the crash) made the object: the promise was kept, and
-                    // this version goes up over it as an ordinary file's.
-                    tracing::info!(%key, "the object is an earlier create-only try of this file: sent again over it");
-                    create_only = false;
-                }
-                _ => break r,
-            }
-        };
+        }
+        .await;
         match result {
             Ok(_) if source != data || len.is_some() => {
                 tracing::info!(%key, "uploaded the version committed (closed or fsync'd) before the crash");
@@ -214,15 +196,6 @@ pub(crate) async fn recover(
 /// Move a staged file that will not be uploaded to `lost+found`: the committed version
 /// (`source`, the `.base` copy where it is not the data file) first, then the bytes written
 /// after it. Whether the committed version is kept there.
-/// Whether the object at `key` is one of the create-only tries the `.excl` sidecar names
-/// (their MD5s: [`crate::write::Staged`] writes them before sending each).
-async fn landed_here(store: &dyn Store, key: &str, excl_file: &Path) -> bool {
-    let text = std::fs::read_to_string(excl_file).unwrap_or_default();
-    let Some(tries) = text.lines().nth(1).and_then(crate::deletes::parse_md5s) else { return false };
-    let head = store.head(key, bucketfs_store::HeadOpts { digests: true, ..Default::default() }).await;
-    head.is_ok_and(|h| h.content_md5().or_else(|| h.meta.etag_md5()).is_some_and(|md5| tries.contains(&md5)))
-}
-
 fn keep_aside(dir: &Path, data: &Path, source: &Path, key: &str) -> bool {
     let kept = set_aside(dir, source, key);
     if kept && source != data {

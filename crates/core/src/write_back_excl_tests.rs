@@ -216,32 +216,3 @@ async fn a_failed_rename_of_a_refused_exclusive_create_keeps_it_exclusive() {
         assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]), "crash {crash}");
     }
 }
-
-/// An `O_EXCL` file's first upload times out after it landed, the file is rewritten and
-/// closed, and the mount crashes before the retry. The object is the file's own first try
-/// (its MD5 is in the `.excl` sidecar): recovery sends the closed version over it, where
-/// it set that version aside in `lost+found` as refused by another writer's object.
-#[tokio::test]
-async fn recovery_knows_an_exclusive_files_own_landed_try() {
-    use bucketfs_store::PutOpts;
-    let mem = Arc::new(MemStore::new().with_content_etags());
-    let dir = staging("excl-landed-crash");
-    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, u64::MAX, StoreErrorKind::Unavailable));
-    {
-        let fs = Fs::new(flaky.clone(), cfg(&dir, 60_000));
-        fs.start_write_back();
-        create_exclusive(&fs, ROOT_INO, "n", b"v1").await;
-        let ino = fs.lookup(ROOT_INO, "n").await.unwrap().ino;
-        assert!(fs.upload_pub(ino).await.is_err(), "the first upload times out");
-        mem.put("n", bytes::Bytes::from_static(b"v1"), PutOpts::default()).await.unwrap(); // it landed
-        let fh = fs.open(ino, true, true).await.unwrap();
-        fs.write(fh, 0, b"v2, longer").await.unwrap();
-        fs.release(fh).await.unwrap();
-        std::mem::forget(fs); // the crash
-    }
-    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
-    let (done, failed) = fs.recover_staged().await;
-    assert_eq!((done, failed), (vec!["n".to_string()], vec![]));
-    assert_eq!(object(mem.as_ref(), "n").await.as_deref(), Some(&b"v2, longer"[..]));
-    assert!(!dir.join("lost+found").exists(), "set aside as if another writer's object refused it");
-}

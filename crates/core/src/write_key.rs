@@ -42,25 +42,9 @@ impl Staged {
 
     pub(super) fn mark_excl(&self, on: bool) {
         let path = self.path.with_extension("excl");
-        let done =
-            if on { crate::recycle::write(&path, self.excl_text().as_bytes()) } else { crate::recycle::remove(&path) };
+        let done = if on { crate::recycle::write(&path, b"O_EXCL") } else { crate::recycle::remove(&path) };
         if let Err(e) = done.or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }) {
             tracing::warn!(key = ?self.key, on, "cannot mark the staged file create-only for crash recovery: {e}");
-        }
-    }
-
-    /// The `.excl` sidecar: `O_EXCL`, then the MD5 of each create-only try that may have
-    /// landed (one line each, hex), so crash recovery tells an object one of them made
-    /// from another writer's ([`crate::recovery::excl_tries`]).
-    fn excl_text(&self) -> String {
-        let tries: Vec<[u8; 16]> = self.sending_md5.iter().chain(self.landed_md5s.iter().flatten()).copied().collect();
-        format!("O_EXCL\n{}\n", crate::deletes::hex_md5s(&tries))
-    }
-
-    /// A create-only try is about to be sent: named in the `.excl` sidecar first.
-    pub(super) fn note_excl_tries(&self) {
-        if self.create_only && self.key.is_some() {
-            self.mark_excl(true);
         }
     }
 

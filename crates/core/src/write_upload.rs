@@ -222,7 +222,6 @@ impl Staged {
                 sums.record(0, &data);
                 if put.if_not_exists && self.size <= LANDING_MD5_MAX {
                     self.sending_md5 = Some(<md5::Md5 as md5::Digest>::digest(&data[..]).into());
-                    self.note_excl_tries();
                 }
                 store.put(key, data, put).await.map_err(FsError::from)
             }
@@ -248,20 +247,9 @@ impl Staged {
                 // or an earlier try of ours that landed late; which, nothing tells) leaves
                 // the key alone from then on.
                 let refused = matches!(&e, FsError::Store(s) if !matches!(s.kind, StoreErrorKind::Unavailable | StoreErrorKind::Other));
-                let exists = self.create_only && matches!(&e, FsError::Store(s) if s.kind == StoreErrorKind::Exists);
-                if exists && self.landed_here(store, key).await {
-                    // Our own earlier try landed (its answer lost, or a retry of the same
-                    // request refused): the create-only promise was kept by that try, and
-                    // this version replaces it as any later close would.
-                    tracing::info!(key, "a create-only upload found its own earlier try in the store: sent again");
-                    self.set_create_only(false);
-                    self.landing_settled();
-                    self.in_store = true;
-                    return Box::pin(self.upload(store, key, opts, attrs)).await;
-                }
                 if !refused {
                     self.cut_off();
-                } else if exists {
+                } else if self.create_only && matches!(&e, FsError::Store(s) if s.kind == StoreErrorKind::Exists) {
                     self.landing_settled();
                 }
                 self.sending_md5 = None;
@@ -299,18 +287,6 @@ impl Staged {
             self.forget_base(); // the bucket holds what was committed, or newer
         }
         Ok(meta)
-    }
-
-    /// A create-only upload to `key` was refused: whether the object there is one this
-    /// file's own create-only tries sent (this one, retried after its answer was lost, or
-    /// one cut off before), told by its MD5. Not where the tries were too large to tell.
-    async fn landed_here(&self, store: &dyn Store, key: &str) -> bool {
-        let ours: Vec<[u8; 16]> = self.sending_md5.iter().chain(self.landed_md5s.iter().flatten()).copied().collect();
-        if ours.is_empty() {
-            return false;
-        }
-        let head = store.head(key, bucketfs_store::HeadOpts { digests: true, ..Default::default() }).await;
-        head.is_ok_and(|h| h.content_md5().or_else(|| h.meta.etag_md5()).is_some_and(|md5| ours.contains(&md5)))
     }
 
     /// Whether the parts an eager upload sent still hold what was sent (always, unless the
