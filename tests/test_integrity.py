@@ -475,3 +475,26 @@ def test_a_local_file_changed_by_another_program_keeping_size_and_mtime_is_read_
             assert got == b"B" * size, f"a reads {got[:1]!r} x {got.count(got[:1])}: the old bytes"
     finally:
         b.cleanup()
+
+
+def test_a_local_file_renamed_through_the_mount_keeps_its_mode():
+    """A rename on `file://` copies the file to a new one renamed into place; the mode
+    kept in the file's attributes goes with it (a copy by `std::fs::copy` lost them: `chmod
+    +x s; mv s bin/` left `bin/s` 0644, in the mount and after a remount)."""
+    require_store("file")
+    require_bin()
+    b = Bucket("file")
+    try:
+        with b.mounted(extra=["--metadata-ttl", TTL]) as mp:
+            with open(os.path.join(mp, "s"), "w") as f:
+                f.write("#!/bin/sh\n")
+            os.chmod(os.path.join(mp, "s"), 0o755)
+            os.mkdir(os.path.join(mp, "bin"))
+            os.rename(os.path.join(mp, "s"), os.path.join(mp, "bin", "s"))
+            time.sleep(float(TTL) * 3)
+            assert oct(os.stat(os.path.join(mp, "bin", "s")).st_mode & 0o777) == oct(0o755)
+            assert sorted(os.listdir(mp)) == ["bin"], "the copy's temporary name is listed"
+        with b.mounted() as mp:
+            assert oct(os.stat(os.path.join(mp, "bin", "s")).st_mode & 0o777) == oct(0o755)
+    finally:
+        b.cleanup()

@@ -438,7 +438,7 @@ impl Fs {
             // Its mtime stays that of its last write here, as a local file's: the store's
             // is the upload's, so a chmod's upload moved it (make rebuilt), and so did a
             // write-back upload seconds later. Not where the mtime names the version (a
-            // local folder: no ETag), which must be the stored file's.
+            // store with no ETag, only test doubles now), which must be the stored file's.
             let mtime = match meta.etag {
                 Some(_) => self.staging.watched_state(ino).map(|(_, m)| m),
                 None => Some(meta.mtime.unwrap_or_else(SystemTime::now)),

@@ -16,6 +16,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -41,37 +42,35 @@ pub fn temp_dir(root: &Path) -> PathBuf {
     }
 }
 
-/// Copy the file `from` to `to` (paths in the folder `root`), keeping its mtime, as a new
-/// file renamed into place as uploads are: a file replaced at `to` keeps its bytes for
-/// whoever holds it open, and the copy is a new version (a new inode), never the replaced
-/// file rewritten in place. Where the temporary directory is on another filesystem (the
-/// folder is a mount point of its own), the copy is made beside `to`.
-pub(crate) fn copy(root: &Path, from: &str, to: &str) -> std::io::Result<()> {
+/// A fresh name for a copy being made in the folder, below the folder's own parts
+/// directory (`.bucketfs-parts/`, never listed, a name the mount refuses): on the same
+/// filesystem as every file of the folder, so it can be renamed into place.
+pub(crate) fn copy_key() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let (src, dst) = (root.join(from.trim_start_matches('/')), root.join(to.trim_start_matches('/')));
-    let unique = format!("copy-{}-{}", std::process::id(), NEXT.fetch_add(1, Relaxed));
-    if let Some(parent) = dst.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let mtime = std::fs::metadata(&src)?.modified()?;
-    let mut result = Ok(());
-    for dir in [temp_dir(root), dst.parent().unwrap_or(root).to_path_buf()] {
-        let tmp = dir.join(format!(".{unique}"));
-        result = (|| {
-            std::fs::create_dir_all(&dir)?;
-            std::fs::copy(&src, &tmp)?;
-            std::fs::File::options().write(true).open(&tmp)?.set_modified(mtime)?;
-            std::fs::rename(&tmp, &dst)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    format!("{}copy-{}-{}-{nanos:x}", crate::gcs::compose::PARTS_PREFIX, std::process::id(), NEXT.fetch_add(1, Relaxed))
+}
+
+/// A copy made at `tmp` (OpenDAL's copy: the bytes and the `user.*` attributes the mount
+/// keeps there) takes `mtime` and is renamed to `to` (paths in the folder `root`): a new
+/// file, never the replaced one rewritten in place, so whoever holds that one keeps its
+/// bytes, and the copy is a new version. The times are set through a read-only
+/// descriptor: a copy of a read-only file (`.git/objects`) is read-only too.
+pub(crate) fn finish_copy(root: &Path, tmp: &str, to: &str, mtime: Option<SystemTime>) -> std::io::Result<()> {
+    let (tmp, dst) = (root.join(tmp), root.join(to.trim_start_matches('/')));
+    let done = (|| {
+        if let Some(mtime) = mtime {
+            std::fs::File::open(&tmp)?.set_modified(mtime)?;
         }
-        match &result {
-            Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => continue,
-            _ => break,
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent)?;
         }
+        std::fs::rename(&tmp, &dst)
+    })();
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    result
+    done
 }
 
 /// `meta` (a file's, from OpenDAL) takes the identity of the file at `root`/`meta.key`,

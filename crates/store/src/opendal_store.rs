@@ -499,17 +499,23 @@ impl Store for OpendalStore {
             return Ok(());
         }
         if let Some(root) = self.local_root.clone() {
-            let (f, t) = (from.to_string(), to.to_string());
-            let copied = tokio::task::spawn_blocking(move || crate::local::copy(&root, &f, &t)).await;
-            let failed = |e: String| StoreError::new(StoreErrorKind::Other, format!("copy {from:?} to {to:?}: {e}"));
-            return match copied {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Err(StoreError::new(StoreErrorKind::NotFound, format!("copy {from:?}: {e}")))
-                }
-                Ok(Err(e)) => Err(failed(e.to_string())),
-                Err(e) => Err(failed(e.to_string())),
-            };
+            // A new file renamed into place (`local::finish_copy`), keeping the mtime.
+            let mtime =
+                self.op.stat(from).await.map_err(|e| StoreError::from_opendal("copy", from, e))?.last_modified();
+            let tmp = crate::local::copy_key();
+            self.op.copy(from, &tmp).await.map_err(|e| StoreError::from_opendal("copy", from, e))?;
+            let (t, dst) = (tmp.clone(), to.to_string());
+            let finished =
+                tokio::task::spawn_blocking(move || crate::local::finish_copy(&root, &t, &dst, mtime.map(Into::into)))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            return finished.map_err(|e| {
+                let kind = match e.kind() {
+                    std::io::ErrorKind::PermissionDenied => StoreErrorKind::PermissionDenied,
+                    _ => StoreErrorKind::Other,
+                };
+                StoreError::new(kind, format!("copy {from:?} to {to:?}: {e}"))
+            });
         }
         match self.op.copy(from, to).await {
             Ok(_) => Ok(()),
