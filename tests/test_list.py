@@ -592,6 +592,10 @@ def test_keys_with_control_characters_an_s3_listing_cannot_carry_are_not_shown()
             with pytest.raises(OSError) as e:
                 open(os.path.join(mp, "u\x1fv"), "wb").close()
             assert e.value.errno == errno.EINVAL, e.value
+            # A directory made here with U+FFFD in its name, empty: still listed.
+            os.mkdir(os.path.join(mp, "e\ufffd"))
+            time.sleep(1.5)
+            assert "e\ufffd" in os.listdir(mp), os.listdir(mp)
         keys = set(seed.list_keys("s3", b.name))
         assert {"cdir/a\x1fb", "n\ufffdz", "n\x1fz", "n\x1ez"} <= keys, keys
         assert seed.get("s3", b.name, "cdir/a\x1fb") == b"precious"

@@ -191,16 +191,18 @@ impl OpendalStore {
         mut m: ObjectMeta,
         shown: &Mutex<std::collections::HashSet<String>>,
     ) -> Result<ObjectMeta, StoreError> {
-        let answers = match m.is_prefix() {
-            true => {
+        // A prefix answers with its marker (an empty directory made here) or a key below.
+        let answers = match self.op.stat(&m.key).await {
+            Ok(found) if m.is_prefix() || m.etag.is_none() => found.is_dir() == m.is_prefix(),
+            Ok(found) => found.etag().map(|e| e.trim_matches('"')) == m.etag.as_deref().map(|e| e.trim_matches('"')),
+            Err(e) if e.kind() == opendal::ErrorKind::NotFound && m.is_prefix() => {
                 let mut l = self.list(&m.key, false);
                 l.try_next().await?.is_some()
             }
-            false => match self.head(&m.key, HeadOpts::default()).await {
-                Ok(h) => m.etag.is_none() || h.meta.etag == m.etag,
-                Err(e) if e.kind == StoreErrorKind::NotFound => false,
-                Err(e) => return Err(e),
-            },
+            Err(e) if e.kind() == opendal::ErrorKind::NotFound => false,
+            // Not allowed to ask (a policy without GetObject): shown, as before the check.
+            Err(e) if e.kind() == opendal::ErrorKind::PermissionDenied => true,
+            Err(e) => return Err(StoreError::from_opendal("head", &m.key, e)),
         };
         if !(answers && shown.lock().unwrap().insert(m.key.clone())) {
             tracing::warn!(key = %m.key, "a listed key holds a character the listing could not carry: not shown");
