@@ -42,12 +42,17 @@ pub fn temp_dir(root: &Path) -> PathBuf {
     }
 }
 
+/// The path of `key` in the folder `root`.
+pub(crate) fn path_of(root: &Path, key: &str) -> PathBuf {
+    root.join(key.trim_start_matches('/'))
+}
+
 /// A fresh name for a copy being made in the folder, below the folder's own parts
 /// directory (`.bucketfs-parts/`, never listed, a name the mount refuses): on the same
 /// filesystem as every file of the folder, so it can be renamed into place.
 pub(crate) fn copy_key() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let nanos = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
     format!("{}copy-{}-{}-{nanos:x}", crate::gcs::compose::PARTS_PREFIX, std::process::id(), NEXT.fetch_add(1, Relaxed))
 }
 
@@ -57,7 +62,7 @@ pub(crate) fn copy_key() -> String {
 /// bytes, and the copy is a new version. The times are set through a read-only
 /// descriptor: a copy of a read-only file (`.git/objects`) is read-only too.
 pub(crate) fn finish_copy(root: &Path, tmp: &str, to: &str, mtime: Option<SystemTime>) -> std::io::Result<()> {
-    let (tmp, dst) = (root.join(tmp), root.join(to.trim_start_matches('/')));
+    let (tmp, dst) = (path_of(root, tmp), path_of(root, to));
     let done = (|| {
         if let Some(mtime) = mtime {
             std::fs::File::open(&tmp)?.set_modified(mtime)?;
@@ -80,7 +85,7 @@ pub(crate) fn identify(root: &Path, meta: &mut ObjectMeta) {
     if meta.is_prefix() || meta.key.is_empty() {
         return;
     }
-    match std::fs::symlink_metadata(root.join(meta.key.trim_start_matches('/'))) {
+    match std::fs::symlink_metadata(path_of(root, &meta.key)) {
         Ok(md) if md.is_file() => {
             meta.size = md.len();
             meta.mtime = md.modified().ok().or(meta.mtime);
@@ -107,7 +112,7 @@ pub(crate) async fn read_pinned(
         Ok::<_, std::io::Error>((f, md))
     })
     .await
-    .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("get {key:?}: {e}")))?;
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
     let (file, md) = file.map_err(|e| io(key, e))?;
     if tag != self::tag(&md) {
         return Err(changed(key));
@@ -125,7 +130,7 @@ pub(crate) async fn read_pinned(
                 file.read_exact_at(&mut buf, at).map(|()| buf)
             })
             .await
-            .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("get {key:?}: {e}")))?;
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
             match read {
                 Ok(buf) => Ok(Some((Bytes::from(buf), at + len as u64))),
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(changed(&key)),

@@ -379,8 +379,7 @@ impl Store for OpendalStore {
             return Ok(Box::pin(futures::stream::empty()));
         }
         if let (Some(root), Some(tag)) = (&self.local_root, opts.if_match) {
-            let path = root.join(key.trim_start_matches('/'));
-            return crate::local::read_pinned(&path, key, tag, range).await;
+            return crate::local::read_pinned(&crate::local::path_of(root, key), key, tag, range).await;
         }
         let req = with_precondition!(self, self.op.reader_with(key), opts.if_match);
         let reader = req.await.map_err(|e| StoreError::from_opendal("get", key, e))?;

@@ -17,7 +17,7 @@ use bucketfs_store::{
 use bytes::Bytes;
 
 use super::endpoint::{Kind, Remote, Side};
-use super::plan::{self, Dst, Src};
+use super::plan::{self, Dst, Job, Src};
 use super::progress::Progress;
 use super::source::{Change, LocalSource, SourceError};
 use super::walk::{SkipReason, Walk};
@@ -299,6 +299,15 @@ async fn unsafe_keys_are_skipped_and_the_rest_is_copied() {
     assert!(out.skipped.iter().all(|s| s.reason == SkipReason::UnsafeKey));
 }
 
+/// The destination keys of `jobs`, all to a store.
+fn remote_keys(jobs: &[Job]) -> Vec<String> {
+    let key = |j: &Job| match &j.dst {
+        Dst::Remote(r) => r.key.clone(),
+        _ => panic!("a remote destination"),
+    };
+    jobs.iter().map(key).collect()
+}
+
 /// Local names the store would change (OpenDAL trims whitespace at a key's ends) are
 /// skipped and named: `x `, `x\t` and `x` all landed on `x`, the last one winning, and
 /// the copy said three files verified.
@@ -314,14 +323,7 @@ async fn names_the_store_would_trim_are_skipped_not_written_over_another() {
     let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "p/".into(), crc_confirmed: false };
     let walk = Walk { recursive: true, follow_symlinks: true };
     let out = plan::expand(vec![Side::Local(src.clone())], Side::Remote(r), walk).await.unwrap();
-    let keys: Vec<String> = out
-        .jobs
-        .iter()
-        .map(|j| match &j.dst {
-            Dst::Remote(r) => r.key.clone(),
-            _ => panic!("a remote destination"),
-        })
-        .collect();
+    let keys = remote_keys(&out.jobs);
     assert_eq!(keys, ["p/t/ y", "p/t/x"], "whitespace inside a key is kept");
     let mut skipped: Vec<PathBuf> =
         out.skipped.iter().map(|s| s.path.strip_prefix(&src).unwrap().to_path_buf()).collect();
@@ -345,14 +347,7 @@ async fn names_minio_keeps_as_directory_markers_are_skipped() {
     let r = Remote { store: mem, kind: Kind::Other, base: "mem://".into(), key: "p/".into(), crc_confirmed: false };
     let walk = Walk { recursive: true, follow_symlinks: true };
     let out = plan::expand(vec![Side::Local(src.clone())], Side::Remote(r), walk).await.unwrap();
-    let keys: Vec<String> = out
-        .jobs
-        .iter()
-        .map(|j| match &j.dst {
-            Dst::Remote(r) => r.key.clone(),
-            _ => panic!("a remote destination"),
-        })
-        .collect();
+    let keys = remote_keys(&out.jobs);
     assert_eq!(keys, ["p/t/ok"]);
     let mut skipped: Vec<PathBuf> =
         out.skipped.iter().map(|s| s.path.strip_prefix(&src).unwrap().to_path_buf()).collect();

@@ -188,29 +188,29 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
         r.store.capabilities().prefix_dirs
             && r.key.split('/').any(|s| s.ends_with(bucketfs_core::names::MINIO_DIR_SUFFIX))
     };
-    let (jobs, markers): (Vec<Job>, Vec<Job>) =
-        std::mem::take(&mut out.jobs).into_iter().partition(|j| !matches!(&j.dst, Dst::Remote(r) if marker_like(r)));
-    for j in markers {
+    // Why a job is skipped, and the path that names it.
+    let skip = |j: &Job| {
+        let reason = match (&j.src, &j.dst) {
+            (_, Dst::Remote(r)) if marker_like(r) => SkipReason::MarkerName,
+            (_, Dst::Remote(r)) if !reaches(r) => SkipReason::UnaddressableKey,
+            (Src::Remote { remote, .. }, _) if !reaches(remote) => SkipReason::UnaddressableKey,
+            _ => return None,
+        };
         let path = match (&j.src, &j.dst) {
+            (Src::Remote { remote, .. }, _) if reason == SkipReason::UnaddressableKey && !reaches(remote) => {
+                remote.url().into()
+            }
             (Src::Local { path, .. }, _) => path.clone(),
             (_, Dst::Remote(r)) => r.url().into(),
-            _ => unreachable!("partitioned on a remote destination"),
+            _ => unreachable!("skipped for a remote source or destination"),
         };
-        out.skipped.push(Skipped { path, reason: SkipReason::MarkerName });
-    }
-    let (jobs, unaddressable): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| {
-        !matches!(&j.dst, Dst::Remote(r) if !reaches(r))
-            && !matches!(&j.src, Src::Remote { remote, .. } if !reaches(remote))
-    });
-    out.jobs = jobs;
-    for j in unaddressable {
-        let path = match (&j.src, &j.dst) {
-            (Src::Remote { remote, .. }, _) if !reaches(remote) => remote.url().into(),
-            (Src::Local { path, .. }, _) => path.clone(),
-            (_, Dst::Remote(r)) => r.url().into(),
-            _ => unreachable!("partitioned on a remote source or destination"),
-        };
-        out.skipped.push(Skipped { path, reason: SkipReason::UnaddressableKey });
+        Some(Skipped { path, reason })
+    };
+    for j in std::mem::take(&mut out.jobs) {
+        match skip(&j) {
+            Some(s) => out.skipped.push(s),
+            None => out.jobs.push(j),
+        }
     }
     let jobs = &mut out.jobs;
     if jobs.len() > 1 {
