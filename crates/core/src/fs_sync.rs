@@ -104,7 +104,7 @@ impl Fs {
 
     /// `bucketfs sync`: on a write-back mount [`Fs::sync_write_back`]; on a durable one,
     /// every closed file whose upload failed at its close (still staged and changed, no
-    /// handle open, after [`RELEASE_WAIT`] for handles closing) is uploaded now. Returns
+    /// handle open, after waiting `RELEASE_WAIT` for handles closing) is uploaded now. Returns
     /// (key, error) of each still not in the bucket.
     pub async fn sync_closed(&self) -> Vec<(String, String)> {
         if self.write_back() {
