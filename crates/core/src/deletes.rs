@@ -100,7 +100,8 @@ pub(crate) async fn delete_if_ours(store: &dyn Store, key: &str, only: Option<&[
 fn move_order(pending: &BTreeMap<String, Pending>, from: &str, to: &str) -> Option<bool> {
     let mut after = false;
     for (k, e) in pending {
-        if k == to || e.source.as_deref() == Some(to) || k != from && e.source.as_deref() == Some(from) {
+        let from_here = |key: &str| e.source.as_deref() == Some(key) || e.flying.as_deref() == Some(key);
+        if k == to || from_here(to) || k != from && from_here(from) {
             return None;
         }
         if k == from {
@@ -330,7 +331,9 @@ impl DeferredDeletes {
     /// move by journaling its markers anew ([`DeferredDeletes::withdraw_marker`]).
     pub fn markers_only_below(&self, dir: &str) -> Option<Vec<String>> {
         let p = self.pending.lock().unwrap();
-        if p.get(dir)?.op != Op::Marker || p.values().any(|e| e.source.as_deref().is_some_and(|s| s.starts_with(dir))) {
+        let from_below =
+            |e: &Pending| [&e.source, &e.flying].iter().any(|s| s.as_deref().is_some_and(|s| s.starts_with(dir)));
+        if p.get(dir)?.op != Op::Marker || p.values().any(from_below) {
             return None;
         }
         let mut markers = Vec::new();
@@ -463,14 +466,18 @@ impl DeferredDeletes {
             // The later change takes the place of the pending one; one in flight ends first
             // (its end sees the new generation and leaves this pending).
             Some(e) if e.journal == path => {
-                let was_move = e.source.is_some();
+                let was = e.moving();
+                if e.in_flight && e.flying.is_none() {
+                    // A move being sent may still copy its old key and delete it: seen there
+                    // until that attempt ends (`send_now`).
+                    e.flying = e.source.clone();
+                }
                 (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);
                 e.after = false;
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
+                let is = e.moving();
                 p.hint(Instant::now(), key);
-                if was_move {
-                    p.source_cleared();
-                }
+                p.recount(was, is);
             }
             _ => {
                 if let Some(old) = p.insert(key.to_string(), Pending { op, again, only, target, ..Pending::new(path) })
@@ -633,6 +640,9 @@ mod send;
 mod table;
 use table::{hex_md5s, parse_md5s, Op, Pending, Table};
 
+#[cfg(test)]
+#[path = "deletes_replace_tests.rs"]
+mod replace_tests;
 #[cfg(test)]
 #[path = "deletes_tests.rs"]
 mod tests;

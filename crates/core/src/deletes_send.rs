@@ -101,25 +101,35 @@ impl DeferredDeletes {
             false => Ok(()),
             true => {
                 self.drain_where(|k, e| {
-                    e.source.as_deref() == Some(key.as_str()) && !e.after
+                    e.moves_from(&key)
                         || after && source.as_deref() == Some(k)
                         || matches!(op, Op::Link | Op::Move) && above(k)
                 })
                 .await
             }
         };
+        // A later change may have taken this one's place while it waited (`mv a d/b` waiting
+        // for `d/`'s marker, then `rm d/b`): only that one goes. Sent anyway, the stale move
+        // copied `a` and deleted it, by then a new file of that name uploaded meanwhile.
+        let replaced = first.is_ok() && self.pending.lock().unwrap().get(&key).is_none_or(|e| e.gen != gen);
         let r = match (first, source) {
             (Err(e), _) => Err(e),
+            (Ok(()), _) if replaced => Ok(()),
             (Ok(()), Some(from)) => self.apply_move(&from, &key).await,
             (Ok(()), None) => self.apply(&key, op, only.as_deref(), target.as_deref()).await,
         };
         let mut p = self.pending.lock().unwrap();
         let Some(e) = p.get_mut(&key) else { return };
         if e.gen != gen {
-            // A later change took this one's place while it was sent: that one goes next.
+            // A later change took this one's place while it was sent: that one goes next,
+            // and the old key of the move this was is no longer in play.
+            let was = e.moving();
+            e.flying = None;
+            let is = e.moving();
             e.in_flight = false;
             let at = e.next_try;
             p.hint(at, &key);
+            p.recount(was, is);
             drop(p);
             self.changed.notify_waiters();
             self.work.notify_one();

@@ -17,8 +17,8 @@ pub(super) struct Table {
     /// in flight or is due later (a later hint says when): it is skipped. Every change that
     /// leaves an entry waiting to be sent pushes one ([`Table::insert`], [`Table::hint`]).
     due: BinaryHeap<Reverse<(Instant, String)>>,
-    /// Entries with a source (moves), counted at insert and removal, and where a change in
-    /// place clears one ([`Table::source_cleared`]).
+    /// Entries with a source or one in flight (moves, [`Pending::moving`]), counted at insert
+    /// and removal, and where a change in place alters one ([`Table::recount`]).
     moves: usize,
 }
 
@@ -40,21 +40,21 @@ impl std::ops::DerefMut for Table {
 impl Table {
     pub(super) fn insert(&mut self, key: String, e: Pending) -> Option<Pending> {
         self.hint(e.next_try, &key);
-        self.moves += e.source.is_some() as usize;
+        self.moves += e.moving() as usize;
         let old = self.entries.insert(key, e);
-        self.moves -= old.as_ref().is_some_and(|o| o.source.is_some()) as usize;
+        self.moves -= old.as_ref().is_some_and(Pending::moving) as usize;
         old
     }
 
     pub(super) fn remove(&mut self, key: &str) -> Option<Pending> {
         let old = self.entries.remove(key);
-        self.moves -= old.as_ref().is_some_and(|o| o.source.is_some()) as usize;
+        self.moves -= old.as_ref().is_some_and(Pending::moving) as usize;
         old
     }
 
-    /// An entry's source was cleared in place (a later change took the move's place).
-    pub(super) fn source_cleared(&mut self) {
-        self.moves = self.moves.saturating_sub(1);
+    /// An entry changed in place from moving (`was`) to moving or not (`is`).
+    pub(super) fn recount(&mut self, was: bool, is: bool) {
+        self.moves = (self.moves + is as usize).saturating_sub(was as usize);
     }
 
     /// `key`'s entry waits to be sent at `at` (again: after a failure, a replacement).
@@ -123,6 +123,10 @@ pub(super) struct Pending {
     pub(super) only: Option<Vec<[u8; 16]>>,
     /// [`Op::Move`]'s old key: a request that could see it waits as for the key itself.
     pub(super) source: Option<String>,
+    /// The old key of a move still in flight that a later change took the place of: it may
+    /// still copy that key and delete it, so a request that could see it waits until that
+    /// attempt ends, as for [`Pending::source`] (an upload to it meanwhile was deleted).
+    pub(super) flying: Option<String>,
     /// [`Op::Move`] of a file whose move to [`Pending::source`] is pending too (journaled
     /// before it): that one goes first, not after as for any other change of the key.
     pub(super) after: bool,
@@ -144,6 +148,7 @@ impl Pending {
             not_before: None,
             only: None,
             source: None,
+            flying: None,
             after: false,
             target: None,
         }
@@ -152,7 +157,19 @@ impl Pending {
     /// Whether `hit` takes this entry, pending under `key`: a pending rename is seen under
     /// its old key as well.
     pub(super) fn seen(&self, key: &str, hit: impl Fn(&str) -> bool) -> bool {
-        hit(key) || self.source.as_deref().is_some_and(hit)
+        hit(key) || self.source.as_deref().is_some_and(&hit) || self.flying.as_deref().is_some_and(&hit)
+    }
+
+    /// Whether the entry is a move, or one is still in flight for it: a request over its
+    /// old key must look at it.
+    pub(super) fn moving(&self) -> bool {
+        self.source.is_some() || self.flying.is_some()
+    }
+
+    /// Whether a change of `key` must wait for this entry: a move from `key` (not one that
+    /// goes after that change, [`Pending::after`]), or one still in flight from it.
+    pub(super) fn moves_from(&self, key: &str) -> bool {
+        self.source.as_deref() == Some(key) && !self.after || self.flying.as_deref() == Some(key)
     }
 
     pub(super) fn forget_journal(self) {

@@ -1,0 +1,72 @@
+//! A pending move that a later change takes the place of (`mv a b; rm b`) while its
+//! attempt is out: the old key it would copy and delete is left alone once a new file of
+//! that name goes up (the model test's `rename` ENOENT, issue 42's first item).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bucketfs_store::testing::{FailStore, MemStore, Op};
+use bucketfs_store::{PutOpts, Store, StoreErrorKind};
+
+use crate::deletes::DeferredDeletes;
+use crate::write_back::tests::{keys, object, staging};
+
+fn bytes(b: &'static [u8]) -> bytes::Bytes {
+    bytes::Bytes::from_static(b)
+}
+
+/// `mv a d/b` waits for `d/`'s marker (held); `rm d/b` turns it into deletes of `d/b` and
+/// `a`; a new `a` is written. Once the marker is made, the move must not go after all:
+/// sent, it copied the new `a` to `d/b` and deleted it.
+#[tokio::test]
+async fn a_move_replaced_while_it_waits_for_a_marker_is_not_sent() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("a", bytes(b"renamed away"), PutOpts::default()).await.unwrap();
+    let copies = Arc::new(FailStore::new(mem.clone(), Op::Copy, u64::MAX, 0, StoreErrorKind::Other)); // counts
+    let held = Arc::new(FailStore::new(copies.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let dd = DeferredDeletes::new(held.clone(), &staging("move-replaced-waiting"));
+    DeferredDeletes::start(&dd);
+    let markers = held.hold(Op::CreateDir, u32::MAX); // made, but answered only later
+    dd.defer_marker("d/").await.unwrap();
+    assert!(dd.defer_move("a", "d/b").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await; // its attempt waits for the marker
+    dd.defer("d/b").await.unwrap();
+    let put = tokio::spawn({
+        let dd = dd.clone();
+        async move { dd.put("a", bytes(b"made again"), PutOpts::default()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    markers.add_permits(1_000);
+    tokio::time::timeout(Duration::from_secs(10), put).await.expect("the PUT waited for good").unwrap().unwrap();
+    assert!(dd.drain_all().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["a", "d/"]);
+    assert_eq!(object(mem.as_ref(), "a").await.as_deref(), Some(&b"made again"[..]));
+    assert_eq!(copies.calls(), 0, "the move was sent after `rm d/b` took its place");
+}
+
+/// `mv a b` whose copy is out (held), then `rm b` and a new `a`: the new `a` goes up only
+/// after that attempt ends. Before, the delete of `a` and the new `a` went at once, and the
+/// move, seeing `a` changed, copied the new one away and deleted it.
+#[tokio::test]
+async fn a_file_made_again_where_a_replaced_move_copies_from_is_kept() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("a", bytes(b"renamed away"), PutOpts::default()).await.unwrap();
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let dd = DeferredDeletes::new(held.clone(), &staging("move-replaced-copying"));
+    DeferredDeletes::start(&dd);
+    let copy = held.hold(Op::Copy, 1);
+    assert!(dd.defer_move("a", "b").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await; // its copy is out
+    dd.defer("b").await.unwrap();
+    let put = tokio::spawn({
+        let dd = dd.clone();
+        async move { dd.put("a", bytes(b"made again"), PutOpts::default()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!put.is_finished(), "the PUT went out while the move could still take `a`");
+    copy.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(10), put).await.expect("the PUT waited for good").unwrap().unwrap();
+    assert!(dd.drain_all().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["a"]);
+    assert_eq!(object(mem.as_ref(), "a").await.as_deref(), Some(&b"made again"[..]));
+}
