@@ -498,3 +498,40 @@ def test_a_local_file_renamed_through_the_mount_keeps_its_mode():
             assert oct(os.stat(os.path.join(mp, "bin", "s")).st_mode & 0o777) == oct(0o755)
     finally:
         b.cleanup()
+
+
+@pytest.mark.parametrize("outside", [False, True], ids=["made-here", "made-outside"])
+def test_renames_work_in_a_local_folder_holding_a_file_named_bucketfs_parts(outside):
+    """A file named `.bucketfs-parts` at the top of a local folder is an ordinary name
+    (docs/SEMANTICS.md), but the folder's copies were made in a directory of that name:
+    every rename in the mount failed with EIO, and a directory's left its empty copy."""
+    require_store("file")
+    require_bin()
+    b = Bucket("file")
+    try:
+        with b.mounted(extra=["--metadata-ttl", TTL]) as mp:
+            with open(os.path.join(mp, "a"), "w") as f:
+                f.write("hello")
+            if outside:
+                with open(os.path.join(seed.file_root(), b.name, ".bucketfs-parts"), "w") as f:
+                    f.write("parts")
+            else:
+                with open(os.path.join(mp, ".bucketfs-parts"), "w") as f:
+                    f.write("parts")
+            os.mkdir(os.path.join(mp, "dir"))
+            with open(os.path.join(mp, "dir", "x"), "w") as f:
+                f.write("inner")
+            os.rename(os.path.join(mp, "a"), os.path.join(mp, "b"))
+            os.rename(os.path.join(mp, "dir"), os.path.join(mp, "dir2"))
+            os.rename(os.path.join(mp, ".bucketfs-parts"), os.path.join(mp, "p2"))
+            assert sorted(os.listdir(mp)) == ["b", "dir2", "p2"]
+        with b.mounted() as mp:
+            assert sorted(os.listdir(mp)) == ["b", "dir2", "p2"]
+            with open(os.path.join(mp, "b")) as f:
+                assert f.read() == "hello"
+            with open(os.path.join(mp, "dir2", "x")) as f:
+                assert f.read() == "inner"
+            with open(os.path.join(mp, "p2")) as f:
+                assert f.read() == "parts"
+    finally:
+        b.cleanup()

@@ -47,13 +47,22 @@ pub(crate) fn path_of(root: &Path, key: &str) -> PathBuf {
     root.join(key.trim_start_matches('/'))
 }
 
-/// A fresh name for a copy being made in the folder, below the folder's own parts
-/// directory (`.bucketfs-parts/`, never listed, a name the mount refuses): on the same
-/// filesystem as every file of the folder, so it can be renamed into place.
-pub(crate) fn copy_key() -> String {
+/// A fresh name for a copy to `to` being made in the folder `root`, below the folder's own
+/// parts directory (`.bucketfs-parts/`, never listed, a name the mount refuses as a
+/// directory): on the same filesystem as every file of the folder, so it can be renamed
+/// into place. `to` itself where something else holds that name (a file of the folder
+/// named `.bucketfs-parts`, an ordinary name): the copy is then made in place, and a
+/// reader of the replaced file may see the new bytes (every rename in the folder failed
+/// with `EIO` before).
+pub(crate) fn copy_key(root: &Path, to: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    let parts = crate::gcs::compose::PARTS_PREFIX;
+    match std::fs::symlink_metadata(path_of(root, parts.trim_end_matches('/'))) {
+        Ok(md) if !md.is_dir() => return to.to_string(),
+        _ => {}
+    }
     let nanos = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-    format!("{}copy-{}-{}-{nanos:x}", crate::gcs::compose::PARTS_PREFIX, std::process::id(), NEXT.fetch_add(1, Relaxed))
+    format!("{parts}copy-{}-{}-{nanos:x}", std::process::id(), NEXT.fetch_add(1, Relaxed))
 }
 
 /// A copy made at `tmp` (OpenDAL's copy: the bytes and the `user.*` attributes the mount
@@ -61,18 +70,23 @@ pub(crate) fn copy_key() -> String {
 /// file, never the replaced one rewritten in place, so whoever holds that one keeps its
 /// bytes, and the copy is a new version. The times are set through a read-only
 /// descriptor: a copy of a read-only file (`.git/objects`) is read-only too.
+/// (A copy made in place, `tmp` being `to`, only takes the mtime.)
 pub(crate) fn finish_copy(root: &Path, tmp: &str, to: &str, mtime: Option<SystemTime>) -> std::io::Result<()> {
+    let in_place = tmp == to;
     let (tmp, dst) = (path_of(root, tmp), path_of(root, to));
     let done = (|| {
         if let Some(mtime) = mtime {
             std::fs::File::open(&tmp)?.set_modified(mtime)?;
+        }
+        if in_place {
+            return Ok(());
         }
         if let Some(parent) = dst.parent() {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::rename(&tmp, &dst)
     })();
-    if done.is_err() {
+    if done.is_err() && !in_place {
         let _ = std::fs::remove_file(&tmp);
     }
     done

@@ -503,7 +503,7 @@ impl Store for OpendalStore {
             // A new file renamed into place (`local::finish_copy`), keeping the mtime.
             let mtime =
                 self.op.stat(from).await.map_err(|e| StoreError::from_opendal("copy", from, e))?.last_modified();
-            let tmp = crate::local::copy_key();
+            let tmp = crate::local::copy_key(&root, to);
             self.op.copy(from, &tmp).await.map_err(|e| StoreError::from_opendal("copy", from, e))?;
             let (t, dst) = (tmp.clone(), to.to_string());
             let finished =
