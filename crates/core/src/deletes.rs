@@ -467,9 +467,12 @@ impl DeferredDeletes {
             // (its end sees the new generation and leaves this pending).
             Some(e) if e.journal == path => {
                 let was = e.moving();
-                if e.in_flight && e.flying.is_none() {
+                if e.in_flight && e.flying.is_none() && !e.after {
                     // A move being sent may still copy its old key and delete it: seen there
-                    // until that attempt ends (`send_now`).
+                    // until that attempt ends (`send_now`). Not one that goes after the
+                    // change of its old key (`Pending::after`): its attempt still waits for
+                    // that change, then finds itself replaced and sends nothing; that key's
+                    // next change waiting for it instead would wait for good.
                     e.flying = e.source.clone();
                 }
                 (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);

@@ -70,3 +70,27 @@ async fn a_file_made_again_where_a_replaced_move_copies_from_is_kept() {
     assert_eq!(keys(mem.as_ref()).await, ["a"]);
     assert_eq!(object(mem.as_ref(), "a").await.as_deref(), Some(&b"made again"[..]));
 }
+
+/// `mv a b; mv b c` (the second goes after the first, whose copy is out), then `rm c`: both
+/// moves are replaced by deletes while their attempts are out. Nothing waits for good (the
+/// delete of `b` waited for the attempt of `c`'s move, which waited for `b`'s change: the
+/// model test's `rename` hang), and nothing is left.
+#[tokio::test]
+async fn chained_moves_replaced_while_out_wait_for_nothing_for_good() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("a", bytes(b"renamed twice"), PutOpts::default()).await.unwrap();
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let dd = DeferredDeletes::new(held.clone(), &staging("chain-replaced"));
+    DeferredDeletes::start(&dd);
+    let copy = held.hold(Op::Copy, 1);
+    assert!(dd.defer_move("a", "b").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await; // its copy is out
+    assert!(dd.defer_move("b", "c").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await; // its attempt waits for `b`'s
+    dd.defer("c").await.unwrap();
+    copy.add_permits(1);
+    let left =
+        tokio::time::timeout(Duration::from_secs(10), dd.drain_all()).await.expect("the changes waited for good");
+    assert!(left.is_empty(), "{left:?}");
+    assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
+}
