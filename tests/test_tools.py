@@ -139,6 +139,38 @@ def test_an_mtime_moves_only_when_the_file_is_written(tgt, mode):
         assert (st.st_mtime_ns, st.st_mode & 0o777) == (written, 0o600), "a chmod moved the mtime"
 
 
+@pytest.mark.parametrize("mode", ["durable", "write-back"])
+def test_a_write_moves_an_mtime_that_was_set(tgt, mode):
+    """After `touch -d`, `cp -p`, `tar x` or `rsync -a` set a file's mtime, a later write,
+    append or truncate sets it to that moment, in the mount and in the bucket (a remount).
+    Before, the set mtime stayed for good: an `rsync -a` backup skipped the edit, `make`
+    built from a stale header."""
+    extra = ["--write-back", "--write-back-delay", "1"] if mode == "write-back" else []
+    old = 1_000_000_000
+    changes = {
+        "written": lambda p: write_path(p, b"9876543210"),
+        "appended": lambda p: open(p, "ab").write(b"more"),
+        "truncated": lambda p: os.truncate(p, 4),
+    }
+    with tgt.mounted(extra=extra + ["--metadata-ttl", "1"]) as mp:
+        for name in changes:
+            write_path(os.path.join(mp, name), b"0123456789")
+            os.utime(os.path.join(mp, name), (old, old))
+        time.sleep(2.5)  # past the TTL
+        assert {n: int(os.stat(os.path.join(mp, n)).st_mtime) for n in changes} == dict.fromkeys(changes, old)
+        started = time.time() - 2  # (the clock's granularity)
+        for name, change in changes.items():
+            change(os.path.join(mp, name))
+        time.sleep(2.5)
+        got = {n: os.stat(os.path.join(mp, n)).st_mtime for n in changes}
+        assert all(t >= started for t in got.values()), f"mtime after the change (started {started}): {got}"
+    if tgt.store == "mem":
+        return  # nothing outlives a mount of memory
+    with tgt.mounted() as mp:
+        got = {n: os.stat(os.path.join(mp, n)).st_mtime for n in changes}
+        assert all(t >= started for t in got.values()), f"mtime after a remount (started {started}): {got}"
+
+
 def test_mknod_of_a_regular_file_and_tar_xattrs(tgt, tmp_path):
     """GNU tar --xattrs makes each file with mknod(S_IFREG): an empty file, made exclusively
     (before, ENOSYS: the file and its data were left out, tar exited 2). Other kinds stay

@@ -34,6 +34,13 @@ impl Fs {
                 self.release(tfh).await?;
             }
         }
+        if let Some(staged) = self.staging.get(ino).filter(|_| mtime.is_some()) {
+            // Writes the kernel made itself (passthrough) are seen first, as made before the
+            // mtime is set (`cp -p`, `tar x` set it on the open file): seen only at the
+            // close, they moved it to the close's time.
+            let mut st = self.lock_to_change(ino, &staged).await;
+            self.observe(ino, &mut st)?;
+        }
         let (before, attr) = {
             let mut t = self.table.lock().unwrap();
             let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
@@ -117,7 +124,7 @@ impl Fs {
     fn set_size(&self, ino: u64, size: u64) {
         if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
             n.size = size;
-            n.mtime = SystemTime::now();
+            n.written_at(SystemTime::now());
         }
     }
 }

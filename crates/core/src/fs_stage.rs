@@ -65,7 +65,7 @@ impl Fs {
         if let Some(n) = t.get_mut(ino) {
             if let Some(len) = watched_len.filter(|len| *len != n.size) {
                 n.size = len;
-                n.mtime = SystemTime::now();
+                n.written_at(SystemTime::now());
             }
             n.local = false;
         }
@@ -304,7 +304,7 @@ impl Fs {
     pub(crate) fn set_local_size(&self, ino: u64, size: u64) {
         if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
             n.size = size;
-            n.mtime = SystemTime::now();
+            n.written_at(SystemTime::now());
         }
     }
 }

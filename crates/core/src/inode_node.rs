@@ -121,7 +121,8 @@ impl Node {
         self.mtime_set = None;
     }
 
-    /// Take the attributes the object carries, where none is known here yet.
+    /// Take the attributes the object carries, where none is known here yet. Not its mtime
+    /// while the mount owns the file's (`local`: written here since, the object's is older).
     pub fn fill_attrs(&mut self, a: &bucketfs_store::FileAttrs) {
         if self.perm.is_none() {
             self.perm = a.mode.map(|m| (m & 0o7777) as u16);
@@ -129,8 +130,18 @@ impl Node {
         if self.owner.is_none() {
             self.owner = a.uid.zip(a.gid);
         }
-        if self.mtime_set.is_none() {
+        if self.mtime_set.is_none() && !self.local {
             self.mtime_set = a.mtime;
+        }
+    }
+
+    /// The bytes changed here (a write, a truncate): the mtime is now's, also where one was
+    /// set (`touch`, `cp -p`, `tar x`) or carried by the object. Before, a set mtime stayed
+    /// for good: an edit after `rsync -a` was never backed up, `make` built stale outputs.
+    pub fn written_at(&mut self, now: SystemTime) {
+        self.mtime = now;
+        if self.mtime_set.is_some() {
+            self.mtime_set = Some(now); // kept with the object, as the one set was
         }
     }
 
