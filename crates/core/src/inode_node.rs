@@ -178,6 +178,7 @@ impl Node {
             uid: self.owner.map(|o| o.0),
             gid: self.owner.map(|o| o.1),
             mtime: self.mtime_set,
+            created_by: None,
         }
     }
 

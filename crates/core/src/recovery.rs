@@ -128,9 +128,16 @@ pub(crate) async fn recover(
         // Made with O_EXCL and never uploaded: create-only here too, never over an object
         // another writer made meanwhile.
         let excl_file = data.with_extension("excl");
-        let create_only = excl_file.exists();
-        let result = async {
-            let file = File::open(&source).map_err(local)?;
+        let excl = std::fs::read_to_string(&excl_file).ok();
+        let mut create_only = excl.is_some();
+        // The tag its create-only tries carried (`Staged::excl_tag`): an object with it is
+        // one of them, landed though its answer was lost.
+        let tag = excl.as_deref().and_then(|t| t.lines().nth(1)).and_then(|t| u128::from_str_radix(t, 16).ok());
+        let (key_ref, source_ref, data_ref) = (&key, &source, &data);
+        let budget_ref = &budget;
+        let send = |create_only: bool| async move {
+            let (key, source, data, budget) = (key_ref, source_ref, data_ref, budget_ref);
+            let file = File::open(source).map_err(local)?;
             let size = file.metadata().map_err(local)?.len();
             let size = len.map_or(size, |n| n.min(size));
             let _share = budget.upload(size, opts).await;
@@ -141,14 +148,31 @@ pub(crate) async fn recover(
                 let kv = text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string()));
                 opts.put.attrs = bucketfs_store::FileAttrs::from_metadata(&kv.collect());
             }
-            let mut w = store.writer(&key, opts).await?;
+            opts.put.attrs.created_by = tag.filter(|_| create_only);
+            let mut w = store.writer(key, opts).await?;
             if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts, None).await {
                 let _ = w.abort().await;
                 return Err(e);
             }
             w.close().await.map_err(FsError::from)
-        }
-        .await;
+        };
+        let result = loop {
+            let r = send(create_only).await;
+            match &r {
+                Err(FsError::Store(e))
+                    if create_only
+                        && e.kind == bucketfs_store::StoreErrorKind::Exists
+                        && crate::write::landed_here(store, &key, tag).await =>
+                {
+                    // One of this file's own create-only tries (its answer lost, or cut off
+                    // by the crash) made the object: the promise was kept, and this version
+                    // goes up over it as an ordinary file's.
+                    tracing::info!(%key, "the object is an earlier create-only try of this file: sent again over it");
+                    create_only = false;
+                }
+                _ => break r,
+            }
+        };
         match result {
             Ok(_) if source != data || len.is_some() => {
                 tracing::info!(%key, "uploaded the version committed (closed or fsync'd) before the crash");

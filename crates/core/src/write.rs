@@ -52,7 +52,7 @@ use crate::FsError;
 use commit::Base;
 pub(crate) use commit::Stamp;
 use patch::{Stored, Sums};
-pub(crate) use upload::send_file;
+pub(crate) use upload::{landed_here, send_file};
 
 /// State of one staged inode. Guarded by the `tokio::sync::Mutex` that holds it
 /// ([`SharedStaged`], lock level 2 in docs/ARCHITECTURE.md).
@@ -123,6 +123,9 @@ pub struct Staged {
     /// replaced (the upload fails with `Exists`; the bytes stay here). While the key is
     /// named, the `<file>.excl` sidecar says so to crash recovery ([`Staged::set_create_only`]).
     create_only: bool,
+    /// The tag every create-only upload of this file carries ([`FileAttrs::created_by`],
+    /// also in the `.excl` sidecar): a refused one tells its own landed try by it.
+    excl_tag: Option<u128>,
     /// The kernel may change the file without us (FUSE passthrough, see
     /// [`Staged::watch_external`]): its state as we last saw it, `None` if it never could.
     seen: Option<Stamp>,
@@ -205,6 +208,7 @@ impl Staged {
             in_store: true,
             replaces: false,
             create_only: false,
+            excl_tag: None,
             maybe_landed: false,
             resending: false,
             landed_md5s: Some(Vec::new()),

@@ -216,3 +216,89 @@ async fn a_failed_rename_of_a_refused_exclusive_create_keeps_it_exclusive() {
         assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]), "crash {crash}");
     }
 }
+
+/// The tag in the `.excl` sidecar of the one staged file in `dir`: what its create-only
+/// tries carry.
+fn excl_tag(dir: &std::path::Path) -> u128 {
+    let excl = std::fs::read_dir(dir).unwrap().flatten().find(|e| e.path().extension().is_some_and(|x| x == "excl"));
+    let text = std::fs::read_to_string(excl.expect("an .excl sidecar").path()).unwrap();
+    u128::from_str_radix(text.lines().nth(1).expect("a tag line"), 16).unwrap()
+}
+
+/// `mem` takes `data` at `key` as a create-only try tagged `tag` would leave it.
+async fn landed(mem: &MemStore, key: &str, data: &'static [u8], tag: Option<u128>) {
+    let attrs = bucketfs_store::FileAttrs { created_by: tag, ..Default::default() };
+    let opts = bucketfs_store::PutOpts { attrs, ..Default::default() };
+    mem.put(key, bytes::Bytes::from_static(data), opts).await.unwrap();
+}
+
+/// An `O_EXCL` file's first upload lands but its answer is lost (a timeout); the retry is
+/// refused, the key being taken. The object carries the file's own tag: the promise was
+/// kept by that try, and later versions go up. Before, every later close failed with
+/// `EEXIST` and the unmount put the newest version in lost+found.
+#[tokio::test]
+async fn an_exclusive_files_own_landed_try_is_known_by_its_tag() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-own-try");
+    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
+    let fs = Fs::new(flaky, cfg(&dir, 60_000));
+    fs.start_write_back();
+    create_exclusive(&fs, ROOT_INO, "n", b"v1").await;
+    let ino = fs.lookup(ROOT_INO, "n").await.unwrap().ino;
+    assert!(fs.upload_pub(ino).await.is_err(), "the first upload times out");
+    landed(&mem, "n", b"v1", Some(excl_tag(&dir))).await; // it landed all the same
+    let fh = fs.open(ino, true, true).await.unwrap();
+    fs.write(fh, 0, b"v2, longer").await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(fs.sync_write_back().await, Vec::<(String, String)>::new());
+    assert_eq!(object(mem.as_ref(), "n").await.as_deref(), Some(&b"v2, longer"[..]));
+}
+
+/// As above, but the object is another client's with the very bytes of the file's try (an
+/// empty lock file, made between our create and our upload): no tag of ours, so it is
+/// never replaced (taking it by its MD5 broke `O_EXCL`: both clients held the lock).
+#[tokio::test]
+async fn another_writers_object_with_the_same_bytes_is_never_taken_for_ours() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-same-bytes");
+    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
+    let fs = Fs::new(flaky, cfg(&dir, 60_000));
+    fs.start_write_back();
+    create_exclusive(&fs, ROOT_INO, "lock", b"").await;
+    let ino = fs.lookup(ROOT_INO, "lock").await.unwrap().ino;
+    assert!(fs.upload_pub(ino).await.is_err(), "the first upload times out (it did not land)");
+    landed(&mem, "lock", b"", None).await; // another client's lock, the same (no) bytes
+    let r = fs.upload_pub(ino).await;
+    assert!(matches!(r, Err(crate::FsError::Exists)), "{r:?}");
+    landed(&mem, "lock", b"theirs", None).await; // their lock file goes on being theirs
+    assert!(!fs.sync_write_back().await.is_empty(), "sync says it is not uploaded");
+    assert_eq!(object(mem.as_ref(), "lock").await.as_deref(), Some(&b"theirs"[..]));
+}
+
+/// An `O_EXCL` file's first upload times out after it landed, the file is rewritten and
+/// closed, and the mount crashes before the retry. The object carries the tag the `.excl`
+/// sidecar names: recovery sends the closed version over it, where it set that version
+/// aside in `lost+found` as refused by another writer's object.
+#[tokio::test]
+async fn recovery_knows_an_exclusive_files_own_landed_try() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("excl-landed-crash");
+    let flaky = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, u64::MAX, StoreErrorKind::Unavailable));
+    {
+        let fs = Fs::new(flaky.clone(), cfg(&dir, 60_000));
+        fs.start_write_back();
+        create_exclusive(&fs, ROOT_INO, "n", b"v1").await;
+        let ino = fs.lookup(ROOT_INO, "n").await.unwrap().ino;
+        assert!(fs.upload_pub(ino).await.is_err(), "the first upload times out");
+        landed(&mem, "n", b"v1", Some(excl_tag(&dir))).await; // it landed
+        let fh = fs.open(ino, true, true).await.unwrap();
+        fs.write(fh, 0, b"v2, longer").await.unwrap();
+        fs.release(fh).await.unwrap();
+        std::mem::forget(fs); // the crash
+    }
+    let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
+    let (done, failed) = fs.recover_staged().await;
+    assert_eq!((done, failed), (vec!["n".to_string()], vec![]));
+    assert_eq!(object(mem.as_ref(), "n").await.as_deref(), Some(&b"v2, longer"[..]));
+    assert!(!dir.join("lost+found").exists(), "set aside as if another writer's object refused it");
+}

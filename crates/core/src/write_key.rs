@@ -32,6 +32,9 @@ impl Staged {
     /// `<file>.excl` sidecar (a recovered upload of an `O_EXCL` file never replaces an
     /// object another writer made meanwhile).
     pub fn set_create_only(&mut self, on: bool) {
+        if on && self.excl_tag.is_none() {
+            self.excl_tag = Some(bucketfs_store::new_create_tag());
+        }
         if self.create_only != on {
             self.create_only = on;
             if self.key.is_some() {
@@ -42,7 +45,9 @@ impl Staged {
 
     pub(super) fn mark_excl(&self, on: bool) {
         let path = self.path.with_extension("excl");
-        let done = if on { crate::recycle::write(&path, b"O_EXCL") } else { crate::recycle::remove(&path) };
+        // `O_EXCL`, then the tag its tries carry (`Staged::excl_tag`), for recovery's.
+        let text = format!("O_EXCL\n{:032x}\n", self.excl_tag.unwrap_or_default());
+        let done = if on { crate::recycle::write(&path, text.as_bytes()) } else { crate::recycle::remove(&path) };
         if let Err(e) = done.or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }) {
             tracing::warn!(key = ?self.key, on, "cannot mark the staged file create-only for crash recovery: {e}");
         }

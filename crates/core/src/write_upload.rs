@@ -82,7 +82,8 @@ impl Staged {
 
     /// What an upload of these bytes is stored with.
     pub(super) fn put_opts(&self, attrs: &FileAttrs) -> PutOpts {
-        PutOpts { attrs: *attrs, if_not_exists: self.create_only }
+        let created_by = self.excl_tag.filter(|_| self.create_only);
+        PutOpts { attrs: FileAttrs { created_by, ..*attrs }, if_not_exists: self.create_only }
     }
 
     /// Hand every complete part past what was sent to the eager upload, starting one if a
@@ -247,9 +248,23 @@ impl Staged {
                 // or an earlier try of ours that landed late; which, nothing tells) leaves
                 // the key alone from then on.
                 let refused = matches!(&e, FsError::Store(s) if !matches!(s.kind, StoreErrorKind::Unavailable | StoreErrorKind::Other));
+                let exists = self.create_only && matches!(&e, FsError::Store(s) if s.kind == StoreErrorKind::Exists);
+                if exists && landed_here(store, key, self.excl_tag).await {
+                    // Our own earlier try landed (its answer lost, then this retry refused):
+                    // the create-only promise was kept by that try, and this version
+                    // replaces it as any later close would.
+                    tracing::info!(
+                        key,
+                        "a create-only upload found its own earlier try in the store: sent again over it"
+                    );
+                    self.set_create_only(false);
+                    self.landing_settled();
+                    (self.in_store, self.sending_md5) = (true, None);
+                    return Box::pin(self.upload(store, key, opts, attrs)).await;
+                }
                 if !refused {
                     self.cut_off();
-                } else if self.create_only && matches!(&e, FsError::Store(s) if s.kind == StoreErrorKind::Exists) {
+                } else if exists {
                     self.landing_settled();
                 }
                 self.sending_md5 = None;
@@ -321,4 +336,13 @@ pub(crate) async fn send_file(
         off += n as u64;
     }
     Ok(())
+}
+
+/// Whether the object at `key` is one of the create-only tries tagged `tag`
+/// ([`FileAttrs::created_by`]), landed though its answer was lost: never another writer's,
+/// which cannot carry the tag. `false` where it cannot be told (no tag, no answer, a store
+/// that keeps no metadata).
+pub(crate) async fn landed_here(store: &dyn Store, key: &str, tag: Option<u128>) -> bool {
+    let Some(tag) = tag else { return false };
+    store.head(key, Default::default()).await.is_ok_and(|h| h.attrs.created_by == Some(tag))
 }

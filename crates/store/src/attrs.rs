@@ -2,6 +2,7 @@
 //! included, as rclone writes it), `uid`, `gid` (decimal) and `mtime` (seconds since the
 //! epoch with a fraction, the form rclone's S3 backend writes and s3fs reads). Stores that
 //! have no user metadata keep none ([`crate::Capabilities::keeps_attrs`] is false).
+//! Beside them, `bucketfs-create`: the tag of a create-only upload ([`FileAttrs::created_by`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,6 +14,24 @@ pub struct FileAttrs {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub mtime: Option<SystemTime>,
+    /// A create-only upload's tag ([`new_create_tag`], hex), the same on every try of one
+    /// `O_EXCL` file: an upload refused because the key holds an object tells by it whether
+    /// that object is one of its own earlier tries, landed though its answer was lost, or
+    /// another writer's (which no other client can give this tag).
+    pub created_by: Option<u128>,
+}
+
+/// A fresh tag for a file's create-only uploads ([`FileAttrs::created_by`]): random, else
+/// (no randomness from the OS) the time, the process and a counter.
+pub fn new_create_tag() -> u128 {
+    let mut b = [0u8; 16];
+    if getrandom::getrandom(&mut b).is_ok() {
+        return u128::from_le_bytes(b);
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as u128;
+    nanos ^ (u128::from(std::process::id()) << 64) ^ (n << 96)
 }
 
 impl FileAttrs {
@@ -39,6 +58,9 @@ impl FileAttrs {
                 Err(e) => ("-", e.duration()),
             };
             m.insert("mtime".into(), format!("{sign}{}.{:09}", d.as_secs(), d.subsec_nanos()));
+        }
+        if let Some(tag) = self.created_by {
+            m.insert("bucketfs-create".into(), format!("{tag:032x}"));
         }
         m
     }
@@ -68,6 +90,7 @@ impl FileAttrs {
             uid: get("uid").and_then(|v| v.parse().ok()),
             gid: get("gid").and_then(|v| v.parse().ok()),
             mtime,
+            created_by: get("bucketfs-create").and_then(|v| u128::from_str_radix(v, 16).ok()),
         }
     }
 }
@@ -83,6 +106,7 @@ mod tests {
             uid: Some(1000),
             gid: Some(0),
             mtime: Some(UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789)),
+            created_by: Some(new_create_tag()),
         };
         let m = a.to_metadata();
         assert_eq!(m["mode"], "100755");

@@ -39,7 +39,7 @@ pub mod s3;
 pub mod testing;
 mod types;
 
-pub use attrs::FileAttrs;
+pub use attrs::{new_create_tag, FileAttrs};
 pub use content_type::ContentType;
 pub use error::{redact_urls, StoreError, StoreErrorKind};
 pub use types::{

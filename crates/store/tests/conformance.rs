@@ -145,6 +145,7 @@ async fn file_attrs(s: &dyn Store, opts: bucketfs_store::WriteOptions) {
         uid: Some(1234),
         gid: Some(5678),
         mtime: Some(UNIX_EPOCH + Duration::new(1_000_000_005, 250_000_000)),
+        created_by: Some(bucketfs_store::new_create_tag()),
     };
     s.put("attrs/put.bin", Bytes::from_static(b"abc"), PutOpts { attrs: a, ..Default::default() }).await.unwrap();
     let h = s.head("attrs/put.bin", HeadOpts::default()).await.unwrap();
