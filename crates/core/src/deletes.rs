@@ -437,7 +437,13 @@ impl DeferredDeletes {
             None => (None, false),
         };
         let again = again || op == Op::Delete && sent;
-        if let Some(from) = moved_from.filter(|_| op == Op::Delete) {
+        // Not where a later change of the old key is pending, which decides what it holds: a
+        // link made there since (`ln -s t b; mv b a; ln -s t2 b; rm a`) was replaced by the
+        // delete, and lost.
+        // (A move pending there is the file's own earlier one, `mv a b; mv b c; rm c`: no
+        // other move into a key a pending move leaves is journaled, `move_order`.)
+        let taken = |from: &str| self.pending.lock().unwrap().get(from).is_some_and(|e| e.op == Op::Link);
+        if let Some(from) = moved_from.filter(|f| op == Op::Delete && !taken(f)) {
             Box::pin(self.defer_op(&from, Op::Delete, false, None)).await?;
         }
         let text = match (op, &only) {

@@ -94,3 +94,25 @@ async fn chained_moves_replaced_while_out_wait_for_nothing_for_good() {
     assert!(left.is_empty(), "{left:?}");
     assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
 }
+
+/// `ln -s t b; mv b a; ln -s t2 b; rm a`, nothing sent yet: `rm a` turns the move into
+/// deletes, but the old key `b` is the new link's by then, which goes up. Before, the
+/// delete of `b` took the new link's place: it was never made (tester G, every run on S3).
+#[tokio::test]
+async fn a_link_made_at_a_moved_links_old_name_survives_the_moves_delete() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("b.rclonelink", bytes(b"t"), PutOpts::default()).await.unwrap();
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let dd = DeferredDeletes::new(held.clone(), &staging("link-again"));
+    let copy = held.hold(Op::Copy, 1); // nothing goes before the last change is journaled
+    DeferredDeletes::start(&dd);
+    assert!(dd.defer_move("b.rclonelink", "a.rclonelink").await.unwrap());
+    dd.defer_link("b.rclonelink", "t2").await.unwrap();
+    dd.defer("a.rclonelink").await.unwrap();
+    copy.add_permits(1);
+    let left =
+        tokio::time::timeout(Duration::from_secs(10), dd.drain_all()).await.expect("the changes waited for good");
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(keys(mem.as_ref()).await, ["b.rclonelink"]);
+    assert_eq!(object(mem.as_ref(), "b.rclonelink").await.as_deref(), Some(&b"t2"[..]));
+}
