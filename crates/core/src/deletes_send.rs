@@ -101,8 +101,11 @@ impl DeferredDeletes {
             false => Ok(()),
             true => {
                 self.drain_where(|k, e| {
+                    // (The earlier move of the file itself only: once it is done, `after`
+                    // read at the start is stale, and a later change of that key, the delete
+                    // `rm` of this file journals, waits for this attempt instead.)
                     e.moves_from(&key)
-                        || after && source.as_deref() == Some(k)
+                        || after && source.as_deref() == Some(k) && e.op == Op::Move
                         || matches!(op, Op::Link | Op::Move) && above(k)
                 })
                 .await

@@ -37,9 +37,11 @@ impl Fs {
         if let Some(staged) = self.staging.get(ino).filter(|_| mtime.is_some()) {
             // Writes the kernel made itself (passthrough) are seen first, as made before the
             // mtime is set (`cp -p`, `tar x` set it on the open file): seen only at the
-            // close, they moved it to the close's time.
-            let mut st = self.lock_to_change(ino, &staged).await;
-            self.observe(ino, &mut st)?;
+            // close, they moved it to the close's time. Not waiting for an upload in flight
+            // (it looks at the file itself), nor cutting it off for a `touch`.
+            if let Ok(mut st) = staged.try_lock() {
+                self.observe(ino, &mut st)?;
+            }
         }
         let (before, attr) = {
             let mut t = self.table.lock().unwrap();

@@ -50,19 +50,34 @@ pub(crate) fn path_of(root: &Path, key: &str) -> PathBuf {
 /// A fresh name for a copy to `to` being made in the folder `root`, below the folder's own
 /// parts directory (`.bucketfs-parts/`, never listed, a name the mount refuses as a
 /// directory): on the same filesystem as every file of the folder, so it can be renamed
-/// into place. `to` itself where something else holds that name (a file of the folder
-/// named `.bucketfs-parts`, an ordinary name): the copy is then made in place, and a
-/// reader of the replaced file may see the new bytes (every rename in the folder failed
-/// with `EIO` before).
+/// into place. Where something else holds that name (a file of the folder named
+/// `.bucketfs-parts`, an ordinary name), a hidden name beside `to` instead,
+/// `.<name>.bucketfs-copy-…`, which a listing meanwhile shows (every rename in the folder
+/// failed with `EIO` before; a copy made in place kept the replaced file's attributes and
+/// cut it short on a failure).
 pub(crate) fn copy_key(root: &Path, to: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let unique = format!("copy-{}-{}-{nanos:x}", std::process::id(), NEXT.fetch_add(1, Relaxed));
     let parts = crate::gcs::compose::PARTS_PREFIX;
     match std::fs::symlink_metadata(path_of(root, parts.trim_end_matches('/'))) {
-        Ok(md) if !md.is_dir() => return to.to_string(),
-        _ => {}
+        Ok(md) if !md.is_dir() => {
+            let (dir, name) = to.rsplit_once('/').map_or(("", to), |(d, n)| (d, n));
+            let dir = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+            // Short enough for any file system's name limit (255 bytes).
+            let name: String = name
+                .chars()
+                .scan(0, |len, c| {
+                    (*len + c.len_utf8() <= 160).then(|| {
+                        *len += c.len_utf8();
+                        c
+                    })
+                })
+                .collect();
+            format!("{dir}.{name}.bucketfs-{unique}")
+        }
+        _ => format!("{parts}{unique}"),
     }
-    let nanos = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-    format!("{parts}copy-{}-{}-{nanos:x}", std::process::id(), NEXT.fetch_add(1, Relaxed))
 }
 
 /// A copy made at `tmp` (OpenDAL's copy: the bytes and the `user.*` attributes the mount
@@ -70,23 +85,18 @@ pub(crate) fn copy_key(root: &Path, to: &str) -> String {
 /// file, never the replaced one rewritten in place, so whoever holds that one keeps its
 /// bytes, and the copy is a new version. The times are set through a read-only
 /// descriptor: a copy of a read-only file (`.git/objects`) is read-only too.
-/// (A copy made in place, `tmp` being `to`, only takes the mtime.)
 pub(crate) fn finish_copy(root: &Path, tmp: &str, to: &str, mtime: Option<SystemTime>) -> std::io::Result<()> {
-    let in_place = tmp == to;
     let (tmp, dst) = (path_of(root, tmp), path_of(root, to));
     let done = (|| {
         if let Some(mtime) = mtime {
             std::fs::File::open(&tmp)?.set_modified(mtime)?;
-        }
-        if in_place {
-            return Ok(());
         }
         if let Some(parent) = dst.parent() {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::rename(&tmp, &dst)
     })();
-    if done.is_err() && !in_place {
+    if done.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     done
