@@ -136,14 +136,15 @@ impl Node {
     }
 
     /// The bytes changed here (a write, a truncate): the mtime is now's, also where one was
-    /// set (`touch`, `cp -p`, `tar x`) or carried by the object, and the upload carries none
-    /// (the object's own time then names it, as for any file written here). Before, a set
+    /// set (`touch`, `cp -p`, `tar x`) or carried by the object, and the upload carries it
+    /// (Drive keeps an old `mtime` property an upload without one leaves). Before, a set
     /// mtime stayed for good: an edit after `rsync -a` was never backed up, `make` built
-    /// stale outputs. (Not moved along at each write: an eager upload, whose metadata is
-    /// fixed at its start, was thrown away at the close and sent again whole.)
+    /// stale outputs.
     pub fn written_at(&mut self, now: SystemTime) {
         self.mtime = now;
-        self.mtime_set = None;
+        if self.mtime_set.is_some() {
+            self.mtime_set = Some(now);
+        }
     }
 
     /// Whether a store's answer (`etag`, `size`) is of the version this node holds: its

@@ -185,7 +185,10 @@ impl Staged {
         let size = self.size;
         let put = self.put_opts(attrs);
         self.sending_md5 = None; // set below for a create-only single PUT
-        if self.eager.as_ref().is_some_and(|e| e.put != put) {
+                                 // (Not for the mtime alone, which each write moves: the object carries the one of
+                                 // the eager upload's start.)
+        let but_mtime = |p: &PutOpts| PutOpts { attrs: FileAttrs { mtime: None, ..p.attrs }, ..*p };
+        if self.eager.as_ref().is_some_and(|e| but_mtime(&e.put) != but_mtime(&put)) {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
         }
         let mut eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
