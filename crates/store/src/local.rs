@@ -62,19 +62,13 @@ pub(crate) fn copy_key(root: &Path, to: &str) -> String {
     let parts = crate::gcs::compose::PARTS_PREFIX;
     match std::fs::symlink_metadata(path_of(root, parts.trim_end_matches('/'))) {
         Ok(md) if !md.is_dir() => {
-            let (dir, name) = to.rsplit_once('/').map_or(("", to), |(d, n)| (d, n));
-            let dir = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+            let (dir, name) = to.split_at(to.rfind('/').map_or(0, |i| i + 1));
             // Short enough for any file system's name limit (255 bytes).
-            let name: String = name
-                .chars()
-                .scan(0, |len, c| {
-                    (*len + c.len_utf8() <= 160).then(|| {
-                        *len += c.len_utf8();
-                        c
-                    })
-                })
-                .collect();
-            format!("{dir}.{name}.bucketfs-{unique}")
+            let mut end = name.len().min(160);
+            while !name.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{dir}.{}.bucketfs-{unique}", &name[..end])
         }
         _ => format!("{parts}{unique}"),
     }
