@@ -355,6 +355,56 @@ def test_a_file_renamed_or_removed_right_after_its_close_stays_so_after_kill_9(s
         unmount(mp)
 
 
+@pytest.mark.parametrize("mode", ["write-back", "durable"])
+@pytest.mark.parametrize("then", ["nothing", "rm-ftruncate", "rm-write-fsync", "rm-fchmod"])
+def test_an_open_file_of_a_renamed_directory_keeps_its_new_name_after_kill_9(s3_bucket, tmp_path, mode, then):
+    """A file written and fsync'd through a handle, its directory renamed while the handle
+    stays open, then (`then`) nothing, or the file removed and changed through the handle
+    (`ftruncate`, a write and `fsync`, `fchmod`), and the daemon killed. After the remount:
+    the old name never comes back, a removed file is neither uploaded again nor set aside
+    in `lost+found` (unmount exiting 1). Before, without write-back, the staged file's
+    crash-recovery sidecar kept the key from before the directory's rename: recovery
+    uploaded it there; and a change after the unlink named the key again (model test,
+    seed 547028787)."""
+    args = wb_args(s3_bucket, tmp_path / "staging")
+    if mode == "durable":
+        args = [a for a in args if a != "--write-back"]
+    mp = mount(args)
+    body = b"first version, written through the handle"
+    try:
+        os.mkdir(os.path.join(mp, "d"))
+        fd = os.open(os.path.join(mp, "d", "f"), os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+            assert sync(mp).returncode == 0
+            os.rename(os.path.join(mp, "d"), os.path.join(mp, "e"))
+            if then != "nothing":
+                os.unlink(os.path.join(mp, "e", "f"))
+            if then == "rm-ftruncate":
+                os.ftruncate(fd, 100)
+            elif then == "rm-write-fsync":
+                assert os.pwrite(fd, b"written after the unlink", 0) == 24
+                os.fsync(fd)
+            elif then == "rm-fchmod":
+                os.fchmod(fd, 0o600)
+            kill_daemon(mp)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        remount(mp, args)
+        r = sync(mp)
+        assert r.returncode == 0, f"sync after the remount: {r.err}"
+        got = files_only(bucket_objects(s3_bucket))
+        assert got == ({"e/f": body} if then == "nothing" else {}), f"the bucket holds {sorted(got)}"
+        found = tmp_path / "staging" / "lost+found"
+        assert not found.exists() or not os.listdir(found), f"set aside: {os.listdir(found)}"
+        r = unmount(mp)
+        assert r is not None and r.returncode == 0, f"unmount: {r and r.stderr}"
+    finally:
+        unmount(mp)
+
+
 def test_editor_save_right_before_kill_9(s3_bucket, tmp_path):
     """An editor's save of a pending file (write `.f.tmp`, rename it over `f`), then the
     daemon killed 0 to 0.2 s after the rename began: if the rename returned before the kill,

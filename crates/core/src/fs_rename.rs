@@ -203,9 +203,7 @@ impl Fs {
         // What readers saw of them while they moved (a listing the store gave mid-move) is
         // not kept by the kernel either.
         self.drop_dir_caches(moved_dirs);
-        if self.write_back() {
-            self.rekey_staged_below(&new_key).await;
-        }
+        self.rekey_staged_below(&new_key).await;
         match src.kind {
             // Moved in the background: learnt at the next open. (A handle opened during the
             // rename reads from the old key: learn now, which waits for the move.)
@@ -333,8 +331,9 @@ impl Fs {
         self.replace_readers(ino, &fresh);
     }
 
-    /// Write-back: staged files at or below `key` (just moved there) name their new keys in
-    /// their sidecars, so a crash now recovers them under the new names.
+    /// Staged files at or below `key` (just moved there) name their new keys in their
+    /// sidecars, so a crash now recovers them under the new names (write-back), or sends an
+    /// open file's again there, not under the old name (without).
     async fn rekey_staged_below(&self, key: &str) {
         let staged = self.staging.all();
         for (ino, s) in staged {

@@ -52,12 +52,13 @@ impl Fs {
             }
             crate::pause::point(&self.cfg.staging_dir, "move_dir: new markers journaled").await;
         }
-        if self.write_back() {
-            // Files not uploaded yet are named under the new directory, with no request:
-            // they go up there from the queue. (Their older objects, and the last closed
-            // version of a file still being written, move with the directory.)
-            self.rekey_staged_moving(&below, &src.key, new_key).await;
-        }
+        // Staged files are named under the new directory before anything moves, so a crash
+        // from now on never recovers one under the old name. Write-back: files not uploaded
+        // yet go up there from the queue, with no request (their older objects, and the last
+        // closed version of a file still being written, move with the directory). Else
+        // uploaded above, they move with it, but a file still open keeps its sidecar (a
+        // crash re-sends it): under the old name, after the move, it came back.
+        self.rekey_staged_moving(&below, &src.key, new_key).await;
         if here.is_some() {
             self.never_stored(&below).await;
         }
@@ -69,7 +70,7 @@ impl Fs {
             _ if moves => self.store.rename(&src.key, new_key).await,
             _ => crate::moves::run(self.store.as_ref(), &src.key, new_key, &keys, &seen, false, None).await,
         };
-        if moved.is_err() && self.write_back() {
+        if moved.is_err() {
             self.rekey_staged_moving(&below, new_key, &src.key).await; // as they were
         }
         moved?;

@@ -166,7 +166,11 @@ impl Staged {
     /// sidecar, so a crash recovers them with the bytes (an executable stays one). Written
     /// only when they change; for a file with a key (one whose bytes go up).
     pub fn keep_attrs(&mut self, a: &bucketfs_store::FileAttrs) -> Result<(), FsError> {
-        if self.key.is_none() || self.attrs_kept.as_ref() == Some(a) || a.is_empty() && self.attrs_kept.is_none() {
+        if self.key.is_none()
+            || self.unlinked
+            || self.attrs_kept.as_ref() == Some(a)
+            || a.is_empty() && self.attrs_kept.is_none()
+        {
             return Ok(());
         }
         if a.is_empty() {

@@ -6,9 +6,11 @@ use super::*;
 impl Staged {
     /// Record which key these bytes belong to, for recovery after a crash. Called on the
     /// first change and on rename. The first key comes with the `.open` marker (made
-    /// before it): until a commit point the bytes are no closed version.
+    /// before it): until a commit point the bytes are no closed version. Never for a file
+    /// unlinked ([`Staged::drop_key`]): a change through a handle still open named its old
+    /// key again, and a crash brought the removed file back.
     pub fn set_key(&mut self, key: &str) -> Result<(), FsError> {
-        if self.key.as_deref() == Some(key) {
+        if self.key.as_deref() == Some(key) || self.unlinked {
             return Ok(());
         }
         if self.key.is_none() {
