@@ -15,7 +15,7 @@
 //!    awaits, only overlapping ones wait);
 //! 2. a directory's listing flight or a staged file's own tokio mutex (held across awaits:
 //!    a listing, an upload), independent of each other;
-//! 3. `table`, then the staging area's map (`Fs::unstaged_node` holds both; nothing takes `table`
+//! 3. `table`, then the staging area's map (`Fs::unstaged_node_opened` holds both; nothing takes `table`
 //!    while holding the map);
 //! 4. `handles`, never held with `table` or the map;
 //! 5. leaf locks (the write-back queue's entries, `dir_cache`, readers, caches).
@@ -532,8 +532,14 @@ impl Fs {
     }
 
     pub(crate) fn insert_handle(&self, h: Handle) -> u64 {
-        if let Handle::File(f) = &h {
-            self.count_open(f.ino, true);
+        self.insert_handle_as(h, false)
+    }
+
+    /// [`Fs::insert_handle`]; `counted`: a file handle's open is counted already.
+    pub(crate) fn insert_handle_as(&self, h: Handle, counted: bool) -> u64 {
+        match &h {
+            Handle::File(f) if !counted => self.count_open(f.ino, true),
+            _ => {}
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().unwrap().insert(fh, h);

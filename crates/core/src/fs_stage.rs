@@ -87,14 +87,25 @@ impl Fs {
     /// read before that check may be from the middle of another handle's O_TRUNC-write-close
     /// cycle (size 0 or the new size, with the old ETag): a reader built on it returns short
     /// reads the kernel fills with zeros. `None`: staged now, read the staged file.
-    pub(crate) fn unstaged_node(&self, ino: u64) -> Result<Option<crate::inode::Node>, FsError> {
+    /// `Some`: the handle about to open on it is counted (`Node::opens`) under the same
+    /// lock, so from the version read here on another client's version splits off to a
+    /// new inode (`Node::replaced_by`) instead of changing this one: counted only at the
+    /// handle's insertion, a refresh in between took the new version in place, and this
+    /// handle's reads of the old one shared the kernel's page cache with the new one's
+    /// (tester H: one handle read bytes of two versions).
+    pub(crate) fn unstaged_node_opened(&self, ino: u64) -> Result<Option<crate::inode::Node>, FsError> {
         // Lock order table -> staged map, as elsewhere. Staging inserts into the map before it
         // changes the node's size, and an upload updates the node before the map entry goes.
-        let t = self.table.lock().unwrap();
+        let mut t = self.table.lock().unwrap();
         if self.staging.contains(ino) {
             return Ok(None);
         }
-        t.get(ino).cloned().map(Some).ok_or(FsError::NotFound)
+        let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
+        if !n.linked && n.opens == 0 {
+            return Err(stale_path(n));
+        }
+        n.opens += 1;
+        Ok(Some(n.clone()))
     }
 
     /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
@@ -142,6 +153,13 @@ impl Fs {
         // A new staged file is locked before it is published in the map, so no other open
         // sees it half-filled (an O_TRUNC open would otherwise have its empty file filled).
         let (shared, guard) = self.staging.get_or_create(node.ino)?;
+        if guard.is_some() {
+            let gone = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked && n.opens == 0).map(stale_path);
+            if let Some(e) = gone {
+                self.unstage(node.ino);
+                return Err(e);
+            }
+        }
         if guard.is_some() && !truncate {
             // To be filled from the store, pinned to the version the node names: one not
             // validated within the TTL is asked about first (a directory rename gives the
@@ -307,4 +325,14 @@ impl Fs {
             n.written_at(SystemTime::now());
         }
     }
+}
+
+/// The error for an open of a file no name leads to any more and no handle holds: a name
+/// the kernel looked up just before this mount's own rename or unlink took it (`mv a.tmp a`
+/// while another process opens `a`). Its bytes may exist nowhere else (write-back: staged
+/// only, and dropped). ESTALE makes the kernel look the name up again and open the file
+/// that has it now (the VFS retries an open once so), as for another client's
+/// replacement; before, the open or its reads failed with ENOENT or ESTALE (tester I).
+fn stale_path(n: &crate::inode::Node) -> FsError {
+    FsError::Stale(format!("{} was replaced or removed here after its lookup", n.key))
 }

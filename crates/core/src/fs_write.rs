@@ -257,6 +257,7 @@ impl Fs {
         let went_up = !write || self.upload_before_change(ino).await;
         // A reader of a file an upload holds joins it without waiting (staging.rs).
         let shown = if write || truncate { None } else { self.staging.join_shown(ino) };
+        let mut counted = false;
         let staged = if shown.is_some() {
             shown
         } else if write || self.staging.contains(ino) {
@@ -268,9 +269,10 @@ impl Fs {
                 self.upload_before_change(ino).await;
             }
             Some(staged)
-        } else if let Some(now) = self.unstaged_node(ino)? {
+        } else if let Some(now) = self.unstaged_node_opened(ino)? {
             // Read through the store: with a snapshot that belongs to one upload.
             node = now;
+            counted = true;
             None
         } else {
             Some(self.stage(&node, false, false, false).await?) // a writer staged it meanwhile
@@ -301,7 +303,7 @@ impl Fs {
             writes_unseen: Default::default(),
             unseen_mark: AtomicU64::new(mark.unwrap_or(u64::MAX)),
         };
-        Ok(self.insert_handle(Handle::File(Arc::new(file))))
+        Ok(self.insert_handle_as(Handle::File(Arc::new(file)), counted))
     }
 
     pub(crate) fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>, FsError> {
