@@ -146,7 +146,14 @@ impl Fs {
         }
         if let Some(dst) = discard_after {
             self.outrank_staged(src.ino, dst).await;
+            let late = match self.staging.get(dst) {
+                Some(s) => s.lock().await.maybe_landed,
+                None => false,
+            };
             self.discard_staged(dst).await;
+            if late && matches!(src.kind, Kind::File) {
+                self.follow_late_landing(src.ino, &new_key).await;
+            }
         }
         if let Some(key) = replaced {
             // Journaled in write-back mode, as an unlink: a file's rename there never waits

@@ -416,6 +416,30 @@ impl Fs {
         self.staging.queue.enqueue(ino, key, st.len(), delay);
     }
 
+    /// `ino` was renamed over a file whose upload was cut off (cancelled by the rename) and
+    /// may still land under `key`, over it: its bytes go up there once more `LANDING_GRACE`
+    /// after its next upload (pending), or after now (uploaded already), over anything that
+    /// lands late. Before, `echo A > X; mv B X` could end with X holding A for good (tester
+    /// I: 3 of 10 rounds on GCS, some on S3).
+    pub(crate) async fn follow_late_landing(&self, ino: u64, key: &str) {
+        let Some(s) = self.staging.get(ino) else {
+            tracing::warn!(%key, "an upload cut off of the file a rename replaced may still land over it");
+            return;
+        };
+        let mut st = s.lock().await;
+        if st.unlinked {
+            return;
+        }
+        if st.dirty {
+            st.landing_unknown();
+            return;
+        }
+        match st.send_again(key) {
+            Ok(()) => self.staging.queue.enqueue_resend(ino, key.to_string(), st.len(), LANDING_GRACE),
+            Err(e) => tracing::warn!(%key, "cannot queue the renamed file to go up again over a late landing: {e}"),
+        }
+    }
+
     /// After an upload of `ino` succeeded: if it `followed_cut` (one before it was cut off
     /// and may land late), queue it to go up once more `LANDING_GRACE` later; whether so.
     fn resend_after_cut(&self, ino: u64, st: &mut crate::write::Staged, followed_cut: bool) -> Result<bool, FsError> {

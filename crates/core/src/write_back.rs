@@ -414,3 +414,7 @@ mod excl_tests;
 #[cfg(test)]
 #[path = "write_back_crash_tests.rs"]
 mod crash_tests;
+
+#[cfg(test)]
+#[path = "write_back_landing_tests.rs"]
+mod landing_tests;

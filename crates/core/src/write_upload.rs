@@ -36,6 +36,15 @@ impl Staged {
         }
     }
 
+    /// An upload cut off of another file (one this file replaced by a rename) may land
+    /// under the key: as after a cut-off upload of its own, but with no MD5 to tell it by,
+    /// and the next upload that succeeds goes again after a grace (`Fs::follow_late_landing`).
+    pub fn landing_unknown(&mut self) {
+        self.maybe_landed = true;
+        self.resending = false;
+        self.landed_md5s = None;
+    }
+
     /// No upload cut off can land under the key any more (one succeeded there, the store
     /// refused one, or the key's object was deleted after it).
     pub fn landing_settled(&mut self) {
