@@ -430,10 +430,19 @@ impl Fs {
         if st.unlinked {
             return;
         }
+        if !self.staging.is_current(ino, &s) {
+            // A reader's last close dropped it meanwhile (clean): marked dirty now, it would
+            // stay out of the queue and be left on disk for the next mount to send.
+            tracing::warn!(%key, "an upload cut off of the file a rename replaced may still land over it");
+            return;
+        }
         if st.dirty {
             st.landing_unknown();
             return;
         }
+        // The mount's own again until the resend (a settled file's node is the store's:
+        // a listing would lay a late object's size over it meanwhile).
+        self.claim(ino);
         match st.send_again(key) {
             Ok(()) => self.staging.queue.enqueue_resend(ino, key.to_string(), st.len(), LANDING_GRACE),
             Err(e) => tracing::warn!(%key, "cannot queue the renamed file to go up again over a late landing: {e}"),

@@ -43,3 +43,43 @@ async fn a_rename_over_a_file_whose_upload_was_cut_off_is_sent_again() {
     assert_eq!(object(mem.as_ref(), "X").await.unwrap(), b"B", "the replaced file's late upload stayed");
     drop(hang);
 }
+
+/// The same with B uploaded already and held by a reader (staged, clean): it moves by a
+/// copy, and its staged bytes go up under X again a moment later, over the late object.
+#[tokio::test]
+async fn a_clean_file_renamed_over_a_cut_off_upload_is_sent_again() {
+    let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
+    let (mem, held, fs) = over_held_puts("clean-rename-over-cut-off", 0);
+    let (b, w) = fs.create(ROOT_INO, "B", 0, None).await.unwrap();
+    fs.write(w, 0, b"B").await.unwrap();
+    let reader = fs.open(b.ino, false, false).await.unwrap();
+    fs.release(w).await.unwrap();
+    let uploaded = |key: &'static str| {
+        let mem = mem.clone();
+        async move {
+            while object(mem.as_ref(), key).await.as_deref() != Some(b"B".as_slice()) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    tokio::time::timeout(limit, uploaded("B")).await.expect("B never went up");
+    let hang = held.hold(Op::Put, 1);
+    let (x, fh) = fs.create(ROOT_INO, "X", 0, None).await.unwrap();
+    fs.write(fh, 0, b"A").await.unwrap();
+    fs.release(fh).await.unwrap();
+    upload_shown(&fs, x.ino, limit).await; // X's upload hangs
+    fs.rename(ROOT_INO, "B", ROOT_INO, "X", false).await.unwrap();
+    tokio::time::timeout(limit, uploaded("X")).await.expect("B never reached X");
+    mem.put("X", bytes::Bytes::from_static(b"A"), Default::default()).await.unwrap(); // X's cut-off PUT lands
+    assert!(fs.sync_write_back().await.is_empty());
+    let settled = async {
+        while fs.write_back_status().files > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(limit, settled).await.expect("never settled");
+    assert_eq!(object(mem.as_ref(), "X").await.unwrap(), b"B", "the replaced file's late upload stayed");
+    assert_eq!(fs.read(reader, 0, 10).await.unwrap().as_ref(), b"B");
+    fs.release(reader).await.unwrap();
+    drop(hang);
+}
