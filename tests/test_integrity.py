@@ -535,3 +535,38 @@ def test_renames_work_in_a_local_folder_holding_a_file_named_bucketfs_parts(outs
                 assert f.read() == "parts"
     finally:
         b.cleanup()
+
+
+def test_a_read_below_a_local_folder_replaced_by_a_file_is_estale():
+    """A file open through the mount whose folder, in the local folder behind it, is
+    replaced outside the mount by a file: reading it is ESTALE (docs/SEMANTICS.md, `read`:
+    the object was deleted by another client since open), as for a plain delete; the
+    folder's `ENOTDIR` gave EIO (tester H)."""
+    require_store("file")
+    require_bin()
+    b = Bucket("file")
+    root = os.path.join(seed.file_root(), b.name)
+    try:
+        os.makedirs(os.path.join(root, "d"))
+        os.makedirs(os.path.join(root, "e"))
+        for d in ("d", "e"):
+            with open(os.path.join(root, d, "x"), "w") as f:
+                f.write("inside")
+        with b.mounted(extra=["--passthrough", "off", "--disk-cache-mib", "0", "--memory-cache-mib", "0"]) as mp:
+            fd = os.open(os.path.join(mp, "d", "x"), os.O_RDONLY)
+            fe = os.open(os.path.join(mp, "e", "x"), os.O_RDONLY)
+            try:
+                os.unlink(os.path.join(root, "e", "x"))
+                os.unlink(os.path.join(root, "d", "x"))
+                os.rmdir(os.path.join(root, "d"))
+                with open(os.path.join(root, "d"), "w") as f:
+                    f.write("now a file")
+                for what, h in (("deleted", fe), ("below a folder now a file", fd)):
+                    with pytest.raises(OSError) as e:
+                        os.pread(h, 100, 0)
+                    assert e.value.errno == errno.ESTALE, f"{what}: {e.value}"
+            finally:
+                os.close(fd)
+                os.close(fe)
+    finally:
+        b.cleanup()

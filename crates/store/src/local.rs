@@ -161,7 +161,8 @@ pub(crate) async fn read_pinned(
 
 fn io(key: &str, e: std::io::Error) -> StoreError {
     let kind = match e.kind() {
-        std::io::ErrorKind::NotFound => StoreErrorKind::NotFound,
+        // Below a folder replaced by a file: no object there, as a 404 (else EIO, not ESTALE).
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory => StoreErrorKind::NotFound,
         std::io::ErrorKind::PermissionDenied => StoreErrorKind::PermissionDenied,
         _ => StoreErrorKind::Other,
     };
