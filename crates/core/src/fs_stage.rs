@@ -101,8 +101,8 @@ impl Fs {
             return Ok(None);
         }
         let n = t.get_mut(ino).ok_or(FsError::NotFound)?;
-        if !n.linked && n.opens == 0 {
-            return Err(stale_path(n));
+        if let Some(e) = stale_path(n) {
+            return Err(e);
         }
         n.opens += 1;
         Ok(Some(n.clone()))
@@ -154,7 +154,7 @@ impl Fs {
         // sees it half-filled (an O_TRUNC open would otherwise have its empty file filled).
         let (shared, guard) = self.staging.get_or_create(node.ino)?;
         if guard.is_some() {
-            let gone = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked && n.opens == 0).map(stale_path);
+            let gone = self.table.lock().unwrap().get(node.ino).and_then(stale_path);
             if let Some(e) = gone {
                 self.unstage(node.ino);
                 return Err(e);
@@ -327,12 +327,13 @@ impl Fs {
     }
 }
 
-/// The error for an open of a file no name leads to any more and no handle holds: a name
+/// The error for an open of `n` if no name leads to it any more and no handle holds it: a name
 /// the kernel looked up just before this mount's own rename or unlink took it (`mv a.tmp a`
 /// while another process opens `a`). Its bytes may exist nowhere else (write-back: staged
 /// only, and dropped). ESTALE makes the kernel look the name up again and open the file
 /// that has it now (the VFS retries an open once so), as for another client's
 /// replacement; before, the open or its reads failed with ENOENT or ESTALE (tester I).
-fn stale_path(n: &crate::inode::Node) -> FsError {
-    FsError::Stale(format!("{} was replaced or removed here after its lookup", n.key))
+fn stale_path(n: &crate::inode::Node) -> Option<FsError> {
+    (!n.linked && n.opens == 0)
+        .then(|| FsError::Stale(format!("{} was replaced or removed here after its lookup", n.key)))
 }

@@ -422,18 +422,18 @@ impl Fs {
     /// lands late. Before, `echo A > X; mv B X` could end with X holding A for good (tester
     /// I: 3 of 10 rounds on GCS, some on S3).
     pub(crate) async fn follow_late_landing(&self, ino: u64, key: &str) {
-        let Some(s) = self.staging.get(ino) else {
+        // Not staged, or dropped by a reader's last close while this waited (clean): marked
+        // dirty, it would stay out of the queue and be left on disk for the next mount.
+        let staged = self.staging.get(ino);
+        let mut st = match &staged {
+            Some(s) => Some(s.lock().await).filter(|_| self.staging.is_current(ino, s)),
+            None => None,
+        };
+        let Some(st) = st.as_mut() else {
             tracing::warn!(%key, "an upload cut off of the file a rename replaced may still land over it");
             return;
         };
-        let mut st = s.lock().await;
         if st.unlinked {
-            return;
-        }
-        if !self.staging.is_current(ino, &s) {
-            // A reader's last close dropped it meanwhile (clean): marked dirty now, it would
-            // stay out of the queue and be left on disk for the next mount to send.
-            tracing::warn!(%key, "an upload cut off of the file a rename replaced may still land over it");
             return;
         }
         if st.dirty {

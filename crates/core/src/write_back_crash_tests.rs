@@ -9,7 +9,7 @@ use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{Store, StoreErrorKind};
 
 use super::tests::{
-    cfg, cfg_ttl0, keys, listed, object, over_held_puts, staging, upload_shown, uploaded_files, write_file,
+    cfg, cfg_ttl0, keys, listed, object, over_held_puts, queue_empty, staging, upload_shown, uploaded_files, write_file,
 };
 use crate::fs::{Fs, FsConfig, ROOT_INO};
 
@@ -547,12 +547,7 @@ async fn an_upload_cut_off_that_lands_late_is_overwritten_by_the_newer_version()
             assert!(failed.is_empty() && done == ["f"], "{done:?} {failed:?}");
         } else {
             assert!(fs.sync_write_back().await.is_empty());
-            let settled = async {
-                while fs.write_back_status().files > 0 {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            };
-            tokio::time::timeout(limit, settled).await.expect("never sent again");
+            queue_empty(&fs, limit).await; // sent again
         }
         assert_eq!(object(mem.as_ref(), "f").await.unwrap(), b"newer", "crash {crash}");
         drop(hang);

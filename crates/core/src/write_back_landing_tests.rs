@@ -5,8 +5,29 @@ use std::time::Duration;
 use bucketfs_store::testing::Op;
 use bucketfs_store::Store;
 
-use super::tests::{object, over_held_puts, upload_shown};
-use crate::fs::ROOT_INO;
+use bucketfs_store::testing::MemStore;
+
+use super::tests::{object, over_held_puts, queue_empty, upload_shown};
+use crate::fs::{Fs, ROOT_INO};
+
+/// Wait until `key` holds `b"B"`; panics after `limit`.
+async fn holds_b(mem: &MemStore, key: &str, limit: Duration) {
+    let b = async {
+        while object(mem, key).await.as_deref() != Some(b"B".as_slice()) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(limit, b).await.unwrap_or_else(|_| panic!("B never went up under {key}"));
+}
+
+/// X's cut-off PUT of `A` lands now, after B reached X: once the queue is empty (the
+/// resend done), X holds B again.
+async fn late_landing_is_overwritten(fs: &Fs, mem: &MemStore, limit: Duration) {
+    mem.put("X", bytes::Bytes::from_static(b"A"), Default::default()).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    queue_empty(fs, limit).await;
+    assert_eq!(object(mem, "X").await.unwrap(), b"B", "the replaced file's late upload stayed");
+}
 
 /// `echo A > X; echo B > B; mv B X` while both uploads are in flight: the rename cancels them,
 /// but the store may still complete it after B's bytes went up under X. B goes up there
@@ -26,21 +47,8 @@ async fn a_rename_over_a_file_whose_upload_was_cut_off_is_sent_again() {
     fs.release(fh).await.unwrap();
     upload_shown(&fs, b.ino, limit).await; // B is still to go up when renamed
     fs.rename(ROOT_INO, "B", ROOT_INO, "X", false).await.unwrap();
-    let uploaded = async {
-        while object(mem.as_ref(), "X").await.as_deref() != Some(b"B".as_slice()) {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    };
-    tokio::time::timeout(limit, uploaded).await.expect("B never went up under X");
-    mem.put("X", bytes::Bytes::from_static(b"A"), Default::default()).await.unwrap(); // X's cut-off PUT lands
-    assert!(fs.sync_write_back().await.is_empty());
-    let settled = async {
-        while fs.write_back_status().files > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(limit, settled).await.expect("never settled");
-    assert_eq!(object(mem.as_ref(), "X").await.unwrap(), b"B", "the replaced file's late upload stayed");
+    holds_b(&mem, "X", limit).await;
+    late_landing_is_overwritten(&fs, &mem, limit).await;
     drop(hang);
 }
 
@@ -54,31 +62,15 @@ async fn a_clean_file_renamed_over_a_cut_off_upload_is_sent_again() {
     fs.write(w, 0, b"B").await.unwrap();
     let reader = fs.open(b.ino, false, false).await.unwrap();
     fs.release(w).await.unwrap();
-    let uploaded = |key: &'static str| {
-        let mem = mem.clone();
-        async move {
-            while object(mem.as_ref(), key).await.as_deref() != Some(b"B".as_slice()) {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-    };
-    tokio::time::timeout(limit, uploaded("B")).await.expect("B never went up");
+    holds_b(&mem, "B", limit).await;
     let hang = held.hold(Op::Put, 1);
     let (x, fh) = fs.create(ROOT_INO, "X", 0, None).await.unwrap();
     fs.write(fh, 0, b"A").await.unwrap();
     fs.release(fh).await.unwrap();
     upload_shown(&fs, x.ino, limit).await; // X's upload hangs
     fs.rename(ROOT_INO, "B", ROOT_INO, "X", false).await.unwrap();
-    tokio::time::timeout(limit, uploaded("X")).await.expect("B never reached X");
-    mem.put("X", bytes::Bytes::from_static(b"A"), Default::default()).await.unwrap(); // X's cut-off PUT lands
-    assert!(fs.sync_write_back().await.is_empty());
-    let settled = async {
-        while fs.write_back_status().files > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(limit, settled).await.expect("never settled");
-    assert_eq!(object(mem.as_ref(), "X").await.unwrap(), b"B", "the replaced file's late upload stayed");
+    holds_b(&mem, "X", limit).await;
+    late_landing_is_overwritten(&fs, &mem, limit).await;
     assert_eq!(fs.read(reader, 0, 10).await.unwrap().as_ref(), b"B");
     fs.release(reader).await.unwrap();
     drop(hang);

@@ -539,6 +539,16 @@ pub(crate) fn over_held_puts(name: &str, delay_ms: u64) -> (Arc<MemStore>, Arc<F
     (mem, held, fs)
 }
 
+/// Wait until the write-back queue holds no file (resends included); panics after `limit`.
+pub(crate) async fn queue_empty(fs: &Fs, limit: Duration) {
+    let settled = async {
+        while fs.write_back_status().files > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(limit, settled).await.expect("never settled");
+}
+
 /// Wait until an upload of `ino` has begun and shows its bytes (staging.rs); panics after
 /// `limit`.
 pub(crate) async fn upload_shown(fs: &Fs, ino: u64, limit: Duration) {
