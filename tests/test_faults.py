@@ -447,6 +447,33 @@ def test_sync_right_after_a_failed_close_names_that_file(proxy_for, fresh_bucket
             assert in_bucket("s3", b.name, f"f{i}.txt") == b"new%d" % i
 
 
+def test_a_rename_that_fails_keeps_the_targets_unsaved_bytes(proxy_for, fresh_bucket):
+    """Without write-back, a rename over a file a writer still has open dropped the writer's
+    staged bytes before moving anything: with the store down the rename failed (EIO), the
+    target kept its name, and the writer's close uploaded nothing (the bucket kept the old
+    bytes, exit 0). A rename that fails changes nothing: the close uploads them."""
+    from conftest import require_store
+    require_store("s3")
+    b = fresh_bucket("s3")
+    px = proxy_for("s3")
+    with fault_mount("s3", b.name, px) as fm:
+        write_file(fm.path("src.txt"), b"source")
+        write_file(fm.path("dst.txt"), b"old")
+        f = open(fm.path("dst.txt"), "r+b", buffering=0)
+        try:
+            f.write(b"unsaved by the writer")
+            px.set_enabled(False)
+            o = bounded_call(lambda: os.rename(fm.path("src.txt"), fm.path("dst.txt")), HANG_LIMIT, "rename")
+            assert isinstance(o.error, OSError) and o.error.errno in DOWN_ERRNOS, f"rename with the store down: {o}"
+            px.set_enabled(True)
+        finally:
+            px.set_enabled(True)
+            f.close()
+        assert in_bucket("s3", b.name, "dst.txt") == b"unsaved by the writer"
+        assert in_bucket("s3", b.name, "src.txt") == b"source"
+        assert read_file(fm.path("dst.txt")) == b"unsaved by the writer"
+
+
 def test_server_down_unmount_keeps_data(proxy_for, fresh_bucket, rng, tmp_path, monkeypatch):
     """Unmount while the server is still down: `bucketfs unmount` returns within a bounded
     time and says the upload failed (non-zero exit); the bytes are not dropped: they stay in

@@ -109,14 +109,11 @@ impl Fs {
                 }
                 (_, _) => {
                     took_object = dst.kind == src.kind && self.stored(dst.ino).await;
-                    // The target is replaced: its staged bytes must never be uploaded later.
-                    // Write-back (nothing uploads it meanwhile: the intent): dropped once the
-                    // source holds the name, so a crash in between recovers one of them.
-                    if self.write_back() {
-                        discard_after = Some(dst.ino);
-                    } else {
-                        self.discard_staged(dst.ino).await;
-                    }
+                    // The target is replaced: its staged bytes must never be uploaded later
+                    // (nothing uploads them meanwhile: the intent). Dropped once the source
+                    // holds the name: a move that fails keeps them (a writer's unsaved
+                    // bytes), and a crash in between recovers one of the two.
+                    discard_after = Some(dst.ino);
                     if dst.kind != src.kind {
                         // Another key holds it (a link replaced by a file or back).
                         replaced = Some(dst.key.clone());
@@ -151,7 +148,7 @@ impl Fs {
                 None => false,
             };
             self.discard_staged(dst).await;
-            if late && matches!(src.kind, Kind::File) {
+            if late && matches!(src.kind, Kind::File) && self.write_back() {
                 self.follow_late_landing(src.ino, &new_key).await;
             }
         }
@@ -366,6 +363,14 @@ impl Fs {
         w.lock().await.key_written_after(at);
     }
 
+    /// The target's staged file (`replaced`) once the source's bytes hold its name: crash
+    /// recovery must never upload it over them (it is discarded when the rename is done).
+    async fn unname_replaced(&self, replaced: Option<u64>) {
+        if let Some(staged) = replaced.and_then(|d| self.staging.get(d)) {
+            staged.lock().await.drop_key();
+        }
+    }
+
     /// A write-back file whose bytes are not in the bucket yet.
     async fn pending_here(&self, ino: u64) -> bool {
         match self.staging.get(ino) {
@@ -434,6 +439,7 @@ impl Fs {
                 st.upload(self.store.as_ref(), &src.key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
                 self.store.rename(&src.key, new_key).await?;
+                self.unname_replaced(replaced).await;
                 return Ok(Some(false));
             }
             if st.dirty && !st.unlinked {
@@ -442,6 +448,7 @@ impl Fs {
                 // The old key holds another writer's object if ours never went up there.
                 let old = (st.in_store || st.maybe_landed).then(|| st.landing());
                 st.upload_replacing(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
+                self.unname_replaced(replaced).await;
                 if st.key() == Some(src.key.as_str()) {
                     // Still named (the kernel writes it): recovery must not bring the old name back.
                     name_staged(&mut st, new_key);
@@ -529,6 +536,7 @@ impl Fs {
         let from = src.key.as_str();
         if self.store.capabilities().moves {
             self.store.rename(from, to).await?;
+            self.unname_replaced(replaced).await;
             return Ok(crate::moves::Entry::none());
         }
         // A crash before the target's sidecar goes (below) must not recover its bytes over
