@@ -170,6 +170,8 @@ pub(crate) struct OpenFile {
     pub reader: Mutex<Arc<FileReader>>,
     /// The kernel may keep its page cache: the object is unchanged since the last open.
     pub keep_cache: bool,
+    /// Counted in `Node::kernel_dropping` until this handle's first read or its release.
+    pub dropping: AtomicBool,
     /// Opened with the kernel's page cache bypassed: the size the kernel holds may be a
     /// placeholder (`Node::size_unknown`), so reads must reach us.
     pub direct: bool,
@@ -523,6 +525,16 @@ impl Fs {
     pub(crate) fn count_open(&self, ino: u64, opened: bool) {
         if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
             n.opens = if opened { n.opens + 1 } else { n.opens.saturating_sub(1) };
+        }
+    }
+
+    /// A read or the release of `file` came: the kernel has finished its open, dropping its
+    /// cached pages if told to (`Node::kernel_dropping`).
+    pub(crate) fn kernel_finished_open(&self, file: &OpenFile) {
+        if file.dropping.swap(false, Ordering::Relaxed) {
+            if let Some(n) = self.table.lock().unwrap().get_mut(file.ino) {
+                n.kernel_dropping = n.kernel_dropping.saturating_sub(1);
+            }
         }
     }
 

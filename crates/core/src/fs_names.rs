@@ -70,6 +70,7 @@ impl Fs {
             ino,
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache: false,
+            dropping: AtomicBool::new(false),
             direct: false,
             staged: AtomicBool::new(true),
             wrote: AtomicBool::new(true),

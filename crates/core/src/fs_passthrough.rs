@@ -298,6 +298,7 @@ impl Fs {
             let mut st = staged.lock().await;
             if file.staged.load(Relaxed) && st.handles > 1 && self.handles.lock().unwrap().remove(&fh).is_some() {
                 self.count_open(file.ino, false);
+                self.kernel_finished_open(&file);
                 st.drop_handle(file.writable);
                 return Ok(());
             }

@@ -170,6 +170,45 @@ async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
     fs.check_invariants();
 }
 
+/// The kernel drops its cached pages as it finishes an open answered without
+/// `FOPEN_KEEP_CACHE`: until that handle's first read or release, no other open keeps them.
+/// (A second open of the version just learned kept them: with another client replacing
+/// the file every second, one handle's reads mixed two versions, about once a minute.)
+#[tokio::test]
+async fn no_open_keeps_the_kernels_pages_until_an_open_that_drops_them_is_done() {
+    let store = Arc::new(MemStore::new());
+    store.put("f", Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+    let clock = crate::Clock::manual();
+    let cfg = FsConfig { metadata_ttl: Duration::from_millis(50), clock: clock.clone(), ..FsConfig::default() };
+    let fs = Fs::new(store.clone(), cfg);
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let first = fs.open(f.ino, false, false).await.unwrap();
+    assert!(!fs.keep_cache(first), "nothing known of the kernel's pages yet");
+    fs.release(first).await.unwrap();
+    let again = fs.open(f.ino, false, false).await.unwrap();
+    assert!(fs.keep_cache(again), "the same version, its dropping open done");
+    fs.release(again).await.unwrap();
+    store.put("f", Bytes::from_static(b"newer"), PutOpts::default()).await.unwrap();
+    clock.advance(Duration::from_millis(60));
+    let (a, b) = (fs.open(f.ino, false, false).await.unwrap(), fs.open(f.ino, false, false).await.unwrap());
+    assert!(!fs.keep_cache(a), "a new version");
+    assert!(!fs.keep_cache(b), "the kernel may not have dropped the old version's pages yet");
+    assert_eq!(&fs.read(a, 0, 100).await.unwrap()[..], b"newer");
+    let c = fs.open(f.ino, false, false).await.unwrap();
+    assert!(!fs.keep_cache(c), "b's open may not be finished yet");
+    fs.release(b).await.unwrap();
+    let d = fs.open(f.ino, false, false).await.unwrap();
+    assert!(!fs.keep_cache(d), "c's open may not be finished yet");
+    fs.read(c, 0, 1).await.unwrap();
+    fs.read(d, 0, 1).await.unwrap();
+    let e = fs.open(f.ino, false, false).await.unwrap();
+    assert!(fs.keep_cache(e), "every dropping open done");
+    for h in [a, c, d, e] {
+        fs.release(h).await.unwrap();
+    }
+    fs.check_invariants();
+}
+
 #[tokio::test]
 async fn reads_are_exact_at_odd_offsets() {
     let body: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();

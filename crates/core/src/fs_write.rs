@@ -278,15 +278,21 @@ impl Fs {
             Some(self.stage(&node, false, false, false).await?) // a writer staged it meanwhile
         };
         // Close-to-open for the kernel's page cache: keep it only if the object is the same
-        // version the kernel cached at the previous open (and nothing is staged).
+        // version the kernel cached at the previous open (and nothing is staged), and every
+        // open that drops it has been finished by the kernel (`Node::kernel_dropping`: a
+        // concurrent open of a version just learned; keeping pages the kernel had not
+        // dropped yet mixed two versions in one handle's reads).
         // (A node gone meanwhile keeps nothing; no early return, which would leave the
         // staged file's handle count raised with no handle to lower it.)
-        let keep_cache = self.table.lock().unwrap().get_mut(ino).is_some_and(|n| {
+        let (mut keep_cache, mut dropping) = (false, false);
+        if let Some(n) = self.table.lock().unwrap().get_mut(ino) {
             let identity = n.identity();
-            let keep = staged.is_none() && n.kernel_cached.as_deref() == Some(identity.as_str());
+            keep_cache =
+                staged.is_none() && n.kernel_dropping == 0 && n.kernel_cached.as_deref() == Some(identity.as_str());
             n.kernel_cached = if staged.is_none() { Some(identity) } else { None };
-            keep
-        });
+            dropping = !keep_cache;
+            n.kernel_dropping += u32::from(dropping);
+        }
         tracing::debug!(ino, keep_cache, staged = staged.is_some(), write, truncate, identity = %node.identity(), "open");
         // Where the staged file stands as this handle starts (`OpenFile::unseen_mark`); not
         // waited for (an upload in flight holds the lock): unknown then, as before.
@@ -295,6 +301,7 @@ impl Fs {
             ino,
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache,
+            dropping: AtomicBool::new(dropping),
             direct,
             staged: AtomicBool::new(staged.is_some()),
             wrote: AtomicBool::new(staged.is_some() && truncate && write),
@@ -315,6 +322,7 @@ impl Fs {
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let file = self.open_file(fh)?;
+        self.kernel_finished_open(&file);
         if let Some(staged) = self.staging.get(file.ino) {
             // An upload holds it: the bytes it shows (the same for every handle). Changed
             // under this read (the upload ended and a writer truncated the file), the lock
@@ -588,6 +596,7 @@ impl Fs {
             _ => return Ok(()),
         };
         self.count_open(file.ino, false);
+        self.kernel_finished_open(&file);
         // The close's FLUSH (always sent before RELEASE) covered what the kernel wrote through
         // this handle (passthrough); what changed since is another handle's to publish (an
         // O_TRUNC open racing this RELEASE: uploading it now published an empty object), or,

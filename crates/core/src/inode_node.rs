@@ -34,6 +34,10 @@ pub struct Node {
     pub owner: Option<(u32, u32)>,
     /// Identity of the version whose pages the kernel may still cache (set at open).
     pub kernel_cached: Option<String>,
+    /// Opens answered without `FOPEN_KEEP_CACHE` whose first read or release has not come
+    /// yet: the kernel drops its cached pages as it finishes such an open, so until then
+    /// it may still hold an older version's, and no other open may keep them.
+    pub kernel_dropping: u32,
     /// An mtime set by utimens here or carried by the object; shown instead of the
     /// object's Last-Modified until the object is changed by someone else.
     pub mtime_set: Option<SystemTime>,
