@@ -572,6 +572,39 @@ async fn a_symlink_made_in_the_background_keeps_its_inode() {
     assert_eq!(&fs.readlink(l.ino).await.unwrap()[..], b"t");
 }
 
+/// A link's mtime set here (`touch -h`, `rsync -a`, `tar x`) holds for the mount's life:
+/// also once its object is made in the background and listed again, read or not before.
+#[tokio::test]
+async fn a_symlinks_mtime_set_here_outlives_its_background_put() {
+    for read_first in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        let dir = staging("link-mtime");
+        let clock = crate::Clock::manual();
+        let fs = Fs::new(mem.clone(), FsConfig { clock: clock.clone(), ..cfg(&dir, 0) });
+        fs.start_write_back();
+        // In a directory made here: its listing is kept from the start, with the entry.
+        let d = fs.mkdir(ROOT_INO, "d", None).await.unwrap().ino;
+        let l = fs.symlink(d, "l", "t").await.unwrap();
+        let then = std::time::UNIX_EPOCH + Duration::from_secs(1_009_843_200);
+        let change = crate::fs::SetAttr { mtime: Some(then), ..Default::default() };
+        assert_eq!(fs.setattr(l.ino, change).await.unwrap().mtime, then);
+        if read_first {
+            assert_eq!(&fs.readlink(l.ino).await.unwrap()[..], b"t"); // from the journal
+        }
+        assert!(fs.sync_write_back().await.is_empty());
+        // Read from the object (its tag learned), then listed from the entry kept here,
+        // then from the store past the TTL.
+        assert_eq!(&fs.readlink(l.ino).await.unwrap()[..], b"t");
+        for wait in [0, 120] {
+            clock.advance(Duration::from_secs(wait));
+            assert_eq!(listed(&fs, d).await.unwrap(), [".", "..", "l"]);
+            let found = fs.lookup(d, "l").await.unwrap();
+            assert_eq!((found.ino, found.mtime), (l.ino, then), "read first: {read_first}, {wait} s on");
+            assert_eq!(fs.getattr(l.ino).await.unwrap().mtime, then, "read first: {read_first}, {wait} s on");
+        }
+    }
+}
+
 /// A link unlinked while its PUT is out (it may have been cut off and land later) is
 /// deleted as a landing key: twice, the journal says so (`l`, NUL, the key).
 #[tokio::test]

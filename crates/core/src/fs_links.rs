@@ -97,9 +97,8 @@ impl Fs {
         let mut known = node.version;
         if known == Version::Unknown {
             // Ours (made in the background, or moved): the object read is its version.
-            if let Some(n) = self.table.lock().unwrap().get_mut(ino).filter(|n| n.version == Version::Unknown) {
-                n.version = Version::from_store(meta.etag.as_deref());
-                known = n.version.clone();
+            if let Some(v) = self.table.lock().unwrap().learn_own_version(ino, meta.etag.as_deref()) {
+                known = v;
             }
         }
         self.keep_target(ino, &known, meta.etag.as_deref(), target.clone());

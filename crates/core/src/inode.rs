@@ -250,6 +250,27 @@ impl InodeTable {
         self.index.get(&(parent, name.to_string())).and_then(|i| self.nodes.get(i))
     }
 
+    /// Node `ino`, made here with its tag not known yet (`Version::Unknown`), is the
+    /// object tagged `etag`: the node and its parent's kept entry learn it. (The entry
+    /// left untagged was later relisted against the node's tag as another version: it
+    /// dropped a link's mtime set here, `touch -h`, `rsync -a`.) `None` if it knew one.
+    pub fn learn_own_version(&mut self, ino: u64, etag: Option<&str>) -> Option<Version> {
+        let cur = self.nodes.get_mut(&ino).filter(|n| n.version == Version::Unknown)?;
+        cur.version = Version::from_store(etag);
+        self.entry_learns(ino);
+        self.nodes.get(&ino).map(|n| n.version.clone())
+    }
+
+    /// The parent's kept entry of node `ino` learns the node's identity (no change of ours:
+    /// no record). Left untagged, it later told the node "replaced" (an ETag against none).
+    fn entry_learns(&mut self, ino: u64) {
+        let Some(cur) = self.nodes.get(&ino) else { return };
+        let (parent, name, entry) = (cur.parent, cur.name.clone(), ChildMeta { asked: cur.answered, ..cur.entry() });
+        if let Some(e) = self.listings.get_mut(&parent).and_then(|l| l.children.get_mut(&name)) {
+            *e = entry;
+        }
+    }
+
     /// A HEAD of node `ino`'s own key answered `meta` (sent at ticket `meta.asked`): record
     /// it on that node, keeping its inode even for another version (an open's revalidation;
     /// `upsert` is the entrance that may split one off). The caller has checked the rules
@@ -273,13 +294,9 @@ impl InodeTable {
         cur.validated = now;
         cur.answered = cur.answered.max(meta.asked);
         cur.fill_attrs(attrs);
-        // The parent's cached entry learns the identity too (no change of ours: no record).
-        // Left untagged, it later told the node "replaced" (an ETag against none), which
-        // dropped a chmod kept here and the reads' If-Match (`mv`, open, `ls -l`).
-        let (parent, name, entry) = (cur.parent, cur.name.clone(), ChildMeta { asked: cur.answered, ..cur.entry() });
-        if let Some(e) = self.listings.get_mut(&parent).and_then(|l| l.children.get_mut(&name)) {
-            *e = entry;
-        }
+        // The parent's cached entry learns the identity too: untagged, it dropped a chmod
+        // kept here and the reads' If-Match (`mv`, open, `ls -l`).
+        self.entry_learns(ino);
         self.nodes.get(&ino)
     }
 
@@ -315,9 +332,10 @@ impl InodeTable {
                 let replaced = node.replaced_by(meta);
                 node.replaced = replaced;
                 if node.kind == meta.kind && !replaced {
-                    if node.version.other_than(meta.etag.as_deref()) {
+                    if meta.etag.is_some() && node.version.other_than(meta.etag.as_deref()) {
                         // A file replaced by someone else carries its own attributes; a
-                        // directory's (kept here only) stay.
+                        // directory's (kept here only) stay. (An entry with no tag, this
+                        // mount's own relisted, says nothing of another version.)
                         match node.kind {
                             Kind::File => node.forget_attrs(),
                             _ => node.mtime_set = None,
