@@ -143,8 +143,8 @@ def test_s3_downloads_are_verified_by_the_object_crc(tmp):
     """Objects boto3 uploaded (with its default crc32 checksum: COMPOSITE for a multipart
     upload, FULL_OBJECT for one request) download verified by that crc32, not by MD5s; one
     bucketfs uploaded, by its crc32c. A part size the guess gets wrong (or --slice-size
-    sets) falls back to the re-read, --s3-md5 to the ETag, and a damaged answer is caught
-    and fetched again."""
+    sets) is found among the part sizes of whole MiB, --s3-md5 checks the ETag, and a
+    damaged answer is caught and fetched again."""
     import boto3
     from boto3.s3.transfer import TransferConfig
     from botocore.config import Config
@@ -187,29 +187,86 @@ def test_s3_downloads_are_verified_by_the_object_crc(tmp):
         s, got, _ = down("ours.bin")
         assert s["verified"] == {"s3-crc32c": 1} and got == ours.read_bytes(), s
 
-        # 6 MiB parts: 4 of them, guessed as 5 MiB (the usual size that gives 4): wrong.
+        # 6 MiB parts: 4 of them, guessed as 5 MiB (the usual size that gives 4): wrong, but
+        # every part size of whole MiB is tried, and 6 MiB rebuilds the checksum.
         odd = upload("odd.bin", 20 * MIB, 6 * MIB)
         s, got, _ = down("odd.bin")
-        assert s["verified"] == {"reread-crc32c": 1} and got == odd, s
-        # --slice-size 7M also cuts it in 3, but not in its parts: re-read, not a failure.
+        assert s["verified"] == {"s3-crc32": 1} and got == odd, s
+        # --slice-size 7M also cuts it in 3, but not in its parts: found the same way.
         s, got, _ = down("multi.bin", "--slice-size", "7M")
-        assert s["verified"] == {"reread-crc32c": 1} and got == multi, s
+        assert s["verified"] == {"s3-crc32": 1} and got == multi, s
         s, got, _ = down("multi.bin", "--s3-md5")
         assert s["verified"] == {"s3-etag": 1} and got == multi, s
 
-        # One damaged answer: against the whole object's crc32 a mismatch is proof, and the
-        # object is downloaded again; against a COMPOSITE of guessed parts it is not, and the
-        # re-read finds the damaged slice and fetches it again.
-        for key, want, how in [("one.bin", one, "s3-crc32"), ("multi.bin", multi, "reread-crc32c")]:
+        # One damaged answer: against the whole object's crc32, and against a COMPOSITE one
+        # (no part size of whole MiB rebuilds it), a mismatch is proof: downloaded again.
+        for key, want, how in [("one.bin", one, "s3-crc32"), ("multi.bin", multi, "s3-crc32")]:
             proxy = HttpProxy(seed.S3_ENDPOINT, flip_gets=1)
             try:
                 s, got, err = down(key, endpoint=proxy.url)
             finally:
                 proxy.close()
             assert s["verified"] == {how: 1} and got == want, (s, err)
-            again = "crc32 " if how == "s3-crc32" else "differed on re-read"
-            assert again in err, err
+            assert "downloading again" in err, err
     finally:
+        b.cleanup()
+
+
+def test_a_consistently_corrupted_multipart_download_is_a_mismatch(tmp):
+    """Every answer damaged the same way (a proxy flips a byte in each GET body): the
+    re-read would agree with the first read, so only the object's COMPOSITE crc32c can
+    catch it. No part size rebuilds it: exit 7, and no file, nor GCS object, is left."""
+    require_store("s3")
+    require_store("gcs")
+    require_bin()
+    b, g = Bucket("s3"), Bucket("gcs")
+    try:
+        src = tmp / "mp.bin"
+        src.write_bytes(os.urandom(SLICE + 1))  # 2 parts
+        cp(b, str(src), url(b, "mp.bin"))
+        proxy = HttpProxy(seed.S3_ENDPOINT, flip_gets=10**9)
+        try:
+            out = tmp / "mp.back"
+            p = run_cli(["cp", url(b, "mp.bin"), str(out), "--json", "--retries", "1", "--endpoint", proxy.url],
+                        timeout=120)
+            assert p.returncode == 7, (p.returncode, p.out, p.err[-2000:])
+            assert "COMPOSITE crc32c" in p.err, p.err[-2000:]
+            assert not out.exists() and list(tmp.glob("*mp.back*")) == [], list(tmp.iterdir())
+            # Store to store (S3 to GCS): the source read is checked the same way.
+            args = ["cp", url(b, "mp.bin"), url(g, "mp.bin"), "--json", "--retries", "1",
+                    "--s3-endpoint", proxy.url, "--gcs-endpoint", seed.GCS_ENDPOINT, "--anonymous"]
+            p = run_cli(args, timeout=120)
+            assert p.returncode == 7, (p.returncode, p.out, p.err[-2000:])
+            assert seed.list_keys("gcs", g.name) == [], "a wrong copy was left in GCS"
+        finally:
+            proxy.close()
+        # Undamaged, the same download is verified by the checksum.
+        s = summary(cp(b, url(b, "mp.bin"), str(tmp / "mp.ok")))
+        assert s["verified"] == {"s3-crc32c": 1} and (tmp / "mp.ok").read_bytes() == src.read_bytes(), s
+    finally:
+        b.cleanup()
+        g.cleanup()
+
+
+def test_an_upload_the_server_refuses_as_corrupted_every_time_exits_7(tmp):
+    """Every upload body damaged on the way (a proxy flips a byte in each PUT body): S3
+    refuses it by its crc32c on every attempt, which is a checksum mismatch (exit 7), as
+    for GCS, not a store error (1)."""
+    from flipproxy import FlipProxy
+
+    require_store("s3")
+    require_bin()
+    b = Bucket("s3")
+    proxy = FlipProxy(seed.S3_ENDPOINT)
+    try:
+        src = tmp / "up.bin"
+        src.write_bytes(os.urandom(5 * MIB))
+        p = run_cli(["cp", str(src), url(b, "up.bin"), "--retries", "1", "--endpoint", proxy.url], timeout=180)
+        assert p.returncode == 7, (p.returncode, p.err[-2000:])
+        assert "crc32c mismatch" in p.err, p.err[-2000:]
+        assert seed.list_keys("s3", b.name) == []
+    finally:
+        proxy.close()
         b.cleanup()
 
 

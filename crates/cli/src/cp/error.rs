@@ -123,6 +123,9 @@ impl CpError {
             StoreErrorKind::NotFound => CpError::NotFound(msg),
             StoreErrorKind::PermissionDenied => CpError::Permission(msg),
             StoreErrorKind::Changed => CpError::Changed(msg),
+            // The S3 store's wording for a body the server refused as corrupted, or whose
+            // checksum it confirmed differently (`s3::checksum`), after its retries.
+            _ if e.message.contains("crc32c mismatch: ") => CpError::Mismatch(msg),
             _ => CpError::Failed(msg),
         }
     }
@@ -239,6 +242,9 @@ mod tests {
         assert_eq!(st(StoreErrorKind::PermissionDenied), 4);
         assert_eq!(st(StoreErrorKind::Changed), 5);
         assert_eq!(st(StoreErrorKind::Other), 1);
+        // A body S3 refused as corrupted on every attempt is a checksum mismatch.
+        let e = StoreError::new(StoreErrorKind::Other, "write: crc32c mismatch: the server refused the body");
+        assert_eq!(CpError::store("m".into(), &e).exit_code(), 7);
         // What the store named gets a hint the user can act on; the kind is kept.
         let e = StoreError::new(StoreErrorKind::NotFound, "list \"k/\": ConfigInvalid (NoSuchBucket: gone)");
         let got = CpError::store("s3://b/k".into(), &e);

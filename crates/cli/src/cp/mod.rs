@@ -74,9 +74,11 @@ checked by the object's S3 crc32 computes that instead, and the crc32c only for 
     --s3-md5 verifies by the ETag's MD5s instead, as for downloads.
   - S3 downloads: the object's crc32c or crc32 checksum where it has one (bucketfs cp,
     boto3 and the aws cli upload with one), asked for with x-amz-checksum-mode: of the whole
-    object, or for a multipart upload the crc of its parts' crcs (the part size is guessed
-    from the part count). Else the ETag, which is the MD5 for single-request uploads and the
-    MD5 of the part MD5s for multipart uploads (the part size guessed likewise).
+    object, or for a multipart upload the crc of its parts' crcs (tried in every part size
+    of whole MiB that gives the part count: if none rebuilds it, a mismatch; --s3-md5 for
+    objects uploaded in parts of another size). Else the ETag, which is the MD5 for
+    single-request uploads and the MD5 of the part MD5s for multipart uploads (the part size
+    guessed from the part count; one that does not match is settled by a re-read).
   - Anything else (no usable digest, file://, mem://, encrypted S3 objects): the object is
     read a second time, ranged and in parallel, and the crc32c of every range compared.
     This re-read costs a second transfer of the data.

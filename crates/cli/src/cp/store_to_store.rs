@@ -25,7 +25,7 @@ use super::download::{fetch, fetch_chunks};
 use super::endpoint::{Kind, Remote};
 use super::plan::{self, slices, MIN_S3_PART};
 use super::upload::{close_or_abort, part_size, verify_upload, Digests, Failed};
-use super::verify::{self, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD, BY_S3_CRC32, BY_S3_CRC32C};
+use super::verify::{self, BlockSpec, Check, Expect, SliceSum, BY_ETAG, BY_MD5, BY_REREAD, BY_S3_CRC32, BY_S3_CRC32C};
 use super::{retry, CpError, Ctx, Report};
 
 /// S3's CopyObject copies at most 5 GiB in one request.
@@ -160,9 +160,9 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
     let size = d.meta.size;
     let src_expect = verify::expect(src.kind, d);
     let piece = piece_size(ctx, dst, size, &src_expect);
-    // The source's part size is only ever guessed: a per-part digest that does not match
-    // is no proof that the read was damaged.
-    let guessed = src_expect.parts().is_some();
+    // The source's part size is only ever guessed: a COMPOSITE crc is also tried in every
+    // other part size of whole blocks.
+    let blocks = src_expect.blocks(piece);
     let if_match = d.meta.etag.clone();
     let mut last = CpError::from(String::new());
     for attempt in 0..=ctx.retries {
@@ -173,11 +173,11 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
         }
         let want_whole = matches!(src_expect, Expect::WholeMd5 { .. }) || dst.kind == Kind::Gcs;
         let want_parts = matches!(src_expect, Expect::Composite { .. }) || (dst.kind == Kind::S3 && !dst.crc_confirmed);
-        let want = Want { parts: want_parts, whole: want_whole, crc32: src_expect.wants_crc32() };
+        let want = Want { parts: want_parts, whole: want_whole, crc32: src_expect.wants_crc32(), blocks };
         let once = stream_once(ctx, src, dst, size, piece, if_match.as_deref(), want);
         let failed = match once.await {
             Ok((meta, digests)) => {
-                match verify_both(ctx, src, dst, &meta, &digests, &src_expect, guessed, &if_match).await {
+                match verify_both(ctx, src, dst, &meta, &digests, &src_expect, blocks, &if_match).await {
                     Ok(how) => {
                         return Ok(Report {
                             bytes: size,
@@ -210,10 +210,10 @@ async fn verify_both(
     meta: &ObjectMeta,
     d: &Digests,
     src_expect: &Expect,
-    guessed: bool,
+    blocks: Option<BlockSpec>,
     if_match: &Option<String>,
 ) -> Result<String, Failed> {
-    let src_how = match verify::check(src_expect, &d.sums, d.whole_md5, guessed) {
+    let src_how = match verify::check(src_expect, &d.sums, d.whole_md5, blocks) {
         Check::Ok(how) => how,
         Check::Mismatch(m) => return Err(Failed::mismatch(format!("the source read wrong: {m}"))),
         Check::Reread => {
@@ -236,6 +236,8 @@ struct Want {
     parts: bool,
     whole: bool,
     crc32: bool,
+    /// The block crcs a COMPOSITE source checksum needs.
+    blocks: Option<BlockSpec>,
 }
 
 /// Read the source in order (`parallel` slices ahead) into the destination. One slice goes
@@ -249,7 +251,7 @@ async fn stream_once(
     if_match: Option<&str>,
     want: Want,
 ) -> Result<(ObjectMeta, Digests), Failed> {
-    let Want { parts: want_parts, whole: want_whole, crc32: want_crc32 } = want;
+    let Want { parts: want_parts, whole: want_whole, crc32: want_crc32, blocks } = want;
     let ranges = slices(size, piece);
     if ranges.len() <= 1 {
         let data = match ranges.first() {
@@ -263,7 +265,7 @@ async fn stream_once(
         let (d, first) = (data.clone(), ranges.first().cloned());
         let (sums, whole_md5) = tokio::task::spawn_blocking(move || {
             let sums: Vec<SliceSum> = first
-                .map(|r| SliceSum::of_chunks(r, std::slice::from_ref(&d), true, true, want_crc32))
+                .map(|r| SliceSum::of_chunks(r, std::slice::from_ref(&d), true, true, want_crc32, blocks))
                 .into_iter()
                 .collect();
             (sums, want_whole.then(|| Md5::digest(&d).into()))
@@ -289,9 +291,11 @@ async fn stream_once(
         .map(|range| async move {
             let data = fetch_chunks(ctx, src, range.clone(), if_match).await?;
             let d = data.clone();
-            let sum = tokio::task::spawn_blocking(move || SliceSum::of_chunks(range, &d, want_parts, true, want_crc32))
-                .await
-                .map_err(|e| e.to_string())?;
+            let sum = tokio::task::spawn_blocking(move || {
+                SliceSum::of_chunks(range, &d, want_parts, true, want_crc32, blocks)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
             Ok::<_, CpError>((data, sum))
         })
         .buffered(ctx.parallel);

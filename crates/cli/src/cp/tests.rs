@@ -95,11 +95,11 @@ fn digests_and_checks() {
         ..ObjectHead::of(ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None, size_unknown: false })
     };
     let exp = verify::expect(Kind::S3, &d(&etag));
-    assert_eq!(verify::check(&exp, &[a.clone(), b.clone()], None, false), Check::Ok(verify::BY_ETAG));
+    assert_eq!(verify::check(&exp, &[a.clone(), b.clone()], None, None), Check::Ok(verify::BY_ETAG));
     // An ETag that differs proves nothing (a guessed part size, SSE-KMS): re-read, which
     // decides; never a mismatch that deletes the upload.
-    assert_eq!(verify::check(&exp, &[b.clone(), a.clone()], None, false), Check::Reread);
-    assert_eq!(verify::check(&exp, &[b, a], None, true), Check::Reread);
+    assert_eq!(verify::check(&exp, &[b.clone(), a.clone()], None, None), Check::Reread);
+    assert_eq!(verify::check(&exp, &[b, a], None, None), Check::Reread);
     // Plain MD5 ETag (hex); other services' ETags mean nothing.
     let md5_abc = "900150983cd24fb0d6963f7d28e17f72";
     let exp = verify::expect(Kind::S3, &d(md5_abc));
@@ -108,13 +108,13 @@ fn digests_and_checks() {
         use md5::Digest;
         md5::Md5::digest(b).into()
     };
-    assert_eq!(verify::check(&exp, &[], Some(md5_of(b"abc")), false), Check::Ok(verify::BY_MD5));
+    assert_eq!(verify::check(&exp, &[], Some(md5_of(b"abc")), None), Check::Ok(verify::BY_MD5));
     // An SSE-KMS object's ETag looks like an MD5 but is not the content's.
-    assert_eq!(verify::check(&exp, &[], Some(md5_of(b"abd")), false), Check::Reread);
+    assert_eq!(verify::check(&exp, &[], Some(md5_of(b"abd")), None), Check::Reread);
     // The store's own MD5 (GCS's md5Hash) that differs is a mismatch.
     let gcs = ObjectHead { md5: Some(md5_of(b"abc")), ..d("1") };
     let exp = verify::expect(Kind::Gcs, &gcs);
-    assert!(matches!(verify::check(&exp, &[], Some(md5_of(b"abd")), false), Check::Mismatch(_)));
+    assert!(matches!(verify::check(&exp, &[], Some(md5_of(b"abd")), None), Check::Mismatch(_)));
     assert_eq!(verify::expect(Kind::Gcs, &d(md5_abc)), Expect::Reread);
     assert_eq!(verify::expect(Kind::S3, &d("not-an-md5")), Expect::Reread);
     assert_eq!(verify::guess_part_size(20 * MIB, 3, 8 * MIB), Some(8 * MIB));
@@ -125,8 +125,8 @@ fn digests_and_checks() {
 #[test]
 fn s3_crc_checksums_are_checked_before_md5s() {
     let (abc, def) = (Bytes::from_static(b"abc"), Bytes::from_static(b"def"));
-    let a = SliceSum::of_chunks(0..3, std::slice::from_ref(&abc), false, true, true);
-    let b = SliceSum::of_chunks(3..6, std::slice::from_ref(&def), false, true, true);
+    let a = SliceSum::of_chunks(0..3, std::slice::from_ref(&abc), false, true, true, None);
+    let b = SliceSum::of_chunks(3..6, std::slice::from_ref(&def), false, true, true, None);
     let d = |sum: Option<ObjectChecksum>| ObjectHead {
         meta: ObjectMeta { key: "k".into(), size: 6, etag: None, mtime: None, size_unknown: false },
         etag: Some(
@@ -136,29 +136,45 @@ fn s3_crc_checksums_are_checked_before_md5s() {
         checksum: sum,
         attrs: Default::default(),
     };
-    let check = |sum: ObjectChecksum, sums: &[SliceSum], guessed: bool| {
-        verify::check(&verify::expect(Kind::S3, &d(Some(sum))), sums, None, guessed)
+    let check = |sum: ObjectChecksum, sums: &[SliceSum], blocks: Option<verify::BlockSpec>| {
+        verify::check(&verify::expect(Kind::S3, &d(Some(sum))), sums, None, blocks)
     };
     let ab = [a.clone(), b.clone()];
     // Whole object (FULL_OBJECT): the per-slice crcs combined.
-    assert_eq!(check(s3_checksum("crc32c", b"abcdef", None), &ab, false), Check::Ok(verify::BY_S3_CRC32C));
-    assert_eq!(check(s3_checksum("crc32", b"abcdef", None), &ab, false), Check::Ok(verify::BY_S3_CRC32));
+    assert_eq!(check(s3_checksum("crc32c", b"abcdef", None), &ab, None), Check::Ok(verify::BY_S3_CRC32C));
+    assert_eq!(check(s3_checksum("crc32", b"abcdef", None), &ab, None), Check::Ok(verify::BY_S3_CRC32));
     assert!(
-        matches!(check(s3_checksum("crc32", b"abcdeF", None), &ab, false), Check::Mismatch(m) if m.contains("crc32"))
+        matches!(check(s3_checksum("crc32", b"abcdeF", None), &ab, None), Check::Mismatch(m) if m.contains("crc32"))
     );
     // COMPOSITE of two 3-byte parts: the crc of the parts' crcs, in order.
-    for algo in ["crc32", "crc32c"] {
+    for (algo, crc) in [("crc32", verify::Crc::Crc32), ("crc32c", verify::Crc::Crc32c)] {
         let sum = s3_checksum(algo, b"abcdef", Some(3));
-        assert!(matches!(check(sum.clone(), &ab, false), Check::Ok(_)), "{algo}");
+        assert!(matches!(check(sum.clone(), &ab, None), Check::Ok(_)), "{algo}");
         let ba = [b.clone(), a.clone()];
-        assert!(matches!(check(sum.clone(), &ba, false), Check::Mismatch(_)), "{algo}");
-        // A guessed part size that does not rebuild it is not proof; nor slices that are not the parts.
-        assert_eq!(check(sum.clone(), &ba, true), Check::Reread, "{algo}");
-        assert_eq!(check(sum, &[SliceSum::of(0..6, b"abcdef", false)], false), Check::Reread, "{algo}");
+        assert!(matches!(check(sum.clone(), &ba, None), Check::Mismatch(_)), "{algo}");
+        // Slices that are not the parts, and no block crcs: nothing to try, re-read.
+        assert_eq!(check(sum.clone(), &[SliceSum::of(0..6, b"abcdef", false)], None), Check::Reread, "{algo}");
+        // With block crcs every part size of whole blocks is tried: one that gives 2 parts
+        // rebuilds it; bytes that none rebuilds are a mismatch, not a guess gone wrong.
+        for size in [1, 3] {
+            let spec = Some(verify::BlockSpec { algo: crc, size });
+            let one =
+                |data: &'static [u8]| [SliceSum::of_chunks(0..6, &[Bytes::from_static(data)], false, true, true, spec)];
+            assert!(matches!(check(sum.clone(), &one(b"abcdef"), spec), Check::Ok(_)), "{algo} {size}");
+            assert!(matches!(check(sum.clone(), &one(b"abcdeF"), spec), Check::Mismatch(_)), "{algo} {size}");
+        }
+        // Blocks of 4 bytes: only parts of 4 + 2 can be tried, which do not rebuild 3 + 3.
+        let spec = Some(verify::BlockSpec { algo: crc, size: 4 });
+        let whole = [SliceSum::of_chunks(0..6, &[Bytes::from_static(b"abcdef")], false, true, true, spec)];
+        assert!(matches!(check(sum.clone(), &whole, spec), Check::Mismatch(_)), "{algo}");
+        // One part: the whole content, whatever the slices.
+        let sum1 = s3_checksum(algo, b"abcdef", Some(6));
+        assert!(matches!(check(sum1.clone(), &ab, None), Check::Ok(_)), "{algo}");
+        assert!(matches!(check(sum1, &[b.clone(), a.clone()], None), Check::Mismatch(_)), "{algo}");
     }
     // crc32 needs each slice's crc32: without it, re-read rather than guess.
     let no_crc32 = [SliceSum::of(0..3, b"abc", false), SliceSum::of(3..6, b"def", false)];
-    assert_eq!(check(s3_checksum("crc32", b"abcdef", None), &no_crc32, false), Check::Reread);
+    assert_eq!(check(s3_checksum("crc32", b"abcdef", None), &no_crc32, None), Check::Reread);
     // Algorithms cp does not check, and a COMPOSITE without its part count, fall back to the ETag.
     let other = |algorithm: &str, parts, kind: &str| ObjectChecksum {
         algorithm: algorithm.into(),
@@ -412,10 +428,10 @@ async fn a_corrupted_read_is_caught_by_the_reread_and_fetched_again() {
 }
 
 /// Downloads of an object with an S3 crc checksum are verified by it. A damaged read is
-/// a mismatch against a whole-object crc, so the object is downloaded again; against a
-/// COMPOSITE of guessed parts it is no proof, so the re-read finds and repairs it. A
-/// checksum whose parts are not the slices, or of another algorithm, falls back to the
-/// re-read.
+/// a mismatch against a whole-object crc and against a COMPOSITE one (every part size of
+/// whole blocks is tried), so the object is downloaded again; damaged every time, it is an
+/// error. A checksum whose parts are not the slices is rebuilt from the block crcs; one of
+/// another algorithm falls back to the re-read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downloads_are_verified_by_the_s3_crc_checksum() {
     let mem = Arc::new(MemStore::new());
@@ -450,30 +466,26 @@ async fn downloads_are_verified_by_the_s3_crc_checksum() {
         assert!(std::fs::read(dir.join("out")).unwrap() == body);
         assert_eq!(read, len, "no re-read"); // exact: 7 slices for 4 slots are never split
         let (r, read) = get(sum.clone(), vec![2]).await;
-        let once = if sum.parts.is_some() { verify::BY_REREAD } else { how };
-        assert_eq!(r.unwrap().verified, once, "{sum:?}");
+        assert_eq!(r.unwrap().verified, how, "{sum:?}");
         assert!(std::fs::read(dir.join("out")).unwrap() == body, "the damaged read was kept");
-        assert!(read >= 2 * len, "read again or re-read: {read} bytes read");
-        if sum.parts.is_none() {
-            // Damaged every time: an error, and nothing left behind.
-            let (r, _) = get(sum, (1..1000).collect()).await;
-            let e = r.unwrap_err();
-            assert!(matches!(e, CpError::Mismatch(_)), "{e:?}");
-            let e = e.to_string();
-            assert!(e.contains("verification failed") && e.contains("crc32"), "{e}");
-            let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-            assert_eq!(left, vec!["out"], "temp file left behind");
-        }
+        assert!(read >= 2 * len, "read again: {read} bytes read");
+        // Damaged every time: an error, and nothing left behind.
+        let (r, _) = get(sum, (1..1000).collect()).await;
+        let e = r.unwrap_err();
+        assert!(matches!(e, CpError::Mismatch(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(e.contains("verification failed") && e.contains("crc32"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec!["out"], "temp file left behind");
     }
-    // Parts that are not the slices (2 slices each) or sha256: verified by re-reading.
-    for sum in [
-        s3_checksum("crc32", &body, Some(2 * SLICE as usize)),
-        ObjectChecksum { algorithm: "sha256".into(), ..s3_checksum("crc32", &body, None) },
-    ] {
-        let (r, read) = get(sum, vec![]).await;
-        assert_eq!(r.unwrap().verified, verify::BY_REREAD);
-        assert!(read >= 2 * len, "{read} bytes read");
-    }
+    // Parts that are not the slices (2 slices each): rebuilt from the block crcs, no re-read.
+    let (r, read) = get(s3_checksum("crc32", &body, Some(2 * SLICE as usize)), vec![]).await;
+    assert_eq!((r.unwrap().verified.as_ref(), read), (verify::BY_S3_CRC32, len));
+    // sha256: verified by re-reading.
+    let (r, read) =
+        get(ObjectChecksum { algorithm: "sha256".into(), ..s3_checksum("crc32", &body, None) }, vec![]).await;
+    assert_eq!(r.unwrap().verified, verify::BY_REREAD);
+    assert!(read >= 2 * len, "{read} bytes read");
     // With a summary to report, a crc32-verified download computes the crc32c too.
     let mut c = Corrupt::new(mem.clone());
     c.checksum = Some(s3_checksum("crc32", &body, part));

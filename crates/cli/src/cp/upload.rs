@@ -312,7 +312,7 @@ pub(super) async fn verify_upload(
                 .await?
         }
     };
-    match verify::check(&verify::expect(dst.kind, &digests), &d.sums, whole, false) {
+    match verify::check(&verify::expect(dst.kind, &digests), &d.sums, whole, None) {
         Check::Ok(how) => Ok(how),
         Check::Mismatch(msg) => Err(Failed::mismatch(msg)),
         Check::Reread => {

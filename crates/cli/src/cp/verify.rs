@@ -6,8 +6,11 @@
 //!   (`x-amz-checksum-mode`, see the store's `s3::checksum_mode`). A crc32c or crc32 is
 //!   checked first, as the cheapest: FULL_OBJECT, the crc of the whole content (the
 //!   per-slice crcs combined); COMPOSITE `-N`, the crc of the N parts' big-endian crcs, so
-//!   the slices must be the parts (the part size is guessed as for the multipart ETag
-//!   below; a wrong guess is not an error, it falls back to re-reading). crc32c is computed
+//!   the bytes must be cut into the parts. The part size is not known (a HEAD cannot ask for
+//!   it through OpenDAL), so a download keeps the crc of every block ([`BlockSpec`]: 1 MiB,
+//!   absolute offsets) and tries every part size of whole blocks that gives N parts; a
+//!   checksum that none rebuilds is a mismatch (re-reading would only read the same bytes).
+//!   Only where no such part size exists is it settled by re-reading. crc32c is computed
 //!   for every slice but where a crc32 checksum verifies a download to a file and no
 //!   `--json` summary reports it (then a re-read compares crc32s); crc32 is computed only
 //!   for a crc32 checksum. Other algorithms
@@ -45,31 +48,36 @@ pub struct SliceSum {
     pub md5: Option<[u8; 16]>,
     /// crc32 (IEEE), where the object's S3 checksum is one.
     pub crc32: Option<u32>,
+    /// For a COMPOSITE checksum: the crcs (of its algorithm) of the slice's pieces cut at
+    /// multiples of the [`BlockSpec`]'s size, in order; empty otherwise.
+    pub blocks: Vec<u32>,
 }
 
 impl SliceSum {
     pub fn of(range: Range<u64>, data: &[u8], with_md5: bool) -> Self {
-        Self { range, crc: Some(crc32c::crc32c(data)), md5: with_md5.then(|| Md5::digest(data).into()), crc32: None }
+        let (crc, md5) = (Some(crc32c::crc32c(data)), with_md5.then(|| Md5::digest(data).into()));
+        Self { range, crc, md5, crc32: None, blocks: Vec::new() }
     }
 
     /// The sum of the concatenation of `chunks`: its crc32c only `with_crc32c`, its crc32
-    /// only `with_crc32`.
+    /// only `with_crc32`, its blocks' crcs with `blocks`.
     pub fn of_chunks(
         range: Range<u64>,
         chunks: &[bytes::Bytes],
         with_md5: bool,
         with_crc32c: bool,
         with_crc32: bool,
+        blocks: Option<BlockSpec>,
     ) -> Self {
-        let mut crcs = Crcs::new(with_crc32c, with_crc32);
+        let mut crcs = Crcs::new(with_crc32c, with_crc32).with_blocks(blocks, range.start);
         chunks.iter().for_each(|b| crcs.update(b));
-        let (crc, crc32) = crcs.take();
+        let (crc, crc32, blocks) = crcs.take();
         let md5 = with_md5.then(|| {
             let mut h = Md5::new();
             chunks.iter().for_each(|b| h.update(b));
             h.finalize().into()
         });
-        Self { range, crc, md5, crc32 }
+        Self { range, crc, md5, crc32, blocks }
     }
 
     /// Whether `data` (this range read again) differs from what was recorded: by crc32c,
@@ -83,33 +91,97 @@ impl SliceSum {
     }
 }
 
-/// A slice's crc32c and crc32, each where wanted, summed piece by piece as its bytes go by.
+/// A slice's crc32c and crc32, each where wanted, summed piece by piece as its bytes go by;
+/// with a [`BlockSpec`], its blocks' crcs too (and the slice's crc of that algorithm is
+/// then combined from them: each byte is summed once).
 pub struct Crcs {
     crc: Option<u32>,
     crc32: Option<crc32fast::Hasher>,
+    blocks: Option<Blocks>,
+}
+
+/// The block crcs [`Crcs`] keeps: `pos` is the absolute offset of the next byte.
+struct Blocks {
+    spec: BlockSpec,
+    pos: u64,
+    /// The block being summed, and its length so far.
+    cur: (u32, u64),
+    /// The slice's finished pieces, and their crcs combined.
+    done: Vec<u32>,
+    slice: u32,
 }
 
 impl Crcs {
     pub fn new(crc32c: bool, crc32: bool) -> Self {
-        Self { crc: crc32c.then_some(0), crc32: crc32.then(crc32fast::Hasher::new) }
+        Self { crc: crc32c.then_some(0), crc32: crc32.then(crc32fast::Hasher::new), blocks: None }
+    }
+
+    /// Keep the crcs of `spec`'s blocks too, for bytes that start at offset `at`.
+    pub fn with_blocks(mut self, spec: Option<BlockSpec>, at: u64) -> Self {
+        self.blocks = spec.map(|spec| Blocks { spec, pos: at, cur: (0, 0), done: Vec::new(), slice: 0 });
+        self
     }
 
     pub fn update(&mut self, b: &[u8]) {
-        if let Some(c) = self.crc.as_mut() {
+        let by_blocks = self.blocks.as_ref().map(|k| k.spec.algo);
+        if let Some(k) = self.blocks.as_mut() {
+            let mut rest = b;
+            while !rest.is_empty() {
+                let room = k.spec.size - k.pos % k.spec.size;
+                let (piece, tail) = rest.split_at(rest.len().min(usize::try_from(room).unwrap_or(usize::MAX)));
+                k.cur = (k.spec.algo.append(k.cur.0, piece), k.cur.1 + piece.len() as u64);
+                k.pos += piece.len() as u64;
+                if k.pos % k.spec.size == 0 {
+                    k.finish_piece();
+                }
+                rest = tail;
+            }
+        }
+        if let Some(c) = self.crc.as_mut().filter(|_| by_blocks != Some(Crc::Crc32c)) {
             *c = crc32c::crc32c_append(*c, b);
         }
-        if let Some(h) = self.crc32.as_mut() {
+        if let Some(h) = self.crc32.as_mut().filter(|_| by_blocks != Some(Crc::Crc32)) {
             h.update(b);
         }
     }
 
-    /// The finished slice's (crc32c, crc32); starts the next slice.
-    pub fn take(&mut self) -> (Option<u32>, Option<u32>) {
-        let crc = self.crc;
+    /// The finished slice's (crc32c, crc32, block crcs); starts the next slice.
+    pub fn take(&mut self) -> (Option<u32>, Option<u32>, Vec<u32>) {
+        let mut crc = self.crc;
         self.crc = crc.map(|_| 0);
-        (crc, self.crc32.as_mut().map(|h| std::mem::take(h).finalize()))
+        let mut crc32 = self.crc32.as_mut().map(|h| std::mem::take(h).finalize());
+        let Some(k) = self.blocks.as_mut() else { return (crc, crc32, Vec::new()) };
+        k.finish_piece();
+        let whole = std::mem::take(&mut k.slice);
+        match k.spec.algo {
+            Crc::Crc32c => crc = crc.map(|_| whole),
+            Crc::Crc32 => crc32 = crc32.map(|_| whole),
+        }
+        (crc, crc32, std::mem::take(&mut k.done))
     }
 }
+
+impl Blocks {
+    fn finish_piece(&mut self) {
+        let (c, len) = std::mem::take(&mut self.cur);
+        if len > 0 {
+            self.slice = self.spec.algo.cat(self.slice, c, len);
+            self.done.push(c);
+        }
+    }
+}
+
+/// Which block crcs a read keeps for a COMPOSITE checksum: of its algorithm, per `size`
+/// bytes at absolute offsets (multiples of `size` are the part sizes then tried).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSpec {
+    pub algo: Crc,
+    pub size: u64,
+}
+
+/// The block size: 1 MiB (S3 tools upload in parts of whole MiB: bucketfs cp, the aws cli
+/// and boto3, rclone, mc, s3cmd), or the slice where reads are cut finer (tests).
+pub const BLOCK: u64 = 1 << 20;
 
 /// The crc32c of the whole content from the per-range ones (in order), if every range has one.
 pub fn combined_crc(sums: &[SliceSum]) -> Option<u32> {
@@ -146,10 +218,27 @@ pub enum Crc {
 }
 
 impl Crc {
-    fn of(self, data: &[u8]) -> u32 {
+    /// `crc` (of some bytes) extended by `data`.
+    fn append(self, crc: u32, data: &[u8]) -> u32 {
         match self {
-            Crc::Crc32 => crc32fast::hash(data),
-            Crc::Crc32c => crc32c::crc32c(data),
+            Crc::Crc32 => {
+                let mut h = crc32fast::Hasher::new_with_initial(crc);
+                h.update(data);
+                h.finalize()
+            }
+            Crc::Crc32c => crc32c::crc32c_append(crc, data),
+        }
+    }
+
+    /// The crc of A‖B from A's crc `a` and B's crc `b` and length.
+    fn cat(self, a: u32, b: u32, len_b: u64) -> u32 {
+        match self {
+            Crc::Crc32 => {
+                let mut h = crc32fast::Hasher::new_with_initial(a);
+                h.combine(&crc32fast::Hasher::new_with_initial_len(b, len_b));
+                h.finalize()
+            }
+            Crc::Crc32c => crc32c::crc32c_combine(a, b, len_b as usize),
         }
     }
 
@@ -158,6 +247,14 @@ impl Crc {
         match self {
             Crc::Crc32 => s.crc32,
             Crc::Crc32c => s.crc,
+        }
+    }
+
+    /// How a download that matched it was verified.
+    fn by(self) -> &'static str {
+        match self {
+            Crc::Crc32 => BY_S3_CRC32,
+            Crc::Crc32c => BY_S3_CRC32C,
         }
     }
 
@@ -199,6 +296,17 @@ impl Expect {
     /// Whether each slice needs its crc32 (IEEE).
     pub fn wants_crc32(&self) -> bool {
         matches!(self, Expect::Crc { algo: Crc::Crc32, .. })
+    }
+
+    /// The block crcs a read of `slice`-byte slices keeps: for a COMPOSITE checksum of
+    /// more than one part, whose part size must be found.
+    pub fn blocks(&self, slice: u64) -> Option<BlockSpec> {
+        match self {
+            Expect::Crc { algo, parts: Some(n), .. } if *n > 1 => {
+                Some(BlockSpec { algo: *algo, size: BLOCK.min(slice).max(1) })
+            }
+            _ => None,
+        }
     }
 }
 
@@ -265,14 +373,15 @@ pub enum Check {
     Ok(&'static str),
     /// The store's digest says the content differs.
     Mismatch(String),
-    /// Nothing to compare with, or a difference that proves nothing (an ETag, a guessed
-    /// part size): re-read.
+    /// Nothing to compare with, or a difference that proves nothing (an ETag, a COMPOSITE
+    /// checksum with no part size to try): re-read.
     Reread,
 }
 
 /// Compare the digests of what passed through (`sums`, `whole_md5`) with `expect`.
-/// `guessed`: the part size of a COMPOSITE checksum was guessed, so a mismatch is not proof.
-pub fn check(expect: &Expect, sums: &[SliceSum], whole_md5: Option<[u8; 16]>, guessed: bool) -> Check {
+/// `blocks`: what the sums' block crcs are (see [`Expect::blocks`]); a COMPOSITE checksum
+/// is then tried in every part size of whole blocks, else only in the slices as the parts.
+pub fn check(expect: &Expect, sums: &[SliceSum], whole_md5: Option<[u8; 16]>, blocks: Option<BlockSpec>) -> Check {
     match expect {
         Expect::WholeMd5 { md5: want, etag } => match whole_md5 {
             Some(got) if got == *want => Check::Ok(BY_MD5),
@@ -285,30 +394,99 @@ pub fn check(expect: &Expect, sums: &[SliceSum], whole_md5: Option<[u8; 16]>, gu
             Some(got) if got == *etag => Check::Ok(BY_ETAG),
             _ => Check::Reread,
         },
-        Expect::Crc { algo, crc, parts } => {
-            let got = match parts {
-                None if *algo == Crc::Crc32c => combined_crc(sums),
-                None => combined_crc32(sums),
-                // COMPOSITE: the slices must be the parts.
-                Some(n) if sums.len() as u64 != *n => None,
-                Some(_) => {
-                    let parts: Option<Vec<u8>> = sums
-                        .iter()
-                        .map(|s| algo.of_slice(s).map(u32::to_be_bytes))
-                        .collect::<Option<Vec<_>>>()
-                        .map(|v| v.concat());
-                    parts.map(|p| algo.of(&p))
-                }
+        Expect::Crc { algo, crc, parts: None } => {
+            let got = match algo {
+                Crc::Crc32c => combined_crc(sums),
+                Crc::Crc32 => combined_crc32(sums),
             };
             match got {
-                Some(got) if got == *crc => Check::Ok(if *algo == Crc::Crc32 { BY_S3_CRC32 } else { BY_S3_CRC32C }),
-                Some(_) if guessed && parts.is_some() => Check::Reread,
+                Some(got) if got == *crc => Check::Ok(algo.by()),
                 Some(got) => Check::Mismatch(format!("{} {got:08x} but the store has {crc:08x}", algo.name())),
                 None => Check::Reread,
             }
         }
+        Expect::Crc { algo, crc, parts: Some(n) } => match composite_crc(*algo, *crc, *n, sums, blocks) {
+            Some(true) => Check::Ok(algo.by()),
+            Some(false) => Check::Mismatch(format!(
+                "no part size rebuilds the store's COMPOSITE {} {crc:08x}-{n} from the bytes read{}",
+                algo.name(),
+                match blocks {
+                    Some(b) => format!(" (tried every multiple of {} bytes that gives {n} parts)", b.size),
+                    None => String::new(),
+                }
+            )),
+            None => Check::Reread,
+        },
         Expect::Reread => Check::Reread,
     }
+}
+
+/// Whether `sums` rebuild the COMPOSITE crc `want` of `n` parts (S3's crc of the parts'
+/// big-endian crcs): cut as the slices, or (from the block crcs) into parts of any multiple
+/// of the block size that gives `n` parts. A match proves the bytes right; none proves them
+/// wrong for every part size tried. `None`: no part size could be tried.
+fn composite_crc(algo: Crc, want: u32, n: u64, sums: &[SliceSum], blocks: Option<BlockSpec>) -> Option<bool> {
+    let rebuild =
+        |parts: &mut dyn Iterator<Item = u32>| parts.fold(0, |acc, c| algo.append(acc, &c.to_be_bytes())) == want;
+    if n == 1 {
+        // The one part is the whole content, whatever its size.
+        let whole = match algo {
+            Crc::Crc32c => combined_crc(sums),
+            Crc::Crc32 => combined_crc32(sums),
+        };
+        return Some(rebuild(&mut std::iter::once(whole?)));
+    }
+    let mut tried = false;
+    if sums.len() as u64 == n {
+        if let Some(crcs) = sums.iter().map(|s| algo.of_slice(s)).collect::<Option<Vec<u32>>>() {
+            if rebuild(&mut crcs.into_iter()) {
+                return Some(true);
+            }
+            tried = true;
+        }
+    }
+    let Some(spec) = blocks.filter(|b| b.algo == algo && !sums.is_empty()) else { return tried.then_some(false) };
+    // The crc of every prefix that ends at a piece's end: [0, at).
+    let mut prefix: Vec<(u64, u32)> = vec![(0, 0)];
+    for s in sums {
+        let cuts = pieces(s.range.clone(), spec.size);
+        if cuts.len() != s.blocks.len() {
+            return tried.then_some(false); // this slice kept no block crcs
+        }
+        for (r, &c) in cuts.iter().zip(&s.blocks) {
+            let last = prefix.last().expect("never empty").1;
+            prefix.push((r.end, algo.cat(last, c, r.end - r.start)));
+        }
+    }
+    let at = |off: u64| prefix.binary_search_by_key(&off, |p| p.0).ok().map(|i| prefix[i].1);
+    // crc([a, b)) from the prefixes: crc([0, b)) = cat(crc([0, a)), crc([a, b)), b - a), and
+    // cat is linear: cat(x, y, l) = cat(x, 0, l) ^ y.
+    let part = |a: u64, b: u64| Some(at(b)? ^ algo.cat(at(a)?, 0, b - a));
+    let size = sums.last().map_or(0, |s| s.range.end);
+    // Part sizes q that give n parts: (n - 1) q < size <= n q; S3's parts are at most 5 GiB.
+    let lo = size.div_ceil(n).div_ceil(spec.size) * spec.size;
+    let hi = (size.saturating_sub(1) / (n - 1)).min(5 << 30);
+    for q in (lo.max(spec.size)..=hi).step_by(usize::try_from(spec.size).unwrap_or(usize::MAX)) {
+        let crcs: Option<Vec<u32>> = (0..n).map(|k| part(k * q, ((k + 1) * q).min(size))).collect();
+        let Some(crcs) = crcs else { continue };
+        if rebuild(&mut crcs.into_iter()) {
+            return Some(true);
+        }
+        tried = true;
+    }
+    tried.then_some(false)
+}
+
+/// `range` cut at the multiples of `block`.
+pub fn pieces(range: Range<u64>, block: u64) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    let mut at = range.start;
+    while at < range.end {
+        let end = ((at / block + 1) * block).min(range.end);
+        out.push(at..end);
+        at = end;
+    }
+    out
 }
 
 /// Read `sums`' ranges of `key` again (in parallel) and return the indices whose crc32c

@@ -90,7 +90,7 @@ async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) ->
             Some(m) => Some(m.finish().await?),
             None => None,
         };
-        let how = match verify::check(&p.expect, &sums, whole, p.guessed) {
+        let how = match verify::check(&p.expect, &sums, whole, p.blocks) {
             Check::Ok(how) => how,
             Check::Mismatch(m) => {
                 last = CpError::Mismatch(m);

@@ -4,7 +4,7 @@
 
 use super::super::endpoint::Remote;
 use super::super::plan::{self, slices};
-use super::super::verify::{self, Expect};
+use super::super::verify::{self, BlockSpec, Expect};
 use super::super::{retry, CpError, Ctx};
 use bucketfs_store::{HeadOpts, ObjectHead};
 
@@ -14,9 +14,9 @@ pub(super) struct ReadPlan {
     pub(super) if_match: Option<String>,
     pub(super) ranges: Vec<std::ops::Range<u64>>,
     pub(super) expect: Expect,
-    /// The digest is per part (a multipart ETag or COMPOSITE crc): the slices are the
-    /// parts only if the part size was guessed right.
-    pub(super) guessed: bool,
+    /// For a COMPOSITE crc: the block crcs each slice keeps, so that every part size can
+    /// be tried (see [`verify::check`]).
+    pub(super) blocks: Option<BlockSpec>,
     pub(super) slice_md5: bool,
     /// Each slice's crc32 too (the object's S3 checksum is a crc32).
     pub(super) slice_crc32: bool,
@@ -48,11 +48,11 @@ pub(super) async fn read_plan(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>
         }
     }
     // A download never knows the uploader's part size, only guesses it (or takes
-    // --slice-size): a per-part digest that does not match is no proof of damage.
-    let guessed = expect.parts().is_some();
+    // --slice-size): a COMPOSITE crc is also tried in every other part size of whole blocks.
+    let blocks = expect.blocks(tuning.slice);
     let slice_md5 = matches!(expect, Expect::Composite { .. });
     let slice_crc32 = expect.wants_crc32();
     let slice_crc32c = ctx.summary || !slice_crc32;
     let ranges = slices(size, tuning.slice);
-    Ok(ReadPlan { size, if_match: d.meta.etag, ranges, expect, guessed, slice_md5, slice_crc32, slice_crc32c })
+    Ok(ReadPlan { size, if_match: d.meta.etag, ranges, expect, blocks, slice_md5, slice_crc32, slice_crc32c })
 }

@@ -114,7 +114,7 @@ impl From<StoreError> for Failure {
 }
 
 /// A slice's last buffer: its index, range and crcs.
-type SliceEnd = (usize, std::ops::Range<u64>, (Option<u32>, Option<u32>));
+type SliceEnd = (usize, std::ops::Range<u64>, (Option<u32>, Option<u32>, Vec<u32>));
 
 /// A filled buffer handed to a blocking thread: written at `at`, hashed into `md5` (the
 /// MD5 of its part, when the plan wants one); when it ends a slice, the slice's digests
@@ -133,9 +133,9 @@ impl Job {
         }
         file.write_at(b, at)?;
         self.buf.clear();
-        if let Some((i, range, (crc, crc32))) = last {
+        if let Some((i, range, (crc, crc32, blocks))) = last {
             let md5 = self.md5.as_mut().map(|h| h.finalize_reset().into());
-            self.sum = Some((i, SliceSum { range, crc, md5, crc32 }));
+            self.sum = Some((i, SliceSum { range, crc, md5, crc32, blocks }));
         }
         Ok(self)
     }
@@ -194,7 +194,7 @@ async fn receive(
     let mut pos = start;
     let mut fill = f.ctx.buffers.take();
     // Summed on each piece as it arrives, while it is still in cache from the socket read.
-    let mut crcs = Crcs::new(p.slice_crc32c, p.slice_crc32);
+    let mut crcs = Crcs::new(p.slice_crc32c, p.slice_crc32).with_blocks(p.blocks, start);
     let mut spare = Some(spare);
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk?;

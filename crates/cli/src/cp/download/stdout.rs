@@ -33,7 +33,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Re
         };
         let Some(item) = item else { break };
         let (range, data) = item?;
-        let (with_md5, with_crc32, with_crc32c) = (p.slice_md5, p.slice_crc32, p.slice_crc32c);
+        let (with_md5, with_crc32, with_crc32c, blocks) = (p.slice_md5, p.slice_crc32, p.slice_crc32c, p.blocks);
         let h = hasher.take();
         let (sum, h) = tokio::task::spawn_blocking(move || {
             let mut out = std::io::stdout().lock();
@@ -45,7 +45,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Re
                 data.iter().for_each(|c| h.update(c));
                 h
             });
-            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5, with_crc32c, with_crc32), h))
+            Ok::<_, std::io::Error>((SliceSum::of_chunks(range, &data, with_md5, with_crc32c, with_crc32, blocks), h))
         })
         .await
         .map_err(|e| CpError::from(e.to_string()))?
@@ -55,7 +55,7 @@ pub async fn to_stdout(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>) -> Re
         sums.push(sum);
     }
     let whole = hasher.map(|h| h.finalize().into());
-    let how = match verify::check(&p.expect, &sums, whole, p.guessed) {
+    let how = match verify::check(&p.expect, &sums, whole, p.blocks) {
         Check::Ok(how) => how,
         Check::Mismatch(m) => {
             return Err(CpError::Mismatch(format!("{}: the bytes written to stdout are wrong: {m}", src.url())))
