@@ -24,6 +24,7 @@
 pub mod attrs;
 pub mod background;
 pub mod content_type;
+pub mod detached;
 mod error;
 pub mod events;
 pub mod gcs;

@@ -66,7 +66,8 @@ pub struct OpendalStore {
     /// GCS: the transport lets a compose into the key itself through
     /// ([`crate::gcs::in_place`]), which appends need.
     in_place_compose: bool,
-    /// Requests sent without waiting (an append's temporary object deleted): `settle`.
+    /// Requests sent without waiting (an append's temporary object deleted, a cancelled
+    /// upload aborted): `settle`.
     background: crate::background::Background,
     /// The local folder's root: symbolic links below it are never followed (see
     /// [`OpendalStore::beneath`]).
@@ -547,7 +548,8 @@ impl Store for OpendalStore {
                 put: opts.put,
                 content_type: self.content_type_for(key),
             };
-            return Ok(Box::new(ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency)));
+            let w = ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency);
+            return Ok(Box::new(w.with_background(self.background.clone())));
         }
         let op = self.upload_operator(opts.part_size as u64);
         let mut req = op.writer_with(key).chunk(opts.part_size).concurrent(opts.concurrency.max(1));
@@ -563,6 +565,8 @@ impl Store for OpendalStore {
         }
         let created = |e| StoreError::from_opendal("upload", key, e).if_created(opts.put.if_not_exists);
         let w = req.await.map_err(created)?;
+        // Dropped before its end (a cancelled upload): aborted in the background.
+        let w = crate::detached::DetachedWriter::new(w, key, &self.background);
         let if_not_exists = opts.put.if_not_exists;
         Ok(Box::new(OpendalWriter { store: self.clone(), key: key.to_string(), w: Some(w), if_not_exists }))
     }
@@ -610,7 +614,7 @@ impl Store for OpendalStore {
         };
         if !self.generation_identity {
             let op = self.upload_operator(opts.part_size as u64);
-            let (meta, sent, copied) = crate::patch::s3(&op, &t, &p).await?;
+            let (meta, sent, copied) = crate::patch::s3(&op, &t, &p, &self.background).await?;
             self.stamp(key);
             return Ok(Patched { meta, sent, copied, pieces: None });
         }
@@ -719,13 +723,15 @@ fn parse_md5(s: &str) -> Option<[u8; 16]> {
 struct OpendalWriter {
     store: OpendalStore,
     key: String,
-    w: Option<opendal::Writer>,
+    /// Aborted in the background if dropped before `close` or `abort` (a cancelled upload:
+    /// a multipart upload's parts would stay in the bucket, unseen).
+    w: Option<crate::detached::DetachedWriter>,
     /// Created with `PutOpts::if_not_exists`: a failed precondition means the key is taken.
     if_not_exists: bool,
 }
 
 impl OpendalWriter {
-    fn writer(&mut self) -> Result<&mut opendal::Writer, StoreError> {
+    fn writer(&mut self) -> Result<&mut crate::detached::DetachedWriter, StoreError> {
         self.w.as_mut().ok_or_else(|| {
             StoreError::new(crate::StoreErrorKind::Other, format!("upload of {} already ended", self.key))
         })

@@ -17,6 +17,10 @@
 //!   [`crate::gcs::in_place`]). The tail is deleted in the background. A composite object
 //!   has at most 1,024 components: past [`MAX_PIECES`] the caller uploads whole.
 //!
+//! An upload cancelled mid-way (its future dropped) cleans up in the store's background
+//! work: the multipart upload is aborted ([`crate::detached`]), the tail deleted
+//! ([`crate::background::Guard`]).
+//!
 //! Both go through OpenDAL's public API: its `Writer::copy_from` is `UploadPartCopy`, its
 //! `compose_with` takes source generations and destination preconditions.
 
@@ -36,6 +40,8 @@ const MAX_COPY: u64 = 128 * 1024 * 1024;
 /// Components a composite object may have before the caller uploads whole (GCS allows
 /// 1,024; the margin is for a tail that is itself composed of several parts).
 pub const MAX_PIECES: u32 = 1000;
+/// How long after a cancelled upload its temporary object is deleted once more (see [`gcs`]).
+pub const LATE_LANDING: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One part of a patched multipart upload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +133,12 @@ pub struct Target<'a> {
 }
 
 /// S3: a multipart upload of copies and new parts (see the module doc).
-pub async fn s3(op: &Operator, t: &Target<'_>, p: &Patch<'_>) -> Result<(ObjectMeta, u64, u64), StoreError> {
+pub async fn s3(
+    op: &Operator,
+    t: &Target<'_>,
+    p: &Patch<'_>,
+    background: &crate::background::Background,
+) -> Result<(ObjectMeta, u64, u64), StoreError> {
     let key = t.key;
     let steps = plan_parts(p.len, p.kept, MIN_PART);
     let (copied, sent) = totals(&steps);
@@ -143,7 +154,10 @@ pub async fn s3(op: &Operator, t: &Target<'_>, p: &Patch<'_>) -> Result<(ObjectM
         req = req.user_metadata(m.clone());
     }
     let err = |what: &'static str| move |e: opendal::Error| StoreError::from_opendal(what, key, e);
-    let mut w = req.await.map_err(err("patch"))?;
+    // Cancelled mid-way, the multipart upload is aborted in the background (its parts
+    // would stay in the bucket, unseen, until a lifecycle rule expires them).
+    let w = req.await.map_err(err("patch"))?;
+    let mut w = crate::detached::DetachedWriter::new(w, key, background);
     let run = async {
         for step in &steps {
             match step {
@@ -153,7 +167,7 @@ pub async fn s3(op: &Operator, t: &Target<'_>, p: &Patch<'_>) -> Result<(ObjectM
                         if_match: Some(p.base.to_string()),
                         ..Default::default()
                     };
-                    w.copy_from_options(key, opts).await.map_err(err("patch (copy)"))?;
+                    w.copy_from(key, opts).await.map_err(err("patch (copy)"))?;
                 }
                 Step::Send(r) => {
                     for piece in pieces(r.clone(), t.part_size.max(MIN_PART)) {
@@ -224,6 +238,18 @@ where
         return Err(unsupported(key, "the object has too many components to compose again"));
     }
     let tail = format!("{PARTS_PREFIX}{}/tail", crate::gcs::compose::upload_id());
+    // Cancelled mid-way, the tail is deleted in the background, and again a moment later:
+    // a request cut off after it was sent may still be stored after the first delete.
+    let guard =
+        crate::background::Guard::new((compose_op.clone(), tail.clone()), background, |(op, tail)| async move {
+            for wait in [std::time::Duration::ZERO, LATE_LANDING] {
+                tokio::time::sleep(wait).await;
+                if let Err(e) = op.delete(&tail).await {
+                    tracing::warn!(key = %tail, "the temporary object of a cancelled append is left: {e}");
+                    return;
+                }
+            }
+        });
     let result = async {
         // GCS refuses the compose below when the generation moved; fake-gcs-server ignores
         // both the source generation and `ifGenerationMatch`, so ask as well (while the
@@ -251,7 +277,7 @@ where
     }
     .await;
     // One that fails is left for the next mount's clean-up (`Store::clean_parts`).
-    let op = compose_op.clone();
+    let (op, tail) = guard.disarm();
     background.spawn(async move {
         if let Err(e) = op.delete(&tail).await {
             tracing::warn!(key = %tail, "the temporary object of an append is left: {e}");

@@ -6,7 +6,9 @@
 //! uploads in flight (`write` waits when the window is full), and at `close` composes the
 //! parts into the key: at most [`MAX_COMPOSE_SOURCES`] per call, in a tree for more.
 //! The temporary objects are then deleted; `abort`, any failure and a dropped writer delete
-//! them too. An object that fits in one part goes up with one plain PUT.
+//! them too (a dropped one in the store's background work, after its part uploads in
+//! flight end, which `settle` waits for). An object that fits in one part goes up with one
+//! plain PUT.
 //!
 //! The backend is a small trait so the part/compose/cleanup logic is unit-tested without a
 //! server; [`OpendalComposeBackend`] is the real one over OpenDAL's public `Operator` API.
@@ -142,6 +144,10 @@ pub struct ComposeWriter {
     inflight: JoinSet<Result<(), StoreError>>,
     /// Set once the upload has ended (closed, aborted or failed); later calls fail.
     ended: bool,
+    /// Where a dropped writer's clean-up runs ([`ComposeWriter::with_background`]).
+    background: Option<crate::background::Background>,
+    /// The runtime it was made on (a drop may happen outside it).
+    rt: Option<tokio::runtime::Handle>,
 }
 
 impl ComposeWriter {
@@ -158,7 +164,16 @@ impl ComposeWriter {
             intermediates: Vec::new(),
             inflight: JoinSet::new(),
             ended: false,
+            background: None,
+            rt: tokio::runtime::Handle::try_current().ok(),
         }
+    }
+
+    /// A dropped writer's clean-up runs in `background` (the store's: `settle` waits for
+    /// it), not untracked.
+    pub fn with_background(mut self, background: crate::background::Background) -> Self {
+        self.background = Some(background);
+        self
     }
 
     fn check_open(&self) -> Result<(), StoreError> {
@@ -331,15 +346,23 @@ impl ObjectWriter for ComposeWriter {
 
 impl Drop for ComposeWriter {
     /// Dropped mid-upload (a cancelled task): delete the parts in the background if a
-    /// runtime is still there, so even then nothing is left behind.
+    /// runtime is still there, so even then nothing is left behind. As in `cleanup`, the
+    /// part uploads in flight end first (one cut off could be stored after the delete).
     fn drop(&mut self) {
         if self.ended || (self.parts.is_empty() && self.intermediates.is_empty()) {
             return;
         }
-        self.inflight.abort_all();
+        let mut inflight = std::mem::take(&mut self.inflight);
         let keys: Vec<String> = self.parts.drain(..).chain(self.intermediates.drain(..)).collect();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(delete_all(self.backend.clone(), keys, self.concurrency));
+        let (backend, concurrency) = (self.backend.clone(), self.concurrency);
+        let work = async move {
+            while inflight.join_next().await.is_some() {}
+            delete_all(backend, keys, concurrency).await;
+        };
+        let Some(rt) = self.rt.clone().or_else(|| tokio::runtime::Handle::try_current().ok()) else { return };
+        match &self.background {
+            Some(bg) => bg.spawn_on(work, &rt),
+            None => drop(rt.spawn(work)),
         }
     }
 }

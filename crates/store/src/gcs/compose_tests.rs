@@ -8,9 +8,12 @@ use super::*;
 
 #[derive(Default)]
 struct FakeGcs {
-    objects: Mutex<BTreeMap<String, Bytes>>,
+    objects: Arc<Mutex<BTreeMap<String, Bytes>>>,
     /// Fail the Nth `put_part` call (1-based); 0: never.
     fail_part: u64,
+    /// A part is stored this long after its request, even if the caller lets go of it (as
+    /// a server stores a request already sent).
+    part_delay: Option<std::time::Duration>,
     part_calls: AtomicU64,
     compose_calls: AtomicU64,
     puts: AtomicU64,
@@ -24,7 +27,18 @@ impl ComposeBackend for FakeGcs {
         if n == self.fail_part {
             return Err(StoreError::new(StoreErrorKind::Unavailable, "injected part failure"));
         }
-        self.objects.lock().unwrap().insert(key.into(), data.concat().into());
+        let Some(delay) = self.part_delay else {
+            self.objects.lock().unwrap().insert(key.into(), data.concat().into());
+            return Ok(());
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (objects, key) = (self.objects.clone(), key.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            objects.lock().unwrap().insert(key, data.concat().into());
+            let _ = tx.send(());
+        });
+        let _ = rx.await;
         Ok(())
     }
     async fn compose(&self, sources: &[String], to: &str) -> Result<ObjectMeta, StoreError> {
@@ -136,4 +150,22 @@ async fn dropping_mid_upload_deletes_parts_in_the_background() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     panic!("left behind: {:?}", gcs.keys());
+}
+
+/// A writer dropped with part uploads in flight (a cancelled upload): its clean-up waits
+/// for them (a part sent is stored even so) and runs in the store's background work, so
+/// `settle` returns only when no part is left.
+#[tokio::test]
+async fn a_writer_dropped_with_parts_in_flight_leaves_nothing_once_settled() {
+    let delay = std::time::Duration::from_millis(100);
+    let gcs = Arc::new(FakeGcs { part_delay: Some(delay), ..FakeGcs::default() });
+    let bg = crate::background::Background::default();
+    let mut w = ComposeWriter::new(gcs.clone(), "obj", 100, 4).with_background(bg.clone());
+    w.write(data(350)).await.unwrap(); // three parts in flight
+    assert!(gcs.keys().is_empty());
+    drop(w);
+    assert!(bg.settle(std::time::Duration::from_secs(10)).await);
+    assert!(gcs.keys().is_empty(), "left behind: {:?}", gcs.keys());
+    tokio::time::sleep(2 * delay).await;
+    assert!(gcs.keys().is_empty(), "landed after the clean-up: {:?}", gcs.keys());
 }
