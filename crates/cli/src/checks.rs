@@ -106,9 +106,38 @@ pub fn outside_mountpoint(mp: &Path, what: &str, dir: Option<&Path>) -> Result<(
     Ok(())
 }
 
+/// Refuse a mount point `mp` (canonical) inside the local folder `folder` it shows: each
+/// listing of the folder would list the mount, which lists the folder (`ls` took 10 s to
+/// fail, the log filled with timeouts, and `bucketfs unmount` found the daemon itself
+/// holding the mount point busy).
+pub fn mountpoint_outside_folder(mp: &Path, folder: &Path) -> Result<(), String> {
+    let real = std::fs::canonicalize(folder).unwrap_or_else(|_| folder.to_path_buf());
+    if mp.starts_with(&real) {
+        return Err(format!(
+            "the mount point {} is inside the local folder {} it would show: the mount would list itself; choose a mount point outside the folder",
+            mp.display(),
+            folder.display()
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mount_point_inside_the_local_folder_is_refused() {
+        let base = std::env::temp_dir().join(format!("bucketfs-selfmount-{}", std::process::id()));
+        std::fs::create_dir_all(base.join("folder/mp")).unwrap();
+        std::fs::create_dir_all(base.join("elsewhere")).unwrap();
+        let real = |p: &str| std::fs::canonicalize(base.join(p)).unwrap();
+        let e = mountpoint_outside_folder(&real("folder/mp"), &base.join("folder")).unwrap_err();
+        assert!(e.contains("inside the local folder") && e.contains("outside the folder"), "{e}");
+        assert!(mountpoint_outside_folder(&real("folder"), &base.join("folder")).is_err(), "the folder itself");
+        assert!(mountpoint_outside_folder(&real("elsewhere"), &base.join("folder")).is_ok());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn a_url_alone_is_a_missing_mount_point() {

@@ -54,6 +54,7 @@ pub fn run(mut args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), Strin
     checks::outside_mountpoint(&mp, "the cache directory", args.cache_dir.as_deref())?;
     if let Location::File { path } = &location {
         checks::outside_mountpoint(&mp, "the local folder", Some(path))?;
+        checks::mountpoint_outside_folder(&mp, path)?;
     }
     if matches!(location, Location::Gdrive { .. }) {
         let scope = bucketfs_store::gdrive::auth::effective_scope(args.store.gdrive_scope).map_err(|e| e.message)?;
