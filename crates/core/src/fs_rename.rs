@@ -126,6 +126,12 @@ impl Fs {
         // (else the rename uploaded newer ones: nothing cached of the old one may follow);
         // `None`: the object moves in the background (write-back), nothing to learn yet.
         let mut listings_whole = false;
+        // Whether the target's upload was cut off (it may land late): asked before the move,
+        // which may discard it.
+        let late_target = match discard_after.and_then(|d| self.staging.get(d)) {
+            Some(s) => Some(s.lock().await.maybe_landed),
+            None => discard_after.map(|_| false),
+        };
         let same_bytes = match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key, discard_after).await?,
             Kind::Dir => {
@@ -141,12 +147,8 @@ impl Fs {
                 st.replaces = !st.in_store;
             }
         }
-        if let Some(dst) = discard_after {
+        if let Some((dst, late)) = discard_after.zip(late_target) {
             self.outrank_staged(src.ino, dst).await;
-            let late = match self.staging.get(dst) {
-                Some(s) => s.lock().await.maybe_landed,
-                None => false,
-            };
             self.discard_staged(dst).await;
             if late && matches!(src.kind, Kind::File) && self.write_back() {
                 self.follow_late_landing(src.ino, &new_key).await;
@@ -363,11 +365,12 @@ impl Fs {
         w.lock().await.key_written_after(at);
     }
 
-    /// The target's staged file (`replaced`) once the source's bytes hold its name: crash
-    /// recovery must never upload it over them (it is discarded when the rename is done).
-    async fn unname_replaced(&self, replaced: Option<u64>) {
-        if let Some(staged) = replaced.and_then(|d| self.staging.get(d)) {
-            staged.lock().await.drop_key();
+    /// The target's staged file (`replaced`) once the source's bytes hold its name: never
+    /// uploaded over them, by a close or by crash recovery, even if a later step of the
+    /// rename fails (until then a failed move keeps it: a writer's unsaved bytes).
+    async fn discard_replaced(&self, replaced: Option<u64>) {
+        if let Some(dst) = replaced {
+            self.discard_staged(dst).await;
         }
     }
 
@@ -439,7 +442,7 @@ impl Fs {
                 st.upload(self.store.as_ref(), &src.key, self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
                 self.store.rename(&src.key, new_key).await?;
-                self.unname_replaced(replaced).await;
+                self.discard_replaced(replaced).await;
                 return Ok(Some(false));
             }
             if st.dirty && !st.unlinked {
@@ -448,7 +451,7 @@ impl Fs {
                 // The old key holds another writer's object if ours never went up there.
                 let old = (st.in_store || st.maybe_landed).then(|| st.landing());
                 st.upload_replacing(self.store.as_ref(), new_key, self.cfg.write, &self.attrs_to_keep(src)).await?;
-                self.unname_replaced(replaced).await;
+                self.discard_replaced(replaced).await;
                 if st.key() == Some(src.key.as_str()) {
                     // Still named (the kernel writes it): recovery must not bring the old name back.
                     name_staged(&mut st, new_key);
@@ -536,7 +539,7 @@ impl Fs {
         let from = src.key.as_str();
         if self.store.capabilities().moves {
             self.store.rename(from, to).await?;
-            self.unname_replaced(replaced).await;
+            self.discard_replaced(replaced).await;
             return Ok(crate::moves::Entry::none());
         }
         // A crash before the target's sidecar goes (below) must not recover its bytes over
@@ -590,7 +593,15 @@ impl Fs {
                     seen.etag_md5().map_or(crate::write::Landing::Stored, |m| crate::write::Landing::IfMd5(vec![m]));
                 self.delete_removed(from, landing).await?;
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                if copied {
+                    // The copy holds the name, whatever the rename answers: the target's
+                    // staged bytes must not go up over it (the source lost if its delete
+                    // landed after all).
+                    self.discard_replaced(replaced).await;
+                }
+                return Err(e.into());
+            }
         }
         if let Some(dst) = replaced.and_then(|d| self.staging.get(d)) {
             // The move is done: the target's staged bytes must never be recovered over it.

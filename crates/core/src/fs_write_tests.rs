@@ -696,3 +696,27 @@ async fn a_file_only_read_after_its_writer_closed_is_the_stores_until_changed_ag
     assert!(!fs.staging.contains(attr.ino), "dropped at the last close");
     assert_eq!(object(&store, "f").await.unwrap(), b"written here");
 }
+
+/// Without write-back, a rename whose copy took the target's name but whose delete of the
+/// source failed answers an error; the target's writer closes after it. Its unsaved bytes
+/// must not go up over the copy: the source's bytes, perhaps under no other name now (a
+/// delete that timed out may have landed). Before the copy, a failure keeps them.
+#[tokio::test]
+async fn a_rename_failing_after_its_copy_never_uploads_the_targets_bytes_over_it() {
+    for delete_fails in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        mem.put("a", Bytes::from_static(b"source"), PutOpts::default()).await.unwrap();
+        mem.put("b", Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+        // Either the delete of the source or the copy itself fails.
+        let op = if delete_fails { Op::Delete } else { Op::Copy };
+        let fs = Fs::new(Arc::new(FailStore::new(mem.clone(), op, 1, u64::MAX, StoreErrorKind::Other)), cfg());
+        let b = fs.lookup(ROOT_INO, "b").await.unwrap().ino;
+        let fh = fs.open(b, true, false).await.unwrap();
+        fs.write(fh, 0, b"unsaved").await.unwrap();
+        assert!(fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await.is_err(), "{op:?} fails");
+        let _ = fs.flush(fh).await;
+        fs.release(fh).await.unwrap();
+        let want: &[u8] = if delete_fails { b"source" } else { b"unsaved" };
+        assert_eq!(object(&mem, "b").await.as_deref(), Some(want), "{op:?} failed");
+    }
+}

@@ -543,7 +543,6 @@ impl InodeTable {
             let indexed = self.index.get(&(n.parent, n.name.clone())) == Some(&ino);
             assert_eq!(n.linked, indexed, "node {ino} ({:?}) linked {} but indexed {indexed}", n.key, n.linked);
             assert!(n.key.ends_with('/') == (n.kind == Kind::Dir), "node {ino}: key {:?} for a {:?}", n.key, n.kind);
-            assert!(n.kernel_dropping <= n.opens, "node {ino}: {} dropping opens of {}", n.kernel_dropping, n.opens);
             if let Some(p) = self.nodes.get(&n.parent).filter(|_| n.linked) {
                 assert_eq!(n.key, key_for(&p.key, &n.name, n.kind), "node {ino}: key not its parent's and its name");
                 assert_eq!(p.kind, Kind::Dir, "node {ino}: parent {} is not a directory", p.ino);

@@ -349,7 +349,9 @@ impl Drop for ComposeWriter {
     /// runtime is still there, so even then nothing is left behind. As in `cleanup`, the
     /// part uploads in flight end first (one cut off could be stored after the delete).
     fn drop(&mut self) {
-        if self.ended || (self.parts.is_empty() && self.intermediates.is_empty()) {
+        // Decided by what is left, not by `ended`: a close cancelled midway (set ended, its
+        // parts not composed or not deleted yet) leaves them all otherwise.
+        if self.parts.is_empty() && self.intermediates.is_empty() {
             return;
         }
         let mut inflight = std::mem::take(&mut self.inflight);
