@@ -7,7 +7,9 @@ each request to `upstream` as it came (headers, body) and keeps (method, path, l
 request headers) of every request in `.requests` (`.take()` returns and clears them), and
 counts the request bodies' bytes in `.sent` (what a client uploaded, measured outside it). On
 the way back it can drop answer headers (`drop`) and flip one byte of the body of the
-first `flip_gets` GET answers with a body. Requests whose method is in `.refuse` (a set the
+first `flip_gets` GET answers with a body; on the way out (`flip_puts`) the middle byte of
+every PUT or POST body over 1,000 bytes, so a store that checks a body's checksum refuses
+it every time. Requests whose method is in `.refuse` (a set the
 test may change at any time) are answered `500 InternalError` without reaching the store.
 It buffers whole bodies: for test-sized objects.
 Use it as a context manager, or call `.close()`.
@@ -25,7 +27,7 @@ HOP = {"content-length", "transfer-encoding", "connection"}
 
 
 class HttpProxy:
-    def __init__(self, upstream: str, drop=(), flip_gets: int = 0):
+    def __init__(self, upstream: str, drop=(), flip_gets: int = 0, flip_puts: bool = False):
         target = urlsplit(upstream)
         dropped = {h.lower() for h in drop} | HOP
         self.requests: list[tuple[str, str, dict[str, str]]] = []
@@ -43,6 +45,9 @@ class HttpProxy:
             def _forward(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else None
+                if flip_puts and body and self.command in ("PUT", "POST") and len(body) > 1000:
+                    i = len(body) // 2
+                    body = body[:i] + bytes([body[i] ^ 0x55]) + body[i + 1:]
                 with lock:
                     seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
                     sent[0] += n

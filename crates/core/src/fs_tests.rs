@@ -148,14 +148,20 @@ async fn a_fresh_listing_answers_lookups_without_requests() {
     assert_eq!(store.requests.load(Ordering::Relaxed), before, "listing cache must answer lookups");
 }
 
-#[tokio::test]
-async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
-    let store = Arc::new(MemStore::new());
-    store.put("f", Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+/// A memory store holding `f` = "old", a mount of it with a 50 ms TTL on a manual clock,
+/// and `f` looked up.
+async fn old_f_with_ttl_50ms() -> (Arc<MemStore>, crate::Clock, Arc<Fs>, Attr) {
+    let store = mem_with(&[("f", b"old")]).await;
     let clock = crate::Clock::manual();
     let cfg = FsConfig { metadata_ttl: Duration::from_millis(50), clock: clock.clone(), ..FsConfig::default() };
     let fs = Fs::new(store.clone(), cfg);
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    (store, clock, fs, f)
+}
+
+#[tokio::test]
+async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
+    let (store, clock, fs, f) = old_f_with_ttl_50ms().await;
     store.put("f", Bytes::from_static(b"newer"), PutOpts::default()).await.unwrap();
     assert_eq!(fs.getattr(f.ino).await.unwrap().size, 3, "within the TTL: what was known");
     clock.advance(Duration::from_millis(60));
@@ -176,12 +182,7 @@ async fn getattr_and_open_see_a_changed_object_after_the_ttl() {
 /// the file every second, one handle's reads mixed two versions, about once a minute.)
 #[tokio::test]
 async fn no_open_keeps_the_kernels_pages_until_an_open_that_drops_them_is_done() {
-    let store = Arc::new(MemStore::new());
-    store.put("f", Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
-    let clock = crate::Clock::manual();
-    let cfg = FsConfig { metadata_ttl: Duration::from_millis(50), clock: clock.clone(), ..FsConfig::default() };
-    let fs = Fs::new(store.clone(), cfg);
-    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let (store, clock, fs, f) = old_f_with_ttl_50ms().await;
     let first = fs.open(f.ino, false, false).await.unwrap();
     assert!(!fs.keep_cache(first), "nothing known of the kernel's pages yet");
     fs.release(first).await.unwrap();
