@@ -129,8 +129,8 @@ impl Fs {
         // Whether the target's upload was cut off (it may land late): asked before the move,
         // which may discard it.
         let late_target = match discard_after.and_then(|d| self.staging.get(d)) {
-            Some(s) => Some(s.lock().await.maybe_landed),
-            None => discard_after.map(|_| false),
+            Some(s) => s.lock().await.maybe_landed,
+            None => false,
         };
         let same_bytes = match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key, discard_after).await?,
@@ -147,10 +147,10 @@ impl Fs {
                 st.replaces = !st.in_store;
             }
         }
-        if let Some((dst, late)) = discard_after.zip(late_target) {
+        if let Some(dst) = discard_after {
             self.outrank_staged(src.ino, dst).await;
             self.discard_staged(dst).await;
-            if late && matches!(src.kind, Kind::File) && self.write_back() {
+            if late_target && matches!(src.kind, Kind::File) && self.write_back() {
                 self.follow_late_landing(src.ino, &new_key).await;
             }
         }
