@@ -211,6 +211,24 @@ async fn no_open_keeps_the_kernels_pages_until_an_open_that_drops_them_is_done()
 }
 
 #[tokio::test]
+async fn an_open_the_kernel_never_saw_keeps_no_pages_for_the_next() {
+    let (store, clock, fs, f) = old_f_with_ttl_50ms().await;
+    let first = fs.open(f.ino, false, false).await.unwrap();
+    fs.release(first).await.unwrap(); // the kernel caches the old version
+    store.put("f", Bytes::from_static(b"newer"), PutOpts::default()).await.unwrap();
+    clock.advance(Duration::from_millis(60));
+    // The adapter refuses this open of the new version (passthrough's EBUSY): the kernel
+    // never drops its old pages.
+    let refused = fs.open(f.ino, false, false).await.unwrap();
+    assert!(!fs.keep_cache(refused));
+    fs.release_unanswered(refused).await.unwrap();
+    let next = fs.open(f.ino, false, false).await.unwrap();
+    assert!(!fs.keep_cache(next), "the kernel may still hold the old version's pages");
+    fs.release(next).await.unwrap();
+    fs.check_invariants();
+}
+
+#[tokio::test]
 async fn reads_are_exact_at_odd_offsets() {
     let body: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
     let (_, fs) = fs_with(&[("f", &body)]).await;

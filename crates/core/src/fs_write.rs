@@ -590,6 +590,18 @@ impl Fs {
 
     /// The last close of a handle: upload if still dirty (and ours to publish), and drop
     /// clean staged data.
+    /// Release `fh` whose open the adapter refused after [`Self::open`] (passthrough's
+    /// `EBUSY`/`ENOSPC`): the kernel never saw it, so whatever pages it caches are not the
+    /// version that open recorded, and the next open must drop them.
+    pub async fn release_unanswered(&self, fh: u64) -> Result<(), FsError> {
+        if let Ok(file) = self.open_file(fh) {
+            if let Some(n) = self.table.lock().unwrap().get_mut(file.ino) {
+                n.kernel_cached = None;
+            }
+        }
+        self.release(fh).await
+    }
+
     pub async fn release(&self, fh: u64) -> Result<(), FsError> {
         let file = match self.handles.lock().unwrap().remove(&fh) {
             Some(Handle::File(f)) => f,

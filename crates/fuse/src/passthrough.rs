@@ -250,7 +250,7 @@ impl Passthrough {
             }
             // Not truncating, or checked by `before_open`: closing it changes nothing. After
             // the answer: a release may wait for an upload in flight, the open must not.
-            let _ = fs.release(fh).await;
+            let _ = fs.release_unanswered(fh).await;
         }
     }
 
