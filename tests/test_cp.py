@@ -198,6 +198,24 @@ def test_s3_downloads_are_verified_by_the_object_crc(tmp):
         s, got, _ = down("multi.bin", "--s3-md5")
         assert s["verified"] == {"s3-etag": 1} and got == multi, s
 
+        # Parts of no whole MiB (5 MiB + 12,345 bytes, as a hand-made multipart upload
+        # has): the HEAD of part 1 tells their size, in whatever slices the read is cut.
+        part = 5 * MIB + 12345
+        uneven = os.urandom(2 * part + 777)
+        up = s3.create_multipart_upload(Bucket=b.name, Key="uneven.bin", ChecksumAlgorithm="CRC32")
+        done = []
+        for n, at in enumerate(range(0, len(uneven), part), 1):
+            r = s3.upload_part(Bucket=b.name, Key="uneven.bin", UploadId=up["UploadId"], PartNumber=n,
+                               Body=uneven[at:at + part], ChecksumAlgorithm="CRC32")
+            done.append({"PartNumber": n, "ETag": r["ETag"], "ChecksumCRC32": r["ChecksumCRC32"]})
+        s3.complete_multipart_upload(Bucket=b.name, Key="uneven.bin", UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": done})
+        h = s3.head_object(Bucket=b.name, Key="uneven.bin", ChecksumMode="ENABLED")
+        assert h.get("ChecksumCRC32", "").endswith("-3"), h
+        for extra in [(), ("--slice-size", "700K")]:
+            s, got, err = down("uneven.bin", *extra)
+            assert s["verified"] == {"s3-crc32": 1} and got == uneven, (extra, s, err[-2000:])
+
         # One damaged answer: against the whole object's crc32, and against a COMPOSITE one
         # (no part size of whole MiB rebuilds it), a mismatch is proof: downloaded again.
         for key, want, how in [("one.bin", one, "s3-crc32"), ("multi.bin", multi, "s3-crc32")]:

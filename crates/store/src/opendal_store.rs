@@ -351,9 +351,9 @@ impl Store for OpendalStore {
     async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         self.beneath("head", key)?;
         // An S3 operator built with `s3_checksum_mode` answers with the object's checksum.
-        let (m, checksum) = match opts.digests {
+        let (m, asked) = match opts.digests {
             true => crate::s3::checksum_mode::asking(self.op.stat(od_path(key))).await,
-            false => (self.op.stat(od_path(key)).await, None),
+            false => (self.op.stat(od_path(key)).await, Default::default()),
         };
         let m = m.map_err(|e| StoreError::from_opendal("head", key, e))?;
         let attrs = m
@@ -376,7 +376,8 @@ impl Store for OpendalStore {
             attrs,
             etag: m.etag().map(|e| e.trim_matches('"').to_string()),
             md5: m.content_md5().and_then(parse_md5),
-            checksum,
+            checksum: asked.checksum,
+            first_part: asked.first_part,
         })
     }
 

@@ -337,12 +337,16 @@ pub struct ObjectHead {
     /// With [`HeadOpts::digests`]: S3's additional checksum of the object, where the store
     /// was asked for it (`StoreOptions::s3_checksum_mode`) and keeps one.
     pub checksum: Option<ObjectChecksum>,
+    /// With [`HeadOpts::digests`] and S3's checksum asked for: a multipart object's first
+    /// part's size (its other parts but the last are the same size when uploaded by the
+    /// usual tools), so that its multipart ETag or COMPOSITE checksum can be rebuilt.
+    pub first_part: Option<u64>,
 }
 
 impl ObjectHead {
     /// A head of `meta` with no attributes and no digests.
     pub fn of(meta: ObjectMeta) -> Self {
-        Self { meta, attrs: FileAttrs::default(), etag: None, md5: None, checksum: None }
+        Self { meta, attrs: FileAttrs::default(), etag: None, md5: None, checksum: None, first_part: None }
     }
 
     /// The MD5 of the whole content, where the head tells it: the store's own (`md5`), or

@@ -144,10 +144,10 @@ async fn read_sums(
 /// The slice size: the source's own part size when its ETag or S3 checksum is multipart and
 /// that size is usable as the destination's part (then the source's digest can be rebuilt
 /// from what was read), else the destination's part size.
-fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> u64 {
+fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect, told: Option<u64>) -> u64 {
     let ours = part_size(ctx, dst, Some(size)) as u64;
     if let (Some(parts), None) = (src_expect.parts(), ctx.slice) {
-        if let Some(p) = verify::guess_part_size(size, parts, ours) {
+        if let Some(p) = told.or_else(|| verify::guess_part_size(size, parts, ours)) {
             if (dst.kind != Kind::S3 || p >= MIN_S3_PART) && p <= 256 * plan::MIB {
                 return p;
             }
@@ -159,10 +159,11 @@ fn piece_size(ctx: &Ctx, dst: &Remote, size: u64, src_expect: &Expect) -> u64 {
 async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::ObjectHead) -> Result<Report, CpError> {
     let size = d.meta.size;
     let src_expect = verify::expect(src.kind, d);
-    let piece = piece_size(ctx, dst, size, &src_expect);
-    // The source's part size is only ever guessed: a COMPOSITE crc is also tried in every
-    // other part size of whole blocks.
-    let blocks = src_expect.blocks(piece);
+    let told = src_expect.parts().and_then(|n| verify::told_part_size(d, n));
+    let piece = piece_size(ctx, dst, size, &src_expect, told);
+    // Unless the store told the source's part size, it is only guessed: a COMPOSITE crc is
+    // also tried in every other part size of whole blocks.
+    let blocks = src_expect.blocks(piece, told);
     let if_match = d.meta.etag.clone();
     let mut last = CpError::from(String::new());
     for attempt in 0..=ctx.retries {

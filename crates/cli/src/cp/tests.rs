@@ -134,6 +134,7 @@ fn s3_crc_checksums_are_checked_before_md5s() {
         ),
         md5: None,
         checksum: sum,
+        first_part: None,
         attrs: Default::default(),
     };
     let check = |sum: ObjectChecksum, sums: &[SliceSum], blocks: Option<verify::BlockSpec>| {
@@ -172,6 +173,40 @@ fn s3_crc_checksums_are_checked_before_md5s() {
         assert!(matches!(check(sum1.clone(), &ab, None), Check::Ok(_)), "{algo}");
         assert!(matches!(check(sum1, &[b.clone(), a.clone()], None), Check::Mismatch(_)), "{algo}");
     }
+    // A FULL_OBJECT crc tagged `-N` by its store is still the whole content's.
+    let mut tagged = s3_checksum("crc32c", b"abcdef", None);
+    tagged.parts = Some(2);
+    assert_eq!(check(tagged, &ab, None), Check::Ok(verify::BY_S3_CRC32C));
+    // The part size the store told: parts of 5 bytes (not a multiple of the blocks tried
+    // otherwise) rebuild from slices of any size, 2 bytes here.
+    let sum = s3_checksum("crc32c", b"abcdefghijk", Some(5));
+    let exp = verify::expect(Kind::S3, &d(Some(sum)));
+    let head = ObjectHead { first_part: Some(5), ..d(None) }; // of 6 bytes
+    assert_eq!(verify::told_part_size(&head, 2), Some(5));
+    assert_eq!(verify::told_part_size(&head, 3), None, "5-byte parts make 2 of 6 bytes");
+    let spec = exp.blocks(2, Some(5));
+    assert_eq!(spec.map(|b| b.size), Some(5));
+    let sliced = |data: &'static [u8], spec: Option<verify::BlockSpec>| -> Vec<SliceSum> {
+        (0..data.len())
+            .step_by(2)
+            .map(|at| {
+                let end = (at + 2).min(data.len());
+                SliceSum::of_chunks(
+                    at as u64..end as u64,
+                    &[Bytes::from_static(&data[at..end])],
+                    false,
+                    true,
+                    true,
+                    spec,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(verify::check(&exp, &sliced(b"abcdefghijk", spec), None, spec), Check::Ok(verify::BY_S3_CRC32C));
+    assert!(matches!(verify::check(&exp, &sliced(b"abcdefghijK", spec), None, spec), Check::Mismatch(_)));
+    // Not told, only even part sizes are tried (blocks of the 2-byte slices): none is 5.
+    let guessed = exp.blocks(2, None);
+    assert!(matches!(verify::check(&exp, &sliced(b"abcdefghijk", guessed), None, guessed), Check::Mismatch(_)));
     // crc32 needs each slice's crc32: without it, re-read rather than guess.
     let no_crc32 = [SliceSum::of(0..3, b"abc", false), SliceSum::of(3..6, b"def", false)];
     assert_eq!(check(s3_checksum("crc32", b"abcdef", None), &no_crc32, None), Check::Reread);

@@ -6,11 +6,12 @@
 //!   (`x-amz-checksum-mode`, see the store's `s3::checksum_mode`). A crc32c or crc32 is
 //!   checked first, as the cheapest: FULL_OBJECT, the crc of the whole content (the
 //!   per-slice crcs combined); COMPOSITE `-N`, the crc of the N parts' big-endian crcs, so
-//!   the bytes must be cut into the parts. The part size is not known (a HEAD cannot ask for
-//!   it through OpenDAL), so a download keeps the crc of every block ([`BlockSpec`]: 1 MiB,
-//!   absolute offsets) and tries every part size of whole blocks that gives N parts; a
-//!   checksum that none rebuilds is a mismatch (re-reading would only read the same bytes).
-//!   Only where no such part size exists is it settled by re-reading. crc32c is computed
+//!   the bytes must be cut into the parts. The part size is the first part's, which a
+//!   HEAD of `?partNumber=1` tells (`ObjectHead::first_part`); where the store did not tell
+//!   it, a download keeps the crc of every block ([`BlockSpec`]: 1 MiB, absolute offsets)
+//!   and tries every part size of whole blocks that gives N parts. A checksum that no part
+//!   size tried rebuilds is a mismatch (re-reading would only read the same bytes). Only
+//!   where no such part size exists is it settled by re-reading. crc32c is computed
 //!   for every slice but where a crc32 checksum verifies a download to a file and no
 //!   `--json` summary reports it (then a re-read compares crc32s); crc32 is computed only
 //!   for a crc32 checksum. Other algorithms
@@ -299,11 +300,12 @@ impl Expect {
     }
 
     /// The block crcs a read of `slice`-byte slices keeps: for a COMPOSITE checksum of
-    /// more than one part, whose part size must be found.
-    pub fn blocks(&self, slice: u64) -> Option<BlockSpec> {
+    /// more than one part, cut at the part size the store `told` ([`told_part_size`]), or
+    /// else in blocks whose multiples are the part sizes tried.
+    pub fn blocks(&self, slice: u64, told: Option<u64>) -> Option<BlockSpec> {
         match self {
             Expect::Crc { algo, parts: Some(n), .. } if *n > 1 => {
-                Some(BlockSpec { algo: *algo, size: BLOCK.min(slice).max(1) })
+                Some(BlockSpec { algo: *algo, size: told.unwrap_or(BLOCK.min(slice)).max(1) })
             }
             _ => None,
         }
@@ -322,7 +324,9 @@ fn crc_expect(c: &ObjectChecksum) -> Option<Expect> {
     if c.parts.is_none() && c.kind.as_deref() == Some("COMPOSITE") {
         return None;
     }
-    Some(Expect::Crc { algo, crc, parts: c.parts })
+    // A FULL_OBJECT value is the whole content's crc, even if a store tags it `-N`.
+    let parts = c.parts.filter(|_| c.kind.as_deref() != Some("FULL_OBJECT"));
+    Some(Expect::Crc { algo, crc, parts })
 }
 
 pub fn expect(kind: Kind, d: &ObjectHead) -> Expect {
@@ -346,6 +350,12 @@ pub fn expect(kind: Kind, d: &ObjectHead) -> Expect {
         },
         _ => Expect::Reread,
     }
+}
+
+/// The part size of an N-part S3 object as its HEAD told it (its first part's), if that
+/// gives N parts of its size.
+pub fn told_part_size(d: &ObjectHead, parts: u64) -> Option<u64> {
+    d.first_part.filter(|&p| p > 0 && d.meta.size.div_ceil(p) == parts)
 }
 
 /// For a download of an N-part S3 object: a part size that gives N parts, trying the one

@@ -16,6 +16,10 @@
 //!   that HEAD again with reqsign (the library OpenDAL signs with) and a credential chain
 //!   built like the operator's. MinIO accepts the header either way. If signing fails the
 //!   original request goes out unchanged: no checksum, `cp` verifies by MD5 instead.
+//! - a multipart object's answer (a COMPOSITE checksum or an ETag ending in `-N`) says how
+//!   many parts, not how big: a second HEAD of `?partNumber=1` (S3 and MinIO answer it with
+//!   that part's `Content-Length`) tells the part size, so `cp` rebuilds the checksum from
+//!   the parts as uploaded instead of guessing their size.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -32,13 +36,22 @@ const ALGORITHMS: [&str; 5] = ["crc32c", "crc32", "crc64nvme", "sha256", "sha1"]
 
 tokio::task_local! {
     /// Set by [`asking`]: HEADs in its scope ask for the checksum, and leave it here.
-    static ASKED: RefCell<Option<ObjectChecksum>>;
+    static ASKED: RefCell<Asked>;
 }
 
-/// Run `f` (an operator `stat`) asking for the object's checksum; returns what the last
-/// HEAD's answer carried (`None` from a store that keeps none or is not wrapped).
-pub async fn asking<T>(f: impl Future<Output = T>) -> (T, Option<ObjectChecksum>) {
-    ASKED.scope(RefCell::new(None), async { (f.await, ASKED.with(|c| c.borrow_mut().take())) }).await
+/// What the last HEAD inside [`asking`] told beyond OpenDAL's metadata.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Asked {
+    /// The object's checksum (`None` from a store that keeps none or is not wrapped).
+    pub checksum: Option<ObjectChecksum>,
+    /// A multipart object's first part's size, where the store told it.
+    pub first_part: Option<u64>,
+}
+
+/// Run `f` (an operator `stat`) asking for the object's checksum and, for a multipart
+/// object, its first part's size.
+pub async fn asking<T>(f: impl Future<Output = T>) -> (T, Asked) {
+    ASKED.scope(RefCell::default(), async { (f.await, ASKED.with(|c| c.take())) }).await
 }
 
 /// `op` (an S3 operator) with its transport wrapped in [`ChecksumMode`]. `region`,
@@ -95,12 +108,62 @@ impl HttpTransport for ChecksumMode {
             true => self.ask(&req).await.unwrap_or(req),
             false => req,
         };
+        let first = asked.then(|| first_part_head(&req)).flatten();
         let resp = self.inner.fetch(req).await?;
         if asked && resp.status().is_success() {
-            let _ = ASKED.try_with(|c| *c.borrow_mut() = checksum_of(resp.headers()));
+            let checksum = checksum_of(resp.headers());
+            let first_part = match first.filter(|_| multipart(resp.headers(), checksum.as_ref())) {
+                Some(first) => self.first_part(first).await,
+                None => None,
+            };
+            let _ = ASKED.try_with(|c| *c.borrow_mut() = Asked { checksum, first_part });
         }
         Ok(resp)
     }
+}
+
+impl ChecksumMode {
+    /// The size of the first part, from the answer to `head` (of `?partNumber=1`), if any.
+    async fn first_part(&self, head: http::Request<Buffer>) -> Option<u64> {
+        let head = self.ask(&head).await?;
+        let resp = match self.inner.fetch(head).await {
+            Ok(r) if r.status().is_success() => r,
+            Ok(r) => {
+                tracing::debug!(status = %r.status(), "no part size: HEAD of part 1 refused");
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!("no part size: HEAD of part 1 failed: {e}");
+                return None;
+            }
+        };
+        let len = resp.headers().get(http::header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok();
+        len.filter(|&n: &u64| n > 0)
+    }
+}
+
+/// `req` (a HEAD) for the object's first part: the same with `partNumber=1` in its query.
+fn first_part_head(req: &http::Request<Buffer>) -> Option<http::Request<Buffer>> {
+    let uri = req.uri();
+    let query = match uri.query() {
+        Some(q) if !q.is_empty() => format!("{q}&partNumber=1"),
+        _ => "partNumber=1".to_string(),
+    };
+    let uri: http::Uri = format!("{}?{query}", uri.path()).parse().ok()?;
+    let mut parts = uri.into_parts();
+    (parts.scheme, parts.authority) = (req.uri().scheme().cloned(), req.uri().authority().cloned());
+    let mut head = http::Request::new(req.body().clone());
+    *head.method_mut() = req.method().clone();
+    *head.uri_mut() = http::Uri::from_parts(parts).ok()?;
+    *head.headers_mut() = req.headers().clone();
+    Some(head)
+}
+
+/// Whether an answer is of an object uploaded in more than one part.
+fn multipart(h: &http::HeaderMap, checksum: Option<&ObjectChecksum>) -> bool {
+    let etag = h.get(http::header::ETAG).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let etag_parts = etag.trim_matches('"').rsplit_once('-').and_then(|(_, n)| n.parse::<u64>().ok());
+    checksum.and_then(|c| c.parts).or(etag_parts).is_some_and(|n| n > 1)
 }
 
 /// The checksum an answer's headers carry, if any (and readable).
@@ -163,8 +226,9 @@ mod tests {
             ..Default::default()
         };
         let m = mode(&fake);
-        let (r, sum) = asking(m.fetch(head(true))).await;
+        let (r, asked) = asking(m.fetch(head(true))).await;
         assert!(r.is_ok());
+        let sum = asked.checksum;
         let want = ObjectChecksum {
             algorithm: "crc32".into(),
             digest: vec![0xed, 0x59, 0x80, 0xfe],
@@ -182,6 +246,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_multipart_objects_first_part_is_asked_for_its_size() {
+        let fake = Fake { answer: vec![("etag", "\"0123-3\""), ("content-length", "5255225")], ..Default::default() };
+        let m = mode(&fake);
+        let (_, asked) = asking(m.fetch(head(true))).await;
+        assert_eq!(asked.first_part, Some(5255225));
+        // The last request was part 1's HEAD, signed with its query.
+        let got = fake.got.lock().unwrap().take().unwrap();
+        assert_eq!(got.uri.to_string(), "http://s3.test/b/k?partNumber=1");
+        assert_eq!(got.headers[MODE], "ENABLED");
+        assert!(!got.headers["authorization"].to_str().unwrap().ends_with("Signature=00"));
+        // One part, or a single-request upload: no second HEAD.
+        for etag in ["\"0123-1\"", "\"0123\""] {
+            let fake = Fake { answer: vec![("etag", etag), ("content-length", "9")], ..Default::default() };
+            let (_, asked) = asking(mode(&fake).fetch(head(true))).await;
+            assert_eq!(asked.first_part, None);
+            assert_eq!(fake.got.lock().unwrap().take().unwrap().uri.query(), None);
+        }
+    }
+
+    #[tokio::test]
     async fn other_requests_pass_unchanged() {
         let fake = Fake { answer: vec![("x-amz-checksum-crc32c", "AAAAAQ==")], ..Default::default() };
         let m = mode(&fake);
@@ -192,13 +276,13 @@ mod tests {
         assert!(got.headers["authorization"].to_str().unwrap().ends_with("Signature=00"));
         // A GET inside `asking` is not a HEAD: unchanged.
         let get = http::Request::get("http://s3.test/b/k").body(Buffer::new()).unwrap();
-        let (_, sum) = asking(m.fetch(get)).await;
-        assert_eq!(sum, None);
+        let (_, asked) = asking(m.fetch(get)).await;
+        assert_eq!(asked, Asked::default());
         assert!(!fake.got.lock().unwrap().take().unwrap().headers.contains_key(MODE));
         // An unsigned (anonymous) HEAD gets the header and stays unsigned.
-        let (_, sum) = asking(m.fetch(head(false))).await;
+        let (_, asked) = asking(m.fetch(head(false))).await;
         assert_eq!(
-            sum.map(|s| (s.algorithm, s.digest, s.parts, s.kind)),
+            asked.checksum.map(|s| (s.algorithm, s.digest, s.parts, s.kind)),
             Some(("crc32c".into(), vec![0, 0, 0, 1], None, None))
         );
         let got = fake.got.lock().unwrap().take().unwrap();
@@ -212,15 +296,15 @@ mod tests {
             [vec![], vec![("x-amz-checksum-crc32", "not base64!")], vec![("x-amz-checksum-crc32", "AAAAAQ==-x")]]
         {
             let fake = Fake { answer, ..Default::default() };
-            let (_, sum) = asking(mode(&fake).fetch(head(true))).await;
-            assert_eq!(sum, None);
+            let (_, asked) = asking(mode(&fake).fetch(head(true))).await;
+            assert_eq!(asked.checksum, None);
         }
         // An algorithm cp cannot check is still reported, for the caller to decide.
         let fake = Fake {
             answer: vec![("x-amz-checksum-sha256", "AAAA"), ("x-amz-checksum-type", "FULL_OBJECT")],
             ..Default::default()
         };
-        let (_, sum) = asking(mode(&fake).fetch(head(true))).await;
-        assert_eq!(sum.map(|s| (s.algorithm, s.parts)), Some(("sha256".into(), None)));
+        let (_, asked) = asking(mode(&fake).fetch(head(true))).await;
+        assert_eq!(asked.checksum.map(|s| (s.algorithm, s.parts)), Some(("sha256".into(), None)));
     }
 }

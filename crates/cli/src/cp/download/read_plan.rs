@@ -40,16 +40,17 @@ pub(super) async fn read_plan(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>
     let size = d.meta.size;
     let expect = verify::expect(src.kind, &d);
     let mut tuning = plan::tuning(Some(size), ctx.slice, Some(ctx.parallel));
+    let told = expect.parts().and_then(|n| verify::told_part_size(&d, n));
     if let (Some(parts), None) = (expect.parts(), ctx.slice) {
         // Read in the uploader's parts so the per-slice MD5s or crcs rebuild its digest.
         let ours = plan::tuning(Some(size), None, None).slice.max(plan::MIN_S3_PART);
-        if let Some(p) = verify::guess_part_size(size, parts, ours) {
+        if let Some(p) = told.or_else(|| verify::guess_part_size(size, parts, ours)) {
             tuning.slice = p;
         }
     }
-    // A download never knows the uploader's part size, only guesses it (or takes
+    // Unless the store told the part size, a download only guesses it (or takes
     // --slice-size): a COMPOSITE crc is also tried in every other part size of whole blocks.
-    let blocks = expect.blocks(tuning.slice);
+    let blocks = expect.blocks(tuning.slice, told);
     let slice_md5 = matches!(expect, Expect::Composite { .. });
     let slice_crc32 = expect.wants_crc32();
     let slice_crc32c = ctx.summary || !slice_crc32;
