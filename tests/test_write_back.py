@@ -8,6 +8,7 @@ a pending file leave no stray object; the mount reads its own writes at once.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -16,6 +17,8 @@ import subprocess
 import threading
 import time
 import urllib.request
+
+import pytest
 
 import conftest
 import seed
@@ -64,6 +67,27 @@ def test_close_returns_before_upload_and_sync_waits(s3_bucket, tmp_path):
         for k, v in files.items():
             assert got.get(k) == v, f"{k} not in the bucket after sync"
         assert status(mp)["write_back_files"] == 0
+    finally:
+        unmount(mp)
+
+
+def test_a_directory_name_minio_refuses_fails_at_mkdir(s3_bucket, tmp_path):
+    """MinIO keeps marker `x/` as the file `x__XLDIR__`: a directory name over 246 bytes is
+    refused there. A write-back `mkdir` of one fails at once, as without write-back (before,
+    it returned 0, its marker was refused in the background, and `status` said 0 failing);
+    one of 246 bytes is made and reaches the bucket."""
+    mp = mount(wb_args(s3_bucket, str(tmp_path / "st")))
+    try:
+        with pytest.raises(OSError) as e:
+            os.mkdir(os.path.join(mp, "d" * 247))
+        assert e.value.errno == errno.EINVAL, e.value
+        assert not os.path.exists(os.path.join(mp, "d" * 247))
+        os.mkdir(os.path.join(mp, "e" * 246))
+        r = run_cli(["sync", mp], timeout=60)
+        assert r.returncode == 0, r.err
+        assert "e" * 246 + "/" in seed.list_keys("s3", s3_bucket.name)
+        st = status(mp)
+        assert st["write_back_refused"] == 0 and st["upload_errors"] == [], st
     finally:
         unmount(mp)
 

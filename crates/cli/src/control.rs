@@ -54,6 +54,9 @@ pub struct Status {
     pub write_back_uploaded: u64,
     /// Unlinked files whose DELETE is journaled and not done yet.
     pub write_back_deletes: u64,
+    /// Deferred changes the store refused for good since mount (not retried; logged).
+    #[serde(default)]
+    pub write_back_refused: u64,
     #[serde(serialize_with = "upload_errors_json")]
     pub upload_errors: Vec<(String, u32, String)>,
     /// The first keys waiting for upload, oldest first (`bucketfs sync` names them).
@@ -85,7 +88,7 @@ pub fn sync_answer(failed: &[(String, String)]) -> String {
         return "ok\n".to_string();
     }
     let mut o = format!(
-        "error: {} file(s) not in the bucket yet, or not deleted from it yet (kept and retried; run `bucketfs sync` again once the store answers):\n",
+        "error: {} change(s) not in the bucket: a change the store refused is dropped and not retried (its line says why, and the log); the others are kept and retried (run `bucketfs sync` again once the store answers):\n",
         failed.len()
     );
     for (key, e) in failed {
@@ -179,6 +182,12 @@ impl Status {
         );
         for (key, attempts, e) in &self.upload_errors {
             o.push_str(&format!("  failing: {key} ({attempts} attempts): {e}\n"));
+        }
+        if self.write_back_refused > 0 {
+            o.push_str(&format!(
+                "  refused:  {} change(s) the store refused for good since mount, not retried (the log names them)\n",
+                self.write_back_refused
+            ));
         }
         o
     }

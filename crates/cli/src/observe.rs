@@ -58,6 +58,7 @@ impl Observed {
             write_back_oldest_secs: wb.oldest_secs,
             write_back_uploaded: wb.uploaded,
             write_back_deletes: wb.deletes,
+            write_back_refused: wb.refused,
             upload_errors: wb.failing,
             write_back_pending: wb
                 .pending
@@ -101,6 +102,11 @@ impl Observed {
             ("bucketfs_write_back_oldest_seconds", "Age of the oldest file waiting for upload.", wb.oldest_secs),
             ("bucketfs_write_back_uploaded", "Write-back uploads done since mount.", wb.uploaded),
             ("bucketfs_write_back_deletes", "Unlinked files whose journaled DELETE is not done yet.", wb.deletes),
+            (
+                "bucketfs_write_back_refused",
+                "Deferred changes the store refused for good since mount (not retried).",
+                wb.refused,
+            ),
             (
                 "bucketfs_write_back_failing_files",
                 "Files whose last write-back upload failed (retried).",

@@ -148,6 +148,8 @@ pub struct DeferredDeletes {
     /// (key, why): dropped, the file back in the bucket; `bucketfs sync` names them once.
     /// Lock level: a leaf.
     refused: Mutex<Vec<(String, String)>>,
+    /// Changes the store refused for good since mount (`bucketfs status`).
+    refused_total: AtomicU64,
     seq: AtomicU64,
     /// When this process started journaling (nanoseconds since the epoch): part of names.
     started: u128,
@@ -184,6 +186,7 @@ impl DeferredDeletes {
             changed: tokio::sync::Notify::new(),
             work: Default::default(),
             refused: Mutex::new(Vec::new()),
+            refused_total: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
         };
@@ -519,6 +522,17 @@ impl DeferredDeletes {
     /// Deletes pending now.
     pub fn pending(&self) -> usize {
         self.pending.lock().unwrap().len()
+    }
+
+    /// Changes the store refused for good since mount (each logged as an error).
+    pub fn refused_since_mount(&self) -> u64 {
+        self.refused_total.load(Ordering::Relaxed)
+    }
+
+    /// Record `key`'s change as refused for good (`why`): dropped, never retried.
+    pub(super) fn refuse(&self, key: &str, why: String) {
+        self.refused_total.fetch_add(1, Ordering::Relaxed);
+        self.refused.lock().unwrap().push((key.to_string(), why));
     }
 
     /// Wait until every delete pending now is done; the keys of those the store refused.

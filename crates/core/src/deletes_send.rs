@@ -166,20 +166,20 @@ impl DeferredDeletes {
                 match (r.as_ref(), op) {
                     (Err(err), Op::Delete) if err.kind != StoreErrorKind::NotFound => {
                         tracing::error!(%key, "the store refused the delete of an unlinked file; the file is back in the bucket: {err}");
-                        self.refused.lock().unwrap().push((key.clone(), format!("delete refused: {err}")));
+                        self.refuse(&key, format!("delete refused: {err}"));
                     }
                     (Err(err), Op::Marker) => {
                         tracing::error!(%key, "the store refused the marker of a directory made here; the directory is not in the bucket: {err}");
-                        self.refused.lock().unwrap().push((key.clone(), format!("directory marker refused: {err}")));
+                        self.refuse(&key, format!("directory marker refused: {err}"));
                     }
                     (Err(err), Op::Link) => {
                         tracing::error!(%key, "the store refused the object of a symbolic link made here; the link is not in the bucket: {err}");
-                        self.refused.lock().unwrap().push((key.clone(), format!("symbolic link refused: {err}")));
+                        self.refuse(&key, format!("symbolic link refused: {err}"));
                     }
                     (Err(err), Op::Move) => {
                         let from = e.source.as_deref().unwrap_or_default();
                         tracing::error!(%key, %from, "the store refused the move of a file renamed here; the bucket keeps the old name: {err}");
-                        self.refused.lock().unwrap().push((key.clone(), format!("rename from {from} refused: {err}")));
+                        self.refuse(&key, format!("rename from {from} refused: {err}"));
                     }
                     _ => {}
                 }

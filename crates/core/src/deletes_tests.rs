@@ -317,6 +317,24 @@ async fn a_request_cut_off_while_it_sends_a_pending_delete_leaves_nothing_stuck(
     tokio::time::timeout(Duration::from_secs(10), put).await.expect("the PUT waited for good").unwrap();
 }
 
+/// A change the store refuses for good is named once by `bucketfs sync`, and counted by
+/// `bucketfs status` for the life of the mount (before, status said "0 failing").
+#[tokio::test]
+async fn a_change_refused_for_good_stays_counted() {
+    use bucketfs_store::{PutOpts, Store};
+    let mem = Arc::new(MemStore::new());
+    mem.put("f", bytes::Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1, StoreErrorKind::PermissionDenied));
+    let dir = staging("deferred-refused");
+    let store = crate::deletes::DeferredDeletes::new(fail.clone(), &dir);
+    store.defer("f").await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), store.drain_all()).await.unwrap();
+    assert!(first.len() == 1 && first[0].1.contains("delete refused"), "{first:?}");
+    assert_eq!(store.drain_all().await, [], "named once");
+    assert_eq!(store.refused_since_mount(), 1);
+    assert_eq!(fail.calls(), 1, "not retried");
+}
+
 /// A delete that fails with an error of no known kind (an HTTP 500 past retries: a
 /// brownout) is tried again, as an upload is; before, it was dropped at once as refused for
 /// good, and the unlinked file came back for good.

@@ -131,10 +131,19 @@ impl Fs {
     /// mode (deletes.rs), else now.
     pub(crate) async fn make_marker(&self, key: &str) -> Result<(), FsError> {
         match &self.deletes {
-            Some(d) if self.write_back() => d.defer_marker(key).await?,
+            Some(d) if self.write_back() && !self.marker_may_be_refused(key) => d.defer_marker(key).await?,
             _ => self.store.create_dir(key).await?,
         }
         Ok(())
+    }
+
+    /// Whether the store may refuse directory marker `key` for its name's length, so that
+    /// a write-back `mkdir` makes it now and fails with the store's answer, rather than
+    /// succeed and have it refused in the background: MinIO keeps marker `x/` as the file
+    /// `x__XLDIR__`, so a name over 246 bytes (255 with the suffix) is refused there.
+    fn marker_may_be_refused(&self, key: &str) -> bool {
+        let name = key.trim_end_matches('/').rsplit('/').next().unwrap_or_default();
+        self.store.capabilities().prefix_dirs && name.len() + names::MINIO_DIR_SUFFIX.len() > names::NAME_MAX
     }
 
     /// What to keep with `node`'s object at upload: its mode, owner and mtime where set here

@@ -115,6 +115,7 @@ impl Fs {
     pub fn write_back_status(&self) -> WriteBackStatus {
         let mut s = self.staging.queue.status();
         s.deletes = self.deletes.as_ref().map_or(0, |d| d.pending() as u64);
+        s.refused = self.deletes.as_ref().map_or(0, |d| d.refused_since_mount());
         s
     }
 

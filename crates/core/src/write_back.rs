@@ -114,6 +114,9 @@ pub struct WriteBackStatus {
     pub uploaded: u64,
     /// Unlinked files whose DELETE is not done yet (deletes.rs).
     pub deletes: u64,
+    /// Deferred changes (deletes, directory markers, links, renames) the store refused for
+    /// good since mount: not retried, each logged as an error (deletes.rs).
+    pub refused: u64,
     /// The keys waiting, oldest first (at most [`PENDING_NAMED`]); `true`: being uploaded now.
     pub pending: Vec<(String, bool)>,
 }
@@ -394,6 +397,7 @@ impl Queue {
                 .collect(),
             uploaded: self.uploaded.load(Ordering::Relaxed),
             deletes: 0,
+            refused: 0,
             pending: {
                 let mut p: Vec<_> = q.values().map(|e| (e.since, e.key.clone(), e.in_flight)).collect();
                 p.sort();
