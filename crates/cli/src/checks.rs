@@ -106,6 +106,19 @@ pub fn outside_mountpoint(mp: &Path, what: &str, dir: Option<&Path>) -> Result<(
     Ok(())
 }
 
+/// Make the cache directory given with `--cache-dir` (`dir`), or refuse it with what to do:
+/// without this a file there (or a directory bucketfs cannot make) left the mount without
+/// a disk cache while `bucketfs status` showed one.
+pub fn cache_dir_usable(dir: Option<&Path>) -> Result<(), String> {
+    let Some(dir) = dir else { return Ok(()) };
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "cannot use the cache directory {}: {e}; give a directory bucketfs can create and write (--cache-dir), or turn the disk cache off with --disk-cache-mib 0",
+            dir.display()
+        )
+    })
+}
+
 /// Refuse a mount point `mp` (canonical) inside the local folder `folder` it shows: each
 /// listing of the folder would list the mount, which lists the folder (`ls` took 10 s to
 /// fail, the log filled with timeouts, and `bucketfs unmount` found the daemon itself
@@ -136,6 +149,19 @@ mod tests {
         assert!(e.contains("inside the local folder") && e.contains("outside the folder"), "{e}");
         assert!(mountpoint_outside_folder(&real("folder"), &base.join("folder")).is_err(), "the folder itself");
         assert!(mountpoint_outside_folder(&real("elsewhere"), &base.join("folder")).is_ok());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_cache_dir_that_is_a_file_is_refused_and_a_missing_one_made() {
+        let base = std::env::temp_dir().join(format!("bucketfs-cachedir-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::write(base.join("file"), b"x").unwrap();
+        let e = cache_dir_usable(Some(&base.join("file"))).unwrap_err();
+        assert!(e.contains("cannot use the cache directory") && e.contains("--disk-cache-mib 0"), "{e}");
+        cache_dir_usable(Some(&base.join("new/cache"))).unwrap();
+        assert!(base.join("new/cache").is_dir());
+        assert!(cache_dir_usable(None).is_ok());
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -52,6 +52,9 @@ pub fn run(mut args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), Strin
     };
     checks::outside_mountpoint(&mp, "the staging directory", args.staging_dir.as_deref())?;
     checks::outside_mountpoint(&mp, "the cache directory", args.cache_dir.as_deref())?;
+    if args.disk_cache_mib > 0 {
+        checks::cache_dir_usable(args.cache_dir.as_deref())?;
+    }
     if let Location::File { path } = &location {
         checks::outside_mountpoint(&mp, "the local folder", Some(path))?;
         checks::mountpoint_outside_folder(&mp, path)?;
