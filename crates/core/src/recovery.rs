@@ -121,7 +121,7 @@ pub(crate) async fn recover(
                 // Changed after its last close or fsync, no committed version kept: no
                 // version anyone closed, so never uploaded over what the bucket holds.
                 // Kept for the user, and said so.
-                set_aside(dir, &data, &key);
+                set_aside(dir, &data, &key, "written but never closed before the mount stopped");
                 continue;
             }
         };
@@ -177,7 +177,7 @@ pub(crate) async fn recover(
             Ok(_) if source != data || len.is_some() => {
                 tracing::info!(%key, "uploaded the version committed (closed or fsync'd) before the crash");
                 // The bytes written after it were never committed: kept aside, not uploaded.
-                set_aside(dir, &data, &key);
+                set_aside(dir, &data, &key, "written after the last close or fsync, before the mount stopped");
                 let _ = std::fs::remove_file(&base_file);
                 done.push(key);
             }
@@ -221,9 +221,9 @@ pub(crate) async fn recover(
 /// (`source`, the `.base` copy where it is not the data file) first, then the bytes written
 /// after it. Whether the committed version is kept there.
 fn keep_aside(dir: &Path, data: &Path, source: &Path, key: &str) -> bool {
-    let kept = set_aside(dir, source, key);
+    let kept = set_aside(dir, source, key, "the version last closed; the error above says why");
     if kept && source != data {
-        set_aside(dir, data, key);
+        set_aside(dir, data, key, "written after the last close or fsync, before the mount stopped");
     }
     kept
 }

@@ -570,7 +570,7 @@ impl Drop for Staged {
             // Without its `.excl` sidecar recovery would upload it over another writer's
             // object; with it, recovery uploads it create-only (a store down at unmount).
             if let (Some(dir), Some(key)) = (self.path.parent(), self.key.clone()) {
-                set_aside(dir, &self.path, &key);
+                set_aside(dir, &self.path, &key, "made with O_EXCL and its create-only mark could not be kept");
                 return;
             }
         }
@@ -632,8 +632,9 @@ pub(crate) fn set_aside_in(dir: &Path) -> Vec<(String, PathBuf)> {
 
 /// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
 /// named after their key, instead of uploading them: a half-written rewrite must never
-/// replace the version its last close left in the bucket. `false` if they could not be moved.
-pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) -> bool {
+/// replace the version its last close left in the bucket. `why` ends the log line: why the
+/// bytes were not uploaded. `false` if they could not be moved.
+pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str, why: &str) -> bool {
     let found = dir.join("lost+found");
     // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.
     let mut base = key.rsplit('/').next().unwrap_or("").to_string();
@@ -645,7 +646,7 @@ pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str) -> bool {
         .and_then(|_| std::fs::rename(data, &to));
     match moved {
         Ok(()) => {
-            tracing::warn!(%key, kept = %to.display(), "bytes written but never closed before the mount stopped: not uploaded, kept here");
+            tracing::warn!(%key, kept = %to.display(), "staged bytes not uploaded, kept here: {why}");
             remove_staged(data, false);
             SET_ASIDE.lock().unwrap().push((dir.to_path_buf(), key.to_string(), to));
             true
