@@ -435,11 +435,17 @@ impl DeferredDeletes {
         // deletes or the move); a delete of a link or a marker whose request was sent (and
         // may have been cut off, to land later) is sent twice, as for a file's upload that
         // may still land.
-        let (moved_from, sent) = match self.pending.lock().unwrap().get(key) {
-            Some(e) => (e.source.clone(), matches!(e.op, Op::Link | Op::Marker) && (e.in_flight || e.attempts > 0)),
-            None => (None, false),
+        // A put in flight now decides when it ends (`send_now`): only a failed one may land
+        // later. The journal says twice meanwhile, for a crash before that end.
+        let (moved_from, sent, in_flight) = match self.pending.lock().unwrap().get(key) {
+            Some(e) => {
+                let put = matches!(e.op, Op::Link | Op::Marker);
+                (e.source.clone(), put && e.attempts > 0, put && e.in_flight)
+            }
+            None => (None, false, false),
         };
         let again = again || op == Op::Delete && sent;
+        let after_put_in_flight = op == Op::Delete && in_flight && !again;
         // Not where a later change of the old key is pending, which decides what it holds: a
         // link made there since (`ln -s t b; mv b a; ln -s t2 b; rm a`) was replaced by the
         // delete, and lost.
@@ -450,8 +456,8 @@ impl DeferredDeletes {
             Box::pin(self.defer_op(&from, Op::Delete, false, None)).await?;
         }
         let text = match (op, &only) {
-            (Op::Delete, Some(md5s)) if again => format!("l\0{key}\0{}", hex_md5s(md5s)),
-            (Op::Delete, _) if again => format!("l\0{key}"),
+            (Op::Delete, Some(md5s)) if again || after_put_in_flight => format!("l\0{key}\0{}", hex_md5s(md5s)),
+            (Op::Delete, _) if again || after_put_in_flight => format!("l\0{key}"),
             (Op::Delete, _) => key.to_string(),
             (Op::Marker, _) => format!("m\0{key}"),
             (Op::Link, _) => format!("s\0{key}\0{}", target.as_deref().unwrap_or_default()),
@@ -485,7 +491,7 @@ impl DeferredDeletes {
                     e.flying = e.source.clone();
                 }
                 (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);
-                e.after = false;
+                (e.after, e.after_put_in_flight) = (false, after_put_in_flight);
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
                 let is = e.moving();
                 p.hint(Instant::now(), key);

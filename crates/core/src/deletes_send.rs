@@ -125,9 +125,11 @@ impl DeferredDeletes {
         let Some(e) = p.get_mut(&key) else { return };
         if e.gen != gen {
             // A later change took this one's place while it was sent: that one goes next,
-            // and the old key of the move this was is no longer in play.
+            // and the old key of the move this was is no longer in play. A delete of this
+            // put goes twice if the put failed: cut off, it may still land.
             let was = e.moving();
             e.flying = None;
+            e.again |= std::mem::take(&mut e.after_put_in_flight) && r.is_err();
             let is = e.moving();
             e.in_flight = false;
             let at = e.next_try;

@@ -132,6 +132,11 @@ pub(super) struct Pending {
     pub(super) after: bool,
     /// [`Op::Link`]'s target: the link object's content.
     pub(super) target: Option<String>,
+    /// A delete that took the place of a marker's or link's put still in flight: should
+    /// that attempt fail (cut off, it may land later), the delete is sent twice (`again`);
+    /// if it succeeds, once is enough (`rmdir` right after `mkdir` made a listing of the
+    /// parent wait out the second delete's grace).
+    pub(super) after_put_in_flight: bool,
 }
 
 impl Pending {
@@ -151,6 +156,7 @@ impl Pending {
             flying: None,
             after: false,
             target: None,
+            after_put_in_flight: false,
         }
     }
 

@@ -775,6 +775,39 @@ async fn a_marker_withdrawn_after_a_cut_off_attempt_is_deleted_twice() {
     assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
 }
 
+/// A marker withdrawn while its put is in flight, a put that then succeeds (`mkdir t;
+/// rmdir t` in a busy directory): nothing can land later, so the delete goes once and
+/// nothing waits out a second one. Before, every such `rmdir` kept a second delete pending
+/// 3 s, and a directory with one pair a second had its listings wait for good: another
+/// client's files never showed there (tester N).
+#[tokio::test]
+async fn a_marker_withdrawn_while_its_put_succeeds_is_deleted_once() {
+    use crate::deletes::DeferredDeletes;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("marker-in-flight");
+    std::fs::create_dir_all(&dir).unwrap();
+    let deletes = Arc::new(FailStore::new(mem.clone(), Op::Delete, u64::MAX, 0, StoreErrorKind::Other));
+    let puts = Arc::new(FailStore::new(deletes.clone(), Op::CreateDir, u64::MAX, 0, StoreErrorKind::Other));
+    let permits = puts.hold(Op::CreateDir, 1);
+    let dd = DeferredDeletes::new(puts.clone(), &dir);
+    DeferredDeletes::start(&dd);
+    dd.defer_marker("tmp/").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while puts.calls() < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the marker's put was not sent");
+    dd.withdraw_marker("tmp/").await.unwrap();
+    permits.add_permits(1);
+    // Drained well within the grace a second delete would wait.
+    let left = tokio::time::timeout(Duration::from_millis(2500), dd.drain_all()).await;
+    assert_eq!(left.expect("the drain waited for a second delete"), []);
+    assert_eq!(deletes.calls(), 1);
+    assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
+}
+
 /// What is on disk for staging directory `dir` now, it and the journals beside it, put
 /// back by the returned closure: a crash at this point, though the test goes on.
 fn disk_now(dir: &std::path::Path) -> impl FnOnce() {
