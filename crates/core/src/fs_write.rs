@@ -527,7 +527,7 @@ impl Fs {
     /// Whether it is the only handle is decided under the staged lock, with the upload: an
     /// `open(O_TRUNC)` racing the release of the previous handle (the kernel does not wait
     /// for RELEASE) must not have its pending empty file published by that release.
-    async fn upload_for(&self, file: &OpenFile) -> Result<(), FsError> {
+    async fn upload_for(&self, file: &OpenFile, durable: bool) -> Result<(), FsError> {
         if !file.wrote.load(Ordering::Relaxed)
             && !file.writes_unseen.load(Ordering::Relaxed)
             && !file.staged.load(Ordering::Relaxed)
@@ -542,8 +542,13 @@ impl Fs {
             // A handle that wrote nothing (a reader) retried another's upload: its failure
             // is that writer's (told at its close), the data stays staged and is retried at
             // the next close or unmount. A reader's close never fails for it (a refused
-            // O_EXCL upload made every later `cat` of the file fail with EEXIST).
-            Err(e) if !wrote => tracing::warn!(ino = file.ino, "upload retried at a reader's close failed: {e}"),
+            // O_EXCL upload made every later `cat` of the file fail with EEXIST). Its
+            // fsync does: it asks for the file's bytes in the bucket, whoever wrote them
+            // (it returned 0 with them staged only, the staging disk full).
+            Err(e) if !wrote && !durable => {
+                tracing::warn!(ino = file.ino, "upload retried at a reader's close failed: {e}")
+            }
+            Err(FsError::Exists) if !wrote => return Err(FsError::UploadFailed(Box::new(FsError::Exists))),
             r => r?,
         }
         file.wrote.store(false, Ordering::Relaxed);
@@ -594,7 +599,7 @@ impl Fs {
         if self.write_back() {
             return self.commit_for(&file, durable).await;
         }
-        self.upload_for(&file).await
+        self.upload_for(&file, durable).await
     }
 
     /// The last close of a handle: upload if still dirty (and ours to publish), and drop
@@ -623,7 +628,8 @@ impl Fs {
         // O_TRUNC open racing this RELEASE: uploading it now published an empty object), or,
         // with no other handle left, a mapping's writes, uploaded below as any dirty file is.
         file.writes_unseen.store(false, Ordering::Relaxed);
-        let result = if self.write_back() { self.commit_for(&file, false).await } else { self.upload_for(&file).await };
+        let result =
+            if self.write_back() { self.commit_for(&file, false).await } else { self.upload_for(&file, false).await };
         self.prepare_backing(&file);
         if let Some(staged) = self.staging.get(file.ino) {
             let mut st = staged.lock().await;

@@ -209,6 +209,9 @@ async fn an_exclusive_create_never_replaces_an_object_made_meanwhile() {
     let reader = fs.open(attr.ino, false, false).await.unwrap();
     assert_eq!(&fs.read(reader, 0, 100).await.unwrap()[..], b"ours");
     fs.flush(reader).await.expect("a reader's close never fails for another's upload");
+    // Its fsync does: it asks for the file's bytes in the bucket, whoever wrote them.
+    let e = fs.fsync(reader).await.expect_err("fsync returned 0, the bytes not in the bucket");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
     fs.release(reader).await.unwrap();
     assert_eq!(object(&store, "lock").await.unwrap(), b"theirs", "still theirs");
     fs.rename(ROOT_INO, "lock", ROOT_INO, "lock.mine", false).await.unwrap();
