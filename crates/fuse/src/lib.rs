@@ -269,10 +269,19 @@ impl Filesystem for FuseAdapter {
             };
             match fs.open(ino.0, write, truncate).await {
                 Ok(fh) => {
-                    let mut flags = if fs.keep_cache(fh) { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                    let keep = fs.keep_cache(fh);
+                    let mut flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
                     let direct = fs.direct_io(fh);
                     if direct {
                         flags |= FopenFlags::FOPEN_DIRECT_IO; // never passed through
+                    } else if !keep {
+                        // Perhaps a version the kernel has not seen: its size may still be an
+                        // older version's, which ends its reads there (a new version read
+                        // short, silently). Before the answer, so the first read past that
+                        // size asks for the attributes again (an offset below 0: no pages).
+                        if let Some(Err(e)) = notifier.get().map(|n| n.inval_inode(ino, -1, 0)) {
+                            tracing::debug!(ino = ino.0, "dropping the kernel's attributes: {e}");
+                        }
                     }
                     pt.answer(&fs, ino.0, fh, change, flags, reply).await;
                     if direct {
