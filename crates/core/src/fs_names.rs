@@ -20,6 +20,24 @@ impl Fs {
     /// cached negative entry may make untrue: an existing file is then opened as open(2)
     /// would open it, emptied only with `O_TRUNC`.
     /// `mode`: permission bits to show (already masked by the umask), or `None` for the default.
+    /// Undo a create of `ino` that failed after its name was made (`e`, returned): the name
+    /// goes as by `unlink` once staged (nothing of it is in the store), else from the table
+    /// alone (with nothing staged, `unlink` asks the store, which never had it).
+    async fn create_failed(&self, parent: u64, name: &str, ino: u64, e: FsError) -> FsError {
+        tracing::warn!(parent, name, "create failed, the name is removed again: {e}");
+        if self.staging.contains(ino) {
+            if let Err(u) = self.unlink(parent, name).await {
+                tracing::warn!(parent, name, "removing the name of a failed create failed: {u}");
+            }
+        }
+        let mut t = self.table.lock().unwrap();
+        if t.child(parent, name).is_some_and(|n| n.ino == ino) {
+            t.listing_remove(parent, name);
+        }
+        t.forget(ino, 1); // the kernel never got the entry this create remembered
+        e
+    }
+
     pub async fn create(&self, parent: u64, name: &str, flags: i32, mode: Option<u16>) -> Result<(Attr, u64), FsError> {
         self.new_key(parent, name, Kind::File)?;
         if let Some(existing) = self.resolve(parent, name).await? {
@@ -58,13 +76,24 @@ impl Fs {
             ino
         };
         let node = self.node(ino)?;
-        let staged = self.stage(&node, true, true, true).await?;
-        {
+        // A create that fails here (the staging disk full) leaves no name behind: it showed
+        // with size 0 for good, and an O_EXCL create of it again failed with EEXIST.
+        let staged = match self.stage(&node, true, true, true).await {
+            Ok(staged) => staged,
+            Err(e) => return Err(self.create_failed(parent, name, ino, e).await),
+        };
+        let made = {
             let mut st = staged.lock().await;
-            st.set_key(&node.key)?;
-            st.truncate(0)?; // marks it dirty: even an empty file is uploaded
+            let made = st.set_key(&node.key).and_then(|_| st.truncate(0)); // dirty: even an empty file goes up
             st.in_store = false; // a new name: nothing to delete when it goes before upload
             st.set_create_only(flags & libc::O_EXCL != 0); // O_EXCL: never replace an object made meanwhile
+            if made.is_err() {
+                st.drop_handle(true); // the handle this create will not return
+            }
+            made
+        };
+        if let Err(e) = made {
+            return Err(self.create_failed(parent, name, ino, e).await);
         }
         let file = OpenFile {
             ino,

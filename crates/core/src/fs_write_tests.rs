@@ -188,6 +188,31 @@ async fn a_failed_upload_is_reported_and_retried_never_dropped() {
     assert_eq!(object(&mem, "f").await.unwrap(), b"precious");
 }
 
+/// A create the staging disk cannot take (full, or here a file where its directory should
+/// be) fails and leaves no name: before, the name stayed with size 0 and an O_EXCL create
+/// of it again failed with EEXIST (tester P, a full staging tmpfs).
+#[tokio::test]
+async fn a_create_that_cannot_stage_leaves_no_name() {
+    let store = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-core-nostage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::write(&dir, b"not a directory").unwrap();
+    let fs = Fs::new(store.clone(), FsConfig { staging_dir: dir.clone(), ..FsConfig::default() });
+    assert!(fs.create(ROOT_INO, "f", libc::O_EXCL, None).await.is_err());
+    assert!(matches!(fs.lookup(ROOT_INO, "f").await, Err(FsError::NotFound)), "the failed create's name stayed");
+    let dh = fs.opendir(ROOT_INO).await.unwrap();
+    let listed: Vec<String> = fs.readdir(dh).unwrap().iter().map(|e| e.name.clone()).collect();
+    fs.releasedir(dh);
+    assert_eq!(listed, [".", ".."]);
+    std::fs::remove_file(&dir).unwrap();
+    let (_, fh) = fs.create(ROOT_INO, "f", libc::O_EXCL, None).await.expect("the name was left taken");
+    fs.write(fh, 0, b"x").await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(object(&store, "f").await.unwrap(), b"x");
+    fs.check_invariants();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// O_EXCL create, then another writer makes the object before our close: the close fails
 /// with EEXIST, their object is untouched, and our bytes stay readable here (staged); a
 /// rename then puts them under another name.
