@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -289,6 +290,12 @@ def test_a_bad_pubsub_source_is_refused_before_mounting(pubsub):
         p = run_cli(["mount", "gs://events", target, "--endpoint", pubsub.gcs, "--anonymous", "--notify", source])
         assert p.returncode != 0
         assert why in p.err, p.err
-    p = run_cli(["mount", "file:///tmp", target, "--notify", f"pubsub://projects/{PROJECT}/subscriptions/watch"])
+    # A folder of its own: /tmp may hold the mount point (a checkout under /tmp), refused
+    # for that first.
+    folder = tempfile.mkdtemp(prefix="bucketfs-notify-folder-")
+    try:
+        p = run_cli(["mount", f"file://{folder}", target, "--notify", f"pubsub://projects/{PROJECT}/subscriptions/watch"])
+    finally:
+        os.rmdir(folder)
     assert p.returncode != 0 and "gs://" in p.err, p.err
     assert not os.path.ismount(target)
