@@ -14,12 +14,6 @@ use crate::inode::ChildMeta;
 use crate::FsError;
 
 impl Fs {
-    /// Create and open a new, empty file; it reaches the bucket at the first flush.
-    /// `flags`: the open(2) flags asked; of them `O_EXCL` (fail if the name exists) and
-    /// `O_TRUNC` count. The kernel asks to create when it believes the name absent, which a
-    /// cached negative entry may make untrue: an existing file is then opened as open(2)
-    /// would open it, emptied only with `O_TRUNC`.
-    /// `mode`: permission bits to show (already masked by the umask), or `None` for the default.
     /// Undo a create of `ino` that failed after its name was made (`e`, returned): the name
     /// goes as by `unlink` once staged (nothing of it is in the store), else from the table
     /// alone (with nothing staged, `unlink` asks the store, which never had it).
@@ -38,6 +32,12 @@ impl Fs {
         e
     }
 
+    /// Create and open a new, empty file; it reaches the bucket at the first flush.
+    /// `flags`: the open(2) flags asked; of them `O_EXCL` (fail if the name exists) and
+    /// `O_TRUNC` count. The kernel asks to create when it believes the name absent, which a
+    /// cached negative entry may make untrue: an existing file is then opened as open(2)
+    /// would open it, emptied only with `O_TRUNC`.
+    /// `mode`: permission bits to show (already masked by the umask), or `None` for the default.
     pub async fn create(&self, parent: u64, name: &str, flags: i32, mode: Option<u16>) -> Result<(Attr, u64), FsError> {
         self.new_key(parent, name, Kind::File)?;
         if let Some(existing) = self.resolve(parent, name).await? {

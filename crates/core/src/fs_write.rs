@@ -602,8 +602,6 @@ impl Fs {
         self.upload_for(&file, durable).await
     }
 
-    /// The last close of a handle: upload if still dirty (and ours to publish), and drop
-    /// clean staged data.
     /// Release `fh` whose open the adapter refused after [`Self::open`] (passthrough's
     /// `EBUSY`/`ENOSPC`): the kernel never saw it, so whatever pages it caches are not the
     /// version that open recorded, and the next open must drop them.
@@ -616,6 +614,8 @@ impl Fs {
         self.release(fh).await
     }
 
+    /// The last close of a handle: upload if still dirty (and ours to publish), and drop
+    /// clean staged data.
     pub async fn release(&self, fh: u64) -> Result<(), FsError> {
         let file = match self.handles.lock().unwrap().remove(&fh) {
             Some(Handle::File(f)) => f,

@@ -269,6 +269,12 @@ impl Filesystem for FuseAdapter {
             };
             match fs.open(ino.0, write, truncate).await {
                 Ok(fh) => {
+                    // Drop the kernel's attributes of `ino` (an offset below 0: no pages).
+                    let drop_attrs = || {
+                        if let Some(Err(e)) = notifier.get().map(|n| n.inval_inode(ino, -1, 0)) {
+                            tracing::debug!(ino = ino.0, "dropping the kernel's attributes: {e}");
+                        }
+                    };
                     let keep = fs.keep_cache(fh);
                     let mut flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
                     let direct = fs.direct_io(fh);
@@ -278,18 +284,13 @@ impl Filesystem for FuseAdapter {
                         // Perhaps a version the kernel has not seen: its size may still be an
                         // older version's, which ends its reads there (a new version read
                         // short, silently). Before the answer, so the first read past that
-                        // size asks for the attributes again (an offset below 0: no pages).
-                        if let Some(Err(e)) = notifier.get().map(|n| n.inval_inode(ino, -1, 0)) {
-                            tracing::debug!(ino = ino.0, "dropping the kernel's attributes: {e}");
-                        }
+                        // size asks for the attributes again.
+                        drop_attrs();
                     }
                     pt.answer(&fs, ino.0, fh, change, flags, reply).await;
                     if direct {
-                        // The open learnt the real size; drop the placeholder the kernel
-                        // holds (an offset below 0: attributes only).
-                        if let Some(Err(e)) = notifier.get().map(|n| n.inval_inode(ino, -1, 0)) {
-                            tracing::debug!(ino = ino.0, "dropping the kernel's attributes: {e}");
-                        }
+                        // The open learnt the real size; drop the placeholder the kernel holds.
+                        drop_attrs();
                     }
                 }
                 Err(e) => {
