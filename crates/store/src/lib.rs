@@ -44,6 +44,7 @@ pub use attrs::{new_create_tag, FileAttrs};
 pub use content_type::ContentType;
 pub use error::{redact_urls, StoreError, StoreErrorKind};
 pub use types::{
-    parse_md5_hex, same_version, ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectChecksum, ObjectHead,
-    ObjectMeta, ObjectWriter, Patch, PatchSource, Patched, PutOpts, Store, StoreExt, WriteOptions,
+    multipart_etag_parts, parse_md5_hex, same_version, ByteStream, Capabilities, GetOpts, HeadOpts, ListStream,
+    ObjectChecksum, ObjectHead, ObjectMeta, ObjectWriter, Patch, PatchSource, Patched, PutOpts, Store, StoreExt,
+    WriteOptions,
 };

@@ -381,6 +381,14 @@ pub fn parse_md5_hex(h: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
+/// The part count of S3's multipart ETag `hex(md5 of the parts' md5s)-N` (quotes allowed),
+/// if `etag` is one.
+pub fn multipart_etag_parts(etag: &str) -> Option<u64> {
+    let (h, n) = etag.trim_matches('"').split_once('-')?;
+    parse_md5_hex(h)?;
+    n.parse::<u64>().ok().filter(|&n| n > 0)
+}
+
 /// An S3 additional checksum as HeadObject reports it with `x-amz-checksum-mode: ENABLED`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectChecksum {

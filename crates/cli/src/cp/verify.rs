@@ -342,13 +342,9 @@ pub fn expect(kind: Kind, d: &ObjectHead) -> Expect {
     if let Some(md5) = bucketfs_store::parse_md5_hex(etag) {
         return Expect::WholeMd5 { md5, etag: true };
     }
-    let is_hex = |s: &str| s.len() == 32 && s.bytes().all(|c| c.is_ascii_hexdigit());
-    match etag.split_once('-') {
-        Some((h, n)) if is_hex(h) => match n.parse::<u64>() {
-            Ok(parts) if parts > 0 => Expect::Composite { etag: etag.to_ascii_lowercase(), parts },
-            _ => Expect::Reread,
-        },
-        _ => Expect::Reread,
+    match bucketfs_store::multipart_etag_parts(etag) {
+        Some(parts) => Expect::Composite { etag: etag.to_ascii_lowercase(), parts },
+        None => Expect::Reread,
     }
 }
 

@@ -161,8 +161,7 @@ fn first_part_head(req: &http::Request<Buffer>) -> Option<http::Request<Buffer>>
 
 /// Whether an answer is of an object uploaded in more than one part.
 fn multipart(h: &http::HeaderMap, checksum: Option<&ObjectChecksum>) -> bool {
-    let etag = h.get(http::header::ETAG).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let etag_parts = etag.trim_matches('"').rsplit_once('-').and_then(|(_, n)| n.parse::<u64>().ok());
+    let etag_parts = h.get(http::header::ETAG).and_then(|v| v.to_str().ok()).and_then(crate::multipart_etag_parts);
     checksum.and_then(|c| c.parts).or(etag_parts).is_some_and(|n| n > 1)
 }
 
@@ -247,7 +246,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_multipart_objects_first_part_is_asked_for_its_size() {
-        let fake = Fake { answer: vec![("etag", "\"0123-3\""), ("content-length", "5255225")], ..Default::default() };
+        let fake = Fake {
+            answer: vec![("etag", "\"0123456789abcdef0123456789abcdef-3\""), ("content-length", "5255225")],
+            ..Default::default()
+        };
         let m = mode(&fake);
         let (_, asked) = asking(m.fetch(head(true))).await;
         assert_eq!(asked.first_part, Some(5255225));
@@ -257,7 +259,7 @@ mod tests {
         assert_eq!(got.headers[MODE], "ENABLED");
         assert!(!got.headers["authorization"].to_str().unwrap().ends_with("Signature=00"));
         // One part, or a single-request upload: no second HEAD.
-        for etag in ["\"0123-1\"", "\"0123\""] {
+        for etag in ["\"0123456789abcdef0123456789abcdef-1\"", "\"0123456789abcdef0123456789abcdef\""] {
             let fake = Fake { answer: vec![("etag", etag), ("content-length", "9")], ..Default::default() };
             let (_, asked) = asking(mode(&fake).fetch(head(true))).await;
             assert_eq!(asked.first_part, None);
