@@ -1,6 +1,7 @@
-//! A pending move that a later change takes the place of (`mv a b; rm b`) while its
-//! attempt is out: the old key it would copy and delete is left alone once a new file of
-//! that name goes up (the model test's `rename` ENOENT, issue 42's first item).
+//! A pending change that a later one takes the place of while its attempt is out: a move
+//! (`mv a b; rm b`), whose old key is left alone once a new file of that name goes up (the
+//! model test's `rename` ENOENT, issue 42's first item); a directory's marker withdrawn
+//! (`rmdir`), deleted twice only if its put may still land.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,4 +116,71 @@ async fn a_link_made_at_a_moved_links_old_name_survives_the_moves_delete() {
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(keys(mem.as_ref()).await, ["b.rclonelink"]);
     assert_eq!(object(mem.as_ref(), "b.rclonelink").await.as_deref(), Some(&b"t2"[..]));
+}
+
+/// A directory's marker whose request was cut off (it may still land) and which is then
+/// withdrawn (`rmdir`, or `mv tmp ckpt` before it went up) is deleted twice, as a link is:
+/// the marker landing after the first delete does not bring the directory back.
+#[tokio::test]
+async fn a_marker_withdrawn_after_a_cut_off_attempt_is_deleted_twice() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("marker-landing");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Counts the deletes.
+    let deletes = Arc::new(FailStore::new(mem.clone(), Op::Delete, u64::MAX, 0, StoreErrorKind::Other));
+    // Every attempt is cut off (the test lands the marker itself): the withdraw finds it
+    // sent however long the test takes to get there.
+    let cut = Arc::new(FailStore::new(deletes.clone(), Op::CreateDir, 1, u64::MAX, StoreErrorKind::Unavailable));
+    let dd = DeferredDeletes::new(cut.clone(), &dir);
+    DeferredDeletes::start(&dd);
+    dd.defer_marker("tmp/").await.unwrap();
+    let wait = |what: &'static str, done: Box<dyn Fn() -> bool + Send>| async move {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect(what)
+    };
+    let c = cut.clone();
+    wait("the marker's first attempt", Box::new(move || c.calls() >= 1)).await;
+    dd.withdraw_marker("tmp/").await.unwrap();
+    let d = deletes.clone();
+    wait("the first delete", Box::new(move || d.calls() == 1)).await;
+    mem.create_dir("tmp/").await.unwrap(); // the cut-off attempt lands now
+    assert!(dd.drain_all().await.is_empty());
+    assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
+}
+
+/// A marker withdrawn while its put is in flight, a put that then succeeds (`mkdir t;
+/// rmdir t` in a busy directory): nothing can land later, so the delete goes once and
+/// nothing waits out a second one. Before, every such `rmdir` kept a second delete pending
+/// 3 s, and a directory with one pair a second had its listings wait for good: another
+/// client's files never showed there (tester N).
+#[tokio::test]
+async fn a_marker_withdrawn_while_its_put_succeeds_is_deleted_once() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("marker-in-flight");
+    std::fs::create_dir_all(&dir).unwrap();
+    let deletes = Arc::new(FailStore::new(mem.clone(), Op::Delete, u64::MAX, 0, StoreErrorKind::Other));
+    let puts = Arc::new(FailStore::new(deletes.clone(), Op::CreateDir, u64::MAX, 0, StoreErrorKind::Other));
+    let permits = puts.hold(Op::CreateDir, 1);
+    let dd = DeferredDeletes::new(puts.clone(), &dir);
+    DeferredDeletes::start(&dd);
+    dd.defer_marker("tmp/").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while puts.calls() < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the marker's put was not sent");
+    dd.withdraw_marker("tmp/").await.unwrap();
+    permits.add_permits(1);
+    // Drained well within the grace a second delete would wait.
+    let left = tokio::time::timeout(Duration::from_millis(2500), dd.drain_all()).await;
+    assert_eq!(left.expect("the drain waited for a second delete"), []);
+    assert_eq!(deletes.calls(), 1);
+    assert!(keys(mem.as_ref()).await.is_empty(), "{:?}", keys(mem.as_ref()).await);
 }
