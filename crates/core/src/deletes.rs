@@ -155,6 +155,18 @@ pub struct DeferredDeletes {
     started: u128,
 }
 
+/// The version of a file a pending move carries, named as this mount's read caches hold it
+/// (its old key and identity): see [`DeferredDeletes::moving_version`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovedVersion {
+    pub key: String,
+    pub identity: String,
+    /// The store's tag of that version, if it has one: a read of a block no cache holds is
+    /// pinned to it.
+    pub tag: Option<String>,
+    pub size: u64,
+}
+
 /// The directory where deletes journaled by a mount staging in `staging` are kept.
 pub fn journal_dir_for(staging: &Path) -> Option<PathBuf> {
     let name = staging.file_name()?.to_string_lossy();
@@ -377,6 +389,14 @@ impl DeferredDeletes {
         }
     }
 
+    /// The version a move to `to` not done yet carries (`defer_move`): until it is done, an
+    /// open of `to` may read that version from the caches, where the store might not answer
+    /// for minutes (the move's copy waits for it too).
+    pub fn moving_version(&self, to: &str) -> Option<MovedVersion> {
+        let p = self.pending.lock().unwrap();
+        p.get(to).filter(|e| e.op == Op::Move).and_then(|e| e.carries.clone())
+    }
+
     /// The target of link `key` if its object is still to be made (`defer_link`).
     pub fn pending_link(&self, key: &str) -> Option<String> {
         let p = self.pending.lock().unwrap();
@@ -387,7 +407,8 @@ impl DeferredDeletes {
     /// go in the background (see the module doc). `false`, with nothing done, where it
     /// cannot wait: no journal, or a change of either key pending that must go first
     /// (`move_order`; the caller moves the object itself, which sends that change first).
-    pub async fn defer_move(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+    /// `carries`: the version moved, as this mount's caches hold it ([`DeferredDeletes::moving_version`]).
+    pub async fn defer_move(&self, from: &str, to: &str, carries: Option<MovedVersion>) -> Result<bool, StoreError> {
         let Some(dir) = &self.journal_dir else { return Ok(false) };
         let Some(after) = move_order(&self.pending.lock().unwrap(), from, to) else { return Ok(false) };
         let path = self.new_entry(dir);
@@ -404,7 +425,7 @@ impl DeferredDeletes {
             return Ok(false);
         }
         let source = Some(from.to_string());
-        p.insert(to.to_string(), Pending { op: Op::Move, source, after, ..Pending::new(path) });
+        p.insert(to.to_string(), Pending { op: Op::Move, source, after, carries, ..Pending::new(path) });
         drop(p);
         self.work.notify_one();
         Ok(true)

@@ -137,6 +137,8 @@ pub(super) struct Pending {
     /// if it succeeds, once is enough (`rmdir` right after `mkdir` made a listing of the
     /// parent wait out the second delete's grace).
     pub(super) after_put_in_flight: bool,
+    /// [`Op::Move`]: the version of the file it moves, where this mount's caches hold it.
+    pub(super) carries: Option<super::MovedVersion>,
 }
 
 impl Pending {
@@ -157,6 +159,7 @@ impl Pending {
             after: false,
             target: None,
             after_put_in_flight: false,
+            carries: None,
         }
     }
 

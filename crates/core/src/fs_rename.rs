@@ -6,6 +6,7 @@ use bucketfs_store::{StoreErrorKind, StoreExt};
 use super::check_new_name;
 use crate::fs::{Fs, Kind};
 use crate::inode::Version;
+use crate::sync::Arc;
 use crate::FsError;
 
 /// Record `key` as the staged file's key in its sidecar (what crash recovery uploads, and
@@ -337,6 +338,29 @@ impl Fs {
         self.replace_readers(ino, &fresh);
     }
 
+    /// A reader of `node` (a file this mount renamed, its copy's identity not learned yet)
+    /// that needs no store, if it has one: while the move is not done, the version the move
+    /// carries, where the disk cache holds all of it under the old name. Its open then waits
+    /// neither for the move nor for a HEAD of the copy: with the store hanging, that was
+    /// minutes (the move's attempts), then `ETIMEDOUT`, for bytes on local disk.
+    pub(crate) fn reader_of_pending_move(&self, node: &crate::inode::Node) -> Option<Arc<crate::read::FileReader>> {
+        let moved = self.deletes.as_ref()?.moving_version(&node.key)?;
+        let disk = self.read_cache.disk()?;
+        if moved.size != node.size || !disk.is_complete(&moved.key, &moved.identity, moved.size) {
+            return None;
+        }
+        tracing::debug!(key = %node.key, from = %moved.key, "opened from the cache before its move is done");
+        Some(Arc::new(crate::read::FileReader::new(
+            self.store.clone(),
+            self.read_cache.clone(),
+            moved.key,
+            moved.tag,
+            moved.identity,
+            moved.size,
+            self.cfg.max_prefetch,
+        )))
+    }
+
     /// Staged files at or below `key` (just moved there) name their new keys in their
     /// sidecars, so a crash now recovers them under the new names (write-back), or sends an
     /// open file's again there, not under the old name (without).
@@ -409,7 +433,7 @@ impl Fs {
                 if st.in_store && !st.committed() {
                     // Journaled and sent in the background where it can be (a log renamed
                     // while its writer appends: logrotate), else moved now.
-                    if !self.defer_object_move(&src.key, new_key, replaced).await? {
+                    if !self.defer_object_move(&src.key, new_key, replaced, None).await? {
                         journal = Some(self.move_object(src, new_key, replaced).await?);
                     }
                     if st.maybe_landed {
@@ -496,14 +520,32 @@ impl Fs {
         if self.node(src.ino)?.opens > 0 || self.staging.contains(src.ino) {
             return Ok(false);
         }
-        self.defer_object_move(&src.key, new_key, replaced).await
+        // The version it moves, for an open of the new name before the move is done: as the
+        // caches hold it under the old name, or (moved here earlier, that move not sent
+        // yet) as that move carries it.
+        let carries = match &src.version {
+            Version::Unknown => self.deletes.as_ref().and_then(|d| d.moving_version(&src.key)),
+            v => Some(crate::deletes::MovedVersion {
+                key: src.key.clone(),
+                identity: src.identity(),
+                tag: v.tag().map(str::to_owned),
+                size: src.size,
+            }),
+        };
+        self.defer_object_move(&src.key, new_key, replaced, carries).await
     }
 
     /// Journal the move of object `from` to `to` for the background, on a write-back mount
     /// of a store that moves by copy and delete; `false` where the caller moves it now.
     /// `replaced`: the target's staged file, whose bytes the move replaces: they must not be
     /// recovered over the copy should the mount die before they are discarded.
-    async fn defer_object_move(&self, from: &str, to: &str, replaced: Option<u64>) -> Result<bool, FsError> {
+    async fn defer_object_move(
+        &self,
+        from: &str,
+        to: &str,
+        replaced: Option<u64>,
+        carries: Option<crate::deletes::MovedVersion>,
+    ) -> Result<bool, FsError> {
         let Some(d) = self.deletes.as_ref().filter(|_| self.write_back() && !self.store.capabilities().moves) else {
             return Ok(false);
         };
@@ -515,7 +557,7 @@ impl Fs {
             Some(s) => Some(s.lock().await),
             None => None,
         };
-        if !d.defer_move(from, to).await? {
+        if !d.defer_move(from, to, carries).await? {
             return Ok(false);
         }
         if let Some(st) = held.as_mut() {

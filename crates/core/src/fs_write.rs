@@ -229,12 +229,17 @@ impl Fs {
         // the kernel may hold, even if the refresh below learns the real one: such a handle
         // is opened direct (reads come here whatever size the kernel believes).
         let placeholder = node.size_unknown;
+        let mut moving = None;
         if node.version == Version::Unknown && node.linked && !self.staging.contains(ino) {
-            // Moved here, the copy's tag not learned yet (`Fs::learn_moved` failed): asked
-            // now, so reads are pinned to the version again (without it an S3 read went
-            // unpinned for up to a TTL).
-            self.revalidate(&node, false).await?;
-            node = self.node(ino)?;
+            // Moved here, the copy's tag not learned yet (`Fs::learn_moved` failed, or the
+            // move is still to be done): asked now, so reads are pinned to the version again
+            // (without it an S3 read went unpinned for up to a TTL); unless the move is not
+            // done and the disk cache holds what it moves.
+            moving = self.reader_of_pending_move(&node);
+            if moving.is_none() {
+                self.revalidate(&node, false).await?;
+                node = self.node(ino)?;
+            }
         } else if !self.fresh(node.validated) && !self.staging.owns(ino) {
             self.refresh(&node).await?;
             node = self.node(ino)?;
@@ -308,7 +313,7 @@ impl Fs {
         let mark = staged.as_ref().filter(|_| write).and_then(|s| s.try_lock().ok().map(|st| st.write_gen));
         let file = OpenFile {
             ino,
-            reader: Mutex::new(self.reader_for(&node)),
+            reader: Mutex::new(moving.unwrap_or_else(|| self.reader_for(&node))),
             keep_cache,
             dropping: AtomicBool::new(dropping),
             direct,

@@ -853,3 +853,58 @@ async fn a_file_just_uploaded_is_staged_again_from_the_caches() {
     assert_eq!(object(mem.as_ref(), "a").await.as_deref(), Some(&want[..]));
     assert_eq!(object(mem.as_ref(), "b").await.as_deref(), Some(&data[..3]));
 }
+
+/// A file renamed while the store hangs, its bytes whole in the disk cache: the rename
+/// returns at once (the move goes in the background), and so do an open and reads of the
+/// new name. They waited for the move's attempts (minutes, with a store that hangs), then
+/// failed with `ETIMEDOUT`, for bytes on local disk.
+#[tokio::test]
+async fn a_renamed_file_whose_bytes_are_cached_opens_while_its_move_hangs() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("rename-cached-hang");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let fs = Fs::new(
+        held.clone(),
+        FsConfig { disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg(&dir.join("staging"), 0) },
+    );
+    fs.set_passthrough(true); // kept whole at its last release
+    fs.start_write_back();
+    let body: Vec<u8> = (0..3 << 20).map(|i| (i * 7 % 253) as u8).collect();
+    let ino = write_file(&fs, "a", &body).await;
+    assert!(fs.sync_write_back().await.is_empty());
+    let node = fs.node(ino).unwrap();
+    let disk = fs.read_cache.disk().unwrap().clone();
+    assert!(disk.is_complete("a", &node.identity(), node.size), "not kept whole in the disk cache");
+    let copies = held.hold(Op::Copy, u32::MAX);
+    fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await.unwrap();
+    let read_back = async {
+        let fh = fs.open(ino, false, false).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < body.len() {
+            got.extend_from_slice(&fs.read(fh, got.len() as u64, 1 << 20).await.unwrap());
+        }
+        fs.release(fh).await.unwrap();
+        got
+    };
+    let got = tokio::time::timeout(Duration::from_secs(10), read_back).await.expect("the open waited for the move");
+    assert!(got == body, "other bytes read");
+    // Renamed again before the first move is done (`mv a b; mv b c`): the same.
+    fs.rename(ROOT_INO, "b", ROOT_INO, "c", false).await.unwrap();
+    let reopened = async {
+        let fh = fs.open(ino, false, false).await.unwrap();
+        let got = fs.read(fh, 1 << 20, 16).await.unwrap();
+        fs.release(fh).await.unwrap();
+        got
+    };
+    let got = tokio::time::timeout(Duration::from_secs(10), reopened).await.expect("the open waited for the moves");
+    assert_eq!(got, &body[1 << 20..(1 << 20) + 16]);
+    assert_eq!(keys(mem.as_ref()).await, ["a"], "moved while copies were held");
+    copies.add_permits(1_000);
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["c"]);
+    // Once moved, an open asks the store for the copy's version again, and reads it.
+    let fh = fs.open(ino, false, false).await.unwrap();
+    assert_eq!(fs.read(fh, 0, 16).await.unwrap(), &body[..16]);
+    fs.release(fh).await.unwrap();
+    assert!(fs.node(ino).unwrap().version.tag().is_some(), "the copy's tag not learned");
+}

@@ -94,6 +94,8 @@ pub(crate) fn errno(e: &FsError) -> Errno {
     let n = e.errno();
     if n == libc::EIO {
         tracing::warn!("answering EIO: {e}");
+    } else if e.store_unreachable() {
+        tracing::warn!("answering ETIMEDOUT, the store did not answer: {e}; retry once it does (`bucketfs status`)");
     } else {
         tracing::debug!(errno = n, "answering an error: {e}");
     }
