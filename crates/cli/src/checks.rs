@@ -88,15 +88,11 @@ pub fn fuse_device() -> Result<(), String> {
 /// with its symlinks resolved.
 pub fn outside_mountpoint(mp: &Path, what: &str, dir: Option<&Path>) -> Result<(), String> {
     let Some(dir) = dir else { return Ok(()) };
+    // As given too (a path through the mount point that does not exist yet is not
+    // resolved), unless a `..` leads out of it (`mnt/../st` is beside it).
     let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
-    // Its deepest part that exists, symlinks resolved, then the rest as given.
-    let real = match abs.ancestors().find(|a| a.exists()) {
-        Some(existing) => std::fs::canonicalize(existing)
-            .unwrap_or_else(|_| existing.to_path_buf())
-            .join(abs.strip_prefix(existing).unwrap_or(Path::new(""))),
-        None => abs.clone(),
-    };
-    if real.starts_with(mp) || abs.starts_with(mp) {
+    let climbs = abs.components().any(|c| c == std::path::Component::ParentDir);
+    if crate::paths::resolved(dir).starts_with(mp) || abs.starts_with(mp) && !climbs {
         return Err(format!(
             "{what} {} is inside the mount point {}: bucketfs would write it through its own mount and wait on itself; choose a directory outside it",
             dir.display(),
@@ -138,6 +134,24 @@ pub fn mountpoint_outside_folder(mp: &Path, folder: &Path) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A directory beside the mount point named through it (`mnt/../st`) is not inside it;
+    /// one below it is, also through a link or a `..` that stays inside.
+    #[test]
+    fn a_directory_named_through_the_mount_point_is_judged_by_where_it_is() {
+        let base = std::env::temp_dir().join(format!("bucketfs-inside-{}", std::process::id()));
+        std::fs::create_dir_all(base.join("mnt/sub")).unwrap();
+        let _ = std::fs::remove_file(base.join("link"));
+        std::os::unix::fs::symlink(base.join("mnt"), base.join("link")).unwrap();
+        let mp = std::fs::canonicalize(base.join("mnt")).unwrap();
+        let check = |p: &str| outside_mountpoint(&mp, "the staging directory", Some(&base.join(p)));
+        assert!(check("mnt/../st").is_ok());
+        assert!(check("st").is_ok());
+        for inside in ["mnt/st", "mnt/sub/../st", "link/st", "link/sub"] {
+            assert!(check(inside).unwrap_err().contains("inside the mount point"), "{inside}");
+        }
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     #[test]
     fn a_mount_point_inside_the_local_folder_is_refused() {

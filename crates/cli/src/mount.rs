@@ -51,6 +51,8 @@ pub fn run(mut args: MountArgs, argv: &[std::ffi::OsString]) -> Result<(), Strin
         }
     };
     checks::outside_mountpoint(&mp, "the staging directory", args.staging_dir.as_deref())?;
+    // One name for it, whatever path leads there: the journals beside it are found by it.
+    args.staging_dir = args.staging_dir.as_deref().map(paths::resolved);
     checks::outside_mountpoint(&mp, "the cache directory", args.cache_dir.as_deref())?;
     if args.disk_cache_mib > 0 {
         checks::cache_dir_usable(args.cache_dir.as_deref())?;

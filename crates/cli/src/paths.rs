@@ -92,6 +92,19 @@ fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// `dir` as the kernel finds it: absolute, its deepest existing part with symlinks and
+/// `..` resolved, the rest as given. Journals and records kept beside a staging directory
+/// are found by this path, so a link to it (or `mnt/../st`) names the same ones.
+pub fn resolved(dir: &Path) -> PathBuf {
+    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    match abs.ancestors().find(|a| a.exists()) {
+        Some(existing) => std::fs::canonicalize(existing)
+            .unwrap_or_else(|_| existing.to_path_buf())
+            .join(abs.strip_prefix(existing).unwrap_or(Path::new(""))),
+        None => abs,
+    }
+}
+
 /// Create `dir` and its missing parents private to this user (0700): staged files and
 /// cached blocks hold the bucket's data, which other local users must not read there (the
 /// mount itself is private unless `--allow-other`). Under the default location
@@ -351,6 +364,23 @@ fn default_hasher(store_id: &str) -> u64 {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    /// A staging directory named through a link or a `..` is the one it leads to: the
+    /// journals beside it were looked for beside the link (a delete journaled there was
+    /// not sent, and the store record guarding the staged files was not found).
+    #[test]
+    fn a_staging_directory_named_through_a_link_resolves_to_its_target() {
+        let base = std::env::temp_dir().join(format!("bucketfs-resolve-{}", std::process::id()));
+        std::fs::create_dir_all(base.join("real/st")).unwrap();
+        let _ = std::fs::remove_file(base.join("link"));
+        symlink(base.join("real/st"), base.join("link")).unwrap();
+        let real = std::fs::canonicalize(base.join("real/st")).unwrap();
+        assert_eq!(resolved(&base.join("link")), real);
+        assert_eq!(resolved(&base.join("real/x/../st")), real.with_file_name("x/../st"), "x does not exist");
+        assert_eq!(resolved(&base.join("real/st/../st")), real);
+        assert_eq!(resolved(&base.join("link/new")), real.join("new"), "not made yet");
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     #[test]
     fn a_pending_note_reads_back_as_written() {
