@@ -219,9 +219,14 @@ impl DeferredDeletes {
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(text)) if !text.is_empty() => {
                     // `second`: a move's source key, a link's target.
-                    let mut after = false;
+                    let (mut after, mut version) = (false, None);
                     let (op, again, key, only, second) = match text.split_once('\0') {
                         Some(("m", key)) => (Op::Marker, false, key.to_string(), None, None),
+                        Some(("d", rest)) => {
+                            let (key, tag) = rest.split_once('\0').unwrap_or((rest, ""));
+                            version = Some(tag.to_string()).filter(|t| !t.is_empty());
+                            (Op::Delete, false, key.to_string(), None, None)
+                        }
                         Some(("s", rest)) => match rest.split_once('\0') {
                             Some((key, target)) if !target.is_empty() => {
                                 (Op::Link, false, key.to_string(), None, Some(target.to_string()))
@@ -249,7 +254,11 @@ impl DeferredDeletes {
                     };
                     tracing::info!(%key, ?op, "change left pending by an earlier mount: sending it");
                     let (source, target) = if op == Op::Link { (None, second) } else { (second, None) };
-                    p.insert(key, Pending { op, again, only, source, after, target, ..Pending::new(path) });
+                    let late = true;
+                    p.insert(
+                        key,
+                        Pending { op, again, only, source, after, target, version, late, ..Pending::new(path) },
+                    );
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -303,8 +312,15 @@ impl DeferredDeletes {
     /// Journal a delete of `key` and return; it is sent in the background. Without a
     /// journal (or if writing it fails) the DELETE is sent now instead.
     pub async fn defer(&self, key: &str) -> Result<(), StoreError> {
+        self.defer_version(key, None).await
+    }
+
+    /// [`DeferredDeletes::defer`] of an unlinked file's object, which held `version` (its
+    /// tag) when unlinked: should the delete go late (the store out at first, or the
+    /// mount dead before sending it), only that version goes (`Pending::version`).
+    pub async fn defer_version(&self, key: &str, version: Option<String>) -> Result<(), StoreError> {
         self.send_next_moves(key).await?;
-        self.defer_op(key, Op::Delete, false, None).await
+        self.defer_change(key, Op::Delete, false, None, None, version).await
     }
 
     /// [`DeferredDeletes::defer`] of a key an upload that failed (a timeout) may still
@@ -326,7 +342,7 @@ impl DeferredDeletes {
     /// return; it is put in the background. Without a journal it is put now.
     pub async fn defer_link(&self, key: &str, target: &str) -> Result<(), StoreError> {
         self.send_next_moves(key).await?;
-        self.defer_change(key, Op::Link, false, None, Some(target.to_string())).await
+        self.defer_change(key, Op::Link, false, None, Some(target.to_string()), None).await
     }
 
     /// A change of `key` that another file's pending move still needs as its way through
@@ -439,9 +455,11 @@ impl DeferredDeletes {
     }
 
     async fn defer_op(&self, key: &str, op: Op, again: bool, only: Option<Vec<[u8; 16]>>) -> Result<(), StoreError> {
-        self.defer_change(key, op, again, only, None).await
+        self.defer_change(key, op, again, only, None, None).await
     }
 
+    /// Journal `op` on `key` (see the fields of `Pending` for `again`, `only`, `target`
+    /// and `version`).
     async fn defer_change(
         &self,
         key: &str,
@@ -449,6 +467,7 @@ impl DeferredDeletes {
         again: bool,
         only: Option<Vec<[u8; 16]>>,
         target: Option<String>,
+        version: Option<String>,
     ) -> Result<(), StoreError> {
         let Some(dir) = &self.journal_dir else { return self.apply_now(key, op, only, target).await };
         // What is pending for the key now: a delete of a file renamed here whose move is still
@@ -479,7 +498,10 @@ impl DeferredDeletes {
         let text = match (op, &only) {
             (Op::Delete, Some(md5s)) if again || after_put_in_flight => format!("l\0{key}\0{}", hex_md5s(md5s)),
             (Op::Delete, _) if again || after_put_in_flight => format!("l\0{key}"),
-            (Op::Delete, _) => key.to_string(),
+            (Op::Delete, _) => match &version {
+                Some(tag) => format!("d\0{key}\0{tag}"),
+                None => key.to_string(),
+            },
             (Op::Marker, _) => format!("m\0{key}"),
             (Op::Link, _) => format!("s\0{key}\0{}", target.as_deref().unwrap_or_default()),
             (Op::Move, _) => unreachable!("a move is journaled by `defer_move`"),
@@ -512,6 +534,7 @@ impl DeferredDeletes {
                     e.flying = e.source.clone();
                 }
                 (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);
+                (e.version, e.late) = (version, false);
                 (e.after, e.after_put_in_flight) = (false, after_put_in_flight);
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
                 let is = e.moving();
@@ -519,8 +542,8 @@ impl DeferredDeletes {
                 p.recount(was, is);
             }
             _ => {
-                if let Some(old) = p.insert(key.to_string(), Pending { op, again, only, target, ..Pending::new(path) })
-                {
+                let entry = Pending { op, again, only, target, version, ..Pending::new(path) };
+                if let Some(old) = p.insert(key.to_string(), entry) {
                     old.forget_journal(); // sent and ended between the two locks
                 }
             }

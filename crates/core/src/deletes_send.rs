@@ -61,6 +61,21 @@ impl DeferredDeletes {
         self.apply(key, op, only.as_deref(), target.as_deref()).await
     }
 
+    /// The delete of an unlinked file's object sent late (after an outage, or by the next
+    /// mount): only while it holds version `tag`, the one unlinked. Another client wrote
+    /// the object since: theirs stays (sent at once, the request races such a write as any
+    /// client's does; sent minutes later, it deleted their file).
+    async fn delete_late(&self, key: &str, tag: String) -> Result<(), StoreError> {
+        let seen = ObjectMeta { key: key.to_string(), etag: Some(tag), ..ObjectMeta::default() };
+        match self.inner.delete_version(key, &seen).await {
+            Err(e) if e.kind == StoreErrorKind::Changed => {
+                tracing::warn!(%key, "an unlinked file's delete, sent late, left the object another client wrote there since");
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
     /// [`Op::Move`]: copy `from` to `to`, then delete `from` while it holds the version
     /// copied (`moves::settle`: another client's write meanwhile is not lost). Idempotent:
     /// a source already gone was copied before (a crash after the delete), or deleted by
@@ -76,13 +91,11 @@ impl DeferredDeletes {
     }
 
     pub(super) async fn send_now(&self, key: String) {
-        let Some((op, gen, only, source, after, target)) = self
-            .pending
-            .lock()
-            .unwrap()
-            .get(&key)
-            .map(|e| (e.op, e.gen, e.only.clone(), e.source.clone(), e.after, e.target.clone()))
-        else {
+        let Some((op, gen, only, source, after, target, late)) = self.pending.lock().unwrap().get(&key).map(|e| {
+            // A delete sent late takes only the version unlinked (`Pending::version`).
+            let late = e.version.clone().filter(|_| e.late);
+            (e.op, e.gen, e.only.clone(), e.source.clone(), e.after, e.target.clone(), late)
+        }) else {
             return;
         };
         // A rename pending from this key goes first: a change of the key before it would
@@ -119,7 +132,10 @@ impl DeferredDeletes {
             (Err(e), _) => Err(e),
             (Ok(()), _) if replaced => Ok(()),
             (Ok(()), Some(from)) => self.apply_move(&from, &key).await,
-            (Ok(()), None) => self.apply(&key, op, only.as_deref(), target.as_deref()).await,
+            (Ok(()), None) => match late {
+                Some(tag) if op == Op::Delete => self.delete_late(&key, tag).await,
+                _ => self.apply(&key, op, only.as_deref(), target.as_deref()).await,
+            },
         };
         let mut p = self.pending.lock().unwrap();
         let Some(e) = p.get_mut(&key) else { return };
@@ -148,6 +164,7 @@ impl DeferredDeletes {
                 // deleted once more, as for an upload cut off (`defer_landing`); writes
                 // to it wait till then.
                 e.again |= op == Op::Delete && err.kind == StoreErrorKind::Unavailable;
+                e.late = true;
                 e.attempts += 1;
                 tracing::warn!(%key, ?op, attempts = e.attempts, "deferred change failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
                 let now = Instant::now();

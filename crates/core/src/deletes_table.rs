@@ -139,6 +139,13 @@ pub(super) struct Pending {
     pub(super) after_put_in_flight: bool,
     /// [`Op::Move`]: the version of the file it moves, where this mount's caches hold it.
     pub(super) carries: Option<super::MovedVersion>,
+    /// [`Op::Delete`] of an unlinked file: the tag of the version it had. A delete sent
+    /// [`Pending::late`] takes only that version, so another client's object written there
+    /// meanwhile stays.
+    pub(super) version: Option<String>,
+    /// An attempt failed (the store out), or an earlier mount left it pending: it goes
+    /// late, maybe long after the unlink.
+    pub(super) late: bool,
 }
 
 impl Pending {
@@ -160,6 +167,8 @@ impl Pending {
             target: None,
             after_put_in_flight: false,
             carries: None,
+            version: None,
+            late: false,
         }
     }
 

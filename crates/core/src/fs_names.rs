@@ -214,7 +214,12 @@ impl Fs {
             }
         };
         if let Some(landing) = self.stored_how(node.ino).await {
-            self.delete_removed(&node.key, landing).await?; // write-back: journaled, sent soon
+            // Write-back: journaled, sent soon; with the version unlinked, in case it goes
+            // late (not a staged file's: its object may be older than the node knows).
+            let staged = self.staging.contains(node.ino);
+            let version =
+                node.version.tag().filter(|_| !staged && landing == crate::write::Landing::Stored).map(str::to_owned);
+            self.delete_removed_version(&node.key, landing, version).await?;
         }
         self.discard_staged(node.ino).await;
         self.table.lock().unwrap().listing_remove(parent, name);

@@ -115,13 +115,25 @@ impl Fs {
     /// the background on a write-back mount (one an upload may still land on: twice, see
     /// [`crate::deletes::DeferredDeletes::defer_landing`]), else now.
     pub(crate) async fn delete_removed(&self, key: &str, landing: Landing) -> Result<(), FsError> {
+        self.delete_removed_version(key, landing, None).await
+    }
+
+    /// [`Fs::delete_removed`] of an object that held `version` (its tag) when the file
+    /// was removed: a journaled delete sent late takes only that version
+    /// ([`crate::deletes::DeferredDeletes::defer_version`]).
+    pub(crate) async fn delete_removed_version(
+        &self,
+        key: &str,
+        landing: Landing,
+        version: Option<String>,
+    ) -> Result<(), FsError> {
         let only = match &landing {
             Landing::IfMd5(md5s) => Some(md5s.clone()),
             _ => None,
         };
         match &self.deletes {
             Some(d) if self.write_back() && landing != Landing::Stored => d.defer_landing(key, only).await?,
-            Some(d) if self.write_back() => d.defer(key).await?,
+            Some(d) if self.write_back() => d.defer_version(key, version).await?,
             _ => crate::deletes::delete_if_ours(self.store.as_ref(), key, only.as_deref()).await?,
         }
         Ok(())

@@ -79,6 +79,50 @@ async fn a_delete_pending_at_a_crash_is_done_by_a_durable_mount_too() {
     assert_eq!(object(mem.as_ref(), "f01").await.unwrap(), b"new", "no old delete replayed");
 }
 
+/// Tester R: `rm x` while the store was out, the mount killed, another client writing a
+/// new `x` meanwhile: the next mount's replay of the delete deleted that client's file. A
+/// delete sent late takes only the version unlinked (also without a crash, once the
+/// outage ends); one sent at once, as before.
+#[tokio::test]
+async fn a_delete_sent_late_leaves_another_clients_newer_object() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("late-delete-other");
+    {
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1_000_000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg_ttl0(&dir));
+        fs.start_write_back();
+        uploaded_files(&fs, 3).await;
+        fs.unlink(ROOT_INO, "f01").await.unwrap();
+        fs.unlink(ROOT_INO, "f02").await.unwrap();
+    } // the "crash"
+    mem.put("f01", bytes::Bytes::from_static(b"another client's"), Default::default()).await.unwrap();
+    let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["f00", "f01"], "f02 deleted, f01 another client's");
+    assert_eq!(object(mem.as_ref(), "f01").await.unwrap(), b"another client's");
+    drop(fs);
+
+    // No crash: the store out at the unlink (its first attempt fails), back after the
+    // other client's write; the retry (a second later) leaves that client's object.
+    let dir = staging("late-delete-other-2");
+    let down = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1, StoreErrorKind::Unavailable));
+    let fs = Fs::new(down.clone(), cfg_ttl0(&dir));
+    fs.start_write_back();
+    uploaded_files(&fs, 2).await; // (a listing of the memory store tells no tags)
+    fs.unlink(ROOT_INO, "f00").await.unwrap();
+    while down.calls() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    mem.put("f00", bytes::Bytes::from_static(b"written since"), Default::default()).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "f00").await.unwrap(), b"written since");
+    // Sent at once, a delete takes whatever is there, as any client's does.
+    fs.unlink(ROOT_INO, "f01").await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, ["f00"]);
+}
+
 /// A directory renamed while a file in it is being written moves the file's last closed
 /// version; the bytes written since reach the bucket at their close, under the new name.
 #[tokio::test]
