@@ -104,6 +104,18 @@ struct Entry {
     writing: u32,
     gen: u64,
     pin: Arc<whole::Pins>,
+    /// The data file as it was once whole and intact ([`Stamp`]); another stamp at a
+    /// hand-over to the kernel means it changed since, and it is checked again.
+    stamp: Option<Stamp>,
+}
+
+/// What a data file's metadata tells of its bytes: length, mtime and inode. A write to it
+/// from outside this process (by hand, another program) changes it; a rename does not.
+pub(super) type Stamp = (u64, std::time::SystemTime, u64);
+
+pub(super) fn stamp_of(m: &std::fs::Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    (m.len(), m.modified().unwrap_or(std::time::UNIX_EPOCH), m.ino())
 }
 
 impl Entry {
@@ -336,7 +348,8 @@ impl DiskCache {
     fn new_entry(&self, size: u64) -> Entry {
         let pin = Arc::new(whole::Pins::default());
         let crcs = vec![None; size.div_ceil(self.block) as usize];
-        Entry { size, crcs, present: 0, bytes: 0, checked: true, evicted: false, writing: 0, gen: next_gen(), pin }
+        let gen = next_gen();
+        Entry { size, crcs, present: 0, bytes: 0, checked: true, evicted: false, writing: 0, gen, pin, stamp: None }
     }
 
     fn block_len(&self, size: u64, b: u64) -> u64 {
@@ -478,6 +491,10 @@ impl DiskCache {
                     if e.crcs[block as usize].is_none() {
                         e.record(block, len as u64, crc);
                         self.append_record(&name, block, len as u64, crc);
+                    }
+                    if e.complete() && e.writing == 0 && e.checked {
+                        // Whole, every block written here: as the kernel may be given it.
+                        e.stamp = std::fs::metadata(self.data_path(&name)).ok().map(|m| stamp_of(&m));
                     }
                     Some(e.slot())
                 }

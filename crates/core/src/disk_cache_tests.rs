@@ -461,3 +461,32 @@ fn a_forgotten_file_goes_while_its_reader_keeps_it() {
     c.forget("x", "e"); // none: nothing happens
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Tester S: a whole data file written to while the mount runs (16 bytes zeroed by hand,
+/// the page cache dropped) was handed to the kernel as it was: passthrough reads returned
+/// the damaged bytes. A file changed since it was whole and intact is checked first.
+#[test]
+fn a_whole_file_changed_on_disk_is_checked_before_the_kernel_reads_it() {
+    use std::os::unix::fs::FileExt;
+    let (d, p) = (dir("changed"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(3 * B as usize, 5);
+    let size = data.len() as u64;
+    put_blocks(&c, &p, "k", "e", &data, 0..3);
+    let path = c.path_of("k", "e");
+    std::thread::sleep(std::time::Duration::from_millis(20)); // a later mtime
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&[0u8; 16], B + 100).unwrap();
+    drop(f);
+    assert!(c.whole("k", "e", size).is_none(), "damaged bytes handed over");
+    assert!(c.contains("k", "e", 0) && !c.contains("k", "e", 1), "the damaged block is dropped, the others kept");
+    // Refetched, it is whole again; touched only (same bytes), it is checked and kept.
+    put_blocks(&c, &p, "k", "e", &data, [1]);
+    assert!(read_all(&c.whole("k", "e", size).expect("whole again")) == data);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&data[..16], 0).unwrap();
+    drop(f);
+    assert!(read_all(&c.whole("k", "e", size).expect("same bytes")) == data);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -66,10 +66,10 @@ impl DiskCache {
     /// intact (checked once per process, see the module doc). Blocking file I/O.
     pub fn whole(self: &Arc<Self>, key: &str, identity: &str, size: u64) -> Option<WholeFile> {
         let name = Self::name(key, identity);
-        let (checked, gen, crcs) = {
+        let (checked, gen, crcs, stamp) = {
             let m = self.entries.lock().unwrap();
             let e = m.get(&name).filter(|e| !e.evicted && e.size == size && e.complete())?;
-            (e.checked, e.gen, if e.checked { Vec::new() } else { e.crcs.clone() })
+            (e.checked, e.gen, e.crcs.clone(), e.stamp)
         };
         self.index.get(&name); // marks it recently used
         let fail = |why: &str| {
@@ -78,10 +78,16 @@ impl DiskCache {
             None
         };
         let Ok(file) = File::open(self.data_path(&name)) else { return fail("cannot be opened") };
-        if file.metadata().map(|m| m.len()).ok() != Some(size) {
+        let Some(now) = file.metadata().ok().map(|m| super::stamp_of(&m)).filter(|s| s.0 == size) else {
             return fail("has the wrong size");
+        };
+        // Changed since it was whole and intact (written to by hand, another program): the
+        // kernel would read whatever it holds now, so it is checked first.
+        let changed = stamp.is_some_and(|s| s != now);
+        if changed {
+            tracing::warn!(%key, "disk cache file changed on disk since it was written; checking it");
         }
-        if !checked {
+        if !checked || changed {
             let bad = self.bad_blocks(&file, size, &crcs);
             if !bad.is_empty() {
                 tracing::warn!(%key, blocks = ?bad, "disk cache blocks failed their checksum; fetched again");
@@ -96,6 +102,7 @@ impl DiskCache {
         }
         let mut m = self.entries.lock().unwrap();
         let e = m.get_mut(&name).filter(|e| e.gen == gen)?;
+        e.stamp = Some(now);
         *e.pin.name.lock().unwrap() = name.clone();
         e.pin.count.fetch_add(1, Relaxed);
         Some(WholeFile { file, pin: WholePin { cache: self.clone(), pins: e.pin.clone() } })
@@ -166,6 +173,7 @@ impl DiskCache {
         for (b, crc) in crcs.into_iter().enumerate() {
             e.record(b as u64, self.block_len(size, b as u64), crc.expect("every block read"));
         }
+        e.stamp = std::fs::metadata(self.data_path(&name)).ok().map(|m| super::stamp_of(&m));
         if let Err(err) = self.write_meta(&name, &e) {
             tracing::debug!(%key, "disk cache sidecar not written: {err}");
             let _ = std::fs::remove_file(self.data_path(&name));
