@@ -504,15 +504,13 @@ impl Fs {
     }
 
     pub(crate) fn reader_for(&self, node: &Node) -> Arc<FileReader> {
-        Arc::new(FileReader::new(
-            self.store.clone(),
-            self.read_cache.clone(),
-            node.key.clone(),
-            node.version.tag().map(str::to_owned),
-            node.identity(),
-            node.size,
-            self.cfg.max_prefetch,
-        ))
+        self.reader_of(node.key.clone(), node.version.tag().map(str::to_owned), node.identity(), node.size)
+    }
+
+    /// A reader of version `identity` (tag `tag`, `size` bytes) of the object at `key`.
+    pub(crate) fn reader_of(&self, key: String, tag: Option<String>, identity: String, size: u64) -> Arc<FileReader> {
+        let (store, cache) = (self.store.clone(), self.read_cache.clone());
+        Arc::new(FileReader::new(store, cache, key, tag, identity, size, self.cfg.max_prefetch))
     }
 
     pub fn releasedir(&self, fh: u64) {

@@ -350,15 +350,7 @@ impl Fs {
             return None;
         }
         tracing::debug!(key = %node.key, from = %moved.key, "opened from the cache before its move is done");
-        Some(Arc::new(crate::read::FileReader::new(
-            self.store.clone(),
-            self.read_cache.clone(),
-            moved.key,
-            moved.tag,
-            moved.identity,
-            moved.size,
-            self.cfg.max_prefetch,
-        )))
+        Some(self.reader_of(moved.key, moved.tag, moved.identity, moved.size))
     }
 
     /// Staged files at or below `key` (just moved there) name their new keys in their
