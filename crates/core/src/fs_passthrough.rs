@@ -210,6 +210,10 @@ impl Fs {
             return;
         }
         let Some(path) = st.as_uploaded() else { return };
+        // Clean, in the bucket, and unstaged by the caller next: its key sidecar goes before
+        // the data file moves (a crash between would leave a key with no data, which
+        // recovery takes for data lost).
+        st.drop_key();
         let (key, size) = (node.key.clone(), node.size);
         let given = crate::sync::blocking(move || disk.give_whole(&key, &identity, size, &path)).await;
         if given == Some(true) {

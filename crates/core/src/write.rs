@@ -610,8 +610,11 @@ pub(crate) fn unique() -> String {
 /// or committed marker, the committed version's copy, the create-only mark, its attributes.
 pub(crate) const SIDECARS: [&str; 5] = ["key", "open", "base", "excl", "attrs"];
 
-/// Remove a staged data file's sidecars, and the data file itself if `with_data`.
+/// Remove a staged data file's sidecars, and the data file itself if `with_data`. The
+/// key sidecar goes first: a crash midway leaves data with no key (dropped as never
+/// dirty), never a key with no data (which recovery takes for data lost).
 pub(crate) fn remove_staged(data: &Path, with_data: bool) {
+    let _ = std::fs::remove_file(data.with_extension("key"));
     if with_data {
         let _ = std::fs::remove_file(data);
     }
