@@ -66,10 +66,10 @@ impl DiskCache {
     /// intact (checked once per process, see the module doc). Blocking file I/O.
     pub fn whole(self: &Arc<Self>, key: &str, identity: &str, size: u64) -> Option<WholeFile> {
         let name = Self::name(key, identity);
-        let (checked, gen, crcs, stamp) = {
+        let (checked, gen, stamp) = {
             let m = self.entries.lock().unwrap();
             let e = m.get(&name).filter(|e| !e.evicted && e.size == size && e.complete())?;
-            (e.checked, e.gen, e.crcs.clone(), e.stamp)
+            (e.checked, e.gen, e.stamp)
         };
         self.index.get(&name); // marks it recently used
         let fail = |why: &str| {
@@ -88,6 +88,8 @@ impl DiskCache {
             tracing::warn!(%key, "disk cache file changed on disk since it was written; checking it");
         }
         if !checked || changed {
+            // (Copied only here: an open of a checked file need not copy a large one's.)
+            let crcs = self.entries.lock().unwrap().get(&name).filter(|e| e.gen == gen)?.crcs.clone();
             let bad = self.bad_blocks(&file, size, &crcs);
             if !bad.is_empty() {
                 tracing::warn!(%key, blocks = ?bad, "disk cache blocks failed their checksum; fetched again");

@@ -260,13 +260,14 @@ fn sweep_orphans(dir: &Path) -> Vec<String> {
             Some(x) if SIDECARS.contains(&x) => !p.with_extension("data").exists(),
             _ => false,
         };
-        if orphan && p.extension().is_some_and(|x| x == "key") && e.file_type().is_ok_and(|t| t.is_file()) {
+        if !orphan || !e.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        if p.extension().is_some_and(|x| x == "key") {
             lost.extend(lost_data(dir, &p));
         }
-        if orphan && e.file_type().is_ok_and(|t| t.is_file()) {
-            tracing::debug!(path = %p.display(), "left by a crash beside no staged data: removed");
-            let _ = std::fs::remove_file(&p);
-        }
+        tracing::debug!(path = %p.display(), "left by a crash beside no staged data: removed");
+        let _ = std::fs::remove_file(&p);
     }
     lost
 }
