@@ -422,3 +422,7 @@ mod crash_tests;
 #[cfg(test)]
 #[path = "write_back_landing_tests.rs"]
 mod landing_tests;
+
+#[cfg(test)]
+#[path = "write_back_rename_tests.rs"]
+mod rename_tests;
