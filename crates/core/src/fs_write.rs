@@ -667,7 +667,7 @@ impl Fs {
             let readers = st.unlinked && self.has_open_handle(file.ino);
             if st.handles == 0 && !st.unlinked && st.watched() && st.mapped_elsewhere() {
                 // A shared mapping outlives the handles and may still write the file.
-                self.linger(file.ino, staged.clone());
+                self.linger(file.ino, &staged, &mut st);
             } else if st.handles == 0 && !st.unlinked && !st.committed() && self.write_back() {
                 // Changed since its last commit and no handle left to commit it: a mapping's
                 // writes while an upload held the file (this RELEASE did not wait for it:
@@ -705,34 +705,34 @@ impl Fs {
     /// (queued in write-back mode) as a close's would be; once the mapping is gone, the
     /// last change goes up and the staged file is dropped as at a last release. Without
     /// this, a linker's output (mapped, fd closed, then written) never reached the bucket.
-    pub(crate) fn linger(&self, ino: u64, staged: crate::write::SharedStaged) {
-        if !self.staging.lingering.lock().unwrap().insert(ino) {
-            return;
+    pub(crate) fn linger(&self, ino: u64, staged: &crate::write::SharedStaged, st: &mut Staged) {
+        if std::mem::replace(&mut st.lingering, true) {
+            return; // watched already
         }
         tracing::debug!(ino, "staged file still mapped after its last close: watched until unmapped");
-        let me = self.me.clone();
+        let (me, staged) = (self.me.clone(), staged.clone());
         crate::sync::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let Some(fs) = me.upgrade() else { return };
-                if fs.linger_tick(ino, &staged).await {
-                    fs.staging.lingering.lock().unwrap().remove(&ino);
+                if !fs.staging.is_current(ino, &staged) {
+                    return;
+                }
+                // The intent before the staged lock, as everywhere.
+                let _intent = fs.upload_intent(ino).await;
+                let mut st = staged.lock().await;
+                // Ended under the lock: a release that finds it over starts a new watch.
+                if fs.linger_tick(ino, &staged, &mut st).await {
+                    st.lingering = false;
                     return;
                 }
             }
         });
     }
 
-    /// One look at a lingering staged file; `true` when lingering is over.
-    async fn linger_tick(&self, ino: u64, staged: &crate::write::SharedStaged) -> bool {
-        let ours = || self.staging.is_current(ino, staged);
-        if !ours() {
-            return true;
-        }
-        // The intent before the staged lock, as everywhere.
-        let _intent = self.upload_intent(ino).await;
-        let mut st = staged.lock().await;
-        if !ours() || st.handles > 0 || st.unlinked {
+    /// One look at a lingering staged file (`st`, locked); `true` when lingering is over.
+    async fn linger_tick(&self, ino: u64, staged: &crate::write::SharedStaged, st: &mut Staged) -> bool {
+        if !self.staging.is_current(ino, staged) || st.handles > 0 || st.unlinked {
             return true; // an open's own release decides again; an unlinked file is gone
         }
         let mapped = st.mapped_elsewhere();
@@ -750,13 +750,13 @@ impl Fs {
             }
         }
         if st.dirty {
-            if let Err(e) = self.commit_staged(ino, &mut st, false, false) {
+            if let Err(e) = self.commit_staged(ino, st, false, false) {
                 tracing::warn!(ino, "cannot commit a mapped staged file: {e}");
                 return false;
             }
             if self.write_back() {
-                self.queue_committed(ino, &st);
-            } else if let Err(e) = self.publish(ino, &mut st).await {
+                self.queue_committed(ino, st);
+            } else if let Err(e) = self.publish(ino, st).await {
                 tracing::warn!(ino, "upload of a mapped file's writes failed, retried: {e}");
                 return false;
             }
@@ -765,7 +765,7 @@ impl Fs {
             return false;
         }
         if !st.dirty {
-            self.unstage_this(ino, staged, &mut st);
+            self.unstage_this(ino, staged, st);
         }
         true // a queued version: the queue drops the staged file after its upload
     }

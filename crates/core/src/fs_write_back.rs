@@ -363,8 +363,7 @@ impl Fs {
         let mut st = staged.lock().await;
         self.publish_committed(ino, &staged, &mut st).await?;
         // Still mapped: its lingering watch drops it (fs_write.rs).
-        let lingering = self.staging.lingering.lock().unwrap().contains(&ino);
-        if st.handles == 0 && (!st.dirty || st.unlinked) && !lingering {
+        if st.handles == 0 && (!st.dirty || st.unlinked) && !st.lingering {
             if !st.unlinked && self.staging.is_current(ino, &staged) {
                 self.keep_as_whole(ino, &mut st).await; // for reading back (passthrough.rs)
             }

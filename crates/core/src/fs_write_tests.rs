@@ -528,6 +528,42 @@ async fn a_clean_file_out_of_staging_is_never_recovered_under_its_old_name() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A mapping that outlives a file's handles is watched (`Fs::linger`); a reader's open and
+/// close meanwhile end that watch and start another, and once the mapping goes the staged
+/// file goes too. (A watch's end was recorded after the staged lock: a close just then found
+/// the watch still listed and started none, and the file stayed staged for good, its
+/// sidecars left in the staging directory; concurrency test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapped_file_leaves_staging_after_readers_come_and_go() {
+    let mem = Arc::new(MemStore::new());
+    let dir = std::env::temp_dir().join(format!("bucketfs-linger-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir.clone(), ..cfg() });
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+    fs.write(fh, 0, b"mapped bytes").await.unwrap();
+    let backing = fs.backing_file(fh).await.unwrap();
+    fs.note_passthrough_open(fh);
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap(); // the kernel's file still open: a mapping
+    assert!(fs.staging.contains(attr.ino), "dropped while mapped");
+    for _ in 0..3 {
+        let r = fs.open(attr.ino, false, false).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await; // a look finds the handle: the watch ends
+        fs.release(r).await.unwrap(); // still mapped: watched again
+    }
+    drop(backing); // the mapping goes
+    let gone = async {
+        while fs.staging.contains(attr.ino) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), gone).await.expect("still staged with nothing open or mapped");
+    assert_eq!(object(&mem, "f").await.unwrap(), b"mapped bytes");
+    assert!(!dir.join("lost+found").exists());
+    drop(fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A durable mount renames a file the kernel is still writing (open, changed since its
 /// last upload): its bytes go up under the new name, and its sidecar, which stays while
 /// the kernel may still write, names the new key. A crash then never brings the old

@@ -10,7 +10,7 @@
 //!
 //! Locks (docs/ARCHITECTURE.md, "Locking"): the map is level 3, taken after `Fs::table`
 //! when both are needed, never the other way round; `watched` likewise comes after the
-//! table (attributes are built under it); `feeding`, `lingering` and the queue's entries
+//! table (attributes are built under it); `feeding` and the queue's entries
 //! are leaves. None is held across an await; a staged file's own tokio mutex (level 2)
 //! is taken before any of them.
 
@@ -38,9 +38,6 @@ pub(crate) struct Staging {
     /// Inodes with a task feeding their parts to an eager upload (`Fs::feed_watched`).
     /// A leaf lock.
     pub(crate) feeding: Mutex<HashSet<u64>>,
-    /// Inodes whose staged file outlived its handles in a shared mapping, watched until it
-    /// goes (`Fs::linger`). A leaf lock.
-    pub(crate) lingering: Mutex<HashSet<u64>>,
     /// Staged files a background upload holds locked, with the bytes every handle reads
     /// (see [`Staging::show`]). A leaf lock.
     views: Mutex<HashMap<u64, Shown>>,
@@ -100,7 +97,6 @@ impl Staging {
             queue: Default::default(),
             watched: Mutex::new(HashMap::new()),
             feeding: Mutex::new(HashSet::new()),
-            lingering: Mutex::new(HashSet::new()),
             views: Mutex::new(HashMap::new()),
             settled: Mutex::new(HashSet::new()),
         }

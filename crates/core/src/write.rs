@@ -68,6 +68,11 @@ pub struct Staged {
     pub handles: usize,
     /// Those of `handles` opened for writing (see `Fs::settle_readers`).
     pub writers: usize,
+    /// A task watches it while a mapping outlives its handles (`Fs::linger`). Kept here,
+    /// under the staged lock, so a release deciding to linger and a watch ending never
+    /// miss each other (a set beside the map, updated after the lock, let a release find
+    /// the old watch still listed just as it ended: the file then stayed staged for good).
+    pub lingering: bool,
     /// The key named by the sidecar file, once the file has been dirty.
     key: Option<String>,
     /// Every write so far landed at the end of the file: eager upload is possible.
@@ -218,6 +223,7 @@ impl Staged {
             base: None,
             fsynced: false,
             stored: None,
+            lingering: false,
         })
     }
 
