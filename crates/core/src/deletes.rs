@@ -43,7 +43,12 @@
 //! NUL, the new key, NUL, the old key: one entry, so a crash can never leave the delete
 //! without the copy before it. A rename of a file whose own move is still pending
 //! (`mv a b; mv b c`) is journaled as `w` instead of `v`: it goes after that move, and
-//! until it is sent any other change of the key between (`b`) waits for it.
+//! until it is sent any other change of the key between (`b`) waits for it. Then, if the
+//! mount knew, NUL and what the new key held at the rename ([`Held`]): a move sent late
+//! (after an outage, or by the next mount) copies over the new key only while it still
+//! holds that. Another client wrote there since: theirs stays, and so does the file under
+//! its old name, with a warning; nothing is lost (sent minutes late, the copy replaced
+//! their file).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -112,6 +117,16 @@ fn move_order(pending: &BTreeMap<String, Pending>, from: &str, to: &str) -> Opti
         }
     }
     Some(after)
+}
+
+/// A move's journal entry: `v` (or `w`, for one that goes `after` a move to `from`), the new
+/// key, the old key, and what the new key held at the rename if known ([`Held::journaled`]).
+fn move_entry(after: bool, to: &str, from: &str, was: Option<&Held>) -> String {
+    let tag = if after { 'w' } else { 'v' };
+    match was {
+        Some(was) => format!("{tag}\0{to}\0{from}\0{}", was.journaled()),
+        None => format!("{tag}\0{to}\0{from}"),
+    }
 }
 
 /// The pending change of `key` is done: a move that went after it ([`Pending::after`])
@@ -219,7 +234,7 @@ impl DeferredDeletes {
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(text)) if !text.is_empty() => {
                     // `second`: a move's source key, a link's target.
-                    let (mut after, mut version) = (false, None);
+                    let (mut after, mut version, mut target_was) = (false, None, None);
                     let (op, again, key, only, second) = match text.split_once('\0') {
                         Some(("m", key)) => (Op::Marker, false, key.to_string(), None, None),
                         Some(("d", rest)) => {
@@ -243,6 +258,8 @@ impl DeferredDeletes {
                         Some((tag @ ("v" | "w"), rest)) => match rest.split_once('\0') {
                             Some((to, from)) => {
                                 after = tag == "w";
+                                let (from, was) = from.split_once('\0').unwrap_or((from, ""));
+                                target_was = Held::parse(was);
                                 (Op::Move, false, to.to_string(), None, Some(from.to_string()))
                             }
                             None => {
@@ -257,7 +274,18 @@ impl DeferredDeletes {
                     let late = true;
                     p.insert(
                         key,
-                        Pending { op, again, only, source, after, target, version, late, ..Pending::new(path) },
+                        Pending {
+                            op,
+                            again,
+                            only,
+                            source,
+                            after,
+                            target,
+                            version,
+                            late,
+                            target_was,
+                            ..Pending::new(path)
+                        },
                     );
                 }
                 _ => {
@@ -423,13 +451,19 @@ impl DeferredDeletes {
     /// go in the background (see the module doc). `false`, with nothing done, where it
     /// cannot wait: no journal, or a change of either key pending that must go first
     /// (`move_order`; the caller moves the object itself, which sends that change first).
-    /// `carries`: the version moved, as this mount's caches hold it ([`DeferredDeletes::moving_version`]).
-    pub async fn defer_move(&self, from: &str, to: &str, carries: Option<MovedVersion>) -> Result<bool, StoreError> {
+    /// `carries`: the version moved, as this mount's caches hold it ([`DeferredDeletes::moving_version`]);
+    /// `was`: what `to` held, where the mount knew (see the module doc).
+    pub async fn defer_move(
+        &self,
+        from: &str,
+        to: &str,
+        carries: Option<MovedVersion>,
+        was: Option<Held>,
+    ) -> Result<bool, StoreError> {
         let Some(dir) = &self.journal_dir else { return Ok(false) };
         let Some(after) = move_order(&self.pending.lock().unwrap(), from, to) else { return Ok(false) };
         let path = self.new_entry(dir);
-        let tag = if after { 'w' } else { 'v' };
-        if let Err(e) = crate::recycle::write(&path, format!("{tag}\0{to}\0{from}").as_bytes()) {
+        if let Err(e) = crate::recycle::write(&path, move_entry(after, to, from, was.as_ref()).as_bytes()) {
             tracing::warn!(%from, %to, "journaling a rename failed ({e}): moving the object now");
             return Ok(false);
         }
@@ -441,7 +475,8 @@ impl DeferredDeletes {
             return Ok(false);
         }
         let source = Some(from.to_string());
-        p.insert(to.to_string(), Pending { op: Op::Move, source, after, carries, ..Pending::new(path) });
+        let target_was = was;
+        p.insert(to.to_string(), Pending { op: Op::Move, source, after, carries, target_was, ..Pending::new(path) });
         drop(p);
         self.work.notify_one();
         Ok(true)
@@ -711,6 +746,7 @@ impl Store for DeferredDeletes {
 mod send;
 #[path = "deletes_table.rs"]
 mod table;
+pub use table::Held;
 use table::{hex_md5s, parse_md5s, Op, Pending, Table};
 
 #[cfg(test)]

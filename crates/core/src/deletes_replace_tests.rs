@@ -29,7 +29,7 @@ async fn a_move_replaced_while_it_waits_for_a_marker_is_not_sent() {
     DeferredDeletes::start(&dd);
     let markers = held.hold(Op::CreateDir, u32::MAX); // made, but answered only later
     dd.defer_marker("d/").await.unwrap();
-    assert!(dd.defer_move("a", "d/b", None).await.unwrap());
+    assert!(dd.defer_move("a", "d/b", None, None).await.unwrap());
     tokio::time::sleep(Duration::from_millis(100)).await; // its attempt waits for the marker
     dd.defer("d/b").await.unwrap();
     let put = tokio::spawn({
@@ -56,7 +56,7 @@ async fn a_file_made_again_where_a_replaced_move_copies_from_is_kept() {
     let dd = DeferredDeletes::new(held.clone(), &staging("move-replaced-copying"));
     DeferredDeletes::start(&dd);
     let copy = held.hold(Op::Copy, 1);
-    assert!(dd.defer_move("a", "b", None).await.unwrap());
+    assert!(dd.defer_move("a", "b", None, None).await.unwrap());
     tokio::time::sleep(Duration::from_millis(100)).await; // its copy is out
     dd.defer("b").await.unwrap();
     let put = tokio::spawn({
@@ -84,9 +84,9 @@ async fn chained_moves_replaced_while_out_wait_for_nothing_for_good() {
     let dd = DeferredDeletes::new(held.clone(), &staging("chain-replaced"));
     DeferredDeletes::start(&dd);
     let copy = held.hold(Op::Copy, 1);
-    assert!(dd.defer_move("a", "b", None).await.unwrap());
+    assert!(dd.defer_move("a", "b", None, None).await.unwrap());
     tokio::time::sleep(Duration::from_millis(100)).await; // its copy is out
-    assert!(dd.defer_move("b", "c", None).await.unwrap());
+    assert!(dd.defer_move("b", "c", None, None).await.unwrap());
     tokio::time::sleep(Duration::from_millis(100)).await; // its attempt waits for `b`'s
     dd.defer("c").await.unwrap();
     copy.add_permits(1);
@@ -107,7 +107,7 @@ async fn a_link_made_at_a_moved_links_old_name_survives_the_moves_delete() {
     let dd = DeferredDeletes::new(held.clone(), &staging("link-again"));
     let copy = held.hold(Op::Copy, 1); // nothing goes before the last change is journaled
     DeferredDeletes::start(&dd);
-    assert!(dd.defer_move("b.rclonelink", "a.rclonelink", None).await.unwrap());
+    assert!(dd.defer_move("b.rclonelink", "a.rclonelink", None, None).await.unwrap());
     dd.defer_link("b.rclonelink", "t2").await.unwrap();
     dd.defer("a.rclonelink").await.unwrap();
     copy.add_permits(1);

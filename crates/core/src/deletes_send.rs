@@ -84,6 +84,69 @@ impl DeferredDeletes {
         crate::moves::settle(self.inner.as_ref(), from, to, None, false).await.map(|_| ())
     }
 
+    /// [`Op::Move`] of `from` to `to`; `was`: what `to` held at the rename, for a move sent
+    /// late (after an outage, or by the next mount). Such a move first asks whether `to`
+    /// still holds that (or the copy of an attempt cut off): if another client wrote there
+    /// since, no copy goes over theirs. The file then stays under its old name, or a rename
+    /// of it pending after this one (`mv a b; mv b c`) moves it from there.
+    async fn send_move(&self, from: &str, to: &str, was: Option<Held>) -> Result<(), StoreError> {
+        if let Some(was) = was {
+            if self.written_since(from, to, &was).await? {
+                self.keep_both(from, to);
+                return Ok(());
+            }
+        }
+        self.apply_move(from, to).await
+    }
+
+    /// Whether `to` holds an object written since the rename that found `was` there: not
+    /// that, and not a copy of `from` (an attempt that landed, its answer cut off). A
+    /// source gone was moved already.
+    async fn written_since(&self, from: &str, to: &str, was: &Held) -> Result<bool, StoreError> {
+        let head = |key| self.inner.head(key, HeadOpts { digests: true, ..Default::default() });
+        let now = match head(to).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(false),
+            r => r?,
+        };
+        if matches!(was, Held::Version(tag) if now.meta.etag.as_deref() == Some(tag.as_str())) {
+            return Ok(false);
+        }
+        let src = match head(from).await {
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(false),
+            r => r?,
+        };
+        // A copy that kept its source's tag tells by it; else the MD5 the store tells does.
+        // Told neither, the object stays (and the file under its old name: nothing lost).
+        let md5 = |h: &ObjectHead| h.md5.or_else(|| h.content_md5());
+        let same_tag = now.meta.etag.is_some() && now.meta.etag == src.meta.etag;
+        Ok(!same_tag && (md5(&now).is_none() || md5(&now) != md5(&src)))
+    }
+
+    /// The move of `from` to `to` is not made (see [`DeferredDeletes::send_move`]): the
+    /// file's next rename, pending after it, moves it from `from` now (journaled so first).
+    fn keep_both(&self, from: &str, to: &str) {
+        let next: Vec<(String, PathBuf, Option<Held>)> = {
+            let p = self.pending.lock().unwrap();
+            let after_this = |e: &Pending| e.op == Op::Move && e.after && e.source.as_deref() == Some(to);
+            p.iter()
+                .filter(|(_, e)| after_this(e))
+                .map(|(k, e)| (k.clone(), e.journal.clone(), e.target_was.clone()))
+                .collect()
+        };
+        if next.is_empty() {
+            tracing::warn!(%from, %to, "a rename sent late found another client's object written at the new name since: it stays, and so does the renamed file, under its old name");
+        }
+        for (key, journal, was) in next {
+            tracing::warn!(%from, %to, next = %key, "a rename sent late found another client's object written at the new name since: it stays, and the file's next rename moves it from its old name");
+            if let Err(e) = crate::recycle::write(&journal, move_entry(false, &key, from, was.as_ref()).as_bytes()) {
+                tracing::error!(%key, %from, "journaling where a rename moves from failed: {e}");
+            }
+            if let Some(e) = self.pending.lock().unwrap().get_mut(&key) {
+                (e.source, e.after) = (Some(from.to_string()), false);
+            }
+        }
+    }
+
     /// One attempt at `key`'s pending change (marked in flight by the caller). Boxed: it
     /// may wait for a rename from the key, whose send it spawns (a type holding itself).
     pub(super) fn send(&self, key: String) -> futures::future::BoxFuture<'_, ()> {
@@ -92,8 +155,9 @@ impl DeferredDeletes {
 
     pub(super) async fn send_now(&self, key: String) {
         let Some((op, gen, only, source, after, target, late)) = self.pending.lock().unwrap().get(&key).map(|e| {
-            // A delete sent late takes only the version unlinked (`Pending::version`).
-            let late = e.version.clone().filter(|_| e.late);
+            // A delete sent late takes only the version unlinked (`Pending::version`); a
+            // move, only while its target holds what it held (`Pending::target_was`).
+            let late = e.late.then(|| (e.version.clone(), e.target_was.clone()));
             (e.op, e.gen, e.only.clone(), e.source.clone(), e.after, e.target.clone(), late)
         }) else {
             return;
@@ -128,11 +192,18 @@ impl DeferredDeletes {
         // for `d/`'s marker, then `rm d/b`): only that one goes. Sent anyway, the stale move
         // copied `a` and deleted it, by then a new file of that name uploaded meanwhile.
         let replaced = first.is_ok() && self.pending.lock().unwrap().get(&key).is_none_or(|e| e.gen != gen);
+        // The file's earlier move, waited for, may have been left undone (`keep_both`):
+        // this one then moves it from where it still is.
+        let source = match after {
+            true => self.pending.lock().unwrap().get(&key).and_then(|e| e.source.clone()).or(source),
+            false => source,
+        };
+        let (late_tag, late_was) = late.unwrap_or_default();
         let r = match (first, source) {
             (Err(e), _) => Err(e),
             (Ok(()), _) if replaced => Ok(()),
-            (Ok(()), Some(from)) => self.apply_move(&from, &key).await,
-            (Ok(()), None) => match late {
+            (Ok(()), Some(from)) => self.send_move(&from, &key, late_was).await,
+            (Ok(()), None) => match late_tag {
                 Some(tag) if op == Op::Delete => self.delete_late(&key, tag).await,
                 _ => self.apply(&key, op, only.as_deref(), target.as_deref()).await,
             },

@@ -146,6 +146,37 @@ pub(super) struct Pending {
     /// An attempt failed (the store out), or an earlier mount left it pending: it goes
     /// late, maybe long after the unlink.
     pub(super) late: bool,
+    /// [`Op::Move`]: what its target held at the rename, where the mount knew. A move sent
+    /// late copies over the target only while it still holds that (`DeferredDeletes::send_move`).
+    pub(super) target_was: Option<Held>,
+}
+
+/// What a move's target key held when the rename was made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// No object the mount knew of.
+    Nothing,
+    /// The object of this tag (the rename replaced it).
+    Version(String),
+}
+
+impl Held {
+    /// As a move's journal entry keeps it (the field after the old key).
+    pub(super) fn journaled(&self) -> String {
+        match self {
+            Held::Nothing => "n".to_string(),
+            Held::Version(tag) => format!("t{tag}"),
+        }
+    }
+
+    /// [`Held::journaled`] read back; `None` for an entry without it (unknown).
+    pub(super) fn parse(text: &str) -> Option<Self> {
+        match text.split_at_checked(1) {
+            Some(("n", "")) => Some(Held::Nothing),
+            Some(("t", tag)) if !tag.is_empty() => Some(Held::Version(tag.to_string())),
+            _ => None,
+        }
+    }
 }
 
 impl Pending {
@@ -169,6 +200,7 @@ impl Pending {
             carries: None,
             version: None,
             late: false,
+            target_was: None,
         }
     }
 

@@ -276,7 +276,7 @@ async fn a_request_waiting_for_a_move_waits_for_the_delete_that_takes_its_place(
     crate::deletes::DeferredDeletes::start(&dd);
     let copy = copies.hold(Op::Copy, 1);
     let del = deletes.hold(Op::Delete, 3);
-    assert!(dd.defer_move("a", "b", None).await.unwrap());
+    assert!(dd.defer_move("a", "b", None, None).await.unwrap());
     let head = tokio::spawn({
         let dd = dd.clone();
         async move { dd.head("a", Default::default()).await }

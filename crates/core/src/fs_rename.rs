@@ -527,6 +527,19 @@ impl Fs {
         self.defer_object_move(&src.key, new_key, replaced, carries).await
     }
 
+    /// What a rename's target held, as far as the mount knows: nothing (no file had the
+    /// name), or the version of a file in the bucket that no staged file of ours may
+    /// replace meanwhile. `replaced`: the target's inode. (See `DeferredDeletes::send_move`.)
+    fn held_by(&self, replaced: Option<u64>) -> Option<crate::deletes::Held> {
+        use crate::deletes::Held;
+        let Some(ino) = replaced else { return Some(Held::Nothing) };
+        if self.staging.contains(ino) {
+            return None; // ours, maybe uploading or cut off: anything may be there
+        }
+        let node = self.node(ino).ok()?;
+        node.version.tag().map(|tag| Held::Version(tag.to_string()))
+    }
+
     /// Journal the move of object `from` to `to` for the background, on a write-back mount
     /// of a store that moves by copy and delete; `false` where the caller moves it now.
     /// `replaced`: the target's staged file, whose bytes the move replaces: they must not be
@@ -549,7 +562,7 @@ impl Fs {
             Some(s) => Some(s.lock().await),
             None => None,
         };
-        if !d.defer_move(from, to, carries).await? {
+        if !d.defer_move(from, to, carries, self.held_by(replaced)).await? {
             return Ok(false);
         }
         if let Some(st) = held.as_mut() {

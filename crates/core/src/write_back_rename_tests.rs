@@ -7,7 +7,7 @@ use std::time::Duration;
 use bucketfs_store::testing::{FailStore, MemStore, Op};
 use bucketfs_store::{Store, StoreErrorKind};
 
-use super::tests::{cfg, keys, object, staging, write_file};
+use super::tests::{cfg, cfg_ttl0, keys, object, staging, write_file};
 use crate::fs::{Fs, FsConfig, ROOT_INO};
 
 /// logrotate's `mv app.log app.log.1` while the app still appends, then a crash before the
@@ -199,4 +199,69 @@ async fn a_renamed_file_whose_bytes_are_cached_opens_while_its_move_hangs() {
     assert_eq!(fs.read(fh, 0, 16).await.unwrap(), &body[..16]);
     fs.release(fh).await.unwrap();
     assert!(fs.node(ino).unwrap().version.tag().is_some(), "the copy's tag not learned");
+}
+
+/// Renames journaled while the store is out and sent by the next mount never copy over an
+/// object another client wrote at the new name meanwhile: theirs stays, and so does the
+/// renamed file, under its old name; renamed on (`mv z z2; mv z2 z3`), it moves from there.
+/// Before, `mv y y2` replaced the other client's `y2`, and the chain deleted their `z2`.
+#[tokio::test]
+async fn a_rename_sent_late_leaves_another_clients_object_at_the_new_name() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("late-move-other");
+    {
+        let down = Arc::new(FailStore::new(mem.clone(), Op::Copy, 1, 1_000_000, StoreErrorKind::Unavailable));
+        let fs = Fs::new(down, cfg_ttl0(&dir));
+        fs.start_write_back();
+        for name in ["y", "z", "w"] {
+            write_file(&fs, name, format!("mine {name}").as_bytes()).await;
+        }
+        assert!(fs.sync_write_back().await.is_empty());
+        for (from, to) in [("y", "y2"), ("z", "z2"), ("z2", "z3"), ("w", "w2")] {
+            fs.rename(ROOT_INO, from, ROOT_INO, to, false).await.unwrap();
+        }
+    } // the "crash", the copies never made
+    for key in ["y2", "z2"] {
+        mem.put(key, format!("another client's {key}").into(), Default::default()).await.unwrap();
+    }
+    let fs = Fs::new(mem.clone(), cfg_ttl0(&dir));
+    fs.start_write_back();
+    assert!(fs.sync_write_back().await.is_empty());
+    let got = |k: &'static str| {
+        let mem = mem.clone();
+        async move { object(mem.as_ref(), k).await.map(|b| String::from_utf8(b).unwrap()) }
+    };
+    assert_eq!(got("y2").await.as_deref(), Some("another client's y2"), "copied over their y2");
+    assert_eq!(got("y").await.as_deref(), Some("mine y"), "the renamed file was lost");
+    assert_eq!(got("z2").await.as_deref(), Some("another client's z2"), "their z2 replaced or deleted");
+    assert_eq!(got("z3").await.as_deref(), Some("mine z"));
+    assert_eq!(got("w2").await.as_deref(), Some("mine w"), "a rename nobody raced must still go");
+    assert_eq!(keys(mem.as_ref()).await, ["w2", "y", "y2", "z2", "z3"]);
+}
+
+/// The same without a crash: the store out at the rename (its first copy fails), back after
+/// another client wrote the new name; the retry leaves their object. A target the rename
+/// replaced (its version known) is still replaced.
+#[tokio::test]
+async fn a_rename_retried_after_an_outage_leaves_another_clients_object() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("late-move-retry");
+    let down = Arc::new(FailStore::new(mem.clone(), Op::Copy, 1, 2, StoreErrorKind::Unavailable));
+    let fs = Fs::new(down.clone(), cfg_ttl0(&dir));
+    fs.start_write_back();
+    for name in ["a", "b", "old"] {
+        write_file(&fs, name, format!("mine {name}").as_bytes()).await;
+    }
+    assert!(fs.sync_write_back().await.is_empty());
+    fs.rename(ROOT_INO, "a", ROOT_INO, "a2", false).await.unwrap();
+    fs.rename(ROOT_INO, "b", ROOT_INO, "old", false).await.unwrap(); // replaces our `old`
+    while down.calls() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    mem.put("a2", bytes::Bytes::from_static(b"written since"), Default::default()).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(object(mem.as_ref(), "a2").await.unwrap(), b"written since");
+    assert_eq!(object(mem.as_ref(), "a").await.unwrap(), b"mine a");
+    assert_eq!(object(mem.as_ref(), "old").await.unwrap(), b"mine b");
+    assert_eq!(keys(mem.as_ref()).await, ["a", "a2", "old"]);
 }
