@@ -29,6 +29,47 @@ fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A process's shared mapping of a file the kernel writes for it (passthrough), written
+/// again after an upload on a page it had made dirty before: the write is seen. The kernel
+/// moves the mtime only when a write faults, on a clean page: the upload writes the pages
+/// out first, so every later write faults. Before, a linker's `mv out.tmp out` (an upload)
+/// then a write to the same page left the bucket without it, for good (tester T).
+#[tokio::test]
+async fn a_mapped_write_after_an_upload_on_a_page_dirty_before_is_seen() {
+    let (dir, mut st) = staged("mapped", 5);
+    let kernel = st.watch_external("k").unwrap();
+    kernel.set_len(8192).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of 8 KiB of a file of that length, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            kernel.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let page = map as *mut u8;
+    // SAFETY: within the mapping.
+    unsafe { std::ptr::copy_nonoverlapping(b"abc".as_ptr(), page, 3) };
+    assert!(st.observe().unwrap());
+    let mem = bucketfs_store::testing::MemStore::new();
+    st.upload(&mem, "k", WriteOptions::default(), &FileAttrs::default()).await.unwrap();
+    assert!(!st.dirty);
+    std::thread::sleep(std::time::Duration::from_millis(20)); // a new mtime on any kernel
+                                                              // SAFETY: within the mapping.
+    unsafe { std::ptr::copy_nonoverlapping(b"def".as_ptr(), page.add(10), 3) };
+    let seen = st.observe().unwrap();
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(map, 8192) };
+    assert!(seen, "a write through the mapping after the upload was missed");
+    assert!(st.dirty);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A version committed by an fsync and sent again after a cut-off upload (one that may still
 /// land over it) keeps the fsync's promise: a change after it copies it aside, synced, as
 /// after the fsync itself; not as an unsynced close would.

@@ -189,6 +189,9 @@ impl Staged {
         attrs: &FileAttrs,
     ) -> Result<ObjectMeta, FsError> {
         self.settle()?;
+        if self.watched() {
+            self.write_out()?;
+        }
         self.observe()?;
         let gen = self.write_gen;
         let size = self.size;
@@ -314,6 +317,22 @@ impl Staged {
             self.forget_base(); // the bucket holds what was committed, or newer
         }
         Ok(meta)
+    }
+
+    /// Write the file's dirty pages out (and wait), before an upload reads a file the kernel
+    /// writes (passthrough). A process's shared mapping writes a page it made dirty with no
+    /// fault, and only a fault moves the mtime [`Staged::observe`] goes by; written out, the
+    /// page is write-protected again, so each write after the upload faults and is seen.
+    /// (Before, a write through a mapping after an upload, to a page written before it, never
+    /// reached the bucket: tester T.)
+    fn write_out(&self) -> Result<(), FsError> {
+        use std::os::fd::AsRawFd;
+        let all = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: a descriptor this staged file owns; offset 0, length 0: the whole file.
+        if unsafe { libc::sync_file_range(self.file.as_raw_fd(), 0, 0, all) } != 0 {
+            return Err(local(std::io::Error::last_os_error()));
+        }
+        Ok(())
     }
 
     /// Whether the parts an eager upload sent still hold what was sent (always, unless the
