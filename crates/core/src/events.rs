@@ -2,7 +2,7 @@
 //! at once, and listings trusted past the TTL while the events flow.
 //!
 //! [`crate::Fs::follow_events`] consumes a [`bucketfs_store::events::Feed`] (crates/store `events.rs`). `Up` starts the
-//! trust (`InodeTable::set_events_since`), `Gap` restarts it (listings fetched before are
+//! trust (`InodeTable::set_events_since`; for at most [`EVENT_TRUST_MAX`] per answer), `Gap` restarts it (listings fetched before are
 //! back on their TTL), `Down` ends it: the mount then works on its TTL alone, says so in its
 //! log and `bucketfs status`, and trusts events again after the next `Up`. Each event goes
 //! through `InodeTable::apply_event` (the rules for late and own events are there), then the
@@ -17,6 +17,13 @@ use std::time::{Duration, SystemTime};
 
 /// The kernel's timeouts with `--notify`: events reach this process, not the kernel.
 pub const KERNEL_TTL_CAP: Duration = Duration::from_secs(1);
+
+/// How long past its fetch a listing or an attribute stays trusted on the events' word,
+/// however long they flow: a source may hold an event back (the MinIO built here sends its
+/// stream in 4 KB bursts, so one change in a quiet bucket waited for good) or lose it
+/// unannounced (a queue's subscription), and the name showed a removed file for as long.
+/// The store is asked again after this (or the TTL, if longer).
+pub const EVENT_TRUST_MAX: Duration = Duration::from_secs(60);
 
 /// Kernel notices waiting for the one thread that sends them; past this, a flood of events
 /// drops them (counted): the kernel then keeps what it cached for at most

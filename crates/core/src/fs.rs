@@ -325,7 +325,8 @@ impl Fs {
     /// Whether attributes confirmed `at` still answer: within the TTL, or confirmed while
     /// the store's events flow (`events.rs`).
     pub(crate) fn fresh(&self, at: Instant) -> bool {
-        self.cfg.clock.since(at) < self.cfg.metadata_ttl || self.events.vouches_for(at)
+        let age = self.cfg.clock.since(at);
+        age < self.cfg.metadata_ttl || age < crate::events::EVENT_TRUST_MAX && self.events.vouches_for(at)
     }
 
     pub(crate) fn attr(&self, n: &Node) -> Attr {

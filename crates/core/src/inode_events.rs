@@ -1,8 +1,8 @@
 //! The store's change events in the inode table (`bucketfs mount --notify`).
 //!
 //! While events flow without a break ([`InodeTable::set_events_since`]), a listing fetched
-//! since they started stays trusted past its TTL: a change by anyone else arrives as an
-//! event and is applied here, so nothing but an event needs to ask the store again.
+//! since they started stays trusted past its TTL (up to [`crate::events::EVENT_TRUST_MAX`]):
+//! a change by anyone else arrives as an event and is applied here.
 //!
 //! An event is applied to the one name it is about. It counts as a change of the directory
 //! in the store, so a listing sent before it lands overtaken (it may not erase the event);
@@ -47,9 +47,13 @@ impl InodeTable {
     }
 
     /// Whether `l` answers without asking the store: within its TTL, or fetched while
-    /// events flowed (and not overtaken by a change here: `valid_for` zero).
+    /// events flowed (and not overtaken by a change here: `valid_for` zero), up to
+    /// [`crate::events::EVENT_TRUST_MAX`] ago.
     pub fn trusted(&self, l: &Listing) -> bool {
-        l.is_fresh(self.clock.now()) || (!l.valid_for.is_zero() && self.events_since.is_some_and(|s| l.at >= s))
+        let now = self.clock.now();
+        let vouched = self.events_since.is_some_and(|s| l.at >= s)
+            && now.saturating_duration_since(l.at) < crate::events::EVENT_TRUST_MAX;
+        l.is_fresh(now) || (!l.valid_for.is_zero() && vouched)
     }
 
     /// An instant that counts as expired both by the TTL and by events.
