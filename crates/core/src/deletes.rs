@@ -571,6 +571,7 @@ impl DeferredDeletes {
                 (e.op, e.again, e.only, e.gen, e.source, e.target) = (op, again, only, e.gen + 1, None, target);
                 (e.version, e.late) = (version, false);
                 (e.after, e.after_put_in_flight) = (false, after_put_in_flight);
+                (e.carries, e.target_was) = (None, None); // a move's, and this is none
                 (e.attempts, e.failed, e.not_before, e.next_try) = (0, None, None, Instant::now());
                 let is = e.moving();
                 p.hint(Instant::now(), key);
