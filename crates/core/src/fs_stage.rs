@@ -160,7 +160,16 @@ impl Fs {
                 return Err(e);
             }
         }
-        if guard.is_some() && !truncate {
+        // Moved here, the move not sent yet (write-back), the version it moves whole in the
+        // disk cache: filled from there, with no HEAD or GET of the new key (both wait for
+        // the move: with the store hanging, an append to a renamed file waited 4 minutes,
+        // then failed with ETIMEDOUT; tester U).
+        let moving = match guard.is_some() && !truncate {
+            true => self.node(node.ino).ok().filter(|n| n.version == Version::Unknown),
+            false => None,
+        };
+        let moving = moving.and_then(|n| self.reader_of_pending_move(&n));
+        if guard.is_some() && !truncate && moving.is_none() {
             // To be filled from the store, pinned to the version the node names: one not
             // validated within the TTL is asked about first (a directory rename gives the
             // moved objects new generations; the fill's If-Match then failed with ESTALE).
@@ -239,6 +248,10 @@ impl Fs {
             // else from the store (whose If-Match finds another client's replacement).
             let (key, size, tag) = (&node.key, node.size, node.version.tag());
             let filled = async {
+                let moved = |b| moving.as_ref().and_then(|r| r.cached_block(b));
+                if moving.is_some() && st.fill_cached(key, size, None, crate::read::BLOCK, moved).await? {
+                    return Ok(()); // (no version stored under the new key yet to patch)
+                }
                 if self.write_back() {
                     let reader = self.reader_for(node);
                     let whole = reader.all_cached(CACHED_FILL_MAX);

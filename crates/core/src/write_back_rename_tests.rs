@@ -265,3 +265,43 @@ async fn a_rename_retried_after_an_outage_leaves_another_clients_object() {
     assert_eq!(object(mem.as_ref(), "old").await.unwrap(), b"mine b");
     assert_eq!(keys(mem.as_ref()).await, ["a", "a2", "old"]);
 }
+
+/// As above for a change: an append to a file renamed while the store hangs, and a truncate
+/// of another, stage the file from the disk cache and return at once; once the store is
+/// back, the moves go first and the changed files replace their copies (tester U: each
+/// waited 4 minutes for the move, then failed with ETIMEDOUT).
+#[tokio::test]
+async fn a_renamed_file_whose_bytes_are_cached_changes_while_its_move_hangs() {
+    use crate::fs::SetAttr;
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("rename-cached-change");
+    let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
+    let fs = Fs::new(
+        held.clone(),
+        FsConfig { disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg(&dir.join("staging"), 0) },
+    );
+    fs.set_passthrough(true); // kept whole at its last release
+    fs.start_write_back();
+    let body: Vec<u8> = (0..2 << 20).map(|i| (i * 7 % 253) as u8).collect();
+    let (a, t) = (write_file(&fs, "a", &body).await, write_file(&fs, "t", &body).await);
+    assert!(fs.sync_write_back().await.is_empty());
+    let copies = held.hold(Op::Copy, u32::MAX);
+    fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await.unwrap();
+    fs.rename(ROOT_INO, "t", ROOT_INO, "u", false).await.unwrap();
+    let change = async {
+        let fh = fs.open(a, true, false).await.unwrap();
+        fs.write(fh, body.len() as u64, b"+more").await.unwrap();
+        fs.flush(fh).await.unwrap();
+        fs.release(fh).await.unwrap();
+        fs.setattr(t, SetAttr { size: Some(2), ..Default::default() }).await.unwrap();
+    };
+    tokio::time::timeout(Duration::from_secs(10), change).await.expect("the change waited for the move");
+    assert_eq!(keys(mem.as_ref()).await, ["a", "t"], "moved while copies were held");
+    copies.add_permits(1_000);
+    assert!(fs.sync_write_back().await.is_empty());
+    let mut want = body.clone();
+    want.extend_from_slice(b"+more");
+    assert!(object(mem.as_ref(), "b").await.unwrap() == want, "the append is not in the bucket");
+    assert_eq!(object(mem.as_ref(), "u").await.unwrap(), &body[..2]);
+    assert_eq!(keys(mem.as_ref()).await, ["b", "u"]);
+}
