@@ -293,24 +293,57 @@ impl ComposeWriter {
     async fn cleanup(&mut self) {
         while self.inflight.join_next().await.is_some() {}
         let keys: Vec<String> = self.parts.drain(..).chain(self.intermediates.drain(..)).collect();
-        delete_all(self.backend.clone(), keys, self.concurrency).await;
+        let failed = delete_all(self.backend.clone(), keys, self.concurrency).await;
+        if !failed.is_empty() {
+            // The store out (the upload's failure, likely): tried again in the background.
+            let work = delete_again(self.backend.clone(), failed, self.concurrency);
+            match (&self.background, &self.rt) {
+                (Some(bg), Some(rt)) => bg.spawn_on(work, rt),
+                (_, Some(rt)) => drop(rt.spawn(work)),
+                _ => {}
+            }
+        }
         self.pending.clear();
         self.pending_len = 0;
     }
 }
 
-/// Delete `keys`, `concurrency` at a time; failures are logged (the object itself is fine).
-async fn delete_all(backend: Arc<dyn ComposeBackend>, keys: Vec<String>, concurrency: usize) {
+/// Delete `keys`, `concurrency` at a time; returns those whose delete failed.
+async fn delete_all(backend: Arc<dyn ComposeBackend>, keys: Vec<String>, concurrency: usize) -> Vec<String> {
+    let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
     futures::stream::iter(keys)
         .for_each_concurrent(concurrency, |k| {
-            let backend = backend.clone();
+            let (backend, failed) = (backend.clone(), failed.clone());
             async move {
                 if let Err(e) = backend.delete(&k).await {
-                    tracing::warn!("could not delete temporary upload part {k}: {e}");
+                    tracing::debug!("could not delete temporary upload part {k}: {e}");
+                    failed.lock().unwrap().push(k);
                 }
             }
         })
         .await;
+    let failed = std::mem::take(&mut *failed.lock().unwrap());
+    failed
+}
+
+/// Waits between the tries of [`delete_again`]: about 4 minutes in all.
+const DELETE_AGAIN_AFTER: [u64; 9] = [1, 2, 4, 8, 15, 30, 60, 60, 60];
+
+/// Delete temporary parts whose first delete failed (the store out when the upload failed),
+/// trying again with backoff: in the store's background work, which `bucketfs sync` and
+/// unmount wait for (bounded). Before, one failed try left them in the bucket, seen by
+/// every client, until the next mount of the same mount point (tester U).
+async fn delete_again(backend: Arc<dyn ComposeBackend>, mut keys: Vec<String>, concurrency: usize) {
+    tracing::warn!(parts = keys.len(), "could not delete temporary upload parts: trying again");
+    for secs in DELETE_AGAIN_AFTER {
+        tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
+        keys = delete_all(backend.clone(), keys, concurrency).await;
+        if keys.is_empty() {
+            tracing::info!("temporary upload parts deleted");
+            return;
+        }
+    }
+    tracing::warn!(parts = ?keys, "temporary upload parts left in the bucket (the store kept refusing their delete); the next mount of this mount point removes them");
 }
 
 #[async_trait]
@@ -359,7 +392,10 @@ impl Drop for ComposeWriter {
         let (backend, concurrency) = (self.backend.clone(), self.concurrency);
         let work = async move {
             while inflight.join_next().await.is_some() {}
-            delete_all(backend, keys, concurrency).await;
+            let failed = delete_all(backend.clone(), keys, concurrency).await;
+            if !failed.is_empty() {
+                delete_again(backend, failed, concurrency).await;
+            }
         };
         let Some(rt) = self.rt.clone().or_else(|| tokio::runtime::Handle::try_current().ok()) else { return };
         match &self.background {
