@@ -441,6 +441,11 @@ impl DeferredDeletes {
         p.get(to).filter(|e| e.op == Op::Move).and_then(|e| e.carries.clone())
     }
 
+    /// Whether a move to `to` is pending (not done yet): the name is this mount's own.
+    pub fn move_pending(&self, to: &str) -> bool {
+        self.pending.lock().unwrap().get(to).is_some_and(|e| e.op == Op::Move)
+    }
+
     /// The target of link `key` if its object is still to be made (`defer_link`).
     pub fn pending_link(&self, key: &str) -> Option<String> {
         let p = self.pending.lock().unwrap();

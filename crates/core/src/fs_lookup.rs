@@ -53,7 +53,14 @@ impl Fs {
         {
             // Created or written here and maybe not uploaded yet: the local state is the truth.
             let mut t = self.table.lock().unwrap();
-            if let Some(ino) = t.child(parent, name).filter(|n| self.staging.owns(n.ino)).map(|n| n.ino) {
+            // So is a name moved here whose move is not sent yet (write-back): probing the
+            // store for it waits for that move (with the store hanging, an append to a file
+            // just renamed failed with ETIMEDOUT at its lookup; tester U).
+            let moved_here = |n: &crate::inode::Node| {
+                n.version == Version::Unknown && self.deletes.as_ref().is_some_and(|d| d.move_pending(&n.key))
+            };
+            let own = |n: &&crate::inode::Node| self.staging.owns(n.ino) || moved_here(n);
+            if let Some(ino) = t.child(parent, name).filter(own).map(|n| n.ino) {
                 t.remember(ino);
                 return Some(Ok(self.attr(t.get(ino).expect("indexed"))));
             }

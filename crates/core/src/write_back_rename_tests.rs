@@ -278,7 +278,7 @@ async fn a_renamed_file_whose_bytes_are_cached_changes_while_its_move_hangs() {
     let held = Arc::new(FailStore::new(mem.clone(), Op::Check, u64::MAX, 0, StoreErrorKind::Other));
     let fs = Fs::new(
         held.clone(),
-        FsConfig { disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg(&dir.join("staging"), 0) },
+        FsConfig { disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg_ttl0(&dir.join("staging")) },
     );
     fs.set_passthrough(true); // kept whole at its last release
     fs.start_write_back();
@@ -289,6 +289,12 @@ async fn a_renamed_file_whose_bytes_are_cached_changes_while_its_move_hangs() {
     fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await.unwrap();
     fs.rename(ROOT_INO, "t", ROOT_INO, "u", false).await.unwrap();
     let change = async {
+        // The kernel looks the names up first (every listing is past its TTL here): answered
+        // with no request, the names being this mount's own until their moves are done.
+        for (name, ino) in [("b", a), ("u", t)] {
+            let now = fs.lookup_now(ROOT_INO, name).and_then(|r| r.ok()).map(|attr| attr.ino);
+            assert_eq!(now, Some(ino), "{name}: the store was asked for it");
+        }
         let fh = fs.open(a, true, false).await.unwrap();
         fs.write(fh, body.len() as u64, b"+more").await.unwrap();
         fs.flush(fh).await.unwrap();
