@@ -480,8 +480,8 @@ impl DeferredDeletes {
             return Ok(false);
         }
         let source = Some(from.to_string());
-        let target_was = was;
-        p.insert(to.to_string(), Pending { op: Op::Move, source, after, carries, target_was, ..Pending::new(path) });
+        let entry = Pending { op: Op::Move, source, after, carries, target_was: was, ..Pending::new(path) };
+        p.insert(to.to_string(), entry);
         drop(p);
         self.work.notify_one();
         Ok(true)

@@ -56,10 +56,7 @@ impl Fs {
             // So is a name moved here whose move is not sent yet (write-back): probing the
             // store for it waits for that move (with the store hanging, an append to a file
             // just renamed failed with ETIMEDOUT at its lookup; tester U).
-            let moved_here = |n: &crate::inode::Node| {
-                n.version == Version::Unknown && self.deletes.as_ref().is_some_and(|d| d.move_pending(&n.key))
-            };
-            let own = |n: &&crate::inode::Node| self.staging.owns(n.ino) || moved_here(n);
+            let own = |n: &&crate::inode::Node| self.staging.owns(n.ino) || self.moved_here(n);
             if let Some(ino) = t.child(parent, name).filter(own).map(|n| n.ino) {
                 t.remember(ino);
                 return Some(Ok(self.attr(t.get(ino).expect("indexed"))));

@@ -344,6 +344,9 @@ impl Fs {
     /// neither for the move nor for a HEAD of the copy: with the store hanging, that was
     /// minutes (the move's attempts), then `ETIMEDOUT`, for bytes on local disk.
     pub(crate) fn reader_of_pending_move(&self, node: &crate::inode::Node) -> Option<Arc<crate::read::FileReader>> {
+        if node.version != Version::Unknown {
+            return None; // the copy's version is known: the move is done
+        }
         let moved = self.deletes.as_ref()?.moving_version(&node.key)?;
         let disk = self.read_cache.disk()?;
         if moved.size != node.size || !disk.is_complete(&moved.key, &moved.identity, moved.size) {
@@ -351,6 +354,12 @@ impl Fs {
         }
         tracing::debug!(key = %node.key, from = %moved.key, "opened from the cache before its move is done");
         Some(self.reader_of(moved.key, moved.tag, moved.identity, moved.size))
+    }
+
+    /// Whether `node` was moved here by a rename whose move is not sent yet (write-back):
+    /// until it is, the name is this mount's own, and asking the store waits for the move.
+    pub(crate) fn moved_here(&self, node: &crate::inode::Node) -> bool {
+        node.version == Version::Unknown && self.deletes.as_ref().is_some_and(|d| d.move_pending(&node.key))
     }
 
     /// Staged files at or below `key` (just moved there) name their new keys in their

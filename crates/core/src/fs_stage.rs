@@ -165,10 +165,9 @@ impl Fs {
         // the move: with the store hanging, an append to a renamed file waited 4 minutes,
         // then failed with ETIMEDOUT; tester U).
         let moving = match guard.is_some() && !truncate {
-            true => self.node(node.ino).ok().filter(|n| n.version == Version::Unknown),
+            true => self.node(node.ino).ok().and_then(|n| self.reader_of_pending_move(&n)),
             false => None,
         };
-        let moving = moving.and_then(|n| self.reader_of_pending_move(&n));
         if guard.is_some() && !truncate && moving.is_none() {
             // To be filled from the store, pinned to the version the node names: one not
             // validated within the TTL is asked about first (a directory rename gives the
