@@ -628,7 +628,15 @@ impl DeferredDeletes {
 
     /// Wait until every delete pending now is done; the keys of those the store refused.
     pub async fn drain_all(&self) -> Vec<(String, String)> {
-        let mut failed = match self.drain(|_| true).await {
+        self.drain_all_since(Instant::now()).await
+    }
+
+    /// [`DeferredDeletes::drain_all`] for a sync that began at `started`: a change whose
+    /// attempt failed since then (an upload waiting for its directory's marker sent it) is
+    /// named, not tried again. Against a store that hangs each try is a timeout: an unmount
+    /// waited for two of them.
+    pub async fn drain_all_since(&self, started: Instant) -> Vec<(String, String)> {
+        let mut failed = match self.drain_where_since(started, |_, _| true).await {
             Ok(()) => Vec::new(),
             // Each key with its own last error, or the drain's without the key it names (it
             // named one key for all of them).

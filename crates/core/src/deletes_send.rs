@@ -296,7 +296,16 @@ impl DeferredDeletes {
     /// sends those not in flight (the background sends the rest), so waiting for many
     /// changes costs a look at each once, not at all of them at every change.
     pub(super) async fn drain_where(&self, hit: impl Fn(&str, &Pending) -> bool) -> Result<(), StoreError> {
-        let started = Instant::now();
+        self.drain_where_since(Instant::now(), hit).await
+    }
+
+    /// [`DeferredDeletes::drain_where`] that gives the error of an attempt that failed
+    /// since `started` (not only since the call) without sending that entry again.
+    pub(super) async fn drain_where_since(
+        &self,
+        started: Instant,
+        hit: impl Fn(&str, &Pending) -> bool,
+    ) -> Result<(), StoreError> {
         let matching = |p: &Table| -> std::collections::VecDeque<String> {
             p.iter().filter(|(k, e)| hit(k, e)).map(|(k, _)| k.clone()).collect()
         };
@@ -325,9 +334,10 @@ impl DeferredDeletes {
                 let window = || keys.iter().take(PARALLEL);
                 // The error first, before any entry is marked in flight: one marked and then
                 // not sent would stay in flight for good (its key never deleted, every
-                // listing over it waiting).
+                // listing over it waiting). Also when the background is sending it again:
+                // waiting for that try too cost an unmount one more timeout.
                 for e in window().filter_map(|k| p.get(k)) {
-                    if let Some((_, err)) = e.failed.as_ref().filter(|(at, _)| *at >= started && !e.in_flight) {
+                    if let Some((_, err)) = e.failed.as_ref().filter(|(at, _)| *at >= started) {
                         return Err(err.clone());
                     }
                 }

@@ -317,6 +317,42 @@ async fn a_request_cut_off_while_it_sends_a_pending_delete_leaves_nothing_stuck(
     tokio::time::timeout(Duration::from_secs(10), put).await.expect("the PUT waited for good").unwrap();
 }
 
+/// A sync's drain names a change whose attempt failed since the sync began (an upload
+/// waiting for its directory's marker sent it), even while another try is out: waiting
+/// for that one too cost an unmount one more timeout (two rounds of four 30 s tries).
+#[tokio::test]
+async fn a_drain_names_a_change_that_failed_since_the_sync_began_without_another_try() {
+    use bucketfs_store::{PutOpts, Store};
+    let mem = Arc::new(MemStore::new());
+    mem.put("f", bytes::Bytes::from_static(b"old"), PutOpts::default()).await.unwrap();
+    let fail = Arc::new(FailStore::new(mem.clone(), Op::Delete, 1, 1, StoreErrorKind::Unavailable));
+    let held = Arc::new(FailStore::new(fail, Op::Delete, u64::MAX, 0, StoreErrorKind::Other));
+    let store = crate::deletes::DeferredDeletes::new(held.clone(), &staging("deferred-since"));
+    store.defer("f").await.unwrap();
+    let permits = held.hold(Op::Delete, 2);
+    let started = std::time::Instant::now();
+    let first = tokio::spawn({
+        let store = store.clone();
+        async move { store.head("f", Default::default()).await.map(|_| ()) }
+    });
+    permits.add_permits(1);
+    assert!(first.await.unwrap().is_err(), "the first try failed");
+    let again = tokio::spawn({
+        let store = store.clone();
+        async move { store.head("f", Default::default()).await.map(|_| ()) }
+    });
+    while held.calls() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await; // the second try is out (held)
+    }
+    let named = tokio::time::timeout(Duration::from_secs(5), store.drain_all_since(started)).await;
+    let named = named.expect("the drain waited for the second try");
+    assert!(named.len() == 1 && named[0].0 == "f", "{named:?}");
+    assert_eq!(held.calls(), 2, "sent once more by the drain");
+    permits.add_permits(1);
+    again.await.unwrap().expect_err("deleted: f is gone");
+    assert!(store.drain_all().await.is_empty());
+}
+
 /// A change the store refuses for good is named once by `bucketfs sync`, and counted by
 /// `bucketfs status` for the life of the mount (before, status said "0 failing").
 #[tokio::test]

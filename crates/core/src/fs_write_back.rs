@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 pub(crate) const WRITER_PATIENCE: Duration = Duration::from_secs(5);
 const PATIENCE_PER_SEC: u64 = 16 << 20;
 
+/// How long `bucketfs sync` (and unmount) waits for one listing of the store, asked when an
+/// upload begun before the sync timed out during it: no answer, and that file is named as
+/// not uploaded rather than tried again (one more timeout against a store that hangs).
+const STORE_PROBE: Duration = Duration::from_secs(15);
+
 /// How long after an upload that followed a cut-off one the file goes up again: the store
 /// may still complete the older request (as for deletes: deletes.rs).
 const LANDING_GRACE: Duration = Duration::from_secs(3);
@@ -465,24 +470,46 @@ impl Fs {
 
     /// `bucketfs sync`: upload everything committed so far, now, and send every pending
     /// delete; returns (key, error) of each file that could not be uploaded or deleted (it
-    /// stays queued and retried).
+    /// stays queued and retried). A file whose attempt begun before the sync failed during
+    /// it, the store not answering, is tried again only if one listing answers within
+    /// [`STORE_PROBE`] ([`Queue::stalled_across`]); otherwise it is named at once.
     pub async fn sync_write_back(&self) -> Vec<(String, String)> {
         let started = Instant::now();
-        let wanted = self.staging.queue.all_due_now(started);
-        self.staging.queue.work.notify_one();
+        let queue = &self.staging.queue;
+        let wanted = queue.all_due_now(started);
+        queue.work.notify_one();
+        let mut stalled = Vec::new(); // files named as failed: the store did not answer
+        let mut answers: Option<bool> = None; // the probe's verdict, once made
         loop {
-            let notified = self.staging.queue.progress.notified();
-            let (mut failed, waiting) = self.staging.queue.sync_state(&wanted, started);
+            let notified = queue.progress.notified();
+            let (mut failed, waiting) = queue.sync_state(&wanted, started, &stalled);
             if !waiting {
                 // And every unlink so far is done in the bucket.
                 if let Some(d) = &self.deletes {
-                    failed.extend(d.drain_all().await);
+                    failed.extend(d.drain_all_since(started).await);
                 }
                 self.store.settle().await; // and its temporary objects are gone
                 return failed;
             }
+            let found = queue.stalled_across(&wanted, started, Instant::now() + STORE_PROBE + Duration::from_secs(1));
+            if !found.is_empty() {
+                if answers.is_none() {
+                    let probe = tokio::time::timeout(STORE_PROBE, self.store.check()).await;
+                    answers = Some(probe.is_ok_and(|r| r.is_ok()));
+                }
+                if answers == Some(true) {
+                    queue.due_now(&found);
+                } else if found != stalled {
+                    tracing::warn!(
+                        files = found.len(),
+                        "the store does not answer: uploads that timed out not tried again"
+                    );
+                    stalled = found;
+                    continue;
+                }
+            }
             let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
-            self.staging.queue.work.notify_one();
+            queue.work.notify_one();
         }
     }
 }

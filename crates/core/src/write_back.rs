@@ -67,6 +67,13 @@ pub fn files_bound() -> usize {
     (cur.min(1 << 20).saturating_sub(512) / 2).max(64) as usize
 }
 
+/// A failed upload attempt: when it began and ended, and its error.
+struct Failure {
+    began: Instant,
+    ended: Instant,
+    msg: String,
+}
+
 /// One queued file.
 struct Entry {
     key: String,
@@ -82,8 +89,8 @@ struct Entry {
     tried_at: Option<Instant>,
     abort: Option<futures::future::AbortHandle>,
     attempts: u32,
-    /// When the attempt that failed last began, and its error.
-    last_error: Option<(Instant, String)>,
+    /// The attempt that failed last.
+    last_error: Option<Failure>,
     /// Its last attempt failed because the store did not answer (its retries ran out):
     /// every other file would fail the same way (see [`Queue::sync_state`]).
     store_down: bool,
@@ -167,21 +174,33 @@ impl Queue {
     /// found the store not answering, the files not done are named at once: each would
     /// wait for a try of its own that fails the same way (20 closes against a dead store
     /// kept `bucketfs sync` waiting three minutes).
-    pub(crate) fn sync_state(&self, wanted: &[u64], started: Instant) -> (Vec<(String, String)>, bool) {
+    /// `stalled`: files of [`Queue::stalled_across`] to name as failed too, as the store
+    /// still does not answer.
+    pub(crate) fn sync_state(
+        &self,
+        wanted: &[u64],
+        started: Instant,
+        stalled: &[String],
+    ) -> (Vec<(String, String)>, bool) {
         let (mut failed, mut waiting) = (Vec::new(), false);
         let q = self.entries.lock().unwrap();
         // Failed in an attempt begun since: an attempt that was hanging when the sync
-        // began (a store that stalled, then came back) is tried again first.
-        let failed_since =
-            |e: &Entry| !e.in_flight && e.last_error.as_ref().is_some_and(|(began, _)| *began >= started);
+        // began (a store that stalled, then came back) is tried again first, unless the
+        // store still does not answer (it is in `stalled`).
+        let failed_since = |e: &Entry| {
+            !e.in_flight
+                && e.last_error
+                    .as_ref()
+                    .is_some_and(|f| f.began >= started || stalled.contains(&e.key) && f.ended >= started)
+        };
         let down = q.values().find(|e| e.store_down && failed_since(e)).map(|e| {
-            let msg = e.last_error.as_ref().map_or("", |(_, m)| m.as_str());
+            let msg = e.last_error.as_ref().map_or("", |f| f.msg.as_str());
             format!("the store did not answer an upload since the sync began ({}: {msg})", e.key)
         });
         for ino in wanted {
             let Some(e) = q.get(ino) else { continue };
             match (&e.last_error, &down) {
-                (Some((_, msg)), _) if e.refused || failed_since(e) => failed.push((e.key.clone(), msg.clone())),
+                (Some(f), _) if e.refused || failed_since(e) => failed.push((e.key.clone(), f.msg.clone())),
                 // Named as not in the bucket yet: one in flight may still get there.
                 (_, Some(why)) if e.in_flight => failed.push((e.key.clone(), format!("upload still in flight; {why}"))),
                 (_, Some(why)) => failed.push((e.key.clone(), format!("not uploaded yet: {why}"))),
@@ -189,6 +208,34 @@ impl Queue {
             }
         }
         (failed, waiting)
+    }
+
+    /// Of `wanted`, the files whose attempt begun before a sync began at `started` failed
+    /// since because the store did not answer (it hung, say, and timed out during the
+    /// sync). The store may be back, so the sync tries them again, but only once it
+    /// answers ([`Fs::sync_write_back`]): against a store still hanging each try is one
+    /// more timeout. Until `hold` they are not tried again in the background meanwhile.
+    pub(crate) fn stalled_across(&self, wanted: &[u64], started: Instant, hold: Instant) -> Vec<String> {
+        let mut q = self.entries.lock().unwrap();
+        let mut stalled = Vec::new();
+        for ino in wanted {
+            let Some(e) = q.get_mut(ino) else { continue };
+            let across = e.last_error.as_ref().is_some_and(|f| f.began < started && f.ended >= started);
+            if across && e.store_down && !e.in_flight && !e.refused {
+                e.due = e.due.max(hold);
+                stalled.push(e.key.clone());
+            }
+        }
+        stalled
+    }
+
+    /// Make the files of [`Queue::stalled_across`] due now (the store answers again).
+    pub(crate) fn due_now(&self, keys: &[String]) {
+        let now = Instant::now();
+        for e in self.entries.lock().unwrap().values_mut().filter(|e| keys.contains(&e.key)) {
+            e.due = e.due.min(now);
+        }
+        self.work.notify_one();
     }
 
     pub(crate) fn enqueue(&self, ino: u64, key: String, bytes: u64, delay: Duration) {
@@ -297,13 +344,11 @@ impl Queue {
                     tracing::error!(key = %e.key, "another client created this key first (the file was created with O_EXCL): \
                         not uploaded, kept here; rename the file to upload it under another name");
                     (e.refused, e.attempts, e.store_down) = (true, e.attempts + 1, false);
-                    e.last_error = Some((
-                        began,
-                        format!(
-                            "{err}: another client created it first (O_EXCL); \
+                    let msg = format!(
+                        "{err}: another client created it first (O_EXCL); \
                         kept locally, rename it to upload it under another name"
-                        ),
-                    ));
+                    );
+                    e.last_error = Some(Failure { began, ended: Instant::now(), msg });
                 }
                 Err(_) if std::mem::take(&mut e.writer_cut) => {
                     // Not a failure: a writer changes it, and its close queues it again.
@@ -314,7 +359,7 @@ impl Queue {
                     e.attempts += 1;
                     e.due = Instant::now() + retry_backoff(e.attempts);
                     tracing::warn!(key = %e.key, attempts = e.attempts, "write-back upload failed, retrying in {:?}: {err}", retry_backoff(e.attempts));
-                    e.last_error = Some((began, err.to_string()));
+                    e.last_error = Some(Failure { began, ended: Instant::now(), msg: err.to_string() });
                     e.store_down = err.store_unreachable();
                 }
             }
@@ -393,7 +438,7 @@ impl Queue {
             oldest_secs: q.values().map(|e| e.since.elapsed().as_secs()).max().unwrap_or(0),
             failing: q
                 .values()
-                .filter_map(|e| e.last_error.as_ref().map(|(_, m)| (e.key.clone(), e.attempts, m.clone())))
+                .filter_map(|e| e.last_error.as_ref().map(|f| (e.key.clone(), e.attempts, f.msg.clone())))
                 .collect(),
             uploaded: self.uploaded.load(Ordering::Relaxed),
             deletes: 0,

@@ -178,6 +178,42 @@ async fn sync_against_a_store_that_does_not_answer_names_every_file_after_one_tr
     assert_eq!(refused.expect("each file tried").len(), 6);
 }
 
+/// An upload begun before a sync that fails during it, the store not answering (it hung,
+/// then timed out), is tried again by the sync only if the store answers a listing:
+/// against a store still down each try is one more timeout (an unmount waited for two).
+#[tokio::test]
+async fn a_sync_tries_an_upload_that_timed_out_during_it_again_only_if_the_store_answers() {
+    for answers in [false, true] {
+        let mem = Arc::new(MemStore::new());
+        let failing = Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable));
+        let held = Arc::new(FailStore::new(failing, Op::Put, u64::MAX, 0, StoreErrorKind::Other));
+        let permits = held.hold(Op::Put, 1);
+        let lists = Arc::new(FailStore::new(held.clone(), Op::List, u64::MAX, 0, StoreErrorKind::Unavailable));
+        let fs = Fs::new(lists.clone(), cfg(&staging(&format!("stalled-{answers}")), 0));
+        fs.start_write_back();
+        write_file(&fs, "f", b"kept").await;
+        if !answers {
+            lists.fail_next(u64::MAX);
+        }
+        while held.calls() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await; // its upload is in flight
+        }
+        let times_out = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            permits.add_permits(1);
+        };
+        let (failed, ()) = tokio::join!(fs.sync_write_back(), times_out);
+        if answers {
+            assert_eq!(failed, [], "answers: {answers}");
+            assert_eq!(object(mem.as_ref(), "f").await.as_deref(), Some(&b"kept"[..]));
+        } else {
+            let keys: Vec<_> = failed.iter().map(|(k, _)| k.as_str()).collect();
+            assert_eq!(keys, ["f"], "{failed:?}");
+            assert_eq!(held.calls(), 1, "tried again against a store that does not answer");
+        }
+    }
+}
+
 #[tokio::test]
 async fn unclosed_bytes_are_set_aside_and_closed_ones_recovered_after_a_crash() {
     let mem = Arc::new(MemStore::new());

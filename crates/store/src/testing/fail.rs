@@ -22,9 +22,10 @@ pub use crate::metered::Op;
 pub struct FailStore {
     inner: Arc<dyn Store>,
     op: Op,
-    /// Calls of `op` numbered from 1; calls `fail_from..fail_from+fail_count` fail.
-    fail_from: u64,
-    fail_count: u64,
+    /// Calls of `op` numbered from 1; calls `fail_from..fail_from+fail_count` fail (moved
+    /// by [`FailStore::fail_next`]).
+    fail_from: AtomicU64,
+    fail_count: AtomicU64,
     kind: StoreErrorKind,
     calls: AtomicU64,
     /// A failing streamed read delivers this many bytes before its error (None: fails at once).
@@ -44,8 +45,8 @@ impl FailStore {
         Self {
             inner,
             op,
-            fail_from: n,
-            fail_count: count,
+            fail_from: AtomicU64::new(n),
+            fail_count: AtomicU64::new(count),
             kind,
             calls: AtomicU64::new(0),
             cut_after: None,
@@ -74,6 +75,12 @@ impl FailStore {
         let permits = Arc::new(tokio::sync::Semaphore::new(0));
         *self.held.lock().unwrap() = Some((op, count, permits.clone()));
         permits
+    }
+
+    /// The next `count` calls of its op fail (instead of the calls given to `new`).
+    pub fn fail_next(&self, count: u64) {
+        self.fail_count.store(count, Ordering::SeqCst);
+        self.fail_from.store(self.calls() + 1, Ordering::SeqCst);
     }
 
     /// How many calls of its op (the one it fails) were made.
@@ -117,7 +124,8 @@ impl FailStore {
             return Ok(());
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if n >= self.fail_from && n < self.fail_from.saturating_add(self.fail_count) {
+        let from = self.fail_from.load(Ordering::SeqCst);
+        if n >= from && n < from.saturating_add(self.fail_count.load(Ordering::SeqCst)) {
             return Err(StoreError::new(self.kind, format!("injected failure on {op:?} call {n}")));
         }
         Ok(())
@@ -133,7 +141,10 @@ impl Store for FailStore {
         self.inner.capabilities()
     }
     async fn check(&self) -> Result<(), StoreError> {
-        self.inner.check().await
+        // A LIST of one key, as the real stores' check.
+        self.gate(Op::List)?;
+        let held = self.held(Op::List);
+        Self::answer_when_allowed(held, self.inner.check().await).await
     }
     async fn head(&self, key: &str, opts: HeadOpts) -> Result<ObjectHead, StoreError> {
         self.gate(Op::Head)?;
