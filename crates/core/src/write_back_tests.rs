@@ -291,6 +291,30 @@ async fn a_close_at_the_bound_goes_on_when_the_store_takes_no_upload() {
     assert!(object(mem.as_ref(), "a").await.is_none());
 }
 
+/// The files bound is not escaped when the store takes no upload: each queued file holds
+/// descriptors, and past the process's limit creates failed with EIO (tester Y).
+#[tokio::test]
+async fn a_close_over_the_files_bound_waits_even_when_the_store_takes_no_upload() {
+    let down = Arc::new(FailStore::new(Arc::new(MemStore::new()), Op::Put, 1, u64::MAX, StoreErrorKind::Unavailable));
+    let clock = crate::Clock::manual();
+    let mut c = FsConfig { clock: clock.clone(), ..cfg(&staging("files-stalled"), 0) };
+    c.write_back.as_mut().unwrap().max_files = 2;
+    let fs = Fs::new(down, c);
+    fs.start_write_back();
+    write_file(&fs, "a", b"a").await;
+    write_file(&fs, "b", b"b").await;
+    let third = tokio::spawn({
+        let fs = fs.clone();
+        async move { write_file(&fs, "c", b"c").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!third.is_finished(), "3 files > 2: the close waits");
+    clock.advance(crate::write_back::STALLED);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!third.is_finished(), "a close went on over the files bound");
+    third.abort();
+}
+
 #[tokio::test]
 async fn a_truncating_rewrite_closed_before_a_crash_is_recovered_empty() {
     // O_TRUNC keeps the old bytes on disk for readers until it settles; the commit at close
