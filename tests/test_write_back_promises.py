@@ -734,3 +734,48 @@ def test_a_write_refused_for_a_full_staging_disk_is_never_uploaded(hung_minio, t
         if mp:
             unmount(mp)
         subprocess.run(["umount", "-l", str(small)])
+
+
+def test_a_close_refused_for_a_full_staging_disk_is_named_and_synced_later(s3_bucket, tmp_path):
+    """A new file's writes fill the staging disk (`ENOSPC`) and its close cannot commit it
+    either (`ENOSPC`). The mount shows what got in; `status` must name the file, and once
+    there is room `sync` must upload it (tester X: status said 0 files, sync exited 0 with
+    no object in the bucket, and a `kill -9` then set the bytes aside in lost+found)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    mp = None
+    try:
+        mp = mount(wb_args(s3_bucket, small / "staging", "--write-back-delay", "600",
+                           "--cache-dir", str(tmp_path / "cache")))
+        path = os.path.join(mp, "f")
+        free = shutil.disk_usage(small).free
+        with open(small / "filler", "wb") as f:
+            f.write(b"\0" * max(0, free - 1536 * 1024))
+        data, written, close_err = os.urandom(4 * MiB), 0, None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            while written < len(data):
+                written += os.write(fd, data[written:written + MiB])
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, f"a write past the staging disk's room: {e!r}"
+        try:
+            os.close(fd)
+        except OSError as e:
+            close_err = e
+        print(f"{written} bytes written; close: {close_err!r}; status: {status(mp)}")
+        assert os.stat(path).st_size == written
+        if close_err is not None:
+            s = status(mp)
+            named = [e for e in s["upload_errors"] if e["key"] == "f"]
+            assert s["write_back_files"] >= 1 and named, f"status does not name the file its close left: {s}"
+        os.remove(small / "filler")
+        r = sync(mp)
+        assert r.returncode == 0, f"sync after room was freed: {r.err}"
+        assert seed.get("s3", s3_bucket.name, "f") == data[:written], "the bucket lacks what the mount shows"
+        assert status(mp)["write_back_files"] == 0
+    finally:
+        if mp:
+            unmount(mp)
+        subprocess.run(["umount", "-l", str(small)])

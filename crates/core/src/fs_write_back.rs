@@ -119,6 +119,15 @@ impl Fs {
     /// What the write-back queue holds now.
     pub fn write_back_status(&self) -> WriteBackStatus {
         let mut s = self.staging.queue.status();
+        for (ino, staged) in self.staging.all() {
+            // (One another task holds is looked at by the next status.)
+            let Ok(st) = staged.try_lock() else { continue };
+            if left_uncommitted(&st) {
+                let key = self.node(ino).map(|n| n.key).unwrap_or_default();
+                (s.files, s.bytes) = (s.files + 1, s.bytes + st.len());
+                s.failing.push((key, 0, UNCOMMITTED.to_string()));
+            }
+        }
         s.deletes = self.deletes.as_ref().map_or(0, |d| d.pending() as u64);
         s.refused = self.deletes.as_ref().map_or(0, |d| d.refused_since_mount());
         s
@@ -478,6 +487,7 @@ impl Fs {
     pub async fn sync_write_back(&self) -> Vec<(String, String)> {
         let started = Instant::now();
         let queue = &self.staging.queue;
+        let uncommitted = self.commit_left().await;
         let wanted = queue.all_due_now(started);
         queue.work.notify_one();
         let mut stalled = Vec::new(); // files named as failed: the store did not answer
@@ -491,6 +501,7 @@ impl Fs {
                     failed.extend(d.drain_all_since(started).await);
                 }
                 self.store.settle().await; // and its temporary objects are gone
+                failed.extend(uncommitted);
                 return failed;
             }
             let found = queue.stalled_across(&wanted, started, Instant::now() + STORE_PROBE + Duration::from_secs(1));
@@ -514,6 +525,41 @@ impl Fs {
             queue.work.notify_one();
         }
     }
+
+    /// Commit and queue, as their last close would have, the staged files that close could
+    /// not commit ([`left_uncommitted`]); (key, error) of each that still cannot be. Before,
+    /// nothing named them: `bucketfs sync` said all was in the bucket, and a crash then set
+    /// their bytes aside in `lost+found`.
+    async fn commit_left(&self) -> Vec<(String, String)> {
+        let mut failed = Vec::new();
+        for (ino, staged) in self.staging.all() {
+            let mut st = staged.lock().await;
+            if !left_uncommitted(&st) || !self.staging.is_current(ino, &staged) {
+                continue;
+            }
+            match self.commit_staged(ino, &mut st, false, false) {
+                Ok(()) => {
+                    self.join_handles(ino, &mut st);
+                    self.queue_committed(ino, &st);
+                }
+                Err(e) => {
+                    let key = self.node(ino).map(|n| n.key).unwrap_or_default();
+                    failed.push((key, format!("{UNCOMMITTED}: {e}")));
+                }
+            }
+        }
+        failed
+    }
+}
+
+/// Why a staged file of [`left_uncommitted`] is named by `status` and `sync`.
+const UNCOMMITTED: &str = "changed, but its last close could not commit it (kept locally; `bucketfs sync` tries again)";
+
+/// A staged file changed since its last commit with no handle left to commit it: its last
+/// close's commit failed (a full staging disk: ENOSPC), or a mapping wrote it (watched
+/// then: [`Fs::linger`]).
+fn left_uncommitted(st: &crate::write::Staged) -> bool {
+    st.handles == 0 && !st.unlinked && !st.committed() && !st.lingering && !st.is_given()
 }
 
 /// The scheduler: starts uploads of due files, at most `parallel` at once, until the
