@@ -47,15 +47,17 @@ impl Fs {
     /// The key a new `name` of `kind` in directory `parent` gets, or why it cannot exist:
     /// an invalid name (`EINVAL`), or one the store would not keep byte for byte (OpenDAL
     /// trims whitespace at a key's ends: `"dup "` would overwrite `"dup"`), also `EINVAL`.
-    /// A file named `x.rclonelink` would be the object of the link `x` (links.rs): one
-    /// object for two names, so `EINVAL` too, as is a name MinIO would take for a directory
+    /// A file or directory named `x.rclonelink` would be (or hide) the object of the link
+    /// `x` (links.rs): one object for two names, so `EINVAL` too, as is a name MinIO would take for a directory
     /// marker ([`names::MINIO_DIR_SUFFIX`]), or a directory `.bucketfs-parts` at the top
     /// (`is_parts_dir`). A link whose object's name (`x.rclonelink`)
     /// would pass NAME_MAX gets `ENAMETOOLONG`, also when renamed there, as does a key
     /// longer than the store holds (S3, GCS: 1,024 bytes).
     pub(crate) fn new_key(&self, parent: u64, name: &str, kind: Kind) -> Result<String, FsError> {
         check_new_name(name)?;
-        if kind == Kind::File && crate::links::link_name(name).is_some() {
+        // A directory too: on S3 an object `x.rclonelink` hides the keys under the prefix
+        // `x.rclonelink/` from MinIO's listings (tester W: a file in it gone after a remount).
+        if kind != Kind::Symlink && crate::links::link_name(name).is_some() {
             return Err(FsError::InvalidName);
         }
         if kind == Kind::Symlink && !crate::links::may_be_link(name) {

@@ -40,6 +40,20 @@ async fn create_write_read_flush_reaches_the_store() {
     assert!(!fs.staging.contains(attr.ino), "clean staged data is dropped at the last close");
 }
 
+/// A name ending in `.rclonelink` is a link's object: refused for a file and a directory
+/// alike (a directory `y.rclonelink` beside a link `y` lost its files on MinIO).
+#[tokio::test]
+async fn a_link_objects_name_is_refused_for_files_and_directories() {
+    let store = Arc::new(MemStore::new());
+    let fs = Fs::new(store.clone(), cfg());
+    assert!(matches!(fs.create(ROOT_INO, "y.rclonelink", 0, None).await, Err(FsError::InvalidName)));
+    assert!(matches!(fs.mkdir(ROOT_INO, "y.rclonelink", None).await, Err(FsError::InvalidName)));
+    fs.mkdir(ROOT_INO, "d", None).await.unwrap();
+    assert!(matches!(fs.rename(ROOT_INO, "d", ROOT_INO, "y.rclonelink", false).await, Err(FsError::InvalidName)));
+    fs.symlink(ROOT_INO, "y", "target").await.unwrap();
+    assert!(object(&store, "y.rclonelink").await.is_some());
+}
+
 #[tokio::test]
 async fn a_read_only_o_trunc_empties_the_file_at_its_flush_and_never_without_one() {
     // The kernel may refuse an O_RDONLY|O_TRUNC open after we answered it (ETXTBSY, a
