@@ -95,7 +95,8 @@ impl Fs {
     /// version not yet uploaded copied first (write_commit.rs).
     async fn staged_backing(&self, ino: u64, identity: String, writable: bool) -> Result<Backing, &'static str> {
         let staged = self.staging.get(ino).ok_or("not staged any more")?;
-        let key = self.node(ino).map_err(|_| "gone")?.key;
+        let node = self.node(ino).map_err(|_| "gone")?;
+        let (key, shown) = (node.key.clone(), node.mtime_set.unwrap_or(node.mtime));
         // An upload holds it (and the store may hang): this open reads through us instead.
         let Some(mut st) = self.staging.lock_unless_shown(ino, &staged).await else {
             return Err("being uploaded");
@@ -109,7 +110,7 @@ impl Fs {
         if writable {
             self.keep_aside(ino, &mut st).map_err(|_| "staged file unusable")?;
         }
-        let file = st.watch_external(&key).map_err(|e| {
+        let file = st.watch_external(&key, Some(shown)).map_err(|e| {
             tracing::warn!(ino, "staged file not handed to the kernel: {e}");
             "staged file unusable"
         })?;

@@ -160,11 +160,13 @@ impl Fs {
         self.store.capabilities().prefix_dirs && name.len() + names::MINIO_DIR_SUFFIX.len() > names::NAME_MAX
     }
 
-    /// What to keep with `node`'s object at upload: its mode, owner and mtime where set here
-    /// (or carried before), on stores that keep them.
+    /// What to keep with `node`'s object at upload, on stores that keep them: its mode and
+    /// owner where set here (or carried before), and always the mtime the mount shows, as
+    /// rclone does. Else the store's time of the upload became the mtime a new mount shows:
+    /// a `chmod` (uploaded again) or a write-back upload made later moved it (tester W).
     pub(crate) fn attrs_to_keep(&self, node: &crate::inode::Node) -> bucketfs_store::FileAttrs {
         if self.store.capabilities().keeps_attrs {
-            node.attrs()
+            bucketfs_store::FileAttrs { mtime: Some(node.mtime_set.unwrap_or(node.mtime)), ..node.attrs() }
         } else {
             Default::default()
         }

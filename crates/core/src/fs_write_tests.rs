@@ -40,20 +40,6 @@ async fn create_write_read_flush_reaches_the_store() {
     assert!(!fs.staging.contains(attr.ino), "clean staged data is dropped at the last close");
 }
 
-/// A name ending in `.rclonelink` is a link's object: refused for a file and a directory
-/// alike (a directory `y.rclonelink` beside a link `y` lost its files on MinIO).
-#[tokio::test]
-async fn a_link_objects_name_is_refused_for_files_and_directories() {
-    let store = Arc::new(MemStore::new());
-    let fs = Fs::new(store.clone(), cfg());
-    assert!(matches!(fs.create(ROOT_INO, "y.rclonelink", 0, None).await, Err(FsError::InvalidName)));
-    assert!(matches!(fs.mkdir(ROOT_INO, "y.rclonelink", None).await, Err(FsError::InvalidName)));
-    fs.mkdir(ROOT_INO, "d", None).await.unwrap();
-    assert!(matches!(fs.rename(ROOT_INO, "d", ROOT_INO, "y.rclonelink", false).await, Err(FsError::InvalidName)));
-    fs.symlink(ROOT_INO, "y", "target").await.unwrap();
-    assert!(object(&store, "y.rclonelink").await.is_some());
-}
-
 #[tokio::test]
 async fn a_read_only_o_trunc_empties_the_file_at_its_flush_and_never_without_one() {
     // The kernel may refuse an O_RDONLY|O_TRUNC open after we answered it (ETXTBSY, a
@@ -461,6 +447,31 @@ async fn mode_owner_and_mtime_persist_as_object_metadata() {
     let before = store.requests.load(Ordering::Relaxed);
     fs.setattr(attr.ino, SetAttr { mode: Some(0o700), ..Default::default() }).await.unwrap();
     assert_eq!(store.requests.load(Ordering::Relaxed), before);
+}
+
+/// A file opened for writing with passthrough and not written keeps the mtime the mount
+/// showed, and a chmod's upload carries that mtime (tester W: sqlite's read-only `O_RDWR`
+/// open showed the file changed now; after a remount a chmod'ed file showed the chmod's).
+#[tokio::test]
+async fn an_open_for_writing_and_a_chmod_keep_the_objects_mtime() {
+    let mem = Arc::new(MemStore::new());
+    mem.put("f", Bytes::from_static(b"data"), PutOpts::default()).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("bucketfs-keep-mtime-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fs = Fs::new(mem.clone(), FsConfig { staging_dir: dir, ..cfg() });
+    let ino = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let shown = fs.getattr(ino).await.unwrap().mtime;
+    let fh = fs.open(ino, true, false).await.unwrap();
+    let backing = fs.backing_file(fh).await.unwrap();
+    fs.note_passthrough_open(fh);
+    assert_eq!(fs.getattr(ino).await.unwrap().mtime, shown, "an open with no write moved the mtime");
+    fs.flush(fh).await.unwrap();
+    drop(backing); // the kernel's file goes at the close
+    fs.release(fh).await.unwrap();
+    let chmod = SetAttr { size: None, mode: Some(0o600), uid: None, gid: None, mtime: None, fh: None };
+    fs.setattr(ino, chmod).await.unwrap();
+    let head = mem.head("f", HeadOpts::default()).await.unwrap();
+    assert_eq!((head.attrs.mode, head.attrs.mtime), (Some(0o100600), Some(shown)), "{head:?}");
 }
 
 /// The kernel writes a passthrough file without us: the core learns of it from the file.

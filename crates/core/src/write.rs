@@ -308,8 +308,11 @@ impl Staged {
     /// kernel reads the file itself), the key is named for crash recovery, and the eager
     /// upload stops (writes may land anywhere). Returns the file opened anew for the
     /// kernel: an open file description of its own, so [`Staged::mapped_elsewhere`] can
-    /// tell when the kernel (a mapping included) is done with it.
-    pub fn watch_external(&mut self, key: &str) -> Result<File, FsError> {
+    /// tell when the kernel (a mapping included) is done with it. A committed file gets
+    /// `mtime` (the one the mount shows), which the file's own is from then on: staged
+    /// from the bucket, it held the staging's time, and an `O_RDWR` open with no write
+    /// (sqlite's, for a read) showed the file changed now (tester W).
+    pub fn watch_external(&mut self, key: &str, mtime: Option<std::time::SystemTime>) -> Result<File, FsError> {
         self.settle()?;
         let was_open = self.open_marked;
         self.set_key(key)?;
@@ -319,6 +322,9 @@ impl Staged {
             if was_open {
                 self.seen = Some(Stamp::of(&self.file)?);
             } else {
+                if let Some(Err(e)) = mtime.map(|t| self.file.set_modified(t)) {
+                    tracing::debug!(path = %self.path.display(), "mtime of the staged file not set: {e}");
+                }
                 self.mark_committed_as_is()?; // records what it saw
             }
         }

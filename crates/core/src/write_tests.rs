@@ -16,7 +16,7 @@ fn staged(tag: &str, ino: u64) -> (std::path::PathBuf, Staged) {
 #[test]
 fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
     let (dir, mut st) = staged("late", 1);
-    let kernel = st.watch_external("k").unwrap();
+    let kernel = st.watch_external("k", None).unwrap();
     kernel.write_all_at(b"first", 0).unwrap();
     assert!(st.observe().unwrap(), "a kernel write is seen");
     // (the upload of "first" happens here)
@@ -37,7 +37,7 @@ fn a_kernel_write_after_the_last_check_is_never_taken_as_committed() {
 #[tokio::test]
 async fn a_mapped_write_after_an_upload_on_a_page_dirty_before_is_seen() {
     let (dir, mut st) = staged("mapped", 5);
-    let kernel = st.watch_external("k").unwrap();
+    let kernel = st.watch_external("k", None).unwrap();
     kernel.set_len(8192).unwrap();
     use std::os::fd::AsRawFd;
     // SAFETY: a fresh shared mapping of 8 KiB of a file of that length, unmapped below.
@@ -98,7 +98,7 @@ async fn an_fsynced_version_sent_again_is_still_kept_synced() {
 #[tokio::test]
 async fn an_fsynced_version_the_kernel_wrote_is_still_kept_synced() {
     let (dir, mut st) = staged("kernel", 3);
-    let kernel = st.watch_external("k").unwrap();
+    let kernel = st.watch_external("k", None).unwrap();
     kernel.write_all_at(b"the fsynced version", 0).unwrap();
     assert!(st.observe().unwrap());
     st.commit_as(true, true).unwrap(); // the fsync
@@ -120,7 +120,7 @@ async fn an_fsynced_version_the_kernel_wrote_is_still_kept_synced() {
 #[test]
 fn an_append_through_us_to_a_watched_file_keeps_the_committed_version_aside() {
     let (dir, mut st) = staged("watched", 4);
-    let kernel = st.watch_external("k").unwrap();
+    let kernel = st.watch_external("k", None).unwrap();
     kernel.write_all_at(b"committed", 0).unwrap();
     assert!(st.observe().unwrap());
     st.commit().unwrap();
