@@ -12,7 +12,7 @@
 
 use crate::fs::Fs;
 use crate::inode::{Kind, Version};
-use crate::links::{may_be_link, TARGET_MAX};
+use crate::links::{bad_target, bad_target_size, may_be_link, BadTarget, TARGET_MAX};
 use bucketfs_store::{GetOpts, PutOpts, StoreExt};
 
 /// Bytes of link targets kept in memory at most.
@@ -92,8 +92,17 @@ impl Fs {
             return Ok(bytes::Bytes::from(target)); // made here, its object still to come
         }
         let meta = self.store.stat(&node.key).await?;
-        let size = meta.size.min(TARGET_MAX as u64);
+        // A target Linux cannot hold (another client's link) fails rather than being served
+        // cut short; the size tells a long or empty one without a read.
+        if let Some(bad) = bad_target_size(meta.size).filter(|_| !meta.size_unknown) {
+            return Err(bad_link(&node.key, bad));
+        }
+        // A store that tells no size: one byte past the longest target tells a longer one.
+        let size = if meta.size_unknown { TARGET_MAX as u64 + 1 } else { meta.size };
         let target = self.store.get_range(&node.key, 0..size, GetOpts { if_match: meta.etag.as_deref() }).await?;
+        if let Some(bad) = bad_target(&target) {
+            return Err(bad_link(&node.key, bad));
+        }
         let mut known = node.version;
         if known == Version::Unknown {
             // Ours (made in the background, or moved): the object read is its version.
@@ -106,11 +115,25 @@ impl Fs {
     }
 
     /// Keep `target`, read or written as the object with `etag`, if that is the version
-    /// the node knows (`known`) and a tagged one.
+    /// the node knows (`known`) and a tagged one, and a target Linux can hold (only those
+    /// are served from here).
     fn keep_target(&self, ino: u64, known: &Version, etag: Option<&str>, target: bytes::Bytes) {
         let version = Version::from_store(etag);
-        if matches!(version, Version::Tag(_)) && version == *known {
+        if matches!(version, Version::Tag(_)) && version == *known && bad_target(&target).is_none() {
             self.links.insert(ino, (version, target));
         }
+    }
+}
+
+/// readlink's error for the link object `key` whose target Linux cannot hold: ENAMETOOLONG
+/// for one too long, EIO otherwise. Logged, as the kernel tells the caller only the errno.
+fn bad_link(key: &str, bad: BadTarget) -> crate::FsError {
+    tracing::warn!(?key, "link object not served: {bad}");
+    match bad {
+        BadTarget::TooLong => crate::FsError::NameTooLong,
+        BadTarget::Empty | BadTarget::Nul => crate::FsError::Store(bucketfs_store::StoreError::new(
+            bucketfs_store::StoreErrorKind::Other,
+            format!("link object {key:?}: {bad}"),
+        )),
     }
 }

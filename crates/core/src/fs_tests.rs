@@ -393,6 +393,43 @@ async fn symlinks_are_link_objects_that_list_and_move() {
     assert!(matches!(fs.readlink(fs.lookup(ROOT_INO, "both").await.unwrap().ino).await, Err(FsError::InvalidName)));
 }
 
+/// Another client's link whose target Linux cannot hold fails readlink, rather than being
+/// served cut short (at 4,095 bytes, or by the kernel at a NUL) for `cp -a` to copy.
+#[tokio::test]
+async fn links_with_targets_linux_cannot_hold_fail_readlink() {
+    let long = vec![b'a'; 5_000];
+    let (store, fs) = fs_with(&[
+        ("long.rclonelink", &long),
+        ("nul.rclonelink", b"safe\0/etc/passwd"),
+        ("empty.rclonelink", b""),
+        ("max.rclonelink", &[b'm'; crate::links::TARGET_MAX]),
+        ("ok.rclonelink", b"../t"),
+    ])
+    .await;
+    assert_eq!(names(&fs, ROOT_INO).await, [".", "..", "empty", "long", "max", "nul", "ok"]);
+    let ino = |name: &'static str| {
+        let fs = fs.clone();
+        async move { fs.lookup(ROOT_INO, name).await.unwrap().ino }
+    };
+    let (long, nul, empty) = (ino("long").await, ino("nul").await, ino("empty").await);
+    for _ in 0..2 {
+        let before = store.requests.load(Ordering::Relaxed);
+        let e = fs.readlink(long).await.unwrap_err();
+        assert!(matches!(e, FsError::NameTooLong), "{e:?}");
+        assert_eq!(e.errno(), libc::ENAMETOOLONG);
+        assert_eq!(store.requests.load(Ordering::Relaxed) - before, 1, "its size tells, no GET");
+        for bad in [nul, empty] {
+            assert_eq!(fs.readlink(bad).await.unwrap_err().errno(), libc::EIO, "again: nothing kept");
+        }
+    }
+    assert_eq!(&fs.readlink(ino("ok").await).await.unwrap()[..], b"../t");
+    assert_eq!(fs.readlink(ino("max").await).await.unwrap().len(), crate::links::TARGET_MAX);
+    // Put right by its client: read as any link.
+    store.put("nul.rclonelink", Bytes::from_static(b"safe"), PutOpts::default()).await.unwrap();
+    let fs2 = Fs::new(store.clone(), FsConfig::default());
+    assert_eq!(&fs2.readlink(fs2.lookup(ROOT_INO, "nul").await.unwrap().ino).await.unwrap()[..], b"safe");
+}
+
 #[tokio::test]
 async fn names_minio_takes_for_directory_markers_are_refused() {
     let (store, fs) = fs_with(&[("f", b"f")]).await;

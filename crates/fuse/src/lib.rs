@@ -516,7 +516,8 @@ impl Filesystem for FuseAdapter {
         reply: ReplyAttr,
     ) {
         let mtime = mtime.map(|t| match t {
-            TimeOrNow::SpecificTime(t) => t,
+            // fuser misreads a time before 1970 with a fraction (fuser_time.rs).
+            TimeOrNow::SpecificTime(t) => fuser_time::fuser_time_fixed(t),
             TimeOrNow::Now => std::time::SystemTime::now(),
         });
         let (fs, ttl, pt) = (self.fs.clone(), self.ttl(), self.pt.clone());
@@ -689,6 +690,7 @@ pub struct MountSpec {
     pub passthrough: bool,
 }
 
+mod fuser_time;
 mod passthrough;
 mod readahead;
 mod running;
