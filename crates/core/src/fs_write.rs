@@ -166,7 +166,8 @@ impl Fs {
     /// a `chmod` (uploaded again) or a write-back upload made later moved it (tester W).
     pub(crate) fn attrs_to_keep(&self, node: &crate::inode::Node) -> bucketfs_store::FileAttrs {
         if self.store.capabilities().keeps_attrs {
-            bucketfs_store::FileAttrs { mtime: Some(node.mtime_set.unwrap_or(node.mtime)), ..node.attrs() }
+            // (Of a file the kernel writes, the staged file's: [`Fs::attr`].)
+            bucketfs_store::FileAttrs { mtime: Some(self.attr(node).mtime), ..node.attrs() }
         } else {
             Default::default()
         }
