@@ -483,7 +483,7 @@ impl Fs {
     /// delete; returns (key, error) of each file that could not be uploaded or deleted (it
     /// stays queued and retried). A file whose attempt begun before the sync failed during
     /// it, the store not answering, is tried again only if one listing answers within
-    /// [`STORE_PROBE`] ([`Queue::stalled_across`]); otherwise it is named at once.
+    /// `STORE_PROBE` (15 s; `Queue::stalled_across`); otherwise it is named at once.
     pub async fn sync_write_back(&self) -> Vec<(String, String)> {
         let started = Instant::now();
         let queue = &self.staging.queue;
