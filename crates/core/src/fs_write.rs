@@ -677,7 +677,10 @@ impl Fs {
                 // Changed since its last commit and no handle left to commit it: a mapping's
                 // writes while an upload held the file (this RELEASE did not wait for it:
                 // `Fs::commit_for`). Committed and queued here, as a last close does.
-                self.commit_last(file.ino, &mut st);
+                if let Err(e) = self.commit_last(file.ino, &mut st) {
+                    // Named by status and sync, which commit it again (`Fs::commit_left`).
+                    tracing::warn!(ino = file.ino, "cannot commit the staged file at its last close: {e}");
+                }
             } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
                 // The version just uploaded stays on disk for reading back (passthrough.rs),
                 // or else its blocks go into the block caches (no copy when it stays).
@@ -695,13 +698,11 @@ impl Fs {
     }
 
     /// Commit `ino`'s staged file `st` and queue it (write-back), as a last close does.
-    fn commit_last(&self, ino: u64, st: &mut Staged) {
-        if let Err(e) = self.commit_staged(ino, st, false, false) {
-            tracing::warn!(ino, "cannot commit the staged file at its last close: {e}");
-            return;
-        }
+    pub(crate) fn commit_last(&self, ino: u64, st: &mut Staged) -> Result<(), FsError> {
+        self.commit_staged(ino, st, false, false)?;
         self.join_handles(ino, st);
         self.queue_committed(ino, st);
+        Ok(())
     }
 
     /// Keep a staged file whose last handle closed while a process still maps it (FUSE

@@ -526,8 +526,8 @@ impl Fs {
         }
     }
 
-    /// Commit and queue, as their last close would have, the staged files that close could
-    /// not commit ([`left_uncommitted`]); (key, error) of each that still cannot be. Before,
+    /// Commit and queue ([`Fs::commit_last`]), as their last close would have, the staged
+    /// files that close could not commit ([`left_uncommitted`]); (key, error) of each that still cannot be. Before,
     /// nothing named them: `bucketfs sync` said all was in the bucket, and a crash then set
     /// their bytes aside in `lost+found`.
     async fn commit_left(&self) -> Vec<(String, String)> {
@@ -537,15 +537,9 @@ impl Fs {
             if !left_uncommitted(&st) || !self.staging.is_current(ino, &staged) {
                 continue;
             }
-            match self.commit_staged(ino, &mut st, false, false) {
-                Ok(()) => {
-                    self.join_handles(ino, &mut st);
-                    self.queue_committed(ino, &st);
-                }
-                Err(e) => {
-                    let key = self.node(ino).map(|n| n.key).unwrap_or_default();
-                    failed.push((key, format!("{UNCOMMITTED}: {e}")));
-                }
+            if let Err(e) = self.commit_last(ino, &mut st) {
+                let key = self.node(ino).map(|n| n.key).unwrap_or_default();
+                failed.push((key, format!("{UNCOMMITTED}: {e}")));
             }
         }
         failed
