@@ -85,6 +85,9 @@ impl Fs {
             tracing::debug!(key = %node.key, "mode/owner/mtime of a large closed file kept for this mount only");
             return Ok(());
         }
+        if self.write_back() && self.gone_from_store(node).await {
+            return Err(FsError::NotFound);
+        }
         let temp = self.open(node.ino, true, false).await?;
         if let Some(staged) = self.staging.get(node.ino) {
             let mut st = staged.lock().await;
@@ -96,6 +99,18 @@ impl Fs {
         let flushed = self.flush(temp).await;
         self.release(temp).await?;
         flushed
+    }
+
+    /// Whether the store says `node`'s object is gone (another client deleted it), asked
+    /// for `KNOWN_ANSWER_WAIT` at most. A write-back re-upload for new attributes stages
+    /// the file from the mount's copy without asking the store, and brought a file deleted
+    /// elsewhere back with its old bytes (tester W). No answer in time (an outage) tells
+    /// nothing: the change goes on as before.
+    async fn gone_from_store(&self, node: &crate::inode::Node) -> bool {
+        let (store, key) = (self.store.clone(), node.key.clone());
+        let head = async move { store.head(&key, Default::default()).await };
+        let answer = crate::sync::within(crate::fs::KNOWN_ANSWER_WAIT, head).await;
+        matches!(answer, Some(Err(e)) if e.kind == bucketfs_store::StoreErrorKind::NotFound)
     }
 
     fn set_attrs(

@@ -311,3 +311,25 @@ async fn a_renamed_file_whose_bytes_are_cached_changes_while_its_move_hangs() {
     assert_eq!(object(mem.as_ref(), "u").await.unwrap(), &body[..2]);
     assert_eq!(keys(mem.as_ref()).await, ["b", "u"]);
 }
+
+/// A chmod of a closed file another client deleted fails with `ENOENT`, as without
+/// write-back: its re-upload for the new mode, staged from the disk cache, brought the
+/// file back with its old bytes (tester W).
+#[tokio::test]
+async fn a_chmod_of_a_file_deleted_elsewhere_does_not_bring_it_back() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("chmod-deleted");
+    let fs = Fs::new(
+        mem.clone(),
+        FsConfig { disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg(&dir.join("staging"), 0) },
+    );
+    fs.set_passthrough(true); // kept whole at its last release
+    fs.start_write_back();
+    let ino = write_file(&fs, "f", b"old bytes").await;
+    assert!(fs.sync_write_back().await.is_empty());
+    mem.delete("f").await.unwrap(); // another client
+    let chmod = crate::fs::SetAttr { size: None, mode: Some(0o600), uid: None, gid: None, mtime: None, fh: None };
+    assert!(matches!(fs.setattr(ino, chmod).await, Err(crate::FsError::NotFound)));
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the deleted file came back");
+}
