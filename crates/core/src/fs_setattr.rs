@@ -107,9 +107,7 @@ impl Fs {
     /// elsewhere back with its old bytes (tester W). No answer in time (an outage) tells
     /// nothing: the change goes on as before.
     async fn gone_from_store(&self, node: &crate::inode::Node) -> bool {
-        let (store, key) = (self.store.clone(), node.key.clone());
-        let head = async move { store.head(&key, Default::default()).await };
-        let answer = crate::sync::within(crate::fs::KNOWN_ANSWER_WAIT, head).await;
+        let answer = self.head_briefly(&node.key).await;
         matches!(answer, Some(Err(e)) if e.kind == bucketfs_store::StoreErrorKind::NotFound)
     }
 

@@ -201,9 +201,7 @@ impl Fs {
     /// other outcome (an error, another version, no answer yet) leaves the open as before.
     /// An answer with none is remembered for that version ([`crate::inode::Node::attrs_asked`]).
     async fn learn_attrs(&self, node: &crate::inode::Node) {
-        let (store, key) = (self.store.clone(), node.key.clone());
-        let head = async move { store.head(&key, Default::default()).await };
-        let Some(Ok(h)) = crate::sync::within(crate::fs::KNOWN_ANSWER_WAIT, head).await else { return };
+        let Some(Ok(h)) = self.head_briefly(&node.key).await else { return };
         let mut t = self.table.lock().unwrap();
         let same = |n: &&mut crate::inode::Node| {
             n.linked && n.key == node.key && n.holds_version(h.meta.etag.as_deref(), h.meta.size)
@@ -212,6 +210,16 @@ impl Fs {
             n.fill_attrs(&h.attrs);
             n.attrs_asked = n.version_mark(); // none there: the next open does not ask again
         }
+    }
+
+    /// HEAD `key`, waiting `KNOWN_ANSWER_WAIT` at most: `None` if no answer came by then.
+    pub(crate) async fn head_briefly(
+        &self,
+        key: &str,
+    ) -> Option<Result<bucketfs_store::ObjectHead, bucketfs_store::StoreError>> {
+        let (store, key) = (self.store.clone(), key.to_string());
+        let head = async move { store.head(&key, Default::default()).await };
+        crate::sync::within(crate::fs::KNOWN_ANSWER_WAIT, head).await
     }
 
     /// Resolve (parent, name) without taking a kernel reference.
