@@ -254,6 +254,67 @@ def test_content_type_of_cp_uploads(fresh, tmp_path):
     assert content_type(fresh.store, fresh.name, "off.html") in NO_TYPE
 
 
+def put_with_headers(store: str, bucket: str, key: str, data: bytes) -> None:
+    """Upload as another client that sets a Content-Type, Cache-Control, Content-Disposition
+    and user metadata of its own (`aws s3 cp --cache-control ...`, a site's deploy tool)."""
+    if store == "s3":
+        seed.s3_client().put_object(Bucket=bucket, Key=key, Body=data, ContentType="text/x-site",
+                                    CacheControl="max-age=600", ContentDisposition="inline",
+                                    Metadata={"team": "ml"})
+        return
+    meta = {"name": key, "contentType": "text/x-site", "cacheControl": "max-age=600",
+            "metadata": {"team": "ml"}}
+    body = (b"--b\r\nContent-Type: application/json\r\n\r\n" + json.dumps(meta).encode()
+            + b"\r\n--b\r\nContent-Type: text/x-site\r\n\r\n" + data + b"\r\n--b--\r\n")
+    st, out = seed._gcs_req("POST", f"/upload/storage/v1/b/{seed._q(bucket)}/o", body,
+                            {"uploadType": "multipart"}, "multipart/related; boundary=b")
+    assert st == 200, out
+
+
+def object_headers(store: str, bucket: str, key: str) -> dict:
+    """What the store reports the object carries beside its bytes."""
+    if store == "s3":
+        h = seed.s3_client().head_object(Bucket=bucket, Key=key)
+        return {"type": h.get("ContentType"), "cache": h.get("CacheControl"),
+                "disposition": h.get("ContentDisposition"), "meta": h.get("Metadata", {})}
+    st, body = seed._gcs_req("GET", f"/storage/v1/b/{seed._q(bucket)}/o/{seed._q(key)}")
+    assert st == 200, body
+    o = json.loads(body)
+    return {"type": o.get("contentType"), "cache": o.get("cacheControl"), "disposition": None,
+            "meta": o.get("metadata", {})}
+
+
+@on("s3", "gcs")
+@pytest.mark.parametrize("mode", ["durable", "write-back"])
+def test_a_chmod_and_an_edit_keep_what_another_client_stored_with_the_object(fresh, mode):
+    """A chmod uploads a closed file again, and an edit uploads it: both dropped the
+    Content-Type, Cache-Control and user metadata another client gave it (tester W)."""
+    put_with_headers(fresh.store, fresh.name, "site/page", b"<p>v1</p>")
+    extra = ["--write-back"] if mode == "write-back" else []
+    want = {"type": "text/x-site", "cache": "max-age=600",
+            "disposition": "inline" if fresh.store == "s3" else None}
+
+    def check(mp, mode_bits):
+        if extra:
+            r = run_cli(["sync", mp], timeout=120)
+            assert r.returncode == 0, r.err
+        h = object_headers(fresh.store, fresh.name, "site/page")
+        assert {k: h[k] for k in want} == want
+        assert h["meta"].get("team") == "ml", h["meta"]
+        assert h["meta"].get("mode") == mode_bits, h["meta"]
+
+    with fresh.mounted(extra=extra) as mp:
+        page = os.path.join(mp, "site", "page")
+        assert os.listdir(os.path.join(mp, "site")) == ["page"]  # known from a listing only
+        os.chmod(page, 0o600)
+        check(mp, "100600")
+        with open(page, "ab") as f:
+            f.write(b"v2")
+        check(mp, "100600")
+        with open(page, "rb") as f:
+            assert f.read() == b"<p>v1</p>v2"
+
+
 # --------------------------------------------------------------------------- S3 region
 
 @pytest.fixture

@@ -249,7 +249,7 @@ async fn the_second_name_found_on_minio_checks_the_directory_width() {
     seed_wide(&store).await;
     let attrs = bucketfs_store::FileAttrs { mode: Some(0o100600), ..Default::default() };
     for i in 0..5 {
-        let opts = PutOpts { attrs, ..PutOpts::default() };
+        let opts = PutOpts { attrs: attrs.clone(), ..PutOpts::default() };
         store.put(&format!("narrow/g{i}"), Bytes::from_static(b"n"), opts).await.unwrap();
     }
     let fs = Fs::new(store.clone(), FsConfig { list_ahead_keys: 0, ..cfg(60_000) });

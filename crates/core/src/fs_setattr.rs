@@ -106,9 +106,16 @@ impl Fs {
     /// the file from the mount's copy without asking the store, and brought a file deleted
     /// elsewhere back with its old bytes (tester W). No answer in time (an outage) tells
     /// nothing: the change goes on as before.
+    /// An answer of the same version tells what the object carries ([`Fs::learn_attrs`]).
     async fn gone_from_store(&self, node: &crate::inode::Node) -> bool {
-        let answer = self.head_briefly(&node.key).await;
-        matches!(answer, Some(Err(e)) if e.kind == bucketfs_store::StoreErrorKind::NotFound)
+        match self.head_briefly(&node.key).await {
+            Some(Ok(h)) => {
+                self.learned_attrs(node, &h);
+                false
+            }
+            Some(Err(e)) => e.kind == bucketfs_store::StoreErrorKind::NotFound,
+            None => false,
+        }
     }
 
     fn set_attrs(

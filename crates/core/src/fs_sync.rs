@@ -69,7 +69,7 @@ impl Fs {
         let r = crate::recovery::recover(
             &self.cfg.staging_dir,
             self.store.as_ref(),
-            self.cfg.write,
+            self.cfg.write.clone(),
             &self.staging.budget,
             &moved,
         )

@@ -194,21 +194,28 @@ impl Fs {
         self.upload_ino(ino, false).await
     }
 
-    /// The mode, owner and mtime `node`'s object may carry, which go with its upload: a
-    /// listing does not tell them, a HEAD does (else an edit of a file first seen in a
-    /// listing uploaded it without them, and a script lost its x bit). Only for the version
+    /// The mode, owner and mtime `node`'s object may carry, and what another client stored
+    /// with it, which go with its upload: a listing does not tell them, a HEAD does (else
+    /// an edit of a file first seen in a listing uploaded it without them, and a script
+    /// lost its x bit; a chmod dropped a web site's Cache-Control). Only for the version
     /// the node holds, and only what the store answers within `KNOWN_ANSWER_WAIT`: any
     /// other outcome (an error, another version, no answer yet) leaves the open as before.
-    /// An answer with none is remembered for that version ([`crate::inode::Node::attrs_asked`]).
+    /// The answer is remembered for that version ([`crate::inode::Node::attrs_asked`]).
     async fn learn_attrs(&self, node: &crate::inode::Node) {
         let Some(Ok(h)) = self.head_briefly(&node.key).await else { return };
+        self.learned_attrs(node, &h);
+    }
+
+    /// Record what a HEAD of `node`'s key answered ([`Fs::learn_attrs`]), if it is of the
+    /// version the node holds.
+    pub(crate) fn learned_attrs(&self, node: &crate::inode::Node, h: &bucketfs_store::ObjectHead) {
         let mut t = self.table.lock().unwrap();
         let same = |n: &&mut crate::inode::Node| {
             n.linked && n.key == node.key && n.holds_version(h.meta.etag.as_deref(), h.meta.size)
         };
         if let Some(n) = t.get_mut(node.ino).filter(same) {
             n.fill_attrs(&h.attrs);
-            n.attrs_asked = n.version_mark(); // none there: the next open does not ask again
+            n.attrs_asked = n.version_mark(); // the next open does not ask again
         }
     }
 
@@ -269,9 +276,10 @@ impl Fs {
             self.refresh(&node).await?;
             node = self.node(ino)?;
         }
-        let asked = node.attrs_asked == node.version_mark();
-        if write && !node.has_attrs() && !asked && self.store.capabilities().keeps_attrs && !self.staging.contains(ino)
-        {
+        // Attributes set here (a chmod's upload comes through here) say nothing of what
+        // another client stored with the object, which the upload must keep too.
+        let known = node.attrs_asked == node.version_mark() || node.has_attrs() && !node.attrs_here;
+        if write && !known && self.store.capabilities().keeps_attrs && !self.staging.contains(ino) {
             self.learn_attrs(&node).await;
             node = self.node(ino)?;
         }
@@ -419,7 +427,9 @@ impl Fs {
         self.set_local_size(file.ino, size);
         // Write-back: nothing goes up before the close (the point is a fast write and close).
         if size >= self.cfg.write.part_size as u64 && !self.write_back() {
-            if let Err(e) = st.eager_feed(self.store.as_ref(), &key, self.cfg.write, &self.attrs_to_keep(&node)).await {
+            if let Err(e) =
+                st.eager_feed(self.store.as_ref(), &key, self.cfg.write.clone(), &self.attrs_to_keep(&node)).await
+            {
                 // Not fatal: the data is staged and goes up whole at close.
                 tracing::debug!(%key, "eager upload stopped: {e}");
             }
@@ -447,7 +457,7 @@ impl Fs {
     pub(crate) async fn publish(&self, ino: u64, st: &mut Staged) -> Result<(), FsError> {
         let node = self.node(ino)?;
         let meta = st
-            .upload(self.store.as_ref(), &node.key, self.cfg.write, &self.attrs_to_keep(&node))
+            .upload(self.store.as_ref(), &node.key, self.cfg.write.clone(), &self.attrs_to_keep(&node))
             .await
             .map_err(|e| match e {
                 FsError::Store(e) if e.kind == bucketfs_store::StoreErrorKind::Exists => {
@@ -495,6 +505,8 @@ impl Fs {
             let Some(n) = t.get_mut(ino) else { return Ok(()) };
             n.size = size;
             n.version = version;
+            // The object has what this upload sent: the next open (a chmod's) need not ask.
+            n.attrs_asked = n.version_mark();
             n.mtime = mtime.unwrap_or(n.mtime);
             n.validated = validated;
             n.answered = ticket;

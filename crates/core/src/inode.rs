@@ -202,6 +202,7 @@ impl InodeTable {
             size_unknown: false,
             answered: 0,
             attrs_asked: 0,
+            foreign: None,
         };
         Self {
             nodes: HashMap::from([(ROOT_INO, root)]),
@@ -388,6 +389,7 @@ impl InodeTable {
                 size_unknown: meta.size_unknown,
                 answered: meta.asked,
                 attrs_asked: 0,
+                foreign: None,
             },
         );
         if let (Some(a), Some(n)) = (&meta.attrs, self.nodes.get_mut(&ino)) {

@@ -71,9 +71,13 @@ pub struct Node {
     /// The ticket ([`super::InodeTable::ask`]) of the newest store answer recorded here: one sent
     /// earlier and answered later is older news, and `upsert` does not lay it over this.
     pub answered: u64,
-    /// [`Node::version_mark`] of the version a HEAD found no attributes on (`Fs::open`
-    /// does not ask again for it); 0: none asked.
+    /// [`Node::version_mark`] of the version whose attributes are known: a HEAD found
+    /// them (or none), or this mount uploaded it with them (`Fs::open` does not ask again
+    /// for it); 0: none asked.
     pub attrs_asked: u32,
+    /// What another client stored with the object (headers, user metadata: a HEAD found
+    /// them), sent again with each upload of the file.
+    pub foreign: Option<std::sync::Arc<bucketfs_store::attrs::Foreign>>,
 }
 
 impl Node {
@@ -123,6 +127,7 @@ impl Node {
         self.perm = None;
         self.owner = None;
         self.mtime_set = None;
+        self.foreign = None;
     }
 
     /// Take the attributes the object carries, where none is known here yet. Not its mtime
@@ -136,6 +141,9 @@ impl Node {
         }
         if self.mtime_set.is_none() && !self.local {
             self.mtime_set = a.mtime;
+        }
+        if a.foreign.is_some() {
+            self.foreign = a.foreign.clone();
         }
     }
 
@@ -185,6 +193,7 @@ impl Node {
             gid: self.owner.map(|o| o.1),
             mtime: self.mtime_set,
             created_by: None,
+            foreign: self.foreign.clone(),
         }
     }
 

@@ -52,19 +52,19 @@ impl PartBudget {
 
     /// The share an upload of `left` more bytes needs: the part being handed over and the
     /// parts in flight, or less for a smaller file; at most half the budget.
-    fn units_for(&self, left: u64, opts: WriteOptions) -> u32 {
+    fn units_for(&self, left: u64, opts: &WriteOptions) -> u32 {
         let most = (opts.concurrency as u64 + 1) * opts.part_size as u64;
         (left.min(most).div_ceil(UNIT)).clamp(1, self.units / 2) as u32
     }
 
     /// Wait for the share of an upload of `left` more bytes (a close, fsync or rename).
-    pub async fn upload(&self, left: u64, opts: WriteOptions) -> Share {
+    pub async fn upload(&self, left: u64, opts: &WriteOptions) -> Share {
         let n = self.units_for(left, opts);
         Share { _all: self.all.clone().acquire_many_owned(n).await.expect("never closed"), _eager: None }
     }
 
     /// The share of an eager upload, if it is free now (see the module doc).
-    pub fn eager(&self, opts: WriteOptions) -> Option<Share> {
+    pub fn eager(&self, opts: &WriteOptions) -> Option<Share> {
         let n = self.units_for(u64::MAX, opts);
         let eager = self.eager.clone().try_acquire_many_owned(n).ok()?;
         let all = self.all.clone().try_acquire_many_owned(n).ok()?;
@@ -93,17 +93,17 @@ mod tests {
     async fn eager_uploads_never_take_more_than_half_and_closes_always_get_theirs() {
         let opts = WriteOptions { part_size: 8 << 20, concurrency: 4, ..Default::default() };
         let b = PartBudget::new(80 * MIB);
-        let e1 = b.eager(opts).expect("room for one eager upload (40 MiB)");
-        assert!(b.eager(opts).is_none(), "eager uploads are held to half the budget");
+        let e1 = b.eager(&opts).expect("room for one eager upload (40 MiB)");
+        assert!(b.eager(&opts).is_none(), "eager uploads are held to half the budget");
         assert_eq!(b.available(), 40 * MIB);
-        let small = b.upload(4107, opts).await;
+        let small = b.upload(4107, &opts).await;
         assert_eq!(b.available(), 40 * MIB - 5 * 1024, "a small file takes what it needs");
         drop(small);
-        let c1 = b.upload(u64::MAX, opts).await;
+        let c1 = b.upload(u64::MAX, &opts).await;
         assert_eq!(b.available(), 0);
         let waiting = tokio::spawn({
             let b = b.clone();
-            async move { drop(b.upload(100 * MIB, opts).await) }
+            async move { drop(b.upload(100 * MIB, &opts).await) }
         });
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "a close waits for room (back-pressure)");

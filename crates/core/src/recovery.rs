@@ -134,23 +134,22 @@ pub(crate) async fn recover(
         // one of them, landed though its answer was lost.
         let tag = excl.as_deref().and_then(|t| t.lines().nth(1)).and_then(|t| u128::from_str_radix(t, 16).ok());
         let (key_ref, source_ref, data_ref) = (&key, &source, &data);
-        let budget_ref = &budget;
+        let (budget_ref, opts) = (&budget, &opts);
         let send = |create_only: bool| async move {
             let (key, source, data, budget) = (key_ref, source_ref, data_ref, budget_ref);
             let file = File::open(source).map_err(local)?;
             let size = file.metadata().map_err(local)?.len();
             let size = len.map_or(size, |n| n.min(size));
             let _share = budget.upload(size, opts).await;
-            let mut opts = opts;
+            let mut opts = opts.clone();
             opts.put.if_not_exists |= create_only;
             // The mode, owner and mtime the crashed mount's upload would have carried.
             if let Ok(text) = std::fs::read_to_string(data.with_extension("attrs")) {
-                let kv = text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string()));
-                opts.put.attrs = bucketfs_store::FileAttrs::from_metadata(&kv.collect());
+                opts.put.attrs = bucketfs_store::FileAttrs::from_lines(&text);
             }
             opts.put.attrs.created_by = tag.filter(|_| create_only);
-            let mut w = store.writer(key, opts).await?;
-            if let Err(e) = send_file(&file, 0, size, w.as_mut(), opts, None).await {
+            let mut w = store.writer(key, opts.clone()).await?;
+            if let Err(e) = send_file(&file, 0, size, w.as_mut(), &opts, None).await {
                 let _ = w.abort().await;
                 return Err(e);
             }

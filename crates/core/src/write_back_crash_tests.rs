@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bucketfs_store::testing::{FailStore, MemStore, Op};
-use bucketfs_store::{Store, StoreErrorKind};
+use bucketfs_store::{FileAttrs, PutOpts, Store, StoreErrorKind};
 
 use super::tests::{
     cfg, cfg_ttl0, keys, listed, object, over_held_puts, queue_empty, staging, upload_shown, uploaded_files, write_file,
@@ -718,9 +718,21 @@ async fn a_crash_keeps_the_mode_and_mtime_of_pending_files() {
     let mem = Arc::new(MemStore::new());
     let dir = staging("attrs-crash");
     let old = std::time::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    // Another client's object with headers and metadata of its own: a chmod keeps them.
+    let theirs = bucketfs_store::attrs::Foreign {
+        cache_control: Some("max-age=600".into()),
+        user: vec![("team".into(), "ml".into())],
+        ..Default::default()
+    };
+    let put =
+        PutOpts { attrs: FileAttrs { foreign: theirs.clone().new(), ..Default::default() }, ..Default::default() };
+    mem.put("theirs", bytes::Bytes::from_static(b"site"), put).await.unwrap();
     {
         let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
         fs.start_write_back();
+        fs.readdir_unopened(ROOT_INO, 0).await.unwrap(); // known from a listing: no metadata
+        let ino = fs.lookup(ROOT_INO, "theirs").await.unwrap().ino;
+        fs.setattr(ino, crate::fs::SetAttr { mode: Some(0o100600), ..Default::default() }).await.unwrap();
         let (made, fh) = fs.create(ROOT_INO, "made-755", 0, Some(0o755)).await.unwrap();
         fs.write(fh, 0, b"#!/bin/sh\n").await.unwrap();
         fs.release(fh).await.unwrap();
@@ -733,7 +745,7 @@ async fn a_crash_keeps_the_mode_and_mtime_of_pending_files() {
     let fs = Fs::new(mem.clone(), cfg(&dir, 60_000));
     let (mut done, failed) = fs.recover_staged().await;
     done.sort();
-    assert_eq!((done, failed), (vec!["chmod-later".to_string(), "made-755".to_string()], vec![]));
+    assert_eq!((done, failed), (vec!["chmod-later".to_string(), "made-755".to_string(), "theirs".into()], vec![]));
     let attrs = |key: &'static str| {
         let mem = mem.clone();
         async move { mem.head(key, Default::default()).await.unwrap().attrs }
@@ -741,6 +753,8 @@ async fn a_crash_keeps_the_mode_and_mtime_of_pending_files() {
     assert_eq!(attrs("made-755").await.mode, Some(0o100755));
     let a = attrs("chmod-later").await;
     assert_eq!((a.mode, a.mtime), (Some(0o100700), Some(old)));
+    let a = attrs("theirs").await;
+    assert_eq!((a.mode, a.foreign.as_deref()), (Some(0o100600), theirs.new().as_deref()));
     let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()

@@ -162,8 +162,9 @@ impl Staged {
         }
     }
 
-    /// The mode, owner and mtime the upload is to carry (`a`, empty: none), in a `.attrs`
-    /// sidecar, so a crash recovers them with the bytes (an executable stays one). Written
+    /// The mode, owner and mtime the upload is to carry, and another client's metadata (`a`,
+    /// empty: none), in a `.attrs` sidecar, so a crash recovers them with the bytes (an
+    /// executable stays one). Written
     /// only when they change; for a file with a key (one whose bytes go up).
     pub fn keep_attrs(&mut self, a: &bucketfs_store::FileAttrs) -> Result<(), FsError> {
         if self.key.is_none()
@@ -177,10 +178,8 @@ impl Staged {
             self.forget_attrs();
             return Ok(());
         }
-        let mut text: Vec<String> = a.to_metadata().into_iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-        text.sort();
-        crate::recycle::write(&self.attrs_path(), text.concat().as_bytes()).map_err(local)?;
-        self.attrs_kept = Some(*a);
+        crate::recycle::write(&self.attrs_path(), a.to_lines().as_bytes()).map_err(local)?;
+        self.attrs_kept = Some(a.clone());
         Ok(())
     }
 

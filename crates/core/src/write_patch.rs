@@ -203,7 +203,7 @@ impl super::Staged {
         &mut self,
         store: &dyn Store,
         key: &str,
-        opts: WriteOptions,
+        opts: &WriteOptions,
         put: PutOpts,
         sums: &mut Sums,
     ) -> Option<Result<bucketfs_store::Patched, FsError>> {
@@ -233,7 +233,7 @@ impl super::Staged {
             source: &source,
             put,
         };
-        match store.patch(key, p, opts).await {
+        match store.patch(key, p, opts.clone()).await {
             Ok(done) => {
                 stored.keep_into(&kept, sums);
                 sums.overlay(source.sums.into_inner().unwrap_or_else(|e| e.into_inner()));

@@ -92,7 +92,7 @@ impl Staged {
     /// What an upload of these bytes is stored with.
     pub(super) fn put_opts(&self, attrs: &FileAttrs) -> PutOpts {
         let created_by = self.excl_tag.filter(|_| self.create_only);
-        PutOpts { attrs: FileAttrs { created_by, ..*attrs }, if_not_exists: self.create_only }
+        PutOpts { attrs: FileAttrs { created_by, ..attrs.clone() }, if_not_exists: self.create_only }
     }
 
     /// Hand every complete part past what was sent to the eager upload, starting one if a
@@ -122,9 +122,9 @@ impl Staged {
             }
             // No share free now: the file goes up at close instead (never wait here, with
             // a writer that may keep the file open for hours: see part_budget.rs).
-            let Some(share) = self.budget.eager(opts) else { return Ok(()) };
+            let Some(share) = self.budget.eager(&opts) else { return Ok(()) };
             let put = self.put_opts(attrs);
-            let writer = store.writer(key, WriteOptions { put, ..opts }).await?;
+            let writer = store.writer(key, WriteOptions { put: put.clone(), ..opts.clone() }).await?;
             let crcs = self.watched().then(Vec::new);
             let sums = Sums::default();
             self.eager = Some(Eager { key: key.to_string(), put, writer, sent: 0, crcs, sums, _share: share });
@@ -199,12 +199,12 @@ impl Staged {
         self.sending_md5 = None; // set below for a create-only single PUT
                                  // (Not for the mtime alone, which each write moves: the object carries the one of
                                  // the eager upload's start.)
-        let but_mtime = |p: &PutOpts| PutOpts { attrs: FileAttrs { mtime: None, ..p.attrs }, ..*p };
+        let but_mtime = |p: &PutOpts| PutOpts { attrs: FileAttrs { mtime: None, ..p.attrs.clone() }, ..p.clone() };
         if self.eager.as_ref().is_some_and(|e| but_mtime(&e.put) != but_mtime(&put)) {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
         }
         let mut eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
-        if let Some(e) = eager.take_if(|e| !self.parts_unchanged(e, opts)) {
+        if let Some(e) = eager.take_if(|e| !self.parts_unchanged(e, &opts)) {
             // The kernel changed a part after it was sent: the file goes up whole.
             let mut e = e;
             let _ = e.writer.abort().await;
@@ -212,7 +212,7 @@ impl Staged {
         let mut sums = Sums::default();
         let mut pieces = Some(size.div_ceil(opts.part_size as u64).max(1) as u32);
         let patched = match eager {
-            None => self.patch(store, key, opts, put, &mut sums).await,
+            None => self.patch(store, key, &opts, put.clone(), &mut sums).await,
             Some(_) => None,
         };
         let result = match (patched, eager) {
@@ -221,7 +221,7 @@ impl Staged {
                 done.meta
             }),
             (None, Some(mut e)) => {
-                let r = send_file(&self.file, e.sent, self.size, e.writer.as_mut(), opts, Some(&mut e.sums)).await;
+                let r = send_file(&self.file, e.sent, self.size, e.writer.as_mut(), &opts, Some(&mut e.sums)).await;
                 sums = std::mem::take(&mut e.sums);
                 match r {
                     Ok(()) => e.writer.close().await.map_err(FsError::from),
@@ -233,7 +233,7 @@ impl Staged {
             }
             (None, None) if self.size <= opts.part_size as u64 => {
                 // One part or less: a single PUT is one round trip instead of three.
-                let _share = self.budget.upload(self.len(), opts).await;
+                let _share = self.budget.upload(self.len(), &opts).await;
                 let data = self.read(0, self.size as u32)?;
                 sums.record(0, &data);
                 if put.if_not_exists && self.size <= LANDING_MD5_MAX {
@@ -242,9 +242,9 @@ impl Staged {
                 store.put(key, data, put).await.map_err(FsError::from)
             }
             (None, None) => {
-                let _share = self.budget.upload(self.size, opts).await;
-                let mut w = store.writer(key, WriteOptions { put, ..opts }).await?;
-                match send_file(&self.file, 0, self.size, w.as_mut(), opts, Some(&mut sums)).await {
+                let _share = self.budget.upload(self.size, &opts).await;
+                let mut w = store.writer(key, WriteOptions { put, ..opts.clone() }).await?;
+                match send_file(&self.file, 0, self.size, w.as_mut(), &opts, Some(&mut sums)).await {
                     Ok(()) => w.close().await.map_err(FsError::from),
                     Err(err) => {
                         let _ = w.abort().await;
@@ -337,7 +337,7 @@ impl Staged {
 
     /// Whether the parts an eager upload sent still hold what was sent (always, unless the
     /// kernel writes the file: then each part is read again and its CRC32C compared).
-    pub(super) fn parts_unchanged(&self, e: &Eager, opts: WriteOptions) -> bool {
+    pub(super) fn parts_unchanged(&self, e: &Eager, opts: &WriteOptions) -> bool {
         let Some(crcs) = &e.crcs else { return true };
         let mut buf = vec![0u8; opts.part_size];
         crcs.iter().enumerate().all(|(i, crc)| {
@@ -352,7 +352,7 @@ pub(crate) async fn send_file(
     from: u64,
     size: u64,
     w: &mut dyn ObjectWriter,
-    opts: WriteOptions,
+    opts: &WriteOptions,
     mut sums: Option<&mut Sums>,
 ) -> Result<(), FsError> {
     let mut off = from;

@@ -29,6 +29,7 @@ mod error;
 pub mod events;
 pub mod gcs;
 pub mod gdrive;
+pub mod headers;
 mod local;
 pub mod location;
 pub mod metered;

@@ -238,9 +238,9 @@ impl OpendalStore {
         self
     }
 
-    /// The Content-Type for an upload to `key`; none where the service keeps none.
-    pub fn content_type_for(&self, key: &str) -> Option<String> {
-        self.op.info().capability().write_with_content_type.then(|| self.content_type.for_key(key)).flatten()
+    /// What an upload to `key` with `put`'s attributes stores beside its bytes.
+    pub fn headers_for(&self, key: &str, put: &PutOpts) -> crate::headers::Headers {
+        crate::headers::Headers::new(&self.op.info().capability(), put, self.content_type.for_key(key))
     }
 
     /// Build upload operators with `ops` (see [`OpendalStore::upload_operator`]).
@@ -271,11 +271,6 @@ impl OpendalStore {
     pub fn with_compose_operator(mut self, op: Operator) -> Self {
         self.compose_op = Some(op);
         self
-    }
-
-    /// Whether uploads keep user metadata ([`Capabilities::keeps_attrs`]).
-    fn keeps_attrs(&self) -> bool {
-        self.op.info().capability().write_with_user_metadata
     }
 
     fn meta(&self, key: &str, m: &Metadata) -> ObjectMeta {
@@ -356,10 +351,15 @@ impl Store for OpendalStore {
             false => (self.op.stat(od_path(key)).await, Default::default()),
         };
         let m = m.map_err(|e| StoreError::from_opendal("head", key, e))?;
-        let attrs = m
-            .user_metadata()
-            .map(|u| FileAttrs::from_metadata(&u.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
-            .unwrap_or_default();
+        let user = m.user_metadata().map(|u| u.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        let own = |v: Option<&str>| v.map(str::to_string);
+        let attrs = FileAttrs::from_metadata(&user.unwrap_or_default()).with_headers(crate::attrs::Foreign {
+            content_type: own(m.content_type()),
+            cache_control: own(m.cache_control()),
+            content_disposition: own(m.content_disposition()),
+            content_encoding: own(m.content_encoding()),
+            user: Vec::new(),
+        });
         // A real directory (local fs) reports as a prefix, like a marker object would.
         let mut meta = match m.is_dir() && !key.ends_with('/') && !key.is_empty() {
             true => self.meta(&format!("{key}/"), &m),
@@ -448,13 +448,7 @@ impl Store for OpendalStore {
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.beneath("put", key)?;
         let op = self.upload_operator(data.len() as u64);
-        let mut req = op.write_with(key, data);
-        if let Some(ct) = self.content_type_for(key) {
-            req = req.content_type(&ct);
-        }
-        if !opts.attrs.is_empty() && self.keeps_attrs() {
-            req = req.user_metadata(opts.attrs.to_metadata());
-        }
+        let mut req = crate::apply_headers!(op.write_with(key, data), &self.headers_for(key, &opts));
         if opts.if_not_exists {
             req = req.if_not_exists(true);
         }
@@ -553,20 +547,15 @@ impl Store for OpendalStore {
                 op: self.upload_operator(opts.part_size as u64),
                 compose_op,
                 store: self.clone(),
+                headers: self.headers_for(key, &opts.put),
                 put: opts.put,
-                content_type: self.content_type_for(key),
             };
             let w = ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency);
             return Ok(Box::new(w.with_background(self.background.clone())));
         }
         let op = self.upload_operator(opts.part_size as u64);
-        let mut req = op.writer_with(key).chunk(opts.part_size).concurrent(opts.concurrency.max(1));
-        if let Some(ct) = self.content_type_for(key) {
-            req = req.content_type(&ct);
-        }
-        if !opts.put.attrs.is_empty() && self.keeps_attrs() {
-            req = req.user_metadata(opts.put.attrs.to_metadata());
-        }
+        let req = op.writer_with(key).chunk(opts.part_size).concurrent(opts.concurrency.max(1));
+        let mut req = crate::apply_headers!(req, &self.headers_for(key, &opts.put));
         // S3: `If-None-Match: *` on the single PUT or on CompleteMultipartUpload.
         if opts.put.if_not_exists {
             req = req.if_not_exists(true);
@@ -615,8 +604,7 @@ impl Store for OpendalStore {
         }
         let t = crate::patch::Target {
             key,
-            content_type: self.content_type_for(key),
-            metadata: crate::patch::metadata(&p.put, self.keeps_attrs()),
+            headers: self.headers_for(key, &p.put),
             part_size: opts.part_size as u64,
             concurrency: opts.concurrency,
         };

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use opendal::Operator;
 
 use crate::gcs::compose::PARTS_PREFIX;
-use crate::{ObjectMeta, Patch, PutOpts, StoreError, StoreErrorKind};
+use crate::{ObjectMeta, Patch, StoreError, StoreErrorKind};
 
 /// S3's smallest part that is not the last.
 pub const MIN_PART: u64 = 5 * 1024 * 1024;
@@ -125,9 +125,8 @@ fn source_err(key: &str, e: std::io::Error) -> StoreError {
 /// The request's settings that [`s3`] and [`gcs`] share with the store's other uploads.
 pub struct Target<'a> {
     pub key: &'a str,
-    pub content_type: Option<String>,
-    /// User metadata to store, where the service keeps it.
-    pub metadata: Option<std::collections::HashMap<String, String>>,
+    /// What the new version stores beside its bytes, as a whole upload would.
+    pub headers: crate::headers::Headers,
     pub part_size: u64,
     pub concurrency: usize,
 }
@@ -146,13 +145,7 @@ pub async fn s3(
         return Err(unsupported(key, "nothing to keep"));
     }
     // No `chunk`: each write of at least 5 MiB is one part as given, and a copy is one part.
-    let mut req = op.writer_with(key).concurrent(t.concurrency.max(1)).if_match(p.base);
-    if let Some(ct) = &t.content_type {
-        req = req.content_type(ct);
-    }
-    if let Some(m) = &t.metadata {
-        req = req.user_metadata(m.clone());
-    }
+    let req = crate::apply_headers!(op.writer_with(key).concurrent(t.concurrency.max(1)).if_match(p.base), &t.headers);
     let err = |what: &'static str| move |e: opendal::Error| StoreError::from_opendal(what, key, e);
     // Cancelled mid-way, the multipart upload is aborted in the background (its parts
     // would stay in the bucket, unseen, until a lifecycle rule expires them).
@@ -263,13 +256,7 @@ where
         let base = opendal::options::ComposeSourceOptions { version: Some(p.base.to_string()), ..Default::default() };
         let sources = [(key.to_string(), base), (tail.clone(), Default::default())];
         let into = crate::gcs::in_place::in_place(key);
-        let mut req = compose_op.compose_with(sources, &into).if_version_match(p.base);
-        if let Some(ct) = &t.content_type {
-            req = req.content_type(ct);
-        }
-        if let Some(m) = &t.metadata {
-            req = req.user_metadata(m.clone());
-        }
+        let req = crate::apply_headers!(compose_op.compose_with(sources, &into).if_version_match(p.base), &t.headers);
         let m = crate::gcs::in_place::composing_in_place(std::future::IntoFuture::into_future(req))
             .await
             .map_err(|e| StoreError::from_opendal("patch (compose)", key, e))?;
@@ -318,11 +305,6 @@ pub fn assemble(base: &Bytes, p: &Patch<'_>) -> std::io::Result<Bytes> {
     }
     fill(at, p.len, &mut out)?;
     Ok(out.into())
-}
-
-/// What a patch stores with the object: Content-Type and attributes as a whole upload would.
-pub fn metadata(put: &PutOpts, keeps_attrs: bool) -> Option<std::collections::HashMap<String, String>> {
-    (keeps_attrs && !put.attrs.is_empty()).then(|| put.attrs.to_metadata())
 }
 
 #[cfg(test)]

@@ -310,7 +310,7 @@ pub struct GetOpts<'a> {
 }
 
 /// Options of [`Store::put`] (and of a [`Store::writer`]'s object, [`WriteOptions::put`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PutOpts {
     /// Kept with the object where the store can ([`Capabilities::keeps_attrs`]).
     pub attrs: FileAttrs,
@@ -405,7 +405,7 @@ pub struct ObjectChecksum {
 }
 
 /// Options of [`Store::writer`]: its tuning, and what the object is stored with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteOptions {
     /// Bytes per part: S3's minimum part is 5 MiB; 8 MiB keeps 10,000 parts above 78 GiB.
     pub part_size: usize,

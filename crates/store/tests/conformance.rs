@@ -87,7 +87,7 @@ async fn conformance(store: Arc<dyn Store>) {
     // Streaming upload in parts, visible only at close; abort leaves nothing.
     let opts = bucketfs_store::WriteOptions { part_size: 5 * 1024 * 1024, concurrency: 2, ..Default::default() };
     let big: Bytes = (0..11 * 1024 * 1024u32).map(|i| (i % 241) as u8).collect::<Vec<_>>().into();
-    let mut w = s.writer("dir/multi.bin", opts).await.unwrap();
+    let mut w = s.writer("dir/multi.bin", opts.clone()).await.unwrap();
     for chunk in big.chunks(1 << 20) {
         w.write(Bytes::copy_from_slice(chunk)).await.unwrap();
     }
@@ -99,7 +99,7 @@ async fn conformance(store: Arc<dyn Store>) {
         s.get_range("dir/multi.bin", mid.clone(), GetOpts::default()).await.unwrap(),
         big.slice(mid.start as usize..mid.end as usize)
     );
-    let mut w = s.writer("dir/aborted.bin", opts).await.unwrap();
+    let mut w = s.writer("dir/aborted.bin", opts.clone()).await.unwrap();
     w.write(big.slice(0..1000)).await.unwrap();
     w.abort().await.unwrap();
     assert_eq!(s.stat("dir/aborted.bin").await.unwrap_err().kind, StoreErrorKind::NotFound);
@@ -146,20 +146,56 @@ async fn file_attrs(s: &dyn Store, opts: bucketfs_store::WriteOptions) {
         gid: Some(5678),
         mtime: Some(UNIX_EPOCH + Duration::new(1_000_000_005, 250_000_000)),
         created_by: Some(bucketfs_store::new_create_tag()),
+        foreign: None,
     };
-    s.put("attrs/put.bin", Bytes::from_static(b"abc"), PutOpts { attrs: a, ..Default::default() }).await.unwrap();
+    s.put("attrs/put.bin", Bytes::from_static(b"abc"), PutOpts { attrs: a.clone(), ..Default::default() })
+        .await
+        .unwrap();
     let h = s.head("attrs/put.bin", HeadOpts::default()).await.unwrap();
-    assert_eq!((h.meta.size, h.attrs), (3, a), "{}: put with attrs", s.describe());
+    assert_eq!((h.meta.size, &h.attrs), (3, &a), "{}: put with attrs", s.describe());
     let b = FileAttrs { mode: Some(0o100600), ..a };
     let mut w = s
-        .writer("attrs/put.bin", WriteOptions { put: PutOpts { attrs: b, ..Default::default() }, ..opts })
+        .writer(
+            "attrs/put.bin",
+            WriteOptions { put: PutOpts { attrs: b.clone(), ..Default::default() }, ..opts.clone() },
+        )
         .await
         .unwrap();
     w.write(Bytes::from_static(b"abcdef")).await.unwrap();
     w.close().await.unwrap();
     let h = s.head("attrs/put.bin", HeadOpts::default()).await.unwrap();
-    assert_eq!((h.meta.size, h.attrs), (6, b), "{}: writer with attrs", s.describe());
+    assert_eq!((h.meta.size, &h.attrs), (6, &b), "{}: writer with attrs", s.describe());
     s.delete("attrs/put.bin").await.unwrap();
+    // What another client stored (headers, user metadata of its own) comes back from a
+    // HEAD and goes up again with both kinds of upload (a chmod's upload dropped it all).
+    let headers = s.describe().starts_with("s3://") || s.describe().starts_with("gs://");
+    let theirs = bucketfs_store::attrs::Foreign {
+        content_type: Some("text/x-theirs".into()),
+        cache_control: Some("max-age=7".into()),
+        user: vec![("team".into(), "ml".into())],
+        ..Default::default()
+    };
+    let c = FileAttrs { foreign: theirs.clone().new(), ..b };
+    for big in [false, true] {
+        let put = PutOpts { attrs: c.clone(), ..Default::default() };
+        match big {
+            false => drop(s.put("attrs/theirs.bin", Bytes::from_static(b"abc"), put).await.unwrap()),
+            true => {
+                let mut w = s.writer("attrs/theirs.bin", WriteOptions { put, ..opts.clone() }).await.unwrap();
+                w.write(Bytes::from(vec![7u8; opts.part_size + 1])).await.unwrap();
+                w.close().await.unwrap();
+            }
+        }
+        let h = s.head("attrs/theirs.bin", HeadOpts::default()).await.unwrap();
+        let got = h.attrs.foreign.as_deref().cloned().unwrap_or_default();
+        assert_eq!(got.user, theirs.user, "{}: their user metadata (parts: {big})", s.describe());
+        if headers {
+            let want = (theirs.content_type.as_deref(), theirs.cache_control.as_deref());
+            assert_eq!((got.content_type.as_deref(), got.cache_control.as_deref()), want, "{}: {big}", s.describe());
+        }
+        assert_eq!(h.attrs.mode, c.mode);
+    }
+    s.delete("attrs/theirs.bin").await.unwrap();
 }
 
 /// More parts than one GCS compose call takes (32), so GCS composes in a tree; other stores
@@ -171,7 +207,7 @@ async fn many_parts(s: &dyn Store) {
     let part = 64 * 1024;
     let opts = bucketfs_store::WriteOptions { part_size: part, concurrency: 8, ..Default::default() };
     let body: Bytes = (0..(70 * part + 123) as u32).map(|i| (i % 239) as u8).collect::<Vec<_>>().into();
-    let mut w = s.writer("many/parts.bin", opts).await.unwrap();
+    let mut w = s.writer("many/parts.bin", opts.clone()).await.unwrap();
     for chunk in body.chunks(100_000) {
         w.write(body.slice_ref(chunk)).await.unwrap();
     }
@@ -245,12 +281,12 @@ async fn patches(s: &dyn Store, middle: bool) {
     assert!(s.capabilities().patches, "{}", s.describe());
     let base: Bytes = (0..12 * M as u32).map(|i| (i % 253) as u8).collect::<Vec<_>>().into();
     let opts = WriteOptions::default();
-    let mut w = s.writer("patched", opts).await.unwrap();
+    let mut w = s.writer("patched", opts.clone()).await.unwrap();
     w.write(base.clone()).await.unwrap();
     let m0 = w.close().await.unwrap();
     let e0 = m0.etag.clone().expect("an identity");
     let patch = |new: &Bytes, kept: &[std::ops::Range<u64>], base: String, base_len: u64| {
-        let (new, kept) = (new.clone(), kept.to_vec());
+        let (new, kept, opts) = (new.clone(), kept.to_vec(), opts.clone());
         async move {
             let src = Source(new.clone());
             let p = Patch {

@@ -192,7 +192,7 @@ async fn upload_once(
             };
             let _slot = ctx.slot().await;
             let put = retry(ctx, "upload", &dst.key, || {
-                dst.store.put(&dst.key, data.clone(), PutOpts { attrs, ..Default::default() })
+                dst.store.put(&dst.key, data.clone(), PutOpts { attrs: attrs.clone(), ..Default::default() })
             });
             let m = tokio::select! {
                 m = put => m?,

@@ -55,8 +55,9 @@ pub struct OpendalComposeBackend<S: Store> {
     /// What the object is stored with: by the plain put of an object of one part, or by
     /// the final compose request.
     pub put: crate::PutOpts,
-    /// The Content-Type of the composed object (an object of one part gets it from `store`).
-    pub content_type: Option<String>,
+    /// What the final compose stores with the object (an object of one part gets it from
+    /// `store`'s put).
+    pub headers: crate::headers::Headers,
 }
 
 #[async_trait]
@@ -70,20 +71,17 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
     }
     async fn compose(&self, sources: &[String], to: &str) -> Result<ObjectMeta, StoreError> {
         let mut req = self.compose_op.compose_with(sources.iter().map(String::as_str), to);
-        // The composed object's Content-Type is the destination's, set here.
-        if let Some(ct) = &self.content_type {
-            req = req.content_type(ct);
+        // The final object's Content-Type, mode, owner and mtime (`cp -P`, a chmod'ed file)
+        // and another client's headers: its destination resource carries them (they were
+        // dropped: tester C). Intermediate objects need none.
+        let last = !to.starts_with(PARTS_PREFIX);
+        if last {
+            req = crate::apply_headers!(req, &self.headers);
         }
         // Create only: `ifGenerationMatch=0` on the final compose (not on intermediates).
-        let last = !to.starts_with(PARTS_PREFIX);
         let created = self.put.if_not_exists && last;
         if created {
             req = req.if_not_exists(true);
-        }
-        // The final object's mode, owner and mtime (`cp -P`, a chmod'ed file): its
-        // destination resource carries them (they were dropped: tester C).
-        if last && !self.put.attrs.is_empty() {
-            req = req.user_metadata(self.put.attrs.to_metadata().into_iter().collect());
         }
         let m = req.await.map_err(|e| StoreError::from_opendal("compose", to, e).if_created(created))?;
         Ok(ObjectMeta {
@@ -98,7 +96,7 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
         self.op.delete(key).await.map_err(|e| StoreError::from_opendal("delete part", key, e))
     }
     async fn put(&self, key: &str, data: Bytes) -> Result<ObjectMeta, StoreError> {
-        self.store.put(key, data, self.put).await
+        self.store.put(key, data, self.put.clone()).await
     }
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         self.store.stat(key).await

@@ -353,7 +353,7 @@ impl GdriveStore {
 
     /// `if_not_exists` on Drive: checked against the tree when the upload starts (Drive has
     /// no conditional create by name).
-    fn create_only(key: &str, opts: PutOpts, exists: bool) -> Result<(), StoreError> {
+    fn create_only(key: &str, opts: &PutOpts, exists: bool) -> Result<(), StoreError> {
         match opts.if_not_exists && exists {
             true => Err(err(StoreErrorKind::Exists, format!("write {key:?}: already exists"))),
             false => Ok(()),
@@ -446,7 +446,7 @@ impl Store for GdriveStore {
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.fresh(false).await?;
-        Self::create_only(key, opts, self.lookup(key).is_some())?;
+        Self::create_only(key, &opts, self.lookup(key).is_some())?;
         let size = data.len() as u64;
         let f = self.put_small(key, data, &opts.attrs).await?;
         Ok(self.meta(key, &f, size))
@@ -528,7 +528,7 @@ impl Store for GdriveStore {
 
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         self.fresh(false).await?;
-        Self::create_only(key, opts.put, self.lookup(key).is_some())?;
+        Self::create_only(key, &opts.put, self.lookup(key).is_some())?;
         if self.lookup(key).is_some_and(|f| f.export().is_some()) {
             return Err(Self::read_only(key));
         }

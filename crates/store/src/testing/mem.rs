@@ -196,7 +196,7 @@ impl Store for MemStore {
             mtime: Some(mtime),
             size_unknown: false,
         };
-        let attrs = self.attrs.lock().unwrap().get(key).copied().unwrap_or_default();
+        let attrs = self.attrs.lock().unwrap().get(key).cloned().unwrap_or_default();
         let md5 = (opts.digests && self.md5).then(|| <md5::Md5 as md5::Digest>::digest(&data[..]).into());
         Ok(ObjectHead { attrs, md5, ..ObjectHead::of(meta) })
     }
@@ -439,7 +439,7 @@ impl ObjectWriter for MemWriter {
     async fn close(&mut self) -> Result<ObjectMeta, StoreError> {
         let data = Bytes::from(std::mem::take(&mut self.buf));
         let etags = Etags::new(self.content_etags, &self.next_etag);
-        store_object(&self.objects, &self.attrs, etags, &self.key, data, self.opts)
+        store_object(&self.objects, &self.attrs, etags, &self.key, data, self.opts.clone())
     }
     async fn abort(&mut self) -> Result<(), StoreError> {
         self.buf.clear();
