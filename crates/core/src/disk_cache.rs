@@ -109,13 +109,16 @@ struct Entry {
     stamp: Option<Stamp>,
 }
 
-/// What a data file's metadata tells of its bytes: length, mtime and inode. A write to it
-/// from outside this process (by hand, another program) changes it; a rename does not.
-pub(super) type Stamp = (u64, std::time::SystemTime, u64);
+/// What a data file's metadata tells of its bytes: length, mtime, inode and ctime (in
+/// nanoseconds). A write to it from outside this process (by hand, another program)
+/// changes it, also one whose mtime was set back after (`touch -r`: tester C), since
+/// nothing sets a ctime back; so does a rename (the cache stamps its own again).
+pub(super) type Stamp = (u64, std::time::SystemTime, u64, i128);
 
 pub(super) fn stamp_of(m: &std::fs::Metadata) -> Stamp {
     use std::os::unix::fs::MetadataExt;
-    (m.len(), m.modified().unwrap_or(std::time::UNIX_EPOCH), m.ino())
+    let ctime = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
+    (m.len(), m.modified().unwrap_or(std::time::UNIX_EPOCH), m.ino(), ctime)
 }
 
 impl Entry {

@@ -488,5 +488,13 @@ fn a_whole_file_changed_on_disk_is_checked_before_the_kernel_reads_it() {
     f.write_all_at(&data[..16], 0).unwrap();
     drop(f);
     assert!(read_all(&c.whole("k", "e", size).expect("same bytes")) == data);
+    // Damaged with its mtime set back after (`touch -r`: tester C): the ctime tells.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let mtime = f.metadata().unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    f.write_all_at(&[1u8; 16], 2 * B + 7).unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    assert!(c.whole("k", "e", size).is_none(), "damaged bytes behind an mtime set back handed over");
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -227,7 +227,9 @@ impl DiskCache {
         if std::fs::rename(self.data_path(&old), self.data_path(&new)).is_err() {
             return false;
         }
-        let e = m.remove(&old).expect("found above");
+        let mut e = m.remove(&old).expect("found above");
+        // The rename moved its ctime: stamped again, not checked again at the next open.
+        e.stamp = e.stamp.and_then(|_| std::fs::metadata(self.data_path(&new)).ok()).map(|m| super::stamp_of(&m));
         let _ = std::fs::remove_file(self.meta_path(&old));
         if let Err(err) = self.write_meta(&new, &e) {
             tracing::debug!(%new_key, "disk cache sidecar not moved: {err}");
