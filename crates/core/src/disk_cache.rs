@@ -57,8 +57,12 @@ const RECORD: usize = 16;
 const OVERHEAD_KIB: u32 = 4;
 
 pub struct DiskCache {
-    /// An `flock` on `dir`, held while this lives: one process per directory.
-    _lock: File,
+    /// An `flock` on `dir`, held while this lives: one process per directory (taken again
+    /// on the directory made again after a removal).
+    lock: Mutex<File>,
+    /// `dir` was removed while in use and another process holds the one made since: no
+    /// more files are made.
+    lost: AtomicBool,
     dir: PathBuf,
     /// Bytes of a block (the read path's [`BLOCK`]; smaller in unit tests).
     block: u64,
@@ -264,7 +268,8 @@ impl DiskCache {
             .build();
         let index = crate::weighted::WeightedCache::new(index);
         let c = Self {
-            _lock: lock,
+            lock: Mutex::new(lock),
+            lost: AtomicBool::new(false),
             dir: dir.to_path_buf(),
             block,
             max_bytes,
@@ -537,7 +542,7 @@ impl DiskCache {
             }
             return missing;
         }
-        if self.too_big.lock().unwrap().contains(name) {
+        if self.too_big.lock().unwrap().contains(name) || self.lost.load(Relaxed) {
             return None;
         }
         // What pinned files hold counts against the room only for objects large next to
@@ -559,9 +564,22 @@ impl DiskCache {
             self.delete_files(name, &old);
             m = self.entries.lock().unwrap();
         }
-        let created = File::create(self.data_path(name))
-            .and_then(|f| f.set_len(size))
-            .and_then(|()| std::fs::write(self.meta_path(name), header(self.block, size)));
+        let create = || {
+            File::create(self.data_path(name))
+                .and_then(|f| f.set_len(size))
+                .and_then(|()| std::fs::write(self.meta_path(name), header(self.block, size)))
+        };
+        let mut created = create();
+        if created.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) && !self.dir.exists() {
+            // The directory was removed while mounted (by hand, a cleanup job): caching
+            // stopped for the mount's life, and `status` kept counting files gone (tester
+            // C). Made again, with what it held forgotten.
+            tracing::warn!(dir = %self.dir.display(), "disk cache directory removed while mounted; made again, empty");
+            drop(m);
+            self.forget_all_unpinned();
+            created = self.make_dir_again().and_then(|()| create());
+            m = self.entries.lock().unwrap();
+        }
         if let Err(e) = created {
             tracing::debug!("disk cache file not created: {e}");
             let _ = std::fs::remove_file(self.data_path(name));
@@ -572,6 +590,39 @@ impl DiskCache {
         let gen = e.gen;
         m.insert(name.to_string(), e);
         Some(gen)
+    }
+
+    /// `dir` again, locked as [`lock_slot`] locks it; if another process made it its own
+    /// meanwhile, no more files are made here.
+    fn make_dir_again(&self) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        std::fs::create_dir_all(&self.dir)?;
+        let f = File::open(&self.dir)?;
+        // SAFETY: flock on a descriptor we own; released when it closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            self.lost.store(true, Relaxed);
+            tracing::warn!(dir = %self.dir.display(), "disk cache directory taken by another process; no more caching on disk");
+            return Err(e);
+        }
+        *self.lock.lock().unwrap() = f;
+        Ok(())
+    }
+
+    /// Forget every entry no reader holds (their files are gone).
+    fn forget_all_unpinned(&self) {
+        let names: Vec<String> = {
+            let mut m = self.entries.lock().unwrap();
+            let names: Vec<String> = m.iter().filter(|(_, e)| e.pin.count() == 0).map(|(n, _)| n.clone()).collect();
+            for n in &names {
+                m.remove(n);
+            }
+            names
+        };
+        for n in names {
+            self.index.invalidate(&n);
+        }
+        self.index.run_pending_tasks();
     }
 
     /// Forget block `block` of `name`'s entry (generation `gen`): in memory, and in the

@@ -498,3 +498,25 @@ fn a_whole_file_changed_on_disk_is_checked_before_the_kernel_reads_it() {
     assert!(c.whole("k", "e", size).is_none(), "damaged bytes behind an mtime set back handed over");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The cache directory removed while mounted (by hand, a cleanup job): caching went on
+/// into nothing for the mount's life, and the usage still counted the files gone (tester
+/// C). The next block made the directory again, with the old entries forgotten.
+#[test]
+fn a_cache_directory_removed_while_in_use_is_made_again() {
+    let (d, p) = (dir("removed"), pool());
+    let c = cache(&d, 64 << 20);
+    let data = object(2 * B as usize, 9);
+    put_blocks(&c, &p, "old", "e", &data, 0..2);
+    c.index.run_pending_tasks();
+    assert!(c.used_bytes() >= 2 * B);
+    std::fs::remove_dir_all(&d).unwrap();
+    put_blocks(&c, &p, "new", "e", &data, 0..1);
+    assert!(d.is_dir(), "not made again");
+    assert!(c.contains("new", "e", 0) && !c.contains("old", "e", 0));
+    c.index.run_pending_tasks();
+    assert!(c.used_bytes() < 2 * B, "files gone still counted: {}", c.used_bytes());
+    put_blocks(&c, &p, "new", "e", &data, [1]);
+    assert!(read_all(&c.whole("new", "e", data.len() as u64).expect("whole")) == data);
+    std::fs::remove_dir_all(&d).unwrap();
+}
