@@ -52,6 +52,15 @@ impl Foreign {
         self.content_type = self
             .content_type
             .filter(|c| !matches!(c.as_str(), "" | "application/octet-stream" | "binary/octet-stream"));
+        // `aws-chunked` names how a client sent its bytes, not how they are stored (S3 drops
+        // it; a store that kept it would make our plain upload's body be decoded as chunks).
+        let coding = self.content_encoding.take().unwrap_or_default();
+        let kept: Vec<&str> = coding
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("aws-chunked"))
+            .collect();
+        self.content_encoding = (!kept.is_empty()).then(|| kept.join(","));
         self.user.sort();
         (self != Self::default()).then(|| Arc::new(self))
     }
@@ -255,6 +264,9 @@ mod tests {
         let generic = FileAttrs::default()
             .with_headers(Foreign { content_type: Some("binary/octet-stream".into()), ..Default::default() });
         assert!(generic.is_empty());
+        let chunked = |c: &str| Foreign { content_encoding: Some(c.into()), ..Default::default() }.new();
+        assert_eq!(chunked("aws-chunked"), None);
+        assert_eq!(chunked("aws-chunked,gzip").unwrap().content_encoding.as_deref(), Some("gzip"));
     }
 
     #[test]
