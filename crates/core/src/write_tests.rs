@@ -130,3 +130,28 @@ fn an_append_through_us_to_a_watched_file_keeps_the_committed_version_aside() {
     assert_eq!(std::fs::read(st.base_path()).unwrap(), b"committed", "the committed version is not kept aside");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An `O_TRUNC` open of a file once handed to the kernel empties it at once only while the
+/// kernel holds it (a passthrough open's description): then the kernel reads it itself.
+/// With none held, the opens are ordinary ones, whose reads in flight come to us: emptied
+/// at the open, one sent before it came back short and the kernel zero-filled it, zeros
+/// nobody wrote (tester C); it waits for the first write, as without passthrough.
+#[test]
+fn an_o_trunc_empties_a_watched_file_at_once_only_while_the_kernel_holds_it() {
+    let (dir, mut st) = staged("trunc-watched", 6);
+    let kernel = st.watch_external("k", None).unwrap();
+    kernel.write_all_at(&[7u8; 8192], 0).unwrap();
+    assert!(st.observe().unwrap());
+    st.truncate_on_open(None).unwrap();
+    assert_eq!(st.file.metadata().unwrap().len(), 0, "the kernel holds it: emptied at once");
+    kernel.write_all_at(&[8u8; 8192], 0).unwrap();
+    assert!(st.observe().unwrap());
+    drop(kernel); // the last passthrough open released
+    st.truncate_on_open(None).unwrap();
+    assert_eq!(st.file.metadata().unwrap().len(), 8192, "emptied while reads in flight come to us");
+    let old = st.read_old(4096, 4096).ok().map(|r| r.unwrap());
+    assert_eq!(old.as_deref(), Some(&[8u8; 4096][..]), "a read in flight sees the old bytes");
+    st.write(0, b"new").unwrap();
+    assert_eq!((st.size, st.file.metadata().unwrap().len()), (3, 3), "the first write applies it");
+    let _ = std::fs::remove_dir_all(&dir);
+}
