@@ -151,7 +151,7 @@ impl Fs {
                 }
                 let Ok(node) = fs.node(ino) else { break };
                 if let Err(e) =
-                    st.eager_feed(fs.store.as_ref(), &node.key, fs.cfg.write.clone(), &fs.attrs_to_keep(&node)).await
+                    st.eager_feed(fs.store.as_ref(), &node.key, &fs.cfg.write, &fs.attrs_to_keep(&node)).await
                 {
                     tracing::debug!(key = %node.key, "eager upload stopped: {e}");
                 }

@@ -464,7 +464,7 @@ impl Fs {
             if st.dirty && !st.unlinked && st.in_store && self.store.capabilities().moves {
                 // Changed since its upload: the new bytes go up under the old name, then the
                 // object moves, keeping its identity (a failure midway loses nothing).
-                st.upload(self.store.as_ref(), &src.key, self.cfg.write.clone(), &self.attrs_to_keep(src)).await?;
+                st.upload(self.store.as_ref(), &src.key, &self.cfg.write, &self.attrs_to_keep(src)).await?;
                 drop(st);
                 self.store.rename(&src.key, new_key).await?;
                 self.discard_replaced(replaced).await;
@@ -475,8 +475,7 @@ impl Fs {
                 // a rename replaces (an O_EXCL create was about the old name).
                 // The old key holds another writer's object if ours never went up there.
                 let old = (st.in_store || st.maybe_landed).then(|| st.landing());
-                st.upload_replacing(self.store.as_ref(), new_key, self.cfg.write.clone(), &self.attrs_to_keep(src))
-                    .await?;
+                st.upload_replacing(self.store.as_ref(), new_key, &self.cfg.write, &self.attrs_to_keep(src)).await?;
                 self.discard_replaced(replaced).await;
                 if st.key() == Some(src.key.as_str()) {
                     // Still named (the kernel writes it): recovery must not bring the old name back.

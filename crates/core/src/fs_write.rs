@@ -427,8 +427,7 @@ impl Fs {
         self.set_local_size(file.ino, size);
         // Write-back: nothing goes up before the close (the point is a fast write and close).
         if size >= self.cfg.write.part_size as u64 && !self.write_back() {
-            if let Err(e) =
-                st.eager_feed(self.store.as_ref(), &key, self.cfg.write.clone(), &self.attrs_to_keep(&node)).await
+            if let Err(e) = st.eager_feed(self.store.as_ref(), &key, &self.cfg.write, &self.attrs_to_keep(&node)).await
             {
                 // Not fatal: the data is staged and goes up whole at close.
                 tracing::debug!(%key, "eager upload stopped: {e}");
@@ -457,7 +456,7 @@ impl Fs {
     pub(crate) async fn publish(&self, ino: u64, st: &mut Staged) -> Result<(), FsError> {
         let node = self.node(ino)?;
         let meta = st
-            .upload(self.store.as_ref(), &node.key, self.cfg.write.clone(), &self.attrs_to_keep(&node))
+            .upload(self.store.as_ref(), &node.key, &self.cfg.write, &self.attrs_to_keep(&node))
             .await
             .map_err(|e| match e {
                 FsError::Store(e) if e.kind == bucketfs_store::StoreErrorKind::Exists => {

@@ -164,8 +164,8 @@ impl Staged {
 
     /// The mode, owner and mtime the upload is to carry, and another client's metadata (`a`,
     /// empty: none), in a `.attrs` sidecar, so a crash recovers them with the bytes (an
-    /// executable stays one). Written
-    /// only when they change; for a file with a key (one whose bytes go up).
+    /// executable stays one). Written only when they change; for a file with a key (one
+    /// whose bytes go up).
     pub fn keep_attrs(&mut self, a: &bucketfs_store::FileAttrs) -> Result<(), FsError> {
         if self.key.is_none()
             || self.unlinked

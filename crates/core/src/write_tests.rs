@@ -57,7 +57,7 @@ async fn a_mapped_write_after_an_upload_on_a_page_dirty_before_is_seen() {
     unsafe { std::ptr::copy_nonoverlapping(b"abc".as_ptr(), page, 3) };
     assert!(st.observe().unwrap());
     let mem = bucketfs_store::testing::MemStore::new();
-    st.upload(&mem, "k", WriteOptions::default(), &FileAttrs::default()).await.unwrap();
+    st.upload(&mem, "k", &WriteOptions::default(), &FileAttrs::default()).await.unwrap();
     assert!(!st.dirty);
     std::thread::sleep(std::time::Duration::from_millis(20)); // a new mtime on any kernel
                                                               // SAFETY: within the mapping.
@@ -82,7 +82,7 @@ async fn an_fsynced_version_sent_again_is_still_kept_synced() {
     st.commit().unwrap(); // the close after the fsync
     assert!(st.keeps_synced(), "a close after an fsync commits the same version");
     let mem = bucketfs_store::testing::MemStore::new();
-    st.upload(&mem, "k", WriteOptions::default(), &FileAttrs::default()).await.unwrap();
+    st.upload(&mem, "k", &WriteOptions::default(), &FileAttrs::default()).await.unwrap();
     st.send_again("k").unwrap();
     assert!(st.keeps_synced(), "sent again, the version is still the fsync's");
     assert_eq!(st.key(), Some("k"));
@@ -106,7 +106,7 @@ async fn an_fsynced_version_the_kernel_wrote_is_still_kept_synced() {
     st.commit().unwrap(); // the close after it
     assert!(st.keeps_synced(), "a close after an fsync commits the same version");
     let mem = bucketfs_store::testing::MemStore::new();
-    st.upload(&mem, "k", WriteOptions::default(), &FileAttrs::default()).await.unwrap();
+    st.upload(&mem, "k", &WriteOptions::default(), &FileAttrs::default()).await.unwrap();
     st.send_again("k").unwrap();
     assert!(st.keeps_synced(), "sent again, the version is still the fsync's");
     let _ = std::fs::remove_dir_all(&dir);

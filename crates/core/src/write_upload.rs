@@ -101,7 +101,7 @@ impl Staged {
         &mut self,
         store: &dyn Store,
         key: &str,
-        opts: WriteOptions,
+        opts: &WriteOptions,
         attrs: &FileAttrs,
     ) -> Result<(), FsError> {
         let part = opts.part_size as u64;
@@ -122,7 +122,7 @@ impl Staged {
             }
             // No share free now: the file goes up at close instead (never wait here, with
             // a writer that may keep the file open for hours: see part_budget.rs).
-            let Some(share) = self.budget.eager(&opts) else { return Ok(()) };
+            let Some(share) = self.budget.eager(opts) else { return Ok(()) };
             let put = self.put_opts(attrs);
             let writer = store.writer(key, WriteOptions { put: put.clone(), ..opts.clone() }).await?;
             let crcs = self.watched().then(Vec::new);
@@ -158,7 +158,7 @@ impl Staged {
         &mut self,
         store: &dyn Store,
         key: &str,
-        opts: WriteOptions,
+        opts: &WriteOptions,
         attrs: &FileAttrs,
     ) -> Result<ObjectMeta, FsError> {
         if !self.create_only {
@@ -185,7 +185,7 @@ impl Staged {
         &mut self,
         store: &dyn Store,
         key: &str,
-        opts: WriteOptions,
+        opts: &WriteOptions,
         attrs: &FileAttrs,
     ) -> Result<ObjectMeta, FsError> {
         self.settle()?;
@@ -204,7 +204,7 @@ impl Staged {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
         }
         let mut eager = self.eager.take().filter(|e| e.key == key && e.sent <= self.size);
-        if let Some(e) = eager.take_if(|e| !self.parts_unchanged(e, &opts)) {
+        if let Some(e) = eager.take_if(|e| !self.parts_unchanged(e, opts)) {
             // The kernel changed a part after it was sent: the file goes up whole.
             let mut e = e;
             let _ = e.writer.abort().await;
@@ -212,7 +212,7 @@ impl Staged {
         let mut sums = Sums::default();
         let mut pieces = Some(size.div_ceil(opts.part_size as u64).max(1) as u32);
         let patched = match eager {
-            None => self.patch(store, key, &opts, put.clone(), &mut sums).await,
+            None => self.patch(store, key, opts, put.clone(), &mut sums).await,
             Some(_) => None,
         };
         let result = match (patched, eager) {
@@ -221,7 +221,7 @@ impl Staged {
                 done.meta
             }),
             (None, Some(mut e)) => {
-                let r = send_file(&self.file, e.sent, self.size, e.writer.as_mut(), &opts, Some(&mut e.sums)).await;
+                let r = send_file(&self.file, e.sent, self.size, e.writer.as_mut(), opts, Some(&mut e.sums)).await;
                 sums = std::mem::take(&mut e.sums);
                 match r {
                     Ok(()) => e.writer.close().await.map_err(FsError::from),
@@ -233,7 +233,7 @@ impl Staged {
             }
             (None, None) if self.size <= opts.part_size as u64 => {
                 // One part or less: a single PUT is one round trip instead of three.
-                let _share = self.budget.upload(self.len(), &opts).await;
+                let _share = self.budget.upload(self.len(), opts).await;
                 let data = self.read(0, self.size as u32)?;
                 sums.record(0, &data);
                 if put.if_not_exists && self.size <= LANDING_MD5_MAX {
@@ -242,9 +242,9 @@ impl Staged {
                 store.put(key, data, put).await.map_err(FsError::from)
             }
             (None, None) => {
-                let _share = self.budget.upload(self.size, &opts).await;
+                let _share = self.budget.upload(self.size, opts).await;
                 let mut w = store.writer(key, WriteOptions { put, ..opts.clone() }).await?;
-                match send_file(&self.file, 0, self.size, w.as_mut(), &opts, Some(&mut sums)).await {
+                match send_file(&self.file, 0, self.size, w.as_mut(), opts, Some(&mut sums)).await {
                     Ok(()) => w.close().await.map_err(FsError::from),
                     Err(err) => {
                         let _ = w.abort().await;
