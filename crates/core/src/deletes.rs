@@ -61,7 +61,7 @@ use futures::StreamExt;
 
 use bucketfs_store::{
     ByteStream, Capabilities, GetOpts, HeadOpts, ListStream, ObjectHead, ObjectMeta, ObjectWriter, PutOpts, Store,
-    StoreError, StoreErrorKind, StoreExt, WriteOptions,
+    StoreError, StoreErrorKind, WriteOptions,
 };
 
 use crate::clock::retry_backoff;
@@ -69,27 +69,15 @@ use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 
 /// Delete `key`, or with `only`, only an object there whose MD5 is one of these: what a
 /// create-only upload of ours that was cut off sent. Such an upload lands only where no
-/// object was, so an object with other bytes is another client's, made first, and stays.
-/// The MD5 the store keeps (GCS, Drive) decides; an S3 ETag only where it matches (with
-/// SSE-KMS it is no MD5). Otherwise (no MD5 told) the object is read and hashed here if it
-/// is small enough to be one of ours
-/// ([`crate::write::LANDING_MD5_MAX`]).
+/// object was, so an object with other bytes is another client's, made first, and stays
+/// (told apart by [`crate::late::which_of`]).
 pub(crate) async fn delete_if_ours(store: &dyn Store, key: &str, only: Option<&[[u8; 16]]>) -> Result<(), StoreError> {
     if let Some(only) = only {
         let head = match store.head(key, HeadOpts { digests: true, ..Default::default() }).await {
             Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
             r => r?,
         };
-        let ours = match (head.md5, head.content_md5()) {
-            (Some(md5), _) => only.contains(&md5), // the store's own MD5 of the content
-            (None, Some(md5)) if only.contains(&md5) => true, // an ETag that is this MD5
-            _ if head.meta.size > crate::write::LANDING_MD5_MAX => false,
-            _ => match store.get_range(key, 0..head.meta.size, GetOpts::default()).await {
-                Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(()),
-                r => only.contains(&<md5::Md5 as md5::Digest>::digest(&r?[..]).into()),
-            },
-        };
-        if !ours {
+        if crate::late::which_of(store, key, &head, only).await?.is_none() {
             tracing::info!(%key, "left another client's object, made before our cut-off create-only upload");
             return Ok(());
         }

@@ -239,6 +239,8 @@ pub struct Fs {
     /// Write-back mode: unlinks journaled and sent in the background (deletes.rs); `store`
     /// is this wrapper then.
     pub(crate) deletes: Option<std::sync::Arc<crate::deletes::DeferredDeletes>>,
+    /// Write-back mode: keys an upload cut off may still land on (late.rs).
+    pub(crate) late: crate::late::LateLandings,
     /// Opens the kernel serves from local files (passthrough.rs).
     pub(crate) passthrough: crate::passthrough::Counters,
     /// The store's change events, if followed (`events.rs`).
@@ -302,6 +304,7 @@ impl Fs {
         Self {
             store,
             deletes,
+            late: Default::default(),
             mounted_at: now,
             table: Mutex::new(table),
             handles: Mutex::new(HashMap::new()),

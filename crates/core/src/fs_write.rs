@@ -13,7 +13,7 @@
 //!   midway can leave both names; SEMANTICS.md says so.
 
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 
@@ -133,6 +133,10 @@ impl Fs {
             Landing::IfMd5(md5s) => Some(md5s.clone()),
             _ => None,
         };
+        if self.write_back() {
+            // An upload cut off may land after the delete: the key is watched (late.rs).
+            self.late.watch(key, landing.late_md5s(), None, Instant::now());
+        }
         match &self.deletes {
             Some(d) if self.write_back() && landing != Landing::Stored => d.defer_landing(key, only).await?,
             Some(d) if self.write_back() => d.defer_version(key, version).await?,
@@ -455,6 +459,8 @@ impl Fs {
     /// then show the new version: node, block caches, readers of open handles.
     pub(crate) async fn publish(&self, ino: u64, st: &mut Staged) -> Result<(), FsError> {
         let node = self.node(ino)?;
+        // An upload of it cut off may land over this one later: the key is watched (late.rs).
+        let late = st.landing();
         let meta = st
             .upload(self.store.as_ref(), &node.key, &self.cfg.write, &self.attrs_to_keep(&node))
             .await
@@ -510,6 +516,9 @@ impl Fs {
             n.validated = validated;
             n.answered = ticket;
             t.relist(ino);
+        }
+        if self.write_back() {
+            self.late.watch(&node.key, late.late_md5s(), Some(ino), Instant::now());
         }
         let now = self.node(ino)?;
         let identity = now.identity();
@@ -700,7 +709,11 @@ impl Fs {
                     // Named by status and sync, which commit it again (`Fs::commit_left`).
                     tracing::warn!(ino = file.ino, "cannot commit the staged file at its last close: {e}");
                 }
-            } else if st.handles == 0 && (!st.dirty || st.unlinked) && !readers {
+            } else if st.handles == 0
+                && (!st.dirty || st.unlinked)
+                && !readers
+                && !self.kept_for_late(file.ino, &mut st)
+            {
                 // The version just uploaded stays on disk for reading back (passthrough.rs),
                 // or else its blocks go into the block caches (no copy when it stays).
                 self.keep_as_whole(file.ino, &mut st).await;

@@ -39,7 +39,8 @@ impl Fs {
         let Some(cfg) = self.cfg.write_back else { return };
         let me = Arc::downgrade(self);
         let queue = self.staging.queue.clone();
-        crate::sync::spawn(schedule(me, queue, cfg));
+        crate::sync::spawn(schedule(me.clone(), queue, cfg));
+        crate::sync::spawn(watch_late(me));
     }
 
     /// Declare an upload of `ino`'s key (intents.rs), as the key is once declared: a
@@ -379,7 +380,7 @@ impl Fs {
         let mut st = staged.lock().await;
         self.publish_committed(ino, &staged, &mut st).await?;
         // Still mapped: its lingering watch drops it (fs_write.rs).
-        if st.handles == 0 && (!st.dirty || st.unlinked) && !st.lingering {
+        if st.handles == 0 && (!st.dirty || st.unlinked) && !st.lingering && !self.kept_for_late(ino, &mut st) {
             if !st.unlinked && self.staging.is_current(ino, &staged) {
                 self.keep_as_whole(ino, &mut st).await; // for reading back (passthrough.rs)
             }
@@ -438,6 +439,12 @@ impl Fs {
     /// lands late. Before, `echo A > X; mv B X` could end with X holding A for good (tester
     /// I: 3 of 10 rounds on GCS, some on S3).
     pub(crate) async fn follow_late_landing(&self, ino: u64, key: &str) {
+        self.send_over_late(ino, key, LANDING_GRACE).await;
+    }
+
+    /// Send `ino`'s version up under `key` again `after` from now, over what an upload cut
+    /// off may land there (or has), or once more after its next upload if one is pending.
+    async fn send_over_late(&self, ino: u64, key: &str, after: Duration) {
         // Not staged, or dropped by a reader's last close while this waited (clean): marked
         // dirty, it would stay out of the queue and be left on disk for the next mount.
         let staged = self.staging.get(ino);
@@ -446,7 +453,7 @@ impl Fs {
             None => None,
         };
         let Some(st) = st.as_mut() else {
-            tracing::warn!(%key, "an upload cut off of the file a rename replaced may still land over it");
+            tracing::warn!(%key, "an upload cut off may land over this file's version, which is no longer staged here to send again");
             return;
         };
         if st.unlinked {
@@ -460,8 +467,82 @@ impl Fs {
         // a listing would lay a late object's size over it meanwhile).
         self.claim(ino);
         match st.send_again(key) {
-            Ok(()) => self.staging.queue.enqueue_resend(ino, key.to_string(), st.len(), LANDING_GRACE),
-            Err(e) => tracing::warn!(%key, "cannot queue the renamed file to go up again over a late landing: {e}"),
+            Ok(()) => self.staging.queue.enqueue_resend(ino, key.to_string(), st.len(), after),
+            Err(e) => tracing::warn!(%key, "cannot queue the file to go up again over a late landing: {e}"),
+        }
+    }
+
+    /// Whether the staged file of `ino`, clean, stays staged after its upload: a key it
+    /// holds is watched for a cut-off upload landing late (late.rs), and would need these
+    /// bytes to go up again. Nothing in it is for crash recovery.
+    pub(crate) fn kept_for_late(&self, ino: u64, st: &mut crate::write::Staged) -> bool {
+        if st.unlinked || st.dirty || !self.late.pins(ino) {
+            return false;
+        }
+        st.drop_key();
+        true
+    }
+
+    /// Check `key`, watched for an upload cut off that may land late (late.rs): if one
+    /// landed, the file under the name goes up again, or, with none, the object is deleted.
+    async fn undo_late_landing(&self, key: &str, w: &crate::late::Watch) {
+        let holder =
+            w.holder.filter(|i| self.node(*i).is_ok_and(|n| n.key == key && n.linked)).or_else(|| self.file_at(key));
+        let ours = holder.and_then(|i| self.node(i).ok()).and_then(|n| n.version.tag().map(str::to_owned));
+        match crate::late::landed(self.store.as_ref(), key, &w.md5s, ours.as_deref()).await {
+            Ok(None) => {}
+            Ok(Some(_)) => match holder {
+                Some(ino) => {
+                    tracing::warn!(%key, "an upload cut off earlier landed late, over a newer version: that goes up again");
+                    self.send_over_late(ino, key, Duration::ZERO).await;
+                }
+                None => {
+                    tracing::warn!(%key, "an upload cut off earlier landed late under a name removed since: deleted again");
+                    if let Err(e) = self.delete_removed(key, crate::write::Landing::IfMd5(w.md5s.clone())).await {
+                        tracing::warn!(%key, "cannot delete what a cut-off upload left: {e}");
+                    }
+                }
+            },
+            Err(e) => tracing::debug!(%key, "cannot check for a late landing now: {e}"),
+        }
+    }
+
+    /// The file the mount shows under `key`, if its node is known.
+    fn file_at(&self, key: &str) -> Option<u64> {
+        let t = self.table.lock().unwrap();
+        let mut ino = crate::inode::ROOT_INO;
+        for name in key.split('/') {
+            ino = t.child(ino, name)?.ino;
+        }
+        t.get(ino).filter(|n| n.kind == crate::fs::Kind::File && n.key == key).map(|n| n.ino)
+    }
+
+    /// Every watched key checked now (`bucketfs sync`), within `STORE_PROBE`.
+    async fn check_late_now(&self) {
+        let all = self.late.all();
+        let check = async {
+            for (key, w) in &all {
+                self.undo_late_landing(key, w).await;
+            }
+        };
+        if tokio::time::timeout(STORE_PROBE, check).await.is_err() {
+            tracing::warn!(
+                keys = all.len(),
+                "keys an upload cut off may land on were not all checked: the store did not answer"
+            );
+        }
+    }
+
+    /// A watch that pinned `ino`'s staged file ended: dropped now if clean and unused (as
+    /// after its upload), unless another watch still pins it.
+    async fn unpin_late(&self, ino: u64) {
+        let Some(staged) = self.staging.get(ino) else { return };
+        if self.late.pins(ino) || staged.lock().await.dirty {
+            return; // its upload drops it
+        }
+        let _intent = self.upload_intent(ino).await;
+        if let Err(e) = self.upload_committed(ino).await {
+            tracing::debug!(ino, "staged file kept for a late landing not dropped: {e}");
         }
     }
 
@@ -485,6 +566,8 @@ impl Fs {
     /// it, the store not answering, is tried again only if one listing answers within
     /// `STORE_PROBE` (15 s; `Queue::stalled_across`); otherwise it is named at once.
     pub async fn sync_write_back(&self) -> Vec<(String, String)> {
+        // First what cut-off uploads landed late: their undoing is part of what is synced.
+        self.check_late_now().await;
         let started = Instant::now();
         let queue = &self.staging.queue;
         let uncommitted = self.commit_left().await;
@@ -589,5 +672,20 @@ async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
         let _ =
             tokio::time::timeout(wait.clamp(Duration::from_millis(10), Duration::from_secs(1)), queue.work.notified())
                 .await;
+    }
+}
+
+/// Check the keys an upload cut off may still land on as they come due (late.rs), until
+/// the mount goes; a watch that ends unpins its file's staged copy.
+async fn watch_late(fs: Weak<Fs>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(fs) = fs.upgrade() else { return };
+        for (key, watch, last) in fs.late.due(Instant::now()) {
+            fs.undo_late_landing(&key, &watch).await;
+            if let Some(ino) = watch.holder.filter(|_| last) {
+                fs.unpin_late(ino).await;
+            }
+        }
     }
 }

@@ -14,7 +14,8 @@
 //!   [`part_budget`]: the mount-wide bound on upload buffers; [`write_back`]: the
 //!   background upload queue of `--write-back` mounts; [`deletes`]: their deferred,
 //!   journaled deletes and directory markers; `moves`: moves (directories, files copied
-//!   then deleted) journaled so a crash never leaves both names.
+//!   then deleted) journaled so a crash never leaves both names; `late`: keys an upload
+//!   cut off may still land on, watched for a while.
 //! - [`fs`]: the `Fs` state and getattr; its operations live in `fs_*` modules, one
 //!   concern each (`fs_lookup`, `fs_listing`, `fs_readdir`, `fs_write`, `fs_names`,
 //!   `fs_links`, `fs_rename`, `fs_sync`, `fs_write_back`, `fs_passthrough`, `fs_events`). The component
@@ -45,6 +46,7 @@ pub(crate) mod fs_write;
 pub(crate) mod fs_write_back;
 pub mod inode;
 pub(crate) mod intents;
+pub(crate) mod late;
 pub mod links;
 pub(crate) mod moves;
 pub mod names;

@@ -118,11 +118,12 @@ pub struct Staged {
     /// Sent again after an upload that followed a cut-off one ([`Staged::send_again`]):
     /// its success ends that, with no further round.
     pub resending: bool,
-    /// While `maybe_landed`: the MD5 of each create-only single-request upload cut off;
-    /// `None` once one that was not (in parts, or not create-only) was cut off.
+    /// While `maybe_landed`: the MD5 of each single-request upload cut off; `None` once
+    /// one in parts was cut off.
     landed_md5s: Option<Vec<[u8; 16]>>,
-    /// The MD5 of the create-only single-request upload being sent now (for `landed_md5s`).
-    sending_md5: Option<[u8; 16]>,
+    /// The bytes of the single-request upload being sent now (hashed for `landed_md5s` if
+    /// it is cut off).
+    sending: Option<Bytes>,
     /// Made by an `O_EXCL` create and not uploaded yet: the first upload is create-only
     /// ([`PutOpts::if_not_exists`]), so an object another writer made meanwhile is never
     /// replaced (the upload fails with `Exists`; the bytes stay here). While the key is
@@ -157,13 +158,24 @@ pub(crate) const LANDING_MD5_MAX: u64 = 64 * 1024 * 1024;
 pub enum Landing {
     /// The object there is this file's, or the one it replaced: deleted once.
     Stored,
-    /// An upload cut off may still land: deleted, and once more a moment later.
-    Any,
+    /// An upload cut off may still land: deleted, and once more a moment later. With the
+    /// MD5s of the cut-off uploads known (their key is watched for a while: late.rs).
+    Any(Vec<[u8; 16]>),
     /// Only create-only uploads were cut off, and such an upload lands only where no object
     /// was: an object there is this file's only if its MD5 is one of these (what they
     /// sent); another client's, made first (the store refused ours), stays. Checked before
     /// each of the two deletes; an object whose store tells no MD5 is deleted as before.
     IfMd5(Vec<[u8; 16]>),
+}
+
+impl Landing {
+    /// What the uploads cut off that may land sent, as far as known.
+    pub fn late_md5s(&self) -> &[[u8; 16]] {
+        match self {
+            Landing::Stored => &[],
+            Landing::Any(md5s) | Landing::IfMd5(md5s) => md5s,
+        }
+    }
 }
 
 /// A multipart upload fed while a sequential writer is still writing.
@@ -217,7 +229,7 @@ impl Staged {
             maybe_landed: false,
             resending: false,
             landed_md5s: Some(Vec::new()),
-            sending_md5: None,
+            sending: None,
             seen: None,
             cache_pending: None,
             base: None,

@@ -17,21 +17,24 @@ impl Staged {
         match (&self.landed_md5s, self.maybe_landed, self.in_store || self.replaces) {
             (_, false, _) => Landing::Stored,
             (Some(md5s), true, false) => Landing::IfMd5(md5s.clone()),
-            _ => Landing::Any,
+            (md5s, true, true) => Landing::Any(md5s.clone().unwrap_or_default()),
+            (None, true, false) => Landing::Any(Vec::new()),
         }
     }
 
     /// An upload was cut off (a timeout, a dropped connection, or cancelled by a rename or
     /// unlink): the store may still complete it. A create-only one lands only where no
-    /// object was, so the key is not taken as holding an older version (`in_store`), and
-    /// what it sent is remembered to tell its object from another client's.
+    /// object was, so the key is not taken as holding an older version (`in_store`). What
+    /// a single request sent is remembered, to tell its object from another client's (and
+    /// from a newer version: late.rs).
     pub fn cut_off(&mut self) {
         self.maybe_landed = true;
         self.resending = false; // the next upload that succeeds goes again, as after any
         self.in_store |= !self.create_only;
-        match (self.create_only, self.sending_md5.take(), self.landed_md5s.as_mut()) {
-            (true, Some(md5), Some(all)) if all.contains(&md5) => {}
-            (true, Some(md5), Some(all)) => all.push(md5),
+        let md5 = self.sending.take().map(|data| <md5::Md5 as md5::Digest>::digest(&data[..]).into());
+        match (md5, self.landed_md5s.as_mut()) {
+            (Some(md5), Some(all)) if all.contains(&md5) => {}
+            (Some(md5), Some(all)) => all.push(md5),
             _ => self.landed_md5s = None,
         }
     }
@@ -50,7 +53,7 @@ impl Staged {
     pub fn landing_settled(&mut self) {
         self.maybe_landed = false;
         self.landed_md5s = Some(Vec::new());
-        self.sending_md5 = None;
+        self.sending = None;
     }
 
     /// Uploaded to `key`, but an older upload cut off may still land over it: due to go up
@@ -196,9 +199,9 @@ impl Staged {
         let gen = self.write_gen;
         let size = self.size;
         let put = self.put_opts(attrs);
-        self.sending_md5 = None; // set below for a create-only single PUT
-                                 // (Not for the mtime alone, which each write moves: the object carries the one of
-                                 // the eager upload's start.)
+        self.sending = None; // set below for a single PUT
+                             // (Not for the mtime alone, which each write moves: the object carries the one of
+                             // the eager upload's start.)
         let but_mtime = |p: &PutOpts| PutOpts { attrs: FileAttrs { mtime: None, ..p.attrs.clone() }, ..p.clone() };
         if self.eager.as_ref().is_some_and(|e| but_mtime(&e.put) != but_mtime(&put)) {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date
@@ -236,8 +239,8 @@ impl Staged {
                 let _share = self.budget.upload(self.len(), opts).await;
                 let data = self.read(0, self.size as u32)?;
                 sums.record(0, &data);
-                if put.if_not_exists && self.size <= LANDING_MD5_MAX {
-                    self.sending_md5 = Some(<md5::Md5 as md5::Digest>::digest(&data[..]).into());
+                if self.size <= LANDING_MD5_MAX {
+                    self.sending = Some(data.clone()); // hashed only if cut off
                 }
                 store.put(key, data, put).await.map_err(FsError::from)
             }
@@ -274,7 +277,7 @@ impl Staged {
                     );
                     self.set_create_only(false);
                     self.landing_settled();
-                    (self.in_store, self.sending_md5) = (true, None);
+                    (self.in_store, self.sending) = (true, None);
                     return Box::pin(self.upload(store, key, opts, attrs)).await;
                 }
                 if !refused {
@@ -282,7 +285,7 @@ impl Staged {
                 } else if exists {
                     self.landing_settled();
                 }
-                self.sending_md5 = None;
+                self.sending = None;
                 return Err(e);
             }
         };
