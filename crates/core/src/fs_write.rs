@@ -414,7 +414,25 @@ impl Fs {
             return Err(FsError::Stale("the file was removed or replaced since it was opened".into()));
         }
         let reader = file.reader.lock().unwrap().clone();
-        reader.read(offset, size).await
+        let read = reader.read(offset, size).await;
+        if let Err(FsError::Stale(_)) = &read {
+            self.version_gone(file.ino, reader.identity()).await;
+        }
+        read
+    }
+
+    /// A read found that the version `identity` of `ino` is no longer in the bucket: if the
+    /// node still names it, the store is asked (one HEAD, within a bound) so the next open
+    /// reads what is there now. An object another client replaced after this mount listed
+    /// it failed every open's first read with `ESTALE` for the whole TTL (60 s in
+    /// write-back mode; tester F): the open took the listing's version as fresh.
+    async fn version_gone(&self, ino: u64, identity: &str) {
+        let Ok(node) = self.node(ino) else { return };
+        if node.identity() == identity && !node.local {
+            if let Err(e) = self.revalidate_within(&node).await {
+                tracing::debug!(ino, key = %node.key, "asking after a version gone from the bucket: {e}");
+            }
+        }
     }
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
