@@ -238,6 +238,25 @@ def test_writes_pass_through_and_reach_the_bucket(pbucket, tmp_path):
         assert md5_file(os.path.join(mp, "new.bin")) == md5(data)
 
 
+def test_dd_oflag_direct_writes_a_file_of_any_length(pbucket, tmp_path):
+    """GNU `dd oflag=direct` clears O_DIRECT with `fcntl` before its short last block. A
+    passed-through handle's backing file keeps the flags of its open, so that write failed
+    with EINVAL and the bucket got the file cut at the last whole block (tester D). An
+    O_DIRECT writer goes through bucketfs instead; its readers still pass through."""
+    data = random.Random(41).randbytes(4 * MiB + 123_457)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    with mount(pbucket, tmp_path) as mp:
+        require_passthrough(mp)
+        for name in ("new.bin", "new.bin"):  # a create, then an open of the file
+            dst = os.path.join(mp, name)
+            r = subprocess.run(["dd", f"if={src}", f"of={dst}", "bs=1M", "oflag=direct"], capture_output=True)
+            assert r.returncode == 0, r.stderr.decode()
+            assert os.stat(dst).st_size == len(data)
+            assert md5(in_bucket(pbucket, name)) == md5(data)
+        assert md5_file(dst) == md5(data)
+
+
 def test_readers_share_a_writers_staged_file(pbucket, tmp_path):
     with mount(pbucket, tmp_path) as mp:
         require_passthrough(mp)

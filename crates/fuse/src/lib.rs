@@ -183,6 +183,12 @@ fn fill_dir_plus(
 }
 
 /// The permission bits a create, mknod or mkdir asks for, the umask applied.
+/// An open for writing with `O_DIRECT`: served through us, never passed through (the
+/// kernel's backing file would keep `O_DIRECT` after an `fcntl` cleared it).
+fn o_direct_writer(write: bool, flags: i32) -> bool {
+    write && flags & libc::O_DIRECT != 0
+}
+
 fn perm_bits(mode: u32, umask: u32) -> u16 {
     (mode & !umask & 0o7777) as u16
 }
@@ -252,6 +258,7 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        let o_direct = o_direct_writer(write, flags.0);
         let (fs, pt) = (self.fs.clone(), self.pt.clone());
         let device = self.device.get().copied().flatten();
         let notifier = self.notifier.clone();
@@ -280,6 +287,12 @@ impl Filesystem for FuseAdapter {
                     let keep = fs.keep_cache(fh);
                     let mut flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
                     let direct = fs.direct_io(fh);
+                    if direct || o_direct {
+                        // An O_DIRECT writer through us: a passthrough open's backing file
+                        // keeps the flags of its open, so `dd oflag=direct`, which clears
+                        // O_DIRECT with fcntl for its short last block, got EINVAL there.
+                        flags |= FopenFlags::FOPEN_DIRECT_IO;
+                    }
                     if direct {
                         flags |= FopenFlags::FOPEN_DIRECT_IO; // never passed through
                     } else if !keep {
@@ -387,7 +400,11 @@ impl Filesystem for FuseAdapter {
             match fs.create(parent.0, &name, flags, perm).await {
                 Ok((a, fh)) => {
                     let created = passthrough::Created { reply, ttl, attr: file_attr(&a) };
-                    pt.answer(&fs, a.ino, fh, Default::default(), FopenFlags::empty(), created).await
+                    let flags = match o_direct_writer(flags & libc::O_ACCMODE != libc::O_RDONLY, flags) {
+                        true => FopenFlags::FOPEN_DIRECT_IO, // as in `open`
+                        false => FopenFlags::empty(),
+                    };
+                    pt.answer(&fs, a.ino, fh, Default::default(), flags, created).await
                 }
                 Err(e) => reply.error(errno(&e)),
             }
