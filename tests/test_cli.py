@@ -453,3 +453,52 @@ def test_two_mounts_side_by_side(s3_bucket):
     finally:
         unmount(mp1)
         unmount(mp2)
+
+
+def test_error_a_staging_dir_that_cannot_be_written(mp, s3_bucket, tmp_path):
+    """A staging directory that exists but takes no files (here on a read-only file
+    system) is refused at mount, naming it; every create failed with a bare EIO before
+    (tester E). A read-only mount needs no staging, and mounts."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        args = s3_bucket.args()[:1] + [mp] + s3_bucket.args()[1:] + ["--staging-dir", str(ro)]
+        assert_cli_error(run_cli(["mount"] + args), ["staging", "writ"], mp)
+        s3_bucket.put("one.txt", b"1")
+        r = run_cli(["mount"] + args + ["--read-only"])
+        assert r.returncode == 0, r.err
+        with open(os.path.join(mp, "one.txt"), "rb") as f:
+            assert f.read() == b"1"
+        unmount(mp)
+    finally:
+        force_unmount(mp)
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+def test_a_read_only_mount_sends_nothing_an_earlier_mount_left(s3_bucket, tmp_path):
+    """A write-back mount killed with a file closed and not uploaded leaves it in its
+    staging directory. The next mount of the mount point with `--read-only` changes nothing
+    in the bucket (it uploaded the file before: tester E) and shows the bucket as it is;
+    the next read-write mount uploads it."""
+    from hangkit import kill_daemon, remount
+    staging = str(tmp_path / "staging")
+    s3_bucket.put("f.txt", b"OLD")
+    args = s3_bucket.args() + ["--staging-dir", staging, "--write-back", "--write-back-delay", "600"]
+    mp = mount(args)
+    try:
+        with open(os.path.join(mp, "f.txt"), "wb") as f:
+            f.write(b"NEW")
+        kill_daemon(mp)
+        remount(mp, args[:1] + args[1:] + ["--read-only"])
+        with open(os.path.join(mp, "f.txt"), "rb") as f:
+            assert f.read() == b"OLD", "a read-only mount shows what the bucket holds"
+        assert seed.get("s3", s3_bucket.name, "f.txt") == b"OLD", "the read-only mount uploaded"
+        unmount(mp)
+        remount(mp, args)
+        assert run_cli(["sync", mp], timeout=120).returncode == 0
+        assert seed.get("s3", s3_bucket.name, "f.txt") == b"NEW", "the read-write mount did not upload"
+    finally:
+        unmount(mp)

@@ -312,6 +312,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             parallel: args.write_back_parallel.max(1),
             ..WriteBackConfig::default() // max_files: from the limit raised in `serve`
         }),
+        read_only: args.read_only,
         ..FsConfig::default()
     };
     (cfg.file_mode, cfg.dir_mode) = args.access.modes();
@@ -330,7 +331,12 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         Location::File { path } => format!("file://{}", std::fs::canonicalize(path).unwrap_or(path.clone()).display()),
         _ => location.to_url(),
     };
-    let staged_here = staged_here.and_then(|lock| paths::claim_staging(&cfg.staging_dir, &store_id).map(|()| lock));
+    let staged_here = staged_here
+        .and_then(|lock| paths::claim_staging(&cfg.staging_dir, &store_id).map(|()| lock))
+        .and_then(|lock| match args.read_only {
+            true => Ok(lock),
+            false => paths::check_writable(&cfg.staging_dir).map(|()| lock),
+        });
     match staged_here {
         // Released only by the process's exit: work on staged files may outlive `serve`
         // (the runtime's last tasks, the recycling thread).
@@ -345,10 +351,20 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let staging_dir = cfg.staging_dir.clone();
     let fs = Fs::new(store, cfg);
     // Staged data an earlier mount of this mount point could not upload (a crash, or a
-    // store that was down at unmount) goes up before anything else.
-    let (recovered, still_failing) = {
-        let _alive = is_child.then(|| Heartbeat::start("uploading files an earlier mount left staged"));
-        rt.block_on(fs.recover_staged())
+    // store that was down at unmount) goes up before anything else; not by a read-only
+    // mount, which changes nothing in the bucket (a read-write mount sends it later).
+    if args.read_only && paths::holds_pending(&staging_dir) {
+        tracing::warn!(
+            staging = %staging_dir.display(),
+            "an earlier mount left changes pending here; a read-only mount does not send them, and shows the bucket as it is: mount read-write to send them"
+        );
+    }
+    let (recovered, still_failing) = match args.read_only {
+        true => Default::default(),
+        false => {
+            let _alive = is_child.then(|| Heartbeat::start("uploading files an earlier mount left staged"));
+            rt.block_on(fs.recover_staged())
+        }
     };
     if !recovered.is_empty() {
         tracing::warn!(files = ?recovered, "uploaded data staged by an earlier mount");
@@ -372,7 +388,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     // A directory or file move an earlier mount began and this one could not finish: both
     // names are in the bucket. Serving would show both, and a later replay could copy the
     // old object over a file written meanwhile: refused too, until the store takes it.
-    let moves = bucketfs_core::moves_left(&staging_dir);
+    let moves = if args.read_only { Vec::new() } else { bucketfs_core::moves_left(&staging_dir) };
     if let Some((from, to, entry)) = moves.first() {
         let e = format!(
             "{} rename(s) an earlier mount began cannot be finished in the bucket yet (the first: {from} to {to}; \

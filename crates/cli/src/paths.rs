@@ -232,6 +232,15 @@ pub fn log_file(mountpoint: &Path) -> PathBuf {
 
 /// `$XDG_CACHE_HOME/bucketfs/staging/<mount>`, or under `~/.cache`: staged writes survive a
 /// crash of the mount process there. An old-style directory is used if only it exists.
+/// Whether `staging` holds changes an earlier mount left for the bucket: staged files
+/// (named by their `.key` sidecars), journaled deletes or moves.
+pub fn holds_pending(staging: &Path) -> bool {
+    let staged = std::fs::read_dir(staging)
+        .map(|d| d.flatten().any(|e| e.path().extension().is_some_and(|x| x == "key")))
+        .unwrap_or(false);
+    staged || bucketfs_core::deletes::journal_left(staging) || !bucketfs_core::moves_left(staging).is_empty()
+}
+
 pub fn staging_dir(mountpoint: &Path) -> PathBuf {
     staging_dir_in(&cache_base().join("bucketfs/staging"), mountpoint)
 }
@@ -243,6 +252,15 @@ fn staging_dir_in(base: &Path, mountpoint: &Path) -> PathBuf {
         return old;
     }
     new
+}
+
+/// Whether files can be made in `staging` (a read-only file system, a directory of another
+/// user): checked at mount, where every create would otherwise fail with a bare `EIO`.
+pub fn check_writable(staging: &Path) -> Result<(), String> {
+    let probe = staging.join(format!(".bucketfs-probe-{}", std::process::id()));
+    std::fs::File::create(&probe).and_then(|_| std::fs::remove_file(&probe)).map_err(|e| {
+        format!("cannot write in the staging directory {}: {e}; give a writable --staging-dir", staging.display())
+    })
 }
 
 /// Claim `staging` for the store at `url` (bucket and prefix): the files a mount leaves

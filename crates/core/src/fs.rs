@@ -97,6 +97,9 @@ pub struct FsConfig {
     /// Write-back mode: `close` returns once staged, uploads follow (see `write_back.rs`);
     /// `None`: every close uploads before it returns.
     pub write_back: Option<crate::write_back::WriteBackConfig>,
+    /// A read-only mount: nothing an earlier mount left pending (deletes, moves, staged
+    /// files) is sent to the store; a read-write mount of the mount point sends it later.
+    pub read_only: bool,
     /// The time TTLs are measured in: the real clock, or a manual one in tests.
     pub clock: crate::clock::Clock,
 }
@@ -132,6 +135,7 @@ impl Default for FsConfig {
             list_ahead_keys: 999,
             max_cached_entries: 250_000,
             write_back: None,
+            read_only: false,
             clock: Default::default(),
         }
     }
@@ -291,8 +295,10 @@ impl Fs {
 
     fn build(store: Arc<dyn Store>, cfg: FsConfig) -> Self {
         let now = SystemTime::now();
-        // Write-back defers deletes; any mount finishes those an earlier one left pending.
-        let deletes = (cfg.write_back.is_some() || crate::deletes::journal_left(&cfg.staging_dir))
+        // Write-back defers deletes; any mount but a read-only one finishes those an earlier
+        // one left pending.
+        let left = crate::deletes::journal_left(&cfg.staging_dir);
+        let deletes = ((cfg.write_back.is_some() || left) && !cfg.read_only)
             .then(|| crate::deletes::DeferredDeletes::new(store.clone(), &cfg.staging_dir));
         let store: Arc<dyn Store> = match &deletes {
             Some(d) => d.clone(),
