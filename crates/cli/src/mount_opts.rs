@@ -18,8 +18,7 @@ use clap::Args;
 /// Options of mount(8), fstab, systemd and FUSE that mean nothing to bucketfs: the kernel
 /// mount is always nodev, nosuid, noatime, and always checks permissions itself
 /// (`default_permissions`).
-const IGNORED: [&str; 24] = [
-    "rw",
+const IGNORED: [&str; 23] = [
     "defaults",
     "auto",
     "noauto",
@@ -129,6 +128,12 @@ pub fn option_flags(list: &str) -> Result<Vec<String>, String> {
             out.push("--read-only".into());
             continue;
         }
+        if key == "rw" {
+            // The last of `ro` and `rw` wins, as in mount(8) (`mount -o rw` over an fstab
+            // `ro` passes `ro,rw`).
+            out.retain(|f| f != "--read-only");
+            continue;
+        }
         if key.is_empty() || key.starts_with('-') {
             return Err(format!("mount option {opt:?} is not key or key=value"));
         }
@@ -197,6 +202,9 @@ mod tests {
         assert_eq!(expand("bucketfs mount s3://b -- -o").unwrap(), "bucketfs mount s3://b -- -o");
         assert!(expand("bucketfs mount s3://b /m -o").unwrap_err().contains("needs a value"));
         assert!(expand("bucketfs mount s3://b /m -o =3").is_err());
+        // The last of ro and rw wins.
+        assert_eq!(expand("bucketfs mount -o ro,rw s3://b /m").unwrap(), "bucketfs mount s3://b /m");
+        assert_eq!(expand("bucketfs mount -o rw,ro s3://b /m").unwrap(), "bucketfs mount --read-only s3://b /m");
     }
 
     #[test]
