@@ -502,3 +502,78 @@ def test_a_read_only_mount_sends_nothing_an_earlier_mount_left(s3_bucket, tmp_pa
         assert seed.get("s3", s3_bucket.name, "f.txt") == b"NEW", "the read-write mount did not upload"
     finally:
         unmount(mp)
+
+
+def test_two_mounts_started_at_once_on_one_mount_point_never_stack(s3_bucket, tmp_path):
+    """Two `bucketfs mount` of two buckets started at the same moment on one mount point:
+    one mounts, the other fails naming the mount point; both exited 0 and stacked before,
+    and writes went to the bucket of the mount on top (tester E: 9 of 9)."""
+    other = Bucket("s3")
+    try:
+        for rnd in range(3):
+            mp = new_mountpoint()
+            procs = [subprocess.Popen([BIN, "mount"] + b.args()[:1] + [mp] + b.args()[1:]
+                                      + ["--staging-dir", str(tmp_path / f"st{rnd}{i}")],
+                                      env=bucketfs_env(), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                     for i, b in enumerate((s3_bucket, other))]
+            try:
+                codes = [p.wait(timeout=120) for p in procs]
+                with open("/proc/mounts") as f:
+                    stacked = [l for l in f if l.split()[1] == mp]
+                assert len(stacked) == 1 and sorted(codes) == [0, 1], \
+                    f"round {rnd}: exit codes {codes}, mounts at the mount point {stacked}"
+            finally:
+                while is_mounted(mp):
+                    unmount(mp)
+    finally:
+        other.cleanup()
+
+
+def test_an_interrupted_mount_command_never_mounts_later(s3_bucket, tmp_path, toxiproxy):
+    """`timeout 3 bucketfs mount` while the store does not answer: the command is killed,
+    and the process it started must not mount once the store answers (it did, 20 s later,
+    over whatever was mounted there meanwhile: tester E)."""
+    from conftest import upstream_of
+    px = toxiproxy.proxy(upstream_of("s3"))
+    mp = new_mountpoint()
+    try:
+        hole = px.toxic("timeout", stream="downstream", timeout=0)
+        args = [s3_bucket.args()[0], mp, "--endpoint", px.endpoint, "--staging-dir", str(tmp_path / "st")]
+        cmd = subprocess.Popen([BIN, "mount"] + args, env=bucketfs_env(), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(3)
+        assert cmd.poll() is None, "the mount did not wait for the store"
+        children = daemon_pids(mp)
+        assert children, "no mount process found"
+        cmd.send_signal(signal.SIGINT)  # Ctrl-C: to the command only (the daemon has its own session)
+        cmd.wait(timeout=30)
+        px.remove(hole)
+        mounted_at = []
+        gone = wait_until(lambda: is_mounted(mp) and mounted_at.append(1) or
+                          not any(os.path.exists(f"/proc/{p}") for p in children), 90)
+        assert not mounted_at and not is_mounted(mp), "the interrupted mount's process mounted later"
+        assert gone, f"the interrupted mount's process is still running: {children}"
+    finally:
+        px.clear()
+        force_unmount(mp)
+        px.delete()
+
+
+def test_sync_timeout_holds_when_the_mount_process_does_not_answer(s3_bucket, tmp_path):
+    """`bucketfs sync --timeout 5` against a mount process that answers nothing (stopped)
+    returns within a second or two of its timeout, exit 1, and says how long it waited; it
+    took 20 s before and said "after 10s" (tester E)."""
+    mp = mount(s3_bucket.args() + ["--staging-dir", str(tmp_path / "st"), "--write-back"])
+    pids = daemon_pids(mp)
+    try:
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        r = run_cli(["sync", mp, "--timeout", "5"], timeout=60)
+        assert r.returncode == 1 and "timed out after" in r.err, (r.returncode, r.err)
+        said = int(r.err.split("timed out after ", 1)[1].split("s", 1)[0])
+        assert r.elapsed < 15 and said <= r.elapsed + 1, f"took {r.elapsed:.1f}s: {r.err.strip()}"
+    finally:
+        for p in pids:
+            os.kill(p, signal.SIGCONT)
+        unmount(mp)

@@ -123,8 +123,10 @@ fn spawn_daemon(args: &MountArgs, argv: &[std::ffi::OsString], mp: &Path) -> Res
     let first = loop {
         match rx.recv_timeout(wait) {
             Ok(line) if line.starts_with(WORKING) => {
-                if !std::mem::replace(&mut said, true) {
-                    say!("bucketfs mount: {}; waiting", line[WORKING.len()..].trim());
+                // An empty one only asks whether this process still waits (`parent_waits`).
+                let what = line[WORKING.len()..].trim();
+                if !what.is_empty() && !std::mem::replace(&mut said, true) {
+                    say!("bucketfs mount: {what}; waiting");
                 }
             }
             other => break other,
@@ -194,6 +196,35 @@ impl Drop for Heartbeat {
             let _ = t.join();
         }
     }
+}
+
+/// Whether the `bucketfs mount` command that started this process still waits for it:
+/// one line it ignores, which fails (`EPIPE`) once nothing reads the pipe.
+fn parent_waits() -> bool {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{WORKING}").and_then(|()| out.flush()).is_ok()
+}
+
+/// Lock the mount point (an `flock` on the directory under it), then check that nothing
+/// is mounted there: two mounts started at once both passed the check made before their
+/// store answered, and stacked (tester E: 9 of 9). Not over autofs (systemd's automount),
+/// whose directory an open would wait on for this very mount.
+fn hold_mountpoint(mp: &Path) -> Result<Option<std::fs::File>, String> {
+    use std::os::fd::AsRawFd;
+    if checks::mounted_fstype(mp).as_deref() == Some("autofs") {
+        return Ok(None);
+    }
+    let dir = std::fs::File::open(mp).map_err(|e| format!("cannot open mount point {}: {e}", mp.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "another bucketfs mount is being started on {}; wait for it to finish, or unmount it (bucketfs unmount {})",
+            mp.display(),
+            mp.display()
+        ));
+    }
+    checks::mountpoint(mp)?;
+    Ok(Some(dir))
 }
 
 /// Tell the waiting parent (if any) how the mount went, then detach stdout.
@@ -461,6 +492,21 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         passthrough: args.passthrough,
     };
     let fs_after = fs.clone();
+    // Held until the kernel mount exists: another mount started at the same time waits or
+    // is refused, never mounted over this one.
+    let held = match hold_mountpoint(mp) {
+        Ok(held) => held,
+        Err(e) => {
+            report(is_child, &Err(e.clone()));
+            return Err(e);
+        }
+    };
+    if is_child && !parent_waits() {
+        // The `bucketfs mount` that started this process was interrupted (Ctrl-C, a
+        // `timeout`): it failed, so nothing may mount later (this process mounted 20 s
+        // after, over another mount of the same mount point: tester E).
+        return Err("the bucketfs mount command that started this process is gone: not mounting".into());
+    }
     let mut session = match bucketfs_fuse::mount(fs, rt.handle().clone(), mp, &spec) {
         Ok(s) => s,
         Err(e) => {
@@ -469,6 +515,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
             return Err(msg);
         }
     };
+    drop(held);
     if args.read_ahead_kib > 0 {
         match bucketfs_fuse::set_read_ahead(mp, args.read_ahead_kib) {
             Ok(old) => tracing::debug!(old, new = args.read_ahead_kib, "kernel readahead set (KiB)"),
