@@ -20,6 +20,9 @@ pub fn run(mp: &Path, json: bool) -> Result<(), String> {
 
 /// How often `bucketfs sync` says what it is still waiting for.
 const SYNC_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// How long `bucketfs sync` waits for the status it reports alongside: the mount process
+/// may not answer (stopped, hung), and `--timeout` must still hold (a 5 s one took 20 s).
+const SYNC_STATUS_WAIT: Duration = Duration::from_secs(1);
 
 /// `bucketfs sync`: waits as long as the uploads take, or at most `timeout`; every 10 s it
 /// says on stderr what is still pending and why (a store that does not answer keeps an
@@ -34,10 +37,10 @@ pub fn sync(mp: &Path, timeout: Option<Duration>) -> Result<(), String> {
     loop {
         let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
         if left.is_some_and(|l| l.is_zero()) {
+            let pending = pending_now(mp, &mut sent);
             return Err(format!(
-                "timed out after {}s; the mount keeps uploading and retrying. {}",
-                started.elapsed().as_secs(),
-                pending_now(mp, &mut sent)
+                "timed out after {}s; the mount keeps uploading and retrying. {pending}",
+                started.elapsed().as_secs()
             ));
         }
         let wait = left.map_or(SYNC_PROGRESS_EVERY, |l| l.min(SYNC_PROGRESS_EVERY));
@@ -76,7 +79,7 @@ pub fn sync(mp: &Path, timeout: Option<Duration>) -> Result<(), String> {
 
 /// The bytes the mount has sent to the store so far, from its status.
 fn bytes_sent(mp: &Path) -> Option<u64> {
-    let json = ask(mp, "status json", Some(ANSWER_TIMEOUT)).ok()?;
+    let json = ask(mp, "status json", Some(SYNC_STATUS_WAIT)).ok()?;
     serde_json::from_str::<serde_json::Value>(&json).ok()?["bytes_written"].as_u64()
 }
 
@@ -84,7 +87,7 @@ fn bytes_sent(mp: &Path) -> Option<u64> {
 /// the mount had sent at the last call (updated), to tell uploads that move from a store
 /// that does not answer.
 fn pending_now(mp: &Path, sent: &mut Option<u64>) -> String {
-    let Ok(json) = ask(mp, "status json", Some(ANSWER_TIMEOUT)) else {
+    let Ok(json) = ask(mp, "status json", Some(SYNC_STATUS_WAIT)) else {
         return "The mount process does not answer a status request either.".to_string();
     };
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { return String::new() };
