@@ -112,3 +112,95 @@ class HttpProxy:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class CutProxy:
+    """A TCP proxy that cuts connections in mid-request, as a network failure would.
+
+    `CutProxy(upstream_port)` listens on a free loopback port (`.url`). After
+    `.arm(pattern, after, times)`, the next `times` connections whose client bytes contain
+    `pattern` are closed both ways once `after` more client bytes have gone up; `.cuts`
+    counts them. Anything else is forwarded as it comes.
+    """
+
+    def __init__(self, upstream_port: int):
+        import socket
+        self._upstream = upstream_port
+        self._lock = threading.Lock()
+        self._armed: tuple[bytes, int, int] | None = None
+        self.cuts = 0
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._srv.getsockname()[1]}"
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, pattern: str, after: int, times: int = 1) -> None:
+        with self._lock:
+            self._armed = (pattern.encode(), after, times)
+            self.cuts = 0
+
+    def _take(self, seen: bytes) -> int | None:
+        """Bytes to let through before cutting this connection, if it is to be cut."""
+        with self._lock:
+            if self._armed is None or self._armed[0] not in seen:
+                return None
+            pattern, after, times = self._armed
+            self._armed = (pattern, after, times - 1) if times > 1 else None
+            self.cuts += 1
+            return after
+
+    def _accept(self):
+        import socket
+        while not self._closed:
+            try:
+                client, _ = self._srv.accept()
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", self._upstream))
+            threading.Thread(target=self._pipe_up, args=(client, up), daemon=True).start()
+            threading.Thread(target=self._pipe_down, args=(up, client), daemon=True).start()
+
+    def _pipe_up(self, client, up):
+        tail, left = b"", None
+        try:
+            while True:
+                d = client.recv(65536)
+                if not d:
+                    break
+                if left is None:
+                    tail = (tail + d)[-8192:]
+                    left = self._take(tail)
+                if left is not None:
+                    if len(d) >= left:
+                        up.sendall(d[:left])
+                        break
+                    left -= len(d)
+                up.sendall(d)
+        except OSError:
+            pass
+        for s in (up, client):
+            try:
+                s.shutdown(2)
+            except OSError:
+                pass
+            s.close()
+
+    def _pipe_down(self, up, client):
+        try:
+            while True:
+                d = up.recv(65536)
+                if not d:
+                    break
+                client.sendall(d)
+        except OSError:
+            pass
+
+    def close(self):
+        self._closed = True
+        self._srv.close()
+
+    def __enter__(self) -> CutProxy:
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -36,6 +36,7 @@ pub mod metered;
 pub mod opendal_store;
 pub mod patch;
 pub mod region;
+mod retry;
 pub mod s3;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

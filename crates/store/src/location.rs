@@ -256,7 +256,13 @@ fn check_billing(loc: &Location, opts: &StoreOptions) -> Result<(), StoreError> 
 /// retry with jittered exponential backoff; 3 retries from 200 ms keeps a dead server's
 /// failure under ~10 s per call.
 fn layered(op: Operator, request_timeout: Duration, retries: usize, io_timeout: Duration) -> Operator {
-    op.layer(TimeoutLayer::new().with_timeout(request_timeout).with_io_timeout(io_timeout)).layer(
+    let op = op.layer(TimeoutLayer::new().with_timeout(request_timeout).with_io_timeout(io_timeout));
+    if retries == 0 {
+        // No retry layer at all: one with no retries marks every error persistent, and
+        // what `crate::retry` sends again itself must still tell a temporary one.
+        return op;
+    }
+    op.layer(
         RetryLayer::new()
             .with_max_times(retries)
             .with_min_delay(Duration::from_millis(200))
@@ -425,14 +431,16 @@ pub fn open(loc: &Location, opts: &StoreOptions) -> Result<Arc<dyn Store>, Store
     let compose = matches!(loc, Location::Gcs { .. }) && gcs_uses_compose(opts.gcs_upload, opts.endpoint.as_deref());
     tracing::debug!(compose, "GCS uploads of several parts: compose, else XML multipart");
     let compose_op = compose.then(|| layered(op.clone(), request_timeout, retries, Duration::from_secs(300)));
-    let base = op.clone();
+    let (base, unretried) = (op.clone(), op.clone());
     let mut store = OpendalStore::new(
         layered(op, request_timeout, retries, crate::opendal_store::IO_TIMEOUT),
         loc.to_url(),
         prefix_dirs,
     )
     .with_content_type(opts.content_type.clone())
-    .with_upload_operators(Arc::new(move |io| layered(base.clone(), request_timeout, retries, io)));
+    .with_upload_operators(Arc::new(move |io| layered(base.clone(), request_timeout, retries, io)))
+    // For what the store sends again itself (`crate::retry`): no OpenDAL retries (0 times).
+    .with_unretried_upload_operators(Arc::new(move |io| layered(unretried.clone(), request_timeout, 0, io)), retries);
     if let Some(c) = compose_op {
         store = store.with_compose_operator(c);
     }

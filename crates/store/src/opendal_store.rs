@@ -51,6 +51,12 @@ pub struct OpendalStore {
     compose_op: Option<Operator>,
     /// The operator with another I/O timeout, for uploads (see [`OpendalStore::upload_operator`]).
     upload_ops: Option<UploadOperators>,
+    /// The same without OpenDAL's retries, for requests this store sends again itself
+    /// (`crate::retry`): a GCS create-only `put`.
+    unretried_ops: Option<UploadOperators>,
+    /// Tries after the first of what `crate::retry` sends again (composes, GCS create-only
+    /// puts): the store's `--retries`, as OpenDAL's `RetryLayer` has.
+    retries: usize,
     /// S3 and GCS: 1,024 bytes per object name, less the root prefix.
     max_key_len: Option<usize>,
     /// The local folder: see [`FS_TMP_NAME_MAX`].
@@ -113,6 +119,8 @@ impl OpendalStore {
             generation_identity,
             compose_op: None,
             upload_ops: None,
+            unretried_ops: None,
+            retries: 3,
             max_key_len,
             max_file_name_len,
             content_type,
@@ -249,15 +257,28 @@ impl OpendalStore {
         self
     }
 
+    /// Build operators without OpenDAL's retries with `ops`, and send again what
+    /// `crate::retry` sends at most `retries` more times.
+    pub fn with_unretried_upload_operators(mut self, ops: UploadOperators, retries: usize) -> Self {
+        self.unretried_ops = Some(ops);
+        self.retries = retries;
+        self
+    }
+
     /// The operator for an upload whose one I/O call sends `bytes` (a whole small object,
     /// or one part): its I/O timeout lets it run at [`UPLOAD_FLOOR_BYTES_PER_SEC`], and is
     /// never shorter than the store's own.
     fn upload_operator(&self, bytes: u64) -> Operator {
-        let io = std::time::Duration::from_secs(bytes.div_ceil(UPLOAD_FLOOR_BYTES_PER_SEC).min(3600));
+        let io = upload_io_timeout(bytes);
         match &self.upload_ops {
             Some(build) if io > IO_TIMEOUT => build(io),
             _ => self.op.clone(),
         }
+    }
+
+    /// As [`Self::upload_operator`], but without OpenDAL's retries (`None`: no builder).
+    fn unretried_upload_operator(&self, bytes: u64) -> Option<Operator> {
+        self.unretried_ops.as_ref().map(|build| build(upload_io_timeout(bytes).max(IO_TIMEOUT)))
     }
 
     /// The operator's transport is wrapped in [`crate::gcs::in_place::InPlaceCompose`]: GCS
@@ -293,6 +314,11 @@ impl OpendalStore {
         }
         meta
     }
+}
+
+/// The I/O timeout of an upload call sending `bytes`: see [`UPLOAD_FLOOR_BYTES_PER_SEC`].
+fn upload_io_timeout(bytes: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(bytes.div_ceil(UPLOAD_FLOOR_BYTES_PER_SEC).min(3600))
 }
 
 fn od_path(key: &str) -> &str {
@@ -447,13 +473,33 @@ impl Store for OpendalStore {
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
         self.beneath("put", key)?;
-        let op = self.upload_operator(data.len() as u64);
-        let mut req = crate::apply_headers!(op.write_with(key, data), &self.headers_for(key, &opts));
-        if opts.if_not_exists {
-            req = req.if_not_exists(true);
-        }
+        let headers = self.headers_for(key, &opts);
         let created = |e| StoreError::from_opendal("put", key, e).if_created(opts.if_not_exists);
-        let m = req.await.map_err(created)?;
+        let gcs_create = self.generation_identity && opts.if_not_exists;
+        let m = match self.unretried_upload_operator(data.len() as u64).filter(|_| gcs_create) {
+            // GCS create-only: OpenDAL sends it as a resumable session, and its RetryLayer
+            // would retry a cut close by asking the session's status, which fake-gcs-server
+            // answers by storing the bytes it holds, none after a cut: a 0-byte object under
+            // the key, and "writer got too much data" (tester A). So no OpenDAL retries here:
+            // each try is a new session sending all the bytes, with `ifGenerationMatch=0`
+            // every time. The object appears only at a session's completing PUT; a try that
+            // completed unanswered makes the next one refused (`Exists`), and the caller
+            // tells its own by the create tag (`landed_here`), as on S3.
+            Some(op) => crate::retry::again(self.retries, "put", key, |_| {
+                let req = crate::apply_headers!(op.write_with(key, data.clone()), &headers);
+                std::future::IntoFuture::into_future(req.if_not_exists(true))
+            })
+            .await
+            .map_err(created)?,
+            None => {
+                let op = self.upload_operator(data.len() as u64);
+                let mut req = crate::apply_headers!(op.write_with(key, data), &headers);
+                if opts.if_not_exists {
+                    req = req.if_not_exists(true);
+                }
+                req.await.map_err(created)?
+            }
+        };
         self.stamp(key);
         // The identity comes from this upload's own response, never from a later HEAD: another
         // writer may have replaced the object in between (then we would claim their ETag).
@@ -549,6 +595,7 @@ impl Store for OpendalStore {
                 store: self.clone(),
                 headers: self.headers_for(key, &opts.put),
                 put: opts.put,
+                retries: self.retries,
             };
             let w = ComposeWriter::new(Arc::new(backend), key, opts.part_size, opts.concurrency);
             return Ok(Box::new(w.with_background(self.background.clone())));
@@ -607,6 +654,7 @@ impl Store for OpendalStore {
             headers: self.headers_for(key, &p.put),
             part_size: opts.part_size as u64,
             concurrency: opts.concurrency,
+            retries: self.retries,
         };
         if !self.generation_identity {
             let op = self.upload_operator(opts.part_size as u64);

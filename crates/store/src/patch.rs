@@ -129,6 +129,8 @@ pub struct Target<'a> {
     pub headers: crate::headers::Headers,
     pub part_size: u64,
     pub concurrency: usize,
+    /// GCS: tries after the first of an append's compose cut off (`crate::retry`).
+    pub retries: usize,
 }
 
 /// S3: a multipart upload of copies and new parts (see the module doc).
@@ -254,12 +256,28 @@ where
             return Err(StoreError::new(StoreErrorKind::Changed, format!("patch {key:?}: the object changed")));
         }
         let base = opendal::options::ComposeSourceOptions { version: Some(p.base.to_string()), ..Default::default() };
-        let sources = [(key.to_string(), base), (tail.clone(), Default::default())];
         let into = crate::gcs::in_place::in_place(key);
-        let req = crate::apply_headers!(compose_op.compose_with(sources, &into).if_version_match(p.base), &t.headers);
-        let m = crate::gcs::in_place::composing_in_place(std::future::IntoFuture::into_future(req))
-            .await
-            .map_err(|e| StoreError::from_opendal("patch (compose)", key, e))?;
+        // OpenDAL's RetryLayer never sends a compose again: one cut connection failed the
+        // append. Sent again here, each time only while the key still holds the base
+        // generation (asked after the backoff): GCS refuses a second append by
+        // `ifGenerationMatch` anyway, but fake-gcs-server ignores it and would append the
+        // tail twice. A moved generation is `Changed` (a try that landed unanswered, or
+        // another writer): the caller then uploads the whole file (`write_patch`).
+        let m = crate::retry::again(t.retries, "patch (compose)", key, |n| {
+            let sources = [(key.to_string(), base.clone()), (tail.clone(), Default::default())];
+            let req =
+                crate::apply_headers!(compose_op.compose_with(sources, &into).if_version_match(p.base), &t.headers);
+            let req = std::future::IntoFuture::into_future(req);
+            async move {
+                if n > 0 && compose_op.stat(key).await?.version() != Some(p.base) {
+                    let moved = "the object changed while its append was cut off";
+                    return Err(opendal::Error::new(opendal::ErrorKind::ConditionNotMatch, moved));
+                }
+                crate::gcs::in_place::composing_in_place(req).await
+            }
+        })
+        .await
+        .map_err(|e| StoreError::from_opendal("patch (compose)", key, e))?;
         Ok((meta_of(key, &m, true), p.base_pieces.map(|n| n + tail_pieces)))
     }
     .await;

@@ -58,6 +58,8 @@ pub struct OpendalComposeBackend<S: Store> {
     /// What the final compose stores with the object (an object of one part gets it from
     /// `store`'s put).
     pub headers: crate::headers::Headers,
+    /// Tries after the first of a compose request cut off (`crate::retry`).
+    pub retries: usize,
 }
 
 #[async_trait]
@@ -70,20 +72,30 @@ impl<S: Store> ComposeBackend for OpendalComposeBackend<S> {
             .map_err(|e| StoreError::from_opendal("upload part", key, e))
     }
     async fn compose(&self, sources: &[String], to: &str) -> Result<ObjectMeta, StoreError> {
-        let mut req = self.compose_op.compose_with(sources.iter().map(String::as_str), to);
         // The final object's Content-Type, mode, owner and mtime (`cp -P`, a chmod'ed file)
         // and another client's headers: its destination resource carries them (they were
         // dropped: tester C). Intermediate objects need none.
         let last = !to.starts_with(PARTS_PREFIX);
-        if last {
-            req = crate::apply_headers!(req, &self.headers);
-        }
         // Create only: `ifGenerationMatch=0` on the final compose (not on intermediates).
         let created = self.put.if_not_exists && last;
-        if created {
-            req = req.if_not_exists(true);
-        }
-        let m = req.await.map_err(|e| StoreError::from_opendal("compose", to, e).if_created(created))?;
+        // OpenDAL's RetryLayer never sends a compose again: one cut connection failed the
+        // upload. Sent again here with the same sources and preconditions: an intermediate,
+        // or a final compose that overwrites, makes the same object again; a create-only one
+        // that completed unanswered is refused (412: `Exists`), and the caller tells its own
+        // by the create tag the destination carries (`landed_here`). The parts stay until
+        // this returns.
+        let m = crate::retry::again(self.retries, "compose", to, |_| {
+            let mut req = self.compose_op.compose_with(sources.iter().map(String::as_str), to);
+            if last {
+                req = crate::apply_headers!(req, &self.headers);
+            }
+            if created {
+                req = req.if_not_exists(true);
+            }
+            std::future::IntoFuture::into_future(req)
+        })
+        .await
+        .map_err(|e| StoreError::from_opendal("compose", to, e).if_created(created))?;
         Ok(ObjectMeta {
             key: to.to_string(),
             size: m.content_length(),
