@@ -517,3 +517,46 @@ def test_a_mapping_written_after_its_fd_closed_reaches_the_bucket(btgt, rng, mod
     got = btgt.get("a.out")
     assert len(got) == size and md5(got) == md5(model), \
         f"the bucket holds {len(got)} bytes, {'all zero' if got == bytes(len(got)) else 'not the mapped writes'}"
+
+
+def test_files_open_past_the_mounts_descriptor_limit_fail_with_enfile(s3_bucket):
+    """Each file open for writing holds descriptors of the mount process. Past its limit an
+    open for writing failed with a bare EIO (tester F, `ulimit -n 256`); it fails with
+    ENFILE ("too many open files in system") now. Once they are closed, every file that
+    opened is in the bucket with its bytes."""
+    import conftest
+    mp = conftest.new_mountpoint()
+    conftest._live_mounts.add(mp)
+    argv = ["prlimit", "--nofile=128:128", conftest.require_bin(), "mount", s3_bucket.args()[0], mp,
+            *s3_bucket.args()[1:]]
+    r = subprocess.run(argv, env=conftest.bucketfs_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    files, errs, closing = [], [], []
+    try:
+        for i in range(150):
+            try:
+                f = open(os.path.join(mp, f"f{i}"), "wb", buffering=0)
+            except OSError as e:
+                errs.append(e.errno)
+                continue
+            f.write(b"x" * (i + 1))
+            files.append((i, f))
+        assert errs, "150 files opened under a limit of 128 descriptors (the test needs it reached)"
+        assert set(errs) == {errno.ENFILE}, f"errors past the limit: {sorted(set(errs))}"
+        for _, f in files:
+            try:
+                f.close()
+            except OSError as e:
+                closing.append(e.errno)
+        print(f"{len(files)} files opened, {len(errs)} refused; closes that failed: {closing}")
+        assert run_cli(["sync", mp], timeout=120).returncode == 0
+        for i, _ in files:
+            assert seed.get("s3", s3_bucket.name, f"f{i}") == b"x" * (i + 1), f"f{i} is not in the bucket"
+    finally:
+        for _, f in files:
+            if not f.closed:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        unmount(mp)

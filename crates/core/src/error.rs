@@ -35,6 +35,10 @@ pub enum FsError {
     /// The staging disk is full (or the user's quota spent): `ENOSPC`, as a local disk's.
     #[error("the staging disk is full: {0}")]
     NoSpace(String),
+    /// The mount process has as many files open as its limit allows (files being written
+    /// hold descriptors): `ENFILE`, "too many open files in system", not a bare `EIO`.
+    #[error("the mount process has too many files open: {0}")]
+    TooManyFiles(String),
     #[error("{0}")]
     Store(#[from] StoreError),
 }
@@ -67,6 +71,7 @@ impl FsError {
             FsError::CrossDevice(_) => libc::EXDEV,
             FsError::UploadFailed(_) | FsError::Local(_) => libc::EIO,
             FsError::NoSpace(_) => libc::ENOSPC,
+            FsError::TooManyFiles(_) => libc::ENFILE,
             FsError::Store(e) => match e.kind {
                 StoreErrorKind::NotFound => libc::ENOENT,
                 StoreErrorKind::PermissionDenied => libc::EACCES,

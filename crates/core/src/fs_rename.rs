@@ -446,7 +446,7 @@ impl Fs {
                     // Journaled and sent in the background: no wait on the store (issue 48).
                     match self.delete_removed(&src.key, st.landing()).await {
                         Err(FsError::Store(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
-                        Err(e @ (FsError::Local(_) | FsError::NoSpace(_))) => return Err(e),
+                        Err(e @ (FsError::Local(_) | FsError::NoSpace(_) | FsError::TooManyFiles(_))) => return Err(e),
                         _ => {
                             (st.in_store, st.replaces) = (false, false);
                             st.landing_settled();
@@ -485,7 +485,7 @@ impl Fs {
                 let Some(old) = old else { return Ok(Some(false)) };
                 match self.delete_removed(&src.key, old).await {
                     Err(FsError::Store(e)) if e.kind != StoreErrorKind::NotFound => return Err(e.into()),
-                    Err(e @ (FsError::Local(_) | FsError::NoSpace(_))) => return Err(e),
+                    Err(e @ (FsError::Local(_) | FsError::NoSpace(_) | FsError::TooManyFiles(_))) => return Err(e),
                     _ => return Ok(Some(false)),
                 }
             }

@@ -199,8 +199,10 @@ impl Staged {
     /// A new empty staged file in `dir`.
     pub fn create(dir: &Path, ino: u64, budget: PartBudget) -> Result<Self, FsError> {
         let path = dir.join(format!("{ino}-{}.data", unique()));
-        let file = crate::recycle::create(&path)
-            .map_err(|e| FsError::Local(format!("cannot create staging file {}: {e}", path.display())))?;
+        let file = crate::recycle::create(&path).map_err(|e| match local(e) {
+            FsError::Local(m) => FsError::Local(format!("cannot create staging file {}: {m}", path.display())),
+            other => other,
+        })?;
         Ok(Self {
             file,
             path,
@@ -625,6 +627,7 @@ pub type SharedStaged = Arc<tokio::sync::Mutex<Staged>>;
 pub(crate) fn local(e: std::io::Error) -> FsError {
     match e.raw_os_error() {
         Some(libc::ENOSPC | libc::EDQUOT) => FsError::NoSpace(format!("staging file: {e}")),
+        Some(libc::EMFILE | libc::ENFILE) => FsError::TooManyFiles(format!("staging file: {e}")),
         _ => FsError::Local(format!("staging file: {e}")),
     }
 }
