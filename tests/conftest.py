@@ -356,13 +356,22 @@ def rng(request) -> random.Random:
     return random.Random(s)
 
 
-@pytest.fixture
-def s3_bucket():
-    require_store("s3")
+def _fresh_bucket(store: str):
+    require_store(store)
     require_bin()
-    b = Bucket("s3")
+    b = Bucket(store)
     yield b
     b.cleanup()
+
+
+@pytest.fixture
+def s3_bucket():
+    yield from _fresh_bucket("s3")
+
+
+@pytest.fixture
+def gcs_bucket():
+    yield from _fresh_bucket("gcs")
 
 
 def pytest_configure(config):

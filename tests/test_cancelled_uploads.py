@@ -30,15 +30,6 @@ S3_DELAYS = [0, 0.02, 0.05, 0.1, 0.2, 0.3]
 ROUNDS = int(os.environ.get("BUCKETFS_TEST_CANCEL_ROUNDS", "18"))
 
 
-@pytest.fixture
-def gcs_bucket():
-    conftest.require_store("gcs")
-    conftest.require_bin()
-    b = Bucket("gcs")
-    yield b
-    b.cleanup()
-
-
 def write_back_mount(b: Bucket, tmp_path) -> tuple[str, str]:
     log = str(tmp_path / "mount.log")
     mp = mount(b.args() + ["--write-back", "--write-back-delay", "0", "--staging-dir", str(tmp_path / "staging"),

@@ -13,20 +13,9 @@ from __future__ import annotations
 import os
 import random
 
-import pytest
-
 import seed
-from conftest import Bucket, md5, mount, require_bin, require_store, unmount
+from conftest import md5, mount, unmount
 from proxykit import CutProxy
-
-
-@pytest.fixture
-def gcs_bucket():
-    require_store("gcs")
-    require_bin()
-    b = Bucket("gcs")
-    yield b
-    b.cleanup()
 
 
 def test_one_cut_request_of_an_upload_is_sent_again(gcs_bucket, tmp_path):
