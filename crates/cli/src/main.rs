@@ -128,7 +128,8 @@ pub struct MountArgs {
     access: mount_opts::AccessArgs,
     #[command(flatten)]
     log: logging::LogArgs,
-    /// Stay attached to the terminal; SIGINT or SIGTERM unmounts.
+    /// Stay attached to the terminal; SIGINT or SIGTERM unmounts (so does SIGHUP, unless
+    /// ignored with `nohup`, in the foreground and in the background alike).
     #[arg(short, long)]
     foreground: bool,
     /// Mount read-only: writes fail with EROFS.
@@ -232,8 +233,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
           hide_possible_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     passthrough: bool,
-    /// Seconds to wait for the store to answer at mount before giving up.
-    #[arg(long, default_value_t = 20)]
+    /// Seconds to wait for the store to answer at mount before giving up (1 to 3600).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
     connect_timeout: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (for example 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
