@@ -481,7 +481,8 @@ def test_uploads_cut_off_that_land_late_are_undone(store, tmp_path, toxiproxy):
     the renamed and unlinked names came back for good (tester B; S3 was spared). Here the
     proxy holds the bytes until the mount is done with all three names, then lets them all
     through at once: the mount watches those keys and undoes what lands (late.rs). The
-    bucket ends up as the mount shows it, and stays so after `bucketfs sync`."""
+    bucket ends up as the mount shows it, and stays so after `bucketfs sync`; another
+    client's object with the same bytes as a cut-off upload is left alone (tester G)."""
     from conftest import upstream_of
     conftest.require_store(store)
     b = Bucket(store)
@@ -525,6 +526,11 @@ def test_uploads_cut_off_that_land_late_are_undone(store, tmp_path, toxiproxy):
         assert bucket_now() == want, short(bucket_now())
         assert sorted(os.listdir(mp)) == sorted(want)
         assert read_file(os.path.join(mp, "rewritten")) == b"version 2"
+        # Another client puts the very bytes of a cut-off upload (a file restored): still
+        # watched, the key is checked by the sync, and that object is not ours: it stays.
+        seed.put(store, b.name, "removed", old["removed"])
+        assert run_cli(["sync", mp], timeout=180).returncode == 0
+        assert seed.get(store, b.name, "removed") == old["removed"], "another client's object was deleted"
     finally:
         px.clear()
         unmount(mp)

@@ -120,7 +120,7 @@ impl LateLandings {
 
 /// Which of `md5s` the object under `key` has, if one: an upload of ours cut off landed
 /// there. `ours` is the tag of the version the mount put there last: an object still with
-/// it needs no closer look.
+/// it needs no closer look; nor does one without the metadata our uploads carry.
 pub(crate) async fn landed(
     store: &dyn Store,
     key: &str,
@@ -132,6 +132,11 @@ pub(crate) async fn landed(
         r => r?,
     };
     if ours.is_some() && head.meta.etag.as_deref() == ours {
+        return Ok(None);
+    }
+    if store.capabilities().keeps_attrs && head.attrs.mtime.is_none() {
+        // Every upload of ours carries the file's mtime: an object without it is another
+        // client's, even with the same bytes (one restored or copied again), and stays.
         return Ok(None);
     }
     which_of(store, key, &head, md5s).await
