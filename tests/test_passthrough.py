@@ -255,6 +255,18 @@ def test_dd_oflag_direct_writes_a_file_of_any_length(pbucket, tmp_path):
             assert os.stat(dst).st_size == len(data)
             assert md5(in_bucket(pbucket, name)) == md5(data)
         assert md5_file(dst) == md5(data)
+        # Whole on local disk now: an unaligned O_DIRECT read got EINVAL there (tester H).
+        r = subprocess.run(["dd", f"if={dst}", "of=/dev/null", "bs=1000", "iflag=direct"], capture_output=True)
+        assert r.returncode == 0, r.stderr.decode()
+        # An O_DIRECT writer beside a reader that passes through was refused with EBUSY.
+        with open(dst, "rb") as reader:
+            r = subprocess.run(["dd", "if=/dev/zero", f"of={dst}", "bs=4096", "count=1", "seek=10",
+                                "conv=notrunc", "oflag=direct"], capture_output=True)
+            assert r.returncode == 0, r.stderr.decode()
+            reader.seek(40960)
+            assert reader.read(4096) == bytes(4096), "the reader does not see the O_DIRECT write"
+        data = data[:40960] + bytes(4096) + data[45056:]
+        assert md5(in_bucket(pbucket, "new.bin")) == md5(data)
 
 
 def test_readers_share_a_writers_staged_file(pbucket, tmp_path):

@@ -13,6 +13,9 @@
 //! - an open whose file is available (staged, or a read of a version whole on disk) passes
 //!   through, unless ordinary opens of the inode are live (then it is an ordinary open,
 //!   exactly as without passthrough);
+//! - a direct-I/O open (`O_DIRECT`, a size not known yet) is answered as it is (no page
+//!   cache, so no mode in the kernel), unless passthrough opens of the inode are live: the
+//!   kernel then takes only another passthrough open, so it shares their file;
 //! - while passthrough opens are live, an open that would use the same file shares it (every
 //!   open of a staged inode uses its staged file);
 //! - an open for writing (or a truncate) while readers pass through to a cached version
@@ -73,6 +76,9 @@ enum Mode {
     Ordinary,
     /// The registered backing file.
     Through,
+    /// Direct I/O through us (`FOPEN_DIRECT_IO`): no page cache, so no mode in the
+    /// kernel's count either; passthrough opens of the inode may come beside it.
+    Direct,
 }
 
 #[derive(Default)]
@@ -263,7 +269,20 @@ impl Passthrough {
         flags: FopenFlags,
         mut reply: R,
     ) -> Option<R> {
-        let eligible = self.on.load(Relaxed) && !flags.contains(FopenFlags::FOPEN_DIRECT_IO);
+        let mut flags = flags;
+        if flags.contains(FopenFlags::FOPEN_DIRECT_IO) {
+            let mut st = self.state.lock().unwrap();
+            if st.inodes.get(&ino).is_none_or(|io| io.through.is_none()) {
+                st.handles.insert(fh, (ino, Mode::Direct));
+                reply.opened(fh, flags);
+                return None;
+            }
+            // The kernel takes no open of an inode beside its passthrough ones but another
+            // passthrough one: this one shares their file (its I/O then keeps the local
+            // disk's O_DIRECT alignment). It was refused with EBUSY (tester H).
+            flags.remove(FopenFlags::FOPEN_DIRECT_IO);
+        }
+        let eligible = self.on.load(Relaxed);
         // Once more if refused: the file may have changed hands meanwhile (a reader whose
         // backing file was being found when a writer staged the file joins the staged file;
         // the other file's last opens may be on their way out).
@@ -388,8 +407,10 @@ impl Passthrough {
     pub fn released(&self, fh: u64) {
         let mut st = self.state.lock().unwrap();
         let Some((ino, mode)) = st.handles.remove(&fh) else { return };
-        if mode == Mode::Ordinary {
-            return Self::drop_ordinary(&mut st, ino);
+        match mode {
+            Mode::Ordinary => return Self::drop_ordinary(&mut st, ino),
+            Mode::Direct => return,
+            Mode::Through => {}
         }
         let Some(io) = st.inodes.get_mut(&ino) else { return };
         if let Some(t) = io.through.as_mut() {
