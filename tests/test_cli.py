@@ -577,3 +577,20 @@ def test_sync_timeout_holds_when_the_mount_process_does_not_answer(s3_bucket, tm
         for p in pids:
             os.kill(p, signal.SIGCONT)
         unmount(mp)
+
+
+def test_a_mount_over_a_stopped_mount_says_so_at_once(s3_bucket, tmp_path):
+    """A second `bucketfs mount` on a mount point whose mount process is stopped (or hung)
+    says it is already a mount point; it waited for good in a `stat` of it (tester H)."""
+    mp = mount(s3_bucket.args() + ["--staging-dir", str(tmp_path / "st")])
+    pids = daemon_pids(mp)
+    try:
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        r = run_cli(["mount"] + s3_bucket.args()[:1] + [mp] + s3_bucket.args()[1:]
+                    + ["--staging-dir", str(tmp_path / "st2")], timeout=60)
+        assert_cli_error(r, ["already a mount point"])
+    finally:
+        for p in pids:
+            os.kill(p, signal.SIGCONT)
+        unmount(mp)

@@ -25,6 +25,12 @@ pub fn positionals(url: Option<&str>, mp: &Path) -> Result<(), String> {
 
 /// The mount point must exist, be a directory, and not be mounted already.
 pub fn mountpoint(mp: &Path) -> Result<PathBuf, String> {
+    // Asked of the mount table first, by the path as given: a `stat` of a FUSE mount whose
+    // process is stopped or hung waits for it for good (tester H: still blocked at 150 s).
+    let given = std::path::absolute(mp).unwrap_or_else(|_| mp.to_path_buf());
+    if let Some(fstype) = mounted_fstype(&given).filter(|t| t != "autofs") {
+        return Err(already_mounted(&given, &fstype));
+    }
     let meta = std::fs::metadata(mp).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => {
             format!("mount point {} does not exist; create it first (mkdir -p {})", mp.display(), mp.display())
@@ -46,13 +52,17 @@ pub fn mountpoint(mp: &Path) -> Result<PathBuf, String> {
     // Under systemd's automount (x-systemd.automount) the mount point is an autofs mount
     // waiting for this one to be mounted over it.
     if let Some(fstype) = mounted_fstype(&canonical).filter(|t| t != "autofs") {
-        return Err(format!(
-            "{} is already a mount point ({fstype}); unmount it first (bucketfs unmount {})",
-            canonical.display(),
-            canonical.display()
-        ));
+        return Err(already_mounted(&canonical, &fstype));
     }
     Ok(canonical)
+}
+
+fn already_mounted(mp: &Path, fstype: &str) -> String {
+    format!(
+        "{} is already a mount point ({fstype}); unmount it first (bucketfs unmount {})",
+        mp.display(),
+        mp.display()
+    )
 }
 
 /// The filesystem type mounted exactly at `path`, from /proc/self/mountinfo.
