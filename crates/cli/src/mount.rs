@@ -156,7 +156,9 @@ fn init_logging(args: &MountArgs) {
     // already gone (EINVAL at every clean unmount): noise an operator took for failures. So
     // is its error for a reply the kernel no longer takes (after a lazy unmount, tester E).
     let level = match args.verbose {
-        0 => "warn,fuser=error,fuser::reply=off,bucketfs=info,bucketfs_core=info,bucketfs_store=info,bucketfs_fuse=info",
+        0 => {
+            "warn,fuser=error,fuser::reply=off,bucketfs=info,bucketfs_core=info,bucketfs_store=info,bucketfs_fuse=info"
+        }
         1 => "info,bucketfs=debug,bucketfs_core=debug,bucketfs_store=debug,bucketfs_fuse=debug",
         _ => "debug,bucketfs=trace,bucketfs_core=trace,bucketfs_store=trace,bucketfs_fuse=trace",
     };
