@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
@@ -12,6 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+import seed
 
 from conftest import DATA_STORES, Bucket, require_bin, require_store, run_cli
 
@@ -224,6 +227,36 @@ def test_an_object_replaced_after_its_listing_reads_new_at_the_next_open(store, 
                     got.append(e.errno)
             assert got[-1] == b"version-2 longer", f"reads after the replacement: {got}"
             assert got.count(b"version-2 longer") >= 2, f"more than one read failed: {got}"
+    finally:
+        b.cleanup()
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+def test_an_object_deleted_after_its_listing_is_gone_at_the_next_open(store, tmp_path):
+    """Another client deletes an object this mount has listed and read from. A read of it
+    may fail with ESTALE (SEMANTICS.md); the next open fails with ENOENT. Before, every open
+    failed with ESTALE for the whole TTL (tester H: 60 s); the TTL here is 300 s."""
+    require_store(store)
+    require_bin()
+    b = Bucket(store)
+    try:
+        data = random.Random(3).randbytes(3 * MiB)
+        b.put("d/f.bin", data)
+        with b.mounted(extra=["--metadata-ttl", "300", "--disk-cache-mib", "0", "--memory-cache-mib", "0"]) as mp:
+            p = os.path.join(mp, "d", "f.bin")
+            assert os.listdir(os.path.join(mp, "d")) == ["f.bin"]
+            with open(p, "rb") as f:
+                assert f.read(4096) == data[:4096]
+            seed.delete(store, b.name, "d/f.bin")
+            got = []
+            for _ in range(3):
+                try:
+                    with open(p, "rb") as f:
+                        f.seek(2 * MiB)
+                        got.append(len(f.read(4096)))
+                except OSError as e:
+                    got.append(errno.errorcode.get(e.errno, e.errno))
+            assert got[-1] == "ENOENT" and got.count("ESTALE") <= 1, f"opens after the delete: {got}"
     finally:
         b.cleanup()
 

@@ -242,8 +242,15 @@ impl Fs {
                     return Ok((self.attr(n), None));
                 }
                 if t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
-                    t.unlink(node.parent, &node.name);
+                    // Out of the cached listing too (a lookup would find the name there).
+                    t.listing_remove(node.parent, &node.name);
                     t.note_store_answer(node.parent);
+                    // The kernel may hold the name for its TTL: an open of this inode then
+                    // fails with ESTALE, and the kernel's second lookup finds no name (an
+                    // open read the deleted version and failed for the whole TTL: tester H).
+                    if let Some(n) = t.get_mut(node.ino) {
+                        n.replaced = true;
+                    }
                 }
                 // Deleted behind the mount while a handle is open: like a file unlinked while
                 // open, it still has attributes (st_nlink 0); reads through the handle fail
