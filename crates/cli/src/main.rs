@@ -54,6 +54,9 @@ struct Cli {
 #[allow(clippy::large_enum_variant)] // parsed once per process
 enum Command {
     /// Mount a bucket (or the embedded default store) on a directory.
+    // A flag given twice (directly and in `-o`, or an fstab line and the command line): the
+    // last wins, as mount(8)'s options do; it was "cannot be used multiple times".
+    #[command(args_override_self = true)]
     Mount(MountArgs),
     /// Unmount a bucketfs mount, waiting for its process to finish.
     Unmount {
@@ -380,5 +383,29 @@ fn parse_ttl(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.0..=365.0 * 86400.0).contains(&v) => Ok(v),
         _ => Err(format!("{s:?} is not a number of seconds from 0 to 31536000 (a year)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mount_flag_given_twice_takes_the_last() {
+        // As `bucketfs mount --metadata-ttl 5 --read-only -o metadata_ttl=7,ro` expands.
+        let argv = [
+            "bucketfs",
+            "mount",
+            "mem://",
+            "/m",
+            "--metadata-ttl",
+            "5",
+            "--read-only",
+            "--metadata-ttl",
+            "7",
+            "--read-only",
+        ];
+        let Command::Mount(args) = Cli::try_parse_from(argv).expect("parses").cmd else { panic!("not mount") };
+        assert_eq!((args.metadata_ttl, args.read_only), (Some(7.0), true));
     }
 }
