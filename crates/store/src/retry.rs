@@ -9,7 +9,8 @@
 //!   then "writer got too much data". Here each try is a whole new session instead.
 //!
 //! The backoff is the layer's ([`crate::location`]): from 200 ms, doubling, at most 4 s,
-//! jittered; at most `retries` tries after the first, and only for temporary errors.
+//! jittered ([`backoff`], which the Drive client's retries use too); at most `retries`
+//! tries after the first, and only for temporary errors.
 
 use std::future::Future;
 use std::time::Duration;
@@ -21,11 +22,22 @@ where
     F: FnMut(usize) -> Fut,
     Fut: Future<Output = opendal::Result<T>>,
 {
-    again_after(Duration::from_millis(200), retries, what, key, attempt).await
+    again_after(|n| backoff(n, 4_000), retries, what, key, attempt).await
 }
 
+/// The wait before retry `attempt` (from 0): 200 ms doubling, plus up to half again of
+/// jitter, at most `cap_ms`.
+pub(crate) fn backoff(attempt: usize, cap_ms: u64) -> Duration {
+    let base = 200u64 << attempt.min(8);
+    let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos()
+        as u64
+        % (base / 2 + 1);
+    Duration::from_millis((base + jitter).min(cap_ms))
+}
+
+/// [`again`], waiting `wait(n)` before retry `n` (from 0).
 async fn again_after<T, F, Fut>(
-    mut delay: Duration,
+    wait: impl Fn(usize) -> Duration,
     retries: usize,
     what: &str,
     key: &str,
@@ -39,8 +51,8 @@ where
     loop {
         match attempt(n).await {
             Err(e) if e.is_temporary() && n < retries => {
+                let wait = wait(n);
                 n += 1;
-                let wait = jittered(delay);
                 let after_ms = wait.as_millis() as u64;
                 tracing::warn!(
                     op = what,
@@ -51,20 +63,10 @@ where
                     crate::redact_urls(&e.to_string())
                 );
                 tokio::time::sleep(wait).await;
-                delay = (delay * 2).min(Duration::from_secs(4));
             }
             r => return r,
         }
     }
-}
-
-/// `d` plus up to `d` more, as `RetryLayer::with_jitter` (any spread will do).
-fn jittered(d: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| u64::from(t.subsec_nanos()))
-        .unwrap_or_default();
-    d + Duration::from_nanos(nanos % (d.as_nanos() as u64).max(1))
 }
 
 #[cfg(test)]
@@ -76,28 +78,46 @@ mod tests {
     async fn only_temporary_errors_are_tried_again_and_at_most_retries_times() {
         const D: Duration = Duration::from_millis(1);
         let mut tries = 0;
-        let r: opendal::Result<()> = again_after(D, 3, "t", "k", |_| {
-            tries += 1;
-            async { Err(Error::new(ErrorKind::Unexpected, "cut").set_temporary()) }
-        })
+        let r: opendal::Result<()> = again_after(
+            |_| D,
+            3,
+            "t",
+            "k",
+            |_| {
+                tries += 1;
+                async { Err(Error::new(ErrorKind::Unexpected, "cut").set_temporary()) }
+            },
+        )
         .await;
         assert!(r.is_err());
         assert_eq!(tries, 4, "the first try and 3 more");
         let mut tries = 0;
-        let r: opendal::Result<()> = again_after(D, 3, "t", "k", |_| {
-            tries += 1;
-            async { Err(Error::new(ErrorKind::ConditionNotMatch, "412")) }
-        })
+        let r: opendal::Result<()> = again_after(
+            |_| D,
+            3,
+            "t",
+            "k",
+            |_| {
+                tries += 1;
+                async { Err(Error::new(ErrorKind::ConditionNotMatch, "412")) }
+            },
+        )
         .await;
         assert_eq!(r.unwrap_err().kind(), ErrorKind::ConditionNotMatch);
         assert_eq!(tries, 1, "a refusal is never sent again");
-        let r = again_after(D, 3, "t", "k", |n| async move {
-            if n < 2 {
-                Err(Error::new(ErrorKind::Unexpected, "cut").set_temporary())
-            } else {
-                Ok(n)
-            }
-        })
+        let r = again_after(
+            |_| D,
+            3,
+            "t",
+            "k",
+            |n| async move {
+                if n < 2 {
+                    Err(Error::new(ErrorKind::Unexpected, "cut").set_temporary())
+                } else {
+                    Ok(n)
+                }
+            },
+        )
         .await;
         assert_eq!(r.unwrap(), 2);
     }

@@ -301,7 +301,7 @@ async fn post_form(
             ));
         }
         tracing::debug!(attempt, "drive: token endpoint failed ({failed}), retrying");
-        tokio::time::sleep(super::client::backoff(attempt - 1, 8_000)).await;
+        tokio::time::sleep(crate::retry::backoff(attempt - 1, 8_000)).await;
     };
     if !status.is_success() {
         let e: OauthError = serde_json::from_str(&text).unwrap_or_default();

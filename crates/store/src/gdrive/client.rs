@@ -105,16 +105,6 @@ fn read_failed(what: &str, e: reqwest::Error) -> StoreError {
     StoreError::new(StoreErrorKind::Unavailable, format!("read {what:?}: {e}"))
 }
 
-/// The wait before retry `attempt` (from 0): 200 ms doubling, plus up to half again of
-/// jitter, at most `cap_ms`.
-pub fn backoff(attempt: usize, cap_ms: u64) -> Duration {
-    let base = 200u64 << attempt.min(8);
-    let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos()
-        as u64
-        % (base / 2 + 1);
-    Duration::from_millis((base + jitter).min(cap_ms))
-}
-
 impl Client {
     pub fn url(&self, path: &str, query: &[(&str, &str)]) -> String {
         let mut u = format!("{}{path}", self.api);
@@ -217,7 +207,7 @@ impl Client {
                         if since.elapsed() < THROTTLE_BUDGET {
                             let wait = retry_after
                                 .map(|s| Duration::from_secs(s.min(THROTTLE_BUDGET.as_secs())))
-                                .unwrap_or_else(|| backoff(throttled_attempt, 16_000));
+                                .unwrap_or_else(|| crate::retry::backoff(throttled_attempt, 16_000));
                             tracing::debug!(op, what, throttled_attempt, "drive: throttled, waiting {wait:?}");
                             tokio::time::sleep(wait).await;
                             throttled_attempt += 1;
@@ -235,7 +225,7 @@ impl Client {
                 return Err(Failure { status, reason, err });
             }
             tracing::debug!(op, what, attempt, "drive: retrying after {}", err.message);
-            tokio::time::sleep(backoff(attempt, 8_000)).await;
+            tokio::time::sleep(crate::retry::backoff(attempt, 8_000)).await;
             attempt += 1;
         }
     }
@@ -527,7 +517,7 @@ impl Client {
                 Ok(r) if r.status() == StatusCode::PERMANENT_REDIRECT => stored_bytes(&r),
                 Ok(r) => return Ok(Some(Self::json("write", what, r).await?)),
                 Err(f) if f.err.kind == StoreErrorKind::Unavailable && failures < self.retries => {
-                    tokio::time::sleep(backoff(failures, 8_000)).await;
+                    tokio::time::sleep(crate::retry::backoff(failures, 8_000)).await;
                     failures += 1;
                     // Ask before sending again: the chunk may have arrived.
                     let status = format!("bytes */{}", total.map_or("*".into(), |t| t.to_string()));
