@@ -199,9 +199,10 @@ impl Staged {
         let gen = self.write_gen;
         let size = self.size;
         let put = self.put_opts(attrs);
-        self.sending = None; // set below for a single PUT
-                             // (Not for the mtime alone, which each write moves: the object carries the one of
-                             // the eager upload's start.)
+        // Set below for a single PUT.
+        self.sending = None;
+        // (Not for the mtime alone, which each write moves: the object carries the one of
+        // the eager upload's start.)
         let but_mtime = |p: &PutOpts| PutOpts { attrs: FileAttrs { mtime: None, ..p.attrs.clone() }, ..p.clone() };
         if self.eager.as_ref().is_some_and(|e| but_mtime(&e.put) != but_mtime(&put)) {
             self.eager_abandon(); // chmod/utime since it began: its metadata is out of date

@@ -182,7 +182,6 @@ fn fill_dir_plus(
     reply.ok();
 }
 
-/// The permission bits a create, mknod or mkdir asks for, the umask applied.
 /// An open with `O_DIRECT`: served through us (direct I/O), never passed through. The
 /// kernel's backing file would keep `O_DIRECT` after an `fcntl` cleared it, and hold its
 /// reads and writes to the local disk's alignment (EINVAL for `dd bs=1000 iflag=direct`
@@ -191,6 +190,7 @@ fn o_direct(flags: i32) -> bool {
     flags & libc::O_DIRECT != 0
 }
 
+/// The permission bits a create, mknod or mkdir asks for, the umask applied.
 fn perm_bits(mode: u32, umask: u32) -> u16 {
     (mode & !umask & 0o7777) as u16
 }
@@ -290,12 +290,9 @@ impl Filesystem for FuseAdapter {
                     let mut flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
                     let direct = fs.direct_io(fh);
                     if direct || o_direct {
-                        // O_DIRECT through us (`o_direct`).
-                        flags |= FopenFlags::FOPEN_DIRECT_IO;
+                        flags |= FopenFlags::FOPEN_DIRECT_IO; // through us (`o_direct`)
                     }
-                    if direct {
-                        flags |= FopenFlags::FOPEN_DIRECT_IO; // never passed through
-                    } else if !keep {
+                    if !direct && !keep {
                         // Perhaps a version the kernel has not seen: its size may still be an
                         // older version's, which ends its reads there (a new version read
                         // short, silently). Before the answer, so the first read past that
