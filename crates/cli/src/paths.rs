@@ -232,13 +232,22 @@ pub fn log_file(mountpoint: &Path) -> PathBuf {
 
 /// `$XDG_CACHE_HOME/bucketfs/staging/<mount>`, or under `~/.cache`: staged writes survive a
 /// crash of the mount process there. An old-style directory is used if only it exists.
-/// Whether `staging` holds changes an earlier mount left for the bucket: staged files
-/// (named by their `.key` sidecars), journaled deletes or moves.
+/// What `staging` holds that an earlier mount left for the bucket: (staged files, named
+/// by their `.key` sidecars; journaled deletes; unfinished moves).
+fn pending_in(staging: &Path) -> (usize, usize, usize) {
+    let count = |dir: &Path, pending: &dyn Fn(&str) -> bool| {
+        std::fs::read_dir(dir)
+            .map_or(0, |d| d.flatten().filter(|e| e.file_name().to_str().is_some_and(pending)).count())
+    };
+    let staged = count(staging, &|n| n.ends_with(".key"));
+    let journal = bucketfs_core::deletes::journal_dir_for(staging);
+    let deletes = journal.map_or(0, |j| count(&j, &|n| !n.starts_with('.')));
+    (staged, deletes, bucketfs_core::unfinished_moves(staging))
+}
+
+/// Whether `staging` holds changes an earlier mount left for the bucket ([`pending_in`]).
 pub fn holds_pending(staging: &Path) -> bool {
-    let staged = std::fs::read_dir(staging)
-        .map(|d| d.flatten().any(|e| e.path().extension().is_some_and(|x| x == "key")))
-        .unwrap_or(false);
-    staged || bucketfs_core::deletes::journal_left(staging) || !bucketfs_core::moves_left(staging).is_empty()
+    pending_in(staging) != (0, 0, 0)
 }
 
 pub fn staging_dir(mountpoint: &Path) -> PathBuf {
@@ -276,14 +285,7 @@ pub fn claim_staging(staging: &Path, url: &str) -> Result<(), String> {
     let owner_file = staging.with_file_name(format!(".{name}.store"));
     let owner = std::fs::read_to_string(&owner_file).ok().map(|s| s.trim_end().to_string());
     if let Some(owner) = owner.filter(|o| o != url) {
-        let count = |dir: &Path, pending: &dyn Fn(&str) -> bool| {
-            std::fs::read_dir(dir)
-                .map_or(0, |d| d.flatten().filter(|e| e.file_name().to_str().is_some_and(pending)).count())
-        };
-        let staged = count(staging, &|n| n.ends_with(".key"));
-        let journal = bucketfs_core::deletes::journal_dir_for(staging);
-        let deletes = journal.map_or(0, |j| count(&j, &|n| !n.starts_with('.')));
-        let moves = bucketfs_core::unfinished_moves(staging);
+        let (staged, deletes, moves) = pending_in(staging);
         if staged + deletes + moves > 0 {
             return Err(format!(
                 "the staging directory {} holds {staged} file(s) not yet uploaded, {deletes} delete(s) and \
