@@ -121,6 +121,12 @@ class CutProxy:
     `.arm(pattern, after, times)`, the next `times` connections whose client bytes contain
     `pattern` are closed both ways once `after` more client bytes have gone up; `.cuts`
     counts them. Anything else is forwarded as it comes.
+
+    `.hold(pattern)` instead keeps the next request containing `pattern` from the server,
+    unanswered (the client times out and gives up): once the client has closed and
+    `.release()` is called, the request is sent to the server on a new connection, as a
+    network that held it would deliver it late. `.held` counts them; `.landed` is set once
+    the server answered the late one.
     """
 
     def __init__(self, upstream_port: int):
@@ -132,7 +138,41 @@ class CutProxy:
         self._srv = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._srv.getsockname()[1]}"
         self._closed = False
+        self._hold: bytes | None = None
+        self.held = 0
+        self._release = threading.Event()
+        self.landed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self, pattern: str) -> None:
+        with self._lock:
+            self._hold = pattern.encode()
+            self.held = 0
+            self._release.clear()
+            self.landed.clear()
+
+    def release(self) -> None:
+        self._release.set()
+
+    def _take_hold(self, seen: bytes) -> bool:
+        with self._lock:
+            if self._hold is None or self._hold not in seen:
+                return False
+            self._hold = None
+            self.held += 1
+            return True
+
+    def _deliver_late(self, request: bytes) -> None:
+        import socket
+        self._release.wait(300)
+        with socket.create_connection(("127.0.0.1", self._upstream)) as up:
+            up.sendall(request)
+            up.settimeout(30)
+            try:
+                up.recv(65536)  # the server answers once it has done the request
+            except OSError:
+                pass
+        self.landed.set()
 
     def arm(self, pattern: str, after: int, times: int = 1) -> None:
         with self._lock:
@@ -161,14 +201,20 @@ class CutProxy:
             threading.Thread(target=self._pipe_down, args=(up, client), daemon=True).start()
 
     def _pipe_up(self, client, up):
-        tail, left = b"", None
+        tail, left, held = b"", None, None
         try:
             while True:
                 d = client.recv(65536)
                 if not d:
                     break
+                if held is not None:
+                    held.append(d)
+                    continue
                 if left is None:
                     tail = (tail + d)[-8192:]
+                    if self._take_hold(d):
+                        held = [d]
+                        continue
                     left = self._take(tail)
                 if left is not None:
                     if len(d) >= left:
@@ -184,6 +230,8 @@ class CutProxy:
             except OSError:
                 pass
             s.close()
+        if held is not None:
+            threading.Thread(target=self._deliver_late, args=(b"".join(held),), daemon=True).start()
 
     def _pipe_down(self, up, client):
         try:

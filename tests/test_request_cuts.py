@@ -1,4 +1,5 @@
-"""One request cut in the middle by the network, through the kernel, on the GCS emulator.
+"""One request cut in the middle by the network, or held and delivered late, through the
+kernel, on the GCS emulator (and MinIO).
 
 docs/SEMANTICS.md, tenet 4: every store request has a timeout and a bounded number of
 retries. On GCS one cut connection failed the close with EIO (tester D): OpenDAL's retry
@@ -13,8 +14,10 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
+
 import seed
-from conftest import md5, mount, unmount
+from conftest import md5, mount, read_file, run_cli, unmount
 from proxykit import CutProxy
 
 
@@ -44,5 +47,62 @@ def test_one_cut_request_of_an_upload_is_sent_again(gcs_bucket, tmp_path):
                 assert px.cuts == 1, f"{name}: no request matched {pattern!r} (the test cut nothing)"
                 got = seed.get("gcs", gcs_bucket.name, name)
                 assert md5(got) == md5(want), f"{name}: the bucket holds {len(got)} bytes, not the file's {len(want)}"
+        finally:
+            unmount(mp)
+
+
+def _get_or_none(store: str, bucket: str, key: str) -> bytes | None:
+    try:
+        return seed.get(store, bucket, key)
+    except Exception:
+        return None
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+def test_a_try_sent_again_after_a_timeout_that_lands_later_is_undone(store, request, tmp_path):
+    """Durable (default) mode: a close's first PUT is held by the network past the 10 s
+    I/O timeout; bucketfs sends it again, and the close succeeds. The held try reaches the
+    store later: after the next close of newer bytes, or after an `rm` of the name (tester
+    G, GCS with 45 s of latency: the older bytes stayed, the removed name came back).
+    `bucketfs sync` finds it and puts the newer version back, or deletes the name again."""
+    b = request.getfixturevalue(f"{store}_bucket")
+    endpoint = seed.S3_ENDPOINT if store == "s3" else seed.GCS_ENDPOINT
+    port = int(endpoint.rsplit(":", 1)[1].rstrip("/"))
+    upload = (lambda key: f"PUT /{b.name}/{key} ") if store == "s3" else (lambda key: f"name={key}")
+    rng = random.Random(16)
+    with CutProxy(port) as px:
+        args = [seed.mount_url(store, b.name), "--endpoint", px.url,
+                "--staging-dir", str(tmp_path / "st"), "--cache-dir", str(tmp_path / "ca")]
+        if store == "gcs":
+            args.append("--anonymous")
+        mp = mount(args)
+        try:
+            for name, then in (("late.bin", "rewrite"), ("gone.bin", "rm")):
+                older, newer = rng.randbytes(300_000), rng.randbytes(200_000)
+                px.hold(upload(name))
+                with open(os.path.join(mp, name), "wb") as f:
+                    f.write(older)
+                assert px.held == 1, f"{name}: no upload matched {upload(name)!r} (the test held nothing)"
+                if then == "rewrite":
+                    with open(os.path.join(mp, name), "wb") as f:
+                        f.write(newer)
+                else:
+                    os.unlink(os.path.join(mp, name))
+                px.release()
+                assert px.landed.wait(60), f"{name}: the held try never reached the store"
+                landed = _get_or_none(store, b.name, name)
+                assert landed is not None and md5(landed) == md5(older), \
+                    f"{name}: the held try did not land (the test tried nothing)"
+                r = run_cli(["sync", mp], timeout=120)
+                assert r.returncode == 0, r.stderr
+                got = _get_or_none(store, b.name, name)
+                size = None if got is None else len(got)
+                if then == "rewrite":
+                    assert got is not None and md5(got) == md5(newer), \
+                        f"{name}: the bucket holds {size} bytes, not the newer close's {len(newer)}"
+                    assert md5(read_file(os.path.join(mp, name))) == md5(newer)
+                else:
+                    assert got is None, f"{name}: a removed name came back with {size} bytes"
+                    assert name not in os.listdir(mp)
         finally:
             unmount(mp)

@@ -694,6 +694,11 @@ impl Store for DeferredDeletes {
         self.inner.put(key, data, opts).await
     }
 
+    async fn put_tried(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<bucketfs_store::PutDone, StoreError> {
+        self.drain_under(key).await?;
+        self.inner.put_tried(key, data, opts).await
+    }
+
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.drain_under(key).await?;
         self.inner.delete(key).await

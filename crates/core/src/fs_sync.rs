@@ -110,6 +110,8 @@ impl Fs {
         if self.write_back() {
             return self.sync_write_back().await;
         }
+        // What cut-off uploads landed late is undone first (late.rs).
+        self.check_late_now().await;
         // A close returns at its FLUSH, and the kernel sends the RELEASE after it: a sync
         // run right after a close that failed found the handle still open and skipped the
         // file (exit 0, or a list without it). Handles of changed files get a moment to go.

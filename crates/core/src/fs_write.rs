@@ -133,10 +133,8 @@ impl Fs {
             Landing::IfMd5(md5s) => Some(md5s.clone()),
             _ => None,
         };
-        if self.write_back() {
-            // An upload cut off may land after the delete: the key is watched (late.rs).
-            self.late.watch(key, landing.late_md5s(), None, Instant::now());
-        }
+        // An upload cut off may land after the delete: the key is watched (late.rs).
+        self.late.watch(key, landing.late_md5s(), None, Instant::now());
         match &self.deletes {
             Some(d) if self.write_back() && landing != Landing::Stored => d.defer_landing(key, only).await?,
             Some(d) if self.write_back() => d.defer_version(key, version).await?,
@@ -535,9 +533,9 @@ impl Fs {
             n.answered = ticket;
             t.relist(ino);
         }
-        if self.write_back() {
-            self.late.watch(&node.key, late.late_md5s(), Some(ino), Instant::now());
-        }
+        // So may a try of this one the store sent twice (timed out, then sent again).
+        let md5s: Vec<[u8; 16]> = late.late_md5s().iter().copied().chain(st.sent_twice.take()).collect();
+        self.late.watch(&node.key, &md5s, Some(ino), Instant::now());
         let now = self.node(ino)?;
         let identity = now.identity();
         tracing::debug!(ino, key = %now.key, %identity, size, "uploaded");

@@ -36,11 +36,11 @@ impl Fs {
         if let Some(d) = &self.deletes {
             crate::deletes::DeferredDeletes::start(d);
         }
-        let Some(cfg) = self.cfg.write_back else { return };
         let me = Arc::downgrade(self);
+        crate::sync::spawn(watch_late(me.clone()));
+        let Some(cfg) = self.cfg.write_back else { return };
         let queue = self.staging.queue.clone();
-        crate::sync::spawn(schedule(me.clone(), queue, cfg));
-        crate::sync::spawn(watch_late(me));
+        crate::sync::spawn(schedule(me, queue, cfg));
     }
 
     /// Declare an upload of `ino`'s key (intents.rs), as the key is once declared: a
@@ -448,11 +448,11 @@ impl Fs {
         // Not staged, or dropped by a reader's last close while this waited (clean): marked
         // dirty, it would stay out of the queue and be left on disk for the next mount.
         let staged = self.staging.get(ino);
-        let mut st = match &staged {
+        let st = match &staged {
             Some(s) => Some(s.lock().await).filter(|_| self.staging.is_current(ino, s)),
             None => None,
         };
-        let Some(st) = st.as_mut() else {
+        let Some(mut st) = st else {
             tracing::warn!(%key, "an upload cut off may land over this file's version, which is no longer staged here to send again");
             return;
         };
@@ -466,9 +466,17 @@ impl Fs {
         // The mount's own again until the resend (a settled file's node is the store's:
         // a listing would lay a late object's size over it meanwhile).
         self.claim(ino);
-        match st.send_again(key) {
-            Ok(()) => self.staging.queue.enqueue_resend(ino, key.to_string(), st.len(), after),
-            Err(e) => tracing::warn!(%key, "cannot queue the file to go up again over a late landing: {e}"),
+        if let Err(e) = st.send_again(key) {
+            return tracing::warn!(%key, "cannot queue the file to go up again over a late landing: {e}");
+        }
+        if self.write_back() {
+            return self.staging.queue.enqueue_resend(ino, key.to_string(), st.len(), after);
+        }
+        // A durable mount has no queue: up now, as its closes do.
+        drop(st);
+        let _intent = self.upload_intent(ino).await;
+        if let Err(e) = self.upload_committed(ino).await {
+            tracing::warn!(%key, "cannot send the file again over a late landing: {e}");
         }
     }
 
@@ -518,7 +526,7 @@ impl Fs {
     }
 
     /// Every watched key checked now (`bucketfs sync`), within `STORE_PROBE`.
-    async fn check_late_now(&self) {
+    pub(crate) async fn check_late_now(&self) {
         let all = self.late.all();
         let check = async {
             for (key, w) in &all {

@@ -1,4 +1,4 @@
-//! Uploads cut off that may still land, watched for a while after (write-back mode).
+//! Uploads cut off that may still land, watched for a while after.
 //!
 //! An upload cut off (a timeout, or cancelled for a writer, a rename or an unlink) may still
 //! be completed by the store: what sat in a socket or a proxy when it was cut off reaches
@@ -7,10 +7,13 @@
 //! deletes.rs). Over a slow link the bytes trickle on for as long as they take: on the GCS
 //! emulator behind a 100 KB/s link, a 2 MB upload cancelled by a rewrite landed 13-19 s
 //! later, over the newer version, and an unlinked or renamed name came back, for good
-//! (tester B).
+//! (tester B). The same goes for a try the store itself sent again after a timeout
+//! ([`bucketfs_store::Store::put_tried`]), on a durable mount too: on GCS behind 45 s of
+//! latency, a close's first try landed after the next close, or after an `rm` (tester G).
 //!
 //! So a key such an upload may still land on is watched for [`WATCH_FOR`] after its cut-off
-//! upload is followed by a newer upload or a delete, with the MD5 of each cut-off upload's
+//! upload is followed by a newer upload or a delete (or after the upload the store sent
+//! twice), with the MD5 of each cut-off upload's
 //! bytes: checked (one HEAD) at [`FIRST_CHECK`], then at doubling intervals, and once more
 //! at the end. An object there with one of those MD5s is ours, landed late: the file now
 //! under the name goes up again, or, if none is, the object is deleted (only those bytes:
@@ -224,3 +227,7 @@ mod tests {
         assert_eq!(l.all().len(), 1);
     }
 }
+
+#[cfg(test)]
+#[path = "late_tests.rs"]
+mod fs_tests;

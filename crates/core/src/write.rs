@@ -124,6 +124,10 @@ pub struct Staged {
     /// The bytes of the single-request upload being sent now (hashed for `landed_md5s` if
     /// it is cut off).
     sending: Option<Bytes>,
+    /// The MD5 of the last upload's bytes, if the store sent it more than once after tries
+    /// cut off ([`bucketfs_store::Store::put_tried`]): one of those may still land, over a
+    /// newer version (`Fs::publish` has the key watched: late.rs).
+    pub sent_twice: Option<[u8; 16]>,
     /// Made by an `O_EXCL` create and not uploaded yet: the first upload is create-only
     /// ([`PutOpts::if_not_exists`]), so an object another writer made meanwhile is never
     /// replaced (the upload fails with `Exists`; the bytes stay here). While the key is
@@ -232,6 +236,7 @@ impl Staged {
             resending: false,
             landed_md5s: Some(Vec::new()),
             sending: None,
+            sent_twice: None,
             seen: None,
             cache_pending: None,
             base: None,

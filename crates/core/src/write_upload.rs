@@ -200,7 +200,8 @@ impl Staged {
         let size = self.size;
         let put = self.put_opts(attrs);
         // Set below for a single PUT.
-        self.sending = None;
+        (self.sending, self.sent_twice) = (None, None);
+        let mut sent_twice = None;
         // (Not for the mtime alone, which each write moves: the object carries the one of
         // the eager upload's start.)
         let but_mtime = |p: &PutOpts| PutOpts { attrs: FileAttrs { mtime: None, ..p.attrs.clone() }, ..p.clone() };
@@ -243,7 +244,11 @@ impl Staged {
                 if self.size <= LANDING_MD5_MAX {
                     self.sending = Some(data.clone()); // hashed only if cut off
                 }
-                store.put(key, data, put).await.map_err(FsError::from)
+                let done = store.put_tried(key, data, put).await.map_err(FsError::from);
+                if done.as_ref().is_ok_and(|d| d.cut_tries > 0) {
+                    sent_twice = self.sending.as_ref().map(|data| <md5::Md5 as md5::Digest>::digest(&data[..]).into());
+                }
+                done.map(|d| d.meta)
             }
             (None, None) => {
                 let _share = self.budget.upload(self.size, opts).await;
@@ -291,6 +296,7 @@ impl Staged {
             }
         };
         self.landing_settled();
+        self.sent_twice = sent_twice;
         self.in_store = true;
         self.replaces = false;
         self.set_create_only(false);

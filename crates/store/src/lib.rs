@@ -47,6 +47,6 @@ pub use content_type::ContentType;
 pub use error::{redact_urls, StoreError, StoreErrorKind};
 pub use types::{
     multipart_etag_parts, parse_md5_hex, same_version, ByteStream, Capabilities, GetOpts, HeadOpts, ListStream,
-    ObjectChecksum, ObjectHead, ObjectMeta, ObjectWriter, Patch, PatchSource, Patched, PutOpts, Store, StoreExt,
-    WriteOptions,
+    ObjectChecksum, ObjectHead, ObjectMeta, ObjectWriter, Patch, PatchSource, Patched, PutDone, PutOpts, Store,
+    StoreExt, WriteOptions,
 };

@@ -331,6 +331,15 @@ impl Store for MeteredStore {
         self.done(Op::Put, t, r)
     }
 
+    async fn put_tried(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<crate::PutDone, StoreError> {
+        let (t, n) = (Instant::now(), data.len() as u64);
+        let r = self.inner.put_tried(key, data, opts).await;
+        if r.is_ok() {
+            self.metrics.add_written(n);
+        }
+        self.done(Op::Put, t, r)
+    }
+
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let t = Instant::now();
         let r = self.inner.delete(key).await;

@@ -472,22 +472,31 @@ impl Store for OpendalStore {
     }
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
+        Ok(self.put_tried(key, data, opts).await?.meta)
+    }
+
+    async fn put_tried(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<crate::PutDone, StoreError> {
         self.beneath("put", key)?;
         let headers = self.headers_for(key, &opts);
         let created = |e| StoreError::from_opendal("put", key, e).if_created(opts.if_not_exists);
-        let gcs_create = self.generation_identity && opts.if_not_exists;
-        let m = match self.unretried_upload_operator(data.len() as u64).filter(|_| gcs_create) {
+        // Each try sent again here, not by OpenDAL's RetryLayer, which would not say so: a
+        // try cut off by a timeout may still be completed by the store, over a newer version
+        // or a name removed since (tester G: a GCS PUT retried after 45 s of latency landed
+        // after the next close). The caller watches the key then (late.rs in the core).
+        let mut tries = 0;
+        let m = match self.unretried_upload_operator(data.len() as u64) {
             // GCS create-only: OpenDAL sends it as a resumable session, and its RetryLayer
             // would retry a cut close by asking the session's status, which fake-gcs-server
             // answers by storing the bytes it holds, none after a cut: a 0-byte object under
-            // the key, and "writer got too much data" (tester A). So no OpenDAL retries here:
-            // each try is a new session sending all the bytes, with `ifGenerationMatch=0`
-            // every time. The object appears only at a session's completing PUT; a try that
-            // completed unanswered makes the next one refused (`Exists`), and the caller
-            // tells its own by the create tag (`landed_here`), as on S3.
-            Some(op) => crate::retry::again(self.retries, "put", key, |_| {
+            // the key, and "writer got too much data" (tester A). Here each try is a new
+            // session sending all the bytes, with `ifGenerationMatch=0` every time. The
+            // object appears only at a session's completing PUT; a try that completed
+            // unanswered makes the next one refused (`Exists`), and the caller tells its
+            // own by the create tag (`landed_here`), as on S3.
+            Some(op) => crate::retry::again(self.retries, "put", key, |n| {
+                tries = n;
                 let req = crate::apply_headers!(op.write_with(key, data.clone()), &headers);
-                std::future::IntoFuture::into_future(req.if_not_exists(true))
+                std::future::IntoFuture::into_future(req.if_not_exists(opts.if_not_exists))
             })
             .await
             .map_err(created)?,
@@ -503,7 +512,7 @@ impl Store for OpendalStore {
         self.stamp(key);
         // The identity comes from this upload's own response, never from a later HEAD: another
         // writer may have replaced the object in between (then we would claim their ETag).
-        Ok(self.meta(key, &m))
+        Ok(crate::PutDone { meta: self.meta(key, &m), cut_tries: tries as u32 })
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {

@@ -150,6 +150,14 @@ pub trait Store: Send + Sync + 'static {
     /// upload's own (from its response), or `None`; `mtime` may be `None`.
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError>;
 
+    /// [`Store::put`], saying how many tries before the one answered were cut off (a
+    /// timeout or a dropped connection, after the request may have been sent whole): the
+    /// store may still complete such a try later, over a newer version. A store that
+    /// sends no put twice itself answers 0; every wrapper forwards this call.
+    async fn put_tried(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<PutDone, StoreError> {
+        Ok(PutDone { meta: self.put(key, data, opts).await?, cut_tries: 0 })
+    }
+
     /// Delete `key`; deleting a missing key succeeds.
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
 
@@ -235,6 +243,14 @@ pub struct Patch<'a> {
     pub source: &'a dyn PatchSource,
     /// What the new version is stored with.
     pub put: PutOpts,
+}
+
+/// What [`Store::put_tried`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutDone {
+    pub meta: ObjectMeta,
+    /// Tries cut off before the one answered, which the store may still complete later.
+    pub cut_tries: u32,
 }
 
 /// What [`Store::patch`] did.

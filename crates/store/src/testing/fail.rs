@@ -34,6 +34,8 @@ pub struct FailStore {
     held: std::sync::Mutex<Option<(Op, u32, Arc<tokio::sync::Semaphore>)>>,
     /// Set by [`FailStore::after_copy`].
     after_copy: Option<AfterCopy>,
+    /// Set by [`FailStore::cut_tries_before`]: puts still to report a cut-off try before them.
+    cut_tries: AtomicU64,
 }
 
 /// What [`FailStore::after_copy`] runs: given the source key of a copy just made.
@@ -52,7 +54,14 @@ impl FailStore {
             cut_after: None,
             held: Default::default(),
             after_copy: None,
+            cut_tries: AtomicU64::new(0),
         }
+    }
+
+    /// The next `count` puts that succeed say one try was cut off before them
+    /// ([`Store::put_tried`]), as a store that sent them again after a timeout does.
+    pub fn cut_tries_before(&self, count: u64) {
+        self.cut_tries.store(count, Ordering::SeqCst);
     }
 
     /// Run `hook` after each copy that succeeded, before it answers, with the copy's source
@@ -181,6 +190,11 @@ impl Store for FailStore {
         self.gate(Op::Put)?;
         let held = self.held(Op::Put);
         Self::answer_when_allowed(held, self.inner.put(key, data, opts).await).await
+    }
+    async fn put_tried(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<crate::PutDone, StoreError> {
+        let meta = self.put(key, data, opts).await?;
+        let cut = self.cut_tries.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        Ok(crate::PutDone { meta, cut_tries: u32::from(cut) })
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.gate(Op::Delete)?;
