@@ -129,10 +129,19 @@ impl Fs {
         let mut listings_whole = false;
         // Whether the target's upload was cut off (it may land late): asked before the move,
         // which may discard it.
-        let late_target = match discard_after.and_then(|d| self.staging.get(d)) {
-            Some(s) => s.lock().await.maybe_landed,
-            None => false,
+        let (late_target, late_md5s) = match discard_after.and_then(|d| self.staging.get(d)) {
+            Some(s) => {
+                let st = s.lock().await;
+                (st.maybe_landed, st.landing().late_md5s().to_vec())
+            }
+            None => (false, Vec::new()),
         };
+        // Where an upload cut off may still land under the new key (the target's, or one
+        // watched since: late.rs), the source's bytes are staged first, for the watch to
+        // send them up again over it. Before, a file never opened here lost its bytes to
+        // the late landing (tester G: `rm a; mv o a`, o's object moved and gone).
+        let kept_for_late =
+            src.kind == Kind::File && (late_target || self.late.watches(&new_key)) && self.stage_for_late(&src).await;
         let same_bytes = match src.kind {
             Kind::File | Kind::Symlink => self.move_file(&src, &new_key, discard_after).await?,
             Kind::Dir => {
@@ -154,6 +163,9 @@ impl Fs {
             if late_target && matches!(src.kind, Kind::File) && self.write_back() {
                 self.follow_late_landing(src.ino, &new_key).await;
             }
+        }
+        if kept_for_late {
+            self.late.watch(&new_key, &late_md5s, Some(src.ino), std::time::Instant::now());
         }
         if let Some(key) = replaced {
             // Journaled in write-back mode, as an unlink: a file's rename there never waits

@@ -108,6 +108,24 @@ impl Fs {
         Ok(Some(n.clone()))
     }
 
+    /// Stage `node`'s bytes with no handle counted, for the late-landing watch to send
+    /// them again (late.rs); whether they are staged. A failure is logged: the rename goes on.
+    pub(crate) async fn stage_for_late(&self, node: &crate::inode::Node) -> bool {
+        if self.staging.contains(node.ino) {
+            return true;
+        }
+        match self.stage(node, false, false, false).await {
+            Ok(staged) => {
+                staged.lock().await.handles -= 1;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(key = %node.key, "cannot stage a file renamed where an upload cut off may land: {e}");
+                false
+            }
+        }
+    }
+
     /// The staged file of `node`, created (and filled from the store) if needed; counts a handle.
     /// `writer`: for a handle that changes it (an upload in flight is waited for only so
     /// long: `Fs::lock_to_change`). `upload_first`: an `O_TRUNC` of a version still queued

@@ -91,6 +91,11 @@ impl LateLandings {
         }
     }
 
+    /// Whether `key` is watched.
+    pub fn watches(&self, key: &str) -> bool {
+        self.table.lock().unwrap().contains_key(key)
+    }
+
     /// Whether `ino`'s version is what a watched key is to hold: its staged file stays, to
     /// go up again if an older upload lands over it.
     pub fn pins(&self, ino: u64) -> bool {

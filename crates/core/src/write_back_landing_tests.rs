@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use bucketfs_store::testing::Op;
-use bucketfs_store::Store;
+use bucketfs_store::{FileAttrs, PutOpts, Store};
 
 use bucketfs_store::testing::MemStore;
 
@@ -74,4 +74,35 @@ async fn a_clean_file_renamed_over_a_cut_off_upload_is_sent_again() {
     assert_eq!(fs.read(reader, 0, 10).await.unwrap().as_ref(), b"B");
     fs.release(reader).await.unwrap();
     drop(hang);
+}
+
+/// `echo A > X` cut off, then `rm X; mv O X` (or `mv O X` over it) with O another client's
+/// object never opened here: A lands late, after the move. O's bytes go up under X again;
+/// before, only a log line said O was no longer staged, and its bytes were gone from the
+/// bucket (tester G, GCS, 4 of 4).
+#[tokio::test]
+async fn a_file_never_opened_here_renamed_onto_a_cut_off_name_goes_up_again() {
+    let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
+    for unlink in [true, false] {
+        let (mem, held, fs) = over_held_puts(&format!("store-file-onto-cut-off-{unlink}"), 0);
+        mem.put("O", bytes::Bytes::from_static(b"B"), Default::default()).await.unwrap();
+        fs.lookup(ROOT_INO, "O").await.unwrap();
+        let hang = held.hold(Op::Put, 1);
+        let (x, fh) = fs.create(ROOT_INO, "X", 0, None).await.unwrap();
+        fs.write(fh, 0, b"A").await.unwrap();
+        fs.release(fh).await.unwrap();
+        upload_shown(&fs, x.ino, limit).await; // X's upload hangs
+        if unlink {
+            fs.unlink(ROOT_INO, "X").await.unwrap(); // cut off
+        }
+        fs.rename(ROOT_INO, "O", ROOT_INO, "X", false).await.unwrap();
+        assert!(fs.sync_write_back().await.is_empty());
+        holds_b(mem.as_ref(), "X", limit).await; // the move was sent
+        let attrs = FileAttrs { mtime: Some(std::time::SystemTime::now()), ..Default::default() };
+        mem.put("X", bytes::Bytes::from_static(b"A"), PutOpts { attrs, ..Default::default() }).await.unwrap();
+        assert!(fs.sync_write_back().await.is_empty());
+        queue_empty(&fs, limit).await;
+        assert_eq!(object(mem.as_ref(), "X").await.unwrap(), b"B", "unlink {unlink}: the moved file's bytes were lost");
+        drop(hang);
+    }
 }
