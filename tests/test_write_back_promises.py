@@ -779,3 +779,49 @@ def test_a_close_refused_for_a_full_staging_disk_is_named_and_synced_later(s3_bu
         if mp:
             unmount(mp)
         subprocess.run(["umount", "-l", str(small)])
+
+
+@pytest.mark.parametrize("write_back", [False, True])
+def test_the_kernels_writes_after_a_flush_that_fill_the_staging_disk_are_kept(s3_bucket, tmp_path, write_back):
+    """`dd` or a shell redirect: the file is created, flushed empty (a `dup`'s close), then
+    written by the kernel directly (passthrough) until the staging disk is full. The close
+    could not write the change's marker: the change went unseen, the staged file was
+    dropped as clean, and the bucket and the mount kept the empty file (durable), or the
+    mount showed a size it could not read (write-back); `sync` exited 0, the log said
+    nothing (tester I, 5 of 5). Now what the writes put in is kept and goes up, the disk
+    still full."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    mp = None
+    try:
+        args = [seed.mount_url("s3", s3_bucket.name), *seed.mount_extra_args("s3"),
+                "--staging-dir", str(small / "staging"), "--cache-dir", str(tmp_path / "cache")]
+        mp = mount(args + (["--write-back"] if write_back else []))
+        path = os.path.join(mp, "f")
+        data, written, close_err = os.urandom(40 * MiB), 0, None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.close(os.dup(fd))  # the flush of the empty file
+        try:
+            while written < len(data):
+                written += os.write(fd, data[written:written + MiB])
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, f"a write past the staging disk's room: {e!r}"
+        try:
+            os.close(fd)
+        except OSError as e:
+            close_err = e
+        print(f"{written} bytes written; close: {close_err!r}")
+        assert 0 < written < len(data), "the staging disk never filled (the test tried nothing)"
+        r = sync(mp)
+        assert r.returncode == 0, f"sync: {r.err}"
+        got = seed.get("s3", s3_bucket.name, "f")
+        assert len(got) == written and got == data[:written], \
+            f"the bucket holds {len(got)} bytes, not the {written} the writes put in"
+        assert os.stat(path).st_size == written
+        assert read_file(path) == data[:written]
+    finally:
+        if mp:
+            unmount(mp)
+        subprocess.run(["umount", "-l", str(small)])

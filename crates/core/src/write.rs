@@ -384,11 +384,14 @@ impl Staged {
         if now == seen {
             return Ok(false);
         }
+        // Dirty before the marker is written: a marker that fails (the staging disk full)
+        // must not leave the change unseen, or the file was dropped as clean at its last
+        // close, the kernel's writes lost (tester I: `dd` onto a full staging disk).
         self.seen = Some(now);
-        self.mark_open(None)?;
         self.size = now.len;
         self.dirty = true;
         self.write_gen += 1;
+        self.mark_open(None)?;
         Ok(true)
     }
 

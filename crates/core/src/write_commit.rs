@@ -256,7 +256,23 @@ impl Staged {
         };
         self.seen = Some(now);
         if self.open_marked || self.marked_as != Some(now) {
-            crate::recycle::write(&self.open_path(), now.marker().as_bytes()).map_err(local)?;
+            match crate::recycle::write(&self.open_path(), now.marker().as_bytes()) {
+                Ok(()) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+                    // No room for the stamp: no marker says "committed" too (recovery's
+                    // `Committed::Whole`), and removing one takes no room. Before, the
+                    // version could not be committed, so not uploaded, until the staging
+                    // disk had room, which it held itself (tester I). Left: the kernel's
+                    // writes after this, with a crash before the next commit point, would
+                    // count as committed (with the disk full they fail).
+                    tracing::warn!(path = %self.path.display(), "the staging disk is full: the commit's marker removed, not written");
+                    match std::fs::remove_file(self.open_path()) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(local(e)),
+                        _ => {}
+                    }
+                }
+                Err(e) => return Err(local(e)),
+            }
             self.open_marked = false;
             self.marked_as = Some(now);
             self.open_text = None;
