@@ -62,6 +62,14 @@ impl Fs {
     /// files keep the change for the mount's life only (SEMANTICS.md).
     async fn persist_attrs(&self, node: &crate::inode::Node, fh: Option<u64>) -> Result<(), FsError> {
         if let Some(staged) = self.staging.get(node.ino) {
+            // Staged unchanged by a handle open for writing (`touch` opens the file, then
+            // sets its mtime; fchmod): from the mount's copy, as for a closed file below.
+            // Before, a write-back `touch` brought a file another client had deleted back
+            // with its old bytes (tester J, S3 and GCS).
+            let unchanged = staged.try_lock().is_ok_and(|st| !st.dirty && st.in_store);
+            if unchanged && self.write_back() && self.gone_from_store(node).await {
+                return Err(FsError::NotFound);
+            }
             // A change: waits for an upload in flight only so long (write-back).
             let mut st = self.lock_to_change(node.ino, &staged).await;
             // Else the last handle's RELEASE (which comes after close returned) dropped it

@@ -333,3 +333,28 @@ async fn a_chmod_of_a_file_deleted_elsewhere_does_not_bring_it_back() {
     assert!(fs.sync_write_back().await.is_empty());
     assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the deleted file came back");
 }
+
+/// The same through a handle open for writing and unchanged (`touch` opens the file, then
+/// sets its times; fchmod): it brought the file back (tester J). A change made through the
+/// handle since (an append) is the writer's, and goes up.
+#[tokio::test]
+async fn a_touch_through_a_handle_of_a_file_deleted_elsewhere_does_not_bring_it_back() {
+    let mem = Arc::new(MemStore::new());
+    let dir = staging("touch-deleted");
+    let fs = Fs::new(
+        mem.clone(),
+        FsConfig { disk_cache: Some((dir.join("cache"), 64 << 20)), ..cfg(&dir.join("staging"), 0) },
+    );
+    fs.set_passthrough(true);
+    fs.start_write_back();
+    let ino = write_file(&fs, "f", b"old bytes").await;
+    assert!(fs.sync_write_back().await.is_empty());
+    mem.delete("f").await.unwrap(); // another client
+    let fh = fs.open(ino, true, false).await.unwrap();
+    let mtime = Some(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(946_684_800));
+    let touch = crate::fs::SetAttr { size: None, mode: None, uid: None, gid: None, mtime, fh: Some(fh) };
+    assert!(matches!(fs.setattr(ino, touch).await, Err(crate::FsError::NotFound)));
+    fs.release(fh).await.unwrap();
+    assert!(fs.sync_write_back().await.is_empty());
+    assert_eq!(keys(mem.as_ref()).await, Vec::<String>::new(), "the deleted file came back");
+}
