@@ -16,7 +16,7 @@ import pytest
 
 import seed
 
-from conftest import DATA_STORES, Bucket, require_bin, require_store, run_cli
+from conftest import DATA_STORES, Bucket, read_file, require_bin, require_store, run_cli
 
 MiB = 1024 * 1024
 SIZES = [0, 1, 4095, 4096, MiB + 7, 20 * MiB + 12345]
@@ -257,6 +257,33 @@ def test_an_object_deleted_after_its_listing_is_gone_at_the_next_open(store, tmp
                 except OSError as e:
                     got.append(errno.errorcode.get(e.errno, e.errno))
             assert got[-1] == "ENOENT" and got.count("ESTALE") <= 1, f"opens after the delete: {got}"
+    finally:
+        b.cleanup()
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+def test_a_create_over_a_name_another_client_deleted_makes_the_file(store):
+    """Another client deletes a file this mount has read, within the mount's TTL; `touch`
+    and `>>` (opens with `O_CREAT`, no `O_TRUNC`) then make the file anew, as on a local
+    disk. They failed with ENOENT for the whole TTL (tester J: 60 s), as if the directory
+    were missing; `echo > f` (`O_TRUNC`) worked at once."""
+    require_store(store)
+    require_bin()
+    b = Bucket(store)
+    try:
+        b.put("f", b"payload\n")
+        with b.mounted(extra=["--metadata-ttl", "300"]) as mp:
+            p = os.path.join(mp, "f")
+            for flags, what in ((os.O_WRONLY | os.O_CREAT, "touch"), (os.O_WRONLY | os.O_APPEND | os.O_CREAT, ">>")):
+                assert read_file(p) in (b"payload\n", b"x"), what
+                seed.delete(store, b.name, "f")
+                try:
+                    fd = os.open(p, flags)
+                except OSError as e:
+                    pytest.fail(f"{what} of a name deleted elsewhere: {errno.errorcode.get(e.errno, e.errno)}")
+                os.write(fd, b"x")
+                os.close(fd)
+                assert seed.get(store, b.name, "f") == b"x", what
     finally:
         b.cleanup()
 

@@ -575,7 +575,7 @@ impl Fs {
 
 #[path = "fs_listing.rs"]
 mod listing;
-pub(crate) use listing::KNOWN_ANSWER_WAIT;
+pub(crate) use listing::{note_deleted, KNOWN_ANSWER_WAIT};
 #[path = "fs_lookup.rs"]
 mod lookup;
 

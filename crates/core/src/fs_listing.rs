@@ -241,17 +241,7 @@ impl Fs {
                     // now, which its close uploads; gone from the bucket is no news.
                     return Ok((self.attr(n), None));
                 }
-                if t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
-                    // Out of the cached listing too (a lookup would find the name there).
-                    t.listing_remove(node.parent, &node.name);
-                    t.note_store_answer(node.parent);
-                    // The kernel may hold the name for its TTL: an open of this inode then
-                    // fails with ESTALE, and the kernel's second lookup finds no name (an
-                    // open read the deleted version and failed for the whole TTL: tester H).
-                    if let Some(n) = t.get_mut(node.ino) {
-                        n.replaced = true;
-                    }
-                }
+                note_deleted(&mut t, node);
                 // Deleted behind the mount while a handle is open: like a file unlinked while
                 // open, it still has attributes (st_nlink 0); reads through the handle fail
                 // with ESTALE. `fstat` must not fail, nor a read the kernel precedes with a
@@ -522,4 +512,19 @@ impl Fs {
 /// A rename from now on counts as a change of the directory (`expire_below`).
 fn current(t: &crate::inode::InodeTable, dir: &Node) -> Node {
     t.get(dir.ino).cloned().unwrap_or_else(|| dir.clone())
+}
+
+/// `node`'s object is gone from the store (another client deleted it): out of the cached
+/// listing too (a lookup would find the name there), and `replaced`. The kernel may hold
+/// the name for its TTL: an open of this inode then fails with ESTALE, and the kernel's
+/// second lookup finds no name (an open read the deleted version and failed for the whole
+/// TTL: tester H; an `O_CREAT` open failed with ENOENT: tester J).
+pub(crate) fn note_deleted(t: &mut crate::inode::InodeTable, node: &crate::inode::Node) {
+    if t.child(node.parent, &node.name).is_some_and(|c| c.ino == node.ino) {
+        t.listing_remove(node.parent, &node.name);
+        t.note_store_answer(node.parent);
+        if let Some(n) = t.get_mut(node.ino) {
+            n.replaced = true;
+        }
+    }
 }

@@ -282,6 +282,13 @@ impl Fs {
             if let Err(e) = filled {
                 self.unstage(node.ino);
                 drop(st);
+                if matches!(&e, FsError::Store(s) if s.kind == bucketfs_store::StoreErrorKind::NotFound) {
+                    // Deleted by another client since the mount looked (within the TTL):
+                    // ESTALE, so the kernel looks the name up again and an `O_CREAT` open
+                    // creates the file (it failed with ENOENT for the TTL: tester J).
+                    crate::fs::note_deleted(&mut self.table.lock().unwrap(), node);
+                    return Err(FsError::Stale(format!("{} was deleted in the bucket", node.key)));
+                }
                 return Err(e);
             }
         }

@@ -275,7 +275,18 @@ impl Fs {
                 node = self.node(ino)?;
             }
         } else if !self.fresh(node.validated) && !self.staging.owns(ino) {
-            self.refresh(&node).await?;
+            match self.refresh(&node).await {
+                // Deleted by another client (its name gone from the listing, `replaced`):
+                // ESTALE, so the kernel looks the name up again, finds none, and an
+                // `O_CREAT` open creates the file (`touch`, `>>` failed with ENOENT for
+                // the kernel's whole TTL: tester J); without `O_CREAT` it says ENOENT.
+                Err(FsError::NotFound) if self.node(ino).is_ok_and(|n| n.replaced) => {
+                    return Err(FsError::Stale(format!("{} was deleted in the bucket", node.key)));
+                }
+                r => {
+                    r?;
+                }
+            }
             node = self.node(ino)?;
         }
         // Attributes set here (a chmod's upload comes through here) say nothing of what
