@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import shutil
+import subprocess
 import threading
 import time
 
@@ -133,3 +135,31 @@ def test_writers_and_readers_of_more_files_than_the_cache_holds(cbucket, tmp_pat
     for k, v in versions.items():
         assert seed.get(cbucket.store, cbucket.name, k) == v[last[k]], f"{k} in the bucket"
     assert done[0] > 50, f"only {done[0]} operations in {SECS} s"
+
+
+def test_the_disk_cache_leaves_room_on_its_file_system(s3_bucket, tmp_path):
+    """Staging and the disk cache on one 64 MiB file system, as the default layout puts
+    both under ~/.cache/bucketfs: reading a 100 MB object filled it to the last block with
+    cache (under the 2 GiB bound), and every create then failed with ENOSPC, at every later
+    mount too (tester I). The cache now leaves a tenth of its file system free."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        big = random.Random(7).randbytes(100 * MiB)
+        s3_bucket.put_all({"big": big})
+        extra = ["--staging-dir", str(small / "st"), "--cache-dir", str(small / "ca")]
+        for mount_no in range(2):  # the second mount finds the cache the first left
+            with s3_bucket.mounted(extra=extra) as mp:
+                if mount_no == 0:
+                    with open(os.path.join(mp, "big"), "rb") as f:
+                        assert hashlib.md5(f.read()).digest() == hashlib.md5(big).digest()
+                free = shutil.disk_usage(small).free
+                assert free >= 6 * MiB, f"mount {mount_no}: {free} bytes left free on a 64 MiB disk"
+                data = os.urandom(4 * MiB)
+                with open(os.path.join(mp, f"w{mount_no}"), "wb") as f:
+                    f.write(data)  # ENOSPC before
+                assert seed.get("s3", s3_bucket.name, f"w{mount_no}") == data
+    finally:
+        subprocess.run(["umount", "-l", str(small)])

@@ -24,7 +24,8 @@
 //! least-recently-used) evicts whole files. A file the kernel reads for an open handle
 //! (pinned) is deleted only once its last pin goes. An object larger than the cache can
 //! hold beside the pinned files is not cached at all: a sequential read of it streams
-//! without writing (said once in the log). Files left by an earlier mount are indexed at
+//! without writing (said once in the log). The cache also leaves a tenth of its file
+//! system free, at most 1 GiB ([`room`]). Files left by an earlier mount are indexed at
 //! start-up (their blocks unverified until read, or checked whole before the kernel reads
 //! them); files of older formats (block files, whole-object copies) are deleted there.
 
@@ -80,6 +81,8 @@ pub struct DiskCache {
     too_big: Mutex<HashSet<String>>,
     /// Whether the log has said that large objects stream uncached.
     told: AtomicBool,
+    /// Whether the log has said that the file system is short of room (disk_cache_room.rs).
+    told_full: AtomicBool,
 }
 
 type Entries = Arc<Mutex<HashMap<String, Entry>>>;
@@ -278,8 +281,11 @@ impl DiskCache {
             direct: AtomicBool::new(true),
             too_big: Mutex::default(),
             told: AtomicBool::new(false),
+            told_full: AtomicBool::new(false),
         };
         c.adopt_all()?;
+        c.room_for(0); // what an earlier mount left may fill the disk
+        c.index.run_pending_tasks();
         Ok(c)
     }
 
@@ -483,6 +489,9 @@ impl DiskCache {
     #[allow(clippy::too_many_arguments)]
     pub fn put(&self, key: &str, identity: &str, size: u64, block: u64, padded: &[u8], len: usize, crc: u32) {
         if len as u64 != self.block_len(size, block) || len == 0 || padded.len() < len {
+            return;
+        }
+        if !self.contains(key, identity, block) && !self.room_for(len as u64) {
             return;
         }
         let name = Self::name(key, identity);
@@ -748,6 +757,9 @@ fn evicted(entries: &Entries, dir: &Path, name: &str, gen: u64) {
 
 #[path = "disk_cache_whole.rs"]
 pub mod whole;
+
+#[path = "disk_cache_room.rs"]
+pub(crate) mod room;
 
 #[cfg(test)]
 #[path = "disk_cache_tests.rs"]

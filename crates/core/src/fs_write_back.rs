@@ -273,15 +273,7 @@ impl Fs {
 
     /// Whether the staging directory's file system has `bytes` free for its user.
     fn staging_room(&self, bytes: u64) -> bool {
-        let Ok(path) = std::ffi::CString::new(self.cfg.staging_dir.as_os_str().as_encoded_bytes()) else {
-            return false;
-        };
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: a NUL-terminated path and a zeroed statvfs for the call to fill.
-        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
-            return false;
-        }
-        (st.f_bavail as u64).saturating_mul(st.f_frsize as u64) >= bytes
+        crate::disk_cache::room::space(&self.cfg.staging_dir).is_some_and(|(_, free)| free >= bytes)
     }
 
     /// How long a writer of `ino` waits for its upload ([`WRITER_PATIENCE`]).
