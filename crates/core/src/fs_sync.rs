@@ -175,4 +175,10 @@ impl Fs {
         self.store.settle().await; // no temporary object left in the bucket
         failed
     }
+
+    /// At unmount, after [`Fs::sync_all`]: the write-back queue and the late-landing watch
+    /// send nothing more; what is left stays staged for the next mount.
+    pub fn stop_uploads(&self) {
+        self.staging.queue.stop();
+    }
 }

@@ -662,7 +662,7 @@ async fn schedule(fs: Weak<Fs>, queue: Arc<Queue>, cfg: WriteBackConfig) {
                 queue.finished(ino, seq, result);
             });
         }
-        if fs.strong_count() == 0 {
+        if fs.strong_count() == 0 || queue.stopped.load(crate::sync::Ordering::Relaxed) {
             return;
         }
         let wait = match next {
@@ -681,6 +681,9 @@ async fn watch_late(fs: Weak<Fs>) {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let Some(fs) = fs.upgrade() else { return };
+        if fs.staging.queue.stopped.load(crate::sync::Ordering::Relaxed) {
+            return; // unmounted
+        }
         for (key, watch, last) in fs.late.due(Instant::now()) {
             fs.undo_late_landing(&key, &watch).await;
             if let Some(ino) = watch.holder.filter(|_| last) {

@@ -150,6 +150,8 @@ pub(crate) struct Queue {
     pub(crate) work: tokio::sync::Notify,
     /// Wakes closes waiting for room, and `sync` waiting for uploads.
     pub(crate) progress: tokio::sync::Notify,
+    /// Set at unmount ([`Queue::stop`]): nothing more is sent.
+    pub(crate) stopped: crate::sync::AtomicBool,
 }
 
 /// The store refused a create-only upload: the key holds another client's object.
@@ -310,6 +312,9 @@ impl Queue {
     ) -> (Vec<(u64, u64, futures::future::AbortRegistration)>, Option<Instant>) {
         let now = Instant::now();
         let mut q = self.entries.lock().unwrap();
+        if self.stopped.load(Ordering::Relaxed) {
+            return (Vec::new(), None);
+        }
         let mut due: Vec<(Instant, u64)> =
             q.iter().filter(|(_, e)| !e.in_flight && !e.refused && e.due <= now).map(|(i, e)| (e.since, *i)).collect();
         due.sort();
@@ -385,6 +390,20 @@ impl Queue {
     /// Files whose upload is in flight now.
     pub(crate) fn in_flight_inos(&self) -> Vec<u64> {
         self.entries.lock().unwrap().iter().filter(|(_, e)| e.in_flight).map(|(i, _)| *i).collect()
+    }
+
+    /// At unmount, once its own tries are done: no upload is started or retried any more,
+    /// and those in flight are cancelled (the files stay staged for the next mount).
+    /// Before, against a store that hung, the queue's retries held the process 100 s past
+    /// the unmount's tries (tester I: 205 s after SIGTERM).
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        for e in self.entries.lock().unwrap().values() {
+            if let Some(a) = e.abort.as_ref() {
+                a.abort();
+            }
+        }
+        self.work.notify_one();
     }
 
     /// Cancel `ino`'s upload attempt in flight, if any; whether there was one.

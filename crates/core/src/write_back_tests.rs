@@ -777,3 +777,19 @@ async fn a_file_just_uploaded_is_staged_again_from_the_caches() {
     assert_eq!(object(mem.as_ref(), "a").await.as_deref(), Some(&want[..]));
     assert_eq!(object(mem.as_ref(), "b").await.as_deref(), Some(&data[..3]));
 }
+
+/// After the unmount's own tries, the queue sends nothing more: an upload hanging in
+/// flight is cancelled, so what is pending can be named at once. Before, against a store
+/// that hung, the queue's retries held the process 100 s past the unmount's tries (tester
+/// I: 205 s from SIGTERM to exit).
+#[tokio::test]
+async fn stopped_uploads_let_the_unmount_name_what_is_pending_at_once() {
+    let limit = crate::fs_write_back::WRITER_PATIENCE * 4;
+    let (_mem, held, fs) = over_held_puts("stopped-uploads", 0);
+    let _hang = held.hold(Op::Put, 1);
+    let ino = write_file(&fs, "f", b"pending").await;
+    upload_shown(&fs, ino, limit).await; // in flight, hanging
+    fs.stop_uploads();
+    let pending = tokio::time::timeout(Duration::from_secs(5), fs.pending_keys()).await;
+    assert_eq!(pending.expect("the hanging upload held the staged file"), ["f"]);
+}

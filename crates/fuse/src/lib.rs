@@ -555,6 +555,7 @@ impl Filesystem for FuseAdapter {
     fn destroy(&mut self) {
         // Unmount: every staged change goes up before the process exits.
         let failed = self.rt.block_on(self.fs.sync_all());
+        self.fs.stop_uploads();
         if !failed.is_empty() {
             tracing::error!(files = ?failed, "unmounted with uploads still failing; data kept in the staging directory");
         }
