@@ -25,7 +25,7 @@
 //! (pinned) is deleted only once its last pin goes. An object larger than the cache can
 //! hold beside the pinned files is not cached at all: a sequential read of it streams
 //! without writing (said once in the log). The cache also leaves a tenth of its file
-//! system free, at most 1 GiB ([`room`]). Files left by an earlier mount are indexed at
+//! system free, at most 1 GiB (`disk_cache_room.rs`). Files left by an earlier mount are indexed at
 //! start-up (their blocks unverified until read, or checked whole before the kernel reads
 //! them); files of older formats (block files, whole-object copies) are deleted there.
 

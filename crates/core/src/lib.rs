@@ -17,7 +17,7 @@
 //!   then deleted) journaled so a crash never leaves both names; `late`: keys an upload
 //!   cut off may still land on, watched for a while.
 //! - [`fs`]: the `Fs` state and getattr; its operations live in `fs_*` modules, one
-//!   concern each (`fs_lookup`, `fs_listing`, `fs_readdir`, `fs_write`, `fs_names`,
+//!   concern each (`fs_lookup`, `fs_listing`, `fs_readdir`, `fs_write`, `fs_publish`, `fs_names`,
 //!   `fs_links`, `fs_rename`, `fs_sync`, `fs_write_back`, `fs_passthrough`, `fs_events`). The component
 //!   modules never import `Fs`.
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
