@@ -1,5 +1,6 @@
 //! The sidecars that name a staged file's object for crash recovery: its key (`.key`),
-//! whether its upload is create-only (`.excl`), and when the key was written.
+//! whether its upload is create-only (`.excl`), and when the key was written; and the
+//! bytes set aside in `lost+found` instead of uploaded.
 
 use super::*;
 
@@ -111,5 +112,43 @@ impl Staged {
     /// The key the bytes go to, once they have changed (the sidecar's; a rename moves it).
     pub fn key(&self) -> Option<&str> {
         self.key.as_deref()
+    }
+}
+
+/// What [`set_aside`] moved in this process: (staging directory, key, where the bytes are).
+static SET_ASIDE: std::sync::Mutex<Vec<(PathBuf, String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+/// The (key, file) of each staged file of `dir` that this process moved to `lost+found`
+/// (its recovery, or an upload it could not make): what an unmount reports.
+pub(crate) fn set_aside_in(dir: &Path) -> Vec<(String, PathBuf)> {
+    let all = SET_ASIDE.lock().unwrap();
+    all.iter().filter(|(d, _, _)| d == dir).map(|(_, k, p)| (k.clone(), p.clone())).collect()
+}
+
+/// Move bytes that were being written when the mount died to `<staging>/lost+found/`,
+/// named after their key, instead of uploading them: a half-written rewrite must never
+/// replace the version its last close left in the bucket. `why` ends the log line: why the
+/// bytes were not uploaded. `false` if they could not be moved.
+pub(crate) fn set_aside(dir: &Path, data: &Path, key: &str, why: &str) -> bool {
+    let found = dir.join("lost+found");
+    // The key's last name (cut to 150 bytes, to fit a file name), and the whole key in a sidecar.
+    let mut base = key.rsplit('/').next().unwrap_or("").to_string();
+    base.truncate(base.char_indices().map(|(i, c)| i + c.len_utf8()).take_while(|&end| end <= 150).last().unwrap_or(0));
+    let stem = format!("{}-{base}", unique());
+    let to = found.join(&stem);
+    let moved = std::fs::create_dir_all(&found)
+        .and_then(|_| std::fs::write(found.join(format!("{stem}.key")), key))
+        .and_then(|_| std::fs::rename(data, &to));
+    match moved {
+        Ok(()) => {
+            tracing::warn!(%key, kept = %to.display(), "staged bytes not uploaded, kept here: {why}");
+            remove_staged(data, false);
+            SET_ASIDE.lock().unwrap().push((dir.to_path_buf(), key.to_string(), to));
+            true
+        }
+        Err(e) => {
+            tracing::error!(%key, data = %data.display(), "cannot set aside staged bytes: {e}");
+            false
+        }
     }
 }
