@@ -299,6 +299,15 @@ fn no_library_backtraces() {
     }
 }
 
+/// The `-o` option behind clap's unknown-argument error `e`, if it came from one.
+fn unknown_option(e: &clap::Error, given: &[OsString]) -> Option<String> {
+    let flag = match e.get(clap::error::ContextKind::InvalidArg) {
+        Some(clap::error::ContextValue::String(s)) => s.clone(),
+        _ => return None,
+    };
+    mount_opts::option_for_flag(given, &flag)
+}
+
 fn main() -> ExitCode {
     tune_malloc();
     no_library_backtraces();
@@ -314,6 +323,7 @@ fn main() -> ExitCode {
             }
         }
     }
+    let given = argv.clone();
     argv = match mount_opts::expand_argv(argv) {
         Ok(a) => a,
         Err(msg) => {
@@ -331,6 +341,11 @@ fn main() -> ExitCode {
                     return e.print().map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS)
                 }
                 K::DisplayHelpOnMissingArgumentOrSubcommand => e.print(),
+                K::UnknownArgument if unknown_option(&e, &given).is_some() => {
+                    let opt = unknown_option(&e, &given).unwrap_or_default();
+                    say!("bucketfs: mount option {opt:?} is not one bucketfs knows (see bucketfs mount --help: -o takes ro, rw, allow_other, uid=N, gid=N, umask=022, and any flag as key=value)");
+                    Ok(())
+                }
                 _ => {
                     say!("bucketfs: {} (see --help)", one_line(&e.to_string()));
                     Ok(())

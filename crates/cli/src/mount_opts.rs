@@ -169,9 +169,34 @@ pub fn expand_argv(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
             }
         };
         let list = list.into_string().map_err(|l| format!("mount options {l:?} are not UTF-8"))?;
+        let last_of =
+            |keys: &[&str]| list.split(',').enumerate().filter(|(_, o)| keys.contains(o)).map(|(i, _)| i).last();
+        if last_of(&["rw"]) > last_of(&["ro", "read_only"]) {
+            // `rw` after an earlier `--read-only` or `-o ro` undoes it too (tester H).
+            out.retain(|a| a != "--read-only");
+        }
         out.extend(option_flags(&list)?.into_iter().map(OsString::from));
     }
     Ok(out)
+}
+
+/// The `-o` option of `argv` (before [`expand_argv`]) that became `flag`, if one did: a
+/// flag bucketfs does not know is then named as the option the user wrote.
+pub fn option_for_flag(argv: &[OsString], flag: &str) -> Option<String> {
+    let mut lists = Vec::new();
+    let mut it = argv.iter().map(|a| a.to_string_lossy());
+    while let Some(a) = it.next() {
+        match a.as_ref() {
+            "--" => break,
+            "-o" => lists.extend(it.next().map(|l| l.into_owned())),
+            s if s.starts_with("-o") => lists.push(s[2..].to_string()),
+            _ => {}
+        }
+    }
+    lists.iter().flat_map(|l| l.split(',').map(str::to_string).collect::<Vec<_>>()).find(|opt| {
+        let key = opt.split_once('=').map_or(opt.as_str(), |(k, _)| k);
+        option_flags(key).is_ok_and(|f| f.first().is_some_and(|f| f == flag))
+    })
 }
 
 #[cfg(test)]
@@ -205,6 +230,13 @@ mod tests {
         // The last of ro and rw wins.
         assert_eq!(expand("bucketfs mount -o ro,rw s3://b /m").unwrap(), "bucketfs mount s3://b /m");
         assert_eq!(expand("bucketfs mount -o rw,ro s3://b /m").unwrap(), "bucketfs mount --read-only s3://b /m");
+        // Across flags and lists too (tester H: `--read-only -o rw` stayed read-only).
+        assert_eq!(expand("bucketfs mount --read-only -o rw s3://b /m").unwrap(), "bucketfs mount s3://b /m");
+        assert_eq!(expand("bucketfs mount -o ro -o uid=1,rw s3://b /m").unwrap(), "bucketfs mount --uid 1 s3://b /m");
+        assert_eq!(
+            expand("bucketfs mount -o rw --read-only s3://b /m").unwrap(),
+            "bucketfs mount --read-only s3://b /m"
+        );
     }
 
     #[test]
@@ -229,5 +261,16 @@ mod tests {
         assert!(a.check(true).is_ok());
         a.allow_root = true;
         assert!(a.check(false).is_ok());
+    }
+
+    /// An option bucketfs does not know is named as written (tester E: `-o nonsense` was
+    /// told to use `-- --nonsense`).
+    #[test]
+    fn an_unknown_flag_is_traced_to_its_option() {
+        let argv = |s: &str| s.split_whitespace().map(OsString::from).collect::<Vec<_>>();
+        let given = argv("bucketfs mount s3://b /m -o uid=1,no_such=3 -onothing");
+        assert_eq!(option_for_flag(&given, "--no-such").as_deref(), Some("no_such=3"));
+        assert_eq!(option_for_flag(&given, "--nothing").as_deref(), Some("nothing"));
+        assert_eq!(option_for_flag(&given, "--bogus"), None, "a flag given as a flag");
     }
 }
