@@ -65,8 +65,9 @@ impl Fs {
             // Staged unchanged by a handle open for writing (`touch` opens the file, then
             // sets its mtime; fchmod): from the mount's copy, as for a closed file below.
             // Before, a write-back `touch` brought a file another client had deleted back
-            // with its old bytes (tester J, S3 and GCS).
-            let unchanged = staged.try_lock().is_ok_and(|st| !st.dirty && st.in_store);
+            // with its old bytes (tester J, S3 and GCS). Not a file unlinked here, whose
+            // object this mount deleted itself (`fchmod` after `rm` of an open file).
+            let unchanged = staged.try_lock().is_ok_and(|st| !st.dirty && st.in_store && !st.unlinked);
             if unchanged && self.write_back() && self.gone_from_store(node).await {
                 return Err(FsError::NotFound);
             }
