@@ -138,7 +138,8 @@ impl Fs {
         }
         let failed = self.upload_each(closed).await;
         self.store.settle().await;
-        failed.into_iter().map(|(key, e)| (key, e.to_string())).collect()
+        let failed = failed.into_iter().map(|(key, e)| (key, e.to_string()));
+        failed.chain(self.late_stuck()).collect()
     }
 
     /// Upload each of `inos`, a few at a time; the key and error of each that failed.

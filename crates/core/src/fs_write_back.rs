@@ -436,7 +436,7 @@ impl Fs {
 
     /// Send `ino`'s version up under `key` again `after` from now, over what an upload cut
     /// off may land there (or has), or once more after its next upload if one is pending.
-    async fn send_over_late(&self, ino: u64, key: &str, after: Duration) {
+    async fn send_over_late(&self, ino: u64, key: &str, after: Duration) -> bool {
         // Not staged, or dropped by a reader's last close while this waited (clean): marked
         // dirty, it would stay out of the queue and be left on disk for the next mount.
         let staged = self.staging.get(ino);
@@ -446,29 +446,36 @@ impl Fs {
         };
         let Some(mut st) = st else {
             tracing::warn!(%key, "an upload cut off may land over this file's version, which is no longer staged here to send again");
-            return;
+            return false;
         };
         if st.unlinked {
-            return;
+            return true;
         }
         if st.dirty {
+            // Open and changed by a writer: its close sends the newer bytes.
             st.landing_unknown();
-            return;
+            return false;
         }
         // The mount's own again until the resend (a settled file's node is the store's:
         // a listing would lay a late object's size over it meanwhile).
         self.claim(ino);
         if let Err(e) = st.send_again(key) {
-            return tracing::warn!(%key, "cannot queue the file to go up again over a late landing: {e}");
+            tracing::warn!(%key, "cannot queue the file to go up again over a late landing: {e}");
+            return false;
         }
         if self.write_back() {
-            return self.staging.queue.enqueue_resend(ino, key.to_string(), st.len(), after);
+            self.staging.queue.enqueue_resend(ino, key.to_string(), st.len(), after);
+            return true;
         }
         // A durable mount has no queue: up now, as its closes do.
         drop(st);
         let _intent = self.upload_intent(ino).await;
-        if let Err(e) = self.upload_committed(ino).await {
-            tracing::warn!(%key, "cannot send the file again over a late landing: {e}");
+        match self.upload_committed(ino).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%key, "cannot send the file again over a late landing: {e}");
+                false
+            }
         }
     }
 
@@ -493,8 +500,14 @@ impl Fs {
             Ok(None) => {}
             Ok(Some(_)) => match holder {
                 Some(ino) => {
-                    tracing::warn!(%key, "an upload cut off earlier landed late, over a newer version: that goes up again");
-                    self.send_over_late(ino, key, Duration::ZERO).await;
+                    if self.send_over_late(ino, key, Duration::ZERO).await {
+                        tracing::warn!(%key, "an upload cut off earlier landed late, over a newer version: that goes up again");
+                    } else {
+                        // Named by `bucketfs sync` until the file's next upload (tester K:
+                        // sync said all was in the bucket while the older bytes were).
+                        tracing::error!(%key, "an upload cut off earlier landed late, over a newer version, which cannot go up again now (a writer has the file open and changed: its close sends its bytes)");
+                        self.late.stuck(key);
+                    }
                 }
                 None => {
                     tracing::warn!(%key, "an upload cut off earlier landed late under a name removed since: deleted again");
@@ -505,6 +518,12 @@ impl Fs {
             },
             Err(e) => tracing::debug!(%key, "cannot check for a late landing now: {e}"),
         }
+    }
+
+    /// (key, why) of each key an older upload landed on that could not be undone yet.
+    pub(crate) fn late_stuck(&self) -> Vec<(String, String)> {
+        let why = "an older upload landed over its last closed version, which goes up again at the writer's close";
+        self.late.stuck_keys().into_iter().map(|k| (k, why.to_string())).collect()
     }
 
     /// The file the mount shows under `key`, if its node is known.
@@ -568,6 +587,7 @@ impl Fs {
     pub async fn sync_write_back(&self) -> Vec<(String, String)> {
         // First what cut-off uploads landed late: their undoing is part of what is synced.
         self.check_late_now().await;
+        let stuck = self.late_stuck();
         let started = Instant::now();
         let queue = &self.staging.queue;
         let uncommitted = self.commit_left().await;
@@ -585,6 +605,7 @@ impl Fs {
                 }
                 self.store.settle().await; // and its temporary objects are gone
                 failed.extend(uncommitted);
+                failed.extend(stuck);
                 return failed;
             }
             let found = queue.stalled_across(&wanted, started, Instant::now() + STORE_PROBE + Duration::from_secs(1));

@@ -44,6 +44,10 @@ pub(crate) struct Watch {
     /// The file whose version the key holds now (its last upload there), or `None` after
     /// a delete of the key: the key is to hold no object.
     pub holder: Option<u64>,
+    /// A late landing was found that could not be undone yet: the holder was open and
+    /// changed by a writer (its last closed version is not in the bucket until the
+    /// writer's close), or no longer staged. `bucketfs sync` names the key meanwhile.
+    pub stuck: bool,
     next: Instant,
     step: Duration,
     until: Instant,
@@ -67,6 +71,7 @@ impl LateLandings {
         let w = t.entry(key.to_string()).or_insert_with(|| Watch {
             md5s: Vec::new(),
             holder,
+            stuck: false,
             next: now + FIRST_CHECK,
             step: FIRST_CHECK,
             until: now,
@@ -76,7 +81,7 @@ impl LateLandings {
                 w.md5s.push(*m);
             }
         }
-        w.holder = holder;
+        (w.holder, w.stuck) = (holder, false);
         w.until = now + WATCH_FOR;
         if w.next > now + FIRST_CHECK {
             (w.next, w.step) = (now + FIRST_CHECK, FIRST_CHECK);
@@ -87,8 +92,20 @@ impl LateLandings {
     /// nothing (`None`: deleted).
     pub fn now_holds(&self, key: &str, holder: Option<u64>) {
         if let Some(w) = self.table.lock().unwrap().get_mut(key) {
-            w.holder = holder;
+            (w.holder, w.stuck) = (holder, false);
         }
+    }
+
+    /// A late landing on `key` could not be undone now ([`Watch::stuck`]).
+    pub fn stuck(&self, key: &str) {
+        if let Some(w) = self.table.lock().unwrap().get_mut(key) {
+            w.stuck = true;
+        }
+    }
+
+    /// The keys a late landing holds that could not be undone yet, for `bucketfs sync`.
+    pub fn stuck_keys(&self) -> Vec<String> {
+        self.table.lock().unwrap().iter().filter(|(_, w)| w.stuck).map(|(k, _)| k.clone()).collect()
     }
 
     /// Whether `key` is watched.

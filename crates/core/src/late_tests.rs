@@ -74,3 +74,26 @@ async fn an_upload_sent_once_leaves_nothing_watched() {
     assert!(fs.late.all().is_empty());
     assert!(!fs.staging.contains(attr.ino));
 }
+
+/// A late landing found while a writer has the file open and changed cannot be undone
+/// until that writer's close: `sync` names the key meanwhile (tester K: it said 0 while
+/// the bucket held the older bytes), and the close's upload ends it.
+#[tokio::test]
+async fn a_late_landing_under_an_open_writer_is_named_by_sync_until_its_close() {
+    let mem = Arc::new(MemStore::new());
+    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(store.clone(), durable("stuck"));
+    store.cut_tries_before(1);
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+    write(&fs, fh, b"older").await;
+    write(&fs, fs.open(attr.ino, true, true).await.unwrap(), b"newer").await;
+    let w = fs.open(attr.ino, true, false).await.unwrap();
+    fs.write(w, 0, b"NEWEST").await.unwrap();
+    lands_late(&mem, "f", b"older").await;
+    let named: Vec<String> = fs.sync_closed().await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(named, ["f"], "sync must not say the closed version is in the bucket");
+    fs.flush(w).await.unwrap();
+    fs.release(w).await.unwrap();
+    assert!(fs.sync_closed().await.is_empty());
+    assert_eq!(object(&mem, "f").await.unwrap(), b"NEWEST");
+}
