@@ -736,6 +736,26 @@ def test_a_write_refused_for_a_full_staging_disk_is_never_uploaded(hung_minio, t
         subprocess.run(["umount", "-l", str(small)])
 
 
+def _write_until_full(path: str, data: bytes, flush_first: bool = False) -> tuple[int, OSError | None]:
+    """Write `data` as a new file at `path`, 1 MiB at a time, until done or `ENOSPC` (any
+    other error fails the test), then close it: (bytes written, the close's error). With
+    `flush_first` the empty file is flushed first (a `dup`'s close, as `dd` or `cmd > f`)."""
+    written, close_err = 0, None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    if flush_first:
+        os.close(os.dup(fd))
+    try:
+        while written < len(data):
+            written += os.write(fd, data[written:written + MiB])
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, f"a write past the staging disk's room: {e!r}"
+    try:
+        os.close(fd)
+    except OSError as e:
+        close_err = e
+    return written, close_err
+
+
 def test_a_close_refused_for_a_full_staging_disk_is_named_and_synced_later(s3_bucket, tmp_path):
     """A new file's writes fill the staging disk (`ENOSPC`) and its close cannot commit it
     either (`ENOSPC`). The mount shows what got in; `status` must name the file, and once
@@ -753,17 +773,8 @@ def test_a_close_refused_for_a_full_staging_disk_is_named_and_synced_later(s3_bu
         free = shutil.disk_usage(small).free
         with open(small / "filler", "wb") as f:
             f.write(b"\0" * max(0, free - 1536 * 1024))
-        data, written, close_err = os.urandom(4 * MiB), 0, None
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            while written < len(data):
-                written += os.write(fd, data[written:written + MiB])
-        except OSError as e:
-            assert e.errno == errno.ENOSPC, f"a write past the staging disk's room: {e!r}"
-        try:
-            os.close(fd)
-        except OSError as e:
-            close_err = e
+        data = os.urandom(4 * MiB)
+        written, close_err = _write_until_full(path, data)
         print(f"{written} bytes written; close: {close_err!r}; status: {status(mp)}")
         assert os.stat(path).st_size == written
         if close_err is not None:
@@ -800,18 +811,8 @@ def test_the_kernels_writes_after_a_flush_that_fill_the_staging_disk_are_kept(s3
                 "--staging-dir", str(small / "staging"), "--cache-dir", str(tmp_path / "cache")]
         mp = mount(args + (["--write-back"] if write_back else []))
         path = os.path.join(mp, "f")
-        data, written, close_err = os.urandom(40 * MiB), 0, None
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.close(os.dup(fd))  # the flush of the empty file
-        try:
-            while written < len(data):
-                written += os.write(fd, data[written:written + MiB])
-        except OSError as e:
-            assert e.errno == errno.ENOSPC, f"a write past the staging disk's room: {e!r}"
-        try:
-            os.close(fd)
-        except OSError as e:
-            close_err = e
+        data = os.urandom(40 * MiB)
+        written, close_err = _write_until_full(path, data, flush_first=True)
         print(f"{written} bytes written; close: {close_err!r}")
         assert 0 < written < len(data), "the staging disk never filled (the test tried nothing)"
         r = sync(mp)
