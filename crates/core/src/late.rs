@@ -21,7 +21,7 @@
 //! it answers. Only single-request uploads' MD5s are known (files up to one part,
 //! `--part-size-mib`); a multipart upload lands only through its last, small request.
 //!
-//! The table is here; the checks and what they undo are `Fs`'s (fs_write_back.rs).
+//! The table is here; the checks and what they undo are `Fs`'s (fs_late.rs).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

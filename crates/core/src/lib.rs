@@ -18,7 +18,7 @@
 //!   cut off may still land on, watched for a while.
 //! - [`fs`]: the `Fs` state and getattr; its operations live in `fs_*` modules, one
 //!   concern each (`fs_lookup`, `fs_listing`, `fs_readdir`, `fs_write`, `fs_publish`, `fs_names`,
-//!   `fs_links`, `fs_rename`, `fs_sync`, `fs_write_back`, `fs_passthrough`, `fs_events`). The component
+//!   `fs_links`, `fs_rename`, `fs_sync`, `fs_write_back`, `fs_late`, `fs_passthrough`, `fs_events`). The component
 //!   modules never import `Fs`.
 //! - [`passthrough`]: local files holding a whole object version, which the kernel reads
 //!   directly (FUSE passthrough) instead of asking us.
@@ -37,6 +37,7 @@ pub mod error;
 pub mod events;
 pub mod fs;
 pub(crate) mod fs_events;
+pub(crate) mod fs_late;
 pub(crate) mod fs_links;
 pub(crate) mod fs_names;
 pub(crate) mod fs_passthrough;
