@@ -341,13 +341,11 @@ fn main() -> ExitCode {
                     return e.print().map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS)
                 }
                 K::DisplayHelpOnMissingArgumentOrSubcommand => e.print(),
-                K::UnknownArgument if unknown_option(&e, &given).is_some() => {
-                    let opt = unknown_option(&e, &given).unwrap_or_default();
-                    say!("bucketfs: mount option {opt:?} is not one bucketfs knows (see bucketfs mount --help: -o takes ro, rw, allow_other, uid=N, gid=N, umask=022, and any flag as key=value)");
-                    Ok(())
-                }
-                _ => {
-                    say!("bucketfs: {} (see --help)", one_line(&e.to_string()));
+                kind => {
+                    match unknown_option(&e, &given).filter(|_| kind == K::UnknownArgument) {
+                        Some(opt) => say!("bucketfs: mount option {opt:?} is not one bucketfs knows (see bucketfs mount --help: -o takes ro, rw, allow_other, uid=N, gid=N, umask=022, and any flag as key=value)"),
+                        None => say!("bucketfs: {} (see --help)", one_line(&e.to_string())),
+                    }
                     Ok(())
                 }
             };

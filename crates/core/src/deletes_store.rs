@@ -46,8 +46,7 @@ impl Store for DeferredDeletes {
     }
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
-        self.drain_under(key).await?;
-        self.inner.put(key, data, opts).await
+        Ok(self.put_tried(key, data, opts).await?.meta)
     }
 
     async fn put_tried(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<bucketfs_store::PutDone, StoreError> {

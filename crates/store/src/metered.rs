@@ -323,12 +323,7 @@ impl Store for MeteredStore {
     }
 
     async fn put(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<ObjectMeta, StoreError> {
-        let (t, n) = (Instant::now(), data.len() as u64);
-        let r = self.inner.put(key, data, opts).await;
-        if r.is_ok() {
-            self.metrics.add_written(n);
-        }
-        self.done(Op::Put, t, r)
+        Ok(self.put_tried(key, data, opts).await?.meta)
     }
 
     async fn put_tried(&self, key: &str, data: Bytes, opts: PutOpts) -> Result<crate::PutDone, StoreError> {
