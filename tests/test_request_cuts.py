@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 
 import pytest
 
 import seed
-from conftest import md5, mount, read_file, run_cli, unmount
+from conftest import md5, mount, read_file, run_cli, unmount, wait_until
+from hangkit import kill_daemon, remount
 from proxykit import CutProxy
 
 
@@ -105,4 +108,75 @@ def test_a_try_sent_again_after_a_timeout_that_lands_later_is_undone(store, requ
                     assert got is None, f"{name}: a removed name came back with {size} bytes"
                     assert name not in os.listdir(mp)
         finally:
+            unmount(mp)
+
+
+_WRITER = """
+import sys, time
+f = open(sys.argv[1], "r+b", buffering=0)
+f.write(bytes.fromhex(sys.argv[2]))
+print("written", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("store,mode,then", [("s3", "durable", "sync"), ("s3", "write-back", "kill-9"),
+                                             ("gcs", "durable", "kill-9"), ("gcs", "write-back", "sync")])
+def test_a_late_landing_while_a_writer_has_the_file_open_is_undone(store, mode, then, request, tmp_path):
+    """A close's PUT held past the timeout and sent again; the file closed again with
+    newer bytes, then opened by another process that writes its start and keeps it open.
+    The held try lands now, over the newer close. `bucketfs sync` puts the newer close's
+    bytes back at once, not at the writer's close (before, only at it: hours, for a log);
+    a `kill -9` of the mount right after the landing, the writer still in the file, cannot
+    leave the older bytes: the remount's recovery sends the newer close's (tester K: the
+    older ones stayed for good)."""
+    b = request.getfixturevalue(f"{store}_bucket")
+    endpoint = seed.S3_ENDPOINT if store == "s3" else seed.GCS_ENDPOINT
+    port = int(endpoint.rsplit(":", 1)[1].rstrip("/"))
+    held = f"PUT /{b.name}/x.bin " if store == "s3" else "name=x.bin"
+    rng = random.Random(17)
+    older, newer, change = rng.randbytes(300_000), rng.randbytes(300_000), rng.randbytes(1000)
+    with CutProxy(port) as px:
+        args = [seed.mount_url(store, b.name), "--endpoint", px.url,
+                "--staging-dir", str(tmp_path / "st"), "--cache-dir", str(tmp_path / "ca")]
+        args += ["--anonymous"] if store == "gcs" else []
+        args += ["--write-back", "--write-back-delay", "0"] if mode == "write-back" else []
+        mp = mount(args)
+        path = os.path.join(mp, "x.bin")
+        writer = None
+        try:
+            px.hold(held)
+            with open(path, "wb") as f:
+                f.write(older)
+            assert wait_until(lambda: px.held == 1, 60), f"no upload matched {held!r} (the test held nothing)"
+            assert wait_until(lambda: _get_or_none(store, b.name, "x.bin") == older, 60), \
+                "the try sent again after the held one never landed"
+            with open(path, "wb") as f:
+                f.write(newer)
+            assert wait_until(lambda: _get_or_none(store, b.name, "x.bin") == newer, 60), \
+                "the newer close never reached the bucket"
+            # Another process, so that no fork of this one closes (flushes) its handle.
+            writer = subprocess.Popen([sys.executable, "-c", _WRITER, path, change.hex()],
+                                      stdout=subprocess.PIPE, text=True)
+            assert writer.stdout.readline().strip() == "written"
+            px.release()
+            assert px.landed.wait(60), "the held try never reached the store"
+            if then == "sync":
+                r = run_cli(["sync", mp], timeout=120)
+                got = _get_or_none(store, b.name, "x.bin")
+                assert got == newer, (f"after sync (rc {r.returncode}, {r.err.strip()[-300:]!r}), the bucket holds "
+                                      f"{'the older close' if got == older else repr(got and len(got))}")
+                assert r.returncode == 0, r.err
+                assert md5(read_file(path)) == md5(change + newer[1000:]), "the writer's change is not shown"
+            else:
+                kill_daemon(mp)
+                remount(mp, args)
+                got = _get_or_none(store, b.name, "x.bin")
+                assert got == newer, ("after kill -9 and remount, the bucket holds "
+                                      f"{'the older close' if got == older else repr(got and len(got))}")
+                assert md5(read_file(path)) == md5(newer)
+        finally:
+            if writer:
+                writer.kill()
+                writer.wait()
             unmount(mp)

@@ -35,10 +35,17 @@ impl Fs {
         if st.unlinked {
             return true;
         }
+        // A writer the kernel serves (passthrough) changes the file unseen until looked at.
+        let _ = self.observe(ino, &mut st);
         if st.dirty {
-            // Open and changed by a writer: its close sends the newer bytes.
             st.landing_unknown();
-            return false;
+            if st.committed() {
+                return false; // closed, its upload pending: that goes up, then again later
+            }
+            // Open and changed by a writer: its close sends the newer bytes; the version
+            // closed before it goes up now, from its copy kept aside.
+            drop(st);
+            return self.send_closed_over_late(ino, key).await;
         }
         // The mount's own again until the resend (a settled file's node is the store's:
         // a listing would lay a late object's size over it meanwhile).
@@ -63,15 +70,77 @@ impl Fs {
         }
     }
 
+    /// A writer has `ino` open and changed: the version closed before it (kept aside:
+    /// [`crate::write::Staged::keep_for_late`]) goes up to `key` now, over a late landing,
+    /// instead of at the writer's close, which may be hours away (or never, at a crash).
+    /// Whether it went up.
+    async fn send_closed_over_late(&self, ino: u64, key: &str) -> bool {
+        let _intent = self.upload_intent(ino).await; // before the lock, as every upload
+        let Some(staged) = self.staging.get(ino).filter(|s| self.staging.is_current(ino, s)) else { return false };
+        let mut st = staged.lock().await;
+        let node = match self.node(ino) {
+            Ok(n) if n.key == key && !st.unlinked && st.dirty => n,
+            _ => return false, // moved, removed or closed meanwhile: that decides
+        };
+        let copy = match st.closed_copy() {
+            Ok(Some(c)) => c,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::warn!(%key, "the version closed before cannot be read to go up again: {e}");
+                return false;
+            }
+        };
+        let opts = bucketfs_store::WriteOptions {
+            put: bucketfs_store::PutOpts { attrs: self.attrs_to_keep(&node), ..Default::default() },
+            ..self.cfg.write.clone()
+        };
+        // The writer's own close waits on the lock: its newer bytes go up after these.
+        let showing = self.staging.show(ino, &staged, &mut st);
+        let sent = crate::write::send_whole(self.store.as_ref(), key, &copy.0, copy.1, &opts).await;
+        drop(showing);
+        match sent {
+            Ok(meta) => {
+                if let Some(tag) = meta.etag {
+                    let mut t = self.table.lock().unwrap();
+                    let ticket = t.ask();
+                    if let Some(n) = t.get_mut(ino) {
+                        n.version = crate::inode::Version::Tag(tag);
+                        n.answered = ticket;
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!(%key, "cannot send the version closed before over a late landing: {e}");
+                false
+            }
+        }
+    }
+
     /// Whether the staged file of `ino`, clean, stays staged after its upload: a key it
     /// holds is watched for a cut-off upload landing late (late.rs), and would need these
-    /// bytes to go up again. Nothing in it is for crash recovery.
+    /// bytes to go up again, also after a crash or while a writer changes them
+    /// ([`crate::write::Staged::keep_for_late`]).
     pub(crate) fn kept_for_late(&self, ino: u64, st: &mut crate::write::Staged) -> bool {
         if st.unlinked || st.dirty || !self.late.pins(ino) {
             return false;
         }
-        st.drop_key();
+        match self.node(ino) {
+            Ok(n) => {
+                if let Err(e) = st.keep_for_late(&n.key) {
+                    tracing::warn!(key = %n.key, "a file kept to go up over a late landing is not named for crash recovery: {e}");
+                }
+            }
+            Err(_) => st.drop_key(),
+        }
         true
+    }
+
+    /// [`Fs::kept_for_late`] for `ino`'s staged file, if it has one.
+    pub(crate) async fn keep_for_late(&self, ino: u64) {
+        if let Some(staged) = self.staging.get(ino) {
+            self.kept_for_late(ino, &mut *staged.lock().await);
+        }
     }
 
     /// Check `key`, watched for an upload cut off that may land late (late.rs): if one

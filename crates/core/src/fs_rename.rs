@@ -166,6 +166,7 @@ impl Fs {
         }
         if kept_for_late {
             self.late.watch(&new_key, &late_md5s, Some(src.ino), std::time::Instant::now());
+            self.keep_for_late(src.ino).await;
         }
         if let Some(key) = replaced {
             // Journaled in write-back mode, as an unlink: a file's rename there never waits

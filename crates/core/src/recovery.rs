@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use bucketfs_store::{Store, WriteOptions};
 
 use crate::part_budget::PartBudget;
-use crate::write::{local, remove_staged, send_file, set_aside, Stamp, SIDECARS};
+use crate::write::{local, remove_staged, set_aside, Stamp, SIDECARS};
 use crate::FsError;
 
 /// The tag of this mount point's temporary objects in the bucket (parts of uploads, tails
@@ -148,12 +148,7 @@ pub(crate) async fn recover(
                 opts.put.attrs = bucketfs_store::FileAttrs::from_lines(&text);
             }
             opts.put.attrs.created_by = tag.filter(|_| create_only);
-            let mut w = store.writer(key, opts.clone()).await?;
-            if let Err(e) = send_file(&file, 0, size, w.as_mut(), &opts, None).await {
-                let _ = w.abort().await;
-                return Err(e);
-            }
-            w.close().await.map_err(FsError::from)
+            crate::write::send_whole(store, key, &file, size, &opts).await
         };
         let result = loop {
             let r = send(create_only).await;

@@ -53,7 +53,7 @@ use commit::Base;
 pub(crate) use commit::Stamp;
 pub(crate) use key::{set_aside, set_aside_in};
 use patch::{Stored, Sums};
-pub(crate) use upload::{landed_here, send_file};
+pub(crate) use upload::{landed_here, send_whole};
 
 /// State of one staged inode. Guarded by the `tokio::sync::Mutex` that holds it
 /// ([`SharedStaged`], lock level 2 in docs/ARCHITECTURE.md).

@@ -135,6 +135,33 @@ impl Staged {
         self.base = Some(Base { len: self.size, copied: false, synced: self.fsynced });
     }
 
+    /// Clean, and kept for a late-landing watch (late.rs) on `key`: the bytes as they are
+    /// stay a version still to go up. Their key stays named, so a crash before the watch
+    /// ends sends them again (recovery); a change keeps them aside first, so they can go
+    /// up over a late landing while a writer has the file open ([`Staged::closed_copy`]).
+    /// Before, a `kill -9` while a writer had the file open left the late, older bytes in
+    /// the bucket for good (tester K).
+    pub fn keep_for_late(&mut self, key: &str) -> Result<(), FsError> {
+        if self.key.as_deref() != Some(key) {
+            crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
+            self.key = Some(key.to_string());
+        }
+        self.keep_as_committed();
+        Ok(())
+    }
+
+    /// The last committed version while the bytes changed after it: a file holding it
+    /// (its `.base` copy, made now if the data file still holds it), and its length.
+    /// `None` if none is kept (changed unseen: the kernel wrote it).
+    pub fn closed_copy(&mut self) -> Result<Option<(File, u64)>, FsError> {
+        let Some(b) = self.base else { return Ok(None) };
+        if !b.copied {
+            self.copy_base(b)?;
+        }
+        let f = File::open(self.base_path()).map_err(local)?;
+        Ok(Some((f, b.len)))
+    }
+
     /// An fsync found the committed version as it is (queued, through a handle that did not
     /// write), and synced it: from now on it is kept synced ahead of every change, as after
     /// the fsync that committed it.

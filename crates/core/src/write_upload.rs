@@ -379,6 +379,23 @@ pub(crate) async fn send_file(
     Ok(())
 }
 
+/// Upload `file`'s first `size` bytes to `key`, whole, through one writer (crash recovery;
+/// a closed version kept aside, sent over a late landing).
+pub(crate) async fn send_whole(
+    store: &dyn Store,
+    key: &str,
+    file: &File,
+    size: u64,
+    opts: &WriteOptions,
+) -> Result<ObjectMeta, FsError> {
+    let mut w = store.writer(key, opts.clone()).await?;
+    if let Err(e) = send_file(file, 0, size, w.as_mut(), opts, None).await {
+        let _ = w.abort().await;
+        return Err(e);
+    }
+    w.close().await.map_err(FsError::from)
+}
+
 /// Whether the object at `key` is one of the create-only tries tagged `tag`
 /// ([`FileAttrs::created_by`]), landed though its answer was lost: never another writer's,
 /// which cannot carry the tag. `false` where it cannot be told (no tag, no answer, a store
