@@ -253,14 +253,34 @@ impl Fs {
         let staged = if shown.is_some() {
             shown
         } else if write || self.staging.contains(ino) {
-            let staged = self.stage(&node, truncate && write, write, went_up).await?;
-            if write && !truncate && went_up {
-                // A close that queued its version after the check above (while this open
-                // waited for the staged lock) is uploaded before this handle changes it. (No
-                // early return once staged: the staged file counts this handle.)
-                self.upload_before_change(ino).await;
+            match self.stage(&node, truncate && write, write, went_up).await {
+                Ok(staged) => {
+                    if write && !truncate && went_up {
+                        // A close that queued its version after the check above (while this
+                        // open waited for the staged lock) is uploaded before this handle
+                        // changes it. (No early return once staged: the staged file counts
+                        // this handle.)
+                        self.upload_before_change(ino).await;
+                    }
+                    Some(staged)
+                }
+                // A reader that found the file staged, dropped meanwhile by its last close
+                // (whose RELEASE comes after close(2) returns), could not stage it again on
+                // the staging disk: it reads through the store, as any reader of a file
+                // not staged (`cat big > f; cat f` failed with ENOSPC once that close had
+                // filled the disk: tester K).
+                Err(e @ (FsError::NoSpace(_) | FsError::Local(_))) if !write => {
+                    match self.unstaged_node_opened(ino)? {
+                        Some(now) => {
+                            node = now;
+                            counted = true;
+                            None
+                        }
+                        None => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
             }
-            Some(staged)
         } else if let Some(now) = self.unstaged_node_opened(ino)? {
             // Read through the store: with a snapshot that belongs to one upload.
             node = now;
