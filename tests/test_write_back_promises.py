@@ -821,6 +821,8 @@ def test_a_read_right_after_a_close_that_filled_the_staging_disk_opens(s3_bucket
             assert seed.get("s3", s3_bucket.name, f"f{i}") == got, f"round {i}: the bucket lacks what the mount shows"
             os.unlink(path)
         assert filled, "the staging disk never filled (the test tried nothing)"
+        temporaries = [f for _, _, fs in os.walk(small / "staging") for f in fs if f.endswith(".tmp")]
+        assert not temporaries, f"writes the full disk refused left temporaries in staging: {temporaries}"
     finally:
         if mp:
             unmount(mp)

@@ -195,10 +195,21 @@ pub(crate) fn write(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    create_over(&tmp, data)?;
+    // A failed write (the disk full) leaves no temporary behind (tester K found empty
+    // `.open.tmp` and `.key.tmp` files in a full staging directory).
+    if let Err(e) = create_over(&tmp, data) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     // Keep the inode being replaced under a spare name, so the rename frees nothing.
     let kept = new_spare_name(dir).filter(|s| std::fs::hard_link(path, s).is_ok());
-    std::fs::rename(&tmp, path)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        if let Some(s) = kept {
+            let _ = std::fs::remove_file(s);
+        }
+        return Err(e);
+    }
     if let Some(s) = kept {
         keep(dir, s, false);
     }
