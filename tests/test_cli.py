@@ -594,3 +594,31 @@ def test_a_mount_over_a_stopped_mount_says_so_at_once(s3_bucket, tmp_path):
         for p in pids:
             os.kill(p, signal.SIGCONT)
         unmount(mp)
+
+
+def test_more_fuse_threads_than_the_open_files_limit_allows_is_refused(tmp_path):
+    """Under `ulimit -n 100`, `--fuse-threads 150` mounted, said so, and its FUSE session
+    died at once ("Too many open files"): `mount` exited 0 over a dead mount point. It is
+    refused with what to change; 30 threads under the same limit mount and serve."""
+    import resource
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    mp = new_mountpoint()
+    args = [require_bin(), "mount", f"file://{tmp_path / 'store'}", mp,
+            "--staging-dir", str(tmp_path / "st"), "--cache-dir", str(tmp_path / "ca")]
+    (tmp_path / "store").mkdir()
+    try:
+        p = subprocess.run(args + ["--fuse-threads", "150"], env=bucketfs_env(), stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=CLI_TIMEOUT, preexec_fn=low_limit)
+        assert p.returncode != 0 and not is_mounted(mp), f"mounted with 150 threads under 100 files: {p.stderr}"
+        assert "--fuse-threads 150" in p.stderr and "ulimit -n" in p.stderr, p.stderr
+        p = subprocess.run(args + ["--fuse-threads", "30"], env=bucketfs_env(), stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=CLI_TIMEOUT, preexec_fn=low_limit)
+        assert p.returncode == 0, p.stderr
+        with open(os.path.join(mp, "a"), "w") as f:
+            f.write("served")
+        assert open(os.path.join(mp, "a")).read() == "served"
+    finally:
+        unmount(mp)

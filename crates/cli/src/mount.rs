@@ -268,6 +268,16 @@ fn raise_open_files_limit() {
     }
 }
 
+/// The process's open-files limit (soft); unlimited if it cannot be read.
+fn open_files_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only the struct passed.
+    match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
+        0 => lim.rlim_cur,
+        _ => u64::MAX,
+    }
+}
+
 /// Explain a failed store check in words a user can act on.
 fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError) -> String {
     let url = location.to_url();
@@ -296,14 +306,41 @@ fn explain(location: &Location, args: &MountArgs, e: bucketfs_store::StoreError)
     }
 }
 
+/// Descriptors a mount holds besides one per FUSE thread: 14 at rest (the log, the
+/// runtime's, the store's sockets, the staging and cache directories), and room for files
+/// open for writing. Below that, the mount came up and its FUSE session died at once
+/// ("Too many open files") after `mount` had reported success (found by a tester).
+const OPEN_FILES_RESERVE: u64 = 64;
+
+/// Whether `threads` FUSE threads fit under an open-files limit of `limit`.
+fn check_open_files(threads: usize, limit: u64) -> Result<(), String> {
+    let need = threads as u64 + OPEN_FILES_RESERVE;
+    if limit < need {
+        return Err(format!(
+            "--fuse-threads {threads} needs at least {need} open files (one per thread and {OPEN_FILES_RESERVE} more), \
+             but this process may open only {limit} (`ulimit -n`): lower --fuse-threads or raise the limit"
+        ));
+    }
+    Ok(())
+}
+
 fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Result<(), String> {
     init_logging(args);
     raise_open_files_limit();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("bucketfs-io")
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let rt = check_open_files(args.fuse_threads, open_files_limit()).and_then(|()| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("bucketfs-io")
+            .build()
+            .map_err(|e| format!("cannot start the runtime: {e}"))
+    });
+    let rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            report(is_child, &Err(e.clone()));
+            return Err(e);
+        }
+    };
     let result = prepare(args, location, &rt);
     let store = match result {
         Ok(s) => s,
@@ -705,5 +742,13 @@ mod tests {
         let short = host.trim().split('.').next().unwrap();
         let s = super::with_host("pubsub://projects/p/subscriptions/fleet-{host}").unwrap();
         assert_eq!(s, format!("pubsub://projects/p/subscriptions/fleet-{short}"));
+    }
+
+    #[test]
+    fn fuse_threads_must_fit_under_the_open_files_limit() {
+        assert!(super::check_open_files(4, 1024).is_ok());
+        assert!(super::check_open_files(4, 68).is_ok());
+        let e = super::check_open_files(150, 100).unwrap_err();
+        assert!(e.contains("--fuse-threads 150 needs at least 214 open files") && e.contains("100"), "{e}");
     }
 }
