@@ -114,22 +114,28 @@ def test_a_try_sent_again_after_a_timeout_that_lands_later_is_undone(store, requ
 _WRITER = """
 import sys, time
 f = open(sys.argv[1], "r+b", buffering=0)
+print("open", flush=True)
+sys.stdin.readline()
 f.write(bytes.fromhex(sys.argv[2]))
 print("written", flush=True)
 time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("store,mode,then", [("s3", "durable", "sync"), ("s3", "write-back", "kill-9"),
-                                             ("gcs", "durable", "kill-9"), ("gcs", "write-back", "sync")])
-def test_a_late_landing_while_a_writer_has_the_file_open_is_undone(store, mode, then, request, tmp_path):
+@pytest.mark.parametrize("store,mode,then,writer_opens", [
+    ("s3", "durable", "sync", "after"), ("s3", "write-back", "kill-9", "after"),
+    ("gcs", "durable", "kill-9", "after"), ("gcs", "write-back", "sync", "after"),
+    ("s3", "durable", "kill-9", "before"), ("gcs", "durable", "sync", "before")])
+def test_a_late_landing_while_a_writer_has_the_file_open_is_undone(store, mode, then, writer_opens, request,
+                                                                   tmp_path):
     """A close's PUT held past the timeout and sent again; the file closed again with
     newer bytes, then opened by another process that writes its start and keeps it open.
     The held try lands now, over the newer close. `bucketfs sync` puts the newer close's
     bytes back at once, not at the writer's close (before, only at it: hours, for a log);
     a `kill -9` of the mount right after the landing, the writer still in the file, cannot
     leave the older bytes: the remount's recovery sends the newer close's (tester K: the
-    older ones stayed for good)."""
+    older ones stayed for good). Also when the writer opened the file before that close
+    (tester L: no copy was kept then)."""
     b = request.getfixturevalue(f"{store}_bucket")
     endpoint = seed.S3_ENDPOINT if store == "s3" else seed.GCS_ENDPOINT
     port = int(endpoint.rsplit(":", 1)[1].rstrip("/"))
@@ -151,13 +157,21 @@ def test_a_late_landing_while_a_writer_has_the_file_open_is_undone(store, mode, 
             assert wait_until(lambda: px.held == 1, 60), f"no upload matched {held!r} (the test held nothing)"
             assert wait_until(lambda: _get_or_none(store, b.name, "x.bin") == older, 60), \
                 "the try sent again after the held one never landed"
+            def open_writer():
+                # Another process, so that no fork of this one closes (flushes) its handle.
+                w = subprocess.Popen([sys.executable, "-c", _WRITER, path, change.hex()],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                assert w.stdout.readline().strip() == "open"
+                return w
+            if writer_opens == "before":
+                writer = open_writer()
             with open(path, "wb") as f:
                 f.write(newer)
             assert wait_until(lambda: _get_or_none(store, b.name, "x.bin") == newer, 60), \
                 "the newer close never reached the bucket"
-            # Another process, so that no fork of this one closes (flushes) its handle.
-            writer = subprocess.Popen([sys.executable, "-c", _WRITER, path, change.hex()],
-                                      stdout=subprocess.PIPE, text=True)
+            writer = writer or open_writer()
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
             assert writer.stdout.readline().strip() == "written"
             px.release()
             assert px.landed.wait(60), "the held try never reached the store"
@@ -179,4 +193,42 @@ def test_a_late_landing_while_a_writer_has_the_file_open_is_undone(store, mode, 
             if writer:
                 writer.kill()
                 writer.wait()
+            unmount(mp)
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+@pytest.mark.parametrize("other", ["rewrites", "deletes"])
+def test_a_crash_during_a_watch_leaves_what_another_client_did_since(store, other, request, tmp_path):
+    """A close's PUT held past the timeout and sent again: the key is watched, the file
+    kept staged to go up again over a late landing. Another client then rewrites or
+    deletes the key, and the mount is killed (the held try never lands). The remount must
+    not send the kept copy over what the other client did (tester L: it did, 4 of 4)."""
+    b = request.getfixturevalue(f"{store}_bucket")
+    endpoint = seed.S3_ENDPOINT if store == "s3" else seed.GCS_ENDPOINT
+    port = int(endpoint.rsplit(":", 1)[1].rstrip("/"))
+    held = f"PUT /{b.name}/x.bin " if store == "s3" else "name=x.bin"
+    rng = random.Random(18)
+    mine, theirs = rng.randbytes(300_000), rng.randbytes(200_000)
+    with CutProxy(port) as px:
+        args = [seed.mount_url(store, b.name), "--endpoint", px.url,
+                "--staging-dir", str(tmp_path / "st"), "--cache-dir", str(tmp_path / "ca")]
+        args += ["--anonymous"] if store == "gcs" else []
+        mp = mount(args)
+        try:
+            px.hold(held)
+            with open(os.path.join(mp, "x.bin"), "wb") as f:
+                f.write(mine)
+            assert px.held == 1, f"no upload matched {held!r} (the test held nothing)"
+            assert _get_or_none(store, b.name, "x.bin") == mine
+            if other == "rewrites":
+                seed.put(store, b.name, "x.bin", theirs)
+            else:
+                seed.delete(store, b.name, "x.bin")
+            kill_daemon(mp)
+            remount(mp, args)
+            got = _get_or_none(store, b.name, "x.bin")
+            want = theirs if other == "rewrites" else None
+            seen = "the mount's copy" if got == mine else repr(got and len(got))
+            assert got == want, f"after the remount the bucket holds {seen}, not what the other client left"
+        finally:
             unmount(mp)

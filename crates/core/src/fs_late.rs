@@ -75,30 +75,31 @@ impl Fs {
     /// instead of at the writer's close, which may be hours away (or never, at a crash).
     /// Whether it went up.
     async fn send_closed_over_late(&self, ino: u64, key: &str) -> bool {
-        let _intent = self.upload_intent(ino).await; // before the lock, as every upload
+        // Exclusive: the writer's own upload (its close) waits, so its newer bytes go up
+        // after these; its writes do not (the staged lock is not held while these go up:
+        // a writer without passthrough waited minutes behind a slow store, tester L).
+        let _intent = self.intents.acquire(vec![crate::intents::Scope::Key(key.to_string())], true).await;
         let Some(staged) = self.staging.get(ino).filter(|s| self.staging.is_current(ino, s)) else { return false };
-        let mut st = staged.lock().await;
-        let node = match self.node(ino) {
-            Ok(n) if n.key == key && !st.unlinked && st.dirty => n,
-            _ => return false, // moved, removed or closed meanwhile: that decides
-        };
-        let copy = match st.closed_copy() {
-            Ok(Some(c)) => c,
-            Ok(None) => return false,
-            Err(e) => {
-                tracing::warn!(%key, "the version closed before cannot be read to go up again: {e}");
-                return false;
+        let (node, copy) = {
+            let mut st = staged.lock().await;
+            let node = match self.node(ino) {
+                Ok(n) if n.key == key && !st.unlinked && st.dirty => n,
+                _ => return false, // moved, removed or closed meanwhile: that decides
+            };
+            match st.closed_copy() {
+                Ok(Some(c)) => (node, c),
+                Ok(None) => return false,
+                Err(e) => {
+                    tracing::warn!(%key, "the version closed before cannot be read to go up again: {e}");
+                    return false;
+                }
             }
         };
         let opts = bucketfs_store::WriteOptions {
             put: bucketfs_store::PutOpts { attrs: self.attrs_to_keep(&node), ..Default::default() },
             ..self.cfg.write.clone()
         };
-        // The writer's own close waits on the lock: its newer bytes go up after these.
-        let showing = self.staging.show(ino, &staged, &mut st);
-        let sent = crate::write::send_whole(self.store.as_ref(), key, &copy.0, copy.1, &opts).await;
-        drop(showing);
-        match sent {
+        match crate::write::send_whole(self.store.as_ref(), key, &copy.0, copy.1, &opts).await {
             Ok(meta) => {
                 if let Some(tag) = meta.etag {
                     let mut t = self.table.lock().unwrap();
@@ -127,7 +128,9 @@ impl Fs {
         }
         match self.node(ino) {
             Ok(n) => {
-                if let Err(e) = st.keep_for_late(&n.key) {
+                let note =
+                    crate::write::LateNote { ours: n.version.tag().map(str::to_owned), md5s: self.late.md5s(&n.key) };
+                if let Err(e) = st.keep_for_late(&n.key, &note) {
                     tracing::warn!(key = %n.key, "a file kept to go up over a late landing is not named for crash recovery: {e}");
                 }
             }

@@ -162,6 +162,9 @@ impl Fs {
         // So may a try of this one the store sent twice (timed out, then sent again).
         let md5s: Vec<[u8; 16]> = late.late_md5s().iter().copied().chain(st.sent_twice.take()).collect();
         self.late.watch(&node.key, &md5s, Some(ino), Instant::now());
+        // Kept now, not only at the last close: a writer with the file open already (or
+        // one opening beside a reader) must find this version kept aside (tester L).
+        self.kept_for_late(ino, st);
         let now = self.node(ino)?;
         let identity = now.identity();
         tracing::debug!(ino, key = %now.key, %identity, size, "uploaded");

@@ -108,6 +108,11 @@ impl LateLandings {
         self.table.lock().unwrap().iter().filter(|(_, w)| w.stuck).map(|(k, _)| k.clone()).collect()
     }
 
+    /// What the cut-off uploads that may land on `key` sent (none if it is not watched).
+    pub fn md5s(&self, key: &str) -> Vec<[u8; 16]> {
+        self.table.lock().unwrap().get(key).map(|w| w.md5s.clone()).unwrap_or_default()
+    }
+
     /// Whether `key` is watched.
     pub fn watches(&self, key: &str) -> bool {
         self.table.lock().unwrap().contains_key(key)

@@ -125,6 +125,32 @@ pub(crate) async fn recover(
                 continue;
             }
         };
+        // Kept only for a late landing (uploaded already, then watched: `.late`): sent
+        // again only over an older upload of ours that landed; an object another client
+        // wrote or deleted since stays as it is (tester L: recovery overwrote it).
+        if let Ok(text) = std::fs::read_to_string(data.with_extension("late")) {
+            let note = crate::write::LateNote::parse(&text);
+            match crate::late::landed(store, &key, &note.md5s, note.ours.as_deref()).await {
+                Ok(Some(_)) => {
+                    tracing::warn!(%key, "an older upload landed over a version closed before the crash: sent again")
+                }
+                Ok(None) => {
+                    if source != data || len.is_some() {
+                        set_aside(dir, &data, &key, "written after the last close or fsync, before the mount stopped");
+                        let _ = std::fs::remove_file(&base_file);
+                    } else {
+                        remove_staged(&data, true);
+                    }
+                    continue; // in the bucket already, or replaced or deleted since
+                }
+                Err(e) => {
+                    tracing::error!(%key, "cannot check the bucket for a late landing over staged data: {e}");
+                    store_failing |= !refused_for_good(e.kind);
+                    failed.push(format!("{key} ({e})"));
+                    continue;
+                }
+            }
+        }
         // Made with O_EXCL and never uploaded: create-only here too, never over an object
         // another writer made meanwhile.
         let excl_file = data.with_extension("excl");

@@ -50,6 +50,7 @@ pub(crate) mod patch;
 mod upload;
 use crate::FsError;
 use commit::Base;
+pub use commit::LateNote;
 pub(crate) use commit::Stamp;
 pub(crate) use key::{set_aside, set_aside_in};
 use patch::{Stored, Sums};
@@ -649,7 +650,7 @@ pub(crate) fn unique() -> String {
 
 /// The sidecars beside a staged data file `<id>.data` (`<id>.<ext>`): its key, its open
 /// or committed marker, the committed version's copy, the create-only mark, its attributes.
-pub(crate) const SIDECARS: [&str; 5] = ["key", "open", "base", "excl", "attrs"];
+pub(crate) const SIDECARS: [&str; 6] = ["key", "open", "base", "excl", "attrs", "late"];
 
 /// Remove a staged data file's sidecars, and the data file itself if `with_data`. The
 /// key sidecar goes first: a crash midway leaves data with no key (dropped as never

@@ -137,17 +137,28 @@ impl Staged {
 
     /// Clean, and kept for a late-landing watch (late.rs) on `key`: the bytes as they are
     /// stay a version still to go up. Their key stays named, so a crash before the watch
-    /// ends sends them again (recovery); a change keeps them aside first, so they can go
-    /// up over a late landing while a writer has the file open ([`Staged::closed_copy`]).
-    /// Before, a `kill -9` while a writer had the file open left the late, older bytes in
-    /// the bucket for good (tester K).
-    pub fn keep_for_late(&mut self, key: &str) -> Result<(), FsError> {
+    /// ends sends them again, but only over an older upload landed late: `note` (the tag
+    /// of this version's upload, the MD5s of the cut-off uploads) goes in a `.late`
+    /// sidecar for recovery to check first, which leaves alone an object another client
+    /// wrote or deleted since (tester L). A change keeps them aside first (at once for a
+    /// file the kernel writes unseen), so they can go up over a late landing while a
+    /// writer has the file open ([`Staged::closed_copy`]). Before, a `kill -9` while a
+    /// writer had the file open left the late, older bytes in the bucket for good (tester K).
+    pub fn keep_for_late(&mut self, key: &str, note: &LateNote) -> Result<(), FsError> {
+        crate::recycle::write(&self.late_path(), note.to_text().as_bytes()).map_err(local)?;
         if self.key.as_deref() != Some(key) {
             crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
             self.key = Some(key.to_string());
         }
         self.keep_as_committed();
-        Ok(())
+        match self.base.filter(|_| self.seen.is_some()) {
+            Some(b) if b.len > 0 => self.copy_base(b),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn late_path(&self) -> PathBuf {
+        self.path.with_extension("late")
     }
 
     /// The last committed version while the bytes changed after it: a file holding it
@@ -258,8 +269,10 @@ impl Staged {
             self.marked_as = None;
             self.open_text = None;
         }
-        // The marker says "committed" now: an older version's copy is obsolete.
+        // The marker says "committed" now: an older version's copy is obsolete, and so is
+        // the note that this one was kept for a late landing (it goes up as any other).
         self.forget_base();
+        let _ = std::fs::remove_file(self.late_path());
         self.fsynced = fsync;
         let b = Base { len: self.size, copied: false, synced: fsync };
         self.base = Some(b);
@@ -305,5 +318,41 @@ impl Staged {
             self.open_text = None;
         }
         Ok(())
+    }
+}
+
+/// Why a staged copy was kept for a late landing (`<file>.late`): the tag of its version's
+/// upload and the MD5s of the cut-off uploads that may land over it. Crash recovery sends
+/// the copy again only if one of those landed ([`crate::late::landed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LateNote {
+    pub ours: Option<String>,
+    pub md5s: Vec<[u8; 16]>,
+}
+
+impl LateNote {
+    pub(crate) fn to_text(&self) -> String {
+        let mut t = format!("ours {}\n", self.ours.as_deref().unwrap_or("-"));
+        for m in &self.md5s {
+            t.push_str(&format!("md5 {}\n", m.iter().map(|b| format!("{b:02x}")).collect::<String>()));
+        }
+        t
+    }
+
+    pub(crate) fn parse(text: &str) -> Self {
+        let mut note = LateNote::default();
+        for line in text.lines() {
+            if let Some(tag) = line.strip_prefix("ours ") {
+                note.ours = (tag != "-").then(|| tag.to_string());
+            } else if let Some(hex) = line.strip_prefix("md5 ") {
+                let bytes: Vec<u8> = (0..hex.len() / 2)
+                    .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+                    .collect();
+                if let Ok(m) = <[u8; 16]>::try_from(bytes) {
+                    note.md5s.push(m);
+                }
+            }
+        }
+        note
     }
 }

@@ -68,6 +68,7 @@ impl Staged {
         self.marked_as = None;
         self.forget_attrs();
         self.forget_base();
+        let _ = std::fs::remove_file(self.late_path());
     }
 
     /// Leaving the staging map with nothing the bucket lacks (clean): crash recovery has

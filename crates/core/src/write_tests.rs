@@ -155,3 +155,12 @@ fn an_o_trunc_empties_a_watched_file_at_once_only_while_the_kernel_holds_it() {
     assert_eq!((st.size, st.file.metadata().unwrap().len()), (3, 3), "the first write applies it");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The `.late` note recovery reads back is the one written: the tag and every MD5.
+#[test]
+fn a_late_note_reads_back_as_written() {
+    let note = super::LateNote { ours: Some("\"abc\"".into()), md5s: vec![[1; 16], [0xfe; 16]] };
+    assert_eq!(super::LateNote::parse(&note.to_text()), note);
+    let none = super::LateNote { ours: None, md5s: Vec::new() };
+    assert_eq!(super::LateNote::parse(&none.to_text()), none);
+}

@@ -61,6 +61,8 @@ impl Staged {
     /// crash recovers it (its key named again) and an unlink deletes the key twice.
     pub fn send_again(&mut self, key: &str) -> Result<(), FsError> {
         crate::recycle::write(&self.key_path(), key.as_bytes()).map_err(local)?;
+        // Due to go up whatever the bucket holds: no longer a copy kept only in case.
+        let _ = std::fs::remove_file(self.late_path());
         if self.fsynced {
             // An fsync'd version: its key is named again on disk before anything else
             // happens, or a power cut would forget that it must go up again.
