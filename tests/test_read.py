@@ -16,7 +16,7 @@ import pytest
 
 import seed
 
-from conftest import DATA_STORES, Bucket, read_file, require_bin, require_store, run_cli
+from conftest import DATA_STORES, Bucket, mount, read_file, require_bin, require_store, run_cli, unmount
 
 MiB = 1024 * 1024
 SIZES = [0, 1, 4095, 4096, MiB + 7, 20 * MiB + 12345]
@@ -400,3 +400,25 @@ def test_two_mounts_sharing_a_cache_dir_read_their_own_files(bucket, tmp_path):
         assert os.path.isdir(os.path.join(cache, "mount-1")), "the second mount shared the first's directory"
         _cached_whole(cache, data)
         _cached_whole(os.path.join(cache, "mount-1"), data)
+
+
+@pytest.mark.skipif(not os.access("/proc/sys/vm/drop_caches", os.W_OK), reason="needs root")
+def test_a_new_mem_mount_never_reads_an_earlier_ones_bytes_from_the_cache(tmp_path):
+    """Two `mem://` mounts one after the other, one disk cache (the default shares one for
+    every `mem://` mount): each writes `x` with bytes of its own, same size, and reads it
+    back from the store. The second read the first mount's bytes: every mount's first
+    version of a key was `mem-1`, and the cache names a file by key and version (tester M,
+    3 of 3)."""
+    for mark in (b"A", b"B"):
+        mp = mount(["mem://", "--staging-dir", str(tmp_path / f"st{mark.decode()}"),
+                    "--cache-dir", str(tmp_path / "cache"), "--memory-cache-mib", "0"])
+        try:
+            with open(os.path.join(mp, "x"), "wb") as f:
+                f.write(mark * 600_000)  # under passthrough's whole-file size: read through the caches
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3")
+            with open(os.path.join(mp, "x"), "rb") as f:
+                got = f.read()
+            assert got == mark * 600_000, f"mount {mark!r} read {got[:5]!r}... back"
+        finally:
+            unmount(mp)

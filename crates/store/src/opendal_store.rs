@@ -307,13 +307,25 @@ impl OpendalStore {
             size_unknown: false,
         };
         if let Some((version, at)) = self.stamps.as_ref().and_then(|s| s.lock().unwrap().get(key).copied()) {
-            (meta.etag, meta.mtime) = (Some(format!("\"mem-{version}\"")), Some(at));
+            (meta.etag, meta.mtime) = (Some(format!("\"mem-{:x}-{version}\"", mem_epoch())), Some(at));
         }
         if let Some(root) = &self.local_root {
             crate::local::identify(root, &mut meta);
         }
         meta
     }
+}
+
+/// `mem://` versions of this process: each mount's memory store is a new, empty bucket,
+/// and the disk cache, which every `mem://` mount shares by default, names a file by key
+/// and version. With a counter alone every mount's first upload of a key was `mem-1`, and
+/// a new mount read an earlier mount's bytes from the cache (tester M).
+fn mem_epoch() -> u64 {
+    static EPOCH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        nanos ^ (u64::from(std::process::id()) << 40)
+    })
 }
 
 /// The I/O timeout of an upload call sending `bytes`: see [`UPLOAD_FLOOR_BYTES_PER_SEC`].
