@@ -605,8 +605,17 @@ impl DiskCache {
     /// meanwhile, no more files are made here.
     fn make_dir_again(&self) -> std::io::Result<()> {
         use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        // One thread at a time: two readers found the directory gone at once, and the
+        // second one's lock failed against the first one's, our own (tester M: caching
+        // then stopped for good, "taken by another process").
+        let mut held = self.lock.lock().unwrap();
         std::fs::create_dir_all(&self.dir)?;
         let f = File::open(&self.dir)?;
+        let id = |f: &File| f.metadata().map(|m| (m.dev(), m.ino())).ok();
+        if id(&held).is_some() && id(&held) == id(&f) {
+            return Ok(()); // made again by another thread already, and locked
+        }
         // SAFETY: flock on a descriptor we own; released when it closes.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = std::io::Error::last_os_error();
@@ -614,7 +623,7 @@ impl DiskCache {
             tracing::warn!(dir = %self.dir.display(), "disk cache directory taken by another process; no more caching on disk");
             return Err(e);
         }
-        *self.lock.lock().unwrap() = f;
+        *held = f;
         Ok(())
     }
 
