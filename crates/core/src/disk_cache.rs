@@ -51,7 +51,7 @@ const DATA_EXT: &str = ".d";
 /// Extension of sidecars.
 const META_EXT: &str = ".m";
 const MAGIC: &[u8; 8] = b"BFSCACHE";
-const VERSION: u32 = 4;
+const VERSION: u32 = 5; // 5: the header checksum covers the entry's name
 const HEADER: usize = 32;
 const RECORD: usize = 16;
 /// Kept in the index for a sidecar and the file's metadata (KiB).
@@ -201,13 +201,17 @@ fn is_einval(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::EINVAL)
 }
 
-fn header(block: u64, size: u64) -> [u8; HEADER] {
+/// A sidecar's header for entry `name` (the hash of its key and version): its checksum
+/// covers the name too, so a sidecar and data file under another entry's name (copied or
+/// renamed by hand) are dropped at start-up, never served as that object's bytes (tester M:
+/// two objects' pairs swapped were each read as the other).
+fn header(block: u64, size: u64, name: &str) -> [u8; HEADER] {
     let mut h = [0u8; HEADER];
     h[..8].copy_from_slice(MAGIC);
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
     h[12..20].copy_from_slice(&block.to_le_bytes());
     h[20..28].copy_from_slice(&size.to_le_bytes());
-    let crc = crc32c::crc32c(&h[..28]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..28]), name.as_bytes());
     h[28..32].copy_from_slice(&crc.to_le_bytes());
     h
 }
@@ -324,7 +328,7 @@ impl DiskCache {
         let meta = std::fs::read(self.dir.join(format!("{name}{META_EXT}"))).ok()?;
         let h = meta.get(..HEADER)?;
         let size = le64(&h[20..]);
-        if h != header(self.block, size) {
+        if h != header(self.block, size, name) {
             return None; // another format or block size, or damaged
         }
         if std::fs::metadata(self.dir.join(format!("{name}{DATA_EXT}"))).ok()?.len() != size {
@@ -576,7 +580,7 @@ impl DiskCache {
         let create = || {
             File::create(self.data_path(name))
                 .and_then(|f| f.set_len(size))
-                .and_then(|()| std::fs::write(self.meta_path(name), header(self.block, size)))
+                .and_then(|()| std::fs::write(self.meta_path(name), header(self.block, size, name)))
         };
         let mut created = create();
         if created.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) && !self.dir.exists() {

@@ -536,3 +536,26 @@ fn a_cache_directory_made_again_twice_at_once_stays_ours() {
     assert!(c.contains("k", "e", 0), "caching stopped");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Two cached objects' sidecar and data file pairs swapped by hand between mounts: each was
+/// served as the other's bytes, its block checksums intact (tester M). The header's
+/// checksum covers the entry's name now: both are dropped at start-up.
+#[test]
+fn a_pair_of_cache_files_under_another_entrys_name_is_dropped() {
+    let (d, p) = (dir("swapped"), pool());
+    let c = cache(&d, 64 << 20);
+    let (one, two) = (object(B as usize, 5), object(B as usize, 6));
+    put_blocks(&c, &p, "one", "e", &one, 0..1);
+    put_blocks(&c, &p, "two", "e", &two, 0..1);
+    drop(c);
+    let (a, b) = (DiskCache::name("one", "e"), DiskCache::name("two", "e"));
+    for ext in [DATA_EXT, META_EXT] {
+        let (pa, pb, tmp) = (d.join(format!("{a}{ext}")), d.join(format!("{b}{ext}")), d.join("swap"));
+        std::fs::rename(&pa, &tmp).unwrap();
+        std::fs::rename(&pb, &pa).unwrap();
+        std::fs::rename(&tmp, &pb).unwrap();
+    }
+    let c = cache(&d, 64 << 20);
+    assert!(!c.contains("one", "e", 0) && !c.contains("two", "e", 0), "a swapped pair is served");
+    std::fs::remove_dir_all(&d).unwrap();
+}

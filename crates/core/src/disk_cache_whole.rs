@@ -139,7 +139,7 @@ impl DiskCache {
 
     /// Write `name`'s sidecar whole: its header and a record per block present.
     fn write_meta(&self, name: &str, e: &super::Entry) -> std::io::Result<()> {
-        let mut meta = header(self.block, e.size).to_vec();
+        let mut meta = header(self.block, e.size, name).to_vec();
         for (b, crc) in e.crcs.iter().enumerate() {
             if let Some(crc) = crc {
                 meta.extend_from_slice(&record(b as u64, self.block_len(e.size, b as u64), *crc));
