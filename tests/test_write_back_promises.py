@@ -667,10 +667,7 @@ def test_a_write_refused_for_a_full_staging_disk_is_never_uploaded(hung_minio, t
     hanging, a write inside the file needs room to keep the closed version: `ENOSPC`
     (with passthrough the open for writing failed with EBUSY)."""
     pm = hung_minio
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+    small = _small_tmpfs(tmp_path, "12m")
     bucket, mp = pm.new_bucket(), None
     try:
         args = pm.wb_args(bucket, small / "staging", "--write-back-delay", "600", "--passthrough", passthrough,
@@ -736,6 +733,16 @@ def test_a_write_refused_for_a_full_staging_disk_is_never_uploaded(hung_minio, t
         subprocess.run(["umount", "-l", str(small)])
 
 
+def _small_tmpfs(tmp_path, size: str):
+    """A tmpfs of `size` at tmp_path/small, for a staging or cache disk that fills (the test
+    is skipped where it cannot be mounted); the caller unmounts it (`umount -l`)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    return small
+
+
 def _write_until_full(path: str, data: bytes, flush_first: bool = False) -> tuple[int, OSError | None]:
     """Write `data` as a new file at `path`, 1 MiB at a time, until done or `ENOSPC` (any
     other error fails the test), then close it: (bytes written, the close's error). With
@@ -761,10 +768,7 @@ def test_a_close_refused_for_a_full_staging_disk_is_named_and_synced_later(s3_bu
     either (`ENOSPC`). The mount shows what got in; `status` must name the file, and once
     there is room `sync` must upload it (tester X: status said 0 files, sync exited 0 with
     no object in the bucket, and a `kill -9` then set the bytes aside in lost+found)."""
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+    small = _small_tmpfs(tmp_path, "64m")
     mp = None
     try:
         mp = mount(wb_args(s3_bucket, small / "staging", "--write-back-delay", "600",
@@ -797,10 +801,7 @@ def test_a_read_right_after_a_close_that_filled_the_staging_disk_opens(s3_bucket
     the kernel's RELEASE comes after: the read-only open found the file staged, waited, saw
     it dropped, and staged it again, on a disk still full: `ENOSPC` for about a second
     (tester K). A reader of a file no longer staged reads it through the store instead."""
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+    small = _small_tmpfs(tmp_path, "24m")
     mp = None
     try:
         args = [seed.mount_url("s3", s3_bucket.name), *seed.mount_extra_args("s3"),
@@ -838,10 +839,7 @@ def test_the_kernels_writes_after_a_flush_that_fill_the_staging_disk_are_kept(s3
     mount showed a size it could not read (write-back); `sync` exited 0, the log said
     nothing (tester I, 5 of 5). Now what the writes put in is kept and goes up, the disk
     still full."""
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+    small = _small_tmpfs(tmp_path, "24m")
     mp = None
     try:
         args = [seed.mount_url("s3", s3_bucket.name), *seed.mount_extra_args("s3"),
