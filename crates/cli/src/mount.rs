@@ -252,29 +252,24 @@ fn report(is_child: bool, result: &Result<(), String>) {
 /// their upload hold descriptors (a `git clone` or `tar -x` with `--write-back` closes
 /// thousands of files within the delay), and the usual soft limit of 1,024 made creates
 /// fail with EIO from about the 500th. Go programs (gcsfuse, rclone) get this from their
-/// runtime.
-fn raise_open_files_limit() {
+/// runtime. Returns the limit in effect (unlimited if it cannot be read).
+fn raise_open_files_limit() -> u64 {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit write and read only the struct passed.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
-            return;
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return u64::MAX;
+        }
+        if lim.rlim_cur >= lim.rlim_max {
+            return lim.rlim_cur;
         }
         let was = lim.rlim_cur;
         lim.rlim_cur = lim.rlim_max;
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
-            tracing::debug!(from = was, to = lim.rlim_max, "open files limit raised");
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+            return was;
         }
-    }
-}
-
-/// The process's open-files limit (soft); unlimited if it cannot be read.
-fn open_files_limit() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes only the struct passed.
-    match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
-        0 => lim.rlim_cur,
-        _ => u64::MAX,
+        tracing::debug!(from = was, to = lim.rlim_max, "open files limit raised");
+        lim.rlim_cur
     }
 }
 
@@ -326,8 +321,7 @@ fn check_open_files(threads: usize, limit: u64) -> Result<(), String> {
 
 fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Result<(), String> {
     init_logging(args);
-    raise_open_files_limit();
-    let rt = check_open_files(args.fuse_threads, open_files_limit()).and_then(|()| {
+    let rt = check_open_files(args.fuse_threads, raise_open_files_limit()).and_then(|()| {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("bucketfs-io")

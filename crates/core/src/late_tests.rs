@@ -32,19 +32,27 @@ async fn write(fs: &Fs, fh: u64, data: &[u8]) {
     fs.release(fh).await.unwrap();
 }
 
+/// A durable mount (staging under `label`) whose first upload of "older" to `f` is sent
+/// twice: its first try cut off, as by a timeout, and retried. (the bucket, the store the
+/// mount talks to, the mount, f's inode)
+async fn older_sent_twice(label: &str) -> (Arc<MemStore>, Arc<FailStore>, Arc<Fs>, u64) {
+    let mem = Arc::new(MemStore::new());
+    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
+    let fs = Fs::new(store.clone(), durable(label));
+    store.cut_tries_before(1);
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
+    write(&fs, fh, b"older").await;
+    (mem, store, fs, attr.ino)
+}
+
 /// Tester G's GCS case (a PUT retried after 45 s of latency): the first try of "older"
 /// lands after the close of "newer", or after the name was removed. `sync` (or the watch,
 /// in its own time) puts "newer" back, and deletes the name again.
 #[tokio::test]
 async fn a_try_sent_twice_that_lands_later_is_undone_on_a_durable_mount() {
-    let mem = Arc::new(MemStore::new());
-    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(store.clone(), durable("twice"));
-    store.cut_tries_before(1);
-    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
-    write(&fs, fh, b"older").await;
-    assert!(fs.staging.contains(attr.ino), "kept while the key is watched: it may go up again");
-    write(&fs, fs.open(attr.ino, true, true).await.unwrap(), b"newer").await;
+    let (mem, store, fs, ino) = older_sent_twice("twice").await;
+    assert!(fs.staging.contains(ino), "kept while the key is watched: it may go up again");
+    write(&fs, fs.open(ino, true, true).await.unwrap(), b"newer").await;
     assert_eq!(object(&mem, "f").await.unwrap(), b"newer");
     lands_late(&mem, "f", b"older").await;
     assert!(fs.sync_closed().await.is_empty());
@@ -81,14 +89,9 @@ async fn an_upload_sent_once_leaves_nothing_watched() {
 /// upload then sends the writer's bytes.
 #[tokio::test]
 async fn a_late_landing_under_an_open_writer_is_undone_before_its_close() {
-    let mem = Arc::new(MemStore::new());
-    let store = Arc::new(FailStore::new(mem.clone(), Op::Put, u64::MAX, 0, StoreErrorKind::Unavailable));
-    let fs = Fs::new(store.clone(), durable("stuck"));
-    store.cut_tries_before(1);
-    let (attr, fh) = fs.create(ROOT_INO, "f", 0, None).await.unwrap();
-    write(&fs, fh, b"older").await;
-    write(&fs, fs.open(attr.ino, true, true).await.unwrap(), b"newer").await;
-    let w = fs.open(attr.ino, true, false).await.unwrap();
+    let (mem, _, fs, ino) = older_sent_twice("stuck").await;
+    write(&fs, fs.open(ino, true, true).await.unwrap(), b"newer").await;
+    let w = fs.open(ino, true, false).await.unwrap();
     fs.write(w, 0, b"NEWEST").await.unwrap();
     lands_late(&mem, "f", b"older").await;
     assert!(fs.sync_closed().await.is_empty(), "the closed version is not back in the bucket");

@@ -135,13 +135,9 @@ pub(crate) async fn recover(
                     tracing::warn!(%key, "an older upload landed over a version closed before the crash: sent again")
                 }
                 Ok(None) => {
-                    if source != data || len.is_some() {
-                        set_aside(dir, &data, &key, "written after the last close or fsync, before the mount stopped");
-                        let _ = std::fs::remove_file(&base_file);
-                    } else {
-                        remove_staged(&data, true);
-                    }
-                    continue; // in the bucket already, or replaced or deleted since
+                    // In the bucket already, or replaced or deleted since.
+                    finish_committed(dir, &data, &key, source != data || len.is_some());
+                    continue;
                 }
                 Err(e) => {
                     tracing::error!(%key, "cannot check the bucket for a late landing over staged data: {e}");
@@ -196,13 +192,11 @@ pub(crate) async fn recover(
         match result {
             Ok(_) if source != data || len.is_some() => {
                 tracing::info!(%key, "uploaded the version committed (closed or fsync'd) before the crash");
-                // The bytes written after it were never committed: kept aside, not uploaded.
-                set_aside(dir, &data, &key, "written after the last close or fsync, before the mount stopped");
-                let _ = std::fs::remove_file(&base_file);
+                finish_committed(dir, &data, &key, true);
                 done.push(key);
             }
             Ok(_) => {
-                remove_staged(&data, true);
+                finish_committed(dir, &data, &key, false);
                 done.push(key);
             }
             Err(FsError::Store(e)) if create_only && e.kind == bucketfs_store::StoreErrorKind::Exists => {
@@ -321,6 +315,18 @@ enum Committed {
     /// Changed since its last commit point (any other text); a `.base` beside it, if there
     /// is one, holds the last committed version.
     Open,
+}
+
+/// The committed version of staged `data` (for `key`) needs no upload any more (sent, or
+/// in the bucket already): the staged file goes; bytes written after that version
+/// (`later`) were never committed, and are kept aside in lost+found, not uploaded.
+fn finish_committed(dir: &Path, data: &Path, key: &str, later: bool) {
+    if later {
+        set_aside(dir, data, key, "written after the last close or fsync, before the mount stopped");
+        let _ = std::fs::remove_file(data.with_extension("base"));
+    } else {
+        remove_staged(data, true);
+    }
 }
 
 fn committed_on_disk(data: &Path) -> Committed {

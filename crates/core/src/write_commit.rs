@@ -323,7 +323,7 @@ impl Staged {
 
 /// Why a staged copy was kept for a late landing (`<file>.late`): the tag of its version's
 /// upload and the MD5s of the cut-off uploads that may land over it. Crash recovery sends
-/// the copy again only if one of those landed ([`crate::late::landed`]).
+/// the copy again only if one of those landed (`late::landed`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LateNote {
     pub ours: Option<String>,
@@ -344,13 +344,8 @@ impl LateNote {
         for line in text.lines() {
             if let Some(tag) = line.strip_prefix("ours ") {
                 note.ours = (tag != "-").then(|| tag.to_string());
-            } else if let Some(hex) = line.strip_prefix("md5 ") {
-                let bytes: Vec<u8> = (0..hex.len() / 2)
-                    .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
-                    .collect();
-                if let Ok(m) = <[u8; 16]>::try_from(bytes) {
-                    note.md5s.push(m);
-                }
+            } else if let Some(m) = line.strip_prefix("md5 ").and_then(bucketfs_store::parse_md5_hex) {
+                note.md5s.push(m);
             }
         }
         note
