@@ -140,6 +140,9 @@ const LANDING_GRACE: Duration = Duration::from_secs(3);
 pub struct DeferredDeletes {
     me: std::sync::Weak<Self>,
     inner: Arc<dyn Store>,
+    /// `inner` sending each request once ([`Store::sending_once`]): the pending changes go
+    /// through it, retried here, so a change whose try failed goes late, on its condition.
+    once: Arc<dyn Store>,
     journal_dir: Option<PathBuf>,
     /// Lock level: a leaf, never held across an await.
     pending: Mutex<Table>,
@@ -195,6 +198,7 @@ impl DeferredDeletes {
         });
         let me = Self {
             me: std::sync::Weak::new(),
+            once: inner.sending_once().unwrap_or_else(|| inner.clone()),
             inner,
             journal_dir,
             pending: Mutex::new(Table::default()),

@@ -25,21 +25,21 @@ impl DeferredDeletes {
         self.pending.lock().unwrap().take_due(room, Instant::now())
     }
 
-    /// `op` on `key`, in the store itself (a delete restricted to objects of `only`; a
-    /// link with content `target`).
+    /// `op` on `key`, in `store` (a delete restricted to objects of `only`; a link with
+    /// content `target`).
     pub(super) async fn apply(
-        &self,
+        store: &dyn Store,
         key: &str,
         op: Op,
         only: Option<&[[u8; 16]]>,
         target: Option<&str>,
     ) -> Result<(), StoreError> {
         match op {
-            Op::Delete => delete_if_ours(self.inner.as_ref(), key, only).await,
-            Op::Marker => self.inner.create_dir(key).await,
+            Op::Delete => delete_if_ours(store, key, only).await,
+            Op::Marker => store.create_dir(key).await,
             Op::Link => {
                 let body = Bytes::copy_from_slice(target.unwrap_or_default().as_bytes());
-                self.inner.put(key, body, PutOpts::default()).await.map(|_| ())
+                store.put(key, body, PutOpts::default()).await.map(|_| ())
             }
             Op::Move => unreachable!("sent by `send`, with its source"),
         }
@@ -58,7 +58,7 @@ impl DeferredDeletes {
             Op::Link => self.drain_under(key).await?,
             _ => self.drain_key(key).await?,
         }
-        self.apply(key, op, only.as_deref(), target.as_deref()).await
+        Self::apply(self.inner.as_ref(), key, op, only.as_deref(), target.as_deref()).await
     }
 
     /// The delete of an unlinked file's object sent late (after an outage, or by the next
@@ -67,7 +67,7 @@ impl DeferredDeletes {
     /// client's does; sent minutes later, it deleted their file).
     async fn delete_late(&self, key: &str, tag: String) -> Result<(), StoreError> {
         let seen = ObjectMeta { key: key.to_string(), etag: Some(tag), ..ObjectMeta::default() };
-        match self.inner.delete_version(key, &seen).await {
+        match self.once.delete_version(key, &seen).await {
             Err(e) if e.kind == StoreErrorKind::Changed => {
                 tracing::warn!(%key, "an unlinked file's delete, sent late, left the object another client wrote there since");
                 Ok(())
@@ -81,7 +81,7 @@ impl DeferredDeletes {
     /// a source already gone was copied before (a crash after the delete), or deleted by
     /// another client.
     pub(super) async fn apply_move(&self, from: &str, to: &str) -> Result<(), StoreError> {
-        crate::moves::settle(self.inner.as_ref(), from, to, None, false).await.map(|_| ())
+        crate::moves::settle(self.once.as_ref(), from, to, None, false).await.map(|_| ())
     }
 
     /// [`Op::Move`] of `from` to `to`; `was`: what `to` held at the rename, for a move sent
@@ -103,7 +103,7 @@ impl DeferredDeletes {
     /// that, and not a copy of `from` (an attempt that landed, its answer cut off). A
     /// source gone was moved already.
     async fn written_since(&self, from: &str, to: &str, was: &Held) -> Result<bool, StoreError> {
-        let head = |key| self.inner.head(key, HeadOpts { digests: true, ..Default::default() });
+        let head = |key| self.once.head(key, HeadOpts { digests: true, ..Default::default() });
         let now = match head(to).await {
             Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(false),
             r => r?,
@@ -205,7 +205,7 @@ impl DeferredDeletes {
             (Ok(()), Some(from)) => self.send_move(&from, &key, late_was).await,
             (Ok(()), None) => match late_tag {
                 Some(tag) if op == Op::Delete => self.delete_late(&key, tag).await,
-                _ => self.apply(&key, op, only.as_deref(), target.as_deref()).await,
+                _ => Self::apply(self.once.as_ref(), &key, op, only.as_deref(), target.as_deref()).await,
             },
         };
         let mut p = self.pending.lock().unwrap();

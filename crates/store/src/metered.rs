@@ -388,6 +388,11 @@ impl Store for MeteredStore {
         self.inner.settle().await
     }
 
+    fn sending_once(&self) -> Option<Arc<dyn Store>> {
+        let inner = self.inner.sending_once()?;
+        Some(Arc::new(MeteredStore::new(inner, self.metrics.clone())))
+    }
+
     /// The upload is recorded when the writer closes or aborts.
     async fn writer(&self, key: &str, opts: WriteOptions) -> Result<Box<dyn ObjectWriter>, StoreError> {
         let t = Instant::now();

@@ -655,6 +655,13 @@ impl Store for OpendalStore {
         Ok(keys.len())
     }
 
+    fn sending_once(&self) -> Option<Arc<dyn Store>> {
+        // Uploads (a link's body, a directory marker) without `crate::retry`'s tries either.
+        let build = self.unretried_ops.clone()?;
+        let op = build(IO_TIMEOUT);
+        Some(Arc::new(Self { op, upload_ops: Some(build), retries: 0, ..self.clone() }))
+    }
+
     async fn settle(&self) {
         let within = std::time::Duration::from_secs(10);
         if !self.background.settle(within).await {

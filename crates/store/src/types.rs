@@ -221,6 +221,15 @@ pub trait Store: Send + Sync + 'static {
     /// append's temporary objects, [`crate::background`]), for a bounded time: at unmount
     /// and `bucketfs sync`, so a clean unmount leaves none of them in the bucket.
     async fn settle(&self) {}
+
+    /// This store sending each request once, for a caller that sends again itself and must
+    /// know that a try failed: write-back's deferred deletes and moves, which send a change
+    /// late only on a condition (the object still the one unlinked or moved). A DELETE
+    /// sent again by the store a few seconds after a refused try removed the object
+    /// another client had written meanwhile (tester N). `None`: sent once already.
+    fn sending_once(&self) -> Option<std::sync::Arc<dyn Store>> {
+        None
+    }
 }
 
 /// Reads the bytes of a new version for [`Store::patch`] (the caller's local file).
