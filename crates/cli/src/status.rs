@@ -92,13 +92,7 @@ fn pending_now(mp: &Path, sent: &mut Option<u64>) -> String {
     };
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { return String::new() };
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    let mut s = format!(
-        "Pending: {} file(s) ({:.1} MiB) to upload, the oldest closed {}s ago; {} delete(s) or directory marker(s).",
-        n("write_back_files").max(n("pending_uploads")),
-        n("write_back_bytes") as f64 / (1024.0 * 1024.0),
-        n("write_back_oldest_secs"),
-        n("write_back_deletes")
-    );
+    let mut s = pending_sentence(&v);
     let waiting: Vec<&str> =
         v["write_back_pending"].as_array().into_iter().flatten().filter_map(|k| k.as_str()).collect();
     if !waiting.is_empty() {
@@ -135,6 +129,23 @@ fn pending_now(mp: &Path, sent: &mut Option<u64>) -> String {
         s.push_str(&format!("\n  and {} more (bucketfs status {})", failing.len() - 10, mp.display()));
     }
     s
+}
+
+/// What is pending, from a status: the write-back queue's files, or else the uploads in
+/// flight (a durable close's, a version sent again), which the queue does not count: a
+/// slow resend read "0 file(s) (0.0 MiB) to upload, the oldest closed 0s ago" (tester L).
+fn pending_sentence(v: &serde_json::Value) -> String {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let files = match (n("write_back_files"), n("pending_uploads")) {
+        (0, 0) => "no file to upload".to_string(),
+        (0, busy) => format!("{busy} file(s) being uploaded or written"),
+        (queued, _) => format!(
+            "{queued} file(s) ({:.1} MiB) to upload, the oldest closed {}s ago",
+            n("write_back_bytes") as f64 / (1024.0 * 1024.0),
+            n("write_back_oldest_secs")
+        ),
+    };
+    format!("Pending: {files}; {} delete(s) or directory marker(s).", n("write_back_deletes"))
 }
 
 /// Send one request line to the mount process of `mp` and read its answer; an `error: `
@@ -183,4 +194,26 @@ fn connect(mp: &Path) -> Result<UnixStream, String> {
             sock.display()
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pending_sentence;
+
+    #[test]
+    fn the_pending_line_names_what_is_pending() {
+        let queued = serde_json::json!({"write_back_files": 2, "pending_uploads": 3,
+            "write_back_bytes": 3 << 20, "write_back_oldest_secs": 7, "write_back_deletes": 1});
+        assert_eq!(
+            pending_sentence(&queued),
+            "Pending: 2 file(s) (3.0 MiB) to upload, the oldest closed 7s ago; 1 delete(s) or directory marker(s)."
+        );
+        let resend = serde_json::json!({"write_back_files": 0, "pending_uploads": 1, "write_back_deletes": 0});
+        assert_eq!(
+            pending_sentence(&resend),
+            "Pending: 1 file(s) being uploaded or written; 0 delete(s) or directory marker(s)."
+        );
+        let none = serde_json::json!({"write_back_deletes": 2});
+        assert_eq!(pending_sentence(&none), "Pending: no file to upload; 2 delete(s) or directory marker(s).");
+    }
 }
