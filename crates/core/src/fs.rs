@@ -176,9 +176,6 @@ pub(crate) struct OpenFile {
     pub keep_cache: bool,
     /// Counted in `Node::kernel_dropping` until this handle's first read or its release.
     pub dropping: AtomicBool,
-    /// A read through `reader` returned (set under its lock): the handle keeps that
-    /// version (`Fs::take_new_version`).
-    pub served: AtomicBool,
     /// Opened with the kernel's page cache bypassed: the size the kernel holds may be a
     /// placeholder (`Node::size_unknown`), so reads must reach us.
     pub direct: bool,
@@ -255,8 +252,6 @@ pub struct Fs {
     /// Link targets read or made here, by inode, with the version they belong to
     /// (fs_links.rs); bounded by their bytes.
     pub(crate) links: moka::sync::Cache<u64, (crate::inode::Version, bytes::Bytes)>,
-    /// Drops the kernel's attributes of an inode (not its pages), if the adapter gave it.
-    pub(crate) kernel_attrs: std::sync::OnceLock<crate::InvalidateDir>,
 }
 
 fn read_cache(cfg: &FsConfig) -> ReadCache {
@@ -333,7 +328,6 @@ impl Fs {
             passthrough: Default::default(),
             events: Default::default(),
             links: crate::fs_links::cache(),
-            kernel_attrs: Default::default(),
         }
     }
 
@@ -600,10 +594,6 @@ mod write_model_tests;
 #[cfg(test)]
 #[path = "integrity_tests.rs"]
 mod integrity_tests;
-
-#[cfg(test)]
-#[path = "fs_read_tests.rs"]
-mod read_tests;
 
 #[cfg(test)]
 #[path = "economy_tests.rs"]

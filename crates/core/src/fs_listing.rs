@@ -147,7 +147,7 @@ impl Fs {
     /// yes, `Some(false)` not because a change here overtook it (asking again may do),
     /// `None` not for another reason (unlinked, staged, the store unreachable).
     pub(crate) async fn revalidate_recorded(&self, node: &Node, split: bool) -> Result<(Attr, Option<bool>), FsError> {
-        match self.head_and_record(node, in_place(split)).await {
+        match self.head_and_record(node, split).await {
             Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => self.serve_known_attrs(node, &e),
             done => done,
         }
@@ -162,14 +162,8 @@ impl Fs {
 
     /// [`Fs::revalidate_within`], splitting a replaced file off (`split`) or not.
     pub(crate) async fn revalidate_within_as(&self, node: &Node, split: bool) -> Result<Attr, FsError> {
-        self.revalidate_within_keeping(node, in_place(split)).await
-    }
-
-    /// [`Fs::revalidate_within`], a new version taken in place (not split off) while at
-    /// most `keep` handles are open on the file (`Fs::take_new_version`).
-    pub(crate) async fn revalidate_within_keeping(&self, node: &Node, keep: u32) -> Result<Attr, FsError> {
         let n = node.clone();
-        let answer = match self.refresh_within(true, |me| async move { me.head_and_record(&n, keep).await }).await {
+        let answer = match self.refresh_within(true, |me| async move { me.head_and_record(&n, split).await }).await {
             Err(FsError::Store(e)) if e.kind == StoreErrorKind::Unavailable => self.serve_known_attrs(node, &e),
             done => done,
         };
@@ -189,9 +183,8 @@ impl Fs {
         Ok((self.attr(cur), None))
     }
 
-    /// The HEAD of [`Fs::revalidate_recorded`], and its answer recorded. Another client's
-    /// version of a file with more than `keep` handles open here splits it off.
-    async fn head_and_record(&self, node: &Node, keep: u32) -> Result<(Attr, Option<bool>), FsError> {
+    /// The HEAD of [`Fs::revalidate_recorded`], and its answer recorded.
+    async fn head_and_record(&self, node: &Node, split: bool) -> Result<(Attr, Option<bool>), FsError> {
         if let Some(gone) = self.table.lock().unwrap().get(node.ino).filter(|n| !n.linked) {
             // Unlinked or replaced while open: its key names another file now, if any.
             return Ok((self.attr(gone), None));
@@ -229,7 +222,7 @@ impl Fs {
         match head {
             Ok(ObjectHead { meta: m, attrs, .. }) if !m.is_prefix() => {
                 let meta = ChildMeta { asked: since, ..self.child_meta(&node.name, &m, Kind::File) };
-                if t.get(node.ino).is_some_and(|n| n.opens > keep && n.replaced_by(&meta)) {
+                if split && t.get(node.ino).is_some_and(|n| n.replaced_by(&meta)) {
                     let meta = ChildMeta { attrs: Some(attrs), ..meta };
                     let new = t.upsert(node.parent, &meta);
                     t.listing_insert(node.parent, meta);
@@ -533,15 +526,5 @@ pub(crate) fn note_deleted(t: &mut crate::inode::InodeTable, node: &crate::inode
         if let Some(n) = t.get_mut(node.ino) {
             n.replaced = true;
         }
-    }
-}
-
-/// The handles that may take another client's version with the inode: none (`split`:
-/// it gets a new one while any is open, `Node::replaced_by`) or all.
-fn in_place(split: bool) -> u32 {
-    if split {
-        0
-    } else {
-        u32::MAX
     }
 }

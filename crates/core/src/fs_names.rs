@@ -100,7 +100,6 @@ impl Fs {
             reader: Mutex::new(self.reader_for(&node)),
             keep_cache: false,
             dropping: AtomicBool::new(false),
-            served: Default::default(),
             direct: false,
             staged: AtomicBool::new(true),
             wrote: AtomicBool::new(true),

@@ -1,4 +1,4 @@
-//! Opening and writing files (reading them: `fs_read.rs`); staged files are `staging.rs` and `fs_stage.rs`,
+//! Opening, reading and writing files; staged files are `staging.rs` and `fs_stage.rs`,
 //! their uploads `fs_publish.rs`, creating and removing names `fs_names.rs`, renaming
 //! `fs_rename.rs` (directories `fs_rename_dir.rs`).
 //!
@@ -15,6 +15,8 @@
 
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use crate::fs::{Fs, Handle, Kind, OpenFile};
 use crate::inode::Version;
@@ -312,7 +314,6 @@ impl Fs {
             reader: Mutex::new(moving.unwrap_or_else(|| self.reader_for(&node))),
             keep_cache,
             dropping: AtomicBool::new(dropping),
-            served: Default::default(),
             direct,
             staged: AtomicBool::new(staged.is_some()),
             wrote: AtomicBool::new(staged.is_some() && truncate && write),
@@ -328,6 +329,70 @@ impl Fs {
         match self.handles.lock().unwrap().get(&fh) {
             Some(Handle::File(f)) => Ok(f.clone()),
             _ => Err(FsError::BadHandle),
+        }
+    }
+
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
+        let file = self.open_file(fh)?;
+        self.kernel_finished_open(&file);
+        if let Some(staged) = self.staging.get(file.ino) {
+            // An upload holds it: the bytes it shows (the same for every handle). Changed
+            // under this read (the upload ended and a writer truncated the file), the lock
+            // decides.
+            let mut st = match staged.clone().try_lock_owned() {
+                Ok(st) => st,
+                Err(_) => loop {
+                    if let Some((f, len)) = self.staging.view(file.ino) {
+                        match crate::write::read_at(&f, offset, size, len) {
+                            Ok(b) => return Ok(b),
+                            Err(_) => break staged.clone().lock_owned().await, // the lock decides
+                        }
+                    }
+                    if let Some(st) = self.staging.lock_unless_shown(file.ino, &staged).await {
+                        break st;
+                    }
+                },
+            };
+            self.observe(file.ino, &mut st)?;
+            if file.wrote.load(Ordering::Relaxed) {
+                return st.read(offset, size);
+            }
+            match st.read_old(offset, size) {
+                Ok(r) => return r,
+                Err(Some(old)) => {
+                    drop(st);
+                    return old.read(offset, size).await;
+                }
+                Err(None) => {}
+            }
+        }
+        // Unlinked or replaced since open, on a store that cannot pin a read to a version
+        // (no If-Match: local folder, memory, Drive): its key may hold another file now,
+        // whose bytes the reader would return as this one's (model test soak, mem://).
+        // The capability first: on S3 and GCS this costs no table lock per read.
+        let unpinned = !self.store.capabilities().read_if_match;
+        if unpinned && self.table.lock().unwrap().get(file.ino).is_none_or(|n| !n.linked) {
+            return Err(FsError::Stale("the file was removed or replaced since it was opened".into()));
+        }
+        let reader = file.reader.lock().unwrap().clone();
+        let read = reader.read(offset, size).await;
+        if let Err(FsError::Stale(_)) = &read {
+            self.version_gone(file.ino, reader.identity()).await;
+        }
+        read
+    }
+
+    /// A read found that the version `identity` of `ino` is no longer in the bucket: if the
+    /// node still names it, the store is asked (one HEAD, within a bound) so the next open
+    /// reads what is there now. An object another client replaced after this mount listed
+    /// it failed every open's first read with `ESTALE` for the whole TTL (60 s in
+    /// write-back mode; tester F): the open took the listing's version as fresh.
+    async fn version_gone(&self, ino: u64, identity: &str) {
+        let Ok(node) = self.node(ino) else { return };
+        if node.identity() == identity && !node.local {
+            if let Err(e) = self.revalidate_within(&node).await {
+                tracing::debug!(ino, key = %node.key, "asking after a version gone from the bucket: {e}");
+            }
         }
     }
 

@@ -41,7 +41,6 @@ pub(crate) mod fs_late;
 pub(crate) mod fs_links;
 pub(crate) mod fs_names;
 pub(crate) mod fs_passthrough;
-pub(crate) mod fs_read;
 pub(crate) mod fs_readdir;
 pub(crate) mod fs_stage;
 pub(crate) mod fs_write;

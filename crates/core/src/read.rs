@@ -261,11 +261,6 @@ impl FileReader {
         &self.identity
     }
 
-    /// The version's size, as known at open.
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
     /// Up to `len` bytes at `offset`; fewer only at the end of the file.
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, FsError> {
         if offset >= self.size || len == 0 {

@@ -751,15 +751,6 @@ pub fn mount(
             tracing::debug!(ino, "dropping the kernel's cache of a directory: {e}");
         }
     }));
-    // A handle's version changed under it (another client's, read by a handle that had
-    // read nothing yet): its size (an offset below 0: no pages, which a read in progress
-    // holds locked).
-    let slot = notifier.clone();
-    fs.on_attrs_change(Arc::new(move |ino| {
-        if let Some(Err(e)) = slot.get().map(|n| n.inval_inode(INodeNo(ino), -1, 0)) {
-            tracing::debug!(ino, "dropping the kernel's attributes of a file: {e}");
-        }
-    }));
     // Store events (`--notify`): a changed name's dentry goes (the core calls this from a
     // blocking thread).
     let slot = notifier.clone();
