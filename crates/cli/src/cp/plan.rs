@@ -212,6 +212,7 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
             None => out.jobs.push(j),
         }
     }
+    refuse_shared_destinations(&out.jobs)?;
     let jobs = &mut out.jobs;
     if jobs.len() > 1 {
         // A later job may start minutes from now: it asks for the object again then.
@@ -222,6 +223,35 @@ pub async fn expand(srcs: Vec<Side>, dst: Side, walk: Walk) -> Result<Expanded, 
         }
     }
     Ok(out)
+}
+
+/// Several sources with one destination (`cp a/x b/x s3://b/p/`, two trees holding the
+/// same names): refused before anything is copied, as cp(1) refuses to overwrite a file it
+/// just made. All were copied, each over the last, the count saying so, one lost
+/// (tester Q).
+fn refuse_shared_destinations(jobs: &[Job]) -> Result<(), CpError> {
+    let mut seen: std::collections::HashMap<String, &Job> = std::collections::HashMap::new();
+    for j in jobs.iter().filter(|j| !matches!(j.src, Src::Dir)) {
+        let to = match &j.dst {
+            Dst::Local(p) => p.display().to_string(),
+            Dst::Remote(r) => r.url(),
+            Dst::Stdout => continue,
+        };
+        if let Some(first) = seen.insert(to.clone(), j) {
+            let from = |j: &Job| match &j.src {
+                Src::Local { path, .. } | Src::Unreadable { path, .. } => path.display().to_string(),
+                Src::Remote { remote, .. } => remote.url(),
+                Src::Stdin | Src::Dir => "-".into(),
+            };
+            return Err(format!(
+                "{} and {} would both be copied to {to}: nothing copied; copy them to different destinations",
+                from(first),
+                from(j)
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// True if `key/` holds at least one object (the key names a "directory").

@@ -67,6 +67,9 @@ pub enum SkipReason {
     /// A name ending in `__XLDIR__` on S3 or GCS: MinIO keeps a directory marker `x/` as
     /// `x__XLDIR__`, so the file would become the empty directory `x`, its bytes hidden.
     MarkerName,
+    /// A local name that is not UTF-8, which an object key must be: converted, two such
+    /// names became one key, one file lost (tester Q).
+    NotUtf8,
 }
 
 impl SkipReason {
@@ -116,6 +119,10 @@ impl fmt::Display for SkipReason {
             SkipReason::MarkerName => write!(
                 f,
                 "a name ending in __XLDIR__, which MinIO stores as the marker of the directory without it (the bytes would vanish); rename it to copy it"
+            ),
+            SkipReason::NotUtf8 => write!(
+                f,
+                "a name that is not UTF-8, which object names must be (converted, two such names could become one); rename it to copy it"
             ),
         }
     }
@@ -268,7 +275,11 @@ impl Tree<'_> {
         let before = self.out.jobs.len();
         for e in entries {
             let path = e.path();
-            let child_rel = format!("{rel}{}", e.file_name().to_string_lossy());
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                self.out.skip(&path, SkipReason::NotUtf8);
+                continue;
+            };
+            let child_rel = format!("{rel}{name}");
             let ft = e.file_type().map_err(|err| CpError::io(path.display(), &err))?;
             let is_link = ft.is_symlink();
             let meta = if is_link {

@@ -33,16 +33,23 @@ pub(super) use fetch::{fetch, fetch_chunks};
 pub(super) use read_plan::head;
 pub(super) use receive::{POOL_MAX, WRITE_BUF};
 pub(super) use stdout::to_stdout;
+use stdout::{to_sink, Sink};
 pub(super) use target::Target;
 
 pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &Path) -> Result<Report, CpError> {
     if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| CpError::io(parent.display(), &e))?;
     }
-    // As cp(1): a symlink to a file is written through (the link stays), and a file that
-    // exists keeps its mode and owner (the new bytes replace it by a rename).
-    let linked = std::fs::symlink_metadata(dst).is_ok_and(|m| m.file_type().is_symlink());
-    let resolved = linked.then(|| std::fs::canonicalize(dst).ok()).flatten();
+    // As cp(1): a device or a FIFO (through a link too: `/dev/stdout`) is written in
+    // place; a symlink to a file is written through (the link stays), one to no file
+    // makes its target; a file that exists keeps its mode and owner (the new bytes
+    // replace it by a rename).
+    if let Some(m) = std::fs::metadata(dst).ok().filter(|m| !m.is_file() && !m.is_dir()) {
+        let file = std::fs::OpenOptions::new().write(true).open(dst).map_err(|e| CpError::io(dst.display(), &e))?;
+        tracing::debug!(dst = %dst.display(), kind = ?m.file_type(), "not a regular file: written in place, in order");
+        return to_sink(ctx, src, head, Sink::Special(Arc::new(file), dst.display().to_string())).await;
+    }
+    let resolved = link_target(dst);
     let dst = resolved.as_deref().unwrap_or(dst);
     let existing = std::fs::metadata(dst).ok().filter(|m| m.is_file());
     let p = read_plan(ctx, src, head).await?;
@@ -70,6 +77,20 @@ pub async fn to_file(ctx: &Ctx, src: &Remote, head: Option<&ObjectHead>, dst: &P
             Err(e)
         }
     }
+}
+
+/// What the symbolic link `dst` (through a chain of links) leads to, made or not; `None`
+/// if `dst` is no link. A link to no file was replaced by the copy, its target never made.
+fn link_target(dst: &Path) -> Option<std::path::PathBuf> {
+    let mut at = dst.to_path_buf();
+    for _ in 0..40 {
+        if !std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            return (at != dst).then_some(at);
+        }
+        let to = std::fs::read_link(&at).ok()?;
+        at = at.parent().map_or(to.clone(), |dir| dir.join(&to));
+    }
+    None // a loop: the rename over the link fails, as cp(1) does
 }
 
 async fn download_verified(ctx: &Ctx, src: &Remote, p: &ReadPlan, tmp: &Path) -> Result<Report, CpError> {
