@@ -86,3 +86,17 @@ def test_local_names_that_are_not_utf8_are_skipped_not_merged(cp_bucket, tmp_pat
     assert p.err.count("not UTF-8") == 2, p.err
     from conftest import seed
     assert seed.list_keys(cp_bucket.store, cp_bucket.name) == ["t/inv/ok"]
+
+
+def test_preserve_leaves_a_device_written_into_as_it_was(cp_bucket, tmp_path):
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    os.chmod(src, 0o600)
+    os.utime(src, (2_000_000, 2_000_000))
+    cp(cp_bucket, "--preserve", str(src), url(cp_bucket, "obj"))  # the object carries both
+    dev = tmp_path / "null"
+    os.mknod(dev, 0o640 | stat.S_IFCHR, os.makedev(1, 3))
+    os.utime(dev, (1_000_000, 1_000_000))
+    cp(cp_bucket, "--preserve", url(cp_bucket, "obj"), str(dev))
+    st = os.lstat(dev)
+    assert (stat.S_IMODE(st.st_mode), int(st.st_mtime)) == (0o640, 1_000_000), "mode and mtime untouched"

@@ -23,6 +23,9 @@ pub fn local_attrs(path: &Path) -> FileAttrs {
 
 /// Give the downloaded file at `path` the mode and mtime the object carries, if any.
 pub async fn apply_to_local(remote: &Remote, path: &Path) -> Result<(), CpError> {
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(()); // a device or a FIFO written into (`--preserve` to /dev/null): left as it is
+    }
     let head = remote.store.head(&remote.key, HeadOpts::default()).await;
     let attrs = head.map_err(|e| CpError::store(format!("{}: {e}", remote.url()), &e))?.attrs;
     let what = |e: std::io::Error| CpError::io(format_args!("{}: keeping mode and mtime", path.display()), &e);
