@@ -59,10 +59,10 @@ pub enum SkipReason {
     /// or `..` segment, as in `a//b` or `../x`): never written, so never outside the
     /// destination.
     UnsafeKey,
-    /// A key the store would change (whitespace at the start or end of a name; on S3, a
-    /// control character its listings cannot carry): never written, since it would land on
-    /// another name (`x ` on `x`) or never be listed, nor read, since the request would
-    /// read another object.
+    /// A key the store would change (whitespace at the start or end of a name, an empty
+    /// segment, a leading `/`; on S3, a control character its listings cannot carry):
+    /// never written, since it would land on another name (`x ` on `x`) or never be
+    /// listed, nor read, since the request would read another object.
     UnaddressableKey,
     /// A name ending in `__XLDIR__` on S3 or GCS: MinIO keeps a directory marker `x/` as
     /// `x__XLDIR__`, so the file would become the empty directory `x`, its bytes hidden.
@@ -114,7 +114,7 @@ impl fmt::Display for SkipReason {
             }
             SkipReason::UnaddressableKey => write!(
                 f,
-                "the store would change its name (whitespace at the start or end of a name; on S3, a control character): it would write over or read another; rename it to copy it"
+                "the store would change its name (whitespace at the start or end of a name, an empty segment as in a//b, a leading /; on S3, a control character): it would write over or read another; rename it to copy it"
             ),
             SkipReason::MarkerName => write!(
                 f,
