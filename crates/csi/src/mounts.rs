@@ -24,6 +24,8 @@ pub struct MountEntry {
     pub fstype: String,
     /// `major:minor`: a bind mount has its source's.
     pub dev: String,
+    /// Mounted read-only (this mount point's own flags: a bind's may differ from its source's).
+    pub read_only: bool,
 }
 
 /// The mount table, from /proc/self/mountinfo.
@@ -38,8 +40,10 @@ fn parse_line(line: &str) -> Option<MountEntry> {
     let mut f = left.split(' ');
     let dev = f.nth(2)?;
     let target = f.nth(1)?;
+    let read_only = f.next()?.split(',').any(|o| o == "ro");
     let fstype = right.split(' ').next()?;
-    Some(MountEntry { target: PathBuf::from(unescape(target)), fstype: fstype.to_string(), dev: dev.to_string() })
+    let target = PathBuf::from(unescape(target));
+    Some(MountEntry { target, fstype: fstype.to_string(), dev: dev.to_string(), read_only })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -246,6 +250,8 @@ mod tests {
         assert_eq!(e.target, PathBuf::from("/mnt/a b"));
         assert_eq!(e.fstype, "fuse.bucketfs");
         assert_eq!(e.dev, "98:0");
+        assert!(!e.read_only);
+        assert!(parse_line("37 35 98:0 / /mnt/ro ro,relatime shared:2 - fuse.bucketfs s3://b rw").unwrap().read_only);
         assert!(parse_line("garbage").is_none());
         assert!(!table().is_empty(), "this process's own mount table is readable");
     }

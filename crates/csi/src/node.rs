@@ -261,12 +261,31 @@ impl pb::node_server::Node for Node {
         let staging = PathBuf::from(required(&r.staging_target_path, "staging_target_path")?);
         let target = PathBuf::from(required(&r.target_path, "target_path")?);
         let (read_only, _, single_writer) = check_capability(r.volume_capability.as_ref())?;
+        let read_only = read_only || r.readonly;
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
+            // mount(2) follows it: the bind landed where it points, and no unpublish
+            // could remove it (tester R).
+            return Err(Status::invalid_argument(format!(
+                "target path {} is a symbolic link: publish to a directory",
+                target.display()
+            )));
+        }
         if let Some(bound) = mounts::mounted_at(&target) {
             // Published already, if it is a bind of the staged mount and it answers. A bind
             // of an earlier one (the daemon died, the volume was staged again) answers
             // ENOTCONN for good: it is bound again.
             let current = mounts::mounted_at(&staging).is_some_and(|s| s.dev == bound.dev);
             if current && mounts::answers_bounded(&target).await.is_ok() {
+                if bound.read_only != read_only {
+                    // The spec's answer to a publish that differs: a read-only one left
+                    // the target writable, and OK (tester R).
+                    return Err(Status::already_exists(format!(
+                        "volume {} is published at {} {}: unpublish it first",
+                        r.volume_id,
+                        target.display(),
+                        if bound.read_only { "read-only" } else { "read-write" }
+                    )));
+                }
                 return Ok(Response::new(pb::NodePublishVolumeResponse {}));
             }
             tracing::warn!(volume = %r.volume_id, target = %target.display(), "published bind is stale; binding again");
@@ -293,8 +312,8 @@ impl pb::node_server::Node for Node {
         mounts::answers_bounded(&staging).await.map_err(Status::failed_precondition)?;
         std::fs::create_dir_all(&target)
             .map_err(|e| Status::internal(format!("cannot create {}: {e}", target.display())))?;
-        mounts::bind(&staging, &target, read_only || r.readonly).map_err(Status::internal)?;
-        tracing::info!(volume = %r.volume_id, target = %target.display(), read_only = read_only || r.readonly, "published");
+        mounts::bind(&staging, &target, read_only).map_err(Status::internal)?;
+        tracing::info!(volume = %r.volume_id, target = %target.display(), read_only, "published");
         Ok(Response::new(pb::NodePublishVolumeResponse {}))
     }
 

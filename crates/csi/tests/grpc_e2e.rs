@@ -227,6 +227,27 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     assert_eq!(std::fs::read(t2.join("model.bin")).unwrap(), data, "read through the other target");
     let e = std::fs::write(t2.join("nope"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "a read-only publish refuses writes: {e}");
+    // Published again: the same way is done already; read-only over read-write is refused
+    // (it answered OK and left the target writable: tester R), as is a symbolic link as
+    // the target (the bind landed where it points, and no unpublish removed it).
+    let publish = |t: &Path, readonly: bool| pb::NodePublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: t.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        readonly,
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    };
+    node.node_publish_volume(publish(&t1, false)).await.unwrap();
+    let differs = node.node_publish_volume(publish(&t1, true)).await.unwrap_err();
+    assert_eq!(differs.code(), tonic::Code::AlreadyExists, "{differs:?}");
+    std::fs::write(t1.join("still-writable.txt"), b"x").unwrap();
+    std::fs::create_dir_all(dir.join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(dir.join("elsewhere"), dir.join("pods/link")).unwrap();
+    let linked = node.node_publish_volume(publish(&dir.join("pods/link"), false)).await.unwrap_err();
+    assert_eq!(linked.code(), tonic::Code::InvalidArgument, "{linked:?}");
+    assert!(bucketfs_csi::mounts::mounted_at(&dir.join("elsewhere")).is_none(), "nothing bound through the link");
     // A pod running as another user reads it too (allow_other; the file's mode says who).
     let other = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
