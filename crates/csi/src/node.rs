@@ -185,10 +185,25 @@ impl pb::node_server::Node for Node {
             None => return Err(crate::invalid(format!("volume {volume_id:?} has no url attribute and is not a URL"))),
         };
         let _one = self.lock(&staging).await;
-        let mounted = mounts::mounted_at(&staging).is_some();
-        if mounted {
+        let mounted = mounts::mounted_at(&staging);
+        if let Some(m) = &mounted {
             match mounts::answers_bounded(&staging).await {
-                Ok(()) => return Ok(Response::new(pb::NodeStageVolumeResponse {})),
+                Ok(()) => {
+                    // Staged already: done if as asked. Another volume or URL, or another
+                    // read-only, answered OK and changed nothing (tester R); the spec asks
+                    // ALREADY_EXISTS.
+                    let rec = std::fs::read(self.record_path(&staging))
+                        .ok()
+                        .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
+                    let differs = rec.is_some_and(|rec| rec.volume_id != volume_id || rec.url != url);
+                    if differs || m.read_only != read_only {
+                        return Err(Status::already_exists(format!(
+                            "{} is staged already as another volume, URL or access mode: unstage it first",
+                            staging.display()
+                        )));
+                    }
+                    return Ok(Response::new(pb::NodeStageVolumeResponse {}));
+                }
                 Err(e) => {
                     tracing::warn!(volume = volume_id, "staged mount is dead, mounting again: {e}");
                     mounts::detach(&staging).map_err(Status::internal)?;

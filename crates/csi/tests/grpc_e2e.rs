@@ -199,16 +199,27 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     let staging = dir.join("staging");
     let (t1, t2) = (dir.join("pods/a/t1"), dir.join("pods/b/t2"));
     let cap = capability(vc::access_mode::Mode::MultiNodeMultiWriter);
-    node.node_stage_volume(pb::NodeStageVolumeRequest {
+    let stage = pb::NodeStageVolumeRequest {
         volume_id: vol.volume_id.clone(),
         staging_target_path: staging.display().to_string(),
         volume_capability: Some(cap.clone()),
         secrets: secrets.clone(),
         volume_context: vol.volume_context.clone(),
         ..Default::default()
-    })
-    .await
-    .unwrap();
+    };
+    node.node_stage_volume(stage.clone()).await.unwrap();
+    node.node_stage_volume(stage.clone()).await.expect("staged again the same way: done already");
+    // Another volume at the staged path answered OK and changed nothing (tester R).
+    let other = pb::NodeStageVolumeRequest {
+        volume_id: format!("{base}/another"),
+        volume_context: HashMap::new(),
+        ..stage.clone()
+    };
+    let taken = node.node_stage_volume(other).await.unwrap_err();
+    assert_eq!(taken.code(), tonic::Code::AlreadyExists, "{taken:?}");
+    let ro = capability(vc::access_mode::Mode::MultiNodeReaderOnly);
+    let taken = node.node_stage_volume(pb::NodeStageVolumeRequest { volume_capability: Some(ro), ..stage }).await;
+    assert_eq!(taken.unwrap_err().code(), tonic::Code::AlreadyExists, "read-only over a read-write stage");
     for (t, ro) in [(&t1, false), (&t2, true)] {
         node.node_publish_volume(pb::NodePublishVolumeRequest {
             volume_id: vol.volume_id.clone(),
