@@ -30,6 +30,12 @@ struct Record {
     volume_id: String,
     staging_path: PathBuf,
     url: String,
+    /// The mount's arguments and credential files, so an unstage can mount the volume
+    /// again to send what a mount that died left staged (older records have none).
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: Vec<(String, PathBuf)>,
 }
 
 pub struct Node {
@@ -57,6 +63,24 @@ impl Node {
             prefix: cfg.mount_prefix.clone(),
             locks: Default::default(),
         })
+    }
+
+    /// A volume's mount that died (`kill -9`, a crash), or gave up on an upload at an
+    /// earlier unstage, may have left closed files in its staging directory, which only a
+    /// mount of them sends: mounted again (its recovery sends them before it serves) and
+    /// unmounted (which waits for them). Unstage answered OK with the files on this node
+    /// only (tester R). A store that still refuses fails the call; the CO calls again.
+    async fn send_what_was_left(&self, volume: &str, staging: &Path) -> Result<(), Status> {
+        let rec = std::fs::read(self.record_path(staging)).ok().and_then(|b| serde_json::from_slice::<Record>(&b).ok());
+        let Some(rec) = rec.filter(|r| !r.args.is_empty()) else { return Ok(()) };
+        let env: Vec<(&str, PathBuf)> = rec.env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        tracing::info!(volume, staging = %staging.display(), "the mount was not running: mounting again to send what it left");
+        mounts::mount(&self.prefix, &self.bin, &rec.url, staging, &rec.args, &env).await.map_err(|e| {
+            Status::unavailable(format!(
+                "volume {volume}: its mount was not running, and mounting it again to send what it left failed: {e}"
+            ))
+        })?;
+        mounts::unmount(&self.bin, staging).await.map_err(Status::internal)
     }
 
     /// At start: find the mounts an earlier run of the plugin made, and say how each is.
@@ -217,7 +241,13 @@ impl pb::node_server::Node for Node {
             .map_err(|e| Status::internal(format!("cannot write the volume's credential files: {e}")))?;
         let log = self.state.join("logs").join(format!("{}.log", path_id(&staging)));
         let args = mount_args(&self.node_id, &attrs, &secrets, mount, read_only, &log);
-        let rec = Record { volume_id: volume_id.to_string(), staging_path: staging.clone(), url: url.clone() };
+        let rec = Record {
+            volume_id: volume_id.to_string(),
+            staging_path: staging.clone(),
+            url: url.clone(),
+            args: args.clone(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        };
         std::fs::write(self.record_path(&staging), serde_json::to_vec(&rec).expect("a record serializes"))
             .map_err(|e| Status::internal(format!("cannot record the volume: {e}")))?;
         if let Err(e) = mounts::mount(&self.prefix, &self.bin, &url, &staging, &args, &env).await {
@@ -258,8 +288,12 @@ impl pb::node_server::Node for Node {
         // Also when nothing is mounted but the volume's record is here: an earlier call
         // unmounted and gave up waiting while the mount's process still uploads. The record
         // goes only once that is done, so every retry waits again.
+        let healthy = mounted && mounts::answers_bounded(&staging).await.is_ok();
         if mounted || self.record_path(&staging).exists() {
             mounts::unmount(&self.bin, &staging).await.map_err(Status::internal)?;
+        }
+        if !healthy {
+            self.send_what_was_left(&r.volume_id, &staging).await?;
         }
         let _ = std::fs::remove_file(self.record_path(&staging));
         let _ = std::fs::remove_dir_all(self.secrets_dir(&staging));

@@ -520,3 +520,74 @@ async fn a_volume_can_be_a_bucket_of_its_own() {
     assert!(gone.is_err(), "the bucket is deleted with the volume");
     stop_plugin(plugin);
 }
+
+/// A write-back volume whose mount died with a pod's closed file not yet sent: unstage
+/// mounts it again, which sends the file, before it answers. It answered OK with the file
+/// only in the node's staging directory (tester R).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unstage_after_the_mount_died_sends_what_it_left() {
+    let Some(env) = Env::from_env() else { return };
+    let work = tempfile::Builder::new().prefix("bfs-csi-died-").tempdir().unwrap();
+    let dir = work.path().to_path_buf();
+    let _unmount = Unmount(dir.clone());
+    let plugin = start_plugin(&env, &dir);
+    let mut node = NodeClient::new(channel(dir.join("csi.sock")).await);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let url = format!("s3://{}/csi-died-{nanos}", env.bucket);
+    let (staging, target) = (dir.join("staging"), dir.join("pods/p/vol"));
+    let cap = capability(vc::access_mode::Mode::SingleNodeWriter);
+    let context = HashMap::from([
+        ("url".to_string(), url.clone()),
+        // A long delay: the file is still pending when the mount dies.
+        ("mountOptions".to_string(), "write-back,write-back-delay=600".to_string()),
+    ]);
+    node.node_stage_volume(pb::NodeStageVolumeRequest {
+        volume_id: url.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        secrets: env.secrets(),
+        volume_context: context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    node.node_publish_volume(pb::NodePublishVolumeRequest {
+        volume_id: url.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap),
+        volume_context: context,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    std::fs::write(target.join("closed.txt"), b"closed before the mount died").unwrap();
+    let daemons = pids_with(&staging.display().to_string());
+    assert!(!daemons.is_empty(), "the mount's daemon runs");
+    for pid in &daemons {
+        // SAFETY: kill(2) of the mount daemon this test started through the plugin.
+        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+    }
+    unpublish(&mut node, &url, &target).await;
+    node.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+        volume_id: url.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(bucketfs_csi::mounts::mounted_at(&staging).is_none(), "unstaged");
+    let opts = bucketfs_store::location::StoreOptions {
+        endpoint: Some(env.endpoint.clone()),
+        keys: Some(bucketfs_store::location::Keys::S3 {
+            access_key_id: env.key.clone(),
+            secret_access_key: env.secret.clone(),
+            session_token: None,
+        }),
+        ..Default::default()
+    };
+    let store =
+        bucketfs_store::location::open(&bucketfs_store::location::Location::parse(&url).unwrap(), &opts).unwrap();
+    use bucketfs_store::StoreExt;
+    assert_eq!(store.read("closed.txt").await.unwrap().as_ref(), b"closed before the mount died");
+    stop_plugin(plugin);
+}
