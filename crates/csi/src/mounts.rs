@@ -102,7 +102,7 @@ pub async fn answers_bounded(path: &Path) -> Result<(), String> {
 /// How long a statfs of a mount may take before it counts as hung.
 const STAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// [`statvfs`] off the async threads, given up after [`STAT_TIMEOUT`] (a hung daemon
+/// [`statvfs`] off the async threads, given up after `STAT_TIMEOUT` (a hung daemon
 /// leaves the call waiting in the kernel; only that blocking thread waits with it).
 pub async fn statvfs_bounded(path: &Path) -> std::io::Result<libc::statvfs> {
     let p = path.to_path_buf();

@@ -18,7 +18,7 @@
 //!   the object's checksum.
 //! - [`events`] listens to change events the store pushes (`mount --notify`).
 //! - [`location`] parses `s3://`, `gs://`, `file://` and `mem://` URLs and builds a store.
-//! - [`testing`] (feature `testing`) holds the doubles: an in-memory store with latency and
+//! - `testing` (feature `testing`) holds the doubles: an in-memory store with latency and
 //!   throughput knobs, and a wrapper that fails the Nth call of an operation.
 
 pub mod attrs;

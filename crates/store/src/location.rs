@@ -75,7 +75,7 @@ pub struct StoreOptions {
     /// S3: requester-pays buckets (`x-amz-request-payer: requester` on every request).
     pub requester_pays: bool,
     /// GCS: the project billed for requests to a requester-pays bucket
-    /// ([`crate::gcs::user_project`]).
+    /// (`gcs::user_project`).
     pub billing_project: Option<String>,
     /// GCS: how files of several parts are uploaded ([`gcs_uses_compose`]).
     pub gcs_upload: GcsUpload,

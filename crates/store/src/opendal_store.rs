@@ -251,7 +251,7 @@ impl OpendalStore {
         crate::headers::Headers::new(&self.op.info().capability(), put, self.content_type.for_key(key))
     }
 
-    /// Build upload operators with `ops` (see [`OpendalStore::upload_operator`]).
+    /// Build upload operators with `ops` (see `OpendalStore::upload_operator`).
     pub fn with_upload_operators(mut self, ops: UploadOperators) -> Self {
         self.upload_ops = Some(ops);
         self
