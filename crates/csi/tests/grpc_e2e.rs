@@ -51,6 +51,21 @@ impl Env {
         Some(Env { bin: bin.into(), endpoint, key, secret, bucket })
     }
 
+    /// The store at `url` (a volume's), as another client sees it.
+    fn store(&self, url: &str) -> std::sync::Arc<dyn bucketfs_store::Store> {
+        let keys = bucketfs_store::location::Keys::S3 {
+            access_key_id: self.key.clone(),
+            secret_access_key: self.secret.clone(),
+            session_token: None,
+        };
+        let opts = bucketfs_store::location::StoreOptions {
+            endpoint: Some(self.endpoint.clone()),
+            keys: Some(keys),
+            ..Default::default()
+        };
+        bucketfs_store::location::open(&bucketfs_store::location::Location::parse(url).unwrap(), &opts).unwrap()
+    }
+
     /// A volume's secret: the keys and the endpoint.
     fn secrets(&self) -> HashMap<String, String> {
         HashMap::from([
@@ -368,17 +383,7 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     assert!(bucketfs_csi::mounts::mounted_at(&staging).is_none(), "unstaged");
 
     // The bucket holds the volume's files; DeleteVolume (onDelete: delete) removes them.
-    let opts = bucketfs_store::location::StoreOptions {
-        endpoint: Some(env.endpoint.clone()),
-        keys: Some(bucketfs_store::location::Keys::S3 {
-            access_key_id: env.key.clone(),
-            secret_access_key: env.secret.clone(),
-            session_token: None,
-        }),
-        ..Default::default()
-    };
-    let loc = bucketfs_store::location::Location::parse(&vol.volume_id).unwrap();
-    let store = bucketfs_store::location::open(&loc, &opts).unwrap();
+    let store = env.store(&vol.volume_id);
     use bucketfs_store::StoreExt;
     assert_eq!(store.read("last.txt").await.unwrap().as_ref(), b"unstage uploads me");
     assert_eq!(store.read("model.bin").await.unwrap().len(), data.len());
@@ -504,15 +509,7 @@ async fn a_volume_can_be_a_bucket_of_its_own() {
     })
     .await
     .unwrap();
-    let keys = Some(bucketfs_store::location::Keys::S3 {
-        access_key_id: env.key.clone(),
-        secret_access_key: env.secret.clone(),
-        session_token: None,
-    });
-    let opts =
-        bucketfs_store::location::StoreOptions { endpoint: Some(env.endpoint.clone()), keys, ..Default::default() };
-    let store =
-        bucketfs_store::location::open(&bucketfs_store::location::Location::parse(&url).unwrap(), &opts).unwrap();
+    let store = env.store(&url);
     use bucketfs_store::StoreExt;
     assert_eq!(store.read("f.txt").await.unwrap().as_ref(), b"in its own bucket");
     ctl.delete_volume(pb::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), secrets }).await.unwrap();
@@ -576,17 +573,7 @@ async fn an_unstage_after_the_mount_died_sends_what_it_left() {
     .await
     .unwrap();
     assert!(bucketfs_csi::mounts::mounted_at(&staging).is_none(), "unstaged");
-    let opts = bucketfs_store::location::StoreOptions {
-        endpoint: Some(env.endpoint.clone()),
-        keys: Some(bucketfs_store::location::Keys::S3 {
-            access_key_id: env.key.clone(),
-            secret_access_key: env.secret.clone(),
-            session_token: None,
-        }),
-        ..Default::default()
-    };
-    let store =
-        bucketfs_store::location::open(&bucketfs_store::location::Location::parse(&url).unwrap(), &opts).unwrap();
+    let store = env.store(&url);
     use bucketfs_store::StoreExt;
     assert_eq!(store.read("closed.txt").await.unwrap().as_ref(), b"closed before the mount died");
     stop_plugin(plugin);
