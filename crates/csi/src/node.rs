@@ -38,6 +38,11 @@ struct Record {
     env: Vec<(String, PathBuf)>,
 }
 
+/// The record at `path`, if it is one (unreadable or not a record: none).
+fn read_record(path: &Path) -> Option<Record> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
 pub struct Node {
     node_id: String,
     state: PathBuf,
@@ -71,8 +76,7 @@ impl Node {
     /// unmounted (which waits for them). Unstage answered OK with the files on this node
     /// only (tester R). A store that still refuses fails the call; the CO calls again.
     async fn send_what_was_left(&self, volume: &str, staging: &Path) -> Result<(), Status> {
-        let rec = std::fs::read(self.record_path(staging)).ok().and_then(|b| serde_json::from_slice::<Record>(&b).ok());
-        let Some(rec) = rec.filter(|r| !r.args.is_empty()) else { return Ok(()) };
+        let Some(rec) = read_record(&self.record_path(staging)).filter(|r| !r.args.is_empty()) else { return Ok(()) };
         let env: Vec<(&str, PathBuf)> = rec.env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         tracing::info!(volume, staging = %staging.display(), "the mount was not running: mounting again to send what it left");
         mounts::mount(&self.prefix, &self.bin, &rec.url, staging, &rec.args, &env).await.map_err(|e| {
@@ -88,12 +92,7 @@ impl Node {
     pub async fn adopt(&self) {
         let Ok(dir) = std::fs::read_dir(self.state.join("volumes")) else { return };
         for entry in dir.flatten() {
-            let Ok(rec) = std::fs::read(entry.path())
-                .map_err(|_| ())
-                .and_then(|b| serde_json::from_slice::<Record>(&b).map_err(|_| ()))
-            else {
-                continue;
-            };
+            let Some(rec) = read_record(&entry.path()) else { continue };
             let p = rec.staging_path.display().to_string();
             let answers = match mounts::mounted_at(&rec.staging_path) {
                 Some(_) => Some(mounts::answers_bounded(&rec.staging_path).await),
@@ -216,9 +215,7 @@ impl pb::node_server::Node for Node {
                     // Staged already: done if as asked. Another volume or URL, or another
                     // read-only, answered OK and changed nothing (tester R); the spec asks
                     // ALREADY_EXISTS.
-                    let rec = std::fs::read(self.record_path(&staging))
-                        .ok()
-                        .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
+                    let rec = read_record(&self.record_path(&staging));
                     let differs = rec.is_some_and(|rec| rec.volume_id != volume_id || rec.url != url);
                     if differs || m.read_only != read_only {
                         return Err(Status::already_exists(format!(

@@ -150,6 +150,14 @@ fn capability(mode: vc::access_mode::Mode) -> pb::VolumeCapability {
     }
 }
 
+/// `kill -9` the mount daemons this test started through the plugin.
+fn kill_9(pids: &[u32]) {
+    for pid in pids {
+        // SAFETY: kill(2) of a process this test started.
+        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+    }
+}
+
 /// The pids whose command line names `needle`.
 fn pids_with(needle: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -327,10 +335,7 @@ async fn a_volume_through_its_whole_life_survives_a_plugin_restart() {
     assert_eq!(stats.usage.len(), 2);
 
     // A daemon that dies is reported, and a new stage mounts the volume again.
-    for pid in &daemons {
-        // SAFETY: kill(2) of the mount daemon this test started through the plugin.
-        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
-    }
+    kill_9(&daemons);
     let t = Instant::now();
     let err = loop {
         let r = node
@@ -561,10 +566,7 @@ async fn an_unstage_after_the_mount_died_sends_what_it_left() {
     std::fs::write(target.join("closed.txt"), b"closed before the mount died").unwrap();
     let daemons = pids_with(&staging.display().to_string());
     assert!(!daemons.is_empty(), "the mount's daemon runs");
-    for pid in &daemons {
-        // SAFETY: kill(2) of the mount daemon this test started through the plugin.
-        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
-    }
+    kill_9(&daemons);
     unpublish(&mut node, &url, &target).await;
     node.node_unstage_volume(pb::NodeUnstageVolumeRequest {
         volume_id: url.clone(),
