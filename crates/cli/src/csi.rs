@@ -45,7 +45,7 @@ pub struct CsiArgs {
     log: crate::logging::LogArgs,
 }
 
-pub fn run(args: CsiArgs) -> Result<(), String> {
+pub fn run(args: CsiArgs, check_mount_args: bucketfs_csi::CheckMountArgs) -> Result<(), String> {
     crate::logging::init(if args.verbose { "debug" } else { "info" }, args.log.log_format, None);
     let node_id = match args.node_id {
         Some(n) => n,
@@ -67,6 +67,7 @@ pub fn run(args: CsiArgs) -> Result<(), String> {
         state_dir: args.state_dir,
         bucketfs,
         mount_prefix: args.mount_prefix.map(|p| p.split_whitespace().map(String::from).collect()).unwrap_or_default(),
+        check_mount_args,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -308,6 +308,28 @@ fn unknown_option(e: &clap::Error, given: &[OsString]) -> Option<String> {
     mount_opts::option_for_flag(given, &flag)
 }
 
+/// What a parse error says to the user, in one line.
+fn usage_error(e: &clap::Error, given: &[OsString]) -> String {
+    match unknown_option(e, given).filter(|_| e.kind() == clap::error::ErrorKind::UnknownArgument) {
+        Some(opt) => format!("mount option {opt:?} is not one bucketfs knows (see bucketfs mount --help: -o takes ro, rw, allow_other, uid=N, gid=N, umask=022, and any flag as key=value)"),
+        None => format!("{} (see --help)", one_line(&e.to_string())),
+    }
+}
+
+/// Whether `bucketfs mount URL PATH ARGS...` would parse, and if not what is wrong: the
+/// CSI node checks a volume's `mountOptions` so that a bad one is the caller's error
+/// (`INVALID_ARGUMENT`), found before any credential file is written.
+fn check_mount_args(url: &str, path: &std::path::Path, args: &[String]) -> Result<(), String> {
+    let given: Vec<OsString> = ["bucketfs", "mount", url]
+        .into_iter()
+        .map(OsString::from)
+        .chain([path.as_os_str().to_owned()])
+        .chain(args.iter().map(OsString::from))
+        .collect();
+    let argv = mount_opts::expand_argv(given.clone())?;
+    Cli::try_parse_from(&argv).map(|_| ()).map_err(|e| usage_error(&e, &given))
+}
+
 fn main() -> ExitCode {
     tune_malloc();
     no_library_backtraces();
@@ -341,11 +363,8 @@ fn main() -> ExitCode {
                     return e.print().map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS)
                 }
                 K::DisplayHelpOnMissingArgumentOrSubcommand => e.print(),
-                kind => {
-                    match unknown_option(&e, &given).filter(|_| kind == K::UnknownArgument) {
-                        Some(opt) => say!("bucketfs: mount option {opt:?} is not one bucketfs knows (see bucketfs mount --help: -o takes ro, rw, allow_other, uid=N, gid=N, umask=022, and any flag as key=value)"),
-                        None => say!("bucketfs: {} (see --help)", one_line(&e.to_string())),
-                    }
+                _ => {
+                    say!("bucketfs: {}", usage_error(&e, &given));
                     Ok(())
                 }
             };
@@ -368,7 +387,7 @@ fn main() -> ExitCode {
             )
         }
         Command::Auth(cmd) => auth::run(cmd),
-        Command::Csi(args) => csi::run(args),
+        Command::Csi(args) => csi::run(args, check_mount_args),
         Command::Status { mountpoint, json } => status::run(&mountpoint, json),
         Command::Sync { mountpoint, timeout } => status::sync(&mountpoint, timeout.map(std::time::Duration::from_secs)),
         Command::Completions { shell } => manual::print(&manual::completions(shell, Cli::command())),

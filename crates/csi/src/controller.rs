@@ -112,10 +112,7 @@ fn split_id(id: &str) -> Option<(&str, &str)> {
 }
 
 fn open(base: &str, secrets: &Secrets, attrs: &Attributes) -> Result<Arc<dyn Store>, Status> {
-    let loc = Location::parse(base).map_err(|e| crate::invalid(format!("url {base:?}: {e}")))?;
-    if matches!(loc, Location::Memory) {
-        return Err(crate::invalid("mem:// holds nothing between processes: name a bucket"));
-    }
+    let loc = crate::params::volume_location(base)?;
     location::open(&loc, &secrets.store_options(attrs)).map_err(store_status)
 }
 

@@ -60,7 +60,13 @@ pub struct Config {
     /// a host scope of its own and outlives the plugin's container (docs/KUBERNETES.md).
     /// Empty: mounts run as children of the plugin, in sessions of their own.
     pub mount_prefix: Vec<String>,
+    /// Whether `bucketfs mount URL PATH ARGS...` parses (the CLI's own parser): a volume's
+    /// bad `mountOptions` are then `INVALID_ARGUMENT`, not a failed mount.
+    pub check_mount_args: CheckMountArgs,
 }
+
+/// See [`Config::check_mount_args`].
+pub type CheckMountArgs = fn(url: &str, path: &std::path::Path, args: &[String]) -> Result<(), String>;
 
 /// Serve until SIGTERM or SIGINT; the mounts keep running after.
 pub async fn serve(cfg: Config) -> Result<(), String> {

@@ -48,6 +48,7 @@ pub struct Node {
     state: PathBuf,
     bin: PathBuf,
     prefix: Vec<String>,
+    check_mount_args: crate::CheckMountArgs,
     /// Stage and unstage calls run one at a time per staging path.
     locks: tokio::sync::Mutex<HashMap<PathBuf, std::sync::Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -66,6 +67,7 @@ impl Node {
             state: cfg.state_dir.clone(),
             bin: cfg.bucketfs.clone(),
             prefix: cfg.mount_prefix.clone(),
+            check_mount_args: cfg.check_mount_args,
             locks: Default::default(),
         })
     }
@@ -204,7 +206,10 @@ impl pb::node_server::Node for Node {
         let secrets = Secrets::parse(&r.secrets)?;
         let url = match &attrs.url {
             Some(u) => u.clone(),
-            None if bucketfs_store::location::Location::parse(volume_id).is_ok() => volume_id.to_string(),
+            None if bucketfs_store::location::Location::parse(volume_id).is_ok() => {
+                crate::params::volume_location(volume_id)?;
+                volume_id.to_string()
+            }
             None => return Err(crate::invalid(format!("volume {volume_id:?} has no url attribute and is not a URL"))),
         };
         let _one = self.lock(&staging).await;
@@ -231,13 +236,16 @@ impl pb::node_server::Node for Node {
                 }
             }
         }
+        let log = self.state.join("logs").join(format!("{}.log", path_id(&staging)));
+        let args = mount_args(&self.node_id, &attrs, &secrets, mount, read_only, &log);
+        (self.check_mount_args)(&url, &staging, &args).map_err(|e| {
+            crate::invalid(format!("volume {volume_id:?}: its mountOptions or mount flags are not valid: {e}"))
+        })?;
         std::fs::create_dir_all(&staging)
             .map_err(|e| Status::internal(format!("cannot create {}: {e}", staging.display())))?;
         let env = secrets
             .write_files(&self.secrets_dir(&staging))
             .map_err(|e| Status::internal(format!("cannot write the volume's credential files: {e}")))?;
-        let log = self.state.join("logs").join(format!("{}.log", path_id(&staging)));
-        let args = mount_args(&self.node_id, &attrs, &secrets, mount, read_only, &log);
         let rec = Record {
             volume_id: volume_id.to_string(),
             staging_path: staging.clone(),

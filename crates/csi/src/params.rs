@@ -75,7 +75,7 @@ impl Attributes {
             }
         }
         if let Some(u) = &a.url {
-            Location::parse(u).map_err(|e| crate::invalid(format!("url {u:?}: {e}")))?;
+            volume_location(u)?;
         }
         Ok(a)
     }
@@ -89,6 +89,22 @@ impl Attributes {
             }
         }
         m
+    }
+}
+
+/// The store a volume URL names: a bucket or a Drive folder. A `file://` volume would hand
+/// a directory of the node to pods, and a `mem://` one holds nothing between processes.
+pub fn volume_location(url: &str) -> Result<Location, Status> {
+    let loc = Location::parse(url).map_err(|e| crate::invalid(format!("url {url:?}: {e}")))?;
+    match loc {
+        Location::File { .. } => Err(crate::invalid(format!(
+            "url {url:?}: a volume is a bucket (s3://, gs://) or a Drive folder (gdrive://); a file:// \
+             volume would give pods a directory of the node"
+        ))),
+        Location::Memory => Err(crate::invalid(format!(
+            "url {url:?}: mem:// holds nothing between processes: name a bucket (s3://, gs://)"
+        ))),
+        loc => Ok(loc),
     }
 }
 
@@ -191,6 +207,12 @@ mod tests {
         let a = Attributes::parse(&map(&[("url", "s3://bkt/p"), ("csi.storage.k8s.io/pod.name", "x")])).unwrap();
         assert_eq!(a.url.as_deref(), Some("s3://bkt/p"));
         assert!(Attributes::parse(&map(&[("url", "ftp://x")])).is_err());
+        for local in ["file:///etc", "mem://"] {
+            let e = Attributes::parse(&map(&[("url", local)])).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{local}");
+            assert!(e.message().contains("s3://"), "{}", e.message());
+        }
+        assert!(volume_location("gs://bkt/p").is_ok());
         assert!(Attributes::parse(&map(&[("onDelete", "sometimes")])).is_err());
         assert!(Attributes::parse(&map(&[("onDelete", "delete")])).unwrap().delete_on_delete);
     }

@@ -419,28 +419,28 @@ async fn a_stage_that_cannot_mount_says_why_and_leaves_nothing() {
     wrong.insert("awsSecretAccessKey".into(), "not-the-secret".into());
     let url = format!("s3://{}/csi-bad", env.bucket);
     type Map = HashMap<String, String>;
-    let cases: Vec<(&str, Map, Map, &str)> = vec![
-        ("wrong keys", HashMap::from([("url".to_string(), url.clone())]), wrong, "credential"),
-        (
-            "missing bucket",
-            HashMap::from([("url".to_string(), "s3://no-such-bucket-bfs/x".to_string())]),
-            good.clone(),
-            "no-such-bucket-bfs",
-        ),
-        (
-            "unknown option",
-            HashMap::from([("url".to_string(), url.clone()), ("mountOptions".to_string(), "no-such-flag".to_string())]),
-            good.clone(),
-            "no-such-flag",
-        ),
+    let with_url = |u: &str| HashMap::from([("url".to_string(), u.to_string())]);
+    let with_options =
+        |o: &str| HashMap::from([("url".to_string(), url.clone()), ("mountOptions".to_string(), o.to_string())]);
+    use tonic::Code::{Internal, InvalidArgument};
+    // The caller's mistakes are INVALID_ARGUMENT (tester R: a bad option was INTERNAL).
+    let cases: Vec<(&str, Map, Map, &str, tonic::Code)> = vec![
+        ("wrong keys", with_url(&url), wrong, "credential", Internal),
+        ("missing bucket", with_url("s3://no-such-bucket-bfs/x"), good.clone(), "no-such-bucket-bfs", Internal),
+        ("unknown option", with_options("no-such-flag"), good.clone(), "no-such-flag", InvalidArgument),
+        ("bad option value", with_options("uid=abc"), good.clone(), "abc", InvalidArgument),
         (
             "unknown attribute",
-            HashMap::from([("url".to_string(), url), ("bogus".to_string(), "1".to_string())]),
-            good,
+            HashMap::from([("url".to_string(), url.clone()), ("bogus".to_string(), "1".to_string())]),
+            good.clone(),
             "bogus",
+            InvalidArgument,
         ),
+        // A file:// volume would give pods a directory of the node.
+        ("a node directory", with_url("file:///etc"), good.clone(), "file://", InvalidArgument),
+        ("memory", with_url("mem://"), good, "mem://", InvalidArgument),
     ];
-    for (what, context, secrets, says) in cases {
+    for (what, context, secrets, says, code) in cases {
         let staging = dir.join("staging");
         let err = node
             .node_stage_volume(pb::NodeStageVolumeRequest {
@@ -455,6 +455,7 @@ async fn a_stage_that_cannot_mount_says_why_and_leaves_nothing() {
             .expect_err(what);
         eprintln!("{what}: {}", err.message());
         assert!(err.message().to_lowercase().contains(says), "{what}: {:?}", err.message());
+        assert_eq!(err.code(), code, "{what}: {:?}", err.message());
         assert!(!err.message().contains("not-the-secret"), "{what}: the secret in an error");
         assert!(bucketfs_csi::mounts::mounted_at(&staging).is_none(), "{what}: mounted");
         for sub in ["volumes", "secrets"] {
