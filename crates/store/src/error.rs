@@ -34,11 +34,14 @@ pub enum StoreErrorKind {
 pub struct StoreError {
     pub kind: StoreErrorKind,
     pub message: String,
+    /// The store did not answer within the request's timeout, on every try the store
+    /// layer made: a caller that tries again waits as long again.
+    pub timed_out: bool,
 }
 
 impl StoreError {
     pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self { kind, message: message.into(), timed_out: false }
     }
 
     pub fn not_found(what: impl Into<String>) -> Self {
@@ -91,7 +94,11 @@ impl StoreError {
             _ if is_unreachable(&e) => StoreErrorKind::Unavailable,
             _ => StoreErrorKind::Other,
         };
-        Self::new(kind, redact_urls(&format!("{op} {key:?}: {}", summary(&e, &full))))
+        let detail = match kind {
+            StoreErrorKind::Unavailable => unreachable_summary(&e, &full),
+            _ => summary(&e, &full),
+        };
+        Self { timed_out: is_timeout(&e), ..Self::new(kind, redact_urls(&format!("{op} {key:?}: {detail}"))) }
     }
 }
 
@@ -130,13 +137,51 @@ fn causes_text(e: &opendal::Error) -> String {
     causes.join(" ")
 }
 
+/// OpenDAL's `TimeoutLayer` gave up on the call (its retries, if any, as well).
+fn is_timeout(e: &opendal::Error) -> bool {
+    e.kind() == opendal::ErrorKind::Unexpected && e.message().ends_with("timeout reached")
+}
+
+/// What a user needs of a store that did not answer: how long was waited, or the
+/// innermost cause (`Connection refused`), and the server asked (scheme, host and port:
+/// the context's URL, never its path, which holds the key). OpenDAL's own words ("send
+/// http request, source: error sending request") named neither (tester Q).
+fn unreachable_summary(e: &opendal::Error, full: &str) -> String {
+    let server = full.split_once("url: ").and_then(|(_, rest)| {
+        let (scheme, after) = rest.split_once("://")?;
+        let host = after.split(['/', '?', ',', ' ', '}']).next()?;
+        Some(format!(" at {scheme}://{host}"))
+    });
+    let server = server.unwrap_or_default();
+    if is_timeout(e) {
+        let secs =
+            full.split_once("timeout: ").map(|(_, r)| r.chars().take_while(char::is_ascii_digit).collect::<String>());
+        return match secs.filter(|s| !s.is_empty()) {
+            Some(s) => format!("no answer from the store{server} within {s} s"),
+            None => format!("no answer from the store{server} in time"),
+        };
+    }
+    let mut innermost = None;
+    let mut src = std::error::Error::source(e);
+    while let Some(c) = src {
+        innermost = Some(c.to_string());
+        src = c.source();
+    }
+    match innermost {
+        Some(cause) => {
+            format!("cannot reach the store{server}: {}", cause.split_whitespace().collect::<Vec<_>>().join(" "))
+        }
+        None => format!("cannot reach the store{server}: {}", e.message()),
+    }
+}
+
 /// OpenDAL reports transport failures (refused, reset, timeout) as `Unexpected` with a
 /// source chain; we look for the usual phrases so the user gets "unreachable", not noise.
 fn is_unreachable(e: &opendal::Error) -> bool {
     // Only the cause chain and OpenDAL's timeout message: the context of an OpenDAL error
     // names layers, URLs and the key, which would match these phrases by accident.
     let text = causes_text(e);
-    e.kind() == opendal::ErrorKind::Unexpected && e.message().ends_with("timeout reached")
+    is_timeout(e)
         || [
             "error sending request",
             "connection refused",
@@ -183,6 +228,26 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+/// A store that does not answer is named, with how long was waited or why.
+#[cfg(test)]
+#[test]
+fn an_unreachable_store_is_named() {
+    use opendal::{Error, ErrorKind as K};
+    let timeout = Error::new(K::Unexpected, "operation timeout reached").with_context("timeout", "30");
+    let e = StoreError::from_opendal("head", "k", timeout);
+    assert!(e.timed_out && e.kind == StoreErrorKind::Unavailable);
+    assert_eq!(e.message, "head \"k\": no answer from the store within 30 s");
+    let refused = Error::new(K::Unexpected, "send http request")
+        .with_context("url", "http://u:pw@127.0.0.1:1/bkt/secret-key?x=1")
+        .set_source(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)"));
+    let e = StoreError::from_opendal("list", "p/", refused);
+    assert!(!e.timed_out && e.kind == StoreErrorKind::Unavailable);
+    assert_eq!(
+        e.message,
+        "list \"p/\": cannot reach the store at http://127.0.0.1:1: Connection refused (os error 111)"
+    );
+}
+
 #[cfg(test)]
 #[test]
 fn urls_lose_their_credentials() {
@@ -219,6 +284,8 @@ fn kinds_do_not_depend_on_the_key() {
     assert_eq!(kind(s3("XMinioInvalidObjectName", "k"), "k"), StoreErrorKind::InvalidName);
     assert_eq!(kind(s3("KeyTooLongError", "k"), "k"), StoreErrorKind::InvalidName);
     assert_eq!(kind(Error::new(K::Unexpected, "operation timeout reached"), "k"), StoreErrorKind::Unavailable);
+    let timeout_in_key = Error::new(K::Unexpected, "io failed").with_context("path", "timeout reached");
+    assert!(!StoreError::from_opendal("op", "timeout reached", timeout_in_key).timed_out);
     let long = Error::new(K::Unexpected, "write failed")
         .set_source(std::io::Error::from_raw_os_error(36 /* ENAMETOOLONG */));
     assert_eq!(kind(long, "k"), StoreErrorKind::InvalidName);

@@ -155,6 +155,8 @@ fn hint(e: &StoreError) -> &'static str {
         "; check the bucket's name, or create the bucket"
     } else if said(&["SignatureDoesNotMatch", "InvalidAccessKeyId"]) {
         "; check the credentials (S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or --profile)"
+    } else if e.kind == StoreErrorKind::Unavailable {
+        "; check the network, and the endpoint (--endpoint) if one is given"
     } else if e.kind == StoreErrorKind::PermissionDenied {
         // A HEAD's 403 has no body to name the cause: wrong keys, or keys without access.
         "; the store refused access: check the credentials (S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \

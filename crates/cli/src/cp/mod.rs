@@ -255,17 +255,35 @@ impl Ctx {
     }
 }
 
-/// Errors that another attempt cannot fix.
+/// Errors that another attempt cannot fix. A store that timed out had its own retries,
+/// each waiting the full timeout: trying again multiplied that (an upload to a black-holed
+/// store gave up after 12 minutes, tester Q).
 pub fn is_retryable(e: &StoreError) -> bool {
-    !matches!(
-        e.kind,
-        StoreErrorKind::NotFound
-            | StoreErrorKind::PermissionDenied
-            | StoreErrorKind::Changed
-            | StoreErrorKind::Unsupported
-            | StoreErrorKind::InvalidName
-            | StoreErrorKind::Config
-    )
+    !e.timed_out
+        && !matches!(
+            e.kind,
+            StoreErrorKind::NotFound
+                | StoreErrorKind::PermissionDenied
+                | StoreErrorKind::Changed
+                | StoreErrorKind::Unsupported
+                | StoreErrorKind::InvalidName
+                | StoreErrorKind::Config
+        )
+}
+
+/// A copy whose stores have answered nothing and moved no byte for this long gives up on
+/// the next failure to reach them, rather than trying again: each try of a black-holed
+/// store waits its full timeout, four times in the store layer (tester Q: 12 minutes).
+pub const SILENCE_GIVE_UP: Duration = Duration::from_secs(60);
+
+/// Whether failure `e` is a store that has been unreachable for [`SILENCE_GIVE_UP`]: the
+/// error to give up with, naming how long.
+fn silent_store(ctx: &Ctx, what: &str, key: &str, e: &StoreError) -> Option<CpError> {
+    let silent = ctx.progress.silent_for();
+    (e.kind == StoreErrorKind::Unavailable && silent >= SILENCE_GIVE_UP).then(|| {
+        let msg = format!("{what} {key}: {e} (nothing heard from the store for {} s, giving up)", silent.as_secs());
+        CpError::store(msg, e)
+    })
 }
 
 /// Run `op` until it succeeds, fails for good, or `ctx.retries` retries are spent.
@@ -277,7 +295,10 @@ where
     let mut attempt = 0;
     loop {
         match op().await {
-            Ok(v) => return Ok(v),
+            Ok(v) => {
+                ctx.progress.answered();
+                return Ok(v);
+            }
             Err(e) => again(ctx, what, key, &mut attempt, e).await?,
         }
     }
@@ -288,6 +309,9 @@ where
 pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: StoreError) -> Result<(), CpError> {
     if e.kind == StoreErrorKind::Changed {
         return Err(CpError::Changed(format!("{key}: the object changed during the copy ({e})")));
+    }
+    if let Some(err) = silent_store(ctx, what, key, &e) {
+        return Err(err);
     }
     if *attempt >= ctx.retries || !is_retryable(&e) {
         return Err(CpError::store(format!("{what} {key}: {e}"), &e));

@@ -1,12 +1,15 @@
 //! Progress: a bar with rate and ETA on a terminal (stderr), nothing otherwise.
 
 use std::io::IsTerminal;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 pub struct Progress {
     bar: Option<ProgressBar>,
+    /// When a byte last moved or a store last answered: see [`Progress::silent_for`].
+    heard: Mutex<Instant>,
 }
 
 impl Progress {
@@ -29,7 +32,7 @@ impl Progress {
             bar.enable_steady_tick(Duration::from_millis(100));
             bar
         });
-        Self { bar }
+        Self { bar, heard: Mutex::new(Instant::now()) }
     }
 
     #[cfg(test)]
@@ -39,9 +42,26 @@ impl Progress {
 
     /// Payload bytes moved (retried bytes count again: they crossed the wire again).
     pub fn moved(&self, n: u64) {
+        self.answered();
         if let Some(b) = &self.bar {
             b.inc(n);
         }
+    }
+
+    /// A store answered a request of this copy.
+    pub fn answered(&self) {
+        *self.heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// How long since a byte moved or a store answered, in the whole copy.
+    pub fn silent_for(&self) -> Duration {
+        self.heard.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
+    }
+
+    /// Make the copy look silent for `d` already.
+    #[cfg(test)]
+    pub fn pretend_silent_for(&self, d: Duration) {
+        *self.heard.lock().unwrap() = Instant::now() - d;
     }
 
     /// A retried transfer: its bytes will be counted again.

@@ -188,12 +188,13 @@ async fn streamed(ctx: &Ctx, src: &Remote, dst: &Remote, d: &bucketfs_store::Obj
                     }
                     Err(f) => {
                         super::upload::remove_bad_copy(ctx, dst, &f.err).await;
-                        Failed { err: f.err.context("verification failed"), retry: f.retry }
+                        Failed { err: f.err.context("verification failed"), ..f }
                     }
                 }
             }
             Err(f) => f,
         };
+        let failed = failed.unless_silent(ctx, &dst.url())?;
         last = failed.err;
         if !failed.retry || ctx.is_cancelled() {
             return Err(last);
@@ -352,7 +353,7 @@ async fn stream_once(
 /// (then its pinned ETag/generation no longer matches and never will).
 fn read_failed(err: CpError) -> Failed {
     let retry = !matches!(err, CpError::Changed(_));
-    Failed { err, retry }
+    Failed { err, retry, unreachable: false }
 }
 
 /// The MD5 of the whole stream on a thread of its own, fed in order.

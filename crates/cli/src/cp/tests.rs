@@ -298,6 +298,41 @@ async fn failed_reads_are_retried_to_a_correct_result() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A store that has answered nothing for a minute is given up at its next failure to
+/// reach it, not tried again: each try waits its full timeout (tester Q: an upload to a
+/// black-holed store gave up after 12 minutes). A store that timed out had its own
+/// retries, so that is never retried again either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_silent_for_a_minute_is_given_up_at_its_next_failure() {
+    let mem: Arc<dyn Store> = Arc::new(MemStore::new());
+    let dir = temp_dir("silent");
+    std::fs::write(dir.join("f"), data(1000)).unwrap();
+    let once =
+        || -> Arc<dyn Store> { Arc::new(FailStore::new(mem.clone(), Op::Put, 1, 1, StoreErrorKind::Unavailable)) };
+    let silent = ctx();
+    silent.progress.pretend_silent_for(super::SILENCE_GIVE_UP);
+    let e =
+        upload::upload(&silent, upload::Source::File(&dir.join("f")), Some(1000), &remote(once(), Kind::Other, "f"))
+            .await
+            .unwrap_err();
+    assert!(e.to_string().contains("nothing heard from the store for 60 s"), "{e}");
+    assert!(mem.head("f", Default::default()).await.is_err(), "tried again");
+    // The same failure on a copy that heard from its store recently is tried again.
+    upload::upload(&ctx(), upload::Source::File(&dir.join("f")), Some(1000), &remote(once(), Kind::Other, "f"))
+        .await
+        .unwrap();
+    // Downloads (through `again`) alike.
+    silent.progress.pretend_silent_for(super::SILENCE_GIVE_UP);
+    let failing: Arc<dyn Store> = Arc::new(FailStore::new(mem.clone(), Op::Head, 1, 1, StoreErrorKind::Unavailable));
+    let e = download::to_file(&silent, &remote(failing, Kind::Other, "f"), None, &dir.join("out")).await.unwrap_err();
+    assert!(e.to_string().contains("nothing heard from the store"), "{e}");
+    let timed_out = StoreError { timed_out: true, ..StoreError::new(StoreErrorKind::Unavailable, "no answer") };
+    assert!(
+        !super::is_retryable(&timed_out) && super::is_retryable(&StoreError::new(StoreErrorKind::Unavailable, "x"))
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A download whose final rename fails (a directory holds the name) leaves no hidden
 /// temporary beside it: the docs say a failed download leaves no file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,23 +36,40 @@ pub(super) struct Digests {
 pub(super) struct Failed {
     pub err: CpError,
     pub retry: bool,
+    /// The store could not be reached: see [`super::SILENCE_GIVE_UP`].
+    pub unreachable: bool,
 }
 
 impl Failed {
     /// A store's error: retried if [`is_retryable`].
     pub fn store(e: StoreError) -> Self {
-        Failed { retry: is_retryable(&e), err: CpError::store(e.to_string(), &e) }
+        Failed {
+            retry: is_retryable(&e),
+            err: CpError::store(e.to_string(), &e),
+            unreachable: e.kind == StoreErrorKind::Unavailable,
+        }
+    }
+
+    /// `self`, or the error to stop with if the store could not be reached and the copy
+    /// has heard nothing for [`super::SILENCE_GIVE_UP`].
+    pub fn unless_silent(self, ctx: &Ctx, url: &str) -> Result<Self, CpError> {
+        let silent = ctx.progress.silent_for();
+        if !self.unreachable || silent < super::SILENCE_GIVE_UP {
+            return Ok(self);
+        }
+        let why = format!("nothing heard from the store for {} s, giving up", silent.as_secs());
+        Err(self.err.with_message(format!("{url}: {} ({why})", self.err.message())))
     }
 
     /// The bytes are not what was sent or read: worth another attempt.
     pub fn mismatch(msg: String) -> Self {
-        Failed { err: CpError::Mismatch(msg), retry: true }
+        Failed { err: CpError::Mismatch(msg), retry: true, unreachable: false }
     }
 }
 
 impl From<CpError> for Failed {
     fn from(err: CpError) -> Self {
-        Failed { err, retry: false }
+        Failed { err, retry: false, unreachable: false }
     }
 }
 
@@ -377,11 +394,12 @@ pub async fn upload(ctx: &Ctx, src: Source<'_>, size: Option<u64>, dst: &Remote)
                 }
                 Err(f) => {
                     remove_bad_copy(ctx, dst, &f.err).await;
-                    Failed { err: f.err.context("verification failed"), retry: f.retry }
+                    Failed { err: f.err.context("verification failed"), ..f }
                 }
             },
             Err(f) => f,
         };
+        let failed = failed.unless_silent(ctx, &dst.url())?;
         last = failed.err;
         if !failed.retry || !can_retry {
             return Err(last.context(dst.url()));
