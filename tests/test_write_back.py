@@ -215,6 +215,52 @@ def test_a_mount_whose_recovery_fails_is_refused_and_loses_nothing(s3_bucket, tm
             unmount(mp)
 
 
+def test_an_end_that_leaves_a_closed_file_unsent_exits_1(s3_bucket, tmp_path):
+    """Two ends that left a closed file only on local disk exited 0 (tester S), so a script
+    took them for clean: `bucketfs unmount` of a mount whose process was killed, and a
+    `--foreground` mount (systemd's unit) stopped by SIGTERM while the store refused
+    uploads. Both exit 1 and say where the file is; the next mount sends it."""
+    from proxykit import HttpProxy
+    staging = tmp_path / "staging"
+    mp = mount(wb_args(s3_bucket, staging, "--write-back-delay", "3600"))
+    with open(os.path.join(mp, "killed.bin"), "wb") as f:
+        f.write(b"closed before the kill")
+    for p in daemon_pids(mp):
+        os.kill(p, signal.SIGKILL)
+    r = run_cli(["unmount", mp], timeout=60)
+    assert r.returncode == 1 and "had ended before" in r.err and "staging directory" in r.err, r.err
+    assert not os.path.ismount(mp)
+    with HttpProxy(seed.S3_ENDPOINT) as px:
+        args = [seed.mount_url("s3", s3_bucket.name), mp, "--endpoint", px.url, "--write-back",
+                "--staging-dir", str(staging), "--foreground"]
+        proc = subprocess.Popen([conftest.BIN, "mount", *args], env=conftest.bucketfs_env(),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert conftest.wait_until(lambda: os.path.ismount(mp) or proc.poll() is not None, 120)
+            assert proc.poll() is None, proc.stderr.read().decode(errors="replace")[-1500:]
+            assert bucket_objects(s3_bucket).get("killed.bin") == b"closed before the kill", "recovered at mount"
+            px.refuse = {"PUT", "POST"}
+            with open(os.path.join(mp, "stopped.bin"), "wb") as f:
+                f.write(b"closed before the stop")
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=180)
+            err = proc.stderr.read().decode(errors="replace")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            force_unmount(mp)
+        assert rc == 1 and "stopped.bin" in err and str(staging) in err, (rc, err[-1500:])
+        assert "stopped.bin" not in bucket_objects(s3_bucket)
+    r = run_cli(["mount", *s3_bucket.args()[:1], mp, *s3_bucket.args()[1:], "--write-back",
+                 "--staging-dir", str(staging)], timeout=300)
+    assert r.returncode == 0, r.err[-1500:]
+    try:
+        assert bucket_objects(s3_bucket).get("stopped.bin") == b"closed before the stop"
+    finally:
+        unmount(mp)
+
+
 def test_a_rename_left_unfinished_is_finished_before_the_mount_serves(s3_bucket, tmp_path):
     """A crash in the middle of `mv d d2` leaves its journal entry beside the staging
     directory and both names in the bucket. The next mount finishes the move before it

@@ -617,6 +617,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let pending = rt.block_on(fs_after.pending_keys());
     let set_aside = fs_after.set_aside();
     let _ = std::fs::remove_file(paths::pending_file(mp));
+    let mut left = None;
     if !pending.is_empty() || !set_aside.is_empty() {
         let staging = args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp));
         let note = paths::PendingNote { staging: staging.clone(), pending: pending.clone(), set_aside };
@@ -624,13 +625,16 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         if !pending.is_empty() {
             tracing::error!(changes = ?pending, "unmounted with changes pending; kept in {} for the next mount", staging.display());
         }
+        left = Some(crate::unmount::report(&note, mp));
     }
     let _ = std::fs::remove_file(paths::pid_file(mp));
     drop(control);
     rt.shutdown_timeout(Duration::from_secs(5));
     r.map_err(|e| format!("FUSE session error: {e}"))?;
     tracing::info!("unmounted");
-    Ok(())
+    // A foreground mount (systemd's `Type=notify` unit) stopped with work left exits 1, as
+    // `bucketfs unmount` does: a stop with closed files only on local disk is not clean.
+    left.map_or(Ok(()), Err)
 }
 
 fn cfg_memory_cache(args: &MountArgs) -> u64 {

@@ -25,8 +25,22 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
     // the file stays, and its pid may be another process's by now).
     let pid_file = paths::pid_file(&canonical);
     let pid = pid_in(&pid_file).filter(|&pid| running(pid) && wrote(pid, &pid_file));
+    // A pid file whose process is gone: it ended without finishing (a clean end removes
+    // the file), so what it had not uploaded is only in its staging directory.
+    let ended = pid_in(&pid_file).filter(|_| pid.is_none());
     match checks::mounted_fstype(&canonical) {
-        Some(t) if t.starts_with("fuse") => unmount(&canonical)?,
+        Some(t) if t.starts_with("fuse") => {
+            unmount(&canonical)?;
+            if let Some(dead) = ended {
+                // (tester S: this exited 0, silent, with a closed file not in the bucket)
+                return Err(format!(
+                    "unmounted, but the mount process {dead} had ended before (killed, or it crashed): files \
+                     closed on it and not uploaded yet are kept in its staging directory; mounting {} again \
+                     uploads them (`bucketfs sync` then waits for them)",
+                    canonical.display()
+                ));
+            }
+        }
         Some(t) => return Err(format!("{} is a {t} mount, not a bucketfs one", canonical.display())),
         // Unmounted already, its process still at work: wait for it below.
         None if pid.is_some() => {}
@@ -66,7 +80,7 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
 }
 
 /// What an unmount says of what the mount left ([`paths::PendingNote`]).
-fn report(note: &paths::PendingNote, canonical: &Path) -> String {
+pub(crate) fn report(note: &paths::PendingNote, canonical: &Path) -> String {
     let mut parts = Vec::new();
     if !note.pending.is_empty() {
         parts.push(format!(

@@ -279,6 +279,12 @@ impl Fs {
                         None => return Err(e),
                     }
                 }
+                Err(e @ FsError::NoSpace(_)) => {
+                    // An edit stages a copy of the whole object first: the staging disk
+                    // may be nearly empty and still too small (tester U: ENOSPC, no word).
+                    tracing::warn!(key = %node.key, size = node.size, "open for writing failed: no room on the staging disk for a copy of the file: {e}");
+                    return Err(e);
+                }
                 Err(e) => return Err(e),
             }
         } else if let Some(now) = self.unstaged_node_opened(ino)? {
