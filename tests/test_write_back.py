@@ -261,6 +261,34 @@ def test_an_end_that_leaves_a_closed_file_unsent_exits_1(s3_bucket, tmp_path):
         unmount(mp)
 
 
+def test_status_answers_while_an_unmounted_process_still_uploads(s3_bucket, tmp_path, toxiproxy):
+    """An unmount that gave up waiting leaves the process sending what was closed; `status`
+    and `sync` said "nothing is mounted there" meanwhile (tester S). They answer, saying it
+    is unmounted, and the next `bucketfs unmount` waits until the file is in the bucket."""
+    px = toxiproxy.proxy(conftest.upstream_of("s3"))
+    mp = None
+    try:
+        args = [seed.mount_url("s3", s3_bucket.name), "--endpoint", px.endpoint, "--write-back",
+                "--staging-dir", str(tmp_path / "staging")]
+        mp = mount(args)
+        os.listdir(mp)  # (a create in a directory never listed asks the store first)
+        hole = px.toxic("timeout", "downstream", timeout=0)
+        with open(os.path.join(mp, "draining.bin"), "wb") as f:
+            f.write(b"sent after the unmount")
+        r = run_cli(["unmount", "--wait", "2", mp], timeout=120)
+        assert r.returncode == 1 and "still running" in r.err, r.err
+        r = run_cli(["status", mp], timeout=60)
+        assert r.returncode == 0 and "is unmounted; its process is still finishing" in r.err, (r.out, r.err)
+        px.remove(hole)
+        r = run_cli(["unmount", mp], timeout=300)
+        assert r.returncode == 0, r.err
+        assert bucket_objects(s3_bucket).get("draining.bin") == b"sent after the unmount"
+    finally:
+        if mp:
+            unmount(mp)
+        px.delete()
+
+
 def test_a_rename_left_unfinished_is_finished_before_the_mount_serves(s3_bucket, tmp_path):
     """A crash in the middle of `mv d d2` leaves its journal entry beside the staging
     directory and both names in the bucket. The next mount finishes the move before it

@@ -169,7 +169,20 @@ fn connect(mp: &Path) -> Result<UnixStream, String> {
         // fusermount3 may record the type as plain "fuse"; the control socket tells.
         Some(t) if t == "fuse" || t == "fuse.bucketfs" => {}
         Some(t) => return Err(format!("{} is a {t} mount, not a bucketfs one", canonical.display())),
-        None => return Err(format!("{} is not a bucketfs mount (nothing is mounted there)", canonical.display())),
+        None => {
+            // Unmounted, its process still sending what was closed (an unmount that gave
+            // up waiting, `fusermount3 -u`): it still answers (tester S: "nothing is mounted
+            // there" while it uploaded for 75 s).
+            if let Ok(conn) = UnixStream::connect(paths::control_socket(&canonical)) {
+                say!(
+                    "bucketfs: {} is unmounted; its process is still finishing what was closed (`bucketfs unmount {}` waits for it):",
+                    canonical.display(),
+                    canonical.display()
+                );
+                return Ok(conn);
+            }
+            return Err(format!("{} is not a bucketfs mount (nothing is mounted there)", canonical.display()));
+        }
     }
     let sock = paths::control_socket(&canonical);
     if !sock.exists() {
