@@ -341,6 +341,31 @@ def test_unmount_while_file_open_then_retry():
         assert not is_mounted(mp)
 
 
+def test_unmount_of_a_busy_mount_whose_daemon_is_stopped_names_the_daemon():
+    """A caller waiting on a stopped (SIGSTOP) daemon keeps the mount busy: the unmount
+    said "a process still uses it" (tester S) where the daemon is the one to resume."""
+    with mounted(["mem://"]) as mp:
+        with open(os.path.join(mp, "f"), "w") as f:
+            f.write("x")
+        pids = daemon_pids(mp)
+        assert pids
+        real = os.path.realpath(mp)  # (a path lookup of the mount point would wait on the daemon)
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        waiter = subprocess.Popen(["stat", os.path.join(mp, "f")], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(0.5)
+            r = run_cli(["unmount", mp])
+            assert r.returncode == 1 and "does not answer" in r.err and f"kill -CONT {pids[0]}" in r.err, r.err
+            with open("/proc/self/mounts") as f:
+                assert any(line.split()[1] == real for line in f), "unmounted although busy"
+        finally:
+            for p in pids:
+                os.kill(p, signal.SIGCONT)
+            waiter.wait(timeout=60)
+
+
 # SIGHUP: the terminal of a foreground mount closed (it killed the process: a dead mount).
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 @pytest.mark.parametrize("store", ["mem", "s3"])

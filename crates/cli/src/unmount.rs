@@ -30,7 +30,7 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
     let ended = pid_in(&pid_file).filter(|_| pid.is_none());
     match checks::mounted_fstype(&canonical) {
         Some(t) if t.starts_with("fuse") => {
-            unmount(&canonical)?;
+            unmount(&canonical, pid)?;
             if let Some(dead) = ended {
                 // (tester S: this exited 0, silent, with a closed file not in the bucket)
                 return Err(format!(
@@ -102,8 +102,9 @@ pub(crate) fn report(note: &paths::PendingNote, canonical: &Path) -> String {
     format!("unmounted, but {}", parts.join("; and "))
 }
 
-/// Detach the kernel's mount at `canonical` (fails while a process uses it).
-fn unmount(canonical: &Path) -> Result<(), String> {
+/// Detach the kernel's mount at `canonical` (fails while a process uses it). `pid`: the
+/// mount's own process, if it runs.
+fn unmount(canonical: &Path, pid: Option<i32>) -> Result<(), String> {
     let out = Command::new("fusermount3")
         .arg("-u")
         .arg(canonical)
@@ -114,6 +115,17 @@ fn unmount(canonical: &Path) -> Result<(), String> {
     }
     let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
     if why.contains("busy") {
+        if let Some(pid) = pid.filter(|&p| !answers(canonical) && running(p)) {
+            // A caller waiting on a stopped or hung daemon holds the mount: the daemon is
+            // the one to look at, not the caller (tester S).
+            return Err(format!(
+                "{} is busy, and its mount process {pid} does not answer (stopped, as by SIGSTOP, or hung): \
+                 resume it (kill -CONT {pid}) or end it (kill {pid}; closed files not yet uploaded are \
+                 kept for the next mount), or detach the mount point at once with umount -l {}",
+                canonical.display(),
+                canonical.display()
+            ));
+        }
         return Err(format!(
             "{} is busy: a process still uses it (find it with: fuser -vm {})",
             canonical.display(),
@@ -121,6 +133,25 @@ fn unmount(canonical: &Path) -> Result<(), String> {
         ));
     }
     Err(format!("cannot unmount {}: {why}", canonical.display()))
+}
+
+/// Whether the mount at `path` answers a `statfs` within 2 s (asked on a thread of its
+/// own, which a hung daemon leaves waiting in the kernel).
+fn answers(path: &Path) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(statfs_ok(&p));
+    });
+    rx.recv_timeout(Duration::from_secs(2)).unwrap_or(false)
+}
+
+fn statfs_ok(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: statvfs fills the zeroed struct; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statvfs(c.as_ptr(), &mut st) == 0 }
 }
 
 /// The pid a pid file names, if it names one.
