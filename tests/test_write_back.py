@@ -595,6 +595,52 @@ def test_a_change_whose_first_try_failed_leaves_another_clients_object(store, ch
         b.cleanup()
 
 
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+@pytest.mark.parametrize("other", ["replaced", "removed"])
+def test_a_late_rename_leaves_a_source_another_client_changed(store, other, tmp_path):
+    """A pending `mv f g` that goes late (its first try refused) while another client
+    replaces or removes `f`: the move copied whatever `f` held then and deleted it, so their
+    object moved to `g` (and left `f`), or the move was dropped as done, and `sync` said all
+    was well (tester V: the renamed bytes nowhere, 4 of 4). Now nothing is moved, their
+    object stays, and `sync` names the rename as not made."""
+    from proxykit import HttpProxy
+    conftest.require_store(store)
+    b = Bucket(store)
+    proxy = HttpProxy(seed.S3_ENDPOINT if store == "s3" else seed.GCS_ENDPOINT)
+    extra = ["--anonymous"] if store == "gcs" else []
+    mp = mount([seed.mount_url(store, b.name), "--endpoint", proxy.url, *extra, "--write-back",
+                "--staging-dir", str(tmp_path / "staging")])
+    try:
+        with open(os.path.join(mp, "f"), "wb") as f:
+            f.write(b"mine")
+        assert run_cli(["sync", mp], timeout=120).returncode == 0
+        os.stat(os.path.join(mp, "f"))
+        refused = {"PUT", "POST", "DELETE"}
+        proxy.take()
+        proxy.refuse = set(refused)
+        os.rename(os.path.join(mp, "f"), os.path.join(mp, "g"))
+        assert conftest.wait_until(lambda: any(m in refused for m, _, _ in proxy.requests), 30, 0.01), \
+            "the move was never sent"
+        if other == "replaced":
+            seed.put(store, b.name, "f", b"another client's")
+        else:
+            seed.delete(store, b.name, "f")
+        proxy.refuse = set()
+        assert conftest.wait_until(lambda: status(mp)["write_back_deletes"] == 0, 60), status(mp)
+        r = run_cli(["sync", mp], timeout=120)
+        assert r.returncode == 1 and "rename from f not made" in r.err, (r.returncode, r.err)
+        keys = {k: seed.get(store, b.name, k) for k in seed.list_keys(store, b.name)}
+        assert "g" not in keys, "another client's object (or nothing) was taken for the renamed file"
+        if other == "replaced":
+            assert keys.get("f") == b"another client's", "another client's object was moved"
+        else:
+            assert "f" not in keys
+    finally:
+        unmount(mp)
+        proxy.close()
+        b.cleanup()
+
+
 @pytest.mark.parametrize("store", ["gcs", "s3"])
 def test_uploads_cut_off_that_land_late_are_undone(store, tmp_path, toxiproxy):
     """An upload cut off (by a writer, a rename, an unlink) may still land: what sat in a

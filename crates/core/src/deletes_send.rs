@@ -89,7 +89,31 @@ impl DeferredDeletes {
     /// still holds that (or the copy of an attempt cut off): if another client wrote there
     /// since, no copy goes over theirs. The file then stays under its old name, or a rename
     /// of it pending after this one (`mv a b; mv b c`) moves it from there.
-    async fn send_move(&self, from: &str, to: &str, was: Option<Held>) -> Result<(), StoreError> {
+    ///
+    /// `renamed`: the tag of the version the rename moved, where the mount knew it. A
+    /// source that no longer holds it was replaced or removed by another client after the
+    /// rename: moving it would move their object (and delete it from its name), so nothing
+    /// is moved, and the change is named as not made (tester V: the renamed bytes lost and
+    /// the other client's object moved, with `sync` and `unmount` saying all was well).
+    async fn send_move(
+        &self,
+        from: &str,
+        to: &str,
+        was: Option<Held>,
+        renamed: Option<&str>,
+    ) -> Result<(), StoreError> {
+        if let Some(tag) = renamed {
+            let now = match self.once.head(from, HeadOpts::default()).await {
+                Err(e) if e.kind == StoreErrorKind::NotFound => None,
+                r => Some(r?.meta.etag),
+            };
+            if now.as_ref().is_none_or(|etag| etag.as_deref() != Some(tag)) {
+                let what = if now.is_none() { "removed" } else { "replaced" };
+                tracing::error!(%from, %to, "a rename sent late found its source {what} by another client since: nothing is moved (the renamed version is no longer in the bucket), and the other client's object stays");
+                self.refuse(to, format!("rename from {from} not made: another client {what} {from} after the rename"));
+                return Ok(());
+            }
+        }
         if let Some(was) = was {
             if self.written_since(from, to, &was).await? {
                 self.keep_both(from, to);
@@ -158,7 +182,11 @@ impl DeferredDeletes {
             // A delete sent late takes only the version unlinked (`Pending::version`); a
             // move, only while its target holds what it held (`Pending::target_was`).
             let late = e.late.then(|| (e.version.clone(), e.target_was.clone()));
-            (e.op, e.gen, e.only.clone(), e.source.clone(), e.after, e.target.clone(), late)
+            // The version renamed, as the rename saw it under the key it moves from.
+            // (Asked of a move sent late alone: one sent at once costs no HEAD more.)
+            let renamed =
+                e.carries.as_ref().filter(|c| e.late && Some(&c.key) == e.source.as_ref()).and_then(|c| c.tag.clone());
+            (e.op, e.gen, e.only.clone(), e.source.clone(), e.after, e.target.clone(), (late, renamed))
         }) else {
             return;
         };
@@ -198,11 +226,12 @@ impl DeferredDeletes {
             true => self.pending.lock().unwrap().get(&key).and_then(|e| e.source.clone()).or(source),
             false => source,
         };
+        let (late, renamed) = late;
         let (late_tag, late_was) = late.unwrap_or_default();
         let r = match (first, source) {
             (Err(e), _) => Err(e),
             (Ok(()), _) if replaced => Ok(()),
-            (Ok(()), Some(from)) => self.send_move(&from, &key, late_was).await,
+            (Ok(()), Some(from)) => self.send_move(&from, &key, late_was, renamed.as_deref()).await,
             (Ok(()), None) => match late_tag {
                 Some(tag) if op == Op::Delete => self.delete_late(&key, tag).await,
                 _ => Self::apply(self.once.as_ref(), &key, op, only.as_deref(), target.as_deref()).await,
