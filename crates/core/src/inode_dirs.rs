@@ -144,23 +144,37 @@ impl InodeTable {
     /// `listing` of `dir`, sent at change count `since`, with the mount's state for the
     /// names of `dir` changed here since: each as its node holds it, or absent if it was
     /// removed here. `false` if a changed name has neither (its node forgotten by the
-    /// kernel meanwhile): the listing cannot be told right for it, and is distrusted whole.
+    /// kernel meanwhile): it is then as the listing held shows it, if one is, and the
+    /// listing is distrusted whole.
     /// A name a rename moves now counts as changed here too: it shows as the mount holds
     /// it (a target not yet taken is absent), whatever the store showed mid-move.
     fn merge_own_changes(&self, dir: u64, listing: &mut Listing, since: u64) -> bool {
         let changed = names_in(&self.named, dir).filter(|(_, s)| **s > since).map(|((_, name), _)| name);
         let moving = self.moving.iter().flat_map(|(_, m)| &m.names).filter(|(d, _)| *d == dir).map(|(_, n)| n);
         let names: std::collections::BTreeSet<&String> = changed.chain(moving).collect();
+        // Every name the mount can tell is merged, even when one cannot be: the readdir
+        // that asked is answered from this listing (overtaken or not), and stopping at the
+        // first unknown name left out the names after it (tester X: `rename(a, b)`, then
+        // a listing without `b`, while other renames ran in the directory).
+        let mut whole = true;
         for name in names {
             if let Some(n) = self.child(dir, name) {
                 listing.children.insert(name.clone(), n.entry());
             } else if self.removed_here(dir, name) || self.moving_name(dir, name) {
                 listing.children.remove(name);
             } else {
-                return false;
+                // Its node forgotten (the kernel let go of it): the listing held shows it
+                // as this mount last recorded it, there or not (tester X: a file made here
+                // missing from a listing, with `--max-cached-entries`).
+                whole = false;
+                match self.listings.get(&dir).map(|l| l.children.get(name)) {
+                    Some(Some(held)) => _ = listing.children.insert(name.clone(), held.clone()),
+                    Some(None) => _ = listing.children.remove(name),
+                    None => {}
+                }
             }
         }
-        true
+        whole
     }
 
     /// The change count now: take it before listing the store, pass it to

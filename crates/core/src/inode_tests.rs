@@ -309,6 +309,31 @@ fn a_changed_name_no_longer_held_distrusts_the_listing() {
     t.check_invariants();
 }
 
+/// A changed name that cannot be told (its node forgotten) no longer stops the merge: the
+/// names after it are still the mount's, and it is as the listing held shows it. The
+/// overtaken listing answers the readdir that asked for it: `rename(wa, wb)` then a
+/// listing without `wb` (tester X, with `--metadata-ttl 0` and renames in the directory).
+#[test]
+fn every_name_told_is_merged_even_when_one_cannot_be() {
+    let mut t = InodeTable::new(SystemTime::UNIX_EPOCH);
+    let d = t.upsert(ROOT_INO, &meta("d", Kind::Dir));
+    t.set_listing(d, listing_of(&t, &["x"]));
+    let since = t.change_seq(); // a listing is sent
+    let a = t.upsert(d, &meta("a", Kind::File)); // made here meanwhile, then forgotten
+    t.relist(a);
+    t.remember(a);
+    t.forget(a, 1);
+    let b = t.upsert(d, &meta("b", Kind::File)); // made here meanwhile (a rename's target)
+    t.relist(b);
+    t.set_listing_since(d, listing_of(&t, &["x"]), since);
+    let l = t.listing(d).unwrap();
+    let mut names: Vec<&str> = l.children.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["a", "b", "x"], "b after the name that could not be told, a as held");
+    assert!(!t.listing_fresh(d), "still distrusted for lookups");
+    t.check_invariants();
+}
+
 /// Another client's change told by a store event between a listing's send and its
 /// arrival: the listing may predate it, so it is distrusted whole, even when names changed
 /// here meanwhile could be merged (it brought a name deleted elsewhere back).
