@@ -614,6 +614,17 @@ def test_store_to_store_recursive_prefix(s3_and_gcs):
         assert seed.get(b.store, b.name, k) == v
 
 
+def test_gcs_keys_with_dot_segments_are_skipped_on_the_way_to_s3(s3_and_gcs):
+    """GCS keeps `a/../b` as a name; an S3 request for it goes to `b` (HTTP clients resolve
+    dot segments in a URL path), signed for `a/../b`: it failed as a credentials problem
+    (exit 4, tester W). It is skipped, named, with exit 2, and the rest is copied."""
+    a, b = s3_and_gcs["gcs"], s3_and_gcs["s3"]
+    a.put_all({"dd/a/../b": b"dots", "dd/ok": b"fine"})
+    p = cp2("-r", url(a, "dd"), url(b, "copy/"), expect_ok=False)
+    assert p.returncode == 2 and "a/../b" in p.err and ". or .. segment" in p.err, (p.returncode, p.err)
+    assert seed.list_keys(b.store, b.name) == ["copy/dd/ok"]
+
+
 def run_through_outage(px, args):
     """`bucketfs ARGS` through proxy `px` slowed to 20 ms each way and 10 MB/s per
     connection (so it takes several seconds), with the server gone for a second at 1.5 s:

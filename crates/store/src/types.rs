@@ -85,7 +85,10 @@ pub struct Capabilities {
     /// control characters: MinIO lists `a\x1fb` as `a\u{FFFD}b`, so a listed key holding
     /// U+FFFD may name another object, or none (and two objects may list as one name; the
     /// store checks such keys and lists the lost ones with U+001A). Keys holding such
-    /// control characters are not addressable: never shown, created or moved.
+    /// control characters are not addressable: never shown, created or moved. Its keys
+    /// also travel as the request's URL path, whose `.` and `..` segments HTTP clients
+    /// resolve (`a/../b` went to `b`, signed as `a/../b`: refused as a bad signature), so
+    /// keys with such segments are not addressable there either.
     pub lists_xml: bool,
 }
 
@@ -99,7 +102,7 @@ impl Capabilities {
         let xml_unsafe = |c: char| c < ' ' && !matches!(c, '\t' | '\n' | '\r') || matches!(c, '\u{FFFE}' | '\u{FFFF}');
         !(self.trims_whitespace && (trimmed(key) || normalized)
             || self.trims_segments && key.split('/').any(trimmed)
-            || self.lists_xml && key.contains(xml_unsafe))
+            || self.lists_xml && (key.contains(xml_unsafe) || key.split('/').any(|s| s == "." || s == "..")))
     }
 }
 
@@ -478,6 +481,10 @@ mod tests {
             assert!(!s3.addressable(key) && object.addressable(key), "{key:?}");
         }
         assert!(s3.addressable("tab\tnew\nline\r/x\u{7f}") && s3.addressable("é/ü\u{FFFD}"));
+        for key in ["a/../b", "evil/./dot", "..", "x/."] {
+            assert!(!s3.addressable(key) && object.addressable(key), "{key:?}");
+        }
+        assert!(s3.addressable("a/..b/.c/..."));
     }
 
     #[test]

@@ -114,7 +114,7 @@ impl fmt::Display for SkipReason {
             }
             SkipReason::UnaddressableKey => write!(
                 f,
-                "the store would change its name (whitespace at the start or end of a name, an empty segment as in a//b, a leading /; on S3, a control character): it would write over or read another; rename it to copy it"
+                "the store would change its name (whitespace at the start or end of a name, an empty segment as in a//b, a leading /; on S3, a control character or a . or .. segment): it would write over or read another; rename it to copy it"
             ),
             SkipReason::MarkerName => write!(
                 f,
