@@ -591,6 +591,8 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     if let Err(e) = paths::write_private(&paths::pid_file(mp), &std::process::id().to_string()) {
         tracing::warn!("cannot write the pid file: {e}");
     }
+    let staging = args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp));
+    let _ = paths::write_private(&paths::staging_file(mp), &staging.display().to_string());
     let o = observed.clone();
     let fs_sync = fs_after.clone();
     let sync: control::SyncFn = Arc::new(move || {
@@ -628,6 +630,7 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
         left = Some(crate::unmount::report(&note, mp));
     }
     let _ = std::fs::remove_file(paths::pid_file(mp));
+    let _ = std::fs::remove_file(paths::staging_file(mp));
     drop(control);
     rt.shutdown_timeout(Duration::from_secs(5));
     r.map_err(|e| format!("FUSE session error: {e}"))?;

@@ -172,6 +172,12 @@ pub fn pid_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.pid", mount_id(mountpoint)))
 }
 
+/// The staging directory of the mount running at `mountpoint` (written beside its pid file,
+/// removed with it): a `bucketfs unmount` after a crash looks there for what it left.
+pub fn staging_file(mountpoint: &Path) -> PathBuf {
+    runtime_dir().join(format!("{}.staging", mount_id(mountpoint)))
+}
+
 /// Keys a finished mount could not upload (written at exit, read by `bucketfs unmount`).
 pub fn pending_file(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.pending", mount_id(mountpoint)))

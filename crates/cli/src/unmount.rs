@@ -26,8 +26,9 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
     let pid_file = paths::pid_file(&canonical);
     let pid = pid_in(&pid_file).filter(|&pid| running(pid) && wrote(pid, &pid_file));
     // A pid file whose process is gone: it ended without finishing (a clean end removes
-    // the file), so what it had not uploaded is only in its staging directory.
-    let ended = pid_in(&pid_file).filter(|_| pid.is_none());
+    // the file). What it had not uploaded, if anything, is only in its staging directory.
+    let staging = std::fs::read_to_string(paths::staging_file(&canonical)).ok().map(std::path::PathBuf::from);
+    let ended = pid_in(&pid_file).filter(|_| pid.is_none() && staging.as_deref().is_some_and(paths::holds_pending));
     match checks::mounted_fstype(&canonical) {
         Some(t) if t.starts_with("fuse") => {
             unmount(&canonical, pid)?;
@@ -35,8 +36,9 @@ pub fn run(mp: &Path, opts: &Opts) -> Result<(), String> {
                 // (tester S: this exited 0, silent, with a closed file not in the bucket)
                 return Err(format!(
                     "unmounted, but the mount process {dead} had ended before (killed, or it crashed): files \
-                     closed on it and not uploaded yet are kept in its staging directory; mounting {} again \
-                     uploads them (`bucketfs sync` then waits for them)",
+                     closed on it and not uploaded yet are kept in its staging directory ({}); mounting {} \
+                     again uploads them (`bucketfs sync` then waits for them)",
+                    staging.as_deref().unwrap_or(Path::new("?")).display(),
                     canonical.display()
                 ));
             }
