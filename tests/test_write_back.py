@@ -597,7 +597,8 @@ def test_a_change_whose_first_try_failed_leaves_another_clients_object(store, ch
 
 @pytest.mark.parametrize("store", ["s3", "gcs"])
 @pytest.mark.parametrize("other", ["replaced", "removed"])
-def test_a_late_rename_leaves_a_source_another_client_changed(store, other, tmp_path):
+@pytest.mark.parametrize("how", ["outage", "crash"])
+def test_a_late_rename_leaves_a_source_another_client_changed(store, other, how, tmp_path):
     """A pending `mv f g` that goes late (its first try refused) while another client
     replaces or removes `f`: the move copied whatever `f` held then and deleted it, so their
     object moved to `g` (and left `f`), or the move was dropped as done, and `sync` said all
@@ -621,11 +622,21 @@ def test_a_late_rename_leaves_a_source_another_client_changed(store, other, tmp_
         os.rename(os.path.join(mp, "f"), os.path.join(mp, "g"))
         assert conftest.wait_until(lambda: any(m in refused for m, _, _ in proxy.requests), 30, 0.01), \
             "the move was never sent"
+        if how == "crash":
+            # The next mount sends it, from the journal (which carries the version renamed).
+            for pid in daemon_pids(mp):
+                os.kill(pid, signal.SIGKILL)
+            force_unmount(mp)
         if other == "replaced":
             seed.put(store, b.name, "f", b"another client's")
         else:
             seed.delete(store, b.name, "f")
         proxy.refuse = set()
+        if how == "crash":
+            os.makedirs(mp, exist_ok=True)
+            r = run_cli(["mount", seed.mount_url(store, b.name), mp, "--endpoint", proxy.url, *extra,
+                         "--write-back", "--staging-dir", str(tmp_path / "staging")], timeout=120)
+            assert r.returncode == 0, r.err
         assert conftest.wait_until(lambda: status(mp)["write_back_deletes"] == 0, 60), status(mp)
         r = run_cli(["sync", mp], timeout=120)
         assert r.returncode == 1 and "rename from f not made" in r.err, (r.returncode, r.err)

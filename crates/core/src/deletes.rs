@@ -109,11 +109,14 @@ fn move_order(pending: &BTreeMap<String, Pending>, from: &str, to: &str) -> Opti
 
 /// A move's journal entry: `v` (or `w`, for one that goes `after` a move to `from`), the new
 /// key, the old key, and what the new key held at the rename if known ([`Held::journaled`]).
-fn move_entry(after: bool, to: &str, from: &str, was: Option<&Held>) -> String {
+fn move_entry(after: bool, to: &str, from: &str, was: Option<&Held>, renamed: Option<&str>) -> String {
     let tag = if after { 'w' } else { 'v' };
-    match was {
-        Some(was) => format!("{tag}\0{to}\0{from}\0{}", was.journaled()),
-        None => format!("{tag}\0{to}\0{from}"),
+    let was = was.map(Held::journaled).unwrap_or_default();
+    match renamed {
+        // The version renamed: a move the next mount sends checks its source still holds it.
+        Some(renamed) => format!("{tag}\0{to}\0{from}\0{was}\0{renamed}"),
+        None if was.is_empty() => format!("{tag}\0{to}\0{from}"),
+        None => format!("{tag}\0{to}\0{from}\0{was}"),
     }
 }
 
@@ -226,7 +229,7 @@ impl DeferredDeletes {
             match std::fs::read(&path).map(String::from_utf8) {
                 Ok(Ok(text)) if !text.is_empty() => {
                     // `second`: a move's source key, a link's target.
-                    let (mut after, mut version, mut target_was) = (false, None, None);
+                    let (mut after, mut version, mut target_was, mut renamed) = (false, None, None, None);
                     let (op, again, key, only, second) = match text.split_once('\0') {
                         Some(("m", key)) => (Op::Marker, false, key.to_string(), None, None),
                         Some(("d", rest)) => {
@@ -251,7 +254,9 @@ impl DeferredDeletes {
                             Some((to, from)) => {
                                 after = tag == "w";
                                 let (from, was) = from.split_once('\0').unwrap_or((from, ""));
+                                let (was, tag) = was.split_once('\0').unwrap_or((was, ""));
                                 target_was = Held::parse(was);
+                                renamed = Some(tag.to_string()).filter(|t| !t.is_empty());
                                 (Op::Move, false, to.to_string(), None, Some(from.to_string()))
                             }
                             None => {
@@ -276,6 +281,7 @@ impl DeferredDeletes {
                             version,
                             late,
                             target_was,
+                            renamed,
                             ..Pending::new(path)
                         },
                     );
@@ -460,7 +466,11 @@ impl DeferredDeletes {
         let Some(dir) = &self.journal_dir else { return Ok(false) };
         let Some(after) = move_order(&self.pending.lock().unwrap(), from, to) else { return Ok(false) };
         let path = self.new_entry(dir);
-        if let Err(e) = crate::recycle::write(&path, move_entry(after, to, from, was.as_ref()).as_bytes()) {
+        // The tag of the version renamed, where the mount knew it under the key it moves from.
+        let renamed = carries.as_ref().filter(|c| c.key == from).and_then(|c| c.tag.clone());
+        if let Err(e) =
+            crate::recycle::write(&path, move_entry(after, to, from, was.as_ref(), renamed.as_deref()).as_bytes())
+        {
             tracing::warn!(%from, %to, "journaling a rename failed ({e}): moving the object now");
             return Ok(false);
         }
@@ -472,7 +482,7 @@ impl DeferredDeletes {
             return Ok(false);
         }
         let source = Some(from.to_string());
-        let entry = Pending { op: Op::Move, source, after, carries, target_was: was, ..Pending::new(path) };
+        let entry = Pending { op: Op::Move, source, after, carries, target_was: was, renamed, ..Pending::new(path) };
         p.insert(to.to_string(), entry);
         drop(p);
         self.work.notify_one();

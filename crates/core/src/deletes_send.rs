@@ -116,7 +116,7 @@ impl DeferredDeletes {
         }
         if let Some(was) = was {
             if self.written_since(from, to, &was).await? {
-                self.keep_both(from, to);
+                self.keep_both(from, to, renamed);
                 return Ok(());
             }
         }
@@ -148,7 +148,7 @@ impl DeferredDeletes {
 
     /// The move of `from` to `to` is not made (see [`DeferredDeletes::send_move`]): the
     /// file's next rename, pending after it, moves it from `from` now (journaled so first).
-    fn keep_both(&self, from: &str, to: &str) {
+    fn keep_both(&self, from: &str, to: &str, renamed: Option<&str>) {
         let next: Vec<(String, PathBuf, Option<Held>)> = {
             let p = self.pending.lock().unwrap();
             let after_this = |e: &Pending| e.op == Op::Move && e.after && e.source.as_deref() == Some(to);
@@ -162,11 +162,12 @@ impl DeferredDeletes {
         }
         for (key, journal, was) in next {
             tracing::warn!(%from, %to, next = %key, "a rename sent late found another client's object written at the new name since: it stays, and the file's next rename moves it from its old name");
-            if let Err(e) = crate::recycle::write(&journal, move_entry(false, &key, from, was.as_ref()).as_bytes()) {
+            let entry = move_entry(false, &key, from, was.as_ref(), renamed);
+            if let Err(e) = crate::recycle::write(&journal, entry.as_bytes()) {
                 tracing::error!(%key, %from, "journaling where a rename moves from failed: {e}");
             }
             if let Some(e) = self.pending.lock().unwrap().get_mut(&key) {
-                (e.source, e.after) = (Some(from.to_string()), false);
+                (e.source, e.after, e.renamed) = (Some(from.to_string()), false, renamed.map(str::to_owned));
             }
         }
     }
@@ -182,10 +183,9 @@ impl DeferredDeletes {
             // A delete sent late takes only the version unlinked (`Pending::version`); a
             // move, only while its target holds what it held (`Pending::target_was`).
             let late = e.late.then(|| (e.version.clone(), e.target_was.clone()));
-            // The version renamed, as the rename saw it under the key it moves from.
-            // (Asked of a move sent late alone: one sent at once costs no HEAD more.)
-            let renamed =
-                e.carries.as_ref().filter(|c| e.late && Some(&c.key) == e.source.as_ref()).and_then(|c| c.tag.clone());
+            // The version renamed (asked of a move sent late alone: one sent at once costs
+            // no HEAD more).
+            let renamed = e.renamed.clone().filter(|_| e.late);
             (e.op, e.gen, e.only.clone(), e.source.clone(), e.after, e.target.clone(), (late, renamed))
         }) else {
             return;

@@ -149,6 +149,10 @@ pub(super) struct Pending {
     /// [`Op::Move`]: what its target held at the rename, where the mount knew. A move sent
     /// late copies over the target only while it still holds that (`DeferredDeletes::send_move`).
     pub(super) target_was: Option<Held>,
+    /// [`Op::Move`]: the tag of the version renamed, under [`Pending::source`], where the
+    /// mount knew it (journaled, so the next mount's move checks it too). A move sent late
+    /// moves nothing if the source holds another version by then (`send_move`).
+    pub(super) renamed: Option<String>,
 }
 
 /// What a move's target key held when the rename was made.
@@ -201,6 +205,7 @@ impl Pending {
             version: None,
             late: false,
             target_was: None,
+            renamed: None,
         }
     }
 
