@@ -548,7 +548,7 @@ def test_unmount_that_gave_up_waiting_is_called_again_and_waits(s3_bucket, tmp_p
 
 
 @pytest.mark.parametrize("store", ["s3", "gcs"])
-@pytest.mark.parametrize("change", ["rm", "mv"])
+@pytest.mark.parametrize("change", ["rm", "mv", "rm-held"])
 def test_a_change_whose_first_try_failed_leaves_another_clients_object(store, change, tmp_path):
     """A pending `rm` or `mv` whose first try the store refused goes late: on the condition
     that the object is still the one unlinked or moved (SEMANTICS.md, write-back). Another
@@ -563,21 +563,31 @@ def test_a_change_whose_first_try_failed_leaves_another_clients_object(store, ch
     extra = ["--anonymous"] if store == "gcs" else []
     mp = mount([seed.mount_url(store, b.name), "--endpoint", proxy.url, *extra, "--write-back",
                 "--staging-dir", str(tmp_path / "staging")])
+    held = None
     try:
         with open(os.path.join(mp, "f"), "wb") as f:
             f.write(b"mine")
+        if change == "rm-held":
+            # Still staged at the unlink (as a file whose release comes late under load):
+            # its delete sent late was not conditional (CI, rm-gcs, once).
+            held = os.open(os.path.join(mp, "f"), os.O_RDWR)
+            os.fsync(held)
         assert run_cli(["sync", mp], timeout=120).returncode == 0
+        if held is None:
+            # Released (the kernel's RELEASE comes after close(2), late under load): a file
+            # still staged is renamed at once, not journaled, and the refused copy is EIO.
+            assert conftest.wait_until(lambda: status(mp)["staged_files"] == 0, 60), status(mp)
         # A copy is a PUT on S3 and a POST on GCS.
-        refused = {"DELETE"} if change == "rm" else {"PUT", "POST", "DELETE"}
+        refused = {"DELETE"} if change.startswith("rm") else {"PUT", "POST", "DELETE"}
         proxy.take()
         proxy.refuse = set(refused)
-        if change == "rm":
+        if change.startswith("rm"):
             os.unlink(os.path.join(mp, "f"))
         else:
             os.rename(os.path.join(mp, "f"), os.path.join(mp, "g"))
         assert conftest.wait_until(lambda: any(m in refused for m, _, _ in proxy.requests), 30, 0.01), \
             "the change was never sent"
-        target = "f" if change == "rm" else "g"
+        target = "f" if change.startswith("rm") else "g"
         seed.put(store, b.name, target, b"another client's")
         proxy.refuse = set()
         # Sent again in the background (a sync begun before the refusal reached the mount
@@ -590,6 +600,8 @@ def test_a_change_whose_first_try_failed_leaves_another_clients_object(store, ch
             # Not moved over theirs: the renamed file stays under its old name.
             assert seed.get(store, b.name, "f") == b"mine"
     finally:
+        if held is not None:
+            os.close(held)
         unmount(mp)
         proxy.close()
         b.cleanup()
@@ -615,7 +627,8 @@ def test_a_late_rename_leaves_a_source_another_client_changed(store, other, how,
         with open(os.path.join(mp, "f"), "wb") as f:
             f.write(b"mine")
         assert run_cli(["sync", mp], timeout=120).returncode == 0
-        os.stat(os.path.join(mp, "f"))
+        # Released, so the rename is journaled (see the test above).
+        assert conftest.wait_until(lambda: status(mp)["staged_files"] == 0, 60), status(mp)
         refused = {"PUT", "POST", "DELETE"}
         proxy.take()
         proxy.refuse = set(refused)

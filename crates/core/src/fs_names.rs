@@ -215,10 +215,15 @@ impl Fs {
         };
         if let Some(landing) = self.stored_how(node.ino).await {
             // Write-back: journaled, sent soon; with the version unlinked, in case it goes
-            // late (not a staged file's: its object may be older than the node knows).
-            let staged = self.staging.contains(node.ino);
-            let version =
-                node.version.tag().filter(|_| !staged && landing == crate::write::Landing::Stored).map(str::to_owned);
+            // late. A staged file's is the version it last stored or read (its object may be
+            // older than the node knows): a file still staged after its upload (a release
+            // late under load) was deleted late with no condition, over another client's
+            // object written since (test_a_change_whose_first_try_failed..., rm-gcs).
+            let version = match self.staging.get(node.ino) {
+                Some(s) => s.lock().await.stored_tag(&node.key),
+                None => node.version.tag().map(str::to_owned),
+            };
+            let version = version.filter(|_| landing == crate::write::Landing::Stored);
             self.delete_removed_version(&node.key, landing, version).await?;
         }
         self.discard_staged(node.ino).await;

@@ -12,6 +12,14 @@ impl Staged {
         self.in_store || self.replaces || self.maybe_landed
     }
 
+    /// The tag of the object `key` holds of these bytes, where this mount stored or read it
+    /// and nothing else of it can be there (no replaced file's object, no upload cut off):
+    /// an unlink's delete sent late takes only that version.
+    pub fn stored_tag(&self, key: &str) -> Option<String> {
+        let only_ours = self.in_store && !self.replaces && !self.maybe_landed;
+        self.stored.as_ref().filter(|s| only_ours && s.key == key).map(|s| s.identity.clone())
+    }
+
     /// How a rename away or an unlink deletes the key, when [`Staged::may_be_stored`].
     pub fn landing(&self) -> Landing {
         match (&self.landed_md5s, self.maybe_landed, self.in_store || self.replaces) {
