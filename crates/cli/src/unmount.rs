@@ -143,17 +143,9 @@ fn answers(path: &Path) -> bool {
     let (tx, rx) = std::sync::mpsc::channel();
     let p = path.to_path_buf();
     std::thread::spawn(move || {
-        let _ = tx.send(statfs_ok(&p));
+        let _ = tx.send(bucketfs_csi::mounts::statvfs(&p).is_ok());
     });
     rx.recv_timeout(Duration::from_secs(2)).unwrap_or(false)
-}
-
-fn statfs_ok(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
-    // SAFETY: statvfs fills the zeroed struct; the path is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    unsafe { libc::statvfs(c.as_ptr(), &mut st) == 0 }
 }
 
 /// The pid a pid file names, if it names one.

@@ -276,14 +276,12 @@ pub fn is_retryable(e: &StoreError) -> bool {
 /// store waits its full timeout, four times in the store layer (tester Q: 12 minutes).
 pub const SILENCE_GIVE_UP: Duration = Duration::from_secs(60);
 
-/// Whether failure `e` is a store that has been unreachable for [`SILENCE_GIVE_UP`]: the
-/// error to give up with, naming how long.
-fn silent_store(ctx: &Ctx, what: &str, key: &str, e: &StoreError) -> Option<CpError> {
+/// What a failure to reach the store says when the copy has heard nothing from it for
+/// [`SILENCE_GIVE_UP`] (`None`: not so, it is tried again as any other).
+pub fn silence(ctx: &Ctx, unreachable: bool) -> Option<String> {
     let silent = ctx.progress.silent_for();
-    (e.kind == StoreErrorKind::Unavailable && silent >= SILENCE_GIVE_UP).then(|| {
-        let msg = format!("{what} {key}: {e} (nothing heard from the store for {} s, giving up)", silent.as_secs());
-        CpError::store(msg, e)
-    })
+    (unreachable && silent >= SILENCE_GIVE_UP)
+        .then(|| format!("nothing heard from the store for {} s, giving up", silent.as_secs()))
 }
 
 /// Run `op` until it succeeds, fails for good, or `ctx.retries` retries are spent.
@@ -310,8 +308,8 @@ pub async fn again(ctx: &Ctx, what: &str, key: &str, attempt: &mut u32, e: Store
     if e.kind == StoreErrorKind::Changed {
         return Err(CpError::Changed(format!("{key}: the object changed during the copy ({e})")));
     }
-    if let Some(err) = silent_store(ctx, what, key, &e) {
-        return Err(err);
+    if let Some(why) = silence(ctx, e.kind == StoreErrorKind::Unavailable) {
+        return Err(CpError::store(format!("{what} {key}: {e} ({why})"), &e));
     }
     if *attempt >= ctx.retries || !is_retryable(&e) {
         return Err(CpError::store(format!("{what} {key}: {e}"), &e));

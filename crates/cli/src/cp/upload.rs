@@ -53,12 +53,10 @@ impl Failed {
     /// `self`, or the error to stop with if the store could not be reached and the copy
     /// has heard nothing for [`super::SILENCE_GIVE_UP`].
     pub fn unless_silent(self, ctx: &Ctx, url: &str) -> Result<Self, CpError> {
-        let silent = ctx.progress.silent_for();
-        if !self.unreachable || silent < super::SILENCE_GIVE_UP {
-            return Ok(self);
+        match super::silence(ctx, self.unreachable) {
+            None => Ok(self),
+            Some(why) => Err(self.err.with_message(format!("{url}: {} ({why})", self.err.message()))),
         }
-        let why = format!("nothing heard from the store for {} s, giving up", silent.as_secs());
-        Err(self.err.with_message(format!("{url}: {} ({why})", self.err.message())))
     }
 
     /// The bytes are not what was sent or read: worth another attempt.
