@@ -33,6 +33,13 @@ def wb_args(b: Bucket, staging, *extra) -> list[str]:
     return b.args() + ["--write-back", "--staging-dir", str(staging)] + list(extra)
 
 
+def proxied_wb_args(b: Bucket, endpoint: str, staging, *extra) -> list[str]:
+    """A write-back mount of `b` through a proxy of its server at `endpoint`."""
+    anonymous = ["--anonymous"] if b.store == "gcs" else []
+    return [seed.mount_url(b.store, b.name), "--endpoint", endpoint, *anonymous, "--write-back",
+            "--staging-dir", str(staging), *extra]
+
+
 def status(mp: str) -> dict:
     r = run_cli(["status", mp, "--json"])
     assert r.returncode == 0, r.err
@@ -560,9 +567,7 @@ def test_a_change_whose_first_try_failed_leaves_another_clients_object(store, ch
     conftest.require_store(store)
     b = Bucket(store)
     proxy = HttpProxy(seed.S3_ENDPOINT if store == "s3" else seed.GCS_ENDPOINT)
-    extra = ["--anonymous"] if store == "gcs" else []
-    mp = mount([seed.mount_url(store, b.name), "--endpoint", proxy.url, *extra, "--write-back",
-                "--staging-dir", str(tmp_path / "staging")])
+    mp = mount(proxied_wb_args(b, proxy.url, tmp_path / "staging"))
     held = None
     try:
         with open(os.path.join(mp, "f"), "wb") as f:
@@ -620,9 +625,7 @@ def test_a_late_rename_leaves_a_source_another_client_changed(store, other, how,
     conftest.require_store(store)
     b = Bucket(store)
     proxy = HttpProxy(seed.S3_ENDPOINT if store == "s3" else seed.GCS_ENDPOINT)
-    extra = ["--anonymous"] if store == "gcs" else []
-    mp = mount([seed.mount_url(store, b.name), "--endpoint", proxy.url, *extra, "--write-back",
-                "--staging-dir", str(tmp_path / "staging")])
+    mp = mount(proxied_wb_args(b, proxy.url, tmp_path / "staging"))
     try:
         with open(os.path.join(mp, "f"), "wb") as f:
             f.write(b"mine")
@@ -647,8 +650,8 @@ def test_a_late_rename_leaves_a_source_another_client_changed(store, other, how,
         proxy.refuse = set()
         if how == "crash":
             os.makedirs(mp, exist_ok=True)
-            r = run_cli(["mount", seed.mount_url(store, b.name), mp, "--endpoint", proxy.url, *extra,
-                         "--write-back", "--staging-dir", str(tmp_path / "staging")], timeout=120)
+            args = proxied_wb_args(b, proxy.url, tmp_path / "staging")
+            r = run_cli(["mount", args[0], mp, *args[1:]], timeout=120)
             assert r.returncode == 0, r.err
         assert conftest.wait_until(lambda: status(mp)["write_back_deletes"] == 0, 60), status(mp)
         r = run_cli(["sync", mp], timeout=120)
@@ -679,9 +682,7 @@ def test_uploads_cut_off_that_land_late_are_undone(store, tmp_path, toxiproxy):
     conftest.require_store(store)
     b = Bucket(store)
     px = toxiproxy.proxy(upstream_of(store))
-    extra = ["--anonymous"] if store == "gcs" else []
-    args = [seed.mount_url(store, b.name), "--endpoint", px.endpoint, *extra, "--write-back",
-            "--write-back-delay", "1", "--staging-dir", str(tmp_path / "staging")]
+    args = proxied_wb_args(b, px.endpoint, tmp_path / "staging", "--write-back-delay", "1")
     mp = mount(args)
     try:
         with open(os.path.join(mp, "warm"), "wb") as f:  # the connection pool warm
