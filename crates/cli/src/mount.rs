@@ -621,7 +621,6 @@ fn serve(args: &MountArgs, location: &Location, mp: &Path, is_child: bool) -> Re
     let _ = std::fs::remove_file(paths::pending_file(mp));
     let mut left = None;
     if !pending.is_empty() || !set_aside.is_empty() {
-        let staging = args.staging_dir.clone().unwrap_or_else(|| paths::staging_dir(mp));
         let note = paths::PendingNote { staging: staging.clone(), pending: pending.clone(), set_aside };
         let _ = paths::write_private(&paths::pending_file(mp), &note.to_text());
         if !pending.is_empty() {
